@@ -1,0 +1,156 @@
+//! The library's error type: one enum, structured fields, a message that names what is wrong and
+//! where. The binary prints it with its chain and exits with code 2.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in pipecut's library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be opened or read.
+    #[error("cannot read '{}': {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The bytes are not an ONNX model.
+    #[error("not an ONNX model ({detail})")]
+    NotOnnx {
+        /// Where the bytes came from (a path, or `<bytes>`).
+        origin: String,
+        /// What the decoder found.
+        detail: String,
+    },
+
+    /// The model decodes but breaks a rule of the ONNX format.
+    #[error("invalid model: {0}")]
+    InvalidModel(String),
+
+    /// The graph breaks a structural rule.
+    #[error("invalid graph: {0}")]
+    InvalidGraph(String),
+
+    /// The graph has no nodes.
+    #[error("graph '{graph}' has no nodes: there is nothing to partition")]
+    EmptyGraph {
+        /// Graph name.
+        graph: String,
+    },
+
+    /// A tensor is read but nothing produces it.
+    #[error(
+        "tensor '{tensor}' is read by {reader} but no node, initializer or graph input produces it"
+    )]
+    MissingProducer {
+        /// The tensor.
+        tensor: String,
+        /// Who reads it.
+        reader: String,
+    },
+
+    /// Two producers write one tensor name.
+    #[error("tensor '{tensor}' is produced twice: by {first} and by {second}")]
+    DuplicateProducer {
+        /// The tensor.
+        tensor: String,
+        /// First producer.
+        first: String,
+        /// Second producer.
+        second: String,
+    },
+
+    /// The graph has a cycle.
+    #[error("the graph has a cycle through nodes {}", quote_list(nodes))]
+    Cycle {
+        /// Node names on the cycle, in edge order.
+        nodes: Vec<String>,
+    },
+
+    /// An opset import outside the range pipecut supports.
+    #[error(
+        "opset {version} of domain '{domain}' is not supported (pipecut supports {supported})"
+    )]
+    UnsupportedOpset {
+        /// Domain (`ai.onnx` for the default).
+        domain: String,
+        /// Version the model imports.
+        version: i64,
+        /// The supported range, in words.
+        supported: String,
+    },
+
+    /// Shape inference has no rule for an operator.
+    #[error("no shape rule for op '{op}' (domain '{domain}', opset {opset}) at node '{node}'")]
+    UnsupportedOp {
+        /// Operator type.
+        op: String,
+        /// Operator domain (`ai.onnx` for the default).
+        domain: String,
+        /// Opset version in force for that domain (0 when the domain is not imported).
+        opset: i64,
+        /// Node name.
+        node: String,
+    },
+
+    /// Shape inference found inputs that the operator cannot accept.
+    #[error("shape inference failed at node '{node}' ({op}): {detail}")]
+    ShapeInference {
+        /// Node name.
+        node: String,
+        /// Operator type.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// A dimension that is negative, or a size that overflows.
+    #[error("tensor '{tensor}' has an invalid shape: {detail}")]
+    InvalidDim {
+        /// Tensor name.
+        tensor: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// A later phase needs a concrete size that the user has not bound.
+    #[error("dim '{dim}' of tensor '{tensor}' is not bound: pass --dim {dim}=N")]
+    UnboundDim {
+        /// The symbolic dim.
+        dim: String,
+        /// A tensor that carries it.
+        tensor: String,
+    },
+
+    /// A later phase needs a tensor whose shape inference could not determine.
+    #[error("the shape of tensor '{tensor}' is not known")]
+    UnknownShape {
+        /// Tensor name.
+        tensor: String,
+    },
+
+    /// A `--dim NAME=V` binding that cannot be used.
+    #[error("bad dim binding: {0}")]
+    DimBinding(String),
+
+    /// An external-data reference that cannot be honoured.
+    #[error("initializer '{tensor}' has unusable external data '{location}': {detail}")]
+    ExternalData {
+        /// Initializer name.
+        tensor: String,
+        /// The location as written in the model.
+        location: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+fn quote_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("'{s}'")).collect();
+    quoted.join(" -> ")
+}
+
+/// Result alias for the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,406 @@
+//! Building a [`Graph`] by names, the way ONNX describes one: tensors are created when first
+//! mentioned and linked to their producer when the producing node or input is declared.
+
+use std::collections::{BTreeMap, HashMap};
+
+use petgraph::stable_graph::StableDiGraph;
+
+use super::{
+    validate, Attribute, DType, Graph, Node, NodeId, Param, Shape, Tensor, TensorId, TensorOrigin,
+};
+use crate::graph::ConstValue;
+use crate::Error;
+
+/// A node to add through [`GraphBuilder::node`]. Empty input/output names mark omitted optional
+/// slots, as in ONNX.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSpec {
+    /// Node name; must be unique within the graph.
+    pub name: String,
+    /// Operator type.
+    pub op_type: String,
+    /// Operator domain (`""` for the default ONNX domain).
+    pub domain: String,
+    /// Input tensor names by position.
+    pub inputs: Vec<String>,
+    /// Output tensor names by position.
+    pub outputs: Vec<String>,
+    /// Attributes.
+    pub attributes: BTreeMap<String, Attribute>,
+    /// Outer-scope tensors read by the node's subgraphs.
+    pub captures: Vec<String>,
+}
+
+impl NodeSpec {
+    /// A node with the given name, op type and tensor names in the default domain.
+    pub fn new(name: &str, op_type: &str, inputs: &[&str], outputs: &[&str]) -> NodeSpec {
+        NodeSpec {
+            name: name.to_string(),
+            op_type: op_type.to_string(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            ..NodeSpec::default()
+        }
+    }
+
+    /// Adds an attribute.
+    pub fn attr(mut self, name: &str, value: Attribute) -> NodeSpec {
+        self.attributes.insert(name.to_string(), value);
+        self
+    }
+}
+
+/// Builds a [`Graph`]; [`GraphBuilder::build`] validates it.
+#[derive(Debug)]
+pub struct GraphBuilder {
+    name: String,
+    dag: StableDiGraph<Node, TensorId>,
+    /// Tensors as named so far; `origin` is `None` until a producer is declared.
+    tensors: Vec<(Tensor, Option<TensorOrigin>)>,
+    tensor_by_name: HashMap<String, TensorId>,
+    node_names: HashMap<String, NodeId>,
+    inputs: Vec<TensorId>,
+    outputs: Vec<TensorId>,
+    opsets: BTreeMap<String, i64>,
+}
+
+impl GraphBuilder {
+    pub(super) fn new(name: impl Into<String>) -> GraphBuilder {
+        GraphBuilder {
+            name: name.into(),
+            dag: StableDiGraph::new(),
+            tensors: Vec::new(),
+            tensor_by_name: HashMap::new(),
+            node_names: HashMap::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            opsets: BTreeMap::new(),
+        }
+    }
+
+    /// Declares the opset version of a domain (`""` or `"ai.onnx"` for the default domain).
+    pub fn opset(&mut self, domain: &str, version: i64) -> &mut Self {
+        let domain = if domain == "ai.onnx" { "" } else { domain };
+        self.opsets.insert(domain.to_string(), version);
+        self
+    }
+
+    fn intern(&mut self, name: &str) -> TensorId {
+        if let Some(&id) = self.tensor_by_name.get(name) {
+            return id;
+        }
+        let id = TensorId(self.tensors.len() as u32);
+        self.tensors.push((
+            Tensor {
+                name: name.to_string(),
+                dtype: None,
+                shape: None,
+                origin: TensorOrigin::GraphInput,
+                value: None,
+                consumers: Vec::new(),
+            },
+            None,
+        ));
+        self.tensor_by_name.insert(name.to_string(), id);
+        id
+    }
+
+    fn set_origin(
+        &mut self,
+        name: &str,
+        origin: TensorOrigin,
+        who: &str,
+    ) -> Result<TensorId, Error> {
+        let id = self.intern(name);
+        let slot = &mut self.tensors[id.index()].1;
+        if let Some(previous) = slot {
+            let first = match previous {
+                TensorOrigin::GraphInput => "graph input".to_string(),
+                TensorOrigin::Parameter(_) => "initializer".to_string(),
+                TensorOrigin::Node { node, .. } => {
+                    format!("node '{}'", self.dag[node.0].name)
+                }
+            };
+            return Err(Error::DuplicateProducer {
+                tensor: name.to_string(),
+                first,
+                second: who.to_string(),
+            });
+        }
+        *slot = Some(origin);
+        Ok(id)
+    }
+
+    /// Declares a graph input with its type. Dims may be symbolic.
+    pub fn input(
+        &mut self,
+        name: &str,
+        dtype: Option<DType>,
+        shape: Option<Shape>,
+    ) -> Result<TensorId, Error> {
+        let id = self.set_origin(name, TensorOrigin::GraphInput, "graph input")?;
+        let tensor = &mut self.tensors[id.index()].0;
+        tensor.dtype = dtype;
+        tensor.shape = shape;
+        self.inputs.push(id);
+        Ok(id)
+    }
+
+    /// Declares a parameter (weight) with concrete dims, its storage, and optionally its value.
+    pub fn parameter(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        dims: &[u64],
+        param: Param,
+        value: Option<ConstValue>,
+    ) -> Result<TensorId, Error> {
+        let id = self.set_origin(name, TensorOrigin::Parameter(param), "initializer")?;
+        let tensor = &mut self.tensors[id.index()].0;
+        tensor.dtype = Some(dtype);
+        tensor.shape = Some(dims.iter().map(|&d| d.into()).collect());
+        tensor.value = value;
+        Ok(id)
+    }
+
+    /// Whether a tensor with this name has a producer (input, parameter or node) already.
+    pub fn is_defined(&self, name: &str) -> bool {
+        self.tensor_by_name
+            .get(name)
+            .is_some_and(|id| self.tensors[id.index()].1.is_some())
+    }
+
+    /// Adds a node. Its input tensors may be produced by nodes added later.
+    pub fn node(&mut self, spec: NodeSpec) -> Result<NodeId, Error> {
+        if let Some(&existing) = self.node_names.get(&spec.name) {
+            return Err(Error::InvalidGraph(format!(
+                "two nodes are named '{}' (nodes #{} and #{})",
+                spec.name,
+                existing.index(),
+                self.dag.node_count()
+            )));
+        }
+        let node_id = NodeId(self.dag.add_node(Node {
+            name: spec.name.clone(),
+            op_type: spec.op_type,
+            domain: if spec.domain == "ai.onnx" {
+                String::new()
+            } else {
+                spec.domain
+            },
+            attributes: spec.attributes,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            captures: Vec::new(),
+        }));
+        self.node_names.insert(spec.name.clone(), node_id);
+        let inputs: Vec<Option<TensorId>> = spec
+            .inputs
+            .iter()
+            .map(|n| (!n.is_empty()).then(|| self.intern(n)))
+            .collect();
+        let captures: Vec<TensorId> = spec.captures.iter().map(|n| self.intern(n)).collect();
+        let mut outputs = Vec::with_capacity(spec.outputs.len());
+        for (index, out) in spec.outputs.iter().enumerate() {
+            if out.is_empty() {
+                outputs.push(None);
+                continue;
+            }
+            let origin = TensorOrigin::Node {
+                node: node_id,
+                output: index,
+            };
+            outputs.push(Some(self.set_origin(
+                out,
+                origin,
+                &format!("node '{}'", spec.name),
+            )?));
+        }
+        let node = &mut self.dag[node_id.0];
+        node.inputs = inputs;
+        node.outputs = outputs;
+        node.captures = captures;
+        Ok(node_id)
+    }
+
+    /// Marks a tensor as a graph output.
+    pub fn output(&mut self, name: &str) -> TensorId {
+        let id = self.intern(name);
+        self.outputs.push(id);
+        id
+    }
+
+    /// Sets the declared type of a tensor (e.g. from an ONNX graph output's type).
+    pub fn declare_type(&mut self, name: &str, dtype: Option<DType>, shape: Option<Shape>) {
+        let id = self.intern(name);
+        let tensor = &mut self.tensors[id.index()].0;
+        tensor.dtype = tensor.dtype.or(dtype);
+        if tensor.shape.is_none() {
+            tensor.shape = shape;
+        }
+    }
+
+    /// Links producers to consumers and validates the graph: it must be non-empty, every tensor
+    /// read must have a producer, and there must be no cycle.
+    pub fn build(self) -> Result<Graph, Error> {
+        let GraphBuilder {
+            name,
+            mut dag,
+            tensors,
+            tensor_by_name,
+            inputs,
+            outputs,
+            opsets,
+            ..
+        } = self;
+        if dag.node_count() == 0 {
+            return Err(Error::EmptyGraph { graph: name });
+        }
+        let mut resolved = Vec::with_capacity(tensors.len());
+        let node_ids: Vec<NodeId> = dag.node_indices().map(NodeId).collect();
+        for (mut tensor, origin) in tensors {
+            match origin {
+                Some(origin) => tensor.origin = origin,
+                None => {
+                    let reader = node_ids.iter().find(|id| {
+                        let node = &dag[id.0];
+                        node.inputs
+                            .iter()
+                            .flatten()
+                            .chain(&node.captures)
+                            .any(|t| tensor_by_name.get(&tensor.name) == Some(t))
+                    });
+                    let reader = match reader {
+                        Some(id) => format!("node '{}'", dag[id.0].name),
+                        None => "the graph outputs".to_string(),
+                    };
+                    return Err(Error::MissingProducer {
+                        tensor: tensor.name,
+                        reader,
+                    });
+                }
+            }
+            resolved.push(tensor);
+        }
+        for &consumer in &node_ids {
+            let node = &dag[consumer.0];
+            let mut read: Vec<TensorId> = node
+                .inputs
+                .iter()
+                .flatten()
+                .chain(&node.captures)
+                .copied()
+                .collect();
+            read.sort();
+            read.dedup();
+            for tensor_id in read {
+                let tensor = &mut resolved[tensor_id.index()];
+                tensor.consumers.push(consumer);
+                if let TensorOrigin::Node { node: producer, .. } = tensor.origin {
+                    dag.add_edge(producer.0, consumer.0, tensor_id);
+                }
+            }
+        }
+        let topological_order = validate::topological_order(&dag)?;
+        Ok(Graph {
+            name,
+            dag,
+            tensors: resolved,
+            tensor_by_name,
+            inputs,
+            outputs,
+            opsets,
+            topological_order,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Dim;
+
+    fn chain() -> GraphBuilder {
+        let mut b = Graph::builder("chain");
+        b.opset("", 17);
+        b.input(
+            "x",
+            Some(DType::F32),
+            Some(vec![Dim::sym("batch"), Dim::Known(4)]),
+        )
+        .unwrap();
+        b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"]))
+            .unwrap();
+        b.node(NodeSpec::new("neg", "Neg", &["y"], &["z"])).unwrap();
+        b.output("z");
+        b
+    }
+
+    #[test]
+    fn builds_edges_between_producers_and_consumers() {
+        let g = chain().build().unwrap();
+        assert_eq!(g.node_count(), 2);
+        assert_eq!(g.edge_count(), 1);
+        let names: Vec<_> = g.nodes().map(|(_, n)| n.name.as_str()).collect();
+        assert_eq!(names, ["relu", "neg"]);
+        let y = g.tensor_id("y").unwrap();
+        assert_eq!(g.tensor(y).consumers.len(), 1);
+    }
+
+    #[test]
+    fn nodes_declared_out_of_order_are_sorted() {
+        let mut b = Graph::builder("reversed");
+        b.input("x", Some(DType::F32), Some(vec![])).unwrap();
+        b.node(NodeSpec::new("second", "Neg", &["y"], &["z"]))
+            .unwrap();
+        b.node(NodeSpec::new("first", "Neg", &["x"], &["y"]))
+            .unwrap();
+        b.output("z");
+        let g = b.build().unwrap();
+        let names: Vec<_> = g.nodes().map(|(_, n)| n.name.as_str()).collect();
+        assert_eq!(names, ["first", "second"]);
+    }
+
+    #[test]
+    fn missing_producer_names_tensor_and_reader() {
+        let mut b = chain();
+        b.node(NodeSpec::new("add", "Add", &["z", "ghost"], &["w"]))
+            .unwrap();
+        let err = b.build().unwrap_err().to_string();
+        assert!(err.contains("'ghost'") && err.contains("'add'"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_producer_is_refused() {
+        let mut b = chain();
+        let err = b
+            .node(NodeSpec::new("again", "Relu", &["x"], &["y"]))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("'y'") && msg.contains("'relu'") && msg.contains("'again'"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn empty_graph_is_refused() {
+        let b = Graph::builder("nothing");
+        assert!(matches!(b.build(), Err(Error::EmptyGraph { .. })));
+    }
+
+    #[test]
+    fn cycle_names_its_nodes() {
+        let mut b = Graph::builder("loop");
+        b.input("x", Some(DType::F32), Some(vec![])).unwrap();
+        b.node(NodeSpec::new("a", "Add", &["x", "c"], &["b"]))
+            .unwrap();
+        b.node(NodeSpec::new("b", "Neg", &["b"], &["c"])).unwrap();
+        b.output("c");
+        let msg = b.build().unwrap_err().to_string();
+        assert!(
+            msg.contains("cycle") && msg.contains("'a'") && msg.contains("'b'"),
+            "{msg}"
+        );
+    }
+}

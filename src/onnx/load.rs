@@ -1,0 +1,368 @@
+//! Decoding a `ModelProto` into the graph IR.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
+
+use super::tensor::{decode_tensor, decode_type, DecodedTensor, ExternalFiles};
+use super::{Model, SUPPORTED_DEFAULT_OPSETS};
+use crate::graph::{Attribute, DType, Graph, NodeSpec, Param, Storage, Subgraph};
+use crate::Error;
+
+/// Parses model bytes. `origin` names them in errors; `base_dir` resolves external data.
+pub(super) fn decode_model(
+    bytes: &[u8],
+    origin: &str,
+    base_dir: Option<PathBuf>,
+) -> Result<Model, Error> {
+    let not_onnx = |detail: String| Error::NotOnnx {
+        origin: origin.to_string(),
+        detail,
+    };
+    if bytes.is_empty() {
+        return Err(not_onnx("the file is empty".into()));
+    }
+    let proto = ModelProto::parse_from_bytes(bytes)
+        .map_err(|e| not_onnx(format!("protobuf decoding failed: {e}")))?;
+    // Protobuf accepts many byte strings as a message with unknown fields; a real model always
+    // states its IR version and carries a graph.
+    if proto.ir_version <= 0 || proto.graph.is_none() {
+        return Err(not_onnx(format!(
+            "no {} found",
+            if proto.ir_version <= 0 {
+                "IR version"
+            } else {
+                "graph"
+            }
+        )));
+    }
+    let opsets = read_opsets(&proto)?;
+    let graph_proto = proto.graph.as_ref().expect("checked above");
+    let mut external = ExternalFiles::new(base_dir);
+    let graph = build_graph(graph_proto, &opsets, &mut external)?;
+    Ok(Model {
+        graph,
+        ir_version: proto.ir_version,
+        producer: format!("{} {}", proto.producer_name, proto.producer_version)
+            .trim()
+            .to_string(),
+        file_bytes: bytes.len() as u64,
+    })
+}
+
+fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {
+    let mut opsets = BTreeMap::new();
+    for import in &proto.opset_import {
+        let domain = if import.domain == "ai.onnx" {
+            String::new()
+        } else {
+            import.domain.clone()
+        };
+        opsets.insert(domain, import.version);
+    }
+    let default = opsets
+        .get("")
+        .copied()
+        .ok_or_else(|| Error::UnsupportedOpset {
+            domain: "ai.onnx".into(),
+            version: 0,
+            supported: "a model that imports the default domain".into(),
+        })?;
+    if !SUPPORTED_DEFAULT_OPSETS.contains(&default) {
+        return Err(Error::UnsupportedOpset {
+            domain: "ai.onnx".into(),
+            version: default,
+            supported: format!(
+                "opsets {} to {}",
+                SUPPORTED_DEFAULT_OPSETS.start(),
+                SUPPORTED_DEFAULT_OPSETS.end()
+            ),
+        });
+    }
+    Ok(opsets)
+}
+
+fn build_graph(
+    proto: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<Graph, Error> {
+    let name = if proto.name.is_empty() {
+        "main".to_string()
+    } else {
+        proto.name.clone()
+    };
+    let mut builder = Graph::builder(name);
+    for (domain, version) in opsets {
+        builder.opset(domain, *version);
+    }
+    for init in &proto.initializer {
+        let decoded = decode_tensor(init, external)?;
+        let param = decoded.param();
+        builder.parameter(
+            &init.name,
+            decoded.dtype,
+            &decoded.dims,
+            param,
+            decoded.value,
+        )?;
+    }
+    for sparse in &proto.sparse_initializer {
+        let values = sparse.values.as_ref().ok_or_else(|| {
+            Error::InvalidModel("a sparse initializer has no values tensor".into())
+        })?;
+        let dense_dims: Vec<u64> = sparse.dims.iter().map(|&d| d.max(0) as u64).collect();
+        let decoded_values = decode_tensor(values, external)?;
+        let index_bytes = match sparse.indices.as_ref() {
+            Some(ix) => decode_tensor(ix, external)?.bytes,
+            None => 0,
+        };
+        // Memory is what the sparse form stores: values plus indices.
+        let param = Param {
+            bytes: decoded_values.bytes + index_bytes,
+            storage: Storage::Embedded,
+        };
+        builder.parameter(&values.name, decoded_values.dtype, &dense_dims, param, None)?;
+    }
+    for input in &proto.input {
+        // Before IR 4, every initializer was also listed as an input; it stays a parameter.
+        if builder.is_defined(&input.name) {
+            continue;
+        }
+        let (dtype, shape) = decode_type(&input.name, &input.type_)?;
+        builder.input(&input.name, dtype, shape)?;
+    }
+    let mut used_names = HashSet::new();
+    for (index, node) in proto.node.iter().enumerate() {
+        if let Some(literal) = constant_literal(node)? {
+            // A Constant node is a weight written another way (Paddle2ONNX stores every weight
+            // so): it becomes a parameter, so that it is placed and counted like an initializer
+            // instead of being scheduled as an operator.
+            let output = node
+                .output
+                .first()
+                .filter(|o| !o.is_empty())
+                .ok_or_else(|| {
+                    Error::InvalidModel(format!(
+                        "Constant node #{index} '{}' has no output",
+                        node.name
+                    ))
+                })?;
+            let param = Param {
+                bytes: literal.bytes,
+                storage: Storage::Embedded,
+            };
+            builder.parameter(output, literal.dtype, &literal.dims, param, literal.value)?;
+            continue;
+        }
+        let spec = node_spec(node, index, &mut used_names)?;
+        builder.node(spec)?;
+    }
+    for output in &proto.output {
+        builder.output(&output.name);
+    }
+    builder.build()
+}
+
+/// The value of a default-domain `Constant` node, as a decoded tensor; `None` for other nodes.
+fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
+    if node.op_type != "Constant" || !(node.domain.is_empty() || node.domain == "ai.onnx") {
+        return Ok(None);
+    }
+    let attr = node.attribute.first().ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "Constant node '{}' has no value attribute",
+            node.name
+        ))
+    })?;
+    let mut literal = TensorProto::new();
+    match attr.name.as_str() {
+        "value" => match attr.t.as_ref() {
+            Some(t) => literal = t.clone(),
+            None => {
+                return Err(Error::InvalidModel(format!(
+                    "Constant node '{}' has an empty 'value'",
+                    node.name
+                )))
+            }
+        },
+        "value_float" => {
+            literal.data_type = DType::F32.onnx_code();
+            literal.float_data = vec![attr.f];
+        }
+        "value_floats" => {
+            literal.data_type = DType::F32.onnx_code();
+            literal.dims = vec![attr.floats.len() as i64];
+            literal.float_data = attr.floats.clone();
+        }
+        "value_int" => {
+            literal.data_type = DType::I64.onnx_code();
+            literal.int64_data = vec![attr.i];
+        }
+        "value_ints" => {
+            literal.data_type = DType::I64.onnx_code();
+            literal.dims = vec![attr.ints.len() as i64];
+            literal.int64_data = attr.ints.clone();
+        }
+        "value_string" => {
+            literal.data_type = DType::String.onnx_code();
+            literal.string_data = vec![attr.s.clone()];
+        }
+        "value_strings" => {
+            literal.data_type = DType::String.onnx_code();
+            literal.dims = vec![attr.strings.len() as i64];
+            literal.string_data = attr.strings.clone();
+        }
+        // Sparse constants and anything newer stay operators, inferred by the shape rule.
+        _ => return Ok(None),
+    }
+    if literal.name.is_empty() {
+        literal.name = node.output.first().cloned().unwrap_or_default();
+    }
+    decode_tensor(&literal, &mut ExternalFiles::new(None)).map(Some)
+}
+
+/// A unique, non-empty node name: ONNX allows empty and repeated names, but plans list nodes by
+/// name, so the loader names them `<op>_<index>` or suffixes repeats with `__<index>`.
+fn unique_node_name(node: &NodeProto, index: usize, used: &mut HashSet<String>) -> String {
+    let mut name = if node.name.is_empty() {
+        format!("{}_{index}", node.op_type)
+    } else {
+        node.name.clone()
+    };
+    if used.contains(&name) {
+        name = format!("{name}__{index}");
+    }
+    used.insert(name.clone());
+    name
+}
+
+fn node_spec(
+    node: &NodeProto,
+    index: usize,
+    used: &mut HashSet<String>,
+) -> Result<NodeSpec, Error> {
+    let name = unique_node_name(node, index, used);
+    let mut attributes = BTreeMap::new();
+    let mut captures = BTreeSet::new();
+    for attr in &node.attribute {
+        let value = decode_attribute(attr, &name)?;
+        for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+            outer_scope_reads(graph, &mut captures);
+        }
+        attributes.insert(attr.name.clone(), value);
+    }
+    Ok(NodeSpec {
+        name,
+        op_type: node.op_type.clone(),
+        domain: node.domain.clone(),
+        inputs: node.input.clone(),
+        outputs: node.output.clone(),
+        attributes,
+        captures: captures.into_iter().collect(),
+    })
+}
+
+fn utf8(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn decode_attribute(attr: &AttributeProto, node: &str) -> Result<Attribute, Error> {
+    let mut no_files = ExternalFiles::new(None);
+    let ty = attr.type_.enum_value().unwrap_or(AttributeType::UNDEFINED);
+    Ok(match ty {
+        AttributeType::INT => Attribute::Int(attr.i),
+        AttributeType::FLOAT => Attribute::Float(attr.f),
+        AttributeType::STRING => Attribute::String(utf8(&attr.s)),
+        AttributeType::INTS => Attribute::Ints(attr.ints.clone()),
+        AttributeType::FLOATS => Attribute::Floats(attr.floats.clone()),
+        AttributeType::STRINGS => {
+            Attribute::Strings(attr.strings.iter().map(|s| utf8(s)).collect())
+        }
+        AttributeType::TENSOR => {
+            let tensor = attr.t.as_ref().ok_or_else(|| {
+                Error::InvalidModel(format!(
+                    "attribute '{}' of node '{node}' has no tensor",
+                    attr.name
+                ))
+            })?;
+            Attribute::Tensor(decode_tensor(tensor, &mut no_files)?.into_literal())
+        }
+        AttributeType::GRAPH => match attr.g.as_ref() {
+            Some(g) => Attribute::Graph(summarize_subgraph(g)?),
+            None => Attribute::Other("graph"),
+        },
+        AttributeType::GRAPHS => Attribute::Graphs(
+            attr.graphs
+                .iter()
+                .map(summarize_subgraph)
+                .collect::<Result<_, _>>()?,
+        ),
+        AttributeType::TENSORS => Attribute::Other("tensors"),
+        AttributeType::SPARSE_TENSOR | AttributeType::SPARSE_TENSORS => {
+            Attribute::Other("sparse tensor")
+        }
+        AttributeType::TYPE_PROTO | AttributeType::TYPE_PROTOS => Attribute::Other("type"),
+        AttributeType::UNDEFINED => Attribute::Other("undefined"),
+    })
+}
+
+fn summarize_subgraph(graph: &GraphProto) -> Result<Subgraph, Error> {
+    let outputs = graph
+        .output
+        .iter()
+        .map(|o| {
+            let (dtype, shape) = decode_type(&o.name, &o.type_)?;
+            Ok::<_, Error>((o.name.clone(), dtype, shape))
+        })
+        .collect::<Result<Vec<(String, Option<DType>, _)>, Error>>()?;
+    Ok(Subgraph {
+        name: graph.name.clone(),
+        node_count: count_nodes(graph),
+        outputs,
+    })
+}
+
+fn count_nodes(graph: &GraphProto) -> usize {
+    graph
+        .node
+        .iter()
+        .map(|n| {
+            1 + n
+                .attribute
+                .iter()
+                .flat_map(|a| a.g.as_ref().into_iter().chain(&a.graphs))
+                .map(count_nodes)
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// Names a subgraph reads from the enclosing scope: read somewhere inside (at any depth) but
+/// defined nowhere inside. ONNX forbids shadowing, so this set is exact.
+fn outer_scope_reads(graph: &GraphProto, captures: &mut BTreeSet<String>) {
+    let mut defined = HashSet::new();
+    let mut read = Vec::new();
+    collect_names(graph, &mut defined, &mut read);
+    captures.extend(
+        read.into_iter()
+            .filter(|n| !n.is_empty() && !defined.contains(n)),
+    );
+}
+
+fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut Vec<String>) {
+    defined.extend(graph.input.iter().map(|i| i.name.clone()));
+    defined.extend(graph.initializer.iter().map(|i| i.name.clone()));
+    for node in &graph.node {
+        defined.extend(node.output.iter().cloned());
+        read.extend(node.input.iter().cloned());
+        for attr in &node.attribute {
+            for sub in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+                collect_names(sub, defined, read);
+            }
+        }
+    }
+    read.extend(graph.output.iter().map(|o| o.name.clone()));
+}

@@ -1,0 +1,73 @@
+//! Phase 1 of the pipeline: reading ONNX models into the graph IR, and (in [`shape`]) inferring
+//! the dtype and shape of every tensor.
+//!
+//! The model file is memory-mapped and decoded once. Weights stored as external data are never
+//! read: the loader records their file, offset and length and checks only the file's metadata,
+//! so a model with hundreds of gigabytes of weights loads in the time its protobuf takes.
+
+pub mod inspect;
+mod load;
+pub mod shape;
+mod tensor;
+
+use std::fs::File;
+use std::ops::RangeInclusive;
+use std::path::Path;
+
+use memmap2::Mmap;
+
+use crate::graph::Graph;
+use crate::Error;
+
+/// Default-domain opsets that shape inference knows the operator semantics of.
+pub const SUPPORTED_DEFAULT_OPSETS: RangeInclusive<i64> = 7..=23;
+
+/// A loaded model: its graph and the facts about the file that plans record.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The graph IR.
+    pub graph: Graph,
+    /// The ONNX IR version of the file.
+    pub ir_version: i64,
+    /// `producer_name producer_version` as written by the exporter.
+    pub producer: String,
+    /// Size of the protobuf file in bytes.
+    pub file_bytes: u64,
+}
+
+/// Loads an ONNX model from a file; external data is resolved against the file's directory.
+pub fn load_model(path: impl AsRef<Path>) -> Result<Model, Error> {
+    let path = path.as_ref();
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let origin = path.display().to_string();
+    let base_dir = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+        .to_path_buf()
+    });
+    if len == 0 {
+        return load::decode_model(&[], &origin, base_dir);
+    }
+    // SAFETY: the map is read-only and lives only for this call. If another process truncates
+    // the file meanwhile, reads fault, as they would for any reader of a file being replaced;
+    // mapping avoids holding a second copy of a multi-gigabyte protobuf in memory.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    load::decode_model(&map, &origin, base_dir)
+}
+
+/// Loads an ONNX model from bytes (for embedding). External data, if the model has any, is
+/// resolved against `external_data_dir`; without one such a model is refused.
+pub fn load_model_from_bytes(
+    bytes: &[u8],
+    external_data_dir: Option<&Path>,
+) -> Result<Model, Error> {
+    load::decode_model(bytes, "<bytes>", external_data_dir.map(Path::to_path_buf))
+}

@@ -1,0 +1,122 @@
+//! Control flow (`If`, `Loop`, `Scan`): kept as one opaque node each. Output types come from the
+//! subgraphs' declared outputs, since the planner does not look inside them
+//! (<https://onnx.ai/onnx/operators/onnx__If.html>, `Loop`, `Scan`).
+
+use super::context::{Inferred, OpCtx, RuleResult};
+use super::registry::Registry;
+use crate::graph::{Attribute, Dim, Shape, Subgraph};
+
+pub(super) fn register(r: &mut Registry) {
+    r.add("", &["If"], if_);
+    r.add("", &["Loop"], loop_);
+    r.add("", &["Scan"], scan);
+}
+
+fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
+    match ctx.attr(name) {
+        Some(Attribute::Graph(g)) => Ok(g),
+        _ => Err(format!("attribute '{name}' (a subgraph) is missing")),
+    }
+}
+
+/// The declared type of subgraph output `index`, or an error saying the model does not declare it.
+fn declared(
+    ctx: &OpCtx,
+    graph: &Subgraph,
+    index: usize,
+    output: usize,
+) -> Result<Inferred, String> {
+    let (name, dtype, shape) = graph
+        .outputs
+        .get(index)
+        .ok_or_else(|| format!("subgraph '{}' has no output {index}", graph.name))?;
+    let dtype = dtype
+        .ok_or_else(|| format!("subgraph output '{name}' does not declare its element type"))?;
+    let shape = shape
+        .clone()
+        .ok_or_else(|| format!("subgraph output '{name}' does not declare its shape"))?;
+    // Names of unnamed subgraph dims are local to the subgraph; make them the node's own.
+    let shape = shape
+        .into_iter()
+        .enumerate()
+        .map(|(axis, d)| match d {
+            Dim::Sym(s) if s.symbols().any(|n| n.starts_with(name.as_str())) => {
+                ctx.data_dependent_dim(output, axis)
+            }
+            d => d,
+        })
+        .collect();
+    Ok(Inferred::new(dtype, shape))
+}
+
+/// If: both branches must produce the same types; where their dims differ the output dim
+/// depends on the condition.
+fn if_(ctx: &OpCtx) -> RuleResult {
+    let (then, other) = (subgraph(ctx, "then_branch")?, subgraph(ctx, "else_branch")?);
+    (0..then.outputs.len())
+        .map(|i| {
+            let a = declared(ctx, then, i, i)?;
+            let b = declared(ctx, other, i, i).ok();
+            let shape: Shape = match b {
+                Some(b) if b.shape.len() == a.shape.len() => a
+                    .shape
+                    .iter()
+                    .zip(&b.shape)
+                    .enumerate()
+                    .map(|(axis, (x, y))| {
+                        if x == y {
+                            x.clone()
+                        } else {
+                            ctx.data_dependent_dim(i, axis)
+                        }
+                    })
+                    .collect(),
+                Some(_) => return Err(format!("branches of If give output {i} different ranks")),
+                None => a.shape.clone(),
+            };
+            Ok(Inferred::new(a.dtype, shape))
+        })
+        .collect()
+}
+
+/// Loop: body outputs are (cond, carried…, scan…); node outputs are (carried…, scan…), where
+/// scan outputs gain a leading iteration axis whose length depends on the run.
+fn loop_(ctx: &OpCtx) -> RuleResult {
+    let body = subgraph(ctx, "body")?;
+    let carried = ctx.input_count().saturating_sub(2);
+    (1..body.outputs.len())
+        .map(|i| {
+            let out = i - 1;
+            let mut t = declared(ctx, body, i, out)?;
+            if out >= carried {
+                t.shape.insert(0, ctx.data_dependent_dim(out, 0));
+            }
+            Ok(t)
+        })
+        .collect()
+}
+
+/// Scan: state outputs as declared; scan outputs gain the scanned axis, whose length is the
+/// length of the first scanned input's scan axis (axis 0 by default).
+fn scan(ctx: &OpCtx) -> RuleResult {
+    let body = subgraph(ctx, "body")?;
+    let scan_inputs = ctx
+        .int_attr("num_scan_inputs")?
+        .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
+    let states = ctx.input_count().saturating_sub(scan_inputs);
+    let first_scanned = ctx.shape(states).ok().and_then(|s| s.first().cloned());
+    (0..body.outputs.len())
+        .map(|i| {
+            let mut t = declared(ctx, body, i, i)?;
+            if i >= states {
+                t.shape.insert(
+                    0,
+                    first_scanned
+                        .clone()
+                        .unwrap_or_else(|| ctx.data_dependent_dim(i, 0)),
+                );
+            }
+            Ok(t)
+        })
+        .collect()
+}

@@ -1,0 +1,355 @@
+//! Rule tests on small hand-built graphs.
+
+use super::*;
+use crate::graph::{
+    Attribute, ConstValue, DType, Graph, GraphBuilder, NodeSpec, Param, Shape, Storage, SymInt,
+};
+
+fn ints(values: &[i64]) -> Option<ConstValue> {
+    Some(ConstValue::Ints(
+        values.iter().map(|&v| SymInt::Lit(v)).collect(),
+    ))
+}
+
+fn builder(inputs: &[(&str, DType, Shape)]) -> GraphBuilder {
+    let mut b = Graph::builder("t");
+    b.opset("", 17);
+    for (name, dtype, shape) in inputs {
+        b.input(name, Some(*dtype), Some(shape.clone())).unwrap();
+    }
+    b
+}
+
+fn constant(b: &mut GraphBuilder, name: &str, values: &[i64]) {
+    let param = Param {
+        bytes: 8 * values.len() as u64,
+        storage: Storage::Declared,
+    };
+    b.parameter(
+        name,
+        DType::I64,
+        &[values.len() as u64],
+        param,
+        ints(values),
+    )
+    .unwrap();
+}
+
+fn infer(b: GraphBuilder, bindings: DimBindings) -> Result<Graph, Error> {
+    let mut g = b.build()?;
+    ShapeInference::new(bindings).run(&mut g)?;
+    Ok(g)
+}
+
+fn shape_of(g: &Graph, name: &str) -> String {
+    crate::graph::format_shape(g.tensor(g.tensor_id(name).unwrap()).shape.as_ref().unwrap())
+}
+
+fn k(v: u64) -> Dim {
+    Dim::Known(v)
+}
+
+#[test]
+fn exported_reshape_target_is_folded_through_shape_ops() {
+    // x: [batch, seq, 64] → Shape → Gather(0), Gather(1) → Unsqueeze → Concat(b, s, 4, 16) → Reshape
+    let mut b = builder(&[(
+        "x",
+        DType::F32,
+        vec![Dim::sym("batch"), Dim::sym("seq"), k(64)],
+    )]);
+    constant(&mut b, "i0", &[0]);
+    constant(&mut b, "i1", &[1]);
+    constant(&mut b, "heads", &[4, 16]);
+    constant(&mut b, "axes", &[0]);
+    b.node(NodeSpec::new("shape", "Shape", &["x"], &["s"]))
+        .unwrap();
+    b.node(NodeSpec::new("g0", "Gather", &["s", "i0"], &["b0"]).attr("axis", Attribute::Int(0)))
+        .unwrap();
+    b.node(NodeSpec::new("g1", "Gather", &["s", "i1"], &["s1"]))
+        .unwrap();
+    b.node(
+        NodeSpec::new("cat", "Concat", &["b0", "s1", "heads"], &["target"])
+            .attr("axis", Attribute::Int(0)),
+    )
+    .unwrap();
+    b.node(NodeSpec::new(
+        "reshape",
+        "Reshape",
+        &["x", "target"],
+        &["y"],
+    ))
+    .unwrap();
+    b.node(
+        NodeSpec::new("t", "Transpose", &["y"], &["z"])
+            .attr("perm", Attribute::Ints(vec![0, 2, 1, 3])),
+    )
+    .unwrap();
+    b.output("z");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[batch, seq, 4, 16]");
+    assert_eq!(shape_of(&g, "z"), "[batch, 4, seq, 16]");
+}
+
+#[test]
+fn reshape_minus_one_divides_symbolic_products() {
+    let mut b = builder(&[(
+        "x",
+        DType::F32,
+        vec![Dim::sym("batch"), Dim::sym("seq"), k(64)],
+    )]);
+    constant(&mut b, "target", &[-1, 64]);
+    b.node(NodeSpec::new("r", "Reshape", &["x", "target"], &["y"]))
+        .unwrap();
+    b.output("y");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[batch*seq, 64]");
+}
+
+#[test]
+fn reshape_with_two_minus_ones_is_an_error() {
+    let mut b = builder(&[("x", DType::F32, vec![k(2), k(3)])]);
+    constant(&mut b, "target", &[-1, -1]);
+    b.node(NodeSpec::new(
+        "bad_reshape",
+        "Reshape",
+        &["x", "target"],
+        &["y"],
+    ))
+    .unwrap();
+    b.output("y");
+    let msg = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(
+        msg.contains("bad_reshape") && msg.contains("more than one -1"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn bindings_make_shapes_concrete_and_unknown_names_are_refused() {
+    let mk = || {
+        let mut b = builder(&[("x", DType::F32, vec![Dim::sym("batch"), k(8)])]);
+        b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"]))
+            .unwrap();
+        b.output("y");
+        b
+    };
+    let g = infer(mk(), DimBindings::new().bind("batch", 3)).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[3, 8]");
+    let msg = infer(mk(), DimBindings::new().bind("bacth", 3))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("'bacth'") && msg.contains("batch"), "{msg}");
+    // An unbound dim is an error only where a concrete size is needed, and it names both.
+    let g = infer(mk(), DimBindings::new()).unwrap();
+    let msg = g
+        .concrete_shape(g.tensor_id("y").unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("'batch'") && msg.contains("'y'"), "{msg}");
+}
+
+#[test]
+fn matmul_broadcasts_batch_dims_and_checks_inner_dims() {
+    let mut b = builder(&[
+        ("a", DType::F16, vec![k(2), k(1), k(5), k(7)]),
+        ("b", DType::F16, vec![k(3), k(7), k(4)]),
+    ]);
+    b.node(NodeSpec::new("mm", "MatMul", &["a", "b"], &["c"]))
+        .unwrap();
+    b.output("c");
+    assert_eq!(
+        shape_of(&infer(b, DimBindings::new()).unwrap(), "c"),
+        "[2, 3, 5, 4]"
+    );
+    let mut b = builder(&[
+        ("a", DType::F32, vec![k(5), k(7)]),
+        ("b", DType::F32, vec![k(6), k(4)]),
+    ]);
+    b.node(NodeSpec::new("mm", "MatMul", &["a", "b"], &["c"]))
+        .unwrap();
+    b.output("c");
+    assert!(infer(b, DimBindings::new())
+        .unwrap_err()
+        .to_string()
+        .contains("inner dimensions"));
+}
+
+#[test]
+fn conv_and_pool_follow_the_spec_arithmetic() {
+    let mut b = builder(&[
+        ("x", DType::F32, vec![k(1), k(8), k(32), k(32)]),
+        ("w", DType::F32, vec![k(16), k(4), k(3), k(3)]),
+    ]);
+    b.node(
+        NodeSpec::new("conv", "Conv", &["x", "w"], &["y"])
+            .attr("group", Attribute::Int(2))
+            .attr("strides", Attribute::Ints(vec![2, 2]))
+            .attr("dilations", Attribute::Ints(vec![2, 2]))
+            .attr("pads", Attribute::Ints(vec![1, 1, 1, 1])),
+    )
+    .unwrap();
+    b.node(
+        NodeSpec::new("pool", "MaxPool", &["y"], &["z"])
+            .attr("kernel_shape", Attribute::Ints(vec![3, 3]))
+            .attr("strides", Attribute::Ints(vec![2, 2]))
+            .attr("ceil_mode", Attribute::Int(1)),
+    )
+    .unwrap();
+    b.node(
+        NodeSpec::new("same", "Conv", &["x", "w"], &["s"])
+            .attr("group", Attribute::Int(2))
+            .attr("auto_pad", Attribute::String("SAME_UPPER".into())),
+    )
+    .unwrap();
+    b.output("z");
+    b.output("s");
+    let g = infer(b, DimBindings::new()).unwrap();
+    // (32 + 2 - 2·2 - 1) / 2 + 1 = 15; ceil((15 - 3) / 2) + 1 = 7.
+    assert_eq!(shape_of(&g, "y"), "[1, 16, 15, 15]");
+    assert_eq!(shape_of(&g, "z"), "[1, 16, 7, 7]");
+    assert_eq!(shape_of(&g, "s"), "[1, 16, 32, 32]");
+}
+
+#[test]
+fn squeeze_and_reduce_read_axes_from_attributes_and_inputs() {
+    let x = vec![k(2), k(1), k(5)];
+    let mut b = builder(&[("x", DType::F32, x.clone())]);
+    b.opset("", 11);
+    b.node(NodeSpec::new("sq", "Squeeze", &["x"], &["a"]).attr("axes", Attribute::Ints(vec![1])))
+        .unwrap();
+    b.node(
+        NodeSpec::new("rm", "ReduceMean", &["x"], &["m"]).attr("axes", Attribute::Ints(vec![-1])),
+    )
+    .unwrap();
+    b.output("a");
+    b.output("m");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(
+        (shape_of(&g, "a"), shape_of(&g, "m")),
+        ("[2, 5]".into(), "[2, 1, 1]".into())
+    );
+
+    let mut b = builder(&[("x", DType::F32, x)]);
+    b.opset("", 18);
+    constant(&mut b, "axes", &[1]);
+    constant(&mut b, "last", &[-1]);
+    b.node(NodeSpec::new("sq", "Squeeze", &["x", "axes"], &["a"]))
+        .unwrap();
+    b.node(
+        NodeSpec::new("rm", "ReduceMean", &["x", "last"], &["m"])
+            .attr("keepdims", Attribute::Int(0)),
+    )
+    .unwrap();
+    b.output("a");
+    b.output("m");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(
+        (shape_of(&g, "a"), shape_of(&g, "m")),
+        ("[2, 5]".into(), "[2, 1]".into())
+    );
+}
+
+#[test]
+fn slice_gather_and_range_track_positions() {
+    // Position ids: Range(0, seq) then slicing a [1024, 64] table to [seq, 64].
+    let mut b = builder(&[
+        ("ids", DType::I64, vec![Dim::sym("batch"), Dim::sym("seq")]),
+        ("table", DType::F32, vec![k(1024), k(64)]),
+    ]);
+    constant(&mut b, "one", &[1]);
+    constant(&mut b, "zero", &[0]);
+    b.node(NodeSpec::new("shape", "Shape", &["ids"], &["s"]))
+        .unwrap();
+    b.node(NodeSpec::new(
+        "seq",
+        "Slice",
+        &["s", "one", "one_end"],
+        &["seq_len"],
+    ))
+    .unwrap();
+    b.node(NodeSpec::new("end", "Add", &["one", "one"], &["two"]))
+        .unwrap();
+    b.node(NodeSpec::new("mk_end", "Identity", &["two"], &["one_end"]))
+        .unwrap();
+    b.node(NodeSpec::new(
+        "pos",
+        "Slice",
+        &["table", "zero", "seq_len", "zero"],
+        &["positions"],
+    ))
+    .unwrap();
+    b.output("positions");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "seq_len"), "[1]");
+    assert_eq!(shape_of(&g, "positions"), "[seq, 64]");
+}
+
+#[test]
+fn einsum_reads_explicit_and_implicit_equations() {
+    let mut b = builder(&[
+        ("q", DType::F32, vec![k(2), k(4), k(8), k(16)]),
+        ("k", DType::F32, vec![k(2), k(4), k(9), k(16)]),
+    ]);
+    b.node(
+        NodeSpec::new("e", "Einsum", &["q", "k"], &["s"])
+            .attr("equation", Attribute::String("bhqd,bhkd->bhqk".into())),
+    )
+    .unwrap();
+    b.node(
+        NodeSpec::new("i", "Einsum", &["q", "k"], &["t"])
+            .attr("equation", Attribute::String("...qd,...kd".into())),
+    )
+    .unwrap();
+    b.output("s");
+    b.output("t");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "s"), "[2, 4, 8, 9]");
+    assert_eq!(shape_of(&g, "t"), "[2, 4, 9, 8]");
+}
+
+#[test]
+fn unknown_op_names_op_node_and_opset() {
+    let mut b = builder(&[("x", DType::F32, vec![k(2)])]);
+    b.node(NodeSpec::new("mystery", "FrobnicateTensor", &["x"], &["y"]))
+        .unwrap();
+    b.output("y");
+    let msg = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(
+        msg.contains("FrobnicateTensor") && msg.contains("mystery") && msg.contains("opset 17"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn lenient_mode_reports_and_continues() {
+    let mut b = builder(&[("x", DType::F32, vec![k(2)])]);
+    b.node(NodeSpec::new("mystery", "FrobnicateTensor", &["x"], &["y"]))
+        .unwrap();
+    b.node(NodeSpec::new("after", "Relu", &["y"], &["z"]))
+        .unwrap();
+    b.node(NodeSpec::new("fine", "Relu", &["x"], &["w"]))
+        .unwrap();
+    b.output("z");
+    b.output("w");
+    let mut g = b.build().unwrap();
+    let report = ShapeInference::new(DimBindings::new())
+        .lenient(true)
+        .run(&mut g)
+        .unwrap();
+    assert_eq!(
+        report.unsupported_ops.get("ai.onnx:FrobnicateTensor"),
+        Some(&1)
+    );
+    assert_eq!(report.skipped_nodes, 1);
+    assert_eq!(shape_of(&g, "w"), "[2]");
+}
+
+#[test]
+fn overflowing_shapes_are_refused() {
+    let mut b = builder(&[("x", DType::F32, vec![k(1 << 32), k(1 << 32), k(16)])]);
+    b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"]))
+        .unwrap();
+    b.output("y");
+    let msg = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(msg.contains("'x'") && msg.contains("64 bits"), "{msg}");
+}

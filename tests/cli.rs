@@ -1,0 +1,87 @@
+//! The `pipecut` binary, run as a user runs it.
+
+mod common;
+
+use std::process::Command;
+
+fn pipecut(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inspect_prints_the_summary() {
+    let (code, out, err) = pipecut(&[
+        "inspect",
+        "fixtures/models/gpt2_tiny.onnx",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=32",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("logits") && out.contains("[8, 32, 512]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("MatMul") && out.contains("every tensor typed"),
+        "{out}"
+    );
+}
+
+#[test]
+fn inspect_json_is_machine_readable() {
+    let (code, out, err) = pipecut(&["inspect", "fixtures/models/resnet_tiny.onnx", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(json["op_histogram"]["Conv"].as_u64().unwrap() > 5);
+    assert_eq!(json["symbolic_dims"][0], "batch");
+    assert_eq!(json["outputs"][0]["shape"][0], "batch");
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_and_no_panic() {
+    let load = include_str!("load.rs");
+    // The same corpus and expectations as the library test.
+    for line in load
+        .lines()
+        .filter(|l| l.trim_start().starts_with("(\"") && l.contains(".onnx\""))
+    {
+        let file = line.split('"').nth(1).unwrap();
+        let expected = line.split('"').nth(3).unwrap().replace("\\'", "'");
+        let (code, _, err) = pipecut(&["inspect", &format!("tests/malformed/{file}")]);
+        assert_eq!(code, 2, "{file}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("stack backtrace"),
+            "{file}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{file}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(&expected),
+            "{file}: expected '{expected}' in {err}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let (code, _, err) = pipecut(&["inspect", "fixtures/models/mlp.onnx", "--dim", "batch"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("NAME=VALUE"), "{err}");
+    let (code, _, err) = pipecut(&["inspect", "fixtures/models/mlp.onnx", "--dim", "seqq=4"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("'seqq'") && err.contains("batch"), "{err}");
+    let (code, _, err) = pipecut(&["inspect", "does/not/exist.onnx"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("does/not/exist.onnx"), "{err}");
+}

@@ -1,0 +1,166 @@
+//! Phase test: loading ONNX files into the graph IR — fixtures, real models, external data,
+//! and the malformed-input corpus in `tests/malformed/`.
+
+mod common;
+
+use std::path::Path;
+
+use pipecut::graph::Storage;
+use pipecut::Error;
+
+/// Each malformed file and a fragment of the error it must produce (at load or at inference).
+pub const MALFORMED: &[(&str, &str)] = &[
+    ("truncated.onnx", "not an ONNX model"),
+    ("random_bytes.onnx", "not an ONNX model"),
+    ("json_as_model.onnx", "not an ONNX model"),
+    ("empty_file.onnx", "the file is empty"),
+    ("cycle.onnx", "cycle through nodes '/A/Add' -> '/B/Add'"),
+    (
+        "missing_producer.onnx",
+        "tensor 'ghost' is read by node '/add/Add'",
+    ),
+    ("duplicate_producer.onnx", "tensor 'y' is produced twice"),
+    ("empty_graph.onnx", "has no nodes"),
+    ("negative_dim.onnx", "dimension 0 is -3"),
+    ("overflow_dim.onnx", "more elements than fit in 64 bits"),
+    ("reshape_two_minus_one.onnx", "more than one -1"),
+    (
+        "unknown_op.onnx",
+        "no shape rule for op 'FrobnicateTensor' (domain 'ai.onnx', opset 17)",
+    ),
+    ("unknown_domain.onnx", "domain 'com.example.nothing'"),
+    (
+        "opset_too_new.onnx",
+        "opset 99 of domain 'ai.onnx' is not supported",
+    ),
+    ("external_traversal.onnx", "leaves the model's directory"),
+    ("external_missing.onnx", "missing.bin"),
+    ("external_short.onnx", "has 16 bytes"),
+    (
+        "concat_rank_mismatch.onnx",
+        "input 1 has rank 3 but input 0 has rank 2",
+    ),
+];
+
+/// Loads and infers with no bindings, returning the first error.
+fn load_and_infer(path: &Path) -> Result<(), Error> {
+    let mut model = pipecut::onnx::load_model(path)?;
+    pipecut::onnx::shape::ShapeInference::default().run(&mut model.graph)?;
+    Ok(())
+}
+
+#[test]
+fn every_malformed_file_gives_its_error() {
+    let dir = common::root().join("tests/malformed");
+    let listed: Vec<&str> = MALFORMED.iter().map(|(f, _)| *f).collect();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            !name.ends_with(".onnx") || listed.contains(&name.as_str()),
+            "{name} has no expected error"
+        );
+    }
+    for (file, expected) in MALFORMED {
+        let err = load_and_infer(&dir.join(file)).expect_err(file).to_string();
+        assert!(
+            err.contains(expected),
+            "{file}: expected '{expected}' in: {err}"
+        );
+        assert!(
+            !err.contains('\n'),
+            "{file}: the message should be one line: {err}"
+        );
+    }
+}
+
+#[test]
+fn fixtures_and_real_models_load() {
+    let mut paths: Vec<_> = common::FIXTURES
+        .iter()
+        .map(|n| common::fixture(n))
+        .collect();
+    paths.extend(common::real_models().into_iter().map(|(_, p)| p));
+    for path in paths {
+        let model =
+            pipecut::onnx::load_model(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let g = &model.graph;
+        assert!(
+            g.node_count() > 0 && g.edge_count() > 0,
+            "{}",
+            path.display()
+        );
+        assert!(!g.outputs().is_empty());
+        // Node names are unique and non-empty, since plans list nodes by name.
+        let mut names: Vec<&str> = g.nodes().map(|(_, n)| n.name.as_str()).collect();
+        assert!(names.iter().all(|n| !n.is_empty()));
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), g.node_count(), "{}", path.display());
+        // The topological order really is one.
+        let position: std::collections::HashMap<_, _> = g
+            .topological_order()
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, i))
+            .collect();
+        for (from, to, _) in g.edges() {
+            assert!(position[&from] < position[&to]);
+        }
+    }
+}
+
+#[test]
+fn constant_nodes_become_parameters() {
+    // The PP-OCR models store every weight in a Constant node.
+    let Some((_, path)) = common::real_models()
+        .into_iter()
+        .find(|(n, _)| n == "ppocr_v4_det")
+    else {
+        return;
+    };
+    let model = pipecut::onnx::load_model(path).unwrap();
+    assert!(model.graph.nodes().all(|(_, n)| n.op_type != "Constant"));
+    let param_bytes: u64 = model
+        .graph
+        .parameters()
+        .map(|(_, t)| t.param().unwrap().bytes)
+        .sum();
+    assert!(param_bytes > 4_000_000, "{param_bytes}");
+}
+
+#[test]
+fn gpt3_175b_loads_without_reading_its_weights() {
+    let path = common::gpt3_with_placeholder_weights();
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    let external: u64 = model
+        .graph
+        .parameters()
+        .filter_map(|(_, t)| match t.param().unwrap().storage {
+            Storage::External { length, .. } => Some(length),
+            _ => None,
+        })
+        .sum();
+    // 174.6 billion fp16 parameters.
+    assert!(external > 349_000_000_000, "{external}");
+    let bindings = pipecut::onnx::shape::DimBindings::new()
+        .bind("batch", 1)
+        .bind("seq", 2048);
+    pipecut::onnx::shape::ShapeInference::new(bindings)
+        .run(&mut model.graph)
+        .unwrap();
+    let logits = model.graph.outputs()[0];
+    assert_eq!(
+        model.graph.concrete_shape(logits).unwrap(),
+        vec![1, 2048, 50257]
+    );
+}
+
+#[test]
+fn loading_from_bytes_matches_loading_from_a_file() {
+    let path = common::fixture("resnet_tiny");
+    let bytes = std::fs::read(&path).unwrap();
+    let a = pipecut::onnx::load_model(&path).unwrap();
+    let b = pipecut::onnx::load_model_from_bytes(&bytes, None).unwrap();
+    assert_eq!(a.graph.node_count(), b.graph.node_count());
+    assert_eq!(a.graph.edge_count(), b.graph.edge_count());
+}
