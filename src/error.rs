@@ -145,6 +145,57 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+
+    /// A hardware profile that cannot be used.
+    #[error("hardware profile '{origin}' is invalid: {detail}")]
+    Profile {
+        /// File or built-in name.
+        origin: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// A device or link name that no profile answers to.
+    #[error("unknown {kind} '{name}'; known {kind}s: {known}")]
+    UnknownHardware {
+        /// `device` or `link`.
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+        /// Known names.
+        known: String,
+    },
+
+    /// A cluster description that cannot be used.
+    #[error("bad cluster description '{spec}': {detail}")]
+    Cluster {
+        /// The description as given.
+        spec: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// The cost model has no rule for an operator (and no fallback was asked for).
+    #[error("no cost rule for op '{op}' (domain '{domain}') at node '{node}'; pass --unknown-op-cost zero|bytes to cost it anyway")]
+    NoCostRule {
+        /// Operator type.
+        op: String,
+        /// Operator domain.
+        domain: String,
+        /// Node name.
+        node: String,
+    },
+
+    /// The cost model could not cost a node.
+    #[error("cannot cost node '{node}' ({op}): {detail}")]
+    Cost {
+        /// Node name.
+        node: String,
+        /// Operator type.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
 }
 
 fn quote_list(items: &[String]) -> String {

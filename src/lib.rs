@@ -8,11 +8,12 @@
 //!
 //! ```text
 //! model.onnx ──load──▶ Graph ──shape──▶ typed Graph ──cost──▶ Costs ──partition──▶ Partition ──plan──▶ plan.json
-//!    (onnx)            (graph)          (onnx::shape)
+//!    (onnx)            (graph)          (onnx::shape)       (cost)
 //! ```
 //!
-//! Built so far: [`onnx`] (loading, with external data never read) and [`onnx::shape`] (dtype and
-//! shape inference with symbolic dims), over the [`graph`] IR.
+//! Built so far: [`onnx`] (loading, with external data never read), [`onnx::shape`] (dtype and
+//! shape inference with symbolic dims), over the [`graph`] IR, and [`cost`] (hardware profiles,
+//! roofline op costs, stage memory, transfers).
 //!
 //! ```
 //! use pipecut::onnx::shape::{DimBindings, ShapeInference};
@@ -22,11 +23,18 @@
 //! ShapeInference::new(bindings).run(&mut model.graph)?;
 //! let logits = model.graph.outputs()[0];
 //! assert_eq!(model.graph.concrete_shape(logits)?, vec![8, 32, 512]);
+//!
+//! let catalog = pipecut::cost::Catalog::builtin();
+//! let h100 = catalog.device("H100-SXM")?;
+//! let costs = pipecut::cost::CostModel::new(h100).node_costs(&model.graph)?;
+//! let total_secs: f64 = costs.iter().map(|(_, c)| c.time_secs).sum();
+//! assert!(total_secs > 0.0);
 //! # Ok::<(), pipecut::Error>(())
 //! ```
 
 #![warn(missing_docs)]
 
+pub mod cost;
 mod error;
 pub mod graph;
 pub mod onnx;

@@ -85,3 +85,82 @@ fn bad_arguments_are_explained() {
     assert_eq!(code, 2);
     assert!(err.contains("does/not/exist.onnx"), "{err}");
 }
+
+#[test]
+fn cost_prints_the_table_and_json() {
+    let (code, out, err) = pipecut(&[
+        "cost",
+        "fixtures/models/resnet_tiny.onnx",
+        "--device",
+        "A100-80GB",
+        "--dim",
+        "batch=4",
+        "--top",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Conv") && out.contains("total on A100-SXM-80GB (inference)"),
+        "{out}"
+    );
+    let (code, out, err) = pipecut(&[
+        "cost",
+        "fixtures/models/mlp.onnx",
+        "--device",
+        "H100",
+        "--dim",
+        "batch=4",
+        "--mode",
+        "training",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["nodes"].as_array().unwrap().len(), 10);
+    assert_eq!(json["mode"]["mode"], "training");
+    let (code, _, err) = pipecut(&[
+        "cost",
+        "fixtures/models/mlp.onnx",
+        "--device",
+        "H900",
+        "--dim",
+        "batch=4",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("unknown device 'H900'") && err.contains("H100-SXM"),
+        "{err}"
+    );
+}
+
+#[test]
+fn calibrate_writes_a_profile_that_cost_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cpu.json");
+    let out_str = out.to_str().unwrap();
+    let (code, stdout, err) = pipecut(&[
+        "calibrate",
+        "--device",
+        "cpu",
+        "--out",
+        out_str,
+        "--quick",
+        "--budget-ms",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("efficiency matmul"), "{stdout}");
+    let (code, stdout, err) = pipecut(&[
+        "cost",
+        "fixtures/models/mlp.onnx",
+        "--device",
+        out_str,
+        "--dim",
+        "batch=2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("CPU-x86-64-AVX2-2C-calibrated"), "{stdout}");
+    let (code, _, err) = pipecut(&["calibrate", "--device", "H100-SXM", "--out", out_str]);
+    assert_eq!(code, 2);
+    assert!(err.contains("only CPU"), "{err}");
+}

@@ -1,34 +1,30 @@
 //! `pipecut inspect MODEL [--dim NAME=V]... [--json]`.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
 use pipecut::graph::Dim;
 use pipecut::onnx::inspect::ModelSummary;
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::onnx::shape::ShapeInference;
+
+use super::ModelArgs;
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The ONNX model file.
-    model: PathBuf,
-    /// Bind a symbolic dim, e.g. `--dim batch=8` (repeatable).
-    #[arg(long = "dim", value_name = "NAME=VALUE")]
-    dims: Vec<String>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let mut bindings = DimBindings::new();
-    for dim in &args.dims {
-        bindings.parse_arg(dim)?;
-    }
-    let mut model = pipecut::onnx::load_model(&args.model)
-        .with_context(|| format!("cannot load '{}'", args.model.display()))?;
+    let bindings = args.model.bindings()?;
+    let path = &args.model.model;
+    let mut model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
     let graph = &model.graph;
     let symbolic_dims: BTreeSet<String> = graph
         .inputs()
@@ -43,7 +39,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let report = ShapeInference::new(bindings.clone())
         .lenient(true)
         .run(&mut model.graph)
-        .with_context(|| format!("cannot infer shapes of '{}'", args.model.display()))?;
+        .with_context(|| format!("cannot infer shapes of '{}'", path.display()))?;
     let first_failure = report.failures.first().cloned();
     let bound = bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
     let summary = ModelSummary::new(&model, symbolic_dims, bound, report);
@@ -55,7 +51,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     match first_failure {
         // The summary is printed either way; a model whose shapes cannot all be inferred cannot
         // be planned, so the exit code says so.
-        Some(failure) => anyhow::bail!("'{}': {failure}", args.model.display()),
+        Some(failure) => anyhow::bail!("'{}': {failure}", path.display()),
         None => Ok(ExitCode::SUCCESS),
     }
 }

@@ -325,6 +325,11 @@ impl Graph {
             .collect()
     }
 
+    #[cfg(test)]
+    pub(crate) fn set_op_type_for_test(&mut self, id: NodeId, op_type: &str) {
+        self.dag[id.0].op_type = op_type.to_string();
+    }
+
     /// The underlying petgraph graph, for algorithms that want it directly.
     pub fn petgraph(&self) -> &StableDiGraph<Node, TensorId> {
         &self.dag

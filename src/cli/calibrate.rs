@@ -1,0 +1,70 @@
+//! `pipecut calibrate --device NAME --out FILE`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use pipecut::cost::calibrate::{calibrated_profile, measure_cpu, Sizes};
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// The profile to calibrate (its peaks are the denominators of the measured efficiencies).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Where to write the calibrated profile (JSON).
+    #[arg(long)]
+    out: PathBuf,
+    /// Time spent on each microbenchmark size, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    budget_ms: u64,
+    /// Small sizes that fit in cache (a smoke test; efficiencies will be optimistic).
+    #[arg(long)]
+    quick: bool,
+}
+
+pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    let (catalog, name) = super::cost::device_catalog(&args.device)?;
+    let base = catalog.device(&name)?;
+    let sizes = if args.quick {
+        Sizes {
+            matmul: vec![64, 128],
+            conv_side: 16,
+            vector: vec![1 << 16],
+            transpose: vec![256],
+        }
+    } else {
+        Sizes::standard()
+    };
+    // Refuse GPUs before spending time on measurements.
+    calibrated_profile(base, &[])?;
+    eprintln!("calibrating '{}' on this machine ...", base.name);
+    let measurements = measure_cpu(&sizes, Duration::from_millis(args.budget_ms));
+    for m in &measurements {
+        eprintln!("  {:<44} {:>12.3e} /s", m.label, m.rate);
+    }
+    let spec = calibrated_profile(base, &measurements)?;
+    let json = serde_json::to_string_pretty(&spec)? + "\n";
+    // Write beside the target and rename, so an interrupted run leaves no half-written profile.
+    let tmp = args.out.with_extension("json.tmp");
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create '{}'", dir.display()))?;
+    }
+    std::fs::write(&tmp, json).with_context(|| format!("cannot write '{}'", tmp.display()))?;
+    std::fs::rename(&tmp, &args.out)
+        .with_context(|| format!("cannot write '{}'", args.out.display()))?;
+    let e = &spec.efficiency;
+    println!(
+        "wrote {} ({}): efficiency matmul {:.2}, conv {:.2}, elementwise {:.2}, reduction {:.2}, data movement {:.2}",
+        args.out.display(),
+        spec.name,
+        e.matmul.value,
+        e.conv.value,
+        e.elementwise.value,
+        e.reduction.value,
+        e.data_movement.value
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,193 @@
+//! `pipecut cost MODEL --device NAME [--dim NAME=V]... [--mode training] [--json]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use pipecut::cost::{Catalog, CostModel, Mode, NodeCost, UnknownOpCost};
+use serde::Serialize;
+
+use super::ModelArgs;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Inference,
+    Training,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Inference => Mode::Inference,
+            ModeArg::Training => Mode::training(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum UnknownOpArg {
+    Error,
+    Zero,
+    Bytes,
+}
+
+impl From<UnknownOpArg> for UnknownOpCost {
+    fn from(u: UnknownOpArg) -> UnknownOpCost {
+        match u {
+            UnknownOpArg::Error => UnknownOpCost::Error,
+            UnknownOpArg::Zero => UnknownOpCost::Zero,
+            UnknownOpArg::Bytes => UnknownOpCost::Bytes,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CostArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Device to cost on: a name from cost-models/ (e.g. H100-SXM) or a profile .json file.
+    #[arg(long)]
+    device: String,
+    /// Inference (forward only) or training (forward + backward).
+    #[arg(long, value_enum, default_value = "inference")]
+    mode: ModeArg,
+    /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
+    #[arg(long, value_enum, default_value = "error")]
+    unknown_op_cost: UnknownOpArg,
+    /// Rows of the per-node table to print (all with --json).
+    #[arg(long, default_value_t = 25)]
+    top: usize,
+    /// Print the table as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct CostReport<'a> {
+    device: &'a str,
+    mode: Mode,
+    total_time_secs: f64,
+    total_flops: f64,
+    total_bytes_moved: f64,
+    total_param_bytes: u64,
+    fallback_nodes: usize,
+    nodes: Vec<NodeCost>,
+}
+
+/// Resolves `--device`: a catalog name, or a profile file (e.g. written by `pipecut calibrate`).
+pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
+    let mut catalog = Catalog::builtin();
+    let path = PathBuf::from(device);
+    let name = if device.ends_with(".json") && path.exists() {
+        catalog.add_file(&path)?
+    } else {
+        catalog.device(device)?.name.clone()
+    };
+    Ok((catalog, name))
+}
+
+pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
+    let (catalog, name) = device_catalog(&args.device)?;
+    let device = catalog.device(&name)?;
+    let model = args.model.load_typed()?;
+    let cost_model = CostModel::new(device)
+        .with_mode(args.mode.into())
+        .with_unknown_ops(args.unknown_op_cost.into());
+    let mut nodes: Vec<NodeCost> = cost_model
+        .node_costs(&model.graph)?
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    let fallback: Vec<&str> = nodes
+        .iter()
+        .filter(|c| c.fallback)
+        .map(|c| c.op.as_str())
+        .collect();
+    if !fallback.is_empty() {
+        // The user asked for a fallback; say where it was used, on stderr so --json stays clean.
+        eprintln!(
+            "note: {} node(s) costed by the --unknown-op-cost fallback: {}",
+            fallback.len(),
+            fallback.join(", ")
+        );
+    }
+    // Slowest first; ties by name so the order is stable.
+    nodes.sort_by(|a, b| {
+        b.time_secs
+            .total_cmp(&a.time_secs)
+            .then_with(|| a.node.cmp(&b.node))
+    });
+    let params: u64 = model
+        .graph
+        .parameters()
+        .map(|(_, t)| t.param().map_or(0, |p| p.bytes))
+        .sum();
+    let report = CostReport {
+        device: &device.name,
+        mode: cost_model.mode(),
+        total_time_secs: nodes.iter().map(|c| c.time_secs).sum(),
+        total_flops: nodes.iter().map(|c| c.flops).sum(),
+        total_bytes_moved: nodes.iter().map(|c| c.bytes_moved).sum(),
+        total_param_bytes: params,
+        fallback_nodes: nodes.iter().filter(|c| c.fallback).count(),
+        nodes,
+    };
+    if args.json {
+        return super::print_stdout(&format!("{}\n", serde_json::to_string_pretty(&report)?))
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(Into::into);
+    }
+    let mut out = String::new();
+    use std::fmt::Write;
+    writeln!(
+        out,
+        "{:<48} {:<20} {:>12} {:>12} {:>11} {:>11} {:>11}",
+        "node", "op", "GFLOP", "MB moved", "time (us)", "params MB", "out MB"
+    )?;
+    for c in report.nodes.iter().take(args.top) {
+        writeln!(
+            out,
+            "{:<48} {:<20} {:>12.3} {:>12.3} {:>11.2} {:>11.3} {:>11.3}",
+            ellipsize(&c.node, 48),
+            ellipsize(&c.op, 20),
+            c.flops / 1e9,
+            c.bytes_moved / 1e6,
+            c.time_secs * 1e6,
+            c.param_bytes as f64 / 1e6,
+            c.output_bytes as f64 / 1e6
+        )?;
+    }
+    if report.nodes.len() > args.top {
+        writeln!(
+            out,
+            "... {} more nodes (--top N, or --json for all)",
+            report.nodes.len() - args.top
+        )?;
+    }
+    writeln!(
+        out,
+        "total on {} ({}): {} nodes, {:.3} GFLOP, {:.1} MB moved, {:.1} us, params {:.2} MB",
+        report.device,
+        match report.mode {
+            Mode::Inference => "inference",
+            Mode::Training { .. } => "training",
+        },
+        report.nodes.len(),
+        report.total_flops / 1e9,
+        report.total_bytes_moved / 1e6,
+        report.total_time_secs * 1e6,
+        report.total_param_bytes as f64 / 1e6
+    )?;
+    super::print_stdout(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Shortens long node names from the middle, keeping the distinctive tail.
+fn ellipsize(s: &str, width: usize) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.len() <= width {
+        return s.to_string();
+    }
+    let tail: String = chars[chars.len() - (width - 1)..].iter().collect();
+    format!("…{tail}")
+}

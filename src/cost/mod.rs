@@ -1,0 +1,22 @@
+//! Phase 3 of the pipeline: what every node costs on a named device, what it must hold in
+//! memory, and what it costs to move tensors between devices.
+//!
+//! - [`hardware`]: device and link profiles from `cost-models/`, every number with its source;
+//! - [`cluster`]: nodes of devices joined by links; transfer and all-reduce times;
+//! - [`ops`]: FLOPs and bytes per operator, one rule per op family;
+//! - [`model`]: the roofline that turns work into time, and the per-node cost table;
+//! - [`memory`]: parameters, optimizer state and in-flight activations of a stage;
+//! - [`calibrate`]: measured efficiencies in place of the defaults.
+
+pub mod calibrate;
+pub mod cluster;
+pub mod hardware;
+pub mod memory;
+pub mod model;
+pub(crate) mod ops;
+
+pub use cluster::{Cluster, DeviceId};
+pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
+pub use memory::{Schedule, StageMemory};
+pub use model::{CostModel, Mode, NodeCost, UnknownOpCost};
+pub use ops::OpWork;

@@ -1,0 +1,459 @@
+//! Work per operator: FLOPs and bytes moved from the inferred shapes, and the op class that says
+//! which roofline efficiency applies. One table ([`rule_for`]) maps every op that shape
+//! inference handles to the rule of its family; each rule cites the ONNX operator it reads
+//! (<https://onnx.ai/onnx/operators/>).
+
+use super::hardware::OpClass;
+use crate::graph::{Attribute, DType, Graph, Node, TensorId};
+use crate::Error;
+
+/// The work one node does on one micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpWork {
+    /// Floating-point (or integer) operations.
+    pub flops: f64,
+    /// Bytes read and written in device memory.
+    pub bytes: f64,
+    /// Which efficiency applies.
+    pub class: OpClass,
+    /// The element type that sets the peak rate.
+    pub dtype: DType,
+    /// Kernels launched (0 for ops that only change metadata).
+    pub launches: u32,
+}
+
+/// Concrete shapes and sizes of a node's tensors, as rules see them.
+pub(crate) struct CostCtx<'a> {
+    pub node: &'a Node,
+    inputs: Vec<Option<(DType, Vec<u64>)>>,
+    outputs: Vec<Option<(DType, Vec<u64>)>>,
+}
+
+fn concrete(graph: &Graph, id: TensorId) -> Result<(DType, Vec<u64>), Error> {
+    let tensor = graph.tensor(id);
+    let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
+        tensor: tensor.name.clone(),
+    })?;
+    Ok((dtype, graph.concrete_shape(id)?))
+}
+
+impl<'a> CostCtx<'a> {
+    /// Collects concrete shapes; an unbound dim is an error naming the dim and a tensor.
+    pub fn new(graph: &'a Graph, node: &'a Node) -> Result<CostCtx<'a>, Error> {
+        let inputs = node
+            .inputs
+            .iter()
+            .map(|s| s.map(|id| concrete(graph, id)).transpose())
+            .collect::<Result<_, _>>()?;
+        let outputs = node
+            .outputs
+            .iter()
+            .map(|s| s.map(|id| concrete(graph, id)).transpose())
+            .collect::<Result<_, _>>()?;
+        Ok(CostCtx {
+            node,
+            inputs,
+            outputs,
+        })
+    }
+
+    fn input(&self, i: usize) -> Result<&(DType, Vec<u64>), String> {
+        self.inputs
+            .get(i)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| format!("input {i} is missing"))
+    }
+
+    fn shape(&self, i: usize) -> Result<&[u64], String> {
+        Ok(&self.input(i)?.1)
+    }
+
+    fn dtype(&self) -> DType {
+        self.inputs
+            .iter()
+            .flatten()
+            .next()
+            .map_or(DType::F32, |(d, _)| *d)
+    }
+
+    fn output_elements(&self) -> f64 {
+        self.outputs
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0.0, |(_, s)| elements(s))
+    }
+
+    fn input_bytes(&self) -> f64 {
+        self.inputs
+            .iter()
+            .flatten()
+            .map(|(d, s)| bytes(*d, s))
+            .sum()
+    }
+
+    fn output_bytes(&self) -> f64 {
+        self.outputs
+            .iter()
+            .flatten()
+            .map(|(d, s)| bytes(*d, s))
+            .sum()
+    }
+
+    fn int_attr(&self, name: &str, default: i64) -> i64 {
+        match self.node.attributes.get(name) {
+            Some(Attribute::Int(v)) => *v,
+            _ => default,
+        }
+    }
+
+    fn work(&self, flops: f64, bytes: f64, class: OpClass) -> OpWork {
+        OpWork {
+            flops,
+            bytes,
+            class,
+            dtype: self.dtype(),
+            launches: 1,
+        }
+    }
+
+    /// Reading every input and writing every output once.
+    fn streaming(&self, flops_per_output: f64, class: OpClass) -> OpWork {
+        self.work(
+            flops_per_output * self.output_elements(),
+            self.input_bytes() + self.output_bytes(),
+            class,
+        )
+    }
+}
+
+fn elements(shape: &[u64]) -> f64 {
+    shape.iter().map(|&d| d as f64).product()
+}
+
+fn bytes(dtype: DType, shape: &[u64]) -> f64 {
+    elements(shape) * dtype.size_bits() as f64 / 8.0
+}
+
+pub(crate) type CostRule = fn(&CostCtx) -> Result<OpWork, String>;
+
+/// The rule for an op, or `None` when the cost model does not know it.
+pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
+    let domain = if domain == "ai.onnx" { "" } else { domain };
+    let rule: CostRule = match (domain, op) {
+        // Metadata only: a runtime changes the view, no kernel runs.
+        (
+            "",
+            "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Identity" | "Shape" | "Size"
+            | "Dropout" | "Constant",
+        ) => metadata,
+        ("", "MatMul" | "MatMulInteger") | ("com.microsoft", "FusedMatMul") => matmul,
+        ("", "Gemm") => gemm,
+        ("", "Einsum") => einsum,
+        ("", "Conv" | "ConvInteger") => conv,
+        ("", "ConvTranspose") => conv_transpose,
+        ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
+        // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.
+        (
+            "",
+            "Add"
+            | "Sub"
+            | "Mul"
+            | "Div"
+            | "Neg"
+            | "Abs"
+            | "Relu"
+            | "LeakyRelu"
+            | "PRelu"
+            | "Min"
+            | "Max"
+            | "Sum"
+            | "Mean"
+            | "Clip"
+            | "Floor"
+            | "Ceil"
+            | "Round"
+            | "Sign"
+            | "Reciprocal"
+            | "Mod"
+            | "BitwiseAnd"
+            | "BitwiseOr"
+            | "BitwiseXor"
+            | "BitwiseNot"
+            | "BitShift"
+            | "ThresholdedRelu"
+            | "Shrink"
+            | "HardSigmoid"
+            | "HardSwish"
+            | "Where"
+            | "Cast"
+            | "CastLike"
+            | "Not"
+            | "And"
+            | "Or"
+            | "Xor"
+            | "Equal"
+            | "Less"
+            | "Greater"
+            | "LessOrEqual"
+            | "GreaterOrEqual"
+            | "IsNaN"
+            | "IsInf"
+            | "QuantizeLinear"
+            | "DequantizeLinear"
+            | "DynamicQuantizeLinear"
+            | "Trilu"
+            | "EyeLike",
+        ) => pointwise::<1>,
+        (
+            "",
+            "Sqrt" | "Pow" | "Sigmoid" | "Tanh" | "Erf" | "Exp" | "Log" | "Elu" | "Selu" | "Celu"
+            | "Softplus" | "Softsign" | "Sin" | "Cos" | "Tan" | "Asin" | "Acos" | "Atan" | "Sinh"
+            | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Swish",
+        ) => pointwise::<4>,
+        ("", "Gelu" | "Mish")
+        | ("com.microsoft", "FastGelu" | "BiasGelu" | "Gelu" | "QuickGelu" | "BiasAdd") => {
+            pointwise::<8>
+        }
+        ("com.microsoft", "RotaryEmbedding") => pointwise::<4>,
+        // Reductions and normalisations: read the input, a few operations per element.
+        (
+            "",
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+            | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax"
+            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression",
+        ) => reduction::<1>,
+        (
+            "",
+            "Softmax"
+            | "LogSoftmax"
+            | "Hardmax"
+            | "LayerNormalization"
+            | "BatchNormalization"
+            | "InstanceNormalization"
+            | "GroupNormalization"
+            | "RMSNormalization"
+            | "LpNormalization"
+            | "MeanVarianceNormalization"
+            | "LRN"
+            | "SimplifiedLayerNormalization",
+        )
+        | (
+            "com.microsoft",
+            "SkipLayerNormalization"
+            | "SkipSimplifiedLayerNormalization"
+            | "SimplifiedLayerNormalization"
+            | "LayerNormalization"
+            | "EmbedLayerNormalization",
+        ) => reduction::<6>,
+        (
+            "",
+            "MaxPool" | "AveragePool" | "LpPool" | "GlobalAveragePool" | "GlobalMaxPool"
+            | "GlobalLpPool",
+        ) => pool,
+        // Data movement: bytes only.
+        (
+            "",
+            "Transpose" | "Concat" | "Split" | "Slice" | "Expand" | "Tile" | "Pad" | "ScatterND"
+            | "ScatterElements" | "Scatter" | "GatherElements" | "GatherND" | "ReverseSequence"
+            | "DepthToSpace" | "SpaceToDepth" | "ConstantOfShape" | "Range" | "OneHot" | "Resize"
+            | "Upsample" | "GridSample" | "RoiAlign",
+        ) => movement,
+        ("", "Gather") => gather,
+        _ => return None,
+    };
+    Some(rule)
+}
+
+fn metadata(ctx: &CostCtx) -> Result<OpWork, String> {
+    Ok(OpWork {
+        launches: 0,
+        ..ctx.work(0.0, 0.0, OpClass::DataMovement)
+    })
+}
+
+/// MatMul: `2·M·N·K` per output batch (<https://onnx.ai/onnx/operators/onnx__MatMul.html>).
+/// FusedMatMul's transposes do not change the count: K is the contracted size either way.
+fn matmul(ctx: &CostCtx) -> Result<OpWork, String> {
+    let a = ctx.shape(0)?;
+    let mut k = *a.last().ok_or("operand A is a scalar")? as f64;
+    if ctx.int_attr("transA", 0) != 0 && a.len() >= 2 {
+        k = a[a.len() - 2] as f64;
+    }
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * k,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+/// Gemm: `2·M·N·K`, plus `M·N` for the bias (<https://onnx.ai/onnx/operators/onnx__Gemm.html>).
+fn gemm(ctx: &CostCtx) -> Result<OpWork, String> {
+    let a = ctx.shape(0)?;
+    if a.len() != 2 {
+        return Err("Gemm's A is not 2-D".into());
+    }
+    let k = if ctx.int_attr("transA", 0) != 0 {
+        a[0]
+    } else {
+        a[1]
+    } as f64;
+    let bias = if ctx.inputs.get(2).is_some_and(Option::is_some) {
+        ctx.output_elements()
+    } else {
+        0.0
+    };
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * k + bias,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+/// Einsum: `2 · output elements · Π sizes of the contracted letters`
+/// (<https://onnx.ai/onnx/operators/onnx__Einsum.html>).
+fn einsum(ctx: &CostCtx) -> Result<OpWork, String> {
+    let equation = match ctx.node.attributes.get("equation") {
+        Some(Attribute::String(e)) => e.replace(' ', ""),
+        _ => return Err("attribute 'equation' is missing".into()),
+    };
+    let (lhs, rhs) = match equation.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (equation.as_str(), None),
+    };
+    let mut sizes = std::collections::BTreeMap::new();
+    let mut uses = std::collections::BTreeMap::new();
+    for (i, term) in lhs.split(',').enumerate() {
+        let shape = ctx.shape(i)?;
+        // Letters after an ellipsis align with the trailing axes.
+        let (before, after) = term.split_once("...").unwrap_or((term, ""));
+        let tail_start = shape.len().saturating_sub(after.len());
+        for (letter, &size) in before
+            .chars()
+            .zip(shape)
+            .chain(after.chars().zip(&shape[tail_start..]))
+        {
+            sizes.insert(letter, size as f64);
+            *uses.entry(letter).or_insert(0) += 1;
+        }
+    }
+    // Explicit mode: letters missing from the output are summed over; implicit mode: letters
+    // used more than once.
+    let contracted: f64 = sizes
+        .iter()
+        .filter(|(letter, _)| match rhs {
+            Some(rhs) => !rhs.contains(**letter),
+            None => uses[*letter] > 1,
+        })
+        .map(|(_, size)| size)
+        .product();
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * contracted,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+/// Conv: `2 · output elements · C_in/group · Π kernel` (<https://onnx.ai/onnx/operators/onnx__Conv.html>).
+fn conv(ctx: &CostCtx) -> Result<OpWork, String> {
+    let w = ctx.shape(1)?;
+    let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * per_output,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Conv,
+    ))
+}
+
+/// ConvTranspose: every input element scatters into `M/group · Π kernel` outputs.
+fn conv_transpose(ctx: &CostCtx) -> Result<OpWork, String> {
+    let (x, w) = (ctx.shape(0)?, ctx.shape(1)?);
+    let per_input: f64 = w[1..].iter().map(|&d| d as f64).product();
+    Ok(ctx.work(
+        2.0 * elements(x) * per_input,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Conv,
+    ))
+}
+
+/// com.microsoft Attention: the fused QKV projection `2·B·S·H_in·W_out` plus scores and
+/// context `2·2·B·S·S_kv·H`.
+fn attention(ctx: &CostCtx) -> Result<OpWork, String> {
+    let x = ctx.shape(0)?;
+    if x.len() != 3 {
+        return Err("input is not [batch, sequence, hidden]".into());
+    }
+    let (b, s, h) = (x[0] as f64, x[1] as f64, x[2] as f64);
+    let projection = match ctx.node.op_type.as_str() {
+        "Attention" => 2.0 * b * s * elements(ctx.shape(1)?),
+        _ => 0.0,
+    };
+    let attention = 4.0 * b * s * s * h;
+    Ok(ctx.work(
+        projection + attention,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+fn pointwise<const OPS_PER_ELEMENT: u32>(ctx: &CostCtx) -> Result<OpWork, String> {
+    Ok(ctx.streaming(OPS_PER_ELEMENT as f64, OpClass::Elementwise))
+}
+
+fn reduction<const OPS_PER_ELEMENT: u32>(ctx: &CostCtx) -> Result<OpWork, String> {
+    let read = elements(ctx.shape(0)?);
+    Ok(ctx.work(
+        OPS_PER_ELEMENT as f64 * read,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Reduction,
+    ))
+}
+
+/// Pooling reads each input once and does one operation per window element of each output.
+fn pool(ctx: &CostCtx) -> Result<OpWork, String> {
+    let window: f64 = match ctx.node.attributes.get("kernel_shape") {
+        Some(Attribute::Ints(k)) => k.iter().map(|&d| d.max(1) as f64).product(),
+        _ => ctx.shape(0)?.iter().skip(2).map(|&d| d as f64).product(),
+    };
+    Ok(ctx.work(
+        ctx.output_elements() * window,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Reduction,
+    ))
+}
+
+/// Copies: the output is written and (about) as many bytes are read.
+fn movement(ctx: &CostCtx) -> Result<OpWork, String> {
+    let written = ctx.output_bytes();
+    Ok(ctx.work(0.0, written * 2.0, OpClass::DataMovement))
+}
+
+/// Gather reads only the rows it picks (plus the indices), not the whole table: an embedding
+/// lookup costs its output, not its vocabulary.
+fn gather(ctx: &CostCtx) -> Result<OpWork, String> {
+    let (dtype, indices) = ctx.input(1)?;
+    Ok(ctx.work(
+        0.0,
+        2.0 * ctx.output_bytes() + bytes(*dtype, indices),
+        OpClass::DataMovement,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_with_a_shape_rule_has_a_cost_rule() {
+        let control_flow = ["ai.onnx:If", "ai.onnx:Loop", "ai.onnx:Scan"];
+        let missing: Vec<String> = crate::onnx::shape::supported_ops()
+            .into_iter()
+            .filter(|op| !control_flow.contains(&op.as_str()))
+            .filter(|op| {
+                let (domain, name) = op.split_once(':').unwrap();
+                rule_for(domain, name).is_none()
+            })
+            .collect();
+        assert!(missing.is_empty(), "ops without a cost rule: {missing:?}");
+    }
+}
