@@ -164,3 +164,189 @@ fn loading_from_bytes_matches_loading_from_a_file() {
     assert_eq!(a.graph.node_count(), b.graph.node_count());
     assert_eq!(a.graph.edge_count(), b.graph.edge_count());
 }
+
+mod built {
+    //! Models built in the test with onnx-protobuf, for constructs the fixtures lack.
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{self, Tensor as TensorType};
+    use onnx_protobuf::{
+        attribute_proto::AttributeType, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+
+    pub fn value_info(name: &str, elem_type: i32, dims: &[&str]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| Dimension {
+                value: Some(match d.parse::<i64>() {
+                    Ok(v) => dimension::Value::DimValue(v),
+                    Err(_) => dimension::Value::DimParam(d.to_string()),
+                }),
+                ..Default::default()
+            })
+            .collect();
+        let tensor = TensorType {
+            elem_type,
+            shape: Some(TensorShapeProto {
+                dim,
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        ValueInfoProto {
+            name: name.into(),
+            type_: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(tensor)),
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn node(
+        name: &str,
+        op: &str,
+        domain: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+    ) -> NodeProto {
+        NodeProto {
+            name: name.into(),
+            op_type: op.into(),
+            domain: domain.into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn graph_attr(name: &str, graph: GraphProto) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            type_: AttributeType::GRAPH.into(),
+            g: Some(graph).into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn model(graph: GraphProto, opsets: &[(&str, i64)]) -> Vec<u8> {
+        let opset_import = opsets
+            .iter()
+            .map(|(d, v)| OperatorSetIdProto {
+                domain: d.to_string(),
+                version: *v,
+                ..Default::default()
+            })
+            .collect();
+        ModelProto {
+            ir_version: 8,
+            opset_import,
+            graph: Some(graph).into(),
+            ..Default::default()
+        }
+        .write_to_bytes()
+        .unwrap()
+    }
+}
+
+#[test]
+fn subgraph_nodes_stay_opaque_and_their_captures_become_edges() {
+    use built::*;
+    const F32: i32 = 1;
+    const BOOL: i32 = 9;
+    // y = If(cond) { then: Relu(x) } else { Neg(x) }, where both branches read `x` from outside.
+    let branch = |op: &str| onnx_protobuf::GraphProto {
+        name: format!("{op}_branch"),
+        node: vec![node(
+            &format!("inner_{op}"),
+            op,
+            "",
+            &["x"],
+            &[&format!("{op}_out")],
+        )],
+        output: vec![value_info(&format!("{op}_out"), F32, &["batch", "8"])],
+        ..Default::default()
+    };
+    let mut if_node = node("choose", "If", "", &["cond"], &["y"]);
+    if_node.attribute = vec![
+        graph_attr("then_branch", branch("Relu")),
+        graph_attr("else_branch", branch("Neg")),
+    ];
+    let graph = onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("scale", "Sigmoid", "", &["input"], &["x"]),
+            if_node,
+            node("after", "Tanh", "", &["y"], &["z"]),
+        ],
+        input: vec![
+            value_info("input", F32, &["batch", "8"]),
+            value_info("cond", BOOL, &[]),
+        ],
+        output: vec![value_info("z", F32, &["batch", "8"])],
+        ..Default::default()
+    };
+    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
+    let g = &model.graph;
+    assert_eq!(g.node_count(), 3, "the subgraph nodes are not graph nodes");
+    let choose = g.nodes().find(|(_, n)| n.name == "choose").unwrap().0;
+    let x = g.tensor_id("x").unwrap();
+    assert_eq!(g.node(choose).captures, vec![x]);
+    assert!(g
+        .edges()
+        .any(|(from, to, t)| t == x && to == choose && g.node(from).name == "scale"));
+    let bindings = pipecut::onnx::shape::DimBindings::new().bind("batch", 3);
+    pipecut::onnx::shape::ShapeInference::new(bindings)
+        .run(&mut model.graph)
+        .unwrap();
+    let z = model.graph.tensor_id("z").unwrap();
+    assert_eq!(model.graph.concrete_shape(z).unwrap(), vec![3, 8]);
+}
+
+#[test]
+fn com_microsoft_fused_ops_are_inferred() {
+    use built::*;
+    const F32: i32 = 1;
+    let graph = onnx_protobuf::GraphProto {
+        name: "fused".into(),
+        node: vec![
+            node(
+                "sln",
+                "SkipLayerNormalization",
+                "com.microsoft",
+                &["x", "skip", "gamma", "beta"],
+                &["normed", "", "", "sum"],
+            ),
+            node("gelu", "FastGelu", "com.microsoft", &["normed"], &["act"]),
+        ],
+        input: vec![
+            value_info("x", F32, &["batch", "seq", "64"]),
+            value_info("skip", F32, &["batch", "seq", "64"]),
+            value_info("gamma", F32, &["64"]),
+            value_info("beta", F32, &["64"]),
+        ],
+        output: vec![
+            value_info("act", F32, &["batch", "seq", "64"]),
+            value_info("sum", F32, &["batch", "seq", "64"]),
+        ],
+        ..Default::default()
+    };
+    let mut model = pipecut::onnx::load_model_from_bytes(
+        &model(graph, &[("", 17), ("com.microsoft", 1)]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(model.graph.opset("com.microsoft"), Some(1));
+    let bindings = pipecut::onnx::shape::DimBindings::new()
+        .bind("batch", 2)
+        .bind("seq", 5);
+    pipecut::onnx::shape::ShapeInference::new(bindings)
+        .run(&mut model.graph)
+        .unwrap();
+    for name in ["act", "sum"] {
+        let id = model.graph.tensor_id(name).unwrap();
+        assert_eq!(model.graph.concrete_shape(id).unwrap(), vec![2, 5, 64]);
+    }
+}

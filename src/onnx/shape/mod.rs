@@ -171,7 +171,18 @@ impl ShapeInference {
                 continue;
             }
             match infer_node(graph, node_id) {
-                Ok(outputs) => store_outputs(graph, node_id, outputs)?,
+                Ok(mut outputs) => {
+                    // Subgraph-declared shapes name the outer symbols (`batch`) directly;
+                    // bind them like the inputs'.
+                    for out in &mut outputs {
+                        for dim in &mut out.shape {
+                            if let Some(bound) = self.bindings.substitute(dim) {
+                                *dim = bound;
+                            }
+                        }
+                    }
+                    store_outputs(graph, node_id, outputs)?
+                }
                 Err(err) if self.lenient => {
                     if let Error::UnsupportedOp { op, domain, .. } = &err {
                         *report
