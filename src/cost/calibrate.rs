@@ -250,13 +250,7 @@ pub fn calibrated_profile(
     let mut spec = base.clone();
     spec.name = format!("{}-calibrated", base.name);
     spec.aliases = Vec::new();
-    for class in [
-        OpClass::Matmul,
-        OpClass::Conv,
-        OpClass::Elementwise,
-        OpClass::Reduction,
-        OpClass::DataMovement,
-    ] {
+    for class in OpClass::ALL {
         let of_class: Vec<&Measurement> =
             measurements.iter().filter(|m| m.class == class).collect();
         let Some(largest) = of_class.last() else {
@@ -300,14 +294,7 @@ pub fn calibrated_profile(
             }
             efficiency = 1.0;
         }
-        let slot = match class {
-            OpClass::Matmul => &mut spec.efficiency.matmul,
-            OpClass::Conv => &mut spec.efficiency.conv,
-            OpClass::Elementwise => &mut spec.efficiency.elementwise,
-            OpClass::Reduction => &mut spec.efficiency.reduction,
-            OpClass::DataMovement => &mut spec.efficiency.data_movement,
-        };
-        *slot = Sourced {
+        *spec.efficiency.sourced_mut(class) = Sourced {
             value: efficiency,
             source,
         };
@@ -336,13 +323,7 @@ mod tests {
         let measurements = measure_cpu(&sizes, Duration::from_millis(5));
         assert_eq!(measurements.len(), 2 + 1 + 2 + 1);
         let spec = calibrated_profile(cpu, &measurements).unwrap();
-        for class in [
-            OpClass::Matmul,
-            OpClass::Conv,
-            OpClass::Elementwise,
-            OpClass::Reduction,
-            OpClass::DataMovement,
-        ] {
+        for class in OpClass::ALL {
             let e = spec.efficiency.of(class);
             assert!(e > 0.0 && e <= 1.0, "{class:?}: {e}");
         }

@@ -62,7 +62,29 @@ pub struct Efficiency {
     pub data_movement: Sourced<f64>,
 }
 
+impl OpClass {
+    /// Every class, in a fixed order.
+    pub const ALL: [OpClass; 5] = [
+        OpClass::Matmul,
+        OpClass::Conv,
+        OpClass::Elementwise,
+        OpClass::Reduction,
+        OpClass::DataMovement,
+    ];
+}
+
 impl Efficiency {
+    /// The efficiency of an op class, with its source.
+    pub fn sourced_mut(&mut self, class: OpClass) -> &mut Sourced<f64> {
+        match class {
+            OpClass::Matmul => &mut self.matmul,
+            OpClass::Conv => &mut self.conv,
+            OpClass::Elementwise => &mut self.elementwise,
+            OpClass::Reduction => &mut self.reduction,
+            OpClass::DataMovement => &mut self.data_movement,
+        }
+    }
+
     /// The efficiency of an op class.
     pub fn of(&self, class: OpClass) -> f64 {
         match class {
@@ -162,13 +184,7 @@ impl HardwareSpec {
         {
             return Err("peak_flops_per_sec.fp32 must be a positive number".into());
         }
-        for class in [
-            OpClass::Matmul,
-            OpClass::Conv,
-            OpClass::Elementwise,
-            OpClass::Reduction,
-            OpClass::DataMovement,
-        ] {
+        for class in OpClass::ALL {
             let e = self.efficiency.of(class);
             if !(e > 0.0 && e <= 1.0) {
                 return Err(format!(

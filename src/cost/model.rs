@@ -143,16 +143,7 @@ impl<'a> CostModel<'a> {
             .flatten()
             .all(|&t| graph.tensor(t).value.is_some());
         if folded {
-            return Ok((
-                OpWork {
-                    flops: 0.0,
-                    bytes: 0.0,
-                    class: OpClass::DataMovement,
-                    dtype: crate::graph::DType::F32,
-                    launches: 0,
-                },
-                false,
-            ));
+            return Ok((OpWork::NONE, false));
         }
         let fail = |detail: String| Error::Cost {
             node: node.name.clone(),
@@ -171,16 +162,7 @@ impl<'a> CostModel<'a> {
                     },
                     node: node.name.clone(),
                 }),
-                UnknownOpCost::Zero => Ok((
-                    OpWork {
-                        flops: 0.0,
-                        bytes: 0.0,
-                        class: OpClass::DataMovement,
-                        dtype: crate::graph::DType::F32,
-                        launches: 0,
-                    },
-                    true,
-                )),
+                UnknownOpCost::Zero => Ok((OpWork::NONE, true)),
                 UnknownOpCost::Bytes => Ok((ctx_bytes(graph, id), true)),
             },
         }

@@ -22,6 +22,17 @@ pub struct OpWork {
     pub launches: u32,
 }
 
+impl OpWork {
+    /// No work and no kernel: metadata-only ops, folded nodes, the `zero` fallback.
+    pub const NONE: OpWork = OpWork {
+        flops: 0.0,
+        bytes: 0.0,
+        class: OpClass::DataMovement,
+        dtype: DType::F32,
+        launches: 0,
+    };
+}
+
 /// Concrete shapes and sizes of a node's tensors, as rules see them.
 pub(crate) struct CostCtx<'a> {
     pub node: &'a Node,
