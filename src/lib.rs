@@ -38,5 +38,6 @@ pub mod cost;
 mod error;
 pub mod graph;
 pub mod onnx;
+pub mod schedule;
 
 pub use error::{Error, Result};

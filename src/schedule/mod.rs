@@ -1,0 +1,28 @@
+//! Pipeline schedules and a discrete-event simulator: given each stage's forward (and backward)
+//! time per micro-batch and the time to pass activations to the next stage, it gives the step
+//! time, the bubble, and how many micro-batches each stage holds at its peak.
+//!
+//! Schedules: GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (PipeDream-Flush;
+//! Narayanan et al. 2019) and interleaved 1F1B with `v` model chunks per device (Narayanan et al.
+//! 2021, Megatron-LM). Inference runs forwards only; the schedules then coincide.
+
+mod simulate;
+
+pub use simulate::{simulate, Op, OpKind, Simulation, StageTimes};
+
+use serde::Serialize;
+
+/// A pipeline schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "name", rename_all = "snake_case")]
+pub enum PipelineSchedule {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward in steady state.
+    OneFOneB,
+    /// 1F1B over `chunks` model chunks per device (virtual stages).
+    Interleaved {
+        /// Model chunks per device (≥ 2).
+        chunks: usize,
+    },
+}

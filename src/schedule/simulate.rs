@@ -1,0 +1,381 @@
+//! The simulator: every device runs its operations in the order the schedule gives, each as soon
+//! as the device is free and the operation's inputs have arrived.
+
+use serde::Serialize;
+
+use super::PipelineSchedule;
+use crate::Error;
+
+/// Per-stage times for one micro-batch. With interleaving, "stage" means a model chunk: stage
+/// `s` runs on device `s % devices`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageTimes {
+    /// Forward time of each stage.
+    pub forward_secs: Vec<f64>,
+    /// Backward time of each stage (empty for inference).
+    pub backward_secs: Vec<f64>,
+    /// Time to send a stage's activations to the next stage (and gradients back), per stage
+    /// boundary: `send_secs[s]` is between stage `s` and `s + 1`.
+    pub send_secs: Vec<f64>,
+}
+
+/// Forward or backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    /// A forward pass of one micro-batch through one stage.
+    Forward,
+    /// Its backward pass.
+    Backward,
+}
+
+/// One scheduled operation, with the times the simulation gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Op {
+    /// Forward or backward.
+    pub kind: OpKind,
+    /// Stage (model chunk).
+    pub stage: usize,
+    /// Device running it.
+    pub device: usize,
+    /// Micro-batch.
+    pub microbatch: usize,
+    /// Start time.
+    pub start_secs: f64,
+    /// End time.
+    pub end_secs: f64,
+}
+
+/// What the simulation found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Simulation {
+    /// Time from the first forward's start to the last operation's end.
+    pub step_secs: f64,
+    /// Idle share of the devices over the step: `1 − busy / (devices · step)`.
+    pub bubble_fraction: f64,
+    /// Most micro-batches whose activations each device holds at once (forward started,
+    /// backward not finished); 1 for inference.
+    pub peak_in_flight: Vec<usize>,
+    /// Every operation, in start order.
+    pub ops: Vec<Op>,
+}
+
+/// The order in which device `device` runs its (kind, stage, micro-batch) operations.
+fn device_order(
+    schedule: PipelineSchedule,
+    devices: usize,
+    device: usize,
+    microbatches: usize,
+    training: bool,
+) -> Vec<(OpKind, usize, usize)> {
+    use OpKind::{Backward, Forward};
+    let m = microbatches;
+    match schedule {
+        _ if !training => {
+            let chunks = match schedule {
+                PipelineSchedule::Interleaved { chunks } => chunks,
+                _ => 1,
+            };
+            // Forward only: micro-batches in groups of `devices`, chunk by chunk, as Megatron
+            // orders interleaved forwards; with one chunk this is plain 0..m.
+            (0..m * chunks)
+                .map(|j| {
+                    (
+                        Forward,
+                        interleaved_chunk(j, devices, chunks, false) * devices + device,
+                        interleaved_microbatch(j, devices, chunks),
+                    )
+                })
+                .collect()
+        }
+        PipelineSchedule::GPipe => (0..m)
+            .map(|i| (Forward, device, i))
+            .chain((0..m).rev().map(|i| (Backward, device, i)))
+            .collect(),
+        PipelineSchedule::OneFOneB => {
+            let warmup = (devices - device - 1).min(m);
+            let mut order: Vec<_> = (0..warmup).map(|i| (Forward, device, i)).collect();
+            for i in 0..m - warmup {
+                order.push((Forward, device, warmup + i));
+                order.push((Backward, device, i));
+            }
+            order.extend((m - warmup..m).map(|i| (Backward, device, i)));
+            order
+        }
+        PipelineSchedule::Interleaved { chunks } => {
+            // Megatron-LM's interleaved schedule: forward j runs chunk (j / devices) % chunks of
+            // micro-batch group j / (devices·chunks); backwards walk the chunks in reverse.
+            let total = m * chunks;
+            let warmup = ((devices - device - 1) * 2 + (chunks - 1) * devices).min(total);
+            let forward = |j: usize| {
+                (
+                    Forward,
+                    interleaved_chunk(j, devices, chunks, false) * devices + device,
+                    interleaved_microbatch(j, devices, chunks),
+                )
+            };
+            let backward = |j: usize| {
+                (
+                    Backward,
+                    interleaved_chunk(j, devices, chunks, true) * devices + device,
+                    interleaved_microbatch(j, devices, chunks),
+                )
+            };
+            let mut order: Vec<_> = (0..warmup).map(forward).collect();
+            for j in 0..total - warmup {
+                order.push(forward(warmup + j));
+                order.push(backward(j));
+            }
+            order.extend((total - warmup..total).map(backward));
+            order
+        }
+    }
+}
+
+fn interleaved_chunk(j: usize, devices: usize, chunks: usize, backward: bool) -> usize {
+    let chunk = (j / devices) % chunks;
+    if backward {
+        chunks - 1 - chunk
+    } else {
+        chunk
+    }
+}
+
+fn interleaved_microbatch(j: usize, devices: usize, chunks: usize) -> usize {
+    (j / (devices * chunks)) * devices + j % devices
+}
+
+/// Simulates `microbatches` micro-batches through the stages under `schedule`.
+///
+/// # Complexity
+/// O(S · m · D) for S stages, m micro-batches and D devices: each round scans the devices for
+/// one whose next operation is ready.
+pub fn simulate(
+    times: &StageTimes,
+    schedule: PipelineSchedule,
+    microbatches: usize,
+) -> Result<Simulation, Error> {
+    let stages = times.forward_secs.len();
+    let training = !times.backward_secs.is_empty();
+    let chunks = match schedule {
+        PipelineSchedule::Interleaved { chunks } => chunks,
+        _ => 1,
+    };
+    let bad =
+        |detail: String| Error::InvalidGraph(format!("cannot simulate the schedule: {detail}"));
+    if stages == 0 || microbatches == 0 {
+        return Err(bad("it needs at least one stage and one micro-batch".into()));
+    }
+    if chunks == 0 || stages % chunks != 0 {
+        return Err(bad(format!(
+            "{stages} stages cannot be split into {chunks} chunks per device"
+        )));
+    }
+    if training && times.backward_secs.len() != stages {
+        return Err(bad("backward times must be given for every stage".into()));
+    }
+    if times.send_secs.len() + 1 < stages {
+        return Err(bad(
+            "send times must be given for every stage boundary".into()
+        ));
+    }
+    let devices = stages / chunks;
+    if chunks > 1 && training && microbatches % devices != 0 {
+        return Err(bad(format!("interleaving needs the micro-batches ({microbatches}) to be a multiple of the devices ({devices})")));
+    }
+    let orders: Vec<Vec<(OpKind, usize, usize)>> = (0..devices)
+        .map(|d| device_order(schedule, devices, d, microbatches, training))
+        .collect();
+    // done[kind][stage][microbatch] = end time, once run.
+    let mut forward_done = vec![vec![None::<f64>; microbatches]; stages];
+    let mut backward_done = vec![vec![None::<f64>; microbatches]; stages];
+    let mut next = vec![0usize; devices];
+    let mut free_at = vec![0.0f64; devices];
+    let mut busy = vec![0.0f64; devices];
+    let mut in_flight = vec![0usize; devices];
+    let mut peak_in_flight = vec![if training { 0 } else { 1 }; devices];
+    let mut ops = Vec::with_capacity(orders.iter().map(Vec::len).sum());
+    let send = |s: usize| times.send_secs.get(s).copied().unwrap_or(0.0);
+    loop {
+        let mut progressed = false;
+        for d in 0..devices {
+            let Some(&(kind, stage, mb)) = orders[d].get(next[d]) else {
+                continue;
+            };
+            let ready = match kind {
+                OpKind::Forward if stage == 0 => Some(0.0),
+                OpKind::Forward => forward_done[stage - 1][mb].map(|t| t + send(stage - 1)),
+                OpKind::Backward if stage + 1 == stages => forward_done[stage][mb],
+                OpKind::Backward => backward_done[stage + 1][mb]
+                    .map(|t| t + send(stage))
+                    .and_then(|t| forward_done[stage][mb].map(|f| t.max(f))),
+            };
+            let Some(ready) = ready else { continue };
+            let duration = match kind {
+                OpKind::Forward => times.forward_secs[stage],
+                OpKind::Backward => times.backward_secs[stage],
+            };
+            let start = ready.max(free_at[d]);
+            let end = start + duration;
+            free_at[d] = end;
+            busy[d] += duration;
+            match kind {
+                OpKind::Forward => {
+                    forward_done[stage][mb] = Some(end);
+                    if training {
+                        in_flight[d] += 1;
+                        peak_in_flight[d] = peak_in_flight[d].max(in_flight[d]);
+                    }
+                }
+                OpKind::Backward => {
+                    backward_done[stage][mb] = Some(end);
+                    in_flight[d] -= 1;
+                }
+            }
+            ops.push(Op {
+                kind,
+                stage,
+                device: d,
+                microbatch: mb,
+                start_secs: start,
+                end_secs: end,
+            });
+            next[d] += 1;
+            progressed = true;
+        }
+        if !progressed {
+            break;
+        }
+    }
+    if next.iter().zip(&orders).any(|(n, o)| *n < o.len()) {
+        return Err(bad(
+            "the schedule deadlocked (an operation waits for one that comes later on its device)"
+                .into(),
+        ));
+    }
+    let step_secs = ops.iter().map(|o| o.end_secs).fold(0.0, f64::max);
+    let bubble_fraction = if step_secs > 0.0 {
+        1.0 - busy.iter().sum::<f64>() / (devices as f64 * step_secs)
+    } else {
+        0.0
+    };
+    ops.sort_by(|a, b| {
+        a.start_secs
+            .total_cmp(&b.start_secs)
+            .then(a.device.cmp(&b.device))
+    });
+    // The per-chunk in-flight count is per device; a device with v chunks holds v stages' worth.
+    Ok(Simulation {
+        step_secs,
+        bubble_fraction,
+        peak_in_flight,
+        ops,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn equal(stages: usize, forward: f64, backward: Option<f64>) -> StageTimes {
+        StageTimes {
+            forward_secs: vec![forward; stages],
+            backward_secs: backward.map_or(Vec::new(), |b| vec![b; stages]),
+            send_secs: vec![0.0; stages.saturating_sub(1)],
+        }
+    }
+
+    #[test]
+    fn gpipe_matches_the_closed_form_bubble() {
+        for (k, m) in [(4usize, 8usize), (2, 1), (8, 32)] {
+            let sim = simulate(&equal(k, 1.0, Some(2.0)), PipelineSchedule::GPipe, m).unwrap();
+            // (m + K − 1)(t_f + t_b), bubble (K − 1)/(m + K − 1).
+            assert!(
+                (sim.step_secs - (m + k - 1) as f64 * 3.0).abs() < 1e-9,
+                "{k} {m}: {}",
+                sim.step_secs
+            );
+            let expected = (k - 1) as f64 / (m + k - 1) as f64;
+            assert!((sim.bubble_fraction - expected).abs() < 1e-9);
+            assert!(sim.peak_in_flight.iter().all(|&p| p == m));
+        }
+    }
+
+    #[test]
+    fn one_f_one_b_has_gpipes_step_but_bounded_memory() {
+        let (k, m) = (4, 8);
+        let sim = simulate(&equal(k, 1.0, Some(2.0)), PipelineSchedule::OneFOneB, m).unwrap();
+        assert!(
+            (sim.step_secs - (m + k - 1) as f64 * 3.0).abs() < 1e-9,
+            "{}",
+            sim.step_secs
+        );
+        assert_eq!(sim.peak_in_flight, vec![4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn inference_streams_forwards() {
+        let sim = simulate(&equal(3, 2.0, None), PipelineSchedule::GPipe, 5).unwrap();
+        assert!((sim.step_secs - (5 + 3 - 1) as f64 * 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn transfers_and_the_slowest_stage_set_the_pace() {
+        let times = StageTimes {
+            forward_secs: vec![1.0, 3.0, 1.0],
+            backward_secs: Vec::new(),
+            send_secs: vec![0.5, 0.5],
+        };
+        let sim = simulate(&times, PipelineSchedule::GPipe, 4).unwrap();
+        // First micro-batch: 1 + 0.5 + 3 + 0.5 + 1 = 6; then one every 3 s from the bottleneck.
+        assert!(
+            (sim.step_secs - (6.0 + 3.0 * 3.0)).abs() < 1e-9,
+            "{}",
+            sim.step_secs
+        );
+    }
+
+    #[test]
+    fn interleaving_shrinks_the_bubble() {
+        let (devices, m) = (4, 8);
+        let plain = simulate(
+            &equal(devices, 2.0, Some(4.0)),
+            PipelineSchedule::OneFOneB,
+            m,
+        )
+        .unwrap();
+        // The same model in 2 chunks per device: 8 stages of half the time each.
+        let interleaved = simulate(
+            &equal(2 * devices, 1.0, Some(2.0)),
+            PipelineSchedule::Interleaved { chunks: 2 },
+            m,
+        )
+        .unwrap();
+        assert!(
+            interleaved.step_secs < plain.step_secs,
+            "{} vs {}",
+            interleaved.step_secs,
+            plain.step_secs
+        );
+        assert!(interleaved.bubble_fraction < plain.bubble_fraction);
+        let count = interleaved.ops.len();
+        assert_eq!(count, 2 * 2 * devices * m);
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        assert!(simulate(
+            &equal(3, 1.0, Some(1.0)),
+            PipelineSchedule::Interleaved { chunks: 2 },
+            4
+        )
+        .is_err());
+        assert!(simulate(
+            &equal(4, 1.0, Some(1.0)),
+            PipelineSchedule::Interleaved { chunks: 2 },
+            3
+        )
+        .is_err());
+        assert!(simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, 0).is_err());
+    }
+}
