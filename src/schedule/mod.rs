@@ -7,8 +7,10 @@
 //! 2021, Megatron-LM). Inference runs forwards only; the schedules then coincide.
 
 mod simulate;
+mod timeline;
 
 pub use simulate::{simulate, Op, OpKind, Simulation, StageTimes};
+pub use timeline::timeline_svg;
 
 use serde::Serialize;
 
