@@ -196,6 +196,18 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+
+    /// A partition request that cannot be solved as asked (bad stage count, no devices...).
+    #[error("cannot partition: {0}")]
+    PartitionConfig(String),
+
+    /// No assignment fits the devices' memory; the message says which stage and by how much.
+    #[error("the model does not fit: {0}")]
+    Infeasible(String),
+
+    /// A plan file that is not a valid plan for this model and cluster.
+    #[error("invalid plan: {0}")]
+    InvalidPlan(String),
 }
 
 fn quote_list(items: &[String]) -> String {

@@ -38,6 +38,7 @@ pub mod cost;
 mod error;
 pub mod graph;
 pub mod onnx;
+pub mod partition;
 pub mod schedule;
 
 pub use error::{Error, Result};

@@ -1,0 +1,550 @@
+//! Phase 4, partition: cut the typed, costed graph into convex, ordered pipeline stages that
+//! minimise the bottleneck stage time within every device's memory, then the bytes crossing
+//! between stages (DESIGN.md, "The partition problem").
+//!
+//! ```text
+//! Graph + Cluster + CostSettings ──▶ PartitionProblem ──▶ solvers ──▶ Solution
+//!                                     (problem.rs)          dp.rs: exact on a topological order
+//!                                                           baselines.rs: the peers' methods
+//! ```
+//!
+//! [`Planner`] is the entry point: it builds the problem, picks the number of stages when asked
+//! (`auto`), runs the solvers, explains infeasibility, and evaluates the baselines. This module
+//! reads no files and prints nothing; the plan phase turns a [`Solution`] into JSON.
+
+pub mod baselines;
+pub mod dp;
+pub mod layers;
+pub mod problem;
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use baselines::Baseline;
+pub use problem::{CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId};
+
+use crate::cost::{Cluster, DeviceId, Mode};
+use crate::graph::Graph;
+use crate::schedule::{simulate, PipelineSchedule, StageTimes};
+use crate::Error;
+
+/// How many pipeline stages to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageCount {
+    /// Exactly this many, on the first devices of the pipeline order.
+    Fixed(usize),
+    /// The count (up to the devices given) with the best simulated throughput.
+    Auto,
+}
+
+impl std::str::FromStr for StageCount {
+    type Err = String;
+    fn from_str(s: &str) -> Result<StageCount, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(StageCount::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(0) => Err("the number of stages must be at least 1".into()),
+            Ok(k) => Ok(StageCount::Fixed(k)),
+            Err(_) => Err(format!("'{s}' is not a number of stages or 'auto'")),
+        }
+    }
+}
+
+/// Whether a solution is proven optimal.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SolveStatus {
+    /// No convex, ordered partition has a smaller bottleneck.
+    Optimal,
+    /// A solver stopped at its time limit; the bottleneck is within `gap` (relative) of the
+    /// optimum.
+    TimeLimit {
+        /// `(bottleneck − lower bound) / bottleneck`.
+        gap: f64,
+    },
+    /// Optimal among contiguous partitions of the topological order, not proven over all
+    /// convex partitions.
+    Heuristic,
+}
+
+/// The solver that produced a solution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SolverKind {
+    /// The dynamic program over a topological order.
+    Dp,
+}
+
+/// The partition request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionConfig {
+    /// Number of stages.
+    pub stages: StageCount,
+    /// Devices in pipeline order; stage `k` runs on `devices[k]`. Empty: the cluster's order.
+    pub devices: Vec<DeviceId>,
+    /// Mode, schedule, micro-batches, memory headroom.
+    pub settings: CostSettings,
+    /// Wall-clock budget for the solvers that search (the MILP); the DP always finishes.
+    #[serde(serialize_with = "serialize_secs")]
+    pub time_limit: Duration,
+}
+
+fn serialize_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Default for PartitionConfig {
+    fn default() -> Self {
+        PartitionConfig {
+            stages: StageCount::Auto,
+            devices: Vec::new(),
+            settings: CostSettings::default(),
+            time_limit: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A baseline's outcome on the same costs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BaselineResult {
+    /// Which method.
+    pub baseline: Baseline,
+    /// Its stage starts (positions in the order), when it could make the stages.
+    pub starts: Option<Vec<usize>>,
+    /// Its bottleneck.
+    pub bottleneck_secs: Option<f64>,
+    /// Whether every stage fits memory.
+    pub fits: Option<bool>,
+    /// Why it could not make the stages.
+    pub error: Option<String>,
+}
+
+/// One stage count tried by `auto`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageCountCandidate {
+    /// Number of stages.
+    pub stages: usize,
+    /// Bottleneck of its best partition, when one fits.
+    pub bottleneck_secs: Option<f64>,
+    /// Simulated time of one step of all micro-batches.
+    pub step_secs: Option<f64>,
+    /// Fraction of device time idle in the step.
+    pub bubble_fraction: Option<f64>,
+}
+
+/// A solved partition with its proof and comparisons.
+#[derive(Debug, Clone)]
+pub struct Solution {
+    /// The problem that was solved (its stages are the chosen devices).
+    pub problem: PartitionProblem,
+    /// Stage of every position of `problem.order()`.
+    pub stage_of: Vec<StageId>,
+    /// Its figures.
+    pub evaluation: Evaluation,
+    /// Proof status.
+    pub status: SolveStatus,
+    /// A bottleneck no convex partition on these devices can beat.
+    pub lower_bound_secs: f64,
+    /// Which solver found it.
+    pub solver: SolverKind,
+    /// Wall-clock time spent solving (not part of the plan's bytes unless asked for).
+    pub solve_secs: f64,
+    /// The peers' methods on the same costs.
+    pub baselines: Vec<BaselineResult>,
+    /// With `auto`, every stage count tried.
+    pub candidates: Vec<StageCountCandidate>,
+}
+
+impl Solution {
+    /// `(bottleneck − lower bound) / bottleneck`.
+    pub fn gap(&self) -> f64 {
+        let b = self.evaluation.bottleneck_secs;
+        if b > 0.0 {
+            ((b - self.lower_bound_secs) / b).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The best baseline bottleneck among those that fit, if any.
+    pub fn best_baseline_secs(&self) -> Option<f64> {
+        self.baselines
+            .iter()
+            .filter(|b| b.fits == Some(true))
+            .filter_map(|b| b.bottleneck_secs)
+            .min_by(f64::total_cmp)
+    }
+
+    /// Per-stage times for the schedule simulator (receives folded into the stage's own time,
+    /// as the partition objective counts them).
+    pub fn stage_times(&self) -> StageTimes {
+        stage_times(&self.problem, &self.evaluation)
+    }
+}
+
+fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -> StageTimes {
+    let backward_share = match problem.settings().mode {
+        Mode::Inference => None,
+        Mode::Training {
+            backward_factor, ..
+        } => Some(backward_factor / (1.0 + backward_factor)),
+    };
+    let stages = &evaluation.stages;
+    match backward_share {
+        None => StageTimes {
+            forward_secs: stages
+                .iter()
+                .map(|s| s.compute_secs + s.receive_secs)
+                .collect(),
+            backward_secs: Vec::new(),
+            send_secs: vec![0.0; stages.len().saturating_sub(1)],
+        },
+        Some(share) => StageTimes {
+            forward_secs: stages
+                .iter()
+                .map(|s| s.compute_secs * (1.0 - share) + s.receive_secs)
+                .collect(),
+            backward_secs: stages
+                .iter()
+                .map(|s| s.compute_secs * share + s.gradient_receive_secs)
+                .collect(),
+            send_secs: vec![0.0; stages.len().saturating_sub(1)],
+        },
+    }
+}
+
+/// Plans pipelines: the library's entry point for partitioning.
+///
+/// ```
+/// use pipecut::cost::{Catalog, Cluster};
+/// use pipecut::onnx::shape::{DimBindings, ShapeInference};
+/// use pipecut::partition::{Planner, StageCount};
+///
+/// let mut model = pipecut::onnx::load_model("fixtures/models/gpt2_tiny.onnx")?;
+/// ShapeInference::new(DimBindings::new().bind("batch", 8).bind("seq", 64)).run(&mut model.graph)?;
+/// let cluster = Cluster::parse("1x4xL4", &Catalog::builtin())?;
+/// let solution = Planner::new(&model.graph, &cluster)
+///     .with_stages(StageCount::Fixed(2))
+///     .solve()?;
+/// for (k, stage) in solution.evaluation.stages.iter().enumerate() {
+///     println!("stage {k}: {} nodes, {:.3} ms", stage.node_count, stage.stage_secs * 1e3);
+/// }
+/// assert!(solution.evaluation.bottleneck_secs >= solution.lower_bound_secs);
+/// # Ok::<(), pipecut::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Planner<'a> {
+    graph: &'a Graph,
+    cluster: &'a Cluster,
+    config: PartitionConfig,
+}
+
+impl<'a> Planner<'a> {
+    /// A planner for `graph` (shapes inferred, dims bound) on `cluster`, with default settings:
+    /// `auto` stages, inference, 1 micro-batch, 10% memory headroom, 10 s limit.
+    pub fn new(graph: &'a Graph, cluster: &'a Cluster) -> Planner<'a> {
+        Planner {
+            graph,
+            cluster,
+            config: PartitionConfig::default(),
+        }
+    }
+
+    /// Replaces the whole configuration.
+    pub fn with_config(mut self, config: PartitionConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Number of stages.
+    pub fn with_stages(mut self, stages: StageCount) -> Self {
+        self.config.stages = stages;
+        self
+    }
+
+    /// Mode, schedule, micro-batches, headroom.
+    pub fn with_settings(mut self, settings: CostSettings) -> Self {
+        self.config.settings = settings;
+        self
+    }
+
+    /// Devices in pipeline order.
+    pub fn with_devices(mut self, devices: Vec<DeviceId>) -> Self {
+        self.config.devices = devices;
+        self
+    }
+
+    /// Time budget of searching solvers.
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.config.time_limit = limit;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PartitionConfig {
+        &self.config
+    }
+
+    fn devices(&self) -> Result<Vec<DeviceId>, Error> {
+        if self.config.devices.is_empty() {
+            return Ok(self.cluster.devices().map(|(id, _)| id).collect());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for d in &self.config.devices {
+            if d.0 as usize >= self.cluster.device_count() {
+                return Err(Error::PartitionConfig(format!(
+                    "device {} is not in the cluster ({} devices)",
+                    d.0,
+                    self.cluster.device_count()
+                )));
+            }
+            if !seen.insert(*d) {
+                return Err(Error::PartitionConfig(format!(
+                    "device {} is listed twice in the pipeline order",
+                    d.0
+                )));
+            }
+        }
+        Ok(self.config.devices.clone())
+    }
+
+    /// Solves: the best partition, its status and lower bound, and the baselines.
+    pub fn solve(&self) -> Result<Solution, Error> {
+        let started = Instant::now();
+        let devices = self.devices()?;
+        let nodes = self.graph.node_count();
+        let (mut solution, candidates) = match self.config.stages {
+            StageCount::Fixed(k) => {
+                if k > devices.len() {
+                    return Err(Error::PartitionConfig(format!(
+                        "{k} stages need {k} devices, the cluster has {}",
+                        devices.len()
+                    )));
+                }
+                if k > nodes {
+                    return Err(Error::PartitionConfig(format!(
+                        "{k} stages cannot be made from {nodes} nodes"
+                    )));
+                }
+                (self.solve_fixed(&devices[..k])?, Vec::new())
+            }
+            StageCount::Auto => self.solve_auto(&devices)?,
+        };
+        solution.candidates = candidates;
+        solution.solve_secs = started.elapsed().as_secs_f64();
+        Ok(solution)
+    }
+
+    fn problem(&self, devices: &[DeviceId]) -> Result<PartitionProblem, Error> {
+        PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)
+    }
+
+    fn solve_fixed(&self, devices: &[DeviceId]) -> Result<Solution, Error> {
+        let problem = self.problem(devices)?;
+        let Some(order) = dp::solve(&problem) else {
+            return Err(Error::Infeasible(explain_infeasible(
+                &problem,
+                self.cluster,
+            )));
+        };
+        let lower_bound_secs = problem.lower_bound_secs();
+        let evaluation = problem.evaluate(&order.stage_of);
+        let proven =
+            evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
+        let baselines = evaluate_baselines(&problem);
+        Ok(Solution {
+            status: if proven {
+                SolveStatus::Optimal
+            } else {
+                SolveStatus::Heuristic
+            },
+            lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
+            stage_of: order.stage_of,
+            evaluation,
+            solver: SolverKind::Dp,
+            solve_secs: 0.0,
+            baselines,
+            candidates: Vec::new(),
+            problem,
+        })
+    }
+
+    /// Tries every stage count up to the devices (and nodes), simulates each best partition
+    /// under the schedule, and keeps the one with the shortest step (fewer stages on ties).
+    fn solve_auto(
+        &self,
+        devices: &[DeviceId],
+    ) -> Result<(Solution, Vec<StageCountCandidate>), Error> {
+        let max_stages = devices.len().min(self.graph.node_count()).max(1);
+        let schedule = match self.config.settings.schedule {
+            crate::cost::Schedule::GPipe => PipelineSchedule::GPipe,
+            crate::cost::Schedule::OneFOneB => PipelineSchedule::OneFOneB,
+        };
+        let microbatches = self.config.settings.microbatches.max(1) as usize;
+        let mut candidates = Vec::new();
+        let mut best: Option<(f64, PartitionProblem, dp::OrderSolution)> = None;
+        let mut last_infeasible = None;
+        for k in 1..=max_stages {
+            let problem = self.problem(&devices[..k])?;
+            let Some(order) = dp::solve(&problem) else {
+                candidates.push(StageCountCandidate {
+                    stages: k,
+                    bottleneck_secs: None,
+                    step_secs: None,
+                    bubble_fraction: None,
+                });
+                last_infeasible = Some(problem);
+                continue;
+            };
+            let evaluation = problem.evaluate(&order.stage_of);
+            let simulation = simulate(&stage_times(&problem, &evaluation), schedule, microbatches)?;
+            candidates.push(StageCountCandidate {
+                stages: k,
+                bottleneck_secs: Some(evaluation.bottleneck_secs),
+                step_secs: Some(simulation.step_secs),
+                bubble_fraction: Some(simulation.bubble_fraction),
+            });
+            let better = best.as_ref().is_none_or(|(step, _, _)| {
+                simulation.step_secs < step * (1.0 - dp::RELATIVE_TOLERANCE)
+            });
+            if better {
+                best = Some((simulation.step_secs, problem, order));
+            }
+        }
+        let Some((_, problem, _)) = best else {
+            let problem = last_infeasible.expect("at least one stage count was tried");
+            return Err(Error::Infeasible(explain_infeasible(
+                &problem,
+                self.cluster,
+            )));
+        };
+        let devices = problem
+            .stages()
+            .iter()
+            .map(|s| s.device)
+            .collect::<Vec<_>>();
+        Ok((self.solve_fixed(&devices)?, candidates))
+    }
+}
+
+fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
+    let layers = layers::find_layers(problem.node_names());
+    Baseline::ALL
+        .iter()
+        .map(|&baseline| match baseline.starts(problem, &layers) {
+            Ok(starts) => {
+                let evaluation = problem.evaluate(&problem.contiguous_assignment(&starts));
+                BaselineResult {
+                    baseline,
+                    bottleneck_secs: Some(evaluation.bottleneck_secs),
+                    fits: Some(evaluation.fits()),
+                    starts: Some(starts),
+                    error: None,
+                }
+            }
+            Err(error) => BaselineResult {
+                baseline,
+                starts: None,
+                bottleneck_secs: None,
+                fits: None,
+                error: Some(error),
+            },
+        })
+        .collect()
+}
+
+/// Why nothing fits: the node that cannot fit even alone, or how many devices would be needed.
+fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
+    let k = problem.stage_count();
+    let first = &problem.stages()[0];
+    // A node alone on the most generous stage.
+    let best_capacity = problem
+        .stages()
+        .iter()
+        .map(|s| s.capacity_bytes)
+        .max()
+        .unwrap_or(0);
+    let alone: Vec<(usize, u64)> = (0..problem.node_count())
+        .map(|p| {
+            let params: u64 = problem.node_params[p]
+                .iter()
+                .map(|&i| problem.params()[i as usize].footprint_bytes)
+                .sum();
+            (p, params + problem.activation_bytes(p))
+        })
+        .collect();
+    if let Some(&(p, bytes)) = alone
+        .iter()
+        .max_by_key(|(p, b)| (*b, std::cmp::Reverse(*p)))
+    {
+        if bytes > best_capacity {
+            return format!(
+                "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory, a smaller micro-batch, or inference mode",
+                problem.node_names()[p],
+                crate::onnx::inspect::human_bytes(bytes),
+                crate::onnx::inspect::human_bytes(best_capacity),
+                crate::onnx::inspect::human_bytes(first.memory_bytes),
+            );
+        }
+    }
+    let needed = devices_needed(problem, cluster);
+    let total_params: u64 = problem.params().iter().map(|p| p.footprint_bytes).sum();
+    let needed_text = match needed {
+        Some(n) => format!(
+            "about {n} devices of this kind ({}) would fit it",
+            first.device_name
+        ),
+        None => "no number of such devices up to 4096 fits it".to_string(),
+    };
+    format!(
+        "{k} stage(s) on {} cannot hold it: the parameters alone need {} (with gradients and optimizer state in training) against {} per stage; {needed_text}",
+        first.device_name,
+        crate::onnx::inspect::human_bytes(total_params),
+        crate::onnx::inspect::human_bytes(first.capacity_bytes),
+    )
+}
+
+/// The fewest stages on devices like the first stage's that fit memory, searched by doubling
+/// then bisection over homogeneous clusters of that device.
+fn devices_needed(problem: &PartitionProblem, cluster: &Cluster) -> Option<usize> {
+    let device = cluster.device(problem.stages()[0].device).clone();
+    let mut catalog = crate::cost::Catalog::builtin();
+    let name = device.name.clone();
+    if catalog.device(&name).is_err() {
+        let text = serde_json::to_string(&device).ok()?;
+        catalog.add_device_json(&text, "plan").ok()?;
+    }
+    let n = problem.node_count();
+    let fits = |k: usize| -> bool {
+        if k > n {
+            return false;
+        }
+        let Ok(homogeneous) = Cluster::parse(&format!("1x{k}x{name}"), &catalog) else {
+            return false;
+        };
+        let Ok(p) = PartitionProblem::new_like(problem, &homogeneous, k) else {
+            return false;
+        };
+        dp::fits_memory(&p)
+    };
+    let mut high = problem.stage_count().max(1);
+    while !fits(high) {
+        high *= 2;
+        if high > 4096 || high > n {
+            return None;
+        }
+    }
+    let mut low = high / 2;
+    while high - low > 1 {
+        let mid = (low + high) / 2;
+        if fits(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    Some(high)
+}

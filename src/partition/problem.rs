@@ -1,0 +1,680 @@
+//! The partition problem in numbers: every node's time on every stage's device, the bytes every
+//! tensor carries across a stage boundary, and what each stage must hold in memory.
+//!
+//! Solvers see only this table, never the graph: positions `0..n` index the graph's
+//! topological order, stages `0..k` index the devices in pipeline order. [`PartitionProblem::evaluate`]
+//! is the one place where a stage's time and memory are computed; the DP, the MILP, the
+//! baselines, the plan and `pipecut check` all call it, so their figures cannot disagree.
+//!
+//! # Communication model
+//! Stages relay: a tensor made in stage `a` and read in stage `c > a + 1` passes through every
+//! stage between (as GPipe and torch pipelining do for sequential pipelines). So stage `k`
+//! receives, from stage `k − 1`, exactly the tensors live across its first boundary, and holds
+//! them in memory while it works. In training the gradients of those tensors flow back, so stage
+//! `k` also receives the gradients of what it sent. Each tensor is one message: latency plus
+//! bytes over the link's per-direction bandwidth. Graph inputs come from the host and are free;
+//! graph outputs go to the host from the stage that makes them.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::cost::cluster::DeviceId;
+use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
+use crate::cost::model::tensor_bytes;
+use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
+use crate::graph::{Graph, NodeId, TensorOrigin};
+use crate::Error;
+
+/// Identifies a pipeline stage: its position in the pipeline, 0-based.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct StageId(pub u32);
+
+impl StageId {
+    /// The stage's position as an index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What the cost model needs besides the graph and the devices.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CostSettings {
+    /// Inference or training.
+    pub mode: Mode,
+    /// Pipeline schedule, which decides how many micro-batches' activations a stage keeps.
+    pub schedule: Schedule,
+    /// Micro-batches per step.
+    pub microbatches: u32,
+    /// Fraction of each device's memory kept free for the runtime (CUDA context, library
+    /// workspaces, fragmentation).
+    pub memory_headroom: f64,
+    /// What to do with ops the cost model has no rule for.
+    #[serde(skip)]
+    pub unknown_ops: UnknownOpCost,
+}
+
+impl Default for CostSettings {
+    fn default() -> Self {
+        CostSettings {
+            mode: Mode::Inference,
+            schedule: Schedule::OneFOneB,
+            microbatches: 1,
+            // 10%: about 1 GiB of an 80 GB GPU for the CUDA context and cuBLAS/cuDNN workspaces,
+            // the rest for allocator fragmentation (PyTorch's caching allocator commonly loses
+            // 5–10% to it).
+            memory_headroom: 0.10,
+            unknown_ops: UnknownOpCost::Error,
+        }
+    }
+}
+
+/// The device of one stage and what it brings to the problem.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageDevice {
+    /// The device in the cluster.
+    pub device: DeviceId,
+    /// Its profile name.
+    pub device_name: String,
+    /// Index of its device kind in the problem's per-kind time tables.
+    #[serde(skip)]
+    pub kind: usize,
+    /// Memory the device has.
+    pub memory_bytes: u64,
+    /// Memory the stage may use: the device's, less the headroom.
+    pub capacity_bytes: u64,
+    /// Micro-batches whose activations the stage keeps at its peak under the schedule.
+    pub in_flight: u64,
+    /// Bandwidth (bytes/s) and latency (s) of the link from the previous stage, if any.
+    #[serde(skip)]
+    pub link_in: Option<(f64, f64)>,
+}
+
+/// A tensor that a node makes and other nodes read: what may cross a boundary.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    /// Tensor name.
+    pub name: String,
+    /// Bytes per micro-batch.
+    pub bytes: u64,
+    /// Position of its producer.
+    pub producer: u32,
+    /// Positions of its consumers, ascending, each once.
+    pub consumers: Vec<u32>,
+}
+
+/// A weight with the positions of the nodes that read it.
+#[derive(Debug, Clone)]
+pub struct ParamUse {
+    /// Tensor name.
+    pub name: String,
+    /// Bytes it needs on a stage (with gradient and optimizer state in training).
+    pub footprint_bytes: u64,
+    /// Positions of its readers, ascending, each once.
+    pub uses: Vec<u32>,
+}
+
+/// The partition problem for a fixed number of stages on fixed devices.
+#[derive(Debug, Clone)]
+pub struct PartitionProblem {
+    pub(crate) order: Vec<NodeId>,
+    pub(crate) node_names: Vec<String>,
+    pub(crate) stages: Vec<StageDevice>,
+    pub(crate) kind_names: Vec<String>,
+    /// Node time per device kind: `node_secs[kind][position]`.
+    pub(crate) node_secs: Vec<Vec<f64>>,
+    /// Bytes of each node's outputs per micro-batch (its activations).
+    pub(crate) activation_bytes: Vec<u64>,
+    pub(crate) params: Vec<ParamUse>,
+    /// Params each node reads: indices into `params`.
+    pub(crate) node_params: Vec<Vec<u32>>,
+    pub(crate) flows: Vec<Flow>,
+    pub(crate) settings: CostSettings,
+}
+
+/// Time and memory of one stage of an assignment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageFigures {
+    /// Nodes on the stage.
+    pub node_count: usize,
+    /// Compute time of its nodes (forward, plus backward in training), per micro-batch.
+    pub compute_secs: f64,
+    /// Time to receive the tensors crossing into the stage.
+    pub receive_secs: f64,
+    /// In training, time to receive the gradients of the tensors it sent.
+    pub gradient_receive_secs: f64,
+    /// `compute + receive + gradient receive`: the stage's time per micro-batch.
+    pub stage_secs: f64,
+    /// Parameters it holds (with gradients and optimizer state in training).
+    pub param_bytes: u64,
+    /// Activations its nodes make per micro-batch.
+    pub activation_bytes: u64,
+    /// Bytes it receives per micro-batch.
+    pub received_bytes: u64,
+    /// Micro-batches in flight at its peak.
+    pub in_flight: u64,
+    /// `params + in_flight · (activations + received)`.
+    pub peak_memory_bytes: u64,
+    /// Memory it may use.
+    pub capacity_bytes: u64,
+    /// Flows it receives (indices into the problem's flows).
+    #[serde(skip)]
+    pub received_flows: Vec<u32>,
+}
+
+impl StageFigures {
+    /// Whether the stage fits its device.
+    pub fn fits(&self) -> bool {
+        self.peak_memory_bytes <= self.capacity_bytes
+    }
+}
+
+/// The figures of a whole assignment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// Per stage.
+    pub stages: Vec<StageFigures>,
+    /// The slowest stage's time.
+    pub bottleneck_secs: f64,
+    /// Bytes crossing all boundaries per micro-batch (the tie-break objective).
+    pub cut_bytes: u64,
+}
+
+impl Evaluation {
+    /// Whether every stage fits its device.
+    pub fn fits(&self) -> bool {
+        self.stages.iter().all(StageFigures::fits)
+    }
+}
+
+impl PartitionProblem {
+    /// Builds the problem for `graph` (shapes inferred, dims bound) on `devices` of `cluster`,
+    /// one stage per device, in pipeline order.
+    pub fn new(
+        graph: &Graph,
+        cluster: &Cluster,
+        devices: &[DeviceId],
+        settings: CostSettings,
+    ) -> Result<PartitionProblem, Error> {
+        if devices.is_empty() {
+            return Err(Error::PartitionConfig(
+                "a pipeline needs at least one stage".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&settings.memory_headroom) {
+            return Err(Error::PartitionConfig(format!(
+                "memory headroom must be in [0, 1), got {}",
+                settings.memory_headroom
+            )));
+        }
+        if settings.microbatches == 0 {
+            return Err(Error::PartitionConfig(
+                "the number of micro-batches must be at least 1".into(),
+            ));
+        }
+        let order = graph.topological_order().to_vec();
+        let position: BTreeMap<NodeId, u32> = order
+            .iter()
+            .enumerate()
+            .map(|(p, &id)| (id, p as u32))
+            .collect();
+
+        // One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
+        let mut kind_names: Vec<String> = Vec::new();
+        let mut node_secs: Vec<Vec<f64>> = Vec::new();
+        let mut stages = Vec::with_capacity(devices.len());
+        for (k, &device) in devices.iter().enumerate() {
+            if device.0 as usize >= cluster.device_count() {
+                return Err(Error::PartitionConfig(format!(
+                    "device {} is not in the cluster ({} devices)",
+                    device.0,
+                    cluster.device_count()
+                )));
+            }
+            let spec = cluster.device(device);
+            let kind = match kind_names.iter().position(|n| *n == spec.name) {
+                Some(kind) => kind,
+                None => {
+                    let model = CostModel::new(spec)
+                        .with_mode(settings.mode)
+                        .with_unknown_ops(settings.unknown_ops);
+                    let secs = order
+                        .iter()
+                        .map(|&id| model.node_cost(graph, id).map(|c| c.time_secs))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    kind_names.push(spec.name.clone());
+                    node_secs.push(secs);
+                    kind_names.len() - 1
+                }
+            };
+            let memory_bytes = spec.memory_bytes.value;
+            let capacity_bytes = (memory_bytes as f64 * (1.0 - settings.memory_headroom)) as u64;
+            let link_in = match k {
+                0 => None,
+                _ => Some(
+                    cluster
+                        .link_between(devices[k - 1], device)
+                        .unwrap_or((f64::INFINITY, 0.0)),
+                ),
+            };
+            stages.push(StageDevice {
+                device,
+                device_name: spec.name.clone(),
+                kind,
+                memory_bytes,
+                capacity_bytes,
+                in_flight: in_flight_microbatches(
+                    settings.mode,
+                    settings.schedule,
+                    k,
+                    devices.len(),
+                    settings.microbatches,
+                ),
+                link_in,
+            });
+        }
+
+        let mut activation_bytes = vec![0u64; order.len()];
+        let mut node_params = vec![Vec::new(); order.len()];
+        let mut params = Vec::new();
+        let mut flows = Vec::new();
+        for (tensor_id, tensor) in graph.tensors() {
+            let mut consumers: Vec<u32> = tensor.consumers.iter().map(|c| position[c]).collect();
+            consumers.sort_unstable();
+            consumers.dedup();
+            match &tensor.origin {
+                TensorOrigin::GraphInput => {}
+                TensorOrigin::Parameter(_) => {
+                    if consumers.is_empty() {
+                        continue;
+                    }
+                    let index = params.len() as u32;
+                    for &c in &consumers {
+                        node_params[c as usize].push(index);
+                    }
+                    params.push(ParamUse {
+                        name: tensor.name.clone(),
+                        footprint_bytes: param_footprint_bytes(graph, tensor_id, settings.mode),
+                        uses: consumers,
+                    });
+                }
+                TensorOrigin::Node { node, .. } => {
+                    let producer = position[node];
+                    let bytes = tensor_bytes(graph, tensor_id)?;
+                    activation_bytes[producer as usize] += bytes;
+                    if !consumers.is_empty() {
+                        flows.push(Flow {
+                            name: tensor.name.clone(),
+                            bytes,
+                            producer,
+                            consumers,
+                        });
+                    }
+                }
+            }
+        }
+        let node_names = order
+            .iter()
+            .map(|&id| graph.node(id).name.clone())
+            .collect();
+        Ok(PartitionProblem {
+            order,
+            node_names,
+            stages,
+            kind_names,
+            node_secs,
+            activation_bytes,
+            params,
+            node_params,
+            flows,
+            settings,
+        })
+    }
+
+    /// The same nodes and costs on the first `stages` devices of a homogeneous `cluster` whose
+    /// device kind this problem already has times for (used to say how many devices would fit).
+    pub(crate) fn new_like(
+        &self,
+        cluster: &Cluster,
+        stages: usize,
+    ) -> Result<PartitionProblem, Error> {
+        let devices: Vec<DeviceId> = cluster.devices().map(|(id, _)| id).take(stages).collect();
+        let mut like = self.clone();
+        like.stages.clear();
+        for (k, &device) in devices.iter().enumerate() {
+            let spec = cluster.device(device);
+            let kind = self
+                .kind_names
+                .iter()
+                .position(|n| *n == spec.name)
+                .ok_or_else(|| Error::PartitionConfig(format!("no costs for {}", spec.name)))?;
+            let memory_bytes = spec.memory_bytes.value;
+            like.stages.push(StageDevice {
+                device,
+                device_name: spec.name.clone(),
+                kind,
+                memory_bytes,
+                capacity_bytes: (memory_bytes as f64 * (1.0 - self.settings.memory_headroom))
+                    as u64,
+                in_flight: in_flight_microbatches(
+                    self.settings.mode,
+                    self.settings.schedule,
+                    k,
+                    devices.len(),
+                    self.settings.microbatches,
+                ),
+                link_in: (k > 0).then(|| {
+                    cluster
+                        .link_between(devices[k - 1], device)
+                        .unwrap_or((f64::INFINITY, 0.0))
+                }),
+            });
+        }
+        Ok(like)
+    }
+
+    /// Nodes, in the topological order the positions index.
+    pub fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// Node names by position.
+    pub fn node_names(&self) -> &[String] {
+        &self.node_names
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Number of stages.
+    pub fn stage_count(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// The stages' devices.
+    pub fn stages(&self) -> &[StageDevice] {
+        &self.stages
+    }
+
+    /// The cost settings.
+    pub fn settings(&self) -> &CostSettings {
+        &self.settings
+    }
+
+    /// Tensors that may cross boundaries.
+    pub fn flows(&self) -> &[Flow] {
+        &self.flows
+    }
+
+    /// Weights and their readers.
+    pub fn params(&self) -> &[ParamUse] {
+        &self.params
+    }
+
+    /// Time of the node at `position` on the device of `stage`.
+    pub fn node_secs(&self, stage: usize, position: usize) -> f64 {
+        self.node_secs[self.stages[stage].kind][position]
+    }
+
+    /// Activation bytes of the node at `position`, per micro-batch.
+    pub fn activation_bytes(&self, position: usize) -> u64 {
+        self.activation_bytes[position]
+    }
+
+    /// Time to receive `bytes` in `messages` tensors over the link into `stage`.
+    pub fn receive_secs(&self, stage: usize, messages: usize, bytes: u64) -> f64 {
+        match self.stages[stage].link_in {
+            None => 0.0,
+            Some((bandwidth, latency)) if messages > 0 => {
+                messages as f64 * latency + bytes as f64 / bandwidth
+            }
+            Some(_) => 0.0,
+        }
+    }
+
+    /// The lower bound of DESIGN.md, valid for every convex assignment: no stage can be faster
+    /// than the average work per stage nor than the slowest single node (each node on its
+    /// fastest device kind; communication ignored).
+    pub fn lower_bound_secs(&self) -> f64 {
+        let fastest: Vec<f64> = (0..self.node_count())
+            .map(|p| {
+                self.node_secs
+                    .iter()
+                    .map(|secs| secs[p])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let total: f64 = fastest.iter().sum();
+        let largest = fastest.iter().copied().fold(0.0, f64::max);
+        (total / self.stage_count() as f64).max(largest)
+    }
+
+    /// Checks that `stage_of` (one stage per position) is a valid assignment: every stage used,
+    /// every stage index in range, every edge going to the same or a later stage.
+    pub fn check_assignment(&self, stage_of: &[StageId]) -> Result<(), Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
+        if stage_of.len() != self.node_count() {
+            return bad(format!(
+                "{} nodes assigned, the model has {}",
+                stage_of.len(),
+                self.node_count()
+            ));
+        }
+        let mut used = vec![false; self.stage_count()];
+        for (p, s) in stage_of.iter().enumerate() {
+            match used.get_mut(s.index()) {
+                Some(u) => *u = true,
+                None => {
+                    return bad(format!(
+                        "node '{}' is on stage {} but there are {} stages",
+                        self.node_names[p],
+                        s.0,
+                        self.stage_count()
+                    ))
+                }
+            }
+        }
+        if let Some(empty) = used.iter().position(|u| !u) {
+            return bad(format!("stage {empty} has no nodes"));
+        }
+        for flow in &self.flows {
+            let from = stage_of[flow.producer as usize];
+            for &c in &flow.consumers {
+                let to = stage_of[c as usize];
+                if to < from {
+                    return bad(format!(
+                        "tensor '{}' goes backwards from node '{}' on stage {} to node '{}' on stage {}: stages must be convex and ordered",
+                        flow.name, self.node_names[flow.producer as usize], from.0,
+                        self.node_names[c as usize], to.0
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Time and memory of every stage of a valid assignment (see [`Self::check_assignment`]).
+    ///
+    /// # Complexity
+    /// O(n + Σ flows' consumers + Σ params' uses).
+    pub fn evaluate(&self, stage_of: &[StageId]) -> Evaluation {
+        let k = self.stage_count();
+        let mut stages: Vec<StageFigures> = self
+            .stages
+            .iter()
+            .map(|s| StageFigures {
+                node_count: 0,
+                compute_secs: 0.0,
+                receive_secs: 0.0,
+                gradient_receive_secs: 0.0,
+                stage_secs: 0.0,
+                param_bytes: 0,
+                activation_bytes: 0,
+                received_bytes: 0,
+                in_flight: s.in_flight,
+                peak_memory_bytes: 0,
+                capacity_bytes: s.capacity_bytes,
+                received_flows: Vec::new(),
+            })
+            .collect();
+        for (p, s) in stage_of.iter().enumerate() {
+            let stage = &mut stages[s.index()];
+            stage.node_count += 1;
+            stage.compute_secs += self.node_secs(s.index(), p);
+            stage.activation_bytes += self.activation_bytes[p];
+        }
+        for param in &self.params {
+            let mut holders: Vec<usize> = param
+                .uses
+                .iter()
+                .map(|&u| stage_of[u as usize].index())
+                .collect();
+            holders.sort_unstable();
+            holders.dedup();
+            for h in holders {
+                stages[h].param_bytes += param.footprint_bytes;
+            }
+        }
+        // Relay: a flow is received by every stage after its producer's, up to its last reader's.
+        let mut messages = vec![0usize; k];
+        for (index, flow) in self.flows.iter().enumerate() {
+            let from = stage_of[flow.producer as usize].index();
+            let last = flow
+                .consumers
+                .iter()
+                .map(|&c| stage_of[c as usize].index())
+                .max()
+                .unwrap_or(from);
+            for stage in stages.iter_mut().take(last + 1).skip(from + 1) {
+                stage.received_bytes += flow.bytes;
+                stage.received_flows.push(index as u32);
+            }
+            for m in messages.iter_mut().take(last + 1).skip(from + 1) {
+                *m += 1;
+            }
+        }
+        let training = matches!(self.settings.mode, Mode::Training { .. });
+        for s in 0..k {
+            stages[s].receive_secs = self.receive_secs(s, messages[s], stages[s].received_bytes);
+        }
+        for s in 0..k {
+            if training && s + 1 < k {
+                stages[s].gradient_receive_secs =
+                    self.receive_secs(s + 1, messages[s + 1], stages[s + 1].received_bytes);
+            }
+            let stage = &mut stages[s];
+            stage.stage_secs =
+                stage.compute_secs + stage.receive_secs + stage.gradient_receive_secs;
+            stage.peak_memory_bytes = stage.param_bytes.saturating_add(
+                stage
+                    .in_flight
+                    .saturating_mul(stage.activation_bytes + stage.received_bytes),
+            );
+        }
+        let bottleneck_secs = stages.iter().map(|s| s.stage_secs).fold(0.0, f64::max);
+        let cut_bytes = stages.iter().map(|s| s.received_bytes).sum();
+        Evaluation {
+            stages,
+            bottleneck_secs,
+            cut_bytes,
+        }
+    }
+
+    /// The assignment of contiguous segments of the order: stage `s` takes positions
+    /// `starts[s]..starts[s + 1]` (with `starts[0] = 0` and an implicit end at `n`).
+    pub fn contiguous_assignment(&self, starts: &[usize]) -> Vec<StageId> {
+        let mut stage_of = Vec::with_capacity(self.node_count());
+        for (s, &start) in starts.iter().enumerate() {
+            let end = starts.get(s + 1).copied().unwrap_or(self.node_count());
+            stage_of.extend(std::iter::repeat_n(StageId(s as u32), end - start));
+        }
+        stage_of
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cost::Catalog;
+    use crate::graph::{DType, Dim, NodeSpec, Param, Storage};
+
+    /// A chain of `n` MatMuls with `width`-wide fp16 weights, batch `rows`.
+    pub(crate) fn chain(n: usize, width: u64, rows: u64) -> Graph {
+        let mut b = Graph::builder("chain");
+        b.opset("", 17);
+        b.input(
+            "x",
+            Some(DType::F16),
+            Some(vec![Dim::Known(rows), Dim::Known(width)]),
+        )
+        .unwrap();
+        let mut prev = "x".to_string();
+        for i in 0..n {
+            let w = format!("w{i}");
+            let param = Param {
+                bytes: width * width * 2,
+                storage: Storage::Declared,
+            };
+            b.parameter(&w, DType::F16, &[width, width], param, None)
+                .unwrap();
+            let out = format!("h{i}");
+            let name = format!("/layers.{i}/MatMul");
+            b.node(NodeSpec::new(&name, "MatMul", &[&prev, &w], &[&out]))
+                .unwrap();
+            prev = out;
+        }
+        b.output(&prev);
+        let mut g = b.build().unwrap();
+        crate::onnx::shape::ShapeInference::new(Default::default())
+            .run(&mut g)
+            .unwrap();
+        g
+    }
+
+    #[test]
+    fn a_balanced_chain_splits_its_time_evenly() {
+        let graph = chain(8, 1024, 512);
+        let cluster = Cluster::parse("1x4xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..4).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap();
+        let stage_of = problem.contiguous_assignment(&[0, 2, 4, 6]);
+        problem.check_assignment(&stage_of).unwrap();
+        let eval = problem.evaluate(&stage_of);
+        let compute = eval.stages[0].compute_secs;
+        for stage in &eval.stages {
+            assert!((stage.compute_secs - compute).abs() < 1e-12);
+        }
+        // Each boundary carries one 512×1024 fp16 activation.
+        assert_eq!(eval.stages[1].received_bytes, 512 * 1024 * 2);
+        assert_eq!(eval.cut_bytes, 3 * 512 * 1024 * 2);
+        assert_eq!(eval.stages[0].param_bytes, 2 * 1024 * 1024 * 2);
+        let (bandwidth, latency) = problem.stages[1].link_in.unwrap();
+        let receive = latency + (512.0 * 1024.0 * 2.0) / bandwidth;
+        assert!((eval.stages[1].receive_secs - receive).abs() < 1e-15);
+        assert!((eval.bottleneck_secs - (compute + receive)).abs() < 1e-15);
+        assert!(problem.lower_bound_secs() <= eval.bottleneck_secs);
+    }
+
+    #[test]
+    fn backward_edges_and_empty_stages_are_refused() {
+        let graph = chain(4, 64, 8);
+        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
+        let problem = PartitionProblem::new(
+            &graph,
+            &cluster,
+            &[DeviceId(0), DeviceId(1)],
+            CostSettings::default(),
+        )
+        .unwrap();
+        let s = |v: &[u32]| v.iter().map(|&x| StageId(x)).collect::<Vec<_>>();
+        let err = problem.check_assignment(&s(&[0, 1, 0, 1])).unwrap_err();
+        assert!(err.to_string().contains("convex"), "{err}");
+        let err = problem.check_assignment(&s(&[0, 0, 0, 0])).unwrap_err();
+        assert!(err.to_string().contains("stage 1 has no nodes"), "{err}");
+        let err = problem.check_assignment(&s(&[0, 0, 2, 1])).unwrap_err();
+        assert!(err.to_string().contains("2 stages"), "{err}");
+    }
+}
