@@ -39,6 +39,7 @@ mod error;
 pub mod graph;
 pub mod onnx;
 pub mod partition;
+pub mod plan;
 pub mod schedule;
 
 pub use error::{Error, Result};

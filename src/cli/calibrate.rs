@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use pipecut::cost::calibrate::{calibrated_profile, measure_cpu, Sizes};
 
@@ -46,15 +45,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let spec = calibrated_profile(base, &measurements)?;
     let json = serde_json::to_string_pretty(&spec)? + "\n";
-    // Write beside the target and rename, so an interrupted run leaves no half-written profile.
-    let tmp = args.out.with_extension("json.tmp");
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create '{}'", dir.display()))?;
-    }
-    std::fs::write(&tmp, json).with_context(|| format!("cannot write '{}'", tmp.display()))?;
-    std::fs::rename(&tmp, &args.out)
-        .with_context(|| format!("cannot write '{}'", args.out.display()))?;
+    super::write_atomically(&args.out, json.as_bytes())?;
     let e = &spec.efficiency;
     println!(
         "wrote {} ({}): efficiency matmul {:.2}, conv {:.2}, elementwise {:.2}, reduction {:.2}, data movement {:.2}",

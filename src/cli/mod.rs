@@ -1,8 +1,10 @@
 //! Subcommands and their arguments.
 
 mod calibrate;
+mod check;
 mod cost;
 mod inspect;
+mod partition;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +39,14 @@ enum Command {
         after_help = "Examples:\n  pipecut calibrate --device cpu --out cost-models/calibrated/cpu.json\n  pipecut cost model.onnx --device cost-models/calibrated/cpu.json --dim batch=1"
     )]
     Calibrate(calibrate::CalibrateArgs),
+    /// Cut a model into pipeline stages for a cluster: print the stage table, write the plan.
+    #[command(
+        after_help = "Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json"
+    )]
+    Partition(partition::PartitionArgs),
+    /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
+    #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
+    Check(check::CheckArgs),
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -75,6 +85,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Cost(args) => cost::run(args),
         Command::Calibrate(args) => calibrate::run(args),
+        Command::Partition(args) => partition::run(args),
+        Command::Check(args) => check::run(args),
     }
 }
 
@@ -86,4 +98,34 @@ pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other,
     }
+}
+
+/// Writes `bytes` to `path` through a temporary file beside it and a rename, so that an
+/// interrupted or failed run never leaves a half-written file that looks complete.
+pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create '{}'", dir.display()))?;
+    }
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let written = std::fs::write(&tmp, bytes)
+        .with_context(|| format!("cannot write '{}'", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("cannot write '{}'", path.display()))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// A spinner on stderr for work that may take more than a moment; hidden when stderr is not a
+/// terminal (indicatif's default), so scripts and tests see clean output.
+pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner().with_message(message.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
 }

@@ -38,20 +38,27 @@ pub struct Cluster {
     description: String,
 }
 
-#[derive(Deserialize)]
+/// A cluster's layout as device and link names: the cluster file format, and how plans record
+/// the cluster they were made for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ClusterFile {
-    nodes: Vec<NodeFile>,
-    #[serde(default)]
-    inter_node_link: Option<String>,
+pub struct ClusterLayout {
+    /// Machines, each with its devices (profile names) and optionally its link name.
+    pub nodes: Vec<NodeLayout>,
+    /// The network between machines (link name); a default for the devices when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inter_node_link: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// One machine of a [`ClusterLayout`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NodeFile {
-    devices: Vec<String>,
-    #[serde(default)]
-    intra_node_link: Option<String>,
+pub struct NodeLayout {
+    /// Device profile names.
+    pub devices: Vec<String>,
+    /// Link between them (link name); the devices' own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intra_node_link: Option<String>,
 }
 
 /// Default network for nodes whose devices use `intra`: the fabric such nodes are sold with
@@ -125,13 +132,22 @@ impl Cluster {
             source,
         })?;
         let spec = path.display().to_string();
-        let file: ClusterFile = serde_json::from_str(&text).map_err(|e| Error::Cluster {
+        let layout: ClusterLayout = serde_json::from_str(&text).map_err(|e| Error::Cluster {
             spec: spec.clone(),
             detail: e.to_string(),
         })?;
+        Cluster::from_layout(&layout, catalog, spec)
+    }
+
+    /// Builds a cluster from its layout; `description` is how it will be described.
+    pub fn from_layout(
+        layout: &ClusterLayout,
+        catalog: &Catalog,
+        description: String,
+    ) -> Result<Cluster, Error> {
         let mut nodes = Vec::new();
         let mut links = Vec::new();
-        for node in &file.nodes {
+        for node in &layout.nodes {
             nodes.push(
                 node.devices
                     .iter()
@@ -145,14 +161,39 @@ impl Cluster {
                     .transpose()?,
             );
         }
-        let mut cluster =
-            Cluster::assemble(nodes, None, file.inter_node_link.as_deref(), catalog, spec)?;
+        let mut cluster = Cluster::assemble(
+            nodes,
+            None,
+            layout.inter_node_link.as_deref(),
+            catalog,
+            description,
+        )?;
         for (node, link) in cluster.nodes.iter_mut().zip(links) {
             if link.is_some() {
                 node.intra_node_link = link;
             }
         }
         Ok(cluster)
+    }
+
+    /// The layout with every link named, so that [`Cluster::from_layout`] rebuilds this cluster.
+    pub fn layout(&self) -> ClusterLayout {
+        ClusterLayout {
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| NodeLayout {
+                    devices: n.devices.iter().map(|d| d.name.clone()).collect(),
+                    intra_node_link: n.intra_node_link.as_ref().map(|l| l.name.clone()),
+                })
+                .collect(),
+            inter_node_link: self.inter_node_link.as_ref().map(|l| l.name.clone()),
+        }
+    }
+
+    /// The network between machines.
+    pub fn inter_node_link(&self) -> Option<&LinkSpec> {
+        self.inter_node_link.as_ref()
     }
 
     fn assemble(

@@ -1,6 +1,6 @@
 //! The roofline: from a node's work to its time on a device, and the per-node cost table.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::hardware::{HardwareSpec, OpClass};
 use super::ops::{rule_for, CostCtx, OpWork};
@@ -8,7 +8,7 @@ use crate::graph::{Graph, NodeId};
 use crate::Error;
 
 /// What to do with an op the cost model has no rule for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownOpCost {
     /// Refuse, naming the op (the default: a silent guess would skew the plan).
@@ -21,7 +21,7 @@ pub enum UnknownOpCost {
 }
 
 /// Inference or training, with the training-only parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Mode {
     /// Forward passes only.

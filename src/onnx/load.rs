@@ -49,6 +49,7 @@ pub(super) fn decode_model(
             .trim()
             .to_string(),
         file_bytes: bytes.len() as u64,
+        sha256: crate::plan::sha256_hex(bytes),
     })
 }
 

@@ -33,6 +33,8 @@ pub struct Model {
     pub producer: String,
     /// Size of the protobuf file in bytes.
     pub file_bytes: u64,
+    /// sha256 of the protobuf bytes (hex), which plans record to refuse a different model.
+    pub sha256: String,
 }
 
 /// Loads an ONNX model from a file; external data is resolved against the file's directory.

@@ -5,13 +5,13 @@
 //! as its original does; pipecut then evaluates the result with the same stage times and memory
 //! as its own plan.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::layers::Layer;
 use super::problem::PartitionProblem;
 
 /// The peers' methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Baseline {
     /// DeepSpeed `PipelineModule(partition_method="uniform")`: equal numbers of layers per

@@ -19,7 +19,7 @@ pub mod problem;
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use baselines::Baseline;
 pub use problem::{CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId};
@@ -54,7 +54,7 @@ impl std::str::FromStr for StageCount {
 }
 
 /// Whether a solution is proven optimal.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SolveStatus {
     /// No convex, ordered partition has a smaller bottleneck.
@@ -71,7 +71,7 @@ pub enum SolveStatus {
 }
 
 /// The solver that produced a solution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SolverKind {
     /// The dynamic program over a topological order.

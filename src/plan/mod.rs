@@ -1,0 +1,675 @@
+//! Phase 5, plan: the versioned JSON document a partition becomes, and its validation.
+//!
+//! A plan records everything needed to reproduce and audit it: the model's sha256, the cluster
+//! layout, the sha256 of every hardware profile used, the configuration, and per stage its
+//! device, nodes, the tensors it receives and sends, its memory and its times; then the
+//! bottleneck, the lower bound, the proof status and the baselines. The format is documented in
+//! `docs/plan-schema.md` and `docs/plan.schema.json`.
+//!
+//! Plans are deterministic byte for byte: the same model, cluster and configuration give the
+//! same file. The solver's wall-clock time is the one figure that varies between runs, so it is
+//! written only when asked for ([`PlanOptions::record_solve_time`]).
+//!
+//! This phase decides nothing: [`Plan::from_solution`] transcribes a [`Solution`], and
+//! [`Plan::check`] recomputes a plan's figures with the partition phase's own evaluation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cost::{Catalog, Cluster, ClusterLayout, DeviceId, Mode, Schedule, UnknownOpCost};
+use crate::graph::Graph;
+use crate::partition::{
+    Baseline, CostSettings, PartitionProblem, Solution, SolveStatus, SolverKind, StageCount,
+    StageId,
+};
+use crate::Error;
+
+/// The plan format version this build writes and reads. Readers refuse newer versions.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A pipeline plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Format version, [`SCHEMA_VERSION`] when written by this build.
+    pub schema_version: u32,
+    /// The program that wrote it, e.g. `pipecut 0.1.0`.
+    pub generator: String,
+    /// The model it cuts.
+    pub model: ModelIdentity,
+    /// The cluster it runs on.
+    pub cluster: ClusterIdentity,
+    /// sha256 of each hardware profile used (canonical JSON of the device or link profile).
+    pub cost_model: BTreeMap<String, String>,
+    /// The request.
+    pub config: PlanConfig,
+    /// The stages, in pipeline order.
+    pub stages: Vec<PlanStage>,
+    /// The result and its proof.
+    pub summary: PlanSummary,
+}
+
+/// Which model a plan is for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelIdentity {
+    /// File name of the model (without directory, so plans do not depend on where it lies).
+    pub file_name: String,
+    /// sha256 of the model file (the protobuf; external data files are not read).
+    pub sha256: String,
+    /// Graph name.
+    pub graph: String,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Symbolic dims bound for costing (the micro-batch size is the batch dim's value).
+    pub dims: BTreeMap<String, u64>,
+}
+
+/// The cluster a plan is for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterIdentity {
+    /// As the user gave it (`1x4xH100-SXM`, a device list, or a file name).
+    pub description: String,
+    /// The layout with every link named.
+    pub layout: ClusterLayout,
+}
+
+/// The request that produced a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    /// `"auto"` or the number asked for.
+    pub stages_requested: String,
+    /// Micro-batches per step.
+    pub microbatches: u32,
+    /// Pipeline schedule.
+    pub schedule: Schedule,
+    /// Inference or training (with the training parameters).
+    pub mode: Mode,
+    /// Fraction of each device's memory kept free.
+    pub memory_headroom: f64,
+    /// Time budget for searching solvers.
+    pub time_limit_secs: f64,
+    /// How ops without a cost rule were costed.
+    pub unknown_op_cost: UnknownOpCost,
+}
+
+/// A device of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanDevice {
+    /// Index in the cluster's node-major device order.
+    pub id: u32,
+    /// Profile name.
+    pub name: String,
+}
+
+/// A tensor crossing into a stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceivedTensor {
+    /// Tensor name.
+    pub tensor: String,
+    /// The stage it arrives from (always the previous one: stages relay).
+    pub from_stage: u32,
+    /// The stage whose node produced it.
+    pub producer_stage: u32,
+    /// Bytes per micro-batch.
+    pub bytes: u64,
+    /// Latency plus bytes over the link's bandwidth.
+    pub transfer_secs: f64,
+}
+
+/// A tensor leaving a stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentTensor {
+    /// Tensor name.
+    pub tensor: String,
+    /// The stage it goes to (always the next one).
+    pub to_stage: u32,
+    /// Bytes per micro-batch.
+    pub bytes: u64,
+}
+
+/// One stage of a plan. Times are per micro-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanStage {
+    /// Position in the pipeline.
+    pub stage: u32,
+    /// Its device.
+    pub device: PlanDevice,
+    /// Number of nodes.
+    pub node_count: usize,
+    /// First node in topological order.
+    pub first_node: String,
+    /// Last node in topological order.
+    pub last_node: String,
+    /// Every node, in topological order.
+    pub nodes: Vec<String>,
+    /// Tensors received from the previous stage.
+    pub received: Vec<ReceivedTensor>,
+    /// Tensors sent to the next stage.
+    pub sent: Vec<SentTensor>,
+    /// Parameters held (with gradients and optimizer state in training).
+    pub param_bytes: u64,
+    /// Activations its nodes make per micro-batch.
+    pub activation_bytes: u64,
+    /// Bytes received per micro-batch.
+    pub received_bytes: u64,
+    /// Micro-batches in flight at the stage's peak under the schedule.
+    pub in_flight_microbatches: u64,
+    /// `params + in_flight · (activations + received)`.
+    pub peak_memory_bytes: u64,
+    /// Memory the stage may use (device memory less headroom).
+    pub capacity_bytes: u64,
+    /// Device memory.
+    pub device_memory_bytes: u64,
+    /// Compute time (forward, plus backward in training).
+    pub compute_secs: f64,
+    /// Time receiving tensors.
+    pub receive_secs: f64,
+    /// Time receiving gradients (training).
+    pub gradient_receive_secs: f64,
+    /// `compute + receive + gradient receive`.
+    pub stage_secs: f64,
+}
+
+/// A baseline's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanBaseline {
+    /// Which method.
+    pub method: Baseline,
+    /// Its bottleneck, when it could make the stages.
+    pub bottleneck_secs: Option<f64>,
+    /// Whether every stage of it fits memory.
+    pub fits: Option<bool>,
+    /// Its bottleneck divided by the plan's: how much faster the plan is.
+    pub plan_speedup: Option<f64>,
+    /// Why it could not make the stages.
+    pub error: Option<String>,
+}
+
+/// A stage count tried by `--stages auto`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanCandidate {
+    /// Stages.
+    pub stages: usize,
+    /// Its bottleneck, when it fits.
+    pub bottleneck_secs: Option<f64>,
+    /// Simulated step time for all micro-batches.
+    pub step_secs: Option<f64>,
+    /// Idle fraction of the step.
+    pub bubble_fraction: Option<f64>,
+}
+
+/// The result and its proof.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSummary {
+    /// The slowest stage's time per micro-batch.
+    pub bottleneck_secs: f64,
+    /// No convex partition on these devices has a smaller bottleneck.
+    pub lower_bound_secs: f64,
+    /// `(bottleneck − lower bound) / bottleneck`.
+    pub gap: f64,
+    /// Proof status.
+    pub status: SolveStatus,
+    /// The solver that found it.
+    pub solver: SolverKind,
+    /// Bytes crossing all boundaries per micro-batch.
+    pub cut_bytes: u64,
+    /// Steady-state throughput, micro-batches per second (1 / bottleneck).
+    pub microbatches_per_sec: f64,
+    /// The peers' methods on the same costs.
+    pub baselines: Vec<PlanBaseline>,
+    /// With `--stages auto`, every count tried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_count_candidates: Vec<PlanCandidate>,
+    /// Solver wall-clock time, only when asked for (it varies between runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solve_secs: Option<f64>,
+}
+
+/// Choices about what a plan records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Write the solver's wall-clock time (makes the plan differ between runs).
+    pub record_solve_time: bool,
+}
+
+/// What [`Plan::check`] found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckReport {
+    /// Stages.
+    pub stages: usize,
+    /// Nodes assigned.
+    pub nodes: usize,
+    /// The recomputed bottleneck.
+    pub bottleneck_secs: f64,
+}
+
+/// Hex sha256 of bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 of every device and link profile the cluster uses, by name.
+fn profile_hashes(cluster: &Cluster) -> BTreeMap<String, String> {
+    let mut hashes = BTreeMap::new();
+    for node in cluster.nodes() {
+        for device in &node.devices {
+            let json = serde_json::to_vec(device).expect("profiles serialize");
+            hashes.insert(format!("device:{}", device.name), sha256_hex(&json));
+        }
+        if let Some(link) = &node.intra_node_link {
+            let json = serde_json::to_vec(link).expect("profiles serialize");
+            hashes.insert(format!("link:{}", link.name), sha256_hex(&json));
+        }
+    }
+    if let Some(link) = cluster.inter_node_link() {
+        let json = serde_json::to_vec(link).expect("profiles serialize");
+        hashes.insert(format!("link:{}", link.name), sha256_hex(&json));
+    }
+    hashes
+}
+
+fn stages_requested(stages: StageCount) -> String {
+    match stages {
+        StageCount::Auto => "auto".into(),
+        StageCount::Fixed(k) => k.to_string(),
+    }
+}
+
+/// Inputs to [`Plan::from_solution`] that the solution does not carry.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanContext<'a> {
+    /// sha256 of the model file (see [`crate::onnx::Model::sha256`]).
+    pub model_sha256: &'a str,
+    /// The model file's name.
+    pub model_file_name: &'a str,
+    /// The graph that was partitioned.
+    pub graph: &'a Graph,
+    /// The dims bound for costing.
+    pub dims: &'a BTreeMap<String, u64>,
+    /// The cluster.
+    pub cluster: &'a Cluster,
+    /// The stage count asked for.
+    pub stages: StageCount,
+    /// The time limit given to the solvers.
+    pub time_limit_secs: f64,
+}
+
+impl Plan {
+    /// Transcribes a solution.
+    pub fn from_solution(solution: &Solution, context: PlanContext, options: PlanOptions) -> Plan {
+        let problem = &solution.problem;
+        let eval = &solution.evaluation;
+        let settings = problem.settings();
+        let k = problem.stage_count();
+        let mut nodes_of: Vec<Vec<String>> = vec![Vec::new(); k];
+        for (p, s) in solution.stage_of.iter().enumerate() {
+            nodes_of[s.index()].push(problem.node_names()[p].clone());
+        }
+        let stage_of = |position: u32| solution.stage_of[position as usize].0;
+        let mut stages = Vec::with_capacity(k);
+        for (s, figures) in eval.stages.iter().enumerate() {
+            let device = &problem.stages()[s];
+            let received = figures
+                .received_flows
+                .iter()
+                .map(|&f| {
+                    let flow = &problem.flows()[f as usize];
+                    ReceivedTensor {
+                        tensor: flow.name.clone(),
+                        from_stage: s as u32 - 1,
+                        producer_stage: stage_of(flow.producer),
+                        bytes: flow.bytes,
+                        transfer_secs: problem.receive_secs(s, 1, flow.bytes),
+                    }
+                })
+                .collect();
+            let sent = eval
+                .stages
+                .get(s + 1)
+                .map(|next| {
+                    next.received_flows
+                        .iter()
+                        .map(|&f| {
+                            let flow = &problem.flows()[f as usize];
+                            SentTensor {
+                                tensor: flow.name.clone(),
+                                to_stage: s as u32 + 1,
+                                bytes: flow.bytes,
+                            }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let nodes = std::mem::take(&mut nodes_of[s]);
+            stages.push(PlanStage {
+                stage: s as u32,
+                device: PlanDevice {
+                    id: device.device.0,
+                    name: device.device_name.clone(),
+                },
+                node_count: nodes.len(),
+                first_node: nodes.first().cloned().unwrap_or_default(),
+                last_node: nodes.last().cloned().unwrap_or_default(),
+                nodes,
+                received,
+                sent,
+                param_bytes: figures.param_bytes,
+                activation_bytes: figures.activation_bytes,
+                received_bytes: figures.received_bytes,
+                in_flight_microbatches: figures.in_flight,
+                peak_memory_bytes: figures.peak_memory_bytes,
+                capacity_bytes: figures.capacity_bytes,
+                device_memory_bytes: device.memory_bytes,
+                compute_secs: figures.compute_secs,
+                receive_secs: figures.receive_secs,
+                gradient_receive_secs: figures.gradient_receive_secs,
+                stage_secs: figures.stage_secs,
+            });
+        }
+        let bottleneck = eval.bottleneck_secs;
+        let baselines = solution
+            .baselines
+            .iter()
+            .map(|b| PlanBaseline {
+                method: b.baseline,
+                bottleneck_secs: b.bottleneck_secs,
+                fits: b.fits,
+                plan_speedup: b
+                    .bottleneck_secs
+                    .filter(|_| bottleneck > 0.0)
+                    .map(|x| x / bottleneck),
+                error: b.error.clone(),
+            })
+            .collect();
+        Plan {
+            schema_version: SCHEMA_VERSION,
+            generator: format!("pipecut {}", env!("CARGO_PKG_VERSION")),
+            model: ModelIdentity {
+                file_name: context.model_file_name.to_string(),
+                sha256: context.model_sha256.to_string(),
+                graph: context.graph.name().to_string(),
+                nodes: context.graph.node_count(),
+                dims: context.dims.clone(),
+            },
+            cluster: ClusterIdentity {
+                description: context.cluster.description().to_string(),
+                layout: context.cluster.layout(),
+            },
+            cost_model: profile_hashes(context.cluster),
+            config: PlanConfig {
+                stages_requested: stages_requested(context.stages),
+                microbatches: settings.microbatches,
+                schedule: settings.schedule,
+                mode: settings.mode,
+                memory_headroom: settings.memory_headroom,
+                time_limit_secs: context.time_limit_secs,
+                unknown_op_cost: settings.unknown_ops,
+            },
+            stages,
+            summary: PlanSummary {
+                bottleneck_secs: bottleneck,
+                lower_bound_secs: solution.lower_bound_secs,
+                gap: solution.gap(),
+                status: solution.status,
+                solver: solution.solver,
+                cut_bytes: eval.cut_bytes,
+                microbatches_per_sec: if bottleneck > 0.0 {
+                    1.0 / bottleneck
+                } else {
+                    0.0
+                },
+                baselines,
+                stage_count_candidates: solution
+                    .candidates
+                    .iter()
+                    .map(|c| PlanCandidate {
+                        stages: c.stages,
+                        bottleneck_secs: c.bottleneck_secs,
+                        step_secs: c.step_secs,
+                        bubble_fraction: c.bubble_fraction,
+                    })
+                    .collect(),
+                solve_secs: options.record_solve_time.then_some(solution.solve_secs),
+            },
+        }
+    }
+
+    /// The plan as pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("plans serialize");
+        text.push('\n');
+        text
+    }
+
+    /// Parses a plan, refusing versions this build does not know.
+    pub fn from_json(text: &str) -> Result<Plan, Error> {
+        // Read the version first, so that a future plan is refused for its version, not for
+        // the fields this build does not know.
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::InvalidPlan(format!("not JSON: {e}")))?;
+        match value.get("schema_version").and_then(|v| v.as_u64()) {
+            None => {
+                return Err(Error::InvalidPlan(
+                    "no schema_version: this is not a pipecut plan".into(),
+                ))
+            }
+            Some(v) if v > SCHEMA_VERSION as u64 => {
+                return Err(Error::InvalidPlan(format!(
+                    "schema_version {v} is newer than this pipecut understands ({SCHEMA_VERSION}); upgrade pipecut"
+                )))
+            }
+            Some(0) => {
+                return Err(Error::InvalidPlan("schema_version 0 does not exist".into()));
+            }
+            Some(_) => {}
+        }
+        serde_json::from_value(value).map_err(|e| Error::InvalidPlan(e.to_string()))
+    }
+
+    /// The cost settings the plan was made with.
+    pub fn settings(&self) -> CostSettings {
+        CostSettings {
+            mode: self.config.mode,
+            schedule: self.config.schedule,
+            microbatches: self.config.microbatches,
+            memory_headroom: self.config.memory_headroom,
+            unknown_ops: self.config.unknown_op_cost,
+        }
+    }
+
+    /// Rebuilds the plan's cluster from its layout.
+    pub fn cluster(&self, catalog: &Catalog) -> Result<Cluster, Error> {
+        Cluster::from_layout(
+            &self.cluster.layout,
+            catalog,
+            self.cluster.description.clone(),
+        )
+    }
+
+    /// Stage of every node of `graph`, by name, with the plan's problem. Refuses a node assigned
+    /// twice, a node on no stage, or a name the graph does not have.
+    pub fn problem_and_assignment(
+        &self,
+        graph: &Graph,
+        cluster: &Cluster,
+    ) -> Result<(PartitionProblem, Vec<StageId>), Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
+        if self.stages.is_empty() {
+            return bad("it has no stages".into());
+        }
+        for (s, stage) in self.stages.iter().enumerate() {
+            if stage.stage as usize != s {
+                return bad(format!(
+                    "stage {} is listed at position {s}; stages must be listed in order",
+                    stage.stage
+                ));
+            }
+        }
+        let devices: Vec<DeviceId> = self.stages.iter().map(|s| DeviceId(s.device.id)).collect();
+        for (s, stage) in self.stages.iter().enumerate() {
+            let id = stage.device.id as usize;
+            if id >= cluster.device_count() {
+                return bad(format!(
+                    "stage {s} is on device {id}, the cluster has {}",
+                    cluster.device_count()
+                ));
+            }
+            let actual = &cluster.device(DeviceId(stage.device.id)).name;
+            if *actual != stage.device.name {
+                return bad(format!(
+                    "stage {s} names device {id} '{}' but the cluster's device {id} is '{actual}'",
+                    stage.device.name
+                ));
+            }
+            if devices[..s].contains(&devices[s]) {
+                return bad(format!("device {id} hosts two stages"));
+            }
+        }
+        let problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
+        let position: BTreeMap<&str, usize> = problem
+            .node_names()
+            .iter()
+            .enumerate()
+            .map(|(p, n)| (n.as_str(), p))
+            .collect();
+        let mut stage_of: Vec<Option<StageId>> = vec![None; problem.node_count()];
+        for stage in &self.stages {
+            for name in &stage.nodes {
+                let Some(&p) = position.get(name.as_str()) else {
+                    return bad(format!(
+                        "stage {} lists node '{name}', which the model does not have",
+                        stage.stage
+                    ));
+                };
+                if let Some(other) = stage_of[p] {
+                    return bad(format!(
+                        "node '{name}' is assigned twice (stages {} and {})",
+                        other.0, stage.stage
+                    ));
+                }
+                stage_of[p] = Some(StageId(stage.stage));
+            }
+        }
+        let mut assignment = Vec::with_capacity(stage_of.len());
+        for (p, s) in stage_of.into_iter().enumerate() {
+            match s {
+                Some(s) => assignment.push(s),
+                None => return bad(format!("node '{}' is on no stage", problem.node_names()[p])),
+            }
+        }
+        problem.check_assignment(&assignment)?;
+        Ok((problem, assignment))
+    }
+
+    /// Validates the plan against the model (its sha256) and its typed `graph` (dims bound as in the
+    /// plan): same model, every node on exactly one stage, convex ordered stages, memory within
+    /// capacity, and every recorded figure equal to the recomputed one.
+    pub fn check(
+        &self,
+        model_sha256: &str,
+        graph: &Graph,
+        catalog: &Catalog,
+    ) -> Result<CheckReport, Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
+        let sha = model_sha256;
+        if sha != self.model.sha256 {
+            return bad(format!(
+                "it was made for a different model (sha256 {} in the plan, {sha} for this file)",
+                self.model.sha256
+            ));
+        }
+        let cluster = self.cluster(catalog)?;
+        let hashes = profile_hashes(&cluster);
+        if hashes != self.cost_model {
+            let changed: Vec<&String> = hashes
+                .iter()
+                .filter(|(name, hash)| self.cost_model.get(*name) != Some(*hash))
+                .map(|(name, _)| name)
+                .collect();
+            return bad(format!(
+                "the hardware profiles differ from the plan's ({}); re-plan with this catalog",
+                changed
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;
+        let eval = problem.evaluate(&assignment);
+        for (s, (recorded, actual)) in self.stages.iter().zip(&eval.stages).enumerate() {
+            if !actual.fits() {
+                return bad(format!(
+                    "stage {s} needs {} of memory but may use {}",
+                    crate::onnx::inspect::human_bytes(actual.peak_memory_bytes),
+                    crate::onnx::inspect::human_bytes(actual.capacity_bytes)
+                ));
+            }
+            let figures = [
+                ("compute_secs", recorded.compute_secs, actual.compute_secs),
+                ("receive_secs", recorded.receive_secs, actual.receive_secs),
+                (
+                    "gradient_receive_secs",
+                    recorded.gradient_receive_secs,
+                    actual.gradient_receive_secs,
+                ),
+                ("stage_secs", recorded.stage_secs, actual.stage_secs),
+                (
+                    "peak_memory_bytes",
+                    recorded.peak_memory_bytes as f64,
+                    actual.peak_memory_bytes as f64,
+                ),
+                (
+                    "param_bytes",
+                    recorded.param_bytes as f64,
+                    actual.param_bytes as f64,
+                ),
+                (
+                    "received_bytes",
+                    recorded.received_bytes as f64,
+                    actual.received_bytes as f64,
+                ),
+            ];
+            for (field, plan_value, recomputed) in figures {
+                // 1e-9 relative: the JSON round trip of an f64 is exact; only summation order
+                // could differ, far below this.
+                if (plan_value - recomputed).abs() > 1e-9 * recomputed.abs().max(1e-30) {
+                    return bad(format!(
+                        "stage {s} records {field} = {plan_value} but it is {recomputed}"
+                    ));
+                }
+            }
+        }
+        let recorded = self.summary.bottleneck_secs;
+        if (recorded - eval.bottleneck_secs).abs() > 1e-9 * eval.bottleneck_secs {
+            return bad(format!(
+                "the summary records a bottleneck of {recorded} s but it is {} s",
+                eval.bottleneck_secs
+            ));
+        }
+        if self.summary.lower_bound_secs > eval.bottleneck_secs * (1.0 + 1e-9) {
+            return bad(format!(
+                "the lower bound {} s exceeds the bottleneck {} s",
+                self.summary.lower_bound_secs, eval.bottleneck_secs
+            ));
+        }
+        Ok(CheckReport {
+            stages: eval.stages.len(),
+            nodes: assignment.len(),
+            bottleneck_secs: eval.bottleneck_secs,
+        })
+    }
+}
