@@ -47,6 +47,9 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Print the JSON Schema of the plan document (the copy in docs/plan.schema.json).
+    #[command(after_help = "Examples:\n  pipecut schema > plan.schema.json")]
+    Schema,
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -87,6 +90,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
+        Command::Schema => {
+            print_stdout(&pipecut::plan::Plan::json_schema())?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

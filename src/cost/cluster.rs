@@ -40,7 +40,7 @@ pub struct Cluster {
 
 /// A cluster's layout as device and link names: the cluster file format, and how plans record
 /// the cluster they were made for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterLayout {
     /// Machines, each with its devices (profile names) and optionally its link name.
@@ -51,7 +51,7 @@ pub struct ClusterLayout {
 }
 
 /// One machine of a [`ClusterLayout`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeLayout {
     /// Device profile names.

@@ -11,7 +11,9 @@ use super::model::Mode;
 use crate::graph::{Graph, TensorId};
 
 /// Pipeline schedules whose activation memory the model knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
     /// All forwards, then all backwards (Huang et al. 2019): every micro-batch's activations

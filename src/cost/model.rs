@@ -8,7 +8,9 @@ use crate::graph::{Graph, NodeId};
 use crate::Error;
 
 /// What to do with an op the cost model has no rule for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownOpCost {
     /// Refuse, naming the op (the default: a silent guess would skew the plan).
@@ -21,7 +23,7 @@ pub enum UnknownOpCost {
 }
 
 /// Inference or training, with the training-only parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Mode {
     /// Forward passes only.

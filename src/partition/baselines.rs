@@ -11,22 +11,26 @@ use super::layers::Layer;
 use super::problem::PartitionProblem;
 
 /// The peers' methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Baseline {
     /// DeepSpeed `PipelineModule(partition_method="uniform")`: equal numbers of layers per
     /// stage, the first stages taking one more when they do not divide
     /// (`deepspeed.runtime.utils.partition_uniform`).
+    #[serde(rename = "deepspeed_uniform")]
     DeepSpeedUniform,
     /// DeepSpeed `partition_method="parameters"`: contiguous layers balancing parameter counts,
     /// the smallest possible maximum (`deepspeed.runtime.utils.partition_balanced`).
+    #[serde(rename = "deepspeed_parameters")]
     DeepSpeedParameters,
     /// torchgpipe `balance_by_time`: per-layer times split by the optimal block partition
     /// (`torchgpipe.balance.blockpartition.solve`). pipecut's cost model stands in for the
     /// profiling run; transfers are not part of its objective.
+    #[serde(rename = "torchgpipe_balance_by_time")]
     TorchGpipeByTime,
     /// PyTorch pipelining `split_into_equal_size` (from PiPPy): walks the nodes in order and cuts
     /// after the node where the accumulated parameter size reaches total / stages.
+    #[serde(rename = "torch_pipelining_equal_size")]
     TorchEqualSize,
 }
 

@@ -54,7 +54,7 @@ impl std::str::FromStr for StageCount {
 }
 
 /// Whether a solution is proven optimal.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SolveStatus {
     /// No convex, ordered partition has a smaller bottleneck.
@@ -71,7 +71,7 @@ pub enum SolveStatus {
 }
 
 /// The solver that produced a solution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SolverKind {
     /// The dynamic program over a topological order.

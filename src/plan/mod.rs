@@ -30,7 +30,7 @@ use crate::Error;
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// A pipeline plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Format version, [`SCHEMA_VERSION`] when written by this build.
@@ -52,7 +52,7 @@ pub struct Plan {
 }
 
 /// Which model a plan is for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelIdentity {
     /// File name of the model (without directory, so plans do not depend on where it lies).
@@ -68,7 +68,7 @@ pub struct ModelIdentity {
 }
 
 /// The cluster a plan is for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterIdentity {
     /// As the user gave it (`1x4xH100-SXM`, a device list, or a file name).
@@ -78,7 +78,7 @@ pub struct ClusterIdentity {
 }
 
 /// The request that produced a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanConfig {
     /// `"auto"` or the number asked for.
@@ -98,7 +98,7 @@ pub struct PlanConfig {
 }
 
 /// A device of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanDevice {
     /// Index in the cluster's node-major device order.
@@ -108,7 +108,7 @@ pub struct PlanDevice {
 }
 
 /// A tensor crossing into a stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReceivedTensor {
     /// Tensor name.
@@ -124,7 +124,7 @@ pub struct ReceivedTensor {
 }
 
 /// A tensor leaving a stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SentTensor {
     /// Tensor name.
@@ -136,7 +136,7 @@ pub struct SentTensor {
 }
 
 /// One stage of a plan. Times are per micro-batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanStage {
     /// Position in the pipeline.
@@ -180,7 +180,7 @@ pub struct PlanStage {
 }
 
 /// A baseline's result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanBaseline {
     /// Which method.
@@ -196,7 +196,7 @@ pub struct PlanBaseline {
 }
 
 /// A stage count tried by `--stages auto`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanCandidate {
     /// Stages.
@@ -210,7 +210,7 @@ pub struct PlanCandidate {
 }
 
 /// The result and its proof.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSummary {
     /// The slowest stage's time per micro-batch.
@@ -450,6 +450,15 @@ impl Plan {
     /// The plan as pretty JSON with a trailing newline.
     pub fn to_json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self).expect("plans serialize");
+        text.push('\n');
+        text
+    }
+
+    /// The JSON Schema (draft 2020-12) of the plan document, generated from these types so that
+    /// it cannot drift from what [`Plan::to_json`] writes; `docs/plan.schema.json` holds a copy.
+    pub fn json_schema() -> String {
+        let schema = schemars::schema_for!(Plan);
+        let mut text = serde_json::to_string_pretty(&schema).expect("schemas serialize");
         text.push('\n');
         text
     }
