@@ -1,12 +1,13 @@
 //! `pipecut check plan.json MODEL`: is this plan valid for this model?
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
 use pipecut::cost::Catalog;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::onnx::Model;
 use pipecut::plan::Plan;
 
 use super::print_stdout;
@@ -19,20 +20,30 @@ pub struct CheckArgs {
     model: PathBuf,
 }
 
-pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.plan)
-        .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
-    let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
-    let mut model = pipecut::onnx::load_model(&args.model)
-        .with_context(|| format!("cannot load '{}'", args.model.display()))?;
-    // The plan records the dims it was costed with; bind the same ones.
+/// Reads a plan file.
+pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read plan '{}'", path.display()))?;
+    Plan::from_json(&text).with_context(|| format!("'{}'", path.display()))
+}
+
+/// Loads the model a plan was made for, with the dims bound as the plan records them.
+pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
+    let mut model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
         bindings = bindings.bind(name, *value);
     }
     ShapeInference::new(bindings)
         .run(&mut model.graph)
-        .with_context(|| format!("'{}'", args.model.display()))?;
+        .with_context(|| format!("'{}'", path.display()))?;
+    Ok(model)
+}
+
+pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let plan = read_plan(&args.plan)?;
+    let model = load_for_plan(&plan, &args.model)?;
     let report = plan
         .check(&model.sha256, &model.graph, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;

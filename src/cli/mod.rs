@@ -5,6 +5,7 @@ mod check;
 mod cost;
 mod inspect;
 mod partition;
+mod show;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,11 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.
+    #[command(
+        after_help = "Examples:\n  pipecut show plan.json\n  pipecut show plan.json --timeline timeline.svg\n  pipecut show plan.json fixtures/models/gpt2_tiny.onnx --graph stages.dot\n  pipecut show plan.json model.onnx --graph stages.svg   (needs Graphviz `dot`)"
+    )]
+    Show(show::ShowArgs),
     /// Print the JSON Schema of the plan document (the copy in docs/plan.schema.json).
     #[command(after_help = "Examples:\n  pipecut schema > plan.schema.json")]
     Schema,
@@ -90,6 +96,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
+        Command::Show(args) => show::run(args),
         Command::Schema => {
             print_stdout(&pipecut::plan::Plan::json_schema())?;
             Ok(ExitCode::SUCCESS)

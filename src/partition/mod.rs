@@ -24,9 +24,9 @@ use serde::{Deserialize, Serialize};
 pub use baselines::Baseline;
 pub use problem::{CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId};
 
-use crate::cost::{Cluster, DeviceId, Mode};
+use crate::cost::{Cluster, DeviceId};
 use crate::graph::Graph;
-use crate::schedule::{simulate, PipelineSchedule, StageTimes};
+use crate::schedule::{simulate, PipelineSchedule, StageFiguresSecs, StageTimes};
 use crate::Error;
 
 /// How many pipeline stages to make.
@@ -186,34 +186,16 @@ impl Solution {
 }
 
 fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -> StageTimes {
-    let backward_share = match problem.settings().mode {
-        Mode::Inference => None,
-        Mode::Training {
-            backward_factor, ..
-        } => Some(backward_factor / (1.0 + backward_factor)),
-    };
-    let stages = &evaluation.stages;
-    match backward_share {
-        None => StageTimes {
-            forward_secs: stages
-                .iter()
-                .map(|s| s.compute_secs + s.receive_secs)
-                .collect(),
-            backward_secs: Vec::new(),
-            send_secs: vec![0.0; stages.len().saturating_sub(1)],
-        },
-        Some(share) => StageTimes {
-            forward_secs: stages
-                .iter()
-                .map(|s| s.compute_secs * (1.0 - share) + s.receive_secs)
-                .collect(),
-            backward_secs: stages
-                .iter()
-                .map(|s| s.compute_secs * share + s.gradient_receive_secs)
-                .collect(),
-            send_secs: vec![0.0; stages.len().saturating_sub(1)],
-        },
-    }
+    let figures: Vec<StageFiguresSecs> = evaluation
+        .stages
+        .iter()
+        .map(|s| StageFiguresSecs {
+            compute_secs: s.compute_secs,
+            receive_secs: s.receive_secs,
+            gradient_receive_secs: s.gradient_receive_secs,
+        })
+        .collect();
+    StageTimes::from_stage_figures(problem.settings().mode, &figures)
 }
 
 /// Plans pipelines: the library's entry point for partitioning.

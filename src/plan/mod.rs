@@ -13,6 +13,10 @@
 //! This phase decides nothing: [`Plan::from_solution`] transcribes a [`Solution`], and
 //! [`Plan::check`] recomputes a plan's figures with the partition phase's own evaluation.
 
+mod dot;
+
+pub use dot::plan_dot;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +28,7 @@ use crate::partition::{
     Baseline, CostSettings, PartitionProblem, Solution, SolveStatus, SolverKind, StageCount,
     StageId,
 };
+use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
 
 /// The plan format version this build writes and reads. Readers refuse newer versions.
@@ -497,6 +502,30 @@ impl Plan {
             memory_headroom: self.config.memory_headroom,
             unknown_ops: self.config.unknown_op_cost,
         }
+    }
+
+    /// The per-stage forward/backward times the schedule simulator runs, from the recorded
+    /// stage figures.
+    pub fn stage_times(&self) -> StageTimes {
+        let figures: Vec<StageFiguresSecs> = self
+            .stages
+            .iter()
+            .map(|s| StageFiguresSecs {
+                compute_secs: s.compute_secs,
+                receive_secs: s.receive_secs,
+                gradient_receive_secs: s.gradient_receive_secs,
+            })
+            .collect();
+        StageTimes::from_stage_figures(self.config.mode, &figures)
+    }
+
+    /// Simulates one step of the plan under its schedule and micro-batch count.
+    pub fn simulate(&self) -> Result<Simulation, Error> {
+        simulate(
+            &self.stage_times(),
+            self.config.schedule.into(),
+            self.config.microbatches as usize,
+        )
     }
 
     /// Rebuilds the plan's cluster from its layout.

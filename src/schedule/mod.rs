@@ -9,7 +9,7 @@
 mod simulate;
 mod timeline;
 
-pub use simulate::{simulate, Op, OpKind, Simulation, StageTimes};
+pub use simulate::{simulate, Op, OpKind, Simulation, StageFiguresSecs, StageTimes};
 pub use timeline::timeline_svg;
 
 use serde::Serialize;
@@ -27,4 +27,13 @@ pub enum PipelineSchedule {
         /// Model chunks per device (≥ 2).
         chunks: usize,
     },
+}
+
+impl From<crate::cost::Schedule> for PipelineSchedule {
+    fn from(schedule: crate::cost::Schedule) -> PipelineSchedule {
+        match schedule {
+            crate::cost::Schedule::GPipe => PipelineSchedule::GPipe,
+            crate::cost::Schedule::OneFOneB => PipelineSchedule::OneFOneB,
+        }
+    }
 }

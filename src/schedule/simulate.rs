@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::PipelineSchedule;
+use crate::cost::Mode;
 use crate::Error;
 
 /// Per-stage times for one micro-batch. With interleaving, "stage" means a model chunk: stage
@@ -17,6 +18,53 @@ pub struct StageTimes {
     /// Time to send a stage's activations to the next stage (and gradients back), per stage
     /// boundary: `send_secs[s]` is between stage `s` and `s + 1`.
     pub send_secs: Vec<f64>,
+}
+
+/// One stage's costed figures per micro-batch, as a partition or a plan records them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageFiguresSecs {
+    /// Compute time: forward, plus backward in training.
+    pub compute_secs: f64,
+    /// Receiving the stage's input activations.
+    pub receive_secs: f64,
+    /// Receiving the gradients flowing back (training only).
+    pub gradient_receive_secs: f64,
+}
+
+impl StageTimes {
+    /// Splits costed stage figures into the forward and backward times the simulator runs:
+    /// receiving activations belongs to the forward, receiving gradients to the backward, and
+    /// compute divides in the proportion `1 : backward_factor` of [`Mode::Training`].
+    /// Transfers are already inside the stage times, so `send_secs` is zero.
+    pub fn from_stage_figures(mode: Mode, stages: &[StageFiguresSecs]) -> StageTimes {
+        let send_secs = vec![0.0; stages.len().saturating_sub(1)];
+        match mode {
+            Mode::Inference => StageTimes {
+                forward_secs: stages
+                    .iter()
+                    .map(|s| s.compute_secs + s.receive_secs)
+                    .collect(),
+                backward_secs: Vec::new(),
+                send_secs,
+            },
+            Mode::Training {
+                backward_factor, ..
+            } => {
+                let share = backward_factor / (1.0 + backward_factor);
+                StageTimes {
+                    forward_secs: stages
+                        .iter()
+                        .map(|s| s.compute_secs * (1.0 - share) + s.receive_secs)
+                        .collect(),
+                    backward_secs: stages
+                        .iter()
+                        .map(|s| s.compute_secs * share + s.gradient_receive_secs)
+                        .collect(),
+                    send_secs,
+                }
+            }
+        }
+    }
 }
 
 /// Forward or backward.

@@ -1,0 +1,143 @@
+//! `pipecut show plan.json [MODEL]`: the plan's table and simulated step, and its pictures — the
+//! schedule timeline (SVG) and the model graph coloured by stage (DOT, or SVG through Graphviz).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use pipecut::cost::Catalog;
+use pipecut::plan::plan_dot;
+use pipecut::schedule::timeline_svg;
+
+use super::check::{load_for_plan, read_plan};
+use super::{print_stdout, write_atomically};
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The plan JSON written by `pipecut partition`.
+    plan: PathBuf,
+    /// The model the plan was made for: needed for `--graph`, and when given the plan is
+    /// checked against it first.
+    model: Option<PathBuf>,
+    /// Draw the simulated schedule (one row per stage) as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
+    /// Draw the model graph coloured by stage: `.dot` writes Graphviz DOT, `.svg` renders it
+    /// with Graphviz `dot` (which must be installed).
+    #[arg(long, value_name = "FILE.dot|FILE.svg")]
+    graph: Option<PathBuf>,
+    /// Print the simulated step as JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
+    let plan = read_plan(&args.plan)?;
+    let model = match &args.model {
+        Some(path) => {
+            let model = load_for_plan(&plan, path)?;
+            plan.check(&model.sha256, &model.graph, &Catalog::builtin())
+                .with_context(|| format!("'{}'", args.plan.display()))?;
+            Some(model)
+        }
+        None => None,
+    };
+    let simulation = plan
+        .simulate()
+        .with_context(|| format!("cannot simulate '{}'", args.plan.display()))?;
+
+    if let Some(path) = &args.timeline {
+        // The picture adds the step time and the bubble to the title.
+        let title = format!(
+            "{} on {}: {} stages, {} micro-batches",
+            plan.model.file_name,
+            plan.cluster.description,
+            plan.stages.len(),
+            plan.config.microbatches,
+        );
+        write_atomically(path, timeline_svg(&simulation, &title).as_bytes())?;
+    }
+    if let Some(path) = &args.graph {
+        let Some(model) = &model else {
+            bail!("--graph needs the model: pipecut show PLAN.json MODEL --graph FILE");
+        };
+        let dot = plan_dot(&plan, &model.graph)?;
+        write_graph(path, &dot)?;
+    }
+
+    if args.json {
+        print_stdout(&format!(
+            "{}\n",
+            serde_json::json!({
+                "step_secs": simulation.step_secs,
+                "bubble_fraction": simulation.bubble_fraction,
+                "peak_in_flight": simulation.peak_in_flight,
+                "bottleneck_secs": plan.summary.bottleneck_secs,
+            })
+        ))?;
+    } else {
+        print_stdout(&super::partition::table(
+            &plan,
+            plan.summary.solve_secs.unwrap_or(f64::NAN),
+        ))?;
+        print_stdout(&format!(
+            "\nsimulated step: {:.3} ms for {} micro-batches, bubble {:.1}%\n",
+            simulation.step_secs * 1e3,
+            plan.config.microbatches,
+            simulation.bubble_fraction * 100.0
+        ))?;
+        for path in [&args.timeline, &args.graph].into_iter().flatten() {
+            print_stdout(&format!("wrote {}\n", path.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes DOT as is, or renders SVG through Graphviz.
+fn write_graph(path: &Path, dot: &str) -> anyhow::Result<()> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("dot" | "gv") => write_atomically(path, dot.as_bytes()),
+        Some("svg") => write_atomically(path, &render_svg(dot)?),
+        _ => bail!(
+            "--graph '{}': the file must end in .dot or .svg",
+            path.display()
+        ),
+    }
+}
+
+fn render_svg(dot: &str) -> anyhow::Result<Vec<u8>> {
+    let mut child = match Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "Graphviz `dot` is not installed, so the graph cannot be rendered as SVG: install \
+             graphviz (e.g. `apt install graphviz`), or write DOT with --graph FILE.dot"
+        ),
+        Err(e) => return Err(e).context("cannot start Graphviz `dot`"),
+    };
+    // Feed stdin from a thread: `dot` may fill its stdout pipe before it has read all input.
+    let mut stdin = child.stdin.take().context("Graphviz `dot` has no stdin")?;
+    let input = dot.to_string();
+    let feeder = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let output = child
+        .wait_with_output()
+        .context("Graphviz `dot` did not finish")?;
+    let fed = feeder.join();
+    if !output.status.success() {
+        bail!(
+            "Graphviz `dot` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    match fed {
+        Ok(Ok(())) => Ok(output.stdout),
+        _ => bail!("cannot write the graph to Graphviz `dot`"),
+    }
+}

@@ -1,0 +1,146 @@
+//! The model graph coloured by stage, as Graphviz DOT: one cluster box per stage, labelled with
+//! its device and time; edges that cross between stages drawn thick and red with the bytes they
+//! carry per micro-batch. Graphviz (`dot -Tsvg`) turns it into a picture.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use super::Plan;
+use crate::graph::Graph;
+use crate::onnx::inspect::human_bytes;
+use crate::Error;
+
+/// Fill colours per stage (Tableau 10, lightened), cycling past ten stages.
+const STAGE_COLOURS: [&str; 10] = [
+    "#c6dbef", "#fdd0a2", "#c7e9c0", "#fcbba1", "#dadaeb", "#d9d9d9", "#fde0ef", "#e5f5e0",
+    "#fff7bc", "#d0d1e6",
+];
+const CUT_COLOUR: &str = "#d62728";
+
+/// A DOT quoted string: quotes and backslashes escaped.
+fn quote(text: &str) -> String {
+    quote_lines(&[text])
+}
+
+/// A DOT quoted string of several lines (joined by DOT's `\n`, which escaping would break).
+fn quote_lines(lines: &[&str]) -> String {
+    let escaped: Vec<String> = lines
+        .iter()
+        .map(|l| l.replace('\\', "\\\\").replace('"', "\\\""))
+        .collect();
+    format!("\"{}\"", escaped.join("\\n"))
+}
+
+/// Draws `graph` with the stages of `plan`. Every node must be on a stage of the plan (run
+/// [`Plan::check`] first for the full validation).
+pub fn plan_dot(plan: &Plan, graph: &Graph) -> Result<String, Error> {
+    let stage_of_name: HashMap<&str, usize> = plan
+        .stages
+        .iter()
+        .enumerate()
+        .flat_map(|(s, stage)| stage.nodes.iter().map(move |n| (n.as_str(), s)))
+        .collect();
+    let sent_bytes: HashMap<(&str, usize), u64> = plan
+        .stages
+        .iter()
+        .enumerate()
+        .flat_map(|(s, stage)| {
+            stage
+                .sent
+                .iter()
+                .map(move |t| ((t.tensor.as_str(), s), t.bytes))
+        })
+        .collect();
+    let mut stage_of = HashMap::new();
+    for (id, node) in graph.nodes() {
+        let stage = stage_of_name.get(node.name.as_str()).ok_or_else(|| {
+            Error::InvalidPlan(format!("node '{}' is on no stage of the plan", node.name))
+        })?;
+        stage_of.insert(id, *stage);
+    }
+
+    let mut dot = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(dot, "digraph {} {{", quote(graph.name()));
+    let _ = writeln!(
+        dot,
+        "  rankdir=TB; newrank=true; fontname=\"sans-serif\";\n  node [shape=box, style=\"rounded,filled\", fontname=\"sans-serif\", fontsize=10];\n  edge [color=\"#888888\", arrowsize=0.6, fontname=\"sans-serif\", fontsize=9];"
+    );
+    for (s, stage) in plan.stages.iter().enumerate() {
+        let colour = STAGE_COLOURS[s % STAGE_COLOURS.len()];
+        let _ = writeln!(dot, "  subgraph cluster_stage_{s} {{");
+        let _ = writeln!(
+            dot,
+            "    label={}; style=\"rounded,filled\"; fillcolor=\"{colour}40\"; color=\"{colour}\";",
+            quote(&format!(
+                "stage {s} · {} · {:.3} ms · {}",
+                stage.device.name,
+                stage.stage_secs * 1e3,
+                human_bytes(stage.peak_memory_bytes)
+            ))
+        );
+        for (id, node) in graph.nodes().filter(|(id, _)| stage_of[id] == s) {
+            let _ = writeln!(
+                dot,
+                "    n{} [label={}, tooltip={}, fillcolor=\"{colour}\"];",
+                id.index(),
+                quote_lines(&[&node.op_type, &short_name(&node.name)]),
+                quote(&node.name)
+            );
+        }
+        let _ = writeln!(dot, "  }}");
+    }
+    for (from, to, tensor) in graph.edges() {
+        let (a, b) = (stage_of[&from], stage_of[&to]);
+        let name = &graph.tensor(tensor).name;
+        if a == b {
+            let _ = writeln!(dot, "  n{} -> n{};", from.index(), to.index());
+        } else {
+            // Relayed tensors are sent by every stage they pass; the first hop carries the
+            // same bytes as the others.
+            let label = sent_bytes
+                .get(&(name.as_str(), a))
+                .map(|&bytes| human_bytes(bytes))
+                .unwrap_or_default();
+            let _ = writeln!(
+                dot,
+                "  n{} -> n{} [color=\"{CUT_COLOUR}\", penwidth=2.5, label={}, tooltip={}];",
+                from.index(),
+                to.index(),
+                quote(&label),
+                quote(name)
+            );
+        }
+    }
+    let _ = writeln!(dot, "}}");
+    Ok(dot)
+}
+
+/// The last two segments of an exporter's scoped name (`/model/layers.3/attn/MatMul` →
+/// `attn/MatMul`): enough to tell nodes apart in a box without making it wide.
+fn short_name(name: &str) -> String {
+    let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
+    match parts.len() {
+        0 => name.to_string(),
+        1 => parts[0].to_string(),
+        n => format!("{}/{}", parts[n - 2], parts[n - 1]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_keep_the_last_two_scopes() {
+        assert_eq!(short_name("/model/layers.3/attn/MatMul"), "attn/MatMul");
+        assert_eq!(short_name("Gemm_0"), "Gemm_0");
+        assert_eq!(short_name(""), "");
+    }
+
+    #[test]
+    fn quoting_escapes_quotes_and_backslashes() {
+        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(quote_lines(&["Gemm", "x"]), r#""Gemm\nx""#);
+    }
+}
