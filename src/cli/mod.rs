@@ -5,6 +5,7 @@ mod check;
 mod cost;
 mod inspect;
 mod partition;
+mod plan_cluster;
 mod show;
 
 use std::path::PathBuf;
@@ -48,6 +49,12 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Use a whole cluster: choose pipeline depth, data-parallel replicas, micro-batching,
+    /// schedule and placement; print the best configurations and write the chosen plan.
+    #[command(
+        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --out plan.json"
+    )]
+    PlanCluster(plan_cluster::PlanClusterArgs),
     /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.
     #[command(
         after_help = "Examples:\n  pipecut show plan.json\n  pipecut show plan.json --timeline timeline.svg\n  pipecut show plan.json fixtures/models/gpt2_tiny.onnx --graph stages.dot\n  pipecut show plan.json model.onnx --graph stages.svg   (needs Graphviz `dot`)"
@@ -96,6 +103,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
+        Command::PlanCluster(args) => plan_cluster::run(args),
         Command::Show(args) => show::run(args),
         Command::Schema => {
             print_stdout(&pipecut::plan::Plan::json_schema())?;

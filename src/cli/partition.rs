@@ -202,7 +202,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         print_stdout(&json)?;
     } else {
-        print_stdout(&table(&plan, solution.solve_secs))?;
+        print_stdout(&table(&plan, Some(solution.solve_secs)))?;
         if let Some(out) = &args.out {
             print_stdout(&format!("wrote {}\n", out.display()))?;
         }
@@ -215,13 +215,13 @@ fn ms(secs: f64) -> String {
 }
 
 /// The readable summary: one row per stage, then the proof and the baselines.
-pub fn table(plan: &Plan, solve_secs: f64) -> String {
+pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let c = &plan.config;
     let _ = writeln!(
         out,
-        "{} ({} nodes) on {}: {} stages, {:?} mode, {} micro-batches, {} schedule",
+        "{} ({} nodes) on {}: {} stages, {} mode, {} micro-batches, {} schedule",
         plan.model.file_name,
         plan.model.nodes,
         plan.cluster.description,
@@ -313,10 +313,13 @@ pub fn table(plan: &Plan, solve_secs: f64) -> String {
     );
     let _ = writeln!(
         out,
-        "{} cross between stages per micro-batch; solved by {:?} in {:.3} s",
+        "{} cross between stages per micro-batch; solved by {}{}",
         human_bytes(summary.cut_bytes),
-        summary.solver,
-        solve_secs
+        serde_json::to_value(summary.solver)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        solve_secs.map_or(String::new(), |secs| format!(" in {secs:.3} s"))
     );
     if !summary.stage_count_candidates.is_empty() {
         let _ = writeln!(out, "\nstages  bottleneck ms  step ms  bubble");

@@ -78,10 +78,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
             })
         ))?;
     } else {
-        print_stdout(&super::partition::table(
-            &plan,
-            plan.summary.solve_secs.unwrap_or(f64::NAN),
-        ))?;
+        print_stdout(&super::partition::table(&plan, plan.summary.solve_secs))?;
         print_stdout(&format!(
             "\nsimulated step: {:.3} ms for {} micro-batches, bubble {:.1}%\n",
             simulation.step_secs * 1e3,

@@ -15,6 +15,7 @@
 pub mod baselines;
 pub mod dp;
 pub mod layers;
+pub mod parallelism;
 pub mod problem;
 
 use std::time::{Duration, Instant};

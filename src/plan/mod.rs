@@ -28,11 +28,14 @@ use crate::partition::{
     Baseline, CostSettings, PartitionProblem, Solution, SolveStatus, SolverKind, StageCount,
     StageId,
 };
+use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
 
-/// The plan format version this build writes and reads. Readers refuse newer versions.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The plan format version this build writes. It reads every version up to this one (version 2
+/// added the optional `parallelism` section; a version-1 plan is a version-2 plan without it)
+/// and refuses newer ones.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -54,6 +57,69 @@ pub struct Plan {
     pub stages: Vec<PlanStage>,
     /// The result and its proof.
     pub summary: PlanSummary,
+    /// Data parallelism around the pipeline, for plans made by `pipecut plan-cluster`: the
+    /// replicas of the stages and where they sit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<PlanParallelism>,
+}
+
+/// How the cluster is used around the pipeline: D replicas of the K stages, each replica fed
+/// `global_batch / D` samples per step in micro-batches of `dims[batch]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanParallelism {
+    /// Samples per step over all replicas.
+    pub global_batch: u64,
+    /// Data-parallel replicas D.
+    pub data_parallel: usize,
+    /// Samples per micro-batch.
+    pub microbatch_size: u64,
+    /// Where the stages sit.
+    pub placement: Placement,
+    /// Device of every replica's stages, `[replica][stage]`; replica 0 is `stages[].device`.
+    pub replicas: Vec<Vec<u32>>,
+    /// Gradient all-reduce time of each stage over its replicas (zero in inference).
+    pub allreduce_secs: Vec<f64>,
+    /// The simulated pipeline step without the all-reduces.
+    pub pipeline_secs: f64,
+    /// The step: each stage's last operation plus its all-reduce, the latest of them.
+    pub step_secs: f64,
+    /// `global_batch / step_secs`.
+    pub samples_per_sec: f64,
+    /// Idle share of the pipeline's devices during the pipeline step.
+    pub bubble_fraction: f64,
+    /// The best configurations found, best first (this plan's first).
+    pub alternatives: Vec<PlanAlternative>,
+    /// Configurations in the search space.
+    pub candidates: usize,
+    /// Configurations solved; the others were bounded out or could not fit.
+    pub solved: usize,
+}
+
+/// One configuration the search ranked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanAlternative {
+    /// Pipeline stages K.
+    pub stages: usize,
+    /// Data-parallel replicas D.
+    pub data_parallel: usize,
+    /// Samples per micro-batch.
+    pub microbatch_size: u64,
+    /// Micro-batches per step.
+    pub microbatches: u64,
+    /// Schedule.
+    pub schedule: Schedule,
+    /// Placement.
+    pub placement: Placement,
+    /// Step time.
+    pub step_secs: f64,
+    /// Throughput.
+    pub samples_per_sec: f64,
+    /// Pipeline bubble.
+    pub bubble_fraction: f64,
+    /// The fullest stage's memory.
+    pub peak_memory_bytes: u64,
 }
 
 /// Which model a plan is for.
@@ -293,6 +359,73 @@ fn stages_requested(stages: StageCount) -> String {
     }
 }
 
+/// The replicas must be copies of the stages: replica 0 on the stages' devices, every replica on
+/// devices of the same kinds, no device used twice, the global batch split evenly.
+fn check_parallelism(
+    parallelism: &PlanParallelism,
+    stages: &[PlanStage],
+    cluster: &Cluster,
+) -> Result<(), Error> {
+    let bad = |detail: String| Err(Error::InvalidPlan(detail));
+    let p = parallelism;
+    if p.replicas.len() != p.data_parallel || p.data_parallel == 0 {
+        return bad(format!(
+            "parallelism lists {} replicas for a data-parallel degree of {}",
+            p.replicas.len(),
+            p.data_parallel
+        ));
+    }
+    let per_replica = p.data_parallel as u64 * p.microbatch_size;
+    if per_replica == 0 || p.global_batch % per_replica != 0 {
+        return bad(format!(
+            "a global batch of {} does not split into {} replicas of micro-batches of {}",
+            p.global_batch, p.data_parallel, p.microbatch_size
+        ));
+    }
+    let mut used = std::collections::BTreeSet::new();
+    for (r, replica) in p.replicas.iter().enumerate() {
+        if replica.len() != stages.len() {
+            return bad(format!(
+                "replica {r} has {} stages, the plan {}",
+                replica.len(),
+                stages.len()
+            ));
+        }
+        for (s, (&device, stage)) in replica.iter().zip(stages).enumerate() {
+            if device as usize >= cluster.device_count() {
+                return bad(format!(
+                    "replica {r} puts stage {s} on device {device}, the cluster has {}",
+                    cluster.device_count()
+                ));
+            }
+            if r == 0 && device != stage.device.id {
+                return bad(format!(
+                    "replica 0 puts stage {s} on device {device}, the stage is on {}",
+                    stage.device.id
+                ));
+            }
+            let kind = &cluster.device(DeviceId(device)).name;
+            if *kind != stage.device.name {
+                return bad(format!(
+                    "replica {r} puts stage {s} on a {kind}, the stage was planned for a {}",
+                    stage.device.name
+                ));
+            }
+            if !used.insert(device) {
+                return bad(format!("device {device} is used by two replicas or stages"));
+            }
+        }
+    }
+    if p.allreduce_secs.len() != stages.len() {
+        return bad(format!(
+            "parallelism has {} all-reduce times for {} stages",
+            p.allreduce_secs.len(),
+            stages.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Inputs to [`Plan::from_solution`] that the solution does not carry.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanContext<'a> {
@@ -449,7 +582,49 @@ impl Plan {
                     .collect(),
                 solve_secs: options.record_solve_time.then_some(solution.solve_secs),
             },
+            parallelism: None,
         }
+    }
+
+    /// Adds the data parallelism a cluster search chose; `self` must be the plan of its replica
+    /// 0 (the search's best configuration, solved on `outcome.replicas[0]`).
+    pub fn with_parallelism(mut self, outcome: &SearchOutcome, global_batch: u64) -> Plan {
+        let best = &outcome.best;
+        self.parallelism = Some(PlanParallelism {
+            global_batch,
+            data_parallel: best.key.data_parallel,
+            microbatch_size: best.key.microbatch_size,
+            placement: best.key.placement,
+            replicas: outcome
+                .replicas
+                .iter()
+                .map(|r| r.iter().map(|d| d.0).collect())
+                .collect(),
+            allreduce_secs: best.allreduce_secs.clone(),
+            pipeline_secs: best.pipeline_secs,
+            step_secs: best.step_secs,
+            samples_per_sec: best.samples_per_sec,
+            bubble_fraction: best.bubble_fraction,
+            alternatives: outcome
+                .ranked
+                .iter()
+                .map(|c| PlanAlternative {
+                    stages: c.key.stages,
+                    data_parallel: c.key.data_parallel,
+                    microbatch_size: c.key.microbatch_size,
+                    microbatches: c.key.microbatches,
+                    schedule: c.key.schedule,
+                    placement: c.key.placement,
+                    step_secs: c.step_secs,
+                    samples_per_sec: c.samples_per_sec,
+                    bubble_fraction: c.bubble_fraction,
+                    peak_memory_bytes: c.peak_memory_bytes,
+                })
+                .collect(),
+            candidates: outcome.candidates,
+            solved: outcome.solved,
+        });
+        self
     }
 
     /// The plan as pretty JSON with a trailing newline.
@@ -487,6 +662,12 @@ impl Plan {
             }
             Some(0) => {
                 return Err(Error::InvalidPlan("schema_version 0 does not exist".into()));
+            }
+            Some(1) if value.get("parallelism").is_some() => {
+                return Err(Error::InvalidPlan(
+                    "a schema_version 1 plan has no parallelism section (it came with version 2)"
+                        .into(),
+                ));
             }
             Some(_) => {}
         }
@@ -647,6 +828,9 @@ impl Plan {
             ));
         }
         let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;
+        if let Some(parallelism) = &self.parallelism {
+            check_parallelism(parallelism, &self.stages, &cluster)?;
+        }
         let eval = problem.evaluate(&assignment);
         for (s, (recorded, actual)) in self.stages.iter().zip(&eval.stages).enumerate() {
             if !actual.fits() {

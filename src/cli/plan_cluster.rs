@@ -1,0 +1,246 @@
+//! `pipecut plan-cluster MODEL --cluster 4x8xH100-SXM --global-batch 512`: pipeline depth,
+//! data-parallel degree, micro-batching, schedule and placement for a whole cluster.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use pipecut::cost::{Catalog, Schedule};
+use pipecut::onnx::inspect::human_bytes;
+use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
+use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount};
+use pipecut::plan::{Plan, PlanContext, PlanOptions};
+
+use super::cost::{ModeArg, UnknownOpArg};
+use super::partition::{parse_duration, ClusterArgs, ScheduleArg};
+use super::{print_stdout, write_atomically, ModelArgs};
+
+#[derive(Debug, Args)]
+pub struct PlanClusterArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Samples per step over all replicas (per optimizer step in training).
+    #[arg(long)]
+    global_batch: u64,
+    /// The model's batch dim, bound to each candidate micro-batch size (do not bind it with --dim).
+    #[arg(long, default_value = "batch")]
+    batch_dim: String,
+    /// Inference (forward only) or training (forward, backward, optimizer state, all-reduce).
+    #[arg(long, value_enum, default_value = "inference")]
+    mode: ModeArg,
+    /// Schedules to try (repeatable); default both GPipe and 1F1B.
+    #[arg(long, value_enum)]
+    schedule: Vec<ScheduleArg>,
+    /// Micro-batch sizes to try, e.g. 1,2,4; default every power of two dividing the global batch.
+    #[arg(long, value_delimiter = ',')]
+    microbatch_sizes: Option<Vec<u64>>,
+    /// Fraction of each device's memory kept free for the runtime.
+    #[arg(long, default_value_t = 0.10)]
+    memory_headroom: f64,
+    /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
+    #[arg(long, value_enum, default_value = "error")]
+    unknown_op_cost: UnknownOpArg,
+    /// How many of the best configurations to list.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// Time budget for solving the chosen configuration's partition (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    time_limit: Duration,
+    /// Write the chosen configuration's plan JSON (with its replicas) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the plan JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
+    let path = &args.model.model;
+    let model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    let catalog = Catalog::builtin();
+    let cluster = args.cluster.build(&catalog)?;
+    let bindings = args.model.bindings()?;
+    if bindings.iter().any(|(name, _)| name == args.batch_dim) {
+        anyhow::bail!(
+            "--dim {}=… binds the batch dim, which plan-cluster chooses: drop it, or name \
+             another batch dim with --batch-dim",
+            args.batch_dim
+        );
+    }
+    let mut request = SearchRequest::new(args.global_batch, args.mode.into());
+    request.batch_dim = args.batch_dim.clone();
+    request.bindings = bindings.clone();
+    if !args.schedule.is_empty() {
+        request.schedules = args.schedule.iter().map(|&s| s.into()).collect();
+        request.schedules.sort();
+        request.schedules.dedup();
+    }
+    request.microbatch_sizes = args.microbatch_sizes.clone();
+    request.memory_headroom = args.memory_headroom;
+    request.unknown_ops = args.unknown_op_cost.into();
+    request.top = args.top;
+
+    let spinner = super::spinner(&format!(
+        "searching configurations of {} devices",
+        cluster.device_count()
+    ));
+    let searched = search(&model.graph, &cluster, &request);
+    spinner.finish_and_clear();
+    let outcome = searched.with_context(|| format!("'{}'", path.display()))?;
+
+    // The chosen configuration's partition, with its proof and baselines, for the plan.
+    let best = outcome.best.key;
+    let solution = Planner::new(&outcome.graph, &cluster)
+        .with_config(PartitionConfig {
+            stages: StageCount::Fixed(best.stages),
+            devices: outcome.replicas[0].clone(),
+            settings: CostSettings {
+                mode: request.mode,
+                schedule: best.schedule,
+                microbatches: best.microbatches.min(u32::MAX as u64) as u32,
+                memory_headroom: request.memory_headroom,
+                unknown_ops: request.unknown_ops,
+            },
+            time_limit: args.time_limit,
+        })
+        .solve()
+        .with_context(|| format!("'{}'", path.display()))?;
+    let mut dims: BTreeMap<String, u64> = bindings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    dims.insert(args.batch_dim.clone(), best.microbatch_size);
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let plan = Plan::from_solution(
+        &solution,
+        PlanContext {
+            model_sha256: &model.sha256,
+            model_file_name: &file_name,
+            graph: &outcome.graph,
+            dims: &dims,
+            cluster: &cluster,
+            stages: StageCount::Fixed(best.stages),
+            time_limit_secs: args.time_limit.as_secs_f64(),
+        },
+        PlanOptions::default(),
+    )
+    .with_parallelism(&outcome, args.global_batch);
+    let json = plan.to_json();
+    if let Some(out) = &args.out {
+        write_atomically(out, json.as_bytes())?;
+    }
+    if args.json {
+        print_stdout(&json)?;
+    } else {
+        print_stdout(&table(&plan, &outcome))?;
+        if let Some(out) = &args.out {
+            print_stdout(&format!("wrote {}\n", out.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn schedule_name(schedule: Schedule) -> &'static str {
+    match schedule {
+        Schedule::GPipe => "GPipe",
+        Schedule::OneFOneB => "1F1B",
+    }
+}
+
+fn placement_name(placement: Placement, stages: usize, replicas: usize) -> &'static str {
+    match placement {
+        _ if stages == 1 || replicas == 1 => "-",
+        Placement::PipelineInsideNodes => "pipelines in nodes",
+        Placement::ReplicasInsideNodes => "replicas in nodes",
+    }
+}
+
+fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
+    let mut out = String::new();
+    let best = &outcome.best;
+    let k = best.key;
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "{} on {} ({} devices), global batch {}: {} stages × {} replicas, micro-batches of {} × {}, {}{}",
+        plan.model.file_name,
+        plan.cluster.description,
+        outcome_devices(plan),
+        plan.parallelism.as_ref().map_or(0, |p| p.global_batch),
+        k.stages,
+        k.data_parallel,
+        k.microbatch_size,
+        k.microbatches,
+        schedule_name(k.schedule),
+        match placement_name(k.placement, k.stages, k.data_parallel) {
+            "-" => String::new(),
+            name => format!(", {name}"),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "\n{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:>12} {:>9} {:>7} {:>11}",
+        "K", "D", "b", "m", "schedule", "placement", "samples/s", "step ms", "bubble", "memory/GPU"
+    );
+    for (i, c) in outcome.ranked.iter().enumerate() {
+        let key = c.key;
+        let _ = writeln!(
+            out,
+            "{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:>12.1} {:>9.3} {:>6.1}% {:>11}{}",
+            key.stages,
+            key.data_parallel,
+            key.microbatch_size,
+            key.microbatches,
+            schedule_name(key.schedule),
+            placement_name(key.placement, key.stages, key.data_parallel),
+            c.samples_per_sec,
+            c.step_secs * 1e3,
+            c.bubble_fraction * 100.0,
+            human_bytes(c.peak_memory_bytes),
+            if i == 0 { " ◀" } else { "" }
+        );
+    }
+    let reduce = best.allreduce_secs.iter().copied().fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "\nstep {:.3} ms = pipeline {:.3} ms + exposed all-reduce {:.3} ms (largest stage all-reduce {:.3} ms)",
+        best.step_secs * 1e3,
+        best.pipeline_secs * 1e3,
+        (best.step_secs - best.pipeline_secs) * 1e3,
+        reduce * 1e3
+    );
+    let _ = writeln!(
+        out,
+        "searched {} configurations: {} solved, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",
+        outcome.candidates,
+        outcome.solved,
+        outcome
+            .candidates
+            .saturating_sub(outcome.solved + outcome.pruned_by_memory),
+        outcome.pruned_by_memory,
+        outcome.infeasible,
+        outcome.search_secs
+    );
+    let _ = writeln!(out, "\nthe chosen pipeline (replica 0):");
+    out.push_str(&super::partition::table(plan, None));
+    out
+}
+
+fn outcome_devices(plan: &Plan) -> usize {
+    plan.cluster
+        .layout
+        .nodes
+        .iter()
+        .map(|n| n.devices.len())
+        .sum()
+}
