@@ -49,7 +49,10 @@ pub struct PlanClusterArgs {
     /// How many of the best configurations to list.
     #[arg(long, default_value_t = 5)]
     top: usize,
-    /// Time budget for solving the chosen configuration's partition (e.g. 10s).
+    /// Try every pipeline depth, not only 1–16, powers of two and divisors of the layer count.
+    #[arg(long)]
+    all_stage_counts: bool,
+    /// Time budget for the search and for the chosen configuration's partition (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
     /// Write the chosen configuration's plan JSON (with its replicas) here.
@@ -86,6 +89,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.memory_headroom = args.memory_headroom;
     request.unknown_ops = args.unknown_op_cost.into();
     request.top = args.top;
+    request.all_stage_counts = args.all_stage_counts;
+    request.time_limit = args.time_limit;
 
     let spinner = super::spinner(&format!(
         "searching configurations of {} devices",
@@ -112,10 +117,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         })
         .solve()
         .with_context(|| format!("'{}'", path.display()))?;
-    let mut dims: BTreeMap<String, u64> = bindings
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let mut dims: BTreeMap<String, u64> =
+        bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
     dims.insert(args.batch_dim.clone(), best.microbatch_size);
     let file_name = path
         .file_name()
@@ -219,6 +222,12 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
         (best.step_secs - best.pipeline_secs) * 1e3,
         reduce * 1e3
     );
+    if !outcome.complete {
+        let _ = writeln!(
+            out,
+            "the time limit stopped the search: these are the best configurations found so far"
+        );
+    }
     let _ = writeln!(
         out,
         "searched {} configurations: {} solved, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",

@@ -7,7 +7,9 @@
 //! is solved, because no K-stage pipeline beats `m · T / K` per step (T: one micro-batch's whole
 //! compute on the fastest device) nor `T` (one micro-batch passes every stage in turn), and
 //! because a stage must hold at least `1/K` of the weights. Candidates are solved in order of
-//! their bound, and the search stops when no unsolved bound can enter the top list.
+//! their bound, and the search stops when no unsolved bound beats the best solved one: the
+//! choice is then the best configuration of the space (up to the pruning of depths in
+//! [`stage_counts`]); the listed alternatives are the best of those solved on the way.
 //!
 //! **All-reduce model.** Each stage's gradients are summed over its D replicas by a ring
 //! all-reduce over the slowest link the ring spans ([`Cluster::ring_all_reduce_secs`]), starting
@@ -26,7 +28,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{dp, CostSettings, PartitionProblem};
+use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Schedule, UnknownOpCost};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
@@ -35,7 +37,17 @@ use crate::Error;
 
 /// Where replica r's stage s runs.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
@@ -88,6 +100,11 @@ pub struct SearchRequest {
     pub unknown_ops: UnknownOpCost,
     /// Length of the ranked list of alternatives.
     pub top: usize,
+    /// Try every pipeline depth up to the device count, not only the usual ones (see
+    /// [`stage_counts`]).
+    pub all_stage_counts: bool,
+    /// Wall-clock budget; the search returns its best so far when it runs out.
+    pub time_limit: std::time::Duration,
 }
 
 impl SearchRequest {
@@ -103,13 +120,25 @@ impl SearchRequest {
             memory_headroom: 0.10,
             unknown_ops: UnknownOpCost::Error,
             top: 5,
+            all_stage_counts: false,
+            time_limit: std::time::Duration::from_secs(10),
         }
     }
 }
 
 /// One way to use the cluster: the decision variables.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 pub struct ConfigurationKey {
     /// Pipeline stages K.
@@ -166,8 +195,11 @@ pub struct SearchOutcome {
     pub solved: usize,
     /// Discarded without solving: their memory bound exceeds a device.
     pub pruned_by_memory: usize,
-    /// Solved but no partition fits memory.
+    /// Did not fit memory: solved, or known from a smaller configuration that did not fit.
     pub infeasible: usize,
+    /// Whether the search ran to its end; `false` when it stopped at the time limit with the
+    /// best configurations found so far.
+    pub complete: bool,
     /// Wall time of the search.
     pub search_secs: f64,
 }
@@ -203,6 +235,7 @@ pub fn search(
         .max()
         .unwrap_or(0);
 
+    let depths = stage_counts(graph, gpus, request.all_stage_counts);
     let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
     let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
     let mut pruned_by_memory = 0;
@@ -214,16 +247,16 @@ pub fn search(
                 continue;
             }
             let m = request.global_batch / (d as u64 * b);
-            for k in 1..=(gpus / d).min(nodes) {
+            for &k in depths.iter().filter(|&&k| k * d <= gpus && k <= nodes) {
                 if t.footprint_bytes.div_ceil(k as u64) > max_capacity {
                     pruned_by_memory += placements(k, d).len();
                     continue;
                 }
-                // Throughput bound: step ≥ max(m·T/K, T).
-                let step_bound = (m as f64 * t.total_secs / k as f64).max(t.total_secs);
+                let step_bound = step_lower_bound(request.mode, t.total_secs, k, m);
                 let bound = request.global_batch as f64 / step_bound;
-                // One stage has no schedule to choose.
-                let schedules = if k == 1 {
+                // One stage has no schedule to choose, nor has inference (forwards only: the
+                // schedules coincide).
+                let schedules = if k == 1 || matches!(request.mode, Mode::Inference) {
                     &request.schedules[..1]
                 } else {
                     &request.schedules[..]
@@ -254,22 +287,52 @@ pub fn search(
     let top = request.top.max(1);
     let mut ranked: Vec<Configuration> = Vec::new();
     let (mut solved, mut infeasible) = (0, 0);
+    let mut out_of_memory = MemoryMemo::default();
+    let mut pipelines = SolvedPipelines::default();
+    let mut complete = true;
     for (bound, key) in candidates {
-        if ranked.len() >= top && bound < ranked[top - 1].samples_per_sec {
+        // Nothing left can beat the best: it is proven best over the space (the alternatives
+        // are the best of those solved on the way).
+        if ranked
+            .first()
+            .is_some_and(|best| bound <= best.samples_per_sec)
+        {
             break;
+        }
+        if started.elapsed() >= request.time_limit {
+            complete = false;
+            break;
+        }
+        let kinds = kinds_of(
+            cluster,
+            &key.placement.replicas(key.stages, key.data_parallel)[0],
+        );
+        if out_of_memory.rules_out(&key, request.mode, &kinds) {
+            infeasible += 1;
+            continue;
         }
         let t = &typed[&key.microbatch_size];
         solved += 1;
-        match evaluate(&t.graph, cluster, request, key)? {
+        match evaluate_with(&t.graph, cluster, request, key, &mut pipelines)? {
             Some(config) => {
                 let at = ranked.partition_point(|c| better(c, &config));
                 ranked.insert(at, config);
                 ranked.truncate(top);
             }
-            None => infeasible += 1,
+            None => {
+                infeasible += 1;
+                out_of_memory.record(&key, request.mode, kinds);
+            }
         }
     }
     let Some(best) = ranked.first().cloned() else {
+        if !complete {
+            return Err(Error::PartitionConfig(format!(
+                "the search found no configuration that fits memory within its time limit of \
+                 {:.1} s ({solved} solved, {infeasible} did not fit): raise the time limit",
+                request.time_limit.as_secs_f64()
+            )));
+        }
         return Err(Error::Infeasible(format!(
             "no configuration of {gpus} devices holds the model: every pipeline depth up to {} \
              runs out of memory for every micro-batch size tried ({sizes:?})",
@@ -289,8 +352,126 @@ pub fn search(
         solved,
         pruned_by_memory,
         infeasible,
+        complete,
         search_secs: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Configurations known not to fit. A stage's memory grows with the micro-batch size (its
+/// activations) and with the micro-batch count (the schedule's in-flight count never falls as
+/// m grows), and does not depend on D or on which devices of the same kinds hold the stages.
+/// So when (K, kinds, schedule, b, m) does not fit, no (K, kinds, schedule, b' ≥ b, m' ≥ m)
+/// does: it is skipped without solving.
+type MemoryClass = (usize, Schedule, Vec<String>);
+
+#[derive(Default)]
+struct MemoryMemo {
+    /// (K, in-flight schedule class, device kinds) → the (b, m) that did not fit.
+    infeasible: BTreeMap<MemoryClass, Vec<(u64, u64)>>,
+}
+
+impl MemoryMemo {
+    /// What decides the in-flight counts ([`crate::cost::in_flight_microbatches`]): nothing in
+    /// inference (one micro-batch), m under GPipe, min(m, K) under 1F1B.
+    fn in_flight_class(key: &ConfigurationKey, mode: Mode) -> (Schedule, u64) {
+        match (mode, key.schedule) {
+            (Mode::Inference, _) => (Schedule::OneFOneB, 1),
+            (_, Schedule::GPipe) => (Schedule::GPipe, key.microbatches),
+            (_, Schedule::OneFOneB) => {
+                (Schedule::OneFOneB, key.microbatches.min(key.stages as u64))
+            }
+        }
+    }
+
+    fn rules_out(&self, key: &ConfigurationKey, mode: Mode, kinds: &[String]) -> bool {
+        let (schedule, m) = Self::in_flight_class(key, mode);
+        self.infeasible
+            .get(&(key.stages, schedule, kinds.to_vec()))
+            .is_some_and(|known| {
+                known
+                    .iter()
+                    .any(|&(b0, m0)| key.microbatch_size >= b0 && m >= m0)
+            })
+    }
+
+    fn record(&mut self, key: &ConfigurationKey, mode: Mode, kinds: Vec<String>) {
+        let (schedule, m) = Self::in_flight_class(key, mode);
+        self.infeasible
+            .entry((key.stages, schedule, kinds))
+            .or_default()
+            .push((key.microbatch_size, m));
+    }
+}
+
+/// The device kinds of a pipeline, in stage order.
+fn kinds_of(cluster: &Cluster, devices: &[DeviceId]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|&d| cluster.device(d).name.clone())
+        .collect()
+}
+
+/// The pipeline depths tried: every depth up to 16, the powers of two, and the divisors of the
+/// model's layer count and their doublings (with and without the embedding and head layers that
+/// [`super::layers::find_layers`] counts), which are the depths that cut between whole layers.
+/// Depths beyond twice the layer count are left out (stages would split inside layers while the
+/// bubble keeps growing), and so is a depth like 341 on 1,023 GPUs, which cannot balance whole
+/// layers: trying every depth up to a thousand GPUs costs minutes. `all` tries every depth.
+pub fn stage_counts(graph: &Graph, gpus: usize, all: bool) -> Vec<usize> {
+    let limit = gpus.min(graph.node_count()).max(1);
+    if all {
+        return (1..=limit).collect();
+    }
+    let names: Vec<String> = graph
+        .topological_order()
+        .iter()
+        .map(|&id| graph.node(id).name.clone())
+        .collect();
+    let layers = super::layers::find_layers(&names).len();
+    let mut depths: Vec<usize> = (1..=16).collect();
+    depths.extend(
+        std::iter::successors(Some(1usize), |k| k.checked_mul(2)).take_while(|&k| k <= limit),
+    );
+    for count in [layers, layers.saturating_sub(2)]
+        .into_iter()
+        .filter(|&c| c > 0)
+    {
+        for k in (1..=count).filter(|k| count % k == 0) {
+            depths.extend(
+                std::iter::successors(Some(k), |k| k.checked_mul(2)).take_while(|&k| k <= limit),
+            );
+        }
+    }
+    // Deeper than two stages per layer, stages split inside layers: the bubble grows with K
+    // while the stage time stops falling (layers are the unit of balanced work).
+    let deepest = if layers > 1 {
+        (2 * layers).max(16)
+    } else {
+        limit
+    };
+    depths.retain(|&k| k <= limit.min(deepest));
+    depths.sort_unstable();
+    depths.dedup();
+    depths
+}
+
+/// No K-stage pipeline of m micro-batches takes less than this per step, T being one
+/// micro-batch's compute on the fastest device (forward and backward in training) and F its
+/// forward part. The stage s* with the largest time t* does m micro-batches of work, so
+/// step ≥ m·t* ≥ m·T/K. Each stage runs its forwards in micro-batch order, and micro-batch m
+/// still has to pass every other stage's forward and every backward after its turn on s*,
+/// while micro-batch 1 had to reach s* first: step ≥ T + (m − 1)·f* ≥ T + (m − 1)·F/K, with
+/// f* the largest stage forward (F = T in inference).
+fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u64) -> f64 {
+    let k = stages as f64;
+    let m = microbatches as f64;
+    let forward_secs = match mode {
+        Mode::Inference => total_secs,
+        Mode::Training {
+            backward_factor, ..
+        } => total_secs / (1.0 + backward_factor),
+    };
+    (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
 }
 
 /// Whether `a` ranks before `b`: more samples per second, then fewer GPUs, then the key order.
@@ -400,6 +581,54 @@ pub fn evaluate(
     request: &SearchRequest,
     key: ConfigurationKey,
 ) -> Result<Option<Configuration>, Error> {
+    evaluate_with(
+        graph,
+        cluster,
+        request,
+        key,
+        &mut SolvedPipelines::default(),
+    )
+}
+
+/// DP results by everything the DP sees: the micro-batch size, and per stage its device kind,
+/// memory, in-flight count and incoming link. Different D, m or placements often give the same
+/// pipeline (replica 0 on devices 0..K for every D, the same in-flight counts for every m ≥ K
+/// under 1F1B), which is then solved once.
+/// A stage as the DP sees it: device kind, capacity, in-flight count, incoming link (bits of the
+/// bandwidth and latency).
+type StageSignature = (String, u64, u64, u64, u64);
+
+#[derive(Default)]
+struct SolvedPipelines {
+    solved: BTreeMap<(u64, Vec<StageSignature>), Option<(Vec<StageId>, Evaluation)>>,
+}
+
+impl SolvedPipelines {
+    fn signature(problem: &PartitionProblem) -> Vec<StageSignature> {
+        problem
+            .stages()
+            .iter()
+            .map(|s| {
+                let (bandwidth, latency) = s.link_in.unwrap_or((0.0, 0.0));
+                (
+                    s.device_name.clone(),
+                    s.capacity_bytes,
+                    s.in_flight,
+                    bandwidth.to_bits(),
+                    latency.to_bits(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn evaluate_with(
+    graph: &Graph,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+    cache: &mut SolvedPipelines,
+) -> Result<Option<Configuration>, Error> {
     let ConfigurationKey {
         stages: k,
         data_parallel: d,
@@ -416,11 +645,20 @@ pub fn evaluate(
         )));
     }
     let replicas = placement.replicas(k, d);
-    let problem = PartitionProblem::new(graph, cluster, &replicas[0], settings(request, schedule, m))?;
-    let Some(order) = dp::solve(&problem) else {
+    let problem =
+        PartitionProblem::new(graph, cluster, &replicas[0], settings(request, schedule, m))?;
+    let solved = cache
+        .solved
+        .entry((key.microbatch_size, SolvedPipelines::signature(&problem)))
+        .or_insert_with(|| {
+            dp::solve(&problem).map(|order| {
+                let evaluation = problem.evaluate(&order.stage_of);
+                (order.stage_of, evaluation)
+            })
+        });
+    let Some((stage_of, evaluation)) = solved.clone() else {
         return Ok(None);
     };
-    let evaluation = problem.evaluate(&order.stage_of);
     let figures: Vec<StageFiguresSecs> = evaluation
         .stages
         .iter()
@@ -443,7 +681,7 @@ pub fn evaluate(
         Mode::Training { .. } if d > 1 => (0..k)
             .map(|s| {
                 let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
-                cluster.ring_all_reduce_secs(&ring, gradient_bytes(graph, &problem, &order.stage_of, s))
+                cluster.ring_all_reduce_secs(&ring, gradient_bytes(graph, &problem, &stage_of, s))
             })
             .collect(),
         _ => vec![0.0; k],
@@ -484,7 +722,11 @@ fn gradient_bytes(
     problem
         .params()
         .iter()
-        .filter(|p| p.uses.iter().any(|&u| stage_of[u as usize].index() == stage))
+        .filter(|p| {
+            p.uses
+                .iter()
+                .any(|&u| stage_of[u as usize].index() == stage)
+        })
         .filter_map(|p| graph.tensor_id(&p.name))
         .filter_map(|t| graph.tensor(t).param().map(|param| param.bytes))
         .sum()

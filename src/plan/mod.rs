@@ -24,11 +24,11 @@ use sha2::{Digest, Sha256};
 
 use crate::cost::{Catalog, Cluster, ClusterLayout, DeviceId, Mode, Schedule, UnknownOpCost};
 use crate::graph::Graph;
+use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::partition::{
     Baseline, CostSettings, PartitionProblem, Solution, SolveStatus, SolverKind, StageCount,
     StageId,
 };
-use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
 
