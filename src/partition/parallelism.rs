@@ -598,9 +598,12 @@ pub fn evaluate(
 /// bandwidth and latency).
 type StageSignature = (String, u64, u64, u64, u64);
 
+/// The DP's assignment and its figures.
+type SolvedPipeline = (Vec<StageId>, Evaluation);
+
 #[derive(Default)]
 struct SolvedPipelines {
-    solved: BTreeMap<(u64, Vec<StageSignature>), Option<(Vec<StageId>, Evaluation)>>,
+    solved: BTreeMap<(u64, Vec<StageSignature>), Option<SolvedPipeline>>,
 }
 
 impl SolvedPipelines {
