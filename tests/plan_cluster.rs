@@ -28,7 +28,7 @@ fn pipecut(args: &[&str]) -> (i32, String, String) {
 /// as fast as each (it may skip them, never beat itself with one it skipped).
 #[test]
 fn search_is_never_worse_than_any_enumerated_configuration() {
-    let model = pipecut::onnx::load_model(&common::fixture("gpt2_tiny")).unwrap();
+    let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
     let cluster = Cluster::parse("2x2xA100-80GB", &Catalog::builtin()).unwrap();
     for mode in [Mode::Inference, Mode::training()] {
         let mut request = SearchRequest::new(16, mode);
@@ -88,7 +88,7 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
 
 #[test]
 fn training_pays_for_the_all_reduce_and_inference_does_not() {
-    let model = pipecut::onnx::load_model(&common::fixture("gpt2_tiny")).unwrap();
+    let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
     let cluster = Cluster::parse("2x2xA100-80GB", &Catalog::builtin()).unwrap();
     let mut graph = model.graph.clone();
     ShapeInference::new(DimBindings::new().bind("seq", 32).bind("batch", 2))
