@@ -3,6 +3,7 @@
 mod calibrate;
 mod check;
 mod cost;
+mod export;
 mod inspect;
 mod partition;
 
@@ -47,6 +48,11 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
+    #[command(
+        after_help = "Examples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
+    )]
+    Export(export::ExportArgs),
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -87,6 +93,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
+        Command::Export(args) => export::run(args),
     }
 }
 
