@@ -27,6 +27,9 @@ pub(crate) fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
         path: dir.to_path_buf(),
         detail,
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(fail("it exists and is not a directory".into()));
+    }
     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
     let meta = std::fs::metadata(dir).map_err(|e| fail(e.to_string()))?;
     if !meta.is_dir() {

@@ -231,3 +231,199 @@ fn stage_of_nodes(graph: &Graph, stages: &[Vec<NodeId>]) -> Result<HashMap<NodeI
     }
     Ok(stage_of)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{DType, Dim, NodeSpec, Param, Storage};
+
+    /// x ─a─▶ t ─b─▶ u ─c─▶ v ─d─▶ out; `t` is also read by c and d and is a model output;
+    /// `mask` is read only by d; `w` is a weight read by a and d.
+    fn chain() -> (Graph, Vec<NodeId>) {
+        let mut b = Graph::builder("g");
+        b.opset("", 17);
+        let shape = Some(vec![Dim::sym("batch"), Dim::Known(4)]);
+        b.input("x", Some(DType::F32), shape.clone()).unwrap();
+        b.input("mask", Some(DType::F32), shape).unwrap();
+        let param = Param {
+            bytes: 16,
+            storage: Storage::Declared,
+        };
+        b.parameter("w", DType::F32, &[4], param, None).unwrap();
+        let a = b.node(NodeSpec::new("a", "Add", &["x", "w"], &["t"])).unwrap();
+        let bn = b.node(NodeSpec::new("b", "Relu", &["t"], &["u"])).unwrap();
+        let c = b
+            .node(NodeSpec::new("c", "Add", &["u", "t"], &["v"]))
+            .unwrap();
+        let d = b
+            .node(NodeSpec::new("d", "Sum", &["v", "t", "mask", "w"], &["out"]))
+            .unwrap();
+        b.output("out");
+        b.output("t");
+        (b.build().unwrap(), vec![a, bn, c, d])
+    }
+
+    fn name(graph: &Graph, id: TensorId) -> &str {
+        &graph.tensor(id).name
+    }
+
+    fn inputs(graph: &Graph, stage: &StageRoutes) -> Vec<(String, Source)> {
+        stage
+            .inputs
+            .iter()
+            .map(|&(t, s)| (name(graph, t).to_string(), s))
+            .collect()
+    }
+
+    fn outputs(graph: &Graph, stage: &StageRoutes) -> Vec<(String, Vec<Destination>)> {
+        stage
+            .outputs
+            .iter()
+            .map(|(t, d)| (name(graph, *t).to_string(), d.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_tensor_read_by_two_later_stages_is_made_once_and_sent_to_each() {
+        let (graph, n) = chain();
+        let routes = Routes::new(&graph, &[vec![n[0]], vec![n[1]], vec![n[2]], vec![n[3]]]).unwrap();
+        // `t` leaves stage 0 once, for stages 1, 2 and 3 and out of the model.
+        assert_eq!(
+            outputs(&graph, &routes.stages[0]),
+            vec![(
+                "t".to_string(),
+                vec![
+                    Destination::Stage(1),
+                    Destination::Stage(2),
+                    Destination::Stage(3),
+                    Destination::ModelOutput
+                ]
+            )]
+        );
+        for s in 1..4 {
+            assert!(inputs(&graph, &routes.stages[s]).contains(&("t".into(), Source::Stage(0))));
+            // No stage but 0 sends `t`: it is never recomputed or relayed.
+            assert!(!outputs(&graph, &routes.stages[s]).iter().any(|(t, _)| t == "t"));
+        }
+        assert_eq!(
+            inputs(&graph, &routes.stages[2]),
+            vec![("t".into(), Source::Stage(0)), ("u".into(), Source::Stage(1))]
+        );
+    }
+
+    #[test]
+    fn a_model_output_made_mid_pipeline_leaves_from_its_stage() {
+        let (graph, n) = chain();
+        let routes = Routes::new(&graph, &[vec![n[0], n[1]], vec![n[2], n[3]]]).unwrap();
+        let names: Vec<(&str, Source)> = routes
+            .model_outputs
+            .iter()
+            .map(|&(t, s)| (name(&graph, t), s))
+            .collect();
+        assert_eq!(names, vec![("out", Source::Stage(1)), ("t", Source::Stage(0))]);
+        assert_eq!(
+            outputs(&graph, &routes.stages[0]),
+            vec![
+                (
+                    "t".into(),
+                    vec![Destination::Stage(1), Destination::ModelOutput]
+                ),
+                ("u".into(), vec![Destination::Stage(1)])
+            ]
+        );
+        assert_eq!(
+            outputs(&graph, &routes.stages[1]),
+            vec![("out".into(), vec![Destination::ModelOutput])]
+        );
+    }
+
+    #[test]
+    fn a_graph_input_read_late_goes_straight_to_its_reader() {
+        let (graph, n) = chain();
+        let routes = Routes::new(&graph, &[vec![n[0]], vec![n[1], n[2]], vec![n[3]]]).unwrap();
+        assert_eq!(
+            inputs(&graph, &routes.stages[0]),
+            vec![("x".into(), Source::ModelInput)]
+        );
+        assert_eq!(
+            inputs(&graph, &routes.stages[2]),
+            vec![
+                ("mask".into(), Source::ModelInput),
+                ("t".into(), Source::Stage(0)),
+                ("v".into(), Source::Stage(1))
+            ]
+        );
+        // The weight is held by both stages that read it and sent by neither.
+        let w = graph.tensor_id("w").unwrap();
+        assert_eq!(routes.stages[0].parameters, vec![w]);
+        assert!(routes.stages[1].parameters.is_empty());
+        assert_eq!(routes.stages[2].parameters, vec![w]);
+    }
+
+    #[test]
+    fn weights_and_inputs_that_are_model_outputs_are_routed() {
+        let mut b = Graph::builder("g");
+        b.opset("", 17);
+        b.input("x", Some(DType::F32), Some(vec![Dim::Known(2)]))
+            .unwrap();
+        let param = Param {
+            bytes: 8,
+            storage: Storage::Declared,
+        };
+        b.parameter("w", DType::F32, &[2], param, None).unwrap();
+        let a = b.node(NodeSpec::new("a", "Relu", &["x"], &["y"])).unwrap();
+        let c = b.node(NodeSpec::new("c", "Relu", &["y"], &["z"])).unwrap();
+        b.output("z");
+        b.output("w");
+        b.output("x");
+        let graph = b.build().unwrap();
+        let routes = Routes::new(&graph, &[vec![a], vec![c]]).unwrap();
+        let sources: Vec<Source> = routes.model_outputs.iter().map(|&(_, s)| s).collect();
+        assert_eq!(
+            sources,
+            vec![Source::Stage(1), Source::Stage(1), Source::ModelInput]
+        );
+        let w = graph.tensor_id("w").unwrap();
+        assert_eq!(routes.stages[1].parameters, vec![w]);
+        assert_eq!(
+            outputs(&graph, &routes.stages[1]),
+            vec![
+                ("z".into(), vec![Destination::ModelOutput]),
+                ("w".into(), vec![Destination::ModelOutput])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_stage_whose_results_nobody_reads_keeps_an_output() {
+        let mut b = Graph::builder("g");
+        b.opset("", 17);
+        b.input("x", Some(DType::F32), Some(vec![Dim::Known(2)]))
+            .unwrap();
+        let a = b.node(NodeSpec::new("a", "Relu", &["x"], &["y"])).unwrap();
+        let dead = b.node(NodeSpec::new("dead", "Neg", &["x"], &["n"])).unwrap();
+        b.output("y");
+        let graph = b.build().unwrap();
+        let routes = Routes::new(&graph, &[vec![a], vec![dead]]).unwrap();
+        assert_eq!(outputs(&graph, &routes.stages[1]), vec![("n".into(), vec![])]);
+    }
+
+    #[test]
+    fn bad_stages_are_refused_with_the_node_named() {
+        let (graph, n) = chain();
+        let err = Routes::new(&graph, &[vec![n[2], n[3]], vec![n[0], n[1]]]).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::NonConvexStages { producer_stage: 1, consumer_stage: 0, .. }
+            ),
+            "{err}"
+        );
+        let err = Routes::new(&graph, &[vec![n[0], n[1]], vec![n[1], n[2], n[3]]]).unwrap_err();
+        assert!(err.to_string().contains("node 'b' is on stages 0 and 1"), "{err}");
+        let err = Routes::new(&graph, &[vec![n[0], n[1], n[2]]]).unwrap_err();
+        assert!(err.to_string().contains("node 'd' is on no stage"), "{err}");
+        let err = Routes::new(&graph, &[]).unwrap_err();
+        assert!(err.to_string().contains("no stages"), "{err}");
+    }
+}
