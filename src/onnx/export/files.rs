@@ -126,7 +126,9 @@ fn symlink(source: &Path, link: &Path) -> std::io::Result<()> {
     #[cfg(not(any(unix, windows)))]
     {
         let _ = (absolute, link);
-        Err(std::io::Error::other("symbolic links are not supported here"))
+        Err(std::io::Error::other(
+            "symbolic links are not supported here",
+        ))
     }
 }
 

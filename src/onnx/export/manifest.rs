@@ -259,7 +259,8 @@ pub(crate) fn stage_file_name(stage: usize) -> String {
 }
 
 fn node_name(graph: &Graph, node: Option<&crate::graph::NodeId>) -> String {
-    node.map(|&n| graph.node(n).name.clone()).unwrap_or_default()
+    node.map(|&n| graph.node(n).name.clone())
+        .unwrap_or_default()
 }
 
 fn describe(graph: &Graph, id: TensorId) -> ManifestTensor {

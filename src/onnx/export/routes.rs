@@ -95,11 +95,7 @@ impl Routes {
                                 .iter()
                                 .position(|&t| t == tensor_id)
                                 .unwrap_or(usize::MAX);
-                            received[consumer_stage].insert((
-                                Source::ModelInput,
-                                order,
-                                tensor_id,
-                            ));
+                            received[consumer_stage].insert((Source::ModelInput, order, tensor_id));
                         }
                         TensorOrigin::Parameter(_) => {
                             parameters[consumer_stage].insert(tensor_id);
@@ -158,7 +154,9 @@ impl Routes {
             for &node_id in &stage.nodes {
                 for &tensor_id in graph.node(node_id).outputs.iter().flatten() {
                     if let Some(destinations) = sent.remove(&tensor_id) {
-                        stage.outputs.push((tensor_id, destinations.into_iter().collect()));
+                        stage
+                            .outputs
+                            .push((tensor_id, destinations.into_iter().collect()));
                     }
                 }
             }
@@ -250,13 +248,20 @@ mod tests {
             storage: Storage::Declared,
         };
         b.parameter("w", DType::F32, &[4], param, None).unwrap();
-        let a = b.node(NodeSpec::new("a", "Add", &["x", "w"], &["t"])).unwrap();
+        let a = b
+            .node(NodeSpec::new("a", "Add", &["x", "w"], &["t"]))
+            .unwrap();
         let bn = b.node(NodeSpec::new("b", "Relu", &["t"], &["u"])).unwrap();
         let c = b
             .node(NodeSpec::new("c", "Add", &["u", "t"], &["v"]))
             .unwrap();
         let d = b
-            .node(NodeSpec::new("d", "Sum", &["v", "t", "mask", "w"], &["out"]))
+            .node(NodeSpec::new(
+                "d",
+                "Sum",
+                &["v", "t", "mask", "w"],
+                &["out"],
+            ))
             .unwrap();
         b.output("out");
         b.output("t");
@@ -286,7 +291,8 @@ mod tests {
     #[test]
     fn a_tensor_read_by_two_later_stages_is_made_once_and_sent_to_each() {
         let (graph, n) = chain();
-        let routes = Routes::new(&graph, &[vec![n[0]], vec![n[1]], vec![n[2]], vec![n[3]]]).unwrap();
+        let routes =
+            Routes::new(&graph, &[vec![n[0]], vec![n[1]], vec![n[2]], vec![n[3]]]).unwrap();
         // `t` leaves stage 0 once, for stages 1, 2 and 3 and out of the model.
         assert_eq!(
             outputs(&graph, &routes.stages[0]),
@@ -303,11 +309,16 @@ mod tests {
         for s in 1..4 {
             assert!(inputs(&graph, &routes.stages[s]).contains(&("t".into(), Source::Stage(0))));
             // No stage but 0 sends `t`: it is never recomputed or relayed.
-            assert!(!outputs(&graph, &routes.stages[s]).iter().any(|(t, _)| t == "t"));
+            assert!(!outputs(&graph, &routes.stages[s])
+                .iter()
+                .any(|(t, _)| t == "t"));
         }
         assert_eq!(
             inputs(&graph, &routes.stages[2]),
-            vec![("t".into(), Source::Stage(0)), ("u".into(), Source::Stage(1))]
+            vec![
+                ("t".into(), Source::Stage(0)),
+                ("u".into(), Source::Stage(1))
+            ]
         );
     }
 
@@ -320,7 +331,10 @@ mod tests {
             .iter()
             .map(|&(t, s)| (name(&graph, t), s))
             .collect();
-        assert_eq!(names, vec![("out", Source::Stage(1)), ("t", Source::Stage(0))]);
+        assert_eq!(
+            names,
+            vec![("out", Source::Stage(1)), ("t", Source::Stage(0))]
+        );
         assert_eq!(
             outputs(&graph, &routes.stages[0]),
             vec![
@@ -401,11 +415,16 @@ mod tests {
         b.input("x", Some(DType::F32), Some(vec![Dim::Known(2)]))
             .unwrap();
         let a = b.node(NodeSpec::new("a", "Relu", &["x"], &["y"])).unwrap();
-        let dead = b.node(NodeSpec::new("dead", "Neg", &["x"], &["n"])).unwrap();
+        let dead = b
+            .node(NodeSpec::new("dead", "Neg", &["x"], &["n"]))
+            .unwrap();
         b.output("y");
         let graph = b.build().unwrap();
         let routes = Routes::new(&graph, &[vec![a], vec![dead]]).unwrap();
-        assert_eq!(outputs(&graph, &routes.stages[1]), vec![("n".into(), vec![])]);
+        assert_eq!(
+            outputs(&graph, &routes.stages[1]),
+            vec![("n".into(), vec![])]
+        );
     }
 
     #[test]
@@ -415,12 +434,19 @@ mod tests {
         assert!(
             matches!(
                 &err,
-                Error::NonConvexStages { producer_stage: 1, consumer_stage: 0, .. }
+                Error::NonConvexStages {
+                    producer_stage: 1,
+                    consumer_stage: 0,
+                    ..
+                }
             ),
             "{err}"
         );
         let err = Routes::new(&graph, &[vec![n[0], n[1]], vec![n[1], n[2], n[3]]]).unwrap_err();
-        assert!(err.to_string().contains("node 'b' is on stages 0 and 1"), "{err}");
+        assert!(
+            err.to_string().contains("node 'b' is on stages 0 and 1"),
+            "{err}"
+        );
         let err = Routes::new(&graph, &[vec![n[0], n[1], n[2]]]).unwrap_err();
         assert!(err.to_string().contains("node 'd' is on no stage"), "{err}");
         let err = Routes::new(&graph, &[]).unwrap_err();

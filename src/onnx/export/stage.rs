@@ -164,7 +164,12 @@ pub(crate) fn build_stage(
             out.initializer.push(tensor.clone());
         } else if let Some(&position) = index.sparse_position.get(name) {
             let sparse = &original.sparse_initializer[position];
-            for part in sparse.values.as_ref().into_iter().chain(sparse.indices.as_ref()) {
+            for part in sparse
+                .values
+                .as_ref()
+                .into_iter()
+                .chain(sparse.indices.as_ref())
+            {
                 note_external(part, &mut external_locations);
             }
             out.sparse_initializer.push(sparse.clone());
