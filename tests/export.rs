@@ -376,10 +376,40 @@ fn stages_that_are_not_a_partition_or_not_convex_are_refused() {
             "not convex and ordered",
         ),
         (vec![order.clone(), Vec::new()], "stage 1 has no nodes"),
+        // Valid stages, but the graph was never typed: the boundary cannot be declared.
+        (contiguous_stages(&order, 2), "run shape inference"),
     ];
     for (stages, expected) in cases {
         let err = export_stages(&path, &model.graph, &stages, out.path()).unwrap_err();
         assert!(err.to_string().contains(expected), "{err}");
     }
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_failed_export_leaves_no_manifest_and_takes_its_files_back() {
+    let path = common::fixture("mlp");
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    ShapeInference::new(DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let stages = contiguous_stages(model.graph.topological_order(), 2);
+    let out = out_dir("failed");
+    export_stages(&path, &model.graph, &stages, out.path()).unwrap();
+    // Make stage_1.onnx impossible to write: a non-empty directory of that name.
+    let blocker = out.path().join("stage_1.onnx");
+    std::fs::remove_file(&blocker).unwrap();
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("keep"), b"").unwrap();
+    let err = export_stages(&path, &model.graph, &stages, out.path()).unwrap_err();
+    assert!(
+        matches!(err, pipecut::Error::Write { .. }) && err.to_string().contains("stage_1.onnx"),
+        "{err}"
+    );
+    let left: BTreeSet<String> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    // Only the blocker remains: no manifest, no stage_0.onnx, no temporary file.
+    assert_eq!(left, BTreeSet::from(["stage_1.onnx".to_string()]));
 }

@@ -35,8 +35,11 @@
 //! # Files
 //!
 //! Every file is written under a temporary name and renamed into place, so no half-written
-//! file is ever left under a final name; the manifest is written last, so its presence means
-//! the export is complete. On an error, the files this export already wrote are removed.
+//! file is ever left under a final name. A manifest from an earlier export is removed first and
+//! the new one is written last, so its presence means the export is complete. On an error, the
+//! files this export already wrote are removed. Stage files of an earlier export with more
+//! stages (`stage_5.onnx` after a 4-stage export) are left alone: the manifest lists the files
+//! that belong to it.
 //!
 //! ```
 //! use pipecut::onnx::export::export_stages;
@@ -152,6 +155,18 @@ fn write_all(
     out_dir: &Path,
     written: &mut Vec<PathBuf>,
 ) -> Result<Manifest, Error> {
+    // A manifest left by an earlier export would describe files this one is replacing: take it
+    // away first, so that a directory whose export fails midway never looks complete.
+    let manifest_path = out_dir.join(MANIFEST_FILE);
+    match std::fs::remove_file(&manifest_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::Write {
+                path: manifest_path,
+                source: e,
+            })
+        }
+        _ => {}
+    }
     let mut figures = Vec::with_capacity(routes.stages.len());
     let mut locations = std::collections::BTreeSet::new();
     for stage in 0..routes.stages.len() {
@@ -182,7 +197,7 @@ fn write_all(
         });
     }
     let manifest = Manifest::new(graph, routes, model, &figures, external_data);
-    write_atomically(&out_dir.join(MANIFEST_FILE), manifest.to_json().as_bytes())?;
+    write_atomically(&manifest_path, manifest.to_json().as_bytes())?;
     Ok(manifest)
 }
 
