@@ -413,3 +413,34 @@ fn a_failed_export_leaves_no_manifest_and_takes_its_files_back() {
     // Only the blocker remains: no manifest, no stage_0.onnx, no temporary file.
     assert_eq!(left, BTreeSet::from(["stage_1.onnx".to_string()]));
 }
+
+#[test]
+fn bound_dims_make_the_boundaries_concrete() {
+    let path = common::fixture("gpt2_tiny");
+    let reference = common::fixture_reference("gpt2_tiny");
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    let mut bindings = DimBindings::new();
+    for (name, value) in &reference.dims {
+        bindings = bindings.bind(name, *value);
+    }
+    ShapeInference::new(bindings).run(&mut model.graph).unwrap();
+    let out = out_dir("bound");
+    let stages = contiguous_stages(model.graph.topological_order(), 3);
+    let manifest = export_stages(&path, &model.graph, &stages, out.path()).unwrap();
+    let boundary = manifest.stages[1]
+        .inputs
+        .iter()
+        .find(|i| matches!(i.from, TensorSource::Stage { .. }))
+        .expect("stage 1 receives a tensor from stage 0");
+    let shape = boundary.tensor.shape.as_ref().unwrap();
+    assert!(
+        shape
+            .iter()
+            .all(|d| matches!(d, pipecut::onnx::export::ManifestDim::Known(_))),
+        "{shape:?}"
+    );
+    if let Some(python) = python() {
+        let summary = check_stages(&python, &path, out.path(), &reference.dims, false).unwrap();
+        assert_eq!(summary["ok"], true, "{summary}");
+    }
+}
