@@ -15,8 +15,8 @@ use super::{print_stdout, ModelArgs};
 pub struct ExportArgs {
     /// The plan JSON written by `pipecut partition`.
     plan: PathBuf,
-    /// The model the plan was made for. `--dim NAME=V` binds a symbolic dim: boundary tensors
-    /// the model does not declare then carry that size instead of the symbol.
+    /// The model the plan was made for, and `--dim` bindings: boundary tensors the model does
+    /// not declare carry a bound dim's size instead of its symbol.
     #[command(flatten)]
     model: ModelArgs,
     /// Directory for stage_<k>.onnx and manifest.json (created if missing).

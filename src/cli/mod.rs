@@ -50,7 +50,7 @@ enum Command {
     Check(check::CheckArgs),
     /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
     #[command(
-        after_help = "Examples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
+        after_help = "Tensors that cross a stage boundary keep the model's symbolic dims unless --dim binds them.\nSee docs/export.md for the files and the manifest.\n\nExamples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
     )]
     Export(export::ExportArgs),
 }
