@@ -208,6 +208,50 @@ pub enum Error {
     /// A plan file that is not a valid plan for this model and cluster.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),
+
+    /// Stages handed to the exporter that do not hold every node exactly once.
+    #[error("the stages are not a partition of the graph's nodes: {0}")]
+    NotAPartition(String),
+
+    /// A tensor would flow from a later stage back to an earlier one.
+    #[error(
+        "the stages are not convex and ordered: tensor '{tensor}' is made by node '{producer}' on stage {producer_stage} but read by node '{consumer}' on the earlier stage {consumer_stage}"
+    )]
+    NonConvexStages {
+        /// The tensor.
+        tensor: String,
+        /// The node that makes it.
+        producer: String,
+        /// The producer's stage.
+        producer_stage: usize,
+        /// A node that reads it.
+        consumer: String,
+        /// The reader's stage.
+        consumer_stage: usize,
+    },
+
+    /// An output directory that cannot be created or written to.
+    #[error("cannot write to output directory '{}': {detail}", path.display())]
+    OutDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// A file could not be written.
+    #[error("cannot write '{}': {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The model cannot be exported as stage files.
+    #[error("cannot export stages: {0}")]
+    Export(String),
 }
 
 fn quote_list(items: &[String]) -> String {

@@ -15,6 +15,9 @@
 //! shape inference with symbolic dims), over the [`graph`] IR, and [`cost`] (hardware profiles,
 //! roofline op costs, stage memory, transfers).
 //!
+//! [`onnx::export`] writes one runnable ONNX file per stage and a `manifest.json` that routes the
+//! tensors between them (`pipecut export plan.json model.onnx --out-dir stages/`).
+//!
 //! ```
 //! use pipecut::onnx::shape::{DimBindings, ShapeInference};
 //!

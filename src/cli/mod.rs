@@ -3,6 +3,7 @@
 mod calibrate;
 mod check;
 mod cost;
+mod export;
 mod inspect;
 mod partition;
 mod plan_cluster;
@@ -49,6 +50,11 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
+    #[command(
+        after_help = "Tensors that cross a stage boundary keep the model's symbolic dims unless --dim binds them.\nSee docs/export.md for the files and the manifest.\n\nExamples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
+    )]
+    Export(export::ExportArgs),
     /// Use a whole cluster: choose pipeline depth, data-parallel replicas, micro-batching,
     /// schedule and placement; print the best configurations and write the chosen plan.
     #[command(
@@ -109,6 +115,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print_stdout(&pipecut::plan::Plan::json_schema())?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Export(args) => export::run(args),
     }
 }
 

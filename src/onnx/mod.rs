@@ -5,6 +5,7 @@
 //! read: the loader records their file, offset and length and checks only the file's metadata,
 //! so a model with hundreds of gigabytes of weights loads in the time its protobuf takes.
 
+pub mod export;
 pub mod inspect;
 mod load;
 pub mod shape;

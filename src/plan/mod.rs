@@ -895,3 +895,41 @@ impl Plan {
         })
     }
 }
+
+impl Plan {
+    /// The nodes of each stage, as ids of `graph`, for a plan made for the model whose protobuf
+    /// has sha256 `model_sha256`. Refuses a plan made for another model and node names the graph
+    /// does not have; that the stages are a partition and convex is for the consumer to check
+    /// ([`crate::onnx::export::export_stages`] does).
+    pub fn stage_nodes(
+        &self,
+        model_sha256: &str,
+        graph: &Graph,
+    ) -> Result<Vec<Vec<crate::graph::NodeId>>, Error> {
+        if model_sha256 != self.model.sha256 {
+            return Err(Error::InvalidPlan(format!(
+                "it was made for a different model (sha256 {} in the plan, {model_sha256} for this file)",
+                self.model.sha256
+            )));
+        }
+        let by_name: BTreeMap<&str, crate::graph::NodeId> =
+            graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
+        self.stages
+            .iter()
+            .map(|stage| {
+                stage
+                    .nodes
+                    .iter()
+                    .map(|name| {
+                        by_name.get(name.as_str()).copied().ok_or_else(|| {
+                            Error::InvalidPlan(format!(
+                                "stage {} lists node '{name}', which the model does not have",
+                                stage.stage
+                            ))
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}

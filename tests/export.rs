@@ -1,0 +1,446 @@
+//! Phase test: per-stage ONNX export. Every fixture and every fetched real model is cut into
+//! K = 2, 3, 4 contiguous stages of its topological order; each stage file must pass
+//! `onnx.checker` (full check) and the chained stages must reproduce the whole model's outputs
+//! and boundary tensors bit for bit under onnxruntime (`fixtures/check_stages.py`).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pipecut::graph::NodeId;
+use pipecut::onnx::export::{export_stages, Manifest, TensorDestination, TensorSource};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+
+/// The pinned venv's python, or `None` (with the reason printed) when it has not been created.
+fn python() -> Option<PathBuf> {
+    let python = common::root().join(".venv/bin/python");
+    if python.exists() {
+        Some(python)
+    } else {
+        eprintln!(
+            "skipping the onnx/onnxruntime checks: {} is absent (run bash fixtures/pyenv.sh)",
+            python.display()
+        );
+        None
+    }
+}
+
+/// `k` stages of (nearly) equal node counts, contiguous in the topological order.
+fn contiguous_stages(order: &[NodeId], k: usize) -> Vec<Vec<NodeId>> {
+    (0..k)
+        .map(|s| order[s * order.len() / k..(s + 1) * order.len() / k].to_vec())
+        .collect()
+}
+
+/// An output directory on the repository's filesystem, so that external data can be hard-linked.
+fn out_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("export-{name}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// Checks what the manifest promises without running anything: every node on one stage, every
+/// input routed from a model input or an earlier stage's output that lists it, every model
+/// output sent by exactly the stage the manifest names.
+fn check_manifest(manifest: &Manifest, node_count: usize, k: usize, out: &Path) {
+    assert_eq!(manifest.stages.len(), k);
+    let nodes: usize = manifest.stages.iter().map(|s| s.nodes).sum();
+    assert_eq!(nodes, node_count);
+    let model_inputs: BTreeSet<&str> = manifest.inputs.iter().map(|t| t.tensor.as_str()).collect();
+    let mut sent: BTreeMap<&str, (usize, &[TensorDestination])> = BTreeMap::new();
+    for stage in &manifest.stages {
+        assert!(out.join(&stage.file).exists());
+        assert!(stage.file_bytes > 0 && !stage.outputs.is_empty());
+        for input in &stage.inputs {
+            let name = input.tensor.tensor.as_str();
+            match input.from {
+                TensorSource::ModelInput => assert!(model_inputs.contains(name), "{name}"),
+                TensorSource::Stage { stage: from } => {
+                    assert!(from < stage.stage, "{name} flows backwards");
+                    let (producer, to) = sent[name];
+                    assert_eq!(producer, from, "{name}");
+                    assert!(to.contains(&TensorDestination::Stage { stage: stage.stage }));
+                }
+            }
+        }
+        for output in &stage.outputs {
+            let name = output.tensor.tensor.as_str();
+            assert!(
+                sent.insert(name, (stage.stage, &output.to)).is_none(),
+                "{name} is made twice"
+            );
+        }
+    }
+    for output in &manifest.outputs {
+        if let TensorSource::Stage { stage } = output.from {
+            let (producer, to) = sent[output.tensor.as_str()];
+            assert_eq!(producer, stage);
+            assert!(to.contains(&TensorDestination::ModelOutput));
+        }
+    }
+}
+
+/// Runs `fixtures/check_stages.py`; returns its JSON summary or the reason it failed.
+fn check_stages(
+    python: &Path,
+    model: &Path,
+    out: &Path,
+    dims: &[(String, u64)],
+    check_only: bool,
+) -> Result<serde_json::Value, String> {
+    let mut command = Command::new(python);
+    command
+        .arg(common::root().join("fixtures/check_stages.py"))
+        .arg(model)
+        .arg(out);
+    for (name, value) in dims {
+        command.arg("--dim").arg(format!("{name}={value}"));
+    }
+    if check_only {
+        command.arg("--check-only");
+    }
+    let result = command.output().map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    if !result.status.success() {
+        return Err(format!(
+            "{}\n{}",
+            stdout,
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    serde_json::from_str(&stdout).map_err(|e| format!("{e}: {stdout}"))
+}
+
+/// Exports `model` at K = 2, 3, 4 and checks each export; returns the failures.
+fn export_and_check(
+    name: &str,
+    model: &Path,
+    dims: &[(String, u64)],
+    python: Option<&Path>,
+    run_onnxruntime: bool,
+) -> Vec<String> {
+    let mut loaded = pipecut::onnx::load_model(model).unwrap();
+    // No bindings: the stage boundaries keep the model's symbolic dims, as `pipecut export` does
+    // by default.
+    ShapeInference::new(DimBindings::new())
+        .run(&mut loaded.graph)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let graph = &loaded.graph;
+    let mut failures = Vec::new();
+    for k in 2..=4 {
+        let out = out_dir(name);
+        let stages = contiguous_stages(graph.topological_order(), k);
+        let manifest = match export_stages(model, graph, &stages, out.path()) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{name} K={k}: export failed: {e}"));
+                continue;
+            }
+        };
+        check_manifest(&manifest, graph.node_count(), k, out.path());
+        let written = std::fs::read_to_string(out.path().join("manifest.json")).unwrap();
+        assert_eq!(Manifest::from_json(&written).unwrap(), manifest);
+        let Some(python) = python else { continue };
+        match check_stages(python, model, out.path(), dims, !run_onnxruntime) {
+            Ok(summary) => {
+                assert_eq!(summary["ok"], true, "{summary}");
+                if run_onnxruntime {
+                    let compared = summary["compared"].as_u64().unwrap();
+                    assert_eq!(summary["equal"].as_u64(), Some(compared), "{summary}");
+                    // The model outputs and at least one boundary tensor.
+                    assert!(compared > summary["model_outputs"].as_u64().unwrap());
+                }
+                eprintln!(
+                    "{name} K={k}: checker {}, compared {}, equal {}",
+                    summary["checker"], summary["compared"], summary["equal"]
+                );
+            }
+            Err(e) => failures.push(format!("{name} K={k}: {e}")),
+        }
+    }
+    failures
+}
+
+#[test]
+fn fixture_stages_reproduce_the_whole_model() {
+    let python = python();
+    let mut failures = Vec::new();
+    for name in common::FIXTURES {
+        let dims = common::fixture_reference(name).dims;
+        failures.extend(export_and_check(
+            name,
+            &common::fixture(name),
+            &dims,
+            python.as_deref(),
+            true,
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn real_model_stages_reproduce_the_whole_model() {
+    let python = python();
+    let mut failures = Vec::new();
+    for (name, path) in common::real_models() {
+        let dims = common::real_reference(&name).dims;
+        failures.extend(export_and_check(
+            &name,
+            &path,
+            &dims,
+            python.as_deref(),
+            true,
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gpt3_stages_reference_the_external_weights() {
+    // The weights are a 349 GB sparse placeholder of zeros (see fixtures/README.md): the stage
+    // files are exported and checked by onnx.checker, which verifies that every external data
+    // file they name exists; onnxruntime would have to load all of it, so it is not run.
+    eprintln!("gpt3_175b: onnxruntime not run (its weights are a 349 GB sparse placeholder)");
+    let path = common::gpt3_with_placeholder_weights();
+    let python = python();
+    let failures = export_and_check("gpt3_175b", &path, &[], python.as_deref(), false);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    ShapeInference::new(DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let out = out_dir("gpt3_175b");
+    let stages = contiguous_stages(model.graph.topological_order(), 2);
+    let manifest = export_stages(&path, &model.graph, &stages, out.path()).unwrap();
+    assert_eq!(manifest.external_data.len(), 1);
+    let placed = out.path().join(&manifest.external_data[0].location);
+    let original = path.with_file_name(&manifest.external_data[0].location);
+    // A link, not a copy: the same length, and (as a hard link) the same file.
+    assert_eq!(
+        std::fs::metadata(&placed).unwrap().len(),
+        std::fs::metadata(&original).unwrap().len()
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            std::fs::metadata(&placed).unwrap().ino(),
+            std::fs::metadata(&original).unwrap().ino()
+        );
+    }
+    // The stage files stay small: the weights are not embedded.
+    for stage in &manifest.stages {
+        assert!(stage.file_bytes < 2_000_000, "{}", stage.file_bytes);
+    }
+}
+
+fn pipecut(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A 3-stage plan for gpt2_tiny, written by `pipecut partition`.
+fn gpt2_plan(dir: &Path) -> PathBuf {
+    let plan = dir.join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        "fixtures/models/gpt2_tiny.onnx",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+        "--devices",
+        "L4,L4,L4,L4",
+        "--stages",
+        "3",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    plan
+}
+
+#[test]
+fn cli_exports_a_plan() {
+    let dir = out_dir("cli");
+    let plan = gpt2_plan(dir.path());
+    let out = dir.path().join("stages");
+    let (code, table, err) = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        "fixtures/models/gpt2_tiny.onnx",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        table.contains("stage_2.onnx") && table.contains("initializers"),
+        "{table}"
+    );
+    let (code, json, err) = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        "fixtures/models/gpt2_tiny.onnx",
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let manifest = Manifest::from_json(&json).unwrap();
+    // The stages are the plan's, node for node.
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    for (stage, planned) in manifest
+        .stages
+        .iter()
+        .zip(plan["stages"].as_array().unwrap())
+    {
+        assert_eq!(stage.nodes as u64, planned["node_count"].as_u64().unwrap());
+        assert_eq!(stage.first_node, planned["first_node"].as_str().unwrap());
+        assert_eq!(stage.last_node, planned["last_node"].as_str().unwrap());
+    }
+    if let Some(python) = python() {
+        let dims = common::fixture_reference("gpt2_tiny").dims;
+        let summary =
+            check_stages(&python, &common::fixture("gpt2_tiny"), &out, &dims, false).unwrap();
+        assert_eq!(summary["ok"], true, "{summary}");
+    }
+}
+
+#[test]
+fn cli_refuses_a_plan_for_another_model() {
+    let dir = out_dir("cli-sha");
+    let plan = gpt2_plan(dir.path());
+    let out = dir.path().join("stages");
+    let (code, _, err) = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        "fixtures/models/llama_tiny.onnx",
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("different model") && err.contains("sha256"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing is written for a refused plan");
+}
+
+#[test]
+fn cli_reports_an_unwritable_out_dir() {
+    let dir = out_dir("cli-unwritable");
+    let plan = gpt2_plan(dir.path());
+    // A directory cannot be made under a regular file, whoever runs the test (root included).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let (code, _, err) = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        "fixtures/models/gpt2_tiny.onnx",
+        "--out-dir",
+        file.join("stages").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot write to output directory"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn stages_that_are_not_a_partition_or_not_convex_are_refused() {
+    let path = common::fixture("mlp");
+    let model = pipecut::onnx::load_model(&path).unwrap();
+    let order = model.graph.topological_order().to_vec();
+    let out = out_dir("bad-stages");
+    let half = order.len() / 2;
+    let cases: Vec<(Vec<Vec<NodeId>>, &str)> = vec![
+        (vec![order[..half].to_vec()], "is on no stage"),
+        (
+            vec![order[..half + 1].to_vec(), order[half..].to_vec()],
+            "is on stages 0 and 1",
+        ),
+        (
+            vec![order[half..].to_vec(), order[..half].to_vec()],
+            "not convex and ordered",
+        ),
+        (vec![order.clone(), Vec::new()], "stage 1 has no nodes"),
+        // Valid stages, but the graph was never typed: the boundary cannot be declared.
+        (contiguous_stages(&order, 2), "run shape inference"),
+    ];
+    for (stages, expected) in cases {
+        let err = export_stages(&path, &model.graph, &stages, out.path()).unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_failed_export_leaves_no_manifest_and_takes_its_files_back() {
+    let path = common::fixture("mlp");
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    ShapeInference::new(DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let stages = contiguous_stages(model.graph.topological_order(), 2);
+    let out = out_dir("failed");
+    export_stages(&path, &model.graph, &stages, out.path()).unwrap();
+    // Make stage_1.onnx impossible to write: a non-empty directory of that name.
+    let blocker = out.path().join("stage_1.onnx");
+    std::fs::remove_file(&blocker).unwrap();
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("keep"), b"").unwrap();
+    let err = export_stages(&path, &model.graph, &stages, out.path()).unwrap_err();
+    assert!(
+        matches!(err, pipecut::Error::Write { .. }) && err.to_string().contains("stage_1.onnx"),
+        "{err}"
+    );
+    let left: BTreeSet<String> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    // Only the blocker remains: no manifest, no stage_0.onnx, no temporary file.
+    assert_eq!(left, BTreeSet::from(["stage_1.onnx".to_string()]));
+}
+
+#[test]
+fn bound_dims_make_the_boundaries_concrete() {
+    let path = common::fixture("gpt2_tiny");
+    let reference = common::fixture_reference("gpt2_tiny");
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    let mut bindings = DimBindings::new();
+    for (name, value) in &reference.dims {
+        bindings = bindings.bind(name, *value);
+    }
+    ShapeInference::new(bindings).run(&mut model.graph).unwrap();
+    let out = out_dir("bound");
+    let stages = contiguous_stages(model.graph.topological_order(), 3);
+    let manifest = export_stages(&path, &model.graph, &stages, out.path()).unwrap();
+    let boundary = manifest.stages[1]
+        .inputs
+        .iter()
+        .find(|i| matches!(i.from, TensorSource::Stage { .. }))
+        .expect("stage 1 receives a tensor from stage 0");
+    let shape = boundary.tensor.shape.as_ref().unwrap();
+    assert!(
+        shape
+            .iter()
+            .all(|d| matches!(d, pipecut::onnx::export::ManifestDim::Known(_))),
+        "{shape:?}"
+    );
+    if let Some(python) = python() {
+        let summary = check_stages(&python, &path, out.path(), &reference.dims, false).unwrap();
+        assert_eq!(summary["ok"], true, "{summary}");
+    }
+}
