@@ -1,0 +1,531 @@
+//! The exact solver over all convex, ordered partitions: a mixed-integer linear program, modelled
+//! with `good_lp` and solved by branch and bound, under a wall-clock deadline.
+//!
+//! The DP (dp.rs) is exact only among partitions that are contiguous in one topological order;
+//! on a DAG with parallel branches a better convex partition may interleave the order. The MILP
+//! searches them all, starts from the DP's plan (so it is never worse), and proves optimality
+//! when it finishes before the deadline; otherwise it keeps the best plan found and a proven
+//! lower bound, from which the caller reports the gap.
+//!
+//! # Formulation (positions `v`, stages `s = 0..K`, boundaries `b = 0..K−1`)
+//! - `y[v][b] ∈ {0,1}`: node `v` is on a stage `≤ b`. Monotone: `y[v][b] ≤ y[v][b+1]`; the
+//!   stage of `v` is `Σ_b (1 − y[v][b])`, and `x[v][s] = y[v][s] − y[v][s−1]` (with
+//!   `y[v][−1] = 0`, `y[v][K−1] = 1`) says "`v` is on stage `s`".
+//! - Convex and ordered: for every edge `u → v`, `y[v][b] ≤ y[u][b]` (if `v` is on a stage
+//!   `≤ b`, so is `u`). Every stage is used: `Σ_v x[v][s] ≥ 1`.
+//! - Cut tensors: `z[f][b] ∈ [0,1]` with `z[f][b] ≥ y[p][b] − y[c][b]` for the producer `p` and
+//!   every consumer `c` of flow `f`: the flow crosses boundary `b` iff its producer is before it
+//!   and some reader after it, which under relaying (problem.rs) is exactly when stage `b+1`
+//!   receives it. `z` needs no integrality: it only appears with non-negative coefficients on
+//!   the small side of `≤` constraints and in the minimised byte objective, so some optimum has
+//!   it at its lower bound, which is 0 or 1 once `y` is integral.
+//! - Parameters held: `h[w][s] ∈ [0,1]`, `h[w][s] ≥ x[u][s]` for every reader `u` of weight `w`
+//!   (a weight shared by several nodes of a stage is counted once).
+//! - Time: `Σ_v t_s(v)·x[v][s] + Σ_f (λ_s + bytes_f/β_s)·z[f][s−1]
+//!   (+ in training Σ_f (λ_{s+1} + bytes_f/β_{s+1})·z[f][s]) ≤ T` for every stage, exactly
+//!   [`PartitionProblem::evaluate`]'s model (λ latency, β bandwidth of the link into a stage).
+//! - Memory: `Σ_w footprint_w·h[w][s] + m_s·(Σ_v a(v)·x[v][s] + Σ_f bytes_f·z[f][s−1]) ≤ M_s`,
+//!   with `m_s` the micro-batches the schedule keeps in flight on stage `s`.
+//! - Objective: minimise `T`, bounded below by [`PartitionProblem::lower_bound_secs`] and above
+//!   by the incumbent's bottleneck. Then, with every stage time held at the optimum found, a
+//!   second solve minimises the bytes crossing boundaries (`Σ bytes_f·z[f][b]`), the tie-break.
+//!
+//! Times are scaled by the incumbent's bottleneck and memory rows by the stage's capacity, so
+//! every coefficient the solver sees is of order 1 (raw seconds are ~10⁻⁶, bytes ~10¹⁰).
+//!
+//! Every answer is decoded into a stage per node, checked with
+//! [`PartitionProblem::check_assignment`] and re-evaluated with [`PartitionProblem::evaluate`];
+//! the solver's own objective is never reported.
+//!
+//! # Backend
+//! `good_lp` with `microlp` (pure Rust branch and bound over a dual simplex). Measured on the
+//! project's 2-core machine (debug profile, from a clean target directory, shared with other
+//! builds): `good_lp` + `microlp` add 30 s; `good_lp` + `highs` (HiGHS built from C++ source by
+//! `highs-sys`) needs cmake installed and took several minutes on its own (docs/algorithms.md
+//! has the figures). HiGHS is much faster on hard instances, but the coarsened problems
+//! (coarsen.rs) are small, and the CI budget and a system-dependency-free build matter more;
+//! `coin_cbc` needs the system Cbc library. microlp honours a wall-clock limit inside its
+//! simplex iterations, accepts the DP's plan as a warm start and reports its best bound.
+//!
+//! # Complexity
+//! `n·(K−1)` binaries, `(F + P)·K` continuous variables (`F` flows, `P` weights) and
+//! `O(n·K + Σ readers·K)` rows; branch and bound is exponential in the worst case, hence the
+//! deadline and coarsening.
+
+use std::time::{Duration, Instant};
+
+use good_lp::solvers::microlp::microlp;
+use good_lp::solvers::SolutionStatus;
+use good_lp::{
+    variable, Constraint, Expression, ProblemVariables, Solution as _, SolverModel, Variable,
+    WithInitialSolution, WithTimeLimit,
+};
+
+use super::dp::RELATIVE_TOLERANCE;
+use super::problem::{PartitionProblem, StageId};
+use crate::cost::Mode;
+
+/// What one MILP run found on one problem.
+#[derive(Debug, Clone)]
+pub struct MilpRun {
+    /// Stage of every position: the best plan found, never worse than the incumbent.
+    pub stage_of: Vec<StageId>,
+    /// Whether the bottleneck is proven optimal over all convex partitions of this problem.
+    pub proven: bool,
+    /// A bottleneck no convex partition of this problem can beat, when the solver proved one
+    /// (the lower bound of branch and bound at the deadline, or the optimum).
+    pub bound_secs: Option<f64>,
+    /// Whether the deadline stopped the search.
+    pub timed_out: bool,
+}
+
+/// Variables of one model.
+struct Model {
+    vars: ProblemVariables,
+    /// `y[v][b]`, `b < K − 1`.
+    before: Vec<Vec<Variable>>,
+    /// `z[f][b]`.
+    crossing: Vec<Vec<Variable>>,
+    /// `h[w][s]` (None for a weight with one reader, whose `x` is used directly).
+    held: Vec<Vec<Option<Variable>>>,
+    /// The scaled bottleneck `T`.
+    bottleneck: Variable,
+    constraints: Vec<Constraint>,
+}
+
+/// What the model minimises.
+#[derive(Clone, Copy)]
+enum Objective {
+    /// The bottleneck `T` (scaled).
+    Bottleneck,
+    /// Bytes crossing boundaries, with every stage time at most this scaled bound.
+    CutBytes { scaled_bound: f64 },
+}
+
+/// `x[v][s]` as an expression of `y`.
+fn on_stage(before: &[Variable], stage: usize, stages: usize) -> Expression {
+    let mut x = Expression::from(0.0);
+    if stage + 1 < stages {
+        x += before[stage];
+    } else {
+        x += 1.0;
+    }
+    if stage > 0 {
+        x -= before[stage - 1];
+    }
+    x
+}
+
+fn build(problem: &PartitionProblem, time_scale: f64, lower: f64, objective: Objective) -> Model {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    let boundaries = k - 1;
+    let mut vars = ProblemVariables::new();
+    let before: Vec<Vec<Variable>> = (0..n)
+        .map(|_| (0..boundaries).map(|_| vars.add(variable().binary())).collect())
+        .collect();
+    let crossing: Vec<Vec<Variable>> = problem
+        .flows()
+        .iter()
+        .map(|_| {
+            (0..boundaries)
+                .map(|_| vars.add(variable().min(0.0).max(1.0)))
+                .collect()
+        })
+        .collect();
+    let held: Vec<Vec<Option<Variable>>> = problem
+        .params()
+        .iter()
+        .map(|param| {
+            (0..k)
+                .map(|_| (param.uses.len() > 1).then(|| vars.add(variable().min(0.0).max(1.0))))
+                .collect()
+        })
+        .collect();
+    let upper = match objective {
+        Objective::Bottleneck => 1.0 + 4.0 * RELATIVE_TOLERANCE,
+        Objective::CutBytes { scaled_bound } => scaled_bound,
+    };
+    let bottleneck = vars.add(variable().min(lower.min(upper)).max(upper));
+    let mut constraints = Vec::new();
+
+    // Monotone stage index and convexity.
+    for row in &before {
+        for b in 1..boundaries {
+            constraints.push(Expression::from(row[b - 1]).leq(row[b]));
+        }
+    }
+    for (f, flow) in problem.flows().iter().enumerate() {
+        let producer = &before[flow.producer as usize];
+        for &consumer in &flow.consumers {
+            let consumer = &before[consumer as usize];
+            for b in 0..boundaries {
+                constraints.push(Expression::from(consumer[b]).leq(producer[b]));
+                // z ≥ y[p] − y[c]
+                constraints.push((producer[b] - consumer[b]).leq(crossing[f][b]));
+            }
+        }
+    }
+    for s in 0..k {
+        let mut count = Expression::from(0.0);
+        for row in &before {
+            count += on_stage(row, s, k);
+        }
+        constraints.push(count.geq(1.0));
+    }
+    for (w, param) in problem.params().iter().enumerate() {
+        for s in 0..k {
+            if let Some(h) = held[w][s] {
+                for &u in &param.uses {
+                    constraints.push(on_stage(&before[u as usize], s, k).leq(h));
+                }
+            }
+        }
+    }
+
+    let training = matches!(problem.settings().mode, Mode::Training { .. });
+    // Cost of receiving flow `f` across boundary `b` on the link into stage `b + 1`.
+    let receive = |b: usize, bytes: u64| -> f64 {
+        match problem.stages()[b + 1].link_in {
+            Some((bandwidth, latency)) => latency + bytes as f64 / bandwidth,
+            None => 0.0,
+        }
+    };
+    for s in 0..k {
+        // Time.
+        let mut time = Expression::from(0.0);
+        for (v, row) in before.iter().enumerate() {
+            let secs = problem.node_secs(s, v);
+            if secs != 0.0 {
+                time.add_mul(secs * time_scale, on_stage(row, s, k));
+            }
+        }
+        for (f, flow) in problem.flows().iter().enumerate() {
+            if s > 0 {
+                time.add_mul(receive(s - 1, flow.bytes) * time_scale, crossing[f][s - 1]);
+            }
+            if training && s + 1 < k {
+                time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s]);
+            }
+        }
+        constraints.push(time.leq(bottleneck));
+
+        // Memory, in units of the stage's capacity.
+        let stage = &problem.stages()[s];
+        let capacity = stage.capacity_bytes.max(1) as f64;
+        let in_flight = stage.in_flight as f64;
+        let mut memory = Expression::from(0.0);
+        for (w, param) in problem.params().iter().enumerate() {
+            let footprint = param.footprint_bytes as f64 / capacity;
+            match held[w][s] {
+                Some(h) => memory.add_mul(footprint, h),
+                None => memory.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
+            }
+        }
+        for (v, row) in before.iter().enumerate() {
+            let bytes = problem.activation_bytes(v);
+            if bytes != 0 {
+                memory.add_mul(in_flight * bytes as f64 / capacity, on_stage(row, s, k));
+            }
+        }
+        if s > 0 {
+            for (f, flow) in problem.flows().iter().enumerate() {
+                memory.add_mul(
+                    in_flight * flow.bytes as f64 / capacity,
+                    crossing[f][s - 1],
+                );
+            }
+        }
+        constraints.push(memory.leq(1.0));
+    }
+    Model {
+        vars,
+        before,
+        crossing,
+        held,
+        bottleneck,
+        constraints,
+    }
+}
+
+/// The solver's variable values for a known assignment (the warm start).
+fn hint(
+    problem: &PartitionProblem,
+    model: &Model,
+    stage_of: &[StageId],
+    scaled_bottleneck: f64,
+) -> Vec<(Variable, f64)> {
+    let k = problem.stage_count();
+    let mut values = Vec::new();
+    for (v, row) in model.before.iter().enumerate() {
+        for (b, &y) in row.iter().enumerate() {
+            values.push((y, f64::from(u8::from(stage_of[v].index() <= b))));
+        }
+    }
+    for (f, flow) in problem.flows().iter().enumerate() {
+        let from = stage_of[flow.producer as usize].index();
+        let last = flow
+            .consumers
+            .iter()
+            .map(|&c| stage_of[c as usize].index())
+            .max()
+            .unwrap_or(from);
+        for (b, &z) in model.crossing[f].iter().enumerate() {
+            values.push((z, f64::from(u8::from(from <= b && b < last))));
+        }
+    }
+    for (w, param) in problem.params().iter().enumerate() {
+        for s in 0..k {
+            if let Some(h) = model.held[w][s] {
+                let used = param.uses.iter().any(|&u| stage_of[u as usize].index() == s);
+                values.push((h, f64::from(u8::from(used))));
+            }
+        }
+    }
+    values.push((model.bottleneck, scaled_bottleneck));
+    values
+}
+
+/// Stage of every position from the solver's `y` values.
+fn decode(before: &[Vec<Variable>], value: impl Fn(Variable) -> f64) -> Vec<StageId> {
+    before
+        .iter()
+        .map(|row| StageId(row.iter().filter(|&&y| value(y) < 0.5).count() as u32))
+        .collect()
+}
+
+/// Whether `candidate` is strictly better than `best`: a smaller bottleneck beyond the DP's
+/// tolerance, or the same bottleneck with fewer bytes crossing.
+pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
+    if problem.check_assignment(candidate).is_err() {
+        return false;
+    }
+    let c = problem.evaluate(candidate);
+    if !c.fits() {
+        return false;
+    }
+    let b = problem.evaluate(best);
+    if !b.fits() {
+        return true;
+    }
+    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
+        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
+            && c.cut_bytes < b.cut_bytes)
+}
+
+/// Outcome of one solver call.
+struct Solved {
+    stage_of: Option<Vec<StageId>>,
+    proven: bool,
+    bound: Option<f64>,
+    timed_out: bool,
+}
+
+fn run_model(model: Model, objective: Expression, hint: Vec<(Variable, f64)>, time_limit: Duration) -> Solved {
+    let Model {
+        vars,
+        before,
+        constraints,
+        ..
+    } = model;
+    let solved = vars
+        .minimise(objective)
+        .using(microlp)
+        .with_all(constraints)
+        .with_time_limit(time_limit.as_secs_f64())
+        .with_initial_solution(hint)
+        .solve();
+    match solved {
+        Ok(solution) => {
+            let stage_of = decode(&before, |y| solution.value(y));
+            let proven = matches!(solution.status(), SolutionStatus::Optimal);
+            let bound = solution.into_inner().stats().best_bound;
+            Solved {
+                stage_of: Some(stage_of),
+                proven,
+                bound,
+                timed_out: !proven,
+            }
+        }
+        // The deadline came before the solver accepted any assignment, or it failed
+        // numerically: the incumbent stands, nothing is proven.
+        Err(_) => Solved {
+            stage_of: None,
+            proven: false,
+            bound: None,
+            timed_out: true,
+        },
+    }
+}
+
+/// Solves `problem` over all its convex, ordered partitions, starting from `incumbent` (a valid
+/// assignment that fits, e.g. the DP's), until `deadline`.
+pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instant) -> MilpRun {
+    let k = problem.stage_count();
+    let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
+    let lower_bound = problem.lower_bound_secs();
+    let remaining = || deadline.saturating_duration_since(Instant::now());
+    if k == 1 || incumbent_secs <= 0.0 {
+        // One stage has one partition; a zero bottleneck cannot be beaten.
+        return MilpRun {
+            stage_of: incumbent.to_vec(),
+            proven: true,
+            bound_secs: Some(incumbent_secs),
+            timed_out: false,
+        };
+    }
+    let time_scale = 1.0 / incumbent_secs;
+    let mut best = incumbent.to_vec();
+
+    // Phase 1: the bottleneck, unless the incumbent already meets the lower bound.
+    let at_bound = incumbent_secs <= lower_bound * (1.0 + RELATIVE_TOLERANCE);
+    if !at_bound {
+        let left = remaining();
+        if left.is_zero() {
+            return MilpRun {
+                stage_of: best,
+                proven: false,
+                bound_secs: None,
+                timed_out: true,
+            };
+        }
+        let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
+        let model = build(problem, time_scale, scaled_lower, Objective::Bottleneck);
+        let start = hint(problem, &model, incumbent, 1.0);
+        let objective = Expression::from(model.bottleneck);
+        let first = run_model(model, objective, start, remaining());
+        if let Some(found) = &first.stage_of {
+            if better(problem, found, &best) {
+                best = found.clone();
+            }
+        }
+        if !first.proven {
+            let best_secs = problem.evaluate(&best).bottleneck_secs;
+            return MilpRun {
+                bound_secs: first
+                    .bound
+                    .map(|scaled| scaled / time_scale)
+                    .filter(|b| b.is_finite())
+                    .map(|b| b.min(best_secs)),
+                stage_of: best,
+                proven: false,
+                timed_out: first.timed_out,
+            };
+        }
+    }
+
+    // Phase 2, the tie-break: fewest bytes among plans whose every stage is within the optimum.
+    let optimum_secs = problem.evaluate(&best).bottleneck_secs;
+    let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
+    let left = remaining();
+    let mut timed_out = false;
+    if total_bytes > 0.0 && !left.is_zero() {
+        let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
+        let model = build(problem, time_scale, 0.0, Objective::CutBytes { scaled_bound });
+        let start = hint(problem, &model, &best, optimum_secs * time_scale);
+        let mut objective = Expression::from(0.0);
+        for (f, flow) in problem.flows().iter().enumerate() {
+            for &z in &model.crossing[f] {
+                objective.add_mul(flow.bytes as f64 / total_bytes, z);
+            }
+        }
+        let second = run_model(model, objective, start, left);
+        timed_out = second.timed_out;
+        if let Some(found) = &second.stage_of {
+            if better(problem, found, &best) {
+                best = found.clone();
+            }
+        }
+    } else if total_bytes > 0.0 {
+        timed_out = true;
+    }
+    let best_secs = problem.evaluate(&best).bottleneck_secs;
+    MilpRun {
+        bound_secs: Some(best_secs.min(optimum_secs)),
+        stage_of: best,
+        proven: true,
+        timed_out,
+    }
+}
+
+/// The MILP is given at most this many binaries (`nodes · (stages − 1)`); larger problems are
+/// coarsened first. Chosen from the fixtures' solve times with microlp (docs/algorithms.md):
+/// around this size the root LP and a few hundred branch-and-bound nodes fit in a few seconds
+/// of a 2-core machine, while a tenfold larger model rarely gets past its root.
+pub const MAX_BINARIES: usize = 240;
+
+/// What the MILP stage of a plan did, for the status and the plan's notes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MilpReport {
+    /// Nodes of the graph it solved: the model's, or the coarsened graph's super-nodes.
+    pub nodes: usize,
+    /// Whether it solved a coarsened graph.
+    pub coarsened: bool,
+    /// Whether it proved its plan optimal over the graph it solved.
+    pub proven: bool,
+    /// Whether the deadline stopped it.
+    pub timed_out: bool,
+    /// Whether its plan is better than the DP's (bottleneck, then bytes).
+    pub improved: bool,
+}
+
+/// The MILP on the model, coarsened to [`MAX_BINARIES`] when larger, refined on the fine graph,
+/// starting from `incumbent` (the DP's plan) and stopping at `deadline`. `refine_reserve` is kept
+/// back from the deadline for the refinement DP. Returns the best plan (never worse than
+/// `incumbent`), a lower bound valid for `problem` when one was proven beyond
+/// [`PartitionProblem::lower_bound_secs`], and the report.
+pub fn solve_model(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    let target = MAX_BINARIES / k.saturating_sub(1).max(1);
+    if n <= target {
+        let run = solve(problem, incumbent, deadline);
+        let improved = better(problem, &run.stage_of, incumbent);
+        let report = MilpReport {
+            nodes: n,
+            coarsened: false,
+            proven: run.proven,
+            timed_out: run.timed_out,
+            improved,
+        };
+        return (run.stage_of, run.bound_secs, report);
+    }
+    let coarse = super::coarsen::coarsen(problem, target);
+    // The DP's plan usually splits some super-node; the DP on the coarse graph gives a start
+    // that keeps them whole.
+    let start = coarse
+        .restrict(incumbent)
+        .or_else(|| super::dp::solve(&coarse.problem).map(|s| s.stage_of));
+    let mut best = incumbent.to_vec();
+    let mut report = MilpReport {
+        nodes: coarse.problem.node_count(),
+        coarsened: true,
+        proven: false,
+        timed_out: false,
+        improved: false,
+    };
+    if let Some(start) = start {
+        let milp_deadline = deadline
+            .checked_sub(refine_reserve)
+            .unwrap_or(deadline)
+            .max(Instant::now());
+        let run = solve(&coarse.problem, &start, milp_deadline);
+        report.proven = run.proven;
+        report.timed_out = run.timed_out;
+        let found = coarse.expand(&run.stage_of);
+        if better(problem, &found, &best) {
+            best = found;
+        }
+        if let Some(refined) = super::coarsen::refine(problem, &best) {
+            best = refined;
+        }
+    }
+    report.improved = better(problem, &best, incumbent);
+    // A bound of the coarse problem bounds only plans that keep super-nodes whole.
+    (best, None, report)
+}
