@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 use good_lp::solvers::microlp::microlp;
 use good_lp::solvers::SolutionStatus;
 use good_lp::{
-    variable, Constraint, Expression, ProblemVariables, Solution as _, SolverModel, Variable,
+    variable, Constraint, IntoAffineExpression, Expression, ProblemVariables, Solution as _, SolverModel, Variable,
     WithInitialSolution, WithTimeLimit,
 };
 
@@ -79,11 +79,30 @@ pub struct MilpRun {
     pub timed_out: bool,
 }
 
+/// `y[v][b]`: a binary variable, or a value fixed before solving (see [`stage_windows`]).
+#[derive(Clone, Copy)]
+enum Before {
+    Fixed(bool),
+    Free(Variable),
+}
+
+impl Before {
+    fn expr(self) -> Expression {
+        match self {
+            Before::Fixed(value) => Expression::from(f64::from(u8::from(value))),
+            Before::Free(y) => Expression::from(y),
+        }
+    }
+    fn is_fixed(self) -> bool {
+        matches!(self, Before::Fixed(_))
+    }
+}
+
 /// Variables of one model.
 struct Model {
     vars: ProblemVariables,
     /// `y[v][b]`, `b < K − 1`.
-    before: Vec<Vec<Variable>>,
+    before: Vec<Vec<Before>>,
     /// `z[f][b]`.
     crossing: Vec<Vec<Variable>>,
     /// `h[w][s]` (None for a weight with one reader, whose `x` is used directly).
@@ -103,26 +122,127 @@ enum Objective {
 }
 
 /// `x[v][s]` as an expression of `y`.
-fn on_stage(before: &[Variable], stage: usize, stages: usize) -> Expression {
-    let mut x = Expression::from(0.0);
-    if stage + 1 < stages {
-        x += before[stage];
+fn on_stage(before: &[Before], stage: usize, stages: usize) -> Expression {
+    let mut x = if stage + 1 < stages {
+        before[stage].expr()
     } else {
-        x += 1.0;
-    }
+        Expression::from(1.0)
+    };
     if stage > 0 {
-        x -= before[stage - 1];
+        x -= before[stage - 1].expr();
     }
     x
 }
 
-fn build(problem: &PartitionProblem, time_scale: f64, lower: f64, objective: Objective) -> Model {
+/// For every position, the stages it can take in a plan whose every stage computes for at most
+/// `bound_secs`: node `v` and all its ancestors need `⌈time / bound⌉` stages before and
+/// including `v`'s, and `v` with all its descendants as many from `v`'s on (times on the fastest
+/// device kind, so the windows hold on any device order). Returns `(earliest, latest)` stages.
+///
+/// # Complexity
+/// O(n² / 64 + n·E/64) with bit sets of ancestors and descendants.
+fn stage_windows(problem: &PartitionProblem, bound_secs: f64) -> Vec<(usize, usize)> {
     let n = problem.node_count();
+    let k = problem.stage_count();
+    let fastest: Vec<f64> = (0..n)
+        .map(|v| {
+            (0..k)
+                .map(|s| problem.node_secs(s, v))
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let words = n.div_ceil(64);
+    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for flow in problem.flows() {
+        for &c in &flow.consumers {
+            preds[c as usize].push(flow.producer);
+        }
+    }
+    let closure = |forward: bool| -> Vec<f64> {
+        // Ancestors (forward) or descendants, each a bit set including the node itself.
+        let mut sets = vec![vec![0u64; words]; n];
+        let positions: Vec<usize> = if forward {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); n];
+        if !forward {
+            for (c, ps) in preds.iter().enumerate() {
+                for &p in ps {
+                    succs[p as usize].push(c as u32);
+                }
+            }
+        }
+        for v in positions {
+            let mut set = vec![0u64; words];
+            set[v / 64] |= 1 << (v % 64);
+            let linked = if forward { &preds[v] } else { &succs[v] };
+            for &u in linked {
+                for (w, bits) in set.iter_mut().zip(&sets[u as usize]) {
+                    *w |= bits;
+                }
+            }
+            sets[v] = set;
+        }
+        sets.iter()
+            .map(|set| {
+                let mut sum = 0.0;
+                for (w, &bits) in set.iter().enumerate() {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        let b = bits.trailing_zeros() as usize;
+                        sum += fastest[w * 64 + b];
+                        bits &= bits - 1;
+                    }
+                }
+                sum
+            })
+            .collect()
+    };
+    let ancestors = closure(true);
+    let descendants = closure(false);
+    let stages_for = |secs: f64| -> usize {
+        if bound_secs <= 0.0 {
+            return 1;
+        }
+        // Slack for rounding: a window must never exclude a plan within the bound.
+        ((secs / (bound_secs * (1.0 + 1e-9))).ceil() as usize).max(1)
+    };
+    (0..n)
+        .map(|v| {
+            let earliest = (stages_for(ancestors[v]) - 1).min(k - 1);
+            let latest = k.saturating_sub(stages_for(descendants[v])).max(earliest);
+            (earliest, latest)
+        })
+        .collect()
+}
+
+fn build(
+    problem: &PartitionProblem,
+    time_scale: f64,
+    lower: f64,
+    objective: Objective,
+    windows: &[(usize, usize)],
+) -> Model {
     let k = problem.stage_count();
     let boundaries = k - 1;
     let mut vars = ProblemVariables::new();
-    let before: Vec<Vec<Variable>> = (0..n)
-        .map(|_| (0..boundaries).map(|_| vars.add(variable().binary())).collect())
+    let before: Vec<Vec<Before>> = windows
+        .iter()
+        .map(|&(earliest, latest)| {
+            (0..boundaries)
+                .map(|b| {
+                    if b < earliest {
+                        Before::Fixed(false)
+                    } else if b >= latest {
+                        Before::Fixed(true)
+                    } else {
+                        Before::Free(vars.add(variable().binary()))
+                    }
+                })
+                .collect()
+        })
         .collect();
     let crossing: Vec<Vec<Variable>> = problem
         .flows()
@@ -152,7 +272,9 @@ fn build(problem: &PartitionProblem, time_scale: f64, lower: f64, objective: Obj
     // Monotone stage index and convexity.
     for row in &before {
         for b in 1..boundaries {
-            constraints.push(Expression::from(row[b - 1]).leq(row[b]));
+            if !(row[b - 1].is_fixed() && row[b].is_fixed()) {
+                constraints.push(row[b - 1].expr().leq(row[b].expr()));
+            }
         }
     }
     for (f, flow) in problem.flows().iter().enumerate() {
@@ -160,9 +282,17 @@ fn build(problem: &PartitionProblem, time_scale: f64, lower: f64, objective: Obj
         for &consumer in &flow.consumers {
             let consumer = &before[consumer as usize];
             for b in 0..boundaries {
-                constraints.push(Expression::from(consumer[b]).leq(producer[b]));
+                if producer[b].is_fixed() && consumer[b].is_fixed() {
+                    if let (Before::Fixed(p), Before::Fixed(c)) = (producer[b], consumer[b]) {
+                        if p && !c {
+                            constraints.push(crossing[f][b].into_expression().geq(1.0));
+                        }
+                    }
+                    continue;
+                }
+                constraints.push(consumer[b].expr().leq(producer[b].expr()));
                 // z ≥ y[p] − y[c]
-                constraints.push((producer[b] - consumer[b]).leq(crossing[f][b]));
+                constraints.push((producer[b].expr() - consumer[b].expr()).leq(crossing[f][b]));
             }
         }
     }
@@ -258,8 +388,10 @@ fn hint(
     let k = problem.stage_count();
     let mut values = Vec::new();
     for (v, row) in model.before.iter().enumerate() {
-        for (b, &y) in row.iter().enumerate() {
-            values.push((y, f64::from(u8::from(stage_of[v].index() <= b))));
+        for (b, y) in row.iter().enumerate() {
+            if let Before::Free(y) = y {
+                values.push((*y, f64::from(u8::from(stage_of[v].index() <= b))));
+            }
         }
     }
     for (f, flow) in problem.flows().iter().enumerate() {
@@ -287,10 +419,19 @@ fn hint(
 }
 
 /// Stage of every position from the solver's `y` values.
-fn decode(before: &[Vec<Variable>], value: impl Fn(Variable) -> f64) -> Vec<StageId> {
+fn decode(before: &[Vec<Before>], value: impl Fn(Variable) -> f64) -> Vec<StageId> {
     before
         .iter()
-        .map(|row| StageId(row.iter().filter(|&&y| value(y) < 0.5).count() as u32))
+        .map(|row| {
+            let later = row
+                .iter()
+                .filter(|y| match **y {
+                    Before::Fixed(v) => !v,
+                    Before::Free(y) => value(y) < 0.5,
+                })
+                .count();
+            StageId(later as u32)
+        })
         .collect()
 }
 
@@ -390,7 +531,14 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
             };
         }
         let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
-        let model = build(problem, time_scale, scaled_lower, Objective::Bottleneck);
+        let windows = stage_windows(problem, incumbent_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE));
+        let model = build(
+            problem,
+            time_scale,
+            scaled_lower,
+            Objective::Bottleneck,
+            &windows,
+        );
         let start = hint(problem, &model, incumbent, 1.0);
         let objective = Expression::from(model.bottleneck);
         let first = run_model(model, objective, start, remaining());
@@ -421,7 +569,14 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
     let mut timed_out = false;
     if total_bytes > 0.0 && !left.is_zero() {
         let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
-        let model = build(problem, time_scale, 0.0, Objective::CutBytes { scaled_bound });
+        let windows = stage_windows(problem, optimum_secs * (1.0 + RELATIVE_TOLERANCE));
+        let model = build(
+            problem,
+            time_scale,
+            0.0,
+            Objective::CutBytes { scaled_bound },
+            &windows,
+        );
         let start = hint(problem, &model, &best, optimum_secs * time_scale);
         let mut objective = Expression::from(0.0);
         for (f, flow) in problem.flows().iter().enumerate() {
@@ -448,11 +603,19 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
     }
 }
 
-/// The MILP is given at most this many binaries (`nodes · (stages − 1)`); larger problems are
-/// coarsened first. Chosen from the fixtures' solve times with microlp (docs/algorithms.md):
+/// The MILP is given at most this many free binaries (those the stage windows leave open, at
+/// most `nodes · (stages − 1)`); larger problems are coarsened first. Chosen from the fixtures' solve times with microlp (docs/algorithms.md):
 /// around this size the root LP and a few hundred branch-and-bound nodes fit in a few seconds
 /// of a 2-core machine, while a tenfold larger model rarely gets past its root.
-pub const MAX_BINARIES: usize = 240;
+pub const MAX_BINARIES: usize = 300;
+
+/// Binaries left free by the stage windows of plans no slower than `bound_secs`.
+fn free_binaries(problem: &PartitionProblem, bound_secs: f64) -> usize {
+    stage_windows(problem, bound_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE))
+        .iter()
+        .map(|&(earliest, latest)| latest - earliest)
+        .sum()
+}
 
 /// What the MILP stage of a plan did, for the status and the plan's notes.
 #[derive(Debug, Clone, PartialEq)]
@@ -481,9 +644,9 @@ pub fn solve_model(
     refine_reserve: Duration,
 ) -> (Vec<StageId>, Option<f64>, MilpReport) {
     let n = problem.node_count();
-    let k = problem.stage_count();
-    let target = MAX_BINARIES / k.saturating_sub(1).max(1);
-    if n <= target {
+    let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
+    let free = free_binaries(problem, incumbent_secs);
+    if free <= MAX_BINARIES {
         let run = solve(problem, incumbent, deadline);
         let improved = better(problem, &run.stage_of, incumbent);
         let report = MilpReport {
@@ -495,7 +658,23 @@ pub fn solve_model(
         };
         return (run.stage_of, run.bound_secs, report);
     }
-    let coarse = super::coarsen::coarsen(problem, target);
+    // Fewer nodes leave proportionally fewer free binaries, about.
+    let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
+    let mut coarse = super::coarsen::coarsen(problem, target);
+    while free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
+        && coarse.problem.node_count() > problem.stage_count()
+    {
+        let smaller = coarse.problem.node_count() * 3 / 4;
+        let again = super::coarsen::coarsen(&coarse.problem, smaller);
+        coarse = super::coarsen::Coarsened {
+            group_of: coarse
+                .group_of
+                .iter()
+                .map(|&g| again.group_of[g as usize])
+                .collect(),
+            problem: again.problem,
+        };
+    }
     // The DP's plan usually splits some super-node; the DP on the coarse graph gives a start
     // that keeps them whole.
     let start = coarse
