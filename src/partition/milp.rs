@@ -55,9 +55,8 @@
 use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
-use good_lp::solvers::SolutionStatus;
 use good_lp::{
-    variable, Constraint, IntoAffineExpression, Expression, ProblemVariables, Solution as _, SolverModel, Variable,
+    variable, Constraint, Expression, IntoAffineExpression, ProblemVariables, SolverModel, Variable,
     WithInitialSolution, WithTimeLimit,
 };
 
@@ -83,14 +82,15 @@ pub struct MilpRun {
 #[derive(Clone, Copy)]
 enum Before {
     Fixed(bool),
-    Free(Variable),
+    /// The variable and its index in the model (the solver's column).
+    Free(Variable, usize),
 }
 
 impl Before {
     fn expr(self) -> Expression {
         match self {
             Before::Fixed(value) => Expression::from(f64::from(u8::from(value))),
-            Before::Free(y) => Expression::from(y),
+            Before::Free(y, _) => Expression::from(y),
         }
     }
     fn is_fixed(self) -> bool {
@@ -238,7 +238,8 @@ fn build(
                     } else if b >= latest {
                         Before::Fixed(true)
                     } else {
-                        Before::Free(vars.add(variable().binary()))
+                        let index = vars.len();
+                        Before::Free(vars.add(variable().binary()), index)
                     }
                 })
                 .collect()
@@ -389,7 +390,7 @@ fn hint(
     let mut values = Vec::new();
     for (v, row) in model.before.iter().enumerate() {
         for (b, y) in row.iter().enumerate() {
-            if let Before::Free(y) = y {
+            if let Before::Free(y, _) = y {
                 values.push((*y, f64::from(u8::from(stage_of[v].index() <= b))));
             }
         }
@@ -419,7 +420,7 @@ fn hint(
 }
 
 /// Stage of every position from the solver's `y` values.
-fn decode(before: &[Vec<Before>], value: impl Fn(Variable) -> f64) -> Vec<StageId> {
+fn decode(before: &[Vec<Before>], values: &[f64]) -> Vec<StageId> {
     before
         .iter()
         .map(|row| {
@@ -427,7 +428,7 @@ fn decode(before: &[Vec<Before>], value: impl Fn(Variable) -> f64) -> Vec<StageI
                 .iter()
                 .filter(|y| match **y {
                     Before::Fixed(v) => !v,
-                    Before::Free(y) => value(y) < 0.5,
+                    Before::Free(_, index) => values[index] < 0.5,
                 })
                 .count();
             StageId(later as u32)
@@ -462,40 +463,132 @@ struct Solved {
     timed_out: bool,
 }
 
-fn run_model(model: Model, objective: Expression, hint: Vec<(Variable, f64)>, time_limit: Duration) -> Solved {
+/// Hands out the solver's time in slices so that the deadline holds even though the solver
+/// checks its clock only every thousand simplex pivots and at branch-and-bound nodes: each
+/// slice's overshoot is measured, and the next slice ends early by 1.5 times the estimate.
+/// Slices start at 50 ms and double, so a search that needs little time pays little for this.
+struct Pacer {
+    deadline: Instant,
+    slice: Duration,
+    overshoot: Duration,
+    at_root: bool,
+}
+
+impl Pacer {
+    fn new(deadline: Instant) -> Pacer {
+        Pacer {
+            deadline,
+            slice: Duration::from_millis(50),
+            // Until a node slice is measured: a few node re-solves on a loaded debug build.
+            overshoot: Duration::from_millis(20),
+            at_root: true,
+        }
+    }
+
+    /// The next slice, or `None` when what is left would be spent overshooting.
+    fn next_slice(&mut self) -> Option<Duration> {
+        let margin = self.overshoot.mul_f64(1.5);
+        let left = self
+            .deadline
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(margin);
+        if left < Duration::from_millis(1) {
+            return None;
+        }
+        let slice = if self.at_root {
+            // The root LP must finish inside the first slice for the search to go on (an
+            // interrupted root leaves no state to resume), so it gets half of what is left.
+            left.mul_f64(0.5).max(self.slice.min(left))
+        } else {
+            let slice = self.slice.min(left);
+            self.slice = self.slice.saturating_mul(2);
+            slice
+        };
+        Some(slice)
+    }
+
+    fn observe(&mut self, asked: Duration, took: Duration) {
+        if std::mem::take(&mut self.at_root) {
+            // The first slice holds the root LP, one long stretch without a clock check that
+            // does not come again: branch-and-bound nodes after it are short re-solves.
+            return;
+        }
+        // The estimate follows the latest slice, but forgets a large one only by halves.
+        self.overshoot = took.saturating_sub(asked).max(self.overshoot / 2);
+    }
+}
+
+fn run_model(
+    model: Model,
+    objective: Expression,
+    hint: Vec<(Variable, f64)>,
+    deadline: Instant,
+) -> Solved {
     let Model {
         vars,
         before,
         constraints,
         ..
     } = model;
-    let solved = vars
+    let not_run = Solved {
+        stage_of: None,
+        proven: false,
+        bound: None,
+        timed_out: true,
+    };
+    let loaded = vars
         .minimise(objective)
         .using(microlp)
         .with_all(constraints)
-        .with_time_limit(time_limit.as_secs_f64())
-        .with_initial_solution(hint)
-        .solve();
-    match solved {
-        Ok(solution) => {
-            let stage_of = decode(&before, |y| solution.value(y));
-            let proven = matches!(solution.status(), SolutionStatus::Optimal);
-            let bound = solution.into_inner().stats().best_bound;
-            Solved {
-                stage_of: Some(stage_of),
-                proven,
-                bound,
-                timed_out: !proven,
+        .with_initial_solution(hint);
+    // The slices count from here: loading the model took part of the budget already.
+    let mut pacer = Pacer::new(deadline);
+    let Some(first) = pacer.next_slice() else {
+        return not_run;
+    };
+    let started = Instant::now();
+    let solved = loaded.with_time_limit(first.as_secs_f64()).solve();
+    pacer.observe(first, started.elapsed());
+    // An error means the solver accepted no assignment before its limit (the warm start makes
+    // that rare) or failed numerically: the incumbent stands, nothing is proven.
+    let Ok(solution) = solved else {
+        return not_run;
+    };
+    let mut outcome = microlp::SolveOutcome::Solution(solution.into_inner());
+    let values = |outcome: &microlp::SolveOutcome| -> Option<Vec<f64>> {
+        outcome
+            .solution()
+            // Raw values: rounding asserts integrality, and decode only compares with ½.
+            .map(|s| s.iter().map(|(var, _)| s.var_value_raw(var)).collect())
+    };
+    let mut last_values = values(&outcome);
+    while !outcome.is_optimal() {
+        let Some(slice) = pacer.next_slice() else {
+            break;
+        };
+        let mut options = outcome.last_resume_options();
+        options.time_limit = Some(slice);
+        let started = Instant::now();
+        match outcome.resume_with(options) {
+            Ok(next) => outcome = next,
+            Err(_) => {
+                return Solved {
+                    stage_of: last_values.map(|v| decode(&before, &v)),
+                    proven: false,
+                    bound: None,
+                    timed_out: false,
+                }
             }
         }
-        // The deadline came before the solver accepted any assignment, or it failed
-        // numerically: the incumbent stands, nothing is proven.
-        Err(_) => Solved {
-            stage_of: None,
-            proven: false,
-            bound: None,
-            timed_out: true,
-        },
+        pacer.observe(slice, started.elapsed());
+        last_values = values(&outcome).or(last_values);
+    }
+    let proven = outcome.is_optimal();
+    Solved {
+        stage_of: last_values.map(|v| decode(&before, &v)),
+        proven,
+        bound: outcome.stats().best_bound,
+        timed_out: !proven,
     }
 }
 
@@ -541,7 +634,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         );
         let start = hint(problem, &model, incumbent, 1.0);
         let objective = Expression::from(model.bottleneck);
-        let first = run_model(model, objective, start, remaining());
+        let first = run_model(model, objective, start, deadline);
         if let Some(found) = &first.stage_of {
             if better(problem, found, &best) {
                 best = found.clone();
@@ -584,7 +677,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 objective.add_mul(flow.bytes as f64 / total_bytes, z);
             }
         }
-        let second = run_model(model, objective, start, left);
+        let second = run_model(model, objective, start, deadline);
         timed_out = second.timed_out;
         if let Some(found) = &second.stage_of {
             if better(problem, found, &best) {
