@@ -16,7 +16,10 @@ use proptest::prelude::*;
 #[derive(Debug, Clone)]
 enum RandomNode {
     /// MatMul of an earlier tensor by its own weight, or by the weight of an earlier MatMul.
-    MatMul { input: usize, shared_weight_of: Option<usize> },
+    MatMul {
+        input: usize,
+        shared_weight_of: Option<usize>,
+    },
     /// Elementwise Add of two earlier tensors.
     Add(usize, usize),
     /// Relu of an earlier tensor.
@@ -33,7 +36,13 @@ fn build_dag(nodes: &[RandomNode], rows: u64, width: u64) -> Graph {
         Some(vec![Dim::Known(rows), Dim::Known(width)]),
     )
     .unwrap();
-    let tensor = |i: usize| if i == 0 { "x".to_string() } else { format!("t{}", i - 1) };
+    let tensor = |i: usize| {
+        if i == 0 {
+            "x".to_string()
+        } else {
+            format!("t{}", i - 1)
+        }
+    };
     let mut weight_of: Vec<Option<String>> = Vec::new();
     let mut read = vec![false; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
@@ -56,14 +65,24 @@ fn build_dag(nodes: &[RandomNode], rows: u64, width: u64) -> Graph {
                         .unwrap();
                     w
                 });
-                b.node(NodeSpec::new(&name, "MatMul", &[&tensor(*input), &w], &[&out]))
-                    .unwrap();
+                b.node(NodeSpec::new(
+                    &name,
+                    "MatMul",
+                    &[&tensor(*input), &w],
+                    &[&out],
+                ))
+                .unwrap();
                 weight = Some(w);
                 mark(&mut read, *input);
             }
             RandomNode::Add(a, c) => {
-                b.node(NodeSpec::new(&name, "Add", &[&tensor(*a), &tensor(*c)], &[&out]))
-                    .unwrap();
+                b.node(NodeSpec::new(
+                    &name,
+                    "Add",
+                    &[&tensor(*a), &tensor(*c)],
+                    &[&out],
+                ))
+                .unwrap();
                 mark(&mut read, *a);
                 mark(&mut read, *c);
             }
@@ -242,7 +261,10 @@ fn on_a_chain_the_dp_and_the_milp_are_both_optimal_and_agree() {
     assert_eq!(by_dp.status, SolveStatus::Optimal);
     assert_eq!(by_milp.status, SolveStatus::Optimal);
     let report = by_milp.milp.as_ref().expect("the MILP ran");
-    assert!(report.proven && !report.coarsened && !report.timed_out, "{report:?}");
+    assert!(
+        report.proven && !report.coarsened && !report.timed_out,
+        "{report:?}"
+    );
     assert!(by_dp.evaluation.bottleneck_secs > by_dp.problem.lower_bound_secs() * 1.01);
     let (a, b) = (&by_dp.evaluation, &by_milp.evaluation);
     assert!((a.bottleneck_secs - b.bottleneck_secs).abs() <= 1e-9 * a.bottleneck_secs);
@@ -272,10 +294,16 @@ fn wide_fan(branches: usize) -> Graph {
             bytes: 512 * 512 * 2,
             storage: Storage::Embedded,
         };
-        b.parameter(&w, DType::F16, &[512, 512], param, None).unwrap();
-        let out = format!("h{i}");
-        b.node(NodeSpec::new(&format!("/b{i}/MatMul"), "MatMul", &["x", &w], &[&out]))
+        b.parameter(&w, DType::F16, &[512, 512], param, None)
             .unwrap();
+        let out = format!("h{i}");
+        b.node(NodeSpec::new(
+            &format!("/b{i}/MatMul"),
+            "MatMul",
+            &["x", &w],
+            &[&out],
+        ))
+        .unwrap();
         outs.push(out);
     }
     let refs: Vec<&str> = outs.iter().map(String::as_str).collect();
@@ -302,7 +330,11 @@ fn a_hard_milp_stops_at_its_time_limit_with_the_best_plan_and_its_gap() {
     let started = Instant::now();
     let solution = planner.solve().unwrap();
     let wall = started.elapsed();
-    eprintln!("hard MILP: {:.3} s wall, status {:?}", wall.as_secs_f64(), solution.status);
+    eprintln!(
+        "hard MILP: {:.3} s wall, status {:?}",
+        wall.as_secs_f64(),
+        solution.status
+    );
     assert!(wall < Duration::from_millis(2500), "took {wall:?}");
     let SolveStatus::TimeLimit { gap } = solution.status else {
         panic!("expected the time limit, got {:?}", solution.status);
@@ -315,7 +347,10 @@ fn a_hard_milp_stops_at_its_time_limit_with_the_best_plan_and_its_gap() {
     assert!((gap - (bottleneck - solution.lower_bound_secs) / bottleneck).abs() < 1e-12);
     assert!(solution.lower_bound_secs >= solution.problem.lower_bound_secs());
     // The best plan found is valid and no worse than the DP's.
-    solution.problem.check_assignment(&solution.stage_of).unwrap();
+    solution
+        .problem
+        .check_assignment(&solution.stage_of)
+        .unwrap();
     let dp_plan = dp::solve(&solution.problem).unwrap();
     assert!(bottleneck <= dp_plan.bottleneck_secs * (1.0 + 1e-9));
 }
@@ -323,13 +358,28 @@ fn a_hard_milp_stops_at_its_time_limit_with_the_best_plan_and_its_gap() {
 #[test]
 fn plans_are_the_same_on_every_run() {
     let nodes = vec![
-        RandomNode::MatMul { input: 0, shared_weight_of: None },
-        RandomNode::MatMul { input: 0, shared_weight_of: None },
+        RandomNode::MatMul {
+            input: 0,
+            shared_weight_of: None,
+        },
+        RandomNode::MatMul {
+            input: 0,
+            shared_weight_of: None,
+        },
         RandomNode::Relu(1),
-        RandomNode::MatMul { input: 2, shared_weight_of: Some(0) },
+        RandomNode::MatMul {
+            input: 2,
+            shared_weight_of: Some(0),
+        },
         RandomNode::Add(3, 4),
-        RandomNode::MatMul { input: 5, shared_weight_of: None },
-        RandomNode::MatMul { input: 3, shared_weight_of: None },
+        RandomNode::MatMul {
+            input: 5,
+            shared_weight_of: None,
+        },
+        RandomNode::MatMul {
+            input: 3,
+            shared_weight_of: None,
+        },
         RandomNode::Add(6, 7),
     ];
     let graph = build_dag(&nodes, 512, 256);
@@ -350,7 +400,10 @@ fn plans_are_the_same_on_every_run() {
 }
 
 fn pipecut_partition(extra: &[&str]) -> (std::process::Output, Duration) {
-    let model = format!("{}/fixtures/models/gpt2_tiny.onnx", env!("CARGO_MANIFEST_DIR"));
+    let model = format!(
+        "{}/fixtures/models/gpt2_tiny.onnx",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let mut args = vec![
         "partition",
         model.as_str(),
@@ -376,18 +429,31 @@ fn the_cli_plans_the_same_bytes_twice_with_the_milp() {
     let args = ["--stages", "3", "--solver", "milp", "--time-limit", "60s"];
     let (first, _) = pipecut_partition(&args);
     let (second, _) = pipecut_partition(&args);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     assert_eq!(first.stdout, second.stdout);
     let plan: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(plan["summary"]["status"]["kind"], "optimal", "{}", plan["summary"]);
+    assert_eq!(
+        plan["summary"]["status"]["kind"], "optimal",
+        "{}",
+        plan["summary"]
+    );
 }
 
 #[test]
 fn the_cli_honours_the_time_limit() {
     // 6 stages of gpt2_tiny are not proven within a second (docs/benchmarks.md); the process,
     // loading included, ends soon after the limit with the best plan and its gap.
-    let (output, wall) = pipecut_partition(&["--stages", "6", "--solver", "milp", "--time-limit", "1s"]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (output, wall) =
+        pipecut_partition(&["--stages", "6", "--solver", "milp", "--time-limit", "1s"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(wall < Duration::from_millis(2500), "took {wall:?}");
     let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let status = &plan["summary"]["status"];

@@ -222,10 +222,10 @@ impl Groups {
         let n = self.parent.len();
         let mut indegree = vec![0usize; n];
         let mut ready = BinaryHeap::new();
-        for p in 0..n {
+        for (p, degree) in indegree.iter_mut().enumerate() {
             if self.parent[p] == p as u32 {
-                indegree[p] = self.pred[p].len();
-                if indegree[p] == 0 {
+                *degree = self.pred[p].len();
+                if *degree == 0 {
                     ready.push(std::cmp::Reverse(p as u32));
                 }
             }
@@ -240,7 +240,11 @@ impl Groups {
                 }
             }
         }
-        debug_assert_eq!(order.len(), self.count, "contractions keep the graph acyclic");
+        debug_assert_eq!(
+            order.len(),
+            self.count,
+            "contractions keep the graph acyclic"
+        );
         order
     }
 }
@@ -396,8 +400,13 @@ mod tests {
     fn coarse_plans_evaluate_like_their_expansion() {
         let fine = fixture_problem("gpt2_tiny", 3);
         let coarse = coarsen(&fine, 24);
-        assert!(coarse.problem.node_count() <= 24, "{}", coarse.problem.node_count());
-        let total = |p: &PartitionProblem| (0..p.node_count()).map(|v| p.node_secs(0, v)).sum::<f64>();
+        assert!(
+            coarse.problem.node_count() <= 24,
+            "{}",
+            coarse.problem.node_count()
+        );
+        let total =
+            |p: &PartitionProblem| (0..p.node_count()).map(|v| p.node_secs(0, v)).sum::<f64>();
         assert!((total(&fine) - total(&coarse.problem)).abs() <= 1e-12 * total(&fine));
         // Any contiguous coarse plan, expanded, is valid and evaluates the same.
         let m = coarse.problem.node_count();
@@ -405,7 +414,10 @@ mod tests {
         coarse.problem.check_assignment(&coarse_plan).unwrap();
         let fine_plan = coarse.expand(&coarse_plan);
         fine.check_assignment(&fine_plan).unwrap();
-        let (a, b) = (coarse.problem.evaluate(&coarse_plan), fine.evaluate(&fine_plan));
+        let (a, b) = (
+            coarse.problem.evaluate(&coarse_plan),
+            fine.evaluate(&fine_plan),
+        );
         assert!((a.bottleneck_secs - b.bottleneck_secs).abs() <= 1e-12 * b.bottleneck_secs);
         assert_eq!(a.cut_bytes, b.cut_bytes);
         assert_eq!(coarse.restrict(&fine_plan), Some(coarse_plan));

@@ -56,8 +56,8 @@ use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
 use good_lp::{
-    variable, Constraint, Expression, IntoAffineExpression, ProblemVariables, SolverModel, Variable,
-    WithInitialSolution, WithTimeLimit,
+    variable, Constraint, Expression, IntoAffineExpression, ProblemVariables, SolverModel,
+    Variable, WithInitialSolution, WithTimeLimit,
 };
 
 use super::dp::RELATIVE_TOLERANCE;
@@ -304,9 +304,9 @@ fn build(
         }
         constraints.push(count.geq(1.0));
     }
-    for (w, param) in problem.params().iter().enumerate() {
-        for s in 0..k {
-            if let Some(h) = held[w][s] {
+    for (param, held_on) in problem.params().iter().zip(&held) {
+        for (s, h) in held_on.iter().enumerate() {
+            if let Some(h) = *h {
                 for &u in &param.uses {
                     constraints.push(on_stage(&before[u as usize], s, k).leq(h));
                 }
@@ -361,10 +361,7 @@ fn build(
         }
         if s > 0 {
             for (f, flow) in problem.flows().iter().enumerate() {
-                memory.add_mul(
-                    in_flight * flow.bytes as f64 / capacity,
-                    crossing[f][s - 1],
-                );
+                memory.add_mul(in_flight * flow.bytes as f64 / capacity, crossing[f][s - 1]);
             }
         }
         constraints.push(memory.leq(1.0));
@@ -410,7 +407,10 @@ fn hint(
     for (w, param) in problem.params().iter().enumerate() {
         for s in 0..k {
             if let Some(h) = model.held[w][s] {
-                let used = param.uses.iter().any(|&u| stage_of[u as usize].index() == s);
+                let used = param
+                    .uses
+                    .iter()
+                    .any(|&u| stage_of[u as usize].index() == s);
                 values.push((h, f64::from(u8::from(used))));
             }
         }
