@@ -740,7 +740,13 @@ pub fn solve_model(
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let free = free_binaries(problem, incumbent_secs);
     if free <= MAX_BINARIES {
-        let run = solve(problem, incumbent, deadline);
+        let mut run = solve(problem, incumbent, deadline);
+        if !run.proven {
+            // The DP along the order of the MILP's plan moves its boundaries node by node.
+            if let Some(refined) = super::coarsen::refine(problem, &run.stage_of) {
+                run.stage_of = refined;
+            }
+        }
         let improved = better(problem, &run.stage_of, incumbent);
         let report = MilpReport {
             nodes: n,
