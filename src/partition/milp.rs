@@ -807,3 +807,64 @@ pub fn solve_model(
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
     (best, None, report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{Catalog, Cluster, DeviceId};
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+    use crate::partition::problem::CostSettings;
+
+    fn llama(stages: u32) -> PartitionProblem {
+        let path = format!(
+            "{}/fixtures/models/llama_tiny.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
+        PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default()).unwrap()
+    }
+
+    #[test]
+    fn stage_windows_keep_every_plan_within_the_bound_and_fix_most_binaries() {
+        let problem = llama(4);
+        let plan = crate::partition::dp::solve(&problem).unwrap();
+        let windows = stage_windows(&problem, plan.bottleneck_secs);
+        for (v, &(earliest, latest)) in windows.iter().enumerate() {
+            let stage = plan.stage_of[v].index();
+            assert!(
+                earliest <= stage && stage <= latest,
+                "node {v}: {stage} outside {earliest}..={latest}"
+            );
+        }
+        let free = free_binaries(&problem, plan.bottleneck_secs);
+        let all = problem.node_count() * (problem.stage_count() - 1);
+        assert!(free * 2 < all, "{free} of {all} binaries left free");
+    }
+
+    #[test]
+    fn the_milp_starts_from_and_never_loses_to_its_incumbent() {
+        let problem = llama(3);
+        let plan = crate::partition::dp::solve(&problem).unwrap();
+        let run = solve(
+            &problem,
+            &plan.stage_of,
+            Instant::now() + Duration::from_secs(60),
+        );
+        problem.check_assignment(&run.stage_of).unwrap();
+        assert!(run.proven);
+        let (milp, dp) = (
+            problem.evaluate(&run.stage_of),
+            problem.evaluate(&plan.stage_of),
+        );
+        assert!(milp.bottleneck_secs <= dp.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE));
+        // With no time at all, the incumbent comes back unproven.
+        let none = solve(&problem, &plan.stage_of, Instant::now());
+        assert_eq!(none.stage_of, plan.stage_of);
+        assert!(!none.proven && none.timed_out);
+    }
+}
