@@ -39,13 +39,16 @@
 //!
 //! # Backend
 //! `good_lp` with `microlp` (pure Rust branch and bound over a dual simplex). Measured on the
-//! project's 2-core machine (debug profile, from a clean target directory, shared with other
-//! builds): `good_lp` + `microlp` add 30 s; `good_lp` + `highs` (HiGHS built from C++ source by
-//! `highs-sys`) needs cmake installed and took several minutes on its own (docs/algorithms.md
-//! has the figures). HiGHS is much faster on hard instances, but the coarsened problems
-//! (coarsen.rs) are small, and the CI budget and a system-dependency-free build matter more;
-//! `coin_cbc` needs the system Cbc library. microlp honours a wall-clock limit inside its
-//! simplex iterations, accepts the DP's plan as a warm start and reports its best bound.
+//! project's 2-core machine from clean target directories, debug profile: `good_lp` + `microlp`
+//! build in 11 s wall (12 CPU-seconds; 30 s while other builds ran). `good_lp` + `highs` compiles
+//! HiGHS from C++ through cmake: 698 CPU-seconds (about 6 minutes of both cores, 40 minutes at low
+//! priority beside other builds), and then needs libclang for its bindings, so every machine would
+//! need cmake, a C++ compiler and libclang installed. `coin_cbc` needs the system Cbc library.
+//! HiGHS is much faster on hard instances, but the MILP only sees problems of a few hundred free
+//! binaries (coarsen.rs), CI has 2 cores, and a build without system packages works anywhere.
+//! microlp honours a wall-clock limit (checked at every branch-and-bound node and every 1,000
+//! simplex pivots, so the search runs in measured time slices), accepts the DP's plan as a warm start, reports its best
+//! bound, and can resume a stopped search; the `microlp` crate is named directly only for that.
 //!
 //! # Complexity
 //! `n·(K−1)` binaries, `(F + P)·K` continuous variables (`F` flows, `P` weights) and
