@@ -12,6 +12,8 @@ use pipecut::partition::{
 };
 use proptest::prelude::*;
 
+mod common;
+
 /// One node of a random DAG: its op and the earlier nodes it reads (indices; none: the input).
 #[derive(Debug, Clone)]
 enum RandomNode {
@@ -463,4 +465,46 @@ fn the_cli_honours_the_time_limit() {
     let dp_plan: serde_json::Value = serde_json::from_slice(&dp_only.stdout).unwrap();
     let bottleneck = |p: &serde_json::Value| p["summary"]["bottleneck_secs"].as_f64().unwrap();
     assert!(bottleneck(&plan) <= bottleneck(&dp_plan) * (1.0 + 1e-9));
+}
+
+#[test]
+fn the_175b_shaped_model_is_coarsened_for_the_milp_within_the_time_limit() {
+    let path = common::gpt3_with_placeholder_weights();
+    let mut model = pipecut::onnx::load_model(&path).unwrap();
+    ShapeInference::new(
+        pipecut::onnx::shape::DimBindings::new()
+            .bind("batch", 1)
+            .bind("seq", 2048),
+    )
+    .run(&mut model.graph)
+    .unwrap();
+    let cluster = Cluster::parse("2x8xH100-SXM", &Catalog::builtin()).unwrap();
+    // The DP always finishes (about 1 s here in a debug build) and the MILP gets the rest.
+    let limit = Duration::from_secs(5);
+    let started = Instant::now();
+    let solution = Planner::new(&model.graph, &cluster)
+        .with_stages(StageCount::Fixed(16))
+        .with_solver(SolverChoice::Milp)
+        .with_time_limit(limit)
+        .solve()
+        .unwrap();
+    let wall = started.elapsed();
+    // The baselines and the final evaluation come after the deadline.
+    assert!(wall < limit + Duration::from_millis(1500), "took {wall:?}");
+    let report = solution.milp.as_ref().unwrap();
+    assert!(report.coarsened, "{report:?}");
+    assert!(report.nodes < model.graph.node_count() / 2, "{report:?}");
+    solution
+        .problem
+        .check_assignment(&solution.stage_of)
+        .unwrap();
+    let dp_plan = dp::solve(&solution.problem).unwrap();
+    assert!(solution.evaluation.bottleneck_secs <= dp_plan.bottleneck_secs * (1.0 + 1e-9));
+    // A coarse proof is no proof for the model.
+    if solution.status == SolveStatus::Optimal {
+        assert!(
+            solution.evaluation.bottleneck_secs
+                <= solution.problem.lower_bound_secs() * (1.0 + 1e-9)
+        );
+    }
 }

@@ -744,8 +744,9 @@ pub fn solve_model(
     let free = free_binaries(problem, incumbent_secs);
     if free <= MAX_BINARIES {
         let mut run = solve(problem, incumbent, deadline);
-        if !run.proven {
-            // The DP along the order of the MILP's plan moves its boundaries node by node.
+        // The DP along the order of the MILP's plan moves its boundaries node by node; the model
+        // is small here, so it runs unless the deadline is already half a DP behind.
+        if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
             if let Some(refined) = super::coarsen::refine(problem, &run.stage_of) {
                 run.stage_of = refined;
             }
@@ -790,7 +791,11 @@ pub fn solve_model(
         timed_out: false,
         improved: false,
     };
-    if let Some(start) = start {
+    // Coarsening and the start took time too: without room for the refinement after it, the
+    // MILP is not begun.
+    let room = |reserve: Duration| Instant::now() + reserve <= deadline;
+    report.timed_out = true;
+    if let Some(start) = start.filter(|_| room(refine_reserve)) {
         let milp_deadline = deadline
             .checked_sub(refine_reserve)
             .unwrap_or(deadline)
@@ -802,8 +807,11 @@ pub fn solve_model(
         if better(problem, &found, &best) {
             best = found;
         }
-        if let Some(refined) = super::coarsen::refine(problem, &best) {
-            best = refined;
+        // Refine unless the MILP overran into more than half the reserve.
+        if room(refine_reserve / 2) {
+            if let Some(refined) = super::coarsen::refine(problem, &best) {
+                best = refined;
+            }
         }
     }
     report.improved = better(problem, &best, incumbent);
