@@ -489,6 +489,11 @@ fn the_175b_shaped_model_is_coarsened_for_the_milp_within_the_time_limit() {
         .solve()
         .unwrap();
     let wall = started.elapsed();
+    eprintln!(
+        "175B-shaped MILP: {:.3} s wall, status {:?}",
+        wall.as_secs_f64(),
+        solution.status
+    );
     // The baselines and the final evaluation come after the deadline.
     assert!(wall < limit + Duration::from_millis(1500), "took {wall:?}");
     let report = solution.milp.as_ref().unwrap();

@@ -59,8 +59,8 @@ use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
 use good_lp::{
-    variable, Constraint, Expression, IntoAffineExpression, ProblemVariables, SolverModel,
-    Variable, WithInitialSolution, WithTimeLimit,
+    variable, Constraint, Expression, ProblemVariables, SolverModel, Variable, WithInitialSolution,
+    WithTimeLimit,
 };
 
 use super::dp::RELATIVE_TOLERANCE;
@@ -106,10 +106,10 @@ struct Model {
     vars: ProblemVariables,
     /// `y[v][b]`, `b < K − 1`.
     before: Vec<Vec<Before>>,
-    /// `z[f][b]`.
-    crossing: Vec<Vec<Variable>>,
+    /// `z[f][b]` (fixed where the windows decide it).
+    crossing: Vec<Vec<Before>>,
     /// `h[w][s]` (None for a weight with one reader, whose `x` is used directly).
-    held: Vec<Vec<Option<Variable>>>,
+    held: Vec<Vec<Option<Before>>>,
     /// The scaled bottleneck `T`.
     bottleneck: Variable,
     constraints: Vec<Constraint>,
@@ -135,6 +135,21 @@ fn on_stage(before: &[Before], stage: usize, stages: usize) -> Expression {
         x -= before[stage - 1].expr();
     }
     x
+}
+
+/// `x[v][s]` when the windows decide it.
+fn on_stage_fixed(before: &[Before], stage: usize) -> Option<bool> {
+    let at_or_before = match before.get(stage) {
+        Some(Before::Fixed(value)) => *value,
+        Some(Before::Free(..)) => return None,
+        None => true,
+    };
+    let before_stage = match stage.checked_sub(1).map(|b| before[b]) {
+        Some(Before::Fixed(value)) => value,
+        Some(Before::Free(..)) => return None,
+        None => false,
+    };
+    Some(at_or_before && !before_stage)
 }
 
 /// For every position, the stages it can take in a plan whose every stage computes for at most
@@ -248,21 +263,57 @@ fn build(
                 .collect()
         })
         .collect();
-    let crossing: Vec<Vec<Variable>> = problem
+    // Where the windows fix every term of `z ≥ y[p] − y[c]`, `z` is a constant: most flows of a
+    // long model cross only boundaries near their nodes, so this keeps the LP small.
+    let crossing: Vec<Vec<Before>> = problem
         .flows()
         .iter()
-        .map(|_| {
+        .map(|flow| {
+            let producer = &before[flow.producer as usize];
             (0..boundaries)
-                .map(|_| vars.add(variable().min(0.0).max(1.0)))
+                .map(|b| {
+                    let consumers = flow.consumers.iter().map(|&c| before[c as usize][b]);
+                    match producer[b] {
+                        Before::Fixed(false) => Before::Fixed(false),
+                        Before::Fixed(true)
+                            if consumers.clone().any(|c| matches!(c, Before::Fixed(false))) =>
+                        {
+                            Before::Fixed(true)
+                        }
+                        _ if consumers.clone().all(|c| matches!(c, Before::Fixed(true))) => {
+                            Before::Fixed(false)
+                        }
+                        _ => {
+                            let index = vars.len();
+                            Before::Free(vars.add(variable().min(0.0).max(1.0)), index)
+                        }
+                    }
+                })
                 .collect()
         })
         .collect();
-    let held: Vec<Vec<Option<Variable>>> = problem
+    let held: Vec<Vec<Option<Before>>> = problem
         .params()
         .iter()
         .map(|param| {
             (0..k)
-                .map(|_| (param.uses.len() > 1).then(|| vars.add(variable().min(0.0).max(1.0))))
+                .map(|s| {
+                    if param.uses.len() == 1 {
+                        return None;
+                    }
+                    let readers = param
+                        .uses
+                        .iter()
+                        .map(|&u| on_stage_fixed(&before[u as usize], s));
+                    Some(if readers.clone().any(|x| x == Some(true)) {
+                        Before::Fixed(true)
+                    } else if readers.clone().all(|x| x == Some(false)) {
+                        Before::Fixed(false)
+                    } else {
+                        let index = vars.len();
+                        Before::Free(vars.add(variable().min(0.0).max(1.0)), index)
+                    })
+                })
                 .collect()
         })
         .collect();
@@ -287,16 +338,16 @@ fn build(
             let consumer = &before[consumer as usize];
             for b in 0..boundaries {
                 if producer[b].is_fixed() && consumer[b].is_fixed() {
-                    if let (Before::Fixed(p), Before::Fixed(c)) = (producer[b], consumer[b]) {
-                        if p && !c {
-                            constraints.push(crossing[f][b].into_expression().geq(1.0));
-                        }
-                    }
+                    // Consistent by construction: a consumer's window is never before its
+                    // producer's, and a fixed crossing was fixed to 1 above.
                     continue;
                 }
                 constraints.push(consumer[b].expr().leq(producer[b].expr()));
-                // z ≥ y[p] − y[c]
-                constraints.push((producer[b].expr() - consumer[b].expr()).leq(crossing[f][b]));
+                if !crossing[f][b].is_fixed() {
+                    // z ≥ y[p] − y[c]
+                    constraints
+                        .push((producer[b].expr() - consumer[b].expr()).leq(crossing[f][b].expr()));
+                }
             }
         }
     }
@@ -309,9 +360,9 @@ fn build(
     }
     for (param, held_on) in problem.params().iter().zip(&held) {
         for (s, h) in held_on.iter().enumerate() {
-            if let Some(h) = *h {
+            if let Some(h @ Before::Free(..)) = *h {
                 for &u in &param.uses {
-                    constraints.push(on_stage(&before[u as usize], s, k).leq(h));
+                    constraints.push(on_stage(&before[u as usize], s, k).leq(h.expr()));
                 }
             }
         }
@@ -336,10 +387,13 @@ fn build(
         }
         for (f, flow) in problem.flows().iter().enumerate() {
             if s > 0 {
-                time.add_mul(receive(s - 1, flow.bytes) * time_scale, crossing[f][s - 1]);
+                time.add_mul(
+                    receive(s - 1, flow.bytes) * time_scale,
+                    crossing[f][s - 1].expr(),
+                );
             }
             if training && s + 1 < k {
-                time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s]);
+                time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s].expr());
             }
         }
         constraints.push(time.leq(bottleneck));
@@ -352,7 +406,7 @@ fn build(
         for (w, param) in problem.params().iter().enumerate() {
             let footprint = param.footprint_bytes as f64 / capacity;
             match held[w][s] {
-                Some(h) => memory.add_mul(footprint, h),
+                Some(h) => memory.add_mul(footprint, h.expr()),
                 None => memory.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
             }
         }
@@ -364,7 +418,10 @@ fn build(
         }
         if s > 0 {
             for (f, flow) in problem.flows().iter().enumerate() {
-                memory.add_mul(in_flight * flow.bytes as f64 / capacity, crossing[f][s - 1]);
+                memory.add_mul(
+                    in_flight * flow.bytes as f64 / capacity,
+                    crossing[f][s - 1].expr(),
+                );
             }
         }
         constraints.push(memory.leq(1.0));
@@ -403,13 +460,15 @@ fn hint(
             .map(|&c| stage_of[c as usize].index())
             .max()
             .unwrap_or(from);
-        for (b, &z) in model.crossing[f].iter().enumerate() {
-            values.push((z, f64::from(u8::from(from <= b && b < last))));
+        for (b, z) in model.crossing[f].iter().enumerate() {
+            if let Before::Free(z, _) = z {
+                values.push((*z, f64::from(u8::from(from <= b && b < last))));
+            }
         }
     }
     for (w, param) in problem.params().iter().enumerate() {
         for s in 0..k {
-            if let Some(h) = model.held[w][s] {
+            if let Some(Before::Free(h, _)) = model.held[w][s] {
                 let used = param
                     .uses
                     .iter()
@@ -676,8 +735,8 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         let start = hint(problem, &model, &best, optimum_secs * time_scale);
         let mut objective = Expression::from(0.0);
         for (f, flow) in problem.flows().iter().enumerate() {
-            for &z in &model.crossing[f] {
-                objective.add_mul(flow.bytes as f64 / total_bytes, z);
+            for z in &model.crossing[f] {
+                objective.add_mul(flow.bytes as f64 / total_bytes, z.expr());
             }
         }
         let second = run_model(model, objective, start, deadline);
