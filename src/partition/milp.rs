@@ -30,7 +30,7 @@
 //!   by the incumbent's bottleneck. Then, with every stage time held at the optimum found, a
 //!   second solve minimises the bytes crossing boundaries (`Σ bytes_f·z[f][b]`), the tie-break.
 //!
-//! Stage windows ([`stage_windows`]) fix `y` outside the stages a node can take in any plan no
+//! Stage windows (`stage_windows`) fix `y` outside the stages a node can take in any plan no
 //! slower than the incumbent, and with it every `z` and `h` whose terms are all fixed.
 //!
 //! Times are scaled by the incumbent's bottleneck and memory rows by the stage's capacity, so
