@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, Cluster, Schedule};
 use pipecut::onnx::inspect::human_bytes;
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount};
+use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
@@ -82,6 +82,23 @@ impl From<ScheduleArg> for Schedule {
     }
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SolverArg {
+    Dp,
+    Milp,
+    Auto,
+}
+
+impl From<SolverArg> for SolverChoice {
+    fn from(s: SolverArg) -> SolverChoice {
+        match s {
+            SolverArg::Dp => SolverChoice::Dp,
+            SolverArg::Milp => SolverChoice::Milp,
+            SolverArg::Auto => SolverChoice::Auto,
+        }
+    }
+}
+
 /// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
@@ -125,9 +142,15 @@ pub struct PartitionArgs {
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
-    /// Time budget for the solvers that search (e.g. 10s, 500ms).
+    /// Time budget for the whole solve (e.g. 10s, 500ms): the MILP stops at it with its best
+    /// plan and gap. A plan stopped by the limit depends on the machine's speed; a finished one
+    /// is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
+    /// dp: the exact DP over one topological order (fast); milp: the DP, then the MILP over all
+    /// convex partitions; auto: the MILP only where the DP's plan is not proven optimal.
+    #[arg(long, value_enum, default_value = "auto")]
+    solver: SolverArg,
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
@@ -157,6 +180,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             unknown_ops: args.unknown_op_cost.into(),
         },
         time_limit: args.time_limit,
+        solver: args.solver.into(),
     };
     let spinner = super::spinner(&format!(
         "partitioning {} nodes over {} devices",
@@ -203,11 +227,35 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         print_stdout(&json)?;
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;
+        if let Some(report) = &solution.milp {
+            print_stdout(&milp_line(report))?;
+        }
         if let Some(out) = &args.out {
             print_stdout(&format!("wrote {}\n", out.display()))?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the MILP did, in one line.
+fn milp_line(report: &pipecut::partition::MilpReport) -> String {
+    let graph = if report.coarsened {
+        format!("a coarsened graph of {} super-nodes", report.nodes)
+    } else {
+        format!("all {} nodes", report.nodes)
+    };
+    let outcome = match (report.proven, report.timed_out) {
+        (true, _) if report.coarsened => "optimal over the coarsened graph",
+        (true, _) => "proven optimal",
+        (false, true) => "stopped at the time limit",
+        (false, false) => "stopped without a proof",
+    };
+    let improved = if report.improved {
+        "improved on the DP's plan"
+    } else {
+        "kept the DP's plan"
+    };
+    format!("MILP on {graph}: {outcome}; {improved}\n")
 }
 
 fn ms(secs: f64) -> String {
@@ -300,7 +348,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             format!("time limit reached, within {:.2}% of optimal", gap * 100.0)
         }
         pipecut::partition::SolveStatus::Heuristic => format!(
-            "optimal for the topological order; within {:.2}% of the lower bound",
+            "not proven optimal over all convex partitions; within {:.2}% of the lower bound",
             summary.gap * 100.0
         ),
     };

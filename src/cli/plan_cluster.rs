@@ -12,7 +12,7 @@ use clap::Args;
 use pipecut::cost::{Catalog, Schedule};
 use pipecut::onnx::inspect::human_bytes;
 use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount};
+use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
@@ -113,6 +113,9 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
                 memory_headroom: request.memory_headroom,
                 unknown_ops: request.unknown_ops,
             },
+            // The DP: the search costed every configuration with its partition, so the plan's
+            // stages are the ones its step, all-reduce and throughput figures describe.
+            solver: SolverChoice::Dp,
             time_limit: args.time_limit,
         })
         .solve()

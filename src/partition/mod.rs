@@ -5,6 +5,9 @@
 //! ```text
 //! Graph + Cluster + CostSettings ──▶ PartitionProblem ──▶ solvers ──▶ Solution
 //!                                     (problem.rs)          dp.rs: exact on a topological order
+//!                                                           milp.rs: exact over all convex
+//!                                                             partitions, under a deadline
+//!                                                           coarsen.rs: super-nodes for the MILP
 //!                                                           baselines.rs: the peers' methods
 //! ```
 //!
@@ -13,9 +16,11 @@
 //! reads no files and prints nothing; the plan phase turns a [`Solution`] into JSON.
 
 pub mod baselines;
+pub mod coarsen;
 pub mod dp;
 pub mod layers;
 pub mod parallelism;
+pub mod milp;
 pub mod problem;
 
 use std::time::{Duration, Instant};
@@ -23,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use baselines::Baseline;
+pub use milp::MilpReport;
 pub use problem::{CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId};
 
 use crate::cost::{Cluster, DeviceId};
@@ -66,8 +72,9 @@ pub enum SolveStatus {
         /// `(bottleneck − lower bound) / bottleneck`.
         gap: f64,
     },
-    /// Optimal among contiguous partitions of the topological order, not proven over all
-    /// convex partitions.
+    /// Not proven over all convex partitions: optimal among contiguous partitions of one
+    /// topological order (the DP), or over a coarsened graph (the MILP on super-nodes, see
+    /// coarsen.rs). The plan's gap to the lower bound still bounds the loss.
     Heuristic,
 }
 
@@ -77,6 +84,34 @@ pub enum SolveStatus {
 pub enum SolverKind {
     /// The dynamic program over a topological order.
     Dp,
+    /// The MILP over all convex partitions (possibly of a coarsened graph), started from the DP.
+    Milp,
+}
+
+/// Which solvers a [`Planner`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SolverChoice {
+    /// The DP only: always fast, exact when the graph is a chain.
+    Dp,
+    /// The DP, then the MILP from its plan until the time limit, whatever the graph.
+    Milp,
+    /// The DP, then the MILP when the DP's plan is not already proven optimal (the graph is not
+    /// a chain and the plan is above the lower bound).
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for SolverChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SolverChoice, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "dp" => Ok(SolverChoice::Dp),
+            "milp" => Ok(SolverChoice::Milp),
+            "auto" => Ok(SolverChoice::Auto),
+            _ => Err(format!("'{s}' is not a solver (dp, milp or auto)")),
+        }
+    }
 }
 
 /// The partition request.
@@ -88,9 +123,11 @@ pub struct PartitionConfig {
     pub devices: Vec<DeviceId>,
     /// Mode, schedule, micro-batches, memory headroom.
     pub settings: CostSettings,
-    /// Wall-clock budget for the solvers that search (the MILP); the DP always finishes.
+    /// Wall-clock budget for the whole solve; the DP always finishes, the MILP stops at it.
     #[serde(serialize_with = "serialize_secs")]
     pub time_limit: Duration,
+    /// Which solvers run.
+    pub solver: SolverChoice,
 }
 
 fn serialize_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -104,6 +141,7 @@ impl Default for PartitionConfig {
             devices: Vec::new(),
             settings: CostSettings::default(),
             time_limit: Duration::from_secs(10),
+            solver: SolverChoice::Auto,
         }
     }
 }
@@ -157,6 +195,8 @@ pub struct Solution {
     pub baselines: Vec<BaselineResult>,
     /// With `auto`, every stage count tried.
     pub candidates: Vec<StageCountCandidate>,
+    /// What the MILP did, when it ran.
+    pub milp: Option<milp::MilpReport>,
 }
 
 impl Solution {
@@ -260,7 +300,13 @@ impl<'a> Planner<'a> {
         self
     }
 
-    /// Time budget of searching solvers.
+    /// Which solvers run.
+    pub fn with_solver(mut self, solver: SolverChoice) -> Self {
+        self.config.solver = solver;
+        self
+    }
+
+    /// Time budget of the whole solve (the MILP stops at it).
     pub fn with_time_limit(mut self, limit: Duration) -> Self {
         self.config.time_limit = limit;
         self
@@ -297,6 +343,7 @@ impl<'a> Planner<'a> {
     /// Solves: the best partition, its status and lower bound, and the baselines.
     pub fn solve(&self) -> Result<Solution, Error> {
         let started = Instant::now();
+        let deadline = started + self.config.time_limit;
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
         let (mut solution, candidates) = match self.config.stages {
@@ -312,9 +359,9 @@ impl<'a> Planner<'a> {
                         "{k} stages cannot be made from {nodes} nodes"
                     )));
                 }
-                (self.solve_fixed(&devices[..k])?, Vec::new())
+                (self.solve_fixed(&devices[..k], deadline)?, Vec::new())
             }
-            StageCount::Auto => self.solve_auto(&devices)?,
+            StageCount::Auto => self.solve_auto(&devices, deadline)?,
         };
         solution.candidates = candidates;
         solution.solve_secs = started.elapsed().as_secs_f64();
@@ -325,32 +372,74 @@ impl<'a> Planner<'a> {
         PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)
     }
 
-    fn solve_fixed(&self, devices: &[DeviceId]) -> Result<Solution, Error> {
+    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.
+    fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
         let problem = self.problem(devices)?;
+        let dp_started = Instant::now();
         let Some(order) = dp::solve(&problem) else {
             return Err(Error::Infeasible(explain_infeasible(
                 &problem,
                 self.cluster,
             )));
         };
-        let lower_bound_secs = problem.lower_bound_secs();
-        let evaluation = problem.evaluate(&order.stage_of);
-        let proven =
-            evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-        let baselines = evaluate_baselines(&problem);
-        Ok(Solution {
-            status: if proven {
+        let dp_secs = dp_started.elapsed();
+        let mut lower_bound_secs = problem.lower_bound_secs();
+        let dp_evaluation = problem.evaluate(&order.stage_of);
+        let at_bound =
+            dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
+        // A chain has one topological order, so the DP saw every convex partition.
+        let dp_exact = at_bound || is_chain(&problem);
+        let run_milp = match self.config.solver {
+            SolverChoice::Dp => false,
+            SolverChoice::Milp => true,
+            SolverChoice::Auto => !dp_exact,
+        };
+        let (stage_of, status, solver, milp) = if run_milp {
+            let (stage_of, bound, report) =
+                milp::solve_model(&problem, &order.stage_of, deadline, dp_secs);
+            if let Some(bound) = bound {
+                lower_bound_secs = lower_bound_secs.max(bound);
+            }
+            let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
+            let meets_bound = bottleneck <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
+            let status = if meets_bound || (report.proven && !report.coarsened) || dp_exact {
+                SolveStatus::Optimal
+            } else if report.timed_out && !report.proven {
+                SolveStatus::TimeLimit {
+                    gap: relative_gap(bottleneck, lower_bound_secs),
+                }
+            } else {
+                SolveStatus::Heuristic
+            };
+            let solver = if report.improved {
+                SolverKind::Milp
+            } else {
+                SolverKind::Dp
+            };
+            (stage_of, status, solver, Some(report))
+        } else {
+            let status = if dp_exact {
                 SolveStatus::Optimal
             } else {
                 SolveStatus::Heuristic
-            },
+            };
+            (order.stage_of, status, SolverKind::Dp, None)
+        };
+        let evaluation = problem.evaluate(&stage_of);
+        if status == SolveStatus::Optimal {
+            lower_bound_secs = evaluation.bottleneck_secs;
+        }
+        let baselines = evaluate_baselines(&problem);
+        Ok(Solution {
+            status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
-            stage_of: order.stage_of,
+            stage_of,
             evaluation,
-            solver: SolverKind::Dp,
+            solver,
             solve_secs: 0.0,
             baselines,
             candidates: Vec::new(),
+            milp,
             problem,
         })
     }
@@ -360,6 +449,7 @@ impl<'a> Planner<'a> {
     fn solve_auto(
         &self,
         devices: &[DeviceId],
+        deadline: Instant,
     ) -> Result<(Solution, Vec<StageCountCandidate>), Error> {
         let max_stages = devices.len().min(self.graph.node_count()).max(1);
         let schedule = match self.config.settings.schedule {
@@ -409,8 +499,31 @@ impl<'a> Planner<'a> {
             .iter()
             .map(|s| s.device)
             .collect::<Vec<_>>();
-        Ok((self.solve_fixed(&devices)?, candidates))
+        Ok((self.solve_fixed(&devices, deadline)?, candidates))
     }
+}
+
+/// `(bottleneck − bound) / bottleneck`, 0 for a zero bottleneck.
+fn relative_gap(bottleneck_secs: f64, bound_secs: f64) -> f64 {
+    if bottleneck_secs > 0.0 {
+        ((bottleneck_secs - bound_secs) / bottleneck_secs).max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// Whether the problem's topological order is its only one: every node feeds the next, so every
+/// convex partition is contiguous in it.
+pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
+    let n = problem.node_count();
+    let mut feeds_next = vec![false; n.saturating_sub(1)];
+    for flow in problem.flows() {
+        let p = flow.producer as usize;
+        if p + 1 < n && flow.consumers.binary_search(&(flow.producer + 1)).is_ok() {
+            feeds_next[p] = true;
+        }
+    }
+    feeds_next.iter().all(|&f| f)
 }
 
 fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {

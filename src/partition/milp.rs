@@ -1,0 +1,943 @@
+//! The exact solver over all convex, ordered partitions: a mixed-integer linear program, modelled
+//! with `good_lp` and solved by branch and bound, under a wall-clock deadline.
+//!
+//! The DP (dp.rs) is exact only among partitions that are contiguous in one topological order;
+//! on a DAG with parallel branches a better convex partition may interleave the order. The MILP
+//! searches them all, starts from the DP's plan (so it is never worse), and proves optimality
+//! when it finishes before the deadline; otherwise it keeps the best plan found and a proven
+//! lower bound, from which the caller reports the gap.
+//!
+//! # Formulation (positions `v`, stages `s = 0..K`, boundaries `b = 0..K−1`)
+//! - `y[v][b] ∈ {0,1}`: node `v` is on a stage `≤ b`. Monotone: `y[v][b] ≤ y[v][b+1]`; the
+//!   stage of `v` is `Σ_b (1 − y[v][b])`, and `x[v][s] = y[v][s] − y[v][s−1]` (with
+//!   `y[v][−1] = 0`, `y[v][K−1] = 1`) says "`v` is on stage `s`".
+//! - Convex and ordered: for every edge `u → v`, `y[v][b] ≤ y[u][b]` (if `v` is on a stage
+//!   `≤ b`, so is `u`). Every stage is used: `Σ_v x[v][s] ≥ 1`.
+//! - Cut tensors: `z[f][b] ∈ [0,1]` with `z[f][b] ≥ y[p][b] − y[c][b]` for the producer `p` and
+//!   every consumer `c` of flow `f`: the flow crosses boundary `b` iff its producer is before it
+//!   and some reader after it, which under relaying (problem.rs) is exactly when stage `b+1`
+//!   receives it. `z` needs no integrality: it only appears with non-negative coefficients on
+//!   the small side of `≤` constraints and in the minimised byte objective, so some optimum has
+//!   it at its lower bound, which is 0 or 1 once `y` is integral.
+//! - Parameters held: `h[w][s] ∈ [0,1]`, `h[w][s] ≥ x[u][s]` for every reader `u` of weight `w`
+//!   (a weight shared by several nodes of a stage is counted once).
+//! - Time: `Σ_v t_s(v)·x[v][s] + Σ_f (λ_s + bytes_f/β_s)·z[f][s−1]
+//!   (+ in training Σ_f (λ_{s+1} + bytes_f/β_{s+1})·z[f][s]) ≤ T` for every stage, exactly
+//!   [`PartitionProblem::evaluate`]'s model (λ latency, β bandwidth of the link into a stage).
+//! - Memory: `Σ_w footprint_w·h[w][s] + m_s·(Σ_v a(v)·x[v][s] + Σ_f bytes_f·z[f][s−1]) ≤ M_s`,
+//!   with `m_s` the micro-batches the schedule keeps in flight on stage `s`.
+//! - Objective: minimise `T`, bounded below by [`PartitionProblem::lower_bound_secs`] and above
+//!   by the incumbent's bottleneck. Then, with every stage time held at the optimum found, a
+//!   second solve minimises the bytes crossing boundaries (`Σ bytes_f·z[f][b]`), the tie-break.
+//!
+//! Stage windows (`stage_windows`) fix `y` outside the stages a node can take in any plan no
+//! slower than the incumbent, and with it every `z` and `h` whose terms are all fixed.
+//!
+//! Times are scaled by the incumbent's bottleneck and memory rows by the stage's capacity, so
+//! every coefficient the solver sees is of order 1 (raw seconds are ~10⁻⁶, bytes ~10¹⁰).
+//!
+//! Every answer is decoded into a stage per node, checked with
+//! [`PartitionProblem::check_assignment`] and re-evaluated with [`PartitionProblem::evaluate`];
+//! the solver's own objective is never reported.
+//!
+//! # Backend
+//! `good_lp` with `microlp` (pure Rust branch and bound over a dual simplex). Measured on the
+//! project's 2-core machine from clean target directories, debug profile: `good_lp` + `microlp`
+//! build in 11 s wall (12 CPU-seconds; 30 s while other builds ran). `good_lp` + `highs` compiles
+//! HiGHS from C++ through cmake: 698 CPU-seconds (about 6 minutes of both cores, 40 minutes at low
+//! priority beside other builds), and then needs libclang for its bindings, so every machine would
+//! need cmake, a C++ compiler and libclang installed. `coin_cbc` needs the system Cbc library.
+//! HiGHS is much faster on hard instances, but the MILP only sees problems of a few hundred free
+//! binaries (coarsen.rs), CI has 2 cores, and a build without system packages works anywhere.
+//! microlp honours a wall-clock limit (checked at every branch-and-bound node and every 1,000
+//! simplex pivots, so the search runs in measured time slices), accepts the DP's plan as a warm start, reports its best
+//! bound, and can resume a stopped search; the `microlp` crate is named directly only for that.
+//!
+//! # Complexity
+//! `n·(K−1)` binaries, `(F + P)·K` continuous variables (`F` flows, `P` weights) and
+//! `O(n·K + Σ readers·K)` rows; branch and bound is exponential in the worst case, hence the
+//! deadline and coarsening.
+
+use std::time::{Duration, Instant};
+
+use good_lp::solvers::microlp::microlp;
+use good_lp::{
+    variable, Constraint, Expression, ProblemVariables, SolverModel, Variable, WithInitialSolution,
+    WithTimeLimit,
+};
+
+use super::dp::RELATIVE_TOLERANCE;
+use super::problem::{PartitionProblem, StageId};
+use crate::cost::Mode;
+
+/// What one MILP run found on one problem.
+#[derive(Debug, Clone)]
+pub struct MilpRun {
+    /// Stage of every position: the best plan found, never worse than the incumbent.
+    pub stage_of: Vec<StageId>,
+    /// Whether the bottleneck is proven optimal over all convex partitions of this problem.
+    pub proven: bool,
+    /// A bottleneck no convex partition of this problem can beat, when the solver proved one
+    /// (the lower bound of branch and bound at the deadline, or the optimum).
+    pub bound_secs: Option<f64>,
+    /// Whether the deadline stopped the search.
+    pub timed_out: bool,
+}
+
+/// `y[v][b]`: a binary variable, or a value fixed before solving (see [`stage_windows`]).
+#[derive(Clone, Copy)]
+enum Before {
+    Fixed(bool),
+    /// The variable and its index in the model (the solver's column).
+    Free(Variable, usize),
+}
+
+impl Before {
+    fn expr(self) -> Expression {
+        match self {
+            Before::Fixed(value) => Expression::from(f64::from(u8::from(value))),
+            Before::Free(y, _) => Expression::from(y),
+        }
+    }
+    fn is_fixed(self) -> bool {
+        matches!(self, Before::Fixed(_))
+    }
+}
+
+/// Variables of one model.
+struct Model {
+    vars: ProblemVariables,
+    /// `y[v][b]`, `b < K − 1`.
+    before: Vec<Vec<Before>>,
+    /// `z[f][b]` (fixed where the windows decide it).
+    crossing: Vec<Vec<Before>>,
+    /// `h[w][s]` (None for a weight with one reader, whose `x` is used directly).
+    held: Vec<Vec<Option<Before>>>,
+    /// The scaled bottleneck `T`.
+    bottleneck: Variable,
+    constraints: Vec<Constraint>,
+}
+
+/// What the model minimises.
+#[derive(Clone, Copy)]
+enum Objective {
+    /// The bottleneck `T` (scaled).
+    Bottleneck,
+    /// Bytes crossing boundaries, with every stage time at most this scaled bound.
+    CutBytes { scaled_bound: f64 },
+}
+
+/// `x[v][s]` as an expression of `y`.
+fn on_stage(before: &[Before], stage: usize, stages: usize) -> Expression {
+    let mut x = if stage + 1 < stages {
+        before[stage].expr()
+    } else {
+        Expression::from(1.0)
+    };
+    if stage > 0 {
+        x -= before[stage - 1].expr();
+    }
+    x
+}
+
+/// `x[v][s]` when the windows decide it.
+fn on_stage_fixed(before: &[Before], stage: usize) -> Option<bool> {
+    let at_or_before = match before.get(stage) {
+        Some(Before::Fixed(value)) => *value,
+        Some(Before::Free(..)) => return None,
+        None => true,
+    };
+    let before_stage = match stage.checked_sub(1).map(|b| before[b]) {
+        Some(Before::Fixed(value)) => value,
+        Some(Before::Free(..)) => return None,
+        None => false,
+    };
+    Some(at_or_before && !before_stage)
+}
+
+/// For every position, the stages it can take in a plan whose every stage computes for at most
+/// `bound_secs`: node `v` and all its ancestors need `⌈time / bound⌉` stages before and
+/// including `v`'s, and `v` with all its descendants as many from `v`'s on (times on the fastest
+/// device kind, so the windows hold on any device order). Returns `(earliest, latest)` stages.
+///
+/// # Complexity
+/// O(n² / 64 + n·E/64) with bit sets of ancestors and descendants.
+fn stage_windows(problem: &PartitionProblem, bound_secs: f64) -> Vec<(usize, usize)> {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    let fastest: Vec<f64> = (0..n)
+        .map(|v| {
+            (0..k)
+                .map(|s| problem.node_secs(s, v))
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    let words = n.div_ceil(64);
+    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for flow in problem.flows() {
+        for &c in &flow.consumers {
+            preds[c as usize].push(flow.producer);
+        }
+    }
+    let closure = |forward: bool| -> Vec<f64> {
+        // Ancestors (forward) or descendants, each a bit set including the node itself.
+        let mut sets = vec![vec![0u64; words]; n];
+        let positions: Vec<usize> = if forward {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); n];
+        if !forward {
+            for (c, ps) in preds.iter().enumerate() {
+                for &p in ps {
+                    succs[p as usize].push(c as u32);
+                }
+            }
+        }
+        for v in positions {
+            let mut set = vec![0u64; words];
+            set[v / 64] |= 1 << (v % 64);
+            let linked = if forward { &preds[v] } else { &succs[v] };
+            for &u in linked {
+                for (w, bits) in set.iter_mut().zip(&sets[u as usize]) {
+                    *w |= bits;
+                }
+            }
+            sets[v] = set;
+        }
+        sets.iter()
+            .map(|set| {
+                let mut sum = 0.0;
+                for (w, &bits) in set.iter().enumerate() {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        let b = bits.trailing_zeros() as usize;
+                        sum += fastest[w * 64 + b];
+                        bits &= bits - 1;
+                    }
+                }
+                sum
+            })
+            .collect()
+    };
+    let ancestors = closure(true);
+    let descendants = closure(false);
+    let stages_for = |secs: f64| -> usize {
+        if bound_secs <= 0.0 {
+            return 1;
+        }
+        // Slack for rounding: a window must never exclude a plan within the bound.
+        ((secs / (bound_secs * (1.0 + 1e-9))).ceil() as usize).max(1)
+    };
+    (0..n)
+        .map(|v| {
+            let earliest = (stages_for(ancestors[v]) - 1).min(k - 1);
+            let latest = k.saturating_sub(stages_for(descendants[v])).max(earliest);
+            (earliest, latest)
+        })
+        .collect()
+}
+
+fn build(
+    problem: &PartitionProblem,
+    time_scale: f64,
+    lower: f64,
+    objective: Objective,
+    windows: &[(usize, usize)],
+) -> Model {
+    let k = problem.stage_count();
+    let boundaries = k - 1;
+    let mut vars = ProblemVariables::new();
+    let before: Vec<Vec<Before>> = windows
+        .iter()
+        .map(|&(earliest, latest)| {
+            (0..boundaries)
+                .map(|b| {
+                    if b < earliest {
+                        Before::Fixed(false)
+                    } else if b >= latest {
+                        Before::Fixed(true)
+                    } else {
+                        let index = vars.len();
+                        Before::Free(vars.add(variable().binary()), index)
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    // Where the windows fix every term of `z ≥ y[p] − y[c]`, `z` is a constant: most flows of a
+    // long model cross only boundaries near their nodes, so this keeps the LP small.
+    let crossing: Vec<Vec<Before>> = problem
+        .flows()
+        .iter()
+        .map(|flow| {
+            let producer = &before[flow.producer as usize];
+            (0..boundaries)
+                .map(|b| {
+                    let consumers = flow.consumers.iter().map(|&c| before[c as usize][b]);
+                    match producer[b] {
+                        Before::Fixed(false) => Before::Fixed(false),
+                        Before::Fixed(true)
+                            if consumers.clone().any(|c| matches!(c, Before::Fixed(false))) =>
+                        {
+                            Before::Fixed(true)
+                        }
+                        _ if consumers.clone().all(|c| matches!(c, Before::Fixed(true))) => {
+                            Before::Fixed(false)
+                        }
+                        _ => {
+                            let index = vars.len();
+                            Before::Free(vars.add(variable().min(0.0).max(1.0)), index)
+                        }
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let held: Vec<Vec<Option<Before>>> = problem
+        .params()
+        .iter()
+        .map(|param| {
+            (0..k)
+                .map(|s| {
+                    if param.uses.len() == 1 {
+                        return None;
+                    }
+                    let readers = param
+                        .uses
+                        .iter()
+                        .map(|&u| on_stage_fixed(&before[u as usize], s));
+                    Some(if readers.clone().any(|x| x == Some(true)) {
+                        Before::Fixed(true)
+                    } else if readers.clone().all(|x| x == Some(false)) {
+                        Before::Fixed(false)
+                    } else {
+                        let index = vars.len();
+                        Before::Free(vars.add(variable().min(0.0).max(1.0)), index)
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let upper = match objective {
+        Objective::Bottleneck => 1.0 + 4.0 * RELATIVE_TOLERANCE,
+        Objective::CutBytes { scaled_bound } => scaled_bound,
+    };
+    let bottleneck = vars.add(variable().min(lower.min(upper)).max(upper));
+    let mut constraints = Vec::new();
+
+    // Monotone stage index and convexity.
+    for row in &before {
+        for b in 1..boundaries {
+            if !(row[b - 1].is_fixed() && row[b].is_fixed()) {
+                constraints.push(row[b - 1].expr().leq(row[b].expr()));
+            }
+        }
+    }
+    for (f, flow) in problem.flows().iter().enumerate() {
+        let producer = &before[flow.producer as usize];
+        for &consumer in &flow.consumers {
+            let consumer = &before[consumer as usize];
+            for b in 0..boundaries {
+                if producer[b].is_fixed() && consumer[b].is_fixed() {
+                    // Consistent by construction: a consumer's window is never before its
+                    // producer's, and a fixed crossing was fixed to 1 above.
+                    continue;
+                }
+                constraints.push(consumer[b].expr().leq(producer[b].expr()));
+                if !crossing[f][b].is_fixed() {
+                    // z ≥ y[p] − y[c]
+                    constraints
+                        .push((producer[b].expr() - consumer[b].expr()).leq(crossing[f][b].expr()));
+                }
+            }
+        }
+    }
+    for s in 0..k {
+        let mut count = Expression::from(0.0);
+        for row in &before {
+            count += on_stage(row, s, k);
+        }
+        constraints.push(count.geq(1.0));
+    }
+    for (param, held_on) in problem.params().iter().zip(&held) {
+        for (s, h) in held_on.iter().enumerate() {
+            if let Some(h @ Before::Free(..)) = *h {
+                for &u in &param.uses {
+                    constraints.push(on_stage(&before[u as usize], s, k).leq(h.expr()));
+                }
+            }
+        }
+    }
+
+    let training = matches!(problem.settings().mode, Mode::Training { .. });
+    // Cost of receiving flow `f` across boundary `b` on the link into stage `b + 1`.
+    let receive = |b: usize, bytes: u64| -> f64 {
+        match problem.stages()[b + 1].link_in {
+            Some((bandwidth, latency)) => latency + bytes as f64 / bandwidth,
+            None => 0.0,
+        }
+    };
+    for s in 0..k {
+        // Time.
+        let mut time = Expression::from(0.0);
+        for (v, row) in before.iter().enumerate() {
+            let secs = problem.node_secs(s, v);
+            if secs != 0.0 {
+                time.add_mul(secs * time_scale, on_stage(row, s, k));
+            }
+        }
+        for (f, flow) in problem.flows().iter().enumerate() {
+            if s > 0 {
+                time.add_mul(
+                    receive(s - 1, flow.bytes) * time_scale,
+                    crossing[f][s - 1].expr(),
+                );
+            }
+            if training && s + 1 < k {
+                time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s].expr());
+            }
+        }
+        constraints.push(time.leq(bottleneck));
+
+        // Memory, in units of the stage's capacity.
+        let stage = &problem.stages()[s];
+        let capacity = stage.capacity_bytes.max(1) as f64;
+        let in_flight = stage.in_flight as f64;
+        let mut memory = Expression::from(0.0);
+        for (w, param) in problem.params().iter().enumerate() {
+            let footprint = param.footprint_bytes as f64 / capacity;
+            match held[w][s] {
+                Some(h) => memory.add_mul(footprint, h.expr()),
+                None => memory.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
+            }
+        }
+        for (v, row) in before.iter().enumerate() {
+            let bytes = problem.activation_bytes(v);
+            if bytes != 0 {
+                memory.add_mul(in_flight * bytes as f64 / capacity, on_stage(row, s, k));
+            }
+        }
+        if s > 0 {
+            for (f, flow) in problem.flows().iter().enumerate() {
+                memory.add_mul(
+                    in_flight * flow.bytes as f64 / capacity,
+                    crossing[f][s - 1].expr(),
+                );
+            }
+        }
+        constraints.push(memory.leq(1.0));
+    }
+    Model {
+        vars,
+        before,
+        crossing,
+        held,
+        bottleneck,
+        constraints,
+    }
+}
+
+/// The solver's variable values for a known assignment (the warm start).
+fn hint(
+    problem: &PartitionProblem,
+    model: &Model,
+    stage_of: &[StageId],
+    scaled_bottleneck: f64,
+) -> Vec<(Variable, f64)> {
+    let k = problem.stage_count();
+    let mut values = Vec::new();
+    for (v, row) in model.before.iter().enumerate() {
+        for (b, y) in row.iter().enumerate() {
+            if let Before::Free(y, _) = y {
+                values.push((*y, f64::from(u8::from(stage_of[v].index() <= b))));
+            }
+        }
+    }
+    for (f, flow) in problem.flows().iter().enumerate() {
+        let from = stage_of[flow.producer as usize].index();
+        let last = flow
+            .consumers
+            .iter()
+            .map(|&c| stage_of[c as usize].index())
+            .max()
+            .unwrap_or(from);
+        for (b, z) in model.crossing[f].iter().enumerate() {
+            if let Before::Free(z, _) = z {
+                values.push((*z, f64::from(u8::from(from <= b && b < last))));
+            }
+        }
+    }
+    for (w, param) in problem.params().iter().enumerate() {
+        for s in 0..k {
+            if let Some(Before::Free(h, _)) = model.held[w][s] {
+                let used = param
+                    .uses
+                    .iter()
+                    .any(|&u| stage_of[u as usize].index() == s);
+                values.push((h, f64::from(u8::from(used))));
+            }
+        }
+    }
+    values.push((model.bottleneck, scaled_bottleneck));
+    values
+}
+
+/// Stage of every position from the solver's `y` values.
+fn decode(before: &[Vec<Before>], values: &[f64]) -> Vec<StageId> {
+    before
+        .iter()
+        .map(|row| {
+            let later = row
+                .iter()
+                .filter(|y| match **y {
+                    Before::Fixed(v) => !v,
+                    Before::Free(_, index) => values[index] < 0.5,
+                })
+                .count();
+            StageId(later as u32)
+        })
+        .collect()
+}
+
+/// Whether `candidate` is strictly better than `best`: a smaller bottleneck beyond the DP's
+/// tolerance, or the same bottleneck with fewer bytes crossing.
+pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
+    if problem.check_assignment(candidate).is_err() {
+        return false;
+    }
+    let c = problem.evaluate(candidate);
+    if !c.fits() {
+        return false;
+    }
+    let b = problem.evaluate(best);
+    if !b.fits() {
+        return true;
+    }
+    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
+        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
+            && c.cut_bytes < b.cut_bytes)
+}
+
+/// Outcome of one solver call.
+struct Solved {
+    stage_of: Option<Vec<StageId>>,
+    proven: bool,
+    bound: Option<f64>,
+    timed_out: bool,
+}
+
+/// Hands out the solver's time in slices so that the deadline holds even though the solver
+/// checks its clock only every thousand simplex pivots and at branch-and-bound nodes: each
+/// slice's overshoot is measured, and the next slice ends early by 1.5 times the estimate.
+/// Slices start at 50 ms and double, so a search that needs little time pays little for this.
+struct Pacer {
+    deadline: Instant,
+    slice: Duration,
+    overshoot: Duration,
+    at_root: bool,
+}
+
+impl Pacer {
+    fn new(deadline: Instant) -> Pacer {
+        Pacer {
+            deadline,
+            slice: Duration::from_millis(50),
+            // Until a node slice is measured: a few node re-solves on a loaded debug build.
+            overshoot: Duration::from_millis(20),
+            at_root: true,
+        }
+    }
+
+    /// The next slice, or `None` when what is left would be spent overshooting.
+    fn next_slice(&mut self) -> Option<Duration> {
+        let margin = self.overshoot.mul_f64(1.5);
+        let left = self
+            .deadline
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(margin);
+        if left < Duration::from_millis(1) {
+            return None;
+        }
+        let slice = if self.at_root {
+            // The root LP must finish inside the first slice for the search to go on (an
+            // interrupted root leaves no state to resume), so it gets half of what is left.
+            left.mul_f64(0.5).max(self.slice.min(left))
+        } else {
+            let slice = self.slice.min(left);
+            self.slice = self.slice.saturating_mul(2);
+            slice
+        };
+        Some(slice)
+    }
+
+    fn observe(&mut self, asked: Duration, took: Duration) {
+        if std::mem::take(&mut self.at_root) {
+            // The first slice holds the root LP, one long stretch without a clock check that
+            // does not come again: branch-and-bound nodes after it are short re-solves.
+            return;
+        }
+        // The estimate follows the latest slice, but forgets a large one only by halves.
+        self.overshoot = took.saturating_sub(asked).max(self.overshoot / 2);
+    }
+}
+
+fn run_model(
+    model: Model,
+    objective: Expression,
+    hint: Vec<(Variable, f64)>,
+    deadline: Instant,
+) -> Solved {
+    let Model {
+        vars,
+        before,
+        constraints,
+        ..
+    } = model;
+    let not_run = Solved {
+        stage_of: None,
+        proven: false,
+        bound: None,
+        timed_out: true,
+    };
+    let loaded = vars
+        .minimise(objective)
+        .using(microlp)
+        .with_all(constraints)
+        .with_initial_solution(hint);
+    // The slices count from here: loading the model took part of the budget already.
+    let mut pacer = Pacer::new(deadline);
+    let Some(first) = pacer.next_slice() else {
+        return not_run;
+    };
+    let started = Instant::now();
+    let solved = loaded.with_time_limit(first.as_secs_f64()).solve();
+    pacer.observe(first, started.elapsed());
+    // An error means the solver accepted no assignment before its limit (the warm start makes
+    // that rare) or failed numerically: the incumbent stands, nothing is proven.
+    let Ok(solution) = solved else {
+        return not_run;
+    };
+    let mut outcome = microlp::SolveOutcome::Solution(solution.into_inner());
+    let values = |outcome: &microlp::SolveOutcome| -> Option<Vec<f64>> {
+        outcome
+            .solution()
+            // Raw values: rounding asserts integrality, and decode only compares with ½.
+            .map(|s| s.iter().map(|(var, _)| s.var_value_raw(var)).collect())
+    };
+    let mut last_values = values(&outcome);
+    while !outcome.is_optimal() {
+        let Some(slice) = pacer.next_slice() else {
+            break;
+        };
+        let mut options = outcome.last_resume_options();
+        options.time_limit = Some(slice);
+        let started = Instant::now();
+        match outcome.resume_with(options) {
+            Ok(next) => outcome = next,
+            Err(_) => {
+                return Solved {
+                    stage_of: last_values.map(|v| decode(&before, &v)),
+                    proven: false,
+                    bound: None,
+                    timed_out: false,
+                }
+            }
+        }
+        pacer.observe(slice, started.elapsed());
+        last_values = values(&outcome).or(last_values);
+    }
+    let proven = outcome.is_optimal();
+    Solved {
+        stage_of: last_values.map(|v| decode(&before, &v)),
+        proven,
+        bound: outcome.stats().best_bound,
+        timed_out: !proven,
+    }
+}
+
+/// Solves `problem` over all its convex, ordered partitions, starting from `incumbent` (a valid
+/// assignment that fits, e.g. the DP's), until `deadline`.
+pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instant) -> MilpRun {
+    let k = problem.stage_count();
+    let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
+    let lower_bound = problem.lower_bound_secs();
+    let remaining = || deadline.saturating_duration_since(Instant::now());
+    if k == 1 || incumbent_secs <= 0.0 {
+        // One stage has one partition; a zero bottleneck cannot be beaten.
+        return MilpRun {
+            stage_of: incumbent.to_vec(),
+            proven: true,
+            bound_secs: Some(incumbent_secs),
+            timed_out: false,
+        };
+    }
+    let time_scale = 1.0 / incumbent_secs;
+    let mut best = incumbent.to_vec();
+
+    // Phase 1: the bottleneck, unless the incumbent already meets the lower bound.
+    let at_bound = incumbent_secs <= lower_bound * (1.0 + RELATIVE_TOLERANCE);
+    if !at_bound {
+        let left = remaining();
+        if left.is_zero() {
+            return MilpRun {
+                stage_of: best,
+                proven: false,
+                bound_secs: None,
+                timed_out: true,
+            };
+        }
+        let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
+        let windows = stage_windows(problem, incumbent_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE));
+        let model = build(
+            problem,
+            time_scale,
+            scaled_lower,
+            Objective::Bottleneck,
+            &windows,
+        );
+        let start = hint(problem, &model, incumbent, 1.0);
+        let objective = Expression::from(model.bottleneck);
+        let first = run_model(model, objective, start, deadline);
+        if let Some(found) = &first.stage_of {
+            if better(problem, found, &best) {
+                best = found.clone();
+            }
+        }
+        if !first.proven {
+            let best_secs = problem.evaluate(&best).bottleneck_secs;
+            return MilpRun {
+                bound_secs: first
+                    .bound
+                    .map(|scaled| scaled / time_scale)
+                    .filter(|b| b.is_finite())
+                    .map(|b| b.min(best_secs)),
+                stage_of: best,
+                proven: false,
+                timed_out: first.timed_out,
+            };
+        }
+    }
+
+    // Phase 2, the tie-break: fewest bytes among plans whose every stage is within the optimum.
+    let optimum_secs = problem.evaluate(&best).bottleneck_secs;
+    let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
+    let left = remaining();
+    let mut timed_out = false;
+    if total_bytes > 0.0 && !left.is_zero() {
+        let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
+        let windows = stage_windows(problem, optimum_secs * (1.0 + RELATIVE_TOLERANCE));
+        let model = build(
+            problem,
+            time_scale,
+            0.0,
+            Objective::CutBytes { scaled_bound },
+            &windows,
+        );
+        let start = hint(problem, &model, &best, optimum_secs * time_scale);
+        let mut objective = Expression::from(0.0);
+        for (f, flow) in problem.flows().iter().enumerate() {
+            for z in &model.crossing[f] {
+                objective.add_mul(flow.bytes as f64 / total_bytes, z.expr());
+            }
+        }
+        let second = run_model(model, objective, start, deadline);
+        timed_out = second.timed_out;
+        if let Some(found) = &second.stage_of {
+            if better(problem, found, &best) {
+                best = found.clone();
+            }
+        }
+    } else if total_bytes > 0.0 {
+        timed_out = true;
+    }
+    let best_secs = problem.evaluate(&best).bottleneck_secs;
+    MilpRun {
+        bound_secs: Some(best_secs.min(optimum_secs)),
+        stage_of: best,
+        proven: true,
+        timed_out,
+    }
+}
+
+/// The MILP is given at most this many free binaries (those the stage windows leave open, at
+/// most `nodes · (stages − 1)`); larger problems are coarsened first. Chosen from the fixtures' solve times with microlp (docs/algorithms.md):
+/// around this size the root LP and a few hundred branch-and-bound nodes fit in a few seconds
+/// of a 2-core machine, while a tenfold larger model rarely gets past its root.
+pub const MAX_BINARIES: usize = 300;
+
+/// Binaries left free by the stage windows of plans no slower than `bound_secs`.
+fn free_binaries(problem: &PartitionProblem, bound_secs: f64) -> usize {
+    stage_windows(problem, bound_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE))
+        .iter()
+        .map(|&(earliest, latest)| latest - earliest)
+        .sum()
+}
+
+/// What the MILP stage of a plan did, for the status and the plan's notes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MilpReport {
+    /// Nodes of the graph it solved: the model's, or the coarsened graph's super-nodes.
+    pub nodes: usize,
+    /// Whether it solved a coarsened graph.
+    pub coarsened: bool,
+    /// Whether it proved its plan optimal over the graph it solved.
+    pub proven: bool,
+    /// Whether the deadline stopped it.
+    pub timed_out: bool,
+    /// Whether its plan is better than the DP's (bottleneck, then bytes).
+    pub improved: bool,
+}
+
+/// The MILP on the model, coarsened to [`MAX_BINARIES`] when larger, refined on the fine graph,
+/// starting from `incumbent` (the DP's plan) and stopping at `deadline`. `refine_reserve` is kept
+/// back from the deadline for the refinement DP. Returns the best plan (never worse than
+/// `incumbent`), a lower bound valid for `problem` when one was proven beyond
+/// [`PartitionProblem::lower_bound_secs`], and the report.
+pub fn solve_model(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    let n = problem.node_count();
+    let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
+    let free = free_binaries(problem, incumbent_secs);
+    if free <= MAX_BINARIES {
+        let mut run = solve(problem, incumbent, deadline);
+        // The DP along the order of the MILP's plan moves its boundaries node by node; the model
+        // is small here, so it runs unless the deadline is already half a DP behind.
+        if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
+            if let Some(refined) = super::coarsen::refine(problem, &run.stage_of) {
+                run.stage_of = refined;
+            }
+        }
+        let improved = better(problem, &run.stage_of, incumbent);
+        let report = MilpReport {
+            nodes: n,
+            coarsened: false,
+            proven: run.proven,
+            timed_out: run.timed_out,
+            improved,
+        };
+        return (run.stage_of, run.bound_secs, report);
+    }
+    // Fewer nodes leave proportionally fewer free binaries, about.
+    let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
+    let mut coarse = super::coarsen::coarsen(problem, target);
+    while free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
+        && coarse.problem.node_count() > problem.stage_count()
+    {
+        let smaller = coarse.problem.node_count() * 3 / 4;
+        let again = super::coarsen::coarsen(&coarse.problem, smaller);
+        coarse = super::coarsen::Coarsened {
+            group_of: coarse
+                .group_of
+                .iter()
+                .map(|&g| again.group_of[g as usize])
+                .collect(),
+            problem: again.problem,
+        };
+    }
+    // The DP's plan usually splits some super-node; the DP on the coarse graph gives a start
+    // that keeps them whole.
+    let start = coarse
+        .restrict(incumbent)
+        .or_else(|| super::dp::solve(&coarse.problem).map(|s| s.stage_of));
+    let mut best = incumbent.to_vec();
+    let mut report = MilpReport {
+        nodes: coarse.problem.node_count(),
+        coarsened: true,
+        proven: false,
+        timed_out: false,
+        improved: false,
+    };
+    // Coarsening and the start took time too: without room for the refinement after it, the
+    // MILP is not begun.
+    let room = |reserve: Duration| Instant::now() + reserve <= deadline;
+    report.timed_out = true;
+    if let Some(start) = start.filter(|_| room(refine_reserve)) {
+        let milp_deadline = deadline
+            .checked_sub(refine_reserve)
+            .unwrap_or(deadline)
+            .max(Instant::now());
+        let run = solve(&coarse.problem, &start, milp_deadline);
+        report.proven = run.proven;
+        report.timed_out = run.timed_out;
+        let found = coarse.expand(&run.stage_of);
+        if better(problem, &found, &best) {
+            best = found;
+        }
+        // Refine unless the MILP overran into more than half the reserve.
+        if room(refine_reserve / 2) {
+            if let Some(refined) = super::coarsen::refine(problem, &best) {
+                best = refined;
+            }
+        }
+    }
+    report.improved = better(problem, &best, incumbent);
+    // A bound of the coarse problem bounds only plans that keep super-nodes whole.
+    (best, None, report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{Catalog, Cluster, DeviceId};
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+    use crate::partition::problem::CostSettings;
+
+    fn llama(stages: u32) -> PartitionProblem {
+        let path = format!(
+            "{}/fixtures/models/llama_tiny.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
+        PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default()).unwrap()
+    }
+
+    #[test]
+    fn stage_windows_keep_every_plan_within_the_bound_and_fix_most_binaries() {
+        let problem = llama(4);
+        let plan = crate::partition::dp::solve(&problem).unwrap();
+        let windows = stage_windows(&problem, plan.bottleneck_secs);
+        for (v, &(earliest, latest)) in windows.iter().enumerate() {
+            let stage = plan.stage_of[v].index();
+            assert!(
+                earliest <= stage && stage <= latest,
+                "node {v}: {stage} outside {earliest}..={latest}"
+            );
+        }
+        let free = free_binaries(&problem, plan.bottleneck_secs);
+        let all = problem.node_count() * (problem.stage_count() - 1);
+        assert!(free * 2 < all, "{free} of {all} binaries left free");
+    }
+
+    #[test]
+    fn the_milp_starts_from_and_never_loses_to_its_incumbent() {
+        let problem = llama(3);
+        let plan = crate::partition::dp::solve(&problem).unwrap();
+        let run = solve(
+            &problem,
+            &plan.stage_of,
+            Instant::now() + Duration::from_secs(60),
+        );
+        problem.check_assignment(&run.stage_of).unwrap();
+        assert!(run.proven);
+        let (milp, dp) = (
+            problem.evaluate(&run.stage_of),
+            problem.evaluate(&plan.stage_of),
+        );
+        assert!(milp.bottleneck_secs <= dp.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE));
+        // With no time at all, the incumbent comes back unproven.
+        let none = solve(&problem, &plan.stage_of, Instant::now());
+        assert_eq!(none.stage_of, plan.stage_of);
+        assert!(!none.proven && none.timed_out);
+    }
+}
