@@ -40,6 +40,7 @@ pub mod graph;
 pub mod onnx;
 pub mod partition;
 pub mod plan;
+pub mod runtime;
 pub mod schedule;
 
 pub use error::{Error, Result};
