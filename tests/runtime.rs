@@ -1,0 +1,244 @@
+//! The CPU reference runtime against onnxruntime: every fixture whole and split into pipelines
+//! of 1 to 4 stages (equal contiguous splits of the topological order, and the DP partitioner's
+//! stages), with 1, 2 and 4 micro-batches. References: `fixtures/reference_outputs.py`.
+//!
+//! Tolerances. Whole models: |actual − expected| ≤ atol + rtol·|expected| with atol 1e-4 and rtol
+//! 1e-4. Both runtimes compute in fp32 but sum in different orders (blocked sgemm against MLAS,
+//! f64 statistics against f32 ones), which leaves errors of a few ulp per op; through a dozen
+//! layers of a transformer whose logits reach magnitude ~10 these grow to a few 1e-6 relative,
+//! so 1e-4 leaves a margin of an order of magnitude or more while still catching any real
+//! mistake (a wrong axis, a missed mask or a bad broadcast moves outputs by 1e-2 or more).
+//! Pipelined runs must equal the whole-model run exactly: stages run the same kernels on the
+//! same rows, and splitting the batch changes no reduction order.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pipecut::cost::{Catalog, Cluster};
+use pipecut::graph::{Graph, NodeId};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::onnx::Model;
+use pipecut::partition::{Planner, StageCount};
+use pipecut::runtime::{
+    read_npy, run_pipeline, stage_specs, CpuExecutor, Executor, HostTensor, Tensors, Weights,
+};
+use serde_json::Value;
+
+const ATOL: f32 = 1e-4;
+const RTOL: f32 = 1e-4;
+
+struct Case {
+    model_path: PathBuf,
+    model: Model,
+    weights: Weights,
+    inputs: Tensors,
+    expected: BTreeMap<String, HostTensor>,
+}
+
+fn load_case(reference_dir: &Path) -> Case {
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(reference_dir.join("manifest.json")).expect("manifest"),
+    )
+    .expect("manifest is JSON");
+    let model_path = common::root().join(manifest["model"].as_str().expect("model"));
+    let mut model = pipecut::onnx::load_model(&model_path).expect("model loads");
+    assert_eq!(
+        model.sha256,
+        manifest["model_sha256"].as_str().unwrap(),
+        "{} changed since its reference was written; rerun fixtures/reference_outputs.py",
+        model_path.display()
+    );
+    let mut bindings = DimBindings::new();
+    for (name, value) in manifest["dims"].as_object().unwrap() {
+        bindings = bindings.bind(name, value.as_u64().unwrap());
+    }
+    ShapeInference::new(bindings).run(&mut model.graph).expect("shapes");
+    let weights = Weights::load(&model_path, &model.graph).expect("weights load");
+    let read = |section: &str| -> BTreeMap<String, HostTensor> {
+        manifest[section]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, file)| {
+                let path = reference_dir.join(file.as_str().unwrap());
+                (name.clone(), read_npy(&path).expect("reference npy").tensor)
+            })
+            .collect()
+    };
+    let inputs = read("inputs").into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+    Case {
+        model_path,
+        model,
+        weights,
+        inputs,
+        expected: read("outputs"),
+    }
+}
+
+fn fixture_case(name: &str) -> Case {
+    load_case(&common::root().join("fixtures/reference/outputs").join(name))
+}
+
+/// The largest error beyond tolerance, or `None` when all elements are within it.
+fn assert_matches(what: &str, actual: &Tensors, expected: &BTreeMap<String, HostTensor>, atol: f32, rtol: f32) {
+    assert_eq!(
+        actual.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "{what}: output names"
+    );
+    for (name, want) in expected {
+        let got = &actual[name];
+        assert_eq!(got.shape(), want.shape(), "{what}: shape of '{name}'");
+        assert_eq!(got.dtype(), want.dtype(), "{what}: dtype of '{name}'");
+        let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+        let mut worst = (0.0f32, 0usize);
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            let excess = (a - b).abs() - (atol + rtol * b.abs());
+            if excess > worst.0 || excess.is_nan() {
+                worst = (if excess.is_nan() { f32::INFINITY } else { excess }, i);
+            }
+        }
+        assert!(
+            worst.0 <= 0.0,
+            "{what}: '{name}' element {} is {} but onnxruntime gives {} (atol {atol}, rtol {rtol})",
+            worst.1,
+            g[worst.1],
+            w[worst.1]
+        );
+    }
+}
+
+fn equal_split(graph: &Graph, k: usize) -> Vec<Vec<NodeId>> {
+    let order = graph.topological_order();
+    let starts = pipecut::partition::baselines::uniform_starts(order.len(), k);
+    (0..k)
+        .map(|s| {
+            let end = starts.get(s + 1).copied().unwrap_or(order.len());
+            order[starts[s]..end].to_vec()
+        })
+        .collect()
+}
+
+fn run_stages(case: &Case, stages: &[Vec<NodeId>], microbatches: usize) -> Tensors {
+    let graph = &case.model.graph;
+    let executor = CpuExecutor::new(graph, &case.weights);
+    let specs = stage_specs(graph, stages).expect("stage specs");
+    let prepared: Vec<_> = specs.iter().map(|s| executor.prepare(s).expect("prepare")).collect();
+    let report = run_pipeline(&executor, &prepared, &case.inputs, microbatches).expect("pipeline runs");
+    assert_eq!(report.stages.len(), stages.len());
+    let efficiency = report.efficiency();
+    assert!(efficiency > 0.0 && efficiency <= 1.0 + 1e-9, "efficiency {efficiency}");
+    report.outputs
+}
+
+#[test]
+fn every_fixture_matches_onnxruntime_whole() {
+    for name in common::FIXTURES {
+        let case = fixture_case(name);
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let out = executor.run_model(&case.inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_matches(name, &out, &case.expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn pipelines_of_one_to_four_equal_stages_reproduce_the_whole_model() {
+    for name in common::FIXTURES {
+        let case = fixture_case(name);
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let whole = executor.run_model(&case.inputs).unwrap();
+        for k in 1..=4 {
+            for microbatches in [1, 2, 4] {
+                let out = run_stages(&case, &equal_split(&case.model.graph, k), microbatches);
+                let what = format!("{name} K={k} M={microbatches}");
+                assert_matches(&what, &out, &case.expected, ATOL, RTOL);
+                for (tensor, value) in &whole {
+                    assert_eq!(out[tensor], *value, "{what}: '{tensor}' differs from the whole-model run");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_partitioners_stages_reproduce_onnxruntime() {
+    let catalog = Catalog::builtin();
+    let cluster = Cluster::from_device_list("L4,L4,L4,L4", &catalog).unwrap();
+    for name in ["gpt2_tiny", "bert_tiny", "llama_tiny", "resnet_tiny"] {
+        let case = fixture_case(name);
+        let graph = &case.model.graph;
+        let solution = Planner::new(graph, &cluster)
+            .with_stages(StageCount::Fixed(4))
+            .solve()
+            .expect("partition");
+        let mut stages = vec![Vec::new(); solution.problem.stage_count()];
+        for (&node, stage) in solution.problem.order().iter().zip(&solution.stage_of) {
+            stages[stage.index()].push(node);
+        }
+        let out = run_stages(&case, &stages, 2);
+        assert_matches(&format!("{name} DP"), &out, &case.expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn real_models_match_onnxruntime() {
+    // Real exporters' graphs are deeper (PP-OCR has 100+ convolutions); errors grow with depth,
+    // so these use atol 1e-3 with rtol 1e-3.
+    let dir = common::root().join("fixtures/reference/outputs/real");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("real references")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    for name in names {
+        let model = common::root().join("fixtures/real/cache").join(format!("{name}.onnx"));
+        if !model.exists() {
+            eprintln!("skipping real model {name}: {} is absent (run fixtures/real/fetch.sh)", model.display());
+            continue;
+        }
+        let case = load_case(&dir.join(&name));
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let out = executor.run_model(&case.inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_matches(&name, &out, &case.expected, 1e-3, 1e-3);
+        let split = run_stages(&case, &equal_split(&case.model.graph, 3), 1);
+        assert_matches(&format!("{name} K=3"), &split, &case.expected, 1e-3, 1e-3);
+        let _ = &case.model_path;
+    }
+}
+
+#[test]
+fn bad_inputs_are_refused_with_clear_errors() {
+    let case = fixture_case("gpt2_tiny");
+    let graph = &case.model.graph;
+    let executor = CpuExecutor::new(graph, &case.weights);
+
+    let err = pipecut::runtime::check_inputs(graph, &Tensors::new(), 1).unwrap_err().to_string();
+    assert!(err.contains("input 'input_ids'") && err.contains("missing"), "{err}");
+
+    let mut wrong_shape = case.inputs.clone();
+    wrong_shape.insert("input_ids".into(), Arc::new(HostTensor::new(vec![4, 8], pipecut::runtime::TensorData::I64(vec![0; 32])).unwrap()));
+    let err = pipecut::runtime::check_inputs(graph, &wrong_shape, 1).unwrap_err().to_string();
+    assert!(err.contains("must have shape [4, 16]"), "{err}");
+
+    let mut wrong_type = case.inputs.clone();
+    wrong_type.insert("input_ids".into(), Arc::new(case.inputs["input_ids"].cast(pipecut::graph::DType::F32).unwrap()));
+    let err = pipecut::runtime::check_inputs(graph, &wrong_type, 1).unwrap_err().to_string();
+    assert!(err.contains("must be int64, got float32"), "{err}");
+
+    // A stage run without a tensor it receives names the tensor.
+    let err = executor.run_model(&Tensors::new()).unwrap_err().to_string();
+    assert!(err.contains("needs tensor 'input_ids'"), "{err}");
+
+    // Out-of-range token ids fail in the kernel with the node named, not a panic.
+    let mut bad_ids = case.inputs.clone();
+    bad_ids.insert("input_ids".into(), Arc::new(HostTensor::new(vec![4, 16], pipecut::runtime::TensorData::I64(vec![1 << 40; 64])).unwrap()));
+    let err = executor.run_model(&bad_ids).unwrap_err().to_string();
+    assert!(err.contains("running node") && err.contains("out of range"), "{err}");
+
+    // More micro-batches than rows.
+    let err = run_pipeline(&executor, &[], &case.inputs, 8).unwrap_err().to_string();
+    assert!(err.contains("fewer than the 8 micro-batches"), "{err}");
+}
