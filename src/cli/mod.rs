@@ -5,6 +5,7 @@ mod check;
 mod cost;
 mod inspect;
 mod partition;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,11 @@ enum Command {
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
     #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
     Check(check::CheckArgs),
+    /// Run a plan on the CPU reference runtime: one thread per stage, micro-batches streamed.
+    #[command(
+        after_help = "Examples:\n  pipecut run plan.json fixtures/models/gpt2_tiny.onnx --microbatches 16\n  pipecut run plan.json model.onnx --input input_ids=ids.npy --output-dir out --json"
+    )]
+    Run(run::RunArgs),
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -87,6 +93,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
+        Command::Run(args) => run::run(args),
     }
 }
 
