@@ -244,3 +244,141 @@ fn bad_inputs_are_refused_with_clear_errors() {
     let err = run_pipeline(&executor, &[], &case.inputs, 8).unwrap_err().to_string();
     assert!(err.contains("fewer than the 8 micro-batches"), "{err}");
 }
+
+// ---- `pipecut run` through the binary ----
+
+fn pipecut(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .expect("pipecut runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn partition(dir: &Path, model: &str, dims: &[&str]) -> PathBuf {
+    let plan = dir.join("plan.json");
+    let mut args = vec!["partition", model, "--devices", "L4,L4", "--stages", "2", "--microbatches", "4"];
+    for d in dims {
+        args.extend(["--dim", d]);
+    }
+    args.extend(["--out", plan.to_str().unwrap()]);
+    let (code, _, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    plan
+}
+
+#[test]
+fn run_with_reference_inputs_writes_onnxruntimes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    // The reference binds batch 4 = 4 micro-batches of 1.
+    let plan = partition(dir.path(), "fixtures/models/bert_tiny.onnx", &["batch=1", "seq=16"]);
+    let reference = common::root().join("fixtures/reference/outputs/bert_tiny");
+    let out_dir = dir.path().join("out");
+    let inputs: Vec<String> = ["input_ids", "attention_mask", "token_type_ids"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{n}={}", reference.join(format!("input_{i}.npy")).display()))
+        .collect();
+    let mut args = vec![
+        "run",
+        plan.to_str().unwrap(),
+        "fixtures/models/bert_tiny.onnx",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--json",
+    ];
+    for i in &inputs {
+        args.extend(["--input", i.as_str()]);
+    }
+    let (code, out, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(report["microbatches"], 4);
+    assert_eq!(report["stages"].as_array().unwrap().len(), 2);
+    let measured = report["measured_efficiency"].as_f64().unwrap();
+    let predicted = report["predicted_efficiency"].as_f64().unwrap();
+    assert!(measured > 0.0 && measured <= 1.0, "{measured}");
+    assert!(predicted > 0.0 && predicted <= 1.0, "{predicted}");
+    for (i, name) in ["last_hidden_state", "pooler_output"].iter().enumerate() {
+        let got = read_npy(&out_dir.join(format!("{name}.npy"))).unwrap().tensor;
+        let want = read_npy(&reference.join(format!("output_{i}.npy"))).unwrap().tensor;
+        let mut actual = Tensors::new();
+        actual.insert(name.to_string(), Arc::new(got));
+        let mut expected = BTreeMap::new();
+        expected.insert(name.to_string(), want);
+        assert_matches(name, &actual, &expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(dir.path(), "fixtures/models/gpt2_tiny.onnx", &["batch=1", "seq=16"]);
+    let plan = plan.to_str().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = out_dir.to_str().unwrap();
+    let npy = |name: &str, tensor: &HostTensor| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pipecut::runtime::encode_npy(tensor)).unwrap();
+        path.display().to_string()
+    };
+    let ids = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        HostTensor::new(shape, pipecut::runtime::TensorData::I64(vec![1; n])).unwrap()
+    };
+    let good = npy("good.npy", &ids(vec![4, 16]));
+    let wrong_shape = npy("shape.npy", &ids(vec![4, 8]));
+    let wrong_type = npy("type.npy", &ids(vec![4, 16]).cast(pipecut::graph::DType::F32).unwrap());
+    let corrupt = dir.path().join("corrupt.npy");
+    let mut bytes = pipecut::runtime::encode_npy(&ids(vec![4, 16]));
+    bytes.truncate(bytes.len() - 10);
+    std::fs::write(&corrupt, bytes).unwrap();
+    let corrupt = corrupt.display().to_string();
+
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["fixtures/models/bert_tiny.onnx".into()], "different model"),
+        (
+            vec!["fixtures/models/gpt2_tiny.onnx".into(), "--input".into(), format!("input_ids={wrong_shape}")],
+            "must have shape [4, 16]",
+        ),
+        (
+            vec!["fixtures/models/gpt2_tiny.onnx".into(), "--input".into(), format!("input_ids={wrong_type}")],
+            "must be int64",
+        ),
+        (
+            vec!["fixtures/models/gpt2_tiny.onnx".into(), "--input".into(), format!("input_ids={corrupt}")],
+            "truncated",
+        ),
+        (
+            vec!["fixtures/models/gpt2_tiny.onnx".into(), "--input".into(), format!("tokens={good}")],
+            "no input 'tokens'",
+        ),
+        (
+            vec!["fixtures/models/gpt2_tiny.onnx".into(), "--microbatches".into(), "0".into()],
+            "at least 1",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["run", plan];
+        args.extend(extra.iter().map(String::as_str));
+        args.extend(["--output-dir", out]);
+        let (code, _, err) = pipecut(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: '{err}' should mention '{expected}'");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out_dir.exists(), "{args:?} left output files");
+    }
+    // The good input runs (4 micro-batches of the plan's batch 1).
+    let (code, text, err) = pipecut(&["run", plan, "fixtures/models/gpt2_tiny.onnx", "--input", &format!("input_ids={good}"), "--output-dir", out]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("pipeline efficiency: measured"), "{text}");
+    let logits = read_npy(&out_dir.join("logits.npy")).unwrap();
+    assert_eq!(logits.tensor.shape(), &[4, 16, 512]);
+    let leftovers: Vec<_> = std::fs::read_dir(&out_dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "only logits.npy, no temporary files: {leftovers:?}");
+}
