@@ -122,7 +122,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     check_inputs(graph, &inputs, microbatches)?;
 
-    let by_name: HashMap<&str, NodeId> = graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
+    let by_name: HashMap<&str, NodeId> =
+        graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
     let stages: Vec<Vec<NodeId>> = plan
         .stages
         .iter()
@@ -130,10 +131,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             s.nodes
                 .iter()
                 .map(|n| {
-                    by_name
-                        .get(n.as_str())
-                        .copied()
-                        .with_context(|| format!("the plan names node '{n}', which the model lacks"))
+                    by_name.get(n.as_str()).copied().with_context(|| {
+                        format!("the plan names node '{n}', which the model lacks")
+                    })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()
         })
@@ -196,18 +196,33 @@ fn read_inputs(args: &[String], graph: &pipecut::graph::Graph) -> anyhow::Result
         let (name, file) = arg
             .split_once('=')
             .with_context(|| format!("--input '{arg}' is not NAME=FILE.npy"))?;
-        let id = graph.tensor_id(name).filter(|id| graph.inputs().contains(id));
+        let id = graph
+            .tensor_id(name)
+            .filter(|id| graph.inputs().contains(id));
         let Some(id) = id else {
-            let names: Vec<&str> = graph.inputs().iter().map(|&i| graph.tensor(i).name.as_str()).collect();
-            bail!("the model has no input '{name}' (its inputs: {})", names.join(", "));
+            let names: Vec<&str> = graph
+                .inputs()
+                .iter()
+                .map(|&i| graph.tensor(i).name.as_str())
+                .collect();
+            bail!(
+                "the model has no input '{name}' (its inputs: {})",
+                names.join(", ")
+            );
         };
         let array = read_npy(Path::new(file))?;
         if let Some(want) = graph.tensor(id).dtype {
             if array.stored != want {
-                bail!("input '{name}' must be {want}, but '{file}' holds {}", array.stored);
+                bail!(
+                    "input '{name}' must be {want}, but '{file}' holds {}",
+                    array.stored
+                );
             }
         }
-        if inputs.insert(name.to_string(), Arc::new(array.tensor)).is_some() {
+        if inputs
+            .insert(name.to_string(), Arc::new(array.tensor))
+            .is_some()
+        {
             bail!("input '{name}' is given twice");
         }
     }
@@ -218,7 +233,13 @@ fn read_inputs(args: &[String], graph: &pipecut::graph::Graph) -> anyhow::Result
 fn file_stem(name: &str) -> String {
     let stem: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if stem.is_empty() || stem.starts_with('.') {
         format!("output{stem}")
@@ -246,7 +267,8 @@ fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<Strin
         let tmp = dir.join(format!(".{stem}.npy.tmp-{}", std::process::id()));
         if let Err(e) = std::fs::write(&tmp, encode_npy(tensor)) {
             let _ = std::fs::remove_file(&tmp);
-            result = Err(anyhow::Error::new(e).context(format!("cannot write '{}'", tmp.display())));
+            result =
+                Err(anyhow::Error::new(e).context(format!("cannot write '{}'", tmp.display())));
             break;
         }
         files.insert(name.clone(), path.display().to_string());
@@ -255,7 +277,9 @@ fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<Strin
     if result.is_ok() {
         for (tmp, path) in &written {
             if let Err(e) = std::fs::rename(tmp, path) {
-                result = Err(anyhow::Error::new(e).context(format!("cannot write '{}'", path.display())));
+                result = Err(
+                    anyhow::Error::new(e).context(format!("cannot write '{}'", path.display()))
+                );
                 break;
             }
         }
@@ -272,7 +296,11 @@ fn table(r: &Report) -> String {
         r.model,
         r.stages.len(),
         r.microbatches,
-        if r.random_inputs { " of seeded random inputs" } else { "" },
+        if r.random_inputs {
+            " of seeded random inputs"
+        } else {
+            ""
+        },
         r.wall_secs * 1e3
     );
     out.push_str("stage  device           nodes    busy ms    idle ms  plan ms/mb\n");

@@ -66,7 +66,11 @@ impl<'a> CpuExecutor<'a> {
         self.run(&stage, inputs)
     }
 
-    fn fetch(&self, env: &HashMap<TensorId, Arc<HostTensor>>, id: TensorId) -> Option<Arc<HostTensor>> {
+    fn fetch(
+        &self,
+        env: &HashMap<TensorId, Arc<HostTensor>>,
+        id: TensorId,
+    ) -> Option<Arc<HostTensor>> {
         env.get(&id).or_else(|| self.weights.get(id)).cloned()
     }
 }
@@ -95,7 +99,11 @@ impl Executor for CpuExecutor<'_> {
             .zip(frees)
             .map(|(&n, frees)| {
                 let node = graph.node(n);
-                let domain = if node.domain.is_empty() { "ai.onnx" } else { &node.domain };
+                let domain = if node.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &node.domain
+                };
                 let kernel = (!node.has_subgraphs())
                     .then(|| kernels::lookup(&node.domain, &node.op_type))
                     .flatten()
@@ -141,11 +149,14 @@ impl Executor for CpuExecutor<'_> {
                 .iter()
                 .map(|slot| match slot {
                     None => Ok(None),
-                    Some(id) => self.fetch(&env, *id).map(Some).ok_or_else(|| Error::Kernel {
-                        node: node.name.clone(),
-                        op: node.op_type.clone(),
-                        detail: format!("input '{}' is not available", graph.tensor(*id).name),
-                    }),
+                    Some(id) => self
+                        .fetch(&env, *id)
+                        .map(Some)
+                        .ok_or_else(|| Error::Kernel {
+                            node: node.name.clone(),
+                            op: node.op_type.clone(),
+                            detail: format!("input '{}' is not available", graph.tensor(*id).name),
+                        }),
                 })
                 .collect::<Result<_, Error>>()?;
             let refs: Vec<Option<&HostTensor>> = args.iter().map(|a| a.as_deref()).collect();
@@ -235,7 +246,9 @@ impl PipelineReport {
 /// `n mod M` parts one row larger).
 pub fn split_microbatches(inputs: &Tensors, microbatches: usize) -> Result<Vec<Tensors>, Error> {
     if microbatches == 0 {
-        return Err(Error::RunInput("the number of micro-batches must be at least 1".into()));
+        return Err(Error::RunInput(
+            "the number of micro-batches must be at least 1".into(),
+        ));
     }
     let mut parts = vec![Tensors::new(); microbatches];
     for (name, tensor) in inputs {
@@ -244,7 +257,9 @@ pub fn split_microbatches(inputs: &Tensors, microbatches: usize) -> Result<Vec<T
             continue;
         }
         let rows = tensor.shape().first().copied().ok_or_else(|| {
-            Error::RunInput(format!("input '{name}' is a scalar; it has no batch axis to split"))
+            Error::RunInput(format!(
+                "input '{name}' is a scalar; it has no batch axis to split"
+            ))
         })?;
         if rows < microbatches {
             return Err(Error::RunInput(format!(
@@ -356,7 +371,9 @@ pub fn run_pipeline<E: Executor>(
                 parts.into_iter().next().expect("one part")
             } else {
                 HostTensor::concat_axis0(&parts).map_err(|d| {
-                    Error::RunInput(format!("cannot join output '{name}' across micro-batches: {d}"))
+                    Error::RunInput(format!(
+                        "cannot join output '{name}' across micro-batches: {d}"
+                    ))
                 })?
             };
             outputs.insert(name.clone(), Arc::new(joined));
@@ -377,4 +394,70 @@ pub fn run_pipeline<E: Executor>(
         wall_secs,
         microbatches,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+
+    fn mlp() -> (Graph, Weights) {
+        let path = std::path::Path::new("fixtures/models/mlp.onnx");
+        let mut model = crate::onnx::load_model(path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2))
+            .run(&mut model.graph)
+            .unwrap();
+        let weights = Weights::load(path, &model.graph).unwrap();
+        (model.graph, weights)
+    }
+
+    #[test]
+    fn an_op_without_a_kernel_is_refused_at_prepare_naming_op_and_node() {
+        let (mut graph, weights) = mlp();
+        let (id, name) = graph
+            .nodes()
+            .find(|(_, n)| n.op_type == "Relu")
+            .map(|(id, n)| (id, n.name.clone()))
+            .unwrap();
+        graph.set_op_type_for_test(id, "Hardmax2");
+        let executor = CpuExecutor::new(&graph, &weights);
+        let err = executor.run_model(&Tensors::new()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("no CPU kernel for op 'Hardmax2' (domain 'ai.onnx') at node '{name}'")
+        );
+    }
+
+    #[test]
+    fn a_failing_stage_stops_the_pipeline_with_its_error() {
+        let (graph, weights) = mlp();
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let specs = stage_specs(&graph, &[order[..5].to_vec(), order[5..].to_vec()]).unwrap();
+        let stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
+        // Rows of the wrong width: the first Gemm refuses them.
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "input".into(),
+            Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
+        );
+        let err = run_pipeline(&executor, &stages, &inputs, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("inner dims differ"), "{err}");
+    }
+
+    #[test]
+    fn micro_batches_split_unevenly_and_join_back() {
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "x".into(),
+            Arc::new(HostTensor::i64(vec![5, 1], vec![0, 1, 2, 3, 4])),
+        );
+        let parts = split_microbatches(&inputs, 3).unwrap();
+        let rows: Vec<usize> = parts.iter().map(|p| p["x"].shape()[0]).collect();
+        assert_eq!(rows, vec![2, 2, 1]);
+        assert!(split_microbatches(&inputs, 6).is_err());
+        assert!(split_microbatches(&inputs, 0).is_err());
+    }
 }

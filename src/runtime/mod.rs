@@ -201,7 +201,10 @@ pub fn check_inputs(graph: &Graph, inputs: &Tensors, microbatches: usize) -> Res
             )));
         }
     }
-    if let Some(extra) = inputs.keys().find(|k| !expected.iter().any(|(n, ..)| n == *k)) {
+    if let Some(extra) = inputs
+        .keys()
+        .find(|k| !expected.iter().any(|(n, ..)| n == *k))
+    {
         let names: Vec<&str> = expected.iter().map(|(n, ..)| n.as_str()).collect();
         return Err(Error::RunInput(format!(
             "the model has no input '{extra}' (its inputs: {})",
@@ -260,7 +263,11 @@ fn index_range(graph: &Graph, id: TensorId) -> u64 {
                 _ => 0,
             };
             let shape = graph.concrete_shape(data).ok()?;
-            let axis = if axis < 0 { axis + shape.len() as i64 } else { axis };
+            let axis = if axis < 0 {
+                axis + shape.len() as i64
+            } else {
+                axis
+            };
             shape.get(axis as usize).copied()
         })
         .filter(|&rows| rows > 0)

@@ -214,13 +214,19 @@ impl HostTensor {
             DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
                 TensorData::I64(self.to_i64_vec())
             }
-            DType::I32 => TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect()),
+            DType::I32 => {
+                TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect())
+            }
             DType::Bool => TensorData::Bool(match &self.data {
                 TensorData::F32(v) => v.iter().map(|&x| x != 0.0).collect(),
                 TensorData::Bool(v) => v.clone(),
                 _ => self.to_i64_vec().into_iter().map(|x| x != 0).collect(),
             }),
-            other => return Err(format!("cannot cast to {other}: the CPU runtime has no such type")),
+            other => {
+                return Err(format!(
+                    "cannot cast to {other}: the CPU runtime has no such type"
+                ))
+            }
         };
         Ok(HostTensor {
             shape: self.shape.clone(),

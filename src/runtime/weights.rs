@@ -54,8 +54,7 @@ impl Weights {
             sources.insert(&init.name, init.clone());
         }
         for node in &graph_proto.node {
-            if node.op_type != "Constant" || !(node.domain.is_empty() || node.domain == "ai.onnx")
-            {
+            if node.op_type != "Constant" || !(node.domain.is_empty() || node.domain == "ai.onnx") {
                 continue;
             }
             if let (Some(out), Some(literal)) = (node.output.first(), constant_tensor(node)) {
@@ -65,7 +64,9 @@ impl Weights {
         let mut mapped = MappedFiles::default();
         let mut by_tensor = HashMap::new();
         for (id, tensor) in graph.parameters() {
-            let Some(param) = tensor.param() else { continue };
+            let Some(param) = tensor.param() else {
+                continue;
+            };
             let proto = sources.get(tensor.name.as_str()).ok_or_else(|| {
                 Error::InvalidModel(format!(
                     "parameter '{}' has no initializer or Constant in the model file",
@@ -146,7 +147,13 @@ struct MappedFiles {
 }
 
 impl MappedFiles {
-    fn slice(&mut self, tensor: &str, path: &Path, offset: u64, length: u64) -> Result<&[u8], Error> {
+    fn slice(
+        &mut self,
+        tensor: &str,
+        path: &Path,
+        offset: u64,
+        length: u64,
+    ) -> Result<&[u8], Error> {
         let fail = |detail: String| Error::ExternalData {
             tensor: tensor.to_string(),
             location: path.display().to_string(),
@@ -182,7 +189,8 @@ fn dims_of(proto: &TensorProto) -> Result<Vec<usize>, String> {
 }
 
 fn dtype_of(proto: &TensorProto) -> Result<DType, String> {
-    DType::from_onnx(proto.data_type).ok_or_else(|| format!("unknown data type {}", proto.data_type))
+    DType::from_onnx(proto.data_type)
+        .ok_or_else(|| format!("unknown data type {}", proto.data_type))
 }
 
 /// Decodes little-endian bytes of `proto`'s dtype and dims (raw data or an external slice).
@@ -212,8 +220,16 @@ fn decode_raw(proto: &TensorProto, raw: &[u8]) -> Result<HostTensor, String> {
     let data = match dtype {
         DType::F32 => TensorData::F32(le::<4>(raw).map(f32::from_le_bytes).collect()),
         DType::F64 => TensorData::F32(le::<8>(raw).map(|b| f64::from_le_bytes(b) as f32).collect()),
-        DType::F16 => TensorData::F32(le::<2>(raw).map(|b| half::f16::from_le_bytes(b).to_f32()).collect()),
-        DType::BF16 => TensorData::F32(le::<2>(raw).map(|b| half::bf16::from_le_bytes(b).to_f32()).collect()),
+        DType::F16 => TensorData::F32(
+            le::<2>(raw)
+                .map(|b| half::f16::from_le_bytes(b).to_f32())
+                .collect(),
+        ),
+        DType::BF16 => TensorData::F32(
+            le::<2>(raw)
+                .map(|b| half::bf16::from_le_bytes(b).to_f32())
+                .collect(),
+        ),
         DType::I64 => TensorData::I64(le::<8>(raw).map(i64::from_le_bytes).collect()),
         // uint64 values above i64::MAX do not occur as indices or shapes; they wrap.
         DType::U64 => TensorData::I64(le::<8>(raw).map(|b| u64::from_le_bytes(b) as i64).collect()),
@@ -239,17 +255,27 @@ fn decode_inline(proto: &TensorProto) -> Result<HostTensor, String> {
         DType::F32 => TensorData::F32(proto.float_data.clone()),
         DType::F64 => TensorData::F32(proto.double_data.iter().map(|&x| x as f32).collect()),
         DType::F16 => TensorData::F32(
-            proto.int32_data.iter().map(|&v| half::f16::from_bits(v as u16).to_f32()).collect(),
+            proto
+                .int32_data
+                .iter()
+                .map(|&v| half::f16::from_bits(v as u16).to_f32())
+                .collect(),
         ),
         DType::BF16 => TensorData::F32(
-            proto.int32_data.iter().map(|&v| half::bf16::from_bits(v as u16).to_f32()).collect(),
+            proto
+                .int32_data
+                .iter()
+                .map(|&v| half::bf16::from_bits(v as u16).to_f32())
+                .collect(),
         ),
         DType::I64 => TensorData::I64(proto.int64_data.clone()),
         DType::I32 => TensorData::I32(proto.int32_data.clone()),
         DType::I16 | DType::I8 | DType::U8 | DType::U16 => {
             TensorData::I64(proto.int32_data.iter().map(|&v| v as i64).collect())
         }
-        DType::U32 | DType::U64 => TensorData::I64(proto.uint64_data.iter().map(|&v| v as i64).collect()),
+        DType::U32 | DType::U64 => {
+            TensorData::I64(proto.uint64_data.iter().map(|&v| v as i64).collect())
+        }
         DType::Bool => TensorData::Bool(proto.int32_data.iter().map(|&v| v != 0).collect()),
         other => return Err(format!("the CPU runtime cannot hold {other} weights")),
     };
@@ -283,9 +309,13 @@ mod tests {
         let mut t = TensorProto::new();
         t.data_type = DType::F32.onnx_code();
         t.dims = vec![4];
-        assert!(decode_raw(&t, &[0u8; 12]).unwrap_err().contains("12 bytes stored, 16 needed"));
+        assert!(decode_raw(&t, &[0u8; 12])
+            .unwrap_err()
+            .contains("12 bytes stored, 16 needed"));
         t.data_type = DType::String.onnx_code();
-        assert!(decode_raw(&t, &[0u8; 64]).unwrap_err().contains("cannot hold string"));
+        assert!(decode_raw(&t, &[0u8; 64])
+            .unwrap_err()
+            .contains("cannot hold string"));
     }
 
     #[test]

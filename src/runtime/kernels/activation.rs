@@ -11,8 +11,18 @@ use crate::runtime::tensor::{HostTensor, TensorData};
 pub(super) fn register(t: &mut KernelTable) {
     t.add(
         &[
-            "Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish",
-            "Softplus", "Softsign", "Mish", "Gelu",
+            "Relu",
+            "Sigmoid",
+            "Tanh",
+            "LeakyRelu",
+            "Elu",
+            "Selu",
+            "HardSigmoid",
+            "HardSwish",
+            "Softplus",
+            "Softsign",
+            "Mish",
+            "Gelu",
         ],
         pointwise,
     );
@@ -35,11 +45,15 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         "Tanh" => v.iter().map(|&x| x.tanh()).collect(),
         "LeakyRelu" => {
             let alpha = ctx.float("alpha", 0.01);
-            v.iter().map(|&x| if x < 0.0 { alpha * x } else { x }).collect()
+            v.iter()
+                .map(|&x| if x < 0.0 { alpha * x } else { x })
+                .collect()
         }
         "Elu" => {
             let alpha = ctx.float("alpha", 1.0);
-            v.iter().map(|&x| if x < 0.0 { alpha * (x.exp() - 1.0) } else { x }).collect()
+            v.iter()
+                .map(|&x| if x < 0.0 { alpha * (x.exp() - 1.0) } else { x })
+                .collect()
         }
         "Selu" => {
             let alpha = ctx.float("alpha", 1.673_263_2);
@@ -51,10 +65,18 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         "HardSigmoid" => {
             let alpha = ctx.float("alpha", 0.2);
             let beta = ctx.float("beta", 0.5);
-            v.iter().map(|&x| (alpha * x + beta).clamp(0.0, 1.0)).collect()
+            v.iter()
+                .map(|&x| (alpha * x + beta).clamp(0.0, 1.0))
+                .collect()
         }
-        "HardSwish" => v.iter().map(|&x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)).collect(),
-        "Softplus" => v.iter().map(|&x| if x > 20.0 { x } else { x.exp().ln_1p() }).collect(),
+        "HardSwish" => v
+            .iter()
+            .map(|&x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0))
+            .collect(),
+        "Softplus" => v
+            .iter()
+            .map(|&x| if x > 20.0 { x } else { x.exp().ln_1p() })
+            .collect(),
         "Softsign" => v.iter().map(|&x| x / (1.0 + x.abs())).collect(),
         "Mish" => v.iter().map(|&x| x * x.exp().ln_1p().tanh()).collect(),
         _ => {
@@ -82,7 +104,10 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
         match optional(inputs, i) {
             Some(t) if t.len() == 1 => Ok(t.to_f32_vec()[0]),
-            Some(t) => Err(format!("Clip bound must be a scalar, got shape {:?}", t.shape())),
+            Some(t) => Err(format!(
+                "Clip bound must be a scalar, got shape {:?}",
+                t.shape()
+            )),
             None => Ok(default),
         }
     };
@@ -95,9 +120,18 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             v.iter().map(|&x| x.max(lo).min(hi)).collect(),
         )]),
         TensorData::I64(_) | TensorData::I32(_) => {
-            let (lo, hi) = (lo.max(i64::MIN as f32) as i64, hi.min(i64::MAX as f32) as i64);
-            let out = a.to_i64_vec().into_iter().map(|x| x.max(lo).min(hi)).collect();
-            HostTensor::i64(a.shape().to_vec(), out).cast(a.dtype()).map(|t| vec![t])
+            let (lo, hi) = (
+                lo.max(i64::MIN as f32) as i64,
+                hi.min(i64::MAX as f32) as i64,
+            );
+            let out = a
+                .to_i64_vec()
+                .into_iter()
+                .map(|x| x.max(lo).min(hi))
+                .collect();
+            HostTensor::i64(a.shape().to_vec(), out)
+                .cast(a.dtype())
+                .map(|t| vec![t])
         }
         TensorData::Bool(_) => Err("Clip does not accept bool".into()),
     }
@@ -105,13 +139,19 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn prelu(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, slope) = (input(inputs, 0)?, input(inputs, 1)?);
-    let (shape, data) = zip_broadcast(x.as_f32()?, x.shape(), slope.as_f32()?, slope.shape(), |x, s| {
-        if x < 0.0 {
-            s * x
-        } else {
-            x
-        }
-    })?;
+    let (shape, data) = zip_broadcast(
+        x.as_f32()?,
+        x.shape(),
+        slope.as_f32()?,
+        slope.shape(),
+        |x, s| {
+            if x < 0.0 {
+                s * x
+            } else {
+                x
+            }
+        },
+    )?;
     Ok(vec![HostTensor::f32(shape, data)])
 }
 
@@ -124,12 +164,19 @@ fn softmax(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let axis = normalize_axis(ctx.int("axis", if legacy { 1 } else { -1 }), rank)?;
     let (outer, n, inner) = if legacy {
         // Before opset 13 the input is coerced to 2-D at `axis`.
-        (shape[..axis].iter().product::<usize>(), shape[axis..].iter().product::<usize>(), 1)
+        (
+            shape[..axis].iter().product::<usize>(),
+            shape[axis..].iter().product::<usize>(),
+            1,
+        )
     } else {
         (
             shape[..axis].iter().product::<usize>(),
             shape.get(axis).copied().unwrap_or(1),
-            shape[axis.min(shape.len())..].iter().skip(1).product::<usize>(),
+            shape[axis.min(shape.len())..]
+                .iter()
+                .skip(1)
+                .product::<usize>(),
         )
     };
     let log = ctx.node.op_type == "LogSoftmax";
@@ -167,24 +214,62 @@ mod tests {
         let out = run("Softmax", vec![], &[&x]);
         assert_close(&out[0], &[2, 2], &[1.0 / 3.0, 2.0 / 3.0, 0.5, 0.5]);
         // opset 11, axis 0: the whole tensor is one row.
-        let out = run_opset("Softmax", 11, vec![("axis", Attribute::Int(0))], &[&f(&[2], &[0.0, 0.0])]);
+        let out = run_opset(
+            "Softmax",
+            11,
+            vec![("axis", Attribute::Int(0))],
+            &[&f(&[2], &[0.0, 0.0])],
+        );
         assert_close(&out[0], &[2], &[0.5, 0.5]);
         let out = run("Softmax", vec![("axis", Attribute::Int(0))], &[&x]);
         let e = 1.0f32.exp();
-        assert_close(&out[0], &[2, 2], &[1.0 / (1.0 + e), 2.0 / (2.0 + e), e / (1.0 + e), e / (2.0 + e)]);
+        assert_close(
+            &out[0],
+            &[2, 2],
+            &[
+                1.0 / (1.0 + e),
+                2.0 / (2.0 + e),
+                e / (1.0 + e),
+                e / (2.0 + e),
+            ],
+        );
     }
 
     #[test]
     fn activations_match_their_formulas() {
         let x = f(&[3], &[-1.0, 0.0, 2.0]);
         assert_close(&run("Relu", vec![], &[&x])[0], &[3], &[0.0, 0.0, 2.0]);
-        assert_close(&run("Sigmoid", vec![], &[&x])[0], &[3], &[0.268_941_4, 0.5, 0.880_797]);
-        assert_close(&run("HardSigmoid", vec![], &[&x])[0], &[3], &[0.3, 0.5, 0.9]);
-        assert_close(&run("Gelu", vec![], &[&x])[0], &[3], &[-0.158_655_3, 0.0, 1.954_5]);
+        assert_close(
+            &run("Sigmoid", vec![], &[&x])[0],
+            &[3],
+            &[0.268_941_4, 0.5, 0.880_797],
+        );
+        assert_close(
+            &run("HardSigmoid", vec![], &[&x])[0],
+            &[3],
+            &[0.3, 0.5, 0.9],
+        );
+        assert_close(
+            &run("Gelu", vec![], &[&x])[0],
+            &[3],
+            &[-0.158_655_3, 0.0, 1.954_5],
+        );
         let lo = f(&[], &[-0.5]);
         let hi = f(&[], &[1.0]);
-        assert_close(&run("Clip", vec![], &[&x, &lo, &hi])[0], &[3], &[-0.5, 0.0, 1.0]);
-        let out = run_opset("Clip", 6, vec![("min", Attribute::Float(0.0)), ("max", Attribute::Float(6.0))], &[&x]);
+        assert_close(
+            &run("Clip", vec![], &[&x, &lo, &hi])[0],
+            &[3],
+            &[-0.5, 0.0, 1.0],
+        );
+        let out = run_opset(
+            "Clip",
+            6,
+            vec![
+                ("min", Attribute::Float(0.0)),
+                ("max", Attribute::Float(6.0)),
+            ],
+            &[&x],
+        );
         assert_close(&out[0], &[3], &[0.0, 0.0, 2.0]);
     }
 }

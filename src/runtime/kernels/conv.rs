@@ -51,7 +51,11 @@ fn spatial(ctx: &Ctx, name: &str, one_d: bool, default: usize) -> Result<[usize;
     match (one_d, v.as_slice()) {
         (true, [a]) => Ok([1, *a]),
         (false, [a, b]) => Ok([*a, *b]),
-        _ => Err(format!("{name} has {} entries for a {}-D input", v.len(), if one_d { 1 } else { 2 })),
+        _ => Err(format!(
+            "{name} has {} entries for a {}-D input",
+            v.len(),
+            if one_d { 1 } else { 2 }
+        )),
     }
 }
 
@@ -112,7 +116,11 @@ impl Window {
                 ));
             }
             let span = padded - extent;
-            let mut o = if ceil { span.div_ceil(self.stride[axis]) } else { span / self.stride[axis] } + 1;
+            let mut o = if ceil {
+                span.div_ceil(self.stride[axis])
+            } else {
+                span / self.stride[axis]
+            } + 1;
             // With ceil_mode the last window must start inside the input or its begin padding.
             if ceil && (o - 1) * self.stride[axis] >= in_hw[axis] + self.pad[axis][0] {
                 o -= 1;
@@ -128,7 +136,10 @@ fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let (w4, _) = nchw(w)?;
     let [m, cg, kh, kw] = w4;
-    let group = usize::try_from(ctx.int("group", 1)).ok().filter(|g| *g > 0).ok_or("bad group")?;
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
     if c != cg * group || m % group != 0 {
         return Err(format!(
             "input has {c} channels, weight {:?} with group {group}",
@@ -140,14 +151,21 @@ fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (xv, wv) = (x.as_f32()?, w.as_f32()?);
     let bias = optional(inputs, 2).map(|b| b.to_f32_vec());
     if bias.as_ref().is_some_and(|b| b.len() != m) {
-        return Err(format!("bias has {} entries for {m} output channels", bias.map_or(0, |b| b.len())));
+        return Err(format!(
+            "bias has {} entries for {m} output channels",
+            bias.map_or(0, |b| b.len())
+        ));
     }
     let mg = m / group;
     let rows = cg * kh * kw;
     let cols = oh * ow;
     let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
     let mut out = vec![0.0f32; n * m * cols];
-    let mut col = if pointwise { Vec::new() } else { vec![0.0f32; rows * cols] };
+    let mut col = if pointwise {
+        Vec::new()
+    } else {
+        vec![0.0f32; rows * cols]
+    };
     for b in 0..n {
         for g in 0..group {
             let x_group = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
@@ -164,14 +182,36 @@ fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 }
             }
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
-            sgemm(mg, rows, cols, 1.0, wg, (rows, 1), col_ref, (cols, 1), 1.0, o);
+            sgemm(
+                mg,
+                rows,
+                cols,
+                1.0,
+                wg,
+                (rows, 1),
+                col_ref,
+                (cols, 1),
+                1.0,
+                o,
+            );
         }
     }
-    let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    let shape = if one_d {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
     Ok(vec![HostTensor::f32(shape, out)])
 }
 
-fn im2col(x: &[f32], channels: usize, [h, w]: [usize; 2], win: &Window, [oh, ow]: [usize; 2], col: &mut [f32]) {
+fn im2col(
+    x: &[f32],
+    channels: usize,
+    [h, w]: [usize; 2],
+    win: &Window,
+    [oh, ow]: [usize; 2],
+    col: &mut [f32],
+) {
     let [kh, kw] = win.kernel;
     let mut r = 0;
     for ch in 0..channels {
@@ -180,7 +220,8 @@ fn im2col(x: &[f32], channels: usize, [h, w]: [usize; 2], win: &Window, [oh, ow]
             for j in 0..kw {
                 let row = &mut col[r * oh * ow..(r + 1) * oh * ow];
                 for y in 0..oh {
-                    let iy = (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
                     let dst = &mut row[y * ow..(y + 1) * ow];
                     if iy < 0 || iy >= h as isize {
                         dst.fill(0.0);
@@ -188,8 +229,13 @@ fn im2col(x: &[f32], channels: usize, [h, w]: [usize; 2], win: &Window, [oh, ow]
                     }
                     let src = &plane[iy as usize * w..(iy as usize + 1) * w];
                     for (xo, d) in dst.iter_mut().enumerate() {
-                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize - win.pad[1][0] as isize;
-                        *d = if ix < 0 || ix >= w as isize { 0.0 } else { src[ix as usize] };
+                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
+                        *d = if ix < 0 || ix >= w as isize {
+                            0.0
+                        } else {
+                            src[ix as usize]
+                        };
                     }
                 }
                 r += 1;
@@ -202,18 +248,29 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let ([wc, mg, kh, kw], _) = nchw(w)?;
-    let group = usize::try_from(ctx.int("group", 1)).ok().filter(|g| *g > 0).ok_or("bad group")?;
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
     if wc != c || c % group != 0 {
-        return Err(format!("input has {c} channels, weight {:?} with group {group}", w.shape()));
+        return Err(format!(
+            "input has {c} channels, weight {:?} with group {group}",
+            w.shape()
+        ));
     }
     let auto_pad = ctx.string("auto_pad", "NOTSET");
     if auto_pad != "NOTSET" && auto_pad != "VALID" {
-        return Err(format!("ConvTranspose auto_pad '{auto_pad}' is not supported"));
+        return Err(format!(
+            "ConvTranspose auto_pad '{auto_pad}' is not supported"
+        ));
     }
     let mut win = window(ctx, one_d, [kh, kw], [h, wd])?;
     let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
     let full = |axis: usize, input: usize| {
-        win.stride[axis] * (input - 1) + out_pad[axis] + (win.kernel[axis] - 1) * win.dilation[axis] + 1
+        win.stride[axis] * (input - 1)
+            + out_pad[axis]
+            + (win.kernel[axis] - 1) * win.dilation[axis]
+            + 1
     };
     let [oh, ow] = if let Some(shape) = ctx.ints("output_shape") {
         let shape: Vec<usize> = shape.iter().map(|&v| v.max(0) as usize).collect();
@@ -246,7 +303,10 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if let Some(b) = optional(inputs, 2) {
         let bias = b.to_f32_vec();
         if bias.len() != m {
-            return Err(format!("bias has {} entries for {m} output channels", bias.len()));
+            return Err(format!(
+                "bias has {} entries for {m} output channels",
+                bias.len()
+            ));
         }
         for (i, plane) in out.chunks_mut(oh * ow).enumerate() {
             plane.fill(bias[i % m]);
@@ -258,26 +318,44 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             let xg = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
             let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
             // col[rows, H·W] = W_gᵀ · X_g
-            sgemm(rows, cg, h * wd, 1.0, wg, (1, rows), xg, (h * wd, 1), 0.0, &mut col);
+            sgemm(
+                rows,
+                cg,
+                h * wd,
+                1.0,
+                wg,
+                (1, rows),
+                xg,
+                (h * wd, 1),
+                0.0,
+                &mut col,
+            );
             let o = &mut out[(b * m + g * mg) * oh * ow..(b * m + (g + 1) * mg) * oh * ow];
             for r in 0..rows {
                 let (ch, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
                 for y in 0..h {
-                    let oy = (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    let oy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
                     if oy < 0 || oy >= oh as isize {
                         continue;
                     }
                     for xx in 0..wd {
-                        let ox = (xx * win.stride[1] + j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+                        let ox = (xx * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
                         if ox >= 0 && ox < ow as isize {
-                            o[(ch * oh + oy as usize) * ow + ox as usize] += col[r * h * wd + y * wd + xx];
+                            o[(ch * oh + oy as usize) * ow + ox as usize] +=
+                                col[r * h * wd + y * wd + xx];
                         }
                     }
                 }
             }
         }
     }
-    let shape = if one_d { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    let shape = if one_d {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
     Ok(vec![HostTensor::f32(shape, out)])
 }
 
@@ -300,9 +378,11 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 let mut acc = if max { f32::NEG_INFINITY } else { 0.0 };
                 let mut count = 0usize;
                 for i in 0..kernel[0] {
-                    let iy = (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
                     for j in 0..kernel[1] {
-                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
                         let inside = iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize;
                         if inside {
                             let v = plane[iy as usize * w + ix as usize];
@@ -322,11 +402,21 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                         }
                     }
                 }
-                out.push(if max { acc } else if count == 0 { 0.0 } else { acc / count as f32 });
+                out.push(if max {
+                    acc
+                } else if count == 0 {
+                    0.0
+                } else {
+                    acc / count as f32
+                });
             }
         }
     }
-    let shape = if one_d { vec![n, c, ow] } else { vec![n, c, oh, ow] };
+    let shape = if one_d {
+        vec![n, c, ow]
+    } else {
+        vec![n, c, oh, ow]
+    };
     Ok(vec![HostTensor::f32(shape, out)])
 }
 
@@ -363,12 +453,18 @@ mod tests {
     #[test]
     fn conv_with_padding_stride_and_bias() {
         // 1×1×3×3 input, 1×1×2×2 kernel of ones, pad 1, stride 2.
-        let x = f(&[1, 1, 3, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+        let x = f(
+            &[1, 1, 3, 3],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
         let w = f(&[1, 1, 2, 2], &[1.0; 4]);
         let b = f(&[1], &[0.5]);
         let out = run(
             "Conv",
-            vec![("pads", Attribute::Ints(vec![1, 1, 1, 1])), ("strides", Attribute::Ints(vec![2, 2]))],
+            vec![
+                ("pads", Attribute::Ints(vec![1, 1, 1, 1])),
+                ("strides", Attribute::Ints(vec![2, 2])),
+            ],
             &[&x, &w, &b],
         );
         assert_close(&out[0], &[1, 1, 2, 2], &[1.5, 5.5, 11.5, 28.5]);
@@ -382,29 +478,56 @@ mod tests {
         assert_close(&out[0], &[1, 2, 1, 2], &[10.0, 20.0, -3.0, -4.0]);
         let x = f(&[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
         let w = f(&[1, 1, 2], &[1.0, -1.0]);
-        assert_close(&run("Conv", vec![], &[&x, &w])[0], &[1, 1, 3], &[-1.0, -1.0, -1.0]);
+        assert_close(
+            &run("Conv", vec![], &[&x, &w])[0],
+            &[1, 1, 3],
+            &[-1.0, -1.0, -1.0],
+        );
     }
 
     #[test]
     fn conv_transpose_doubles_resolution() {
         let x = f(&[1, 1, 1, 2], &[1.0, 2.0]);
         let w = f(&[1, 1, 1, 2], &[1.0, 10.0]);
-        let out = run("ConvTranspose", vec![("strides", Attribute::Ints(vec![1, 2]))], &[&x, &w]);
+        let out = run(
+            "ConvTranspose",
+            vec![("strides", Attribute::Ints(vec![1, 2]))],
+            &[&x, &w],
+        );
         assert_close(&out[0], &[1, 1, 1, 4], &[1.0, 10.0, 2.0, 20.0]);
     }
 
     #[test]
     fn pools() {
-        let x = f(&[1, 1, 3, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+        let x = f(
+            &[1, 1, 3, 3],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
         let k = ("kernel_shape", Attribute::Ints(vec![2, 2]));
-        assert_close(&run("MaxPool", vec![k.clone()], &[&x])[0], &[1, 1, 2, 2], &[5.0, 6.0, 8.0, 9.0]);
+        assert_close(
+            &run("MaxPool", vec![k.clone()], &[&x])[0],
+            &[1, 1, 2, 2],
+            &[5.0, 6.0, 8.0, 9.0],
+        );
         let out = run(
             "AveragePool",
-            vec![k.clone(), ("strides", Attribute::Ints(vec![2, 2])), ("ceil_mode", Attribute::Int(1))],
+            vec![
+                k.clone(),
+                ("strides", Attribute::Ints(vec![2, 2])),
+                ("ceil_mode", Attribute::Int(1)),
+            ],
             &[&x],
         );
         assert_close(&out[0], &[1, 1, 2, 2], &[3.0, 4.5, 7.5, 9.0]);
-        assert_close(&run("GlobalAveragePool", vec![], &[&x])[0], &[1, 1, 1, 1], &[5.0]);
-        assert_close(&run("GlobalMaxPool", vec![], &[&x])[0], &[1, 1, 1, 1], &[9.0]);
+        assert_close(
+            &run("GlobalAveragePool", vec![], &[&x])[0],
+            &[1, 1, 1, 1],
+            &[5.0],
+        );
+        assert_close(
+            &run("GlobalMaxPool", vec![], &[&x])[0],
+            &[1, 1, 1, 1],
+            &[9.0],
+        );
     }
 }

@@ -12,7 +12,12 @@ use crate::graph::DType;
 use crate::runtime::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
-    t.add(&["Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean"], arithmetic);
+    t.add(
+        &[
+            "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean",
+        ],
+        arithmetic,
+    );
     t.add(
         &["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"],
         compare,
@@ -22,8 +27,25 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Where"], where_op);
     t.add(
         &[
-            "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Erf", "Ceil", "Floor", "Round", "Sin",
-            "Cos", "Sign", "Tan", "Atan", "Asin", "Acos", "Sinh", "Cosh",
+            "Neg",
+            "Abs",
+            "Sqrt",
+            "Reciprocal",
+            "Exp",
+            "Log",
+            "Erf",
+            "Ceil",
+            "Floor",
+            "Round",
+            "Sin",
+            "Cos",
+            "Sign",
+            "Tan",
+            "Atan",
+            "Asin",
+            "Acos",
+            "Sinh",
+            "Cosh",
         ],
         unary,
     );
@@ -52,7 +74,10 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
         (std::borrow::Cow::Borrowed(a), std::borrow::Cow::Borrowed(b))
     } else if op == "Pow" && a.dtype() == DType::F32 {
         // Pow allows an exponent of another type.
-        (std::borrow::Cow::Borrowed(a), std::borrow::Cow::Owned(b.cast(DType::F32)?))
+        (
+            std::borrow::Cow::Borrowed(a),
+            std::borrow::Cow::Owned(b.cast(DType::F32)?),
+        )
     } else {
         let (x, y) = promote(a, b)?;
         (std::borrow::Cow::Owned(x), std::borrow::Cow::Owned(y))
@@ -66,7 +91,17 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                 "Mul" => |x, y| Ok(x.wrapping_mul(y)),
                 "Div" => |x, y| x.checked_div(y).ok_or(()),
                 // Mod with fmod=0 takes the divisor's sign (Python semantics).
-                "Mod" => |x, y| x.checked_rem(y).map(|r| if r != 0 && ((r < 0) != (y < 0)) { r + y } else { r }).ok_or(()),
+                "Mod" => |x, y| {
+                    x.checked_rem(y)
+                        .map(|r| {
+                            if r != 0 && ((r < 0) != (y < 0)) {
+                                r + y
+                            } else {
+                                r
+                            }
+                        })
+                        .ok_or(())
+                },
                 "Max" => |x, y| Ok(x.max(y)),
                 "Min" => |x, y| Ok(x.min(y)),
                 "Pow" => |x, y| Ok((x as f64).powf(y as f64) as $ty),
@@ -88,8 +123,20 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                 "Pow" => pow,
                 "Mod" => |x, y| x % y,
                 // NaN propagates, as onnxruntime does.
-                "Max" => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
-                "Min" => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
+                "Max" => |x, y| {
+                    if x.is_nan() || y.is_nan() {
+                        f32::NAN
+                    } else {
+                        x.max(y)
+                    }
+                },
+                "Min" => |x, y| {
+                    if x.is_nan() || y.is_nan() {
+                        f32::NAN
+                    } else {
+                        x.min(y)
+                    }
+                },
                 _ => return Err(format!("{op} is not an arithmetic op")),
             };
             let (shape, data) = zip_broadcast(x, sa, y, sb, f)?;
@@ -97,7 +144,13 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
         }
         (TensorData::I64(x), TensorData::I64(y)) => int_op!(x, y, i64, I64),
         (TensorData::I32(x), TensorData::I32(y)) => int_op!(x, y, i32, I32),
-        _ => return Err(format!("{op} does not accept {} and {}", a.dtype(), b.dtype())),
+        _ => {
+            return Err(format!(
+                "{op} does not accept {} and {}",
+                a.dtype(),
+                b.dtype()
+            ))
+        }
     })
 }
 
@@ -150,7 +203,13 @@ fn compare(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (TensorData::I64(x), TensorData::I64(y)) => cmp!(x, y),
         (TensorData::I32(x), TensorData::I32(y)) => cmp!(x, y),
         (TensorData::Bool(x), TensorData::Bool(y)) => cmp!(x, y),
-        _ => return Err(format!("{op} cannot compare {} with {}", a.dtype(), b.dtype())),
+        _ => {
+            return Err(format!(
+                "{op} cannot compare {} with {}",
+                a.dtype(),
+                b.dtype()
+            ))
+        }
     };
     Ok(vec![HostTensor::with_data(shape, TensorData::Bool(data))])
 }
@@ -176,7 +235,10 @@ fn logic(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 fn not(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let a = input(inputs, 0)?;
     let data = bools(a)?.iter().map(|x| !x).collect();
-    Ok(vec![HostTensor::with_data(a.shape().to_vec(), TensorData::Bool(data))])
+    Ok(vec![HostTensor::with_data(
+        a.shape().to_vec(),
+        TensorData::Bool(data),
+    )])
 }
 
 fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -231,9 +293,20 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 "Acos" => f32::acos,
                 "Sinh" => f32::sinh,
                 "Cosh" => f32::cosh,
-                _ => |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x },
+                _ => |x| {
+                    if x > 0.0 {
+                        1.0
+                    } else if x < 0.0 {
+                        -1.0
+                    } else {
+                        x
+                    }
+                },
             };
-            Ok(vec![HostTensor::f32(a.shape().to_vec(), v.iter().map(|&x| f(x)).collect())])
+            Ok(vec![HostTensor::f32(
+                a.shape().to_vec(),
+                v.iter().map(|&x| f(x)).collect(),
+            )])
         }
         TensorData::I64(_) | TensorData::I32(_) => {
             let v = a.to_i64_vec();
@@ -244,7 +317,9 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 "Ceil" | "Floor" | "Round" => v,
                 _ => return Err(format!("{op} does not accept {}", a.dtype())),
             };
-            HostTensor::i64(a.shape().to_vec(), out).cast(a.dtype()).map(|t| vec![t])
+            HostTensor::i64(a.shape().to_vec(), out)
+                .cast(a.dtype())
+                .map(|t| vec![t])
         }
         TensorData::Bool(_) => Err(format!("{op} does not accept bool")),
     }
@@ -253,7 +328,10 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 fn is_nan(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let a = input(inputs, 0)?;
     let data = a.as_f32()?.iter().map(|x| x.is_nan()).collect();
-    Ok(vec![HostTensor::with_data(a.shape().to_vec(), TensorData::Bool(data))])
+    Ok(vec![HostTensor::with_data(
+        a.shape().to_vec(),
+        TensorData::Bool(data),
+    )])
 }
 
 fn identity(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -278,7 +356,11 @@ mod tests {
 
     #[test]
     fn add_broadcasts_rows_and_columns() {
-        let out = run("Add", vec![], &[&f(&[2, 1], &[1.0, 2.0]), &f(&[3], &[10.0, 20.0, 30.0])]);
+        let out = run(
+            "Add",
+            vec![],
+            &[&f(&[2, 1], &[1.0, 2.0]), &f(&[3], &[10.0, 20.0, 30.0])],
+        );
         assert_close(&out[0], &[2, 3], &[11.0, 21.0, 31.0, 12.0, 22.0, 32.0]);
     }
 
@@ -289,25 +371,45 @@ mod tests {
         let out = run("Mod", vec![], &[&i(&[2], &[-7, 7]), &i(&[], &[3])]);
         assert_eq!(out[0].to_i64_vec(), vec![2, 1]);
         let node = super::super::test_util::node("Div", vec![]);
-        let ctx = super::Ctx { node: &node, opset: 17 };
+        let ctx = super::Ctx {
+            node: &node,
+            opset: 17,
+        };
         let (a, b) = (i(&[1], &[1]), i(&[1], &[0]));
-        assert!(super::arithmetic(&ctx, &[Some(&a), Some(&b)]).unwrap_err().contains("by zero"));
+        assert!(super::arithmetic(&ctx, &[Some(&a), Some(&b)])
+            .unwrap_err()
+            .contains("by zero"));
     }
 
     #[test]
     fn pow_sqrt_erf_and_mean() {
-        let out = run("Pow", vec![], &[&f(&[3], &[-2.0, 3.0, 0.5]), &f(&[], &[2.0])]);
+        let out = run(
+            "Pow",
+            vec![],
+            &[&f(&[3], &[-2.0, 3.0, 0.5]), &f(&[], &[2.0])],
+        );
         assert_close(&out[0], &[3], &[4.0, 9.0, 0.25]);
         let out = run("Erf", vec![], &[&f(&[3], &[0.0, 0.5, -1.0])]);
         assert_close(&out[0], &[3], &[0.0, 0.520_499_9, -0.842_700_8]);
-        let out = run("Mean", vec![], &[&f(&[2], &[1.0, 2.0]), &f(&[2], &[3.0, 6.0])]);
+        let out = run(
+            "Mean",
+            vec![],
+            &[&f(&[2], &[1.0, 2.0]), &f(&[2], &[3.0, 6.0])],
+        );
         assert_close(&out[0], &[2], &[2.0, 4.0]);
     }
 
     #[test]
     fn where_selects_with_broadcast_condition() {
-        let cond = crate::runtime::tensor::HostTensor::with_data(vec![2, 1], TensorData::Bool(vec![true, false]));
-        let out = run("Where", vec![], &[&cond, &f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]), &f(&[], &[-1.0])]);
+        let cond = crate::runtime::tensor::HostTensor::with_data(
+            vec![2, 1],
+            TensorData::Bool(vec![true, false]),
+        );
+        let out = run(
+            "Where",
+            vec![],
+            &[&cond, &f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]), &f(&[], &[-1.0])],
+        );
         assert_close(&out[0], &[2, 2], &[1.0, 2.0, -1.0, -1.0]);
     }
 

@@ -35,8 +35,14 @@ pub(crate) fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(k == 0 || (m - 1) * rsa + (k - 1) * csa < a.len(), "A is too short");
-    assert!(k == 0 || (k - 1) * rsb + (n - 1) * csb < b.len(), "B is too short");
+    assert!(
+        k == 0 || (m - 1) * rsa + (k - 1) * csa < a.len(),
+        "A is too short"
+    );
+    assert!(
+        k == 0 || (k - 1) * rsb + (n - 1) * csb < b.len(),
+        "B is too short"
+    );
     assert!(c.len() >= m * n, "C is too short");
     // SAFETY: the asserts above bound every index sgemm reads from `a` and `b` and writes to `c`
     // (row-major m×n with strides (n, 1)); the slices outlive the call and `c` is not aliased.
@@ -67,8 +73,16 @@ fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err("MatMul does not accept scalars".into());
     }
     // 1-D operands are promoted to matrices and the added dim removed from the result.
-    let a_shape: Vec<usize> = if a.rank() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
-    let b_shape: Vec<usize> = if b.rank() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
+    let a_shape: Vec<usize> = if a.rank() == 1 {
+        vec![1, a.shape()[0]]
+    } else {
+        a.shape().to_vec()
+    };
+    let b_shape: Vec<usize> = if b.rank() == 1 {
+        vec![b.shape()[0], 1]
+    } else {
+        b.shape().to_vec()
+    };
     let (m, k) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
     let (k2, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
     if k != k2 {
@@ -111,16 +125,32 @@ fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
     if a.rank() != 2 || b.rank() != 2 {
-        return Err(format!("Gemm needs 2-D operands, got {:?} and {:?}", a.shape(), b.shape()));
+        return Err(format!(
+            "Gemm needs 2-D operands, got {:?} and {:?}",
+            a.shape(),
+            b.shape()
+        ));
     }
     let trans_a = ctx.int("transA", 0) != 0;
     let trans_b = ctx.int("transB", 0) != 0;
     let alpha = ctx.float("alpha", 1.0);
     let beta = ctx.float("beta", 1.0);
-    let (m, k) = if trans_a { (a.shape()[1], a.shape()[0]) } else { (a.shape()[0], a.shape()[1]) };
-    let (k2, n) = if trans_b { (b.shape()[1], b.shape()[0]) } else { (b.shape()[0], b.shape()[1]) };
+    let (m, k) = if trans_a {
+        (a.shape()[1], a.shape()[0])
+    } else {
+        (a.shape()[0], a.shape()[1])
+    };
+    let (k2, n) = if trans_b {
+        (b.shape()[1], b.shape()[0])
+    } else {
+        (b.shape()[0], b.shape()[1])
+    };
     if k != k2 {
-        return Err(format!("inner dims differ: {:?} × {:?}", a.shape(), b.shape()));
+        return Err(format!(
+            "inner dims differ: {:?} × {:?}",
+            a.shape(),
+            b.shape()
+        ));
     }
     let a_strides = if trans_a { (1, m) } else { (k, 1) };
     let b_strides = if trans_b { (1, k) } else { (n, 1) };
@@ -129,7 +159,10 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if let Some(c) = optional(inputs, 2) {
         let offsets = broadcast_offsets(c.shape(), &[m, n]);
         if broadcast_shapes(&[c.shape(), &[m, n]])? != [m, n] {
-            return Err(format!("C of shape {:?} does not broadcast to [{m}, {n}]", c.shape()));
+            return Err(format!(
+                "C of shape {:?} does not broadcast to [{m}, {n}]",
+                c.shape()
+            ));
         }
         let cv = c.to_f32_vec();
         for (o, &i) in out.iter_mut().zip(&offsets) {
@@ -137,7 +170,18 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
         c_beta = beta;
     }
-    sgemm(m, k, n, alpha, a.as_f32()?, a_strides, b.as_f32()?, b_strides, c_beta, &mut out);
+    sgemm(
+        m,
+        k,
+        n,
+        alpha,
+        a.as_f32()?,
+        a_strides,
+        b.as_f32()?,
+        b_strides,
+        c_beta,
+        &mut out,
+    );
     Ok(vec![HostTensor::f32(vec![m, n], out)])
 }
 
@@ -150,7 +194,11 @@ mod tests {
     fn matmul_batches_and_promotes_vectors() {
         let a = f(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
         let b = f(&[2, 2], &[1.0, 0.0, 1.0, 1.0]);
-        assert_close(&run("MatMul", vec![], &[&a, &b])[0], &[2, 1, 2], &[3.0, 2.0, 7.0, 4.0]);
+        assert_close(
+            &run("MatMul", vec![], &[&a, &b])[0],
+            &[2, 1, 2],
+            &[3.0, 2.0, 7.0, 4.0],
+        );
         let v = f(&[2], &[1.0, -1.0]);
         assert_close(&run("MatMul", vec![], &[&b, &v])[0], &[2], &[1.0, 0.0]);
         assert_close(&run("MatMul", vec![], &[&v, &b])[0], &[2], &[0.0, -1.0]);

@@ -84,7 +84,10 @@ pub fn supported_ops() -> Vec<String> {
 // ---- helpers shared by the kernel files ----
 
 /// Input `i`, required.
-pub(crate) fn input<'a>(inputs: &[Option<&'a HostTensor>], i: usize) -> Result<&'a HostTensor, String> {
+pub(crate) fn input<'a>(
+    inputs: &[Option<&'a HostTensor>],
+    i: usize,
+) -> Result<&'a HostTensor, String> {
     inputs
         .get(i)
         .copied()
@@ -259,7 +262,11 @@ pub(crate) mod test_util {
     }
 
     /// Runs the registered kernel of `op` (opset 17) on inputs.
-    pub fn run(op: &str, attributes: Vec<(&str, Attribute)>, inputs: &[&HostTensor]) -> Vec<HostTensor> {
+    pub fn run(
+        op: &str,
+        attributes: Vec<(&str, Attribute)>,
+        inputs: &[&HostTensor],
+    ) -> Vec<HostTensor> {
         run_opset(op, 17, attributes, inputs)
     }
 
@@ -287,7 +294,10 @@ pub(crate) mod test_util {
         assert_eq!(actual.shape(), shape);
         let a = actual.as_f32().unwrap();
         for (k, (x, y)) in a.iter().zip(expected).enumerate() {
-            assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs(), "element {k}: {x} vs {y} in {a:?}");
+            assert!(
+                (x - y).abs() <= 1e-5 + 1e-5 * y.abs(),
+                "element {k}: {x} vs {y} in {a:?}"
+            );
         }
     }
 }

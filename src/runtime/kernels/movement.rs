@@ -109,7 +109,10 @@ fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     let perm: Vec<usize> = match ctx.ints("perm") {
-        Some(p) => p.iter().map(|&a| normalize_axis(a, rank)).collect::<Result<_, _>>()?,
+        Some(p) => p
+            .iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?,
         None => (0..rank).rev().collect(),
     };
     let mut seen = vec![false; rank];
@@ -136,7 +139,11 @@ fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String
             || p.shape()[..axis] != first.shape()[..axis]
             || p.shape()[axis + 1..] != first.shape()[axis + 1..]
         {
-            return Err(format!("cannot concatenate {:?} with {:?} on axis {axis}", first.shape(), p.shape()));
+            return Err(format!(
+                "cannot concatenate {:?} with {:?} on axis {axis}",
+                first.shape(),
+                p.shape()
+            ));
         }
         shape[axis] += p.shape()[axis];
     }
@@ -149,7 +156,11 @@ fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String
                 .iter()
                 .map(|p| match p.data() {
                     TensorData::$variant(v) => Ok(v.as_slice()),
-                    _ => Err(format!("cannot concatenate {} with {}", first.dtype(), p.dtype())),
+                    _ => Err(format!(
+                        "cannot concatenate {} with {}",
+                        first.dtype(),
+                        p.dtype()
+                    )),
                 })
                 .collect::<Result<Vec<_>, String>>()?;
             for o in 0..outer {
@@ -181,7 +192,10 @@ fn concat(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         } else {
             crate::graph::DType::I64
         };
-        let cast: Vec<HostTensor> = parts.iter().map(|p| p.cast(target)).collect::<Result<_, _>>()?;
+        let cast: Vec<HostTensor> = parts
+            .iter()
+            .map(|p| p.cast(target))
+            .collect::<Result<_, _>>()?;
         return Ok(vec![concat_along(&cast.iter().collect::<Vec<_>>(), axis)?]);
     }
     Ok(vec![concat_along(&parts, axis)?])
@@ -207,12 +221,19 @@ fn split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let axis = normalize_axis(ctx.int("axis", 0), x.rank())?;
     let n = x.shape()[axis];
     let outputs = ctx.node.outputs.len().max(1);
-    let sizes: Vec<usize> = match optional(inputs, 1).map(|t| t.to_i64_vec()).or_else(|| ctx.ints("split")) {
+    let sizes: Vec<usize> = match optional(inputs, 1)
+        .map(|t| t.to_i64_vec())
+        .or_else(|| ctx.ints("split"))
+    {
         Some(s) => dims_from(&s, "split")?,
         None => {
-            let parts = usize::try_from(ctx.int("num_outputs", outputs as i64)).unwrap_or(outputs).max(1);
+            let parts = usize::try_from(ctx.int("num_outputs", outputs as i64))
+                .unwrap_or(outputs)
+                .max(1);
             let chunk = n.div_ceil(parts);
-            (0..parts).map(|i| chunk.min(n.saturating_sub(i * chunk))).collect()
+            (0..parts)
+                .map(|i| chunk.min(n.saturating_sub(i * chunk)))
+                .collect()
         }
     };
     if sizes.iter().sum::<usize>() != n {
@@ -312,7 +333,9 @@ fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             if (0..n).contains(&j) {
                 Ok(j as usize)
             } else {
-                Err(format!("index {i} is out of range for axis {axis} of size {n}"))
+                Err(format!(
+                    "index {i} is out of range for axis {axis} of size {n}"
+                ))
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -345,17 +368,26 @@ fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .map(|(flat, &i)| {
             let j = if i < 0 { i + n } else { i };
             if !(0..n).contains(&j) {
-                return Err(format!("index {i} is out of range for axis {axis} of size {n}"));
+                return Err(format!(
+                    "index {i} is out of range for axis {axis} of size {n}"
+                ));
             }
             let mut off = 0;
             for d in 0..x.rank() {
-                let coord = if d == axis { j as usize } else { (flat / is[d]) % idx.shape()[d] };
+                let coord = if d == axis {
+                    j as usize
+                } else {
+                    (flat / is[d]) % idx.shape()[d]
+                };
                 off += coord * xs[d];
             }
             Ok(off)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(vec![HostTensor::with_data(idx.shape().to_vec(), take(x.data(), &offsets))])
+    Ok(vec![HostTensor::with_data(
+        idx.shape().to_vec(),
+        take(x.data(), &offsets),
+    )])
 }
 
 fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -367,14 +399,19 @@ fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 }
 
 fn axes_of(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Option<Vec<i64>> {
-    optional(inputs, 1).map(HostTensor::to_i64_vec).or_else(|| ctx.ints("axes"))
+    optional(inputs, 1)
+        .map(HostTensor::to_i64_vec)
+        .or_else(|| ctx.ints("axes"))
 }
 
 fn unsqueeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let axes = axes_of(ctx, inputs).ok_or("Unsqueeze needs axes")?;
     let rank = x.rank() + axes.len();
-    let mut positions = axes.iter().map(|&a| normalize_axis(a, rank)).collect::<Result<Vec<_>, _>>()?;
+    let mut positions = axes
+        .iter()
+        .map(|&a| normalize_axis(a, rank))
+        .collect::<Result<Vec<_>, _>>()?;
     positions.sort_unstable();
     let mut shape = x.shape().to_vec();
     for p in positions {
@@ -387,13 +424,21 @@ fn squeeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let shape: Vec<usize> = match axes_of(ctx, inputs) {
         Some(axes) => {
-            let drop = axes.iter().map(|&a| normalize_axis(a, x.rank())).collect::<Result<Vec<_>, _>>()?;
+            let drop = axes
+                .iter()
+                .map(|&a| normalize_axis(a, x.rank()))
+                .collect::<Result<Vec<_>, _>>()?;
             for &d in &drop {
                 if x.shape()[d] != 1 {
                     return Err(format!("cannot squeeze axis {d} of size {}", x.shape()[d]));
                 }
             }
-            x.shape().iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, &d)| d).collect()
+            x.shape()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !drop.contains(i))
+                .map(|(_, &d)| d)
+                .collect()
         }
         None => x.shape().iter().copied().filter(|&d| d != 1).collect(),
     };
@@ -403,7 +448,11 @@ fn squeeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 fn flatten(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let axis = ctx.int("axis", 1);
-    let axis = if axis == x.rank() as i64 { x.rank() } else { normalize_axis(axis, x.rank())? };
+    let axis = if axis == x.rank() as i64 {
+        x.rank()
+    } else {
+        normalize_axis(axis, x.rank())?
+    };
     let outer: usize = x.shape()[..axis].iter().product();
     let inner: usize = x.shape()[axis..].iter().product();
     Ok(vec![x.clone().reshaped(vec![outer, inner])?])
@@ -415,20 +464,33 @@ fn shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
     let start = clamp(ctx.int("start", 0));
     let end = clamp(ctx.int("end", rank));
-    let dims: Vec<i64> = x.shape()[start..end.max(start)].iter().map(|&d| d as i64).collect();
+    let dims: Vec<i64> = x.shape()[start..end.max(start)]
+        .iter()
+        .map(|&d| d as i64)
+        .collect();
     Ok(vec![HostTensor::i64(vec![dims.len()], dims)])
 }
 
 fn size(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    Ok(vec![HostTensor::i64(vec![], vec![input(inputs, 0)?.len() as i64])])
+    Ok(vec![HostTensor::i64(
+        vec![],
+        vec![input(inputs, 0)?.len() as i64],
+    )])
 }
 
 fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (start, limit, delta) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
     if start.dtype() == crate::graph::DType::F32 {
-        let (s, l, d) = (start.to_f32_vec()[0], limit.to_f32_vec()[0], delta.to_f32_vec()[0]);
+        let (s, l, d) = (
+            start.to_f32_vec()[0],
+            limit.to_f32_vec()[0],
+            delta.to_f32_vec()[0],
+        );
         let n = ((l - s) / d).ceil().max(0.0) as usize;
-        return Ok(vec![HostTensor::f32(vec![n], (0..n).map(|i| s + i as f32 * d).collect())]);
+        return Ok(vec![HostTensor::f32(
+            vec![n],
+            (0..n).map(|i| s + i as f32 * d).collect(),
+        )]);
     }
     let scalar = |t: &HostTensor| t.to_i64_vec().first().copied().ok_or("Range needs scalars");
     let (s, l, d) = (scalar(start)?, scalar(limit)?, scalar(delta)?);
@@ -449,9 +511,9 @@ fn constant_of_shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult 
             (Some(v), dtype) => {
                 let x = v.as_f64s().and_then(|f| f.first().copied()).unwrap_or(0.0);
                 match dtype {
-                    crate::graph::DType::F32 | crate::graph::DType::F16 | crate::graph::DType::F64 => {
-                        TensorData::F32(vec![x as f32; n])
-                    }
+                    crate::graph::DType::F32
+                    | crate::graph::DType::F16
+                    | crate::graph::DType::F64 => TensorData::F32(vec![x as f32; n]),
                     crate::graph::DType::I32 => TensorData::I32(vec![x as i32; n]),
                     crate::graph::DType::Bool => TensorData::Bool(vec![x != 0.0; n]),
                     _ => TensorData::I64(vec![x as i64; n]),
@@ -499,14 +561,24 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let value = if ctx.opset < 11 {
         ctx.float("value", 0.0)
     } else {
-        optional(inputs, 2).and_then(|v| v.to_f32_vec().first().copied()).unwrap_or(0.0)
+        optional(inputs, 2)
+            .and_then(|v| v.to_f32_vec().first().copied())
+            .unwrap_or(0.0)
     };
     let axes: Vec<usize> = match optional(inputs, 3) {
-        Some(a) => a.to_i64_vec().iter().map(|&a| normalize_axis(a, rank)).collect::<Result<_, _>>()?,
+        Some(a) => a
+            .to_i64_vec()
+            .iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?,
         None => (0..rank).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(format!("pads has {} entries for {} axes", pads.len(), axes.len()));
+        return Err(format!(
+            "pads has {} entries for {} axes",
+            pads.len(),
+            axes.len()
+        ));
     }
     let mut begin = vec![0i64; rank];
     let mut end = vec![0i64; rank];
@@ -516,7 +588,8 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let shape: Vec<usize> = (0..rank)
         .map(|d| {
-            usize::try_from(x.shape()[d] as i64 + begin[d] + end[d]).map_err(|_| "negative padded size".to_string())
+            usize::try_from(x.shape()[d] as i64 + begin[d] + end[d])
+                .map_err(|_| "negative padded size".to_string())
         })
         .collect::<Result<_, _>>()?;
     let xs = strides_of(x.shape());
@@ -547,18 +620,30 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (optional(inputs, 1).map(HostTensor::to_f32_vec), None)
     } else {
         (
-            optional(inputs, 2).map(HostTensor::to_f32_vec).filter(|s| !s.is_empty()),
-            optional(inputs, 3).map(HostTensor::to_i64_vec).filter(|s| !s.is_empty()),
+            optional(inputs, 2)
+                .map(HostTensor::to_f32_vec)
+                .filter(|s| !s.is_empty()),
+            optional(inputs, 3)
+                .map(HostTensor::to_i64_vec)
+                .filter(|s| !s.is_empty()),
         )
     };
     let (out_shape, scale): (Vec<usize>, Vec<f32>) = match (sizes, scales) {
         (Some(s), _) => {
             let s = dims_from(&s, "sizes")?;
-            let sc = s.iter().zip(x.shape()).map(|(&o, &i)| o as f32 / i as f32).collect();
+            let sc = s
+                .iter()
+                .zip(x.shape())
+                .map(|(&o, &i)| o as f32 / i as f32)
+                .collect();
             (s, sc)
         }
         (None, Some(sc)) => (
-            x.shape().iter().zip(&sc).map(|(&d, &f)| (d as f32 * f).floor() as usize).collect(),
+            x.shape()
+                .iter()
+                .zip(&sc)
+                .map(|(&d, &f)| (d as f32 * f).floor() as usize)
+                .collect(),
             sc,
         ),
         _ => return Err("Resize needs scales or sizes".into()),
@@ -574,8 +659,20 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         let o = o as f32;
         match coord.as_str() {
             "asymmetric" => o / s,
-            "align_corners" => if out_d > 1.0 { o * (in_d - 1.0) / (out_d - 1.0) } else { 0.0 },
-            "pytorch_half_pixel" => if out_d > 1.0 { (o + 0.5) / s - 0.5 } else { 0.0 },
+            "align_corners" => {
+                if out_d > 1.0 {
+                    o * (in_d - 1.0) / (out_d - 1.0)
+                } else {
+                    0.0
+                }
+            }
+            "pytorch_half_pixel" => {
+                if out_d > 1.0 {
+                    (o + 0.5) / s - 0.5
+                } else {
+                    0.0
+                }
+            }
             _ => (o + 0.5) / s - 0.5, // half_pixel
         }
     };
@@ -618,7 +715,9 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     let t = v - lo as f32;
                     corners = corners
                         .iter()
-                        .flat_map(|&(off, w)| [(off + lo * xs[d], w * (1.0 - t)), (off + hi * xs[d], w * t)])
+                        .flat_map(|&(off, w)| {
+                            [(off + lo * xs[d], w * (1.0 - t)), (off + hi * xs[d], w * t)]
+                        })
                         .collect();
                 }
                 out.push(corners.iter().map(|&(off, w)| src[off] * w).sum());
@@ -646,20 +745,46 @@ mod tests {
         let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let t = run("Transpose", vec![], &[&x]);
         assert_close(&t[0], &[3, 2], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
-        let c = run("Concat", vec![("axis", Attribute::Int(1))], &[&x, &f(&[2, 1], &[7.0, 8.0])]);
+        let c = run(
+            "Concat",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &f(&[2, 1], &[7.0, 8.0])],
+        );
         assert_close(&c[0], &[2, 4], &[1.0, 2.0, 3.0, 7.0, 4.0, 5.0, 6.0, 8.0]);
     }
 
     #[test]
     fn slice_gather_split_expand() {
         let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let s = run("Slice", vec![], &[&x, &i(&[1], &[-1]), &i(&[1], &[i64::MIN]), &i(&[1], &[1]), &i(&[1], &[-1])]);
+        let s = run(
+            "Slice",
+            vec![],
+            &[
+                &x,
+                &i(&[1], &[-1]),
+                &i(&[1], &[i64::MIN]),
+                &i(&[1], &[1]),
+                &i(&[1], &[-1]),
+            ],
+        );
         assert_close(&s[0], &[2, 3], &[3.0, 2.0, 1.0, 6.0, 5.0, 4.0]);
-        let g = run("Gather", vec![("axis", Attribute::Int(1))], &[&x, &i(&[2], &[2, -3])]);
+        let g = run(
+            "Gather",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &i(&[2], &[2, -3])],
+        );
         assert_close(&g[0], &[2, 2], &[3.0, 1.0, 6.0, 4.0]);
-        let parts = run("Split", vec![("axis", Attribute::Int(1))], &[&x, &i(&[2], &[1, 2])]);
+        let parts = run(
+            "Split",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &i(&[2], &[1, 2])],
+        );
         assert_close(&parts[1], &[2, 2], &[2.0, 3.0, 5.0, 6.0]);
-        let e = run("Expand", vec![], &[&f(&[2, 1], &[1.0, 2.0]), &i(&[2], &[2, 2])]);
+        let e = run(
+            "Expand",
+            vec![],
+            &[&f(&[2, 1], &[1.0, 2.0]), &i(&[2], &[2, 2])],
+        );
         assert_close(&e[0], &[2, 2], &[1.0, 1.0, 2.0, 2.0]);
     }
 
@@ -667,23 +792,45 @@ mod tests {
     fn shape_ops() {
         let x = f(&[2, 1, 3], &[0.0; 6]);
         assert_eq!(run("Shape", vec![], &[&x])[0].to_i64_vec(), vec![2, 1, 3]);
-        assert_eq!(run("Squeeze", vec![], &[&x, &i(&[1], &[1])])[0].shape(), &[2, 3]);
-        assert_eq!(run("Unsqueeze", vec![], &[&x, &i(&[1], &[-1])])[0].shape(), &[2, 1, 3, 1]);
+        assert_eq!(
+            run("Squeeze", vec![], &[&x, &i(&[1], &[1])])[0].shape(),
+            &[2, 3]
+        );
+        assert_eq!(
+            run("Unsqueeze", vec![], &[&x, &i(&[1], &[-1])])[0].shape(),
+            &[2, 1, 3, 1]
+        );
         assert_eq!(run("Flatten", vec![], &[&x])[0].shape(), &[2, 3]);
-        let r = run("Range", vec![], &[&i(&[], &[1]), &i(&[], &[7]), &i(&[], &[2])]);
+        let r = run(
+            "Range",
+            vec![],
+            &[&i(&[], &[1]), &i(&[], &[7]), &i(&[], &[2])],
+        );
         assert_eq!(r[0].to_i64_vec(), vec![1, 3, 5]);
     }
 
     #[test]
     fn pad_tile_resize() {
         let x = f(&[1, 2], &[1.0, 2.0]);
-        let p = run("Pad", vec![], &[&x, &i(&[4], &[0, 1, 0, 0]), &f(&[], &[9.0])]);
+        let p = run(
+            "Pad",
+            vec![],
+            &[&x, &i(&[4], &[0, 1, 0, 0]), &f(&[], &[9.0])],
+        );
         assert_close(&p[0], &[1, 3], &[9.0, 1.0, 2.0]);
-        assert_close(&run("Tile", vec![], &[&x, &i(&[2], &[2, 1])])[0], &[2, 2], &[1.0, 2.0, 1.0, 2.0]);
+        assert_close(
+            &run("Tile", vec![], &[&x, &i(&[2], &[2, 1])])[0],
+            &[2, 2],
+            &[1.0, 2.0, 1.0, 2.0],
+        );
         let empty = f(&[0], &[]);
         let r = run("Resize", vec![], &[&x, &empty, &f(&[2], &[1.0, 2.0])]);
         assert_close(&r[0], &[1, 4], &[1.0, 1.0, 2.0, 2.0]);
-        let r = run("Resize", vec![("mode", Attribute::String("linear".into()))], &[&x, &empty, &f(&[2], &[1.0, 2.0])]);
+        let r = run(
+            "Resize",
+            vec![("mode", Attribute::String("linear".into()))],
+            &[&x, &empty, &f(&[2], &[1.0, 2.0])],
+        );
         assert_close(&r[0], &[1, 4], &[1.0, 1.25, 1.75, 2.0]);
     }
 }

@@ -16,7 +16,10 @@ pub(super) fn register(t: &mut KernelTable) {
 fn per_channel(t: &HostTensor, channels: usize, what: &str) -> Result<Vec<f32>, String> {
     let v = t.to_f32_vec();
     if v.len() != channels {
-        return Err(format!("{what} has {} entries for {channels} channels", v.len()));
+        return Err(format!(
+            "{what} has {} entries for {channels} channels",
+            v.len()
+        ));
     }
     Ok(v)
 }
@@ -38,7 +41,11 @@ fn batch_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut out = Vec::with_capacity(xv.len());
     for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
         let ch = p % c;
-        out.extend(plane.iter().map(|&v| (v - mean[ch]) * factor[ch] + bias[ch]));
+        out.extend(
+            plane
+                .iter()
+                .map(|&v| (v - mean[ch]) * factor[ch] + bias[ch]),
+        );
     }
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
@@ -55,7 +62,11 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let expand = |t: &HostTensor| -> Result<Vec<f32>, String> {
         let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..]);
         if super::broadcast_shapes(&[t.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
-            return Err(format!("scale/bias {:?} do not broadcast to {:?}", t.shape(), &x.shape()[axis..]));
+            return Err(format!(
+                "scale/bias {:?} do not broadcast to {:?}",
+                t.shape(),
+                &x.shape()[axis..]
+            ));
         }
         let v = t.to_f32_vec();
         Ok(offsets.iter().map(|&i| v[i]).collect())
@@ -100,9 +111,17 @@ fn instance_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     for (p, plane) in x.as_f32()?.chunks(spatial.max(1)).enumerate() {
         let ch = p % c;
         let mean = plane.iter().map(|&v| v as f64).sum::<f64>() / spatial as f64;
-        let var = plane.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / spatial as f64;
+        let var = plane
+            .iter()
+            .map(|&v| (v as f64 - mean).powi(2))
+            .sum::<f64>()
+            / spatial as f64;
         let inv = 1.0 / (var + eps).sqrt();
-        out.extend(plane.iter().map(|&v| ((v as f64 - mean) * inv) as f32 * scale[ch] + bias[ch]));
+        out.extend(
+            plane
+                .iter()
+                .map(|&v| ((v as f64 - mean) * inv) as f32 * scale[ch] + bias[ch]),
+        );
     }
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
@@ -132,10 +151,20 @@ mod tests {
         let out = run(
             "BatchNormalization",
             vec![("epsilon", Attribute::Float(0.0))],
-            &[&x, &one, &zero, &f(&[2], &[1.0, 10.0]), &f(&[2], &[4.0, 25.0])],
+            &[
+                &x,
+                &one,
+                &zero,
+                &f(&[2], &[1.0, 10.0]),
+                &f(&[2], &[4.0, 25.0]),
+            ],
         );
         assert_close(&out[0], &[1, 2, 1, 2], &[0.0, 1.0, 1.0, 5.0]);
-        let out = run("InstanceNormalization", vec![("epsilon", Attribute::Float(0.0))], &[&x, &one, &zero]);
+        let out = run(
+            "InstanceNormalization",
+            vec![("epsilon", Attribute::Float(0.0))],
+            &[&x, &one, &zero],
+        );
         assert_close(&out[0], &[1, 2, 1, 2], &[-1.0, 1.0, -1.0, 3.0]);
     }
 }

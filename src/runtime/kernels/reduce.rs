@@ -12,8 +12,15 @@ use crate::runtime::tensor::{HostTensor, TensorData};
 pub(super) fn register(t: &mut KernelTable) {
     t.add(
         &[
-            "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare",
-            "ReduceL1", "ReduceL2", "ReduceLogSumExp",
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceProd",
+            "ReduceSumSquare",
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSumExp",
         ],
         reduce,
     );
@@ -42,12 +49,17 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .map(|(&d, &r)| if r { 1 } else { d })
         .collect();
     let out_len: usize = keep_shape.iter().product();
-    let group = if out_len == 0 { 0 } else { x.len() / out_len };
+    let group = x.len().checked_div(out_len).unwrap_or(0);
     let op = ctx.node.op_type.as_str();
     let out_shape: Vec<usize> = if keep {
         keep_shape.clone()
     } else {
-        x.shape().iter().zip(&reduced).filter(|(_, r)| !**r).map(|(&d, _)| d).collect()
+        x.shape()
+            .iter()
+            .zip(&reduced)
+            .filter(|(_, r)| !**r)
+            .map(|(&d, _)| d)
+            .collect()
     };
     if let TensorData::I64(v) = x.data() {
         // Integer sums and extrema (shape arithmetic) stay exact.
@@ -141,13 +153,26 @@ mod tests {
     #[test]
     fn reduce_over_attribute_and_input_axes() {
         let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let out = run_opset("ReduceMean", 13, vec![("axes", Attribute::Ints(vec![-1]))], &[&x]);
+        let out = run_opset(
+            "ReduceMean",
+            13,
+            vec![("axes", Attribute::Ints(vec![-1]))],
+            &[&x],
+        );
         assert_close(&out[0], &[2, 1], &[2.0, 5.0]);
-        let out = run("ReduceSum", vec![("keepdims", Attribute::Int(0))], &[&x, &i(&[1], &[0])]);
+        let out = run(
+            "ReduceSum",
+            vec![("keepdims", Attribute::Int(0))],
+            &[&x, &i(&[1], &[0])],
+        );
         assert_close(&out[0], &[3], &[5.0, 7.0, 9.0]);
         let out = run("ReduceMax", vec![], &[&x]);
         assert_close(&out[0], &[1, 1], &[6.0]);
-        let out = run("ReduceL2", vec![("axes", Attribute::Ints(vec![0]))], &[&f(&[2], &[3.0, 4.0])]);
+        let out = run(
+            "ReduceL2",
+            vec![("axes", Attribute::Ints(vec![0]))],
+            &[&f(&[2], &[3.0, 4.0])],
+        );
         assert_close(&out[0], &[1], &[5.0]);
     }
 
@@ -156,7 +181,14 @@ mod tests {
         let x = f(&[2, 2], &[1.0, 1.0, 0.0, 2.0]);
         let out = run("ArgMax", vec![("axis", Attribute::Int(1))], &[&x]);
         assert_eq!(out[0].to_i64_vec(), vec![0, 1]);
-        let out = run("ArgMax", vec![("axis", Attribute::Int(1)), ("select_last_index", Attribute::Int(1))], &[&x]);
+        let out = run(
+            "ArgMax",
+            vec![
+                ("axis", Attribute::Int(1)),
+                ("select_last_index", Attribute::Int(1)),
+            ],
+            &[&x],
+        );
         assert_eq!(out[0].to_i64_vec(), vec![1, 1]);
     }
 }
