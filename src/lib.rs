@@ -13,7 +13,8 @@
 //!
 //! Built so far: [`onnx`] (loading, with external data never read), [`onnx::shape`] (dtype and
 //! shape inference with symbolic dims), over the [`graph`] IR, and [`cost`] (hardware profiles,
-//! roofline op costs, stage memory, transfers).
+//! roofline op costs, stage memory, transfers), [`partition`], [`plan`], [`schedule`], and
+//! [`runtime`] (the CPU reference runtime: whole models, or plans as threaded pipelines).
 //!
 //! ```
 //! use pipecut::onnx::shape::{DimBindings, ShapeInference};
