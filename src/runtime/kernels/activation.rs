@@ -1,6 +1,6 @@
 //! Activations and softmax.
 //!
-//! Specs: <https://onnx.ai/onnx/operators/> (Relu, Sigmoid, Tanh, LeakyRelu, Elu, Selu,
+//! Specs: <https://onnx.ai/onnx/operators/> (Relu, Sigmoid, Tanh, LeakyRelu, Elu, Selu, Celu, Swish, ThresholdedRelu, Shrink,
 //! HardSigmoid, HardSwish, Softplus, Softsign, Mish, Gelu (opset 20), Clip (attributes before
 //! opset 11, inputs after), PRelu, Softmax and LogSoftmax (2-D coercion before opset 13, one axis
 //! after)), opsets 7 to 23.
@@ -23,6 +23,10 @@ pub(super) fn register(t: &mut KernelTable) {
             "Softsign",
             "Mish",
             "Gelu",
+            "Celu",
+            "Swish",
+            "ThresholdedRelu",
+            "Shrink",
         ],
         pointwise,
     );
@@ -79,6 +83,34 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             .collect(),
         "Softsign" => v.iter().map(|&x| x / (1.0 + x.abs())).collect(),
         "Mish" => v.iter().map(|&x| x * x.exp().ln_1p().tanh()).collect(),
+        "Celu" => {
+            let alpha = ctx.float("alpha", 1.0);
+            v.iter()
+                .map(|&x| x.max(0.0) + (alpha * ((x / alpha).exp() - 1.0)).min(0.0))
+                .collect()
+        }
+        "Swish" => {
+            let alpha = ctx.float("alpha", 1.0);
+            v.iter().map(|&x| x * sigmoid(alpha * x)).collect()
+        }
+        "ThresholdedRelu" => {
+            let alpha = ctx.float("alpha", 1.0);
+            v.iter().map(|&x| if x > alpha { x } else { 0.0 }).collect()
+        }
+        "Shrink" => {
+            let (bias, lambd) = (ctx.float("bias", 0.0), ctx.float("lambd", 0.5));
+            v.iter()
+                .map(|&x| {
+                    if x < -lambd {
+                        x + bias
+                    } else if x > lambd {
+                        x - bias
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        }
         _ => {
             // Gelu: exact (erf) or the tanh approximation.
             if ctx.string("approximate", "none") == "tanh" {

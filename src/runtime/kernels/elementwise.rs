@@ -3,7 +3,8 @@
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (Add, Sub, Mul, Div, Pow, Mod, Max, Min, Sum, Mean,
 //! Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor, Not, Where, Neg, Abs, Sqrt,
-//! Reciprocal, Exp, Log, Erf, Ceil, Floor, Round, Sin, Cos, Sign, IsNaN, Identity, Cast, CastLike),
+//! Reciprocal, Exp, Log, Erf, Ceil, Floor, Round, trigonometric and hyperbolic functions, Sign, IsNaN,
+//! IsInf, Identity, Dropout (inference), Cast, CastLike),
 //! opsets 7 to 23. Mixed integer widths (which arise because the runtime widens narrow integers)
 //! compute in int64; any float operand makes the op compute in float32.
 
@@ -46,11 +47,16 @@ pub(super) fn register(t: &mut KernelTable) {
             "Acos",
             "Sinh",
             "Cosh",
+            "Asinh",
+            "Acosh",
+            "Atanh",
         ],
         unary,
     );
     t.add(&["IsNaN"], is_nan);
-    t.add(&["Identity"], identity);
+    t.add(&["IsInf"], is_inf);
+    // Dropout at inference is the identity (its optional mask output is all true).
+    t.add(&["Identity", "Dropout"], identity);
     t.add(&["Cast"], cast);
     t.add(&["CastLike"], cast_like);
 }
@@ -293,6 +299,9 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 "Acos" => f32::acos,
                 "Sinh" => f32::sinh,
                 "Cosh" => f32::cosh,
+                "Asinh" => f32::asinh,
+                "Acosh" => f32::acosh,
+                "Atanh" => f32::atanh,
                 _ => |x| {
                     if x > 0.0 {
                         1.0
@@ -334,8 +343,31 @@ fn is_nan(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     )])
 }
 
-fn identity(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    Ok(vec![input(inputs, 0)?.clone()])
+fn is_inf(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let a = input(inputs, 0)?;
+    let (pos, neg) = (
+        ctx.int("detect_positive", 1) != 0,
+        ctx.int("detect_negative", 1) != 0,
+    );
+    let data = a
+        .as_f32()?
+        .iter()
+        .map(|x| x.is_infinite() && ((pos && *x > 0.0) || (neg && *x < 0.0)))
+        .collect();
+    Ok(vec![HostTensor::with_data(
+        a.shape().to_vec(),
+        TensorData::Bool(data),
+    )])
+}
+
+fn identity(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?.clone();
+    if ctx.node.op_type == "Dropout" {
+        let mask = TensorData::Bool(vec![true; x.len()]);
+        let mask = HostTensor::with_data(x.shape().to_vec(), mask);
+        return Ok(vec![x, mask]);
+    }
+    Ok(vec![x])
 }
 
 fn cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

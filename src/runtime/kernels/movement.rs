@@ -2,7 +2,7 @@
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (Reshape, Transpose, Concat, Split, Slice, Gather,
 //! GatherElements, Expand, Unsqueeze, Squeeze, Flatten, Shape, Size, Range, ConstantOfShape,
-//! Tile, Pad (constant mode), Resize (nearest and linear on the two innermost axes)), opsets 7
+//! Tile, Pad (constant mode), Resize (nearest and linear), Trilu, CumSum), opsets 7
 //! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
 //! attributes before.
 
@@ -29,6 +29,8 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Tile"], tile);
     t.add(&["Pad"], pad);
     t.add(&["Resize"], resize);
+    t.add(&["Trilu"], trilu);
+    t.add(&["CumSum"], cumsum);
 }
 
 fn dims_from(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
@@ -728,6 +730,88 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![HostTensor::f32(out_shape, out)])
 }
 
+fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 2 {
+        return Err(format!("Trilu needs a matrix, got {:?}", x.shape()));
+    }
+    let k = optional(inputs, 1)
+        .and_then(|t| t.to_i64_vec().first().copied())
+        .unwrap_or(0);
+    let upper = ctx.int("upper", 1) != 0;
+    let (rows, cols) = (x.shape()[x.rank() - 2], x.shape()[x.rank() - 1]);
+    let keep: Vec<bool> = (0..x.len())
+        .map(|flat| {
+            let (i, j) = (((flat / cols) % rows) as i64, (flat % cols) as i64);
+            if upper {
+                j - i >= k
+            } else {
+                j - i <= k
+            }
+        })
+        .collect();
+    let zeroed = match x.data() {
+        TensorData::F32(v) => TensorData::F32(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0.0 })
+                .collect(),
+        ),
+        TensorData::I64(v) => TensorData::I64(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        TensorData::I32(v) => TensorData::I32(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        TensorData::Bool(v) => {
+            TensorData::Bool(v.iter().zip(&keep).map(|(&a, &k)| a && k).collect())
+        }
+    };
+    Ok(vec![HostTensor::with_data(x.shape().to_vec(), zeroed)])
+}
+
+fn cumsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axis_value = input(inputs, 1)?
+        .to_i64_vec()
+        .first()
+        .copied()
+        .ok_or("CumSum needs an axis")?;
+    let axis = normalize_axis(axis_value, x.rank())?;
+    let exclusive = ctx.int("exclusive", 0) != 0;
+    let reverse = ctx.int("reverse", 0) != 0;
+    let n = x.shape()[axis];
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let outer: usize = x.shape()[..axis].iter().product();
+    let v = x.to_f32_vec();
+    let mut out = vec![0.0f32; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut acc = 0.0f64;
+            for step in 0..n {
+                let k = if reverse { n - 1 - step } else { step };
+                let at = (o * n + k) * inner + i;
+                if exclusive {
+                    out[at] = acc as f32;
+                    acc += v[at] as f64;
+                } else {
+                    acc += v[at] as f64;
+                    out[at] = acc as f32;
+                }
+            }
+        }
+    }
+    HostTensor::f32(x.shape().to_vec(), out)
+        .cast(x.dtype())
+        .map(|t| vec![t])
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{assert_close, f, i, run};
@@ -807,6 +891,33 @@ mod tests {
             &[&i(&[], &[1]), &i(&[], &[7]), &i(&[], &[2])],
         );
         assert_eq!(r[0].to_i64_vec(), vec![1, 3, 5]);
+    }
+
+    #[test]
+    fn trilu_and_cumsum() {
+        let x = f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        assert_close(
+            &run("Trilu", vec![], &[&x])[0],
+            &[2, 2],
+            &[1.0, 2.0, 0.0, 4.0],
+        );
+        let lower = run(
+            "Trilu",
+            vec![("upper", Attribute::Int(0))],
+            &[&x, &i(&[], &[-1])],
+        );
+        assert_close(&lower[0], &[2, 2], &[0.0, 0.0, 3.0, 0.0]);
+        let c = run("CumSum", vec![], &[&x, &i(&[], &[1])]);
+        assert_close(&c[0], &[2, 2], &[1.0, 3.0, 3.0, 7.0]);
+        let c = run(
+            "CumSum",
+            vec![
+                ("exclusive", Attribute::Int(1)),
+                ("reverse", Attribute::Int(1)),
+            ],
+            &[&x, &i(&[], &[0])],
+        );
+        assert_close(&c[0], &[2, 2], &[3.0, 4.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Normalisations (inference semantics).
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (BatchNormalization, LayerNormalization (opset 17),
-//! InstanceNormalization), opsets 7 to 23. Statistics accumulate in f64: layer norms over a few
+//! InstanceNormalization, RMSNormalization (opset 23)), opsets 7 to 23. Statistics accumulate in f64: layer norms over a few
 //! hundred features then match onnxruntime to well under the tolerance the tests state.
 
 use super::{input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
@@ -11,6 +11,7 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["BatchNormalization"], batch_norm);
     t.add(&["LayerNormalization"], layer_norm);
     t.add(&["InstanceNormalization"], instance_norm);
+    t.add(&["RMSNormalization"], rms_norm);
 }
 
 fn per_channel(t: &HostTensor, channels: usize, what: &str) -> Result<Vec<f32>, String> {
@@ -97,6 +98,37 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     ])
 }
 
+fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axis = normalize_axis(ctx.int("axis", -1), x.rank())?;
+    let eps = ctx.float("epsilon", 1e-5) as f64;
+    let inner: usize = x.shape()[axis..].iter().product();
+    let scale = input(inputs, 1)?;
+    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..]);
+    if super::broadcast_shapes(&[scale.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
+        return Err(format!(
+            "scale {:?} does not broadcast to {:?}",
+            scale.shape(),
+            &x.shape()[axis..]
+        ));
+    }
+    let gamma: Vec<f32> = {
+        let v = scale.to_f32_vec();
+        offsets.iter().map(|&i| v[i]).collect()
+    };
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.as_f32()?.chunks(inner.max(1)) {
+        let mean_square = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / inner as f64;
+        let inv = 1.0 / (mean_square + eps).sqrt();
+        out.extend(
+            row.iter()
+                .zip(&gamma)
+                .map(|(&v, &g)| (v as f64 * inv) as f32 * g),
+        );
+    }
+    Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
+}
+
 fn instance_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     if x.rank() < 3 {
@@ -141,6 +173,13 @@ mod tests {
         );
         assert_close(&out[0], &[2, 2], &[-1.0, 3.0, 0.0, 1.0]);
         assert_close(&out[1], &[2, 1], &[2.0, -1.0]);
+        let out = run(
+            "RMSNormalization",
+            vec![("epsilon", Attribute::Float(0.0))],
+            &[&f(&[1, 2], &[3.0, -4.0]), &f(&[2], &[1.0, 2.0])],
+        );
+        let rms = (12.5f32).sqrt();
+        assert_close(&out[0], &[1, 2], &[3.0 / rms, -8.0 / rms]);
     }
 
     #[test]

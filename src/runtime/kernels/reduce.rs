@@ -1,7 +1,7 @@
 //! Reductions over axes, and arg-reductions.
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (ReduceMean, ReduceSum, ReduceMax, ReduceMin,
-//! ReduceProd, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSumExp, ArgMax, ArgMin), opsets 7 to
+//! ReduceProd, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ArgMax, ArgMin), opsets 7 to
 //! 23: axes come from the `axes` input where the opset has one (ReduceSum from 13, the others
 //! from 18) and from the attribute before; `noop_with_empty_axes` is honoured. Sums accumulate in
 //! f64.
@@ -21,6 +21,7 @@ pub(super) fn register(t: &mut KernelTable) {
             "ReduceL1",
             "ReduceL2",
             "ReduceLogSumExp",
+            "ReduceLogSum",
         ],
         reduce,
     );
@@ -79,7 +80,7 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let xv = x.as_f32()?;
     let (init, step): (f64, fn(f64, f64) -> f64) = match op {
-        "ReduceMean" | "ReduceSum" => (0.0, |a, v| a + v),
+        "ReduceMean" | "ReduceSum" | "ReduceLogSum" => (0.0, |a, v| a + v),
         "ReduceMax" => (f64::NEG_INFINITY, f64::max),
         "ReduceMin" => (f64::INFINITY, f64::min),
         "ReduceProd" => (1.0, |a, v| a * v),
@@ -105,7 +106,7 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .map(|a| match op {
             "ReduceMean" => (a / group as f64) as f32,
             "ReduceL2" => a.sqrt() as f32,
-            "ReduceLogSumExp" => a.ln() as f32,
+            "ReduceLogSumExp" | "ReduceLogSum" => a.ln() as f32,
             _ => a as f32,
         })
         .collect();
@@ -174,6 +175,12 @@ mod tests {
             &[&f(&[2], &[3.0, 4.0])],
         );
         assert_close(&out[0], &[1], &[5.0]);
+        let out = run(
+            "ReduceLogSum",
+            vec![("keepdims", Attribute::Int(0))],
+            &[&f(&[2], &[1.0, 2.0])],
+        );
+        assert_close(&out[0], &[], &[(3.0f32).ln()]);
     }
 
     #[test]
