@@ -221,9 +221,9 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
     let mut rng = SplitMix64(seed);
     let mut out = Tensors::new();
     for (name, dtype, shape) in expected_input_shapes(graph, microbatches)? {
-        let n = tensor::checked_numel(&shape).ok_or_else(|| Error::InvalidDim {
+        let n = kernels::checked_size(&shape).map_err(|detail| Error::InvalidDim {
             tensor: name.clone(),
-            detail: format!("shape {shape:?} overflows"),
+            detail,
         })?;
         let id = graph.tensor_id(&name).expect("inputs are named tensors");
         let data = match runtime_dtype(dtype) {

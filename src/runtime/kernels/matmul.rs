@@ -157,13 +157,13 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut out = vec![0.0f32; m * n];
     let mut c_beta = 0.0;
     if let Some(c) = optional(inputs, 2) {
-        let offsets = broadcast_offsets(c.shape(), &[m, n]);
         if broadcast_shapes(&[c.shape(), &[m, n]])? != [m, n] {
             return Err(format!(
                 "C of shape {:?} does not broadcast to [{m}, {n}]",
                 c.shape()
             ));
         }
+        let offsets = broadcast_offsets(c.shape(), &[m, n]);
         let cv = c.to_f32_vec();
         for (o, &i) in out.iter_mut().zip(&offsets) {
             *o = cv[i];

@@ -136,6 +136,19 @@ impl Ctx<'_> {
     }
 }
 
+/// Largest tensor a kernel allocates from a shape it computed: 2^32 elements (16 GiB of f32).
+/// Exported models stay far below it; a shape computed from corrupt data (a `Range` with a tiny
+/// step, an `Expand` to a garbage shape) would otherwise abort the process on allocation instead
+/// of failing with an error.
+pub(crate) const MAX_ELEMENTS: usize = 1 << 32;
+
+/// Element count of a computed shape, refusing overflow and sizes above [`MAX_ELEMENTS`].
+pub(crate) fn checked_size(shape: &[usize]) -> Result<usize, String> {
+    super::tensor::checked_numel(shape)
+        .filter(|&n| n <= MAX_ELEMENTS)
+        .ok_or_else(|| format!("shape {shape:?} holds more than {MAX_ELEMENTS} elements"))
+}
+
 /// Resolves a possibly negative axis against `rank`.
 pub(crate) fn normalize_axis(axis: i64, rank: usize) -> Result<usize, String> {
     let r = rank as i64;

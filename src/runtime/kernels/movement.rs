@@ -6,7 +6,7 @@
 //! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
 //! attributes before.
 
-use super::{input, normalize_axis, optional, take, Ctx, KernelResult, KernelTable};
+use super::{checked_size, input, normalize_axis, optional, take, Ctx, KernelResult, KernelTable};
 use crate::graph::Attribute;
 use crate::runtime::tensor::{checked_numel, strides_of, HostTensor, TensorData};
 
@@ -396,6 +396,7 @@ fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let target = dims_from(&input(inputs, 1)?.to_i64_vec(), "shape")?;
     let shape = super::broadcast_shapes(&[x.shape(), &target])?;
+    checked_size(&shape)?;
     let offsets = super::broadcast_offsets(x.shape(), &shape);
     Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
 }
@@ -482,13 +483,17 @@ fn size(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (start, limit, delta) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    let count = |steps: f64| -> Result<usize, String> {
+        if !steps.is_finite() {
+            return Err("Range delta is 0 or the bounds are not finite".into());
+        }
+        let n = steps.ceil().max(0.0) as usize;
+        checked_size(&[n])
+    };
     if start.dtype() == crate::graph::DType::F32 {
-        let (s, l, d) = (
-            start.to_f32_vec()[0],
-            limit.to_f32_vec()[0],
-            delta.to_f32_vec()[0],
-        );
-        let n = ((l - s) / d).ceil().max(0.0) as usize;
+        let scalar = |t: &HostTensor| t.to_f32_vec().first().copied().ok_or("Range needs scalars");
+        let (s, l, d) = (scalar(start)?, scalar(limit)?, scalar(delta)?);
+        let n = count(((l - s) / d) as f64)?;
         return Ok(vec![HostTensor::f32(
             vec![n],
             (0..n).map(|i| s + i as f32 * d).collect(),
@@ -499,7 +504,7 @@ fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if d == 0 {
         return Err("Range delta is 0".into());
     }
-    let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as usize;
+    let n = count((l as f64 - s as f64) / d as f64)?;
     HostTensor::i64(vec![n], (0..n as i64).map(|i| s + i * d).collect())
         .cast(start.dtype())
         .map(|t| vec![t])
@@ -507,7 +512,7 @@ fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn constant_of_shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let shape = dims_from(&input(inputs, 0)?.to_i64_vec(), "shape")?;
-    let n = checked_numel(&shape).ok_or("shape overflows")?;
+    let n = checked_size(&shape)?;
     let data = match ctx.attr("value") {
         Some(Attribute::Tensor(lit)) => match (&lit.value, lit.dtype) {
             (Some(v), dtype) => {
@@ -534,7 +539,13 @@ fn tile(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if reps.len() != x.rank() {
         return Err("repeats must have one entry per axis".into());
     }
-    let shape: Vec<usize> = x.shape().iter().zip(&reps).map(|(d, r)| d * r).collect();
+    let shape: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&reps)
+        .map(|(d, r)| d.checked_mul(*r).ok_or("repeats overflow"))
+        .collect::<Result<_, _>>()?;
+    checked_size(&shape)?;
     let xs = strides_of(x.shape());
     let total: usize = shape.iter().product();
     let out_strides = strides_of(&shape);
@@ -594,6 +605,7 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .map_err(|_| "negative padded size".to_string())
         })
         .collect::<Result<_, _>>()?;
+    checked_size(&shape)?;
     let xs = strides_of(x.shape());
     let os = strides_of(&shape);
     let total: usize = shape.iter().product();
@@ -653,6 +665,10 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if out_shape.len() != rank {
         return Err("scales/sizes must have one entry per axis".into());
     }
+    if x.is_empty() {
+        return Err(format!("cannot resize an empty tensor {:?}", x.shape()));
+    }
+    checked_size(&out_shape)?;
     let mode = ctx.string("mode", "nearest");
     let coord = ctx.string("coordinate_transformation_mode", "half_pixel");
     let nearest_mode = ctx.string("nearest_mode", "round_prefer_floor");

@@ -61,7 +61,6 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let bias = optional(inputs, 2);
     // Scale and bias broadcast over the normalised dims; the common case is exactly those dims.
     let expand = |t: &HostTensor| -> Result<Vec<f32>, String> {
-        let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..]);
         if super::broadcast_shapes(&[t.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
             return Err(format!(
                 "scale/bias {:?} do not broadcast to {:?}",
@@ -69,6 +68,7 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 &x.shape()[axis..]
             ));
         }
+        let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..]);
         let v = t.to_f32_vec();
         Ok(offsets.iter().map(|&i| v[i]).collect())
     };
@@ -104,7 +104,6 @@ fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let eps = ctx.float("epsilon", 1e-5) as f64;
     let inner: usize = x.shape()[axis..].iter().product();
     let scale = input(inputs, 1)?;
-    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..]);
     if super::broadcast_shapes(&[scale.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
         return Err(format!(
             "scale {:?} does not broadcast to {:?}",
@@ -112,6 +111,7 @@ fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             &x.shape()[axis..]
         ));
     }
+    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..]);
     let gamma: Vec<f32> = {
         let v = scale.to_f32_vec();
         offsets.iter().map(|&i| v[i]).collect()
