@@ -528,3 +528,138 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
         "only logits.npy, no temporary files: {leftovers:?}"
     );
 }
+
+#[test]
+fn weights_in_external_data_files_are_read_and_checked() {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{self, Tensor as TensorType};
+    use onnx_protobuf::{
+        GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str| ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(TensorType {
+                elem_type: 1,
+                shape: Some(TensorShapeProto {
+                    dim: vec![Dimension {
+                        value: Some(dimension::Value::DimValue(2)),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    };
+    let entry = |k: &str, v: &str| StringStringEntryProto {
+        key: k.into(),
+        value: v.into(),
+        ..Default::default()
+    };
+    // y = (x + w) * s, with w in w.bin at offset 4 and s stored inline as fp16.
+    let w = TensorProto {
+        name: "w".into(),
+        data_type: 1,
+        dims: vec![2],
+        data_location: DataLocation::EXTERNAL.into(),
+        external_data: vec![
+            entry("location", "w.bin"),
+            entry("offset", "4"),
+            entry("length", "8"),
+        ],
+        ..Default::default()
+    };
+    let s = TensorProto {
+        name: "s".into(),
+        data_type: 10,
+        dims: vec![2],
+        raw_data: [half::f16::from_f32(2.0), half::f16::from_f32(-0.5)]
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect(),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, inputs: [&str; 2], output: &str| NodeProto {
+        name: name.into(),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("add", "Add", ["x", "w"], "t"),
+            node("mul", "Mul", ["t", "s_f32"], "y"),
+            {
+                let mut cast = node("cast", "Cast", ["s", ""], "s_f32");
+                cast.input.truncate(1);
+                cast.attribute = vec![onnx_protobuf::AttributeProto {
+                    name: "to".into(),
+                    type_: onnx_protobuf::attribute_proto::AttributeType::INT.into(),
+                    i: 1,
+                    ..Default::default()
+                }];
+                cast
+            },
+        ],
+        initializer: vec![w, s],
+        input: vec![value_info("x")],
+        output: vec![value_info("y")],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("m.onnx");
+    std::fs::write(&model_path, bytes).unwrap();
+    let w_bytes: Vec<u8> = [0.0f32, 1.0, 10.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(dir.path().join("w.bin"), &w_bytes).unwrap();
+
+    let mut model = pipecut::onnx::load_model(&model_path).unwrap();
+    ShapeInference::new(DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let weights = Weights::load(&model_path, &model.graph).unwrap();
+    let mut inputs = Tensors::new();
+    inputs.insert(
+        "x".into(),
+        Arc::new(
+            HostTensor::new(vec![2], pipecut::runtime::TensorData::F32(vec![1.0, 2.0])).unwrap(),
+        ),
+    );
+    let out = CpuExecutor::new(&model.graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    assert_eq!(out["y"].as_f32().unwrap(), &[4.0, -6.0]);
+
+    // The file shrank after the model was loaded: the weight loader refuses the reference.
+    std::fs::write(dir.path().join("w.bin"), &w_bytes[..8]).unwrap();
+    let err = Weights::load(&model_path, &model.graph)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("initializer 'w'") && err.contains("needs bytes 4..12"),
+        "{err}"
+    );
+}
