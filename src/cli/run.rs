@@ -78,6 +78,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
         let mut model = pipecut::onnx::load_model(&args.model)
             .with_context(|| format!("cannot load '{}'", args.model.display()))?;
+        // Refuse another model before binding the plan's dims, which it may not even have.
+        if model.sha256 != plan.model.sha256 {
+            return Err(anyhow::Error::new(pipecut::Error::InvalidPlan(format!(
+                "it was made for a different model (sha256 {} in the plan, {} for this file)",
+                plan.model.sha256, model.sha256
+            ))))
+            .with_context(|| format!("'{}'", args.plan.display()));
+        }
         let mut b = DimBindings::new();
         for (name, value) in bindings {
             b = b.bind(name, *value);
