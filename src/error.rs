@@ -252,6 +252,41 @@ pub enum Error {
     /// The model cannot be exported as stage files.
     #[error("cannot export stages: {0}")]
     Export(String),
+
+    /// A `.npy` file that cannot be read or written.
+    #[error("bad .npy file '{origin}': {detail}")]
+    Npy {
+        /// The file (or `<bytes>`).
+        origin: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// The runtime has no kernel for an operator.
+    #[error("no CPU kernel for op '{op}' (domain '{domain}') at node '{node}'")]
+    NoKernel {
+        /// Operator type.
+        op: String,
+        /// Operator domain (`ai.onnx` for the default).
+        domain: String,
+        /// Node name.
+        node: String,
+    },
+
+    /// A kernel refused its inputs or attributes while running.
+    #[error("running node '{node}' ({op}) failed: {detail}")]
+    Kernel {
+        /// Node name.
+        node: String,
+        /// Operator type.
+        op: String,
+        /// What is wrong.
+        detail: String,
+    },
+
+    /// Inputs given to a run that do not match what the model or plan expects.
+    #[error("bad run input: {0}")]
+    RunInput(String),
 }
 
 fn quote_list(items: &[String]) -> String {

@@ -13,7 +13,8 @@
 //!
 //! Built so far: [`onnx`] (loading, with external data never read), [`onnx::shape`] (dtype and
 //! shape inference with symbolic dims), over the [`graph`] IR, and [`cost`] (hardware profiles,
-//! roofline op costs, stage memory, transfers).
+//! roofline op costs, stage memory, transfers), [`partition`], [`plan`], [`schedule`], and
+//! [`runtime`] (the CPU reference runtime: whole models, or plans as threaded pipelines).
 //!
 //! [`onnx::export`] writes one runnable ONNX file per stage and a `manifest.json` that routes the
 //! tensors between them (`pipecut export plan.json model.onnx --out-dir stages/`).
@@ -43,6 +44,7 @@ pub mod graph;
 pub mod onnx;
 pub mod partition;
 pub mod plan;
+pub mod runtime;
 pub mod schedule;
 
 pub use error::{Error, Result};

@@ -8,6 +8,7 @@ mod inspect;
 mod partition;
 mod plan_cluster;
 mod show;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,11 @@ enum Command {
     /// Print the JSON Schema of the plan document (the copy in docs/plan.schema.json).
     #[command(after_help = "Examples:\n  pipecut schema > plan.schema.json")]
     Schema,
+    /// Run a plan on the CPU reference runtime: one thread per stage, micro-batches streamed.
+    #[command(
+        after_help = "Examples:\n  pipecut run plan.json fixtures/models/gpt2_tiny.onnx --microbatches 16\n  pipecut run plan.json model.onnx --input input_ids=ids.npy --output-dir out --json"
+    )]
+    Run(run::RunArgs),
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -116,6 +122,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Export(args) => export::run(args),
+        Command::Run(args) => run::run(args),
     }
 }
 

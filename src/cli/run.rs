@@ -1,0 +1,335 @@
+//! `pipecut run PLAN.json MODEL`: execute a plan on the CPU reference runtime, one thread per
+//! stage, and compare the measured pipeline efficiency with the plan's prediction.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use pipecut::cost::Catalog;
+use pipecut::graph::NodeId;
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::plan::Plan;
+use pipecut::runtime::{
+    check_inputs, encode_npy, read_npy, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
+    Executor, Tensors, Weights,
+};
+use pipecut::schedule::{simulate, PipelineSchedule, StageTimes};
+use serde::Serialize;
+
+use super::print_stdout;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The plan JSON written by `pipecut partition`.
+    plan: PathBuf,
+    /// The model the plan was made for.
+    model: PathBuf,
+    /// Override a dim the plan bound, e.g. `--dim seq=32` (repeatable). Dims describe one
+    /// micro-batch; inputs hold `--microbatches` of them along axis 0.
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// A model input from a .npy file (repeatable). Without any, seeded random inputs are used.
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
+    /// Micro-batches streamed through the pipeline (default: the plan's).
+    #[arg(long)]
+    microbatches: Option<usize>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to write the outputs, one .npy per graph output.
+    #[arg(long, default_value = "pipecut-outputs")]
+    output_dir: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct StageRow {
+    stage: usize,
+    device: String,
+    nodes: usize,
+    busy_secs: f64,
+    idle_secs: f64,
+    predicted_secs: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    microbatches: usize,
+    dims: BTreeMap<String, u64>,
+    random_inputs: bool,
+    wall_secs: f64,
+    measured_efficiency: f64,
+    predicted_efficiency: f64,
+    stages: Vec<StageRow>,
+    outputs: BTreeMap<String, String>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.plan)
+        .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
+    let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
+    let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
+        let mut model = pipecut::onnx::load_model(&args.model)
+            .with_context(|| format!("cannot load '{}'", args.model.display()))?;
+        // Refuse another model before binding the plan's dims, which it may not even have.
+        if model.sha256 != plan.model.sha256 {
+            return Err(anyhow::Error::new(pipecut::Error::InvalidPlan(format!(
+                "it was made for a different model (sha256 {} in the plan, {} for this file)",
+                plan.model.sha256, model.sha256
+            ))))
+            .with_context(|| format!("'{}'", args.plan.display()));
+        }
+        let mut b = DimBindings::new();
+        for (name, value) in bindings {
+            b = b.bind(name, *value);
+        }
+        ShapeInference::new(b)
+            .run(&mut model.graph)
+            .with_context(|| format!("'{}'", args.model.display()))?;
+        Ok(model)
+    };
+    // The plan is checked against the model typed as the plan was costed: same file, every node
+    // once, convex stages, figures as recorded.
+    let mut model = load(&plan.model.dims)?;
+    plan.check(&model.sha256, &model.graph, &Catalog::builtin())
+        .with_context(|| format!("'{}'", args.plan.display()))?;
+    let mut dims = plan.model.dims.clone();
+    if !args.dims.is_empty() {
+        for arg in &args.dims {
+            let (name, value) = arg
+                .split_once('=')
+                .filter(|(n, _)| !n.trim().is_empty())
+                .with_context(|| format!("--dim '{arg}' is not NAME=VALUE"))?;
+            let value: u64 = value.trim().parse().with_context(|| {
+                format!("--dim {name}: '{value}' is not a non-negative integer")
+            })?;
+            dims.insert(name.trim().to_string(), value);
+        }
+        model = load(&dims)?;
+    }
+    let graph = &model.graph;
+    let microbatches = args
+        .microbatches
+        .unwrap_or(plan.config.microbatches as usize);
+    if microbatches == 0 {
+        bail!("--microbatches must be at least 1");
+    }
+
+    let random_inputs = args.inputs.is_empty();
+    let inputs = if random_inputs {
+        seeded_inputs(graph, microbatches, args.seed)?
+    } else {
+        read_inputs(&args.inputs, graph)?
+    };
+    check_inputs(graph, &inputs, microbatches)?;
+
+    let by_name: HashMap<&str, NodeId> =
+        graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
+    let stages: Vec<Vec<NodeId>> = plan
+        .stages
+        .iter()
+        .map(|s| {
+            s.nodes
+                .iter()
+                .map(|n| {
+                    by_name.get(n.as_str()).copied().with_context(|| {
+                        format!("the plan names node '{n}', which the model lacks")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let weights = Weights::load(&args.model, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
+    let executor = CpuExecutor::new(graph, &weights);
+    let specs = stage_specs(graph, &stages)?;
+    let prepared = specs
+        .iter()
+        .map(|s| executor.prepare(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+
+    let predicted = simulate(
+        &StageTimes {
+            forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
+            backward_secs: Vec::new(),
+            send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
+        },
+        PipelineSchedule::GPipe,
+        microbatches,
+    )?;
+    let outputs = write_outputs(&args.output_dir, &report.outputs)?;
+    let summary = Report {
+        model: args.model.display().to_string(),
+        microbatches,
+        dims,
+        random_inputs,
+        wall_secs: report.wall_secs,
+        measured_efficiency: report.efficiency(),
+        predicted_efficiency: 1.0 - predicted.bubble_fraction,
+        stages: report
+            .stages
+            .iter()
+            .zip(&plan.stages)
+            .map(|(t, s)| StageRow {
+                stage: t.stage,
+                device: s.device.name.clone(),
+                nodes: s.node_count,
+                busy_secs: t.busy_secs,
+                idle_secs: t.idle_secs,
+                predicted_secs: s.stage_secs,
+            })
+            .collect(),
+        outputs,
+    };
+    if args.json {
+        print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+    } else {
+        print_stdout(&table(&summary))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
+fn read_inputs(args: &[String], graph: &pipecut::graph::Graph) -> anyhow::Result<Tensors> {
+    let mut inputs = Tensors::new();
+    for arg in args {
+        let (name, file) = arg
+            .split_once('=')
+            .with_context(|| format!("--input '{arg}' is not NAME=FILE.npy"))?;
+        let id = graph
+            .tensor_id(name)
+            .filter(|id| graph.inputs().contains(id));
+        let Some(id) = id else {
+            let names: Vec<&str> = graph
+                .inputs()
+                .iter()
+                .map(|&i| graph.tensor(i).name.as_str())
+                .collect();
+            bail!(
+                "the model has no input '{name}' (its inputs: {})",
+                names.join(", ")
+            );
+        };
+        let array = read_npy(Path::new(file))?;
+        if let Some(want) = graph.tensor(id).dtype {
+            if array.stored != want {
+                bail!(
+                    "input '{name}' must be {want}, but '{file}' holds {}",
+                    array.stored
+                );
+            }
+        }
+        if inputs
+            .insert(name.to_string(), Arc::new(array.tensor))
+            .is_some()
+        {
+            bail!("input '{name}' is given twice");
+        }
+    }
+    Ok(inputs)
+}
+
+/// A file name for a tensor name: characters outside `[A-Za-z0-9_.-]` become `_`.
+fn file_stem(name: &str) -> String {
+    let stem: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if stem.is_empty() || stem.starts_with('.') {
+        format!("output{stem}")
+    } else {
+        stem
+    }
+}
+
+/// Writes every output as `<name>.npy` in `dir`: all to temporary files first, then renamed, so
+/// that a failure leaves no partial set of outputs.
+fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<String, String>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
+    let mut written: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut files = BTreeMap::new();
+    let mut used = std::collections::HashSet::new();
+    let mut result = Ok(());
+    for (name, tensor) in outputs {
+        let mut stem = file_stem(name);
+        let mut n = 1;
+        while !used.insert(stem.clone()) {
+            n += 1;
+            stem = format!("{}_{n}", file_stem(name));
+        }
+        let path = dir.join(format!("{stem}.npy"));
+        let tmp = dir.join(format!(".{stem}.npy.tmp-{}", std::process::id()));
+        if let Err(e) = std::fs::write(&tmp, encode_npy(tensor)) {
+            let _ = std::fs::remove_file(&tmp);
+            result =
+                Err(anyhow::Error::new(e).context(format!("cannot write '{}'", tmp.display())));
+            break;
+        }
+        files.insert(name.clone(), path.display().to_string());
+        written.push((tmp, path));
+    }
+    if result.is_ok() {
+        for (tmp, path) in &written {
+            if let Err(e) = std::fs::rename(tmp, path) {
+                result = Err(
+                    anyhow::Error::new(e).context(format!("cannot write '{}'", path.display()))
+                );
+                break;
+            }
+        }
+    }
+    for (tmp, _) in &written {
+        let _ = std::fs::remove_file(tmp);
+    }
+    result.map(|()| files)
+}
+
+fn table(r: &Report) -> String {
+    let mut out = format!(
+        "ran {} on the CPU reference runtime: {} stages, {} micro-batches{}, {:.1} ms wall\n\n",
+        r.model,
+        r.stages.len(),
+        r.microbatches,
+        if r.random_inputs {
+            " of seeded random inputs"
+        } else {
+            ""
+        },
+        r.wall_secs * 1e3
+    );
+    out.push_str("stage  device           nodes    busy ms    idle ms  plan ms/mb\n");
+    for s in &r.stages {
+        out.push_str(&format!(
+            "{:>5}  {:<15} {:>6} {:>10.2} {:>10.2} {:>11.4}\n",
+            s.stage,
+            s.device,
+            s.nodes,
+            s.busy_secs * 1e3,
+            s.idle_secs * 1e3,
+            s.predicted_secs * 1e3
+        ));
+    }
+    out.push_str(&format!(
+        "\npipeline efficiency: measured {:.1}% (Σ busy / (K · wall)), predicted {:.1}% (plan's stage times, GPipe simulation)\n",
+        r.measured_efficiency * 100.0,
+        r.predicted_efficiency * 100.0
+    ));
+    for (name, file) in &r.outputs {
+        out.push_str(&format!("wrote {name} → {file}\n"));
+    }
+    out
+}

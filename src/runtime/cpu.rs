@@ -1,0 +1,463 @@
+//! The CPU reference backend, and the pipeline driver every backend shares.
+//!
+//! [`CpuExecutor`] runs the nodes of a stage in topological order with the kernels of
+//! [`super::kernels`], freeing each intermediate tensor after its last reader. [`run_pipeline`]
+//! runs K prepared stages on K threads (`std::thread::scope`), connected by channels, and streams
+//! M micro-batches (the inputs split along axis 0) through them: stage s works on micro-batch
+//! i + 1 while stage s + 1 works on micro-batch i, as GPipe's forward pass does. It measures each
+//! stage's busy time; idle time is the rest of the wall-clock time, and the pipeline efficiency
+//! is Σ busy / (K · wall), the measured counterpart of the simulator's `1 − bubble`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::kernels::{self, Ctx, Kernel};
+use super::tensor::HostTensor;
+use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
+use crate::graph::{Graph, NodeId, TensorId};
+use crate::Error;
+
+/// The CPU reference backend over one graph and its weights.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuExecutor<'a> {
+    graph: &'a Graph,
+    weights: &'a Weights,
+}
+
+/// One node ready to run.
+#[derive(Debug)]
+struct Step {
+    node: NodeId,
+    kernel: Kernel,
+    opset: i64,
+    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
+    frees: Vec<TensorId>,
+}
+
+/// A stage prepared by [`CpuExecutor`].
+#[derive(Debug)]
+pub struct CpuStage {
+    spec: StageSpec,
+    steps: Vec<Step>,
+}
+
+impl CpuStage {
+    /// The stage's description.
+    pub fn spec(&self) -> &StageSpec {
+        &self.spec
+    }
+}
+
+impl<'a> CpuExecutor<'a> {
+    /// A backend for `graph` with its loaded `weights`.
+    pub fn new(graph: &'a Graph, weights: &'a Weights) -> CpuExecutor<'a> {
+        CpuExecutor { graph, weights }
+    }
+
+    /// Runs the whole model as one stage.
+    pub fn run_model(&self, inputs: &Tensors) -> Result<Tensors, Error> {
+        let all: Vec<NodeId> = self.graph.topological_order().to_vec();
+        let spec = stage_specs(self.graph, &[all])?.remove(0);
+        let stage = self.prepare(&spec)?;
+        self.run(&stage, inputs)
+    }
+
+    fn fetch(
+        &self,
+        env: &HashMap<TensorId, Arc<HostTensor>>,
+        id: TensorId,
+    ) -> Option<Arc<HostTensor>> {
+        env.get(&id).or_else(|| self.weights.get(id)).cloned()
+    }
+}
+
+impl Executor for CpuExecutor<'_> {
+    type Stage = CpuStage;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
+        let graph = self.graph;
+        let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
+        let mut last_use: HashMap<TensorId, usize> = HashMap::new();
+        for (i, &n) in spec.nodes.iter().enumerate() {
+            for t in graph.node(n).inputs.iter().flatten() {
+                last_use.insert(*t, i);
+            }
+        }
+        let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
+        for (t, i) in last_use {
+            if !sends.contains(&t) && graph.tensor(t).param().is_none() {
+                frees[i].push(t);
+            }
+        }
+        let steps = spec
+            .nodes
+            .iter()
+            .zip(frees)
+            .map(|(&n, frees)| {
+                let node = graph.node(n);
+                let domain = if node.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &node.domain
+                };
+                let kernel = (!node.has_subgraphs())
+                    .then(|| kernels::lookup(&node.domain, &node.op_type))
+                    .flatten()
+                    .ok_or_else(|| Error::NoKernel {
+                        op: node.op_type.clone(),
+                        domain: domain.to_string(),
+                        node: node.name.clone(),
+                    })?;
+                Ok(Step {
+                    node: n,
+                    kernel,
+                    opset: graph.opset(&node.domain).unwrap_or(0),
+                    frees,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(CpuStage {
+            spec: spec.clone(),
+            steps,
+        })
+    }
+
+    fn run(&self, stage: &CpuStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let graph = self.graph;
+        let mut env: HashMap<TensorId, Arc<HostTensor>> = HashMap::new();
+        for &id in &stage.spec.receives {
+            let name = &graph.tensor(id).name;
+            if graph.tensor(id).param().is_some() {
+                continue;
+            }
+            let value = inputs.get(name).ok_or_else(|| {
+                Error::RunInput(format!(
+                    "stage {} needs tensor '{name}', which was not given",
+                    stage.spec.index
+                ))
+            })?;
+            env.insert(id, Arc::clone(value));
+        }
+        for step in &stage.steps {
+            let node = graph.node(step.node);
+            let args: Vec<Option<Arc<HostTensor>>> = node
+                .inputs
+                .iter()
+                .map(|slot| match slot {
+                    None => Ok(None),
+                    Some(id) => self
+                        .fetch(&env, *id)
+                        .map(Some)
+                        .ok_or_else(|| Error::Kernel {
+                            node: node.name.clone(),
+                            op: node.op_type.clone(),
+                            detail: format!("input '{}' is not available", graph.tensor(*id).name),
+                        }),
+                })
+                .collect::<Result<_, Error>>()?;
+            let refs: Vec<Option<&HostTensor>> = args.iter().map(|a| a.as_deref()).collect();
+            let ctx = Ctx {
+                node,
+                opset: step.opset,
+            };
+            let kernel_error = |detail: String| Error::Kernel {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                detail,
+            };
+            let results = (step.kernel)(&ctx, &refs).map_err(kernel_error)?;
+            drop(args);
+            let mut results = results.into_iter();
+            for (position, slot) in node.outputs.iter().enumerate() {
+                let value = results.next();
+                if let Some(id) = slot {
+                    let value = value.ok_or_else(|| {
+                        kernel_error(format!("the kernel gives no output {position}"))
+                    })?;
+                    env.insert(*id, Arc::new(value));
+                }
+            }
+            for t in &step.frees {
+                env.remove(t);
+            }
+        }
+        stage
+            .spec
+            .sends
+            .iter()
+            .map(|&id| {
+                let name = graph.tensor(id).name.clone();
+                self.fetch(&env, id)
+                    .map(|v| (name.clone(), v))
+                    .ok_or_else(|| {
+                        Error::RunInput(format!(
+                            "stage {} should send '{name}' but does not have it",
+                            stage.spec.index
+                        ))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Time one stage spent working and waiting during a pipelined run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StageTiming {
+    /// Position in the pipeline.
+    pub stage: usize,
+    /// Time spent running micro-batches.
+    pub busy_secs: f64,
+    /// The rest of the run's wall-clock time: waiting for input (fill), for the next stage
+    /// (drain), or for a core.
+    pub idle_secs: f64,
+}
+
+/// What a pipelined run produced and measured.
+#[derive(Debug, Clone)]
+pub struct PipelineReport {
+    /// The graph outputs, micro-batches joined along axis 0.
+    pub outputs: Tensors,
+    /// Per stage timing.
+    pub stages: Vec<StageTiming>,
+    /// Wall-clock time from the first micro-batch entering to the last leaving.
+    pub wall_secs: f64,
+    /// Micro-batches streamed.
+    pub microbatches: usize,
+}
+
+impl PipelineReport {
+    /// Σ busy / (K · wall): 1 when every stage worked all the time.
+    pub fn efficiency(&self) -> f64 {
+        let busy: f64 = self.stages.iter().map(|s| s.busy_secs).sum();
+        let denominator = self.stages.len() as f64 * self.wall_secs;
+        if denominator > 0.0 {
+            busy / denominator
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Splits every input along axis 0 into `microbatches` parts of near-equal size (the first
+/// `n mod M` parts one row larger).
+pub fn split_microbatches(inputs: &Tensors, microbatches: usize) -> Result<Vec<Tensors>, Error> {
+    if microbatches == 0 {
+        return Err(Error::RunInput(
+            "the number of micro-batches must be at least 1".into(),
+        ));
+    }
+    let mut parts = vec![Tensors::new(); microbatches];
+    for (name, tensor) in inputs {
+        if microbatches == 1 {
+            parts[0].insert(name.clone(), Arc::clone(tensor));
+            continue;
+        }
+        let rows = tensor.shape().first().copied().ok_or_else(|| {
+            Error::RunInput(format!(
+                "input '{name}' is a scalar; it has no batch axis to split"
+            ))
+        })?;
+        if rows < microbatches {
+            return Err(Error::RunInput(format!(
+                "input '{name}' has {rows} rows on axis 0, fewer than the {microbatches} micro-batches"
+            )));
+        }
+        let (base, extra) = (rows / microbatches, rows % microbatches);
+        let mut start = 0;
+        for (i, part) in parts.iter_mut().enumerate() {
+            let count = base + usize::from(i < extra);
+            let slice = tensor.slice_axis0(start, count).map_err(Error::RunInput)?;
+            part.insert(name.clone(), Arc::new(slice));
+            start += count;
+        }
+    }
+    Ok(parts)
+}
+
+type Message = Result<(usize, Tensors), Error>;
+
+/// Streams `inputs`, split into `microbatches` along axis 0, through the prepared `stages`, one
+/// thread per stage; joins the outputs back along axis 0.
+pub fn run_pipeline<E: Executor>(
+    executor: &E,
+    stages: &[E::Stage],
+    inputs: &Tensors,
+    microbatches: usize,
+) -> Result<PipelineReport, Error> {
+    let batches = split_microbatches(inputs, microbatches)?;
+    let k = stages.len();
+    if k == 0 {
+        return Err(Error::InvalidPlan("the pipeline has no stages".into()));
+    }
+    let mut senders = Vec::with_capacity(k + 1);
+    let mut receivers = Vec::with_capacity(k + 1);
+    for _ in 0..=k {
+        let (tx, rx) = mpsc::channel::<Message>();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    let mut receivers = receivers.into_iter();
+    let feed = senders.remove(0);
+    let start = Instant::now();
+    let (collected, busy) = std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(k);
+        for (stage, tx) in stages.iter().zip(senders) {
+            let rx = receivers.next().expect("k + 1 channels");
+            handles.push(scope.spawn(move || {
+                let mut busy_secs = 0.0;
+                for message in rx {
+                    let forward = match message {
+                        Ok((i, tensors)) => {
+                            let began = Instant::now();
+                            let result = executor.run(stage, &tensors);
+                            busy_secs += began.elapsed().as_secs_f64();
+                            result.map(|out| (i, out))
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let failed = forward.is_err();
+                    if tx.send(forward).is_err() || failed {
+                        break;
+                    }
+                }
+                busy_secs
+            }));
+        }
+        let results = receivers.next().expect("k + 1 channels");
+        for (i, batch) in batches.into_iter().enumerate() {
+            // A stage that failed has stopped listening; its error arrives below.
+            if feed.send(Ok((i, batch))).is_err() {
+                break;
+            }
+        }
+        drop(feed);
+        let mut collected: Vec<Option<Tensors>> = vec![None; microbatches];
+        let mut outcome = Ok(());
+        for _ in 0..microbatches {
+            match results.recv() {
+                Ok(Ok((i, out))) => collected[i] = Some(out),
+                Ok(Err(e)) => {
+                    outcome = Err(e);
+                    break;
+                }
+                Err(_) => {
+                    outcome = Err(Error::RunInput("a pipeline stage stopped early".into()));
+                    break;
+                }
+            }
+        }
+        drop(results);
+        let busy: Vec<f64> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(0.0))
+            .collect();
+        (outcome.map(|()| collected), busy)
+    });
+    let wall_secs = start.elapsed().as_secs_f64();
+    let collected = collected?;
+    let mut outputs = Tensors::new();
+    if let Some(Some(first)) = collected.first() {
+        for name in first.keys() {
+            let parts: Vec<HostTensor> = collected
+                .iter()
+                .flatten()
+                .map(|m| (*m[name]).clone())
+                .collect();
+            let joined = if parts.len() == 1 {
+                parts.into_iter().next().expect("one part")
+            } else {
+                HostTensor::concat_axis0(&parts).map_err(|d| {
+                    Error::RunInput(format!(
+                        "cannot join output '{name}' across micro-batches: {d}"
+                    ))
+                })?
+            };
+            outputs.insert(name.clone(), Arc::new(joined));
+        }
+    }
+    let stage_timings = busy
+        .iter()
+        .enumerate()
+        .map(|(s, &b)| StageTiming {
+            stage: s,
+            busy_secs: b,
+            idle_secs: (wall_secs - b).max(0.0),
+        })
+        .collect();
+    Ok(PipelineReport {
+        outputs,
+        stages: stage_timings,
+        wall_secs,
+        microbatches,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+
+    fn mlp() -> (Graph, Weights) {
+        let path = std::path::Path::new("fixtures/models/mlp.onnx");
+        let mut model = crate::onnx::load_model(path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2))
+            .run(&mut model.graph)
+            .unwrap();
+        let weights = Weights::load(path, &model.graph).unwrap();
+        (model.graph, weights)
+    }
+
+    #[test]
+    fn an_op_without_a_kernel_is_refused_at_prepare_naming_op_and_node() {
+        let (mut graph, weights) = mlp();
+        let (id, name) = graph
+            .nodes()
+            .find(|(_, n)| n.op_type == "Relu")
+            .map(|(id, n)| (id, n.name.clone()))
+            .unwrap();
+        graph.set_op_type_for_test(id, "Hardmax2");
+        let executor = CpuExecutor::new(&graph, &weights);
+        let err = executor.run_model(&Tensors::new()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("no CPU kernel for op 'Hardmax2' (domain 'ai.onnx') at node '{name}'")
+        );
+    }
+
+    #[test]
+    fn a_failing_stage_stops_the_pipeline_with_its_error() {
+        let (graph, weights) = mlp();
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let specs = stage_specs(&graph, &[order[..5].to_vec(), order[5..].to_vec()]).unwrap();
+        let stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
+        // Rows of the wrong width: the first Gemm refuses them.
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "input".into(),
+            Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
+        );
+        let err = run_pipeline(&executor, &stages, &inputs, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("inner dims differ"), "{err}");
+    }
+
+    #[test]
+    fn micro_batches_split_unevenly_and_join_back() {
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "x".into(),
+            Arc::new(HostTensor::i64(vec![5, 1], vec![0, 1, 2, 3, 4])),
+        );
+        let parts = split_microbatches(&inputs, 3).unwrap();
+        let rows: Vec<usize> = parts.iter().map(|p| p["x"].shape()[0]).collect();
+        assert_eq!(rows, vec![2, 2, 1]);
+        assert!(split_microbatches(&inputs, 6).is_err());
+        assert!(split_microbatches(&inputs, 0).is_err());
+    }
+}

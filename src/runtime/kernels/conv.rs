@@ -1,0 +1,533 @@
+//! Convolutions and pooling over 1-D and 2-D spatial inputs (`[N, C, L]` runs as `[N, C, 1, L]`).
+//!
+//! Specs: <https://onnx.ai/onnx/operators/> (Conv, ConvTranspose, MaxPool, AveragePool,
+//! GlobalAveragePool, GlobalMaxPool), opsets 7 to 23: strides, dilations, explicit pads and
+//! `auto_pad`, groups, `ceil_mode`, `count_include_pad`. Convolution is im2col followed by one
+//! sgemm per image and group (a 1×1, stride-1, unpadded convolution skips im2col); transposed
+//! convolution is one sgemm followed by col2im.
+
+use super::matmul::sgemm;
+use super::{input, optional, Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::HostTensor;
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add(&["Conv"], conv);
+    t.add(&["ConvTranspose"], conv_transpose);
+    t.add(&["MaxPool", "AveragePool"], pool);
+    t.add(&["GlobalAveragePool", "GlobalMaxPool"], global_pool);
+}
+
+/// Spatial geometry of a window op, in 2-D.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    /// begin, end per axis
+    pad: [[usize; 2]; 2],
+}
+
+/// `[N, C, H, W]` of an input of rank 3 or 4, and whether it was 1-D.
+fn nchw(x: &HostTensor) -> Result<([usize; 4], bool), String> {
+    match *x.shape() {
+        [n, c, l] => Ok(([n, c, 1, l], true)),
+        [n, c, h, w] => Ok(([n, c, h, w], false)),
+        _ => Err(format!(
+            "only 1-D and 2-D spatial inputs are supported, got shape {:?}",
+            x.shape()
+        )),
+    }
+}
+
+/// Reads a per-axis attribute given for 1 or 2 spatial axes, as 2-D values.
+fn spatial(ctx: &Ctx, name: &str, one_d: bool, default: usize) -> Result<[usize; 2], String> {
+    let Some(v) = ctx.ints(name) else {
+        return Ok([default; 2]);
+    };
+    let v: Vec<usize> = v
+        .iter()
+        .map(|&x| usize::try_from(x).map_err(|_| format!("{name} has a negative entry {x}")))
+        .collect::<Result<_, _>>()?;
+    match (one_d, v.as_slice()) {
+        (true, [a]) => Ok([1, *a]),
+        (false, [a, b]) => Ok([*a, *b]),
+        _ => Err(format!(
+            "{name} has {} entries for a {}-D input",
+            v.len(),
+            if one_d { 1 } else { 2 }
+        )),
+    }
+}
+
+fn window(ctx: &Ctx, one_d: bool, kernel: [usize; 2], in_hw: [usize; 2]) -> Result<Window, String> {
+    let stride = spatial(ctx, "strides", one_d, 1)?;
+    let dilation = spatial(ctx, "dilations", one_d, 1)?;
+    if stride.contains(&0) || dilation.contains(&0) {
+        return Err("strides and dilations must be positive".into());
+    }
+    let mut pad = [[0usize; 2]; 2];
+    match ctx.string("auto_pad", "NOTSET").as_str() {
+        "NOTSET" => {
+            if let Some(p) = ctx.ints("pads") {
+                let p: Vec<usize> = p
+                    .iter()
+                    .map(|&x| usize::try_from(x).map_err(|_| format!("negative pad {x}")))
+                    .collect::<Result<_, _>>()?;
+                match (one_d, p.as_slice()) {
+                    (true, [b, e]) => pad[1] = [*b, *e],
+                    (false, [hb, wb, he, we]) => pad = [[*hb, *he], [*wb, *we]],
+                    _ => return Err(format!("pads has {} entries", p.len())),
+                }
+            }
+        }
+        "VALID" => {}
+        mode @ ("SAME_UPPER" | "SAME_LOWER") => {
+            for axis in 0..2 {
+                let extent = (kernel[axis] - 1) * dilation[axis] + 1;
+                let out = in_hw[axis].div_ceil(stride[axis]);
+                let total = ((out.max(1) - 1) * stride[axis] + extent).saturating_sub(in_hw[axis]);
+                let small = total / 2;
+                pad[axis] = if mode == "SAME_UPPER" {
+                    [small, total - small]
+                } else {
+                    [total - small, small]
+                };
+            }
+        }
+        other => return Err(format!("auto_pad '{other}' is not supported")),
+    }
+    Ok(Window {
+        kernel,
+        stride,
+        dilation,
+        pad,
+    })
+}
+
+impl Window {
+    fn output(&self, in_hw: [usize; 2], ceil: bool) -> Result<[usize; 2], String> {
+        let mut out = [0; 2];
+        for axis in 0..2 {
+            let padded = in_hw[axis] + self.pad[axis][0] + self.pad[axis][1];
+            let extent = (self.kernel[axis] - 1) * self.dilation[axis] + 1;
+            if padded < extent {
+                return Err(format!(
+                    "the window ({extent}) is larger than the padded input ({padded})"
+                ));
+            }
+            let span = padded - extent;
+            let mut o = if ceil {
+                span.div_ceil(self.stride[axis])
+            } else {
+                span / self.stride[axis]
+            } + 1;
+            // With ceil_mode the last window must start inside the input or its begin padding.
+            if ceil && (o - 1) * self.stride[axis] >= in_hw[axis] + self.pad[axis][0] {
+                o -= 1;
+            }
+            out[axis] = o;
+        }
+        Ok(out)
+    }
+}
+
+fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let ([n, c, h, wd], one_d) = nchw(x)?;
+    let (w4, _) = nchw(w)?;
+    let [m, cg, kh, kw] = w4;
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
+    if c != cg * group || m % group != 0 {
+        return Err(format!(
+            "input has {c} channels, weight {:?} with group {group}",
+            w.shape()
+        ));
+    }
+    let win = window(ctx, one_d, [kh, kw], [h, wd])?;
+    let [oh, ow] = win.output([h, wd], false)?;
+    let (xv, wv) = (x.as_f32()?, w.as_f32()?);
+    let bias = optional(inputs, 2).map(|b| b.to_f32_vec());
+    if bias.as_ref().is_some_and(|b| b.len() != m) {
+        return Err(format!(
+            "bias has {} entries for {m} output channels",
+            bias.map_or(0, |b| b.len())
+        ));
+    }
+    let mg = m / group;
+    let rows = cg * kh * kw;
+    let cols = oh * ow;
+    let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
+    let mut out = vec![0.0f32; n * m * cols];
+    let mut col = if pointwise {
+        Vec::new()
+    } else {
+        vec![0.0f32; rows * cols]
+    };
+    for b in 0..n {
+        for g in 0..group {
+            let x_group = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
+            let col_ref: &[f32] = if pointwise {
+                x_group
+            } else {
+                im2col(x_group, cg, [h, wd], &win, [oh, ow], &mut col);
+                &col
+            };
+            let o = &mut out[(b * m + g * mg) * cols..(b * m + (g + 1) * mg) * cols];
+            if let Some(bias) = &bias {
+                for (j, row) in o.chunks_mut(cols).enumerate() {
+                    row.fill(bias[g * mg + j]);
+                }
+            }
+            let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
+            sgemm(
+                mg,
+                rows,
+                cols,
+                1.0,
+                wg,
+                (rows, 1),
+                col_ref,
+                (cols, 1),
+                1.0,
+                o,
+            );
+        }
+    }
+    let shape = if one_d {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+fn im2col(
+    x: &[f32],
+    channels: usize,
+    [h, w]: [usize; 2],
+    win: &Window,
+    [oh, ow]: [usize; 2],
+    col: &mut [f32],
+) {
+    let [kh, kw] = win.kernel;
+    let mut r = 0;
+    for ch in 0..channels {
+        let plane = &x[ch * h * w..(ch + 1) * h * w];
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &mut col[r * oh * ow..(r + 1) * oh * ow];
+                for y in 0..oh {
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    let dst = &mut row[y * ow..(y + 1) * ow];
+                    if iy < 0 || iy >= h as isize {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+                    for (xo, d) in dst.iter_mut().enumerate() {
+                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
+                        *d = if ix < 0 || ix >= w as isize {
+                            0.0
+                        } else {
+                            src[ix as usize]
+                        };
+                    }
+                }
+                r += 1;
+            }
+        }
+    }
+}
+
+fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let ([n, c, h, wd], one_d) = nchw(x)?;
+    let ([wc, mg, kh, kw], _) = nchw(w)?;
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
+    if wc != c || c % group != 0 {
+        return Err(format!(
+            "input has {c} channels, weight {:?} with group {group}",
+            w.shape()
+        ));
+    }
+    let auto_pad = ctx.string("auto_pad", "NOTSET");
+    if auto_pad != "NOTSET" && auto_pad != "VALID" {
+        return Err(format!(
+            "ConvTranspose auto_pad '{auto_pad}' is not supported"
+        ));
+    }
+    let mut win = window(ctx, one_d, [kh, kw], [h, wd])?;
+    let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
+    let full = |axis: usize, input: usize| {
+        win.stride[axis] * (input - 1)
+            + out_pad[axis]
+            + (win.kernel[axis] - 1) * win.dilation[axis]
+            + 1
+    };
+    let [oh, ow] = if let Some(shape) = ctx.ints("output_shape") {
+        let shape: Vec<usize> = shape.iter().map(|&v| v.max(0) as usize).collect();
+        let target = match (one_d, shape.as_slice()) {
+            (true, [l]) => [1, *l],
+            (false, [.., a, b]) => [*a, *b],
+            _ => return Err("output_shape does not match the input rank".into()),
+        };
+        for (axis, &t) in target.iter().enumerate() {
+            let total = full(axis, [h, wd][axis])
+                .checked_sub(t)
+                .ok_or("output_shape is larger than the convolution can produce")?;
+            win.pad[axis] = [total / 2, total - total / 2];
+        }
+        target
+    } else {
+        let mut o = [0; 2];
+        for axis in 0..2 {
+            o[axis] = full(axis, [h, wd][axis])
+                .checked_sub(win.pad[axis][0] + win.pad[axis][1])
+                .ok_or("pads exceed the output")?;
+        }
+        o
+    };
+    let m = mg * group;
+    let cg = c / group;
+    let rows = mg * kh * kw;
+    let (xv, wv) = (x.as_f32()?, w.as_f32()?);
+    let mut out = vec![0.0f32; n * m * oh * ow];
+    if let Some(b) = optional(inputs, 2) {
+        let bias = b.to_f32_vec();
+        if bias.len() != m {
+            return Err(format!(
+                "bias has {} entries for {m} output channels",
+                bias.len()
+            ));
+        }
+        for (i, plane) in out.chunks_mut(oh * ow).enumerate() {
+            plane.fill(bias[i % m]);
+        }
+    }
+    let mut col = vec![0.0f32; rows * h * wd];
+    for b in 0..n {
+        for g in 0..group {
+            let xg = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
+            let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
+            // col[rows, H·W] = W_gᵀ · X_g
+            sgemm(
+                rows,
+                cg,
+                h * wd,
+                1.0,
+                wg,
+                (1, rows),
+                xg,
+                (h * wd, 1),
+                0.0,
+                &mut col,
+            );
+            let o = &mut out[(b * m + g * mg) * oh * ow..(b * m + (g + 1) * mg) * oh * ow];
+            for r in 0..rows {
+                let (ch, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
+                for y in 0..h {
+                    let oy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    if oy < 0 || oy >= oh as isize {
+                        continue;
+                    }
+                    for xx in 0..wd {
+                        let ox = (xx * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
+                        if ox >= 0 && ox < ow as isize {
+                            o[(ch * oh + oy as usize) * ow + ox as usize] +=
+                                col[r * h * wd + y * wd + xx];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let shape = if one_d {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let ([n, c, h, w], one_d) = nchw(x)?;
+    let kernel = spatial(ctx, "kernel_shape", one_d, 0)?;
+    if kernel.contains(&0) {
+        return Err("kernel_shape is required".into());
+    }
+    let win = window(ctx, one_d, kernel, [h, w])?;
+    let [oh, ow] = win.output([h, w], ctx.int("ceil_mode", 0) != 0)?;
+    let max = ctx.node.op_type == "MaxPool";
+    let include_pad = ctx.int("count_include_pad", 0) != 0;
+    let xv = x.as_f32()?;
+    let mut out = Vec::with_capacity(n * c * oh * ow);
+    for plane in xv.chunks(h * w).take(n * c) {
+        for y in 0..oh {
+            for xo in 0..ow {
+                let mut acc = if max { f32::NEG_INFINITY } else { 0.0 };
+                let mut count = 0usize;
+                for i in 0..kernel[0] {
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    for j in 0..kernel[1] {
+                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
+                            - win.pad[1][0] as isize;
+                        let inside = iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize;
+                        if inside {
+                            let v = plane[iy as usize * w + ix as usize];
+                            if max {
+                                acc = acc.max(v);
+                            } else {
+                                acc += v;
+                            }
+                            count += 1;
+                        } else if include_pad
+                            && iy < (h + win.pad[0][1]) as isize
+                            && ix < (w + win.pad[1][1]) as isize
+                        {
+                            // Padding counts in the divisor, but not the part of a ceil-mode
+                            // window that hangs past the end padding.
+                            count += 1;
+                        }
+                    }
+                }
+                out.push(if max {
+                    acc
+                } else if count == 0 {
+                    0.0
+                } else {
+                    acc / count as f32
+                });
+            }
+        }
+    }
+    let shape = if one_d {
+        vec![n, c, ow]
+    } else {
+        vec![n, c, oh, ow]
+    };
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+fn global_pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 3 {
+        return Err(format!("expected [N, C, spatial...], got {:?}", x.shape()));
+    }
+    let nc: usize = x.shape()[..2].iter().product();
+    let spatial: usize = x.shape()[2..].iter().product();
+    let max = ctx.node.op_type == "GlobalMaxPool";
+    let out = x
+        .as_f32()?
+        .chunks(spatial.max(1))
+        .take(nc)
+        .map(|plane| {
+            if max {
+                plane.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+            } else {
+                plane.iter().sum::<f32>() / spatial as f32
+            }
+        })
+        .collect();
+    let mut shape = x.shape()[..2].to_vec();
+    shape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, run};
+    use crate::graph::Attribute;
+
+    #[test]
+    fn conv_with_padding_stride_and_bias() {
+        // 1×1×3×3 input, 1×1×2×2 kernel of ones, pad 1, stride 2.
+        let x = f(
+            &[1, 1, 3, 3],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
+        let w = f(&[1, 1, 2, 2], &[1.0; 4]);
+        let b = f(&[1], &[0.5]);
+        let out = run(
+            "Conv",
+            vec![
+                ("pads", Attribute::Ints(vec![1, 1, 1, 1])),
+                ("strides", Attribute::Ints(vec![2, 2])),
+            ],
+            &[&x, &w, &b],
+        );
+        assert_close(&out[0], &[1, 1, 2, 2], &[1.5, 5.5, 11.5, 28.5]);
+    }
+
+    #[test]
+    fn grouped_pointwise_and_1d_conv() {
+        let x = f(&[1, 2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let w = f(&[2, 1, 1, 1], &[10.0, -1.0]);
+        let out = run("Conv", vec![("group", Attribute::Int(2))], &[&x, &w]);
+        assert_close(&out[0], &[1, 2, 1, 2], &[10.0, 20.0, -3.0, -4.0]);
+        let x = f(&[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
+        let w = f(&[1, 1, 2], &[1.0, -1.0]);
+        assert_close(
+            &run("Conv", vec![], &[&x, &w])[0],
+            &[1, 1, 3],
+            &[-1.0, -1.0, -1.0],
+        );
+    }
+
+    #[test]
+    fn conv_transpose_doubles_resolution() {
+        let x = f(&[1, 1, 1, 2], &[1.0, 2.0]);
+        let w = f(&[1, 1, 1, 2], &[1.0, 10.0]);
+        let out = run(
+            "ConvTranspose",
+            vec![("strides", Attribute::Ints(vec![1, 2]))],
+            &[&x, &w],
+        );
+        assert_close(&out[0], &[1, 1, 1, 4], &[1.0, 10.0, 2.0, 20.0]);
+    }
+
+    #[test]
+    fn pools() {
+        let x = f(
+            &[1, 1, 3, 3],
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
+        );
+        let k = ("kernel_shape", Attribute::Ints(vec![2, 2]));
+        assert_close(
+            &run("MaxPool", vec![k.clone()], &[&x])[0],
+            &[1, 1, 2, 2],
+            &[5.0, 6.0, 8.0, 9.0],
+        );
+        let out = run(
+            "AveragePool",
+            vec![
+                k.clone(),
+                ("strides", Attribute::Ints(vec![2, 2])),
+                ("ceil_mode", Attribute::Int(1)),
+            ],
+            &[&x],
+        );
+        assert_close(&out[0], &[1, 1, 2, 2], &[3.0, 4.5, 7.5, 9.0]);
+        assert_close(
+            &run("GlobalAveragePool", vec![], &[&x])[0],
+            &[1, 1, 1, 1],
+            &[5.0],
+        );
+        assert_close(
+            &run("GlobalMaxPool", vec![], &[&x])[0],
+            &[1, 1, 1, 1],
+            &[9.0],
+        );
+    }
+}

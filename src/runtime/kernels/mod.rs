@@ -1,0 +1,337 @@
+//! The CPU kernels: one file per op family, registered in one table ([`lookup`]).
+//!
+//! A kernel is a plain function from the node (attributes, opset) and its input tensors to its
+//! output tensors. Kernels compute shapes from the tensors they receive, never from the shapes
+//! inference recorded, so one prepared stage runs any micro-batch size. A kernel reports bad
+//! inputs as a `String`; the executor wraps it into [`crate::Error::Kernel`] with the node's name.
+
+mod activation;
+mod conv;
+mod elementwise;
+mod matmul;
+mod movement;
+mod norm;
+mod reduce;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use super::tensor::{HostTensor, TensorData};
+use crate::graph::{Attribute, Node};
+
+/// What a kernel sees of its node.
+pub(crate) struct Ctx<'a> {
+    /// The node (attributes, name).
+    pub node: &'a Node,
+    /// Opset in force for the node's domain: several ops changed semantics across versions.
+    pub opset: i64,
+}
+
+/// A kernel's result: one tensor per output, in order (optional trailing outputs may be absent).
+pub(crate) type KernelResult = Result<Vec<HostTensor>, String>;
+
+/// A kernel: node context and inputs by position (`None` for an omitted optional input).
+pub(crate) type Kernel = fn(&Ctx, &[Option<&HostTensor>]) -> KernelResult;
+
+/// Kernels by (domain, op type); `""` is the default domain.
+#[derive(Default)]
+pub(crate) struct KernelTable {
+    kernels: HashMap<(&'static str, &'static str), Kernel>,
+}
+
+impl KernelTable {
+    /// Registers `kernel` for each of `ops` in the default domain.
+    pub fn add(&mut self, ops: &[&'static str], kernel: Kernel) {
+        for op in ops {
+            let previous = self.kernels.insert(("", op), kernel);
+            debug_assert!(previous.is_none(), "kernel for {op} registered twice");
+        }
+    }
+}
+
+fn table() -> &'static KernelTable {
+    static TABLE: OnceLock<KernelTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = KernelTable::default();
+        elementwise::register(&mut t);
+        activation::register(&mut t);
+        matmul::register(&mut t);
+        conv::register(&mut t);
+        norm::register(&mut t);
+        reduce::register(&mut t);
+        movement::register(&mut t);
+        t
+    })
+}
+
+/// The kernel for an op, if the CPU runtime has one.
+pub(crate) fn lookup(domain: &str, op: &str) -> Option<Kernel> {
+    let domain = if domain == "ai.onnx" { "" } else { domain };
+    table().kernels.get(&(domain, op)).copied()
+}
+
+/// Every op with a CPU kernel, as `domain:op` (`:Add` for the default domain), sorted.
+pub fn supported_ops() -> Vec<String> {
+    let mut ops: Vec<String> = table()
+        .kernels
+        .keys()
+        .map(|(d, o)| format!("{d}:{o}"))
+        .collect();
+    ops.sort();
+    ops
+}
+
+// ---- helpers shared by the kernel files ----
+
+/// Input `i`, required.
+pub(crate) fn input<'a>(
+    inputs: &[Option<&'a HostTensor>],
+    i: usize,
+) -> Result<&'a HostTensor, String> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is required but missing"))
+}
+
+/// Input `i`, optional.
+pub(crate) fn optional<'a>(inputs: &[Option<&'a HostTensor>], i: usize) -> Option<&'a HostTensor> {
+    inputs.get(i).copied().flatten()
+}
+
+impl Ctx<'_> {
+    pub fn attr(&self, name: &str) -> Option<&Attribute> {
+        self.node.attributes.get(name)
+    }
+
+    pub fn int(&self, name: &str, default: i64) -> i64 {
+        match self.attr(name) {
+            Some(Attribute::Int(v)) => *v,
+            _ => default,
+        }
+    }
+
+    pub fn float(&self, name: &str, default: f32) -> f32 {
+        match self.attr(name) {
+            Some(Attribute::Float(v)) => *v,
+            Some(Attribute::Int(v)) => *v as f32,
+            _ => default,
+        }
+    }
+
+    pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        match self.attr(name) {
+            Some(Attribute::Ints(v)) => Some(v.clone()),
+            Some(Attribute::Int(v)) => Some(vec![*v]),
+            _ => None,
+        }
+    }
+
+    pub fn string(&self, name: &str, default: &str) -> String {
+        match self.attr(name) {
+            Some(Attribute::String(v)) => v.clone(),
+            _ => default.to_string(),
+        }
+    }
+}
+
+/// Largest tensor a kernel allocates from a shape it computed: 2^32 elements (16 GiB of f32).
+/// Exported models stay far below it; a shape computed from corrupt data (a `Range` with a tiny
+/// step, an `Expand` to a garbage shape) would otherwise abort the process on allocation instead
+/// of failing with an error.
+pub(crate) const MAX_ELEMENTS: usize = 1 << 32;
+
+/// Element count of a computed shape, refusing overflow and sizes above [`MAX_ELEMENTS`].
+pub(crate) fn checked_size(shape: &[usize]) -> Result<usize, String> {
+    super::tensor::checked_numel(shape)
+        .filter(|&n| n <= MAX_ELEMENTS)
+        .ok_or_else(|| format!("shape {shape:?} holds more than {MAX_ELEMENTS} elements"))
+}
+
+/// Resolves a possibly negative axis against `rank`.
+pub(crate) fn normalize_axis(axis: i64, rank: usize) -> Result<usize, String> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if (0..r).contains(&a) {
+        Ok(a as usize)
+    } else {
+        Err(format!("axis {axis} is out of range for rank {rank}"))
+    }
+}
+
+/// Numpy-style broadcast of several shapes.
+pub(crate) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; rank];
+    for shape in shapes {
+        let offset = rank - shape.len();
+        for (i, &d) in shape.iter().enumerate() {
+            let o = &mut out[offset + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(format!("shapes {shapes:?} do not broadcast"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// For each element of `out_shape` (row-major), its offset in a tensor of `in_shape` that
+/// broadcasts to it.
+pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let rank = out_shape.len();
+    let in_strides = super::tensor::strides_of(in_shape);
+    let mut strides = vec![0usize; rank];
+    let offset = rank - in_shape.len();
+    for (i, &d) in in_shape.iter().enumerate() {
+        if d != 1 {
+            strides[offset + i] = in_strides[i];
+        }
+    }
+    let total: usize = out_shape.iter().product();
+    let mut result = Vec::with_capacity(total);
+    if total == 0 {
+        return result;
+    }
+    let inner = out_shape.last().copied().unwrap_or(1);
+    let inner_stride = strides.last().copied().unwrap_or(0);
+    let outer_rank = rank.saturating_sub(1);
+    let mut index = vec![0usize; outer_rank];
+    loop {
+        let base: usize = (0..outer_rank).map(|i| index[i] * strides[i]).sum();
+        result.extend((0..inner).map(|j| base + j * inner_stride));
+        // odometer over the outer dims
+        let mut d = outer_rank;
+        loop {
+            if d == 0 {
+                return result;
+            }
+            d -= 1;
+            index[d] += 1;
+            if index[d] < out_shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}
+
+/// Applies `f` element-wise over two broadcast slices.
+pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    f: impl Fn(A, B) -> O,
+) -> Result<(Vec<usize>, Vec<O>), String> {
+    let shape = broadcast_shapes(&[a_shape, b_shape])?;
+    let data = if a_shape == b_shape {
+        a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+    } else if b.len() == 1 && a_shape == shape.as_slice() {
+        let y = b[0];
+        a.iter().map(|&x| f(x, y)).collect()
+    } else if a.len() == 1 && b_shape == shape.as_slice() {
+        let x = a[0];
+        b.iter().map(|&y| f(x, y)).collect()
+    } else {
+        let ia = broadcast_offsets(a_shape, &shape);
+        let ib = broadcast_offsets(b_shape, &shape);
+        ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect()
+    };
+    Ok((shape, data))
+}
+
+/// Gathers the elements of any tensor at `offsets` (a permutation, slice or broadcast).
+pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> TensorData {
+    match data {
+        TensorData::F32(v) => TensorData::F32(offsets.iter().map(|&i| v[i]).collect()),
+        TensorData::I64(v) => TensorData::I64(offsets.iter().map(|&i| v[i]).collect()),
+        TensorData::I32(v) => TensorData::I32(offsets.iter().map(|&i| v[i]).collect()),
+        TensorData::Bool(v) => TensorData::Bool(offsets.iter().map(|&i| v[i]).collect()),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A node of `op` with attributes, for kernel unit tests.
+    pub fn node(op: &str, attributes: Vec<(&str, Attribute)>) -> Node {
+        Node {
+            name: format!("{op}_test"),
+            op_type: op.to_string(),
+            domain: String::new(),
+            attributes: attributes
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect::<BTreeMap<_, _>>(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            captures: Vec::new(),
+        }
+    }
+
+    /// Runs the registered kernel of `op` (opset 17) on inputs.
+    pub fn run(
+        op: &str,
+        attributes: Vec<(&str, Attribute)>,
+        inputs: &[&HostTensor],
+    ) -> Vec<HostTensor> {
+        run_opset(op, 17, attributes, inputs)
+    }
+
+    pub fn run_opset(
+        op: &str,
+        opset: i64,
+        attributes: Vec<(&str, Attribute)>,
+        inputs: &[&HostTensor],
+    ) -> Vec<HostTensor> {
+        let node = node(op, attributes);
+        let ctx = Ctx { node: &node, opset };
+        let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
+    }
+
+    pub fn f(shape: &[usize], data: &[f32]) -> HostTensor {
+        HostTensor::f32(shape.to_vec(), data.to_vec())
+    }
+
+    pub fn i(shape: &[usize], data: &[i64]) -> HostTensor {
+        HostTensor::i64(shape.to_vec(), data.to_vec())
+    }
+
+    pub fn assert_close(actual: &HostTensor, shape: &[usize], expected: &[f32]) {
+        assert_eq!(actual.shape(), shape);
+        let a = actual.as_f32().unwrap();
+        for (k, (x, y)) in a.iter().zip(expected).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 + 1e-5 * y.abs(),
+                "element {k}: {x} vs {y} in {a:?}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_offsets_follow_numpy() {
+        assert_eq!(broadcast_shapes(&[&[2, 1], &[3]]).unwrap(), vec![2, 3]);
+        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(broadcast_offsets(&[3], &[2, 3]), vec![0, 1, 2, 0, 1, 2]);
+        assert!(broadcast_shapes(&[&[2], &[3]]).is_err());
+    }
+
+    #[test]
+    fn every_registered_op_is_listed() {
+        let ops = supported_ops();
+        assert!(ops.contains(&":MatMul".to_string()));
+        assert!(lookup("ai.onnx", "Add").is_some());
+        assert!(lookup("", "NoSuchOp").is_none());
+    }
+}

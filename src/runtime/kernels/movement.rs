@@ -1,0 +1,963 @@
+//! Shape and data movement: ops that compute shapes or move elements without arithmetic.
+//!
+//! Specs: <https://onnx.ai/onnx/operators/> (Reshape, Transpose, Concat, Split, Slice, Gather,
+//! GatherElements, Expand, Unsqueeze, Squeeze, Flatten, Shape, Size, Range, ConstantOfShape,
+//! Tile, Pad (constant mode), Resize (nearest and linear), Trilu, CumSum), opsets 7
+//! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
+//! attributes before.
+
+use super::{checked_size, input, normalize_axis, optional, take, Ctx, KernelResult, KernelTable};
+use crate::graph::Attribute;
+use crate::runtime::tensor::{checked_numel, strides_of, HostTensor, TensorData};
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add(&["Reshape"], reshape);
+    t.add(&["Transpose"], transpose);
+    t.add(&["Concat"], concat);
+    t.add(&["Split"], split);
+    t.add(&["Slice"], slice);
+    t.add(&["Gather"], gather);
+    t.add(&["GatherElements"], gather_elements);
+    t.add(&["Expand"], expand);
+    t.add(&["Unsqueeze"], unsqueeze);
+    t.add(&["Squeeze"], squeeze);
+    t.add(&["Flatten"], flatten);
+    t.add(&["Shape"], shape);
+    t.add(&["Size"], size);
+    t.add(&["Range"], range);
+    t.add(&["ConstantOfShape"], constant_of_shape);
+    t.add(&["Tile"], tile);
+    t.add(&["Pad"], pad);
+    t.add(&["Resize"], resize);
+    t.add(&["Trilu"], trilu);
+    t.add(&["CumSum"], cumsum);
+}
+
+fn dims_from(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
+    values
+        .iter()
+        .map(|&v| usize::try_from(v).map_err(|_| format!("{what} has a negative entry {v}")))
+        .collect()
+}
+
+fn reshape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let target = input(inputs, 1)?.to_i64_vec();
+    let allow_zero = ctx.int("allowzero", 0) != 0;
+    let mut shape = Vec::with_capacity(target.len());
+    let mut infer = None;
+    for (i, &d) in target.iter().enumerate() {
+        match d {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                shape.push(1);
+            }
+            0 if !allow_zero => shape.push(
+                *x.shape()
+                    .get(i)
+                    .ok_or_else(|| format!("0 at position {i} copies a dim the input lacks"))?,
+            ),
+            d if d >= 0 => shape.push(d as usize),
+            _ => return Err(format!("bad target shape {target:?}")),
+        }
+    }
+    if let Some(i) = infer {
+        let known: usize = shape.iter().product();
+        if known == 0 || x.len() % known != 0 {
+            return Err(format!("cannot reshape {:?} to {target:?}", x.shape()));
+        }
+        shape[i] = x.len() / known;
+    }
+    Ok(vec![x.clone().reshaped(shape)?])
+}
+
+/// Offsets of the elements of a permuted view, in output order.
+fn permute_offsets(shape: &[usize], perm: &[usize]) -> Vec<usize> {
+    let strides = strides_of(shape);
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let out_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    // A broadcast over a view with custom strides: reuse the odometer with explicit strides.
+    let total: usize = out_shape.iter().product();
+    let mut offsets = Vec::with_capacity(total);
+    if total == 0 {
+        return offsets;
+    }
+    let rank = out_shape.len();
+    if rank == 0 {
+        return vec![0];
+    }
+    let inner = out_shape[rank - 1];
+    let inner_stride = out_strides[rank - 1];
+    let mut index = vec![0usize; rank - 1];
+    loop {
+        let base: usize = index.iter().zip(&out_strides).map(|(i, s)| i * s).sum();
+        offsets.extend((0..inner).map(|j| base + j * inner_stride));
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return offsets;
+            }
+            d -= 1;
+            index[d] += 1;
+            if index[d] < out_shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}
+
+fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let rank = x.rank();
+    let perm: Vec<usize> = match ctx.ints("perm") {
+        Some(p) => p
+            .iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?,
+        None => (0..rank).rev().collect(),
+    };
+    let mut seen = vec![false; rank];
+    for &p in &perm {
+        if std::mem::replace(&mut seen[p], true) {
+            return Err(format!("perm {perm:?} is not a permutation"));
+        }
+    }
+    if perm.len() != rank {
+        return Err(format!("perm {perm:?} for rank {rank}"));
+    }
+    let offsets = permute_offsets(x.shape(), &perm);
+    let shape = perm.iter().map(|&p| x.shape()[p]).collect();
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+/// Concatenates along `axis` tensors of equal dtype whose other dims agree.
+fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String> {
+    let first = parts.first().ok_or("nothing to concatenate")?;
+    let mut shape = first.shape().to_vec();
+    shape[axis] = 0;
+    for p in parts {
+        if p.rank() != first.rank()
+            || p.shape()[..axis] != first.shape()[..axis]
+            || p.shape()[axis + 1..] != first.shape()[axis + 1..]
+        {
+            return Err(format!(
+                "cannot concatenate {:?} with {:?} on axis {axis}",
+                first.shape(),
+                p.shape()
+            ));
+        }
+        shape[axis] += p.shape()[axis];
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    macro_rules! join {
+        ($variant:ident) => {{
+            let mut out = Vec::with_capacity(checked_numel(&shape).unwrap_or(0));
+            let slices = parts
+                .iter()
+                .map(|p| match p.data() {
+                    TensorData::$variant(v) => Ok(v.as_slice()),
+                    _ => Err(format!(
+                        "cannot concatenate {} with {}",
+                        first.dtype(),
+                        p.dtype()
+                    )),
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            for o in 0..outer {
+                for (p, s) in parts.iter().zip(&slices) {
+                    let run = p.shape()[axis] * inner;
+                    out.extend_from_slice(&s[o * run..(o + 1) * run]);
+                }
+            }
+            TensorData::$variant(out)
+        }};
+    }
+    let data = match first.data() {
+        TensorData::F32(_) => join!(F32),
+        TensorData::I64(_) => join!(I64),
+        TensorData::I32(_) => join!(I32),
+        TensorData::Bool(_) => join!(Bool),
+    };
+    Ok(HostTensor::with_data(shape, data))
+}
+
+fn concat(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let parts: Vec<&HostTensor> = inputs.iter().flatten().copied().collect();
+    let first = parts.first().ok_or("Concat has no inputs")?;
+    let axis = normalize_axis(ctx.int("axis", 0), first.rank())?;
+    // Mixed integer widths arise from the runtime's widening; join them as int64.
+    if parts.iter().any(|p| p.dtype() != first.dtype()) {
+        let target = if parts.iter().any(|p| p.dtype() == crate::graph::DType::F32) {
+            crate::graph::DType::F32
+        } else {
+            crate::graph::DType::I64
+        };
+        let cast: Vec<HostTensor> = parts
+            .iter()
+            .map(|p| p.cast(target))
+            .collect::<Result<_, _>>()?;
+        return Ok(vec![concat_along(&cast.iter().collect::<Vec<_>>(), axis)?]);
+    }
+    Ok(vec![concat_along(&parts, axis)?])
+}
+
+/// Elements `start..start+len` along `axis`.
+fn narrow(x: &HostTensor, axis: usize, start: usize, len: usize) -> HostTensor {
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let n = x.shape()[axis];
+    let mut offsets = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let base = (o * n + start) * inner;
+        offsets.extend(base..base + len * inner);
+    }
+    let mut shape = x.shape().to_vec();
+    shape[axis] = len;
+    HostTensor::with_data(shape, take(x.data(), &offsets))
+}
+
+fn split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axis = normalize_axis(ctx.int("axis", 0), x.rank())?;
+    let n = x.shape()[axis];
+    let outputs = ctx.node.outputs.len().max(1);
+    let sizes: Vec<usize> = match optional(inputs, 1)
+        .map(|t| t.to_i64_vec())
+        .or_else(|| ctx.ints("split"))
+    {
+        Some(s) => dims_from(&s, "split")?,
+        None => {
+            let parts = usize::try_from(ctx.int("num_outputs", outputs as i64))
+                .unwrap_or(outputs)
+                .max(1);
+            let chunk = n.div_ceil(parts);
+            (0..parts)
+                .map(|i| chunk.min(n.saturating_sub(i * chunk)))
+                .collect()
+        }
+    };
+    if sizes.iter().sum::<usize>() != n {
+        return Err(format!("split sizes {sizes:?} do not add up to {n}"));
+    }
+    let mut start = 0;
+    Ok(sizes
+        .iter()
+        .map(|&len| {
+            let part = narrow(x, axis, start, len);
+            start += len;
+            part
+        })
+        .collect())
+}
+
+fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let rank = x.rank();
+    let (starts, ends, axes, steps) = if ctx.opset < 10 {
+        (
+            ctx.ints("starts").unwrap_or_default(),
+            ctx.ints("ends").unwrap_or_default(),
+            ctx.ints("axes"),
+            None,
+        )
+    } else {
+        (
+            input(inputs, 1)?.to_i64_vec(),
+            input(inputs, 2)?.to_i64_vec(),
+            optional(inputs, 3).map(HostTensor::to_i64_vec),
+            optional(inputs, 4).map(HostTensor::to_i64_vec),
+        )
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    // Per axis: (start, step, count)
+    let mut plan: Vec<(i64, i64, usize)> = x.shape().iter().map(|&d| (0, 1, d)).collect();
+    for k in 0..starts.len() {
+        let axis = normalize_axis(axes[k], rank)?;
+        let dim = x.shape()[axis] as i64;
+        let step = steps[k];
+        if step == 0 {
+            return Err("slice step 0".into());
+        }
+        let clamp = |v: i64, lo: i64, hi: i64| {
+            let v = if v < 0 { v.saturating_add(dim) } else { v };
+            v.clamp(lo, hi)
+        };
+        let (start, end) = if step > 0 {
+            (clamp(starts[k], 0, dim), clamp(ends[k], 0, dim))
+        } else {
+            (clamp(starts[k], -1, dim - 1), clamp(ends[k], -1, dim - 1))
+        };
+        let count = if step > 0 {
+            ((end - start).max(0) + step - 1) / step
+        } else {
+            ((start - end).max(0) + (-step) - 1) / (-step)
+        };
+        plan[axis] = (start, step, count as usize);
+    }
+    let strides = strides_of(x.shape());
+    let shape: Vec<usize> = plan.iter().map(|p| p.2).collect();
+    let total: usize = shape.iter().product();
+    let mut offsets = Vec::with_capacity(total);
+    let mut index = vec![0usize; rank];
+    for _ in 0..total {
+        let off: i64 = (0..rank)
+            .map(|d| (plan[d].0 + plan[d].1 * index[d] as i64) * strides[d] as i64)
+            .sum();
+        offsets.push(off as usize);
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
+    let axis = normalize_axis(ctx.int("axis", 0), x.rank())?;
+    let n = x.shape()[axis] as i64;
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let indices = idx
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + n } else { i };
+            if (0..n).contains(&j) {
+                Ok(j as usize)
+            } else {
+                Err(format!(
+                    "index {i} is out of range for axis {axis} of size {n}"
+                ))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut offsets = Vec::with_capacity(outer * indices.len() * inner);
+    for o in 0..outer {
+        for &j in &indices {
+            let base = (o * n as usize + j) * inner;
+            offsets.extend(base..base + inner);
+        }
+    }
+    let mut shape = x.shape()[..axis].to_vec();
+    shape.extend_from_slice(idx.shape());
+    shape.extend_from_slice(&x.shape()[axis + 1..]);
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
+    let axis = normalize_axis(ctx.int("axis", 0), x.rank())?;
+    if idx.rank() != x.rank() {
+        return Err("indices and data differ in rank".into());
+    }
+    let xs = strides_of(x.shape());
+    let is = strides_of(idx.shape());
+    let n = x.shape()[axis] as i64;
+    let offsets = idx
+        .to_i64_vec()
+        .iter()
+        .enumerate()
+        .map(|(flat, &i)| {
+            let j = if i < 0 { i + n } else { i };
+            if !(0..n).contains(&j) {
+                return Err(format!(
+                    "index {i} is out of range for axis {axis} of size {n}"
+                ));
+            }
+            let mut off = 0;
+            for d in 0..x.rank() {
+                let coord = if d == axis {
+                    j as usize
+                } else {
+                    (flat / is[d]) % idx.shape()[d]
+                };
+                off += coord * xs[d];
+            }
+            Ok(off)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![HostTensor::with_data(
+        idx.shape().to_vec(),
+        take(x.data(), &offsets),
+    )])
+}
+
+fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let target = dims_from(&input(inputs, 1)?.to_i64_vec(), "shape")?;
+    let shape = super::broadcast_shapes(&[x.shape(), &target])?;
+    checked_size(&shape)?;
+    let offsets = super::broadcast_offsets(x.shape(), &shape);
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+fn axes_of(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Option<Vec<i64>> {
+    optional(inputs, 1)
+        .map(HostTensor::to_i64_vec)
+        .or_else(|| ctx.ints("axes"))
+}
+
+fn unsqueeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axes = axes_of(ctx, inputs).ok_or("Unsqueeze needs axes")?;
+    let rank = x.rank() + axes.len();
+    let mut positions = axes
+        .iter()
+        .map(|&a| normalize_axis(a, rank))
+        .collect::<Result<Vec<_>, _>>()?;
+    positions.sort_unstable();
+    let mut shape = x.shape().to_vec();
+    for p in positions {
+        shape.insert(p, 1);
+    }
+    Ok(vec![x.clone().reshaped(shape)?])
+}
+
+fn squeeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let shape: Vec<usize> = match axes_of(ctx, inputs) {
+        Some(axes) => {
+            let drop = axes
+                .iter()
+                .map(|&a| normalize_axis(a, x.rank()))
+                .collect::<Result<Vec<_>, _>>()?;
+            for &d in &drop {
+                if x.shape()[d] != 1 {
+                    return Err(format!("cannot squeeze axis {d} of size {}", x.shape()[d]));
+                }
+            }
+            x.shape()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !drop.contains(i))
+                .map(|(_, &d)| d)
+                .collect()
+        }
+        None => x.shape().iter().copied().filter(|&d| d != 1).collect(),
+    };
+    Ok(vec![x.clone().reshaped(shape)?])
+}
+
+fn flatten(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axis = ctx.int("axis", 1);
+    let axis = if axis == x.rank() as i64 {
+        x.rank()
+    } else {
+        normalize_axis(axis, x.rank())?
+    };
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis..].iter().product();
+    Ok(vec![x.clone().reshaped(vec![outer, inner])?])
+}
+
+fn shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let rank = x.rank() as i64;
+    let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+    let start = clamp(ctx.int("start", 0));
+    let end = clamp(ctx.int("end", rank));
+    let dims: Vec<i64> = x.shape()[start..end.max(start)]
+        .iter()
+        .map(|&d| d as i64)
+        .collect();
+    Ok(vec![HostTensor::i64(vec![dims.len()], dims)])
+}
+
+fn size(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    Ok(vec![HostTensor::i64(
+        vec![],
+        vec![input(inputs, 0)?.len() as i64],
+    )])
+}
+
+fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (start, limit, delta) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    let count = |steps: f64| -> Result<usize, String> {
+        if !steps.is_finite() {
+            return Err("Range delta is 0 or the bounds are not finite".into());
+        }
+        let n = steps.ceil().max(0.0) as usize;
+        checked_size(&[n])
+    };
+    if start.dtype() == crate::graph::DType::F32 {
+        let scalar = |t: &HostTensor| t.to_f32_vec().first().copied().ok_or("Range needs scalars");
+        let (s, l, d) = (scalar(start)?, scalar(limit)?, scalar(delta)?);
+        let n = count(((l - s) / d) as f64)?;
+        return Ok(vec![HostTensor::f32(
+            vec![n],
+            (0..n).map(|i| s + i as f32 * d).collect(),
+        )]);
+    }
+    let scalar = |t: &HostTensor| t.to_i64_vec().first().copied().ok_or("Range needs scalars");
+    let (s, l, d) = (scalar(start)?, scalar(limit)?, scalar(delta)?);
+    if d == 0 {
+        return Err("Range delta is 0".into());
+    }
+    let n = count((l as f64 - s as f64) / d as f64)?;
+    HostTensor::i64(vec![n], (0..n as i64).map(|i| s + i * d).collect())
+        .cast(start.dtype())
+        .map(|t| vec![t])
+}
+
+fn constant_of_shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let shape = dims_from(&input(inputs, 0)?.to_i64_vec(), "shape")?;
+    let n = checked_size(&shape)?;
+    let data = match ctx.attr("value") {
+        Some(Attribute::Tensor(lit)) => match (&lit.value, lit.dtype) {
+            (Some(v), dtype) => {
+                let x = v.as_f64s().and_then(|f| f.first().copied()).unwrap_or(0.0);
+                match dtype {
+                    crate::graph::DType::F32
+                    | crate::graph::DType::F16
+                    | crate::graph::DType::F64 => TensorData::F32(vec![x as f32; n]),
+                    crate::graph::DType::I32 => TensorData::I32(vec![x as i32; n]),
+                    crate::graph::DType::Bool => TensorData::Bool(vec![x != 0.0; n]),
+                    _ => TensorData::I64(vec![x as i64; n]),
+                }
+            }
+            (None, _) => return Err("ConstantOfShape value is not readable".into()),
+        },
+        _ => TensorData::F32(vec![0.0; n]),
+    };
+    Ok(vec![HostTensor::with_data(shape, data)])
+}
+
+fn tile(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let reps = dims_from(&input(inputs, 1)?.to_i64_vec(), "repeats")?;
+    if reps.len() != x.rank() {
+        return Err("repeats must have one entry per axis".into());
+    }
+    let shape: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&reps)
+        .map(|(d, r)| d.checked_mul(*r).ok_or("repeats overflow"))
+        .collect::<Result<_, _>>()?;
+    checked_size(&shape)?;
+    let xs = strides_of(x.shape());
+    let total: usize = shape.iter().product();
+    let out_strides = strides_of(&shape);
+    let offsets: Vec<usize> = (0..total)
+        .map(|flat| {
+            (0..x.rank())
+                .map(|d| ((flat / out_strides[d]) % shape[d] % x.shape()[d]) * xs[d])
+                .sum()
+        })
+        .collect();
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let rank = x.rank();
+    let mode = ctx.string("mode", "constant");
+    if mode != "constant" {
+        return Err(format!("Pad mode '{mode}' is not supported"));
+    }
+    let pads = if ctx.opset < 11 {
+        ctx.ints("pads").unwrap_or_default()
+    } else {
+        input(inputs, 1)?.to_i64_vec()
+    };
+    let value = if ctx.opset < 11 {
+        ctx.float("value", 0.0)
+    } else {
+        optional(inputs, 2)
+            .and_then(|v| v.to_f32_vec().first().copied())
+            .unwrap_or(0.0)
+    };
+    let axes: Vec<usize> = match optional(inputs, 3) {
+        Some(a) => a
+            .to_i64_vec()
+            .iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(format!(
+            "pads has {} entries for {} axes",
+            pads.len(),
+            axes.len()
+        ));
+    }
+    let mut begin = vec![0i64; rank];
+    let mut end = vec![0i64; rank];
+    for (k, &a) in axes.iter().enumerate() {
+        begin[a] = pads[k];
+        end[a] = pads[k + axes.len()];
+    }
+    let shape: Vec<usize> = (0..rank)
+        .map(|d| {
+            usize::try_from(x.shape()[d] as i64 + begin[d] + end[d])
+                .map_err(|_| "negative padded size".to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    checked_size(&shape)?;
+    let xs = strides_of(x.shape());
+    let os = strides_of(&shape);
+    let total: usize = shape.iter().product();
+    let src = x.to_f32_vec();
+    let out: Vec<f32> = (0..total)
+        .map(|flat| {
+            let mut off = 0usize;
+            for d in 0..rank {
+                let c = ((flat / os[d]) % shape[d]) as i64 - begin[d];
+                if c < 0 || c >= x.shape()[d] as i64 {
+                    return value;
+                }
+                off += c as usize * xs[d];
+            }
+            src[off]
+        })
+        .collect();
+    HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t])
+}
+
+fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let rank = x.rank();
+    // Inputs: X, roi, scales, sizes (opset 11+); X, scales (opset 10).
+    let (scales, sizes) = if ctx.opset < 11 {
+        (optional(inputs, 1).map(HostTensor::to_f32_vec), None)
+    } else {
+        (
+            optional(inputs, 2)
+                .map(HostTensor::to_f32_vec)
+                .filter(|s| !s.is_empty()),
+            optional(inputs, 3)
+                .map(HostTensor::to_i64_vec)
+                .filter(|s| !s.is_empty()),
+        )
+    };
+    let (out_shape, scale): (Vec<usize>, Vec<f32>) = match (sizes, scales) {
+        (Some(s), _) => {
+            let s = dims_from(&s, "sizes")?;
+            let sc = s
+                .iter()
+                .zip(x.shape())
+                .map(|(&o, &i)| o as f32 / i as f32)
+                .collect();
+            (s, sc)
+        }
+        (None, Some(sc)) => (
+            x.shape()
+                .iter()
+                .zip(&sc)
+                .map(|(&d, &f)| (d as f32 * f).floor() as usize)
+                .collect(),
+            sc,
+        ),
+        _ => return Err("Resize needs scales or sizes".into()),
+    };
+    if out_shape.len() != rank {
+        return Err("scales/sizes must have one entry per axis".into());
+    }
+    if x.is_empty() {
+        return Err(format!("cannot resize an empty tensor {:?}", x.shape()));
+    }
+    checked_size(&out_shape)?;
+    let mode = ctx.string("mode", "nearest");
+    let coord = ctx.string("coordinate_transformation_mode", "half_pixel");
+    let nearest_mode = ctx.string("nearest_mode", "round_prefer_floor");
+    let source = |o: usize, axis: usize| -> f32 {
+        let (s, in_d, out_d) = (scale[axis], x.shape()[axis] as f32, out_shape[axis] as f32);
+        let o = o as f32;
+        match coord.as_str() {
+            "asymmetric" => o / s,
+            "align_corners" => {
+                if out_d > 1.0 {
+                    o * (in_d - 1.0) / (out_d - 1.0)
+                } else {
+                    0.0
+                }
+            }
+            "pytorch_half_pixel" => {
+                if out_d > 1.0 {
+                    (o + 0.5) / s - 0.5
+                } else {
+                    0.0
+                }
+            }
+            _ => (o + 0.5) / s - 0.5, // half_pixel
+        }
+    };
+    let xs = strides_of(x.shape());
+    let os = strides_of(&out_shape);
+    let total: usize = out_shape.iter().product();
+    let src = x.as_f32()?;
+    let mut out = Vec::with_capacity(total);
+    match mode.as_str() {
+        "nearest" => {
+            for flat in 0..total {
+                let mut off = 0;
+                for d in 0..rank {
+                    let o = (flat / os[d]) % out_shape[d];
+                    let v = source(o, d);
+                    let i = match nearest_mode.as_str() {
+                        "floor" => v.floor(),
+                        "ceil" => v.ceil(),
+                        "round_prefer_ceil" => (v + 0.5).floor(),
+                        _ => (v - 0.5).ceil(), // round_prefer_floor
+                    };
+                    off += (i.max(0.0) as usize).min(x.shape()[d] - 1) * xs[d];
+                }
+                out.push(src[off]);
+            }
+        }
+        "linear" => {
+            // Interpolates every axis whose size changes (bilinear on H, W for images).
+            for flat in 0..total {
+                let mut corners: Vec<(usize, f32)> = vec![(0, 1.0)];
+                for d in 0..rank {
+                    let o = (flat / os[d]) % out_shape[d];
+                    if out_shape[d] == x.shape()[d] && scale[d] == 1.0 {
+                        corners.iter_mut().for_each(|c| c.0 += o * xs[d]);
+                        continue;
+                    }
+                    let v = source(o, d).max(0.0).min((x.shape()[d] - 1) as f32);
+                    let lo = v.floor() as usize;
+                    let hi = (lo + 1).min(x.shape()[d] - 1);
+                    let t = v - lo as f32;
+                    corners = corners
+                        .iter()
+                        .flat_map(|&(off, w)| {
+                            [(off + lo * xs[d], w * (1.0 - t)), (off + hi * xs[d], w * t)]
+                        })
+                        .collect();
+                }
+                out.push(corners.iter().map(|&(off, w)| src[off] * w).sum());
+            }
+        }
+        other => return Err(format!("Resize mode '{other}' is not supported")),
+    }
+    Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 2 {
+        return Err(format!("Trilu needs a matrix, got {:?}", x.shape()));
+    }
+    let k = optional(inputs, 1)
+        .and_then(|t| t.to_i64_vec().first().copied())
+        .unwrap_or(0);
+    let upper = ctx.int("upper", 1) != 0;
+    let (rows, cols) = (x.shape()[x.rank() - 2], x.shape()[x.rank() - 1]);
+    let keep: Vec<bool> = (0..x.len())
+        .map(|flat| {
+            let (i, j) = (((flat / cols) % rows) as i64, (flat % cols) as i64);
+            if upper {
+                j - i >= k
+            } else {
+                j - i <= k
+            }
+        })
+        .collect();
+    let zeroed = match x.data() {
+        TensorData::F32(v) => TensorData::F32(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0.0 })
+                .collect(),
+        ),
+        TensorData::I64(v) => TensorData::I64(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        TensorData::I32(v) => TensorData::I32(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        TensorData::Bool(v) => {
+            TensorData::Bool(v.iter().zip(&keep).map(|(&a, &k)| a && k).collect())
+        }
+    };
+    Ok(vec![HostTensor::with_data(x.shape().to_vec(), zeroed)])
+}
+
+fn cumsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let axis_value = input(inputs, 1)?
+        .to_i64_vec()
+        .first()
+        .copied()
+        .ok_or("CumSum needs an axis")?;
+    let axis = normalize_axis(axis_value, x.rank())?;
+    let exclusive = ctx.int("exclusive", 0) != 0;
+    let reverse = ctx.int("reverse", 0) != 0;
+    let n = x.shape()[axis];
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let outer: usize = x.shape()[..axis].iter().product();
+    let v = x.to_f32_vec();
+    let mut out = vec![0.0f32; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut acc = 0.0f64;
+            for step in 0..n {
+                let k = if reverse { n - 1 - step } else { step };
+                let at = (o * n + k) * inner + i;
+                if exclusive {
+                    out[at] = acc as f32;
+                    acc += v[at] as f64;
+                } else {
+                    acc += v[at] as f64;
+                    out[at] = acc as f32;
+                }
+            }
+        }
+    }
+    HostTensor::f32(x.shape().to_vec(), out)
+        .cast(x.dtype())
+        .map(|t| vec![t])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, i, run};
+    use crate::graph::Attribute;
+
+    #[test]
+    fn reshape_infers_and_copies_dims() {
+        let x = f(&[2, 3, 4], &[0.0; 24]);
+        let out = run("Reshape", vec![], &[&x, &i(&[2], &[0, -1])]);
+        assert_eq!(out[0].shape(), &[2, 12]);
+    }
+
+    #[test]
+    fn transpose_and_concat() {
+        let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let t = run("Transpose", vec![], &[&x]);
+        assert_close(&t[0], &[3, 2], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+        let c = run(
+            "Concat",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &f(&[2, 1], &[7.0, 8.0])],
+        );
+        assert_close(&c[0], &[2, 4], &[1.0, 2.0, 3.0, 7.0, 4.0, 5.0, 6.0, 8.0]);
+    }
+
+    #[test]
+    fn slice_gather_split_expand() {
+        let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let s = run(
+            "Slice",
+            vec![],
+            &[
+                &x,
+                &i(&[1], &[-1]),
+                &i(&[1], &[i64::MIN]),
+                &i(&[1], &[1]),
+                &i(&[1], &[-1]),
+            ],
+        );
+        assert_close(&s[0], &[2, 3], &[3.0, 2.0, 1.0, 6.0, 5.0, 4.0]);
+        let g = run(
+            "Gather",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &i(&[2], &[2, -3])],
+        );
+        assert_close(&g[0], &[2, 2], &[3.0, 1.0, 6.0, 4.0]);
+        let parts = run(
+            "Split",
+            vec![("axis", Attribute::Int(1))],
+            &[&x, &i(&[2], &[1, 2])],
+        );
+        assert_close(&parts[1], &[2, 2], &[2.0, 3.0, 5.0, 6.0]);
+        let e = run(
+            "Expand",
+            vec![],
+            &[&f(&[2, 1], &[1.0, 2.0]), &i(&[2], &[2, 2])],
+        );
+        assert_close(&e[0], &[2, 2], &[1.0, 1.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn shape_ops() {
+        let x = f(&[2, 1, 3], &[0.0; 6]);
+        assert_eq!(run("Shape", vec![], &[&x])[0].to_i64_vec(), vec![2, 1, 3]);
+        assert_eq!(
+            run("Squeeze", vec![], &[&x, &i(&[1], &[1])])[0].shape(),
+            &[2, 3]
+        );
+        assert_eq!(
+            run("Unsqueeze", vec![], &[&x, &i(&[1], &[-1])])[0].shape(),
+            &[2, 1, 3, 1]
+        );
+        assert_eq!(run("Flatten", vec![], &[&x])[0].shape(), &[2, 3]);
+        let r = run(
+            "Range",
+            vec![],
+            &[&i(&[], &[1]), &i(&[], &[7]), &i(&[], &[2])],
+        );
+        assert_eq!(r[0].to_i64_vec(), vec![1, 3, 5]);
+    }
+
+    #[test]
+    fn trilu_and_cumsum() {
+        let x = f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        assert_close(
+            &run("Trilu", vec![], &[&x])[0],
+            &[2, 2],
+            &[1.0, 2.0, 0.0, 4.0],
+        );
+        let lower = run(
+            "Trilu",
+            vec![("upper", Attribute::Int(0))],
+            &[&x, &i(&[], &[-1])],
+        );
+        assert_close(&lower[0], &[2, 2], &[0.0, 0.0, 3.0, 0.0]);
+        let c = run("CumSum", vec![], &[&x, &i(&[], &[1])]);
+        assert_close(&c[0], &[2, 2], &[1.0, 3.0, 3.0, 7.0]);
+        let c = run(
+            "CumSum",
+            vec![
+                ("exclusive", Attribute::Int(1)),
+                ("reverse", Attribute::Int(1)),
+            ],
+            &[&x, &i(&[], &[0])],
+        );
+        assert_close(&c[0], &[2, 2], &[3.0, 4.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn pad_tile_resize() {
+        let x = f(&[1, 2], &[1.0, 2.0]);
+        let p = run(
+            "Pad",
+            vec![],
+            &[&x, &i(&[4], &[0, 1, 0, 0]), &f(&[], &[9.0])],
+        );
+        assert_close(&p[0], &[1, 3], &[9.0, 1.0, 2.0]);
+        assert_close(
+            &run("Tile", vec![], &[&x, &i(&[2], &[2, 1])])[0],
+            &[2, 2],
+            &[1.0, 2.0, 1.0, 2.0],
+        );
+        let empty = f(&[0], &[]);
+        let r = run("Resize", vec![], &[&x, &empty, &f(&[2], &[1.0, 2.0])]);
+        assert_close(&r[0], &[1, 4], &[1.0, 1.0, 2.0, 2.0]);
+        let r = run(
+            "Resize",
+            vec![("mode", Attribute::String("linear".into()))],
+            &[&x, &empty, &f(&[2], &[1.0, 2.0])],
+        );
+        assert_close(&r[0], &[1, 4], &[1.0, 1.25, 1.75, 2.0]);
+    }
+}

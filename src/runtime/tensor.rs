@@ -1,0 +1,335 @@
+//! The runtime's owned tensor: a shape and a typed, row-major buffer.
+//!
+//! Compute is fp32. Weights and inputs stored as fp16, bf16 or fp64 are widened to fp32 when they
+//! are read ([`HostTensor::from_f16`], the `.npy` reader and the weight loader do it), so a model
+//! exported in half precision runs with fp32 arithmetic; int64, int32 and bool carry indices,
+//! shapes and masks exactly. Narrower integer types (int8, uint8, int16, uint16, uint32) widen to
+//! int64, the type ONNX shape arithmetic uses.
+
+use std::fmt;
+
+use crate::graph::DType;
+
+/// The elements of a [`HostTensor`].
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+}
+
+impl TensorData {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::I64(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+            TensorData::Bool(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::I64(_) => DType::I64,
+            TensorData::I32(_) => DType::I32,
+            TensorData::Bool(_) => DType::Bool,
+        }
+    }
+}
+
+/// An owned tensor in host memory, row-major.
+#[derive(Clone, PartialEq)]
+pub struct HostTensor {
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+impl fmt::Debug for HostTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostTensor({} {:?})", self.dtype(), self.shape)
+    }
+}
+
+/// Number of elements of a shape, or `None` when it overflows `usize`.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Row-major strides of a shape, in elements.
+pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+impl HostTensor {
+    /// A tensor from a shape and data; refuses a data length that is not the shape's product.
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Result<HostTensor, String> {
+        let expected = checked_numel(&shape)
+            .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
+        if expected != data.len() {
+            return Err(format!(
+                "shape {shape:?} needs {expected} elements but {} were given",
+                data.len()
+            ));
+        }
+        Ok(HostTensor { shape, data })
+    }
+
+    /// A float tensor. Panics if the length does not match: for kernels whose output size is
+    /// computed from the shape, where a mismatch is a bug, not bad input.
+    pub(crate) fn f32(shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
+        debug_assert_eq!(checked_numel(&shape), Some(data.len()));
+        HostTensor {
+            shape,
+            data: TensorData::F32(data),
+        }
+    }
+
+    /// An int64 tensor (same contract as [`HostTensor::f32`]).
+    pub(crate) fn i64(shape: Vec<usize>, data: Vec<i64>) -> HostTensor {
+        debug_assert_eq!(checked_numel(&shape), Some(data.len()));
+        HostTensor {
+            shape,
+            data: TensorData::I64(data),
+        }
+    }
+
+    /// A tensor with the same shape contract, any data.
+    pub(crate) fn with_data(shape: Vec<usize>, data: TensorData) -> HostTensor {
+        debug_assert_eq!(checked_numel(&shape), Some(data.len()));
+        HostTensor { shape, data }
+    }
+
+    /// A float tensor from fp16 values, widened to fp32.
+    pub fn from_f16(shape: Vec<usize>, values: &[half::f16]) -> Result<HostTensor, String> {
+        HostTensor::new(
+            shape,
+            TensorData::F32(values.iter().map(|v| v.to_f32()).collect()),
+        )
+    }
+
+    /// A float tensor from bf16 values, widened to fp32.
+    pub fn from_bf16(shape: Vec<usize>, values: &[half::bf16]) -> Result<HostTensor, String> {
+        HostTensor::new(
+            shape,
+            TensorData::F32(values.iter().map(|v| v.to_f32()).collect()),
+        )
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The elements.
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    /// Consumes the tensor into its shape and data.
+    pub fn into_parts(self) -> (Vec<usize>, TensorData) {
+        (self.shape, self.data)
+    }
+
+    /// The float elements, or an error naming the actual type.
+    pub fn as_f32(&self) -> Result<&[f32], String> {
+        match &self.data {
+            TensorData::F32(v) => Ok(v),
+            other => Err(format!("expected a float32 tensor, got {}", other.dtype())),
+        }
+    }
+
+    /// The same tensor with another shape of equal element count.
+    pub fn reshaped(mut self, shape: Vec<usize>) -> Result<HostTensor, String> {
+        if checked_numel(&shape) != Some(self.len()) {
+            return Err(format!(
+                "cannot view {} elements as shape {shape:?}",
+                self.len()
+            ));
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+
+    /// Every element as f32 (integers converted, booleans 0/1).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            TensorData::F32(v) => v.clone(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+        }
+    }
+
+    /// Every element as i64 (floats truncated toward zero, as `Cast` does).
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match &self.data {
+            TensorData::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I64(v) => v.clone(),
+            TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+        }
+    }
+
+    /// The tensor converted to `dtype` with ONNX `Cast` semantics. Float targets other than
+    /// float32 compute as float32 (see the module doc); narrow integer targets as int64.
+    pub fn cast(&self, dtype: DType) -> Result<HostTensor, String> {
+        let data = match dtype {
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
+                TensorData::F32(self.to_f32_vec())
+            }
+            DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
+                TensorData::I64(self.to_i64_vec())
+            }
+            DType::I32 => {
+                TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect())
+            }
+            DType::Bool => TensorData::Bool(match &self.data {
+                TensorData::F32(v) => v.iter().map(|&x| x != 0.0).collect(),
+                TensorData::Bool(v) => v.clone(),
+                _ => self.to_i64_vec().into_iter().map(|x| x != 0).collect(),
+            }),
+            other => {
+                return Err(format!(
+                    "cannot cast to {other}: the CPU runtime has no such type"
+                ))
+            }
+        };
+        Ok(HostTensor {
+            shape: self.shape.clone(),
+            data,
+        })
+    }
+
+    /// Rows `start..start + count` along axis 0 (a micro-batch of a batch).
+    pub fn slice_axis0(&self, start: usize, count: usize) -> Result<HostTensor, String> {
+        let rows = *self
+            .shape
+            .first()
+            .ok_or("a scalar has no axis 0 to split")?;
+        if start.checked_add(count).is_none_or(|end| end > rows) {
+            return Err(format!(
+                "rows {start}..{} are outside axis 0 of size {rows}",
+                start.saturating_add(count)
+            ));
+        }
+        let row = self.shape[1..].iter().product::<usize>();
+        let range = start * row..(start + count) * row;
+        let data = match &self.data {
+            TensorData::F32(v) => TensorData::F32(v[range].to_vec()),
+            TensorData::I64(v) => TensorData::I64(v[range].to_vec()),
+            TensorData::I32(v) => TensorData::I32(v[range].to_vec()),
+            TensorData::Bool(v) => TensorData::Bool(v[range].to_vec()),
+        };
+        let mut shape = self.shape.clone();
+        shape[0] = count;
+        Ok(HostTensor { shape, data })
+    }
+
+    /// Joins tensors of one dtype along axis 0 (micro-batch outputs back into a batch).
+    pub fn concat_axis0(parts: &[HostTensor]) -> Result<HostTensor, String> {
+        let first = parts.first().ok_or("nothing to concatenate")?;
+        if first.rank() == 0 {
+            return Err("a scalar has no axis 0 to join along".into());
+        }
+        let mut rows = 0;
+        for p in parts {
+            if p.dtype() != first.dtype() || p.shape[1..] != first.shape[1..] {
+                return Err(format!(
+                    "cannot join {} {:?} with {} {:?} along axis 0",
+                    first.dtype(),
+                    first.shape,
+                    p.dtype(),
+                    p.shape
+                ));
+            }
+            rows += p.shape[0];
+        }
+        let mut shape = first.shape.clone();
+        shape[0] = rows;
+        macro_rules! join {
+            ($variant:ident) => {{
+                let mut out = Vec::with_capacity(parts.iter().map(HostTensor::len).sum());
+                for p in parts {
+                    if let TensorData::$variant(v) = &p.data {
+                        out.extend_from_slice(v);
+                    }
+                }
+                TensorData::$variant(out)
+            }};
+        }
+        let data = match first.data {
+            TensorData::F32(_) => join!(F32),
+            TensorData::I64(_) => join!(I64),
+            TensorData::I32(_) => join!(I32),
+            TensorData::Bool(_) => join!(Bool),
+        };
+        Ok(HostTensor { shape, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_refuses_a_length_that_does_not_match_the_shape() {
+        let err = HostTensor::new(vec![2, 3], TensorData::F32(vec![0.0; 5])).unwrap_err();
+        assert!(err.contains("needs 6 elements"), "{err}");
+    }
+
+    #[test]
+    fn split_and_join_along_axis0_round_trip() {
+        let t = HostTensor::i64(vec![3, 2], vec![1, 2, 3, 4, 5, 6]);
+        let a = t.slice_axis0(0, 1).unwrap();
+        let b = t.slice_axis0(1, 2).unwrap();
+        assert_eq!(b.to_i64_vec(), vec![3, 4, 5, 6]);
+        assert_eq!(HostTensor::concat_axis0(&[a, b]).unwrap(), t);
+        assert!(t.slice_axis0(2, 2).is_err());
+    }
+
+    #[test]
+    fn cast_follows_onnx_semantics() {
+        let t = HostTensor::f32(vec![3], vec![-1.7, 0.0, 2.9]);
+        assert_eq!(t.cast(DType::I64).unwrap().to_i64_vec(), vec![-1, 0, 2]);
+        assert_eq!(
+            t.cast(DType::Bool).unwrap().data(),
+            &TensorData::Bool(vec![true, false, true])
+        );
+        let h = HostTensor::from_f16(vec![2], &[half::f16::from_f32(0.5), half::f16::ONE]).unwrap();
+        assert_eq!(h.as_f32().unwrap(), &[0.5, 1.0]);
+    }
+}

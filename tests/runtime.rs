@@ -1,0 +1,665 @@
+//! The CPU reference runtime against onnxruntime: every fixture whole and split into pipelines
+//! of 1 to 4 stages (equal contiguous splits of the topological order, and the DP partitioner's
+//! stages), with 1, 2 and 4 micro-batches. References: `fixtures/reference_outputs.py`.
+//!
+//! Tolerances: |actual − expected| ≤ atol + rtol·|expected|, with atol 1e-5 and rtol 1e-4 for the
+//! fixtures. Both runtimes compute in fp32 but sum in different orders (blocked sgemm against
+//! MLAS, f64 statistics against f32 ones), which leaves errors of a few ulp per op; the largest
+//! fixture error measured is 4.8e-7 (bert_tiny's hidden state), so the bound leaves a 20× margin
+//! while still catching any real mistake (a wrong axis, a missed mask or a bad broadcast moves
+//! outputs by 1e-2 or more). Real models: see [`REAL_ATOL`].
+//! Pipelined runs must equal the whole-model run exactly: stages run the same kernels on the
+//! same rows, and splitting the batch changes no reduction order.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pipecut::cost::{Catalog, Cluster};
+use pipecut::graph::{Graph, NodeId};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::onnx::Model;
+use pipecut::partition::{Planner, StageCount};
+use pipecut::runtime::{
+    read_npy, run_pipeline, stage_specs, CpuExecutor, Executor, HostTensor, Tensors, Weights,
+};
+use serde_json::Value;
+
+const ATOL: f32 = 1e-5;
+/// Real exporters' graphs are deeper (PP-OCRv4 rec: 38 convolutions, 13 matmuls, then a
+/// softmax over 6625 classes, max error 3.3e-5 on this machine); atol 1e-4 keeps a 3× margin.
+const REAL_ATOL: f32 = 1e-4;
+const RTOL: f32 = 1e-4;
+
+struct Case {
+    model: Model,
+    weights: Weights,
+    inputs: Tensors,
+    expected: BTreeMap<String, HostTensor>,
+}
+
+fn load_case(reference_dir: &Path) -> Case {
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(reference_dir.join("manifest.json")).expect("manifest"),
+    )
+    .expect("manifest is JSON");
+    let model_path = common::root().join(manifest["model"].as_str().expect("model"));
+    let mut model = pipecut::onnx::load_model(&model_path).expect("model loads");
+    assert_eq!(
+        model.sha256,
+        manifest["model_sha256"].as_str().unwrap(),
+        "{} changed since its reference was written; rerun fixtures/reference_outputs.py",
+        model_path.display()
+    );
+    let mut bindings = DimBindings::new();
+    for (name, value) in manifest["dims"].as_object().unwrap() {
+        bindings = bindings.bind(name, value.as_u64().unwrap());
+    }
+    ShapeInference::new(bindings)
+        .run(&mut model.graph)
+        .expect("shapes");
+    let weights = Weights::load(&model_path, &model.graph).expect("weights load");
+    let read = |section: &str| -> BTreeMap<String, HostTensor> {
+        manifest[section]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, file)| {
+                let path = reference_dir.join(file.as_str().unwrap());
+                (name.clone(), read_npy(&path).expect("reference npy").tensor)
+            })
+            .collect()
+    };
+    let inputs = read("inputs")
+        .into_iter()
+        .map(|(k, v)| (k, Arc::new(v)))
+        .collect();
+    Case {
+        model,
+        weights,
+        inputs,
+        expected: read("outputs"),
+    }
+}
+
+fn fixture_case(name: &str) -> Case {
+    load_case(&common::root().join("fixtures/reference/outputs").join(name))
+}
+
+/// Asserts every output within `atol + rtol·|expected|`, printing the largest absolute error.
+fn assert_matches(
+    what: &str,
+    actual: &Tensors,
+    expected: &BTreeMap<String, HostTensor>,
+    atol: f32,
+    rtol: f32,
+) {
+    assert_eq!(
+        actual.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "{what}: output names"
+    );
+    for (name, want) in expected {
+        let got = &actual[name];
+        assert_eq!(got.shape(), want.shape(), "{what}: shape of '{name}'");
+        assert_eq!(got.dtype(), want.dtype(), "{what}: dtype of '{name}'");
+        let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+        let max_abs = g
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{what}: '{name}' max |error| {max_abs:.2e}");
+        let mut worst = (0.0f32, 0usize);
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            let excess = (a - b).abs() - (atol + rtol * b.abs());
+            if excess > worst.0 || excess.is_nan() {
+                worst = (
+                    if excess.is_nan() {
+                        f32::INFINITY
+                    } else {
+                        excess
+                    },
+                    i,
+                );
+            }
+        }
+        assert!(
+            worst.0 <= 0.0,
+            "{what}: '{name}' element {} is {} but onnxruntime gives {} (atol {atol}, rtol {rtol})",
+            worst.1,
+            g[worst.1],
+            w[worst.1]
+        );
+    }
+}
+
+fn equal_split(graph: &Graph, k: usize) -> Vec<Vec<NodeId>> {
+    let order = graph.topological_order();
+    let starts = pipecut::partition::baselines::uniform_starts(order.len(), k);
+    (0..k)
+        .map(|s| {
+            let end = starts.get(s + 1).copied().unwrap_or(order.len());
+            order[starts[s]..end].to_vec()
+        })
+        .collect()
+}
+
+fn run_stages(case: &Case, stages: &[Vec<NodeId>], microbatches: usize) -> Tensors {
+    let graph = &case.model.graph;
+    let executor = CpuExecutor::new(graph, &case.weights);
+    let specs = stage_specs(graph, stages).expect("stage specs");
+    let prepared: Vec<_> = specs
+        .iter()
+        .map(|s| executor.prepare(s).expect("prepare"))
+        .collect();
+    let report =
+        run_pipeline(&executor, &prepared, &case.inputs, microbatches).expect("pipeline runs");
+    assert_eq!(report.stages.len(), stages.len());
+    let efficiency = report.efficiency();
+    assert!(
+        efficiency > 0.0 && efficiency <= 1.0 + 1e-9,
+        "efficiency {efficiency}"
+    );
+    report.outputs
+}
+
+#[test]
+fn every_fixture_matches_onnxruntime_whole() {
+    for name in common::FIXTURES {
+        let case = fixture_case(name);
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let out = executor
+            .run_model(&case.inputs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_matches(name, &out, &case.expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn pipelines_of_one_to_four_equal_stages_reproduce_the_whole_model() {
+    for name in common::FIXTURES {
+        let case = fixture_case(name);
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let whole = executor.run_model(&case.inputs).unwrap();
+        for k in 1..=4 {
+            for microbatches in [1, 2, 4] {
+                let out = run_stages(&case, &equal_split(&case.model.graph, k), microbatches);
+                let what = format!("{name} K={k} M={microbatches}");
+                assert_matches(&what, &out, &case.expected, ATOL, RTOL);
+                for (tensor, value) in &whole {
+                    assert_eq!(
+                        out[tensor], *value,
+                        "{what}: '{tensor}' differs from the whole-model run"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_partitioners_stages_reproduce_onnxruntime() {
+    let catalog = Catalog::builtin();
+    let cluster = Cluster::from_device_list("L4,L4,L4,L4", &catalog).unwrap();
+    for name in ["gpt2_tiny", "bert_tiny", "llama_tiny", "resnet_tiny"] {
+        let case = fixture_case(name);
+        let graph = &case.model.graph;
+        let solution = Planner::new(graph, &cluster)
+            .with_stages(StageCount::Fixed(4))
+            .solve()
+            .expect("partition");
+        let mut stages = vec![Vec::new(); solution.problem.stage_count()];
+        for (&node, stage) in solution.problem.order().iter().zip(&solution.stage_of) {
+            stages[stage.index()].push(node);
+        }
+        let out = run_stages(&case, &stages, 2);
+        assert_matches(&format!("{name} DP"), &out, &case.expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn real_models_match_onnxruntime() {
+    let dir = common::root().join("fixtures/reference/outputs/real");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("real references")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    for name in names {
+        let model = common::root()
+            .join("fixtures/real/cache")
+            .join(format!("{name}.onnx"));
+        if !model.exists() {
+            eprintln!(
+                "skipping real model {name}: {} is absent (run fixtures/real/fetch.sh)",
+                model.display()
+            );
+            continue;
+        }
+        let case = load_case(&dir.join(&name));
+        let executor = CpuExecutor::new(&case.model.graph, &case.weights);
+        let out = executor
+            .run_model(&case.inputs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_matches(&name, &out, &case.expected, REAL_ATOL, RTOL);
+        let split = run_stages(&case, &equal_split(&case.model.graph, 3), 1);
+        assert_matches(
+            &format!("{name} K=3"),
+            &split,
+            &case.expected,
+            REAL_ATOL,
+            RTOL,
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_refused_with_clear_errors() {
+    let case = fixture_case("gpt2_tiny");
+    let graph = &case.model.graph;
+    let executor = CpuExecutor::new(graph, &case.weights);
+
+    let err = pipecut::runtime::check_inputs(graph, &Tensors::new(), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("input 'input_ids'") && err.contains("missing"),
+        "{err}"
+    );
+
+    let mut wrong_shape = case.inputs.clone();
+    wrong_shape.insert(
+        "input_ids".into(),
+        Arc::new(
+            HostTensor::new(vec![4, 8], pipecut::runtime::TensorData::I64(vec![0; 32])).unwrap(),
+        ),
+    );
+    let err = pipecut::runtime::check_inputs(graph, &wrong_shape, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must have shape [4, 16]"), "{err}");
+
+    let mut wrong_type = case.inputs.clone();
+    wrong_type.insert(
+        "input_ids".into(),
+        Arc::new(
+            case.inputs["input_ids"]
+                .cast(pipecut::graph::DType::F32)
+                .unwrap(),
+        ),
+    );
+    let err = pipecut::runtime::check_inputs(graph, &wrong_type, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must be int64, got float32"), "{err}");
+
+    // A stage run without a tensor it receives names the tensor.
+    let err = executor.run_model(&Tensors::new()).unwrap_err().to_string();
+    assert!(err.contains("needs tensor 'input_ids'"), "{err}");
+
+    // Out-of-range token ids fail in the kernel with the node named, not a panic.
+    let mut bad_ids = case.inputs.clone();
+    bad_ids.insert(
+        "input_ids".into(),
+        Arc::new(
+            HostTensor::new(
+                vec![4, 16],
+                pipecut::runtime::TensorData::I64(vec![1 << 40; 64]),
+            )
+            .unwrap(),
+        ),
+    );
+    let err = executor.run_model(&bad_ids).unwrap_err().to_string();
+    assert!(
+        err.contains("running node") && err.contains("out of range"),
+        "{err}"
+    );
+
+    // More micro-batches than rows.
+    let err = run_pipeline(&executor, &[], &case.inputs, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fewer than the 8 micro-batches"), "{err}");
+}
+
+// ---- `pipecut run` through the binary ----
+
+fn pipecut(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .expect("pipecut runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn partition(dir: &Path, model: &str, dims: &[&str]) -> PathBuf {
+    let plan = dir.join("plan.json");
+    let mut args = vec![
+        "partition",
+        model,
+        "--devices",
+        "L4,L4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+    ];
+    for d in dims {
+        args.extend(["--dim", d]);
+    }
+    args.extend(["--out", plan.to_str().unwrap()]);
+    let (code, _, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    plan
+}
+
+#[test]
+fn run_with_reference_inputs_writes_onnxruntimes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    // The reference binds batch 4 = 4 micro-batches of 1.
+    let plan = partition(
+        dir.path(),
+        "fixtures/models/bert_tiny.onnx",
+        &["batch=1", "seq=16"],
+    );
+    let reference = common::root().join("fixtures/reference/outputs/bert_tiny");
+    let out_dir = dir.path().join("out");
+    let inputs: Vec<String> = ["input_ids", "attention_mask", "token_type_ids"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{n}={}", reference.join(format!("input_{i}.npy")).display()))
+        .collect();
+    let mut args = vec![
+        "run",
+        plan.to_str().unwrap(),
+        "fixtures/models/bert_tiny.onnx",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+        "--json",
+    ];
+    for i in &inputs {
+        args.extend(["--input", i.as_str()]);
+    }
+    let (code, out, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(report["microbatches"], 4);
+    assert_eq!(report["stages"].as_array().unwrap().len(), 2);
+    let measured = report["measured_efficiency"].as_f64().unwrap();
+    let predicted = report["predicted_efficiency"].as_f64().unwrap();
+    assert!(measured > 0.0 && measured <= 1.0, "{measured}");
+    assert!(predicted > 0.0 && predicted <= 1.0, "{predicted}");
+    for (i, name) in ["last_hidden_state", "pooler_output"].iter().enumerate() {
+        let got = read_npy(&out_dir.join(format!("{name}.npy")))
+            .unwrap()
+            .tensor;
+        let want = read_npy(&reference.join(format!("output_{i}.npy")))
+            .unwrap()
+            .tensor;
+        let mut actual = Tensors::new();
+        actual.insert(name.to_string(), Arc::new(got));
+        let mut expected = BTreeMap::new();
+        expected.insert(name.to_string(), want);
+        assert_matches(name, &actual, &expected, ATOL, RTOL);
+    }
+}
+
+#[test]
+fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(
+        dir.path(),
+        "fixtures/models/gpt2_tiny.onnx",
+        &["batch=1", "seq=16"],
+    );
+    let plan = plan.to_str().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = out_dir.to_str().unwrap();
+    let npy = |name: &str, tensor: &HostTensor| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pipecut::runtime::encode_npy(tensor)).unwrap();
+        path.display().to_string()
+    };
+    let ids = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        HostTensor::new(shape, pipecut::runtime::TensorData::I64(vec![1; n])).unwrap()
+    };
+    let good = npy("good.npy", &ids(vec![4, 16]));
+    let wrong_shape = npy("shape.npy", &ids(vec![4, 8]));
+    let wrong_type = npy(
+        "type.npy",
+        &ids(vec![4, 16]).cast(pipecut::graph::DType::F32).unwrap(),
+    );
+    let corrupt = dir.path().join("corrupt.npy");
+    let mut bytes = pipecut::runtime::encode_npy(&ids(vec![4, 16]));
+    bytes.truncate(bytes.len() - 10);
+    std::fs::write(&corrupt, bytes).unwrap();
+    let corrupt = corrupt.display().to_string();
+
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["fixtures/models/bert_tiny.onnx".into()],
+            "different model",
+        ),
+        (
+            vec![
+                "fixtures/models/gpt2_tiny.onnx".into(),
+                "--input".into(),
+                format!("input_ids={wrong_shape}"),
+            ],
+            "must have shape [4, 16]",
+        ),
+        (
+            vec![
+                "fixtures/models/gpt2_tiny.onnx".into(),
+                "--input".into(),
+                format!("input_ids={wrong_type}"),
+            ],
+            "must be int64",
+        ),
+        (
+            vec![
+                "fixtures/models/gpt2_tiny.onnx".into(),
+                "--input".into(),
+                format!("input_ids={corrupt}"),
+            ],
+            "truncated",
+        ),
+        (
+            vec![
+                "fixtures/models/gpt2_tiny.onnx".into(),
+                "--input".into(),
+                format!("tokens={good}"),
+            ],
+            "no input 'tokens'",
+        ),
+        (
+            vec![
+                "fixtures/models/gpt2_tiny.onnx".into(),
+                "--microbatches".into(),
+                "0".into(),
+            ],
+            "at least 1",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["run", plan];
+        args.extend(extra.iter().map(String::as_str));
+        args.extend(["--output-dir", out]);
+        let (code, _, err) = pipecut(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{args:?}: '{err}' should mention '{expected}'"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out_dir.exists(), "{args:?} left output files");
+    }
+    // The good input runs (4 micro-batches of the plan's batch 1).
+    let (code, text, err) = pipecut(&[
+        "run",
+        plan,
+        "fixtures/models/gpt2_tiny.onnx",
+        "--input",
+        &format!("input_ids={good}"),
+        "--output-dir",
+        out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("pipeline efficiency: measured"), "{text}");
+    let logits = read_npy(&out_dir.join("logits.npy")).unwrap();
+    assert_eq!(logits.tensor.shape(), &[4, 16, 512]);
+    let leftovers: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "only logits.npy, no temporary files: {leftovers:?}"
+    );
+}
+
+#[test]
+fn weights_in_external_data_files_are_read_and_checked() {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{self, Tensor as TensorType};
+    use onnx_protobuf::{
+        GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str| ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(TensorType {
+                elem_type: 1,
+                shape: Some(TensorShapeProto {
+                    dim: vec![Dimension {
+                        value: Some(dimension::Value::DimValue(2)),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    };
+    let entry = |k: &str, v: &str| StringStringEntryProto {
+        key: k.into(),
+        value: v.into(),
+        ..Default::default()
+    };
+    // y = (x + w) * s, with w in w.bin at offset 4 and s stored inline as fp16.
+    let w = TensorProto {
+        name: "w".into(),
+        data_type: 1,
+        dims: vec![2],
+        data_location: DataLocation::EXTERNAL.into(),
+        external_data: vec![
+            entry("location", "w.bin"),
+            entry("offset", "4"),
+            entry("length", "8"),
+        ],
+        ..Default::default()
+    };
+    let s = TensorProto {
+        name: "s".into(),
+        data_type: 10,
+        dims: vec![2],
+        raw_data: [half::f16::from_f32(2.0), half::f16::from_f32(-0.5)]
+            .iter()
+            .flat_map(|h| h.to_le_bytes())
+            .collect(),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, inputs: [&str; 2], output: &str| NodeProto {
+        name: name.into(),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "g".into(),
+        node: vec![
+            node("add", "Add", ["x", "w"], "t"),
+            node("mul", "Mul", ["t", "s_f32"], "y"),
+            {
+                let mut cast = node("cast", "Cast", ["s", ""], "s_f32");
+                cast.input.truncate(1);
+                cast.attribute = vec![onnx_protobuf::AttributeProto {
+                    name: "to".into(),
+                    type_: onnx_protobuf::attribute_proto::AttributeType::INT.into(),
+                    i: 1,
+                    ..Default::default()
+                }];
+                cast
+            },
+        ],
+        initializer: vec![w, s],
+        input: vec![value_info("x")],
+        output: vec![value_info("y")],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("m.onnx");
+    std::fs::write(&model_path, bytes).unwrap();
+    let w_bytes: Vec<u8> = [0.0f32, 1.0, 10.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(dir.path().join("w.bin"), &w_bytes).unwrap();
+
+    let mut model = pipecut::onnx::load_model(&model_path).unwrap();
+    ShapeInference::new(DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let weights = Weights::load(&model_path, &model.graph).unwrap();
+    let mut inputs = Tensors::new();
+    inputs.insert(
+        "x".into(),
+        Arc::new(
+            HostTensor::new(vec![2], pipecut::runtime::TensorData::F32(vec![1.0, 2.0])).unwrap(),
+        ),
+    );
+    let out = CpuExecutor::new(&model.graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    assert_eq!(out["y"].as_f32().unwrap(), &[4.0, -6.0]);
+
+    // The file shrank after the model was loaded: the weight loader refuses the reference.
+    std::fs::write(dir.path().join("w.bin"), &w_bytes[..8]).unwrap();
+    let err = Weights::load(&model_path, &model.graph)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("initializer 'w'") && err.contains("needs bytes 4..12"),
+        "{err}"
+    );
+}
