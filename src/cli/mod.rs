@@ -7,8 +7,8 @@ mod export;
 mod inspect;
 mod partition;
 mod plan_cluster;
-mod show;
 mod run;
+mod show;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -19,8 +19,8 @@ pub mod baselines;
 pub mod coarsen;
 pub mod dp;
 pub mod layers;
-pub mod parallelism;
 pub mod milp;
+pub mod parallelism;
 pub mod problem;
 
 use std::time::{Duration, Instant};
