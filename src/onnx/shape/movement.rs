@@ -392,10 +392,15 @@ fn split(ctx: &OpCtx) -> RuleResult {
                 .collect::<Result<_, _>>()?
         }
         None => {
-            let parts = ctx
-                .int_attr("num_outputs")?
-                .map(|n| n as u64)
-                .unwrap_or(outputs as u64);
+            let parts = match ctx.int_attr("num_outputs")? {
+                // Opset 18 requires num_outputs to equal the node's output count.
+                Some(n) if n != outputs as i64 => {
+                    return Err(format!(
+                        "num_outputs is {n} but the node has {outputs} outputs"
+                    ))
+                }
+                _ => outputs as u64,
+            };
             if parts == 0 {
                 return Err("split into zero parts".into());
             }
