@@ -140,7 +140,10 @@ impl Cluster {
             )));
         }
         if let Some(position) = names.iter().position(|n| n.is_empty()) {
-            return Err(bad(format!("device {} of the list has no name", position + 1)));
+            return Err(bad(format!(
+                "device {} of the list has no name",
+                position + 1
+            )));
         }
         let devices = names
             .iter()
@@ -227,7 +230,13 @@ impl Cluster {
         catalog: &Catalog,
         description: String,
     ) -> Result<Cluster, Error> {
-        if nodes.is_empty() || nodes.iter().any(Vec::is_empty) {
+        if nodes.is_empty() {
+            return Err(Error::Cluster {
+                spec: description,
+                detail: "it has no nodes, so no devices to place stages on".into(),
+            });
+        }
+        if nodes.iter().any(Vec::is_empty) {
             return Err(Error::Cluster {
                 spec: description,
                 detail: "a cluster needs at least one device in every node".into(),

@@ -31,7 +31,10 @@ pub(super) fn decode_model(
         Ok(proto) => proto,
         Err(e) => {
             return Err(sniffed().unwrap_or_else(|| {
-                not_onnx(format!("protobuf decoding failed: {}", explain_protobuf(&e)))
+                not_onnx(format!(
+                    "protobuf decoding failed: {}",
+                    explain_protobuf(&e)
+                ))
             }))
         }
     };
@@ -70,7 +73,10 @@ pub(super) fn decode_model(
 fn sniff_other_format(bytes: &[u8]) -> Option<&'static str> {
     const MAGICS: &[(&[u8], &str)] = &[
         (b"\x1f\x8b", "a gzip archive (decompress it first)"),
-        (b"PK\x03\x04", "a zip archive (a PyTorch checkpoint or a zipped model?)"),
+        (
+            b"PK\x03\x04",
+            "a zip archive (a PyTorch checkpoint or a zipped model?)",
+        ),
         (b"\x89HDF", "an HDF5 file (a Keras model?)"),
         (b"\x80\x02", "a Python pickle"),
         (b"GGUF", "a GGUF file"),

@@ -155,14 +155,12 @@ pub(crate) fn decode_tensor(
             tensor: name.clone(),
             detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),
         })?;
-    let bytes = dtype
-        .bytes_for(elements)
-        .ok_or_else(|| Error::InvalidDim {
-            tensor: name.clone(),
-            detail: format!(
-                "dims {dims:?} ({elements} elements of {dtype}) need more bytes than fit in 64 bits"
-            ),
-        })?;
+    let bytes = dtype.bytes_for(elements).ok_or_else(|| Error::InvalidDim {
+        tensor: name.clone(),
+        detail: format!(
+            "dims {dims:?} ({elements} elements of {dtype}) need more bytes than fit in 64 bits"
+        ),
+    })?;
 
     if proto.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
         let mut location = None;
