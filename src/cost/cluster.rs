@@ -17,9 +17,12 @@ use serde::{Deserialize, Serialize};
 use super::hardware::{Catalog, HardwareSpec, LinkSpec};
 use crate::Error;
 
-/// The most devices a cluster may have. Far above any pipeline (whose stages are at most its
-/// nodes), it bounds the memory a cluster description can ask for: one profile per device.
-pub const MAX_DEVICES: usize = 1_000_000;
+/// The most devices a cluster may have. A pipeline puts one stage on each device and no model
+/// has more than a few thousand operators worth a stage of their own, so 16,384 is far above
+/// any useful pipeline; the cap bounds what a description can make pipecut build (one full
+/// profile, about 2 KB, per device: 32 MB at the cap), so that a typo such as
+/// `1000x1000xH100-SXM` is refused at once instead of filling memory.
+pub const MAX_DEVICES: usize = 16_384;
 
 /// Identifies a device of a cluster: its position in node-major order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -266,8 +266,13 @@ fn profile_hashes(cluster: &Cluster) -> BTreeMap<String, String> {
     let mut hashes = BTreeMap::new();
     for node in cluster.nodes() {
         for device in &node.devices {
-            let json = serde_json::to_vec(device).expect("profiles serialize");
-            hashes.insert(format!("device:{}", device.name), sha256_hex(&json));
+            // A cluster has few kinds of device but may have thousands of devices: hash each
+            // kind once.
+            let key = format!("device:{}", device.name);
+            if !hashes.contains_key(&key) {
+                let json = serde_json::to_vec(device).expect("profiles serialize");
+                hashes.insert(key, sha256_hex(&json));
+            }
         }
         if let Some(link) = &node.intra_node_link {
             let json = serde_json::to_vec(link).expect("profiles serialize");
