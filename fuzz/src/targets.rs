@@ -183,7 +183,9 @@ impl Fixtures {
         let text = String::from_utf8_lossy(input);
         let mut catalog = self.catalog.clone();
         if text.contains("pipecut-link-v1") {
-            let added = catalog.add_link_json(&text, "<input>").map(|l| l.transfer_secs(1 << 20));
+            let added = catalog
+                .add_link_json(&text, "<input>")
+                .map(|l| l.transfer_secs(1 << 20));
             return outcome("link", &added);
         }
         let spec = match catalog.add_device_json(&text, "<input>") {

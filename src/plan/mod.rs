@@ -269,10 +269,9 @@ fn profile_hashes(cluster: &Cluster) -> BTreeMap<String, String> {
             // A cluster has few kinds of device but may have thousands of devices: hash each
             // kind once.
             let key = format!("device:{}", device.name);
-            if !hashes.contains_key(&key) {
-                let json = serde_json::to_vec(device).expect("profiles serialize");
-                hashes.insert(key, sha256_hex(&json));
-            }
+            hashes.entry(key).or_insert_with(|| {
+                sha256_hex(&serde_json::to_vec(device).expect("profiles serialize"))
+            });
         }
         if let Some(link) = &node.intra_node_link {
             let json = serde_json::to_vec(link).expect("profiles serialize");
