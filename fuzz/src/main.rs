@@ -243,7 +243,10 @@ fn run(target: &str, seconds: u64, options: Options) -> Result<(), String> {
             &dead,
             "the process died on this input (abort, allocation over the limit, stack overflow or timeout)",
         );
-        println!("{target}: the previous run died on an input, saved as {}", path.display());
+        println!(
+            "{target}: the previous run died on an input, saved as {}",
+            path.display()
+        );
     }
 
     let mlp = std::fs::read(root.join("fixtures/models/mlp.onnx")).map_err(|e| e.to_string())?;
@@ -319,7 +322,10 @@ fn run(target: &str, seconds: u64, options: Options) -> Result<(), String> {
                 let site = message.lines().next().unwrap_or_default().to_string();
                 if crash_sites.insert(site) {
                     let path = save_finding(&artifacts, "crash", input, &message);
-                    println!("{target}: CRASH {message}\n  input saved as {}", path.display());
+                    println!(
+                        "{target}: CRASH {message}\n  input saved as {}",
+                        path.display()
+                    );
                 }
                 None
             }
@@ -409,8 +415,8 @@ fn run(target: &str, seconds: u64, options: Options) -> Result<(), String> {
 
 /// Runs saved inputs once each; fails if any panics.
 fn replay(target: &str, files: &[String]) -> Result<(), String> {
-    let mlp = std::fs::read(repo_root().join("fixtures/models/mlp.onnx"))
-        .map_err(|e| e.to_string())?;
+    let mlp =
+        std::fs::read(repo_root().join("fixtures/models/mlp.onnx")).map_err(|e| e.to_string())?;
     let fixtures = targets::Fixtures::new(&mlp);
     let mut panicked = 0;
     for file in files {

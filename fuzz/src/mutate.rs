@@ -482,7 +482,10 @@ pub fn mutate_json(data: &[u8], rng: &mut Rng, dictionary: &[String]) -> Option<
                 }
             }
             Value::Object(map) if !dictionary.is_empty() => {
-                map.insert(rng.pick(dictionary).clone(), serde_json::json!(interesting(rng)));
+                map.insert(
+                    rng.pick(dictionary).clone(),
+                    serde_json::json!(interesting(rng)),
+                );
             }
             _ => {}
         },
