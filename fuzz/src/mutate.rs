@@ -295,11 +295,13 @@ pub fn harvest_strings(data: &[u8], out: &mut Vec<Vec<u8>>) {
         for f in fields {
             match &f.payload {
                 Payload::Bytes(b)
-                    if !b.is_empty() && b.len() <= 48 && b.iter().all(|c| c.is_ascii_graphic()) =>
+                    if !b.is_empty()
+                        && b.len() <= 48
+                        && b.iter().all(|c| c.is_ascii_graphic())
+                        && !out.contains(b)
+                        && out.len() < 4096 =>
                 {
-                    if !out.contains(b) && out.len() < 4096 {
-                        out.push(b.clone());
-                    }
+                    out.push(b.clone());
                 }
                 Payload::Message(sub) => walk(sub, out),
                 _ => {}
