@@ -187,9 +187,10 @@ fn completions_cover_every_subcommand() {
 #[test]
 fn exit_codes_tell_infeasible_from_bad_input() {
     // The 175B-shaped model cannot fit two L4s: understood, no answer → 1.
+    let gpt3 = common::gpt3_with_placeholder_weights();
     let (code, _, err) = pipecut(&[
         "partition",
-        "fixtures/models/gpt3_175b/model.onnx",
+        gpt3.to_str().unwrap(),
         "--dim",
         "batch=1",
         "--dim",
