@@ -22,7 +22,9 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+pub mod torch_split;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -263,6 +265,7 @@ pub struct Planner<'a> {
     graph: &'a Graph,
     cluster: &'a Cluster,
     config: PartitionConfig,
+    node_secs: HashMap<String, f64>,
 }
 
 impl<'a> Planner<'a> {
@@ -273,6 +276,7 @@ impl<'a> Planner<'a> {
             graph,
             cluster,
             config: PartitionConfig::default(),
+            node_secs: HashMap::new(),
         }
     }
 
@@ -309,6 +313,16 @@ impl<'a> Planner<'a> {
     /// Time budget of the whole solve (the MILP stops at it).
     pub fn with_time_limit(mut self, limit: Duration) -> Self {
         self.config.time_limit = limit;
+        self
+    }
+
+    /// Measured per-node times (seconds per micro-batch, by node name) used instead of the cost
+    /// model's estimates on every device; see [`PartitionProblem::override_node_secs`]. A name
+    /// that is not a node of the graph makes [`Self::solve`] fail with
+    /// [`Error::UnknownNode`]. Plans record the resulting stage times, not the overrides, so
+    /// `pipecut check` re-estimates them with the cost model.
+    pub fn with_node_secs(mut self, secs_by_name: HashMap<String, f64>) -> Self {
+        self.node_secs = secs_by_name;
         self
     }
 
@@ -369,7 +383,12 @@ impl<'a> Planner<'a> {
     }
 
     fn problem(&self, devices: &[DeviceId]) -> Result<PartitionProblem, Error> {
-        PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)
+        let mut problem =
+            PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)?;
+        if !self.node_secs.is_empty() {
+            problem.override_node_secs(&self.node_secs)?;
+        }
+        Ok(problem)
     }
 
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.
