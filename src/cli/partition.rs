@@ -318,7 +318,7 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
     let verdict = match (split.within_tolerance, split.fits) {
         (true, _) => format!("within the {:.1}% tolerance", split.tolerance * 100.0),
         (false, true) => format!(
-            "EXCEEDS the {:.1}% tolerance (the best module boundaries found)",
+            "EXCEEDS the {:.1}% tolerance: the blocks are too coarse for this plan",
             split.tolerance * 100.0
         ),
         (false, false) => "does NOT fit memory at module boundaries".to_string(),

@@ -42,8 +42,9 @@
 //!
 //! # Complexity
 //! With `B` block boundaries, `K` stages and `n` nodes: O(K · B · n) evaluations for the nearest
-//! pass, and O(R · K · B · n) for the local search that runs only when the nearest boundaries
-//! exceed the tolerance (at most [`MAX_SEARCH_ROUNDS`] rounds `R`).
+//! pass; when the nearest boundaries exceed the tolerance, O(min(C(B, K − 1), L) · n) to try every
+//! choice of boundaries up to [`EXHAUSTIVE_LIMIT`] `L`, else O(R · K · B · n) for a local search
+//! of at most [`MAX_SEARCH_ROUNDS`] rounds `R`.
 
 use serde::Serialize;
 
@@ -60,6 +61,42 @@ pub const DEFAULT_SPLIT_TOLERANCE: f64 = 0.05;
 /// nothing ends it earlier. Rounds only lower the bottleneck, and with `K ≤ 64` stages a few
 /// rounds settle in practice; the bound keeps a pathological case from running long.
 pub const MAX_SEARCH_ROUNDS: usize = 16;
+
+/// When the nearest boundaries exceed the tolerance and at most this many ways exist to choose
+/// the cuts among the block boundaries, all are tried, so the split is the best one possible
+/// (e.g. 32 blocks, 4 stages: C(31, 3) = 4,495 is past it; 24 blocks, 4 stages: 1,771). Each
+/// try is one O(n) evaluation, so the limit keeps this under a second for 10⁵-node graphs.
+pub const EXHAUSTIVE_LIMIT: u64 = 4096;
+
+/// `C(n, k)`, saturating.
+fn combinations(n: usize, k: usize) -> u64 {
+    let k = k.min(n.saturating_sub(k));
+    let mut result: u64 = 1;
+    for i in 0..k {
+        // Exact at each step: the product of i + 1 consecutive numbers is divisible by (i + 1)!.
+        result = result.saturating_mul((n - i) as u64) / (i as u64 + 1);
+        if result > EXHAUSTIVE_LIMIT * 1024 {
+            return u64::MAX;
+        }
+    }
+    result
+}
+
+/// Advances `indices` (ascending, each `< n`) to the next combination in lexicographic order;
+/// `false` after the last.
+fn next_combination(indices: &mut [usize], n: usize) -> bool {
+    let k = indices.len();
+    for i in (0..k).rev() {
+        if indices[i] < n - (k - i) {
+            indices[i] += 1;
+            for j in i + 1..k {
+                indices[j] = indices[j - 1] + 1;
+            }
+            return true;
+        }
+    }
+    false
+}
 
 /// A stage boundary placed at the beginning of a numbered block.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,7 +142,7 @@ pub struct TorchSplit {
     pub within_tolerance: bool,
     /// Whether every stage fits its device's memory.
     pub fits: bool,
-    /// Whether the nearest boundaries exceeded the tolerance and a local search picked others.
+    /// Whether the nearest boundaries exceeded the tolerance and a search picked others.
     pub searched: bool,
 }
 
@@ -131,13 +168,30 @@ struct Candidate {
     layer_index: usize,
 }
 
-/// `/transformer/h.3` → `transformer.h.3`.
+/// The qualified name (`named_modules()`) of the module at a scope: `/transformer/h.3` →
+/// `transformer.h.3`, `/layer1/layer1.0` → `layer1.0`.
+///
+/// PyTorch's ONNX exporter names each module that runs by its *unqualified* name: the last
+/// non-numeric atom of its qualified name and the numeric atoms after it
+/// (`_unqualified_variable_name` in `torch/onnx/utils.py`), so `model.layers.12` is `layers.12`
+/// and `layer1.0` stays `layer1.0`. Containers that do not run (`nn.ModuleList`) leave no
+/// segment, so `/model/layers.12` is `model` then `layers.12`. Containers that do run
+/// (`nn.Sequential`) leave their own segment, which the child's name repeats: `/layers/layers.0`
+/// is `layers` then `layers.0`, i.e. `layers.0`. So a segment whose atoms extend the tail of the
+/// path built so far adds only the new atoms; any other segment adds all of its atoms.
 fn qualified_name(scope: &str) -> String {
-    scope
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect::<Vec<_>>()
-        .join(".")
+    let mut atoms: Vec<&str> = Vec::new();
+    for segment in scope.split('/').filter(|s| !s.is_empty()) {
+        let segment_atoms: Vec<&str> = segment.split('.').collect();
+        let overlap = (0..atoms.len())
+            .map(|j| atoms.len() - j)
+            .find(|&len| {
+                len < segment_atoms.len() && atoms[atoms.len() - len..] == segment_atoms[..len]
+            })
+            .unwrap_or(0);
+        atoms.extend_from_slice(&segment_atoms[overlap..]);
+    }
+    atoms.join(".")
 }
 
 /// `/transformer/h.3` → `("/transformer/h", 3)`, when the last segment is numbered.
@@ -221,7 +275,8 @@ fn better(a: (bool, f64), b: (bool, f64)) -> bool {
 /// the later cuts still where the plan has them; the first whose whole assignment fits and
 /// keeps the bottleneck within `tolerance` of the plan's is taken, else the best one. When the
 /// result still exceeds the tolerance, a local search moves one cut at a time to the boundary
-/// that lowers the bottleneck most, until no move helps.
+/// that lowers the bottleneck most, until no move helps; or, when there are at most
+/// [`EXHAUSTIVE_LIMIT`] ways to choose the cuts, tries them all.
 ///
 /// Returns [`TorchSplitOutcome::NoModuleBoundaries`] when the node names carry no family of
 /// numbered blocks, or too few blocks for the plan's stages. Errors when `tolerance` is negative
@@ -248,7 +303,14 @@ pub fn torch_split(
                 .into(),
         });
     }
-    let family = qualified_name(&blocks[0].1);
+    // `model.layers.0` → `model.layers`: the family as `named_modules()` spells it.
+    let family = {
+        let first = qualified_name(&format!("{}.{}", blocks[0].1, blocks[0].2));
+        match first.rsplit_once('.') {
+            Some((family, _)) => family.to_string(),
+            None => first,
+        }
+    };
     // Boundaries between two consecutive blocks: the start of every block but the first.
     let candidates: Vec<Candidate> = blocks
         .iter()
@@ -330,28 +392,43 @@ pub fn torch_split(
     let mut searched = false;
     if !acceptable(&evaluation) {
         searched = true;
-        for _ in 0..MAX_SEARCH_ROUNDS {
-            let mut moved = false;
-            for i in 0..cut_count {
-                let low = if i == 0 { 0 } else { chosen[i - 1] + 1 };
-                let high = chosen.get(i + 1).map_or(candidates.len() - 1, |&c| c - 1);
-                let current = chosen[i];
-                for c in low..=high {
-                    if c == current {
-                        continue;
-                    }
-                    let mut trial = chosen.clone();
-                    trial[i] = c;
-                    let candidate = evaluate_cuts(problem, &positions(&trial));
-                    if better(rank(&candidate), rank(&evaluation)) {
-                        chosen = trial;
-                        evaluation = candidate;
-                        moved = true;
-                    }
+        if combinations(candidates.len(), cut_count) <= EXHAUSTIVE_LIMIT {
+            // Few enough choices to try them all: the best module boundaries, proven.
+            let mut trial: Vec<usize> = (0..cut_count).collect();
+            loop {
+                let candidate = evaluate_cuts(problem, &positions(&trial));
+                if better(rank(&candidate), rank(&evaluation)) {
+                    chosen = trial.clone();
+                    evaluation = candidate;
+                }
+                if !next_combination(&mut trial, candidates.len()) {
+                    break;
                 }
             }
-            if !moved {
-                break;
+        } else {
+            for _ in 0..MAX_SEARCH_ROUNDS {
+                let mut moved = false;
+                for i in 0..cut_count {
+                    let low = if i == 0 { 0 } else { chosen[i - 1] + 1 };
+                    let high = chosen.get(i + 1).map_or(candidates.len() - 1, |&c| c - 1);
+                    let current = chosen[i];
+                    for c in low..=high {
+                        if c == current {
+                            continue;
+                        }
+                        let mut trial = chosen.clone();
+                        trial[i] = c;
+                        let candidate = evaluate_cuts(problem, &positions(&trial));
+                        if better(rank(&candidate), rank(&evaluation)) {
+                            chosen = trial;
+                            evaluation = candidate;
+                            moved = true;
+                        }
+                    }
+                }
+                if !moved {
+                    break;
+                }
             }
         }
     }
@@ -451,9 +528,34 @@ mod tests {
     fn scopes_become_qualified_names() {
         assert_eq!(qualified_name("/transformer/h.3"), "transformer.h.3");
         assert_eq!(qualified_name("/model/layers.12"), "model.layers.12");
+        assert_eq!(
+            qualified_name("/bert/encoder/layer.1"),
+            "bert.encoder.layer.1"
+        );
+        // nn.Sequential runs, so it has its own scope that the child's name repeats.
+        assert_eq!(qualified_name("/layers/layers.3"), "layers.3");
+        assert_eq!(qualified_name("/layer1/layer1.0"), "layer1.0");
+        assert_eq!(qualified_name("/seq/seq.0/seq.0.1"), "seq.0.1");
         assert_eq!(numbered_scope("/model/layers.12"), Some(("/model/layers", 12)));
         assert_eq!(numbered_scope("prologue"), None);
         assert_eq!(numbered_scope("/conv1"), None);
+    }
+
+    #[test]
+    fn combinations_are_counted_and_enumerated() {
+        assert_eq!(combinations(5, 2), 10);
+        assert_eq!(combinations(31, 3), 4495);
+        assert_eq!(combinations(4, 0), 1);
+        assert_eq!(combinations(10_000, 5), u64::MAX);
+        let mut trial = vec![0, 1];
+        let mut seen = vec![trial.clone()];
+        while next_combination(&mut trial, 4) {
+            seen.push(trial.clone());
+        }
+        assert_eq!(
+            seen,
+            [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]].map(|c| c.to_vec())
+        );
     }
 
     #[test]
