@@ -7,7 +7,7 @@ use std::process::Command;
 
 use pipecut::cost::{Catalog, Cluster};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::partition::layers::find_layers;
+use pipecut::partition::layers::find_layers_of_family;
 use pipecut::partition::torch_split::{torch_split, TorchSplit, TorchSplitOutcome};
 use pipecut::partition::{Planner, Solution, SolverChoice, StageCount};
 use pipecut::Error;
@@ -160,7 +160,7 @@ fn best_at_blocks(solution: &Solution, split: &TorchSplit) -> (bool, f64) {
         .rsplit_once('.')
         .map(|(f, _)| f.to_string())
         .unwrap();
-    let starts: Vec<usize> = find_layers(problem.node_names())
+    let starts: Vec<usize> = find_layers_of_family(problem.node_names(), &family_scope)
         .iter()
         .filter(|l| {
             l.name

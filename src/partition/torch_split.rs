@@ -18,7 +18,7 @@
 //! * DeepSpeed's layer boundaries: `PipelineModule` keeps `parts`, a list of `K + 1` layer
 //!   indices where stage `s` holds layers `parts[s]..parts[s + 1]` (what a custom
 //!   `_partition_layers` sets), over the layer list `[prologue, block 0, …, block N−1,
-//!   epilogue]` that [`super::layers::find_layers`] recovers (the embeddings, the blocks, the
+//!   epilogue]` that [`super::layers::find_layers_of_family`] recovers (the embeddings, the blocks, the
 //!   final norm and head, as a DeepSpeed model lists its `LayerSpec`s).
 //!
 //! ```
@@ -48,7 +48,7 @@
 
 use serde::Serialize;
 
-use super::layers::{find_layers, Layer};
+use super::layers::{block_families, find_layers_of_family, BlockFamily, Layer};
 use super::problem::{Evaluation, PartitionProblem, StageId};
 use crate::Error;
 
@@ -207,31 +207,32 @@ fn numbered_scope(name: &str) -> Option<(&str, u64)> {
     Some((family, index.parse().ok()?))
 }
 
-/// The numbered blocks of the most common family among `layers`, as (layer index, family,
-/// block index).
-fn blocks(layers: &[Layer]) -> Vec<(usize, String, u64)> {
-    let numbered: Vec<(usize, &str, u64)> = layers
+/// The family whose blocks become the split points: among the families whose blocks hold at
+/// least half the nodes (the threshold of [`super::layers::find_layers`], so a family inside one block, such
+/// as one layer's MoE experts, never qualifies), the one with the most blocks, then the most
+/// nodes. Finer families give finer boundaries: a sentence-transformers export wraps its encoder
+/// in an `nn.Sequential` (`/model/model.0/encoder/layer.N`), and the encoder layers, not the
+/// two wrapper children, are the blocks to cut between.
+fn split_family(names: &[String]) -> Option<BlockFamily> {
+    block_families(names)
+        .into_iter()
+        .filter(|f| 2 * f.nodes >= names.len())
+        .max_by(|a, b| {
+            (a.blocks, a.nodes)
+                .cmp(&(b.blocks, b.nodes))
+                .then_with(|| b.family.cmp(&a.family))
+        })
+}
+
+/// The numbered blocks of `family` among `layers`, as (layer index, family, block index).
+fn blocks(layers: &[Layer], family: &str) -> Vec<(usize, String, u64)> {
+    layers
         .iter()
         .enumerate()
-        .filter_map(|(i, l)| numbered_scope(&l.name).map(|(f, b)| (i, f, b)))
-        .collect();
-    let mut families: Vec<(&str, usize)> = Vec::new();
-    for (_, family, _) in &numbered {
-        match families.iter_mut().find(|(f, _)| f == family) {
-            Some((_, count)) => *count += 1,
-            None => families.push((family, 1)),
-        }
-    }
-    let Some(&(family, _)) = families
-        .iter()
-        .max_by_key(|(f, count)| (*count, std::cmp::Reverse(*f)))
-    else {
-        return Vec::new();
-    };
-    numbered
-        .into_iter()
-        .filter(|(_, f, _)| *f == family)
-        .map(|(i, f, b)| (i, f.to_string(), b))
+        .filter_map(|(i, l)| {
+            let (f, b) = numbered_scope(&l.name)?;
+            (f == family).then(|| (i, f.to_string(), b))
+        })
         .collect()
 }
 
@@ -293,8 +294,15 @@ pub fn torch_split(
     }
     problem.check_assignment(stage_of)?;
     let stages = problem.stage_count();
-    let layers = find_layers(problem.node_names());
-    let blocks = blocks(&layers);
+    let names = problem.node_names();
+    let (layers, blocks) = match split_family(names) {
+        Some(family) => {
+            let layers = find_layers_of_family(names, &family.family);
+            let blocks = blocks(&layers, &family.family);
+            (layers, blocks)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
     if blocks.len() < 2 {
         return Ok(TorchSplitOutcome::NoModuleBoundaries {
             reason: "no module boundaries found: the node names carry no family of numbered \
