@@ -315,25 +315,24 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
             b.stage, b.module, b.position, b.plan_position
         );
     }
-    let verdict = match (split.within_tolerance, split.fits) {
-        (true, _) => format!("within the {:.1}% tolerance", split.tolerance * 100.0),
-        (false, true) => format!(
-            "EXCEEDS the {:.1}% tolerance: the blocks are too coarse for this plan",
-            split.tolerance * 100.0
+    let tolerance = format!("{:.1}%", split.tolerance * 100.0);
+    let verdict = match (split.within_tolerance, split.fits, split.searched) {
+        (true, _, false) => format!("within the {tolerance} tolerance"),
+        (true, _, true) => format!(
+            "within the {tolerance} tolerance (the nearest boundaries were not; these were searched)"
         ),
-        (false, false) => "does NOT fit memory at module boundaries".to_string(),
+        (false, true, _) => format!(
+            "EXCEEDS the {tolerance} tolerance: the blocks are too coarse for this plan (these \
+             are the best block boundaries found)"
+        ),
+        (false, false, _) => "does NOT fit memory at any block boundaries found".to_string(),
     };
     let _ = writeln!(
         out,
-        "bottleneck {} ms at module boundaries vs {} ms for the plan ({:+.2}%), {verdict}{}\n",
+        "bottleneck {} ms at module boundaries vs {} ms for the plan ({:+.2}%), {verdict}\n",
         ms(split.bottleneck_secs),
         ms(split.plan_bottleneck_secs),
         split.bottleneck_change * 100.0,
-        if split.searched {
-            "; the nearest boundaries were not, so others were searched"
-        } else {
-            ""
-        }
     );
     out.push_str(&split.split_spec_python());
     out.push('\n');
