@@ -28,7 +28,10 @@ fn main() -> Result<(), pipecut::Error> {
 
 /// A model as bytes → a plan as Rust types and JSON.
 fn from_bytes() -> Result<(), pipecut::Error> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2_tiny.onnx");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/models/gpt2_tiny.onnx"
+    );
     let bytes = std::fs::read(path).map_err(|source| pipecut::Error::Io {
         path: path.into(),
         source,
@@ -74,7 +77,11 @@ fn from_bytes() -> Result<(), pipecut::Error> {
     let json = plan.to_json();
     let again = Plan::from_json(&json)?;
     assert_eq!(again.stages.len(), 2);
-    println!("  plan JSON: {} bytes, schema {}", json.len(), plan.schema_version);
+    println!(
+        "  plan JSON: {} bytes, schema {}",
+        json.len(),
+        plan.schema_version
+    );
     Ok(())
 }
 
@@ -139,7 +146,11 @@ fn from_a_built_graph() -> Result<(), pipecut::Error> {
             stage.stage_secs * 1e3
         );
     }
-    match torch_split(&solution.problem, &solution.stage_of, DEFAULT_SPLIT_TOLERANCE)? {
+    match torch_split(
+        &solution.problem,
+        &solution.stage_of,
+        DEFAULT_SPLIT_TOLERANCE,
+    )? {
         TorchSplitOutcome::Split(split) => {
             print!("{}", split.split_spec_python());
             print!("{}", split.deepspeed_parts_python());

@@ -20,9 +20,7 @@ fn solve(path: &Path, dims: &[(String, u64)], stages: usize) -> Solution {
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
     }
-    ShapeInference::new(bindings)
-        .run(&mut model.graph)
-        .unwrap();
+    ShapeInference::new(bindings).run(&mut model.graph).unwrap();
     let cluster = Cluster::parse("1x4xH100-SXM", &Catalog::builtin()).unwrap();
     Planner::new(&model.graph, &cluster)
         .with_stages(StageCount::Fixed(stages))
@@ -51,7 +49,11 @@ fn check_split(solution: &Solution, split: &TorchSplit) {
         assert!(b.block_index > 0, "a boundary follows another block");
     }
     for pair in split.boundaries.windows(2) {
-        assert!(pair[0].position < pair[1].position, "{:?}", split.boundaries);
+        assert!(
+            pair[0].position < pair[1].position,
+            "{:?}",
+            split.boundaries
+        );
         assert!(pair[0].block_index < pair[1].block_index);
     }
     let parts = &split.deepspeed_parts;
@@ -145,7 +147,11 @@ fn exporter_named_fixtures_split_at_their_blocks_within_tolerance() {
         } else {
             // Over the tolerance only when no choice of block boundaries is within it, and
             // then the best choice.
-            assert_eq!((!split.fits, split.bottleneck_secs), best, "{name} ×{stages}");
+            assert_eq!(
+                (!split.fits, split.bottleneck_secs),
+                best,
+                "{name} ×{stages}"
+            );
             assert!(best.1 > split.plan_bottleneck_secs * 1.05);
         }
     }
@@ -179,7 +185,8 @@ fn best_at_blocks(solution: &Solution, split: &TorchSplit) -> (bool, f64) {
         if chosen.len() == problem.stage_count() {
             let e = problem.evaluate(&problem.contiguous_assignment(chosen));
             let rank = (!e.fits(), e.bottleneck_secs);
-            if rank.0 < best.0 || (rank.0 == best.0 && rank.1 < best.1) {
+            // Fitting first, then the smaller bottleneck.
+            if (rank.0, rank.1).partial_cmp(&(best.0, best.1)) == Some(std::cmp::Ordering::Less) {
                 *best = rank;
             }
             return;
@@ -272,9 +279,7 @@ fn measured_node_times_drive_the_plan_and_typos_are_named() {
     for (name, value) in &reference.dims {
         bindings = bindings.bind(name, *value);
     }
-    ShapeInference::new(bindings)
-        .run(&mut model.graph)
-        .unwrap();
+    ShapeInference::new(bindings).run(&mut model.graph).unwrap();
     let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
     let order = model.graph.topological_order().to_vec();
     // A framework measured every node at 1 ms but the first at 100 ms: the first stage must
@@ -341,7 +346,11 @@ fn the_cli_emits_the_split_spec_after_the_table_and_in_json() {
     let table = stdout.find("bottleneck").unwrap();
     let spec = stdout.find("split_spec = {").expect(&stdout);
     assert!(table < spec, "the split spec follows the table");
-    assert_eq!(stdout.matches(": SplitPoint.BEGINNING,").count(), 2, "{stdout}");
+    assert_eq!(
+        stdout.matches(": SplitPoint.BEGINNING,").count(),
+        2,
+        "{stdout}"
+    );
     assert!(stdout.contains("\"transformer.h."), "{stdout}");
     assert!(stdout.contains("parts = [0, "), "{stdout}");
 

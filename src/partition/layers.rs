@@ -111,9 +111,7 @@ pub fn block_families(names: &[String]) -> Vec<BlockFamily> {
         let mut path = String::new();
         for segment in parts {
             if let Some((stem, index)) = numbered(segment) {
-                let entry = families
-                    .entry(format!("{path}/{stem}"))
-                    .or_default();
+                let entry = families.entry(format!("{path}/{stem}")).or_default();
                 entry.0 += 1;
                 entry.1.push(index);
             }
@@ -259,7 +257,10 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            [("/model/model", 2, 5), ("/model/model.0/encoder/layer", 3, 3)]
+            [
+                ("/model/model", 2, 5),
+                ("/model/model.0/encoder/layer", 3, 3)
+            ]
         );
         let layers = find_layers_of_family(&list, "/model/model.0/encoder/layer");
         let got: Vec<(&str, usize, usize)> = layers

@@ -381,10 +381,7 @@ impl PartitionProblem {
     /// Errors with [`Error::UnknownNode`] when a name is not a node of the graph, and with
     /// [`Error::PartitionConfig`] for a negative or non-finite time; the problem is unchanged
     /// on error.
-    pub fn override_node_secs(
-        &mut self,
-        secs_by_name: &HashMap<String, f64>,
-    ) -> Result<(), Error> {
+    pub fn override_node_secs(&mut self, secs_by_name: &HashMap<String, f64>) -> Result<(), Error> {
         let position: HashMap<&str, usize> = self
             .node_names
             .iter()

@@ -265,8 +265,14 @@ fn rank(evaluation: &Evaluation) -> (bool, f64) {
     (!evaluation.fits(), evaluation.bottleneck_secs)
 }
 
+/// Whether rank `a` beats rank `b`: it fits where `b` does not, or both fit (or both do not)
+/// and its bottleneck is smaller.
 fn better(a: (bool, f64), b: (bool, f64)) -> bool {
-    a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
+    match (a.0, b.0) {
+        (false, true) => true,
+        (true, false) => false,
+        _ => a.1 < b.1,
+    }
 }
 
 /// Moves the stage boundaries of `stage_of` (an assignment of `problem`, e.g. a
@@ -544,7 +550,10 @@ mod tests {
         assert_eq!(qualified_name("/layers/layers.3"), "layers.3");
         assert_eq!(qualified_name("/layer1/layer1.0"), "layer1.0");
         assert_eq!(qualified_name("/seq/seq.0/seq.0.1"), "seq.0.1");
-        assert_eq!(numbered_scope("/model/layers.12"), Some(("/model/layers", 12)));
+        assert_eq!(
+            numbered_scope("/model/layers.12"),
+            Some(("/model/layers", 12))
+        );
         assert_eq!(numbered_scope("prologue"), None);
         assert_eq!(numbered_scope("/conv1"), None);
     }
@@ -620,10 +629,17 @@ mod tests {
         assert_eq!(split.family, "m.blocks");
         let boundary = &split.boundaries[0];
         assert_eq!(
-            (boundary.module.as_str(), boundary.position, boundary.plan_position),
+            (
+                boundary.module.as_str(),
+                boundary.position,
+                boundary.plan_position
+            ),
             ("m.blocks.2", 4, 3)
         );
-        assert_eq!(split.layers, ["m.blocks.0", "m.blocks.1", "m.blocks.2", "m.blocks.3"]);
+        assert_eq!(
+            split.layers,
+            ["m.blocks.0", "m.blocks.1", "m.blocks.2", "m.blocks.3"]
+        );
         assert_eq!(split.deepspeed_parts, vec![0, 2, 4]);
         assert!(split.bottleneck_change < 0.0 && split.within_tolerance && !split.searched);
 
@@ -640,8 +656,7 @@ mod tests {
     fn a_plan_at_block_boundaries_is_kept() {
         let problem = problem(2, 8);
         let stage_of = problem.contiguous_assignment(&[0, 4]);
-        let TorchSplitOutcome::Split(split) = torch_split(&problem, &stage_of, 0.0).unwrap()
-        else {
+        let TorchSplitOutcome::Split(split) = torch_split(&problem, &stage_of, 0.0).unwrap() else {
             panic!("a chain of numbered blocks has boundaries");
         };
         assert_eq!(split.boundaries[0].module, "layers.4");
