@@ -130,7 +130,7 @@ pub struct TorchSplit {
     pub deepspeed_parts: Vec<usize>,
     /// The layer list `parts` indexes: `prologue`, the blocks' qualified names, `epilogue`.
     pub layers: Vec<String>,
-    /// The plan's bottleneck, re-evaluated as contiguous stages of the topological order.
+    /// The plan's bottleneck ([`PartitionProblem::evaluate`] of its assignment).
     pub plan_bottleneck_secs: f64,
     /// The bottleneck with the stages starting at the module boundaries.
     pub bottleneck_secs: f64,
@@ -237,7 +237,9 @@ fn blocks(layers: &[Layer], family: &str) -> Vec<(usize, String, u64)> {
 }
 
 /// Where each stage after the first starts when `stage_of` is read as contiguous segments of
-/// the order: the number of nodes on earlier stages (the start itself for a contiguous plan).
+/// the order: the number of nodes on earlier stages (the start itself for a contiguous plan,
+/// such as the DP's; for the MILP's convex but non-contiguous stages, the nearest contiguous
+/// reading).
 fn plan_cuts(stage_of: &[StageId], stages: usize) -> Vec<usize> {
     let mut count = vec![0usize; stages];
     for s in stage_of {
@@ -349,8 +351,9 @@ pub fn torch_split(
     }
 
     let cuts = plan_cuts(stage_of, stages);
-    let plan_evaluation = evaluate_cuts(problem, &cuts);
-    let plan_bottleneck = plan_evaluation.bottleneck_secs;
+    // The plan as it is (the MILP's stages need not be contiguous in this order); its cuts, read
+    // as contiguous segments, are only where the search starts.
+    let plan_bottleneck = problem.evaluate(stage_of).bottleneck_secs;
     let limit = plan_bottleneck * (1.0 + tolerance);
     let acceptable = |e: &Evaluation| e.fits() && e.bottleneck_secs <= limit;
 
