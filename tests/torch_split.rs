@@ -98,15 +98,18 @@ fn split_of(solution: &Solution, tolerance: f64) -> TorchSplit {
 }
 
 #[test]
-fn exporter_named_fixtures_split_at_their_blocks_within_tolerance() {
-    // (fixture, block family as `named_modules()` spells it, stages): stages up to one per
-    // block boundary. mlp's blocks sit in an nn.Sequential, exported as `/layers/layers.N`.
-    for (name, family, stages) in [
-        ("gpt2_tiny", "transformer.h", 2),
-        ("gpt2_tiny", "transformer.h", 3),
-        ("llama_tiny", "model.layers", 2),
-        ("bert_tiny", "bert.encoder.layer", 2),
-        ("mlp", "layers", 4),
+fn exporter_named_fixtures_split_at_their_blocks_within_tolerance_or_at_the_best_blocks() {
+    // (fixture, block family as `named_modules()` spells it, stages, within 5 %): stages up to
+    // one per block boundary. mlp's blocks sit in an nn.Sequential, exported as
+    // `/layers/layers.N`. Where a fixture has only two to four blocks, one block is a large share
+    // of the model and no block boundary comes within 5 % of the plan; the split must then be the
+    // best one at block boundaries.
+    for (name, family, stages, within) in [
+        ("gpt2_tiny", "transformer.h", 2, true),
+        ("gpt2_tiny", "transformer.h", 3, false),
+        ("llama_tiny", "model.layers", 2, false),
+        ("bert_tiny", "bert.encoder.layer", 2, false),
+        ("mlp", "layers", 4, true),
     ] {
         let reference = common::fixture_reference(name);
         let solution = solve(&common::fixture(name), &reference.dims, stages);
@@ -142,6 +145,7 @@ fn exporter_named_fixtures_split_at_their_blocks_within_tolerance() {
             }
         }
         let best = best_at_blocks(&solution, &split);
+        assert_eq!(split.within_tolerance, within, "{name} ×{stages}");
         if split.within_tolerance {
             assert!(split.bottleneck_secs <= split.plan_bottleneck_secs * 1.05);
         } else {

@@ -9,6 +9,7 @@
 //!                                                             partitions, under a deadline
 //!                                                           coarsen.rs: super-nodes for the MILP
 //!                                                           baselines.rs: the peers' methods
+//! Solution ──▶ torch_split.rs: its stage boundaries at PyTorch module boundaries
 //! ```
 //!
 //! [`Planner`] is the entry point: it builds the problem, picks the number of stages when asked

@@ -484,9 +484,12 @@ pub fn torch_split(
         deepspeed_parts,
         layers: layers
             .iter()
-            .map(|l| match l.name.starts_with('/') {
-                true => qualified_name(&l.name),
-                false => l.name.clone(),
+            .map(|l| {
+                if l.name.starts_with('/') {
+                    qualified_name(&l.name)
+                } else {
+                    l.name.clone() // `prologue`, `epilogue`
+                }
             })
             .collect(),
         plan_bottleneck_secs: plan_bottleneck,
