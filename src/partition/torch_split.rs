@@ -289,15 +289,17 @@ fn better(a: (bool, f64), b: (bool, f64)) -> bool {
 ///
 /// Returns [`TorchSplitOutcome::NoModuleBoundaries`] when the node names carry no family of
 /// numbered blocks, or too few blocks for the plan's stages. Errors when `tolerance` is negative
-/// or not finite, or when `stage_of` is not an assignment of `problem`.
+/// or above 1, or when `stage_of` is not an assignment of `problem`.
 pub fn torch_split(
     problem: &PartitionProblem,
     stage_of: &[StageId],
     tolerance: f64,
 ) -> Result<TorchSplitOutcome, Error> {
-    if !tolerance.is_finite() || tolerance < 0.0 {
+    // Above 1 is almost surely a percentage typed as a number (`5` for 5 %), not a wish to
+    // accept a bottleneck twice the plan's.
+    if !(0.0..=1.0).contains(&tolerance) {
         return Err(Error::PartitionConfig(format!(
-            "the split tolerance must be a fraction ≥ 0 (0.05 for 5 %), got {tolerance}"
+            "the split tolerance must be a fraction between 0 and 1 (0.05 for 5 %), got {tolerance}"
         )));
     }
     problem.check_assignment(stage_of)?;
@@ -343,9 +345,14 @@ pub fn torch_split(
         return Ok(TorchSplitOutcome::NoModuleBoundaries {
             reason: format!(
                 "no module boundaries for {stages} stages: the {} blocks of {family} leave {} \
-                 boundaries between blocks, the plan needs {cut_count}",
+                 {} between blocks, the plan needs {cut_count}",
                 blocks.len(),
-                candidates.len()
+                candidates.len(),
+                if candidates.len() == 1 {
+                    "boundary"
+                } else {
+                    "boundaries"
+                }
             ),
         });
     }
@@ -682,8 +689,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let err = torch_split(&problem, &stage_of, -0.1).unwrap_err();
-        assert!(err.to_string().contains("tolerance"), "{err}");
+        for bad in [-0.1, 5.0, f64::INFINITY] {
+            let err = torch_split(&problem, &stage_of, bad).unwrap_err();
+            assert!(err.to_string().contains("between 0 and 1"), "{err}");
+        }
         let err = torch_split(&problem, &stage_of[..2], 0.05).unwrap_err();
         assert!(err.to_string().contains("nodes assigned"), "{err}");
     }
