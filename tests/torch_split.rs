@@ -388,6 +388,16 @@ fn the_cli_emits_the_split_spec_after_the_table_and_in_json() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("no module boundaries found"), "{stdout}");
 
+    // A tolerance without --emit would be silently ignored: refused.
+    let without_emit: Vec<&str> = base[..base.len() - 2]
+        .iter()
+        .copied()
+        .chain(["--split-tolerance", "0.1"])
+        .collect();
+    let (code, _, stderr) = pipecut(&without_emit);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--emit"), "{stderr}");
+
     let mut bad = base.to_vec();
     bad.push("--split-tolerance=-0.5");
     let (code, _, stderr) = pipecut(&bad);

@@ -171,7 +171,7 @@ pub struct PartitionArgs {
     emit: Option<EmitArg>,
     /// How much moving the stage boundaries to module boundaries may raise the bottleneck, as a
     /// fraction (0.05 = 5 %).
-    #[arg(long, default_value_t = DEFAULT_SPLIT_TOLERANCE, value_name = "FRACTION")]
+    #[arg(long, default_value_t = DEFAULT_SPLIT_TOLERANCE, value_name = "FRACTION", requires = "emit")]
     split_tolerance: f64,
 }
 
