@@ -287,6 +287,15 @@ pub enum Error {
     /// Inputs given to a run that do not match what the model or plan expects.
     #[error("bad run input: {0}")]
     RunInput(String),
+
+    /// A per-node time was given for a node name the graph does not have.
+    #[error("node time override names {count} node(s) the graph does not have, first '{name}' (names must match the graph's node names exactly)")]
+    UnknownNode {
+        /// The first unknown name, in sorted order.
+        name: String,
+        /// How many of the given names are unknown.
+        count: usize,
+    },
 }
 
 fn quote_list(items: &[String]) -> String {
