@@ -10,7 +10,7 @@ use std::time::Duration;
 use pipecut::cost::{Catalog, Cluster, ClusterLayout, CostModel, DeviceId, UnknownOpCost};
 use pipecut::graph::{Dim, Graph};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount};
+use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
 use pipecut::plan::Plan;
 
 /// The targets, by the name `fuzz/run.sh` takes.
@@ -124,6 +124,9 @@ impl Fixtures {
                 unknown_ops: UnknownOpCost::Bytes,
                 ..CostSettings::default()
             },
+            // The MILP too: a fuzzed graph should not crash or hang it either; the limit keeps
+            // an execution short.
+            solver: SolverChoice::Auto,
             time_limit: Duration::from_millis(200),
         };
         let solved = Planner::new(graph, &cluster).with_config(config).solve();
