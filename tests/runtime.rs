@@ -444,10 +444,13 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
     std::fs::write(&corrupt, bytes).unwrap();
     let corrupt = corrupt.display().to_string();
 
-    let cases: Vec<(Vec<String>, &str)> = vec![
+    // (arguments, message, exit code): a plan for another model is an invalid plan (1), the
+    // rest bad input (2).
+    let cases: Vec<(Vec<String>, &str, i32)> = vec![
         (
             vec!["fixtures/models/bert_tiny.onnx".into()],
             "different model",
+            1,
         ),
         (
             vec![
@@ -456,6 +459,7 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
                 format!("input_ids={wrong_shape}"),
             ],
             "must have shape [4, 16]",
+            2,
         ),
         (
             vec![
@@ -464,6 +468,7 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
                 format!("input_ids={wrong_type}"),
             ],
             "must be int64",
+            2,
         ),
         (
             vec![
@@ -472,6 +477,7 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
                 format!("input_ids={corrupt}"),
             ],
             "truncated",
+            2,
         ),
         (
             vec![
@@ -480,6 +486,7 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
                 format!("tokens={good}"),
             ],
             "no input 'tokens'",
+            2,
         ),
         (
             vec![
@@ -488,14 +495,15 @@ fn run_refuses_bad_plans_and_inputs_without_writing_outputs() {
                 "0".into(),
             ],
             "at least 1",
+            2,
         ),
     ];
-    for (extra, expected) in cases {
+    for (extra, expected, exit) in cases {
         let mut args = vec!["run", plan];
         args.extend(extra.iter().map(String::as_str));
         args.extend(["--output-dir", out]);
         let (code, _, err) = pipecut(&args);
-        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(code, exit, "{args:?}: {err}");
         assert!(
             err.contains(expected),
             "{args:?}: '{err}' should mention '{expected}'"
