@@ -287,6 +287,11 @@ pub enum Error {
     /// Inputs given to a run that do not match what the model or plan expects.
     #[error("bad run input: {0}")]
     RunInput(String),
+
+    /// A request through the C ABI (`pipecut::ffi`) that cannot be used: a NULL pointer, text
+    /// that is not UTF-8, or a config JSON with an unknown field or a bad value.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
 }
 
 fn quote_list(items: &[String]) -> String {
