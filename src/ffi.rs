@@ -411,12 +411,11 @@ pub unsafe extern "C" fn pipecut_string_free(text: *mut c_char) {
 /// string is static: do not free it.
 #[no_mangle]
 pub extern "C" fn pipecut_version() -> *const c_char {
-    const VERSION: &CStr = match CStr::from_bytes_with_nul(
-        concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
-    ) {
-        Ok(version) => version,
-        Err(_) => panic!("the package version contains a NUL byte"),
-    };
+    const VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(version) => version,
+            Err(_) => panic!("the package version contains a NUL byte"),
+        };
     VERSION.as_ptr()
 }
 
@@ -485,7 +484,10 @@ mod tests {
         // SAFETY: a NULL model pointer is an error the function checks for.
         let plan = unsafe { pipecut_plan_json(std::ptr::null(), 0, config.as_ptr()) };
         assert!(plan.is_null());
-        assert_eq!(last_error().as_deref(), Some("invalid request: model_bytes is NULL"));
+        assert_eq!(
+            last_error().as_deref(),
+            Some("invalid request: model_bytes is NULL")
+        );
         let other_thread = std::thread::spawn(last_error).join().unwrap();
         assert_eq!(other_thread, None);
         assert!(last_error().is_some(), "reading the error keeps it");

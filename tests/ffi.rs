@@ -9,8 +9,7 @@ use std::process::Command;
 
 use pipecut::ffi::{pipecut_last_error, pipecut_plan_json, pipecut_string_free};
 
-const GPT2_REQUEST: &str =
-    r#"{"cluster": "1x4xL4", "dims": {"batch": 2, "seq": 16}, "stages": 3, "solver": "dp", "model_file_name": "gpt2_tiny.onnx"}"#;
+const GPT2_REQUEST: &str = r#"{"cluster": "1x4xL4", "dims": {"batch": 2, "seq": 16}, "stages": 3, "solver": "dp", "model_file_name": "gpt2_tiny.onnx"}"#;
 
 /// The directory cargo built the library and the binary into (`target/debug`).
 fn build_dir() -> PathBuf {
@@ -120,7 +119,11 @@ fn a_c_program_plans_gpt2_through_the_shared_library() {
         ])
         .output()
         .unwrap();
-    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
     assert_eq!(plan, String::from_utf8(cli.stdout).unwrap());
 }
 
@@ -338,7 +341,10 @@ fn call(model: Option<&[u8]>, config: Option<&CStr>) -> Result<String, String> {
             .to_string());
     }
     // SAFETY: a string returned by pipecut_plan_json, freed once below.
-    let text = unsafe { CStr::from_ptr(plan) }.to_str().unwrap().to_string();
+    let text = unsafe { CStr::from_ptr(plan) }
+        .to_str()
+        .unwrap()
+        .to_string();
     // SAFETY: as above.
     unsafe { pipecut_string_free(plan) };
     Ok(text)
@@ -358,12 +364,7 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
     let good = request(r#"{"devices": "L4,L4", "dims": {"batch": 4}, "stages": 2}"#);
     let cases: Vec<(&str, Option<&[u8]>, CString, &str)> = vec![
         ("NULL model", None, good.clone(), "model_bytes is NULL"),
-        (
-            "empty model",
-            Some(&[]),
-            good.clone(),
-            "not an ONNX model",
-        ),
+        ("empty model", Some(&[]), good.clone(), "not an ONNX model"),
         (
             "truncated model",
             Some(&model[..model.len() / 3]),
@@ -433,9 +434,7 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
         (
             "nothing fits",
             Some(&model),
-            request(
-                r#"{"devices": "L4", "dims": {"batch": 4}, "memory_headroom": 0.9999999999}"#,
-            ),
+            request(r#"{"devices": "L4", "dims": {"batch": 4}, "memory_headroom": 0.9999999999}"#),
             "does not fit",
         ),
     ];
@@ -464,7 +463,10 @@ fn a_length_no_buffer_can_have_is_refused_before_reading() {
     assert!(plan.is_null());
     // SAFETY: a NUL-terminated string valid until the next call on this thread.
     let message = unsafe { CStr::from_ptr(pipecut_last_error()) };
-    assert!(message.to_str().unwrap().contains("model_len"), "{message:?}");
+    assert!(
+        message.to_str().unwrap().contains("model_len"),
+        "{message:?}"
+    );
 }
 
 #[test]

@@ -43,10 +43,9 @@ fn every_command_of_the_guide_runs() {
     let work = tempfile::tempdir().unwrap();
     let guide_dir = work.path().join("pipecut-guide");
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_pipecut")).parent().unwrap();
-    let path = std::env::join_paths(
-        std::iter::once(bin_dir.to_path_buf())
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
+    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
     .unwrap();
     let venv = common::root().join(".venv/bin/python");
 
@@ -85,10 +84,15 @@ fn every_command_of_the_guide_runs() {
     let manifest: serde_json::Value = serde_json::from_str(&manifest).unwrap();
     assert!(manifest.is_object());
     for stage in 0..plan.stages.len() {
-        assert!(guide_dir.join(format!("stages/stage_{stage}.onnx")).exists());
+        assert!(guide_dir
+            .join(format!("stages/stage_{stage}.onnx"))
+            .exists());
     }
     let svg = std::fs::read_to_string(guide_dir.join("timeline.svg")).unwrap();
-    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg:.80}");
+    assert!(
+        svg.starts_with("<svg") || svg.starts_with("<?xml"),
+        "{svg:.80}"
+    );
     assert!(guide_dir.join("stages.dot").exists());
     assert!(guide_dir.join("outputs/logits.npy").exists());
     pipecut::plan::Plan::from_json(
@@ -102,7 +106,13 @@ fn the_guide_writes_only_under_its_directory() {
     // Outputs outside GUIDE_DIR would dirty the checkout or escape the test's temporary directory.
     let guide = std::fs::read_to_string(common::root().join("docs/guide.md")).unwrap();
     for (line, block) in sh_blocks(&guide) {
-        for flag in ["--out ", "--out-dir ", "--output-dir ", "--timeline ", "--graph "] {
+        for flag in [
+            "--out ",
+            "--out-dir ",
+            "--output-dir ",
+            "--timeline ",
+            "--graph ",
+        ] {
             for (at, _) in block.match_indices(flag) {
                 let target = block[at + flag.len()..].trim_start();
                 assert!(
