@@ -52,6 +52,19 @@ fn c_compiler() -> Option<String> {
 fn compile_c(cc: &str, source: &Path, exe: &Path) -> Result<(), String> {
     let library = shared_library()?;
     let dir = library.parent().unwrap();
+    compile_c_with(
+        cc,
+        source,
+        exe,
+        &[
+            format!("-L{}", dir.display()),
+            format!("-Wl,-rpath,{}", dir.display()),
+            "-lpipecut".into(),
+        ],
+    )
+}
+
+fn compile_c_with(cc: &str, source: &Path, exe: &Path, link: &[String]) -> Result<(), String> {
     let out = Command::new(cc)
         .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"])
         .arg("-I")
@@ -59,9 +72,7 @@ fn compile_c(cc: &str, source: &Path, exe: &Path) -> Result<(), String> {
         .arg(source)
         .arg("-o")
         .arg(exe)
-        .arg(format!("-L{}", dir.display()))
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .arg("-lpipecut")
+        .args(link)
         .output()
         .map_err(|e| format!("cannot run {cc}: {e}"))?;
     if !out.status.success() {
@@ -125,6 +136,49 @@ fn a_c_program_plans_gpt2_through_the_shared_library() {
         String::from_utf8_lossy(&cli.stderr)
     );
     assert_eq!(plan, String::from_utf8(cli.stdout).unwrap());
+}
+
+#[test]
+fn a_c_program_links_the_static_library() {
+    let Some(cc) = c_compiler() else { return };
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipping the static-library test: its system libraries are listed for Linux");
+        return;
+    }
+    let archive = build_dir().join("libpipecut.a");
+    if !archive.exists() {
+        eprintln!(
+            "skipping the static-library test: {} was not built",
+            archive.display()
+        );
+        return;
+    }
+    // The system libraries include/pipecut.h and docs/embedding.md tell static linkers to add
+    // (from `--print native-static-libs`); the link fails if the list is short.
+    let header = std::fs::read_to_string(common::root().join("include/pipecut.h")).unwrap();
+    let native = header
+        .lines()
+        .find_map(|l| {
+            l.split_once("on Linux: ")
+                .map(|(_, libs)| libs.trim_end_matches(")."))
+        })
+        .expect("the header lists the native libraries for Linux");
+    let mut link = vec![archive.display().to_string()];
+    link.extend(native.split_whitespace().map(str::to_string));
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("plan-static");
+    compile_c_with(&cc, &common::root().join("tests/c/plan.c"), &exe, &link).unwrap();
+    let out = Command::new(&exe)
+        .arg(common::fixture("mlp"))
+        .arg(r#"{"devices": "L4,L4", "dims": {"batch": 4}, "stages": 2}"#)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stage_count(&String::from_utf8(out.stdout).unwrap()), 2);
 }
 
 /// The lines of the fenced blocks of `lang` in a Markdown file.
