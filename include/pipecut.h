@@ -35,7 +35,8 @@ extern "C" {
  * "external_data_dir", "record_solve_time". Unknown fields are errors.
  *
  * Returns NULL on any error (NULL pointer, invalid UTF-8, bad request, bad model, no plan that
- * fits); pipecut_last_error() then returns the message. Blocks for up to time_limit_secs.
+ * fits); pipecut_last_error() then returns the message. The solve stops at about
+ * time_limit_secs (default 10 s); the call blocks until then.
  */
 char *pipecut_plan_json(const uint8_t *model_bytes, size_t model_len, const char *config_json);
 
