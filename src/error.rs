@@ -288,6 +288,15 @@ pub enum Error {
     #[error("bad run input: {0}")]
     RunInput(String),
 
+    /// A per-node time was given for a node name the graph does not have.
+    #[error("node time override names {count} node(s) the graph does not have, first '{name}' (names must match the graph's node names exactly)")]
+    UnknownNode {
+        /// The first unknown name, in sorted order.
+        name: String,
+        /// How many of the given names are unknown.
+        count: usize,
+    },
+
     /// A request through the C ABI (`pipecut::ffi`) that cannot be used: a NULL pointer, text
     /// that is not UTF-8, or a config JSON with an unknown field or a bad value.
     #[error("invalid request: {0}")]

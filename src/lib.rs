@@ -39,6 +39,46 @@
 //! # Ok::<(), pipecut::Error>(())
 //! ```
 
+//! ## Embedding
+//!
+//! pipecut is a library first; the CLI only parses arguments and prints. A framework can hand
+//! it a model as bytes ([`onnx::load_model_from_bytes`]) or build the graph in code
+//! ([`graph::Graph::builder`]), give it the node times it profiled instead of the roofline
+//! ([`partition::Planner::with_node_secs`]), and take the plan back as Rust types
+//! ([`partition::Solution`], [`plan::Plan`]) or JSON ([`plan::Plan::to_json`]), or as PyTorch
+//! and DeepSpeed split points ([`partition::torch_split`]). `examples/embed.rs` runs all of it
+//! (`cargo run --example embed`).
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use pipecut::cost::{Catalog, Cluster};
+//! use pipecut::onnx::shape::{DimBindings, ShapeInference};
+//! use pipecut::partition::{Planner, StageCount};
+//! use pipecut::plan::{Plan, PlanContext, PlanOptions};
+//!
+//! let bytes = std::fs::read("fixtures/models/gpt2_tiny.onnx").expect("the fixture");
+//! let mut model = pipecut::onnx::load_model_from_bytes(&bytes, None)?;
+//! let dims = BTreeMap::from([("batch".to_string(), 8), ("seq".to_string(), 64)]);
+//! ShapeInference::new(DimBindings::new().bind("batch", 8).bind("seq", 64)).run(&mut model.graph)?;
+//! let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin())?;
+//! let stages = StageCount::Fixed(2);
+//! let solution = Planner::new(&model.graph, &cluster).with_stages(stages).solve()?;
+//! let context = PlanContext {
+//!     model_sha256: &model.sha256,
+//!     model_file_name: "gpt2_tiny.onnx",
+//!     graph: &model.graph,
+//!     dims: &dims,
+//!     cluster: &cluster,
+//!     stages,
+//!     time_limit_secs: 10.0,
+//! };
+//! let plan = Plan::from_solution(&solution, context, PlanOptions::default());
+//! assert_eq!(plan.stages.len(), 2);
+//! let json = plan.to_json();
+//! assert_eq!(Plan::from_json(&json)?.stages.len(), 2);
+//! # Ok::<(), pipecut::Error>(())
+//! ```
+
 #![warn(missing_docs)]
 
 pub mod cost;

@@ -164,3 +164,55 @@ fn calibrate_writes_a_profile_that_cost_accepts() {
     assert_eq!(code, 2);
     assert!(err.contains("only CPU"), "{err}");
 }
+
+#[test]
+fn completions_cover_every_subcommand() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = pipecut(&["completions", shell]);
+        assert_eq!(code, 0, "{err}");
+        for sub in [
+            "inspect",
+            "partition",
+            "plan-cluster",
+            "export",
+            "run",
+            "show",
+            "check",
+        ] {
+            assert!(out.contains(sub), "{shell} completions lack {sub}");
+        }
+    }
+}
+
+#[test]
+fn exit_codes_tell_infeasible_from_bad_input() {
+    // The 175B-shaped model cannot fit two L4s: understood, no answer → 1.
+    let gpt3 = common::gpt3_with_placeholder_weights();
+    let (code, _, err) = pipecut(&[
+        "partition",
+        gpt3.to_str().unwrap(),
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=2048",
+        "--devices",
+        "L4,L4",
+        "--stages",
+        "2",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not fit"), "{err}");
+    // A file that is not there → 2.
+    let (code, _, err) = pipecut(&["inspect", "fixtures/models/absent.onnx"]);
+    assert_eq!(code, 2, "{err}");
+    // An unknown device → 2.
+    let (code, _, err) = pipecut(&[
+        "partition",
+        "fixtures/models/mlp.onnx",
+        "--dim",
+        "batch=2",
+        "--devices",
+        "NoSuchGPU",
+    ]);
+    assert_eq!(code, 2, "{err}");
+}

@@ -8,40 +8,6 @@ use std::path::Path;
 use pipecut::graph::Storage;
 use pipecut::Error;
 
-/// Each malformed file and a fragment of the error it must produce (at load or at inference).
-pub const MALFORMED: &[(&str, &str)] = &[
-    ("truncated.onnx", "not an ONNX model"),
-    ("random_bytes.onnx", "not an ONNX model"),
-    ("json_as_model.onnx", "not an ONNX model"),
-    ("empty_file.onnx", "the file is empty"),
-    ("cycle.onnx", "cycle through nodes '/A/Add' -> '/B/Add'"),
-    (
-        "missing_producer.onnx",
-        "tensor 'ghost' is read by node '/add/Add'",
-    ),
-    ("duplicate_producer.onnx", "tensor 'y' is produced twice"),
-    ("empty_graph.onnx", "has no nodes"),
-    ("negative_dim.onnx", "dimension 0 is -3"),
-    ("overflow_dim.onnx", "more elements than fit in 64 bits"),
-    ("reshape_two_minus_one.onnx", "more than one -1"),
-    (
-        "unknown_op.onnx",
-        "no shape rule for op 'FrobnicateTensor' (domain 'ai.onnx', opset 17)",
-    ),
-    ("unknown_domain.onnx", "domain 'com.example.nothing'"),
-    (
-        "opset_too_new.onnx",
-        "opset 99 of domain 'ai.onnx' is not supported",
-    ),
-    ("external_traversal.onnx", "leaves the model's directory"),
-    ("external_missing.onnx", "missing.bin"),
-    ("external_short.onnx", "has 16 bytes"),
-    (
-        "concat_rank_mismatch.onnx",
-        "input 1 has rank 3 but input 0 has rank 2",
-    ),
-];
-
 /// Loads and infers with no bindings, returning the first error.
 fn load_and_infer(path: &Path) -> Result<(), Error> {
     let mut model = pipecut::onnx::load_model(path)?;
@@ -51,19 +17,19 @@ fn load_and_infer(path: &Path) -> Result<(), Error> {
 
 #[test]
 fn every_malformed_file_gives_its_error() {
+    // The expected errors live in tests/malformed/cases.json, shared with the CLI test in
+    // tests/robustness.rs, which also checks that every file there has a case.
     let dir = common::root().join("tests/malformed");
-    let listed: Vec<&str> = MALFORMED.iter().map(|(f, _)| *f).collect();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(
-            !name.ends_with(".onnx") || listed.contains(&name.as_str()),
-            "{name} has no expected error"
-        );
-    }
-    for (file, expected) in MALFORMED {
+    let models: Vec<(String, String)> = common::malformed_cases()
+        .into_iter()
+        .filter_map(|case| Some((case.file?, case.error)))
+        .filter(|(file, _)| file.ends_with(".onnx"))
+        .collect();
+    assert!(models.len() >= 40, "{} ONNX cases", models.len());
+    for (file, expected) in &models {
         let err = load_and_infer(&dir.join(file)).expect_err(file).to_string();
         assert!(
-            err.contains(expected),
+            err.contains(expected.as_str()),
             "{file}: expected '{expected}' in: {err}"
         );
         assert!(

@@ -148,7 +148,7 @@ fn check_names_what_an_edited_plan_breaks() {
         let path = dir.path().join(file);
         std::fs::write(&path, plan.to_json()).unwrap();
         let (code, _, stderr) = pipecut(&["check", path.to_str().unwrap(), model]);
-        assert_ne!(code, 0, "{file} was accepted");
+        assert_eq!(code, 1, "{file}: an invalid plan exits with 1: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
         stderr
     };

@@ -67,6 +67,15 @@ enum Command {
         after_help = "Examples:\n  pipecut show plan.json\n  pipecut show plan.json --timeline timeline.svg\n  pipecut show plan.json fixtures/models/gpt2_tiny.onnx --graph stages.dot\n  pipecut show plan.json model.onnx --graph stages.svg   (needs Graphviz `dot`)"
     )]
     Show(show::ShowArgs),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  pipecut completions bash > ~/.local/share/bash-completion/completions/pipecut\n  pipecut completions zsh > ~/.zfunc/_pipecut\n  pipecut completions fish > ~/.config/fish/completions/pipecut.fish"
+    )]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Print the JSON Schema of the plan document (the copy in docs/plan.schema.json).
     #[command(after_help = "Examples:\n  pipecut schema > plan.schema.json")]
     Schema,
@@ -117,6 +126,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args),
         Command::PlanCluster(args) => plan_cluster::run(args),
         Command::Show(args) => show::run(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "pipecut", &mut script);
+            print_stdout(&String::from_utf8_lossy(&script))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Schema => {
             print_stdout(&pipecut::plan::Plan::json_schema())?;
             Ok(ExitCode::SUCCESS)

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, Cluster, Schedule};
 use pipecut::onnx::inspect::human_bytes;
+use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
@@ -163,6 +164,22 @@ pub struct PartitionArgs {
     /// Record the solver's wall-clock time in the plan (the plan then differs between runs).
     #[arg(long)]
     record_solve_time: bool,
+    /// Also print the plan in another tool's terms. torch-split-spec: the `split_spec` of
+    /// torch.distributed.pipelining and DeepSpeed's layer `parts`, with the stage boundaries
+    /// moved to module boundaries (with --json: `{"plan": …, "torch_split": …}`).
+    #[arg(long, value_enum)]
+    emit: Option<EmitArg>,
+    /// How much moving the stage boundaries to module boundaries may raise the bottleneck, as a
+    /// fraction (0.05 = 5 %).
+    #[arg(long, default_value_t = DEFAULT_SPLIT_TOLERANCE, value_name = "FRACTION", requires = "emit")]
+    split_tolerance: f64,
+}
+
+/// What `--emit` adds to the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmitArg {
+    /// torch.distributed.pipelining `split_spec` and DeepSpeed `parts`.
+    TorchSplitSpec,
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
@@ -223,12 +240,30 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         write_atomically(out, json.as_bytes())?;
     }
+    let split = match args.emit {
+        Some(EmitArg::TorchSplitSpec) => Some(torch_split(
+            &solution.problem,
+            &solution.stage_of,
+            args.split_tolerance,
+        )?),
+        None => None,
+    };
     if args.json {
-        print_stdout(&json)?;
+        match &split {
+            Some(split) => {
+                let plan_value: serde_json::Value = serde_json::from_str(&json)?;
+                let both = serde_json::json!({ "plan": plan_value, "torch_split": split });
+                print_stdout(&format!("{}\n", serde_json::to_string_pretty(&both)?))?;
+            }
+            None => print_stdout(&json)?,
+        }
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;
         if let Some(report) = &solution.milp {
             print_stdout(&milp_line(report))?;
+        }
+        if let Some(split) = &split {
+            print_stdout(&torch_split_text(split))?;
         }
         if let Some(out) = &args.out {
             print_stdout(&format!("wrote {}\n", out.display()))?;
@@ -256,6 +291,53 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
         "kept the DP's plan"
     };
     format!("MILP on {graph}: {outcome}; {improved}\n")
+}
+
+/// The split points for PyTorch and DeepSpeed, or why there are none.
+fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
+    use std::fmt::Write;
+    let split = match outcome {
+        TorchSplitOutcome::Split(split) => split,
+        TorchSplitOutcome::NoModuleBoundaries { reason } => {
+            return format!("\nPyTorch split points: {reason}\n");
+        }
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nPyTorch split points ({} blocks of {}):",
+        split.block_count, split.family
+    );
+    for b in &split.boundaries {
+        let _ = writeln!(
+            out,
+            "  stage {} begins at {} (position {}; the plan cut at {})",
+            b.stage, b.module, b.position, b.plan_position
+        );
+    }
+    let tolerance = format!("{:.1}%", split.tolerance * 100.0);
+    let verdict = match (split.within_tolerance, split.fits, split.searched) {
+        (true, _, false) => format!("within the {tolerance} tolerance"),
+        (true, _, true) => format!(
+            "within the {tolerance} tolerance (the nearest boundaries were not; these were searched)"
+        ),
+        (false, true, _) => format!(
+            "EXCEEDS the {tolerance} tolerance: the blocks are too coarse for this plan (these \
+             are the best block boundaries found)"
+        ),
+        (false, false, _) => "does NOT fit memory at any block boundaries found".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "bottleneck {} ms at module boundaries vs {} ms for the plan ({:+.2}%), {verdict}\n",
+        ms(split.bottleneck_secs),
+        ms(split.plan_bottleneck_secs),
+        split.bottleneck_change * 100.0,
+    );
+    out.push_str(&split.split_spec_python());
+    out.push('\n');
+    out.push_str(&split.deepspeed_parts_python());
+    out
 }
 
 fn ms(secs: f64) -> String {

@@ -17,6 +17,13 @@ use serde::{Deserialize, Serialize};
 use super::hardware::{Catalog, HardwareSpec, LinkSpec};
 use crate::Error;
 
+/// The most devices a cluster may have. A pipeline puts one stage on each device and no model
+/// has more than a few thousand operators worth a stage of their own, so 16,384 is far above
+/// any useful pipeline; the cap bounds what a description can make pipecut build (one full
+/// profile, about 2 KB, per device: 32 MB at the cap), so that a typo such as
+/// `1000x1000xH100-SXM` is refused at once instead of filling memory.
+pub const MAX_DEVICES: usize = 16_384;
+
 /// Identifies a device of a cluster: its position in node-major order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct DeviceId(pub u32);
@@ -82,7 +89,7 @@ impl Cluster {
         let count = |s: &str, what: &str| -> Result<usize, Error> {
             match s.parse::<usize>() {
                 Ok(0) => Err(bad(format!("{what} must be at least 1"))),
-                Ok(n) if n > 1_000_000 => Err(bad(format!("{n} {what} is more than pipecut plans for (1,000,000)"))),
+                Ok(n) if n > MAX_DEVICES => Err(bad(format!("{n} {what} is more than pipecut plans for ({MAX_DEVICES})"))),
                 Ok(n) => Ok(n),
                 Err(_) => Err(bad(format!("'{s}' is not a number of {what}; expected NODESxGPUSxDEVICE such as 2x8xH100-SXM"))),
             }
@@ -105,6 +112,13 @@ impl Cluster {
             }
             _ => (1, 1, spec.trim().to_string()),
         };
+        // Each device is a full profile in memory: refuse the product before building it, so
+        // that `1000000x1000000xH100` is an error and not an attempt at 10^12 profiles.
+        if nodes.saturating_mul(per_node) > MAX_DEVICES {
+            return Err(bad(format!(
+                "{nodes} nodes of {per_node} devices is more than pipecut plans for ({MAX_DEVICES} devices)"
+            )));
+        }
         let device = catalog.device(&device)?.clone();
         let nodes = (0..nodes).map(|_| vec![device.clone(); per_node]).collect();
         Cluster::assemble(nodes, None, None, catalog, spec.to_string())
@@ -112,16 +126,32 @@ impl Cluster {
 
     /// A single node holding the listed devices, in pipeline order.
     pub fn from_device_list(list: &str, catalog: &Catalog) -> Result<Cluster, Error> {
-        let devices = list
-            .split(',')
-            .map(|name| catalog.device(name.trim()).cloned())
-            .collect::<Result<Vec<_>, _>>()?;
-        if devices.is_empty() {
-            return Err(Error::Cluster {
-                spec: list.into(),
-                detail: "no devices".into(),
-            });
+        let bad = |detail: String| Error::Cluster {
+            spec: list.into(),
+            detail,
+        };
+        if list.trim().is_empty() {
+            return Err(bad(
+                "no devices: list at least one, e.g. --devices H100-SXM,H100-SXM".into(),
+            ));
         }
+        let names: Vec<&str> = list.split(',').map(str::trim).collect();
+        if names.len() > MAX_DEVICES {
+            return Err(bad(format!(
+                "{} devices is more than pipecut plans for ({MAX_DEVICES})",
+                names.len()
+            )));
+        }
+        if let Some(position) = names.iter().position(|n| n.is_empty()) {
+            return Err(bad(format!(
+                "device {} of the list has no name",
+                position + 1
+            )));
+        }
+        let devices = names
+            .iter()
+            .map(|name| catalog.device(name).cloned())
+            .collect::<Result<Vec<_>, _>>()?;
         Cluster::assemble(vec![devices], None, None, catalog, list.to_string())
     }
 
@@ -203,10 +233,23 @@ impl Cluster {
         catalog: &Catalog,
         description: String,
     ) -> Result<Cluster, Error> {
-        if nodes.is_empty() || nodes.iter().any(Vec::is_empty) {
+        if nodes.is_empty() {
+            return Err(Error::Cluster {
+                spec: description,
+                detail: "it has no nodes, so no devices to place stages on".into(),
+            });
+        }
+        if nodes.iter().any(Vec::is_empty) {
             return Err(Error::Cluster {
                 spec: description,
                 detail: "a cluster needs at least one device in every node".into(),
+            });
+        }
+        let total: usize = nodes.iter().map(Vec::len).sum();
+        if total > MAX_DEVICES {
+            return Err(Error::Cluster {
+                spec: description,
+                detail: format!("{total} devices is more than pipecut plans for ({MAX_DEVICES})"),
             });
         }
         let mut built = Vec::new();

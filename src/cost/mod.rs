@@ -15,7 +15,7 @@ pub mod memory;
 pub mod model;
 pub(crate) mod ops;
 
-pub use cluster::{Cluster, ClusterLayout, DeviceId, NodeLayout};
+pub use cluster::{Cluster, ClusterLayout, DeviceId, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
 pub use memory::{Schedule, StageMemory};
 pub use model::{CostModel, Mode, NodeCost, UnknownOpCost};

@@ -211,7 +211,30 @@ pub struct Graph {
 }
 
 impl Graph {
-    /// Starts building a graph programmatically (the ONNX loader uses the same builder).
+    /// Starts building a graph programmatically (the ONNX loader uses the same builder): for a
+    /// framework that has its own graph and wants a plan without writing ONNX. Tensors are
+    /// named as in ONNX; weights need only their size ([`Storage::Declared`]); node names
+    /// scoped as PyTorch's exporter scopes them (`/net/blocks.0/fc/MatMul`) let the plan be
+    /// expressed as PyTorch split points ([`crate::partition::torch_split`]).
+    ///
+    /// ```
+    /// use pipecut::graph::{DType, Dim, Graph, NodeSpec, Param, Storage};
+    /// use pipecut::onnx::shape::{DimBindings, ShapeInference};
+    ///
+    /// let mut b = Graph::builder("net");
+    /// b.opset("", 17);
+    /// b.input("x", Some(DType::F16), Some(vec![Dim::Known(32), Dim::Known(64)]))?;
+    /// let param = Param { bytes: 64 * 64 * 2, storage: Storage::Declared };
+    /// b.parameter("net.fc.weight", DType::F16, &[64, 64], param, None)?;
+    /// b.node(NodeSpec::new("/net/fc/MatMul", "MatMul", &["x", "net.fc.weight"], &["h"]))?;
+    /// b.node(NodeSpec::new("/net/act/Relu", "Relu", &["h"], &["y"]))?;
+    /// b.output("y");
+    /// let mut graph = b.build()?;
+    /// ShapeInference::new(DimBindings::new()).run(&mut graph)?;
+    /// assert_eq!(graph.node_count(), 2);
+    /// assert_eq!(graph.concrete_shape(graph.outputs()[0])?, vec![32, 64]);
+    /// # Ok::<(), pipecut::Error>(())
+    /// ```
     pub fn builder(name: impl Into<String>) -> GraphBuilder {
         GraphBuilder::new(name)
     }

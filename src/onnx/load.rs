@@ -24,11 +24,26 @@ pub(super) fn decode_model(
     if bytes.is_empty() {
         return Err(not_onnx("the file is empty".into()));
     }
-    let proto = ModelProto::parse_from_bytes(bytes)
-        .map_err(|e| not_onnx(format!("protobuf decoding failed: {e}")))?;
+    // A file of another format fails to decode, or decodes as a message of unknown fields; in
+    // both cases its first bytes say better than the decoder what the user passed.
+    let sniffed = || sniff_other_format(bytes).map(|f| not_onnx(format!("the file is {f}")));
+    let proto = match ModelProto::parse_from_bytes(bytes) {
+        Ok(proto) => proto,
+        Err(e) => {
+            return Err(sniffed().unwrap_or_else(|| {
+                not_onnx(format!(
+                    "protobuf decoding failed: {}",
+                    explain_protobuf(&e)
+                ))
+            }))
+        }
+    };
     // Protobuf accepts many byte strings as a message with unknown fields; a real model always
     // states its IR version and carries a graph.
     if proto.ir_version <= 0 || proto.graph.is_none() {
+        if let Some(error) = sniffed() {
+            return Err(error);
+        }
         return Err(not_onnx(format!(
             "no {} found",
             if proto.ir_version <= 0 {
@@ -51,6 +66,47 @@ pub(super) fn decode_model(
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
     })
+}
+
+/// Names the format of files that are often passed by mistake, from their first bytes. Asked
+/// only once decoding has failed, so a model whose bytes happen to start so is still read.
+fn sniff_other_format(bytes: &[u8]) -> Option<&'static str> {
+    const MAGICS: &[(&[u8], &str)] = &[
+        (b"\x1f\x8b", "a gzip archive (decompress it first)"),
+        (
+            b"PK\x03\x04",
+            "a zip archive (a PyTorch checkpoint or a zipped model?)",
+        ),
+        (b"\x89HDF", "an HDF5 file (a Keras model?)"),
+        (b"\x80\x02", "a Python pickle"),
+        (b"GGUF", "a GGUF file"),
+        (b"\x7fELF", "an executable"),
+    ];
+    if let Some((_, name)) = MAGICS.iter().find(|(magic, _)| bytes.starts_with(magic)) {
+        return Some(name);
+    }
+    // onnxruntime's ORT format is a FlatBuffer with file identifier "ORTM" at offset 4.
+    if bytes.get(4..8) == Some(b"ORTM") {
+        return Some("an onnxruntime .ort file (convert the .onnx it came from instead)");
+    }
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | Some(b'[') => Some("JSON text, not binary protobuf"),
+        _ => None,
+    }
+}
+
+/// rust-protobuf's messages for the failures a corrupt file causes, in words a user can act on.
+fn explain_protobuf(error: &protobuf::Error) -> String {
+    let text = error.to_string();
+    if text.contains("New limit must not be greater than current limit") {
+        "a field's declared length runs past the end of the message that holds it (truncated or corrupt file)".into()
+    } else if text.contains("Unexpected EOF") {
+        "the file ends in the middle of a field (truncated?)".into()
+    } else if text.contains("recursion limit") {
+        "messages are nested more than 100 levels deep".into()
+    } else {
+        text
+    }
 }
 
 fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {

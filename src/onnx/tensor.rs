@@ -148,15 +148,19 @@ pub(crate) fn decode_tensor(
             })
         })
         .collect::<Result<Vec<u64>, Error>>()?;
-    let overflow = || Error::InvalidDim {
-        tensor: name.clone(),
-        detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),
-    };
     let elements = dims
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(overflow)?;
-    let bytes = dtype.bytes_for(elements).ok_or_else(overflow)?;
+        .ok_or_else(|| Error::InvalidDim {
+            tensor: name.clone(),
+            detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),
+        })?;
+    let bytes = dtype.bytes_for(elements).ok_or_else(|| Error::InvalidDim {
+        tensor: name.clone(),
+        detail: format!(
+            "dims {dims:?} ({elements} elements of {dtype}) need more bytes than fit in 64 bits"
+        ),
+    })?;
 
     if proto.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
         let mut location = None;
@@ -254,6 +258,13 @@ fn check_inline_size(
         DType::I4 | DType::U4 | DType::F4E2M1 => elements.div_ceil(2),
         _ => elements,
     };
+    if typed == 0 && elements > 0 {
+        // No data at all: the declared size is all there is, and it is never allocated.
+        return bad(format!(
+            "no data (neither raw_data nor typed values) for its {}",
+            crate::onnx::inspect::human_bytes(bytes)
+        ));
+    }
     if typed as u64 != expected && !(typed == 0 && elements == 0) {
         return bad(format!("{typed} typed values"));
     }

@@ -89,6 +89,76 @@ pub fn find_layers(names: &[String]) -> Vec<Layer> {
     runs(&labels)
 }
 
+/// A family of numbered scopes (`/model/layers` for `/model/layers.0`, `/model/layers.1`, …) at
+/// any depth of the node names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockFamily {
+    /// The family path, e.g. `/model/layers`.
+    pub family: String,
+    /// Distinct block indices.
+    pub blocks: usize,
+    /// Nodes inside one of its blocks.
+    pub nodes: usize,
+}
+
+/// Every family of numbered scopes with at least two blocks, at every depth (an outer
+/// `nn.Sequential` `/model/model.0` and the encoder layers inside it,
+/// `/model/model.0/encoder/layer.N`, are both families), sorted by family path.
+pub fn block_families(names: &[String]) -> Vec<BlockFamily> {
+    let mut families: BTreeMap<String, (usize, Vec<u64>)> = BTreeMap::new();
+    for name in names {
+        let parts = scopes(name);
+        let mut path = String::new();
+        for segment in parts {
+            if let Some((stem, index)) = numbered(segment) {
+                let entry = families.entry(format!("{path}/{stem}")).or_default();
+                entry.0 += 1;
+                entry.1.push(index);
+            }
+            path.push('/');
+            path.push_str(segment);
+        }
+    }
+    families
+        .into_iter()
+        .filter_map(|(family, (nodes, mut indices))| {
+            indices.sort_unstable();
+            indices.dedup();
+            (indices.len() >= 2).then_some(BlockFamily {
+                family,
+                blocks: indices.len(),
+                nodes,
+            })
+        })
+        .collect()
+}
+
+/// Layers as [`find_layers`] makes them in block mode, with the blocks of `family` (from
+/// [`block_families`]) whatever its depth: `prologue`, `{family}.{i}` per block, `epilogue`.
+pub fn find_layers_of_family(names: &[String], family: &str) -> Vec<Layer> {
+    let blocks: Vec<Option<(String, u64)>> = names
+        .iter()
+        .map(|name| {
+            let parts = scopes(name);
+            let mut path = String::new();
+            for segment in parts {
+                if let Some((stem, index)) = numbered(segment) {
+                    if path.len() + 1 + stem.len() == family.len()
+                        && family.starts_with(&path)
+                        && family[path.len()..].strip_prefix('/') == Some(stem)
+                    {
+                        return Some((family.to_string(), index));
+                    }
+                }
+                path.push('/');
+                path.push_str(segment);
+            }
+            None
+        })
+        .collect();
+    runs(&block_labels(names, &blocks, family))
+}
+
 fn block_labels(names: &[String], blocks: &[Option<(String, u64)>], family: &str) -> Vec<String> {
     let in_family = |p: usize| {
         blocks[p]
@@ -167,6 +237,44 @@ mod tests {
                 ("/model/layers.0", 1, 4),
                 ("/model/layers.1", 4, 6),
                 ("epilogue", 6, 8)
+            ]
+        );
+    }
+
+    #[test]
+    fn nested_families_are_all_found() {
+        let list = names(&[
+            "/model/model.0/embeddings/Gather",
+            "/model/model.0/encoder/layer.0/MatMul",
+            "/model/model.0/encoder/layer.1/MatMul",
+            "/model/model.0/encoder/layer.2/MatMul",
+            "/model/model.1/ReduceSum",
+        ]);
+        let families = block_families(&list);
+        let got: Vec<(&str, usize, usize)> = families
+            .iter()
+            .map(|f| (f.family.as_str(), f.blocks, f.nodes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/model/model", 2, 5),
+                ("/model/model.0/encoder/layer", 3, 3)
+            ]
+        );
+        let layers = find_layers_of_family(&list, "/model/model.0/encoder/layer");
+        let got: Vec<(&str, usize, usize)> = layers
+            .iter()
+            .map(|l| (l.name.as_str(), l.start, l.end))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("prologue", 0, 1),
+                ("/model/model.0/encoder/layer.0", 1, 2),
+                ("/model/model.0/encoder/layer.1", 2, 3),
+                ("/model/model.0/encoder/layer.2", 3, 4),
+                ("epilogue", 4, 5)
             ]
         );
     }

@@ -9,6 +9,7 @@
 //!                                                             partitions, under a deadline
 //!                                                           coarsen.rs: super-nodes for the MILP
 //!                                                           baselines.rs: the peers' methods
+//! Solution ──▶ torch_split.rs: its stage boundaries at PyTorch module boundaries
 //! ```
 //!
 //! [`Planner`] is the entry point: it builds the problem, picks the number of stages when asked
@@ -22,7 +23,9 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+pub mod torch_split;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -263,6 +266,7 @@ pub struct Planner<'a> {
     graph: &'a Graph,
     cluster: &'a Cluster,
     config: PartitionConfig,
+    node_secs: HashMap<String, f64>,
 }
 
 impl<'a> Planner<'a> {
@@ -273,6 +277,7 @@ impl<'a> Planner<'a> {
             graph,
             cluster,
             config: PartitionConfig::default(),
+            node_secs: HashMap::new(),
         }
     }
 
@@ -309,6 +314,45 @@ impl<'a> Planner<'a> {
     /// Time budget of the whole solve (the MILP stops at it).
     pub fn with_time_limit(mut self, limit: Duration) -> Self {
         self.config.time_limit = limit;
+        self
+    }
+
+    /// Measured per-node times (seconds per micro-batch, by node name) used instead of the cost
+    /// model's estimates on every device; see [`PartitionProblem::override_node_secs`]. A name
+    /// that is not a node of the graph makes [`Self::solve`] fail with
+    /// [`Error::UnknownNode`]. Plans record the resulting stage times, not the overrides, so
+    /// `pipecut check` re-estimates them with the cost model.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use pipecut::cost::{Catalog, Cluster};
+    /// use pipecut::onnx::shape::{DimBindings, ShapeInference};
+    /// use pipecut::partition::{Planner, StageCount};
+    ///
+    /// let mut model = pipecut::onnx::load_model("fixtures/models/mlp.onnx")?;
+    /// ShapeInference::new(DimBindings::new().bind("batch", 16)).run(&mut model.graph)?;
+    /// // The framework measured every node at 1 ms.
+    /// let measured: HashMap<String, f64> = model
+    ///     .graph
+    ///     .topological_order()
+    ///     .iter()
+    ///     .map(|&id| (model.graph.node(id).name.clone(), 1e-3))
+    ///     .collect();
+    /// let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin())?;
+    /// let solution = Planner::new(&model.graph, &cluster)
+    ///     .with_stages(StageCount::Fixed(2))
+    ///     .with_node_secs(measured)
+    ///     .solve()?;
+    /// let compute: f64 = solution.evaluation.stages.iter().map(|s| s.compute_secs).sum();
+    /// assert!((compute - model.graph.node_count() as f64 * 1e-3).abs() < 1e-9);
+    ///
+    /// let typo = HashMap::from([("/no/such/node".to_string(), 1e-3)]);
+    /// let err = Planner::new(&model.graph, &cluster).with_node_secs(typo).solve().unwrap_err();
+    /// assert!(matches!(err, pipecut::Error::UnknownNode { .. }));
+    /// # Ok::<(), pipecut::Error>(())
+    /// ```
+    pub fn with_node_secs(mut self, secs_by_name: HashMap<String, f64>) -> Self {
+        self.node_secs = secs_by_name;
         self
     }
 
@@ -369,7 +413,12 @@ impl<'a> Planner<'a> {
     }
 
     fn problem(&self, devices: &[DeviceId]) -> Result<PartitionProblem, Error> {
-        PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)
+        let mut problem =
+            PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)?;
+        if !self.node_secs.is_empty() {
+            problem.override_node_secs(&self.node_secs)?;
+        }
+        Ok(problem)
     }
 
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.

@@ -334,9 +334,13 @@ pub fn search(
             )));
         }
         return Err(Error::Infeasible(format!(
-            "no configuration of {gpus} devices holds the model: every pipeline depth up to {} \
-             runs out of memory for every micro-batch size tried ({sizes:?})",
-            gpus
+            "no configuration of {gpus} devices holds the model: every pipeline depth tried \
+             ({} from {} to {}) runs out of memory for every micro-batch size tried ({sizes:?}) \
+             at this global batch; a smaller global batch means fewer micro-batches in flight \
+             (activation recomputation and optimizer-state sharding are not modelled)",
+            depths.len(),
+            depths.first().copied().unwrap_or(0),
+            depths.last().copied().unwrap_or(0),
         )));
     };
     let k = best.key;

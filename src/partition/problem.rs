@@ -15,7 +15,7 @@
 //! bytes over the link's per-direction bandwidth. Graph inputs come from the host and are free;
 //! graph outputs go to the host from the stage that makes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -373,6 +373,50 @@ impl PartitionProblem {
         Ok(like)
     }
 
+    /// Replaces the cost model's time of the named nodes with measured ones, on every device
+    /// kind: for a framework that profiled its own ops. Each value is the node's seconds per
+    /// micro-batch as a stage counts it (forward, plus backward in training); nodes not named
+    /// keep the roofline estimate.
+    ///
+    /// Errors with [`Error::UnknownNode`] when a name is not a node of the graph, and with
+    /// [`Error::PartitionConfig`] for a negative or non-finite time; the problem is unchanged
+    /// on error.
+    pub fn override_node_secs(&mut self, secs_by_name: &HashMap<String, f64>) -> Result<(), Error> {
+        let position: HashMap<&str, usize> = self
+            .node_names
+            .iter()
+            .enumerate()
+            .map(|(p, n)| (n.as_str(), p))
+            .collect();
+        let mut unknown: Vec<&str> = secs_by_name
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !position.contains_key(n))
+            .collect();
+        unknown.sort_unstable();
+        if let Some(first) = unknown.first() {
+            return Err(Error::UnknownNode {
+                name: first.to_string(),
+                count: unknown.len(),
+            });
+        }
+        let mut updates: Vec<(usize, f64)> = Vec::with_capacity(secs_by_name.len());
+        for (name, &secs) in secs_by_name {
+            if !secs.is_finite() || secs < 0.0 {
+                return Err(Error::PartitionConfig(format!(
+                    "the time of node '{name}' must be a finite number of seconds ≥ 0, got {secs}"
+                )));
+            }
+            updates.push((position[name.as_str()], secs));
+        }
+        for table in &mut self.node_secs {
+            for &(p, secs) in &updates {
+                table[p] = secs;
+            }
+        }
+        Ok(())
+    }
+
     /// Nodes, in the topological order the positions index.
     pub fn order(&self) -> &[NodeId] {
         &self.order
@@ -656,6 +700,34 @@ pub(crate) mod tests {
         assert!((eval.stages[1].receive_secs - receive).abs() < 1e-15);
         assert!((eval.bottleneck_secs - (compute + receive)).abs() < 1e-15);
         assert!(problem.lower_bound_secs() <= eval.bottleneck_secs);
+    }
+
+    #[test]
+    fn measured_node_times_replace_the_roofline_and_unknown_names_are_refused() {
+        let graph = chain(4, 64, 8);
+        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices = [DeviceId(0), DeviceId(1)];
+        let mut problem =
+            PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap();
+        let before = problem.node_secs(0, 1);
+        let measured = HashMap::from([("/layers.2/MatMul".to_string(), 0.25)]);
+        problem.override_node_secs(&measured).unwrap();
+        assert_eq!(problem.node_secs(0, 2), 0.25);
+        assert_eq!(problem.node_secs(1, 2), 0.25);
+        assert_eq!(problem.node_secs(0, 1), before);
+        let eval = problem.evaluate(&problem.contiguous_assignment(&[0, 2]));
+        assert!(eval.bottleneck_secs >= 0.25);
+
+        let typo = HashMap::from([
+            ("/layers.9/MatMul".to_string(), 0.1),
+            ("/layers.0/MatMul".to_string(), 0.1),
+        ]);
+        let err = problem.override_node_secs(&typo).unwrap_err();
+        assert!(err.to_string().contains("'/layers.9/MatMul'"), "{err}");
+        assert_eq!(problem.node_secs(0, 0), before, "unchanged on error");
+        let negative = HashMap::from([("/layers.0/MatMul".to_string(), -1.0)]);
+        let err = problem.override_node_secs(&negative).unwrap_err();
+        assert!(err.to_string().contains("≥ 0"), "{err}");
     }
 
     #[test]

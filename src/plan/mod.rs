@@ -337,8 +337,12 @@ fn profile_hashes(cluster: &Cluster) -> BTreeMap<String, String> {
     let mut hashes = BTreeMap::new();
     for node in cluster.nodes() {
         for device in &node.devices {
-            let json = serde_json::to_vec(device).expect("profiles serialize");
-            hashes.insert(format!("device:{}", device.name), sha256_hex(&json));
+            // A cluster has few kinds of device but may have thousands of devices: hash each
+            // kind once.
+            let key = format!("device:{}", device.name);
+            hashes.entry(key).or_insert_with(|| {
+                sha256_hex(&serde_json::to_vec(device).expect("profiles serialize"))
+            });
         }
         if let Some(link) = &node.intra_node_link {
             let json = serde_json::to_vec(link).expect("profiles serialize");

@@ -96,3 +96,34 @@ pub fn gpt3_with_placeholder_weights() -> PathBuf {
     }
     dir.join("model.onnx")
 }
+
+/// One case of the malformed corpus (`tests/malformed/cases.json`): a file under
+/// `tests/malformed/` or a command line, and a fragment of the error it must give.
+#[derive(Debug, Clone)]
+pub struct MalformedCase {
+    pub file: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub error: String,
+}
+
+pub fn malformed_cases() -> Vec<MalformedCase> {
+    let path = root().join("tests/malformed/cases.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["cases"]
+        .as_array()
+        .expect("cases.json has a 'cases' list")
+        .iter()
+        .map(|case| MalformedCase {
+            file: case["file"].as_str().map(str::to_string),
+            args: case["args"].as_array().map(|args| {
+                args.iter()
+                    .map(|a| a.as_str().expect("args are strings").to_string())
+                    .collect()
+            }),
+            error: case["error"]
+                .as_str()
+                .expect("every case names its error")
+                .to_string(),
+        })
+        .collect()
+}

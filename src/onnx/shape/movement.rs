@@ -392,10 +392,15 @@ fn split(ctx: &OpCtx) -> RuleResult {
                 .collect::<Result<_, _>>()?
         }
         None => {
-            let parts = ctx
-                .int_attr("num_outputs")?
-                .map(|n| n as u64)
-                .unwrap_or(outputs as u64);
+            let parts = match ctx.int_attr("num_outputs")? {
+                // Opset 18 requires num_outputs to equal the node's output count.
+                Some(n) if n != outputs as i64 => {
+                    return Err(format!(
+                        "num_outputs is {n} but the node has {outputs} outputs"
+                    ))
+                }
+                _ => outputs as u64,
+            };
             if parts == 0 {
                 return Err("split into zero parts".into());
             }
@@ -511,6 +516,13 @@ fn slice(ctx: &OpCtx) -> RuleResult {
     if starts.len() != axes.len() || ends.len() != axes.len() || steps.len() != axes.len() {
         return Err("starts, ends, axes and steps must have the same length".into());
     }
+    // Without `axes`, starts names the first axes: no more of them than the input has.
+    if let Some(&axis) = axes.iter().find(|&&a| a >= rank) {
+        return Err(format!(
+            "slices axis {axis} of a rank-{rank} input ({} starts)",
+            starts.len()
+        ));
+    }
     let mut out = x.clone();
     // Per axis (start, step) for folding the value.
     let mut plan: Vec<(u64, i64)> = vec![(0, 1); rank];
@@ -524,10 +536,12 @@ fn slice(ctx: &OpCtx) -> RuleResult {
                 let n = i64::try_from(*n).map_err(|_| overflow())?;
                 let (s, e) = (clamp_bound(*s, n, step), clamp_bound(*e, n, step));
                 plan[axis] = (s.max(0) as u64, step);
+                // In i128: a step near i64::MAX would overflow the rounding-up addition.
+                let (s128, e128, step128) = (i128::from(s), i128::from(e), i128::from(step));
                 let len = if step > 0 && e > s {
-                    (e - s + step - 1) / step
+                    (e128 - s128 + step128 - 1) / step128
                 } else if step < 0 && s > e {
-                    (s - e - step - 1) / -step
+                    (s128 - e128 - step128 - 1) / -step128
                 } else {
                     0
                 };
