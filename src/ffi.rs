@@ -105,6 +105,11 @@ pub struct PlanRequest {
     /// Record the solver's wall-clock time in the plan (the plan then differs between runs).
     #[serde(default)]
     pub record_solve_time: bool,
+    /// Measured times of nodes, seconds per micro-batch by node name, used instead of the cost
+    /// model's estimates on every device (for a framework that profiled its own ops; see
+    /// [`Planner::with_node_secs`]). Not a flag of `pipecut partition`.
+    #[serde(default)]
+    pub node_secs: BTreeMap<String, f64>,
 }
 
 /// Reads `stages`: `"auto"`, a positive JSON integer, or one written as text.
@@ -253,6 +258,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
     };
     let solution = Planner::new(&model.graph, &cluster)
         .with_config(config)
+        .with_node_secs(request.node_secs.clone().into_iter().collect())
         .solve()?;
     let plan = Plan::from_solution(
         &solution,

@@ -486,6 +486,14 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
             "headroom",
         ),
         (
+            "a time for a node the model does not have",
+            Some(&model),
+            request(
+                r#"{"devices": "L4,L4", "dims": {"batch": 4}, "node_secs": {"/no/such/node": 0.001}}"#,
+            ),
+            "'/no/such/node'",
+        ),
+        (
             "nothing fits",
             Some(&model),
             request(r#"{"devices": "L4", "dims": {"batch": 4}, "memory_headroom": 0.9999999999}"#),
@@ -530,4 +538,33 @@ fn the_safe_entry_point_gives_the_same_plan() {
     let via_c = call(Some(&model), Some(&request(config))).unwrap();
     let via_rust = pipecut::ffi::plan_json(&model, config).unwrap();
     assert_eq!(via_c, via_rust);
+}
+
+#[test]
+fn measured_node_times_replace_the_estimates() {
+    let model = mlp();
+    let mut graph = pipecut::onnx::load_model_from_bytes(&model, None)
+        .unwrap()
+        .graph;
+    pipecut::onnx::shape::ShapeInference::new(
+        pipecut::onnx::shape::DimBindings::new().bind("batch", 4),
+    )
+    .run(&mut graph)
+    .unwrap();
+    // Every node measured at 1 ms: the stages' compute adds up to 1 ms per node.
+    let node_secs: serde_json::Map<String, serde_json::Value> = graph
+        .topological_order()
+        .iter()
+        .map(|&id| (graph.node(id).name.clone(), serde_json::json!(1e-3)))
+        .collect();
+    let config = serde_json::json!({
+        "devices": "L4,L4", "dims": {"batch": 4}, "stages": 2, "node_secs": node_secs,
+    });
+    let plan = pipecut::ffi::plan_json(&model, &config.to_string()).unwrap();
+    let plan = pipecut::plan::Plan::from_json(&plan).unwrap();
+    let compute: f64 = plan.stages.iter().map(|s| s.compute_secs).sum();
+    assert!(
+        (compute - graph.node_count() as f64 * 1e-3).abs() < 1e-9,
+        "{compute}"
+    );
 }
