@@ -296,6 +296,11 @@ pub enum Error {
         /// How many of the given names are unknown.
         count: usize,
     },
+
+    /// A request through the C ABI (`pipecut::ffi`) that cannot be used: a NULL pointer, text
+    /// that is not UTF-8, or a config JSON with an unknown field or a bad value.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
 }
 
 fn quote_list(items: &[String]) -> String {

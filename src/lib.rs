@@ -19,6 +19,9 @@
 //! [`onnx::export`] writes one runnable ONNX file per stage and a `manifest.json` that routes the
 //! tensors between them (`pipecut export plan.json model.onnx --out-dir stages/`).
 //!
+//! [`ffi`] is the C ABI (`include/pipecut.h`): one call from model bytes and a JSON request to
+//! the plan JSON, for Python (`ctypes`), C and C++ callers (`docs/embedding.md`).
+//!
 //! ```
 //! use pipecut::onnx::shape::{DimBindings, ShapeInference};
 //!
@@ -80,6 +83,7 @@
 
 pub mod cost;
 mod error;
+pub mod ffi;
 pub mod graph;
 pub mod onnx;
 pub mod partition;
