@@ -201,3 +201,25 @@ fn same_request_gives_the_same_bytes() {
     );
     assert_eq!(a, b);
 }
+
+#[test]
+fn check_speaks_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.json");
+    partition_to(
+        &path,
+        "fixtures/models/mlp.onnx",
+        &["--dim", "batch=2", "--devices", "L4,L4", "--stages", "2"],
+    );
+    let (code, out, err) = pipecut(&[
+        "check",
+        path.to_str().unwrap(),
+        "fixtures/models/mlp.onnx",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["valid"], true);
+    assert_eq!(report["stages"], 2);
+    assert_eq!(report["nodes"], 10);
+}

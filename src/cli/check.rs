@@ -18,6 +18,9 @@ pub struct CheckArgs {
     plan: PathBuf,
     /// The model the plan was made for.
     model: PathBuf,
+    /// Print the result as JSON (`{"valid": true, "stages", "nodes", "bottleneck_secs"}`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Reads a plan file.
@@ -47,6 +50,12 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let report = plan
         .check(&model.sha256, &model.graph, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
+    if args.json {
+        let mut value = serde_json::to_value(&report)?;
+        value["valid"] = serde_json::Value::Bool(true);
+        print_stdout(&format!("{value}\n"))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     print_stdout(&format!(
         "{}: valid plan for {} — {} nodes on {} stages, every stage within memory, figures recomputed (bottleneck {:.3} ms)\n",
         args.plan.display(),
