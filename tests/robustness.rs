@@ -160,6 +160,10 @@ fn dim_args(reference: &common::Reference) -> Vec<String> {
         .collect()
 }
 
+/// Plans are the same bytes on every run whenever the solvers finish within their time limit.
+/// A solve the limit cut short (`"status": {"kind": "time_limit", ...}`) keeps the best plan found
+/// by then, which depends on the machine's speed (as with any time-limited MILP solver); such a
+/// plan must say so, and is then exempt from byte equality.
 #[test]
 fn plans_are_the_same_bytes_every_run() {
     let mut models: Vec<(String, PathBuf, common::Reference)> = common::FIXTURES
@@ -207,10 +211,22 @@ fn plans_are_the_same_bytes_every_run() {
                 let bytes = std::fs::read(&out).unwrap();
                 match &first {
                     None => first = Some(bytes),
-                    Some(expected) => assert!(
-                        *expected == bytes,
-                        "{name} set-up {s}: run {run} wrote different plan bytes than run 0"
-                    ),
+                    Some(expected) if *expected == bytes => {}
+                    Some(expected) => {
+                        let stopped = |plan: &[u8]| {
+                            let plan: serde_json::Value = serde_json::from_slice(plan).unwrap();
+                            plan["summary"]["status"]["kind"] == "time_limit"
+                        };
+                        assert!(
+                            stopped(expected) && stopped(&bytes),
+                            "{name} set-up {s}: run {run} wrote different plan bytes than run 0, \
+                             and the time limit did not stop both solves"
+                        );
+                        eprintln!(
+                            "{name} set-up {s}: the time limit stopped the MILP; its plans differ \
+                             between runs, as documented"
+                        );
+                    }
                 }
             }
         }
