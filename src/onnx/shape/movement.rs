@@ -51,6 +51,26 @@ fn overflow() -> String {
     "a dimension overflows 64 bits".to_string()
 }
 
+/// The most dims a shape computed at run time may have. ONNX sets no limit, but no real tensor
+/// comes near it, and the output shape is allocated from this length: a declared length of 2^45
+/// (a corrupt or hostile file) must be an error, not a 35 TB allocation.
+pub(crate) const MAX_RANK: u64 = 64;
+
+/// The length of the 1-D shape tensor at `input`, whose values are unknown.
+fn shape_tensor_length(ctx: &OpCtx, input: usize) -> Result<usize, String> {
+    let len = ctx
+        .shape(input)?
+        .first()
+        .and_then(Dim::known)
+        .ok_or("the shape input's length is not known")?;
+    if len > MAX_RANK {
+        return Err(format!(
+            "the shape input has {len} entries: a tensor of rank above {MAX_RANK} is not supported"
+        ));
+    }
+    Ok(len as usize)
+}
+
 /// Keeps the input value; used by ops that change only the shape (Reshape, Squeeze, ...).
 fn reshaped(ctx: &OpCtx, shape: Shape) -> RuleResult {
     let input = ctx.input(0)?;
@@ -65,12 +85,8 @@ fn reshape(ctx: &OpCtx) -> RuleResult {
     let allow_zero = ctx.int_attr_or("allowzero", 0)? != 0;
     let Some(target) = ctx.sym_ints(1) else {
         // The target is computed at run time from data we cannot see: only its length is known.
-        let target_len = ctx
-            .shape(1)?
-            .first()
-            .and_then(Dim::known)
-            .ok_or("the target shape's length is not known")?;
-        let out = (0..target_len as usize)
+        let target_len = shape_tensor_length(ctx, 1)?;
+        let out = (0..target_len)
             .map(|axis| ctx.data_dependent_dim(0, axis))
             .collect();
         return reshaped(ctx, out);
@@ -648,14 +664,8 @@ fn shape_from_value(ctx: &OpCtx, input: usize) -> Result<Shape, String> {
             })
             .collect(),
         None => {
-            let len = ctx
-                .shape(input)?
-                .first()
-                .and_then(Dim::known)
-                .ok_or("the shape input's length is not known")?;
-            Ok((0..len as usize)
-                .map(|a| ctx.data_dependent_dim(0, a))
-                .collect())
+            let len = shape_tensor_length(ctx, input)?;
+            Ok((0..len).map(|a| ctx.data_dependent_dim(0, a)).collect())
         }
     }
 }
