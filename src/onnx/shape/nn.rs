@@ -165,7 +165,8 @@ fn conv(ctx: &OpCtx) -> RuleResult {
         return Err(format!("group {group} must be at least 1"));
     }
     if let (Dim::Known(c), Dim::Known(wc)) = (&x[1], &w[1]) {
-        if *c != wc * group as u64 {
+        // Checked: a corrupt weight shape times a large group must not overflow.
+        if wc.checked_mul(group as u64) != Some(*c) {
             return Err(format!(
                 "input has {c} channels but weight expects {wc} x group {group}"
             ));
