@@ -284,6 +284,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// The CUDA backend was asked for in a build without the `cuda` feature.
+    #[error("this pipecut was built without CUDA support: rebuild with `cargo build --release --features cuda` (no CUDA toolkit needed to build; the driver, NVRTC and cuBLAS libraries are loaded when it runs)")]
+    CudaNotCompiled,
+
+    /// The CUDA backend cannot start or a device operation failed (no driver or device, NVRTC
+    /// compile failure, out of memory), naming the stage where there is one.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+
     /// Inputs given to a run that do not match what the model or plan expects.
     #[error("bad run input: {0}")]
     RunInput(String),

@@ -3,6 +3,7 @@
 mod calibrate;
 mod check;
 mod cost;
+mod devices;
 mod export;
 mod inspect;
 mod partition;
@@ -79,11 +80,16 @@ enum Command {
     /// Print the JSON Schema of the plan document (the copy in docs/plan.schema.json).
     #[command(after_help = "Examples:\n  pipecut schema > plan.schema.json")]
     Schema,
-    /// Run a plan on the CPU reference runtime: one thread per stage, micro-batches streamed.
+    /// Run a plan: one thread per stage, micro-batches streamed, on the CPU reference runtime or
+    /// (built with `--features cuda`) on GPUs.
     #[command(
-        after_help = "Examples:\n  pipecut run plan.json fixtures/models/gpt2_tiny.onnx --microbatches 16\n  pipecut run plan.json model.onnx --input input_ids=ids.npy --output-dir out --json"
+        after_help = "Examples:\n  pipecut run plan.json fixtures/models/gpt2_tiny.onnx --microbatches 16\n  pipecut run plan.json model.onnx --input input_ids=ids.npy --output-dir out --json\n  pipecut run plan.json model.onnx --backend cuda   (stage k on GPU k mod the GPU count)"
     )]
     Run(run::RunArgs),
+    /// Say what the CUDA backend can use here: whether it is built, the GPUs the driver sees,
+    /// whether NVRTC compiles the kernels (and why not, for each).
+    #[command(after_help = "Examples:\n  pipecut devices\n  pipecut devices --json")]
+    Devices(devices::DevicesArgs),
 }
 
 /// A model file and the bindings of its symbolic dims, shared by the commands that plan.
@@ -139,6 +145,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Export(args) => export::run(args),
         Command::Run(args) => run::run(args),
+        Command::Devices(args) => devices::run(args),
     }
 }
 

@@ -13,8 +13,8 @@ use pipecut::graph::NodeId;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::plan::Plan;
 use pipecut::runtime::{
-    check_inputs, encode_npy, read_npy, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
-    Executor, Tensors, Weights,
+    check_inputs, cuda::CudaExecutor, encode_npy, read_npy, run_pipeline, seeded_inputs,
+    stage_specs, CpuExecutor, Executor, Tensors, Weights,
 };
 use pipecut::schedule::{simulate, PipelineSchedule, StageTimes};
 use serde::Serialize;
@@ -46,6 +46,20 @@ pub struct RunArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Where the stages run: `cpu` (the reference runtime) or `cuda` (stage k on GPU k mod the
+    /// GPU count; needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+}
+
+/// The runtime a plan executes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The CPU reference runtime.
+    Cpu,
+    /// The CUDA runtime.
+    Cuda,
 }
 
 #[derive(Debug, Serialize)]
@@ -56,11 +70,15 @@ struct StageRow {
     busy_secs: f64,
     idle_secs: f64,
     predicted_secs: f64,
+    /// Nodes the CUDA backend ran on the host (CPU kernels) instead of the GPU, by op, over all
+    /// micro-batches; empty on the CPU backend.
+    host_ops: BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Serialize)]
 struct Report {
     model: String,
+    backend: Backend,
     microbatches: usize,
     dims: BTreeMap<String, u64>,
     random_inputs: bool,
@@ -148,13 +166,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<_>>()?;
     let weights = Weights::load(&args.model, graph)
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
-    let executor = CpuExecutor::new(graph, &weights);
     let specs = stage_specs(graph, &stages)?;
-    let prepared = specs
-        .iter()
-        .map(|s| executor.prepare(s))
-        .collect::<Result<Vec<_>, _>>()?;
-    let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+    let (report, host_ops) = match args.backend {
+        Backend::Cpu => {
+            let executor = CpuExecutor::new(graph, &weights);
+            let prepared = specs
+                .iter()
+                .map(|s| executor.prepare(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+            (report, vec![BTreeMap::new(); prepared.len()])
+        }
+        Backend::Cuda => {
+            let executor = CudaExecutor::new(graph, &weights)?;
+            let prepared = specs
+                .iter()
+                .map(|s| executor.prepare(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+            let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
+            (report, host_ops)
+        }
+    };
 
     let predicted = simulate(
         &StageTimes {
@@ -168,6 +201,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let outputs = write_outputs(&args.output_dir, &report.outputs)?;
     let summary = Report {
         model: args.model.display().to_string(),
+        backend: args.backend,
         microbatches,
         dims,
         random_inputs,
@@ -178,13 +212,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .stages
             .iter()
             .zip(&plan.stages)
-            .map(|(t, s)| StageRow {
+            .zip(host_ops)
+            .map(|((t, s), host_ops)| StageRow {
                 stage: t.stage,
                 device: s.device.name.clone(),
                 nodes: s.node_count,
                 busy_secs: t.busy_secs,
                 idle_secs: t.idle_secs,
                 predicted_secs: s.stage_secs,
+                host_ops,
             })
             .collect(),
         outputs,
@@ -300,8 +336,12 @@ fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<Strin
 
 fn table(r: &Report) -> String {
     let mut out = format!(
-        "ran {} on the CPU reference runtime: {} stages, {} micro-batches{}, {:.1} ms wall\n\n",
+        "ran {} on {}: {} stages, {} micro-batches{}, {:.1} ms wall\n\n",
         r.model,
+        match r.backend {
+            Backend::Cpu => "the CPU reference runtime",
+            Backend::Cuda => "the CUDA runtime",
+        },
         r.stages.len(),
         r.microbatches,
         if r.random_inputs {
@@ -328,6 +368,18 @@ fn table(r: &Report) -> String {
         r.measured_efficiency * 100.0,
         r.predicted_efficiency * 100.0
     ));
+    for s in r.stages.iter().filter(|s| !s.host_ops.is_empty()) {
+        let ops: Vec<String> = s
+            .host_ops
+            .iter()
+            .map(|(op, n)| format!("{op} ×{n}"))
+            .collect();
+        out.push_str(&format!(
+            "stage {} ran on the host (no device kernel for these inputs): {}\n",
+            s.stage,
+            ops.join(", ")
+        ));
+    }
     for (name, file) in &r.outputs {
         out.push_str(&format!("wrote {name} → {file}\n"));
     }

@@ -12,6 +12,13 @@
 //! [`npy`] reads and writes inputs and outputs, [`weights`] loads parameters, memory-mapped.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+/// The CUDA backend: built with the `cuda` feature; without it, a stand-in whose constructor
+/// answers [`crate::Error::CudaNotCompiled`].
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
 mod kernels;
 pub mod npy;
 pub mod tensor;

@@ -1,0 +1,220 @@
+// pipecut's CUDA kernels, compiled once per device at run time with NVRTC (fp32 compute, as the
+// CPU reference runtime: half-precision weights are widened when they are loaded).
+//
+// Shapes and strides travel by value in `Dims` (rank at most MAX_RANK), so a launch needs no
+// extra upload. Every kernel uses a grid-stride loop over 64-bit indices.
+
+#define MAX_RANK 8
+#define PC_INFINITY __int_as_float(0x7f800000)
+
+struct Dims {
+    int rank;
+    long long shape[MAX_RANK];
+    long long a[MAX_RANK];
+    long long b[MAX_RANK];
+    long long c[MAX_RANK];
+};
+
+// Element offsets of output position `i` in up to three broadcast operands.
+__device__ __forceinline__ void offsets(const Dims& d, long long i, long long* oa, long long* ob,
+                                        long long* oc) {
+    long long a = 0, b = 0, c = 0;
+    for (int k = d.rank - 1; k >= 0; --k) {
+        long long idx = i % d.shape[k];
+        i /= d.shape[k];
+        a += idx * d.a[k];
+        b += idx * d.b[k];
+        c += idx * d.c[k];
+    }
+    *oa = a;
+    *ob = b;
+    *oc = c;
+}
+
+#define GRID_STRIDE(i, n) \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)blockDim.x * gridDim.x)
+
+// Codes shared with src/runtime/cuda/ops.rs (`Unary`).
+extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int op, float alpha,
+                                     float beta) {
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        float r;
+        switch (op) {
+            case 0: r = fmaxf(v, 0.0f); break;                                  // Relu
+            case 1: r = 1.0f / (1.0f + expf(-v)); break;                        // Sigmoid
+            case 2: r = tanhf(v); break;                                        // Tanh
+            case 3: r = erff(v); break;                                         // Erf
+            case 4: r = expf(v); break;                                         // Exp
+            case 5: r = logf(v); break;                                         // Log
+            case 6: r = sqrtf(v); break;                                        // Sqrt
+            case 7: r = -v; break;                                              // Neg
+            case 8: r = fabsf(v); break;                                        // Abs
+            case 9: r = 1.0f / v; break;                                        // Reciprocal
+            case 10: r = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;  // Gelu
+            case 11: {                                                          // Gelu tanh
+                float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+                r = 0.5f * v * (1.0f + tanhf(inner));
+                break;
+            }
+            case 12: r = v >= 0.0f ? v : alpha * v; break;                      // LeakyRelu
+            case 13: r = fminf(fmaxf(v, alpha), beta); break;                   // Clip
+            case 14: r = v * (1.0f / (1.0f + expf(-alpha * v))); break;         // Swish
+            default: r = v; break;                                              // Identity
+        }
+        y[i] = r;
+    }
+}
+
+// Codes shared with ops.rs (`Binary`).
+extern "C" __global__ void binary_f32(const float* a, const float* b, float* y, long long n,
+                                      Dims d, int op) {
+    GRID_STRIDE(i, n) {
+        long long oa, ob, oc;
+        offsets(d, i, &oa, &ob, &oc);
+        float u = a[oa], v = b[ob];
+        float r;
+        switch (op) {
+            case 0: r = u + v; break;
+            case 1: r = u - v; break;
+            case 2: r = u * v; break;
+            case 3: r = u / v; break;
+            case 4: r = powf(u, v); break;
+            case 5: r = fmaxf(u, v); break;
+            default: r = fminf(u, v); break;
+        }
+        y[i] = r;
+    }
+}
+
+// y = cond ? a : b, all three broadcast (strides a, b, c = cond).
+extern "C" __global__ void where_f32(const unsigned char* cond, const float* a, const float* b,
+                                     float* y, long long n, Dims d) {
+    GRID_STRIDE(i, n) {
+        long long oa, ob, oc;
+        offsets(d, i, &oa, &ob, &oc);
+        y[i] = cond[oc] ? a[oa] : b[ob];
+    }
+}
+
+// y[i] = x[base + Σ idx_k · a_k]: transpose, slice, expand, split and broadcast materialisation.
+extern "C" __global__ void gather_strided_f32(const float* x, float* y, long long n, Dims d,
+                                              long long base) {
+    GRID_STRIDE(i, n) {
+        long long oa, ob, oc;
+        offsets(d, i, &oa, &ob, &oc);
+        y[i] = x[base + oa];
+    }
+}
+
+// Concat: y[o · out_inner + offset + j] = x[o · in_inner + j].
+extern "C" __global__ void copy_block_f32(const float* x, float* y, long long outer,
+                                          long long in_inner, long long out_inner,
+                                          long long offset) {
+    GRID_STRIDE(i, outer * in_inner) {
+        long long o = i / in_inner, j = i % in_inner;
+        y[o * out_inner + offset + j] = x[i];
+    }
+}
+
+// Gather along an axis: x is [outer, axis_len, inner], idx has n_idx (already non-negative)
+// entries, y is [outer, n_idx, inner].
+extern "C" __global__ void gather_axis_f32(const float* x, const long long* idx, float* y,
+                                           long long outer, long long axis_len, long long n_idx,
+                                           long long inner) {
+    GRID_STRIDE(i, outer * n_idx * inner) {
+        long long j = i % inner;
+        long long t = (i / inner) % n_idx;
+        long long o = i / (inner * n_idx);
+        y[i] = x[(o * axis_len + idx[t]) * inner + j];
+    }
+}
+
+// Block-wide sum or max of one value per thread (blockDim.x a power of two, at most 1024).
+__device__ float block_reduce(float v, bool is_max, float* scratch) {
+    scratch[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            float o = scratch[threadIdx.x + s];
+            scratch[threadIdx.x] = is_max ? fmaxf(scratch[threadIdx.x], o)
+                                          : scratch[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    float r = scratch[0];
+    __syncthreads();
+    return r;
+}
+
+// Softmax or log-softmax of each row of a [rows, cols] matrix; one block per row.
+extern "C" __global__ void softmax_rows_f32(const float* x, float* y, long long rows,
+                                            long long cols, int log_softmax) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float* out = y + row * cols;
+        float m = -PC_INFINITY;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, in[j]);
+        m = block_reduce(m, true, scratch);
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += expf(in[j] - m);
+        s = block_reduce(s, false, scratch);
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            out[j] = log_softmax ? in[j] - m - logf(s) : expf(in[j] - m) / s;
+        }
+    }
+}
+
+// Layer normalisation (rms = 0) or RMS normalisation (rms = 1) of each row; scale and bias hold
+// `cols` values (bias is read only when has_bias). One block per row.
+extern "C" __global__ void norm_rows_f32(const float* x, const float* scale, const float* bias,
+                                         float* y, long long rows, long long cols, float epsilon,
+                                         int rms, int has_bias) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float* out = y + row * cols;
+        float mean = 0.0f;
+        if (!rms) {
+            float s = 0.0f;
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += in[j];
+            mean = block_reduce(s, false, scratch) / (float)cols;
+        }
+        float q = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float c = in[j] - mean;
+            q += c * c;
+        }
+        float inv = rsqrtf(block_reduce(q, false, scratch) / (float)cols + epsilon);
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float v = (in[j] - mean) * inv * scale[j];
+            out[j] = has_bias ? v + bias[j] : v;
+        }
+    }
+}
+
+// Reduction over some axes. `kept` maps an output position to its input offset (shape = output
+// shape, a = input strides of the kept axes); `reduced` walks the reduced axes (shape, a).
+// Codes shared with ops.rs (`Reduce`).
+extern "C" __global__ void reduce_f32(const float* x, float* y, long long n_out, Dims kept,
+                                      Dims reduced, long long count, int op) {
+    GRID_STRIDE(i, n_out) {
+        long long base, unused_b, unused_c;
+        offsets(kept, i, &base, &unused_b, &unused_c);
+        float acc = (op == 2) ? -PC_INFINITY : (op == 3) ? PC_INFINITY : 0.0f;
+        for (long long r = 0; r < count; ++r) {
+            long long off, ub, uc;
+            offsets(reduced, r, &off, &ub, &uc);
+            float v = x[base + off];
+            switch (op) {
+                case 2: acc = fmaxf(acc, v); break;
+                case 3: acc = fminf(acc, v); break;
+                case 4: acc += v * v; break;
+                default: acc += v; break;
+            }
+        }
+        y[i] = (op == 1) ? acc / (float)count : acc;
+    }
+}

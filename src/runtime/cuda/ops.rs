@@ -1,0 +1,1115 @@
+//! The ops the CUDA backend runs on the device, in fp32: matrix products through cuBLAS, the rest
+//! through the NVRTC kernels of `kernels.cu`. [`run`] answers `Ok(None)` for a node it does not
+//! take (an op without a device kernel, a non-float operand, a rank above 8, an empty tensor);
+//! the executor then runs the CPU kernel on host copies, so every op the CPU runtime supports
+//! runs, and the stage reports how often it fell back.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use super::{DeviceTensor, Value};
+use crate::graph::DType;
+use crate::runtime::kernels::{broadcast_shapes, normalize_axis, Ctx};
+use crate::runtime::tensor::HostTensor;
+
+/// Largest rank the kernels' [`Dims`] carries.
+const MAX_RANK: usize = 8;
+/// Threads per block of the element-wise kernels and of the per-row kernels.
+const BLOCK: u32 = 256;
+/// Grid cap: the kernels loop, so more blocks than this only add scheduling.
+const MAX_BLOCKS: u64 = 65_535;
+
+/// Shapes and strides passed by value, laid out as `struct Dims` in `kernels.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Dims {
+    rank: i32,
+    shape: [i64; MAX_RANK],
+    a: [i64; MAX_RANK],
+    b: [i64; MAX_RANK],
+    c: [i64; MAX_RANK],
+}
+
+// SAFETY: `Dims` is `repr(C)` plain data matching the CUDA struct field for field.
+unsafe impl DeviceRepr for Dims {}
+
+/// The compiled kernels of one device.
+#[derive(Debug)]
+pub(super) struct Functions {
+    unary: CudaFunction,
+    binary: CudaFunction,
+    where_: CudaFunction,
+    gather_strided: CudaFunction,
+    copy_block: CudaFunction,
+    gather_axis: CudaFunction,
+    softmax_rows: CudaFunction,
+    norm_rows: CudaFunction,
+    reduce: CudaFunction,
+}
+
+impl Functions {
+    /// Looks up every kernel in the module compiled from `kernels.cu`.
+    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Functions, String> {
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
+        };
+        Ok(Functions {
+            unary: f("unary_f32")?,
+            binary: f("binary_f32")?,
+            where_: f("where_f32")?,
+            gather_strided: f("gather_strided_f32")?,
+            copy_block: f("copy_block_f32")?,
+            gather_axis: f("gather_axis_f32")?,
+            softmax_rows: f("softmax_rows_f32")?,
+            norm_rows: f("norm_rows_f32")?,
+            reduce: f("reduce_f32")?,
+        })
+    }
+}
+
+/// What an op needs to launch work: the stage's stream, its cuBLAS handle, the kernels.
+pub(super) struct Gpu<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    pub blas: &'a CudaBlas,
+    pub functions: &'a Functions,
+}
+
+/// A device result, or `None` when the op is left to the CPU kernel.
+type OpResult = Result<Option<Vec<Value>>, String>;
+
+fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
+    move |e| format!("CUDA {what}: {e}")
+}
+
+impl Gpu<'_> {
+    fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, String> {
+        // SAFETY: every kernel writing into the buffer writes each of its `n` elements.
+        unsafe { self.stream.alloc::<f32>(n) }.map_err(cuda_error("allocation"))
+    }
+
+    fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>, String> {
+        self.stream
+            .clone_htod(values)
+            .map_err(cuda_error("host-to-device copy"))
+    }
+
+    /// An element-wise launch over `n` items.
+    fn grid(n: usize) -> LaunchConfig {
+        let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One block per row (up to the cap), with a float of shared memory per thread.
+    fn rows(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: BLOCK * 4,
+        }
+    }
+
+    /// `out` filled with `x[base + Σ idx_k · strides_k]` over `out_shape`.
+    fn gather_strided(
+        &self,
+        x: &CudaSlice<f32>,
+        out_shape: &[usize],
+        strides: &[i64],
+        base: i64,
+    ) -> Result<CudaSlice<f32>, String> {
+        let n = numel(out_shape);
+        let mut out = self.alloc(n)?;
+        let dims = dims(out_shape, &[strides])?;
+        let n64 = n as i64;
+        let mut launch = self.stream.launch_builder(&self.functions.gather_strided);
+        launch.arg(x).arg(&mut out).arg(&n64).arg(&dims).arg(&base);
+        // SAFETY: argument types match `gather_strided_f32`; offsets stay inside `x` because the
+        // strides and base come from a valid view of it.
+        unsafe { launch.launch(Self::grid(n)) }.map_err(cuda_error("launch"))?;
+        Ok(out)
+    }
+
+    /// `x` broadcast to `out_shape` as a new contiguous buffer (`None` when already that shape).
+    fn expand(&self, x: &DeviceTensor, out_shape: &[usize]) -> Result<DeviceTensor, String> {
+        if x.shape == out_shape {
+            return Ok(x.clone());
+        }
+        let strides = broadcast_strides(&x.shape, out_shape);
+        let data = self.gather_strided(&x.data, out_shape, &strides, 0)?;
+        Ok(DeviceTensor::new(out_shape.to_vec(), data))
+    }
+
+    /// Row-major `C[batch][m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C` through
+    /// column-major cuBLAS: the transposed product `Cᵀ = op(B)ᵀ · op(A)ᵀ` needs no copies.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: &CudaSlice<f32>,
+        trans_a: bool,
+        b: &CudaSlice<f32>,
+        trans_b: bool,
+        c: &mut CudaSlice<f32>,
+        (alpha, beta): (f32, f32),
+        (batch, stride_a, stride_b): (usize, usize, usize),
+    ) -> Result<(), String> {
+        let int = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| format!("{what} {v} exceeds cuBLAS's 32-bit sizes"))
+        };
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let config = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: op(trans_b),
+                transb: op(trans_a),
+                m: int(n, "dimension")?,
+                n: int(m, "dimension")?,
+                k: int(k, "dimension")?,
+                alpha,
+                lda: int(if trans_b { k } else { n }, "leading dimension")?,
+                ldb: int(if trans_a { m } else { k }, "leading dimension")?,
+                beta,
+                ldc: int(n, "leading dimension")?,
+            },
+            batch_size: int(batch, "batch")?,
+            stride_a: stride_b as i64,
+            stride_b: stride_a as i64,
+            stride_c: (m * n) as i64,
+        };
+        // SAFETY: the buffers hold `batch` matrices of the sizes in `config` (or one, with a zero
+        // stride), as the callers build them.
+        unsafe { self.blas.gemm_strided_batched(config, b, a, c) }
+            .map_err(|e| format!("cuBLAS gemm: {e:?}"))
+    }
+}
+
+/// Number of elements of a shape.
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides of `shape`, with 0 on the axes broadcast to `out_shape` (right-aligned).
+fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![0i64; out_shape.len()];
+    let offset = out_shape.len() - shape.len();
+    let mut stride = 1i64;
+    for i in (0..shape.len()).rev() {
+        strides[offset + i] = if shape[i] == 1 && out_shape[offset + i] != 1 {
+            0
+        } else {
+            stride
+        };
+        stride *= shape[i] as i64;
+    }
+    strides
+}
+
+/// Contiguous row-major strides.
+fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1] as i64;
+    }
+    strides
+}
+
+/// [`Dims`] for an output shape and up to three operands' strides.
+fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
+    if out_shape.len() > MAX_RANK {
+        return Err(format!(
+            "rank {} above the kernels' {MAX_RANK}",
+            out_shape.len()
+        ));
+    }
+    let mut d = Dims {
+        rank: out_shape.len() as i32,
+        ..Dims::default()
+    };
+    for (i, &s) in out_shape.iter().enumerate() {
+        d.shape[i] = s as i64;
+    }
+    for (operand, s) in strides.iter().enumerate() {
+        let target = match operand {
+            0 => &mut d.a,
+            1 => &mut d.b,
+            _ => &mut d.c,
+        };
+        target[..s.len()].copy_from_slice(s);
+    }
+    Ok(d)
+}
+
+/// The device operand `i`, or `None` when it is absent or not float.
+fn device(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<DeviceTensor>, String> {
+    match args.get(i).and_then(|a| a.as_ref()) {
+        Some(v) => v.to_device(gpu),
+        None => Ok(None),
+    }
+}
+
+/// The host copy of operand `i` (small: shapes, axes, indices, scalars).
+fn host(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<Arc<HostTensor>>, String> {
+    match args.get(i).and_then(|a| a.as_ref()) {
+        Some(v) => v.to_host(gpu.stream).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Every listed operand on the device, or `None` if one is not float or is missing.
+fn all_device(
+    gpu: &Gpu,
+    args: &[Option<Value>],
+    count: usize,
+) -> Result<Option<Vec<DeviceTensor>>, String> {
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        match device(gpu, args, i)? {
+            Some(t) => out.push(t),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
+fn one(t: DeviceTensor) -> OpResult {
+    Ok(Some(vec![Value::Device(t)]))
+}
+
+/// Whether the node asks for outputs beyond the first (statistics, masks): left to the CPU.
+fn extra_outputs(ctx: &Ctx) -> bool {
+    ctx.node.outputs.iter().skip(1).any(|o| o.is_some())
+}
+
+/// Runs the node on the device when it can.
+pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    // Empty or over-ranked operands are left to the CPU kernels.
+    for v in args.iter().flatten() {
+        let shape = v.shape();
+        if shape.len() > MAX_RANK || shape.contains(&0) {
+            return Ok(None);
+        }
+    }
+    let op = ctx.node.op_type.as_str();
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
+        return Ok(None);
+    }
+    if let Some(code) = unary_code(ctx, op) {
+        return unary(gpu, ctx, args, code);
+    }
+    if let Some(code) = binary_code(op) {
+        return binary(gpu, args, code);
+    }
+    match op {
+        "MatMul" => matmul(gpu, args),
+        "Gemm" => gemm(gpu, ctx, args),
+        "Where" => where_op(gpu, args),
+        "Identity" => alias(gpu, args, None),
+        "Dropout" if !extra_outputs(ctx) => alias(gpu, args, None),
+        "Cast" => {
+            let float = [1, 10, 11, 16].contains(&ctx.int("to", 0));
+            if float {
+                alias(gpu, args, None)
+            } else {
+                Ok(None)
+            }
+        }
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
+            let Some(x) = device(gpu, args, 0)? else {
+                return Ok(None);
+            };
+            let shape = reshaped(gpu, ctx, args, &x.shape)?;
+            alias(gpu, args, Some(shape))
+        }
+        "Transpose" => transpose(gpu, ctx, args),
+        "Expand" => {
+            let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+                return Ok(None);
+            };
+            let target: Vec<usize> = target.to_i64_vec().iter().map(|&d| d as usize).collect();
+            let shape = broadcast_shapes(&[&x.shape, &target])?;
+            one(gpu.expand(&x, &shape)?)
+        }
+        "Concat" => concat(gpu, ctx, args),
+        "Slice" => slice(gpu, ctx, args),
+        "Split" => split(gpu, ctx, args),
+        "Gather" => gather(gpu, ctx, args),
+        "Softmax" | "LogSoftmax" => softmax(gpu, ctx, args, op == "LogSoftmax"),
+        "LayerNormalization" if !extra_outputs(ctx) => norm(gpu, ctx, args, false),
+        "RMSNormalization" => norm(gpu, ctx, args, true),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => {
+            reduce(gpu, ctx, args)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Codes of `unary_f32`.
+fn unary_code(ctx: &Ctx, op: &str) -> Option<i32> {
+    Some(match op {
+        "Relu" => 0,
+        "Sigmoid" => 1,
+        "Tanh" => 2,
+        "Erf" => 3,
+        "Exp" => 4,
+        "Log" => 5,
+        "Sqrt" => 6,
+        "Neg" => 7,
+        "Abs" => 8,
+        "Reciprocal" => 9,
+        "Gelu" if ctx.string("approximate", "none") == "tanh" => 11,
+        "Gelu" => 10,
+        "LeakyRelu" => 12,
+        "Clip" => 13,
+        "Swish" => 14,
+        _ => return None,
+    })
+}
+
+fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let (alpha, beta) = match code {
+        12 => (ctx.float("alpha", 0.01), 0.0),
+        14 => (ctx.float("alpha", 1.0), 0.0),
+        13 if ctx.opset < 11 => (
+            ctx.float("min", f32::NEG_INFINITY),
+            ctx.float("max", f32::INFINITY),
+        ),
+        13 => {
+            let bound = |i: usize, default: f32| -> Result<f32, String> {
+                Ok(match host(gpu, args, i)? {
+                    Some(t) => *t.to_f32_vec().first().ok_or("Clip bound is empty")?,
+                    None => default,
+                })
+            };
+            (bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?)
+        }
+        _ => (0.0, 0.0),
+    };
+    let n = numel(&x.shape);
+    let mut out = gpu.alloc(n)?;
+    let n64 = n as i64;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.unary);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&code)
+        .arg(&alpha)
+        .arg(&beta);
+    // SAFETY: argument types match `unary_f32`; both buffers hold `n` floats.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(x.shape.clone(), out))
+}
+
+/// Codes of `binary_f32` (two-input forms only; more inputs go to the CPU).
+fn binary_code(op: &str) -> Option<i32> {
+    Some(match op {
+        "Add" => 0,
+        "Sub" => 1,
+        "Mul" => 2,
+        "Div" => 3,
+        "Pow" => 4,
+        "Max" => 5,
+        "Min" => 6,
+        _ => return None,
+    })
+}
+
+fn binary(gpu: &Gpu, args: &[Option<Value>], code: i32) -> OpResult {
+    if args.len() != 2 {
+        return Ok(None);
+    }
+    let Some(v) = all_device(gpu, args, 2)? else {
+        return Ok(None);
+    };
+    let shape = broadcast_shapes(&[&v[0].shape, &v[1].shape])?;
+    let dims = dims(
+        &shape,
+        &[
+            &broadcast_strides(&v[0].shape, &shape),
+            &broadcast_strides(&v[1].shape, &shape),
+        ],
+    )?;
+    let n = numel(&shape);
+    let mut out = gpu.alloc(n)?;
+    let n64 = n as i64;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.binary);
+    launch
+        .arg(&*v[0].data)
+        .arg(&*v[1].data)
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&dims)
+        .arg(&code);
+    // SAFETY: argument types match `binary_f32`; broadcast strides keep offsets in bounds.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(shape, out))
+}
+
+fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    let Some(cond) = host(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let crate::runtime::TensorData::Bool(flags) = cond.data() else {
+        return Ok(None);
+    };
+    let (Some(a), Some(b)) = (device(gpu, args, 1)?, device(gpu, args, 2)?) else {
+        return Ok(None);
+    };
+    let shape = broadcast_shapes(&[cond.shape(), &a.shape, &b.shape])?;
+    let dims = dims(
+        &shape,
+        &[
+            &broadcast_strides(&a.shape, &shape),
+            &broadcast_strides(&b.shape, &shape),
+            &broadcast_strides(cond.shape(), &shape),
+        ],
+    )?;
+    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
+    let flags = gpu.upload(&flags)?;
+    let n = numel(&shape);
+    let mut out = gpu.alloc(n)?;
+    let n64 = n as i64;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.where_);
+    launch
+        .arg(&flags)
+        .arg(&*a.data)
+        .arg(&*b.data)
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&dims);
+    // SAFETY: argument types match `where_f32`; broadcast strides keep offsets in bounds.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(shape, out))
+}
+
+/// The input itself (shared, not copied), optionally under a new shape.
+fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let shape = shape.unwrap_or_else(|| x.shape.clone());
+    if numel(&shape) != numel(&x.shape) {
+        return Err(format!(
+            "cannot view {:?} as {shape:?}: element counts differ",
+            x.shape
+        ));
+    }
+    one(DeviceTensor {
+        shape,
+        data: x.data,
+    })
+}
+
+/// Output shape of Reshape, Flatten, Squeeze and Unsqueeze (ONNX's rules).
+fn reshaped(
+    gpu: &Gpu,
+    ctx: &Ctx,
+    args: &[Option<Value>],
+    input: &[usize],
+) -> Result<Vec<usize>, String> {
+    let axes_of = |gpu: &Gpu| -> Result<Option<Vec<i64>>, String> {
+        if ctx.opset >= 13 {
+            Ok(host(gpu, args, 1)?.map(|t| t.to_i64_vec()))
+        } else {
+            Ok(ctx.ints("axes"))
+        }
+    };
+    match ctx.node.op_type.as_str() {
+        "Reshape" => {
+            let target = host(gpu, args, 1)?
+                .ok_or("Reshape needs its shape input")?
+                .to_i64_vec();
+            let allow_zero = ctx.int("allowzero", 0) != 0;
+            let mut shape = Vec::with_capacity(target.len());
+            let mut infer = None;
+            for (i, &d) in target.iter().enumerate() {
+                match d {
+                    -1 if infer.is_none() => {
+                        infer = Some(i);
+                        shape.push(1);
+                    }
+                    0 if !allow_zero => {
+                        shape.push(*input.get(i).ok_or("Reshape copies a missing dim")?)
+                    }
+                    d if d >= 0 => shape.push(d as usize),
+                    d => return Err(format!("Reshape target dim {d} is invalid")),
+                }
+            }
+            if let Some(i) = infer {
+                let known: usize = numel(&shape);
+                if known == 0 || numel(input) % known != 0 {
+                    return Err(format!("cannot reshape {input:?} to {target:?}"));
+                }
+                shape[i] = numel(input) / known;
+            }
+            Ok(shape)
+        }
+        "Flatten" => {
+            let axis = ctx.int("axis", 1);
+            let axis = if axis < 0 {
+                axis + input.len() as i64
+            } else {
+                axis
+            };
+            if axis < 0 || axis as usize > input.len() {
+                return Err(format!("Flatten axis {axis} out of range"));
+            }
+            let axis = axis as usize;
+            Ok(vec![numel(&input[..axis]), numel(&input[axis..])])
+        }
+        "Squeeze" => {
+            let axes = axes_of(gpu)?;
+            let remove: Vec<usize> = match axes {
+                Some(a) if !a.is_empty() => a
+                    .iter()
+                    .map(|&x| normalize_axis(x, input.len()))
+                    .collect::<Result<_, _>>()?,
+                _ => (0..input.len()).filter(|&i| input[i] == 1).collect(),
+            };
+            Ok(input
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !remove.contains(i))
+                .map(|(_, &d)| d)
+                .collect())
+        }
+        _ => {
+            let axes = axes_of(gpu)?.ok_or("Unsqueeze needs axes")?;
+            let rank = input.len() + axes.len();
+            let mut insert: Vec<usize> = axes
+                .iter()
+                .map(|&x| normalize_axis(x, rank))
+                .collect::<Result<_, _>>()?;
+            insert.sort_unstable();
+            let mut rest = input.iter();
+            Ok((0..rank)
+                .map(|i| {
+                    if insert.binary_search(&i).is_ok() {
+                        1
+                    } else {
+                        *rest.next().unwrap_or(&1)
+                    }
+                })
+                .collect())
+        }
+    }
+}
+
+fn transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let rank = x.shape.len();
+    let perm: Vec<usize> = match ctx.ints("perm") {
+        Some(p) => p
+            .iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?,
+        None => (0..rank).rev().collect(),
+    };
+    let strides = contiguous_strides(&x.shape);
+    let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let out_strides: Vec<i64> = perm.iter().map(|&p| strides[p]).collect();
+    let data = gpu.gather_strided(&x.data, &out_shape, &out_strides, 0)?;
+    one(DeviceTensor::new(out_shape, data))
+}
+
+fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(parts) = all_device(gpu, args, args.len())? else {
+        return Ok(None);
+    };
+    let first = &parts[0].shape;
+    let axis = normalize_axis(ctx.int("axis", 0), first.len())?;
+    let mut shape = first.clone();
+    shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+    let outer = numel(&first[..axis]);
+    let out_inner = numel(&shape[axis..]);
+    let mut out = gpu.alloc(numel(&shape))?;
+    let mut offset = 0usize;
+    for part in &parts {
+        if part.shape.len() != first.len() || numel(&part.shape[..axis]) != outer {
+            return Err(format!(
+                "Concat parts {first:?} and {:?} differ",
+                part.shape
+            ));
+        }
+        let in_inner = numel(&part.shape[axis..]);
+        let (o, i, oi, off) = (
+            outer as i64,
+            in_inner as i64,
+            out_inner as i64,
+            offset as i64,
+        );
+        let mut launch = gpu.stream.launch_builder(&gpu.functions.copy_block);
+        launch
+            .arg(&*part.data)
+            .arg(&mut out)
+            .arg(&o)
+            .arg(&i)
+            .arg(&oi)
+            .arg(&off);
+        // SAFETY: argument types match `copy_block_f32`; each part lands in its own columns.
+        unsafe { launch.launch(Gpu::grid(outer * in_inner)) }.map_err(cuda_error("launch"))?;
+        offset += in_inner;
+    }
+    one(DeviceTensor::new(shape, out))
+}
+
+/// First index, step and length of a slice of an axis of `dim` elements (ONNX's clamping).
+fn slice_axis(dim: usize, start: i64, end: i64, step: i64) -> (i64, i64, usize) {
+    let dim = dim as i64;
+    let fix = |v: i64| if v < 0 { v + dim } else { v };
+    let (start, end) = (fix(start), fix(end));
+    let (start, end) = if step > 0 {
+        (start.clamp(0, dim), end.clamp(0, dim))
+    } else {
+        (start.clamp(0, dim - 1), end.clamp(-1, dim - 1))
+    };
+    let len = if step > 0 { end - start } else { start - end }.max(0) as u64;
+    let count = len.div_ceil(step.unsigned_abs());
+    (start, step, count as usize)
+}
+
+fn slice(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let rank = x.shape.len();
+    let (starts, ends, axes, steps) = if ctx.opset >= 10 {
+        let get = |i| -> Result<Option<Vec<i64>>, String> {
+            Ok(host(gpu, args, i)?.map(|t| t.to_i64_vec()))
+        };
+        (
+            get(1)?.ok_or("Slice needs starts")?,
+            get(2)?.ok_or("Slice needs ends")?,
+            get(3)?,
+            get(4)?,
+        )
+    } else {
+        (
+            ctx.ints("starts").ok_or("Slice needs starts")?,
+            ctx.ints("ends").ok_or("Slice needs ends")?,
+            ctx.ints("axes"),
+            None,
+        )
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("Slice's starts, ends, axes and steps differ in length".into());
+    }
+    let strides = contiguous_strides(&x.shape);
+    let mut out_shape = x.shape.clone();
+    let mut out_strides = strides.clone();
+    let mut base = 0i64;
+    for i in 0..starts.len() {
+        let axis = normalize_axis(axes[i], rank)?;
+        if steps[i] == 0 {
+            return Err("Slice step 0".into());
+        }
+        let (start, step, count) = slice_axis(x.shape[axis], starts[i], ends[i], steps[i]);
+        out_shape[axis] = count;
+        out_strides[axis] = strides[axis] * step;
+        if count > 0 {
+            base += start * strides[axis];
+        }
+    }
+    if out_shape.contains(&0) {
+        return Ok(None);
+    }
+    let data = gpu.gather_strided(&x.data, &out_shape, &out_strides, base)?;
+    one(DeviceTensor::new(out_shape, data))
+}
+
+fn split(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let axis = normalize_axis(ctx.int("axis", 0), x.shape.len())?;
+    let outputs = ctx.node.outputs.len();
+    let dim = x.shape[axis];
+    let sizes: Vec<usize> = match if ctx.opset >= 13 {
+        host(gpu, args, 1)?.map(|t| t.to_i64_vec())
+    } else {
+        ctx.ints("split")
+    } {
+        Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
+        None => {
+            // Equal parts, the last smaller when the axis does not divide (opset 18).
+            let part = dim.div_ceil(outputs.max(1));
+            (0..outputs)
+                .map(|i| part.min(dim.saturating_sub(i * part)))
+                .collect()
+        }
+    };
+    if sizes.len() != outputs || sizes.iter().sum::<usize>() != dim || sizes.contains(&0) {
+        return Ok(None);
+    }
+    let strides = contiguous_strides(&x.shape);
+    let mut results = Vec::with_capacity(outputs);
+    let mut start = 0usize;
+    for size in sizes {
+        let mut shape = x.shape.clone();
+        shape[axis] = size;
+        let base = start as i64 * strides[axis];
+        let data = gpu.gather_strided(&x.data, &shape, &strides, base)?;
+        results.push(Value::Device(DeviceTensor::new(shape, data)));
+        start += size;
+    }
+    Ok(Some(results))
+}
+
+fn gather(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(indices)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    if !matches!(indices.dtype(), DType::I64 | DType::I32) {
+        return Ok(None);
+    }
+    let axis = normalize_axis(ctx.int("axis", 0), x.shape.len())?;
+    let axis_len = x.shape[axis];
+    let idx: Vec<i64> = indices
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + axis_len as i64 } else { i };
+            if (0..axis_len as i64).contains(&j) {
+                Ok(j)
+            } else {
+                Err(format!("Gather index {i} out of range for {axis_len}"))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let mut shape = x.shape[..axis].to_vec();
+    shape.extend_from_slice(indices.shape());
+    shape.extend_from_slice(&x.shape[axis + 1..]);
+    if idx.is_empty() {
+        return Ok(None);
+    }
+    let (outer, inner) = (numel(&x.shape[..axis]), numel(&x.shape[axis + 1..]));
+    let idx = gpu.upload(&idx)?;
+    let n = outer * indices.len() * inner;
+    let mut out = gpu.alloc(n)?;
+    let (o, a, m, i) = (
+        outer as i64,
+        axis_len as i64,
+        indices.len() as i64,
+        inner as i64,
+    );
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.gather_axis);
+    launch
+        .arg(&*x.data)
+        .arg(&idx)
+        .arg(&mut out)
+        .arg(&o)
+        .arg(&a)
+        .arg(&m)
+        .arg(&i);
+    // SAFETY: argument types match `gather_axis_f32`; indices were checked against the axis.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(shape, out))
+}
+
+fn softmax(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], log: bool) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let rank = x.shape.len();
+    let axis = normalize_axis(ctx.int("axis", if ctx.opset >= 13 { -1 } else { 1 }), rank)?;
+    // Before opset 13 the input is flattened at `axis` into rows; from 13 on only the last axis
+    // is a row (other axes are left to the CPU).
+    if ctx.opset >= 13 && axis + 1 != rank {
+        return Ok(None);
+    }
+    let (rows, cols) = (numel(&x.shape[..axis]), numel(&x.shape[axis..]));
+    let mut out = gpu.alloc(rows * cols)?;
+    let (r, c, flag) = (rows as i64, cols as i64, log as i32);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.softmax_rows);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&r)
+        .arg(&c)
+        .arg(&flag);
+    // SAFETY: argument types match `softmax_rows_f32`; shared memory is one float per thread.
+    unsafe { launch.launch(Gpu::rows(rows)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(x.shape.clone(), out))
+}
+
+fn norm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], rms: bool) -> OpResult {
+    let (Some(x), Some(scale)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let bias = if rms { None } else { device(gpu, args, 2)? };
+    let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
+    let (rows, cols) = (numel(&x.shape[..axis]), numel(&x.shape[axis..]));
+    if numel(&scale.shape) != cols || bias.as_ref().is_some_and(|b| numel(&b.shape) != cols) {
+        return Ok(None);
+    }
+    let epsilon = ctx.float("epsilon", 1e-5);
+    let mut out = gpu.alloc(rows * cols)?;
+    let (r, c, flag) = (rows as i64, cols as i64, rms as i32);
+    let has_bias = bias.is_some() as i32;
+    // Without a bias the kernel never reads its bias argument; the scale stands in.
+    let bias_data = bias.as_ref().map_or(&*scale.data, |b| &*b.data);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.norm_rows);
+    launch
+        .arg(&*x.data)
+        .arg(&*scale.data)
+        .arg(bias_data)
+        .arg(&mut out)
+        .arg(&r)
+        .arg(&c)
+        .arg(&epsilon)
+        .arg(&flag)
+        .arg(&has_bias);
+    // SAFETY: argument types match `norm_rows_f32`; scale and bias hold `cols` floats.
+    unsafe { launch.launch(Gpu::rows(rows)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(x.shape.clone(), out))
+}
+
+fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let code = match ctx.node.op_type.as_str() {
+        "ReduceSum" => 0,
+        "ReduceMean" => 1,
+        "ReduceMax" => 2,
+        "ReduceMin" => 3,
+        _ => 4,
+    };
+    let rank = x.shape.len();
+    let axes: Vec<i64> = match host(gpu, args, 1)? {
+        Some(a) => a.to_i64_vec(),
+        None => ctx.ints("axes").unwrap_or_default(),
+    };
+    let keep_dims = ctx.int("keepdims", 1) != 0;
+    if axes.is_empty() && ctx.int("noop_with_empty_axes", 0) != 0 {
+        return alias(gpu, args, None);
+    }
+    let mut reduced_axes: Vec<usize> = if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        axes.iter()
+            .map(|&a| normalize_axis(a, rank))
+            .collect::<Result<_, _>>()?
+    };
+    reduced_axes.sort_unstable();
+    reduced_axes.dedup();
+    let strides = contiguous_strides(&x.shape);
+    let kept_axes: Vec<usize> = (0..rank)
+        .filter(|a| reduced_axes.binary_search(a).is_err())
+        .collect();
+    let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
+    let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
+    let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
+    let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
+    let kept = dims(&kept_shape, &[&kept_strides])?;
+    let reduced = dims(&red_shape, &[&red_strides])?;
+    let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
+    let mut out = gpu.alloc(n_out)?;
+    let (n64, c64) = (n_out as i64, count as i64);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&kept)
+        .arg(&reduced)
+        .arg(&c64)
+        .arg(&code);
+    // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
+    unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    let shape: Vec<usize> = if keep_dims {
+        (0..rank)
+            .map(|a| {
+                if reduced_axes.binary_search(&a).is_ok() {
+                    1
+                } else {
+                    x.shape[a]
+                }
+            })
+            .collect()
+    } else {
+        kept_shape
+    };
+    one(DeviceTensor::new(shape, out))
+}
+
+fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    let Some(v) = all_device(gpu, args, 2)? else {
+        return Ok(None);
+    };
+    let (a, b) = (&v[0], &v[1]);
+    if a.shape.is_empty() || b.shape.is_empty() {
+        return Ok(None);
+    }
+    // Vectors are promoted to matrices, and the promoted axis is dropped from the result.
+    let a_shape = if a.shape.len() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let b_shape = if b.shape.len() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let (ra, rb) = (a_shape.len(), b_shape.len());
+    let (m, k) = (a_shape[ra - 2], a_shape[ra - 1]);
+    let (k2, n) = (b_shape[rb - 2], b_shape[rb - 1]);
+    if k != k2 {
+        return Err(format!(
+            "MatMul inner dims differ: {:?} × {:?}",
+            a.shape, b.shape
+        ));
+    }
+    let batch = broadcast_shapes(&[&a_shape[..ra - 2], &b_shape[..rb - 2]])?;
+    let count = numel(&batch);
+    let mut out = gpu.alloc(count * m * n)?;
+    let (a_count, b_count) = (numel(&a_shape[..ra - 2]), numel(&b_shape[..rb - 2]));
+    if b_count == 1 && a_count == count {
+        // Weights shared by the whole batch: one product with the batch folded into the rows.
+        gpu.gemm(
+            (count * m, n, k),
+            &a.data,
+            false,
+            &b.data,
+            false,
+            &mut out,
+            (1.0, 0.0),
+            (1, 0, 0),
+        )?;
+    } else {
+        // A batch broadcast from one matrix reads it with stride 0; any other broadcast is
+        // materialised first.
+        let operand = |t: &DeviceTensor, shape: &[usize], own: usize, rows: usize, cols: usize| {
+            if own == count {
+                Ok((t.data.clone(), rows * cols))
+            } else if own == 1 {
+                Ok((t.data.clone(), 0))
+            } else {
+                let mut full = batch.clone();
+                full.extend_from_slice(&[rows, cols]);
+                let view = DeviceTensor {
+                    shape: shape.to_vec(),
+                    data: t.data.clone(),
+                };
+                gpu.expand(&view, &full).map(|e| (e.data, rows * cols))
+            }
+        };
+        let (a_data, stride_a) = operand(a, &a_shape, a_count, m, k)?;
+        let (b_data, stride_b) = operand(b, &b_shape, b_count, k, n)?;
+        gpu.gemm(
+            (m, n, k),
+            &a_data,
+            false,
+            &b_data,
+            false,
+            &mut out,
+            (1.0, 0.0),
+            (count, stride_a, stride_b),
+        )?;
+    }
+    let mut shape = batch;
+    if a.shape.len() > 1 {
+        shape.push(m);
+    }
+    if b.shape.len() > 1 {
+        shape.push(n);
+    }
+    one(DeviceTensor::new(shape, out))
+}
+
+fn gemm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(v) = all_device(gpu, args, 2)? else {
+        return Ok(None);
+    };
+    let (a, b) = (&v[0], &v[1]);
+    if a.shape.len() != 2 || b.shape.len() != 2 {
+        return Ok(None);
+    }
+    let (trans_a, trans_b) = (ctx.int("transA", 0) != 0, ctx.int("transB", 0) != 0);
+    let (alpha, beta) = (ctx.float("alpha", 1.0), ctx.float("beta", 1.0));
+    let (m, k) = if trans_a {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (k2, n) = if trans_b {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
+    if k != k2 {
+        return Err(format!(
+            "Gemm inner dims differ: {:?} × {:?}",
+            a.shape, b.shape
+        ));
+    }
+    let c = match args.get(2).and_then(|c| c.as_ref()) {
+        Some(_) => match device(gpu, args, 2)? {
+            Some(c) => Some(c),
+            None => return Ok(None),
+        },
+        None => None,
+    };
+    // C (broadcast to [m, n]) is written first and accumulated into by the product.
+    let (mut out, beta) = match c {
+        Some(c) if beta != 0.0 => {
+            let strides = broadcast_strides(&c.shape, &[m, n]);
+            (gpu.gather_strided(&c.data, &[m, n], &strides, 0)?, beta)
+        }
+        _ => (gpu.alloc(m * n)?, 0.0),
+    };
+    gpu.gemm(
+        (m, n, k),
+        &a.data,
+        trans_a,
+        &b.data,
+        trans_b,
+        &mut out,
+        (alpha, beta),
+        (1, 0, 0),
+    )?;
+    one(DeviceTensor::new(vec![m, n], out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_follow_onnx_clamping() {
+        assert_eq!(slice_axis(10, 2, 8, 1), (2, 1, 6));
+        assert_eq!(slice_axis(10, 0, i64::MAX, 3), (0, 3, 4));
+        assert_eq!(slice_axis(10, -1, i64::MIN, -1), (9, -1, 10));
+        assert_eq!(slice_axis(10, 8, 2, 1), (8, 1, 0));
+        assert_eq!(slice_axis(4, -3, -1, 1), (1, 1, 2));
+    }
+
+    #[test]
+    fn broadcast_strides_zero_the_broadcast_axes() {
+        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
+        assert_eq!(broadcast_strides(&[2, 3, 4], &[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+    }
+}

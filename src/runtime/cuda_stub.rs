@@ -1,0 +1,71 @@
+//! Stand-in for the CUDA backend in builds without the `cuda` feature: the same names, and every
+//! entry point answers [`Error::CudaNotCompiled`], so callers need no `cfg` of their own.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use super::{Executor, StageSpec, Tensors, Weights};
+use crate::graph::Graph;
+use crate::Error;
+
+/// Why there is no device: this build has no CUDA backend.
+pub fn device_count() -> Result<usize, String> {
+    Err("pipecut was built without the `cuda` feature".into())
+}
+
+/// Always [`Error::CudaNotCompiled`] in this build.
+pub fn check_kernels() -> Result<Vec<String>, Error> {
+    Err(Error::CudaNotCompiled)
+}
+
+/// The CUDA backend; cannot be created in this build.
+pub struct CudaExecutor<'a> {
+    _never: Infallible,
+    _graph: std::marker::PhantomData<&'a Graph>,
+}
+
+/// A prepared CUDA stage; cannot exist in this build.
+pub struct CudaStage {
+    _never: Infallible,
+}
+
+impl CudaStage {
+    /// How many times each op ran on the host instead of the device.
+    pub fn host_runs(&self) -> BTreeMap<String, usize> {
+        match self._never {}
+    }
+
+    /// The device ordinal it runs on.
+    pub fn device(&self) -> usize {
+        match self._never {}
+    }
+
+    /// Bytes of weights uploaded to the device.
+    pub fn weight_bytes(&self) -> u64 {
+        match self._never {}
+    }
+}
+
+impl<'a> CudaExecutor<'a> {
+    /// Always [`Error::CudaNotCompiled`] in this build.
+    pub fn new(_graph: &'a Graph, _weights: &'a Weights) -> Result<CudaExecutor<'a>, Error> {
+        Err(Error::CudaNotCompiled)
+    }
+
+    /// Number of GPUs the stages are spread over.
+    pub fn device_count(&self) -> usize {
+        match self._never {}
+    }
+}
+
+impl Executor for CudaExecutor<'_> {
+    type Stage = CudaStage;
+
+    fn prepare(&self, _spec: &StageSpec) -> Result<CudaStage, Error> {
+        match self._never {}
+    }
+
+    fn run(&self, _stage: &CudaStage, _inputs: &Tensors) -> Result<Tensors, Error> {
+        match self._never {}
+    }
+}
