@@ -21,21 +21,66 @@ use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
 use crate::graph::{Graph, NodeId, TensorId};
 use crate::Error;
 
+/// One node ready to run.
+#[derive(Debug)]
+pub(crate) struct Step {
+    pub node: NodeId,
+    /// The CPU kernel (the CUDA backend's fallback for nodes its device ops leave).
+    pub kernel: Kernel,
+    pub opset: i64,
+    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
+    pub frees: Vec<TensorId>,
+}
+
+/// Resolves every node of a stage to its CPU kernel and works out when each intermediate tensor
+/// can be freed; refuses an op without a kernel, naming op and node.
+pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, Error> {
+    let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
+    let mut last_use: HashMap<TensorId, usize> = HashMap::new();
+    for (i, &n) in spec.nodes.iter().enumerate() {
+        for t in graph.node(n).inputs.iter().flatten() {
+            last_use.insert(*t, i);
+        }
+    }
+    let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
+    for (t, i) in last_use {
+        if !sends.contains(&t) && graph.tensor(t).param().is_none() {
+            frees[i].push(t);
+        }
+    }
+    spec.nodes
+        .iter()
+        .zip(frees)
+        .map(|(&n, frees)| {
+            let node = graph.node(n);
+            let domain = if node.domain.is_empty() {
+                "ai.onnx"
+            } else {
+                &node.domain
+            };
+            let kernel = (!node.has_subgraphs())
+                .then(|| kernels::lookup(&node.domain, &node.op_type))
+                .flatten()
+                .ok_or_else(|| Error::NoKernel {
+                    op: node.op_type.clone(),
+                    domain: domain.to_string(),
+                    node: node.name.clone(),
+                })?;
+            Ok(Step {
+                node: n,
+                kernel,
+                opset: graph.opset(&node.domain).unwrap_or(0),
+                frees,
+            })
+        })
+        .collect()
+}
+
 /// The CPU reference backend over one graph and its weights.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuExecutor<'a> {
     graph: &'a Graph,
     weights: &'a Weights,
-}
-
-/// One node ready to run.
-#[derive(Debug)]
-struct Step {
-    node: NodeId,
-    kernel: Kernel,
-    opset: i64,
-    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
-    frees: Vec<TensorId>,
 }
 
 /// A stage prepared by [`CpuExecutor`].
@@ -79,50 +124,9 @@ impl Executor for CpuExecutor<'_> {
     type Stage = CpuStage;
 
     fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
-        let graph = self.graph;
-        let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
-        let mut last_use: HashMap<TensorId, usize> = HashMap::new();
-        for (i, &n) in spec.nodes.iter().enumerate() {
-            for t in graph.node(n).inputs.iter().flatten() {
-                last_use.insert(*t, i);
-            }
-        }
-        let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
-        for (t, i) in last_use {
-            if !sends.contains(&t) && graph.tensor(t).param().is_none() {
-                frees[i].push(t);
-            }
-        }
-        let steps = spec
-            .nodes
-            .iter()
-            .zip(frees)
-            .map(|(&n, frees)| {
-                let node = graph.node(n);
-                let domain = if node.domain.is_empty() {
-                    "ai.onnx"
-                } else {
-                    &node.domain
-                };
-                let kernel = (!node.has_subgraphs())
-                    .then(|| kernels::lookup(&node.domain, &node.op_type))
-                    .flatten()
-                    .ok_or_else(|| Error::NoKernel {
-                        op: node.op_type.clone(),
-                        domain: domain.to_string(),
-                        node: node.name.clone(),
-                    })?;
-                Ok(Step {
-                    node: n,
-                    kernel,
-                    opset: graph.opset(&node.domain).unwrap_or(0),
-                    frees,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
         Ok(CpuStage {
             spec: spec.clone(),
-            steps,
+            steps: plan_steps(self.graph, spec)?,
         })
     }
 

@@ -19,7 +19,7 @@
 
 mod ops;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
@@ -27,10 +27,11 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
 use self::ops::{Functions, Gpu};
-use super::kernels::{self, Ctx, Kernel};
+use super::cpu::{plan_steps, Step};
+use super::kernels::Ctx;
 use super::tensor::{HostTensor, TensorData};
 use super::{Executor, StageSpec, Tensors, Weights};
-use crate::graph::{Graph, NodeId, TensorId};
+use crate::graph::{Graph, TensorId};
 use crate::Error;
 
 /// The kernels' CUDA C source.
@@ -165,17 +166,6 @@ pub struct CudaExecutor<'a> {
     devices: Vec<DeviceState>,
 }
 
-/// One node ready to run.
-#[derive(Debug)]
-struct Step {
-    node: NodeId,
-    /// The CPU kernel, for the nodes the device ops leave to the host.
-    kernel: Kernel,
-    opset: i64,
-    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
-    frees: Vec<TensorId>,
-}
-
 /// A stage prepared by [`CudaExecutor`]: its stream, cuBLAS handle and uploaded weights.
 pub struct CudaStage {
     spec: StageSpec,
@@ -260,49 +250,13 @@ impl Executor for CudaExecutor<'_> {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| {
             Self::stage_error(spec.index, format!("cannot create a cuBLAS handle: {e:?}"))
         })?;
-        let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
-        let mut last_use: HashMap<TensorId, usize> = HashMap::new();
-        let mut read_weights: Vec<TensorId> = Vec::new();
-        for (i, &n) in spec.nodes.iter().enumerate() {
-            for &t in graph.node(n).inputs.iter().flatten() {
-                last_use.insert(t, i);
-                if graph.tensor(t).param().is_some() {
-                    read_weights.push(t);
-                }
-            }
-        }
-        let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
-        for (t, i) in last_use {
-            if !sends.contains(&t) && graph.tensor(t).param().is_none() {
-                frees[i].push(t);
-            }
-        }
-        let steps = spec
+        let steps = plan_steps(graph, spec)?;
+        let mut read_weights: Vec<TensorId> = spec
             .nodes
             .iter()
-            .zip(frees)
-            .map(|(&n, frees)| {
-                let node = graph.node(n);
-                let kernel = (!node.has_subgraphs())
-                    .then(|| kernels::lookup(&node.domain, &node.op_type))
-                    .flatten()
-                    .ok_or_else(|| Error::NoKernel {
-                        op: node.op_type.clone(),
-                        domain: if node.domain.is_empty() {
-                            "ai.onnx".into()
-                        } else {
-                            node.domain.clone()
-                        },
-                        node: node.name.clone(),
-                    })?;
-                Ok(Step {
-                    node: n,
-                    kernel,
-                    opset: graph.opset(&node.domain).unwrap_or(0),
-                    frees,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
+            .flat_map(|&n| graph.node(n).inputs.iter().flatten().copied())
+            .filter(|&t| graph.tensor(t).param().is_some())
+            .collect();
         // Float weights go to the device once; integer ones (shapes, indices) stay on the host.
         read_weights.sort();
         read_weights.dedup();

@@ -13,7 +13,7 @@ use cudarc::driver::{
 
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::{broadcast_shapes, normalize_axis, Ctx};
+use crate::runtime::kernels::{broadcast_shapes, normalize_axis, transpose_perm, view_shape, Ctx};
 use crate::runtime::tensor::HostTensor;
 
 /// Largest rank the kernels' [`Dims`] carries.
@@ -331,7 +331,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             let Some(x) = device(gpu, args, 0)? else {
                 return Ok(None);
             };
-            let shape = reshaped(gpu, ctx, args, &x.shape)?;
+            let second = host(gpu, args, 1)?;
+            let shape = view_shape(ctx, &x.shape, second.as_deref())?;
             alias(gpu, args, Some(shape))
         }
         "Transpose" => transpose(gpu, ctx, args),
@@ -517,113 +518,11 @@ fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResu
     })
 }
 
-/// Output shape of Reshape, Flatten, Squeeze and Unsqueeze (ONNX's rules).
-fn reshaped(
-    gpu: &Gpu,
-    ctx: &Ctx,
-    args: &[Option<Value>],
-    input: &[usize],
-) -> Result<Vec<usize>, String> {
-    let axes_of = |gpu: &Gpu| -> Result<Option<Vec<i64>>, String> {
-        if ctx.opset >= 13 {
-            Ok(host(gpu, args, 1)?.map(|t| t.to_i64_vec()))
-        } else {
-            Ok(ctx.ints("axes"))
-        }
-    };
-    match ctx.node.op_type.as_str() {
-        "Reshape" => {
-            let target = host(gpu, args, 1)?
-                .ok_or("Reshape needs its shape input")?
-                .to_i64_vec();
-            let allow_zero = ctx.int("allowzero", 0) != 0;
-            let mut shape = Vec::with_capacity(target.len());
-            let mut infer = None;
-            for (i, &d) in target.iter().enumerate() {
-                match d {
-                    -1 if infer.is_none() => {
-                        infer = Some(i);
-                        shape.push(1);
-                    }
-                    0 if !allow_zero => {
-                        shape.push(*input.get(i).ok_or("Reshape copies a missing dim")?)
-                    }
-                    d if d >= 0 => shape.push(d as usize),
-                    d => return Err(format!("Reshape target dim {d} is invalid")),
-                }
-            }
-            if let Some(i) = infer {
-                let known: usize = numel(&shape);
-                if known == 0 || numel(input) % known != 0 {
-                    return Err(format!("cannot reshape {input:?} to {target:?}"));
-                }
-                shape[i] = numel(input) / known;
-            }
-            Ok(shape)
-        }
-        "Flatten" => {
-            let axis = ctx.int("axis", 1);
-            let axis = if axis < 0 {
-                axis + input.len() as i64
-            } else {
-                axis
-            };
-            if axis < 0 || axis as usize > input.len() {
-                return Err(format!("Flatten axis {axis} out of range"));
-            }
-            let axis = axis as usize;
-            Ok(vec![numel(&input[..axis]), numel(&input[axis..])])
-        }
-        "Squeeze" => {
-            let axes = axes_of(gpu)?;
-            let remove: Vec<usize> = match axes {
-                Some(a) if !a.is_empty() => a
-                    .iter()
-                    .map(|&x| normalize_axis(x, input.len()))
-                    .collect::<Result<_, _>>()?,
-                _ => (0..input.len()).filter(|&i| input[i] == 1).collect(),
-            };
-            Ok(input
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !remove.contains(i))
-                .map(|(_, &d)| d)
-                .collect())
-        }
-        _ => {
-            let axes = axes_of(gpu)?.ok_or("Unsqueeze needs axes")?;
-            let rank = input.len() + axes.len();
-            let mut insert: Vec<usize> = axes
-                .iter()
-                .map(|&x| normalize_axis(x, rank))
-                .collect::<Result<_, _>>()?;
-            insert.sort_unstable();
-            let mut rest = input.iter();
-            Ok((0..rank)
-                .map(|i| {
-                    if insert.binary_search(&i).is_ok() {
-                        1
-                    } else {
-                        *rest.next().unwrap_or(&1)
-                    }
-                })
-                .collect())
-        }
-    }
-}
-
 fn transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
         return Ok(None);
     };
-    let rank = x.shape.len();
-    let perm: Vec<usize> = match ctx.ints("perm") {
-        Some(p) => p
-            .iter()
-            .map(|&a| normalize_axis(a, rank))
-            .collect::<Result<_, _>>()?,
-        None => (0..rank).rev().collect(),
-    };
+    let perm = transpose_perm(ctx, x.shape.len())?;
     let strides = contiguous_strides(&x.shape);
     let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let out_strides: Vec<i64> = perm.iter().map(|&p| strides[p]).collect();

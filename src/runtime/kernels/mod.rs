@@ -10,6 +10,9 @@ mod conv;
 mod elementwise;
 mod matmul;
 mod movement;
+
+#[cfg(feature = "cuda")]
+pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod reduce;
 

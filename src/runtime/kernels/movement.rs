@@ -11,7 +11,7 @@ use crate::graph::Attribute;
 use crate::runtime::tensor::{checked_numel, strides_of, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
-    t.add(&["Reshape"], reshape);
+    t.add(&["Reshape", "Unsqueeze", "Squeeze", "Flatten"], view);
     t.add(&["Transpose"], transpose);
     t.add(&["Concat"], concat);
     t.add(&["Split"], split);
@@ -19,9 +19,6 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Gather"], gather);
     t.add(&["GatherElements"], gather_elements);
     t.add(&["Expand"], expand);
-    t.add(&["Unsqueeze"], unsqueeze);
-    t.add(&["Squeeze"], squeeze);
-    t.add(&["Flatten"], flatten);
     t.add(&["Shape"], shape);
     t.add(&["Size"], size);
     t.add(&["Range"], range);
@@ -38,37 +35,6 @@ fn dims_from(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
         .iter()
         .map(|&v| usize::try_from(v).map_err(|_| format!("{what} has a negative entry {v}")))
         .collect()
-}
-
-fn reshape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let target = input(inputs, 1)?.to_i64_vec();
-    let allow_zero = ctx.int("allowzero", 0) != 0;
-    let mut shape = Vec::with_capacity(target.len());
-    let mut infer = None;
-    for (i, &d) in target.iter().enumerate() {
-        match d {
-            -1 if infer.is_none() => {
-                infer = Some(i);
-                shape.push(1);
-            }
-            0 if !allow_zero => shape.push(
-                *x.shape()
-                    .get(i)
-                    .ok_or_else(|| format!("0 at position {i} copies a dim the input lacks"))?,
-            ),
-            d if d >= 0 => shape.push(d as usize),
-            _ => return Err(format!("bad target shape {target:?}")),
-        }
-    }
-    if let Some(i) = infer {
-        let known: usize = shape.iter().product();
-        if known == 0 || x.len() % known != 0 {
-            return Err(format!("cannot reshape {:?} to {target:?}", x.shape()));
-        }
-        shape[i] = x.len() / known;
-    }
-    Ok(vec![x.clone().reshaped(shape)?])
 }
 
 /// Offsets of the elements of a permuted view, in output order.
@@ -109,7 +75,15 @@ fn permute_offsets(shape: &[usize], perm: &[usize]) -> Vec<usize> {
 
 fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
-    let rank = x.rank();
+    let perm = transpose_perm(ctx, x.rank())?;
+    let offsets = permute_offsets(x.shape(), &perm);
+    let shape = perm.iter().map(|&p| x.shape()[p]).collect();
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+}
+
+/// Transpose's `perm` (reversed axes by default), checked to be a permutation of `rank` axes.
+/// Shared with the CUDA backend.
+pub(crate) fn transpose_perm(ctx: &Ctx, rank: usize) -> Result<Vec<usize>, String> {
     let perm: Vec<usize> = match ctx.ints("perm") {
         Some(p) => p
             .iter()
@@ -126,9 +100,7 @@ fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if perm.len() != rank {
         return Err(format!("perm {perm:?} for rank {rank}"));
     }
-    let offsets = permute_offsets(x.shape(), &perm);
-    let shape = perm.iter().map(|&p| x.shape()[p]).collect();
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+    Ok(perm)
 }
 
 /// Concatenates along `axis` tensors of equal dtype whose other dims agree.
@@ -401,64 +373,104 @@ fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
 }
 
-fn axes_of(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Option<Vec<i64>> {
-    optional(inputs, 1)
-        .map(HostTensor::to_i64_vec)
-        .or_else(|| ctx.ints("axes"))
-}
-
-fn unsqueeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+/// Reshape, Flatten, Squeeze and Unsqueeze: the same data under a new shape.
+fn view(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
-    let axes = axes_of(ctx, inputs).ok_or("Unsqueeze needs axes")?;
-    let rank = x.rank() + axes.len();
-    let mut positions = axes
-        .iter()
-        .map(|&a| normalize_axis(a, rank))
-        .collect::<Result<Vec<_>, _>>()?;
-    positions.sort_unstable();
-    let mut shape = x.shape().to_vec();
-    for p in positions {
-        shape.insert(p, 1);
-    }
+    let shape = view_shape(ctx, x.shape(), optional(inputs, 1))?;
     Ok(vec![x.clone().reshaped(shape)?])
 }
 
-fn squeeze(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let shape: Vec<usize> = match axes_of(ctx, inputs) {
-        Some(axes) => {
-            let drop = axes
-                .iter()
-                .map(|&a| normalize_axis(a, x.rank()))
-                .collect::<Result<Vec<_>, _>>()?;
-            for &d in &drop {
-                if x.shape()[d] != 1 {
-                    return Err(format!("cannot squeeze axis {d} of size {}", x.shape()[d]));
+/// The output shape of a view op (Reshape, Flatten, Squeeze, Unsqueeze) of `input`, given its
+/// second input (Reshape's target, the axes from opset 13), per ONNX's rules. Shared with the
+/// CUDA backend, which reshapes without moving data.
+pub(crate) fn view_shape(
+    ctx: &Ctx,
+    input: &[usize],
+    second: Option<&HostTensor>,
+) -> Result<Vec<usize>, String> {
+    let rank = input.len();
+    let axes = || {
+        second
+            .map(HostTensor::to_i64_vec)
+            .or_else(|| ctx.ints("axes"))
+    };
+    match ctx.node.op_type.as_str() {
+        "Reshape" => {
+            let target = second.ok_or("Reshape needs its shape input")?.to_i64_vec();
+            let allow_zero = ctx.int("allowzero", 0) != 0;
+            let mut shape = Vec::with_capacity(target.len());
+            let mut infer = None;
+            for (i, &d) in target.iter().enumerate() {
+                match d {
+                    -1 if infer.is_none() => {
+                        infer = Some(i);
+                        shape.push(1);
+                    }
+                    0 if !allow_zero => shape.push(*input.get(i).ok_or_else(|| {
+                        format!("0 at position {i} copies a dim the input lacks")
+                    })?),
+                    d if d >= 0 => shape.push(d as usize),
+                    _ => return Err(format!("bad target shape {target:?}")),
                 }
             }
-            x.shape()
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !drop.contains(i))
-                .map(|(_, &d)| d)
-                .collect()
+            if let Some(i) = infer {
+                let known: usize = shape.iter().product();
+                let total: usize = input.iter().product();
+                if known == 0 || total % known != 0 {
+                    return Err(format!("cannot reshape {input:?} to {target:?}"));
+                }
+                shape[i] = total / known;
+            }
+            Ok(shape)
         }
-        None => x.shape().iter().copied().filter(|&d| d != 1).collect(),
-    };
-    Ok(vec![x.clone().reshaped(shape)?])
-}
-
-fn flatten(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let axis = ctx.int("axis", 1);
-    let axis = if axis == x.rank() as i64 {
-        x.rank()
-    } else {
-        normalize_axis(axis, x.rank())?
-    };
-    let outer: usize = x.shape()[..axis].iter().product();
-    let inner: usize = x.shape()[axis..].iter().product();
-    Ok(vec![x.clone().reshaped(vec![outer, inner])?])
+        "Unsqueeze" => {
+            let axes = axes().ok_or("Unsqueeze needs axes")?;
+            let out_rank = rank + axes.len();
+            let mut positions = axes
+                .iter()
+                .map(|&a| normalize_axis(a, out_rank))
+                .collect::<Result<Vec<_>, _>>()?;
+            positions.sort_unstable();
+            let mut shape = input.to_vec();
+            for p in positions {
+                shape.insert(p, 1);
+            }
+            Ok(shape)
+        }
+        "Squeeze" => match axes() {
+            Some(axes) => {
+                let drop = axes
+                    .iter()
+                    .map(|&a| normalize_axis(a, rank))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for &d in &drop {
+                    if input[d] != 1 {
+                        return Err(format!("cannot squeeze axis {d} of size {}", input[d]));
+                    }
+                }
+                Ok(input
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !drop.contains(i))
+                    .map(|(_, &d)| d)
+                    .collect())
+            }
+            None => Ok(input.iter().copied().filter(|&d| d != 1).collect()),
+        },
+        "Flatten" => {
+            let axis = ctx.int("axis", 1);
+            let axis = if axis == rank as i64 {
+                rank
+            } else {
+                normalize_axis(axis, rank)?
+            };
+            Ok(vec![
+                input[..axis].iter().product(),
+                input[axis..].iter().product(),
+            ])
+        }
+        other => Err(format!("{other} is not a view op")),
+    }
 }
 
 fn shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
