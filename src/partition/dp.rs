@@ -337,7 +337,10 @@ fn feasible(problem: &PartitionProblem, tables: &Tables, bound: f64) -> bool {
             if i >= last && (heap.is_empty() || tables.prefix[kind][j] - bound > best_key) {
                 break;
             }
-            let top = heap.peek().expect("checked above");
+            // Between reachable starts the heap may be empty (memory reaches leave gaps).
+            let Some(top) = heap.peek() else {
+                continue;
+            };
             if top.key >= tables.end_key(problem, stage, j) - bound
                 && tables.can_finish(j, stages_after, bound, n)
             {
