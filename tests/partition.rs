@@ -447,8 +447,9 @@ fn the_cli_plans_the_same_bytes_twice_with_the_milp() {
 
 #[test]
 fn the_cli_honours_the_time_limit() {
-    // 6 stages of gpt2_tiny are not proven within a second (docs/benchmarks.md); the process,
-    // loading included, ends soon after the limit with the best plan and its gap.
+    // 6 stages of gpt2_tiny are usually not proven within a second in a debug build; the
+    // process, loading included, ends soon after the limit with the best plan and its gap. A
+    // faster build or machine may finish the proof in time, which honours the limit too.
     let (output, wall) =
         pipecut_partition(&["--stages", "6", "--solver", "milp", "--time-limit", "1s"]);
     assert!(
@@ -459,8 +460,11 @@ fn the_cli_honours_the_time_limit() {
     assert!(wall < Duration::from_millis(2500), "took {wall:?}");
     let plan: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let status = &plan["summary"]["status"];
-    assert_eq!(status["kind"], "time_limit", "{status}");
-    assert!(status["gap"].as_f64().unwrap() > 0.0);
+    match status["kind"].as_str() {
+        Some("time_limit") => assert!(status["gap"].as_f64().unwrap() > 0.0, "{status}"),
+        Some("optimal") => {}
+        _ => panic!("unexpected status {status}"),
+    }
     let (dp_only, _) = pipecut_partition(&["--stages", "6", "--solver", "dp"]);
     let dp_plan: serde_json::Value = serde_json::from_slice(&dp_only.stdout).unwrap();
     let bottleneck = |p: &serde_json::Value| p["summary"]["bottleneck_secs"].as_f64().unwrap();
