@@ -150,6 +150,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// Writes to stdout; a closed pipe (`pipecut inspect m.onnx | head`) is not an error.
+/// The model's file name as the plan records it (`""` for a path without one).
+pub(crate) fn model_file_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();

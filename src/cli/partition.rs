@@ -215,12 +215,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-    let file_name = args
-        .model
-        .model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let file_name = super::model_file_name(&args.model.model);
     let plan = Plan::from_solution(
         &solution,
         PlanContext {

@@ -123,10 +123,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     let mut dims: BTreeMap<String, u64> =
         bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
     dims.insert(args.batch_dim.clone(), best.microbatch_size);
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let file_name = super::model_file_name(path);
     let plan = Plan::from_solution(
         &solution,
         PlanContext {

@@ -229,7 +229,9 @@ impl Solution {
     }
 }
 
-fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -> StageTimes {
+/// The simulator's per-stage times from a partition's evaluation (also used by the cluster
+/// search for every candidate it solves).
+pub(crate) fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -> StageTimes {
     let figures: Vec<StageFiguresSecs> = evaluation
         .stages
         .iter()

@@ -32,7 +32,7 @@ use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Schedule, UnknownOpCost};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
-use crate::schedule::{simulate, StageFiguresSecs, StageTimes};
+use crate::schedule::simulate;
 use crate::Error;
 
 /// Where replica r's stage s runs.
@@ -666,17 +666,8 @@ fn evaluate_with(
     let Some((stage_of, evaluation)) = solved.clone() else {
         return Ok(None);
     };
-    let figures: Vec<StageFiguresSecs> = evaluation
-        .stages
-        .iter()
-        .map(|s| StageFiguresSecs {
-            compute_secs: s.compute_secs,
-            receive_secs: s.receive_secs,
-            gradient_receive_secs: s.gradient_receive_secs,
-        })
-        .collect();
     let simulation = simulate(
-        &StageTimes::from_stage_figures(request.mode, &figures),
+        &super::stage_times(&problem, &evaluation),
         schedule.into(),
         m as usize,
     )?;

@@ -138,7 +138,7 @@ impl Gpu<'_> {
         Ok(out)
     }
 
-    /// `x` broadcast to `out_shape` as a new contiguous buffer (`None` when already that shape).
+    /// `x` broadcast to `out_shape` as a contiguous buffer (`x` itself when already that shape).
     fn expand(&self, x: &DeviceTensor, out_shape: &[usize]) -> Result<DeviceTensor, String> {
         if x.shape == out_shape {
             return Ok(x.clone());
