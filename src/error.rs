@@ -310,6 +310,20 @@ pub enum Error {
     /// that is not UTF-8, or a config JSON with an unknown field or a bad value.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+
+    /// A count from the input is over a limit pipecut sets so that it never allocates or loops
+    /// in proportion to an untrusted number (see `docs/robustness.md`, "Sizes and arithmetic").
+    #[error("{what} is {value}, over pipecut's limit of {limit}: {why}")]
+    OverLimit {
+        /// What was counted (`micro-batches per step`, ...).
+        what: String,
+        /// The value asked for.
+        value: u128,
+        /// The largest value accepted.
+        limit: u128,
+        /// Why the limit is there, and what to do instead.
+        why: String,
+    },
 }
 
 fn quote_list(items: &[String]) -> String {

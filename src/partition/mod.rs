@@ -497,6 +497,7 @@ impl<'a> Planner<'a> {
 
     /// Tries every stage count up to the devices (and nodes), simulates each best partition
     /// under the schedule, and keeps the one with the shortest step (fewer stages on ties).
+    /// Stops early, with the best so far, once `deadline` has passed.
     fn solve_auto(
         &self,
         devices: &[DeviceId],
@@ -512,6 +513,11 @@ impl<'a> Planner<'a> {
         let mut best: Option<(f64, PartitionProblem, dp::OrderSolution)> = None;
         let mut last_infeasible = None;
         for k in 1..=max_stages {
+            // The time limit covers this sweep too: past it, the best stage count found so far
+            // is solved (at least one count is always tried).
+            if best.is_some() && Instant::now() >= deadline {
+                break;
+            }
             let problem = self.problem(&devices[..k])?;
             let Some(order) = dp::solve(&problem) else {
                 candidates.push(StageCountCandidate {

@@ -32,7 +32,7 @@ use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Schedule, UnknownOpCost};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
-use crate::schedule::simulate;
+use crate::schedule::{check_microbatches, simulate};
 use crate::Error;
 
 /// Where replica r's stage s runs.
@@ -239,7 +239,23 @@ pub fn search(
     let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
     let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
     let mut pruned_by_memory = 0;
+    // The fewest micro-batches per step among configurations skipped for having more than the
+    // simulator runs (see [`check_microbatches`]).
+    let mut fewest_over_limit: Option<u64> = None;
+    let mut complete = true;
     for &b in &sizes {
+        // Typing the graph is the costly part of this loop: the time limit covers it too.
+        if !typed.is_empty() && started.elapsed() >= request.time_limit {
+            complete = false;
+            break;
+        }
+        // Even spread over every device, this size needs too many micro-batches: skip it
+        // before typing the graph for it.
+        let fewest = request.global_batch / (gpus.max(1) as u64 * b);
+        if check_microbatches(fewest).is_err() {
+            fewest_over_limit = Some(fewest_over_limit.map_or(fewest, |f| f.min(fewest)));
+            continue;
+        }
         let t = type_graph(graph, cluster, request, b)?;
         let nodes = t.graph.node_count();
         for d in 1..=gpus {
@@ -247,6 +263,10 @@ pub fn search(
                 continue;
             }
             let m = request.global_batch / (d as u64 * b);
+            if check_microbatches(m).is_err() {
+                fewest_over_limit = Some(fewest_over_limit.map_or(m, |f| f.min(m)));
+                continue;
+            }
             for &k in depths.iter().filter(|&&k| k * d <= gpus && k <= nodes) {
                 if t.footprint_bytes.div_ceil(k as u64) > max_capacity {
                     pruned_by_memory += placements(k, d).len();
@@ -280,6 +300,10 @@ pub fn search(
         }
         typed.insert(b, t);
     }
+    if let (true, Some(fewest)) = (candidates.is_empty(), fewest_over_limit) {
+        // Every configuration was skipped for its micro-batch count: say so, not "infeasible".
+        check_microbatches(fewest)?;
+    }
     let total_candidates = candidates.len() + pruned_by_memory;
     // Best bound first; equal bounds in a fixed order of their keys, so plans are deterministic.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -289,7 +313,6 @@ pub fn search(
     let (mut solved, mut infeasible) = (0, 0);
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
-    let mut complete = true;
     for (bound, key) in candidates {
         // Nothing left can beat the best: it is proven best over the space (the alternatives
         // are the best of those solved on the way).

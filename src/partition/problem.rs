@@ -212,6 +212,7 @@ impl PartitionProblem {
                 "the number of micro-batches must be at least 1".into(),
             ));
         }
+        crate::schedule::check_microbatches(settings.microbatches.into())?;
         let order = graph.topological_order().to_vec();
         let position: BTreeMap<NodeId, u32> = order
             .iter()

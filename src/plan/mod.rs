@@ -379,7 +379,10 @@ fn check_parallelism(
             p.data_parallel
         ));
     }
-    let per_replica = p.data_parallel as u64 * p.microbatch_size;
+    // Both numbers come from the plan file: a product that overflows is refused like zero.
+    let per_replica = (p.data_parallel as u64)
+        .checked_mul(p.microbatch_size)
+        .unwrap_or(0);
     if per_replica == 0 || p.global_batch % per_replica != 0 {
         return bad(format!(
             "a global batch of {} does not split into {} replicas of micro-batches of {}",

@@ -9,7 +9,9 @@
 mod simulate;
 mod timeline;
 
-pub use simulate::{simulate, Op, OpKind, Simulation, StageFiguresSecs, StageTimes};
+pub use simulate::{
+    check_microbatches, simulate, Op, MAX_MICROBATCHES, MAX_SIMULATED_OPS, OpKind, Simulation, StageFiguresSecs, StageTimes,
+};
 pub use timeline::timeline_svg;
 
 use serde::Serialize;

@@ -7,6 +7,39 @@ use super::PipelineSchedule;
 use crate::cost::Mode;
 use crate::Error;
 
+/// The most micro-batches per step that pipecut plans, checks or simulates: 65,536.
+///
+/// Why a cap: the simulator materialises every operation of a step (the timeline draws each
+/// one), so its memory and time grow with stages × micro-batches, and the number comes from
+/// the command line, a plan file or a C caller. Why this value: a pipeline needs a few times
+/// as many micro-batches as stages to hide its bubble (GPipe's rule of thumb is m ≥ 4K), and
+/// published large runs use at most a few thousand per step (Megatron-LM's 1,536–3,072-sample
+/// global batches at micro-batch size 1, before dividing by data parallelism); 65,536 leaves an
+/// order of magnitude above those while keeping every simulation under [`MAX_SIMULATED_OPS`]
+/// for up to 32 stages in training.
+pub const MAX_MICROBATCHES: u32 = 1 << 16;
+
+/// The most operations (forwards plus backwards over all stages and micro-batches) one
+/// simulation runs: 2^22. Each costs about 90 bytes while simulating (the op list, the device
+/// orders and the completion tables), so a simulation stays under ~400 MB and about a second,
+/// far inside the 4 GiB address space pipecut's robustness tests run it in.
+pub const MAX_SIMULATED_OPS: usize = 1 << 22;
+
+/// Refuses a micro-batch count over [`MAX_MICROBATCHES`], before anything is sized by it.
+pub fn check_microbatches(microbatches: u64) -> Result<(), Error> {
+    if microbatches > MAX_MICROBATCHES as u64 {
+        return Err(Error::OverLimit {
+            what: "the number of micro-batches per step".into(),
+            value: microbatches.into(),
+            limit: MAX_MICROBATCHES.into(),
+            why: "the schedule simulator runs every micro-batch of a step; use a larger \
+                  micro-batch size instead"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
 /// Per-stage times for one micro-batch. With interleaving, "stage" means a model chunk: stage
 /// `s` runs on device `s % devices`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -227,6 +260,21 @@ pub fn simulate(
             "send times must be given for every stage boundary".into()
         ));
     }
+    check_microbatches(microbatches as u64)?;
+    let passes = if training { 2 } else { 1 };
+    let ops_needed = stages
+        .checked_mul(microbatches)
+        .and_then(|n| n.checked_mul(passes));
+    if ops_needed.is_none_or(|n| n > MAX_SIMULATED_OPS) {
+        return Err(Error::OverLimit {
+            what: format!("a step of {stages} stages × {microbatches} micro-batches, in operations"),
+            value: (stages as u128) * (microbatches as u128) * passes as u128,
+            limit: MAX_SIMULATED_OPS as u128,
+            why: "the simulator materialises every operation of the step; use fewer, larger \
+                  micro-batches"
+                .into(),
+        });
+    }
     let devices = stages / chunks;
     if chunks > 1 && training && microbatches % devices != 0 {
         return Err(bad(format!("interleaving needs the micro-batches ({microbatches}) to be a multiple of the devices ({devices})")));
@@ -425,5 +473,36 @@ mod tests {
         )
         .is_err());
         assert!(simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, 0).is_err());
+    }
+
+    #[test]
+    fn counts_over_the_limits_are_refused_before_allocating() {
+        // u32::MAX micro-batches once allocated a 103 GB table and aborted.
+        let message = simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, u32::MAX as usize)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("micro-batches per step is 4294967295"), "{message}");
+        let message = simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("over pipecut's limit of 65536"), "{message}");
+        // Within the micro-batch cap, but stages × micro-batches over the operation budget.
+        let stages = 2 * MAX_SIMULATED_OPS / MAX_MICROBATCHES as usize;
+        let message = simulate(
+            &equal(stages, 1.0, Some(1.0)),
+            PipelineSchedule::OneFOneB,
+            MAX_MICROBATCHES as usize,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(message.contains("in operations"), "{message}");
+        // The largest allowed inference step runs.
+        let most = simulate(
+            &equal(1, 1.0, None),
+            PipelineSchedule::GPipe,
+            MAX_MICROBATCHES as usize,
+        )
+        .unwrap();
+        assert_eq!(most.ops.len(), MAX_MICROBATCHES as usize);
     }
 }
