@@ -138,6 +138,33 @@ fn a_c_program_plans_gpt2_through_the_shared_library() {
     assert_eq!(plan, String::from_utf8(cli.stdout).unwrap());
 }
 
+/// Requests that sized allocations by their numbers or summed to infinity (issue 18) fail with a
+/// message, not an abort, in a C program that caps its address space at 4 GiB.
+#[test]
+fn hostile_requests_from_c_fail_without_aborting_the_host() {
+    let Some(cc) = c_compiler() else { return };
+    if let Err(reason) = shared_library() {
+        eprintln!("skipping the hostile C ABI test: {reason}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("hostile");
+    compile_c(&cc, &common::root().join("tests/c/hostile.c"), &exe).unwrap();
+    let out = Command::new(&exe)
+        .arg(common::fixture("mlp"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "status {:?} (a signal is an abort of the host)\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert_eq!(stdout.lines().count(), 5, "{stdout}");
+}
+
 #[test]
 fn a_c_program_links_the_static_library() {
     let Some(cc) = c_compiler() else { return };

@@ -32,7 +32,9 @@ use serde::{Deserialize, Serialize};
 
 pub use baselines::Baseline;
 pub use milp::MilpReport;
-pub use problem::{CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId};
+pub use problem::{
+    CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId, MAX_TOTAL_SECS,
+};
 
 use crate::cost::{Cluster, DeviceId};
 use crate::graph::Graph;

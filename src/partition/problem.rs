@@ -26,6 +26,13 @@ use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use crate::graph::{Graph, NodeId, TensorOrigin};
 use crate::Error;
 
+/// The largest whole-model time per micro-batch that measured node times may add up to: 10^12 s
+/// (about 31,700 years). Any real model is many orders of magnitude below it, so a larger total
+/// is a unit mistake or hostile input; and it keeps every figure derived from stage times (steps
+/// of up to [`crate::schedule::MAX_MICROBATCHES`] micro-batches over thousands of stages,
+/// throughputs, ratios) finite and representable in the plan's JSON.
+pub const MAX_TOTAL_SECS: f64 = 1e12;
+
 /// Identifies a pipeline stage: its position in the pipeline, 0-based.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct StageId(pub u32);
@@ -380,8 +387,8 @@ impl PartitionProblem {
     /// keep the roofline estimate.
     ///
     /// Errors with [`Error::UnknownNode`] when a name is not a node of the graph, and with
-    /// [`Error::PartitionConfig`] for a negative or non-finite time; the problem is unchanged
-    /// on error.
+    /// [`Error::PartitionConfig`] for a negative or non-finite time, or times whose sum is over
+    /// [`MAX_TOTAL_SECS`]; the problem is unchanged on error.
     pub fn override_node_secs(&mut self, secs_by_name: &HashMap<String, f64>) -> Result<(), Error> {
         let position: HashMap<&str, usize> = self
             .node_names
@@ -409,6 +416,23 @@ impl PartitionProblem {
                 )));
             }
             updates.push((position[name.as_str()], secs));
+        }
+        // Finite times can still sum to infinity (4 × 1e308): then every stage time, the
+        // bottleneck and the plan's figures would be infinite or NaN, which JSON cannot hold.
+        // A stage sums a subset of one kind's nodes, so a finite whole-model total per kind
+        // keeps every sum the solvers and the plan form finite.
+        for table in &self.node_secs {
+            let mut total = table.clone();
+            for &(p, secs) in &updates {
+                total[p] = secs;
+            }
+            let total: f64 = total.iter().sum();
+            if !total.is_finite() || total > MAX_TOTAL_SECS {
+                return Err(Error::PartitionConfig(format!(
+                    "the node times sum to {total} s per micro-batch, beyond the {MAX_TOTAL_SECS:e} s \
+                     pipecut can add up (are they in seconds?)"
+                )));
+            }
         }
         for table in &mut self.node_secs {
             for &(p, secs) in &updates {
@@ -729,6 +753,16 @@ pub(crate) mod tests {
         let negative = HashMap::from([("/layers.0/MatMul".to_string(), -1.0)]);
         let err = problem.override_node_secs(&negative).unwrap_err();
         assert!(err.to_string().contains("≥ 0"), "{err}");
+        // Each finite, but their sum is not: refused, and the problem unchanged.
+        let huge: HashMap<String, f64> = problem
+            .node_names
+            .iter()
+            .take(4)
+            .map(|n| (n.clone(), 1e308))
+            .collect();
+        let err = problem.override_node_secs(&huge).unwrap_err();
+        assert!(err.to_string().contains("sum to inf"), "{err}");
+        assert_eq!(problem.node_secs(0, 0), before, "unchanged on error");
     }
 
     #[test]
