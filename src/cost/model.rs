@@ -234,10 +234,7 @@ pub fn tensor_bytes(graph: &Graph, id: crate::graph::TensorId) -> Result<u64, Er
         tensor: tensor.name.clone(),
         detail: "its size overflows 64 bits".into(),
     };
-    let elements = shape
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d))
-        .ok_or_else(overflow)?;
+    let elements = crate::graph::checked_element_count(&shape).ok_or_else(overflow)?;
     dtype.bytes_for(elements).ok_or_else(overflow)
 }
 

@@ -23,7 +23,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 pub use build::{GraphBuilder, NodeSpec};
-pub use types::{element_count, format_shape, DType, Dim, Shape, SymDim};
+pub use types::{checked_element_count, element_count, format_shape, DType, Dim, Shape, SymDim};
 pub use value::{ConstValue, SymInt, MAX_TRACKED_ELEMENTS};
 
 use crate::Error;

@@ -320,11 +320,24 @@ impl Serialize for Dim {
 /// A tensor shape; rank 0 is a scalar.
 pub type Shape = Vec<Dim>;
 
-/// Product of all dims of a shape (`None` on overflow).
+/// Product of all dims of a shape (`None` on overflow). A shape with a zero dim holds zero
+/// elements however large its other dims (`[2^40, 2^40, 0]`), as onnx and numpy count it.
 pub fn element_count(shape: &[Dim]) -> Option<Dim> {
+    if shape.contains(&Dim::Known(0)) {
+        return Some(Dim::Known(0));
+    }
     shape
         .iter()
         .try_fold(Dim::Known(1), |acc, d| acc.checked_mul(d))
+}
+
+/// Product of concrete dims (`None` on overflow); 0 when any dim is 0, however large the
+/// others are (`[4, 2^62, 0]` is an empty tensor, not an overflow).
+pub fn checked_element_count(dims: &[u64]) -> Option<u64> {
+    if dims.contains(&0) {
+        return Some(0);
+    }
+    dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
 }
 
 /// Formats a shape as `[batch, 16, 64]`.

@@ -170,7 +170,16 @@ fn build_graph(
         let values = sparse.values.as_ref().ok_or_else(|| {
             Error::InvalidModel("a sparse initializer has no values tensor".into())
         })?;
-        let dense_dims: Vec<u64> = sparse.dims.iter().map(|&d| d.max(0) as u64).collect();
+        let dense_dims = sparse
+            .dims
+            .iter()
+            .map(|&d| {
+                u64::try_from(d).map_err(|_| Error::InvalidDim {
+                    tensor: values.name.clone(),
+                    detail: format!("sparse initializer dimension {d} is negative"),
+                })
+            })
+            .collect::<Result<Vec<u64>, Error>>()?;
         let decoded_values = decode_tensor(values, external)?;
         let index_bytes = match sparse.indices.as_ref() {
             Some(ix) => decode_tensor(ix, external)?.bytes,

@@ -148,9 +148,7 @@ pub(crate) fn decode_tensor(
             })
         })
         .collect::<Result<Vec<u64>, Error>>()?;
-    let elements = dims
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+    let elements = crate::graph::checked_element_count(&dims)
         .ok_or_else(|| Error::InvalidDim {
             tensor: name.clone(),
             detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),

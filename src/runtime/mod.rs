@@ -35,6 +35,7 @@ pub use weights::Weights;
 
 use crate::graph::{DType, Graph, NodeId, TensorId};
 use crate::Error;
+use tensor::try_collect;
 
 /// Tensors by name, shared cheaply between stages and micro-batches.
 pub type Tensors = BTreeMap<String, Arc<HostTensor>>;
@@ -175,7 +176,12 @@ pub fn expected_input_shapes(
                 .map(|d| d as usize)
                 .collect();
             if let Some(first) = shape.first_mut() {
-                *first *= microbatches;
+                *first = first.checked_mul(microbatches).ok_or_else(|| {
+                    Error::RunInput(format!(
+                        "input '{}' would have {first} × {microbatches} rows: more than fit in memory",
+                        tensor.name
+                    ))
+                })?;
             }
             let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
                 tensor: tensor.name.clone(),
@@ -233,19 +239,23 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
             detail,
         })?;
         let id = graph.tensor_id(&name).expect("inputs are named tensors");
+        let no_room = |detail: String| Error::RunInput(format!("input '{name}' {shape:?}: {detail}"));
         let data = match runtime_dtype(dtype) {
-            DType::F32 => TensorData::F32((0..n).map(|_| rng.uniform() * 2.0 - 1.0).collect()),
-            DType::Bool => TensorData::Bool((0..n).map(|_| rng.next() & 1 == 1).collect()),
+            DType::F32 => TensorData::F32(
+                try_collect(n, (0..n).map(|_| rng.uniform() * 2.0 - 1.0)).map_err(no_room)?,
+            ),
+            DType::Bool => {
+                TensorData::Bool(try_collect(n, (0..n).map(|_| rng.next() & 1 == 1)).map_err(no_room)?)
+            }
             int => {
                 let rows = index_range(graph, id);
-                let values: Vec<i64> = if name.to_lowercase().contains("mask") {
-                    vec![1; n]
-                } else {
-                    (0..n).map(|_| (rng.next() % rows) as i64).collect()
-                };
+                let mask = name.to_lowercase().contains("mask");
+                let values = (0..n).map(|_| if mask { 1 } else { (rng.next() % rows) as i64 });
                 match int {
-                    DType::I32 => TensorData::I32(values.into_iter().map(|v| v as i32).collect()),
-                    _ => TensorData::I64(values),
+                    DType::I32 => TensorData::I32(
+                        try_collect(n, values.map(|v| v as i32)).map_err(no_room)?,
+                    ),
+                    _ => TensorData::I64(try_collect(n, values).map_err(no_room)?),
                 }
             }
         };

@@ -60,18 +60,61 @@ impl fmt::Debug for HostTensor {
     }
 }
 
-/// Number of elements of a shape, or `None` when it overflows `usize`.
+/// Number of elements of a shape, or `None` when it overflows `usize`. A zero dim makes it 0
+/// however large the others are (`[2^62, 4, 0]` is an empty tensor, not an overflow).
 pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
     shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
 }
 
 /// Row-major strides of a shape, in elements.
+///
+/// Saturating: a tensor with elements has strides below its element count, which fits in
+/// memory; only a zero-element tensor can have a stride product that overflows (`[0, 2^62, 8]`),
+/// and its strides never address anything.
 pub(crate) fn strides_of(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
+        strides[i] = strides[i + 1].saturating_mul(shape[i + 1]);
     }
     strides
+}
+
+/// Reserves room for `len` elements of `T`, or says why it cannot: the one place the runtime
+/// allocates a buffer whose size comes from a model or its inputs (a `ConstantOfShape` to 2^32
+/// elements, a batch of 30 million micro-batches), so that running out of memory is an error
+/// naming the size instead of an abort of the process (or of the program embedding pipecut).
+pub(crate) fn try_with_capacity<T>(len: usize) -> Result<Vec<T>, String> {
+    let mut buffer = Vec::new();
+    buffer.try_reserve_exact(len).map_err(|e| {
+        let bytes = (len as u128) * std::mem::size_of::<T>() as u128;
+        format!("cannot allocate {bytes} bytes for {len} elements ({e})")
+    })?;
+    Ok(buffer)
+}
+
+/// `len` copies of `value`, allocated fallibly (see [`try_with_capacity`]).
+pub(crate) fn try_filled<T: Clone>(len: usize, value: T) -> Result<Vec<T>, String> {
+    let mut buffer = try_with_capacity(len)?;
+    buffer.resize(len, value);
+    Ok(buffer)
+}
+
+/// A zeroed f32 buffer for an output of `dims`, allocated fallibly; refuses a product that
+/// overflows (inputs with a zero dim can have huge others: `[2^40, 0] × [0, 2^40]`).
+pub(crate) fn try_zeros_f32(dims: &[usize]) -> Result<Vec<f32>, String> {
+    let len = checked_numel(dims)
+        .ok_or_else(|| format!("an output of {dims:?} has more elements than fit in memory"))?;
+    try_filled(len, 0.0)
+}
+
+/// Collects `len` items, allocated fallibly (see [`try_with_capacity`]); `items` yields `len`.
+pub(crate) fn try_collect<T>(len: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>, String> {
+    let mut buffer = try_with_capacity(len)?;
+    buffer.extend(items);
+    Ok(buffer)
 }
 
 impl HostTensor {
@@ -248,11 +291,12 @@ impl HostTensor {
         }
         let row = self.shape[1..].iter().product::<usize>();
         let range = start * row..(start + count) * row;
+        let len = range.len();
         let data = match &self.data {
-            TensorData::F32(v) => TensorData::F32(v[range].to_vec()),
-            TensorData::I64(v) => TensorData::I64(v[range].to_vec()),
-            TensorData::I32(v) => TensorData::I32(v[range].to_vec()),
-            TensorData::Bool(v) => TensorData::Bool(v[range].to_vec()),
+            TensorData::F32(v) => TensorData::F32(try_collect(len, v[range].iter().copied())?),
+            TensorData::I64(v) => TensorData::I64(try_collect(len, v[range].iter().copied())?),
+            TensorData::I32(v) => TensorData::I32(try_collect(len, v[range].iter().copied())?),
+            TensorData::Bool(v) => TensorData::Bool(try_collect(len, v[range].iter().copied())?),
         };
         let mut shape = self.shape.clone();
         shape[0] = count;
@@ -276,13 +320,14 @@ impl HostTensor {
                     p.shape
                 ));
             }
-            rows += p.shape[0];
+            rows = usize::checked_add(rows, p.shape[0])
+                .ok_or("the joined tensor has more rows than fit in memory")?;
         }
         let mut shape = first.shape.clone();
         shape[0] = rows;
         macro_rules! join {
             ($variant:ident) => {{
-                let mut out = Vec::with_capacity(parts.iter().map(HostTensor::len).sum());
+                let mut out = try_with_capacity(parts.iter().map(HostTensor::len).sum())?;
                 for p in parts {
                     if let TensorData::$variant(v) = &p.data {
                         out.extend_from_slice(v);

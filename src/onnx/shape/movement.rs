@@ -737,12 +737,13 @@ fn pad(ctx: &OpCtx) -> RuleResult {
     }
     let mut out = x.clone();
     for (i, &axis) in axes.iter().enumerate() {
-        let total = pads[i] + pads[i + axes.len()];
+        // In i128: pads come from the model, and two near i64::MAX overflowed i64 (a finding of
+        // the fuzzer).
+        let total = i128::from(pads[i]) + i128::from(pads[i + axes.len()]);
         out[axis] = match &x[axis] {
-            Dim::Known(n) => Dim::Known(
-                u64::try_from(*n as i64 + total)
-                    .map_err(|_| format!("padding {total} makes axis {axis} negative"))?,
-            ),
+            Dim::Known(n) => Dim::Known(u64::try_from(i128::from(*n) + total).map_err(|_| {
+                format!("padding axis {axis} of size {n} by {total} in all gives no valid size")
+            })?),
             d if total == 0 => d.clone(),
             _ => ctx.data_dependent_dim(0, axis),
         };

@@ -98,7 +98,11 @@ fn window_out(
     out_axis: usize,
 ) -> Result<Dim, String> {
     let (stride, dilation, k) = (w.strides[axis], w.dilations[axis], w.kernel[axis]);
-    let span = dilation * (k.max(1) - 1) + 1;
+    // Dilation and kernel come from the model: their product overflowed (a fuzzer finding).
+    let span = dilation
+        .checked_mul(k.max(1) - 1)
+        .and_then(|s| s.checked_add(1))
+        .ok_or_else(|| format!("a window of {k} dilated by {dilation} overflows 64 bits"))?;
     if w.same {
         return Ok(match input {
             Dim::Known(n) => Dim::Known(n.div_ceil(stride)),
@@ -113,7 +117,10 @@ fn window_out(
         .unwrap_or((0, 0));
     match input {
         Dim::Known(n) => {
-            let padded = n + begin + end;
+            let padded = n
+                .checked_add(begin)
+                .and_then(|p| p.checked_add(end))
+                .ok_or_else(|| format!("input {n} padded by {begin}+{end} overflows 64 bits"))?;
             if padded < span {
                 return Err(format!(
                     "window of {span} does not fit input {n} padded by {begin}+{end}"
@@ -131,7 +138,9 @@ fn window_out(
             }
             Ok(Dim::Known(out))
         }
-        sym if stride == 1 && begin + end + 1 == span => Ok(sym.clone()),
+        sym if stride == 1 && begin.checked_add(end).and_then(|p| p.checked_add(1)) == Some(span) => {
+            Ok(sym.clone())
+        }
         _ => Ok(ctx.data_dependent_dim(0, out_axis)),
     }
 }
@@ -224,19 +233,32 @@ fn conv_transpose(ctx: &OpCtx) -> RuleResult {
     for (axis, d) in x[2..].iter().enumerate() {
         let stride = win.strides[axis];
         let dim = match d {
-            Dim::Known(v) if win.same => Dim::Known(v * stride),
+            Dim::Known(v) if win.same => {
+                Dim::Known(v.checked_mul(stride).ok_or("the output size overflows 64 bits")?)
+            }
             Dim::Known(v) => {
                 let (b, e) = win
                     .pads
                     .as_ref()
                     .map(|(b, e)| (b[axis], e[axis]))
                     .unwrap_or((0, 0));
-                let full = stride * v.saturating_sub(1)
-                    + output_padding.get(axis).copied().unwrap_or(0)
-                    + (win.kernel[axis] - 1) * win.dilations[axis]
-                    + 1;
+                // Every term comes from the model: checked, so that a huge stride, kernel or
+                // dilation is an error rather than a wrapped size.
+                let full = stride
+                    .checked_mul(v.saturating_sub(1))
+                    .and_then(|f| f.checked_add(output_padding.get(axis).copied().unwrap_or(0)))
+                    .and_then(|f| {
+                        f.checked_add(
+                            win.kernel[axis]
+                                .saturating_sub(1)
+                                .checked_mul(win.dilations[axis])?,
+                        )
+                    })
+                    .and_then(|f| f.checked_add(1))
+                    .ok_or("the output size overflows 64 bits")?;
                 Dim::Known(
-                    full.checked_sub(b + e)
+                    b.checked_add(e)
+                        .and_then(|pads| full.checked_sub(pads))
                         .ok_or("padding exceeds the output size")?,
                 )
             }

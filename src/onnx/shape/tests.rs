@@ -353,3 +353,51 @@ fn overflowing_shapes_are_refused() {
     let msg = infer(b, DimBindings::new()).unwrap_err().to_string();
     assert!(msg.contains("'x'") && msg.contains("64 bits"), "{msg}");
 }
+
+/// Sizes and arithmetic on values from the model (issue 18): zero-element shapes with huge dims
+/// are valid, and pads, dilations and strides near the integer limits are errors, not wraps.
+#[test]
+fn huge_values_are_errors_and_empty_shapes_are_valid() {
+    // [2^40, 2^40, 0] holds zero elements: it was refused as overflowing 64 bits.
+    let mut b = builder(&[("x", DType::F32, vec![k(1 << 40), k(1 << 40), k(0)])]);
+    b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"])).unwrap();
+    b.output("y");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[1099511627776, 1099511627776, 0]");
+
+    // Pads of i64::MAX on both ends of an axis: their i64 sum overflowed.
+    let mut b = builder(&[("x", DType::F32, vec![k(1), k(8)])]);
+    constant(&mut b, "pads", &[0, i64::MAX, 0, i64::MAX]);
+    b.node(NodeSpec::new("pad", "Pad", &["x", "pads"], &["y"])).unwrap();
+    b.output("y");
+    let err = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(err.contains("gives no valid size"), "{err}");
+
+    // A dilation near i64::MAX times a kernel of 4: the window's span overflowed u64.
+    let mut b = builder(&[
+        ("x", DType::F32, vec![k(1), k(1), k(8), k(8)]),
+        ("w", DType::F32, vec![k(1), k(1), k(4), k(4)]),
+    ]);
+    b.node(
+        NodeSpec::new("conv", "Conv", &["x", "w"], &["y"])
+            .attr("dilations", Attribute::Ints(vec![i64::MAX, 1])),
+    )
+    .unwrap();
+    b.output("y");
+    let err = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(err.contains("overflows 64 bits"), "{err}");
+
+    // ConvTranspose with a stride near i64::MAX: stride · (D − 1) overflowed.
+    let mut b = builder(&[
+        ("x", DType::F32, vec![k(1), k(1), k(8), k(8)]),
+        ("w", DType::F32, vec![k(1), k(1), k(3), k(3)]),
+    ]);
+    b.node(
+        NodeSpec::new("deconv", "ConvTranspose", &["x", "w"], &["y"])
+            .attr("strides", Attribute::Ints(vec![i64::MAX, 1])),
+    )
+    .unwrap();
+    b.output("y");
+    let err = infer(b, DimBindings::new()).unwrap_err().to_string();
+    assert!(err.contains("overflows 64 bits"), "{err}");
+}

@@ -6,6 +6,7 @@
 //! sgemm per image and group (a 1×1, stride-1, unpadded convolution skips im2col); transposed
 //! convolution is one sgemm followed by col2im.
 
+use crate::runtime::tensor::try_zeros_f32;
 use super::matmul::sgemm;
 use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::HostTensor;
@@ -160,7 +161,7 @@ fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let rows = cg * kh * kw;
     let cols = oh * ow;
     let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
-    let mut out = vec![0.0f32; n * m * cols];
+    let mut out = try_zeros_f32(&[n, m, cols])?;
     let mut col = if pointwise {
         Vec::new()
     } else {
@@ -299,7 +300,7 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let cg = c / group;
     let rows = mg * kh * kw;
     let (xv, wv) = (x.as_f32()?, w.as_f32()?);
-    let mut out = vec![0.0f32; n * m * oh * ow];
+    let mut out = try_zeros_f32(&[n, m, oh, ow])?;
     if let Some(b) = optional(inputs, 2) {
         let bias = b.to_f32_vec();
         if bias.len() != m {

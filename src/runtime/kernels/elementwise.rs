@@ -252,16 +252,15 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, y) = promote(input(inputs, 1)?, input(inputs, 2)?)?;
     let c = bools(cond)?;
     let shape = super::broadcast_shapes(&[cond.shape(), x.shape(), y.shape()])?;
-    let ic = super::broadcast_offsets(cond.shape(), &shape);
-    let ix = super::broadcast_offsets(x.shape(), &shape);
-    let iy = super::broadcast_offsets(y.shape(), &shape);
+    let ic = super::broadcast_offsets(cond.shape(), &shape)?;
+    let ix = super::broadcast_offsets(x.shape(), &shape)?;
+    let iy = super::broadcast_offsets(y.shape(), &shape)?;
     macro_rules! pick {
         ($a:expr, $b:expr, $variant:ident) => {
-            TensorData::$variant(
-                (0..ic.len())
-                    .map(|k| if c[ic[k]] { $a[ix[k]] } else { $b[iy[k]] })
-                    .collect(),
-            )
+            TensorData::$variant(crate::runtime::tensor::try_collect(
+                ic.len(),
+                (0..ic.len()).map(|k| if c[ic[k]] { $a[ix[k]] } else { $b[iy[k]] }),
+            )?)
         };
     }
     let data = match (x.data(), y.data()) {

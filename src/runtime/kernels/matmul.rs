@@ -10,6 +10,7 @@
 //! sees. `gemm` is faster on large matrices but pulls in a much larger dependency tree; the
 //! reference runtime wants correctness and a small build first.
 
+use crate::runtime::tensor::try_zeros_f32;
 use super::{broadcast_offsets, broadcast_shapes, input, optional, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::HostTensor;
 
@@ -95,9 +96,9 @@ fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let a_batch = &a_shape[..a_shape.len() - 2];
     let b_batch = &b_shape[..b_shape.len() - 2];
     let batch = broadcast_shapes(&[a_batch, b_batch])?;
-    let a_index = broadcast_offsets(a_batch, &batch);
-    let b_index = broadcast_offsets(b_batch, &batch);
-    let mut out = vec![0.0f32; a_index.len() * m * n];
+    let a_index = broadcast_offsets(a_batch, &batch)?;
+    let b_index = broadcast_offsets(b_batch, &batch)?;
+    let mut out = try_zeros_f32(&[a_index.len(), m, n])?;
     for (p, (&ia, &ib)) in a_index.iter().zip(&b_index).enumerate() {
         sgemm(
             m,
@@ -154,7 +155,7 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let a_strides = if trans_a { (1, m) } else { (k, 1) };
     let b_strides = if trans_b { (1, k) } else { (n, 1) };
-    let mut out = vec![0.0f32; m * n];
+    let mut out = try_zeros_f32(&[m, n])?;
     let mut c_beta = 0.0;
     if let Some(c) = optional(inputs, 2) {
         if broadcast_shapes(&[c.shape(), &[m, n]])? != [m, n] {
@@ -163,7 +164,7 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 c.shape()
             ));
         }
-        let offsets = broadcast_offsets(c.shape(), &[m, n]);
+        let offsets = broadcast_offsets(c.shape(), &[m, n])?;
         let cv = c.to_f32_vec();
         for (o, &i) in out.iter_mut().zip(&offsets) {
             *o = cv[i];

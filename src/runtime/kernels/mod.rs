@@ -182,9 +182,17 @@ pub(crate) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String
 }
 
 /// For each element of `out_shape` (row-major), its offset in a tensor of `in_shape` that
-/// broadcasts to it.
-pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+/// broadcasts to it. Fails, rather than aborting, when the offsets do not fit in memory.
+pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>, String> {
     let rank = out_shape.len();
+    // A zero-element output needs no offsets, whatever its other dims (`[0, 2^62]` once
+    // overflowed here).
+    let total = super::tensor::checked_numel(out_shape)
+        .ok_or_else(|| format!("shape {out_shape:?} has more elements than fit in memory"))?;
+    let mut result = super::tensor::try_with_capacity(total)?;
+    if total == 0 {
+        return Ok(result);
+    }
     let in_strides = super::tensor::strides_of(in_shape);
     let mut strides = vec![0usize; rank];
     let offset = rank - in_shape.len();
@@ -192,11 +200,6 @@ pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<
         if d != 1 {
             strides[offset + i] = in_strides[i];
         }
-    }
-    let total: usize = out_shape.iter().product();
-    let mut result = Vec::with_capacity(total);
-    if total == 0 {
-        return result;
     }
     let inner = out_shape.last().copied().unwrap_or(1);
     let inner_stride = strides.last().copied().unwrap_or(0);
@@ -209,7 +212,7 @@ pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<
         let mut d = outer_rank;
         loop {
             if d == 0 {
-                return result;
+                return Ok(result);
             }
             d -= 1;
             index[d] += 1;
@@ -230,30 +233,36 @@ pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
     f: impl Fn(A, B) -> O,
 ) -> Result<(Vec<usize>, Vec<O>), String> {
     let shape = broadcast_shapes(&[a_shape, b_shape])?;
+    let total = super::tensor::checked_numel(&shape)
+        .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
+    use super::tensor::try_collect;
     let data = if a_shape == b_shape {
-        a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+        try_collect(total, a.iter().zip(b).map(|(&x, &y)| f(x, y)))?
     } else if b.len() == 1 && a_shape == shape.as_slice() {
         let y = b[0];
-        a.iter().map(|&x| f(x, y)).collect()
+        try_collect(total, a.iter().map(|&x| f(x, y)))?
     } else if a.len() == 1 && b_shape == shape.as_slice() {
         let x = a[0];
-        b.iter().map(|&y| f(x, y)).collect()
+        try_collect(total, b.iter().map(|&y| f(x, y)))?
     } else {
-        let ia = broadcast_offsets(a_shape, &shape);
-        let ib = broadcast_offsets(b_shape, &shape);
-        ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])).collect()
+        let ia = broadcast_offsets(a_shape, &shape)?;
+        let ib = broadcast_offsets(b_shape, &shape)?;
+        try_collect(total, ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])))?
     };
     Ok((shape, data))
 }
 
-/// Gathers the elements of any tensor at `offsets` (a permutation, slice or broadcast).
-pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> TensorData {
-    match data {
-        TensorData::F32(v) => TensorData::F32(offsets.iter().map(|&i| v[i]).collect()),
-        TensorData::I64(v) => TensorData::I64(offsets.iter().map(|&i| v[i]).collect()),
-        TensorData::I32(v) => TensorData::I32(offsets.iter().map(|&i| v[i]).collect()),
-        TensorData::Bool(v) => TensorData::Bool(offsets.iter().map(|&i| v[i]).collect()),
-    }
+/// Gathers the elements of any tensor at `offsets` (a permutation, slice or broadcast),
+/// allocating the result fallibly.
+pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> Result<TensorData, String> {
+    use super::tensor::try_collect;
+    let n = offsets.len();
+    Ok(match data {
+        TensorData::F32(v) => TensorData::F32(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::I64(v) => TensorData::I64(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::I32(v) => TensorData::I32(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::Bool(v) => TensorData::Bool(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+    })
 }
 
 #[cfg(test)]
@@ -325,8 +334,11 @@ mod tests {
     #[test]
     fn broadcast_offsets_follow_numpy() {
         assert_eq!(broadcast_shapes(&[&[2, 1], &[3]]).unwrap(), vec![2, 3]);
-        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]), vec![0, 0, 0, 1, 1, 1]);
-        assert_eq!(broadcast_offsets(&[3], &[2, 3]), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]).unwrap(), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(broadcast_offsets(&[3], &[2, 3]).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        // Zero elements with a huge dim: nothing to address (this overflowed and panicked).
+        assert_eq!(broadcast_offsets(&[0, 1], &[0, 1 << 62]).unwrap(), Vec::<usize>::new());
+        assert_eq!(broadcast_offsets(&[1 << 62, 4, 0], &[1 << 62, 4, 0]).unwrap(), Vec::<usize>::new());
         assert!(broadcast_shapes(&[&[2], &[3]]).is_err());
     }
 

@@ -8,7 +8,9 @@
 
 use super::{checked_size, input, normalize_axis, optional, take, Ctx, KernelResult, KernelTable};
 use crate::graph::Attribute;
-use crate::runtime::tensor::{checked_numel, strides_of, HostTensor, TensorData};
+use crate::runtime::tensor::{
+    checked_numel, strides_of, try_collect, try_filled, HostTensor, TensorData,
+};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Reshape", "Unsqueeze", "Squeeze", "Flatten"], view);
@@ -78,7 +80,7 @@ fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let perm = transpose_perm(ctx, x.rank())?;
     let offsets = permute_offsets(x.shape(), &perm);
     let shape = perm.iter().map(|&p| x.shape()[p]).collect();
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
 }
 
 /// Transpose's `perm` (reversed axes by default), checked to be a permutation of `rank` axes.
@@ -176,7 +178,7 @@ fn concat(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 }
 
 /// Elements `start..start+len` along `axis`.
-fn narrow(x: &HostTensor, axis: usize, start: usize, len: usize) -> HostTensor {
+fn narrow(x: &HostTensor, axis: usize, start: usize, len: usize) -> Result<HostTensor, String> {
     let outer: usize = x.shape()[..axis].iter().product();
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let n = x.shape()[axis];
@@ -187,7 +189,7 @@ fn narrow(x: &HostTensor, axis: usize, start: usize, len: usize) -> HostTensor {
     }
     let mut shape = x.shape().to_vec();
     shape[axis] = len;
-    HostTensor::with_data(shape, take(x.data(), &offsets))
+    Ok(HostTensor::with_data(shape, take(x.data(), &offsets)?))
 }
 
 fn split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -214,14 +216,14 @@ fn split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err(format!("split sizes {sizes:?} do not add up to {n}"));
     }
     let mut start = 0;
-    Ok(sizes
+    sizes
         .iter()
         .map(|&len| {
             let part = narrow(x, axis, start, len);
             start += len;
             part
         })
-        .collect())
+        .collect()
 }
 
 fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -265,11 +267,15 @@ fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         } else {
             (clamp(starts[k], -1, dim - 1), clamp(ends[k], -1, dim - 1))
         };
+        // In i128, as onnx computes it: with a step near i64::MAX (or i64::MIN) the rounding-up
+        // addition and the negation overflow i64 (a release build then gave 0 elements).
+        let (start128, end128, step128) = (i128::from(start), i128::from(end), i128::from(step));
         let count = if step > 0 {
-            ((end - start).max(0) + step - 1) / step
+            ((end128 - start128).max(0) + step128 - 1) / step128
         } else {
-            ((start - end).max(0) + (-step) - 1) / (-step)
+            ((start128 - end128).max(0) - step128 - 1) / -step128
         };
+        // At most `dim` elements, which fit in usize.
         plan[axis] = (start, step, count as usize);
     }
     let strides = strides_of(x.shape());
@@ -290,7 +296,7 @@ fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             index[d] = 0;
         }
     }
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
 }
 
 fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -323,7 +329,7 @@ fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut shape = x.shape()[..axis].to_vec();
     shape.extend_from_slice(idx.shape());
     shape.extend_from_slice(&x.shape()[axis + 1..]);
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
 }
 
 fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -360,7 +366,7 @@ fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .collect::<Result<Vec<_>, _>>()?;
     Ok(vec![HostTensor::with_data(
         idx.shape().to_vec(),
-        take(x.data(), &offsets),
+        take(x.data(), &offsets)?,
     )])
 }
 
@@ -369,8 +375,8 @@ fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let target = dims_from(&input(inputs, 1)?.to_i64_vec(), "shape")?;
     let shape = super::broadcast_shapes(&[x.shape(), &target])?;
     checked_size(&shape)?;
-    let offsets = super::broadcast_offsets(x.shape(), &shape);
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+    let offsets = super::broadcast_offsets(x.shape(), &shape)?;
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
 }
 
 /// Reshape, Flatten, Squeeze and Unsqueeze: the same data under a new shape.
@@ -508,7 +514,7 @@ fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         let n = count(((l - s) / d) as f64)?;
         return Ok(vec![HostTensor::f32(
             vec![n],
-            (0..n).map(|i| s + i as f32 * d).collect(),
+            try_collect(n, (0..n).map(|i| s + i as f32 * d))?,
         )]);
     }
     let scalar = |t: &HostTensor| t.to_i64_vec().first().copied().ok_or("Range needs scalars");
@@ -517,7 +523,10 @@ fn range(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err("Range delta is 0".into());
     }
     let n = count((l as f64 - s as f64) / d as f64)?;
-    HostTensor::i64(vec![n], (0..n as i64).map(|i| s + i * d).collect())
+    // Wrapping like onnxruntime's int64 Range: the count already bounds the loop, and a value
+    // past i64 can only come from bounds whose difference overflowed.
+    let values = try_collect(n, (0..n as i64).map(|i| s.wrapping_add(i.wrapping_mul(d))))?;
+    HostTensor::i64(vec![n], values)
         .cast(start.dtype())
         .map(|t| vec![t])
 }
@@ -532,15 +541,15 @@ fn constant_of_shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult 
                 match dtype {
                     crate::graph::DType::F32
                     | crate::graph::DType::F16
-                    | crate::graph::DType::F64 => TensorData::F32(vec![x as f32; n]),
-                    crate::graph::DType::I32 => TensorData::I32(vec![x as i32; n]),
-                    crate::graph::DType::Bool => TensorData::Bool(vec![x != 0.0; n]),
-                    _ => TensorData::I64(vec![x as i64; n]),
+                    | crate::graph::DType::F64 => TensorData::F32(try_filled(n, x as f32)?),
+                    crate::graph::DType::I32 => TensorData::I32(try_filled(n, x as i32)?),
+                    crate::graph::DType::Bool => TensorData::Bool(try_filled(n, x != 0.0)?),
+                    _ => TensorData::I64(try_filled(n, x as i64)?),
                 }
             }
             (None, _) => return Err("ConstantOfShape value is not readable".into()),
         },
-        _ => TensorData::F32(vec![0.0; n]),
+        _ => TensorData::F32(try_filled(n, 0.0)?),
     };
     Ok(vec![HostTensor::with_data(shape, data)])
 }
@@ -561,14 +570,15 @@ fn tile(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let xs = strides_of(x.shape());
     let total: usize = shape.iter().product();
     let out_strides = strides_of(&shape);
-    let offsets: Vec<usize> = (0..total)
-        .map(|flat| {
+    let offsets: Vec<usize> = try_collect(
+        total,
+        (0..total).map(|flat| {
             (0..x.rank())
                 .map(|d| ((flat / out_strides[d]) % shape[d] % x.shape()[d]) * xs[d])
                 .sum()
-        })
-        .collect();
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets))])
+        }),
+    )?;
+    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
 }
 
 fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -611,10 +621,19 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         begin[a] = pads[k];
         end[a] = pads[k + axes.len()];
     }
+    // In i128: two pads near i64::MAX wrapped around in i64 (a release build padded [1, 8] by
+    // 2·i64::MAX to [1, 6]).
     let shape: Vec<usize> = (0..rank)
         .map(|d| {
-            usize::try_from(x.shape()[d] as i64 + begin[d] + end[d])
-                .map_err(|_| "negative padded size".to_string())
+            let size = x.shape()[d] as i128 + i128::from(begin[d]) + i128::from(end[d]);
+            usize::try_from(size).map_err(|_| {
+                format!(
+                    "padding axis {d} of size {} by {} and {} gives {size} elements",
+                    x.shape()[d],
+                    begin[d],
+                    end[d]
+                )
+            })
         })
         .collect::<Result<_, _>>()?;
     checked_size(&shape)?;
@@ -622,19 +641,20 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let os = strides_of(&shape);
     let total: usize = shape.iter().product();
     let src = x.to_f32_vec();
-    let out: Vec<f32> = (0..total)
-        .map(|flat| {
+    let out: Vec<f32> = try_collect(
+        total,
+        (0..total).map(|flat| {
             let mut off = 0usize;
             for d in 0..rank {
-                let c = ((flat / os[d]) % shape[d]) as i64 - begin[d];
-                if c < 0 || c >= x.shape()[d] as i64 {
+                let c = ((flat / os[d]) % shape[d]) as i128 - i128::from(begin[d]);
+                if c < 0 || c >= x.shape()[d] as i128 {
                     return value;
                 }
                 off += c as usize * xs[d];
             }
             src[off]
-        })
-        .collect();
+        }),
+    )?;
     HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t])
 }
 
@@ -957,6 +977,30 @@ mod tests {
             &[&x, &i(&[4], &[0, 1, 0, 0]), &f(&[], &[9.0])],
         );
         assert_close(&p[0], &[1, 3], &[9.0, 1.0, 2.0]);
+        // Pads of i64::MAX on both sides: 2^64 + 6 elements, not [1, 6] by wrap-around.
+        let node = super::super::test_util::node("Pad", vec![]);
+        let ctx = super::Ctx {
+            node: &node,
+            opset: 17,
+        };
+        let huge = i(&[4], &[0, i64::MAX, 0, i64::MAX]);
+        let wide = f(&[1, 8], &[0.0; 8]);
+        let err = super::pad(&ctx, &[Some(&wide), Some(&huge)]).unwrap_err();
+        assert!(err.contains("gives 18446744073709551622 elements"), "{err}");
+        // Slice with a step near i64::MAX takes the first element, as onnx does ([8, 1]).
+        let x8 = f(&[8, 4], &[1.0; 32]);
+        let sliced = run(
+            "Slice",
+            vec![],
+            &[&x8, &i(&[1], &[0]), &i(&[1], &[i64::MAX]), &i(&[1], &[1]), &i(&[1], &[i64::MAX])],
+        );
+        assert_eq!(sliced[0].shape(), &[8, 1]);
+        let sliced = run(
+            "Slice",
+            vec![],
+            &[&x8, &i(&[1], &[-1]), &i(&[1], &[i64::MIN]), &i(&[1], &[1]), &i(&[1], &[i64::MIN])],
+        );
+        assert_eq!(sliced[0].shape(), &[8, 1]);
         assert_close(
             &run("Tile", vec![], &[&x, &i(&[2], &[2, 1])])[0],
             &[2, 2],

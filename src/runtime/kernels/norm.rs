@@ -68,7 +68,7 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 &x.shape()[axis..]
             ));
         }
-        let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..]);
+        let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..])?;
         let v = t.to_f32_vec();
         Ok(offsets.iter().map(|&i| v[i]).collect())
     };
@@ -111,7 +111,7 @@ fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             &x.shape()[axis..]
         ));
     }
-    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..]);
+    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..])?;
     let gamma: Vec<f32> = {
         let v = scale.to_f32_vec();
         offsets.iter().map(|&i| v[i]).collect()

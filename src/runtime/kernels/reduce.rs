@@ -64,7 +64,7 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     if let TensorData::I64(v) = x.data() {
         // Integer sums and extrema (shape arithmetic) stay exact.
-        let targets = broadcast_offsets(&keep_shape, x.shape());
+        let targets = broadcast_offsets(&keep_shape, x.shape())?;
         let (init, f): (i64, fn(i64, i64) -> i64) = match op {
             "ReduceSum" => (0, |a, b| a + b),
             "ReduceMax" => (i64::MIN, i64::max),
@@ -96,7 +96,7 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             *a = row.iter().fold(init, |s, &v| step(s, v as f64));
         }
     } else {
-        let targets = broadcast_offsets(&keep_shape, x.shape());
+        let targets = broadcast_offsets(&keep_shape, x.shape())?;
         for (&t, &v) in targets.iter().zip(xv) {
             acc[t] = step(acc[t], v as f64);
         }
