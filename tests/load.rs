@@ -23,7 +23,8 @@ fn every_malformed_file_gives_its_error() {
     let models: Vec<(String, String)> = common::malformed_cases()
         .into_iter()
         .filter_map(|case| Some((case.file?, case.error)))
-        .filter(|(file, _)| file.ends_with(".onnx"))
+        // runtime/ models are valid: they fail only when run (tests/robustness.rs).
+        .filter(|(file, _)| file.ends_with(".onnx") && !file.starts_with("runtime/"))
         .collect();
     assert!(models.len() >= 40, "{} ONNX cases", models.len());
     for (file, expected) in &models {

@@ -139,6 +139,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
+    // The run ends with a simulation of the same step, which has this cap: refuse before
+    // allocating inputs for micro-batches that could not be compared with it.
+    pipecut::schedule::check_microbatches(microbatches as u64)?;
 
     let random_inputs = args.inputs.is_empty();
     let inputs = if random_inputs {

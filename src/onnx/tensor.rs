@@ -148,11 +148,10 @@ pub(crate) fn decode_tensor(
             })
         })
         .collect::<Result<Vec<u64>, Error>>()?;
-    let elements = crate::graph::checked_element_count(&dims)
-        .ok_or_else(|| Error::InvalidDim {
-            tensor: name.clone(),
-            detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),
-        })?;
+    let elements = crate::graph::checked_element_count(&dims).ok_or_else(|| Error::InvalidDim {
+        tensor: name.clone(),
+        detail: format!("dims {dims:?} hold more elements than fit in 64 bits"),
+    })?;
     let bytes = dtype.bytes_for(elements).ok_or_else(|| Error::InvalidDim {
         tensor: name.clone(),
         detail: format!(

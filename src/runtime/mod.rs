@@ -239,22 +239,23 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
             detail,
         })?;
         let id = graph.tensor_id(&name).expect("inputs are named tensors");
-        let no_room = |detail: String| Error::RunInput(format!("input '{name}' {shape:?}: {detail}"));
+        let no_room =
+            |detail: String| Error::RunInput(format!("input '{name}' {shape:?}: {detail}"));
         let data = match runtime_dtype(dtype) {
             DType::F32 => TensorData::F32(
                 try_collect(n, (0..n).map(|_| rng.uniform() * 2.0 - 1.0)).map_err(no_room)?,
             ),
-            DType::Bool => {
-                TensorData::Bool(try_collect(n, (0..n).map(|_| rng.next() & 1 == 1)).map_err(no_room)?)
-            }
+            DType::Bool => TensorData::Bool(
+                try_collect(n, (0..n).map(|_| rng.next() & 1 == 1)).map_err(no_room)?,
+            ),
             int => {
                 let rows = index_range(graph, id);
                 let mask = name.to_lowercase().contains("mask");
                 let values = (0..n).map(|_| if mask { 1 } else { (rng.next() % rows) as i64 });
                 match int {
-                    DType::I32 => TensorData::I32(
-                        try_collect(n, values.map(|v| v as i32)).map_err(no_room)?,
-                    ),
+                    DType::I32 => {
+                        TensorData::I32(try_collect(n, values.map(|v| v as i32)).map_err(no_room)?)
+                    }
                     _ => TensorData::I64(try_collect(n, values).map_err(no_room)?),
                 }
             }

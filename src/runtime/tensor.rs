@@ -111,7 +111,10 @@ pub(crate) fn try_zeros_f32(dims: &[usize]) -> Result<Vec<f32>, String> {
 }
 
 /// Collects `len` items, allocated fallibly (see [`try_with_capacity`]); `items` yields `len`.
-pub(crate) fn try_collect<T>(len: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>, String> {
+pub(crate) fn try_collect<T>(
+    len: usize,
+    items: impl IntoIterator<Item = T>,
+) -> Result<Vec<T>, String> {
     let mut buffer = try_with_capacity(len)?;
     buffer.extend(items);
     Ok(buffer)

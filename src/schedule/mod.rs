@@ -10,7 +10,8 @@ mod simulate;
 mod timeline;
 
 pub use simulate::{
-    check_microbatches, simulate, Op, MAX_MICROBATCHES, MAX_SIMULATED_OPS, OpKind, Simulation, StageFiguresSecs, StageTimes,
+    check_microbatches, simulate, Op, OpKind, Simulation, StageFiguresSecs, StageTimes,
+    MAX_MICROBATCHES, MAX_SIMULATED_OPS,
 };
 pub use timeline::timeline_svg;
 

@@ -267,7 +267,9 @@ pub fn simulate(
         .and_then(|n| n.checked_mul(passes));
     if ops_needed.is_none_or(|n| n > MAX_SIMULATED_OPS) {
         return Err(Error::OverLimit {
-            what: format!("a step of {stages} stages × {microbatches} micro-batches, in operations"),
+            what: format!(
+                "a step of {stages} stages × {microbatches} micro-batches, in operations"
+            ),
             value: (stages as u128) * (microbatches as u128) * passes as u128,
             limit: MAX_SIMULATED_OPS as u128,
             why: "the simulator materialises every operation of the step; use fewer, larger \
@@ -478,14 +480,24 @@ mod tests {
     #[test]
     fn counts_over_the_limits_are_refused_before_allocating() {
         // u32::MAX micro-batches once allocated a 103 GB table and aborted.
-        let message = simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, u32::MAX as usize)
-            .unwrap_err()
-            .to_string();
-        assert!(message.contains("micro-batches per step is 4294967295"), "{message}");
+        let message = simulate(
+            &equal(4, 1.0, None),
+            PipelineSchedule::GPipe,
+            u32::MAX as usize,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains("micro-batches per step is 4294967295"),
+            "{message}"
+        );
         let message = simulate(&equal(4, 1.0, None), PipelineSchedule::GPipe, usize::MAX)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("over pipecut's limit of 65536"), "{message}");
+        assert!(
+            message.contains("over pipecut's limit of 65536"),
+            "{message}"
+        );
         // Within the micro-batch cap, but stages × micro-batches over the operation budget.
         let stages = 2 * MAX_SIMULATED_OPS / MAX_MICROBATCHES as usize;
         let message = simulate(

@@ -138,7 +138,9 @@ fn window_out(
             }
             Ok(Dim::Known(out))
         }
-        sym if stride == 1 && begin.checked_add(end).and_then(|p| p.checked_add(1)) == Some(span) => {
+        sym if stride == 1
+            && begin.checked_add(end).and_then(|p| p.checked_add(1)) == Some(span) =>
+        {
             Ok(sym.clone())
         }
         _ => Ok(ctx.data_dependent_dim(0, out_axis)),
@@ -233,9 +235,10 @@ fn conv_transpose(ctx: &OpCtx) -> RuleResult {
     for (axis, d) in x[2..].iter().enumerate() {
         let stride = win.strides[axis];
         let dim = match d {
-            Dim::Known(v) if win.same => {
-                Dim::Known(v.checked_mul(stride).ok_or("the output size overflows 64 bits")?)
-            }
+            Dim::Known(v) if win.same => Dim::Known(
+                v.checked_mul(stride)
+                    .ok_or("the output size overflows 64 bits")?,
+            ),
             Dim::Known(v) => {
                 let (b, e) = win
                     .pads

@@ -360,7 +360,8 @@ fn overflowing_shapes_are_refused() {
 fn huge_values_are_errors_and_empty_shapes_are_valid() {
     // [2^40, 2^40, 0] holds zero elements: it was refused as overflowing 64 bits.
     let mut b = builder(&[("x", DType::F32, vec![k(1 << 40), k(1 << 40), k(0)])]);
-    b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"])).unwrap();
+    b.node(NodeSpec::new("relu", "Relu", &["x"], &["y"]))
+        .unwrap();
     b.output("y");
     let g = infer(b, DimBindings::new()).unwrap();
     assert_eq!(shape_of(&g, "y"), "[1099511627776, 1099511627776, 0]");
@@ -368,7 +369,8 @@ fn huge_values_are_errors_and_empty_shapes_are_valid() {
     // Pads of i64::MAX on both ends of an axis: their i64 sum overflowed.
     let mut b = builder(&[("x", DType::F32, vec![k(1), k(8)])]);
     constant(&mut b, "pads", &[0, i64::MAX, 0, i64::MAX]);
-    b.node(NodeSpec::new("pad", "Pad", &["x", "pads"], &["y"])).unwrap();
+    b.node(NodeSpec::new("pad", "Pad", &["x", "pads"], &["y"]))
+        .unwrap();
     b.output("y");
     let err = infer(b, DimBindings::new()).unwrap_err().to_string();
     assert!(err.contains("gives no valid size"), "{err}");

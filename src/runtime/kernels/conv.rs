@@ -6,9 +6,9 @@
 //! sgemm per image and group (a 1×1, stride-1, unpadded convolution skips im2col); transposed
 //! convolution is one sgemm followed by col2im.
 
-use crate::runtime::tensor::try_zeros_f32;
 use super::matmul::sgemm;
 use super::{input, optional, Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::try_zeros_f32;
 use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

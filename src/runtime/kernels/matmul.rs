@@ -10,8 +10,8 @@
 //! sees. `gemm` is faster on large matrices but pulls in a much larger dependency tree; the
 //! reference runtime wants correctness and a small build first.
 
-use crate::runtime::tensor::try_zeros_f32;
 use super::{broadcast_offsets, broadcast_shapes, input, optional, Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::try_zeros_f32;
 use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

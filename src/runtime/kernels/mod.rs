@@ -183,7 +183,10 @@ pub(crate) fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, String
 
 /// For each element of `out_shape` (row-major), its offset in a tensor of `in_shape` that
 /// broadcasts to it. Fails, rather than aborting, when the offsets do not fit in memory.
-pub(crate) fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Result<Vec<usize>, String> {
+pub(crate) fn broadcast_offsets(
+    in_shape: &[usize],
+    out_shape: &[usize],
+) -> Result<Vec<usize>, String> {
     let rank = out_shape.len();
     // A zero-element output needs no offsets, whatever its other dims (`[0, 2^62]` once
     // overflowed here).
@@ -334,11 +337,23 @@ mod tests {
     #[test]
     fn broadcast_offsets_follow_numpy() {
         assert_eq!(broadcast_shapes(&[&[2, 1], &[3]]).unwrap(), vec![2, 3]);
-        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]).unwrap(), vec![0, 0, 0, 1, 1, 1]);
-        assert_eq!(broadcast_offsets(&[3], &[2, 3]).unwrap(), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(
+            broadcast_offsets(&[2, 1], &[2, 3]).unwrap(),
+            vec![0, 0, 0, 1, 1, 1]
+        );
+        assert_eq!(
+            broadcast_offsets(&[3], &[2, 3]).unwrap(),
+            vec![0, 1, 2, 0, 1, 2]
+        );
         // Zero elements with a huge dim: nothing to address (this overflowed and panicked).
-        assert_eq!(broadcast_offsets(&[0, 1], &[0, 1 << 62]).unwrap(), Vec::<usize>::new());
-        assert_eq!(broadcast_offsets(&[1 << 62, 4, 0], &[1 << 62, 4, 0]).unwrap(), Vec::<usize>::new());
+        assert_eq!(
+            broadcast_offsets(&[0, 1], &[0, 1 << 62]).unwrap(),
+            Vec::<usize>::new()
+        );
+        assert_eq!(
+            broadcast_offsets(&[1 << 62, 4, 0], &[1 << 62, 4, 0]).unwrap(),
+            Vec::<usize>::new()
+        );
         assert!(broadcast_shapes(&[&[2], &[3]]).is_err());
     }
 

@@ -80,7 +80,10 @@ fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let perm = transpose_perm(ctx, x.rank())?;
     let offsets = permute_offsets(x.shape(), &perm);
     let shape = perm.iter().map(|&p| x.shape()[p]).collect();
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(x.data(), &offsets)?,
+    )])
 }
 
 /// Transpose's `perm` (reversed axes by default), checked to be a permutation of `rank` axes.
@@ -296,7 +299,10 @@ fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             index[d] = 0;
         }
     }
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(x.data(), &offsets)?,
+    )])
 }
 
 fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -329,7 +335,10 @@ fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut shape = x.shape()[..axis].to_vec();
     shape.extend_from_slice(idx.shape());
     shape.extend_from_slice(&x.shape()[axis + 1..]);
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(x.data(), &offsets)?,
+    )])
 }
 
 fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -376,7 +385,10 @@ fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let shape = super::broadcast_shapes(&[x.shape(), &target])?;
     checked_size(&shape)?;
     let offsets = super::broadcast_offsets(x.shape(), &shape)?;
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(x.data(), &offsets)?,
+    )])
 }
 
 /// Reshape, Flatten, Squeeze and Unsqueeze: the same data under a new shape.
@@ -578,7 +590,10 @@ fn tile(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .sum()
         }),
     )?;
-    Ok(vec![HostTensor::with_data(shape, take(x.data(), &offsets)?)])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(x.data(), &offsets)?,
+    )])
 }
 
 fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -992,13 +1007,25 @@ mod tests {
         let sliced = run(
             "Slice",
             vec![],
-            &[&x8, &i(&[1], &[0]), &i(&[1], &[i64::MAX]), &i(&[1], &[1]), &i(&[1], &[i64::MAX])],
+            &[
+                &x8,
+                &i(&[1], &[0]),
+                &i(&[1], &[i64::MAX]),
+                &i(&[1], &[1]),
+                &i(&[1], &[i64::MAX]),
+            ],
         );
         assert_eq!(sliced[0].shape(), &[8, 1]);
         let sliced = run(
             "Slice",
             vec![],
-            &[&x8, &i(&[1], &[-1]), &i(&[1], &[i64::MIN]), &i(&[1], &[1]), &i(&[1], &[i64::MIN])],
+            &[
+                &x8,
+                &i(&[1], &[-1]),
+                &i(&[1], &[i64::MIN]),
+                &i(&[1], &[1]),
+                &i(&[1], &[i64::MIN]),
+            ],
         );
         assert_eq!(sliced[0].shape(), &[8, 1]);
         assert_close(
