@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz one target (or all four, splitting the time) for SECONDS:
+# Fuzz one target (or all five, splitting the time) for SECONDS:
 #
 #   bash fuzz/run.sh onnx 300
 #   bash fuzz/run.sh all 1200
@@ -11,12 +11,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-target="${1:?usage: fuzz/run.sh onnx|plan|cluster|device|all SECONDS}"
+target="${1:?usage: fuzz/run.sh onnx|plan|cluster|device|capi|all SECONDS}"
 seconds="${2:?usage: fuzz/run.sh TARGET SECONDS}"
 cargo build --release --quiet
 
 if [ "$target" = all ]; then
-    targets=(onnx plan cluster device)
+    targets=(onnx plan cluster device capi)
 else
     targets=("$target")
 fi

@@ -7,7 +7,8 @@
 //!
 //! Targets (see `targets.rs`): `onnx` (load, shape inference, cost, partition), `plan` (parse
 //! and check against mlp.onnx), `cluster` (the three cluster descriptions), `device` (device and
-//! link profiles). Seeds come from the repository's fixtures and malformed corpus. Each input is
+//! link profiles), `capi` (a config JSON through the C ABI's `pipecut_plan_json`, whose plan must
+//! pass `check`). Seeds come from the repository's fixtures and malformed corpus. Each input is
 //! a seed with one to four mutations (bytes, protobuf fields, JSON values); an input that stops
 //! at a new place (phase and error kind) joins the pool, a poor man's coverage signal.
 //!
@@ -152,6 +153,14 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
                 n.starts_with("device_")
             }));
         }
+        "capi" => inline.extend([
+            r#"{"cluster": "1x2xH100-SXM", "dims": {"batch": 8}}"#,
+            r#"{"devices": "A100-80GB,L4", "dims": {"batch": 4}, "stages": 2, "solver": "milp"}"#,
+            r#"{"cluster": "1x4xL4", "dims": {"batch": 8}, "stages": "auto", "mode": "training", "schedule": "gpipe", "microbatches": 16}"#,
+            r#"{"devices": "H100-SXM,H100-SXM", "dims": {"batch": 8}, "stages": 2, "microbatches": 4294967295}"#,
+            r#"{"devices": "H100-SXM,H100-SXM", "dims": {"batch": 8}, "stages": 2, "node_secs": {"/layers/layers.0/Gemm": 1e308, "/layers/layers.2/Gemm": 1e308, "/layers/layers.4/Gemm": 1e308, "/layers/layers.6/Gemm": 1e308}}"#,
+            r#"{"cluster": "2x2xH100-SXM", "intra_link": "NVLink4", "inter_link": "InfiniBand-NDR", "dims": {"batch": 2}, "memory_headroom": 0.5, "unknown_op_cost": "bytes", "record_solve_time": true}"#,
+        ]),
         _ => {}
     }
     for dir in ["fuzz/regressions", "fuzz/corpus"] {

@@ -14,7 +14,7 @@ use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, S
 use pipecut::plan::Plan;
 
 /// The targets, by the name `fuzz/run.sh` takes.
-pub const TARGETS: [&str; 4] = ["onnx", "plan", "cluster", "device"];
+pub const TARGETS: [&str; 5] = ["onnx", "plan", "cluster", "device", "capi"];
 
 /// Where an input stopped: the phase, the error's variant, and the first few words of its
 /// message that are plain lowercase words (names and numbers come from the input, so they are
@@ -48,6 +48,7 @@ pub fn outcome<T>(phase: &str, result: &Result<T, pipecut::Error>) -> String {
 pub struct Fixtures {
     catalog: Catalog,
     plan_model: pipecut::onnx::Model,
+    mlp_onnx: Vec<u8>,
 }
 
 impl Fixtures {
@@ -57,6 +58,7 @@ impl Fixtures {
             catalog: Catalog::builtin(),
             plan_model: pipecut::onnx::load_model_from_bytes(mlp_onnx, None)
                 .expect("mlp.onnx loads"),
+            mlp_onnx: mlp_onnx.to_vec(),
         }
     }
 
@@ -67,6 +69,7 @@ impl Fixtures {
             "plan" => self.plan(input),
             "cluster" => self.cluster(input),
             "device" => self.device(input),
+            "capi" => self.capi(input),
             other => panic!("unknown target '{other}'; targets: {TARGETS:?}"),
         }
     }
@@ -202,6 +205,83 @@ impl Fixtures {
         }
         let costs = CostModel::new(&spec).node_costs(&graph);
         outcome("cost", &costs)
+    }
+}
+
+impl Fixtures {
+    /// A request to the C ABI (`pipecut_plan_json`, called through its raw pointers as a C
+    /// program would) to plan mlp.onnx. The input is the config JSON up to its first NUL byte,
+    /// as C would pass it. A returned plan must be a document `pipecut check` accepts (the C ABI
+    /// once returned `"bottleneck_secs": null`); one that is not is a finding (a panic).
+    ///
+    /// Two edits keep an execution short and local: `time_limit_secs` is capped at 0.2 s, and
+    /// `cluster_file` and `external_data_dir` are removed (the fuzzer does not read paths its
+    /// input names; the file readers have their own targets).
+    fn capi(&self, input: &[u8]) -> String {
+        let text = &input[..input.iter().position(|&b| b == 0).unwrap_or(input.len())];
+        let mut config = text.to_vec();
+        if let Ok(serde_json::Value::Object(mut fields)) = serde_json::from_slice(text) {
+            fields.remove("cluster_file");
+            fields.remove("external_data_dir");
+            if let Some(limit) = fields.get_mut("time_limit_secs") {
+                if limit.as_f64().is_some_and(|secs| secs > 0.2) {
+                    *limit = serde_json::json!(0.2);
+                }
+            }
+            config = serde_json::to_vec(&fields).expect("a JSON object serializes");
+        }
+        let config = std::ffi::CString::new(config).expect("cut at the first NUL");
+        // SAFETY: the model bytes and the NUL-terminated config live through the call.
+        let plan = unsafe {
+            pipecut::ffi::pipecut_plan_json(
+                self.mlp_onnx.as_ptr(),
+                self.mlp_onnx.len(),
+                config.as_ptr(),
+            )
+        };
+        if plan.is_null() {
+            let message = pipecut::ffi::pipecut_last_error();
+            assert!(!message.is_null(), "a NULL plan without a message");
+            // SAFETY: a live NUL-terminated string owned by this thread's error slot.
+            let message = unsafe { std::ffi::CStr::from_ptr(message) }.to_string_lossy();
+            // The error text is the outcome, without the values the input chose: only what
+            // precedes the first quoted name, and only its plain lowercase words.
+            let words: Vec<&str> = message
+                .split(['\'', '"', '`'])
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter(|w| w.chars().all(|c| c.is_ascii_lowercase()))
+                .take(6)
+                .collect();
+            return format!("capi: error: {}", words.join(" "));
+        }
+        // SAFETY: a string pipecut_plan_json returned, read before it is freed once.
+        let json = unsafe { std::ffi::CStr::from_ptr(plan) }.to_string_lossy().into_owned();
+        // SAFETY: returned by pipecut_plan_json and not freed yet.
+        unsafe { pipecut::ffi::pipecut_string_free(plan) };
+        let plan = Plan::from_json(&json)
+            .unwrap_or_else(|e| panic!("the C ABI returned a plan that does not parse: {e}"));
+        // Measured node times replace the cost model's, so such a plan's figures differ from
+        // what `check` recomputes by design: it must still parse, with finite figures.
+        let measured = serde_json::from_slice::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v.get("node_secs").cloned())
+            .is_some_and(|v| v.as_object().is_some_and(|m| !m.is_empty()));
+        if !measured {
+            let mut graph = self.plan_model.graph.clone();
+            let bindings = plan
+                .model
+                .dims
+                .iter()
+                .fold(DimBindings::new(), |b, (name, &value)| b.bind(name, value));
+            ShapeInference::new(bindings)
+                .run(&mut graph)
+                .unwrap_or_else(|e| panic!("a planned model's dims do not type it: {e}"));
+            plan.check(&self.plan_model.sha256, &graph, &self.catalog)
+                .unwrap_or_else(|e| panic!("the C ABI returned a plan that check rejects: {e}"));
+        }
+        format!("capi: ok: {} stages", plan.stages.len())
     }
 }
 
