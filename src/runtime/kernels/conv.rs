@@ -84,9 +84,16 @@ fn window(ctx: &Ctx, one_d: bool, kernel: [usize; 2], in_hw: [usize; 2]) -> Resu
         "VALID" => {}
         mode @ ("SAME_UPPER" | "SAME_LOWER") => {
             for axis in 0..2 {
-                let extent = (kernel[axis] - 1) * dilation[axis] + 1;
+                // Attributes of the model: saturating, so that a huge kernel, dilation or
+                // stride gives a huge pad that `Window::output` then refuses, not a wrapped one.
+                let extent = kernel[axis]
+                    .saturating_sub(1)
+                    .saturating_mul(dilation[axis])
+                    .saturating_add(1);
                 let out = in_hw[axis].div_ceil(stride[axis]);
-                let total = ((out.max(1) - 1) * stride[axis] + extent).saturating_sub(in_hw[axis]);
+                let total = ((out.max(1) - 1).saturating_mul(stride[axis]))
+                    .saturating_add(extent)
+                    .saturating_sub(in_hw[axis]);
                 let small = total / 2;
                 pad[axis] = if mode == "SAME_UPPER" {
                     [small, total - small]
@@ -109,8 +116,17 @@ impl Window {
     fn output(&self, in_hw: [usize; 2], ceil: bool) -> Result<[usize; 2], String> {
         let mut out = [0; 2];
         for axis in 0..2 {
-            let padded = in_hw[axis] + self.pad[axis][0] + self.pad[axis][1];
-            let extent = (self.kernel[axis] - 1) * self.dilation[axis] + 1;
+            // Pads, kernel and dilation are attributes of the model: checked, not wrapped.
+            let overflow = || format!("the window of axis {axis} overflows: pads {:?}, kernel {}, dilation {}", self.pad[axis], self.kernel[axis], self.dilation[axis]);
+            let padded = in_hw[axis]
+                .checked_add(self.pad[axis][0])
+                .and_then(|p| p.checked_add(self.pad[axis][1]))
+                .ok_or_else(overflow)?;
+            let extent = self.kernel[axis]
+                .saturating_sub(1)
+                .checked_mul(self.dilation[axis])
+                .and_then(|e| e.checked_add(1))
+                .ok_or_else(overflow)?;
             if padded < extent {
                 return Err(format!(
                     "the window ({extent}) is larger than the padded input ({padded})"
@@ -450,6 +466,27 @@ fn global_pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 mod tests {
     use super::super::test_util::{assert_close, f, run};
     use crate::graph::Attribute;
+
+    #[test]
+    fn windows_overflowing_usize_are_errors() {
+        // Pads of i64::MAX on both sides of an axis overflow the padded size: an error, not a
+        // wrapped size (shape inference refuses these first; the kernel must not rely on it).
+        let node = super::super::test_util::node(
+            "Conv",
+            vec![
+                ("dilations", Attribute::Ints(vec![i64::MAX, 1])),
+                ("pads", Attribute::Ints(vec![i64::MAX, 0, i64::MAX, 0])),
+            ],
+        );
+        let ctx = super::super::Ctx {
+            node: &node,
+            opset: 17,
+        };
+        let x = f(&[1, 1, 3, 3], &[1.0; 9]);
+        let w = f(&[1, 1, 2, 2], &[1.0; 4]);
+        let err = super::conv(&ctx, &[Some(&x), Some(&w)]).unwrap_err();
+        assert!(err.contains("overflows"), "{err}");
+    }
 
     #[test]
     fn conv_with_padding_stride_and_bias() {
