@@ -74,7 +74,7 @@ pub struct PlanRequest {
     /// `"auto"` (the default) or a number of stages (`2` or `"2"`).
     #[serde(default = "default_stages", deserialize_with = "deserialize_stages")]
     pub stages: StageCount,
-    /// Micro-batches per step (default 8).
+    /// Micro-batches per step (default 8; at most [`crate::schedule::MAX_MICROBATCHES`]).
     #[serde(default = "default_microbatches")]
     pub microbatches: u32,
     /// `"1f1b"` (default) or `"gpipe"`.

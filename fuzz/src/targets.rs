@@ -257,7 +257,9 @@ impl Fixtures {
             return format!("capi: error: {}", words.join(" "));
         }
         // SAFETY: a string pipecut_plan_json returned, read before it is freed once.
-        let json = unsafe { std::ffi::CStr::from_ptr(plan) }.to_string_lossy().into_owned();
+        let json = unsafe { std::ffi::CStr::from_ptr(plan) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: returned by pipecut_plan_json and not freed yet.
         unsafe { pipecut::ffi::pipecut_string_free(plan) };
         let plan = Plan::from_json(&json)

@@ -131,7 +131,8 @@ pub struct PartitionArgs {
     /// Number of pipeline stages, or `auto` for the count with the best simulated throughput.
     #[arg(long, default_value = "auto")]
     stages: StageCount,
-    /// Micro-batches per step (the micro-batch size is the batch dim bound with --dim).
+    /// Micro-batches per step, at most 65,536 (the micro-batch size is the batch dim bound with
+    /// --dim).
     #[arg(long, default_value_t = 8)]
     microbatches: u32,
     /// Pipeline schedule (decides activation memory in training).

@@ -117,7 +117,12 @@ impl Window {
         let mut out = [0; 2];
         for axis in 0..2 {
             // Pads, kernel and dilation are attributes of the model: checked, not wrapped.
-            let overflow = || format!("the window of axis {axis} overflows: pads {:?}, kernel {}, dilation {}", self.pad[axis], self.kernel[axis], self.dilation[axis]);
+            let overflow = || {
+                format!(
+                    "the window of axis {axis} overflows: pads {:?}, kernel {}, dilation {}",
+                    self.pad[axis], self.kernel[axis], self.dilation[axis]
+                )
+            };
             let padded = in_hw[axis]
                 .checked_add(self.pad[axis][0])
                 .and_then(|p| p.checked_add(self.pad[axis][1]))
