@@ -178,12 +178,13 @@ fn a_model_swapped_after_loading_is_checked_again_by_export() {
     let order = model.graph.topological_order().to_vec();
     let stages = vec![order[..1].to_vec(), order[1..].to_vec()];
     let out_dir = scene.path("out");
-    let first = pipecut::onnx::export::export_stages(&model_path, &model.graph, &stages, &out_dir)
-        .unwrap();
-    let before: Vec<(PathBuf, Vec<u8>)> = ["manifest.json", "stage_0.onnx", "stage_1.onnx", "w.bin"]
-        .iter()
-        .map(|f| (out_dir.join(f), std::fs::read(out_dir.join(f)).unwrap()))
-        .collect();
+    let first =
+        pipecut::onnx::export::export_stages(&model_path, &model.graph, &stages, &out_dir).unwrap();
+    let before: Vec<(PathBuf, Vec<u8>)> =
+        ["manifest.json", "stage_0.onnx", "stage_1.onnx", "w.bin"]
+            .iter()
+            .map(|f| (out_dir.join(f), std::fs::read(out_dir.join(f)).unwrap()))
+            .collect();
     assert_eq!(first.external_data[0].location, "w.bin");
     // Copied, not linked: editing the export must not edit the original.
     assert!(!pipecut::io::same_file(
@@ -293,9 +294,19 @@ fn outputs_that_are_inputs_devices_directories_or_nowhere_are_refused() {
     // A plan saved as manifest.json in the export folder is an input, not an old manifest.
     std::fs::create_dir(scene.path("out")).unwrap();
     std::fs::copy(scene.path("plan.json"), scene.path("out/manifest.json")).unwrap();
-    let out = scene.run(&["export", "out/manifest.json", "model/m.onnx", "--out-dir", "out"]);
+    let out = scene.run(&[
+        "export",
+        "out/manifest.json",
+        "model/m.onnx",
+        "--out-dir",
+        "out",
+    ]);
     assert_ne!(out.status.code(), Some(0));
-    assert!(stderr(&out).contains("would replace the input"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("would replace the input"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(
         std::fs::read(scene.path("out/manifest.json")).unwrap(),
         plan_before
@@ -355,7 +366,11 @@ fn messages_say_each_os_error_once_and_name_swapped_arguments() {
     let scene = Scene::new(PLAIN);
     let out = scene.run(&["inspect", "missing.onnx"]);
     let text = stderr(&out);
-    assert_eq!(text.matches("No such file or directory").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "{text}"
+    );
     scene.plan();
     let out = scene.run(&["check", "model/m.onnx", "plan.json"]);
     let text = stderr(&out);
@@ -380,7 +395,10 @@ fn names_from_a_model_cannot_drive_the_terminal_or_break_pictures() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(!printed.contains('\u{1b}') && !printed.contains('\u{7}'), "{printed}");
+    assert!(
+        !printed.contains('\u{1b}') && !printed.contains('\u{7}'),
+        "{printed}"
+    );
     let out = scene.run(&[
         "show",
         "plan.json",
@@ -392,7 +410,10 @@ fn names_from_a_model_cannot_drive_the_terminal_or_break_pictures() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let dot = std::fs::read_to_string(scene.path("graph.dot")).unwrap();
-    assert!(!dot.contains('\u{1b}') && !dot.contains("pwned\u{7}"), "{dot}");
+    assert!(
+        !dot.contains('\u{1b}') && !dot.contains("pwned\u{7}"),
+        "{dot}"
+    );
     assert!(dot.contains("\\\\u{1b}"), "the escape is shown: {dot}");
     let svg = std::fs::read_to_string(scene.path("timeline.svg")).unwrap();
     roxmltree::Document::parse(&svg).expect("the timeline is well-formed XML");

@@ -98,7 +98,7 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// (no tensor flows from a later stage to an earlier one).
 ///
 /// # Errors
-/// [`Error::NotAPartition`], [`Error::NonConvexStages`], [`Error::OutDir`] and [`Error::Write`]
+/// [`Error::NotAPartition`], [`Error::NonConvexStages`], [`Error::OutDir`], [`Error::Output`] and [`Error::Write`]
 /// for unwritable output, [`Error::Io`]/[`Error::NotOnnx`] for an unreadable model, and
 /// [`Error::Export`] for a model file that does not match the graph.
 pub fn export_stages(
@@ -188,7 +188,7 @@ fn stage_all(
     for stage in 0..routes.stages.len() {
         let built = build_stage(index, graph, routes, stage, &mut external)?;
         let path = out_dir.join(stage_file_name(stage));
-        refuse_replacing_model(&path, model_path)?;
+        crate::io::check_output(&path, &[model_path])?;
         stages.push(files::stage_bytes(&path, &built.bytes, mode)?);
         figures.push(StageFigures {
             constant_nodes: built.constant_nodes,
@@ -196,7 +196,7 @@ fn stage_all(
         });
         locations.extend(built.external_locations);
     }
-    refuse_replacing_model(&out_dir.join(MANIFEST_FILE), model_path)?;
+    crate::io::check_output(&out_dir.join(MANIFEST_FILE), &[model_path])?;
     let mut copies = Vec::new();
     let mut external_data = Vec::with_capacity(locations.len());
     for (location, source) in locations {
@@ -220,20 +220,6 @@ fn stage_all(
         manifest,
         mode,
     })
-}
-
-/// An export into the model's own directory must not replace the model with a stage file.
-fn refuse_replacing_model(path: &Path, model_path: &Path) -> Result<(), Error> {
-    if crate::io::same_file(path, model_path) {
-        return Err(Error::Output {
-            path: path.to_path_buf(),
-            detail: format!(
-                "it is the model '{}' being exported; choose another --out-dir",
-                model_path.display()
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// Maps the model file read-only (`None` for an empty file, which mapping refuses).
