@@ -239,6 +239,27 @@ pub enum Error {
         detail: String,
     },
 
+    /// An input file that pipecut will not read: not a regular file, too large, not text.
+    #[error("cannot read {what} '{}': {detail}", path.display())]
+    Input {
+        /// What the file was given as ("plan", "cluster file").
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// Why it is refused.
+        detail: String,
+    },
+
+    /// An output path refused before anything was written (it is an input, a directory, a
+    /// device, or its directory is missing).
+    #[error("refusing to write '{}': {detail}", path.display())]
+    Output {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        detail: String,
+    },
+
     /// A file could not be written.
     #[error("cannot write '{}': {source}", path.display())]
     Write {

@@ -85,6 +85,7 @@ pub mod cost;
 mod error;
 pub mod ffi;
 pub mod graph;
+pub mod io;
 pub mod onnx;
 pub mod partition;
 pub mod plan;

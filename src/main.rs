@@ -15,11 +15,27 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            // `{:#}` prints the whole chain on one line: "cannot load x.onnx: ...: ...".
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cli::terminal_safe(&one_line(&err)));
             ExitCode::from(exit_code(&err))
         }
     }
+}
+
+/// The error chain on one line ("cannot load x.onnx: ...: ..."), each cause once: a library
+/// error whose message already quotes its OS error is not followed by that error again.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// 1 when the library says the model does not fit or a plan is invalid, 2 for everything else.
@@ -28,7 +44,12 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         .chain()
         .find_map(|cause| cause.downcast_ref::<pipecut::Error>());
     match library {
-        Some(pipecut::Error::Infeasible(_) | pipecut::Error::InvalidPlan(_)) => 1,
+        Some(
+            pipecut::Error::Infeasible(_)
+            | pipecut::Error::InvalidPlan(_)
+            | pipecut::Error::NotAPartition(_)
+            | pipecut::Error::NonConvexStages { .. },
+        ) => 1,
         _ => 2,
     }
 }

@@ -177,6 +177,8 @@ fn every_malformed_input_fails_cleanly_through_the_cli() {
     let mut failures = Vec::new();
     for (index, case) in cases.iter().enumerate() {
         let out = scratch.path().join(format!("case{index}/plan.json"));
+        // The folder exists: `--out` into a missing folder is refused (a case of its own).
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
         if let Some(file) = case.file.as_deref().filter(|f| f.starts_with("runtime/")) {
             partition_runtime_model(
                 &format!("tests/malformed/{file}"),

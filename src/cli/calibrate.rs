@@ -45,7 +45,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let spec = calibrated_profile(base, &measurements)?;
     let json = serde_json::to_string_pretty(&spec)? + "\n";
-    super::write_atomically(&args.out, json.as_bytes())?;
+    super::write_atomically(&args.out, json.as_bytes(), &[])?;
     let e = &spec.efficiency;
     println!(
         "wrote {} ({}): efficiency matmul {:.2}, conv {:.2}, elementwise {:.2}, reduction {:.2}, data movement {:.2}",

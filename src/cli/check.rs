@@ -25,8 +25,7 @@ pub struct CheckArgs {
 
 /// Reads a plan file.
 pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read plan '{}'", path.display()))?;
+    let text = pipecut::io::read_text_bounded(path, pipecut::io::MAX_JSON_BYTES, "plan")?;
     Plan::from_json(&text).with_context(|| format!("'{}'", path.display()))
 }
 

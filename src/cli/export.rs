@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Args;
 use pipecut::onnx::export::{export_stages, Manifest, TensorSource};
 use pipecut::onnx::inspect::human_bytes;
-use pipecut::plan::Plan;
 
 use super::{print_stdout, ModelArgs};
 
@@ -27,15 +26,38 @@ pub struct ExportArgs {
     json: bool,
 }
 
+/// Refuses an export file name that is one of the inputs (the plan saved as `manifest.json` in
+/// the output directory, say). Other checks wait for the export, which creates the directory.
+fn refuse_replacing(path: &std::path::Path, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+    if let Some(input) = inputs.iter().find(|i| pipecut::io::same_file(path, i)) {
+        anyhow::bail!(
+            "refusing to export into '{}': it would replace the input '{}'",
+            path.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.plan)
-        .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
-    let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
+    let plan = super::check::read_plan(&args.plan)?;
     let model = args.model.load_typed()?;
     let model_path = &args.model.model;
     let stages = plan
         .stage_nodes(&model.sha256, &model.graph)
         .with_context(|| format!("'{}'", args.plan.display()))?;
+    // Neither the model nor the plan may be among the files the export writes.
+    let inputs = [model_path.as_path(), args.plan.as_path()];
+    for stage in 0..stages.len() {
+        let stage_file = args
+            .out_dir
+            .join(pipecut::onnx::export::stage_file_name(stage));
+        refuse_replacing(&stage_file, &inputs)?;
+    }
+    refuse_replacing(
+        &args.out_dir.join(pipecut::onnx::export::MANIFEST_FILE),
+        &inputs,
+    )?;
     let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
         .with_context(|| format!("cannot export '{}'", model_path.display()))?;
     if args.json {

@@ -149,7 +149,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Writes to stdout; a closed pipe (`pipecut inspect m.onnx | head`) is not an error.
 /// The model's file name as the plan records it (`""` for a path without one).
 pub(crate) fn model_file_name(path: &std::path::Path) -> String {
     path.file_name()
@@ -157,8 +156,11 @@ pub(crate) fn model_file_name(path: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
+/// Writes to stdout, control characters escaped ([`escape_controls`]); a closed pipe
+/// (`pipecut inspect m.onnx | head`) is not an error.
 pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     use std::io::Write;
+    let text = escape_controls(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -166,26 +168,71 @@ pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it and a rename, so that an
-/// interrupted or failed run never leaves a half-written file that looks complete.
-pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create '{}'", dir.display()))?;
+/// Text from a model (node and tensor names) reaches tables and messages verbatim; on a terminal
+/// its control characters would be obeyed (escape sequences recolour, retitle or clear the
+/// screen). They are shown as `\u{1b}` escapes instead; newlines and tabs stay. JSON output is
+/// unaffected: serde_json already escapes control characters inside strings.
+pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return std::borrow::Cow::Borrowed(text);
     }
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    let written = std::fs::write(&tmp, bytes)
-        .with_context(|| format!("cannot write '{}'", tmp.display()))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path)
-                .with_context(|| format!("cannot write '{}'", path.display()))
-        });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            escaped.extend(c.escape_unicode());
+        } else {
+            escaped.push(c);
+        }
     }
-    written
+    std::borrow::Cow::Owned(escaped)
+}
+
+/// [`escape_controls`] for an error message, and cut in the middle past [`MAX_MESSAGE_CHARS`].
+pub(crate) fn terminal_safe(text: &str) -> String {
+    let escaped = escape_controls(text);
+    let count = escaped.chars().count();
+    if count <= MAX_MESSAGE_CHARS {
+        return escaped.into_owned();
+    }
+    let keep = MAX_MESSAGE_CHARS / 2;
+    let head: String = escaped.chars().take(keep).collect();
+    let tail: String = escaped.chars().skip(count - keep).collect();
+    format!(
+        "{head} … ({} characters left out) … {tail}",
+        count - 2 * keep
+    )
+}
+
+/// Longest error message printed whole, about a screenful: a 20 MB node name in a hostile model
+/// would otherwise be echoed whole.
+const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// Refuses an output path before any work or write: an input, a directory, a device, a
+/// missing directory (`pipecut::io::check_output`).
+pub(crate) fn check_output(
+    path: &std::path::Path,
+    inputs: &[&std::path::Path],
+) -> anyhow::Result<()> {
+    Ok(pipecut::io::check_output(path, inputs)?)
+}
+
+/// Writes `bytes` to `path` atomically, after the same checks as [`check_output`]: an interrupted
+/// or failed run never leaves a half-written file that looks complete, a link planted at the path
+/// is replaced rather than followed, and no input is overwritten.
+pub(crate) fn write_atomically(
+    path: &std::path::Path,
+    bytes: &[u8],
+    inputs: &[&std::path::Path],
+) -> anyhow::Result<()> {
+    check_output(path, inputs)?;
+    let mode = inputs
+        .first()
+        .map(|source| pipecut::io::OutputMode::like(source))
+        .unwrap_or_default();
+    Ok(pipecut::io::write_atomically(path, bytes, mode)?)
 }
 
 /// A spinner on stderr for work that may take more than a moment; hidden when stderr is not a

@@ -184,6 +184,9 @@ pub enum EmitArg {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
+    if let Some(out) = &args.out {
+        super::check_output(out, &[&args.model.model])?;
+    }
     let model = args.model.load_typed()?;
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
@@ -234,7 +237,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     );
     let json = plan.to_json();
     if let Some(out) = &args.out {
-        write_atomically(out, json.as_bytes())?;
+        write_atomically(out, json.as_bytes(), &[&args.model.model])?;
     }
     let split = match args.emit {
         Some(EmitArg::TorchSplitSpec) => Some(torch_split(

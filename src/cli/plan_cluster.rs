@@ -65,6 +65,9 @@ pub struct PlanClusterArgs {
 
 pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     let path = &args.model.model;
+    if let Some(out) = &args.out {
+        super::check_output(out, &[path])?;
+    }
     let model = pipecut::onnx::load_model(path)
         .with_context(|| format!("cannot load '{}'", path.display()))?;
     let catalog = Catalog::builtin();
@@ -140,7 +143,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     .with_parallelism(&outcome, args.global_batch);
     let json = plan.to_json();
     if let Some(out) = &args.out {
-        write_atomically(out, json.as_bytes())?;
+        write_atomically(out, json.as_bytes(), &[&args.model.model])?;
     }
     if args.json {
         print_stdout(&json)?;

@@ -2,6 +2,7 @@
 //! stage, and compare the measured pipeline efficiency with the plan's prediction.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,7 +12,6 @@ use clap::Args;
 use pipecut::cost::Catalog;
 use pipecut::graph::NodeId;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::plan::Plan;
 use pipecut::runtime::{
     check_inputs, cuda::CudaExecutor, encode_npy, read_npy, run_pipeline, seeded_inputs,
     stage_specs, CpuExecutor, Executor, Tensors, Weights,
@@ -90,9 +90,7 @@ struct Report {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.plan)
-        .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
-    let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
+    let plan = super::check::read_plan(&args.plan)?;
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
         let mut model = pipecut::onnx::load_model(&args.model)
             .with_context(|| format!("cannot load '{}'", args.model.display()))?;
@@ -201,7 +199,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         PipelineSchedule::GPipe,
         microbatches,
     )?;
-    let outputs = write_outputs(&args.output_dir, &report.outputs)?;
+    let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(&args))?;
     let summary = Report {
         model: args.model.display().to_string(),
         backend: args.backend,
@@ -295,14 +293,23 @@ fn file_stem(name: &str) -> String {
     }
 }
 
-/// Writes every output as `<name>.npy` in `dir`: all to temporary files first, then renamed, so
-/// that a failure leaves no partial set of outputs.
-fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<String, String>> {
+/// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
+/// (`pipecut::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
+/// a link planted in `dir` is never followed. The run's inputs are never overwritten.
+fn write_outputs(
+    dir: &Path,
+    outputs: &Tensors,
+    inputs: &[&Path],
+) -> anyhow::Result<BTreeMap<String, String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
-    let mut written: Vec<(PathBuf, PathBuf)> = Vec::new();
+    pipecut::io::remove_stale_temporaries(dir);
+    let mode = inputs
+        .first()
+        .map(|model| pipecut::io::OutputMode::like(model))
+        .unwrap_or_default();
+    let mut staged = Vec::with_capacity(outputs.len());
     let mut files = BTreeMap::new();
     let mut used = std::collections::HashSet::new();
-    let mut result = Ok(());
     for (name, tensor) in outputs {
         let mut stem = file_stem(name);
         let mut n = 1;
@@ -311,30 +318,31 @@ fn write_outputs(dir: &Path, outputs: &Tensors) -> anyhow::Result<BTreeMap<Strin
             stem = format!("{}_{n}", file_stem(name));
         }
         let path = dir.join(format!("{stem}.npy"));
-        let tmp = dir.join(format!(".{stem}.npy.tmp-{}", std::process::id()));
-        if let Err(e) = std::fs::write(&tmp, encode_npy(tensor)) {
-            let _ = std::fs::remove_file(&tmp);
-            result =
-                Err(anyhow::Error::new(e).context(format!("cannot write '{}'", tmp.display())));
-            break;
-        }
+        pipecut::io::check_output(&path, inputs)?;
+        let mut file = pipecut::io::Staged::new(&path, mode)?;
+        file.file()
+            .write_all(&encode_npy(tensor))
+            .with_context(|| format!("cannot write '{}'", path.display()))?;
         files.insert(name.clone(), path.display().to_string());
-        written.push((tmp, path));
+        staged.push(file);
     }
-    if result.is_ok() {
-        for (tmp, path) in &written {
-            if let Err(e) = std::fs::rename(tmp, path) {
-                result = Err(
-                    anyhow::Error::new(e).context(format!("cannot write '{}'", path.display()))
-                );
-                break;
-            }
-        }
+    for file in staged {
+        file.commit()?;
     }
-    for (tmp, _) in &written {
-        let _ = std::fs::remove_file(tmp);
-    }
-    result.map(|()| files)
+    Ok(files)
+}
+
+/// The files a run reads, which its outputs must never replace: the model first (outputs are no
+/// more readable than it), the plan, and every `--input` file.
+fn run_inputs(args: &RunArgs) -> Vec<&Path> {
+    let npy_files = args
+        .inputs
+        .iter()
+        .filter_map(|spec| spec.split_once('=').map(|(_, file)| Path::new(file)));
+    [args.model.as_path(), args.plan.as_path()]
+        .into_iter()
+        .chain(npy_files)
+        .collect()
 }
 
 fn table(r: &Report) -> String {

@@ -34,6 +34,14 @@ pub struct ShowArgs {
 }
 
 pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
+    let inputs: Vec<&Path> = std::iter::once(args.plan.as_path())
+        .chain(args.model.as_deref())
+        .collect();
+    // Every output is checked before anything is read or written: `show --timeline plan.json`
+    // must not replace the plan.
+    for out in [&args.timeline, &args.graph].into_iter().flatten() {
+        super::check_output(out, &inputs)?;
+    }
     let plan = read_plan(&args.plan)?;
     let model = match &args.model {
         Some(path) => {
@@ -57,14 +65,14 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
             plan.stages.len(),
             plan.config.microbatches,
         );
-        write_atomically(path, timeline_svg(&simulation, &title).as_bytes())?;
+        write_atomically(path, timeline_svg(&simulation, &title).as_bytes(), &inputs)?;
     }
     if let Some(path) = &args.graph {
         let Some(model) = &model else {
             bail!("--graph needs the model: pipecut show PLAN.json MODEL --graph FILE");
         };
         let dot = plan_dot(&plan, &model.graph)?;
-        write_graph(path, &dot)?;
+        write_graph(path, &dot, &inputs)?;
     }
 
     if args.json {
@@ -93,10 +101,10 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Writes DOT as is, or renders SVG through Graphviz.
-fn write_graph(path: &Path, dot: &str) -> anyhow::Result<()> {
+fn write_graph(path: &Path, dot: &str, inputs: &[&Path]) -> anyhow::Result<()> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some("dot" | "gv") => write_atomically(path, dot.as_bytes()),
-        Some("svg") => write_atomically(path, &render_svg(dot)?),
+        Some("dot" | "gv") => write_atomically(path, dot.as_bytes(), inputs),
+        Some("svg") => write_atomically(path, &render_svg(dot)?, inputs),
         _ => bail!(
             "--graph '{}': the file must end in .dot or .svg",
             path.display()

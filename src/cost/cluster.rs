@@ -157,10 +157,7 @@ impl Cluster {
 
     /// Reads a cluster JSON file (see the module docs).
     pub fn from_file(path: &Path, catalog: &Catalog) -> Result<Cluster, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::io::read_text_bounded(path, crate::io::MAX_JSON_BYTES, "cluster file")?;
         let spec = path.display().to_string();
         let layout: ClusterLayout = serde_json::from_str(&text).map_err(|e| Error::Cluster {
             spec: spec.clone(),

@@ -403,10 +403,11 @@ impl Catalog {
 
     /// Adds a device or link profile from a JSON file, by its `schema` field.
     pub fn add_file(&mut self, path: &Path) -> Result<String, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::io::read_text_bounded(
+            path,
+            crate::io::MAX_JSON_BYTES,
+            "device or link profile",
+        )?;
         let origin = path.display().to_string();
         if text.contains("pipecut-link-v1") {
             Ok(self.add_link_json(&text, &origin)?.name.clone())

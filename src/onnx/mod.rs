@@ -45,7 +45,17 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model, Error> {
         path: path.to_path_buf(),
         source,
     };
-    let file = File::open(path).map_err(io)?;
+    // Only a regular file: a directory would fail to map with "No such device", a FIFO with no
+    // writer would block forever, and a pipe cannot be mapped at all.
+    let file: File = crate::io::open_regular(path).map_err(|detail| Error::Input {
+        what: "model".into(),
+        path: path.to_path_buf(),
+        detail: if detail.contains("not a regular file") {
+            format!("{detail}; save the model to a file first")
+        } else {
+            detail
+        },
+    })?;
     let len = file.metadata().map_err(io)?.len();
     let origin = path.display().to_string();
     let base_dir = path.parent().map(|p| {

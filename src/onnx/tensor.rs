@@ -126,6 +126,70 @@ impl ExternalFiles {
     }
 }
 
+/// Where a tensor's external data lives, from its `external_data` entries.
+pub(crate) struct ExternalRef {
+    /// The file, relative to the model's directory (not yet checked).
+    pub location: String,
+    /// The first byte.
+    pub offset: u64,
+    /// The byte count, when given.
+    pub length: Option<u64>,
+}
+
+impl ExternalRef {
+    /// The reference of an external tensor, `None` for one stored inline. A key listed twice is
+    /// refused: readers disagree on which one counts (the loader took the last, the exporter the
+    /// first), and that disagreement let a checked location stand in for an unchecked one.
+    pub fn of(proto: &TensorProto) -> Result<Option<ExternalRef>, Error> {
+        if proto.data_location.enum_value() != Ok(DataLocation::EXTERNAL) {
+            return Ok(None);
+        }
+        let name = &proto.name;
+        let mut location: Option<String> = None;
+        let mut offset: Option<u64> = None;
+        let mut length: Option<u64> = None;
+        for entry in &proto.external_data {
+            let fail = |location: &Option<String>, detail: String| Error::ExternalData {
+                tensor: name.clone(),
+                location: location.clone().unwrap_or_default(),
+                detail,
+            };
+            let count = || {
+                entry.value.parse::<u64>().map_err(|_| {
+                    let v = &entry.value;
+                    fail(
+                        &location,
+                        format!("'{}' is not a byte count: '{v}'", entry.key),
+                    )
+                })
+            };
+            let already = match entry.key.as_str() {
+                "location" => location.replace(entry.value.clone()).is_some(),
+                "offset" => offset.replace(count()?).is_some(),
+                "length" => length.replace(count()?).is_some(),
+                _ => false,
+            };
+            if already {
+                let detail = format!(
+                    "the key '{}' is listed twice; refusing an ambiguous reference",
+                    entry.key
+                );
+                return Err(fail(&location, detail));
+            }
+        }
+        let location = location.ok_or_else(|| Error::ExternalData {
+            tensor: name.clone(),
+            location: String::new(),
+            detail: "no 'location' entry".into(),
+        })?;
+        Ok(Some(ExternalRef {
+            location,
+            offset: offset.unwrap_or(0),
+            length,
+        }))
+    }
+}
+
 /// Decodes a tensor proto's metadata and, for small numeric tensors stored inline, its value.
 pub(crate) fn decode_tensor(
     proto: &TensorProto,
@@ -159,30 +223,12 @@ pub(crate) fn decode_tensor(
         ),
     })?;
 
-    if proto.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
-        let mut location = None;
-        let mut offset = 0u64;
-        let mut length = None;
-        for entry in &proto.external_data {
-            let parse = |v: &str| {
-                v.parse::<u64>().map_err(|_| Error::ExternalData {
-                    tensor: name.clone(),
-                    location: location.clone().unwrap_or_default(),
-                    detail: format!("'{}' is not a byte count: '{v}'", entry.key),
-                })
-            };
-            match entry.key.as_str() {
-                "location" => location = Some(entry.value.clone()),
-                "offset" => offset = parse(&entry.value)?,
-                "length" => length = Some(parse(&entry.value)?),
-                _ => {}
-            }
-        }
-        let location = location.ok_or_else(|| Error::ExternalData {
-            tensor: name.clone(),
-            location: String::new(),
-            detail: "no 'location' entry".into(),
-        })?;
+    if let Some(reference) = ExternalRef::of(proto)? {
+        let ExternalRef {
+            location,
+            offset,
+            length,
+        } = reference;
         let length = length.unwrap_or(bytes);
         if length < bytes {
             return Err(Error::ExternalData {

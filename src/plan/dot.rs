@@ -26,7 +26,22 @@ fn quote(text: &str) -> String {
 fn quote_lines(lines: &[&str]) -> String {
     let escaped: Vec<String> = lines
         .iter()
-        .map(|l| l.replace('\\', "\\\\").replace('"', "\\\""))
+        .map(|l| {
+            // Control characters (a newline in a hostile name would end the statement) are
+            // shown as escapes; quotes and backslashes escaped as DOT wants.
+            l.chars()
+                .flat_map(|c| -> Vec<char> {
+                    match c {
+                        '\\' => vec!['\\', '\\'],
+                        '"' => vec!['\\', '"'],
+                        c if c.is_control() => {
+                            std::iter::once('\\').chain(c.escape_unicode()).collect()
+                        }
+                        c => vec![c],
+                    }
+                })
+                .collect::<String>()
+        })
         .collect();
     format!("\"{}\"", escaped.join("\\n"))
 }

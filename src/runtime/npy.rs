@@ -26,12 +26,13 @@ pub struct NpyArray {
     pub tensor: HostTensor,
 }
 
+/// The largest `.npy` input read: 16 GiB, more than one input of a pipeline stage holds on the
+/// machines the CPU runtime targets; a larger file (or `/dev/zero`) is refused, not read whole.
+const MAX_NPY_BYTES: u64 = 16 << 30;
+
 /// Reads a `.npy` file.
 pub fn read_npy(path: &Path) -> Result<NpyArray, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::io::read_bounded(path, MAX_NPY_BYTES, ".npy input")?;
     parse_npy(&bytes, &path.display().to_string())
 }
 

@@ -13,11 +13,23 @@ const FORWARD_COLOUR: &str = "#4e79a7";
 const BACKWARD_COLOUR: &str = "#59a14f";
 const IDLE_COLOUR: &str = "#eeeeee";
 
+/// Text for SVG (XML 1.0) content and attributes: markup characters as entities, and the control
+/// characters XML 1.0 forbids even as references (all below U+0020 but tab, newline and return)
+/// replaced by U+FFFD, so that a model's names can never make the file invalid.
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Renders the simulation as SVG. `title` is printed above the rows.

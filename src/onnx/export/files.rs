@@ -1,10 +1,18 @@
 //! Step 4 of the export: putting files in the output directory without leaving half-written
-//! ones, and making external weights reachable from it without copying them.
+//! ones, and copying the external weights the stages read beside them.
+//!
+//! Every file is first written to an exclusive temporary in the output directory
+//! ([`crate::io::Staged`]); only when all of them are complete are they renamed into place, so a
+//! failed export leaves an earlier complete one as it was. External data is **copied** (the OS
+//! shares extents where the filesystem can, `copy_file_range`), never linked: a hard link makes
+//! editing the output edit the original and is refused by onnx >= 1.20 ("potential hardlink
+//! attack"); a symbolic link can dangle or point anywhere.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 
+use crate::io::{OutputMode, Staged};
 use crate::Error;
 
 /// How an external data file was made reachable from the output directory.
@@ -13,11 +21,7 @@ use crate::Error;
 pub enum Placement {
     /// The output directory already holds this very file (e.g. it is the model's directory).
     AlreadyThere,
-    /// A hard link: a second name for the same bytes, no copy.
-    HardLink,
-    /// A symbolic link to the original (another filesystem).
-    Symlink,
-    /// A full copy: neither kind of link could be made.
+    /// A copy of the bytes (sharing extents where the filesystem can).
     Copy,
 }
 
@@ -41,111 +45,80 @@ pub(crate) fn prepare_out_dir(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// A temporary name beside `path`, unique to this process.
-fn temporary_beside(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp-{}", std::process::id()));
-    path.with_file_name(name)
-}
-
-/// Writes `bytes` to `path` through a temporary file beside it and a rename, so that a failed or
-/// interrupted write never leaves a half-written file under the final name.
+/// Writes `bytes` to `path` through an exclusive temporary file beside it and a rename, so that
+/// a failed or interrupted write never leaves a half-written file under the final name.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let tmp = temporary_beside(path);
-    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    result.map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::Write {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
+    crate::io::write_atomically(path, bytes, OutputMode::Default)
 }
 
-/// Whether two paths name the same file (same inode on Unix; same canonical path elsewhere).
-fn same_file(a: &Path, b: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(ma), Ok(mb)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return ma.dev() == mb.dev() && ma.ino() == mb.ino();
-        }
-    }
-    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
-}
-
-/// Makes `source` reachable as `target`: a hard link, else a symbolic link, else a copy, each
-/// made under a temporary name and renamed into place.
-pub(crate) fn place_external(source: &Path, target: &Path) -> Result<Placement, Error> {
-    if target.exists() && same_file(source, target) {
-        return Ok(Placement::AlreadyThere);
-    }
-    if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent).map_err(|source| Error::Write {
-            path: parent.to_path_buf(),
-            source,
-        })?;
-    }
-    let tmp = temporary_beside(target);
-    let _ = std::fs::remove_file(&tmp);
-    let placement = if std::fs::hard_link(source, &tmp).is_ok() {
-        Placement::HardLink
-    } else if symlink(source, &tmp).is_ok() {
-        Placement::Symlink
-    } else {
-        std::fs::copy(source, &tmp).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::Write {
-                path: target.to_path_buf(),
-                source: e,
-            }
-        })?;
-        Placement::Copy
-    };
-    std::fs::rename(&tmp, target).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::Write {
+/// `bytes` staged for `target`, to be committed with the rest of the export.
+pub(crate) fn stage_bytes(target: &Path, bytes: &[u8], mode: OutputMode) -> Result<Staged, Error> {
+    use std::io::Write;
+    let mut staged = Staged::new(target, mode)?;
+    staged
+        .file()
+        .write_all(bytes)
+        .map_err(|source| Error::Write {
             path: target.to_path_buf(),
             source,
-        }
-    })?;
-    Ok(placement)
+        })?;
+    Ok(staged)
 }
 
-/// A symbolic link to the absolute path of `source`, so that it resolves from any directory.
-fn symlink(source: &Path, link: &Path) -> std::io::Result<()> {
-    let absolute = source.canonicalize()?;
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::symlink(absolute, link)
+/// Stages a copy of `source` (an external data file the loader's checks resolved) at
+/// `out_dir/location`. `location` must be relative and stay inside `out_dir`, and so must every
+/// directory on the way, links included. `None` when the target already is the source.
+pub(crate) fn stage_external(
+    source: &Path,
+    out_dir: &Path,
+    location: &str,
+    mode: OutputMode,
+) -> Result<Option<Staged>, Error> {
+    let target = out_dir.join(location);
+    if crate::io::same_file(source, &target) {
+        return Ok(None);
     }
-    #[cfg(windows)]
+    let outside = || Error::OutDir {
+        path: out_dir.to_path_buf(),
+        detail: format!("the external data location '{location}' leaves it; refusing to write"),
+    };
+    if !Path::new(location)
+        .components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        std::os::windows::fs::symlink_file(absolute, link)
+        return Err(outside());
     }
-    #[cfg(not(any(unix, windows)))]
-    {
-        let _ = (absolute, link);
-        Err(std::io::Error::other(
-            "symbolic links are not supported here",
-        ))
+    let parent = target.parent().unwrap_or(out_dir);
+    std::fs::create_dir_all(parent).map_err(|source| Error::Write {
+        path: parent.to_path_buf(),
+        source,
+    })?;
+    // A directory inside the output that is a link may lead anywhere: the resolved parent must
+    // still be inside the resolved output directory.
+    let inside = match (parent.canonicalize(), out_dir.canonicalize()) {
+        (Ok(p), Ok(o)) => p.starts_with(o),
+        _ => false,
+    };
+    if !inside {
+        return Err(outside());
     }
+    let write_error = |source| Error::Write {
+        path: target.clone(),
+        source,
+    };
+    let mut input = crate::io::open_regular(source).map_err(|detail| Error::Input {
+        what: "external data file".into(),
+        path: source.to_path_buf(),
+        detail,
+    })?;
+    let mut staged = Staged::new(&target, mode)?;
+    crate::io::copy_keeping_holes(&mut input, staged.file()).map_err(write_error)?;
+    Ok(Some(staged))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn atomic_write_replaces_and_leaves_no_temporary() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.onnx");
-        write_atomically(&path, b"one").unwrap();
-        write_atomically(&path, b"two").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(names.len(), 1);
-    }
 
     #[test]
     fn failed_write_names_the_file_and_leaves_nothing() {
@@ -157,23 +130,52 @@ mod tests {
     }
 
     #[test]
-    fn external_data_is_linked_not_copied() {
+    fn external_data_is_copied_not_linked() {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("w.bin");
         std::fs::write(&source, b"weights").unwrap();
         let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let staged = stage_external(&source, &out, "sub/w.bin", OutputMode::Default).unwrap();
+        staged.expect("a copy").commit().unwrap();
         let target = out.join("sub").join("w.bin");
-        let placement = place_external(&source, &target).unwrap();
-        assert_eq!(placement, Placement::HardLink);
-        assert!(same_file(&source, &target));
-        assert_eq!(
-            place_external(&source, &target).unwrap(),
-            Placement::AlreadyThere
+        assert_eq!(std::fs::read(&target).unwrap(), b"weights");
+        assert!(
+            !crate::io::same_file(&source, &target),
+            "a link, not a copy"
         );
-        assert_eq!(
-            place_external(&source, &source).unwrap(),
-            Placement::AlreadyThere
+        // Exporting into the model's own directory keeps the file where it is.
+        assert!(
+            stage_external(&source, dir.path(), "w.bin", OutputMode::Default)
+                .unwrap()
+                .is_none()
         );
+    }
+
+    #[test]
+    fn an_external_location_cannot_leave_the_output_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("w.bin");
+        std::fs::write(&source, b"weights").unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        for location in ["../victim.txt", "/tmp/x", "a/../../b"] {
+            let err = stage_external(&source, &out, location, OutputMode::Default)
+                .err()
+                .expect("refused");
+            assert!(err.to_string().contains("leaves it"), "{location}: {err}");
+        }
+        #[cfg(unix)]
+        {
+            let elsewhere = dir.path().join("elsewhere");
+            std::fs::create_dir(&elsewhere).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, out.join("link")).unwrap();
+            let err = stage_external(&source, &out, "link/w.bin", OutputMode::Default)
+                .err()
+                .expect("refused");
+            assert!(err.to_string().contains("leaves it"), "{err}");
+            assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        }
     }
 
     #[test]

@@ -254,7 +254,8 @@ impl Manifest {
 }
 
 /// The file name of stage `stage`.
-pub(crate) fn stage_file_name(stage: usize) -> String {
+/// The file name of stage `stage` in an export directory.
+pub fn stage_file_name(stage: usize) -> String {
     format!("stage_{stage}.onnx")
 }
 

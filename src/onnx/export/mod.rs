@@ -27,17 +27,19 @@
 //!
 //! Initializers stored as external data stay external: the stage files keep their `location`,
 //! `offset` and `length` entries verbatim, so they resolve against the output directory, and
-//! every referenced data file is made reachable there without copying its bytes: a hard link
-//! when the output directory is on the same filesystem, else a symbolic link to the original's
-//! absolute path, and only when neither can be made, a copy ([`Placement`]). Each stage reads
-//! only its own ranges of the shared file.
+//! every referenced data file is copied there ([`Placement`]; the filesystem shares extents
+//! where it can), never linked: a link would make editing the output edit the original, and
+//! onnx >= 1.20 refuses hard-linked data. Each location is checked again as the loader checks it,
+//! on the bytes being exported, and must stay inside the output directory. Each stage reads only
+//! its own ranges of the shared file.
 //!
 //! # Files
 //!
-//! Every file is written under a temporary name and renamed into place, so no half-written
-//! file is ever left under a final name. A manifest from an earlier export is removed first and
-//! the new one is written last, so its presence means the export is complete. On an error, the
-//! files this export already wrote are removed. Stage files of an earlier export with more
+//! Every file is first written completely to an exclusive temporary in the output directory
+//! (never following a link; as readable as the model, no more); only when all are written are
+//! they renamed into place, the manifest last, so its presence means the export is complete. An
+//! export that fails leaves the directory as it was, an earlier complete export included.
+//! Temporaries of a killed export are removed by the next one. No output may be the model. Stage files of an earlier export with more
 //! stages (`stage_5.onnx` after a 4-stage export) are left alone: the manifest lists the files
 //! that belong to it.
 //!
@@ -65,20 +67,23 @@ mod routes;
 mod stage;
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memmap2::Mmap;
 use onnx_protobuf::{Message, ModelProto};
 
 pub use files::{write_atomically, Placement};
+pub use manifest::stage_file_name;
 pub use manifest::{
     ExternalDataFile, Manifest, ManifestDim, ManifestModel, ManifestStage, ManifestTensor,
     ModelOutput, StageInput, StageOutput, TensorDestination, TensorSource, MANIFEST_VERSION,
 };
 
 use crate::graph::{Graph, NodeId};
+use crate::io::{OutputMode, Staged};
+use crate::onnx::tensor::ExternalFiles;
 use crate::Error;
-use manifest::{stage_file_name, StageFigures};
+use manifest::StageFigures;
 use routes::Routes;
 use stage::{build_stage, ProtoIndex};
 
@@ -93,7 +98,7 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// (no tensor flows from a later stage to an earlier one).
 ///
 /// # Errors
-/// [`Error::NotAPartition`], [`Error::NonConvexStages`], [`Error::OutDir`] and [`Error::Write`]
+/// [`Error::NotAPartition`], [`Error::NonConvexStages`], [`Error::OutDir`], [`Error::Output`] and [`Error::Write`]
 /// for unwritable output, [`Error::Io`]/[`Error::NotOnnx`] for an unreadable model, and
 /// [`Error::Export`] for a model file that does not match the graph.
 pub fn export_stages(
@@ -125,80 +130,96 @@ pub fn export_stages(
         graph: graph.name().to_string(),
     };
     files::prepare_out_dir(out_dir)?;
-
-    let mut written: Vec<PathBuf> = Vec::new();
-    let result = write_all(
-        model_path,
-        graph,
-        &routes,
-        &index,
-        model,
-        out_dir,
-        &mut written,
-    );
-    if result.is_err() {
-        for path in &written {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    result
+    crate::io::remove_stale_temporaries(out_dir);
+    let staged = stage_all(model_path, graph, &routes, &index, model, out_dir)?;
+    staged.commit(out_dir)
 }
 
-/// Builds and writes every stage, places the external data, then writes the manifest; records
-/// each file it creates in `written` so that the caller can take them back on an error.
-fn write_all(
+/// Every file of an export, complete under temporary names in the output directory.
+struct StagedExport {
+    stages: Vec<Staged>,
+    external: Vec<Staged>,
+    manifest_bytes: Vec<u8>,
+    manifest: Manifest,
+    mode: OutputMode,
+}
+
+impl StagedExport {
+    /// Renames every file into place, the manifest last. An earlier manifest is taken away
+    /// first, so that a directory whose renames stop midway never looks complete.
+    fn commit(self, out_dir: &Path) -> Result<Manifest, Error> {
+        let manifest_path = out_dir.join(MANIFEST_FILE);
+        match std::fs::remove_file(&manifest_path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::Write {
+                    path: manifest_path,
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+        for file in self.stages.into_iter().chain(self.external) {
+            file.commit()?;
+        }
+        files::stage_bytes(&manifest_path, &self.manifest_bytes, self.mode)?.commit()?;
+        Ok(self.manifest)
+    }
+}
+
+/// Builds every stage, copies the external data it reads and makes the manifest, all into
+/// temporaries: dropping the result on an error removes them and leaves the directory as it was.
+fn stage_all(
     model_path: &Path,
     graph: &Graph,
     routes: &Routes,
     index: &ProtoIndex<'_>,
     model: ManifestModel,
     out_dir: &Path,
-    written: &mut Vec<PathBuf>,
-) -> Result<Manifest, Error> {
-    // A manifest left by an earlier export would describe files this one is replacing: take it
-    // away first, so that a directory whose export fails midway never looks complete.
-    let manifest_path = out_dir.join(MANIFEST_FILE);
-    match std::fs::remove_file(&manifest_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(Error::Write {
-                path: manifest_path,
-                source: e,
-            })
-        }
-        _ => {}
-    }
+) -> Result<StagedExport, Error> {
+    let mode = OutputMode::like(model_path);
+    let model_dir = match model_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut external = ExternalFiles::new(Some(model_dir.to_path_buf()));
     let mut figures = Vec::with_capacity(routes.stages.len());
-    let mut locations = std::collections::BTreeSet::new();
+    let mut stages = Vec::with_capacity(routes.stages.len());
+    let mut locations = std::collections::BTreeMap::new();
     for stage in 0..routes.stages.len() {
-        let built = build_stage(index, graph, routes, stage)?;
+        let built = build_stage(index, graph, routes, stage, &mut external)?;
         let path = out_dir.join(stage_file_name(stage));
-        write_atomically(&path, &built.bytes)?;
-        written.push(path);
+        crate::io::check_output(&path, &[model_path])?;
+        stages.push(files::stage_bytes(&path, &built.bytes, mode)?);
         figures.push(StageFigures {
             constant_nodes: built.constant_nodes,
             file_bytes: built.bytes.len() as u64,
         });
         locations.extend(built.external_locations);
     }
-    let model_dir = match model_path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    crate::io::check_output(&out_dir.join(MANIFEST_FILE), &[model_path])?;
+    let mut copies = Vec::new();
     let mut external_data = Vec::with_capacity(locations.len());
-    for location in locations {
-        let target = out_dir.join(&location);
-        let placement = files::place_external(&model_dir.join(&location), &target)?;
-        if placement != Placement::AlreadyThere {
-            written.push(target);
-        }
+    for (location, source) in locations {
+        let placement = match files::stage_external(&source, out_dir, &location, mode)? {
+            Some(copy) => {
+                copies.push(copy);
+                Placement::Copy
+            }
+            None => Placement::AlreadyThere,
+        };
         external_data.push(ExternalDataFile {
             location,
             placement,
         });
     }
     let manifest = Manifest::new(graph, routes, model, &figures, external_data);
-    write_atomically(&manifest_path, manifest.to_json().as_bytes())?;
-    Ok(manifest)
+    Ok(StagedExport {
+        stages,
+        external: copies,
+        manifest_bytes: manifest.to_json().into_bytes(),
+        manifest,
+        mode,
+    })
 }
 
 /// Maps the model file read-only (`None` for an empty file, which mapping refuses).

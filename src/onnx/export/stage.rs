@@ -5,9 +5,9 @@
 //! stage's nodes, the weights they read and the declared types of its tensors, and types each
 //! boundary tensor the model does not declare from the graph's inferred dtype and shape.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 
-use onnx_protobuf::tensor_proto::DataLocation;
 use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
 use onnx_protobuf::{
     type_proto, GraphProto, Message, ModelProto, NodeProto, StringStringEntryProto, TensorProto,
@@ -16,7 +16,8 @@ use onnx_protobuf::{
 use petgraph::stable_graph::NodeIndex;
 
 use super::routes::{Destination, Routes};
-use crate::graph::{Dim, Graph, NodeId, TensorId, TensorOrigin};
+use crate::graph::{Dim, Graph, NodeId, Storage, TensorId, TensorOrigin};
+use crate::onnx::tensor::{decode_tensor, ExternalFiles, ExternalRef};
 use crate::Error;
 
 /// Where each IR entity lives in the decoded model.
@@ -126,8 +127,9 @@ pub(crate) struct BuiltStage {
     pub bytes: Vec<u8>,
     /// `Constant` nodes copied for the weights the stage reads.
     pub constant_nodes: usize,
-    /// `location`s of the external data files its initializers reference.
-    pub external_locations: BTreeSet<String>,
+    /// The external data files its initializers reference: each `location` as the stage file
+    /// names it, with the file it resolved to, checked as the loader checks it.
+    pub external_locations: BTreeMap<String, PathBuf>,
 }
 
 /// Builds stage `stage` of `routes` from the original model.
@@ -136,6 +138,7 @@ pub(crate) fn build_stage(
     graph: &Graph,
     routes: &Routes,
     stage: usize,
+    external: &mut ExternalFiles,
 ) -> Result<BuiltStage, Error> {
     let original = index.graph_proto;
     let plan = &routes.stages[stage];
@@ -150,7 +153,7 @@ pub(crate) fn build_stage(
 
     // Weights: initializers, sparse initializers, or the Constant nodes that made them.
     let mut constant_nodes = 0;
-    let mut external_locations = BTreeSet::new();
+    let mut external_locations = BTreeMap::new();
     let mut held_names: HashSet<&str> = HashSet::new();
     for &tensor_id in &plan.parameters {
         let name = graph.tensor(tensor_id).name.as_str();
@@ -160,7 +163,7 @@ pub(crate) fn build_stage(
             constant_nodes += 1;
         } else if let Some(&position) = index.initializer_position.get(name) {
             let tensor = &original.initializer[position];
-            note_external(tensor, &mut external_locations);
+            note_external(tensor, external, &mut external_locations)?;
             out.initializer.push(tensor.clone());
         } else if let Some(&position) = index.sparse_position.get(name) {
             let sparse = &original.sparse_initializer[position];
@@ -170,7 +173,7 @@ pub(crate) fn build_stage(
                 .into_iter()
                 .chain(sparse.indices.as_ref())
             {
-                note_external(part, &mut external_locations);
+                note_external(part, external, &mut external_locations)?;
             }
             out.sparse_initializer.push(sparse.clone());
         } else {
@@ -314,10 +317,20 @@ fn value_info(
     Ok(info)
 }
 
-fn note_external(tensor: &TensorProto, locations: &mut BTreeSet<String>) {
-    if tensor.data_location.enum_value() == Ok(DataLocation::EXTERNAL) {
-        if let Some(entry) = tensor.external_data.iter().find(|e| e.key == "location") {
-            locations.insert(entry.value.clone());
-        }
+/// Records the external file `tensor` reads, after checking its reference exactly as the loader
+/// does, on the bytes being exported now (not on those loaded earlier, which may have been another
+/// file): the location stays inside the model's directory, resolves to a regular file there, and
+/// is long enough.
+fn note_external(
+    tensor: &TensorProto,
+    external: &mut ExternalFiles,
+    locations: &mut BTreeMap<String, PathBuf>,
+) -> Result<(), Error> {
+    let Some(reference) = ExternalRef::of(tensor)? else {
+        return Ok(());
+    };
+    if let Storage::External { path, .. } = decode_tensor(tensor, external)?.storage {
+        locations.insert(reference.location, path);
     }
+    Ok(())
 }
