@@ -50,7 +50,9 @@ enum Command {
     )]
     Partition(partition::PartitionArgs),
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
-    #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
+    #[command(
+        after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx\n  pipecut check plan.json model.onnx --rewrite   (after moving nodes between stages by hand)"
+    )]
     Check(check::CheckArgs),
     /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
     #[command(

@@ -10,7 +10,10 @@ use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, Cluster, Schedule};
 use pipecut::onnx::inspect::human_bytes;
 use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
+use pipecut::partition::{
+    CostSettings, HeuristicReason, PartitionConfig, Planner, SolveStatus, SolverChoice, SolverKind,
+    StageCount,
+};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
@@ -274,11 +277,18 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
     } else {
         format!("all {} nodes", report.nodes)
     };
-    let outcome = match (report.proven, report.timed_out) {
-        (true, _) if report.coarsened => "optimal over the coarsened graph",
-        (true, _) => "proven optimal",
-        (false, true) => "stopped at the time limit",
-        (false, false) => "stopped without a proof",
+    let outcome = match (
+        &report.error,
+        report.started,
+        report.proven,
+        report.timed_out,
+    ) {
+        (Some(error), _, _, _) => format!("the solver failed ({error})"),
+        (None, false, _, _) => "never started: the time limit left no room after coarsening".into(),
+        (None, true, true, _) if report.coarsened => "optimal over the coarsened graph".into(),
+        (None, true, true, _) => "proven optimal".into(),
+        (None, true, false, true) => "stopped at the time limit".into(),
+        (None, true, false, false) => "stopped without a proof".into(),
     };
     let improved = if report.improved {
         "improved on the DP's plan"
@@ -419,16 +429,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         );
     }
     let summary = &plan.summary;
-    let status = match summary.status {
-        pipecut::partition::SolveStatus::Optimal => "proven optimal".to_string(),
-        pipecut::partition::SolveStatus::TimeLimit { gap } => {
-            format!("time limit reached, within {:.2}% of optimal", gap * 100.0)
-        }
-        pipecut::partition::SolveStatus::Heuristic => format!(
-            "not proven optimal over all convex partitions; within {:.2}% of the lower bound",
-            summary.gap * 100.0
-        ),
-    };
+    let status = summary.status.describe(summary.gap);
     let _ = writeln!(
         out,
         "\nbottleneck {} ms per micro-batch ({:.1} micro-batches/s), lower bound {} ms: {status}",
@@ -436,15 +437,23 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         summary.microbatches_per_sec,
         ms(summary.lower_bound_secs),
     );
+    let found_by = match (summary.solver, summary.status) {
+        (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
+        (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),
+        (
+            SolverKind::Dp,
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::DpOnly,
+            },
+        ) => "plan found by the DP".to_string(),
+        (SolverKind::Dp, SolveStatus::Optimal) => "plan found by the DP".to_string(),
+        (SolverKind::Dp, _) => "plan found by the DP; the MILP did not improve on it".to_string(),
+    };
     let _ = writeln!(
         out,
-        "{} cross between stages per micro-batch; solved by {}{}",
+        "{} cross between stages per micro-batch; {found_by}{}",
         human_bytes(summary.cut_bytes),
-        serde_json::to_value(summary.solver)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
-        solve_secs.map_or(String::new(), |secs| format!(" in {secs:.3} s"))
+        solve_secs.map_or(String::new(), |secs| format!(" (solved in {secs:.3} s)"))
     );
     if !summary.stage_count_candidates.is_empty() {
         let _ = writeln!(out, "\nstages  bottleneck ms  step ms  bubble");

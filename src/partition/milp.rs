@@ -82,6 +82,9 @@ pub struct MilpRun {
     pub bound_secs: Option<f64>,
     /// Whether the deadline stopped the search.
     pub timed_out: bool,
+    /// The solver's error, when it failed rather than finished or ran out of time (microlp's
+    /// "Singular matrix", for one): the best plan found before it stands, nothing is proven.
+    pub error: Option<String>,
 }
 
 /// `y[v][b]`: a binary variable, or a value fixed before solving (see [`stage_windows`]).
@@ -526,6 +529,7 @@ struct Solved {
     proven: bool,
     bound: Option<f64>,
     timed_out: bool,
+    error: Option<String>,
 }
 
 /// Hands out the solver's time in slices so that the deadline holds even though the solver
@@ -600,6 +604,7 @@ fn run_model(
         proven: false,
         bound: None,
         timed_out: true,
+        error: None,
     };
     let loaded = vars
         .minimise(objective)
@@ -615,9 +620,20 @@ fn run_model(
     let solved = loaded.with_time_limit(first.as_secs_f64()).solve();
     pacer.observe(first, started.elapsed());
     // An error means the solver accepted no assignment before its limit (the warm start makes
-    // that rare) or failed numerically: the incumbent stands, nothing is proven.
-    let Ok(solution) = solved else {
-        return not_run;
+    // that rare) or failed numerically: the incumbent stands, nothing is proven. Only the first
+    // is a time limit; a numerical failure is reported as what it is.
+    let solution = match solved {
+        Ok(solution) => solution,
+        Err(good_lp::ResolutionError::Other(message)) if message.starts_with("Time limit") => {
+            return not_run
+        }
+        Err(error) => {
+            return Solved {
+                timed_out: false,
+                error: Some(error.to_string()),
+                ..not_run
+            }
+        }
     };
     let mut outcome = microlp::SolveOutcome::Solution(solution.into_inner());
     let values = |outcome: &microlp::SolveOutcome| -> Option<Vec<f64>> {
@@ -636,12 +652,13 @@ fn run_model(
         let started = Instant::now();
         match outcome.resume_with(options) {
             Ok(next) => outcome = next,
-            Err(_) => {
+            Err(error) => {
                 return Solved {
                     stage_of: last_values.map(|v| decode(&before, &v)),
                     proven: false,
                     bound: None,
                     timed_out: false,
+                    error: Some(error.to_string()),
                 }
             }
         }
@@ -654,6 +671,7 @@ fn run_model(
         proven,
         bound: outcome.stats().best_bound,
         timed_out: !proven,
+        error: None,
     }
 }
 
@@ -671,6 +689,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
             proven: true,
             bound_secs: Some(incumbent_secs),
             timed_out: false,
+            error: None,
         };
     }
     let time_scale = 1.0 / incumbent_secs;
@@ -686,6 +705,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 proven: false,
                 bound_secs: None,
                 timed_out: true,
+                error: None,
             };
         }
         let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
@@ -716,6 +736,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 stage_of: best,
                 proven: false,
                 timed_out: first.timed_out,
+                error: first.error,
             };
         }
     }
@@ -725,6 +746,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
     let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
     let left = remaining();
     let mut timed_out = false;
+    let mut tie_break_error = None;
     if total_bytes > 0.0 && !left.is_zero() {
         let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
         let windows = stage_windows(problem, optimum_secs * (1.0 + RELATIVE_TOLERANCE));
@@ -744,6 +766,8 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         }
         let second = run_model(model, objective, start, deadline);
         timed_out = second.timed_out;
+        // The bottleneck is proven already; a failed tie-break only leaves bytes unminimised.
+        tie_break_error = second.error;
         if let Some(found) = &second.stage_of {
             if better(problem, found, &best) {
                 best = found.clone();
@@ -758,6 +782,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         stage_of: best,
         proven: true,
         timed_out,
+        error: tie_break_error,
     }
 }
 
@@ -788,6 +813,10 @@ pub struct MilpReport {
     pub timed_out: bool,
     /// Whether its plan is better than the DP's (bottleneck, then bytes).
     pub improved: bool,
+    /// Whether the solver began at all (false when coarsening left no time for it).
+    pub started: bool,
+    /// The solver's error, when it failed (see [`MilpRun::error`]).
+    pub error: Option<String>,
 }
 
 /// The MILP on the model, coarsened to [`MAX_BINARIES`] when larger, refined on the fine graph,
@@ -820,6 +849,8 @@ pub fn solve_model(
             proven: run.proven,
             timed_out: run.timed_out,
             improved,
+            started: true,
+            error: run.error,
         };
         return (run.stage_of, run.bound_secs, report);
     }
@@ -852,6 +883,8 @@ pub fn solve_model(
         proven: false,
         timed_out: false,
         improved: false,
+        started: false,
+        error: None,
     };
     // Coarsening and the start took time too: without room for the refinement after it, the
     // MILP is not begun.
@@ -863,8 +896,10 @@ pub fn solve_model(
             .unwrap_or(deadline)
             .max(Instant::now());
         let run = solve(&coarse.problem, &start, milp_deadline);
+        report.started = true;
         report.proven = run.proven;
         report.timed_out = run.timed_out;
+        report.error = run.error;
         let found = coarse.expand(&run.stage_of);
         if better(problem, &found, &best) {
             best = found;

@@ -63,7 +63,7 @@ impl std::str::FromStr for StageCount {
     }
 }
 
-/// Whether a solution is proven optimal.
+/// Whether a solution is proven optimal, and if not, what happened instead.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SolveStatus {
@@ -75,10 +75,83 @@ pub enum SolveStatus {
         /// `(bottleneck − lower bound) / bottleneck`.
         gap: f64,
     },
-    /// Not proven over all convex partitions: optimal among contiguous partitions of one
-    /// topological order (the DP), or over a coarsened graph (the MILP on super-nodes, see
-    /// coarsen.rs). The plan's gap to the lower bound still bounds the loss.
-    Heuristic,
+    /// Not proven over all convex partitions; `reason` says why. The plan's gap to the lower
+    /// bound still bounds the loss.
+    Heuristic {
+        /// What stopped the proof. Plans written before this field existed read as
+        /// [`HeuristicReason::Unrecorded`].
+        #[serde(default)]
+        reason: HeuristicReason,
+    },
+    /// The node assignment was edited by hand and `pipecut check --rewrite` recomputed every
+    /// figure from it: nothing is proven beyond the lower bound it records.
+    HandEdited,
+}
+
+/// Why a [`SolveStatus::Heuristic`] plan is not proven optimal.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HeuristicReason {
+    /// Only the DP ran (`--solver dp`): optimal among contiguous partitions of one topological
+    /// order, not over all convex partitions.
+    DpOnly,
+    /// The MILP solved a coarsened graph (super-nodes, see coarsen.rs): optimal at most among
+    /// plans that keep every super-node whole.
+    Coarsened,
+    /// The time limit left no room for the MILP after the DP and coarsening: it never started.
+    MilpNotStarted,
+    /// The MILP solver failed (e.g. a numerical error such as a singular basis); the best plan
+    /// found before the failure stands.
+    SolverError,
+    /// The MILP stopped early without a proof for another reason.
+    StoppedWithoutProof,
+    /// Written by a pipecut that did not record the reason.
+    #[default]
+    Unrecorded,
+}
+
+impl HeuristicReason {
+    /// One phrase saying what happened, for the CLI's result line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HeuristicReason::DpOnly => {
+                "only the DP ran: optimal among cuts of one topological order"
+            }
+            HeuristicReason::Coarsened => {
+                "the MILP solved a coarsened graph: optimal at most among plans keeping its super-nodes whole"
+            }
+            HeuristicReason::MilpNotStarted => {
+                "the time limit left no room to start the MILP after the DP"
+            }
+            HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
+            HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
+            HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
+        }
+    }
+}
+
+impl SolveStatus {
+    /// What the status says, in words (the gap is the plan's, to its lower bound).
+    pub fn describe(self, gap: f64) -> String {
+        match self {
+            SolveStatus::Optimal => "proven optimal".to_string(),
+            SolveStatus::TimeLimit { gap } => format!(
+                "the MILP stopped at the time limit, within {:.2}% of optimal",
+                gap * 100.0
+            ),
+            SolveStatus::Heuristic { reason } => format!(
+                "not proven optimal ({}); within {:.2}% of the lower bound",
+                reason.describe(),
+                gap * 100.0
+            ),
+            SolveStatus::HandEdited => format!(
+                "edited by hand, figures recomputed, not proven optimal; within {:.2}% of the lower bound",
+                gap * 100.0
+            ),
+        }
+    }
 }
 
 /// The solver that produced a solution.
@@ -409,6 +482,21 @@ impl<'a> Planner<'a> {
             }
             StageCount::Auto => self.solve_auto(&devices, deadline)?,
         };
+        let mut candidates = candidates;
+        // The DP's plan chose the count; the MILP may have improved it since. The chosen row
+        // shows the final plan's figures, simulated as `pipecut show` simulates them, so the
+        // table and `show` give one step time for one plan.
+        let chosen = solution.problem.stage_count();
+        if let Some(row) = candidates.iter_mut().find(|c| c.stages == chosen) {
+            let simulation = simulate(
+                &solution.stage_times(),
+                self.config.settings.schedule.into(),
+                self.config.settings.microbatches.max(1) as usize,
+            )?;
+            row.bottleneck_secs = Some(solution.evaluation.bottleneck_secs);
+            row.step_secs = Some(simulation.step_secs);
+            row.bubble_fraction = Some(simulation.bubble_fraction);
+        }
         solution.candidates = candidates;
         solution.solve_secs = started.elapsed().as_secs_f64();
         Ok(solution)
@@ -453,15 +541,11 @@ impl<'a> Planner<'a> {
             }
             let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
             let meets_bound = bottleneck <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-            let status = if meets_bound || (report.proven && !report.coarsened) || dp_exact {
-                SolveStatus::Optimal
-            } else if report.timed_out && !report.proven {
-                SolveStatus::TimeLimit {
-                    gap: relative_gap(bottleneck, lower_bound_secs),
-                }
-            } else {
-                SolveStatus::Heuristic
-            };
+            let status = milp_status(
+                &report,
+                meets_bound || dp_exact,
+                relative_gap(bottleneck, lower_bound_secs),
+            );
             let solver = if report.improved {
                 SolverKind::Milp
             } else {
@@ -472,7 +556,9 @@ impl<'a> Planner<'a> {
             let status = if dp_exact {
                 SolveStatus::Optimal
             } else {
-                SolveStatus::Heuristic
+                SolveStatus::Heuristic {
+                    reason: HeuristicReason::DpOnly,
+                }
             };
             (order.stage_of, status, SolverKind::Dp, None)
         };
@@ -554,6 +640,26 @@ impl<'a> Planner<'a> {
     }
 }
 
+/// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
+/// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof
+/// that needs no MILP (the plan meets the lower bound, or the graph is a chain).
+fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> SolveStatus {
+    let reason = if proven_otherwise || (report.proven && !report.coarsened) {
+        return SolveStatus::Optimal;
+    } else if report.error.is_some() {
+        HeuristicReason::SolverError
+    } else if !report.started {
+        HeuristicReason::MilpNotStarted
+    } else if report.timed_out {
+        return SolveStatus::TimeLimit { gap };
+    } else if report.coarsened {
+        HeuristicReason::Coarsened
+    } else {
+        HeuristicReason::StoppedWithoutProof
+    };
+    SolveStatus::Heuristic { reason }
+}
+
 /// `(bottleneck − bound) / bottleneck`, 0 for a zero bottleneck.
 fn relative_gap(bottleneck_secs: f64, bound_secs: f64) -> f64 {
     if bottleneck_secs > 0.0 {
@@ -577,7 +683,7 @@ pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
     feeds_next.iter().all(|&f| f)
 }
 
-fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
+pub(crate) fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
     let layers = layers::find_layers(problem.node_names());
     Baseline::ALL
         .iter()
