@@ -801,3 +801,75 @@ fn devices_needed(problem: &PartitionProblem, cluster: &Cluster) -> Option<usize
     }
     Some(high)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(started: bool, proven: bool, timed_out: bool, error: Option<&str>) -> MilpReport {
+        MilpReport {
+            nodes: 10,
+            coarsened: false,
+            proven,
+            timed_out,
+            improved: false,
+            started,
+            error: error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn every_status_says_what_the_milp_did() {
+        let status = |r: &MilpReport| milp_status(r, false, 0.05);
+        // A solver error is not a time limit, even when the solver also ran out of time.
+        let failed = report(true, false, true, Some("Singular matrix"));
+        assert_eq!(
+            status(&failed),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::SolverError
+            }
+        );
+        // Coarsening used the whole budget: the MILP never began.
+        let coarse_not_started = MilpReport {
+            coarsened: true,
+            ..report(false, false, true, None)
+        };
+        assert_eq!(
+            status(&coarse_not_started),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::MilpNotStarted
+            }
+        );
+        assert_eq!(
+            status(&report(true, false, true, None)),
+            SolveStatus::TimeLimit { gap: 0.05 }
+        );
+        assert_eq!(
+            status(&report(true, true, false, None)),
+            SolveStatus::Optimal
+        );
+        let coarse_proven = MilpReport {
+            coarsened: true,
+            ..report(true, true, false, None)
+        };
+        assert_eq!(
+            status(&coarse_proven),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::Coarsened
+            }
+        );
+        // A proof without the MILP (a chain, or the plan meets the bound) stands.
+        assert_eq!(milp_status(&failed, true, 0.0), SolveStatus::Optimal);
+    }
+
+    #[test]
+    fn a_plan_from_before_the_reason_reads_as_unrecorded() {
+        let old: SolveStatus = serde_json::from_str(r#"{"kind":"heuristic"}"#).unwrap();
+        assert_eq!(
+            old,
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::Unrecorded
+            }
+        );
+    }
+}
