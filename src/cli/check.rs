@@ -68,11 +68,11 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     print_stdout(&format!(
-        "{}: valid plan for {} — {} nodes on {} stages, every stage within memory, figures recomputed (bottleneck {:.3} ms)\n",
+        "{}: valid plan for {} — {} on {}, every stage within memory, figures recomputed (bottleneck {:.3} ms)\n",
         args.plan.display(),
         args.model.display(),
-        report.nodes,
-        report.stages,
+        pipecut::onnx::inspect::count_of(report.nodes, "node"),
+        pipecut::onnx::inspect::count_of(report.stages, "stage"),
         report.bottleneck_secs * 1e3
     ))?;
     Ok(ExitCode::SUCCESS)
@@ -109,10 +109,10 @@ fn rewrite(args: &CheckArgs, plan: &Plan, model: &Model) -> anyhow::Result<ExitC
         )
     } else {
         format!(
-            "wrote {}: every figure recomputed from the node assignment ({} nodes on {} stages, bottleneck {:.3} ms); status hand_edited: not proven optimal, within {:.2}% of the lower bound\n",
+            "wrote {}: every figure recomputed from the node assignment ({} on {}, bottleneck {:.3} ms); status hand_edited: not proven optimal, within {:.2}% of the lower bound\n",
             out.display(),
-            report.nodes,
-            report.stages,
+            pipecut::onnx::inspect::count_of(report.nodes, "node"),
+            pipecut::onnx::inspect::count_of(report.stages, "stage"),
             report.bottleneck_secs * 1e3,
             rewritten.summary.gap * 100.0
         )

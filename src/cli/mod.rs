@@ -159,6 +159,58 @@ pub(crate) fn model_file_name(path: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
+/// A node name shortened to `width` characters for a table column, keeping what tells nodes
+/// apart: the last path segment (the op, `MatMul_3`) and the segments with a number in them
+/// (the layer, `layers.12`, `h.3`). Other segments are dropped from the middle outwards, each
+/// run of them shown as `…`; a name still too long loses characters from its middle.
+pub(crate) fn shorten_name(name: &str, width: usize) -> String {
+    let count = |s: &str| s.chars().count();
+    if count(name) <= width {
+        return name.to_string();
+    }
+    let rooted = name.starts_with('/');
+    let segments: Vec<&str> = name.trim_start_matches('/').split('/').collect();
+    let last = segments.len() - 1;
+    let mut keep: Vec<bool> = (0..segments.len())
+        .map(|i| i == last || segments[i].chars().any(|c| c.is_ascii_digit()))
+        .collect();
+    let render = |keep: &[bool]| -> String {
+        let mut parts: Vec<&str> = Vec::new();
+        for (i, segment) in segments.iter().enumerate() {
+            if keep[i] {
+                parts.push(segment);
+            } else if parts.last() != Some(&"…") {
+                parts.push("…");
+            }
+        }
+        let joined = parts.join("/");
+        if rooted && keep[0] {
+            format!("/{joined}")
+        } else {
+            joined
+        }
+    };
+    if segments.len() > 1 && count(&render(&keep)) <= width {
+        // Give back the dropped segments nearest the op first, while they fit.
+        for i in (0..last).rev() {
+            if !keep[i] {
+                keep[i] = true;
+                if count(&render(&keep)) > width {
+                    keep[i] = false;
+                }
+            }
+        }
+        return render(&keep);
+    }
+    let chars: Vec<char> = name.chars().collect();
+    let head = width.saturating_sub(1) / 3;
+    let tail = width.saturating_sub(1) - head;
+    let mut short: String = chars[..head].iter().collect();
+    short.push('…');
+    short.extend(&chars[chars.len() - tail..]);
+    short
+}
+
 pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
@@ -196,4 +248,37 @@ pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new_spinner().with_message(message.to_string());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shorten_name;
+
+    #[test]
+    fn long_node_names_keep_their_layer_and_op() {
+        assert_eq!(
+            shorten_name("/model/layers.0/self_attn/Concat_6", 28),
+            "/model/layers.0/…/Concat_6"
+        );
+        assert_eq!(
+            shorten_name("/transformer/h.1/attn/Transpose_2", 28),
+            "…/h.1/attn/Transpose_2"
+        );
+        assert_eq!(shorten_name("Add@28", 28), "Add@28");
+        // No path to drop: the middle goes, both ends stay.
+        let flat = "a_very_long_node_name_without_any_slashes_at_all";
+        let short = shorten_name(flat, 28);
+        assert_eq!(short.chars().count(), 28);
+        assert!(
+            short.starts_with("a_very_l") && short.ends_with("slashes_at_all"),
+            "{short}"
+        );
+        for name in [
+            "/model/layers.11/mlp/down_proj/MatMul",
+            "/encoder/layer.3/attention/output/dense/MatMul_with_a_long_tail_name",
+        ] {
+            let short = shorten_name(name, 28);
+            assert!(short.chars().count() <= 28, "{short}");
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, Cluster, Schedule};
-use pipecut::onnx::inspect::human_bytes;
+use pipecut::onnx::inspect::{count_of, human_bytes};
 use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
 use pipecut::partition::{
     CostSettings, HeuristicReason, PartitionConfig, Planner, SolveStatus, SolverChoice, SolverKind,
@@ -103,26 +103,50 @@ impl From<SolverArg> for SolverChoice {
     }
 }
 
-/// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
+/// Parses a duration: a plain number of seconds, or numbers with units `h`, `m`, `s`, `ms`,
+/// alone or combined largest first (`10s`, `500ms`, `2m`, `1h`, `1m30s`, `1.5h`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
+    let refuse = || {
+        format!("'{text}' is not a duration between 0 and 24 h (e.g. 10s, 500ms, 2m, 1h, 1m30s)")
     };
-    match number.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * scale <= 86_400.0 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(format!(
-            "'{text}' is not a duration between 0 and 24 h (e.g. 10s, 500ms, 2m)"
-        )),
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(refuse());
     }
+    if let Ok(secs) = t.parse::<f64>() {
+        return within_a_day(secs).ok_or_else(refuse);
+    }
+    // Units in the order they may appear; `ms` before `m` so that "500ms" is not "500m" + "s".
+    const UNITS: [(&str, f64); 4] = [("h", 3600.0), ("ms", 1e-3), ("m", 60.0), ("s", 1.0)];
+    let mut rest = t;
+    let mut total = 0.0;
+    let mut last_rank = None;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(refuse)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| refuse())?;
+        let after = &rest[digits..];
+        let (rank, (unit, scale)) = UNITS
+            .iter()
+            .enumerate()
+            .find(|(_, (unit, _))| after.starts_with(unit))
+            .ok_or_else(refuse)?;
+        // Each unit once, largest first: "30s1m" is more likely a typo than a duration.
+        let order = [0, 3, 1, 2][rank];
+        if last_rank.is_some_and(|last| order <= last) {
+            return Err(refuse());
+        }
+        last_rank = Some(order);
+        total += number * scale;
+        rest = &after[unit.len()..];
+    }
+    within_a_day(total).ok_or_else(refuse)
+}
+
+/// `secs` as a duration when it is between 0 and 24 h.
+fn within_a_day(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && (0.0..=86_400.0).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 #[derive(Debug, Args)]
@@ -146,7 +170,7 @@ pub struct PartitionArgs {
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
-    /// Time budget for the whole solve (e.g. 10s, 500ms): the MILP stops at it with its best
+    /// Time budget for the whole solve (e.g. 10s, 500ms, 2m, 1h, 1m30s): the MILP stops at it with its best
     /// plan and gap. A plan stopped by the limit depends on the machine's speed; a finished one
     /// is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -345,6 +369,18 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
     out
 }
 
+/// How much faster the plan is than a baseline (its bottleneck over the plan's), with a tie
+/// said as one: "1.00× faster" reads as a rounding of a loss or a win.
+fn speedup_text(speedup: f64) -> String {
+    if (speedup - 1.0).abs() < 0.005 {
+        "tie (within 0.5%)".to_string()
+    } else if speedup > 1.0 {
+        format!("{speedup:.2}× faster")
+    } else {
+        format!("{:.2}× slower", 1.0 / speedup)
+    }
+}
+
 fn ms(secs: f64) -> String {
     format!("{:.3}", secs * 1e3)
 }
@@ -356,24 +392,32 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     let c = &plan.config;
     let _ = writeln!(
         out,
-        "{} ({} nodes) on {}: {} stages, {} mode, {} micro-batches, {} schedule",
+        "{} ({}) on {}: {}, {} mode, {}, {} schedule",
         plan.model.file_name,
-        plan.model.nodes,
+        count_of(plan.model.nodes, "node"),
         plan.cluster.description,
-        plan.stages.len(),
+        count_of(plan.stages.len(), "stage"),
         match c.mode {
             pipecut::cost::Mode::Inference => "inference",
             pipecut::cost::Mode::Training { .. } => "training",
         },
-        c.microbatches,
+        count_of(c.microbatches as usize, "micro-batch"),
         match c.schedule {
             Schedule::GPipe => "GPipe",
             Schedule::OneFOneB => "1F1B",
         }
     );
+    // As wide as the longest device name, so that A100-SXM-80GB does not push its row over.
+    let device_width = plan
+        .stages
+        .iter()
+        .map(|s| s.device.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     let _ = writeln!(
         out,
-        "\n{:>5}  {:<12} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}",
+        "\n{:>5}  {:<device_width$} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}",
         "stage",
         "device",
         "nodes",
@@ -385,21 +429,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         "comm ms",
         "stage ms"
     );
-    let clip = |s: &str| {
-        if s.chars().count() > 28 {
-            let tail: String = s
-                .chars()
-                .rev()
-                .take(27)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            format!("…{tail}")
-        } else {
-            s.to_string()
-        }
-    };
+    let clip = |s: &str| super::shorten_name(s, 28);
     for s in &plan.stages {
         let memory = format!(
             "{} / {}",
@@ -415,7 +445,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>5}  {:<12} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}{marker}",
+            "{:>5}  {:<device_width$} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}{marker}",
             s.stage,
             s.device.name,
             s.node_count,
@@ -490,9 +520,10 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             (Some(secs), Some(fits), Some(speedup)) => {
                 let _ = writeln!(
                     out,
-                    "{label:<30} {:>13} {:>5}  {speedup:.2}× faster",
+                    "{label:<30} {:>13} {:>5}  {}",
                     ms(secs),
-                    if fits { "yes" } else { "no" }
+                    if fits { "yes" } else { "no" },
+                    speedup_text(speedup)
                 );
             }
             _ => {
@@ -505,4 +536,34 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tie_with_a_baseline_is_said_as_one() {
+        assert_eq!(speedup_text(1.002), "tie (within 0.5%)");
+        assert_eq!(speedup_text(0.998), "tie (within 0.5%)");
+        assert_eq!(speedup_text(1.71), "1.71× faster");
+        assert_eq!(speedup_text(0.5), "2.00× slower");
+    }
+
+    #[test]
+    fn durations_take_every_unit_the_message_names() {
+        let secs = |t: &str| parse_duration(t).map(|d| d.as_secs_f64());
+        assert_eq!(secs("10"), Ok(10.0));
+        assert_eq!(secs("10s"), Ok(10.0));
+        assert_eq!(secs("500ms"), Ok(0.5));
+        assert_eq!(secs("2m"), Ok(120.0));
+        assert_eq!(secs("1h"), Ok(3600.0));
+        assert_eq!(secs("1.5h"), Ok(5400.0));
+        assert_eq!(secs("1m30s"), Ok(90.0));
+        assert_eq!(secs("1h2m3s4ms"), Ok(3723.004));
+        for bad in ["", "h", "1x", "30s1m", "1s1s", "25h", "-5s", "1h-1m", "NaN"] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(err.contains("1h"), "{bad}: {err}");
+        }
+    }
 }

@@ -175,13 +175,13 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{} on {} ({} devices), global batch {}: {} stages × {} replicas, micro-batches of {} × {}, {}{}",
+        "{} on {} ({} devices), global batch {}: {} × {}, micro-batches of {} × {}, {}{}",
         plan.model.file_name,
         plan.cluster.description,
         outcome_devices(plan),
         plan.parallelism.as_ref().map_or(0, |p| p.global_batch),
-        k.stages,
-        k.data_parallel,
+        pipecut::onnx::inspect::count_of(k.stages, "stage"),
+        pipecut::onnx::inspect::count_of(k.data_parallel, "replica"),
         k.microbatch_size,
         k.microbatches,
         schedule_name(k.schedule),

@@ -51,11 +51,11 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.timeline {
         // The picture adds the step time and the bubble to the title.
         let title = format!(
-            "{} on {}: {} stages, {} micro-batches",
+            "{} on {}: {}, {}",
             plan.model.file_name,
             plan.cluster.description,
-            plan.stages.len(),
-            plan.config.microbatches,
+            pipecut::onnx::inspect::count_of(plan.stages.len(), "stage"),
+            pipecut::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
         );
         write_atomically(path, timeline_svg(&simulation, &title).as_bytes())?;
     }

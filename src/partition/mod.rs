@@ -735,11 +735,15 @@ fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
     {
         if bytes > best_capacity {
             return format!(
-                "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory, a smaller micro-batch, or inference mode",
+                "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory{}",
                 problem.node_names()[p],
                 crate::onnx::inspect::human_bytes(bytes),
                 crate::onnx::inspect::human_bytes(best_capacity),
                 crate::onnx::inspect::human_bytes(first.memory_bytes),
+                match problem.settings().mode {
+                    crate::cost::Mode::Inference => " or a smaller micro-batch",
+                    crate::cost::Mode::Training { .. } => ", a smaller micro-batch, or inference mode",
+                },
             );
         }
     }
@@ -752,8 +756,17 @@ fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
         ),
         None => "no number of such devices up to 4096 fits it".to_string(),
     };
+    // Name what the parameter footprint holds in this mode: gradients and optimizer state
+    // exist only in training.
+    let what = match problem.settings().mode {
+        crate::cost::Mode::Inference => "the weights alone need",
+        crate::cost::Mode::Training { .. } => {
+            "the parameters with their gradients and optimizer state alone need"
+        }
+    };
     format!(
-        "{k} stage(s) on {} cannot hold it: the parameters alone need {} (with gradients and optimizer state in training) against {} per stage; {needed_text}",
+        "{} on {} cannot hold it: {what} {} against {} per stage; {needed_text}",
+        crate::onnx::inspect::count_of(k, "stage"),
         first.device_name,
         crate::onnx::inspect::human_bytes(total_params),
         crate::onnx::inspect::human_bytes(first.capacity_bytes),
