@@ -65,8 +65,13 @@ fn timeline_is_well_formed_svg_with_one_row_per_stage() {
         .filter(|n| n.has_tag_name("text"))
         .filter_map(|n| n.text())
         .collect();
-    let rows = texts.iter().filter(|t| t.starts_with("device ")).count();
+    // Rows name the stage and its GPU; the axis under them is in ms.
+    let rows = texts
+        .iter()
+        .filter(|t| t.starts_with("stage ") && t.contains(" · GPU "))
+        .count();
     assert_eq!(rows, 3, "{texts:?}");
+    assert!(texts.contains(&"time (ms)"), "{texts:?}");
     // Training: 6 forwards and 6 backwards on each of the 3 rows.
     assert_eq!(texts.iter().filter(|t| t.starts_with('F')).count(), 18);
     assert_eq!(texts.iter().filter(|t| t.starts_with('B')).count(), 18);
@@ -130,7 +135,19 @@ fn graph_needs_the_model_and_a_known_extension() {
     let (code, _, err) = pipecut(&["show", &plan_path, "--graph", "x.dot"]);
     assert_eq!(code, 2);
     assert!(err.contains("--graph needs the model"), "{err}");
-    let (code, _, err) = pipecut(&["show", &plan_path, MODEL, "--graph", "x.png"]);
+    let (code, _, err) = pipecut(&["show", &plan_path, MODEL, "--graph", "x.bmp"]);
     assert_eq!(code, 2);
-    assert!(err.contains(".dot or .svg"), "{err}");
+    assert!(err.contains(".dot, .svg or .png"), "{err}");
+}
+
+#[test]
+fn a_timeline_is_refused_under_a_name_that_is_not_svg() {
+    // SVG written into a .png opens as a broken image: refuse before writing anything.
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = plan(dir.path());
+    let png = dir.path().join("timeline.png");
+    let (code, _, err) = pipecut(&["show", &plan_path, "--timeline", png.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must end in .svg"), "{err}");
+    assert!(!png.exists(), "nothing is written");
 }
