@@ -4,6 +4,7 @@ mod calibrate;
 mod check;
 mod cost;
 mod devices;
+mod efficiency;
 mod export;
 mod inspect;
 mod partition;

@@ -281,6 +281,25 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         }
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;
+        let simulation = plan.simulate()?;
+        let batch = plan.model.dims.get("batch").copied().unwrap_or(1);
+        print_stdout(&super::efficiency::efficiency_line(
+            &super::efficiency::StepWork {
+                graph: &model.graph,
+                mode: plan.config.mode,
+                unknown_ops: plan.config.unknown_op_cost,
+                microbatches: plan.config.microbatches as f64,
+                microbatch_size: batch,
+                sequence: super::efficiency::sequence_dim(&plan.model.dims),
+                step_secs: simulation.step_secs,
+                cluster: &cluster,
+                devices: plan
+                    .stages
+                    .iter()
+                    .map(|s| pipecut::cost::DeviceId(s.device.id))
+                    .collect(),
+            },
+        )?)?;
         if let Some(report) = &solution.milp {
             print_stdout(&milp_line(report))?;
         }

@@ -146,6 +146,21 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         print_stdout(&json)?;
     } else {
         print_stdout(&table(&plan, &outcome))?;
+        // The whole step, over every replica: D × m micro-batches of b samples on D × K GPUs.
+        let best = &outcome.best;
+        print_stdout(&super::efficiency::efficiency_line(
+            &super::efficiency::StepWork {
+                graph: &outcome.graph,
+                mode: request.mode,
+                unknown_ops: request.unknown_ops,
+                microbatches: (best.key.data_parallel as u64 * best.key.microbatches) as f64,
+                microbatch_size: best.key.microbatch_size,
+                sequence: super::efficiency::sequence_dim(&plan.model.dims),
+                step_secs: best.step_secs,
+                cluster: &cluster,
+                devices: outcome.replicas.iter().flatten().copied().collect(),
+            },
+        )?)?;
         if let Some(out) = &args.out {
             print_stdout(&format!("wrote {}\n", out.display()))?;
         }

@@ -217,6 +217,22 @@ impl<'a> CostModel<'a> {
             .collect()
     }
 
+    /// FLOPs of one pass of `graph` (dims bound) in this mode: the forward FLOPs of every node,
+    /// times `1 + backward_factor` in training (the backward pass computes about twice the
+    /// forward's FLOPs). The numerator of MFU; independent of the device.
+    pub fn model_flops(&self, graph: &Graph) -> Result<f64, Error> {
+        let mut forward = 0.0;
+        for &id in graph.topological_order() {
+            forward += self.work(graph, id)?.0.flops;
+        }
+        Ok(match self.mode {
+            Mode::Inference => forward,
+            Mode::Training {
+                backward_factor, ..
+            } => forward * (1.0 + backward_factor),
+        })
+    }
+
     /// The mode.
     pub fn mode(&self) -> Mode {
         self.mode
