@@ -405,3 +405,71 @@ fn check_rewrite_recomputes_a_hand_moved_node_in_one_command() {
     assert!(stdout.contains("already matches"), "{stdout}");
     assert_eq!(std::fs::read_to_string(&good_path).unwrap(), good.to_json());
 }
+
+#[test]
+fn dtype_override_costs_at_that_precision_and_the_plan_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+        "--cluster",
+        "1x2xA100-80GB",
+        "--stages",
+        "2",
+    ];
+    let fp32 = Plan::from_json(&partition_to(&dir.path().join("fp32.json"), model, &args)).unwrap();
+    let mut with_bf16 = args.to_vec();
+    with_bf16.extend(["--dtype", "bf16"]);
+    let bf16_path = dir.path().join("bf16.json");
+    let bf16 = Plan::from_json(&partition_to(&bf16_path, model, &with_bf16)).unwrap();
+    assert_eq!(
+        bf16.config.dtype_override,
+        Some(pipecut::cost::Precision::Bf16)
+    );
+    assert_eq!(fp32.config.dtype_override, None);
+    // The exporter wrote fp32: at bf16 the weights and activations take half the bytes.
+    // (Activations are summed over every node whatever the cut, and the few integer tensors
+    // keep their size; parameters read by two stages count twice, so they are compared through
+    // `cost`.)
+    let activations = |p: &Plan| p.stages.iter().map(|s| s.activation_bytes).sum::<u64>();
+    let (half, full) = (activations(&bf16) as f64, activations(&fp32) as f64);
+    assert!(
+        half * 2.0 >= full && half * 2.0 <= full * 1.01,
+        "{half} vs {full}"
+    );
+    let total_params = |extra: &[&str]| -> u64 {
+        let mut cost = vec![
+            "cost", model, "--device", "L4", "--dim", "batch=2", "--dim", "seq=8",
+        ];
+        cost.extend_from_slice(extra);
+        cost.push("--json");
+        let (code, out, err) = pipecut(&cost);
+        assert_eq!(code, 0, "{err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        report["total_param_bytes"].as_u64().unwrap()
+    };
+    // Float weights halve; the integer initialisers (shapes, indices) keep their few bytes.
+    let (half, full) = (total_params(&["--dtype", "bf16"]), total_params(&[]));
+    assert!(
+        half * 2 >= full && (half as f64) < full as f64 * 0.51,
+        "{half} vs {full}"
+    );
+    assert_eq!(total_params(&["--dtype", "fp32"]), total_params(&[]));
+    // check re-derives the figures at the recorded precision, and refuses them at another.
+    let (code, _, stderr) = pipecut(&["check", bf16_path.to_str().unwrap(), model]);
+    assert_eq!(code, 0, "{stderr}");
+    let mut dropped = bf16.clone();
+    dropped.config.dtype_override = None;
+    let dropped_path = dir.path().join("dropped.json");
+    std::fs::write(&dropped_path, dropped.to_json()).unwrap();
+    let (code, _, stderr) = pipecut(&["check", dropped_path.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "{stderr}");
+    // Anything but the three precisions is refused by name.
+    let (code, _, stderr) =
+        pipecut(&["partition", model, "--dtype", "int8", "--cluster", "1x2xL4"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("bf16"), "{stderr}");
+}

@@ -49,6 +49,9 @@ pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
     ShapeInference::new(bindings)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", path.display()))?;
+    if let Some(precision) = plan.config.dtype_override {
+        model.graph.override_float_dtype(precision.dtype());
+    }
     Ok(model)
 }
 

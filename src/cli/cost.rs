@@ -58,6 +58,9 @@ pub struct CostArgs {
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
+    /// Cost every floating-point tensor at this precision instead of the file's.
+    #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
+    dtype: Option<super::DtypeArg>,
     /// Rows of the per-node table to print (all with --json).
     #[arg(long, default_value_t = 25)]
     top: usize,
@@ -93,7 +96,11 @@ pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
 pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let (catalog, name) = device_catalog(&args.device)?;
     let device = catalog.device(&name)?;
-    let model = args.model.load_typed()?;
+    let mut model = args.model.load_typed()?;
+    if let Some(dtype) = args.dtype {
+        let precision: pipecut::cost::Precision = dtype.into();
+        model.graph.override_float_dtype(precision.dtype());
+    }
     let cost_model = CostModel::new(device)
         .with_mode(args.mode.into())
         .with_unknown_ops(args.unknown_op_cost.into());

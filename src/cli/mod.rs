@@ -125,6 +125,24 @@ impl ModelArgs {
     }
 }
 
+/// `--dtype`: the precision to cost a model at, when it differs from the file's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+impl From<DtypeArg> for pipecut::cost::Precision {
+    fn from(d: DtypeArg) -> pipecut::cost::Precision {
+        match d {
+            DtypeArg::Bf16 => pipecut::cost::Precision::Bf16,
+            DtypeArg::Fp16 => pipecut::cost::Precision::Fp16,
+            DtypeArg::Fp32 => pipecut::cost::Precision::Fp32,
+        }
+    }
+}
+
 /// Runs a parsed command line; `Err` is printed by `main` with exit code 2.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -172,9 +190,18 @@ pub(crate) fn shorten_name(name: &str, width: usize) -> String {
     let rooted = name.starts_with('/');
     let segments: Vec<&str> = name.trim_start_matches('/').split('/').collect();
     let last = segments.len() - 1;
-    let mut keep: Vec<bool> = (0..segments.len())
-        .map(|i| i == last || segments[i].chars().any(|c| c.is_ascii_digit()))
-        .collect();
+    let indexed = |i: usize| segments[i].chars().any(|c| c.is_ascii_digit());
+    let first_indexed = (0..last).find(|&i| indexed(i));
+    // What must stay, most first: every indexed segment, else the first (the layer), else the op.
+    let candidates: [Vec<bool>; 3] = [
+        (0..segments.len())
+            .map(|i| i == last || indexed(i))
+            .collect(),
+        (0..segments.len())
+            .map(|i| i == last || Some(i) == first_indexed)
+            .collect(),
+        (0..segments.len()).map(|i| i == last).collect(),
+    ];
     let render = |keep: &[bool]| -> String {
         let mut parts: Vec<&str> = Vec::new();
         for (i, segment) in segments.iter().enumerate() {
@@ -191,7 +218,10 @@ pub(crate) fn shorten_name(name: &str, width: usize) -> String {
             joined
         }
     };
-    if segments.len() > 1 && count(&render(&keep)) <= width {
+    let fitting = candidates
+        .into_iter()
+        .find(|keep| segments.len() > 1 && count(&render(keep)) <= width);
+    if let Some(mut keep) = fitting {
         // Give back the dropped segments nearest the op first, while they fit.
         for i in (0..last).rev() {
             if !keep[i] {
@@ -266,6 +296,11 @@ mod tests {
             "…/h.1/attn/Transpose_2"
         );
         assert_eq!(shorten_name("Add@28", 28), "Add@28");
+        // Two indexed segments do not fit: the layer stays, the op stays.
+        assert_eq!(
+            shorten_name("/transformer/h.2/ln_1/LayerNormalization", 28),
+            "…/h.2/…/LayerNormalization"
+        );
         // No path to drop: the middle goes, both ends stay.
         let flat = "a_very_long_node_name_without_any_slashes_at_all";
         let short = shorten_name(flat, 28);

@@ -182,6 +182,11 @@ pub struct PartitionArgs {
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
+    /// Cost every floating-point tensor at this precision instead of the file's (exporters
+    /// usually write fp32; training and serving run bf16 or fp16): memory, transfers and the
+    /// tensor-core peak follow it. The plan records it.
+    #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
+    dtype: Option<super::DtypeArg>,
     /// Write the plan JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -210,7 +215,11 @@ pub enum EmitArg {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
-    let model = args.model.load_typed()?;
+    let mut model = args.model.load_typed()?;
+    let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
+    if let Some(precision) = dtype_override {
+        model.graph.override_float_dtype(precision.dtype());
+    }
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let config = PartitionConfig {
@@ -253,6 +262,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             cluster: &cluster,
             stages: args.stages,
             time_limit_secs: args.time_limit.as_secs_f64(),
+            dtype_override,
         },
         PlanOptions {
             record_solve_time: args.record_solve_time,

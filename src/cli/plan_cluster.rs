@@ -134,6 +134,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             cluster: &cluster,
             stages: StageCount::Fixed(best.stages),
             time_limit_secs: args.time_limit.as_secs_f64(),
+            dtype_override: None,
         },
         PlanOptions::default(),
     )

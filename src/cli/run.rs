@@ -116,7 +116,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
     let mut model = load(&plan.model.dims)?;
-    plan.check(&model.sha256, &model.graph, &Catalog::builtin())
+    // A plan costed at another precision (--dtype) is checked on the graph as it was costed;
+    // the run itself uses the file's own dtypes.
+    let mut costed = model.graph.clone();
+    if let Some(precision) = plan.config.dtype_override {
+        costed.override_float_dtype(precision.dtype());
+    }
+    plan.check(&model.sha256, &costed, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
     let mut dims = plan.model.dims.clone();
     if !args.dims.is_empty() {

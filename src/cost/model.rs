@@ -73,6 +73,32 @@ pub struct NodeCost {
     pub fallback: bool,
 }
 
+/// The precision a model is costed at when `--dtype` overrides the file's (see
+/// [`crate::graph::Graph::override_float_dtype`]).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    Fp16,
+    /// IEEE single precision.
+    Fp32,
+}
+
+impl Precision {
+    /// The element type.
+    pub fn dtype(self) -> crate::graph::DType {
+        match self {
+            Precision::Bf16 => crate::graph::DType::BF16,
+            Precision::Fp16 => crate::graph::DType::F16,
+            Precision::Fp32 => crate::graph::DType::F32,
+        }
+    }
+}
+
 /// Costs nodes on one device with the roofline model.
 #[derive(Debug, Clone)]
 pub struct CostModel<'a> {

@@ -23,7 +23,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cost::{Catalog, Cluster, ClusterLayout, DeviceId, Mode, Schedule, UnknownOpCost};
+use crate::cost::{
+    Catalog, Cluster, ClusterLayout, DeviceId, Mode, Precision, Schedule, UnknownOpCost,
+};
 use crate::graph::Graph;
 use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::partition::{
@@ -167,6 +169,10 @@ pub struct PlanConfig {
     pub time_limit_secs: f64,
     /// How ops without a cost rule were costed.
     pub unknown_op_cost: UnknownOpCost,
+    /// The precision every floating-point tensor was costed at (`--dtype`), when it overrode
+    /// the model file's; absent: the file's own dtypes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype_override: Option<Precision>,
 }
 
 /// A device of the cluster.
@@ -448,6 +454,8 @@ pub struct PlanContext<'a> {
     pub stages: StageCount,
     /// The time limit given to the solvers.
     pub time_limit_secs: f64,
+    /// The precision override the graph was costed with (`--dtype`), if any.
+    pub dtype_override: Option<Precision>,
 }
 
 impl Plan {
@@ -482,6 +490,7 @@ impl Plan {
                 memory_headroom: settings.memory_headroom,
                 time_limit_secs: context.time_limit_secs,
                 unknown_op_cost: settings.unknown_ops,
+                dtype_override: context.dtype_override,
             },
             stages,
             summary: PlanSummary {
