@@ -614,3 +614,32 @@ fn the_auto_table_and_show_give_one_step_time_for_one_plan() {
         Some(solution.evaluation.bottleneck_secs)
     );
 }
+
+#[test]
+fn a_piped_solve_prints_progress_lines_with_elapsed_time_and_gap() {
+    // stderr is a pipe here: plain lines, one a second, naming the solver, best, bound and gap.
+    let (output, _) =
+        pipecut_partition(&["--stages", "6", "--solver", "milp", "--time-limit", "3s"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pipecut: "))
+        .collect();
+    assert!(!lines.is_empty(), "no progress lines: {stderr}");
+    for line in &lines {
+        assert!(line.contains(" s — "), "no elapsed time: {line}");
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("gap ") && l.contains("bound ")),
+        "no gap reported: {stderr}"
+    );
+    // The plan itself still goes to stdout alone.
+    serde_json::from_slice::<serde_json::Value>(&output.stdout).expect("stdout is the plan");
+}

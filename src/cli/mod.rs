@@ -9,6 +9,7 @@ mod export;
 mod inspect;
 mod partition;
 mod plan_cluster;
+mod progress;
 mod run;
 mod show;
 
@@ -271,14 +272,6 @@ pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::
         let _ = std::fs::remove_file(&tmp);
     }
     written
-}
-
-/// A spinner on stderr for work that may take more than a moment; hidden when stderr is not a
-/// terminal (indicatif's default), so scripts and tests see clean output.
-pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new_spinner().with_message(message.to_string());
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
 }
 
 #[cfg(test)]

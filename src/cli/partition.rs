@@ -235,15 +235,17 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         time_limit: args.time_limit,
         solver: args.solver.into(),
     };
-    let spinner = super::spinner(&format!(
-        "partitioning {} nodes over {} devices",
-        model.graph.node_count(),
-        cluster.device_count()
+    let display = super::progress::Display::start(&format!(
+        "partitioning {} over {}",
+        count_of(model.graph.node_count(), "node"),
+        count_of(cluster.device_count(), "device")
     ));
+    let reporter = std::sync::Arc::clone(&display);
     let solved = Planner::new(&model.graph, &cluster)
         .with_config(config)
+        .with_progress(move |progress| reporter.report(progress))
         .solve();
-    spinner.finish_and_clear();
+    display.finish();
     let solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
     let dims: BTreeMap<String, u64> = args
         .model

@@ -92,12 +92,12 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.all_stage_counts = args.all_stage_counts;
     request.time_limit = args.time_limit;
 
-    let spinner = super::spinner(&format!(
-        "searching configurations of {} devices",
-        cluster.device_count()
+    let display = super::progress::Display::start(&format!(
+        "searching configurations of {}",
+        pipecut::onnx::inspect::count_of(cluster.device_count(), "device")
     ));
     let searched = search(&model.graph, &cluster, &request);
-    spinner.finish_and_clear();
+    display.finish();
     let outcome = searched.with_context(|| format!("'{}'", path.display()))?;
 
     // The chosen configuration's partition, with its proof and baselines, for the plan.

@@ -587,11 +587,16 @@ impl Pacer {
     }
 }
 
+/// Called after each time slice of a run with the best plan so far (when the solver has one)
+/// and the solver's bound on its objective (scaled as the model is).
+type OnSlice<'a> = &'a dyn Fn(Option<&[StageId]>, Option<f64>);
+
 fn run_model(
     model: Model,
     objective: Expression,
     hint: Vec<(Variable, f64)>,
     deadline: Instant,
+    on_slice: OnSlice,
 ) -> Solved {
     let Model {
         vars,
@@ -664,6 +669,8 @@ fn run_model(
         }
         pacer.observe(slice, started.elapsed());
         last_values = values(&outcome).or(last_values);
+        let plan = last_values.as_ref().map(|v| decode(&before, v));
+        on_slice(plan.as_deref(), outcome.stats().best_bound);
     }
     let proven = outcome.is_optimal();
     Solved {
@@ -678,6 +685,16 @@ fn run_model(
 /// Solves `problem` over all its convex, ordered partitions, starting from `incumbent` (a valid
 /// assignment that fits, e.g. the DP's), until `deadline`.
 pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instant) -> MilpRun {
+    solve_reporting(problem, incumbent, deadline, &|_, _| {})
+}
+
+/// [`solve`], calling `progress(best bottleneck, proven bound)` (seconds) as the search goes.
+pub(crate) fn solve_reporting(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> MilpRun {
     let k = problem.stage_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let lower_bound = problem.lower_bound_secs();
@@ -719,7 +736,21 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         );
         let start = hint(problem, &model, incumbent, 1.0);
         let objective = Expression::from(model.bottleneck);
-        let first = run_model(model, objective, start, deadline);
+        let best_secs = std::cell::Cell::new(incumbent_secs);
+        let on_slice = |plan: Option<&[StageId]>, bound: Option<f64>| {
+            if let Some(plan) = plan {
+                let evaluation = problem.evaluate(plan);
+                if evaluation.fits() && evaluation.bottleneck_secs < best_secs.get() {
+                    best_secs.set(evaluation.bottleneck_secs);
+                }
+            }
+            let bound = bound
+                .map(|scaled| scaled / time_scale)
+                .filter(|b| b.is_finite())
+                .map(|b| b.max(lower_bound).min(best_secs.get()));
+            progress(best_secs.get(), bound);
+        };
+        let first = run_model(model, objective, start, deadline, &on_slice);
         if let Some(found) = &first.stage_of {
             if better(problem, found, &best) {
                 best = found.clone();
@@ -764,7 +795,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 objective.add_mul(flow.bytes as f64 / total_bytes, z.expr());
             }
         }
-        let second = run_model(model, objective, start, deadline);
+        let second = run_model(model, objective, start, deadline, &|_, _| {});
         timed_out = second.timed_out;
         // The bottleneck is proven already; a failed tie-break only leaves bytes unminimised.
         tie_break_error = second.error;
@@ -830,11 +861,23 @@ pub fn solve_model(
     deadline: Instant,
     refine_reserve: Duration,
 ) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    solve_model_reporting(problem, incumbent, deadline, refine_reserve, &|_, _| {})
+}
+
+/// [`solve_model`], calling `progress(best bottleneck, proven bound)` (seconds, for `problem`)
+/// as the search goes; a coarsened search reports no bound (its bound is not the model's).
+pub(crate) fn solve_model_reporting(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
     let n = problem.node_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let free = free_binaries(problem, incumbent_secs);
     if free <= MAX_BINARIES {
-        let mut run = solve(problem, incumbent, deadline);
+        let mut run = solve_reporting(problem, incumbent, deadline, progress);
         // The DP along the order of the MILP's plan moves its boundaries node by node; the model
         // is small here, so it runs unless the deadline is already half a DP behind.
         if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
@@ -895,7 +938,9 @@ pub fn solve_model(
             .checked_sub(refine_reserve)
             .unwrap_or(deadline)
             .max(Instant::now());
-        let run = solve(&coarse.problem, &start, milp_deadline);
+        let run = solve_reporting(&coarse.problem, &start, milp_deadline, &|best, _| {
+            progress(best, None)
+        });
         report.started = true;
         report.proven = run.proven;
         report.timed_out = run.timed_out;

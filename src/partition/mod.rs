@@ -317,6 +317,40 @@ pub(crate) fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -
     StageTimes::from_stage_figures(problem.settings().mode, &figures)
 }
 
+/// Where a solve stands, for a progress display: reported after each DP and after each slice of
+/// the MILP's search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Seconds since the solve began.
+    pub elapsed_secs: f64,
+    /// Which solver reported.
+    pub solver: SolverKind,
+    /// Stages of the problem being solved.
+    pub stages: usize,
+    /// The best bottleneck found so far for these stages.
+    pub best_secs: f64,
+    /// A proven lower bound for these stages, when the solver has one (a coarsened MILP's bound
+    /// is not the model's, so it reports none).
+    pub bound_secs: Option<f64>,
+}
+
+impl Progress {
+    /// `(best − bound) / best`, when there is a bound.
+    pub fn gap(&self) -> Option<f64> {
+        self.bound_secs.map(|b| relative_gap(self.best_secs, b))
+    }
+}
+
+/// A progress callback; a newtype so that [`Planner`] stays `Debug` and `Clone`.
+#[derive(Clone)]
+struct ProgressSink(std::sync::Arc<dyn Fn(&Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
 /// Plans pipelines: the library's entry point for partitioning.
 ///
 /// ```
@@ -342,6 +376,8 @@ pub struct Planner<'a> {
     cluster: &'a Cluster,
     config: PartitionConfig,
     node_secs: HashMap<String, f64>,
+    progress: Option<ProgressSink>,
+    started: Instant,
 }
 
 impl<'a> Planner<'a> {
@@ -353,6 +389,27 @@ impl<'a> Planner<'a> {
             cluster,
             config: PartitionConfig::default(),
             node_secs: HashMap::new(),
+            progress: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Calls `report` with where the solve stands after each DP and each slice of the MILP's
+    /// search (from the solving thread; keep it quick).
+    pub fn with_progress(mut self, report: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
+        self.progress = Some(ProgressSink(std::sync::Arc::new(report)));
+        self
+    }
+
+    fn report(&self, solver: SolverKind, stages: usize, best_secs: f64, bound_secs: Option<f64>) {
+        if let Some(sink) = &self.progress {
+            (sink.0)(&Progress {
+                elapsed_secs: self.started.elapsed().as_secs_f64(),
+                solver,
+                stages,
+                best_secs,
+                bound_secs,
+            });
         }
     }
 
@@ -462,6 +519,14 @@ impl<'a> Planner<'a> {
     /// Solves: the best partition, its status and lower bound, and the baselines.
     pub fn solve(&self) -> Result<Solution, Error> {
         let started = Instant::now();
+        let planner = Planner {
+            started,
+            ..self.clone()
+        };
+        planner.solve_from(started)
+    }
+
+    fn solve_from(&self, started: Instant) -> Result<Solution, Error> {
         let deadline = started + self.config.time_limit;
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
@@ -524,6 +589,13 @@ impl<'a> Planner<'a> {
         let dp_secs = dp_started.elapsed();
         let mut lower_bound_secs = problem.lower_bound_secs();
         let dp_evaluation = problem.evaluate(&order.stage_of);
+        let k = problem.stage_count();
+        self.report(
+            SolverKind::Dp,
+            k,
+            dp_evaluation.bottleneck_secs,
+            Some(lower_bound_secs),
+        );
         let at_bound =
             dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
         // A chain has one topological order, so the DP saw every convex partition.
@@ -534,8 +606,13 @@ impl<'a> Planner<'a> {
             SolverChoice::Auto => !dp_exact,
         };
         let (stage_of, status, solver, milp) = if run_milp {
-            let (stage_of, bound, report) =
-                milp::solve_model(&problem, &order.stage_of, deadline, dp_secs);
+            let (stage_of, bound, report) = milp::solve_model_reporting(
+                &problem,
+                &order.stage_of,
+                deadline,
+                dp_secs,
+                &|best, bound| self.report(SolverKind::Milp, k, best, bound),
+            );
             if let Some(bound) = bound {
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
@@ -610,6 +687,12 @@ impl<'a> Planner<'a> {
                 continue;
             };
             let evaluation = problem.evaluate(&order.stage_of);
+            self.report(
+                SolverKind::Dp,
+                k,
+                evaluation.bottleneck_secs,
+                Some(problem.lower_bound_secs()),
+            );
             let simulation = simulate(&stage_times(&problem, &evaluation), schedule, microbatches)?;
             candidates.push(StageCountCandidate {
                 stages: k,
