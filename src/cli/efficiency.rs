@@ -74,7 +74,7 @@ pub(crate) fn efficiency_line(work: &StepWork) -> anyhow::Result<String> {
         .map(|&d| work.cluster.device(d).peak_flops(dtype))
         .sum();
     let step = work.step_secs;
-    if !(step > 0.0) {
+    if step.is_nan() || step <= 0.0 {
         return Ok("throughput: the simulated step takes no time; no rate to report\n".into());
     }
     let samples_per_sec = work.microbatches * work.microbatch_size as f64 / step;

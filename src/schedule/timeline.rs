@@ -33,12 +33,11 @@ fn tick_step_ms(span_ms: f64) -> f64 {
         return 1.0;
     }
     let magnitude = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
+    [1.0, 2.0, 5.0, 10.0]
         .into_iter()
         .map(|m| m * magnitude)
         .find(|&step| step >= raw)
-        .unwrap_or(10.0 * magnitude);
-    step
+        .unwrap_or(10.0 * magnitude)
 }
 
 /// A tick label: as many decimals as the step needs, no more.
@@ -82,14 +81,14 @@ pub fn timeline_svg(sim: &Simulation, title: &str, row_labels: &[String]) -> Str
         sim.step_secs * 1e3,
         sim.bubble_fraction * 100.0
     );
-    for device in 0..devices {
+    for (device, label) in labels.iter().enumerate() {
         let y = 28.0 + device as f64 * ROW_HEIGHT;
         let _ = writeln!(svg, r#"<g class="row" data-device="{device}">"#);
         let _ = writeln!(
             svg,
             r#"<text x="4" y="{}">{}</text>"#,
             y + 17.0,
-            escape(&labels[device])
+            escape(label)
         );
         let _ = writeln!(
             svg,
