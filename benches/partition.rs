@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use pipecut::cost::{Catalog, Cluster};
 use pipecut::graph::Graph;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::partition::{Planner, Solution, SolveStatus, SolverChoice, StageCount};
+use pipecut::partition::{Planner, Solution, SolverChoice, StageCount};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -38,11 +38,7 @@ fn solve(graph: &Graph, cluster: &Cluster, stages: usize, solver: SolverChoice) 
 }
 
 fn describe(name: &str, solver: &str, s: &Solution) {
-    let status = match s.status {
-        SolveStatus::Optimal => "optimal".to_string(),
-        SolveStatus::TimeLimit { gap } => format!("time limit, gap {:.2}%", gap * 100.0),
-        SolveStatus::Heuristic => "heuristic".to_string(),
-    };
+    let status = s.status.describe(s.gap());
     let bottleneck = s.evaluation.bottleneck_secs;
     let baseline = s
         .best_baseline_secs()

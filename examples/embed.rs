@@ -60,6 +60,7 @@ fn from_bytes() -> Result<(), pipecut::Error> {
             cluster: &cluster,
             stages,
             time_limit_secs: 10.0,
+            dtype_override: None,
         },
         PlanOptions::default(),
     );

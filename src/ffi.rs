@@ -270,6 +270,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
             cluster: &cluster,
             stages,
             time_limit_secs: time_limit.as_secs_f64(),
+            dtype_override: None,
         },
         PlanOptions {
             record_solve_time: request.record_solve_time,

@@ -71,6 +71,7 @@
 //!     cluster: &cluster,
 //!     stages,
 //!     time_limit_secs: 10.0,
+//!     dtype_override: None,
 //! };
 //! let plan = Plan::from_solution(&solution, context, PlanOptions::default());
 //! assert_eq!(plan.stages.len(), 2);

@@ -216,3 +216,69 @@ fn exit_codes_tell_infeasible_from_bad_input() {
     ]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn partition_reports_tokens_per_second_and_mfu_from_the_simulated_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let model_path = "fixtures/models/gpt2_tiny.onnx";
+    let (code, stdout, stderr) = pipecut(&[
+        "partition",
+        model_path,
+        "--cluster",
+        "1x3xL4",
+        "--stages",
+        "3",
+        "--dim",
+        "batch=4",
+        "--dim",
+        "seq=16",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("throughput "))
+        .unwrap_or_else(|| panic!("no throughput line: {stdout}"));
+    let number_before = |unit: &str| -> f64 {
+        let head = line.split(unit).next().unwrap();
+        let word = head.trim_end().rsplit(' ').next().unwrap();
+        word.replace(',', "").trim_end_matches('%').parse().unwrap()
+    };
+    // The same figures from the plan and the cost model, independently of the CLI's code.
+    let plan = pipecut::plan::Plan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let step = plan.simulate().unwrap().step_secs;
+    let samples_per_sec = plan.config.microbatches as f64 * 4.0 / step;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b + 1.0;
+    assert!(
+        close(number_before(" samples/s"), samples_per_sec),
+        "{line}"
+    );
+    assert!(
+        close(number_before(" tokens/s"), samples_per_sec * 16.0),
+        "{line}"
+    );
+    let mut model = pipecut::onnx::load_model(common::root().join(model_path)).unwrap();
+    pipecut::onnx::shape::ShapeInference::new(
+        pipecut::onnx::shape::DimBindings::new()
+            .bind("batch", 4)
+            .bind("seq", 16),
+    )
+    .run(&mut model.graph)
+    .unwrap();
+    let catalog = pipecut::cost::Catalog::builtin();
+    let l4 = catalog.device("L4").unwrap();
+    let flops = pipecut::cost::CostModel::new(l4)
+        .model_flops(&model.graph)
+        .unwrap();
+    assert!(flops > 0.0);
+    let mfu = plan.config.microbatches as f64 * flops
+        / (step * 3.0 * l4.peak_flops(pipecut::graph::DType::F32));
+    let printed = number_before("% (model FLOPs");
+    assert!(
+        (printed - mfu * 100.0).abs() <= 0.05 * mfu * 100.0,
+        "{line}: expected {}%",
+        mfu * 100.0
+    );
+}

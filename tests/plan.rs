@@ -223,3 +223,253 @@ fn check_speaks_json() {
     assert_eq!(report["stages"], 2);
     assert_eq!(report["nodes"], 10);
 }
+
+/// A three-stage gpt2_tiny plan, its path and the model.
+fn gpt2_plan(dir: &Path) -> (Plan, &'static str) {
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let text = partition_to(
+        &dir.join("plan.json"),
+        model,
+        &[
+            "--dim",
+            "batch=4",
+            "--dim",
+            "seq=16",
+            "--cluster",
+            "1x3xL4",
+            "--stages",
+            "3",
+        ],
+    );
+    (Plan::from_json(&text).unwrap(), model)
+}
+
+#[test]
+fn check_rederives_every_figure_and_names_field_stage_and_both_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, model) = gpt2_plan(dir.path());
+    let check = |plan: &Plan, file: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, plan.to_json()).unwrap();
+        let (code, _, stderr) = pipecut(&["check", path.to_str().unwrap(), model]);
+        assert_eq!(code, 1, "{file}: an altered plan is refused: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
+    };
+    // The audit's alterations (issue 17) and the stale figures of issue 21, one at a time.
+    type Edit = fn(&mut Plan);
+    let edits: [(&str, Edit, &str); 10] = [
+        (
+            "cut_bytes",
+            |p| p.summary.cut_bytes += 4,
+            "summary cut_bytes",
+        ),
+        (
+            "activation",
+            |p| p.stages[1].activation_bytes += 1,
+            "stage 1 activation_bytes",
+        ),
+        (
+            "capacity",
+            |p| p.stages[2].capacity_bytes *= 2,
+            "stage 2 capacity_bytes",
+        ),
+        (
+            "in_flight",
+            |p| p.stages[0].in_flight_microbatches += 1,
+            "stage 0 in_flight_microbatches",
+        ),
+        (
+            "node_count",
+            |p| p.stages[1].node_count += 1,
+            "stage 1 node_count",
+        ),
+        (
+            "received",
+            |p| p.stages[1].received.clear(),
+            "stage 1 received",
+        ),
+        (
+            "sent",
+            |p| p.stages[0].sent.pop().map(drop).unwrap(),
+            "stage 0 sent",
+        ),
+        (
+            "first_node",
+            |p| p.stages[2].first_node = "x".into(),
+            "stage 2 first_node",
+        ),
+        ("gap", |p| p.summary.gap += 0.01, "summary gap"),
+        (
+            "speedup",
+            |p| p.summary.baselines[0].plan_speedup = Some(9.0),
+            "summary baselines[0].plan_speedup",
+        ),
+    ];
+    for (file, edit, field) in edits {
+        let mut plan = good.clone();
+        edit(&mut plan);
+        let err = check(&plan, &format!("{file}.json"));
+        assert!(err.contains(field), "{file}: {err}");
+        assert!(
+            err.contains("in the plan but"),
+            "{file}: both values named: {err}"
+        );
+        assert!(err.contains("--rewrite"), "{file}: {err}");
+    }
+    // A status forced to optimal on a plan whose bottleneck is above its bound.
+    let mut forced = good.clone();
+    if forced.summary.status == pipecut::partition::SolveStatus::Optimal {
+        // Already optimal: a bound below the bottleneck leaves nothing that proves it.
+        forced.summary.lower_bound_secs *= 0.9;
+        forced.summary.gap = (forced.summary.bottleneck_secs - forced.summary.lower_bound_secs)
+            / forced.summary.bottleneck_secs;
+    }
+    forced.summary.status = pipecut::partition::SolveStatus::Optimal;
+    let err = check(&forced, "forced.json");
+    assert!(err.contains("optimal"), "{err}");
+}
+
+#[test]
+fn check_rewrite_recomputes_a_hand_moved_node_in_one_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (good, model) = gpt2_plan(dir.path());
+    // Move the last node of stage 0 to the front of stage 1, as a user edits the JSON: only the
+    // node lists change, every figure is now stale.
+    let mut moved = good.clone();
+    let node = moved.stages[0].nodes.pop().unwrap();
+    moved.stages[1].nodes.insert(0, node.clone());
+    let path = dir.path().join("moved.json");
+    std::fs::write(&path, moved.to_json()).unwrap();
+    let (code, _, stderr) = pipecut(&["check", path.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "stale figures are refused: {stderr}");
+    assert!(
+        stderr.contains("stage 0 ") && stderr.contains("in the plan but"),
+        "{stderr}"
+    );
+
+    let out = dir.path().join("rewritten.json");
+    let (code, stdout, stderr) = pipecut(&[
+        "check",
+        path.to_str().unwrap(),
+        model,
+        "--rewrite",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("hand_edited"), "{stdout}");
+    let rewritten = Plan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        rewritten.summary.status,
+        pipecut::partition::SolveStatus::HandEdited
+    );
+    assert_eq!(
+        rewritten.stages[0].node_count,
+        good.stages[0].node_count - 1
+    );
+    assert_eq!(
+        rewritten.stages[1].node_count,
+        good.stages[1].node_count + 1
+    );
+    assert!(rewritten.stages[1].nodes.contains(&node));
+    assert_eq!(
+        rewritten.stages[0].last_node,
+        *good.stages[0].nodes.iter().rev().nth(1).unwrap()
+    );
+    for stage in &rewritten.stages {
+        assert_eq!(stage.first_node, stage.nodes[0]);
+        assert_eq!(stage.last_node, *stage.nodes.last().unwrap());
+    }
+    assert!(rewritten.summary.lower_bound_secs <= rewritten.summary.bottleneck_secs);
+    // The rewritten plan checks as it is.
+    let (code, stdout, stderr) = pipecut(&["check", out.to_str().unwrap(), model]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("valid plan"), "{stdout}");
+    // Claiming optimal for the hand-moved plan is refused when its figures cannot prove it.
+    let mut claimed = rewritten.clone();
+    claimed.summary.status = pipecut::partition::SolveStatus::Optimal;
+    if claimed.summary.gap == 0.0 {
+        claimed.summary.lower_bound_secs = claimed.summary.bottleneck_secs;
+    }
+    let claimed_path = dir.path().join("claimed.json");
+    std::fs::write(&claimed_path, claimed.to_json()).unwrap();
+    let (code, _, stderr) = pipecut(&["check", claimed_path.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("optimal"), "{stderr}");
+    // A plan that already checks is left as it is.
+    let good_path = dir.path().join("plan.json");
+    let (code, stdout, stderr) =
+        pipecut(&["check", good_path.to_str().unwrap(), model, "--rewrite"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("already matches"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&good_path).unwrap(), good.to_json());
+}
+
+#[test]
+fn dtype_override_costs_at_that_precision_and_the_plan_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+        "--cluster",
+        "1x2xA100-80GB",
+        "--stages",
+        "2",
+    ];
+    let fp32 = Plan::from_json(&partition_to(&dir.path().join("fp32.json"), model, &args)).unwrap();
+    let mut with_bf16 = args.to_vec();
+    with_bf16.extend(["--dtype", "bf16"]);
+    let bf16_path = dir.path().join("bf16.json");
+    let bf16 = Plan::from_json(&partition_to(&bf16_path, model, &with_bf16)).unwrap();
+    assert_eq!(
+        bf16.config.dtype_override,
+        Some(pipecut::cost::Precision::Bf16)
+    );
+    assert_eq!(fp32.config.dtype_override, None);
+    // The exporter wrote fp32: at bf16 the weights and activations take half the bytes.
+    // (Activations are summed over every node whatever the cut, and the few integer tensors
+    // keep their size; parameters read by two stages count twice, so they are compared through
+    // `cost`.)
+    let activations = |p: &Plan| p.stages.iter().map(|s| s.activation_bytes).sum::<u64>();
+    let (half, full) = (activations(&bf16) as f64, activations(&fp32) as f64);
+    assert!(
+        half * 2.0 >= full && half * 2.0 <= full * 1.01,
+        "{half} vs {full}"
+    );
+    let total_params = |extra: &[&str]| -> u64 {
+        let mut cost = vec![
+            "cost", model, "--device", "L4", "--dim", "batch=2", "--dim", "seq=8",
+        ];
+        cost.extend_from_slice(extra);
+        cost.push("--json");
+        let (code, out, err) = pipecut(&cost);
+        assert_eq!(code, 0, "{err}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        report["total_param_bytes"].as_u64().unwrap()
+    };
+    // Float weights halve; the integer initialisers (shapes, indices) keep their few bytes.
+    let (half, full) = (total_params(&["--dtype", "bf16"]), total_params(&[]));
+    assert!(
+        half * 2 >= full && (half as f64) < full as f64 * 0.51,
+        "{half} vs {full}"
+    );
+    assert_eq!(total_params(&["--dtype", "fp32"]), total_params(&[]));
+    // check re-derives the figures at the recorded precision, and refuses them at another.
+    let (code, _, stderr) = pipecut(&["check", bf16_path.to_str().unwrap(), model]);
+    assert_eq!(code, 0, "{stderr}");
+    let mut dropped = bf16.clone();
+    dropped.config.dtype_override = None;
+    let dropped_path = dir.path().join("dropped.json");
+    std::fs::write(&dropped_path, dropped.to_json()).unwrap();
+    let (code, _, stderr) = pipecut(&["check", dropped_path.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "{stderr}");
+    // Anything but the three precisions is refused by name.
+    let (code, _, stderr) =
+        pipecut(&["partition", model, "--dtype", "int8", "--cluster", "1x2xL4"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("bf16"), "{stderr}");
+}

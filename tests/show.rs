@@ -65,8 +65,13 @@ fn timeline_is_well_formed_svg_with_one_row_per_stage() {
         .filter(|n| n.has_tag_name("text"))
         .filter_map(|n| n.text())
         .collect();
-    let rows = texts.iter().filter(|t| t.starts_with("device ")).count();
+    // Rows name the stage and its GPU; the axis under them is in ms.
+    let rows = texts
+        .iter()
+        .filter(|t| t.starts_with("stage ") && t.contains(" · GPU "))
+        .count();
     assert_eq!(rows, 3, "{texts:?}");
+    assert!(texts.contains(&"time (ms)"), "{texts:?}");
     // Training: 6 forwards and 6 backwards on each of the 3 rows.
     assert_eq!(texts.iter().filter(|t| t.starts_with('F')).count(), 18);
     assert_eq!(texts.iter().filter(|t| t.starts_with('B')).count(), 18);
@@ -130,7 +135,69 @@ fn graph_needs_the_model_and_a_known_extension() {
     let (code, _, err) = pipecut(&["show", &plan_path, "--graph", "x.dot"]);
     assert_eq!(code, 2);
     assert!(err.contains("--graph needs the model"), "{err}");
-    let (code, _, err) = pipecut(&["show", &plan_path, MODEL, "--graph", "x.png"]);
+    let (code, _, err) = pipecut(&["show", &plan_path, MODEL, "--graph", "x.bmp"]);
     assert_eq!(code, 2);
-    assert!(err.contains(".dot or .svg"), "{err}");
+    assert!(err.contains(".dot, .svg or .png"), "{err}");
+}
+
+#[test]
+fn a_timeline_is_refused_under_a_name_that_is_not_svg() {
+    // SVG written into a .png opens as a broken image: refuse before writing anything.
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = plan(dir.path());
+    let png = dir.path().join("timeline.png");
+    let (code, _, err) = pipecut(&["show", &plan_path, "--timeline", png.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must end in .svg"), "{err}");
+    assert!(!png.exists(), "nothing is written");
+}
+
+#[test]
+fn the_graph_keeps_layer_indices_and_stands_stages_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = plan(dir.path());
+    let dot_path = dir.path().join("graph.dot");
+    let (code, _, err) = pipecut(&[
+        "show",
+        &plan_path,
+        MODEL,
+        "--graph",
+        dot_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let dot = std::fs::read_to_string(&dot_path).unwrap();
+    // Boxes of different layers differ: the layer index (h.0 … h.3) is in the labels.
+    for layer in 0..4 {
+        assert!(
+            dot.contains(&format!("\\nh.{layer}/")),
+            "no box names layer h.{layer}"
+        );
+    }
+    // Cut edges do not stack the stages on top of each other.
+    let cuts = dot.matches("#d62728").count();
+    assert!(cuts >= 2);
+    assert_eq!(dot.matches("constraint=false").count(), cuts, "{dot}");
+    // Drawn by Graphviz, a 4-layer model is a page, not 9,420 pt of column.
+    if Command::new("dot").arg("-V").output().is_err() {
+        eprintln!("Graphviz is not installed: the drawn size of the graph is not checked");
+        return;
+    }
+    let svg_path = dir.path().join("graph.svg");
+    let (code, _, err) = pipecut(&[
+        "show",
+        &plan_path,
+        MODEL,
+        "--graph",
+        svg_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let height_pt: f64 = svg
+        .split("<svg")
+        .nth(1)
+        .and_then(|tag| tag.split("height=\"").nth(1))
+        .and_then(|h| h.split("pt\"").next())
+        .and_then(|h| h.parse().ok())
+        .expect("the SVG states its height in pt");
+    assert!(height_pt < 3000.0, "the graph is {height_pt} pt tall");
 }

@@ -5,9 +5,13 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, CostModel, Mode, NodeCost, UnknownOpCost};
+use pipecut::onnx::inspect::{count_of, human_bytes};
 use serde::Serialize;
 
 use super::ModelArgs;
+
+/// Bytes in a MiB: the table's columns use the binary units the rest of pipecut prints.
+const MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ModeArg {
@@ -54,6 +58,9 @@ pub struct CostArgs {
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
+    /// Cost every floating-point tensor at this precision instead of the file's.
+    #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
+    dtype: Option<super::DtypeArg>,
     /// Rows of the per-node table to print (all with --json).
     #[arg(long, default_value_t = 25)]
     top: usize,
@@ -89,7 +96,11 @@ pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
 pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let (catalog, name) = device_catalog(&args.device)?;
     let device = catalog.device(&name)?;
-    let model = args.model.load_typed()?;
+    let mut model = args.model.load_typed()?;
+    if let Some(dtype) = args.dtype {
+        let precision: pipecut::cost::Precision = dtype.into();
+        model.graph.override_float_dtype(precision.dtype());
+    }
     let cost_model = CostModel::new(device)
         .with_mode(args.mode.into())
         .with_unknown_ops(args.unknown_op_cost.into());
@@ -142,19 +153,19 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     writeln!(
         out,
         "{:<48} {:<20} {:>12} {:>12} {:>11} {:>11} {:>11}",
-        "node", "op", "GFLOP", "MB moved", "time (us)", "params MB", "out MB"
+        "node", "op", "GFLOP", "MiB moved", "time (us)", "params MiB", "out MiB"
     )?;
     for c in report.nodes.iter().take(args.top) {
         writeln!(
             out,
             "{:<48} {:<20} {:>12.3} {:>12.3} {:>11.2} {:>11.3} {:>11.3}",
-            ellipsize(&c.node, 48),
-            ellipsize(&c.op, 20),
+            super::shorten_name(&c.node, 48),
+            super::shorten_name(&c.op, 20),
             c.flops / 1e9,
-            c.bytes_moved / 1e6,
+            c.bytes_moved / MIB,
             c.time_secs * 1e6,
-            c.param_bytes as f64 / 1e6,
-            c.output_bytes as f64 / 1e6
+            c.param_bytes as f64 / MIB,
+            c.output_bytes as f64 / MIB
         )?;
     }
     if report.nodes.len() > args.top {
@@ -166,28 +177,18 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     }
     writeln!(
         out,
-        "total on {} ({}): {} nodes, {:.3} GFLOP, {:.1} MB moved, {:.1} us, params {:.2} MB",
+        "total on {} ({}): {}, {:.3} GFLOP, {} moved, {:.1} us, params {}",
         report.device,
         match report.mode {
             Mode::Inference => "inference",
             Mode::Training { .. } => "training",
         },
-        report.nodes.len(),
+        count_of(report.nodes.len(), "node"),
         report.total_flops / 1e9,
-        report.total_bytes_moved / 1e6,
+        human_bytes(report.total_bytes_moved as u64),
         report.total_time_secs * 1e6,
-        report.total_param_bytes as f64 / 1e6
+        human_bytes(report.total_param_bytes)
     )?;
     super::print_stdout(&out)?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Shortens long node names from the middle, keeping the distinctive tail.
-fn ellipsize(s: &str, width: usize) -> String {
-    let chars: Vec<char> = s.chars().collect();
-    if chars.len() <= width {
-        return s.to_string();
-    }
-    let tail: String = chars[chars.len() - (width - 1)..].iter().collect();
-    format!("…{tail}")
 }

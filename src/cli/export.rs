@@ -70,8 +70,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
 
 fn table(manifest: &Manifest, out_dir: &std::path::Path) -> String {
     let mut text = format!(
-        "{} stages of {} written to {}\n\n",
-        manifest.stages.len(),
+        "{} of {} written to {}\n\n",
+        pipecut::onnx::inspect::count_of(manifest.stages.len(), "stage"),
         manifest.model.file_name,
         out_dir.display()
     );

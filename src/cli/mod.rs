@@ -4,10 +4,12 @@ mod calibrate;
 mod check;
 mod cost;
 mod devices;
+mod efficiency;
 mod export;
 mod inspect;
 mod partition;
 mod plan_cluster;
+mod progress;
 mod run;
 mod show;
 
@@ -50,7 +52,9 @@ enum Command {
     )]
     Partition(partition::PartitionArgs),
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
-    #[command(after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx")]
+    #[command(
+        after_help = "Examples:\n  pipecut check plan.json fixtures/models/gpt2_tiny.onnx\n  pipecut check plan.json model.onnx --rewrite   (after moving nodes between stages by hand)"
+    )]
     Check(check::CheckArgs),
     /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
     #[command(
@@ -122,6 +126,24 @@ impl ModelArgs {
     }
 }
 
+/// `--dtype`: the precision to cost a model at, when it differs from the file's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    Bf16,
+    Fp16,
+    Fp32,
+}
+
+impl From<DtypeArg> for pipecut::cost::Precision {
+    fn from(d: DtypeArg) -> pipecut::cost::Precision {
+        match d {
+            DtypeArg::Bf16 => pipecut::cost::Precision::Bf16,
+            DtypeArg::Fp16 => pipecut::cost::Precision::Fp16,
+            DtypeArg::Fp32 => pipecut::cost::Precision::Fp32,
+        }
+    }
+}
+
 /// Runs a parsed command line; `Err` is printed by `main` with exit code 2.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -154,6 +176,70 @@ pub(crate) fn model_file_name(path: &std::path::Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// A node name shortened to `width` characters for a table column, keeping what tells nodes
+/// apart: the last path segment (the op, `MatMul_3`) and the segments with a number in them
+/// (the layer, `layers.12`, `h.3`). Other segments are dropped from the middle outwards, each
+/// run of them shown as `…`; a name still too long loses characters from its middle.
+pub(crate) fn shorten_name(name: &str, width: usize) -> String {
+    let count = |s: &str| s.chars().count();
+    if count(name) <= width {
+        return name.to_string();
+    }
+    let rooted = name.starts_with('/');
+    let segments: Vec<&str> = name.trim_start_matches('/').split('/').collect();
+    let last = segments.len() - 1;
+    let indexed = |i: usize| segments[i].chars().any(|c| c.is_ascii_digit());
+    let first_indexed = (0..last).find(|&i| indexed(i));
+    // What must stay, most first: every indexed segment, else the first (the layer), else the op.
+    let candidates: [Vec<bool>; 3] = [
+        (0..segments.len())
+            .map(|i| i == last || indexed(i))
+            .collect(),
+        (0..segments.len())
+            .map(|i| i == last || Some(i) == first_indexed)
+            .collect(),
+        (0..segments.len()).map(|i| i == last).collect(),
+    ];
+    let render = |keep: &[bool]| -> String {
+        let mut parts: Vec<&str> = Vec::new();
+        for (i, segment) in segments.iter().enumerate() {
+            if keep[i] {
+                parts.push(segment);
+            } else if parts.last() != Some(&"…") {
+                parts.push("…");
+            }
+        }
+        let joined = parts.join("/");
+        if rooted && keep[0] {
+            format!("/{joined}")
+        } else {
+            joined
+        }
+    };
+    let fitting = candidates
+        .into_iter()
+        .find(|keep| segments.len() > 1 && count(&render(keep)) <= width);
+    if let Some(mut keep) = fitting {
+        // Give back the dropped segments nearest the op first, while they fit.
+        for i in (0..last).rev() {
+            if !keep[i] {
+                keep[i] = true;
+                if count(&render(&keep)) > width {
+                    keep[i] = false;
+                }
+            }
+        }
+        return render(&keep);
+    }
+    let chars: Vec<char> = name.chars().collect();
+    let head = width.saturating_sub(1) / 3;
+    let tail = width.saturating_sub(1) - head;
+    let mut short: String = chars[..head].iter().collect();
+    short.push('…');
+    short.extend(&chars[chars.len() - tail..]);
+    short
 }
 
 /// Writes to stdout, control characters escaped ([`escape_controls`]); a closed pipe
@@ -235,10 +321,40 @@ pub(crate) fn write_atomically(
     Ok(pipecut::io::write_atomically(path, bytes, mode)?)
 }
 
-/// A spinner on stderr for work that may take more than a moment; hidden when stderr is not a
-/// terminal (indicatif's default), so scripts and tests see clean output.
-pub(crate) fn spinner(message: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new_spinner().with_message(message.to_string());
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
+#[cfg(test)]
+mod tests {
+    use super::shorten_name;
+
+    #[test]
+    fn long_node_names_keep_their_layer_and_op() {
+        assert_eq!(
+            shorten_name("/model/layers.0/self_attn/Concat_6", 28),
+            "/model/layers.0/…/Concat_6"
+        );
+        assert_eq!(
+            shorten_name("/transformer/h.1/attn/Transpose_2", 28),
+            "…/h.1/attn/Transpose_2"
+        );
+        assert_eq!(shorten_name("Add@28", 28), "Add@28");
+        // Two indexed segments do not fit: the layer stays, the op stays.
+        assert_eq!(
+            shorten_name("/transformer/h.2/ln_1/LayerNormalization", 28),
+            "…/h.2/…/LayerNormalization"
+        );
+        // No path to drop: the middle goes, both ends stay.
+        let flat = "a_very_long_node_name_without_any_slashes_at_all";
+        let short = shorten_name(flat, 28);
+        assert_eq!(short.chars().count(), 28);
+        assert!(
+            short.starts_with("a_very_l") && short.ends_with("slashes_at_all"),
+            "{short}"
+        );
+        for name in [
+            "/model/layers.11/mlp/down_proj/MatMul",
+            "/encoder/layer.3/attention/output/dense/MatMul_with_a_long_tail_name",
+        ] {
+            let short = shorten_name(name, 28);
+            assert!(short.chars().count() <= 28, "{short}");
+        }
+    }
 }

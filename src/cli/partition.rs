@@ -8,9 +8,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use pipecut::cost::{Catalog, Cluster, Schedule};
-use pipecut::onnx::inspect::human_bytes;
+use pipecut::onnx::inspect::{count_of, human_bytes};
 use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
+use pipecut::partition::{
+    CostSettings, HeuristicReason, PartitionConfig, Planner, SolveStatus, SolverChoice, SolverKind,
+    StageCount,
+};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
@@ -100,26 +103,50 @@ impl From<SolverArg> for SolverChoice {
     }
 }
 
-/// Parses `10s`, `500ms`, `2m` or a plain number of seconds.
+/// Parses a duration: a plain number of seconds, or numbers with units `h`, `m`, `s`, `ms`,
+/// alone or combined largest first (`10s`, `500ms`, `2m`, `1h`, `1m30s`, `1.5h`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
+    let refuse = || {
+        format!("'{text}' is not a duration between 0 and 24 h (e.g. 10s, 500ms, 2m, 1h, 1m30s)")
     };
-    match number.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * scale <= 86_400.0 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(format!(
-            "'{text}' is not a duration between 0 and 24 h (e.g. 10s, 500ms, 2m)"
-        )),
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(refuse());
     }
+    if let Ok(secs) = t.parse::<f64>() {
+        return within_a_day(secs).ok_or_else(refuse);
+    }
+    // Units in the order they may appear; `ms` before `m` so that "500ms" is not "500m" + "s".
+    const UNITS: [(&str, f64); 4] = [("h", 3600.0), ("ms", 1e-3), ("m", 60.0), ("s", 1.0)];
+    let mut rest = t;
+    let mut total = 0.0;
+    let mut last_rank = None;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(refuse)?;
+        let number: f64 = rest[..digits].parse().map_err(|_| refuse())?;
+        let after = &rest[digits..];
+        let (rank, (unit, scale)) = UNITS
+            .iter()
+            .enumerate()
+            .find(|(_, (unit, _))| after.starts_with(unit))
+            .ok_or_else(refuse)?;
+        // Each unit once, largest first: "30s1m" is more likely a typo than a duration.
+        let order = [0, 3, 1, 2][rank];
+        if last_rank.is_some_and(|last| order <= last) {
+            return Err(refuse());
+        }
+        last_rank = Some(order);
+        total += number * scale;
+        rest = &after[unit.len()..];
+    }
+    within_a_day(total).ok_or_else(refuse)
+}
+
+/// `secs` as a duration when it is between 0 and 24 h.
+fn within_a_day(secs: f64) -> Option<Duration> {
+    (secs.is_finite() && (0.0..=86_400.0).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 #[derive(Debug, Args)]
@@ -144,7 +171,7 @@ pub struct PartitionArgs {
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
-    /// Time budget for the whole solve (e.g. 10s, 500ms): the MILP stops at it with its best
+    /// Time budget for the whole solve (e.g. 10s, 500ms, 2m, 1h, 1m30s): the MILP stops at it with its best
     /// plan and gap. A plan stopped by the limit depends on the machine's speed; a finished one
     /// is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -156,6 +183,11 @@ pub struct PartitionArgs {
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
+    /// Cost every floating-point tensor at this precision instead of the file's (exporters
+    /// usually write fp32; training and serving run bf16 or fp16): memory, transfers and the
+    /// tensor-core peak follow it. The plan records it.
+    #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
+    dtype: Option<super::DtypeArg>,
     /// Write the plan JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -187,7 +219,11 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;
     }
-    let model = args.model.load_typed()?;
+    let mut model = args.model.load_typed()?;
+    let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
+    if let Some(precision) = dtype_override {
+        model.graph.override_float_dtype(precision.dtype());
+    }
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let config = PartitionConfig {
@@ -203,15 +239,17 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         time_limit: args.time_limit,
         solver: args.solver.into(),
     };
-    let spinner = super::spinner(&format!(
-        "partitioning {} nodes over {} devices",
-        model.graph.node_count(),
-        cluster.device_count()
+    let display = super::progress::Display::start(&format!(
+        "partitioning {} over {}",
+        count_of(model.graph.node_count(), "node"),
+        count_of(cluster.device_count(), "device")
     ));
+    let reporter = std::sync::Arc::clone(&display);
     let solved = Planner::new(&model.graph, &cluster)
         .with_config(config)
+        .with_progress(move |progress| reporter.report(progress))
         .solve();
-    spinner.finish_and_clear();
+    display.finish();
     let solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
     let dims: BTreeMap<String, u64> = args
         .model
@@ -230,6 +268,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             cluster: &cluster,
             stages: args.stages,
             time_limit_secs: args.time_limit.as_secs_f64(),
+            dtype_override,
         },
         PlanOptions {
             record_solve_time: args.record_solve_time,
@@ -258,6 +297,25 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         }
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;
+        let simulation = plan.simulate()?;
+        let batch = plan.model.dims.get("batch").copied().unwrap_or(1);
+        print_stdout(&super::efficiency::efficiency_line(
+            &super::efficiency::StepWork {
+                graph: &model.graph,
+                mode: plan.config.mode,
+                unknown_ops: plan.config.unknown_op_cost,
+                microbatches: plan.config.microbatches as f64,
+                microbatch_size: batch,
+                sequence: super::efficiency::sequence_dim(&plan.model.dims),
+                step_secs: simulation.step_secs,
+                cluster: &cluster,
+                devices: plan
+                    .stages
+                    .iter()
+                    .map(|s| pipecut::cost::DeviceId(s.device.id))
+                    .collect(),
+            },
+        )?)?;
         if let Some(report) = &solution.milp {
             print_stdout(&milp_line(report))?;
         }
@@ -278,11 +336,18 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
     } else {
         format!("all {} nodes", report.nodes)
     };
-    let outcome = match (report.proven, report.timed_out) {
-        (true, _) if report.coarsened => "optimal over the coarsened graph",
-        (true, _) => "proven optimal",
-        (false, true) => "stopped at the time limit",
-        (false, false) => "stopped without a proof",
+    let outcome = match (
+        &report.error,
+        report.started,
+        report.proven,
+        report.timed_out,
+    ) {
+        (Some(error), _, _, _) => format!("the solver failed ({error})"),
+        (None, false, _, _) => "never started: the time limit left no room after coarsening".into(),
+        (None, true, true, _) if report.coarsened => "optimal over the coarsened graph".into(),
+        (None, true, true, _) => "proven optimal".into(),
+        (None, true, false, true) => "stopped at the time limit".into(),
+        (None, true, false, false) => "stopped without a proof".into(),
     };
     let improved = if report.improved {
         "improved on the DP's plan"
@@ -339,6 +404,18 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
     out
 }
 
+/// How much faster the plan is than a baseline (its bottleneck over the plan's), with a tie
+/// said as one: "1.00× faster" reads as a rounding of a loss or a win.
+fn speedup_text(speedup: f64) -> String {
+    if (speedup - 1.0).abs() < 0.005 {
+        "tie (within 0.5%)".to_string()
+    } else if speedup > 1.0 {
+        format!("{speedup:.2}× faster")
+    } else {
+        format!("{:.2}× slower", 1.0 / speedup)
+    }
+}
+
 fn ms(secs: f64) -> String {
     format!("{:.3}", secs * 1e3)
 }
@@ -350,24 +427,32 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     let c = &plan.config;
     let _ = writeln!(
         out,
-        "{} ({} nodes) on {}: {} stages, {} mode, {} micro-batches, {} schedule",
+        "{} ({}) on {}: {}, {} mode, {}, {} schedule",
         plan.model.file_name,
-        plan.model.nodes,
+        count_of(plan.model.nodes, "node"),
         plan.cluster.description,
-        plan.stages.len(),
+        count_of(plan.stages.len(), "stage"),
         match c.mode {
             pipecut::cost::Mode::Inference => "inference",
             pipecut::cost::Mode::Training { .. } => "training",
         },
-        c.microbatches,
+        count_of(c.microbatches as usize, "micro-batch"),
         match c.schedule {
             Schedule::GPipe => "GPipe",
             Schedule::OneFOneB => "1F1B",
         }
     );
+    // As wide as the longest device name, so that A100-SXM-80GB does not push its row over.
+    let device_width = plan
+        .stages
+        .iter()
+        .map(|s| s.device.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     let _ = writeln!(
         out,
-        "\n{:>5}  {:<12} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}",
+        "\n{:>5}  {:<device_width$} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}",
         "stage",
         "device",
         "nodes",
@@ -379,21 +464,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         "comm ms",
         "stage ms"
     );
-    let clip = |s: &str| {
-        if s.chars().count() > 28 {
-            let tail: String = s
-                .chars()
-                .rev()
-                .take(27)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            format!("…{tail}")
-        } else {
-            s.to_string()
-        }
-    };
+    let clip = |s: &str| super::shorten_name(s, 28);
     for s in &plan.stages {
         let memory = format!(
             "{} / {}",
@@ -409,7 +480,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>5}  {:<12} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}{marker}",
+            "{:>5}  {:<device_width$} {:>6}  {:<28} {:<28} {:>10} {:>21} {:>11} {:>9} {:>10}{marker}",
             s.stage,
             s.device.name,
             s.node_count,
@@ -423,16 +494,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         );
     }
     let summary = &plan.summary;
-    let status = match summary.status {
-        pipecut::partition::SolveStatus::Optimal => "proven optimal".to_string(),
-        pipecut::partition::SolveStatus::TimeLimit { gap } => {
-            format!("time limit reached, within {:.2}% of optimal", gap * 100.0)
-        }
-        pipecut::partition::SolveStatus::Heuristic => format!(
-            "not proven optimal over all convex partitions; within {:.2}% of the lower bound",
-            summary.gap * 100.0
-        ),
-    };
+    let status = summary.status.describe(summary.gap);
     let _ = writeln!(
         out,
         "\nbottleneck {} ms per micro-batch ({:.1} micro-batches/s), lower bound {} ms: {status}",
@@ -440,15 +502,23 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         summary.microbatches_per_sec,
         ms(summary.lower_bound_secs),
     );
+    let found_by = match (summary.solver, summary.status) {
+        (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
+        (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),
+        (
+            SolverKind::Dp,
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::DpOnly,
+            },
+        ) => "plan found by the DP".to_string(),
+        (SolverKind::Dp, SolveStatus::Optimal) => "plan found by the DP".to_string(),
+        (SolverKind::Dp, _) => "plan found by the DP; the MILP did not improve on it".to_string(),
+    };
     let _ = writeln!(
         out,
-        "{} cross between stages per micro-batch; solved by {}{}",
+        "{} cross between stages per micro-batch; {found_by}{}",
         human_bytes(summary.cut_bytes),
-        serde_json::to_value(summary.solver)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
-        solve_secs.map_or(String::new(), |secs| format!(" in {secs:.3} s"))
+        solve_secs.map_or(String::new(), |secs| format!(" (solved in {secs:.3} s)"))
     );
     if !summary.stage_count_candidates.is_empty() {
         let _ = writeln!(out, "\nstages  bottleneck ms  step ms  bubble");
@@ -485,9 +555,10 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             (Some(secs), Some(fits), Some(speedup)) => {
                 let _ = writeln!(
                     out,
-                    "{label:<30} {:>13} {:>5}  {speedup:.2}× faster",
+                    "{label:<30} {:>13} {:>5}  {}",
                     ms(secs),
-                    if fits { "yes" } else { "no" }
+                    if fits { "yes" } else { "no" },
+                    speedup_text(speedup)
                 );
             }
             _ => {
@@ -500,4 +571,34 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tie_with_a_baseline_is_said_as_one() {
+        assert_eq!(speedup_text(1.002), "tie (within 0.5%)");
+        assert_eq!(speedup_text(0.998), "tie (within 0.5%)");
+        assert_eq!(speedup_text(1.71), "1.71× faster");
+        assert_eq!(speedup_text(0.5), "2.00× slower");
+    }
+
+    #[test]
+    fn durations_take_every_unit_the_message_names() {
+        let secs = |t: &str| parse_duration(t).map(|d| d.as_secs_f64());
+        assert_eq!(secs("10"), Ok(10.0));
+        assert_eq!(secs("10s"), Ok(10.0));
+        assert_eq!(secs("500ms"), Ok(0.5));
+        assert_eq!(secs("2m"), Ok(120.0));
+        assert_eq!(secs("1h"), Ok(3600.0));
+        assert_eq!(secs("1.5h"), Ok(5400.0));
+        assert_eq!(secs("1m30s"), Ok(90.0));
+        assert_eq!(secs("1h2m3s4ms"), Ok(3723.004));
+        for bad in ["", "h", "1x", "30s1m", "1s1s", "25h", "-5s", "1h-1m", "NaN"] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(err.contains("1h"), "{bad}: {err}");
+        }
+    }
 }

@@ -95,12 +95,12 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.all_stage_counts = args.all_stage_counts;
     request.time_limit = args.time_limit;
 
-    let spinner = super::spinner(&format!(
-        "searching configurations of {} devices",
-        cluster.device_count()
+    let display = super::progress::Display::start(&format!(
+        "searching configurations of {}",
+        pipecut::onnx::inspect::count_of(cluster.device_count(), "device")
     ));
     let searched = search(&model.graph, &cluster, &request);
-    spinner.finish_and_clear();
+    display.finish();
     let outcome = searched.with_context(|| format!("'{}'", path.display()))?;
 
     // The chosen configuration's partition, with its proof and baselines, for the plan.
@@ -137,6 +137,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             cluster: &cluster,
             stages: StageCount::Fixed(best.stages),
             time_limit_secs: args.time_limit.as_secs_f64(),
+            dtype_override: None,
         },
         PlanOptions::default(),
     )
@@ -149,6 +150,21 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         print_stdout(&json)?;
     } else {
         print_stdout(&table(&plan, &outcome))?;
+        // The whole step, over every replica: D × m micro-batches of b samples on D × K GPUs.
+        let best = &outcome.best;
+        print_stdout(&super::efficiency::efficiency_line(
+            &super::efficiency::StepWork {
+                graph: &outcome.graph,
+                mode: request.mode,
+                unknown_ops: request.unknown_ops,
+                microbatches: (best.key.data_parallel as u64 * best.key.microbatches) as f64,
+                microbatch_size: best.key.microbatch_size,
+                sequence: super::efficiency::sequence_dim(&plan.model.dims),
+                step_secs: best.step_secs,
+                cluster: &cluster,
+                devices: outcome.replicas.iter().flatten().copied().collect(),
+            },
+        )?)?;
         if let Some(out) = &args.out {
             print_stdout(&format!("wrote {}\n", out.display()))?;
         }
@@ -178,13 +194,13 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{} on {} ({} devices), global batch {}: {} stages × {} replicas, micro-batches of {} × {}, {}{}",
+        "{} on {} ({} devices), global batch {}: {} × {}, micro-batches of {} × {}, {}{}",
         plan.model.file_name,
         plan.cluster.description,
         outcome_devices(plan),
         plan.parallelism.as_ref().map_or(0, |p| p.global_batch),
-        k.stages,
-        k.data_parallel,
+        pipecut::onnx::inspect::count_of(k.stages, "stage"),
+        pipecut::onnx::inspect::count_of(k.data_parallel, "replica"),
         k.microbatch_size,
         k.microbatches,
         schedule_name(k.schedule),

@@ -114,19 +114,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
     let mut model = load(&plan.model.dims)?;
-    plan.check(&model.sha256, &model.graph, &Catalog::builtin())
+    // A plan costed at another precision (--dtype) is checked on the graph as it was costed;
+    // the run itself uses the file's own dtypes.
+    let mut costed = model.graph.clone();
+    if let Some(precision) = plan.config.dtype_override {
+        costed.override_float_dtype(precision.dtype());
+    }
+    plan.check(&model.sha256, &costed, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
     let mut dims = plan.model.dims.clone();
     if !args.dims.is_empty() {
+        // Parsed as every command parses --dim (positive, each name once), then laid over the
+        // plan's own dims.
+        let mut overrides = DimBindings::new();
         for arg in &args.dims {
-            let (name, value) = arg
-                .split_once('=')
-                .filter(|(n, _)| !n.trim().is_empty())
-                .with_context(|| format!("--dim '{arg}' is not NAME=VALUE"))?;
-            let value: u64 = value.trim().parse().with_context(|| {
-                format!("--dim {name}: '{value}' is not a non-negative integer")
-            })?;
-            dims.insert(name.trim().to_string(), value);
+            overrides.parse_arg(arg)?;
+        }
+        for (name, value) in overrides.iter() {
+            dims.insert(name.to_string(), value);
         }
         model = load(&dims)?;
     }
@@ -347,14 +352,14 @@ fn run_inputs(args: &RunArgs) -> Vec<&Path> {
 
 fn table(r: &Report) -> String {
     let mut out = format!(
-        "ran {} on {}: {} stages, {} micro-batches{}, {:.1} ms wall\n\n",
+        "ran {} on {}: {}, {}{}, {:.1} ms wall\n\n",
         r.model,
         match r.backend {
             Backend::Cpu => "the CPU reference runtime",
             Backend::Cuda => "the CUDA runtime",
         },
-        r.stages.len(),
-        r.microbatches,
+        pipecut::onnx::inspect::count_of(r.stages.len(), "stage"),
+        pipecut::onnx::inspect::count_of(r.microbatches, "micro-batch"),
         if r.random_inputs {
             " of seeded random inputs"
         } else {

@@ -21,12 +21,12 @@ pub struct ShowArgs {
     /// The model the plan was made for: needed for `--graph`, and when given the plan is
     /// checked against it first.
     model: Option<PathBuf>,
-    /// Draw the simulated schedule (one row per stage) as SVG.
+    /// Draw the simulated schedule (one row per stage, with its GPU; a time axis in ms) as SVG.
     #[arg(long, value_name = "FILE.svg")]
     timeline: Option<PathBuf>,
-    /// Draw the model graph coloured by stage: `.dot` writes Graphviz DOT, `.svg` renders it
-    /// with Graphviz `dot` (which must be installed).
-    #[arg(long, value_name = "FILE.dot|FILE.svg")]
+    /// Draw the model graph coloured by stage: `.dot` writes Graphviz DOT, `.svg` or `.png`
+    /// renders it with Graphviz `dot` (which must be installed).
+    #[arg(long, value_name = "FILE.dot|FILE.svg|FILE.png")]
     graph: Option<PathBuf>,
     /// Print the simulated step as JSON instead of the table.
     #[arg(long)]
@@ -52,6 +52,23 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    if let Some(path) = &args.timeline {
+        if !has_extension(path, &["svg"]) {
+            bail!(
+                "--timeline '{}': the timeline is drawn as SVG, so the file must end in .svg \
+                 (for a PNG, convert it afterwards, e.g. `rsvg-convert -o timeline.png timeline.svg`)",
+                path.display()
+            );
+        }
+    }
+    if let Some(path) = &args.graph {
+        if !has_extension(path, &["dot", "gv", "svg", "png"]) {
+            bail!(
+                "--graph '{}': the file must end in .dot, .svg or .png (the last two are drawn by Graphviz `dot`)",
+                path.display()
+            );
+        }
+    }
     let simulation = plan
         .simulate()
         .with_context(|| format!("cannot simulate '{}'", args.plan.display()))?;
@@ -59,13 +76,27 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.timeline {
         // The picture adds the step time and the bubble to the title.
         let title = format!(
-            "{} on {}: {} stages, {} micro-batches",
+            "{} on {}: {}, {}",
             plan.model.file_name,
             plan.cluster.description,
-            plan.stages.len(),
-            plan.config.microbatches,
+            pipecut::onnx::inspect::count_of(plan.stages.len(), "stage"),
+            pipecut::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
         );
-        write_atomically(path, timeline_svg(&simulation, &title).as_bytes(), &inputs)?;
+        let rows: Vec<String> = plan
+            .stages
+            .iter()
+            .map(|s| {
+                format!(
+                    "stage {} · GPU {} ({})",
+                    s.stage, s.device.id, s.device.name
+                )
+            })
+            .collect();
+        write_atomically(
+            path,
+            timeline_svg(&simulation, &title, &rows).as_bytes(),
+            &inputs,
+        )?;
     }
     if let Some(path) = &args.graph {
         let Some(model) = &model else {
@@ -100,21 +131,33 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes DOT as is, or renders SVG through Graphviz.
+/// Whether `path` ends in one of `extensions` (any case).
+fn has_extension(path: &Path, extensions: &[&str]) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| extensions.iter().any(|x| e.eq_ignore_ascii_case(x)))
+}
+
+/// Writes DOT as is, or renders SVG or PNG through Graphviz.
 fn write_graph(path: &Path, dot: &str, inputs: &[&Path]) -> anyhow::Result<()> {
-    match path.extension().and_then(|e| e.to_str()) {
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match extension.as_deref() {
         Some("dot" | "gv") => write_atomically(path, dot.as_bytes(), inputs),
-        Some("svg") => write_atomically(path, &render_svg(dot)?, inputs),
+        Some(format @ ("svg" | "png")) => write_atomically(path, &render(dot, format)?, inputs),
         _ => bail!(
-            "--graph '{}': the file must end in .dot or .svg",
+            "--graph '{}': the file must end in .dot, .svg or .png",
             path.display()
         ),
     }
 }
 
-fn render_svg(dot: &str) -> anyhow::Result<Vec<u8>> {
+/// The graph drawn by Graphviz `dot` in `format` (`svg`, `png`).
+fn render(dot: &str, format: &str) -> anyhow::Result<Vec<u8>> {
     let mut child = match Command::new("dot")
-        .arg("-Tsvg")
+        .arg(format!("-T{format}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -122,7 +165,7 @@ fn render_svg(dot: &str) -> anyhow::Result<Vec<u8>> {
     {
         Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "Graphviz `dot` is not installed, so the graph cannot be rendered as SVG: install \
+            "Graphviz `dot` is not installed, so the graph cannot be rendered as {format}: install \
              graphviz (e.g. `apt install graphviz`), or write DOT with --graph FILE.dot"
         ),
         Err(e) => return Err(e).context("cannot start Graphviz `dot`"),

@@ -18,5 +18,5 @@ pub(crate) mod ops;
 pub use cluster::{Cluster, ClusterLayout, DeviceId, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
 pub use memory::{Schedule, StageMemory};
-pub use model::{CostModel, Mode, NodeCost, UnknownOpCost};
+pub use model::{CostModel, Mode, NodeCost, Precision, UnknownOpCost};
 pub use ops::OpWork;

@@ -73,6 +73,32 @@ pub struct NodeCost {
     pub fallback: bool,
 }
 
+/// The precision a model is costed at when `--dtype` overrides the file's (see
+/// [`crate::graph::Graph::override_float_dtype`]).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// bfloat16.
+    Bf16,
+    /// IEEE half precision.
+    Fp16,
+    /// IEEE single precision.
+    Fp32,
+}
+
+impl Precision {
+    /// The element type.
+    pub fn dtype(self) -> crate::graph::DType {
+        match self {
+            Precision::Bf16 => crate::graph::DType::BF16,
+            Precision::Fp16 => crate::graph::DType::F16,
+            Precision::Fp32 => crate::graph::DType::F32,
+        }
+    }
+}
+
 /// Costs nodes on one device with the roofline model.
 #[derive(Debug, Clone)]
 pub struct CostModel<'a> {
@@ -215,6 +241,22 @@ impl<'a> CostModel<'a> {
             .iter()
             .map(|&id| Ok((id, self.node_cost(graph, id)?)))
             .collect()
+    }
+
+    /// FLOPs of one pass of `graph` (dims bound) in this mode: the forward FLOPs of every node,
+    /// times `1 + backward_factor` in training (the backward pass computes about twice the
+    /// forward's FLOPs). The numerator of MFU; independent of the device.
+    pub fn model_flops(&self, graph: &Graph) -> Result<f64, Error> {
+        let mut forward = 0.0;
+        for &id in graph.topological_order() {
+            forward += self.work(graph, id)?.0.flops;
+        }
+        Ok(match self.mode {
+            Mode::Inference => forward,
+            Mode::Training {
+                backward_factor, ..
+            } => forward * (1.0 + backward_factor),
+        })
     }
 
     /// The mode.

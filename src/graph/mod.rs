@@ -286,6 +286,27 @@ impl Graph {
             .map(|(i, t)| (TensorId(i as u32), t))
     }
 
+    /// Costs the model as if every floating-point tensor (fp32, fp16, bf16) were `dtype`: the
+    /// precision override of `--dtype`, since exporters usually write fp32 while training and
+    /// serving run in bf16 or fp16. Parameter bytes scale with the element size (exactly: the
+    /// sizes are 16 or 32 bits); fp64 and integer tensors are left alone. Only for costing: the
+    /// stored weights are not converted.
+    pub fn override_float_dtype(&mut self, dtype: DType) {
+        let is_float = |d: DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+        if !is_float(dtype) {
+            return;
+        }
+        for tensor in &mut self.tensors {
+            let Some(old) = tensor.dtype.filter(|&d| is_float(d)) else {
+                continue;
+            };
+            if let TensorOrigin::Parameter(param) = &mut tensor.origin {
+                param.bytes = param.bytes.saturating_mul(dtype.size_bits()) / old.size_bits();
+            }
+            tensor.dtype = Some(dtype);
+        }
+    }
+
     /// Looks a tensor up by name.
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
         self.tensor_by_name.get(name).copied()

@@ -153,6 +153,18 @@ impl ModelSummary {
 }
 
 /// Formats a byte count with a binary unit (`1.5 GiB`).
+/// `n` and the noun, plural unless `n` is 1: "1 stage", "3 stages", "8 micro-batches".
+pub fn count_of(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else if ["ch", "sh", "s", "x"].iter().any(|end| noun.ends_with(end)) {
+        format!("{n} {noun}es")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// Bytes in binary units (KiB, MiB, GiB: the one unit family every pipecut output uses).
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut value = bytes as f64;
@@ -278,5 +290,19 @@ impl fmt::Display for ModelSummary {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_of;
+
+    #[test]
+    fn counts_are_singular_for_one() {
+        assert_eq!(count_of(1, "stage"), "1 stage");
+        assert_eq!(count_of(3, "stage"), "3 stages");
+        assert_eq!(count_of(0, "node"), "0 nodes");
+        assert_eq!(count_of(1, "micro-batch"), "1 micro-batch");
+        assert_eq!(count_of(8, "micro-batch"), "8 micro-batches");
     }
 }

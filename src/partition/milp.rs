@@ -82,6 +82,9 @@ pub struct MilpRun {
     pub bound_secs: Option<f64>,
     /// Whether the deadline stopped the search.
     pub timed_out: bool,
+    /// The solver's error, when it failed rather than finished or ran out of time (microlp's
+    /// "Singular matrix", for one): the best plan found before it stands, nothing is proven.
+    pub error: Option<String>,
 }
 
 /// `y[v][b]`: a binary variable, or a value fixed before solving (see [`stage_windows`]).
@@ -526,6 +529,7 @@ struct Solved {
     proven: bool,
     bound: Option<f64>,
     timed_out: bool,
+    error: Option<String>,
 }
 
 /// Hands out the solver's time in slices so that the deadline holds even though the solver
@@ -583,11 +587,16 @@ impl Pacer {
     }
 }
 
+/// Called after each time slice of a run with the best plan so far (when the solver has one)
+/// and the solver's bound on its objective (scaled as the model is).
+type OnSlice<'a> = &'a dyn Fn(Option<&[StageId]>, Option<f64>);
+
 fn run_model(
     model: Model,
     objective: Expression,
     hint: Vec<(Variable, f64)>,
     deadline: Instant,
+    on_slice: OnSlice,
 ) -> Solved {
     let Model {
         vars,
@@ -600,6 +609,7 @@ fn run_model(
         proven: false,
         bound: None,
         timed_out: true,
+        error: None,
     };
     let loaded = vars
         .minimise(objective)
@@ -615,9 +625,20 @@ fn run_model(
     let solved = loaded.with_time_limit(first.as_secs_f64()).solve();
     pacer.observe(first, started.elapsed());
     // An error means the solver accepted no assignment before its limit (the warm start makes
-    // that rare) or failed numerically: the incumbent stands, nothing is proven.
-    let Ok(solution) = solved else {
-        return not_run;
+    // that rare) or failed numerically: the incumbent stands, nothing is proven. Only the first
+    // is a time limit; a numerical failure is reported as what it is.
+    let solution = match solved {
+        Ok(solution) => solution,
+        Err(good_lp::ResolutionError::Other(message)) if message.starts_with("Time limit") => {
+            return not_run
+        }
+        Err(error) => {
+            return Solved {
+                timed_out: false,
+                error: Some(error.to_string()),
+                ..not_run
+            }
+        }
     };
     let mut outcome = microlp::SolveOutcome::Solution(solution.into_inner());
     let values = |outcome: &microlp::SolveOutcome| -> Option<Vec<f64>> {
@@ -636,17 +657,20 @@ fn run_model(
         let started = Instant::now();
         match outcome.resume_with(options) {
             Ok(next) => outcome = next,
-            Err(_) => {
+            Err(error) => {
                 return Solved {
                     stage_of: last_values.map(|v| decode(&before, &v)),
                     proven: false,
                     bound: None,
                     timed_out: false,
+                    error: Some(error.to_string()),
                 }
             }
         }
         pacer.observe(slice, started.elapsed());
         last_values = values(&outcome).or(last_values);
+        let plan = last_values.as_ref().map(|v| decode(&before, v));
+        on_slice(plan.as_deref(), outcome.stats().best_bound);
     }
     let proven = outcome.is_optimal();
     Solved {
@@ -654,12 +678,23 @@ fn run_model(
         proven,
         bound: outcome.stats().best_bound,
         timed_out: !proven,
+        error: None,
     }
 }
 
 /// Solves `problem` over all its convex, ordered partitions, starting from `incumbent` (a valid
 /// assignment that fits, e.g. the DP's), until `deadline`.
 pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instant) -> MilpRun {
+    solve_reporting(problem, incumbent, deadline, &|_, _| {})
+}
+
+/// [`solve`], calling `progress(best bottleneck, proven bound)` (seconds) as the search goes.
+pub(crate) fn solve_reporting(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> MilpRun {
     let k = problem.stage_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let lower_bound = problem.lower_bound_secs();
@@ -671,6 +706,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
             proven: true,
             bound_secs: Some(incumbent_secs),
             timed_out: false,
+            error: None,
         };
     }
     let time_scale = 1.0 / incumbent_secs;
@@ -686,6 +722,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 proven: false,
                 bound_secs: None,
                 timed_out: true,
+                error: None,
             };
         }
         let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
@@ -699,7 +736,21 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         );
         let start = hint(problem, &model, incumbent, 1.0);
         let objective = Expression::from(model.bottleneck);
-        let first = run_model(model, objective, start, deadline);
+        let best_secs = std::cell::Cell::new(incumbent_secs);
+        let on_slice = |plan: Option<&[StageId]>, bound: Option<f64>| {
+            if let Some(plan) = plan {
+                let evaluation = problem.evaluate(plan);
+                if evaluation.fits() && evaluation.bottleneck_secs < best_secs.get() {
+                    best_secs.set(evaluation.bottleneck_secs);
+                }
+            }
+            let bound = bound
+                .map(|scaled| scaled / time_scale)
+                .filter(|b| b.is_finite())
+                .map(|b| b.max(lower_bound).min(best_secs.get()));
+            progress(best_secs.get(), bound);
+        };
+        let first = run_model(model, objective, start, deadline, &on_slice);
         if let Some(found) = &first.stage_of {
             if better(problem, found, &best) {
                 best = found.clone();
@@ -716,6 +767,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 stage_of: best,
                 proven: false,
                 timed_out: first.timed_out,
+                error: first.error,
             };
         }
     }
@@ -725,6 +777,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
     let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
     let left = remaining();
     let mut timed_out = false;
+    let mut tie_break_error = None;
     if total_bytes > 0.0 && !left.is_zero() {
         let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
         let windows = stage_windows(problem, optimum_secs * (1.0 + RELATIVE_TOLERANCE));
@@ -742,8 +795,10 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
                 objective.add_mul(flow.bytes as f64 / total_bytes, z.expr());
             }
         }
-        let second = run_model(model, objective, start, deadline);
+        let second = run_model(model, objective, start, deadline, &|_, _| {});
         timed_out = second.timed_out;
+        // The bottleneck is proven already; a failed tie-break only leaves bytes unminimised.
+        tie_break_error = second.error;
         if let Some(found) = &second.stage_of {
             if better(problem, found, &best) {
                 best = found.clone();
@@ -758,6 +813,7 @@ pub fn solve(problem: &PartitionProblem, incumbent: &[StageId], deadline: Instan
         stage_of: best,
         proven: true,
         timed_out,
+        error: tie_break_error,
     }
 }
 
@@ -788,6 +844,10 @@ pub struct MilpReport {
     pub timed_out: bool,
     /// Whether its plan is better than the DP's (bottleneck, then bytes).
     pub improved: bool,
+    /// Whether the solver began at all (false when coarsening left no time for it).
+    pub started: bool,
+    /// The solver's error, when it failed (see [`MilpRun::error`]).
+    pub error: Option<String>,
 }
 
 /// The MILP on the model, coarsened to [`MAX_BINARIES`] when larger, refined on the fine graph,
@@ -801,11 +861,23 @@ pub fn solve_model(
     deadline: Instant,
     refine_reserve: Duration,
 ) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    solve_model_reporting(problem, incumbent, deadline, refine_reserve, &|_, _| {})
+}
+
+/// [`solve_model`], calling `progress(best bottleneck, proven bound)` (seconds, for `problem`)
+/// as the search goes; a coarsened search reports no bound (its bound is not the model's).
+pub(crate) fn solve_model_reporting(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
     let n = problem.node_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let free = free_binaries(problem, incumbent_secs);
     if free <= MAX_BINARIES {
-        let mut run = solve(problem, incumbent, deadline);
+        let mut run = solve_reporting(problem, incumbent, deadline, progress);
         // The DP along the order of the MILP's plan moves its boundaries node by node; the model
         // is small here, so it runs unless the deadline is already half a DP behind.
         if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
@@ -820,6 +892,8 @@ pub fn solve_model(
             proven: run.proven,
             timed_out: run.timed_out,
             improved,
+            started: true,
+            error: run.error,
         };
         return (run.stage_of, run.bound_secs, report);
     }
@@ -852,6 +926,8 @@ pub fn solve_model(
         proven: false,
         timed_out: false,
         improved: false,
+        started: false,
+        error: None,
     };
     // Coarsening and the start took time too: without room for the refinement after it, the
     // MILP is not begun.
@@ -862,9 +938,13 @@ pub fn solve_model(
             .checked_sub(refine_reserve)
             .unwrap_or(deadline)
             .max(Instant::now());
-        let run = solve(&coarse.problem, &start, milp_deadline);
+        let run = solve_reporting(&coarse.problem, &start, milp_deadline, &|best, _| {
+            progress(best, None)
+        });
+        report.started = true;
         report.proven = run.proven;
         report.timed_out = run.timed_out;
+        report.error = run.error;
         let found = coarse.expand(&run.stage_of);
         if better(problem, &found, &best) {
             best = found;

@@ -65,7 +65,7 @@ impl std::str::FromStr for StageCount {
     }
 }
 
-/// Whether a solution is proven optimal.
+/// Whether a solution is proven optimal, and if not, what happened instead.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SolveStatus {
@@ -77,10 +77,83 @@ pub enum SolveStatus {
         /// `(bottleneck − lower bound) / bottleneck`.
         gap: f64,
     },
-    /// Not proven over all convex partitions: optimal among contiguous partitions of one
-    /// topological order (the DP), or over a coarsened graph (the MILP on super-nodes, see
-    /// coarsen.rs). The plan's gap to the lower bound still bounds the loss.
-    Heuristic,
+    /// Not proven over all convex partitions; `reason` says why. The plan's gap to the lower
+    /// bound still bounds the loss.
+    Heuristic {
+        /// What stopped the proof. Plans written before this field existed read as
+        /// [`HeuristicReason::Unrecorded`].
+        #[serde(default)]
+        reason: HeuristicReason,
+    },
+    /// The node assignment was edited by hand and `pipecut check --rewrite` recomputed every
+    /// figure from it: nothing is proven beyond the lower bound it records.
+    HandEdited,
+}
+
+/// Why a [`SolveStatus::Heuristic`] plan is not proven optimal.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum HeuristicReason {
+    /// Only the DP ran (`--solver dp`): optimal among contiguous partitions of one topological
+    /// order, not over all convex partitions.
+    DpOnly,
+    /// The MILP solved a coarsened graph (super-nodes, see coarsen.rs): optimal at most among
+    /// plans that keep every super-node whole.
+    Coarsened,
+    /// The time limit left no room for the MILP after the DP and coarsening: it never started.
+    MilpNotStarted,
+    /// The MILP solver failed (e.g. a numerical error such as a singular basis); the best plan
+    /// found before the failure stands.
+    SolverError,
+    /// The MILP stopped early without a proof for another reason.
+    StoppedWithoutProof,
+    /// Written by a pipecut that did not record the reason.
+    #[default]
+    Unrecorded,
+}
+
+impl HeuristicReason {
+    /// One phrase saying what happened, for the CLI's result line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HeuristicReason::DpOnly => {
+                "only the DP ran: optimal among cuts of one topological order"
+            }
+            HeuristicReason::Coarsened => {
+                "the MILP solved a coarsened graph: optimal at most among plans keeping its super-nodes whole"
+            }
+            HeuristicReason::MilpNotStarted => {
+                "the time limit left no room to start the MILP after the DP"
+            }
+            HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
+            HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
+            HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
+        }
+    }
+}
+
+impl SolveStatus {
+    /// What the status says, in words (the gap is the plan's, to its lower bound).
+    pub fn describe(self, gap: f64) -> String {
+        match self {
+            SolveStatus::Optimal => "proven optimal".to_string(),
+            SolveStatus::TimeLimit { gap } => format!(
+                "the MILP stopped at the time limit, within {:.2}% of optimal",
+                gap * 100.0
+            ),
+            SolveStatus::Heuristic { reason } => format!(
+                "not proven optimal ({}); within {:.2}% of the lower bound",
+                reason.describe(),
+                gap * 100.0
+            ),
+            SolveStatus::HandEdited => format!(
+                "edited by hand, figures recomputed, not proven optimal; within {:.2}% of the lower bound",
+                gap * 100.0
+            ),
+        }
+    }
 }
 
 /// The solver that produced a solution.
@@ -246,6 +319,40 @@ pub(crate) fn stage_times(problem: &PartitionProblem, evaluation: &Evaluation) -
     StageTimes::from_stage_figures(problem.settings().mode, &figures)
 }
 
+/// Where a solve stands, for a progress display: reported after each DP and after each slice of
+/// the MILP's search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Seconds since the solve began.
+    pub elapsed_secs: f64,
+    /// Which solver reported.
+    pub solver: SolverKind,
+    /// Stages of the problem being solved.
+    pub stages: usize,
+    /// The best bottleneck found so far for these stages.
+    pub best_secs: f64,
+    /// A proven lower bound for these stages, when the solver has one (a coarsened MILP's bound
+    /// is not the model's, so it reports none).
+    pub bound_secs: Option<f64>,
+}
+
+impl Progress {
+    /// `(best − bound) / best`, when there is a bound.
+    pub fn gap(&self) -> Option<f64> {
+        self.bound_secs.map(|b| relative_gap(self.best_secs, b))
+    }
+}
+
+/// A progress callback; a newtype so that [`Planner`] stays `Debug` and `Clone`.
+#[derive(Clone)]
+struct ProgressSink(std::sync::Arc<dyn Fn(&Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
 /// Plans pipelines: the library's entry point for partitioning.
 ///
 /// ```
@@ -271,6 +378,8 @@ pub struct Planner<'a> {
     cluster: &'a Cluster,
     config: PartitionConfig,
     node_secs: HashMap<String, f64>,
+    progress: Option<ProgressSink>,
+    started: Instant,
 }
 
 impl<'a> Planner<'a> {
@@ -282,6 +391,27 @@ impl<'a> Planner<'a> {
             cluster,
             config: PartitionConfig::default(),
             node_secs: HashMap::new(),
+            progress: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Calls `report` with where the solve stands after each DP and each slice of the MILP's
+    /// search (from the solving thread; keep it quick).
+    pub fn with_progress(mut self, report: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
+        self.progress = Some(ProgressSink(std::sync::Arc::new(report)));
+        self
+    }
+
+    fn report(&self, solver: SolverKind, stages: usize, best_secs: f64, bound_secs: Option<f64>) {
+        if let Some(sink) = &self.progress {
+            (sink.0)(&Progress {
+                elapsed_secs: self.started.elapsed().as_secs_f64(),
+                solver,
+                stages,
+                best_secs,
+                bound_secs,
+            });
         }
     }
 
@@ -391,6 +521,14 @@ impl<'a> Planner<'a> {
     /// Solves: the best partition, its status and lower bound, and the baselines.
     pub fn solve(&self) -> Result<Solution, Error> {
         let started = Instant::now();
+        let planner = Planner {
+            started,
+            ..self.clone()
+        };
+        planner.solve_from(started)
+    }
+
+    fn solve_from(&self, started: Instant) -> Result<Solution, Error> {
         let deadline = started + self.config.time_limit;
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
@@ -411,6 +549,21 @@ impl<'a> Planner<'a> {
             }
             StageCount::Auto => self.solve_auto(&devices, deadline)?,
         };
+        let mut candidates = candidates;
+        // The DP's plan chose the count; the MILP may have improved it since. The chosen row
+        // shows the final plan's figures, simulated as `pipecut show` simulates them, so the
+        // table and `show` give one step time for one plan.
+        let chosen = solution.problem.stage_count();
+        if let Some(row) = candidates.iter_mut().find(|c| c.stages == chosen) {
+            let simulation = simulate(
+                &solution.stage_times(),
+                self.config.settings.schedule.into(),
+                self.config.settings.microbatches.max(1) as usize,
+            )?;
+            row.bottleneck_secs = Some(solution.evaluation.bottleneck_secs);
+            row.step_secs = Some(simulation.step_secs);
+            row.bubble_fraction = Some(simulation.bubble_fraction);
+        }
         solution.candidates = candidates;
         solution.solve_secs = started.elapsed().as_secs_f64();
         Ok(solution)
@@ -438,6 +591,13 @@ impl<'a> Planner<'a> {
         let dp_secs = dp_started.elapsed();
         let mut lower_bound_secs = problem.lower_bound_secs();
         let dp_evaluation = problem.evaluate(&order.stage_of);
+        let k = problem.stage_count();
+        self.report(
+            SolverKind::Dp,
+            k,
+            dp_evaluation.bottleneck_secs,
+            Some(lower_bound_secs),
+        );
         let at_bound =
             dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
         // A chain has one topological order, so the DP saw every convex partition.
@@ -448,22 +608,23 @@ impl<'a> Planner<'a> {
             SolverChoice::Auto => !dp_exact,
         };
         let (stage_of, status, solver, milp) = if run_milp {
-            let (stage_of, bound, report) =
-                milp::solve_model(&problem, &order.stage_of, deadline, dp_secs);
+            let (stage_of, bound, report) = milp::solve_model_reporting(
+                &problem,
+                &order.stage_of,
+                deadline,
+                dp_secs,
+                &|best, bound| self.report(SolverKind::Milp, k, best, bound),
+            );
             if let Some(bound) = bound {
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
             let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
             let meets_bound = bottleneck <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-            let status = if meets_bound || (report.proven && !report.coarsened) || dp_exact {
-                SolveStatus::Optimal
-            } else if report.timed_out && !report.proven {
-                SolveStatus::TimeLimit {
-                    gap: relative_gap(bottleneck, lower_bound_secs),
-                }
-            } else {
-                SolveStatus::Heuristic
-            };
+            let status = milp_status(
+                &report,
+                meets_bound || dp_exact,
+                relative_gap(bottleneck, lower_bound_secs),
+            );
             let solver = if report.improved {
                 SolverKind::Milp
             } else {
@@ -474,7 +635,9 @@ impl<'a> Planner<'a> {
             let status = if dp_exact {
                 SolveStatus::Optimal
             } else {
-                SolveStatus::Heuristic
+                SolveStatus::Heuristic {
+                    reason: HeuristicReason::DpOnly,
+                }
             };
             (order.stage_of, status, SolverKind::Dp, None)
         };
@@ -532,6 +695,12 @@ impl<'a> Planner<'a> {
                 continue;
             };
             let evaluation = problem.evaluate(&order.stage_of);
+            self.report(
+                SolverKind::Dp,
+                k,
+                evaluation.bottleneck_secs,
+                Some(problem.lower_bound_secs()),
+            );
             let simulation = simulate(&stage_times(&problem, &evaluation), schedule, microbatches)?;
             candidates.push(StageCountCandidate {
                 stages: k,
@@ -562,6 +731,26 @@ impl<'a> Planner<'a> {
     }
 }
 
+/// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
+/// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof
+/// that needs no MILP (the plan meets the lower bound, or the graph is a chain).
+fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> SolveStatus {
+    let reason = if proven_otherwise || (report.proven && !report.coarsened) {
+        return SolveStatus::Optimal;
+    } else if report.error.is_some() {
+        HeuristicReason::SolverError
+    } else if !report.started {
+        HeuristicReason::MilpNotStarted
+    } else if report.timed_out {
+        return SolveStatus::TimeLimit { gap };
+    } else if report.coarsened {
+        HeuristicReason::Coarsened
+    } else {
+        HeuristicReason::StoppedWithoutProof
+    };
+    SolveStatus::Heuristic { reason }
+}
+
 /// `(bottleneck − bound) / bottleneck`, 0 for a zero bottleneck.
 fn relative_gap(bottleneck_secs: f64, bound_secs: f64) -> f64 {
     if bottleneck_secs > 0.0 {
@@ -585,7 +774,7 @@ pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
     feeds_next.iter().all(|&f| f)
 }
 
-fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
+pub(crate) fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
     let layers = layers::find_layers(problem.node_names());
     Baseline::ALL
         .iter()
@@ -637,11 +826,15 @@ fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
     {
         if bytes > best_capacity {
             return format!(
-                "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory, a smaller micro-batch, or inference mode",
+                "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory{}",
                 problem.node_names()[p],
                 crate::onnx::inspect::human_bytes(bytes),
                 crate::onnx::inspect::human_bytes(best_capacity),
                 crate::onnx::inspect::human_bytes(first.memory_bytes),
+                match problem.settings().mode {
+                    crate::cost::Mode::Inference => " or a smaller micro-batch",
+                    crate::cost::Mode::Training { .. } => ", a smaller micro-batch, or inference mode",
+                },
             );
         }
     }
@@ -654,8 +847,17 @@ fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
         ),
         None => "no number of such devices up to 4096 fits it".to_string(),
     };
+    // Name what the parameter footprint holds in this mode: gradients and optimizer state
+    // exist only in training.
+    let what = match problem.settings().mode {
+        crate::cost::Mode::Inference => "the weights alone need",
+        crate::cost::Mode::Training { .. } => {
+            "the parameters with their gradients and optimizer state alone need"
+        }
+    };
     format!(
-        "{k} stage(s) on {} cannot hold it: the parameters alone need {} (with gradients and optimizer state in training) against {} per stage; {needed_text}",
+        "{} on {} cannot hold it: {what} {} against {} per stage; {needed_text}",
+        crate::onnx::inspect::count_of(k, "stage"),
         first.device_name,
         crate::onnx::inspect::human_bytes(total_params),
         crate::onnx::inspect::human_bytes(first.capacity_bytes),
@@ -702,4 +904,76 @@ fn devices_needed(problem: &PartitionProblem, cluster: &Cluster) -> Option<usize
         }
     }
     Some(high)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(started: bool, proven: bool, timed_out: bool, error: Option<&str>) -> MilpReport {
+        MilpReport {
+            nodes: 10,
+            coarsened: false,
+            proven,
+            timed_out,
+            improved: false,
+            started,
+            error: error.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn every_status_says_what_the_milp_did() {
+        let status = |r: &MilpReport| milp_status(r, false, 0.05);
+        // A solver error is not a time limit, even when the solver also ran out of time.
+        let failed = report(true, false, true, Some("Singular matrix"));
+        assert_eq!(
+            status(&failed),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::SolverError
+            }
+        );
+        // Coarsening used the whole budget: the MILP never began.
+        let coarse_not_started = MilpReport {
+            coarsened: true,
+            ..report(false, false, true, None)
+        };
+        assert_eq!(
+            status(&coarse_not_started),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::MilpNotStarted
+            }
+        );
+        assert_eq!(
+            status(&report(true, false, true, None)),
+            SolveStatus::TimeLimit { gap: 0.05 }
+        );
+        assert_eq!(
+            status(&report(true, true, false, None)),
+            SolveStatus::Optimal
+        );
+        let coarse_proven = MilpReport {
+            coarsened: true,
+            ..report(true, true, false, None)
+        };
+        assert_eq!(
+            status(&coarse_proven),
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::Coarsened
+            }
+        );
+        // A proof without the MILP (a chain, or the plan meets the bound) stands.
+        assert_eq!(milp_status(&failed, true, 0.0), SolveStatus::Optimal);
+    }
+
+    #[test]
+    fn a_plan_from_before_the_reason_reads_as_unrecorded() {
+        let old: SolveStatus = serde_json::from_str(r#"{"kind":"heuristic"}"#).unwrap();
+        assert_eq!(
+            old,
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::Unrecorded
+            }
+        );
+    }
 }

@@ -1,6 +1,11 @@
 //! The model graph coloured by stage, as Graphviz DOT: one cluster box per stage, labelled with
 //! its device and time; edges that cross between stages drawn thick and red with the bytes they
 //! carry per micro-batch. Graphviz (`dot -Tsvg`) turns it into a picture.
+//!
+//! Layout: the stages stand side by side, each drawn top to bottom. Cut edges do not constrain
+//! the ranks, so the picture is as tall as the longest stage, not the whole model (a 4-layer
+//! GPT-2 on 3 stages drew 9,420 pt tall as one column). Node boxes say the op, the layer (the
+//! scope segments with an index, `h.2`) and the last scope, so nodes of different layers differ.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -79,7 +84,7 @@ pub fn plan_dot(plan: &Plan, graph: &Graph) -> Result<String, Error> {
     let _ = writeln!(dot, "digraph {} {{", quote(graph.name()));
     let _ = writeln!(
         dot,
-        "  rankdir=TB; newrank=true; fontname=\"sans-serif\";\n  node [shape=box, style=\"rounded,filled\", fontname=\"sans-serif\", fontsize=10];\n  edge [color=\"#888888\", arrowsize=0.6, fontname=\"sans-serif\", fontsize=9];"
+        "  rankdir=TB; ranksep=0.18; nodesep=0.12; fontname=\"sans-serif\";\n  node [shape=box, style=\"rounded,filled\", fontname=\"sans-serif\", fontsize=9, height=0.3, margin=\"0.06,0.02\"];\n  edge [color=\"#888888\", arrowsize=0.5, fontname=\"sans-serif\", fontsize=8];"
     );
     for (s, stage) in plan.stages.iter().enumerate() {
         let colour = STAGE_COLOURS[s % STAGE_COLOURS.len()];
@@ -119,7 +124,7 @@ pub fn plan_dot(plan: &Plan, graph: &Graph) -> Result<String, Error> {
                 .unwrap_or_default();
             let _ = writeln!(
                 dot,
-                "  n{} -> n{} [color=\"{CUT_COLOUR}\", penwidth=2.5, label={}, tooltip={}];",
+                "  n{} -> n{} [color=\"{CUT_COLOUR}\", penwidth=2.5, constraint=false, label={}, tooltip={}];",
                 from.index(),
                 to.index(),
                 quote(&label),
@@ -131,15 +136,25 @@ pub fn plan_dot(plan: &Plan, graph: &Graph) -> Result<String, Error> {
     Ok(dot)
 }
 
-/// The last two segments of an exporter's scoped name (`/model/layers.3/attn/MatMul` →
-/// `attn/MatMul`): enough to tell nodes apart in a box without making it wide.
+/// An exporter's scoped name shortened for a box: the segments with an index in them (the
+/// layer, `layers.3`) and the last two (`/model/layers.3/self_attn/q_proj/MatMul` →
+/// `layers.3/…/q_proj/MatMul`). Without the layer, the boxes of every layer read the same.
 fn short_name(name: &str) -> String {
     let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
-    match parts.len() {
-        0 => name.to_string(),
-        1 => parts[0].to_string(),
-        n => format!("{}/{}", parts[n - 2], parts[n - 1]),
+    let n = parts.len();
+    if n <= 2 {
+        return parts.join("/");
     }
+    let mut kept: Vec<&str> = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let keep = i + 2 >= n || part.chars().any(|c| c.is_ascii_digit());
+        if keep {
+            kept.push(part);
+        } else if kept.last() != Some(&"…") && !kept.is_empty() {
+            kept.push("…");
+        }
+    }
+    kept.join("/")
 }
 
 #[cfg(test)]
@@ -148,7 +163,19 @@ mod tests {
 
     #[test]
     fn short_names_keep_the_last_two_scopes() {
-        assert_eq!(short_name("/model/layers.3/attn/MatMul"), "attn/MatMul");
+        assert_eq!(
+            short_name("/model/layers.3/attn/MatMul"),
+            "layers.3/attn/MatMul"
+        );
+        assert_eq!(
+            short_name("/model/layers.3/self_attn/q_proj/MatMul"),
+            "layers.3/…/q_proj/MatMul"
+        );
+        assert_eq!(
+            short_name("/transformer/h.0/attn/c_attn/Gemm"),
+            "h.0/…/c_attn/Gemm"
+        );
+        assert_eq!(short_name("/ln_f/Add"), "ln_f/Add");
         assert_eq!(short_name("Gemm_0"), "Gemm_0");
         assert_eq!(short_name(""), "");
     }

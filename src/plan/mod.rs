@@ -14,6 +14,7 @@
 //! [`Plan::check`] recomputes a plan's figures with the partition phase's own evaluation.
 
 mod dot;
+mod rederive;
 
 pub use dot::plan_dot;
 
@@ -22,7 +23,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cost::{Catalog, Cluster, ClusterLayout, DeviceId, Mode, Schedule, UnknownOpCost};
+use crate::cost::{
+    Catalog, Cluster, ClusterLayout, DeviceId, Mode, Precision, Schedule, UnknownOpCost,
+};
 use crate::graph::Graph;
 use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::partition::{
@@ -166,6 +169,10 @@ pub struct PlanConfig {
     pub time_limit_secs: f64,
     /// How ops without a cost rule were costed.
     pub unknown_op_cost: UnknownOpCost,
+    /// The precision every floating-point tensor was costed at (`--dtype`), when it overrode
+    /// the model file's; absent: the file's own dtypes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype_override: Option<Precision>,
 }
 
 /// A device of the cluster.
@@ -450,6 +457,8 @@ pub struct PlanContext<'a> {
     pub stages: StageCount,
     /// The time limit given to the solvers.
     pub time_limit_secs: f64,
+    /// The precision override the graph was costed with (`--dtype`), if any.
+    pub dtype_override: Option<Precision>,
 }
 
 impl Plan {
@@ -458,87 +467,9 @@ impl Plan {
         let problem = &solution.problem;
         let eval = &solution.evaluation;
         let settings = problem.settings();
-        let k = problem.stage_count();
-        let mut nodes_of: Vec<Vec<String>> = vec![Vec::new(); k];
-        for (p, s) in solution.stage_of.iter().enumerate() {
-            nodes_of[s.index()].push(problem.node_names()[p].clone());
-        }
-        let stage_of = |position: u32| solution.stage_of[position as usize].0;
-        let mut stages = Vec::with_capacity(k);
-        for (s, figures) in eval.stages.iter().enumerate() {
-            let device = &problem.stages()[s];
-            let received = figures
-                .received_flows
-                .iter()
-                .map(|&f| {
-                    let flow = &problem.flows()[f as usize];
-                    ReceivedTensor {
-                        tensor: flow.name.clone(),
-                        from_stage: s as u32 - 1,
-                        producer_stage: stage_of(flow.producer),
-                        bytes: flow.bytes,
-                        transfer_secs: problem.receive_secs(s, 1, flow.bytes),
-                    }
-                })
-                .collect();
-            let sent = eval
-                .stages
-                .get(s + 1)
-                .map(|next| {
-                    next.received_flows
-                        .iter()
-                        .map(|&f| {
-                            let flow = &problem.flows()[f as usize];
-                            SentTensor {
-                                tensor: flow.name.clone(),
-                                to_stage: s as u32 + 1,
-                                bytes: flow.bytes,
-                            }
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let nodes = std::mem::take(&mut nodes_of[s]);
-            stages.push(PlanStage {
-                stage: s as u32,
-                device: PlanDevice {
-                    id: device.device.0,
-                    name: device.device_name.clone(),
-                },
-                node_count: nodes.len(),
-                first_node: nodes.first().cloned().unwrap_or_default(),
-                last_node: nodes.last().cloned().unwrap_or_default(),
-                nodes,
-                received,
-                sent,
-                param_bytes: figures.param_bytes,
-                activation_bytes: figures.activation_bytes,
-                received_bytes: figures.received_bytes,
-                in_flight_microbatches: figures.in_flight,
-                peak_memory_bytes: figures.peak_memory_bytes,
-                capacity_bytes: figures.capacity_bytes,
-                device_memory_bytes: device.memory_bytes,
-                compute_secs: figures.compute_secs,
-                receive_secs: figures.receive_secs,
-                gradient_receive_secs: figures.gradient_receive_secs,
-                stage_secs: figures.stage_secs,
-            });
-        }
+        let stages = rederive::transcribe_stages(problem, &solution.stage_of, eval);
         let bottleneck = eval.bottleneck_secs;
-        let baselines = solution
-            .baselines
-            .iter()
-            .map(|b| PlanBaseline {
-                method: b.baseline,
-                bottleneck_secs: b.bottleneck_secs,
-                fits: b.fits,
-                plan_speedup: b
-                    .bottleneck_secs
-                    .filter(|_| bottleneck > 0.0)
-                    .map(|x| x / bottleneck),
-                error: b.error.clone(),
-            })
-            .collect();
+        let baselines = rederive::plan_baselines(&solution.baselines, bottleneck);
         Plan {
             schema_version: SCHEMA_VERSION,
             generator: format!("pipecut {}", env!("CARGO_PKG_VERSION")),
@@ -562,6 +493,7 @@ impl Plan {
                 memory_headroom: settings.memory_headroom,
                 time_limit_secs: context.time_limit_secs,
                 unknown_op_cost: settings.unknown_ops,
+                dtype_override: context.dtype_override,
             },
             stages,
             summary: PlanSummary {
@@ -800,15 +732,17 @@ impl Plan {
         Ok((problem, assignment))
     }
 
-    /// Validates the plan against the model (its sha256) and its typed `graph` (dims bound as in the
-    /// plan): same model, every node on exactly one stage, convex ordered stages, memory within
-    /// capacity, and every recorded figure equal to the recomputed one.
-    pub fn check(
+    /// The plan with every figure re-derived from its node assignment on `graph`: the stages
+    /// (counts, first and last node, node order, sent and received lists, memory, times), the
+    /// summary's bottleneck, bytes, throughput, gap and baselines, and the `--stages auto` row of
+    /// its own stage count. The status, lower bound and solver are left as recorded: they are
+    /// claims about how the plan was found, audited by [`Self::check`].
+    fn rederive(
         &self,
         model_sha256: &str,
         graph: &Graph,
         catalog: &Catalog,
-    ) -> Result<CheckReport, Error> {
+    ) -> Result<Rederived, Error> {
         let bad = |detail: String| Err(Error::InvalidPlan(detail));
         let sha = model_sha256;
         if sha != self.model.sha256 {
@@ -839,7 +773,7 @@ impl Plan {
             check_parallelism(parallelism, &self.stages, &cluster)?;
         }
         let eval = problem.evaluate(&assignment);
-        for (s, (recorded, actual)) in self.stages.iter().zip(&eval.stages).enumerate() {
+        for (s, actual) in eval.stages.iter().enumerate() {
             if !actual.fits() {
                 return bad(format!(
                     "stage {s} needs {} of memory but may use {}",
@@ -847,60 +781,192 @@ impl Plan {
                     crate::onnx::inspect::human_bytes(actual.capacity_bytes)
                 ));
             }
-            let figures = [
-                ("compute_secs", recorded.compute_secs, actual.compute_secs),
-                ("receive_secs", recorded.receive_secs, actual.receive_secs),
-                (
-                    "gradient_receive_secs",
-                    recorded.gradient_receive_secs,
-                    actual.gradient_receive_secs,
-                ),
-                ("stage_secs", recorded.stage_secs, actual.stage_secs),
-                (
-                    "peak_memory_bytes",
-                    recorded.peak_memory_bytes as f64,
-                    actual.peak_memory_bytes as f64,
-                ),
-                (
-                    "param_bytes",
-                    recorded.param_bytes as f64,
-                    actual.param_bytes as f64,
-                ),
-                (
-                    "received_bytes",
-                    recorded.received_bytes as f64,
-                    actual.received_bytes as f64,
-                ),
-            ];
-            for (field, plan_value, recomputed) in figures {
-                // 1e-9 relative: the JSON round trip of an f64 is exact; only summation order
-                // could differ, far below this.
-                if (plan_value - recomputed).abs() > 1e-9 * recomputed.abs().max(1e-30) {
+        }
+        let bottleneck = eval.bottleneck_secs;
+        let mut plan = self.clone();
+        plan.model.nodes = graph.node_count();
+        plan.model.graph = graph.name().to_string();
+        plan.stages = rederive::transcribe_stages(&problem, &assignment, &eval);
+        let summary = &mut plan.summary;
+        summary.bottleneck_secs = bottleneck;
+        summary.cut_bytes = eval.cut_bytes;
+        summary.microbatches_per_sec = if bottleneck > 0.0 {
+            1.0 / bottleneck
+        } else {
+            0.0
+        };
+        summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
+        summary.baselines =
+            rederive::plan_baselines(&crate::partition::evaluate_baselines(&problem), bottleneck);
+        let k = plan.stages.len();
+        if plan
+            .summary
+            .stage_count_candidates
+            .iter()
+            .any(|c| c.stages == k)
+        {
+            let simulation = plan.simulate()?;
+            let row = rederive::chosen_candidate(
+                k,
+                bottleneck,
+                simulation.step_secs,
+                simulation.bubble_fraction,
+            );
+            for candidate in &mut plan.summary.stage_count_candidates {
+                if candidate.stages == k {
+                    *candidate = row.clone();
+                }
+            }
+        }
+        Ok(Rederived {
+            plan,
+            problem,
+            nodes: assignment.len(),
+        })
+    }
+
+    /// Every figure the plan records that differs from `rederived`, each naming the field (with
+    /// its stage) and both values.
+    fn mismatches(&self, rederived: &Plan) -> Vec<rederive::Mismatch> {
+        let mut found =
+            rederive::differences("model ", &json(&self.model), &json(&rederived.model));
+        for (recorded, recomputed) in self.stages.iter().zip(&rederived.stages) {
+            found.extend(rederive::differences(
+                &format!("stage {} ", recorded.stage),
+                &json(recorded),
+                &json(recomputed),
+            ));
+        }
+        found.extend(rederive::differences(
+            "summary ",
+            &json(&self.summary),
+            &json(&rederived.summary),
+        ));
+        found
+    }
+
+    /// Whether the status and lower bound the plan records are claims its own figures support:
+    /// a bound no plan found beats, "optimal" only at a bottleneck equal to that bound, a time
+    /// limit's gap equal to the summary's.
+    fn check_claims(&self, problem: &PartitionProblem) -> Result<(), Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
+        let summary = &self.summary;
+        let bottleneck = summary.bottleneck_secs;
+        let bound = summary.lower_bound_secs;
+        let above = |a: f64, b: f64| a > b * (1.0 + 1e-9);
+        if above(bound, bottleneck) {
+            return bad(format!(
+                "the lower bound {bound} s exceeds the bottleneck {bottleneck} s"
+            ));
+        }
+        // A bound above the problem's own needs a proof the plan does not carry; the DP's plan
+        // is a cheap witness against a false one (and against a false "optimal").
+        let claims_more =
+            above(bound, problem.lower_bound_secs()) || summary.status == SolveStatus::Optimal;
+        if claims_more {
+            if let Some(dp) = crate::partition::dp::solve(problem) {
+                if above(bottleneck, dp.bottleneck_secs) && summary.status == SolveStatus::Optimal {
                     return bad(format!(
-                        "stage {s} records {field} = {plan_value} but it is {recomputed}"
+                        "the status says optimal but the DP finds a plan with a smaller bottleneck ({} s < {bottleneck} s); `pipecut check --rewrite` records it as hand-edited",
+                        dp.bottleneck_secs
+                    ));
+                }
+                if above(bound, dp.bottleneck_secs) {
+                    return bad(format!(
+                        "the lower bound {bound} s is above the bottleneck {} s of a plan the DP finds: the bound is false",
+                        dp.bottleneck_secs
                     ));
                 }
             }
         }
-        let recorded = self.summary.bottleneck_secs;
-        if (recorded - eval.bottleneck_secs).abs() > 1e-9 * eval.bottleneck_secs {
-            return bad(format!(
-                "the summary records a bottleneck of {recorded} s but it is {} s",
-                eval.bottleneck_secs
-            ));
+        match summary.status {
+            SolveStatus::Optimal if above(bottleneck, bound) => bad(format!(
+                "the status says optimal but the plan's bottleneck {bottleneck} s is above its lower bound {bound} s (gap {:.4}%): nothing it records proves it optimal; `pipecut check --rewrite` records it as hand-edited",
+                summary.gap * 100.0
+            )),
+            SolveStatus::TimeLimit { gap } if (gap - summary.gap).abs() > 1e-9 => bad(format!(
+                "the status records a gap of {gap} but the summary's is {}",
+                summary.gap
+            )),
+            _ => Ok(()),
         }
-        if self.summary.lower_bound_secs > eval.bottleneck_secs * (1.0 + 1e-9) {
-            return bad(format!(
-                "the lower bound {} s exceeds the bottleneck {} s",
-                self.summary.lower_bound_secs, eval.bottleneck_secs
-            ));
+    }
+
+    /// Validates the plan against the model (its sha256) and its typed `graph` (dims bound as in
+    /// the plan): same model and hardware profiles, every node on exactly one stage, convex
+    /// ordered stages, memory within capacity, every recorded figure equal to the one re-derived
+    /// from the node assignment, and a status and lower bound its figures support. The first
+    /// wrong figure is named with its stage and both values.
+    pub fn check(
+        &self,
+        model_sha256: &str,
+        graph: &Graph,
+        catalog: &Catalog,
+    ) -> Result<CheckReport, Error> {
+        let rederived = self.rederive(model_sha256, graph, catalog)?;
+        let mismatches = self.mismatches(&rederived.plan);
+        if let Some(first) = mismatches.first() {
+            let more = match mismatches.len() - 1 {
+                0 => String::new(),
+                1 => " (and 1 more figure differs)".to_string(),
+                n => format!(" (and {n} more figures differ)"),
+            };
+            return Err(Error::InvalidPlan(format!(
+                "{first}{more}; `pipecut check --rewrite` recomputes every figure from the node assignment"
+            )));
         }
+        self.check_claims(&rederived.problem)?;
         Ok(CheckReport {
-            stages: eval.stages.len(),
-            nodes: assignment.len(),
-            bottleneck_secs: eval.bottleneck_secs,
+            stages: self.stages.len(),
+            nodes: rederived.nodes,
+            bottleneck_secs: rederived.plan.summary.bottleneck_secs,
         })
     }
+
+    /// The plan with every figure recomputed from its node assignment (which nodes each stage
+    /// lists), for a plan edited by hand: move a node between stages, then rewrite. A plan whose
+    /// figures and claims already check comes back unchanged; any other gets the status
+    /// [`SolveStatus::HandEdited`], its recorded lower bound when the re-derived figures still
+    /// support it (else the problem's own bound), and no solve time. Refuses what
+    /// [`Self::check`] refuses about the assignment itself: another model, a node missing or on
+    /// two stages, stages that are not convex and ordered, a stage over its memory.
+    pub fn rewrite(
+        &self,
+        model_sha256: &str,
+        graph: &Graph,
+        catalog: &Catalog,
+    ) -> Result<Plan, Error> {
+        let rederived = self.rederive(model_sha256, graph, catalog)?;
+        if self.mismatches(&rederived.plan).is_empty()
+            && self.check_claims(&rederived.problem).is_ok()
+        {
+            return Ok(self.clone());
+        }
+        let mut plan = rederived.plan;
+        plan.summary.status = SolveStatus::HandEdited;
+        plan.summary.solve_secs = None;
+        if plan.check_claims(&rederived.problem).is_err() {
+            plan.summary.lower_bound_secs = rederived
+                .problem
+                .lower_bound_secs()
+                .min(plan.summary.bottleneck_secs);
+        }
+        plan.summary.gap =
+            rederive::relative_gap(plan.summary.bottleneck_secs, plan.summary.lower_bound_secs);
+        Ok(plan)
+    }
+}
+
+/// A plan part as a JSON value, to compare with its re-derived self.
+fn json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("plans serialize")
+}
+
+/// A plan's figures re-derived from its node assignment, with the problem they came from.
+struct Rederived {
+    plan: Plan,
+    problem: PartitionProblem,
+    nodes: usize,
 }
 
 impl Plan {

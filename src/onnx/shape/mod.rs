@@ -53,9 +53,23 @@ impl DimBindings {
         }
         let value: u64 = value.trim().parse().map_err(|_| {
             Error::DimBinding(format!(
-                "value of '{name}' must be a non-negative integer, got '{value}'"
+                "value of '{name}' must be a positive integer, got '{value}'"
             ))
         })?;
+        // A zero dim makes every tensor that uses it empty: nothing to cost or run, and the
+        // plan's throughput figures divide by it.
+        if value == 0 {
+            return Err(Error::DimBinding(format!(
+                "'{arg}': a dim must be at least 1 ('{name}' = 0 makes its tensors empty)"
+            )));
+        }
+        // A second binding of the same name is a typo or a leftover, not an override: taking the
+        // last silently plans for a shape the user may not have meant.
+        if let Some(&earlier) = self.0.get(name) {
+            return Err(Error::DimBinding(format!(
+                "'{name}' is bound twice ('{name}={earlier}' and '{name}={value}'); give it once"
+            )));
+        }
         self.0.insert(name.to_string(), value);
         Ok(())
     }
