@@ -15,6 +15,7 @@ mod movement;
 pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod reduce;
+mod scatter;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -63,6 +64,7 @@ fn table() -> &'static KernelTable {
         norm::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
+        scatter::register(&mut t);
         t
     })
 }
