@@ -178,3 +178,18 @@ fn gather_and_scatter_cases_pass() {
         &["GatherND", "ScatterND", "ScatterElements", "GatherElements", "Scatter"],
     );
 }
+
+#[test]
+fn microsoft_fused_op_cases_match_onnxruntime() {
+    check_ops(
+        "microsoft",
+        &[
+            "SkipLayerNormalization",
+            "SkipSimplifiedLayerNormalization",
+            "BiasGelu",
+            "FastGelu",
+            "QuickGelu",
+            "Gelu",
+        ],
+    );
+}

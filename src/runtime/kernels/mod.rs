@@ -9,6 +9,7 @@ mod activation;
 mod conv;
 mod elementwise;
 mod matmul;
+mod microsoft;
 mod movement;
 
 #[cfg(feature = "cuda")]
@@ -51,6 +52,14 @@ impl KernelTable {
             debug_assert!(previous.is_none(), "kernel for {op} registered twice");
         }
     }
+
+    /// Registers `kernel` for each of `ops` in `domain` (`com.microsoft`, ...).
+    pub fn add_in(&mut self, domain: &'static str, ops: &[&'static str], kernel: Kernel) {
+        for op in ops {
+            let previous = self.kernels.insert((domain, op), kernel);
+            debug_assert!(previous.is_none(), "kernel for {domain}:{op} registered twice");
+        }
+    }
 }
 
 fn table() -> &'static KernelTable {
@@ -65,6 +74,7 @@ fn table() -> &'static KernelTable {
         reduce::register(&mut t);
         movement::register(&mut t);
         scatter::register(&mut t);
+        microsoft::register(&mut t);
         t
     })
 }
