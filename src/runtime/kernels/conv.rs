@@ -131,7 +131,7 @@ impl Window {
     }
 }
 
-fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let (w4, _) = nchw(w)?;

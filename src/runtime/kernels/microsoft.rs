@@ -15,15 +15,18 @@ pub(super) fn register(t: &mut KernelTable) {
     const MS: &str = "com.microsoft";
     t.add_in(MS, &["SkipLayerNormalization"], skip_layer_norm);
     t.add_in(MS, &["SkipSimplifiedLayerNormalization"], skip_layer_norm);
-    t.add_in(MS, &["BiasGelu", "FastGelu", "Gelu", "QuickGelu"], gelu_family);
+    t.add_in(
+        MS,
+        &["BiasGelu", "FastGelu", "Gelu", "QuickGelu"],
+        gelu_family,
+    );
     t.add_in(MS, &["BiasAdd"], bias_add);
 }
 
 /// `a + b` with numpy broadcasting, in f32.
 fn add(a: &HostTensor, b: &HostTensor) -> Result<HostTensor, String> {
-    let (shape, data) = zip_broadcast(a.as_f32()?, a.shape(), b.as_f32()?, b.shape(), |x, y| {
-        x + y
-    })?;
+    let (shape, data) =
+        zip_broadcast(a.as_f32()?, a.shape(), b.as_f32()?, b.shape(), |x, y| x + y)?;
     if shape != a.shape() {
         return Err(format!(
             "{:?} does not broadcast into the input's shape {:?}",
@@ -161,7 +164,11 @@ mod tests {
 
     fn run_ms(op: &str, inputs: &[&crate::runtime::tensor::HostTensor]) -> Vec<super::HostTensor> {
         let n = node(op, vec![]);
-        let ctx = Ctx { node: &n, opset: 1 };
+        let ctx = Ctx {
+            node: &n,
+            opset: 1,
+            output_dtypes: &[],
+        };
         let inputs: Vec<_> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("com.microsoft", op).expect("registered")(&ctx, &inputs).expect("runs")
     }
@@ -187,7 +194,11 @@ mod tests {
         assert_close(&out[3], &[1, 2], &[2.0, 6.0]);
         let wrong_gamma = f(&[3], &[1.0; 3]);
         let n = node("SkipLayerNormalization", vec![]);
-        let ctx = Ctx { node: &n, opset: 1 };
+        let ctx = Ctx {
+            node: &n,
+            opset: 1,
+            output_dtypes: &[],
+        };
         let err = lookup("com.microsoft", "SkipLayerNormalization").unwrap()(
             &ctx,
             &[Some(&x), Some(&skip), Some(&wrong_gamma)],

@@ -15,6 +15,7 @@ mod movement;
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
+mod quant;
 mod reduce;
 mod scatter;
 
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::tensor::{HostTensor, TensorData};
-use crate::graph::{Attribute, Node};
+use crate::graph::{Attribute, DType, Node};
 
 /// What a kernel sees of its node.
 pub(crate) struct Ctx<'a> {
@@ -30,6 +31,10 @@ pub(crate) struct Ctx<'a> {
     pub node: &'a Node,
     /// Opset in force for the node's domain: several ops changed semantics across versions.
     pub opset: i64,
+    /// The element types shape inference gave the node's outputs (`None` where unknown). The
+    /// runtime widens narrow integers to int64 (see [`super::tensor`]), so a kernel that must
+    /// saturate to uint8 or int8 (QuantizeLinear, QLinearMatMul) learns the range here.
+    pub output_dtypes: &'a [Option<DType>],
 }
 
 /// A kernel's result: one tensor per output, in order (optional trailing outputs may be absent).
@@ -57,7 +62,10 @@ impl KernelTable {
     pub fn add_in(&mut self, domain: &'static str, ops: &[&'static str], kernel: Kernel) {
         for op in ops {
             let previous = self.kernels.insert((domain, op), kernel);
-            debug_assert!(previous.is_none(), "kernel for {domain}:{op} registered twice");
+            debug_assert!(
+                previous.is_none(),
+                "kernel for {domain}:{op} registered twice"
+            );
         }
     }
 }
@@ -75,6 +83,7 @@ fn table() -> &'static KernelTable {
         movement::register(&mut t);
         scatter::register(&mut t);
         microsoft::register(&mut t);
+        quant::register(&mut t);
         t
     })
 }
@@ -305,7 +314,11 @@ pub(crate) mod test_util {
         inputs: &[&HostTensor],
     ) -> Vec<HostTensor> {
         let node = node(op, attributes);
-        let ctx = Ctx { node: &node, opset };
+        let ctx = Ctx {
+            node: &node,
+            opset,
+            output_dtypes: &[],
+        };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
     }

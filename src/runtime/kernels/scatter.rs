@@ -26,7 +26,9 @@ fn resolve_index(index: i64, size: usize, what: &str) -> Result<usize, String> {
     if (0..n).contains(&j) {
         Ok(j as usize)
     } else {
-        Err(format!("{what} index {index} is out of range for size {size}"))
+        Err(format!(
+            "{what} index {index} is out of range for size {size}"
+        ))
     }
 }
 
@@ -73,7 +75,10 @@ fn gather_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             offsets.extend(base..base + slice_len);
         }
     }
-    Ok(vec![HostTensor::with_data(shape, take(data.data(), &offsets))])
+    Ok(vec![HostTensor::with_data(
+        shape,
+        take(data.data(), &offsets),
+    )])
 }
 
 /// How a scatter combines an update with the element already there.
@@ -184,7 +189,10 @@ fn scatter_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err("indices must have rank ≥ 1".into());
     };
     if tuple_len > ds.len() {
-        return Err(format!("index tuples of {tuple_len} exceed data rank {}", ds.len()));
+        return Err(format!(
+            "index tuples of {tuple_len} exceed data rank {}",
+            ds.len()
+        ));
     }
     let mut updates_shape = index_outer.to_vec();
     updates_shape.extend_from_slice(&ds[tuple_len..]);
@@ -257,9 +265,9 @@ fn scatter_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::node;
     use super::super::test_util::{assert_close, f, i, run};
     use super::super::{lookup, Ctx};
-    use super::super::test_util::node;
     use crate::graph::Attribute;
 
     #[test]
@@ -293,7 +301,11 @@ mod tests {
         );
         assert_close(&out[0], &[4], &[1.0, 2.0, 3.0, 9.0]);
         let n = node("ScatterElements", vec![]);
-        let ctx = Ctx { node: &n, opset: 18 };
+        let ctx = Ctx {
+            node: &n,
+            opset: 18,
+            output_dtypes: &[],
+        };
         let (idx, upd) = (i(&[1], &[4]), f(&[1], &[0.0]));
         let err = lookup("", "ScatterElements").unwrap()(&ctx, &[Some(&x), Some(&idx), Some(&upd)])
             .unwrap_err();
