@@ -6,6 +6,8 @@
 //! inputs as a `String`; the executor wraps it into [`crate::Error::Kernel`] with the node's name.
 
 mod activation;
+mod axis_ops;
+mod bitwise;
 mod conv;
 mod elementwise;
 mod matmul;
@@ -15,6 +17,7 @@ mod movement;
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
+mod pool_nd;
 mod quant;
 mod reduce;
 mod scatter;
@@ -84,6 +87,8 @@ fn table() -> &'static KernelTable {
         scatter::register(&mut t);
         microsoft::register(&mut t);
         quant::register(&mut t);
+        axis_ops::register(&mut t);
+        bitwise::register(&mut t);
         t
     })
 }
