@@ -578,7 +578,7 @@ pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
 }
 
 fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
-    let layers = layers::find_layers(problem.node_names());
+    let layers = layers::find_layers(problem.node_scopes());
     Baseline::ALL
         .iter()
         .map(|&baseline| match baseline.starts(problem, &layers) {

@@ -300,6 +300,7 @@ pub(crate) mod test_util {
             inputs: Vec::new(),
             outputs: Vec::new(),
             captures: Vec::new(),
+            module_scope: None,
         }
     }
 
