@@ -289,3 +289,8 @@ fn hardmax_lp_bitwise_and_pooling_cases_pass() {
         ],
     );
 }
+
+#[test]
+fn grid_sample_cases_pass() {
+    check_ops("grid_sample", &["GridSample"]);
+}

@@ -10,6 +10,7 @@ mod axis_ops;
 mod bitwise;
 mod conv;
 mod elementwise;
+mod grid_sample;
 mod matmul;
 mod microsoft;
 mod movement;
@@ -89,6 +90,7 @@ fn table() -> &'static KernelTable {
         quant::register(&mut t);
         axis_ops::register(&mut t);
         bitwise::register(&mut t);
+        grid_sample::register(&mut t);
         t
     })
 }
