@@ -190,7 +190,8 @@ fn compare(name: &str, got: &HostTensor, want: &HostTensor) -> Result<(), String
         let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
         for (i, (a, b)) in g.iter().zip(&w).enumerate() {
             let same_nan = a.is_nan() && b.is_nan();
-            if !same_nan && !((a - b).abs() <= ATOL + RTOL * b.abs()) {
+            let within = (a - b).abs() <= ATOL + RTOL * b.abs();
+            if !same_nan && !within {
                 return Err(format!("run: '{name}' element {i} is {a}, reference {b}"));
             }
         }
