@@ -251,6 +251,7 @@ fn microsoft_fused_op_cases_match_onnxruntime() {
             "FastGelu",
             "QuickGelu",
             "Gelu",
+            "com.microsoft:Attention",
         ],
     );
 }

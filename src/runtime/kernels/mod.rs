@@ -14,6 +14,7 @@ mod grid_sample;
 mod matmul;
 mod microsoft;
 mod movement;
+mod ms_attention;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -87,6 +88,7 @@ fn table() -> &'static KernelTable {
         movement::register(&mut t);
         scatter::register(&mut t);
         microsoft::register(&mut t);
+        ms_attention::register(&mut t);
         quant::register(&mut t);
         axis_ops::register(&mut t);
         bitwise::register(&mut t);
