@@ -252,6 +252,7 @@ fn microsoft_fused_op_cases_match_onnxruntime() {
             "QuickGelu",
             "Gelu",
             "com.microsoft:Attention",
+            "com.microsoft:RotaryEmbedding",
         ],
     );
 }

@@ -1,5 +1,6 @@
 //! onnxruntime's `com.microsoft` Attention: the fused QKV projection, scaled dot-product attention
-//! and head merge that its transformer optimizer writes for BERT- and GPT-2-style models.
+//! and head merge that its transformer optimizer writes for BERT- and GPT-2-style models; and its
+//! RotaryEmbedding (see [`rotary_embedding`]).
 //!
 //! Spec: <https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.Attention>.
 //! Inputs: `input [B, S, H_in]`, `weights [H_in, Q + K + V]`, `bias [Q + K + V]?`,
@@ -17,6 +18,93 @@ use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add_in("com.microsoft", &["Attention"], attention);
+    t.add_in("com.microsoft", &["RotaryEmbedding"], rotary_embedding);
+}
+
+/// com.microsoft RotaryEmbedding
+/// (<https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.RotaryEmbedding>):
+/// `input [B, S, H]` (heads of `H / num_heads`) or `[B, N, S, head]`, `position_ids [B, S]` (or
+/// `[1]`: an offset added to each position), `cos_cache` and `sin_cache [max_position, rotary/2]`.
+/// The first `rotary` features of each head are rotated in pairs — `(i, i + rotary/2)`, or
+/// `(2i, 2i + 1)` with `interleaved` — and the rest pass through.
+fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, positions) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (cos, sin) = (input(inputs, 2)?, input(inputs, 3)?);
+    let [max_position, half] = *cos.shape() else {
+        return Err(format!("cos_cache {:?} should be 2-D", cos.shape()));
+    };
+    if sin.shape() != cos.shape() {
+        return Err("sin_cache and cos_cache differ in shape".into());
+    }
+    let rotary = 2 * half;
+    let num_heads = ctx.int("num_heads", 0);
+    // (batch, heads, seq, head size) and whether the layout is [B, S, N·h].
+    let (batch, heads, seq, head, seq_major) = match *x.shape() {
+        [b, s, hidden] => {
+            let heads = if num_heads > 0 {
+                num_heads as usize
+            } else {
+                hidden / rotary.max(1)
+            };
+            if heads == 0 || hidden % heads != 0 {
+                return Err(format!(
+                    "hidden size {hidden} does not split into {heads} heads"
+                ));
+            }
+            (b, heads, s, hidden / heads, true)
+        }
+        [b, n, s, h] => (b, n, s, h, false),
+        _ => return Err(format!("input {:?} should be 3-D or 4-D", x.shape())),
+    };
+    if rotary > head || rotary == 0 {
+        return Err(format!(
+            "rotary size {rotary} does not fit head size {head}"
+        ));
+    }
+    let position_values = positions.to_i64_vec();
+    let position = |b: usize, s: usize| -> Result<usize, String> {
+        let p = if position_values.len() == 1 {
+            position_values[0] + s as i64
+        } else if positions.shape() == [batch, seq] {
+            position_values[b * seq + s]
+        } else {
+            return Err(format!(
+                "position_ids {:?} should be [B, S] or [1]",
+                positions.shape()
+            ));
+        };
+        usize::try_from(p)
+            .ok()
+            .filter(|&p| p < max_position)
+            .ok_or_else(|| format!("position {p} is outside the {max_position} cached positions"))
+    };
+    let interleaved = ctx.int("interleaved", 0) != 0;
+    let (values, cos, sin) = (x.as_f32()?, cos.as_f32()?, sin.as_f32()?);
+    let mut out = values.to_vec();
+    for b in 0..batch {
+        for s in 0..seq {
+            let p = position(b, s)?;
+            for n in 0..heads {
+                let base = if seq_major {
+                    ((b * seq + s) * heads + n) * head
+                } else {
+                    ((b * heads + n) * seq + s) * head
+                };
+                for i in 0..half {
+                    let (first, second) = if interleaved {
+                        (base + 2 * i, base + 2 * i + 1)
+                    } else {
+                        (base + i, base + i + half)
+                    };
+                    let (c, si) = (cos[p * half + i], sin[p * half + i]);
+                    let (x1, x2) = (values[first], values[second]);
+                    out[first] = x1 * c - x2 * si;
+                    out[second] = x2 * c + x1 * si;
+                }
+            }
+        }
+    }
+    Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
 
 /// Which key positions each query may see, as an additive bias per (batch, query, key).
