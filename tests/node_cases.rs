@@ -253,6 +253,7 @@ fn microsoft_fused_op_cases_match_onnxruntime() {
             "Gelu",
             "com.microsoft:Attention",
             "com.microsoft:RotaryEmbedding",
+            "com.microsoft:MatMulNBits",
         ],
     );
 }

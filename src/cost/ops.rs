@@ -158,9 +158,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Identity" | "Shape" | "Size"
             | "Dropout" | "Constant",
         ) => metadata,
-        ("", "MatMul" | "MatMulInteger" | "QLinearMatMul") | ("com.microsoft", "FusedMatMul") => {
-            matmul
-        }
+        ("", "MatMul" | "MatMulInteger" | "QLinearMatMul")
+        | ("com.microsoft", "FusedMatMul" | "MatMulNBits") => matmul,
         ("", "Gemm") => gemm,
         ("", "Einsum") => einsum,
         ("", "Conv" | "ConvInteger") => conv,

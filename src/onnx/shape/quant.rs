@@ -2,7 +2,9 @@
 //! zero points: QLinearMatMul (<https://onnx.ai/onnx/operators/onnx__QLinearMatMul.html>,
 //! opsets 10–21) and QLinearConv (<https://onnx.ai/onnx/operators/onnx__QLinearConv.html>,
 //! opset 10). Operands are inputs 0 and 3; the output takes the output zero point's type
-//! (input 7), as the spec says.
+//! (input 7), as the spec says. Also onnxruntime's com.microsoft MatMulNBits
+//! (<https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.MatMulNBits>):
+//! `A [..., K]` times packed low-bit weights of `N` columns gives `[..., N]` in A's type.
 
 use super::context::{Inferred, OpCtx, RuleResult};
 use super::linalg::matmul_shape;
@@ -12,6 +14,24 @@ use super::registry::Registry;
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["QLinearMatMul"], qlinear_matmul);
     r.add("", &["QLinearConv"], qlinear_conv);
+    r.add("com.microsoft", &["MatMulNBits"], matmul_nbits);
+}
+
+fn matmul_nbits(ctx: &OpCtx) -> RuleResult {
+    let a = ctx.shape(0)?;
+    let n = u64::try_from(ctx.int_attr_or("N", -1)?).map_err(|_| "attribute N is required")?;
+    let k = u64::try_from(ctx.int_attr_or("K", -1)?).map_err(|_| "attribute K is required")?;
+    let Some(last) = a.last() else {
+        return Err("A must have rank >= 1".into());
+    };
+    if let Some(a_k) = last.known() {
+        if a_k != k {
+            return Err(format!("A has {a_k} features but K is {k}"));
+        }
+    }
+    let mut shape = a.clone();
+    *shape.last_mut().expect("rank >= 1") = crate::graph::Dim::Known(n);
+    Ok(vec![Inferred::new(ctx.dtype(0)?, shape)])
 }
 
 fn qlinear_matmul(ctx: &OpCtx) -> RuleResult {

@@ -26,6 +26,111 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["QLinearMatMul"], qlinear_matmul);
     t.add(&["ConvInteger"], conv_integer);
     t.add(&["QLinearConv"], qlinear_conv);
+    t.add_in("com.microsoft", &["MatMulNBits"], matmul_nbits);
+}
+
+/// com.microsoft MatMulNBits
+/// (<https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.MatMulNBits>):
+/// `A [..., K]` times `Wᵀ`, where `W [N, K]` is stored as `B [N, K/block, block·bits/8]` uint8
+/// with `bits`-bit values packed low bits first, one `scales` entry per (column, block) and zero
+/// points packed the same way (or as floats; default `2^(bits-1)`), plus an optional `bias [N]`.
+/// The weights are dequantized to f32 once per call and multiplied with sgemm. `g_idx` (act-order
+/// block maps) is refused by name.
+fn matmul_nbits(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (a, packed, scales) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    if optional(inputs, 4).is_some() {
+        return Err("g_idx is not supported".into());
+    }
+    let dim = |name: &str| {
+        usize::try_from(ctx.int(name, 0))
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| format!("attribute {name} must be positive"))
+    };
+    let (k, n, bits, block) = (dim("K")?, dim("N")?, dim("bits")?, dim("block_size")?);
+    if ![2, 4, 8].contains(&bits) {
+        return Err(format!(
+            "{bits}-bit weights are not supported (2, 4 and 8 are)"
+        ));
+    }
+    if a.shape().last() != Some(&k) {
+        return Err(format!("A {:?} does not have K = {k} features", a.shape()));
+    }
+    let blocks = k.div_ceil(block);
+    let blob = block * bits / 8;
+    if packed.len() != n * blocks * blob || scales.len() != n * blocks {
+        return Err(format!(
+            "B {:?} / scales {:?} do not hold {n} columns of {blocks} blocks of {block}",
+            packed.shape(),
+            scales.shape()
+        ));
+    }
+    let per_byte = 8 / bits;
+    let mask = (1i64 << bits) - 1;
+    let unpack = |bytes: &[i64], index: usize| {
+        (bytes[index / per_byte] >> ((index % per_byte) * bits)) & mask
+    };
+    let zero_point: Box<dyn Fn(usize, usize) -> f32> = match optional(inputs, 3) {
+        None => Box::new(|_, _| (1i64 << (bits - 1)) as f32),
+        Some(z) if z.dtype().is_float() => {
+            let z = z.to_f32_vec();
+            if z.len() != n * blocks {
+                return Err("float zero points need one per column and block".into());
+            }
+            Box::new(move |col, b| z[col * blocks + b])
+        }
+        Some(z) => {
+            let z = z.to_i64_vec();
+            let row = (blocks * bits).div_ceil(8);
+            if z.len() != n * row {
+                return Err(format!(
+                    "{} packed zero points for {n} columns of {blocks} blocks",
+                    z.len()
+                ));
+            }
+            Box::new(move |col, b| unpack(&z[col * row..(col + 1) * row], b) as f32)
+        }
+    };
+    let (q, s) = (packed.to_i64_vec(), scales.to_f32_vec());
+    let mut weights = vec![0.0f32; n * k];
+    for col in 0..n {
+        for b in 0..blocks {
+            let (scale, zero) = (s[col * blocks + b], zero_point(col, b));
+            let bytes = &q[(col * blocks + b) * blob..][..blob];
+            for i in 0..block.min(k - b * block) {
+                weights[col * k + b * block + i] = (unpack(bytes, i) as f32 - zero) * scale;
+            }
+        }
+    }
+    let rows = a.len() / k;
+    let mut out = vec![0.0f32; rows * n];
+    if let Some(bias) = optional(inputs, 5) {
+        let bias = bias.to_f32_vec();
+        if bias.len() != n {
+            return Err(format!("bias has {} entries for {n} columns", bias.len()));
+        }
+        out.chunks_mut(n).for_each(|r| r.copy_from_slice(&bias));
+    }
+    let beta = if optional(inputs, 5).is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    super::matmul::sgemm(
+        rows,
+        k,
+        n,
+        1.0,
+        a.as_f32()?,
+        (k, 1),
+        &weights,
+        (1, k),
+        beta,
+        &mut out,
+    );
+    let mut shape = a.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = n;
+    Ok(vec![HostTensor::f32(shape, out)])
 }
 
 /// The saturation range of an integer quantized type.
