@@ -33,7 +33,7 @@ fn solve(path: &Path, dims: &[(String, u64)], stages: usize) -> Solution {
 /// split was found.
 fn check_split(solution: &Solution, split: &TorchSplit) {
     let problem = &solution.problem;
-    let names = problem.node_names();
+    let names = problem.node_scopes();
     assert_eq!(split.boundaries.len(), problem.stage_count() - 1);
     for (i, b) in split.boundaries.iter().enumerate() {
         assert_eq!(b.stage, i + 1);
@@ -403,4 +403,72 @@ fn the_cli_emits_the_split_spec_after_the_table_and_in_json() {
     let (code, _, stderr) = pipecut(&bad);
     assert_ne!(code, 0);
     assert!(stderr.contains("split tolerance"), "{stderr}");
+}
+
+/// gpt2_tiny as torch's dynamo exporter would name it: nodes named after FX nodes
+/// (`node_MatMul_17`), the module path only in `metadata_props` under
+/// `pkg.torch.onnx.name_scopes`, written as dynamo writes it: the `repr()` of the cumulative
+/// module paths, root `''` first and the node's own name last. (torch itself is not installed
+/// here: its PyPI wheel pulls several GB of CUDA libraries.) With `keep_scopes` false the
+/// metadata is left out, which leaves no module boundaries at all.
+fn dynamo_style_gpt2(dir: &Path, keep_scopes: bool) -> std::path::PathBuf {
+    use protobuf::Message;
+    let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let mut model = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    let graph = model.graph.as_mut().unwrap();
+    for (index, node) in graph.node.iter_mut().enumerate() {
+        let mut segments: Vec<&str> = node.name.split('/').filter(|s| !s.is_empty()).collect();
+        segments.pop(); // the op instance
+        let mut cumulative = vec![String::new()];
+        let mut path = String::new();
+        for segment in segments {
+            path = if path.is_empty() {
+                segment.to_string()
+            } else {
+                format!("{path}.{segment}")
+            };
+            cumulative.push(path.clone());
+        }
+        let own_name = format!("{}_{index}", node.op_type.to_lowercase());
+        cumulative.push(own_name.clone());
+        let quoted: Vec<String> = cumulative.iter().map(|s| format!("'{s}'")).collect();
+        node.name = format!("node_{own_name}");
+        if keep_scopes {
+            let mut entry = onnx_protobuf::StringStringEntryProto::new();
+            entry.key = "pkg.torch.onnx.name_scopes".into();
+            entry.value = format!("[{}]", quoted.join(", "));
+            node.metadata_props.push(entry);
+        }
+    }
+    let path = dir.join(if keep_scopes {
+        "dynamo.onnx"
+    } else {
+        "bare.onnx"
+    });
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn dynamo_exports_split_at_the_module_scopes_in_their_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = common::fixture_reference("gpt2_tiny");
+    let named = split_of(
+        &solve(&common::fixture("gpt2_tiny"), &reference.dims, 2),
+        0.05,
+    );
+    let solution = solve(&dynamo_style_gpt2(dir.path(), true), &reference.dims, 2);
+    assert!(solution.problem.node_names()[0].starts_with("node_"));
+    let split = split_of(&solution, 0.05);
+    assert_eq!(split.family, "transformer.h");
+    check_split(&solution, &split);
+    let modules =
+        |s: &TorchSplit| -> Vec<String> { s.boundaries.iter().map(|b| b.module.clone()).collect() };
+    assert_eq!(modules(&split), modules(&named));
+
+    let bare = solve(&dynamo_style_gpt2(dir.path(), false), &reference.dims, 2);
+    assert!(matches!(
+        torch_split(&bare.problem, &bare.stage_of, 0.05).unwrap(),
+        TorchSplitOutcome::NoModuleBoundaries { .. }
+    ));
 }

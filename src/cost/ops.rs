@@ -158,10 +158,12 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "Reshape" | "Squeeze" | "Unsqueeze" | "Flatten" | "Identity" | "Shape" | "Size"
             | "Dropout" | "Constant",
         ) => metadata,
-        ("", "MatMul" | "MatMulInteger") | ("com.microsoft", "FusedMatMul") => matmul,
+        ("", "MatMul" | "MatMulInteger" | "QLinearMatMul")
+        | ("com.microsoft", "FusedMatMul" | "MatMulNBits") => matmul,
         ("", "Gemm") => gemm,
         ("", "Einsum") => einsum,
         ("", "Conv" | "ConvInteger") => conv,
+        ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
         ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
         // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.
@@ -368,6 +370,18 @@ fn einsum(ctx: &CostCtx) -> Result<OpWork, String> {
 /// Conv: `2 · output elements · C_in/group · Π kernel` (<https://onnx.ai/onnx/operators/onnx__Conv.html>).
 fn conv(ctx: &CostCtx) -> Result<OpWork, String> {
     let w = ctx.shape(1)?;
+    let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * per_output,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Conv,
+    ))
+}
+
+/// QLinearConv: Conv's count, the weights being input 3
+/// (<https://onnx.ai/onnx/operators/onnx__QLinearConv.html>).
+fn qlinear_conv(ctx: &CostCtx) -> Result<OpWork, String> {
+    let w = ctx.shape(3)?;
     let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
     Ok(ctx.work(
         2.0 * ctx.output_elements() * per_output,

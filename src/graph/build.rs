@@ -29,6 +29,8 @@ pub struct NodeSpec {
     pub attributes: BTreeMap<String, Attribute>,
     /// Outer-scope tensors read by the node's subgraphs.
     pub captures: Vec<String>,
+    /// The module scope recorded beside the name (see [`Node::module_scope`]).
+    pub module_scope: Option<String>,
 }
 
 impl NodeSpec {
@@ -192,6 +194,7 @@ impl GraphBuilder {
             inputs: Vec::new(),
             outputs: Vec::new(),
             captures: Vec::new(),
+            module_scope: spec.module_scope,
         }));
         self.node_names.insert(spec.name.clone(), node_id);
         let inputs: Vec<Option<TensorId>> = spec

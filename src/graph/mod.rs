@@ -108,6 +108,18 @@ pub struct Node {
     pub outputs: Vec<Option<TensorId>>,
     /// Outer-scope tensors that the node's subgraphs read (If/Loop/Scan); they are edges too.
     pub captures: Vec<TensorId>,
+    /// The module scope path the exporter recorded outside the name (torch dynamo's
+    /// `pkg.torch.onnx.name_scopes`), written like TorchScript's names
+    /// (`/model/layers.0/mlp/linear_3`); `None` when the model records none and the name
+    /// carries the scope, if any.
+    pub module_scope: Option<String>,
+}
+
+impl Node {
+    /// Where the node sits in the exporter's module tree: its recorded scope, else its name.
+    pub fn scope(&self) -> &str {
+        self.module_scope.as_deref().unwrap_or(&self.name)
+    }
 }
 
 impl Node {

@@ -328,6 +328,11 @@ fn node_spec(
         outputs: node.output.clone(),
         attributes,
         captures: captures.into_iter().collect(),
+        module_scope: node
+            .metadata_props
+            .iter()
+            .find(|entry| entry.key == super::scopes::NAME_SCOPES_KEY)
+            .and_then(|entry| super::scopes::scope_path(&entry.value)),
     })
 }
 

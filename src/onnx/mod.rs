@@ -8,6 +8,7 @@
 pub mod export;
 pub mod inspect;
 mod load;
+mod scopes;
 pub mod shape;
 mod tensor;
 

@@ -83,6 +83,10 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             len => format!("{} (+{} nodes)", problem.node_names[m[0]], len - 1),
         })
         .collect();
+    let node_scopes = members
+        .iter()
+        .map(|m| problem.node_scopes[m[0]].clone())
+        .collect();
     let node_secs = problem
         .node_secs
         .iter()
@@ -141,6 +145,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         problem: PartitionProblem {
             order: order_ids,
             node_names,
+            node_scopes,
             stages: problem.stages.clone(),
             kind_names: problem.kind_names.clone(),
             node_secs,
@@ -310,7 +315,7 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
     // 2. Neighbours in a topological order, lightest first, inside layers first.
     let layer_of = {
         let mut layer_of = vec![0usize; n];
-        for (index, layer) in find_layers(problem.node_names()).iter().enumerate() {
+        for (index, layer) in find_layers(problem.node_scopes()).iter().enumerate() {
             for l in layer_of.iter_mut().take(layer.end).skip(layer.start) {
                 *l = index;
             }

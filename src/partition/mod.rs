@@ -775,7 +775,7 @@ pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
 }
 
 pub(crate) fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
-    let layers = layers::find_layers(problem.node_names());
+    let layers = layers::find_layers(problem.node_scopes());
     Baseline::ALL
         .iter()
         .map(|&baseline| match baseline.starts(problem, &layers) {

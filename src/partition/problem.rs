@@ -126,6 +126,8 @@ pub struct ParamUse {
 pub struct PartitionProblem {
     pub(crate) order: Vec<NodeId>,
     pub(crate) node_names: Vec<String>,
+    /// Each node's module scope ([`crate::graph::Node::scope`]): what layers are found from.
+    pub(crate) node_scopes: Vec<String>,
     pub(crate) stages: Vec<StageDevice>,
     pub(crate) kind_names: Vec<String>,
     /// Node time per device kind: `node_secs[kind][position]`.
@@ -325,9 +327,14 @@ impl PartitionProblem {
             .iter()
             .map(|&id| graph.node(id).name.clone())
             .collect();
+        let node_scopes = order
+            .iter()
+            .map(|&id| graph.node(id).scope().to_string())
+            .collect();
         Ok(PartitionProblem {
             order,
             node_names,
+            node_scopes,
             stages,
             kind_names,
             node_secs,
@@ -450,6 +457,12 @@ impl PartitionProblem {
     /// Node names by position.
     pub fn node_names(&self) -> &[String] {
         &self.node_names
+    }
+
+    /// Node module scopes in topological order: the recorded scope path where the exporter
+    /// wrote one (torch dynamo), else the name (TorchScript writes scopes into names).
+    pub fn node_scopes(&self) -> &[String] {
+        &self.node_scopes
     }
 
     /// Number of nodes.

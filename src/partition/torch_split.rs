@@ -304,7 +304,7 @@ pub fn torch_split(
     }
     problem.check_assignment(stage_of)?;
     let stages = problem.stage_count();
-    let names = problem.node_names();
+    let names = problem.node_scopes();
     let (layers, blocks) = match split_family(names) {
         Some(family) => {
             let layers = find_layers_of_family(names, &family.family);

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::kernels::{self, Ctx, Kernel};
 use super::tensor::HostTensor;
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
-use crate::graph::{Graph, NodeId, TensorId};
+use crate::graph::{DType, Graph, NodeId, TensorId};
 use crate::Error;
 
 /// One node ready to run.
@@ -28,6 +28,8 @@ pub(crate) struct Step {
     /// The CPU kernel (the CUDA backend's fallback for nodes its device ops leave).
     pub kernel: Kernel,
     pub opset: i64,
+    /// The inferred element type of each output slot (see [`Ctx::output_dtypes`]).
+    pub output_dtypes: Vec<Option<DType>>,
     /// Tensors whose last reader in the stage is this node (and that the stage does not send).
     pub frees: Vec<TensorId>,
 }
@@ -70,6 +72,11 @@ pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, E
                 node: n,
                 kernel,
                 opset: graph.opset(&node.domain).unwrap_or(0),
+                output_dtypes: node
+                    .outputs
+                    .iter()
+                    .map(|slot| slot.and_then(|id| graph.tensor(id).dtype))
+                    .collect(),
                 frees,
             })
         })
@@ -167,6 +174,7 @@ impl Executor for CpuExecutor<'_> {
             let ctx = Ctx {
                 node,
                 opset: step.opset,
+                output_dtypes: &step.output_dtypes,
             };
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),

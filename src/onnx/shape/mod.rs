@@ -13,6 +13,7 @@ mod linalg;
 mod microsoft;
 mod movement;
 mod nn;
+mod quant;
 mod reduce;
 mod registry;
 

@@ -163,7 +163,18 @@ fn kernel_from(ctx: &OpCtx, weight_spatial: Option<&[Dim]>) -> Result<Vec<u64>, 
 
 /// Conv: `[N, C, D1…] * [M, C/group, k1…] → [N, M, O1…]`.
 fn conv(ctx: &OpCtx) -> RuleResult {
-    let (x, w) = (ctx.shape(0)?, ctx.shape(1)?);
+    let out = conv_shape(ctx, ctx.shape(0)?, ctx.shape(1)?)?;
+    let dtype = if ctx.node.op_type == "ConvInteger" {
+        DType::I32
+    } else {
+        ctx.dtype(0)?
+    };
+    Ok(vec![Inferred::new(dtype, out)])
+}
+
+/// The output shape of a convolution of `x` by weights `w` under the node's attributes (shared
+/// with QLinearConv, whose weights are input 3).
+pub(super) fn conv_shape(ctx: &OpCtx, x: &Shape, w: &Shape) -> Result<Shape, String> {
     if x.len() < 3 || w.len() != x.len() {
         return Err(format!(
             "input {} and weight {} do not form a convolution",
@@ -195,12 +206,7 @@ fn conv(ctx: &OpCtx) -> RuleResult {
     for (axis, d) in x[2..].iter().enumerate() {
         out.push(window_out(ctx, &win, axis, d, false, axis + 2)?);
     }
-    let dtype = if ctx.node.op_type == "ConvInteger" {
-        DType::I32
-    } else {
-        ctx.dtype(0)?
-    };
-    Ok(vec![Inferred::new(dtype, out)])
+    Ok(out)
 }
 
 /// ConvTranspose: `[N, C, D…] * [C, M/group, k…] → [N, M, O…]`, with

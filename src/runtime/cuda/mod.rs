@@ -346,6 +346,7 @@ impl Executor for CudaExecutor<'_> {
             let ctx = Ctx {
                 node,
                 opset: step.opset,
+                output_dtypes: &step.output_dtypes,
             };
             let results = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
                 Some(results) => results,

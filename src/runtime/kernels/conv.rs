@@ -1,4 +1,5 @@
-//! Convolutions and pooling over 1-D and 2-D spatial inputs (`[N, C, L]` runs as `[N, C, 1, L]`).
+//! Convolutions and pooling over 1-D and 2-D spatial inputs (`[N, C, L]` runs as `[N, C, 1, L]`;
+//! pooling over more spatial axes runs in `pool_nd.rs`).
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (Conv, ConvTranspose, MaxPool, AveragePool,
 //! GlobalAveragePool, GlobalMaxPool), opsets 7 to 23: strides, dilations, explicit pads and
@@ -153,7 +154,7 @@ impl Window {
     }
 }
 
-fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let (w4, _) = nchw(w)?;
@@ -383,6 +384,10 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
+    let wants_indices = matches!(ctx.node.outputs.get(1), Some(Some(_)));
+    if x.rank() > 4 || wants_indices || !x.dtype().is_float() {
+        return super::pool_nd::pool_nd(ctx, inputs);
+    }
     let ([n, c, h, w], one_d) = nchw(x)?;
     let kernel = spatial(ctx, "kernel_shape", one_d, 0)?;
     if kernel.contains(&0) {

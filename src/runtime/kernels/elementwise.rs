@@ -405,6 +405,7 @@ mod tests {
         let ctx = super::Ctx {
             node: &node,
             opset: 17,
+            output_dtypes: &[],
         };
         let (a, b) = (i(&[1], &[1]), i(&[1], &[0]));
         assert!(super::arithmetic(&ctx, &[Some(&a), Some(&b)])

@@ -6,21 +6,29 @@
 //! inputs as a `String`; the executor wraps it into [`crate::Error::Kernel`] with the node's name.
 
 mod activation;
+mod axis_ops;
+mod bitwise;
 mod conv;
 mod elementwise;
+mod grid_sample;
 mod matmul;
+mod microsoft;
 mod movement;
+mod ms_attention;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
+mod pool_nd;
+mod quant;
 mod reduce;
+mod scatter;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::tensor::{HostTensor, TensorData};
-use crate::graph::{Attribute, Node};
+use crate::graph::{Attribute, DType, Node};
 
 /// What a kernel sees of its node.
 pub(crate) struct Ctx<'a> {
@@ -28,6 +36,10 @@ pub(crate) struct Ctx<'a> {
     pub node: &'a Node,
     /// Opset in force for the node's domain: several ops changed semantics across versions.
     pub opset: i64,
+    /// The element types shape inference gave the node's outputs (`None` where unknown). The
+    /// runtime widens narrow integers to int64 (see [`super::tensor`]), so a kernel that must
+    /// saturate to uint8 or int8 (QuantizeLinear, QLinearMatMul) learns the range here.
+    pub output_dtypes: &'a [Option<DType>],
 }
 
 /// A kernel's result: one tensor per output, in order (optional trailing outputs may be absent).
@@ -50,6 +62,17 @@ impl KernelTable {
             debug_assert!(previous.is_none(), "kernel for {op} registered twice");
         }
     }
+
+    /// Registers `kernel` for each of `ops` in `domain` (`com.microsoft`, ...).
+    pub fn add_in(&mut self, domain: &'static str, ops: &[&'static str], kernel: Kernel) {
+        for op in ops {
+            let previous = self.kernels.insert((domain, op), kernel);
+            debug_assert!(
+                previous.is_none(),
+                "kernel for {domain}:{op} registered twice"
+            );
+        }
+    }
 }
 
 fn table() -> &'static KernelTable {
@@ -63,6 +86,13 @@ fn table() -> &'static KernelTable {
         norm::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
+        scatter::register(&mut t);
+        microsoft::register(&mut t);
+        ms_attention::register(&mut t);
+        quant::register(&mut t);
+        axis_ops::register(&mut t);
+        bitwise::register(&mut t);
+        grid_sample::register(&mut t);
         t
     })
 }
@@ -286,6 +316,7 @@ pub(crate) mod test_util {
             inputs: Vec::new(),
             outputs: Vec::new(),
             captures: Vec::new(),
+            module_scope: None,
         }
     }
 
@@ -305,7 +336,11 @@ pub(crate) mod test_util {
         inputs: &[&HostTensor],
     ) -> Vec<HostTensor> {
         let node = node(op, attributes);
-        let ctx = Ctx { node: &node, opset };
+        let ctx = Ctx {
+            node: &node,
+            opset,
+            output_dtypes: &[],
+        };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
     }
