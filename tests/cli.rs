@@ -216,3 +216,27 @@ fn exit_codes_tell_infeasible_from_bad_input() {
     ]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// Issue 15 item 1: a model importing an opset newer than pipecut knows loads, and the CLI warns
+/// on stderr naming the ops whose semantics it assumed.
+#[test]
+fn a_newer_opset_loads_with_a_warning_naming_the_assumed_ops() {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(common::fixture("mlp")).unwrap();
+    let mut proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    for import in &mut proto.opset_import {
+        if import.domain.is_empty() || import.domain == "ai.onnx" {
+            import.version = 30;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp_opset30.onnx");
+    std::fs::write(&path, proto.write_to_bytes().unwrap()).unwrap();
+    let (code, out, err) = pipecut(&["inspect", path.to_str().unwrap(), "--dim", "batch=2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Gemm"), "{out}");
+    assert!(
+        err.contains("warning:") && err.contains("opset 30") && err.contains("Gemm, Relu, Softmax"),
+        "{err}"
+    );
+}

@@ -44,9 +44,7 @@ use pipecut::cost::{Catalog, Cluster};
 use pipecut::graph::DType;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::{Planner, StageCount};
-use pipecut::runtime::{
-    read_npy, runtime_dtype, CpuExecutor, Executor, HostTensor, Tensors, Weights,
-};
+use pipecut::runtime::{read_npy, runtime_dtype, CpuExecutor, HostTensor, Tensors, Weights};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 

@@ -316,3 +316,54 @@ fn com_microsoft_fused_ops_are_inferred() {
         assert_eq!(model.graph.concrete_shape(id).unwrap(), vec![2, 5, 64]);
     }
 }
+
+/// Issue 15 item 1: every default-domain opset from 1 loads; one newer than pipecut knows loads
+/// with a warning naming the ops it assumed; a legacy form pipecut does not compute is refused
+/// naming the op, the node and the opset.
+#[test]
+fn opsets_1_to_28_load_and_newer_ones_warn() {
+    use built::*;
+    const F32: i32 = 1;
+    let relu_graph = |op: &str| onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![node("act", op, "", &["x"], &["y"])],
+        input: vec![value_info("x", F32, &["2", "3"])],
+        output: vec![value_info("y", F32, &[])],
+        ..Default::default()
+    };
+    for opset in [1, 6, 7, 23, 24, 28] {
+        let mut model =
+            pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", opset)]), None)
+                .unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        assert!(
+            model.warnings.is_empty(),
+            "opset {opset}: {:?}",
+            model.warnings
+        );
+        pipecut::onnx::shape::ShapeInference::new(Default::default())
+            .run(&mut model.graph)
+            .unwrap();
+        let y = model.graph.tensor_id("y").unwrap();
+        assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![2, 3]);
+    }
+    let newer = pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", 31)]), None)
+        .unwrap();
+    assert_eq!(newer.warnings.len(), 1, "{:?}", newer.warnings);
+    assert!(
+        newer.warnings[0].contains("opset 31") && newer.warnings[0].contains("Relu"),
+        "{:?}",
+        newer.warnings
+    );
+    let legacy =
+        pipecut::onnx::load_model_from_bytes(&model(relu_graph("Reshape"), &[("", 4)]), None)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        legacy.contains("'Reshape'") && legacy.contains("'act'") && legacy.contains("opset 4"),
+        "{legacy}"
+    );
+    let zero = pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", 0)]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(zero.contains("opset 0"), "{zero}");
+}

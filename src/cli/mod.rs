@@ -11,7 +11,7 @@ mod plan_cluster;
 mod run;
 mod show;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -113,13 +113,23 @@ impl ModelArgs {
 
     /// Loads the model and infers every shape, stopping at the first node that fails.
     fn load_typed(&self) -> anyhow::Result<Model> {
-        let mut model = pipecut::onnx::load_model(&self.model)
-            .with_context(|| format!("cannot load '{}'", self.model.display()))?;
+        let mut model = load_model(&self.model)?;
         ShapeInference::new(self.bindings()?)
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)
     }
+}
+
+/// Loads a model, printing on stderr what the loader had to assume (an opset newer than pipecut
+/// knows, op versions whose additions it does not apply) as `warning:` lines.
+pub(crate) fn load_model(path: &Path) -> anyhow::Result<Model> {
+    let model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    for warning in &model.warnings {
+        eprintln!("warning: '{}': {warning}", path.display());
+    }
+    Ok(model)
 }
 
 /// Runs a parsed command line; `Err` is printed by `main` with exit code 2.
