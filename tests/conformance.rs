@@ -7,7 +7,9 @@
 //! reference inputs and outputs. Each case then goes through, in order:
 //!
 //! 1. `load`: [`pipecut::onnx::load_model_from_bytes`];
-//! 2. `shape`: shape inference with no bindings; every output's inferred shape must equal the
+//! 2. `shape`: shape inference with no bindings, given the reference inputs that can carry
+//!    shapes (integers, 1-D floats) as plan-time sample values
+//!    ([`ShapeInference::with_input_values`]); every output's inferred shape must equal the
 //!    reference output's shape;
 //! 3. `plan`: the library's `partition --stages 1` ([`Planner`] with one stage on one H100),
 //!    which also exercises the cost rules;
@@ -41,7 +43,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::DType;
+use pipecut::graph::{ConstValue, DType, MAX_TRACKED_ELEMENTS};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::{Planner, StageCount};
 use pipecut::runtime::{read_npy, runtime_dtype, CpuExecutor, HostTensor, Tensors, Weights};
@@ -184,6 +186,28 @@ fn compare(
     Ok(())
 }
 
+/// The reference inputs that can carry shapes (integers, and 1-D floats such as Resize scales),
+/// as the plan-time sample values the `shape` phase is given.
+fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue>, String> {
+    let mut values = BTreeMap::new();
+    for entry in case["inputs"].as_array().unwrap() {
+        let Ok(tensor) = reference(dir, entry) else {
+            continue;
+        };
+        if tensor.len() as u64 > MAX_TRACKED_ELEMENTS {
+            continue;
+        }
+        if tensor.dtype() == DType::F32 && tensor.rank() != 1 {
+            continue;
+        }
+        values.insert(
+            entry["name"].as_str().unwrap().to_string(),
+            tensor.to_const_value(),
+        );
+    }
+    Ok(values)
+}
+
 /// Runs one case through every phase.
 fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     let bytes = match std::fs::read(dir.join("model.onnx")) {
@@ -194,7 +218,14 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
         Ok(m) => m,
         Err(e) => return fail("load", e),
     };
-    if let Err(e) = ShapeInference::new(DimBindings::new()).run(&mut model.graph) {
+    let values = match sample_values(dir, case) {
+        Ok(v) => v,
+        Err(e) => return fail("shape", e),
+    };
+    if let Err(e) = ShapeInference::new(DimBindings::new())
+        .with_input_values(values)
+        .run(&mut model.graph)
+    {
         return fail("shape", e);
     }
     let graph = &model.graph;

@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Args;
 use pipecut::graph::Dim;
 use pipecut::onnx::inspect::ModelSummary;
-use pipecut::onnx::shape::ShapeInference;
 
 use super::ModelArgs;
 
@@ -35,7 +34,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     // Lenient: report every node that cannot be inferred rather than stopping at the first.
-    let report = ShapeInference::new(bindings.clone())
+    let report = args
+        .model
+        .shape_inference()?
         .lenient(true)
         .run(&mut model.graph)
         .with_context(|| format!("cannot infer shapes of '{}'", path.display()))?;

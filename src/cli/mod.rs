@@ -11,6 +11,7 @@ mod plan_cluster;
 mod run;
 mod show;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -100,6 +101,11 @@ pub struct ModelArgs {
     /// Bind a symbolic dim, e.g. `--dim batch=8` (repeatable). Batch is per micro-batch.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Give a graph input a sample value at plan time, e.g. `--value axes=axes.npy`
+    /// (repeatable): an input that carries a shape (Reduce axes, Reshape's shape, Slice starts,
+    /// Split or Resize sizes) then decides it as a constant would. The plan holds for that value.
+    #[arg(long = "value", value_name = "NAME=FILE.npy")]
+    values: Vec<String>,
 }
 
 impl ModelArgs {
@@ -111,10 +117,24 @@ impl ModelArgs {
         Ok(bindings)
     }
 
+    /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
+    fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
+        let mut values = BTreeMap::new();
+        for arg in &self.values {
+            let (name, file) = arg
+                .split_once('=')
+                .with_context(|| format!("--value '{arg}' is not NAME=FILE.npy"))?;
+            let array = pipecut::runtime::read_npy(Path::new(file))
+                .with_context(|| format!("--value {name}"))?;
+            values.insert(name.to_string(), array.tensor.to_const_value());
+        }
+        Ok(ShapeInference::new(self.bindings()?).with_input_values(values))
+    }
+
     /// Loads the model and infers every shape, stopping at the first node that fails.
     fn load_typed(&self) -> anyhow::Result<Model> {
         let mut model = load_model(&self.model)?;
-        ShapeInference::new(self.bindings()?)
+        self.shape_inference()?
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)
