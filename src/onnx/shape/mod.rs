@@ -6,6 +6,7 @@
 //! returns the outputs' types or an error in words; an op without a rule is an error naming the
 //! op, its node and opset, never a guess.
 
+mod attention;
 mod context;
 mod control;
 mod elementwise;

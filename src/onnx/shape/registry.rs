@@ -35,6 +35,7 @@ fn registry() -> &'static Registry {
         super::reduce::register(&mut r);
         super::control::register(&mut r);
         super::microsoft::register(&mut r);
+        super::attention::register(&mut r);
         r
     })
 }

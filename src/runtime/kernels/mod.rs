@@ -6,6 +6,7 @@
 //! inputs as a `String`; the executor wraps it into [`crate::Error::Kernel`] with the node's name.
 
 mod activation;
+mod attention;
 mod conv;
 mod elementwise;
 mod matmul;
@@ -61,6 +62,7 @@ fn table() -> &'static KernelTable {
         matmul::register(&mut t);
         conv::register(&mut t);
         norm::register(&mut t);
+        attention::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
         t
