@@ -227,7 +227,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         | ("com.microsoft", "FastGelu" | "BiasGelu" | "Gelu" | "QuickGelu" | "BiasAdd") => {
             pointwise::<8>
         }
-        ("com.microsoft", "RotaryEmbedding") => pointwise::<4>,
+        ("com.microsoft" | "", "RotaryEmbedding") => pointwise::<4>,
         // Reductions and normalisations: read the input, a few operations per element.
         (
             "",

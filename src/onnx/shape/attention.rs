@@ -1,6 +1,8 @@
-//! The standard attention op of ai.onnx:
+//! The standard attention ops of ai.onnx:
 //! [Attention](https://onnx.ai/onnx/operators/onnx__Attention.html), opsets 23 and 24 (the
-//! `nonpad_kv_seqlen` input of 24 changes no shape).
+//! `nonpad_kv_seqlen` input of 24 changes no shape), and
+//! [RotaryEmbedding](https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html), opset 23, whose
+//! output is its input's shape and dtype.
 //!
 //! Q, K and V are either 4-D, `[batch, heads, sequence, head_size]`, or 3-D,
 //! `[batch, sequence, heads · head_size]` with the head counts in `q_num_heads` and
@@ -9,12 +11,17 @@
 //! `present_key`, `present_value`, and `qk_matmul_output`, `[batch, q_heads, q_sequence,
 //! total_sequence]`.
 
-use super::context::{Inferred, OpCtx, RuleResult};
+use super::context::{same_shape, Inferred, OpCtx, RuleResult};
 use super::registry::Registry;
 use crate::graph::{format_shape, Dim, Shape};
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["Attention"], attention);
+    r.add("", &["RotaryEmbedding"], rotary_embedding);
+}
+
+fn rotary_embedding(ctx: &OpCtx) -> RuleResult {
+    same_shape(ctx, ctx.dtype(0)?)
 }
 
 /// The 4-D form `[batch, heads, sequence, head_size]` of input `i`; a 3-D input is split into

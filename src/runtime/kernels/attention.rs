@@ -10,12 +10,104 @@
 //! scaled Q·Kᵀ, 1 with the masks added, 2 after the soft cap, 3 after the softmax.
 //!
 //! A fully masked row gives NaN, as the softmax of all −∞ does in the ONNX reference.
+//!
+//! [RotaryEmbedding](https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html), opset 23:
+//! rotates the first `rotary_embedding_dim` (default: all) elements of every head by the cos/sin
+//! caches, indexed by `position_ids` (`[batch, seq]` into caches `[positions, dim/2]`) or, without
+//! them, read as `[batch, seq, dim/2]`; pairs are the two halves, or neighbours when
+//! `interleaved`. Input 4-D `[batch, heads, seq, head_size]` or 3-D `[batch, seq, hidden]` with
+//! `num_heads`.
 
 use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Attention"], attention);
+    t.add(&["RotaryEmbedding"], rotary_embedding);
+}
+
+fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let values = x.to_f32_vec();
+    // (batch, seq, heads, head_size) and the element stride of the head and seq axes.
+    let (batch, seq, heads, size, head_stride, seq_stride) = match *x.shape() {
+        [b, h, s, d] => (b, s, h, d, s * d, d),
+        [b, s, hidden] => {
+            let h = usize::try_from(ctx.int("num_heads", 0))
+                .ok()
+                .filter(|&h| h > 0 && hidden % h == 0)
+                .ok_or_else(|| {
+                    format!("hidden size {hidden} does not split into 'num_heads' heads")
+                })?;
+            (b, s, h, hidden / h, hidden / h, hidden)
+        }
+        ref other => return Err(format!("input {other:?} should be 3-D or 4-D")),
+    };
+    let rotary = match ctx.int("rotary_embedding_dim", 0) {
+        0 => size,
+        d => usize::try_from(d)
+            .ok()
+            .filter(|&d| d <= size && d % 2 == 0)
+            .ok_or_else(|| {
+                format!("rotary_embedding_dim {d} is not an even size up to the head size {size}")
+            })?,
+    };
+    let half = rotary / 2;
+    let (cos, sin) = (input(inputs, 1)?, input(inputs, 2)?);
+    if cos.shape().last() != Some(&half) || sin.shape() != cos.shape() {
+        return Err(format!(
+            "cos/sin caches {:?}/{:?} should end in rotary_embedding_dim/2 = {half}",
+            cos.shape(),
+            sin.shape()
+        ));
+    }
+    let (cos, sin) = (cos.to_f32_vec(), sin.to_f32_vec());
+    let positions = optional(inputs, 3).map(|p| p.to_i64_vec());
+    let rows = cos.len() / half.max(1);
+    let interleaved = ctx.int("interleaved", 0) != 0;
+    let mut out = values.clone();
+    for b in 0..batch {
+        for s in 0..seq {
+            let row = match &positions {
+                Some(p) => {
+                    let pos = *p
+                        .get(b * seq + s)
+                        .ok_or("position_ids is smaller than [batch, seq]")?;
+                    usize::try_from(pos)
+                        .ok()
+                        .filter(|&r| r < rows)
+                        .ok_or_else(|| {
+                            format!("position {pos} is outside the {rows} cached positions")
+                        })?
+                }
+                None => b * seq + s,
+            };
+            if row >= rows {
+                return Err(format!(
+                    "the caches hold {rows} rows, fewer than batch × seq"
+                ));
+            }
+            let (c, sn) = (&cos[row * half..][..half], &sin[row * half..][..half]);
+            for h in 0..heads {
+                let base = if x.rank() == 4 {
+                    b * heads * seq * size + h * head_stride + s * seq_stride
+                } else {
+                    b * seq * seq_stride + s * seq_stride + h * head_stride
+                };
+                for i in 0..half {
+                    let (a, z) = if interleaved {
+                        (base + 2 * i, base + 2 * i + 1)
+                    } else {
+                        (base + i, base + half + i)
+                    };
+                    let (x1, x2) = (values[a], values[z]);
+                    out[a] = c[i] * x1 - sn[i] * x2;
+                    out[z] = sn[i] * x1 + c[i] * x2;
+                }
+            }
+        }
+    }
+    Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
 
 /// A tensor viewed as `[batch, heads, sequence, head_size]`, row-major.
@@ -269,6 +361,23 @@ mod tests {
     use super::super::test_util::run;
     use crate::graph::Attribute;
     use crate::runtime::tensor::HostTensor;
+
+    /// A quarter turn: position 1 with cos 0, sin 1 maps (x1, x2) to (−x2, x1); the element past
+    /// rotary_embedding_dim stays.
+    #[test]
+    fn rotary_embedding_rotates_the_pairs() {
+        let x = HostTensor::f32(vec![1, 1, 1, 3], vec![1.0, 2.0, 5.0]);
+        let cos = HostTensor::f32(vec![2, 1], vec![1.0, 0.0]);
+        let sin = HostTensor::f32(vec![2, 1], vec![0.0, 1.0]);
+        let positions =
+            HostTensor::new(vec![1, 1], crate::runtime::TensorData::I64(vec![1])).unwrap();
+        let out = run(
+            "RotaryEmbedding",
+            vec![("rotary_embedding_dim", Attribute::Int(2))],
+            &[&x, &cos, &sin, &positions],
+        );
+        assert_eq!(out[0].to_f32_vec(), vec![-2.0, 1.0, 5.0]);
+    }
 
     /// One query over two keys with a causal mask: the query at position 0 sees only key 0, so
     /// Y is V's first row whatever the scores; without the mask it is the softmax mix.
