@@ -228,6 +228,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             pointwise::<8>
         }
         ("com.microsoft" | "", "RotaryEmbedding") => pointwise::<4>,
+        // A log-softmax (a few transcendentals per score) and a gather; the scores dominate.
+        ("", "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss") => reduction::<4>,
         // Reductions and normalisations: read the input, a few operations per element.
         (
             "",

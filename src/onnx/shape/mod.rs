@@ -11,6 +11,7 @@ mod context;
 mod control;
 mod elementwise;
 mod linalg;
+mod loss;
 mod microsoft;
 mod movement;
 mod nn;

@@ -9,6 +9,7 @@ mod activation;
 mod attention;
 mod conv;
 mod elementwise;
+mod loss;
 mod matmul;
 mod movement;
 
@@ -63,6 +64,7 @@ fn table() -> &'static KernelTable {
         conv::register(&mut t);
         norm::register(&mut t);
         attention::register(&mut t);
+        loss::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
         t
