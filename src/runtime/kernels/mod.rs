@@ -17,6 +17,7 @@ mod movement;
 pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod reduce;
+mod topk;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -65,6 +66,7 @@ fn table() -> &'static KernelTable {
         norm::register(&mut t);
         attention::register(&mut t);
         loss::register(&mut t);
+        topk::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
         t
