@@ -80,13 +80,20 @@ fn if_(ctx: &OpCtx) -> RuleResult {
 }
 
 /// Loop: body outputs are (cond, carried…, scan…); node outputs are (carried…, scan…), where
-/// scan outputs gain a leading iteration axis whose length depends on the run.
+/// scan outputs gain a leading iteration axis whose length depends on the run. A carried output
+/// has the type of its initial value (input 2 + k), as onnxruntime's inference gives it: the
+/// body's declared dims are local names (or absent) that a user could not bind.
 fn loop_(ctx: &OpCtx) -> RuleResult {
     let body = subgraph(ctx, "body")?;
     let carried = ctx.input_count().saturating_sub(2);
     (1..body.outputs.len())
         .map(|i| {
             let out = i - 1;
+            if out < carried {
+                if let Some(initial) = ctx.opt_input(2 + out) {
+                    return Ok(Inferred::new(initial.dtype, initial.shape.clone()));
+                }
+            }
             let mut t = declared(ctx, body, i, out)?;
             if out >= carried {
                 t.shape.insert(0, ctx.data_dependent_dim(out, 0));
