@@ -82,6 +82,19 @@ pub enum Error {
         supported: String,
     },
 
+    /// A node in an old operator version whose form pipecut does not compute.
+    #[error("op '{op}' at node '{node}' (opset {opset}): {detail}")]
+    LegacyOp {
+        /// Operator type.
+        op: String,
+        /// Node name.
+        node: String,
+        /// The default-domain opset the model imports.
+        opset: i64,
+        /// What pipecut does not compute, and what to do.
+        detail: String,
+    },
+
     /// Shape inference has no rule for an operator.
     #[error("no shape rule for op '{op}' (domain '{domain}', opset {opset}) at node '{node}'")]
     UnsupportedOp {

@@ -282,3 +282,122 @@ fn partition_reports_tokens_per_second_and_mfu_from_the_simulated_step() {
         mfu * 100.0
     );
 }
+
+/// Issue 15 item 1: a model importing an opset newer than pipecut knows loads, and the CLI warns
+/// on stderr naming the ops whose semantics it assumed.
+#[test]
+fn a_newer_opset_loads_with_a_warning_naming_the_assumed_ops() {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(common::fixture("mlp")).unwrap();
+    let mut proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    for import in &mut proto.opset_import {
+        if import.domain.is_empty() || import.domain == "ai.onnx" {
+            import.version = 30;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp_opset30.onnx");
+    std::fs::write(&path, proto.write_to_bytes().unwrap()).unwrap();
+    let (code, out, err) = pipecut(&["inspect", path.to_str().unwrap(), "--dim", "batch=2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Gemm"), "{out}");
+    assert!(
+        err.contains("warning:") && err.contains("opset 30") && err.contains("Gemm, Relu, Softmax"),
+        "{err}"
+    );
+}
+
+/// Issue 15 item 2: a graph input that carries a shape (ReduceSum's axes) is resolved by a sample
+/// value given at plan time (`--value axes=FILE.npy`); without it, inspect names the input.
+#[test]
+fn a_sample_value_resolves_a_shape_input() {
+    use onnx_protobuf::{
+        tensor_shape_proto, type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str, elem_type: i32, dims: &[i64]| ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "reduce".into(),
+        node: vec![NodeProto {
+            name: "sum".into(),
+            op_type: "ReduceSum".into(),
+            input: vec!["x".into(), "axes".into()],
+            output: vec!["y".into()],
+            attribute: vec![AttributeProto {
+                name: "keepdims".into(),
+                i: 0,
+                type_: onnx_protobuf::attribute_proto::AttributeType::INT.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        input: vec![value_info("x", 1, &[2, 3, 4]), value_info("axes", 7, &[1])],
+        output: vec![ValueInfoProto {
+            name: "y".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            version: 18,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reduce.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    let axes =
+        pipecut::runtime::HostTensor::new(vec![1], pipecut::runtime::TensorData::I64(vec![1]))
+            .unwrap();
+    let axes_path = dir.path().join("axes.npy");
+    std::fs::write(&axes_path, pipecut::runtime::encode_npy(&axes)).unwrap();
+    let model_arg = path.to_str().unwrap();
+    let (_, out, err) = pipecut(&["inspect", model_arg]);
+    assert!(format!("{out}{err}").contains("'axes'"), "{out}{err}");
+    let value = format!("axes={}", axes_path.display());
+    let (code, out, err) = pipecut(&["inspect", model_arg, "--value", &value, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let outputs = report["outputs"]
+        .as_array()
+        .expect("inspect --json lists outputs");
+    let y = outputs.iter().find(|o| o["name"] == "y").expect("output y");
+    assert_eq!(y["shape"], serde_json::json!([2, 4]), "{out}");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model_arg,
+        "--value",
+        &value,
+        "--stages",
+        "1",
+        "--cluster",
+        "1x1xH100-SXM",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}

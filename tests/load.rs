@@ -317,3 +317,100 @@ fn com_microsoft_fused_ops_are_inferred() {
         assert_eq!(model.graph.concrete_shape(id).unwrap(), vec![2, 5, 64]);
     }
 }
+
+/// Issue 15 item 1: every default-domain opset from 1 loads; one newer than pipecut knows loads
+/// with a warning naming the ops it assumed; a legacy form pipecut does not compute is refused
+/// naming the op, the node and the opset.
+#[test]
+fn opsets_1_to_28_load_and_newer_ones_warn() {
+    use built::*;
+    const F32: i32 = 1;
+    let relu_graph = |op: &str| onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![node("act", op, "", &["x"], &["y"])],
+        input: vec![value_info("x", F32, &["2", "3"])],
+        output: vec![value_info("y", F32, &[])],
+        ..Default::default()
+    };
+    for opset in [1, 6, 7, 23, 24, 28] {
+        let mut model =
+            pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", opset)]), None)
+                .unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        assert!(
+            model.warnings.is_empty(),
+            "opset {opset}: {:?}",
+            model.warnings
+        );
+        pipecut::onnx::shape::ShapeInference::new(Default::default())
+            .run(&mut model.graph)
+            .unwrap();
+        let y = model.graph.tensor_id("y").unwrap();
+        assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![2, 3]);
+    }
+    let newer = pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", 31)]), None)
+        .unwrap();
+    assert_eq!(newer.warnings.len(), 1, "{:?}", newer.warnings);
+    assert!(
+        newer.warnings[0].contains("opset 31") && newer.warnings[0].contains("Relu"),
+        "{:?}",
+        newer.warnings
+    );
+    let legacy =
+        pipecut::onnx::load_model_from_bytes(&model(relu_graph("Reshape"), &[("", 4)]), None)
+            .unwrap_err()
+            .to_string();
+    assert!(
+        legacy.contains("'Reshape'") && legacy.contains("'act'") && legacy.contains("opset 4"),
+        "{legacy}"
+    );
+    let zero = pipecut::onnx::load_model_from_bytes(&model(relu_graph("Relu"), &[("", 0)]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(zero.contains("opset 0"), "{zero}");
+}
+
+/// Issue 15 item 2: a Loop's carried output takes its type from the initial value, not from the
+/// body's declared (here symbolic, body-local) shape, so no `--dim` is asked for it.
+#[test]
+fn loop_carried_outputs_take_the_initial_values_shape() {
+    use built::*;
+    const F32: i32 = 1;
+    const I64: i32 = 7;
+    const BOOL: i32 = 9;
+    let body = onnx_protobuf::GraphProto {
+        name: "body".into(),
+        node: vec![
+            node("keep_going", "Identity", "", &["cond_in"], &["cond_out"]),
+            node("step", "Relu", "", &["acc_in"], &["acc_out"]),
+        ],
+        input: vec![
+            value_info("iter", I64, &[]),
+            value_info("cond_in", BOOL, &[]),
+            value_info("acc_in", F32, &["rows", "cols"]),
+        ],
+        output: vec![
+            value_info("cond_out", BOOL, &[]),
+            value_info("acc_out", F32, &["body_rows", "body_cols"]),
+        ],
+        ..Default::default()
+    };
+    let mut loop_node = node("repeat", "Loop", "", &["trips", "cond", "x"], &["y"]);
+    loop_node.attribute = vec![graph_attr("body", body)];
+    let graph = onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![loop_node],
+        input: vec![
+            value_info("trips", I64, &[]),
+            value_info("cond", BOOL, &[]),
+            value_info("x", F32, &["3", "4"]),
+        ],
+        output: vec![value_info("y", F32, &[])],
+        ..Default::default()
+    };
+    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
+    pipecut::onnx::shape::ShapeInference::new(Default::default())
+        .run(&mut model.graph)
+        .unwrap();
+    let y = model.graph.tensor_id("y").unwrap();
+    assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
+}

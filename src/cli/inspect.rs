@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Args;
 use pipecut::graph::Dim;
 use pipecut::onnx::inspect::ModelSummary;
-use pipecut::onnx::shape::ShapeInference;
 
 use super::ModelArgs;
 
@@ -23,8 +22,7 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let bindings = args.model.bindings()?;
     let path = &args.model.model;
-    let mut model = pipecut::onnx::load_model(path)
-        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    let mut model = super::load_model(path)?;
     let graph = &model.graph;
     let symbolic_dims: BTreeSet<String> = graph
         .inputs()
@@ -36,7 +34,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     // Lenient: report every node that cannot be inferred rather than stopping at the first.
-    let report = ShapeInference::new(bindings.clone())
+    let report = args
+        .model
+        .shape_inference()?
         .lenient(true)
         .run(&mut model.graph)
         .with_context(|| format!("cannot infer shapes of '{}'", path.display()))?;

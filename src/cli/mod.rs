@@ -13,7 +13,8 @@ mod progress;
 mod run;
 mod show;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -104,6 +105,11 @@ pub struct ModelArgs {
     /// Bind a symbolic dim, e.g. `--dim batch=8` (repeatable). Batch is per micro-batch.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Give a graph input a sample value at plan time, e.g. `--value axes=axes.npy`
+    /// (repeatable): an input that carries a shape (Reduce axes, Reshape's shape, Slice starts,
+    /// Split or Resize sizes) then decides it as a constant would. The plan holds for that value.
+    #[arg(long = "value", value_name = "NAME=FILE.npy")]
+    values: Vec<String>,
 }
 
 impl ModelArgs {
@@ -115,11 +121,24 @@ impl ModelArgs {
         Ok(bindings)
     }
 
+    /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
+    fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
+        let mut values = BTreeMap::new();
+        for arg in &self.values {
+            let (name, file) = arg
+                .split_once('=')
+                .with_context(|| format!("--value '{arg}' is not NAME=FILE.npy"))?;
+            let array = pipecut::runtime::read_npy(Path::new(file))
+                .with_context(|| format!("--value {name}"))?;
+            values.insert(name.to_string(), array.tensor.to_const_value());
+        }
+        Ok(ShapeInference::new(self.bindings()?).with_input_values(values))
+    }
+
     /// Loads the model and infers every shape, stopping at the first node that fails.
     fn load_typed(&self) -> anyhow::Result<Model> {
-        let mut model = pipecut::onnx::load_model(&self.model)
-            .with_context(|| format!("cannot load '{}'", self.model.display()))?;
-        ShapeInference::new(self.bindings()?)
+        let mut model = load_model(&self.model)?;
+        self.shape_inference()?
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)
@@ -142,6 +161,21 @@ impl From<DtypeArg> for pipecut::cost::Precision {
             DtypeArg::Fp32 => pipecut::cost::Precision::Fp32,
         }
     }
+}
+
+/// Loads a model, printing on stderr what the loader had to assume (an opset newer than pipecut
+/// knows, op versions whose additions it does not apply) as `warning:` lines.
+pub(crate) fn load_model(path: &Path) -> anyhow::Result<Model> {
+    let model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    for warning in &model.warnings {
+        eprintln!(
+            "warning: '{}': {}",
+            path.display(),
+            escape_controls(warning)
+        );
+    }
+    Ok(model)
 }
 
 /// Runs a parsed command line; `Err` is printed by `main` with exit code 2.

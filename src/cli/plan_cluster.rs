@@ -68,8 +68,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[path])?;
     }
-    let model = pipecut::onnx::load_model(path)
-        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    let model = super::load_model(path)?;
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let bindings = args.model.bindings()?;

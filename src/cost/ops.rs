@@ -166,6 +166,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
         ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
+        ("", "Attention") => onnx_attention,
         // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.
         (
             "",
@@ -228,7 +229,9 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         | ("com.microsoft", "FastGelu" | "BiasGelu" | "Gelu" | "QuickGelu" | "BiasAdd") => {
             pointwise::<8>
         }
-        ("com.microsoft", "RotaryEmbedding") => pointwise::<4>,
+        ("com.microsoft" | "", "RotaryEmbedding") => pointwise::<4>,
+        // A log-softmax (a few transcendentals per score) and a gather; the scores dominate.
+        ("", "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss") => reduction::<4>,
         // Reductions and normalisations: read the input, a few operations per element.
         (
             "",
@@ -416,6 +419,33 @@ fn attention(ctx: &CostCtx) -> Result<OpWork, String> {
     let attention = 4.0 * b * s * s * h;
     Ok(ctx.work(
         projection + attention,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+/// ai.onnx Attention (<https://onnx.ai/onnx/operators/onnx__Attention.html>, opsets 23–24):
+/// Q·Kᵀ is a multiply-add per query element and key, softmax·V one per output element and key,
+/// over the total (past + new) key sequence. Q and Y hold the same elements in the 3-D and 4-D
+/// layouts, so the count needs no head split.
+fn onnx_attention(ctx: &CostCtx) -> Result<OpWork, String> {
+    let keys = |i: usize| -> Result<f64, String> {
+        let shape = ctx.shape(i)?;
+        match shape.len() {
+            4 => Ok(shape[2] as f64),
+            3 => Ok(shape[1] as f64),
+            _ => Err(format!("input {i} is neither 3-D nor 4-D")),
+        }
+    };
+    let past = if ctx.inputs.get(4).is_some_and(Option::is_some) {
+        keys(4)?
+    } else {
+        0.0
+    };
+    let total = keys(1)? + past;
+    let flops = 2.0 * total * (elements(ctx.shape(0)?) + ctx.output_elements());
+    Ok(ctx.work(
+        flops,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Matmul,
     ))

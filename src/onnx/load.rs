@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
 
+use super::opset::{check_legacy_node, opset_warnings};
 use super::tensor::{decode_tensor, decode_type, DecodedTensor, ExternalFiles};
-use super::{Model, SUPPORTED_DEFAULT_OPSETS};
+use super::Model;
 use crate::graph::{Attribute, DType, Graph, NodeSpec, Param, Storage, Subgraph};
 use crate::Error;
 
@@ -57,6 +58,13 @@ pub(super) fn decode_model(
     let graph_proto = proto.graph.as_ref().expect("checked above");
     let mut external = ExternalFiles::new(base_dir);
     let graph = build_graph(graph_proto, &opsets, &mut external)?;
+    let default_ops: BTreeSet<String> = graph_proto
+        .node
+        .iter()
+        .filter(|n| n.domain.is_empty() || n.domain == "ai.onnx")
+        .map(|n| n.op_type.clone())
+        .collect();
+    let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
     Ok(Model {
         graph,
         ir_version: proto.ir_version,
@@ -65,6 +73,7 @@ pub(super) fn decode_model(
             .to_string(),
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
+        warnings,
     })
 }
 
@@ -119,24 +128,16 @@ fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {
         };
         opsets.insert(domain, import.version);
     }
-    let default = opsets
-        .get("")
-        .copied()
-        .ok_or_else(|| Error::UnsupportedOpset {
-            domain: "ai.onnx".into(),
-            version: 0,
-            supported: "a model that imports the default domain".into(),
-        })?;
-    if !SUPPORTED_DEFAULT_OPSETS.contains(&default) {
-        return Err(Error::UnsupportedOpset {
-            domain: "ai.onnx".into(),
-            version: default,
-            supported: format!(
-                "opsets {} to {}",
-                SUPPORTED_DEFAULT_OPSETS.start(),
-                SUPPORTED_DEFAULT_OPSETS.end()
-            ),
-        });
+    // A model may import only other domains (ai.onnx.ml, training); it then has no default-
+    // domain nodes to version. Opsets newer than pipecut knows load with a warning.
+    if let Some(&default) = opsets.get("") {
+        if default < 1 {
+            return Err(Error::UnsupportedOpset {
+                domain: "ai.onnx".into(),
+                version: default,
+                supported: "opsets from 1 on".into(),
+            });
+        }
     }
     Ok(opsets)
 }
@@ -223,6 +224,7 @@ fn build_graph(
             builder.parameter(output, literal.dtype, &literal.dims, param, literal.value)?;
             continue;
         }
+        check_legacy_node(node, opsets.get("").copied())?;
         let spec = node_spec(node, index, &mut used_names)?;
         builder.node(spec)?;
     }

@@ -8,12 +8,12 @@
 pub mod export;
 pub mod inspect;
 mod load;
+pub mod opset;
 mod scopes;
 pub mod shape;
 mod tensor;
 
 use std::fs::File;
-use std::ops::RangeInclusive;
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -21,8 +21,7 @@ use memmap2::Mmap;
 use crate::graph::Graph;
 use crate::Error;
 
-/// Default-domain opsets that shape inference knows the operator semantics of.
-pub const SUPPORTED_DEFAULT_OPSETS: RangeInclusive<i64> = 7..=23;
+pub use opset::{NEWEST_KNOWN_OPSET, SUPPORTED_DEFAULT_OPSETS};
 
 /// A loaded model: its graph and the facts about the file that plans record.
 #[derive(Debug, Clone)]
@@ -37,6 +36,9 @@ pub struct Model {
     pub file_bytes: u64,
     /// sha256 of the protobuf bytes (hex), which plans record to refuse a different model.
     pub sha256: String,
+    /// What the loader had to assume, one sentence each (an opset newer than pipecut knows, an
+    /// op version whose additions pipecut does not apply; see [`opset`]). The CLI prints them.
+    pub warnings: Vec<String>,
 }
 
 /// Loads an ONNX model from a file; external data is resolved against the file's directory.

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::graph::DType;
+use crate::graph::{ConstValue, DType, SymInt};
 
 /// The elements of a [`HostTensor`].
 #[derive(Debug, Clone, PartialEq)]
@@ -247,6 +247,16 @@ impl HostTensor {
             TensorData::I64(v) => v.clone(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+        }
+    }
+
+    /// The contents as a plan-time value, for a sample input given to shape inference
+    /// ([`crate::onnx::shape::ShapeInference::with_input_values`]): floats as floats, integers
+    /// and booleans as integers.
+    pub fn to_const_value(&self) -> ConstValue {
+        match &self.data {
+            TensorData::F32(v) => ConstValue::Floats(v.iter().map(|&x| f64::from(x)).collect()),
+            _ => ConstValue::Ints(self.to_i64_vec().into_iter().map(SymInt::Lit).collect()),
         }
     }
 

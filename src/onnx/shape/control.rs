@@ -80,13 +80,20 @@ fn if_(ctx: &OpCtx) -> RuleResult {
 }
 
 /// Loop: body outputs are (cond, carried…, scan…); node outputs are (carried…, scan…), where
-/// scan outputs gain a leading iteration axis whose length depends on the run.
+/// scan outputs gain a leading iteration axis whose length depends on the run. A carried output
+/// has the type of its initial value (input 2 + k), as onnxruntime's inference gives it: the
+/// body's declared dims are local names (or absent) that a user could not bind.
 fn loop_(ctx: &OpCtx) -> RuleResult {
     let body = subgraph(ctx, "body")?;
     let carried = ctx.input_count().saturating_sub(2);
     (1..body.outputs.len())
         .map(|i| {
             let out = i - 1;
+            if out < carried {
+                if let Some(initial) = ctx.opt_input(2 + out) {
+                    return Ok(Inferred::new(initial.dtype, initial.shape.clone()));
+                }
+            }
             let mut t = declared(ctx, body, i, out)?;
             if out >= carried {
                 t.shape.insert(0, ctx.data_dependent_dim(out, 0));
@@ -97,14 +104,27 @@ fn loop_(ctx: &OpCtx) -> RuleResult {
 }
 
 /// Scan: state outputs as declared; scan outputs gain the scanned axis, whose length is the
-/// length of the first scanned input's scan axis (axis 0 by default).
+/// length of the first scanned input's scan axis (axis 0 by default). Scan-8 (opsets 8) has an
+/// optional `sequence_lens` input first and a batch axis 0 on every input and output, which the
+/// body does not see: states gain the batch axis, scan outputs the batch and scanned axes.
 fn scan(ctx: &OpCtx) -> RuleResult {
     let body = subgraph(ctx, "body")?;
     let scan_inputs = ctx
         .int_attr("num_scan_inputs")?
         .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
-    let states = ctx.input_count().saturating_sub(scan_inputs);
-    let first_scanned = ctx.shape(states).ok().and_then(|s| s.first().cloned());
+    let batched = ctx.opset < 9;
+    let first_state = usize::from(batched);
+    let states = ctx
+        .input_count()
+        .saturating_sub(scan_inputs)
+        .saturating_sub(first_state);
+    let first_scanned_input = first_state + states;
+    let scan_axis = usize::from(batched);
+    let first_scanned = ctx
+        .shape(first_scanned_input)
+        .ok()
+        .and_then(|s| s.get(scan_axis).cloned());
+    let batch = ctx.shape(first_state).ok().and_then(|s| s.first().cloned());
     (0..body.outputs.len())
         .map(|i| {
             let mut t = declared(ctx, body, i, i)?;
@@ -112,6 +132,14 @@ fn scan(ctx: &OpCtx) -> RuleResult {
                 t.shape.insert(
                     0,
                     first_scanned
+                        .clone()
+                        .unwrap_or_else(|| ctx.data_dependent_dim(i, 0)),
+                );
+            }
+            if batched {
+                t.shape.insert(
+                    0,
+                    batch
                         .clone()
                         .unwrap_or_else(|| ctx.data_dependent_dim(i, 0)),
                 );

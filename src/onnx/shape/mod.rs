@@ -6,10 +6,12 @@
 //! returns the outputs' types or an error in words; an op without a rule is an error naming the
 //! op, its node and opset, never a guess.
 
+mod attention;
 mod context;
 mod control;
 mod elementwise;
 mod linalg;
+mod loss;
 mod microsoft;
 mod movement;
 mod nn;
@@ -21,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::graph::{element_count, Dim, Graph, SymDim, TensorId, MAX_TRACKED_ELEMENTS};
+use crate::graph::{element_count, ConstValue, Dim, Graph, SymDim, TensorId, MAX_TRACKED_ELEMENTS};
 use crate::Error;
 
 pub(crate) use context::{Inferred, OpCtx};
@@ -133,6 +135,7 @@ pub struct InferenceReport {
 pub struct ShapeInference {
     bindings: DimBindings,
     lenient: bool,
+    input_values: BTreeMap<String, ConstValue>,
 }
 
 impl ShapeInference {
@@ -141,7 +144,18 @@ impl ShapeInference {
         ShapeInference {
             bindings,
             lenient: false,
+            input_values: BTreeMap::new(),
         }
+    }
+
+    /// Sample values of graph inputs, known at plan time: a graph input that carries a shape
+    /// (Reduce axes, Slice starts, Split sizes, Reshape's shape, Resize sizes) then resolves the
+    /// shapes it decides, as a constant would, instead of being refused. The plan holds for
+    /// these values only. Each value must match its input's bound shape and hold at most
+    /// [`MAX_TRACKED_ELEMENTS`] elements.
+    pub fn with_input_values(mut self, values: BTreeMap<String, ConstValue>) -> ShapeInference {
+        self.input_values = values;
+        self
     }
 
     /// Keep going past nodes that fail and report them (for `inspect`) instead of stopping.
@@ -277,6 +291,42 @@ impl ShapeInference {
                     })?;
             }
             check_size(&tensor.name, shape, tensor.dtype)?;
+        }
+        self.set_input_values(graph)
+    }
+
+    /// Attaches [`ShapeInference::with_input_values`] to their inputs, checking each fits.
+    fn set_input_values(&self, graph: &mut Graph) -> Result<(), Error> {
+        for (name, value) in &self.input_values {
+            let bad = |detail: String| Error::InvalidDim {
+                tensor: name.clone(),
+                detail,
+            };
+            let id = graph
+                .tensor_id(name)
+                .filter(|id| graph.inputs().contains(id))
+                .ok_or_else(|| {
+                    bad("a value was given for it, but it is not a graph input".into())
+                })?;
+            if value.len() as u64 > MAX_TRACKED_ELEMENTS {
+                return Err(bad(format!(
+                    "its value has {} elements; plan-time values hold at most {MAX_TRACKED_ELEMENTS}",
+                    value.len()
+                )));
+            }
+            let tensor = graph.tensor_mut(id);
+            let shape = tensor.shape.as_deref().unwrap_or(&[]);
+            match element_count(shape) {
+                Some(Dim::Known(n)) if n == value.len() as u64 => {}
+                _ => {
+                    return Err(bad(format!(
+                        "its value has {} elements but its shape is {}",
+                        value.len(),
+                        crate::graph::format_shape(shape)
+                    )))
+                }
+            }
+            tensor.value = Some(value.clone());
         }
         Ok(())
     }

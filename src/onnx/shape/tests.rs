@@ -403,3 +403,48 @@ fn huge_values_are_errors_and_empty_shapes_are_valid() {
     let err = infer(b, DimBindings::new()).unwrap_err().to_string();
     assert!(err.contains("overflows 64 bits"), "{err}");
 }
+
+/// Issue 15 item 2: a shape input that is a graph input (ReduceSum's axes here) is resolved by
+/// a plan-time sample value instead of being refused; a value for a non-input or of the wrong
+/// size is refused naming the tensor.
+#[test]
+fn sample_input_values_resolve_shape_inputs() {
+    let graph = || {
+        let mut b = builder(&[
+            (
+                "x",
+                DType::F32,
+                vec![Dim::Known(2), Dim::Known(3), Dim::Known(4)],
+            ),
+            ("axes", DType::I64, vec![Dim::Known(1)]),
+        ]);
+        b.opset("", 18);
+        b.node(
+            NodeSpec::new("sum", "ReduceSum", &["x", "axes"], &["y"])
+                .attr("keepdims", Attribute::Int(0)),
+        )
+        .unwrap();
+        b.output("y");
+        b.build().unwrap()
+    };
+    let mut refused = graph();
+    assert!(ShapeInference::new(DimBindings::new())
+        .run(&mut refused)
+        .is_err());
+    let mut g = graph();
+    let values = BTreeMap::from([("axes".to_string(), ints(&[1]).unwrap())]);
+    ShapeInference::new(DimBindings::new())
+        .with_input_values(values)
+        .run(&mut g)
+        .unwrap();
+    let y = g.tensor_id("y").unwrap();
+    assert_eq!(g.concrete_shape(y).unwrap(), vec![2, 4]);
+    for (name, value) in [("y", ints(&[1])), ("axes", ints(&[1, 2]))] {
+        let values = BTreeMap::from([(name.to_string(), value.unwrap())]);
+        let err = ShapeInference::new(DimBindings::new())
+            .with_input_values(values)
+            .run(&mut graph())
+            .unwrap_err();
+        assert!(err.to_string().contains(&format!("'{name}'")), "{err}");
+    }
+}

@@ -491,6 +491,7 @@ mod tests {
         let ctx = super::super::Ctx {
             node: &node,
             opset: 17,
+            output_dtypes: &[],
         };
         let x = f(&[1, 1, 3, 3], &[1.0; 9]);
         let w = f(&[1, 1, 2, 2], &[1.0; 4]);

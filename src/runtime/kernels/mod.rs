@@ -6,11 +6,13 @@
 //! inputs as a `String`; the executor wraps it into [`crate::Error::Kernel`] with the node's name.
 
 mod activation;
+mod attention;
 mod axis_ops;
 mod bitwise;
 mod conv;
 mod elementwise;
 mod grid_sample;
+mod loss;
 mod matmul;
 mod microsoft;
 mod movement;
@@ -23,6 +25,7 @@ mod pool_nd;
 mod quant;
 mod reduce;
 mod scatter;
+mod topk;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -84,6 +87,9 @@ fn table() -> &'static KernelTable {
         matmul::register(&mut t);
         conv::register(&mut t);
         norm::register(&mut t);
+        attention::register(&mut t);
+        loss::register(&mut t);
+        topk::register(&mut t);
         reduce::register(&mut t);
         movement::register(&mut t);
         scatter::register(&mut t);

@@ -997,6 +997,7 @@ mod tests {
         let ctx = super::Ctx {
             node: &node,
             opset: 17,
+            output_dtypes: &[],
         };
         let huge = i(&[4], &[0, i64::MAX, 0, i64::MAX]);
         let wide = f(&[1, 8], &[0.0; 8]);

@@ -1,0 +1,442 @@
+//! Conformance test: the ONNX backend node cases of the pinned onnx package (the per-operator
+//! cases `onnx.backend.test.case.node.collect_testcases(None)` generates; onnx 1.19.1 has 1,615)
+//! through every phase pipecut has, against a committed list of expected failures.
+//!
+//! `fixtures/conformance.py` (run here with the project venv when `target/conformance/` is
+//! missing or stale) writes each case's model, with the declared output shapes erased, and its
+//! reference inputs and outputs. Each case then goes through, in order:
+//!
+//! 1. `load`: [`pipecut::onnx::load_model_from_bytes`];
+//! 2. `shape`: shape inference with no bindings, given the reference inputs that can carry
+//!    shapes (integers, 0-D and 1-D floats) as plan-time sample values
+//!    ([`ShapeInference::with_input_values`]); every output's inferred shape must equal the
+//!    reference output's shape;
+//! 3. `plan`: the library's `partition --stages 1` ([`Planner`] with one stage on one H100),
+//!    which also exercises the cost rules;
+//! 4. `run`: the CPU runtime on the reference inputs; every output must match the reference
+//!    within the case's own tolerance, |actual − expected| ≤ atol + rtol·|expected| (the onnx
+//!    backend runner's `np.testing.assert_allclose`, with NaN equal to NaN), compared in the
+//!    runtime's dtype (it computes float16/float64 as float32, narrow integers as int64).
+//!
+//! A case's outcome is `pass` or the first phase that failed. `tests/conformance/
+//! expected_failures.txt` lists every failing case with its phase and the error; the test fails
+//! on a case that fails other than listed (a regression, or a listed failure moved to another
+//! phase) and on a listed case that now passes, so the list stays true. After a change that
+//! moves cases, regenerate the list with
+//!
+//! ```sh
+//! PIPECUT_CONFORMANCE_BLESS=1 cargo test --test conformance
+//! ```
+//!
+//! and review its diff. Without the venv the test cannot generate the cases: it says so on
+//! stderr and passes, except under CI (`CI` set), where the venv is part of the setup
+//! (`fixtures/pyenv.sh`) and its absence fails the test.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pipecut::cost::{Catalog, Cluster};
+use pipecut::graph::{ConstValue, DType, MAX_TRACKED_ELEMENTS};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::partition::{Planner, StageCount};
+use pipecut::runtime::{read_npy, runtime_dtype, CpuExecutor, HostTensor, Tensors, Weights};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const EXPECTED: &str = "tests/conformance/expected_failures.txt";
+
+/// Errors can run over several lines (a shape list, a node dump); the list keeps one line of at
+/// most this many characters per case, enough to name the op and the reason.
+const REASON_CHARS: usize = 160;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Pass,
+    Fail { phase: String, reason: String },
+}
+
+fn fail(phase: &str, reason: impl std::fmt::Display) -> Outcome {
+    let text = reason.to_string();
+    let line = text.lines().next().unwrap_or("").trim();
+    Outcome::Fail {
+        phase: phase.to_string(),
+        reason: line.chars().take(REASON_CHARS).collect(),
+    }
+}
+
+/// The venv's python, the way `fixtures/pyenv.sh` creates it.
+fn python() -> PathBuf {
+    common::root().join(".venv/bin/python")
+}
+
+/// The onnx version `fixtures/requirements.txt` pins.
+fn pinned_onnx() -> String {
+    let requirements =
+        std::fs::read_to_string(common::root().join("fixtures/requirements.txt")).unwrap();
+    requirements
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("onnx=="))
+        .expect("fixtures/requirements.txt pins onnx")
+        .to_string()
+}
+
+/// The stamp `fixtures/conformance.py` writes into `cases.json`: the onnx version and the first
+/// 16 hex digits of the script's sha256. A cache with another stamp is regenerated.
+fn expected_stamp() -> String {
+    let script = std::fs::read(common::root().join("fixtures/conformance.py")).unwrap();
+    let digest = Sha256::digest(&script);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("onnx {}, script {}", pinned_onnx(), &hex[..16])
+}
+
+/// The case cache, generated when missing or stale; `None` (said loudly) without a venv.
+fn case_cache() -> Option<PathBuf> {
+    let cache = common::root().join("target/conformance");
+    let manifest = cache.join("cases.json");
+    let stamp = std::fs::read_to_string(&manifest)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|v| v["stamp"].as_str().map(str::to_string));
+    if stamp.as_deref() == Some(expected_stamp().as_str()) {
+        return Some(cache);
+    }
+    let python = python();
+    if !python.exists() {
+        let message = format!(
+            "CONFORMANCE NOT RUN: {} is absent, so the ONNX node cases cannot be generated \
+             (run `bash fixtures/pyenv.sh`)",
+            python.display()
+        );
+        assert!(std::env::var_os("CI").is_none(), "{message}");
+        eprintln!("\n*** {message} ***\n");
+        return None;
+    }
+    let status = Command::new(&python)
+        .arg(common::root().join("fixtures/conformance.py"))
+        .arg("--out")
+        .arg(&cache)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "fixtures/conformance.py failed: {status}");
+    Some(cache)
+}
+
+/// Reads one reference value listed in `cases.json`.
+fn reference(dir: &Path, entry: &Value) -> Result<HostTensor, String> {
+    if let Some(why) = entry["unstorable"].as_str() {
+        return Err(format!(
+            "reference '{}' is {why}",
+            entry["name"].as_str().unwrap_or("?")
+        ));
+    }
+    let file = dir.join(entry["file"].as_str().unwrap());
+    read_npy(&file).map(|a| a.tensor).map_err(|e| e.to_string())
+}
+
+/// Compares one output as the onnx backend runner does (`assert_allclose`, NaN equal to NaN).
+fn compare(
+    name: &str,
+    got: &HostTensor,
+    want: &HostTensor,
+    rtol: f64,
+    atol: f64,
+) -> Result<(), String> {
+    let want_dtype = runtime_dtype(want.dtype());
+    if got.dtype() != want_dtype {
+        return Err(format!(
+            "output '{name}' is {} but the reference is {}",
+            got.dtype(),
+            want.dtype()
+        ));
+    }
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "output '{name}' has shape {:?} but the reference {:?}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    let want = want.cast(want_dtype)?;
+    match want_dtype {
+        DType::F32 => {
+            for (i, (&a, &b)) in got.to_f32_vec().iter().zip(&want.to_f32_vec()).enumerate() {
+                let (a, b) = (a as f64, b as f64);
+                let close =
+                    (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= atol + rtol * b.abs();
+                if !close {
+                    return Err(format!(
+                        "output '{name}' element {i} is {a} but the reference is {b} (rtol {rtol}, atol {atol})"
+                    ));
+                }
+            }
+        }
+        _ => {
+            if got.to_i64_vec() != want.to_i64_vec() {
+                return Err(format!("output '{name}' differs from the reference"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The reference inputs that can carry shapes (integers, and 0-D and 1-D floats such as Resize scales or Range bounds),
+/// as the plan-time sample values the `shape` phase is given.
+fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue>, String> {
+    let mut values = BTreeMap::new();
+    for entry in case["inputs"].as_array().unwrap() {
+        let Ok(tensor) = reference(dir, entry) else {
+            continue;
+        };
+        if tensor.len() as u64 > MAX_TRACKED_ELEMENTS {
+            continue;
+        }
+        if tensor.dtype() == DType::F32 && tensor.rank() > 1 {
+            continue;
+        }
+        values.insert(
+            entry["name"].as_str().unwrap().to_string(),
+            tensor.to_const_value(),
+        );
+    }
+    Ok(values)
+}
+
+/// Runs one case through every phase.
+fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
+    let bytes = match std::fs::read(dir.join("model.onnx")) {
+        Ok(b) => b,
+        Err(e) => return fail("load", e),
+    };
+    let mut model = match pipecut::onnx::load_model_from_bytes(&bytes, None) {
+        Ok(m) => m,
+        Err(e) => return fail("load", e),
+    };
+    let values = match sample_values(dir, case) {
+        Ok(v) => v,
+        Err(e) => return fail("shape", e),
+    };
+    if let Err(e) = ShapeInference::new(DimBindings::new())
+        .with_input_values(values)
+        .run(&mut model.graph)
+    {
+        return fail("shape", e);
+    }
+    let graph = &model.graph;
+    let outputs = case["outputs"].as_array().unwrap();
+    if outputs.len() != graph.outputs().len() {
+        return fail(
+            "shape",
+            format!(
+                "{} outputs, the reference has {}",
+                graph.outputs().len(),
+                outputs.len()
+            ),
+        );
+    }
+    for (entry, &id) in outputs.iter().zip(graph.outputs()) {
+        let Some(want) = entry["shape"].as_array() else {
+            return fail(
+                "shape",
+                format!("reference '{}' is {}", entry["name"], entry["unstorable"]),
+            );
+        };
+        let want: Vec<u64> = want.iter().map(|d| d.as_u64().unwrap()).collect();
+        match graph.concrete_shape(id) {
+            Ok(got) if got == want => {}
+            Ok(got) => {
+                return fail(
+                    "shape",
+                    format!(
+                        "output '{}' inferred {got:?}, the reference has {want:?}",
+                        graph.tensor(id).name
+                    ),
+                )
+            }
+            Err(e) => return fail("shape", e),
+        }
+    }
+    if let Err(e) = Planner::new(graph, cluster)
+        .with_stages(StageCount::Fixed(1))
+        .solve()
+    {
+        return fail("plan", e);
+    }
+    let mut inputs = Tensors::new();
+    for entry in case["inputs"].as_array().unwrap() {
+        let tensor = match reference(dir, entry) {
+            Ok(t) => t,
+            Err(e) => return fail("run", e),
+        };
+        let tensor = match tensor.cast(runtime_dtype(tensor.dtype())) {
+            Ok(t) => t,
+            Err(e) => return fail("run", e),
+        };
+        inputs.insert(
+            entry["name"].as_str().unwrap().to_string(),
+            Arc::new(tensor),
+        );
+    }
+    let weights = match Weights::from_model_bytes(&bytes, graph) {
+        Ok(w) => w,
+        Err(e) => return fail("run", e),
+    };
+    let executor = CpuExecutor::new(graph, &weights);
+    let actual = match executor.run_model(&inputs) {
+        Ok(out) => out,
+        Err(e) => return fail("run", e),
+    };
+    let (rtol, atol) = (
+        case["rtol"].as_f64().unwrap(),
+        case["atol"].as_f64().unwrap(),
+    );
+    for entry in outputs {
+        let name = entry["name"].as_str().unwrap();
+        let want = match reference(dir, entry) {
+            Ok(t) => t,
+            Err(e) => return fail("run", e),
+        };
+        let Some(got) = actual.get(name) else {
+            return fail("run", format!("the runtime gave no output '{name}'"));
+        };
+        if let Err(e) = compare(name, got, &want, rtol, atol) {
+            return fail("run", e);
+        }
+    }
+    Outcome::Pass
+}
+
+/// Parses the committed list: `name phase reason…` per line, `#` comments.
+fn read_expected(path: &Path) -> BTreeMap<String, (String, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut parts = l.splitn(3, ' ');
+            let name = parts.next().unwrap().to_string();
+            let phase = parts.next().unwrap_or("").to_string();
+            let reason = parts.next().unwrap_or("").to_string();
+            (name, (phase, reason))
+        })
+        .collect()
+}
+
+fn write_expected(path: &Path, outcomes: &BTreeMap<String, Outcome>, stamp: &str) {
+    let mut text = String::new();
+    writeln!(
+        text,
+        "# ONNX backend node cases that fail a pipecut phase: `name phase reason` (the first line of\n\
+         # the error). Checked by tests/conformance.rs; regenerate with\n\
+         #   PIPECUT_CONFORMANCE_BLESS=1 cargo test --test conformance\n\
+         # Cases from {stamp}."
+    )
+    .unwrap();
+    for (name, outcome) in outcomes {
+        if let Outcome::Fail { phase, reason } = outcome {
+            writeln!(text, "{name} {phase} {reason}").unwrap();
+        }
+    }
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn onnx_node_cases_match_the_expected_failures() {
+    let Some(cache) = case_cache() else { return };
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("cases.json")).unwrap()).unwrap();
+    let cases: Vec<Value> = manifest["cases"].as_array().unwrap().clone();
+    let cluster = Cluster::parse("1x1xH100-SXM", &Catalog::builtin()).unwrap();
+    let start = std::time::Instant::now();
+
+    // A panic in a phase is a bug to list like any other failure; keep its message, not the
+    // default hook's noise on stderr for each one.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let next = AtomicUsize::new(0);
+    let outcomes = Mutex::new(BTreeMap::new());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let name = case["name"].as_str().unwrap().to_string();
+                let outcome = if let Some(why) = case["unstorable"].as_str() {
+                    fail("load", why)
+                } else {
+                    let dir = cache.join("cases").join(&name);
+                    catch_unwind(AssertUnwindSafe(|| run_case(&dir, case, &cluster)))
+                        .unwrap_or_else(|payload| {
+                            let message = payload
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default();
+                            fail("panic", message)
+                        })
+                };
+                outcomes.lock().unwrap().insert(name, outcome);
+            });
+        }
+    });
+    std::panic::set_hook(default_hook);
+    let outcomes = outcomes.into_inner().unwrap();
+
+    let passed = outcomes.values().filter(|o| **o == Outcome::Pass).count();
+    let mut by_phase: BTreeMap<&str, usize> = BTreeMap::new();
+    for outcome in outcomes.values() {
+        if let Outcome::Fail { phase, .. } = outcome {
+            *by_phase.entry(phase).or_default() += 1;
+        }
+    }
+    eprintln!(
+        "conformance: {passed} / {} ONNX node cases pass every phase ({:.1}%), {}; failures by phase: {by_phase:?}; {:.1} s",
+        outcomes.len(),
+        100.0 * passed as f64 / outcomes.len() as f64,
+        manifest["stamp"].as_str().unwrap(),
+        start.elapsed().as_secs_f64()
+    );
+
+    let path = common::root().join(EXPECTED);
+    if std::env::var_os("PIPECUT_CONFORMANCE_BLESS").is_some() {
+        write_expected(&path, &outcomes, manifest["stamp"].as_str().unwrap());
+        eprintln!("wrote {}", path.display());
+        return;
+    }
+    let expected = read_expected(&path);
+    let mut problems = Vec::new();
+    for (name, outcome) in &outcomes {
+        match (outcome, expected.get(name)) {
+            (Outcome::Pass, Some((phase, _))) => problems.push(format!(
+                "{name}: listed as failing at {phase} but now passes; remove it from the list"
+            )),
+            (Outcome::Fail { phase, reason }, None) => {
+                problems.push(format!("{name}: REGRESSION, fails at {phase}: {reason}"))
+            }
+            (Outcome::Fail { phase, reason }, Some((listed, _))) if phase != listed => problems
+                .push(format!(
+                    "{name}: listed as failing at {listed}, now fails at {phase}: {reason}"
+                )),
+            _ => {}
+        }
+    }
+    for name in expected.keys().filter(|n| !outcomes.contains_key(*n)) {
+        problems.push(format!(
+            "{name}: listed, but the onnx package has no such case"
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{} cases differ from {EXPECTED} (after an intended change: \
+         PIPECUT_CONFORMANCE_BLESS=1 cargo test --test conformance):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
