@@ -28,41 +28,26 @@ const RTOL: f32 = 1e-4;
 
 /// Cases of the tested ops that fail today, with the reason. Each must fail.
 const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("test_dequantizelinear", OPSET_24),
-    ("test_dequantizelinear_axis", OPSET_24),
-    ("test_dequantizelinear_blocked", OPSET_24),
-    ("test_dequantizelinear_e4m3fn", OPSET_24),
+    ("test_dequantizelinear_e4m3fn", FLOAT8),
     ("test_dequantizelinear_e4m3fn_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_float16", OPSET_24),
+    ("test_dequantizelinear_e4m3fn_float16", FLOAT8),
     ("test_dequantizelinear_e4m3fn_float16_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_zero_point", OPSET_24),
+    ("test_dequantizelinear_e4m3fn_zero_point", FLOAT8),
     ("test_dequantizelinear_e4m3fn_zero_point_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e5m2", OPSET_24),
+    ("test_dequantizelinear_e5m2", FLOAT8),
     ("test_dequantizelinear_e5m2_at_opset23", FLOAT8),
-    ("test_dequantizelinear_float4e2m1", OPSET_24),
+    ("test_dequantizelinear_float4e2m1", FLOAT8),
     ("test_dequantizelinear_float4e2m1_at_opset23", FLOAT8),
-    ("test_dequantizelinear_int16", OPSET_24),
-    ("test_dequantizelinear_int4", OPSET_24),
-    ("test_dequantizelinear_uint16", OPSET_24),
-    ("test_dequantizelinear_uint4", OPSET_24),
     ("test_qlinearmatmul_2D_int8_float16", WRAPS),
     ("test_qlinearmatmul_2D_int8_float32", WRAPS),
     ("test_qlinearmatmul_3D_int8_float16", WRAPS),
     ("test_qlinearmatmul_3D_int8_float32", WRAPS),
-    ("test_quantizelinear", OPSET_24),
-    ("test_quantizelinear_axis", OPSET_24),
-    ("test_quantizelinear_blocked_asymmetric", OPSET_24),
-    ("test_quantizelinear_blocked_symmetric", OPSET_24),
-    ("test_quantizelinear_e4m3fn", OPSET_24),
+    ("test_quantizelinear_e4m3fn", FLOAT8),
     ("test_quantizelinear_e4m3fn_at_opset23", FLOAT8),
-    ("test_quantizelinear_e5m2", OPSET_24),
+    ("test_quantizelinear_e5m2", FLOAT8),
     ("test_quantizelinear_e5m2_at_opset23", FLOAT8),
-    ("test_quantizelinear_float4e2m1", OPSET_24),
+    ("test_quantizelinear_float4e2m1", FLOAT8),
     ("test_quantizelinear_float4e2m1_at_opset23", FLOAT8),
-    ("test_quantizelinear_int16", OPSET_24),
-    ("test_quantizelinear_int4", OPSET_24),
-    ("test_quantizelinear_uint16", OPSET_24),
-    ("test_quantizelinear_uint4", OPSET_24),
     ("test_bitshift_left_uint64", UINT64),
     ("test_bitshift_right_uint64", UINT64),
     ("test_bitwise_and_ui64_bcast_3v1d", UINT64),
@@ -71,8 +56,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
 ];
 
 const UINT64: &str = "uint64 data: the runtime keeps integers in int64 and has no uint64 storage";
-const OPSET_24: &str =
-    "imports opset 24; the loader accepts 7 to 23 today (its `_at_opset23` copy runs)";
 const FLOAT8: &str = "float8 / float4 data: neither the .npy reader nor the runtime has the type";
 const WRAPS: &str = "the onnx reference wraps int8 overflow where the spec and onnxruntime 1.23.2 \
                      saturate; the kernel saturates and equals onnxruntime";
