@@ -52,9 +52,12 @@ fn every_command_of_the_guide_runs() {
     let mut ran = 0;
     for (line, block) in &blocks {
         if block.contains("fixtures/pyenv.sh") && !venv.exists() {
-            eprintln!(
-                "skipping the guide's block at docs/guide.md:{line}: {} is absent (run bash fixtures/pyenv.sh)",
-                venv.display()
+            common::skip(
+                common::Need::Venv,
+                format!(
+                    "the guide's block at docs/guide.md:{line}: {} is absent (run bash fixtures/pyenv.sh)",
+                    venv.display()
+                ),
             );
             continue;
         }
