@@ -24,7 +24,11 @@ fn summary(target_dir: &Path, ci: bool) -> (bool, String, String) {
 #[test]
 fn a_skip_is_recorded_with_its_test_and_reason() {
     let dir = tempfile::tempdir().unwrap();
-    common::record_skip(dir.path(), common::Need::Gpu, "a record\twritten by tests/ci.rs");
+    common::record_skip(
+        dir.path(),
+        common::Need::Gpu,
+        "a record\twritten by tests/ci.rs",
+    );
     let record = dir.path().join("ci.tsv");
     let text = std::fs::read_to_string(&record).unwrap();
     assert!(
@@ -49,7 +53,10 @@ fn ci_fails_on_a_skip_it_could_have_run_and_lists_every_skip() {
     .unwrap();
     let (ok, out, err) = summary(target.path(), true);
     assert!(ok, "a GPU skip is allowed on CI: {out}{err}");
-    assert!(out.contains("cuda::runs_on_a_gpu  [gpu]  no CUDA driver"), "{out}");
+    assert!(
+        out.contains("cuda::runs_on_a_gpu  [gpu]  no CUDA driver"),
+        "{out}"
+    );
 
     std::fs::write(
         skips.join("show.tsv"),
@@ -57,12 +64,18 @@ fn ci_fails_on_a_skip_it_could_have_run_and_lists_every_skip() {
     )
     .unwrap();
     let (ok, out, err) = summary(target.path(), true);
-    assert!(!ok, "CI installs graphviz, so its skip fails the run: {out}");
+    assert!(
+        !ok,
+        "CI installs graphviz, so its skip fails the run: {out}"
+    );
     assert!(out.contains("show::graph_svg  [graphviz]"), "{out}");
     assert!(err.contains("1 skip(s) above"), "{err}");
     // A user's run lists the same skips and does not fail.
     let (ok, out, _) = summary(target.path(), false);
-    assert!(ok && out.contains("[graphviz]") && out.contains("[gpu]"), "{out}");
+    assert!(
+        ok && out.contains("[graphviz]") && out.contains("[gpu]"),
+        "{out}"
+    );
 }
 
 /// The guide's step 6 runs `fixtures/pyenv.sh` on Linux and macOS: every pinned package must
@@ -73,7 +86,10 @@ fn the_requirements_install_on_macos() {
     if !python.exists() {
         common::skip(
             common::Need::Venv,
-            format!("{} is absent (run bash fixtures/pyenv.sh)", python.display()),
+            format!(
+                "{} is absent (run bash fixtures/pyenv.sh)",
+                python.display()
+            ),
         );
         return;
     }

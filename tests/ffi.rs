@@ -104,7 +104,10 @@ fn stage_count(plan_json: &str) -> usize {
 fn a_c_program_plans_gpt2_through_the_shared_library() {
     let Some(cc) = c_compiler() else { return };
     if let Err(reason) = shared_library() {
-        common::skip(common::Need::Toolchain, format!("the C ABI test from C: {reason}"));
+        common::skip(
+            common::Need::Toolchain,
+            format!("the C ABI test from C: {reason}"),
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

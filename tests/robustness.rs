@@ -90,8 +90,15 @@ fn every_malformed_input_fails_cleanly_through_the_cli() {
     assert!(cases.len() >= 40, "only {} cases", cases.len());
 
     // Every file in the corpus is a case, except the documentation, the manifest, the good plan
-    // the broken ones are edited from, and the data file external_short.onnx points at.
-    let helpers = ["cases.json", "short.bin", "plans/valid.json"];
+    // the broken ones are edited from, the data file external_short.onnx points at, and the plan
+    // that export and run are refused external_missing.onnx with (planning it only warns).
+    let helpers = [
+        "cases.json",
+        "short.bin",
+        "plans/valid.json",
+        "external_missing.plan.json",
+        "external_missing.onnx",
+    ];
     let mut on_disk = BTreeSet::new();
     files_under(&common::root().join("tests/malformed"), "", &mut on_disk);
     let listed: BTreeSet<String> = cases.iter().filter_map(|c| c.file.clone()).collect();

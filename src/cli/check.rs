@@ -32,8 +32,7 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
 
 /// Loads the model a plan was made for, with the dims bound as the plan records them.
 pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
-    let mut model = pipecut::onnx::load_model(path)
-        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    let mut model = super::load_model(path, super::Weights::NotRead)?;
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
         bindings = bindings.bind(name, *value);

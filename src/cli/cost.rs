@@ -89,7 +89,7 @@ pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
 pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let (catalog, name) = device_catalog(&args.device)?;
     let device = catalog.device(&name)?;
-    let model = args.model.load_typed()?;
+    let model = args.model.load_typed(super::Weights::NotRead)?;
     let cost_model = CostModel::new(device)
         .with_mode(args.mode.into())
         .with_unknown_ops(args.unknown_op_cost.into());

@@ -31,7 +31,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.plan)
         .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
     let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
-    let model = args.model.load_typed()?;
+    let model = args.model.load_typed(super::Weights::Read)?;
     let model_path = &args.model.model;
     let stages = plan
         .stage_nodes(&model.sha256, &model.graph)

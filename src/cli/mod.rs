@@ -112,14 +112,52 @@ impl ModelArgs {
     }
 
     /// Loads the model and infers every shape, stopping at the first node that fails.
-    fn load_typed(&self) -> anyhow::Result<Model> {
-        let mut model = pipecut::onnx::load_model(&self.model)
-            .with_context(|| format!("cannot load '{}'", self.model.display()))?;
+    /// `weights`: the command reads the weight bytes, so absent external data is refused.
+    fn load_typed(&self, weights: Weights) -> anyhow::Result<Model> {
+        let mut model = load_model(&self.model, weights)?;
         ShapeInference::new(self.bindings()?)
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)
     }
+}
+
+/// Whether a command reads the weight bytes of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Weights {
+    /// Planning (inspect, cost, partition, plan-cluster, check, show): dtypes and dims are in
+    /// the protobuf, so absent external-data files are a warning.
+    NotRead,
+    /// Export and run: absent external data is an error.
+    Read,
+}
+
+/// Loads a model, warning about (or, when `weights` are read, refusing) absent external data.
+pub(crate) fn load_model(path: &std::path::Path, weights: Weights) -> anyhow::Result<Model> {
+    let model = pipecut::onnx::load_model(path)
+        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    if weights == Weights::Read {
+        model
+            .require_external_data()
+            .with_context(|| format!("cannot load '{}'", path.display()))?;
+        return Ok(model);
+    }
+    let mut warned = std::collections::BTreeSet::new();
+    for missing in &model.missing_external_data {
+        if warned.insert(&missing.path) {
+            let count = model
+                .missing_external_data
+                .iter()
+                .filter(|m| m.path == missing.path)
+                .count();
+            eprintln!(
+                "warning: '{}' does not exist: the weights of {count} initializer(s) are not \
+                 there; planning needs only their shapes, export and run will need the file",
+                missing.path.display()
+            );
+        }
+    }
+    Ok(model)
 }
 
 /// Runs a parsed command line; `Err` is printed by `main` with exit code 2.

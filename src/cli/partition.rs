@@ -183,7 +183,7 @@ pub enum EmitArg {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
-    let model = args.model.load_typed()?;
+    let model = args.model.load_typed(super::Weights::NotRead)?;
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let config = PartitionConfig {

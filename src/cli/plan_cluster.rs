@@ -65,8 +65,7 @@ pub struct PlanClusterArgs {
 
 pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     let path = &args.model.model;
-    let model = pipecut::onnx::load_model(path)
-        .with_context(|| format!("cannot load '{}'", path.display()))?;
+    let model = super::load_model(path, super::Weights::NotRead)?;
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let bindings = args.model.bindings()?;

@@ -94,8 +94,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read plan '{}'", args.plan.display()))?;
     let plan = Plan::from_json(&text).with_context(|| format!("'{}'", args.plan.display()))?;
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
-        let mut model = pipecut::onnx::load_model(&args.model)
-            .with_context(|| format!("cannot load '{}'", args.model.display()))?;
+        let mut model = super::load_model(&args.model, super::Weights::Read)?;
         // Refuse another model before binding the plan's dims, which it may not even have.
         if model.sha256 != plan.model.sha256 {
             return Err(anyhow::Error::new(pipecut::Error::InvalidPlan(format!(

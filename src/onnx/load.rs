@@ -65,6 +65,7 @@ pub(super) fn decode_model(
             .to_string(),
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
+        missing_external_data: external.missing,
     })
 }
 

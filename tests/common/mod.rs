@@ -86,7 +86,11 @@ pub fn record_skip(dir: &Path, need: Need, reason: &str) {
         writeln!(file, "{binary}\t{test}\t{}\t{reason}", need.name())
     });
     if let Err(e) = record {
-        let _ = writeln!(std::io::stderr(), "cannot record the skip in {}: {e}", dir.display());
+        let _ = writeln!(
+            std::io::stderr(),
+            "cannot record the skip in {}: {e}",
+            dir.display()
+        );
     }
 }
 
