@@ -19,9 +19,12 @@ fn python() -> Option<PathBuf> {
     if python.exists() {
         Some(python)
     } else {
-        eprintln!(
-            "skipping the onnx/onnxruntime checks: {} is absent (run bash fixtures/pyenv.sh)",
-            python.display()
+        common::skip(
+            common::Need::Venv,
+            format!(
+                "the onnx/onnxruntime checks: {} is absent (run bash fixtures/pyenv.sh)",
+                python.display()
+            ),
         );
         None
     }

@@ -19,7 +19,19 @@ fn build_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The shared library cargo built beside the binary, or why there is none to link.
+/// A C ABI library by file name: where `cargo build` puts it (`target/debug`), else where
+/// `cargo test` itself built it (`target/debug/deps`: the lib's crate types include cdylib and
+/// staticlib, so a plain `cargo test` on a fresh clone links against those).
+fn built_library(name: &str) -> Result<PathBuf, String> {
+    let candidates = [build_dir().join(name), build_dir().join("deps").join(name)];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .ok_or_else(|| format!("{} was not built", candidates[1].display()))
+}
+
+/// The shared library cargo built, or why there is none to link.
 fn shared_library() -> Result<PathBuf, String> {
     let name = if cfg!(target_os = "macos") {
         "libpipecut.dylib"
@@ -28,12 +40,7 @@ fn shared_library() -> Result<PathBuf, String> {
     } else {
         return Err("the C test links with cc on Linux and macOS only".into());
     };
-    let path = build_dir().join(name);
-    if path.exists() {
-        Ok(path)
-    } else {
-        Err(format!("{} was not built", path.display()))
-    }
+    built_library(name)
 }
 
 /// `$CC` or `cc`, when it runs.
@@ -42,7 +49,10 @@ fn c_compiler() -> Option<String> {
     match Command::new(&cc).arg("--version").output() {
         Ok(out) if out.status.success() => Some(cc),
         _ => {
-            eprintln!("skipping the C ABI test from C: no C compiler ('{cc}' does not run)");
+            common::skip(
+                common::Need::Toolchain,
+                format!("the C ABI test from C: no C compiler ('{cc}' does not run)"),
+            );
             None
         }
     }
@@ -94,7 +104,10 @@ fn stage_count(plan_json: &str) -> usize {
 fn a_c_program_plans_gpt2_through_the_shared_library() {
     let Some(cc) = c_compiler() else { return };
     if let Err(reason) = shared_library() {
-        eprintln!("skipping the C ABI test from C: {reason}");
+        common::skip(
+            common::Need::Toolchain,
+            format!("the C ABI test from C: {reason}"),
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -169,17 +182,22 @@ fn hostile_requests_from_c_fail_without_aborting_the_host() {
 fn a_c_program_links_the_static_library() {
     let Some(cc) = c_compiler() else { return };
     if !cfg!(target_os = "linux") {
-        eprintln!("skipping the static-library test: its system libraries are listed for Linux");
-        return;
-    }
-    let archive = build_dir().join("libpipecut.a");
-    if !archive.exists() {
-        eprintln!(
-            "skipping the static-library test: {} was not built",
-            archive.display()
+        common::skip(
+            common::Need::Platform,
+            "the static-library test: its system libraries are listed for Linux",
         );
         return;
     }
+    let archive = match built_library("libpipecut.a") {
+        Ok(archive) => archive,
+        Err(reason) => {
+            common::skip(
+                common::Need::Toolchain,
+                format!("the static-library test: {reason}"),
+            );
+            return;
+        }
+    };
     // The system libraries include/pipecut.h and docs/embedding.md tell static linkers to add
     // (from `--print native-static-libs`); the link fails if the list is short.
     let header = std::fs::read_to_string(common::root().join("include/pipecut.h")).unwrap();
@@ -237,7 +255,10 @@ fn embedding_doc() -> String {
 fn the_c_example_in_the_embedding_guide_runs() {
     let Some(cc) = c_compiler() else { return };
     if let Err(reason) = shared_library() {
-        eprintln!("skipping the embedding guide's C example: {reason}");
+        common::skip(
+            common::Need::Toolchain,
+            format!("the embedding guide's C example: {reason}"),
+        );
         return;
     }
     let blocks = fenced_blocks(&embedding_doc(), "c");
@@ -267,7 +288,10 @@ fn the_python_example_in_the_embedding_guide_runs() {
     let library = match shared_library() {
         Ok(library) => library,
         Err(reason) => {
-            eprintln!("skipping the embedding guide's Python example: {reason}");
+            common::skip(
+                common::Need::Toolchain,
+                format!("the embedding guide's Python example: {reason}"),
+            );
             return;
         }
     };
@@ -277,7 +301,10 @@ fn the_python_example_in_the_embedding_guide_runs() {
         .output()
         .is_ok_and(|o| o.status.success())
     {
-        eprintln!("skipping the embedding guide's Python example: '{python}' does not run");
+        common::skip(
+            common::Need::Toolchain,
+            format!("the embedding guide's Python example: '{python}' does not run"),
+        );
         return;
     }
     let blocks = fenced_blocks(&embedding_doc(), "python");
@@ -382,8 +409,15 @@ fn the_header_declares_exactly_the_exported_functions() {
     assert_eq!(header_prototypes(), rust);
 
     // And the shared library exports them (nm is in binutils; skip where it is not installed).
-    let Ok(library) = shared_library() else {
-        return;
+    let library = match shared_library() {
+        Ok(library) => library,
+        Err(reason) => {
+            common::skip(
+                common::Need::Toolchain,
+                format!("the exported-symbol check: {reason}"),
+            );
+            return;
+        }
     };
     match Command::new("nm")
         .args(["-D", "--defined-only"])
@@ -402,7 +436,10 @@ fn the_header_declares_exactly_the_exported_functions() {
                 );
             }
         }
-        _ => eprintln!("skipping the exported-symbol check: nm -D does not run"),
+        _ => common::skip(
+            common::Need::Toolchain,
+            "the exported-symbol check: nm -D does not run",
+        ),
     }
 }
 

@@ -8,8 +8,46 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// A fresh clone's layout: the tracked files only (no `target/`, no GPT-3 placeholder weights,
+/// no fetched models), with `.venv` linked in when it exists, as after `bash fixtures/pyenv.sh`.
+/// Outside a git checkout it says so and returns the repository itself.
+fn fresh_clone(into: &Path) -> PathBuf {
+    let root = common::root();
+    let listed = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(&root)
+        .output();
+    let files = match listed {
+        Ok(out) if out.status.success() && !out.stdout.is_empty() => out.stdout,
+        _ => {
+            common::skip(
+                common::Need::Toolchain,
+                "fresh-clone layout: not a git checkout, so the guide runs in the repository",
+            );
+            return root;
+        }
+    };
+    let clone = into.join("clone");
+    for file in files.split(|&b| b == 0).filter(|f| !f.is_empty()) {
+        let relative = Path::new(std::str::from_utf8(file).unwrap());
+        let from = root.join(relative);
+        if !from.is_file() {
+            continue; // deleted in the working tree but not yet in the index
+        }
+        let to = clone.join(relative);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&from, &to).unwrap();
+    }
+    let venv = root.join(".venv");
+    if venv.exists() {
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&venv, clone.join(".venv")).unwrap();
+    }
+    clone
+}
 
 /// Where the guide's commands write.
 const GUIDE_DIR: &str = "/tmp/pipecut-guide";
@@ -47,21 +85,32 @@ fn every_command_of_the_guide_runs() {
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
     ))
     .unwrap();
-    let venv = common::root().join(".venv/bin/python");
+    let clone = fresh_clone(work.path());
+    let venv = clone.join(".venv/bin/python");
+    assert!(
+        !clone
+            .join("fixtures/models/gpt3_175b/gpt3_175b.weights")
+            .exists()
+            || clone == common::root(),
+        "the clone has no GPT-3 placeholder weights"
+    );
 
     let mut ran = 0;
     for (line, block) in &blocks {
         if block.contains("fixtures/pyenv.sh") && !venv.exists() {
-            eprintln!(
-                "skipping the guide's block at docs/guide.md:{line}: {} is absent (run bash fixtures/pyenv.sh)",
-                venv.display()
+            common::skip(
+                common::Need::Venv,
+                format!(
+                    "the guide's block at docs/guide.md:{line}: {} is absent (run bash fixtures/pyenv.sh)",
+                    venv.display()
+                ),
             );
             continue;
         }
         let script = block.replace(GUIDE_DIR, &guide_dir.to_string_lossy());
         let out = Command::new("bash")
             .args(["-euo", "pipefail", "-c", &script])
-            .current_dir(common::root())
+            .current_dir(&clone)
             .env("PATH", &path)
             .output()
             .unwrap();
@@ -99,6 +148,53 @@ fn every_command_of_the_guide_runs() {
         &std::fs::read_to_string(guide_dir.join("cluster-plan.json")).unwrap(),
     )
     .unwrap();
+    // The last suggestion: GPT-3 planned across 16 nodes without its weights file.
+    let gpt3 = pipecut::plan::Plan::from_json(
+        &std::fs::read_to_string(guide_dir.join("gpt3-plan.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(gpt3.stages.len() > 1, "GPT-3 needs a deep pipeline");
+}
+
+/// The examples `pipecut plan-cluster --help` ends with run as printed (from a fresh clone's
+/// layout, writing into a temporary directory).
+#[test]
+fn the_plan_cluster_help_examples_run() {
+    let help = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(["plan-cluster", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let examples: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pipecut plan-cluster "))
+        .collect();
+    assert!(examples.len() >= 2, "{help}");
+    let work = tempfile::tempdir().unwrap();
+    let clone = fresh_clone(work.path());
+    for example in examples {
+        let args: Vec<String> = example
+            .split_whitespace()
+            .map(|a| {
+                if a == "plan.json" {
+                    work.path().join("plan.json").display().to_string()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+            .arg("plan-cluster")
+            .args(&args)
+            .current_dir(&clone)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pipecut plan-cluster {example}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

@@ -153,13 +153,16 @@ fn every_malformed_input_fails_cleanly_through_the_cli() {
     assert!(cases.len() >= 40, "only {} cases", cases.len());
 
     // Every file in the corpus is a case, except the documentation, the manifest, the good plan
-    // the broken ones are edited from, and the data file external_short.onnx points at.
+    // the broken ones are edited from, the data file external_short.onnx points at, and the plan
+    // that export and run are refused external_missing.onnx with (planning it only warns).
     let helpers = [
         "cases.json",
         "short.bin",
         "plans/valid.json",
         // Valid, and must run: see `an_empty_tensor_with_a_huge_dim_runs`.
         "runtime/empty_huge_dim.onnx",
+        "external_missing.plan.json",
+        "external_missing.onnx",
     ];
     let mut on_disk = BTreeSet::new();
     files_under(&common::root().join("tests/malformed"), "", &mut on_disk);

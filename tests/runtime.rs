@@ -233,9 +233,12 @@ fn real_models_match_onnxruntime() {
             .join("fixtures/real/cache")
             .join(format!("{name}.onnx"));
         if !model.exists() {
-            eprintln!(
-                "skipping real model {name}: {} is absent (run fixtures/real/fetch.sh)",
-                model.display()
+            common::skip(
+                common::Need::RealModels,
+                format!(
+                    "real model {name}: {} is absent (run fixtures/real/fetch.sh)",
+                    model.display()
+                ),
             );
             continue;
         }

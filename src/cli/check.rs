@@ -39,7 +39,7 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
 
 /// Loads the model a plan was made for, with the dims bound as the plan records them.
 pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
-    let mut model = super::load_model(path)?;
+    let mut model = super::load_model(path, super::Weights::NotRead)?;
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
         bindings = bindings.bind(name, *value);

@@ -41,7 +41,7 @@ fn refuse_replacing(path: &std::path::Path, inputs: &[&std::path::Path]) -> anyh
 
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let plan = super::check::read_plan(&args.plan)?;
-    let model = args.model.load_typed()?;
+    let model = args.model.load_typed(super::Weights::Read)?;
     let model_path = &args.model.model;
     let stages = plan
         .stage_nodes(&model.sha256, &model.graph)

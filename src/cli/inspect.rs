@@ -22,7 +22,7 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let bindings = args.model.bindings()?;
     let path = &args.model.model;
-    let mut model = super::load_model(path)?;
+    let mut model = super::load_model(path, super::Weights::NotRead)?;
     let graph = &model.graph;
     let symbolic_dims: BTreeSet<String> = graph
         .inputs()

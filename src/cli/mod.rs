@@ -65,7 +65,7 @@ enum Command {
     /// Use a whole cluster: choose pipeline depth, data-parallel replicas, micro-batching,
     /// schedule and placement; print the best configurations and write the chosen plan.
     #[command(
-        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --out plan.json"
+        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n\nNot modelled yet: activation recomputation and ZeRO sharding, so training at GPT-3 scale (global batch 1536, --mode training) is refused as not fitting."
     )]
     PlanCluster(plan_cluster::PlanClusterArgs),
     /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.
@@ -136,8 +136,9 @@ impl ModelArgs {
     }
 
     /// Loads the model and infers every shape, stopping at the first node that fails.
-    fn load_typed(&self) -> anyhow::Result<Model> {
-        let mut model = load_model(&self.model)?;
+    /// `weights`: the command reads the weight bytes, so absent external data is refused.
+    fn load_typed(&self, weights: Weights) -> anyhow::Result<Model> {
+        let mut model = load_model(&self.model, weights)?;
         self.shape_inference()?
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
@@ -163,9 +164,20 @@ impl From<DtypeArg> for pipecut::cost::Precision {
     }
 }
 
+/// Whether a command reads the weight bytes of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Weights {
+    /// Planning (inspect, cost, partition, plan-cluster, check, show): dtypes and dims are in
+    /// the protobuf, so absent external-data files are a warning.
+    NotRead,
+    /// Export and run: absent external data is an error.
+    Read,
+}
+
 /// Loads a model, printing on stderr what the loader had to assume (an opset newer than pipecut
-/// knows, op versions whose additions it does not apply) as `warning:` lines.
-pub(crate) fn load_model(path: &Path) -> anyhow::Result<Model> {
+/// knows, op versions whose additions it does not apply) as `warning:` lines, and warning about
+/// (or, when `weights` are read, refusing) absent external data.
+pub(crate) fn load_model(path: &Path, weights: Weights) -> anyhow::Result<Model> {
     let model = pipecut::onnx::load_model(path)
         .with_context(|| format!("cannot load '{}'", path.display()))?;
     for warning in &model.warnings {
@@ -174,6 +186,27 @@ pub(crate) fn load_model(path: &Path) -> anyhow::Result<Model> {
             path.display(),
             escape_controls(warning)
         );
+    }
+    if weights == Weights::Read {
+        model
+            .require_external_data()
+            .with_context(|| format!("cannot load '{}'", path.display()))?;
+        return Ok(model);
+    }
+    let mut warned = std::collections::BTreeSet::new();
+    for missing in &model.missing_external_data {
+        if warned.insert(&missing.path) {
+            let count = model
+                .missing_external_data
+                .iter()
+                .filter(|m| m.path == missing.path)
+                .count();
+            eprintln!(
+                "warning: '{}' does not exist: the weights of {count} initializer(s) are not \
+                 there; planning needs only their shapes, export and run will need the file",
+                escape_controls(&missing.path.display().to_string())
+            );
+        }
     }
     Ok(model)
 }

@@ -219,7 +219,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;
     }
-    let mut model = args.model.load_typed()?;
+    let mut model = args.model.load_typed(super::Weights::NotRead)?;
     let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
     if let Some(precision) = dtype_override {
         model.graph.override_float_dtype(precision.dtype());

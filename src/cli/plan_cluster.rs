@@ -68,7 +68,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[path])?;
     }
-    let model = super::load_model(path)?;
+    let model = super::load_model(path, super::Weights::NotRead)?;
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
     let bindings = args.model.bindings()?;

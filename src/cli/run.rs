@@ -92,7 +92,7 @@ struct Report {
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plan = super::check::read_plan(&args.plan)?;
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
-        let mut model = super::load_model(&args.model)?;
+        let mut model = super::load_model(&args.model, super::Weights::Read)?;
         // Refuse another model before binding the plan's dims, which it may not even have.
         if model.sha256 != plan.model.sha256 {
             return Err(anyhow::Error::new(pipecut::Error::InvalidPlan(format!(

@@ -74,6 +74,7 @@ pub(super) fn decode_model(
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
         warnings,
+        missing_external_data: external.missing,
     })
 }
 

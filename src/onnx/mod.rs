@@ -39,6 +39,56 @@ pub struct Model {
     /// What the loader had to assume, one sentence each (an opset newer than pipecut knows, an
     /// op version whose additions pipecut does not apply; see [`opset`]). The CLI prints them.
     pub warnings: Vec<String>,
+    /// External-data files that do not exist. Planning (shapes, costs, partitions) needs no
+    /// weight bytes, so a model whose weights are elsewhere still plans; whatever reads the
+    /// bytes (export, run) calls [`Model::require_external_data`] first.
+    pub missing_external_data: Vec<MissingExternalData>,
+}
+
+/// An initializer whose external-data file is absent. Its location passed the loader's
+/// checks (relative, inside the model's directory), so only its existence is in question.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingExternalData {
+    /// Initializer name.
+    pub tensor: String,
+    /// The location as written in the model.
+    pub location: String,
+    /// Where the file was looked for.
+    pub path: std::path::PathBuf,
+}
+
+impl std::fmt::Display for MissingExternalData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "initializer '{}' has its weights in '{}', which does not exist",
+            self.tensor,
+            self.path.display()
+        )
+    }
+}
+
+impl Model {
+    /// Refuses a model whose external-data files are absent, naming the first and how many
+    /// others: for the commands that read weight bytes (export, run).
+    pub fn require_external_data(&self) -> Result<(), Error> {
+        let Some(first) = self.missing_external_data.first() else {
+            return Ok(());
+        };
+        let files: std::collections::BTreeSet<_> =
+            self.missing_external_data.iter().map(|m| &m.path).collect();
+        Err(Error::ExternalData {
+            tensor: first.tensor.clone(),
+            location: first.location.clone(),
+            detail: format!(
+                "cannot open '{}': no such file ({} initializer(s) in {} missing file(s) need it; \
+                 planning works without them, exporting and running need the weights)",
+                first.path.display(),
+                self.missing_external_data.len(),
+                files.len()
+            ),
+        })
+    }
 }
 
 /// Loads an ONNX model from a file; external data is resolved against the file's directory.

@@ -46,6 +46,9 @@ pub(crate) struct ExternalFiles {
     base_dir: Option<PathBuf>,
     canonical_base: Option<PathBuf>,
     lengths: HashMap<PathBuf, u64>,
+    /// References whose file does not exist: planning needs only their metadata (dtype and
+    /// dims, from the protobuf), so they are collected for the caller to warn about or refuse.
+    pub missing: Vec<super::MissingExternalData>,
 }
 
 impl ExternalFiles {
@@ -55,6 +58,7 @@ impl ExternalFiles {
             base_dir,
             canonical_base,
             lengths: HashMap::new(),
+            missing: Vec::new(),
         }
     }
 
@@ -93,6 +97,18 @@ impl ExternalFiles {
         let file_len = match self.lengths.get(&path) {
             Some(&len) => len,
             None => {
+                // Absent (no file and no dangling link at the path): recorded, never read. The
+                // checks above already refused a location outside the directory.
+                if let Err(e) = std::fs::symlink_metadata(&path) {
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        self.missing.push(super::MissingExternalData {
+                            tensor: tensor.to_string(),
+                            location: location.to_string(),
+                            path: path.clone(),
+                        });
+                        return Ok(path);
+                    }
+                }
                 let meta = std::fs::metadata(&path)
                     .map_err(|e| fail(format!("cannot open '{}': {e}", path.display())))?;
                 // A symbolic link inside the directory may still point outside it.

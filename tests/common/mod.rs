@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -10,6 +11,87 @@ use serde_json::Value;
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What a skipped test needed and did not find. `.ci/run` installs everything but a GPU, so
+/// on CI only [`Need::Gpu`] and [`Need::Platform`] may skip (`.ci/skips` fails the run on any other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The pinned onnx/onnxruntime venv (`bash fixtures/pyenv.sh`).
+    Venv,
+    /// The real third-party models (`bash fixtures/real/fetch.sh`).
+    RealModels,
+    /// Graphviz's `dot` (`apt-get install graphviz`, `brew install graphviz`).
+    Graphviz,
+    /// NVRTC from the venv (`bash fixtures/pyenv.sh`; no macOS wheel exists).
+    Nvrtc,
+    /// A C compiler, `nm`, or a platform the check is written for.
+    Toolchain,
+    /// A CUDA driver and device, or their absence.
+    Gpu,
+    /// Another operating system: the check is written for one that CI does not run.
+    Platform,
+}
+
+impl Need {
+    /// The word written into the skip record, and read by `.ci/skips`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Need::Venv => "venv",
+            Need::RealModels => "real-models",
+            Need::Graphviz => "graphviz",
+            Need::Nvrtc => "nvrtc",
+            Need::Toolchain => "toolchain",
+            Need::Gpu => "gpu",
+            Need::Platform => "platform",
+        }
+    }
+}
+
+/// The one way a test skips: says why on the real stderr (libtest captures `eprintln!` of a
+/// passing test, so the reason would otherwise show only with `--nocapture`) and appends a
+/// line `binary<TAB>test<TAB>need<TAB>reason` to `target/tmp/skips/<binary>.tsv`, which
+/// `.ci/skips` summarises (and on CI refuses) at the end of `.ci/run`.
+pub fn skip(need: Need, reason: impl std::fmt::Display) {
+    record_skip(
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("skips"),
+        need,
+        &reason.to_string(),
+    );
+}
+
+/// [`skip`] into `dir` (a test of the record itself writes into a temporary one).
+pub fn record_skip(dir: &Path, need: Need, reason: &str) {
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
+            _ => stem,
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("unknown");
+    let reason = reason.replace(['\t', '\n'], " ");
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {binary}::{test} (needs {}): {reason}",
+        need.name()
+    );
+    let record = std::fs::create_dir_all(dir).and_then(|()| {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{binary}.tsv")))?;
+        writeln!(file, "{binary}\t{test}\t{}\t{reason}", need.name())
+    });
+    if let Err(e) = record {
+        let _ = writeln!(
+            std::io::stderr(),
+            "cannot record the skip in {}: {e}",
+            dir.display()
+        );
+    }
 }
 
 /// The committed synthetic fixtures, by name.
@@ -39,9 +121,12 @@ pub fn real_models() -> Vec<(String, PathBuf)> {
     let present: Vec<_> = models.iter().filter(|(_, p)| p.exists()).cloned().collect();
     for (name, path) in &models {
         if !path.exists() {
-            eprintln!(
-                "skipping real model {name}: {} is absent (run fixtures/real/fetch.sh)",
-                path.display()
+            skip(
+                Need::RealModels,
+                format!(
+                    "real model {name}: {} is absent (run fixtures/real/fetch.sh)",
+                    path.display()
+                ),
             );
         }
     }
