@@ -39,7 +39,7 @@ pub fn read_bounded(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>, Error>
         path: path.to_path_buf(),
         detail,
     };
-    let file = open_regular(path).map_err(|detail| fail(detail))?;
+    let file = open_regular(path).map_err(&fail)?;
     let mut bytes = Vec::new();
     file.take(cap.saturating_add(1))
         .read_to_end(&mut bytes)
