@@ -11,12 +11,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-target="${1:?usage: fuzz/run.sh onnx|plan|cluster|device|capi|all SECONDS}"
+target="${1:?usage: fuzz/run.sh onnx|plan|cluster|device|capi|export|all SECONDS}"
 seconds="${2:?usage: fuzz/run.sh TARGET SECONDS}"
 cargo build --release --quiet
 
 if [ "$target" = all ]; then
-    targets=(onnx plan cluster device capi)
+    targets=(onnx plan cluster device capi export)
 else
     targets=("$target")
 fi

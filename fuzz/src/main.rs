@@ -8,7 +8,9 @@
 //! Targets (see `targets.rs`): `onnx` (load, shape inference, cost, partition), `plan` (parse
 //! and check against mlp.onnx), `cluster` (the three cluster descriptions), `device` (device and
 //! link profiles), `capi` (a config JSON through the C ABI's `pipecut_plan_json`, whose plan must
-//! pass `check`). Seeds come from the repository's fixtures and malformed corpus. Each input is
+//! pass `check`), `export` (a model loaded from a scratch folder with data files beside it, cut in
+//! two and exported: nothing outside the output folder may change, no link or temporary may stay).
+//! Seeds come from the repository's fixtures and malformed corpus. Each input is
 //! a seed with one to four mutations (bytes, protobuf fields, JSON values); an input that stops
 //! at a new place (phase and error kind) joins the pool, a poor man's coverage signal.
 //!
@@ -118,7 +120,7 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
     let mut paths = Vec::new();
     let mut inline: Vec<&str> = Vec::new();
     match target {
-        "onnx" => {
+        "onnx" | "export" => {
             paths.extend(files_in(&root.join("fixtures/models"), |n| {
                 n.ends_with(".onnx")
             }));
@@ -447,7 +449,7 @@ fn replay(target: &str, files: &[String]) -> Result<(), String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: pipecut-fuzz run TARGET SECONDS [--seed N] [--timeout-ms MS]\n       pipecut-fuzz replay TARGET FILE...\ntargets: onnx plan cluster device";
+    let usage = "usage: pipecut-fuzz run TARGET SECONDS [--seed N] [--timeout-ms MS]\n       pipecut-fuzz replay TARGET FILE...\ntargets: onnx plan cluster device capi export";
     let result = match args.first().map(String::as_str) {
         Some("run") if args.len() >= 3 => {
             let mut options = Options {

@@ -14,7 +14,7 @@ use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, S
 use pipecut::plan::Plan;
 
 /// The targets, by the name `fuzz/run.sh` takes.
-pub const TARGETS: [&str; 5] = ["onnx", "plan", "cluster", "device", "capi"];
+pub const TARGETS: [&str; 6] = ["onnx", "plan", "cluster", "device", "capi", "export"];
 
 /// Where an input stopped: the phase, the error's variant, and the first few words of its
 /// message that are plain lowercase words (names and numbers come from the input, so they are
@@ -70,6 +70,7 @@ impl Fixtures {
             "cluster" => self.cluster(input),
             "device" => self.device(input),
             "capi" => self.capi(input),
+            "export" => export(input),
             other => panic!("unknown target '{other}'; targets: {TARGETS:?}"),
         }
     }
@@ -297,4 +298,112 @@ fn exercise_cluster(cluster: &Cluster) {
     let _ = cluster.ring_all_reduce_secs(&ring, 1 << 30);
     let _ = cluster.layout();
     let _ = cluster.to_string();
+}
+
+/// The files of one `export` execution: `model/m.onnx` (the input) with the data files the
+/// malformed corpus points at beside it, a `victim.txt` beside `model/` and `out/`.
+struct ExportScene {
+    root: std::path::PathBuf,
+}
+
+impl ExportScene {
+    const VICTIM: &'static [u8] = b"must never change";
+
+    fn new(model: &[u8]) -> ExportScene {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "pipecut-fuzz-export-{}-{}",
+            std::process::id(),
+            COUNT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let model_dir = root.join("model");
+        std::fs::create_dir_all(&model_dir).expect("a scratch folder");
+        std::fs::write(model_dir.join("m.onnx"), model).expect("the model is written");
+        // Data files under the names the seeds use, so external references resolve.
+        for name in ["w.bin", "short.bin", "weights.bin", "model.weights"] {
+            std::fs::write(model_dir.join(name), [7u8; 4096]).expect("a data file");
+        }
+        std::fs::write(root.join("victim.txt"), Self::VICTIM).expect("the victim is written");
+        ExportScene { root }
+    }
+
+    /// Panics (a finding) if anything outside `out/` changed or appeared, or if `out/` holds a
+    /// link or a temporary after the export returned.
+    fn check_confinement(&self) {
+        let victim = std::fs::read(self.root.join("victim.txt")).expect("the victim is there");
+        assert_eq!(
+            victim,
+            Self::VICTIM,
+            "export changed a file outside --out-dir"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(&self.root)
+            .expect("the scratch folder")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        for name in &names {
+            assert!(
+                ["model", "out", "victim.txt"].contains(&name.as_str()),
+                "export wrote '{name}' outside --out-dir"
+            );
+        }
+        let mut stack = vec![self.root.join("out")];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries {
+                let entry = entry.expect("an entry");
+                let kind = entry.file_type().expect("a file type");
+                let name = entry.file_name().to_string_lossy().into_owned();
+                assert!(!kind.is_symlink(), "export left a link '{name}'");
+                assert!(!name.starts_with(".pipecut-tmp-"), "export left '{name}'");
+                if kind.is_dir() {
+                    stack.push(entry.path());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ExportScene {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Load from a file (so external data resolves against its folder), infer, cut the order into
+/// two contiguous stages and export them; whatever happens, nothing outside `out/` may change.
+fn export(input: &[u8]) -> String {
+    let scene = ExportScene::new(input);
+    let model_path = scene.root.join("model/m.onnx");
+    let outcome = (|| {
+        let mut model = match pipecut::onnx::load_model(&model_path) {
+            Ok(model) => model,
+            Err(e) => return outcome::<()>("load", &Err(e)),
+        };
+        let result = ShapeInference::default().run(&mut model.graph);
+        if result.is_err() {
+            return outcome("infer", &result);
+        }
+        let order = model.graph.topological_order().to_vec();
+        let half = order.len() / 2;
+        let stages = if half == 0 {
+            vec![order]
+        } else {
+            vec![order[..half].to_vec(), order[half..].to_vec()]
+        };
+        let out = scene.root.join("out");
+        let exported =
+            pipecut::onnx::export::export_stages(&model_path, &model.graph, &stages, &out);
+        outcome("export", &exported)
+    })();
+    scene.check_confinement();
+    outcome
 }
