@@ -371,3 +371,48 @@ fn a_huge_global_batch_plans_within_the_cap() {
     let plan = pipecut::plan::Plan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert!(plan.config.microbatches <= pipecut::schedule::MAX_MICROBATCHES);
 }
+
+/// Issue 18 item 10: a plan that `check` refuses is refused by `export`, `run` and `show` with
+/// the same exit code (export used to write stages for plans `check` called invalid).
+#[test]
+fn a_bad_plan_exits_the_same_from_check_export_run_and_show() {
+    let plans = common::root().join("tests/malformed/plans");
+    let scratch = tempfile::tempdir().unwrap();
+    let mut differing = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&plans)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    entries.sort();
+    assert!(entries.len() >= 10, "{} plans", entries.len());
+    for plan in entries {
+        let plan_arg = plan.display().to_string();
+        let out = scratch.path().join("out").display().to_string();
+        let code = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            pipecut(&args).0
+        };
+        let check = code(&["check", &plan_arg, PLAN_MODEL]);
+        let others = [
+            (
+                "export",
+                code(&["export", &plan_arg, PLAN_MODEL, "--out-dir", &out]),
+            ),
+            (
+                "run",
+                code(&["run", &plan_arg, PLAN_MODEL, "--output-dir", &out]),
+            ),
+            ("show", code(&["show", &plan_arg, PLAN_MODEL])),
+        ];
+        for (command, other) in others {
+            if other != check {
+                differing.push(format!(
+                    "{}: check exits {check:?}, {command} {other:?}",
+                    plan.file_name().unwrap().to_string_lossy()
+                ));
+            }
+        }
+    }
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
+}
