@@ -318,7 +318,14 @@ fn outputs_that_are_inputs_devices_directories_or_nowhere_are_refused() {
 fn a_link_planted_at_an_output_is_replaced_never_followed() {
     let scene = Scene::new(PLAIN);
     std::os::unix::fs::symlink(scene.path("victim.txt"), scene.path("plan.json")).unwrap();
+    // A temporary left by a `kill -9`ed run (a pid above the kernel's maximum never runs); only
+    // Linux can tell that its writer is gone (by /proc).
+    let stale = scene.path(".pipecut-tmp-4294967-x1Yz");
+    if cfg!(target_os = "linux") {
+        std::fs::write(&stale, b"half a plan").unwrap();
+    }
     scene.plan();
+    assert!(!stale.exists(), "a dead run's temporary was left");
     scene.victim_untouched();
     let plan = std::fs::symlink_metadata(scene.path("plan.json")).unwrap();
     assert!(plan.is_file());

@@ -385,6 +385,12 @@ pub(crate) fn write_atomically(
         .first()
         .map(|source| pipecut::io::OutputMode::like(source))
         .unwrap_or_default();
+    // Temporaries that a killed pipecut left beside this output go now.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        pipecut::io::remove_stale_temporaries(dir);
+    } else {
+        pipecut::io::remove_stale_temporaries(std::path::Path::new("."));
+    }
     Ok(pipecut::io::write_atomically(path, bytes, mode)?)
 }
 
