@@ -39,7 +39,15 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
 
 /// Loads the model a plan was made for, with the dims bound as the plan records them.
 pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
-    let mut model = super::load_model(path, super::Weights::NotRead)?;
+    type_for_plan(
+        plan,
+        super::load_model(path, super::Weights::NotRead)?,
+        path,
+    )
+}
+
+/// Types a loaded model (`path` names it in errors) with the dims the plan records.
+pub(crate) fn type_for_plan(plan: &Plan, mut model: Model, path: &Path) -> anyhow::Result<Model> {
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
         bindings = bindings.bind(name, *value);

@@ -42,16 +42,18 @@ fn refuse_replacing(path: &std::path::Path, inputs: &[&std::path::Path]) -> anyh
 pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let plan = super::check::read_plan(&args.plan)?;
     let model_path = &args.model.model;
+    // Loaded once: export reads the weights, so absent external data is refused here first.
+    let loaded = super::load_model(model_path, super::Weights::Read)?;
     // A plan that `check` refuses is refused here too, with the same message and exit code
     // (it is checked on the model typed with the plan's own dims, as `check` does).
-    let for_check = super::check::load_for_plan(&plan, model_path)?;
+    let for_check = super::check::type_for_plan(&plan, loaded.clone(), model_path)?;
     plan.check(
         &for_check.sha256,
         &for_check.graph,
         &pipecut::cost::Catalog::builtin(),
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
-    let model = args.model.load_typed(super::Weights::Read)?;
+    let model = args.model.type_loaded(loaded)?;
     let stages = plan
         .stage_nodes(&model.sha256, &model.graph)
         .with_context(|| format!("'{}'", args.plan.display()))?;

@@ -138,7 +138,11 @@ impl ModelArgs {
     /// Loads the model and infers every shape, stopping at the first node that fails.
     /// `weights`: the command reads the weight bytes, so absent external data is refused.
     fn load_typed(&self, weights: Weights) -> anyhow::Result<Model> {
-        let mut model = load_model(&self.model, weights)?;
+        self.type_loaded(load_model(&self.model, weights)?)
+    }
+
+    /// Infers every shape of a model already loaded from this file, with these bindings.
+    fn type_loaded(&self, mut model: Model) -> anyhow::Result<Model> {
         self.shape_inference()?
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
