@@ -70,34 +70,14 @@ pub(crate) fn sgemm(
 fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (a, b) = (input(inputs, 0)?, input(inputs, 1)?);
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
-    if a.rank() == 0 || b.rank() == 0 {
-        return Err("MatMul does not accept scalars".into());
-    }
-    // 1-D operands are promoted to matrices and the added dim removed from the result.
-    let a_shape: Vec<usize> = if a.rank() == 1 {
-        vec![1, a.shape()[0]]
-    } else {
-        a.shape().to_vec()
-    };
-    let b_shape: Vec<usize> = if b.rank() == 1 {
-        vec![b.shape()[0], 1]
-    } else {
-        b.shape().to_vec()
-    };
-    let (m, k) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
-    let (k2, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
-    if k != k2 {
-        return Err(format!(
-            "inner dims differ: {:?} × {:?}",
-            a.shape(),
-            b.shape()
-        ));
-    }
-    let a_batch = &a_shape[..a_shape.len() - 2];
-    let b_batch = &b_shape[..b_shape.len() - 2];
-    let batch = broadcast_shapes(&[a_batch, b_batch])?;
-    let a_index = broadcast_offsets(a_batch, &batch)?;
-    let b_index = broadcast_offsets(b_batch, &batch)?;
+    let MatmulLayout {
+        m,
+        k,
+        n,
+        a_index,
+        b_index,
+        out_shape,
+    } = matmul_layout(a.shape(), b.shape())?;
     let mut out = try_zeros_f32(&[a_index.len(), m, n])?;
     for (p, (&ia, &ib)) in a_index.iter().zip(&b_index).enumerate() {
         sgemm(
@@ -113,14 +93,60 @@ fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             &mut out[p * m * n..(p + 1) * m * n],
         );
     }
-    let mut shape = batch;
-    if a.rank() > 1 {
-        shape.push(m);
+    Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// How a MatMul-like op (MatMul, MatMulInteger, QLinearMatMul) pairs its operands, as numpy
+/// does: 1-D operands promoted to matrices, batch dims broadcast; `a_index`/`b_index` give each
+/// output matrix's A and B matrix, and `out_shape` drops the dims the promotion added.
+pub(super) struct MatmulLayout {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub a_index: Vec<usize>,
+    pub b_index: Vec<usize>,
+    pub out_shape: Vec<usize>,
+}
+
+pub(super) fn matmul_layout(a: &[usize], b: &[usize]) -> Result<MatmulLayout, String> {
+    if a.is_empty() || b.is_empty() {
+        return Err("scalars cannot be multiplied as matrices".into());
     }
-    if b.rank() > 1 {
-        shape.push(n);
+    let a_shape: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b_shape: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
+    let (k2, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
+    if k != k2 {
+        return Err(format!("inner dims differ: {a:?} × {b:?}"));
     }
-    Ok(vec![HostTensor::f32(shape, out)])
+    let a_batch = &a_shape[..a_shape.len() - 2];
+    let b_batch = &b_shape[..b_shape.len() - 2];
+    let mut out_shape = broadcast_shapes(&[a_batch, b_batch])?;
+    let a_index = broadcast_offsets(a_batch, &out_shape)?;
+    let b_index = broadcast_offsets(b_batch, &out_shape)?;
+    if a.len() > 1 {
+        out_shape.push(m);
+    }
+    if b.len() > 1 {
+        out_shape.push(n);
+    }
+    super::checked_size(&out_shape)?;
+    Ok(MatmulLayout {
+        m,
+        k,
+        n,
+        a_index,
+        b_index,
+        out_shape,
+    })
 }
 
 fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

@@ -334,42 +334,16 @@ fn integer_matmul(
     a_zero: Option<&HostTensor>,
     b_zero: Option<&HostTensor>,
 ) -> Result<(Vec<usize>, Vec<i64>), String> {
-    if a.rank() == 0 || b.rank() == 0 {
-        return Err("scalars cannot be multiplied as matrices".into());
-    }
-    let a_shape: Vec<usize> = if a.rank() == 1 {
-        vec![1, a.shape()[0]]
-    } else {
-        a.shape().to_vec()
-    };
-    let b_shape: Vec<usize> = if b.rank() == 1 {
-        vec![b.shape()[0], 1]
-    } else {
-        b.shape().to_vec()
-    };
-    let (m, k) = (a_shape[a_shape.len() - 2], a_shape[a_shape.len() - 1]);
-    let (k2, n) = (b_shape[b_shape.len() - 2], b_shape[b_shape.len() - 1]);
-    if k != k2 {
-        return Err(format!(
-            "inner dims differ: {:?} × {:?}",
-            a.shape(),
-            b.shape()
-        ));
-    }
+    let super::matmul::MatmulLayout {
+        m,
+        k,
+        n,
+        a_index,
+        b_index,
+        out_shape,
+    } = super::matmul::matmul_layout(a.shape(), b.shape())?;
     let a_zero = zero_points(a_zero, m, "A")?;
     let b_zero = zero_points(b_zero, n, "B")?;
-    let (a_batch, b_batch) = (&a_shape[..a_shape.len() - 2], &b_shape[..b_shape.len() - 2]);
-    let batch = super::broadcast_shapes(&[a_batch, b_batch])?;
-    let a_index = super::broadcast_offsets(a_batch, &batch)?;
-    let b_index = super::broadcast_offsets(b_batch, &batch)?;
-    let mut shape = batch;
-    if a.rank() > 1 {
-        shape.push(m);
-    }
-    if b.rank() > 1 {
-        shape.push(n);
-    }
-    super::checked_size(&shape)?;
     let (av, bv) = (a.to_i64_vec(), b.to_i64_vec());
     let mut out = vec![0i64; a_index.len() * m * n];
     let mut row = vec![0i64; n];
@@ -390,7 +364,7 @@ fn integer_matmul(
             out[(p * m + i) * n..][..n].copy_from_slice(&row);
         }
     }
-    Ok((shape, out))
+    Ok((out_shape, out))
 }
 
 /// MatMulInteger: the int32 product of zero-point-shifted integer matrices.
