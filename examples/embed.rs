@@ -53,7 +53,7 @@ fn from_bytes() -> Result<(), pipecut::Error> {
     let plan = Plan::from_solution(
         &solution,
         PlanContext {
-            model_sha256: &model.sha256,
+            model: model.digests(),
             model_file_name: "gpt2_tiny.onnx",
             graph: &model.graph,
             dims: &dims,

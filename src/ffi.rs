@@ -33,7 +33,9 @@ use serde::Deserialize;
 
 use crate::cost::{Catalog, Cluster, Mode, Schedule, UnknownOpCost};
 use crate::onnx::shape::{DimBindings, ShapeInference};
-use crate::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
+use crate::partition::{
+    CostSettings, CutConstraints, PartitionConfig, Planner, SolverChoice, StageCount,
+};
 use crate::plan::{Plan, PlanContext, PlanOptions};
 use crate::{Error, Result};
 
@@ -92,11 +94,15 @@ pub struct PlanRequest {
     /// `"auto"` (default), `"dp"` or `"milp"`.
     #[serde(default)]
     pub solver: SolverChoice,
+    /// Tensors no cut may cross, as in the plan's `config.cut_constraints` (default: none
+    /// forbidden, each MatMul kept with its bias Add).
+    #[serde(default)]
+    pub cut_constraints: CutConstraints,
     /// `"error"` (default), `"zero"` or `"bytes"`: how to cost ops without a rule.
     #[serde(default)]
     pub unknown_op_cost: UnknownOpCost,
     /// The file name the plan records for the model (default `<bytes>`); plans match models by
-    /// sha256, so this is for people reading the plan.
+    /// their graph digest, so this is for people reading the plan.
     #[serde(default = "default_model_file_name")]
     pub model_file_name: String,
     /// Where the model's external-data files lie, for a model that has any.
@@ -255,6 +261,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
         },
         time_limit,
         solver: request.solver,
+        cut_constraints: request.cut_constraints.clone(),
     };
     let solution = Planner::new(&model.graph, &cluster)
         .with_config(config)
@@ -263,7 +270,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
     let plan = Plan::from_solution(
         &solution,
         PlanContext {
-            model_sha256: &model.sha256,
+            model: model.digests(),
             model_file_name: &request.model_file_name,
             graph: &model.graph,
             dims: &request.dims,

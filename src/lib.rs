@@ -64,7 +64,7 @@
 //! let stages = StageCount::Fixed(2);
 //! let solution = Planner::new(&model.graph, &cluster).with_stages(stages).solve()?;
 //! let context = PlanContext {
-//!     model_sha256: &model.sha256,
+//!     model: model.digests(),
 //!     model_file_name: "gpt2_tiny.onnx",
 //!     graph: &model.graph,
 //!     dims: &dims,

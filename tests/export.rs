@@ -338,7 +338,8 @@ fn cli_refuses_a_plan_for_another_model() {
     // An invalid plan for this model: exit 1 (2 is for unreadable input).
     assert_eq!(code, 1);
     assert!(
-        err.contains("different model") && err.contains("sha256"),
+        err.contains("it was made for another graph: its model file was 'gpt2_tiny.onnx'")
+            && err.contains("graph sha256"),
         "{err}"
     );
     assert!(!out.exists(), "nothing is written for a refused plan");

@@ -473,3 +473,184 @@ fn dtype_override_costs_at_that_precision_and_the_plan_records_it() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("bf16"), "{stderr}");
 }
+
+/// mlp.onnx with one change made by `edit`, written into `dir` as `name`.
+fn edited_mlp(dir: &Path, name: &str, edit: impl FnOnce(&mut onnx_protobuf::GraphProto)) -> String {
+    use onnx_protobuf::Message;
+    let bytes = std::fs::read(common::fixture("mlp")).unwrap();
+    let mut proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    edit(proto.graph.as_mut().expect("mlp has a graph"));
+    let path = dir.join(name);
+    std::fs::write(&path, proto.write_to_bytes().unwrap()).unwrap();
+    path.display().to_string()
+}
+
+/// Issue 21: a plan holds for the graph, not the file. A fine-tuned copy (same graph, other
+/// weights) is accepted by `check`, `export` and `run` with a note; a copy whose graph changed
+/// is refused with the name of the file the plan was made for and the advice to re-plan.
+#[test]
+fn a_plan_holds_for_other_weights_of_the_same_graph_and_refuses_another_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let text = partition_to(
+        &plan,
+        "fixtures/models/mlp.onnx",
+        &[
+            "--cluster",
+            "1x2xH100-SXM",
+            "--stages",
+            "2",
+            "--dim",
+            "batch=8",
+        ],
+    );
+    let recorded = Plan::from_json(&text).unwrap();
+    assert_eq!(recorded.schema_version, pipecut::plan::SCHEMA_VERSION);
+    let plan = plan.to_str().unwrap();
+
+    let tuned = edited_mlp(dir.path(), "mlp_tuned.onnx", |graph| {
+        let weight = graph
+            .initializer
+            .iter_mut()
+            .find(|t| t.raw_data.len() >= 4)
+            .expect("mlp has a raw-data initializer");
+        weight.raw_data[0] ^= 0x40;
+    });
+    let note = "note: the weights differ from those of 'mlp.onnx', which the plan was made for";
+    let (code, stdout, stderr) = pipecut(&["check", plan, &tuned]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("valid plan"), "{stdout}");
+    assert!(stderr.contains(note), "{stderr}");
+    let stages = dir.path().join("stages");
+    let (code, _, stderr) = pipecut(&[
+        "export",
+        plan,
+        &tuned,
+        "--out-dir",
+        stages.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr.matches(note).count(), 1, "{stderr}");
+    // The same file gives no note.
+    let (code, _, stderr) = pipecut(&["check", plan, "fixtures/models/mlp.onnx"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("note:"), "{stderr}");
+
+    let renamed = edited_mlp(dir.path(), "mlp_renamed.onnx", |graph| {
+        graph.node[0].name.push_str("_renamed");
+    });
+    let (code, _, stderr) = pipecut(&["check", plan, &renamed]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("it was made for another graph: its model file was 'mlp.onnx'")
+            && stderr.contains("make a new plan for this model with `pipecut partition`"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+}
+
+/// The tensors a plan's stages receive.
+fn cut_tensors(plan: &Plan) -> Vec<String> {
+    plan.stages
+        .iter()
+        .flat_map(|s| s.received.iter().map(|r| r.tensor.clone()))
+        .collect()
+}
+
+/// Issue 21: cut constraints. By default no cut falls between a MatMul and its bias Add
+/// (`--cut-anywhere` allows it); `--forbid-cut` keeps a tensor on one stage; the plan records
+/// the constraints and `check` refuses a plan edited across them, and claims are audited on
+/// the constrained problem (a constrained optimum is not "beaten" by an unconstrained DP plan).
+#[test]
+fn cut_constraints_are_kept_recorded_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpt2 = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "--cluster",
+        "1x4xH100-SXM",
+        "--stages",
+        "4",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+    ];
+    let free_path = dir.path().join("free.json");
+    let mut free_args = args.to_vec();
+    free_args.push("--cut-anywhere");
+    let free = Plan::from_json(&partition_to(&free_path, gpt2, &free_args)).unwrap();
+    let bias_cut = "/transformer/h.2/attn/k_proj/MatMul_output_0";
+    assert!(
+        cut_tensors(&free).iter().any(|t| t == bias_cut),
+        "the unconstrained optimum cuts a MatMul from its bias here: {:?}",
+        cut_tensors(&free)
+    );
+
+    let kept_path = dir.path().join("kept.json");
+    let kept = Plan::from_json(&partition_to(&kept_path, gpt2, &args)).unwrap();
+    assert!(kept.config.cut_constraints.bias_with_matmul);
+    assert!(
+        cut_tensors(&kept)
+            .iter()
+            .all(|t| !t.ends_with("MatMul_output_0")),
+        "{:?}",
+        cut_tensors(&kept)
+    );
+    let (code, _, err) = pipecut(&["check", kept_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 0, "{err}");
+
+    // Forbid a tensor the default plan cuts.
+    let forbidden = cut_tensors(&kept)
+        .into_iter()
+        .find(|t| t.contains("ln_1"))
+        .expect("the plan cuts after a LayerNorm");
+    let forbid_path = dir.path().join("forbid.json");
+    let mut forbid_args = args.to_vec();
+    forbid_args.extend(["--forbid-cut", forbidden.as_str()]);
+    let text = partition_to(&forbid_path, gpt2, &forbid_args);
+    let forbid = Plan::from_json(&text).unwrap();
+    assert_eq!(
+        forbid.config.cut_constraints.forbid,
+        vec![forbidden.clone()]
+    );
+    assert!(!cut_tensors(&forbid).contains(&forbidden));
+    let (code, _, err) = pipecut(&["check", forbid_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 0, "{err}");
+
+    // The default plan with the constraint written in by hand: `check` names the cut.
+    let mut edited: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kept_path).unwrap()).unwrap();
+    edited["config"]["cut_constraints"]["forbid"] = serde_json::json!([forbidden]);
+    let edited_path = dir.path().join("edited.json");
+    std::fs::write(&edited_path, edited.to_string()).unwrap();
+    let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("tensor '{forbidden}' crosses from stage"))
+            && err.contains("config.cut_constraints"),
+        "{err}"
+    );
+
+    let (code, _, err) = pipecut(&[
+        "partition",
+        gpt2,
+        "--stages",
+        "2",
+        "--cluster",
+        "1x2xH100-SXM",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+        "--forbid-cut",
+        "nope",
+        "--out",
+        dir.path().join("x.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--forbid-cut 'nope': the model has no tensor of that name"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

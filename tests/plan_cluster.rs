@@ -155,7 +155,7 @@ fn plan_cluster_writes_a_plan_that_check_accepts_and_guards_its_replicas() {
 
     let text = std::fs::read_to_string(&plan_path).unwrap();
     let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(plan["schema_version"], 2);
+    assert_eq!(plan["schema_version"], pipecut::plan::SCHEMA_VERSION);
     let parallelism = &plan["parallelism"];
     let replicas = parallelism["data_parallel"].as_u64().unwrap();
     let stages = plan["stages"].as_array().unwrap().len() as u64;

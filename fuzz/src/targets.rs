@@ -153,7 +153,7 @@ impl Fixtures {
         if inferred.is_err() {
             return outcome("infer", &inferred);
         }
-        let checked = plan.check(&self.plan_model.sha256, &graph, &self.catalog);
+        let checked = plan.check(self.plan_model.digests(), &graph, &self.catalog);
         outcome("check", &checked)
     }
 
@@ -281,7 +281,7 @@ impl Fixtures {
             ShapeInference::new(bindings)
                 .run(&mut graph)
                 .unwrap_or_else(|e| panic!("a planned model's dims do not type it: {e}"));
-            plan.check(&self.plan_model.sha256, &graph, &self.catalog)
+            plan.check(self.plan_model.digests(), &graph, &self.catalog)
                 .unwrap_or_else(|e| panic!("the C ABI returned a plan that check rejects: {e}"));
         }
         format!("capi: ok: {} stages", plan.stages.len())

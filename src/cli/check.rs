@@ -38,15 +38,14 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
 }
 
 /// Loads the model a plan was made for, with the dims bound as the plan records them.
-pub(crate) fn load_for_plan(plan: &Plan, path: &Path) -> anyhow::Result<Model> {
-    type_for_plan(
-        plan,
-        super::load_model(path, super::Weights::NotRead)?,
-        path,
-    )
+pub(crate) fn load_for_plan(plan: &Plan, plan_path: &Path, path: &Path) -> anyhow::Result<Model> {
+    let model = super::load_model(path, super::Weights::NotRead)?;
+    super::match_plan_model(plan, &model, plan_path)?;
+    type_for_plan(plan, model, path)
 }
 
-/// Types a loaded model (`path` names it in errors) with the dims the plan records.
+/// Types a loaded model (`path` names it in errors) with the dims the plan records. The caller
+/// has matched it to the plan ([`super::match_plan_model`]): another graph may lack the dims.
 pub(crate) fn type_for_plan(plan: &Plan, mut model: Model, path: &Path) -> anyhow::Result<Model> {
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
@@ -63,12 +62,12 @@ pub(crate) fn type_for_plan(plan: &Plan, mut model: Model, path: &Path) -> anyho
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let plan = read_plan(&args.plan)?;
-    let model = load_for_plan(&plan, &args.model)?;
+    let model = load_for_plan(&plan, &args.plan, &args.model)?;
     if args.rewrite {
         return rewrite(&args, &plan, &model);
     }
     let report = plan
-        .check(&model.sha256, &model.graph, &Catalog::builtin())
+        .check(model.digests(), &model.graph, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
     if args.json {
         let mut value = serde_json::to_value(&report)?;
@@ -91,11 +90,11 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
 fn rewrite(args: &CheckArgs, plan: &Plan, model: &Model) -> anyhow::Result<ExitCode> {
     let catalog = Catalog::builtin();
     let rewritten = plan
-        .rewrite(&model.sha256, &model.graph, &catalog)
+        .rewrite(model.digests(), &model.graph, &catalog)
         .with_context(|| format!("cannot rewrite '{}'", args.plan.display()))?;
     // The rewritten plan must pass the check it was made for; anything else is a bug here.
     let report = rewritten
-        .check(&model.sha256, &model.graph, &catalog)
+        .check(model.digests(), &model.graph, &catalog)
         .with_context(|| format!("the rewritten '{}' does not check", args.plan.display()))?;
     let out = args.out.as_ref().unwrap_or(&args.plan);
     let unchanged = rewritten == *plan;

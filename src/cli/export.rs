@@ -46,16 +46,17 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let loaded = super::load_model(model_path, super::Weights::Read)?;
     // A plan that `check` refuses is refused here too, with the same message and exit code
     // (it is checked on the model typed with the plan's own dims, as `check` does).
+    super::match_plan_model(&plan, &loaded, &args.plan)?;
     let for_check = super::check::type_for_plan(&plan, loaded.clone(), model_path)?;
     plan.check(
-        &for_check.sha256,
+        for_check.digests(),
         &for_check.graph,
         &pipecut::cost::Catalog::builtin(),
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
     let model = args.model.type_loaded(loaded)?;
     let stages = plan
-        .stage_nodes(&model.sha256, &model.graph)
+        .stage_nodes(model.digests(), &model.graph)
         .with_context(|| format!("'{}'", args.plan.display()))?;
     // Neither the model nor the plan may be among the files the export writes.
     let inputs = [model_path.as_path(), args.plan.as_path()];

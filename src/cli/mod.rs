@@ -242,6 +242,22 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Refuses a model whose graph is not the one `plan` was made for (the error names the plan's
+/// file), and notes on stderr when only the weights differ, which the plan allows.
+pub(crate) fn match_plan_model(
+    plan: &pipecut::plan::Plan,
+    model: &Model,
+    plan_path: &Path,
+) -> anyhow::Result<()> {
+    let matched = plan
+        .model_match(model.digests())
+        .with_context(|| format!("'{}'", plan_path.display()))?;
+    if let Some(note) = matched.note(plan) {
+        eprintln!("note: {}", escape_controls(&note));
+    }
+    Ok(())
+}
+
 /// The model's file name as the plan records it (`""` for a path without one).
 pub(crate) fn model_file_name(path: &std::path::Path) -> String {
     path.file_name()

@@ -11,8 +11,8 @@ use pipecut::cost::{Catalog, Cluster, Schedule};
 use pipecut::onnx::inspect::{count_of, human_bytes};
 use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
 use pipecut::partition::{
-    CostSettings, HeuristicReason, PartitionConfig, Planner, SolveStatus, SolverChoice, SolverKind,
-    StageCount,
+    CostSettings, CutConstraints, HeuristicReason, PartitionConfig, Planner, SolveStatus,
+    SolverChoice, SolverKind, StageCount,
 };
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
@@ -180,6 +180,14 @@ pub struct PartitionArgs {
     /// convex partitions; auto: the MILP only where the DP's plan is not proven optimal.
     #[arg(long, value_enum, default_value = "auto")]
     solver: SolverArg,
+    /// Keep this tensor's producer and readers on one stage (repeatable): no cut crosses it,
+    /// and everything on a path between them stays with them.
+    #[arg(long = "forbid-cut", value_name = "TENSOR")]
+    forbid_cut: Vec<String>,
+    /// Allow cuts between a MatMul and the Add of its bias (kept together by default: the cut
+    /// sends the same bytes as one after the Add and splits one linear layer).
+    #[arg(long)]
+    cut_anywhere: bool,
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
@@ -238,6 +246,10 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         },
         time_limit: args.time_limit,
         solver: args.solver.into(),
+        cut_constraints: CutConstraints {
+            forbid: args.forbid_cut.clone(),
+            bias_with_matmul: !args.cut_anywhere,
+        },
     };
     let display = super::progress::Display::start(&format!(
         "partitioning {} over {}",
@@ -261,7 +273,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::from_solution(
         &solution,
         PlanContext {
-            model_sha256: &model.sha256,
+            model: model.digests(),
             model_file_name: &file_name,
             graph: &model.graph,
             dims: &dims,

@@ -119,6 +119,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             // stages are the ones its step, all-reduce and throughput figures describe.
             solver: SolverChoice::Dp,
             time_limit: args.time_limit,
+            // The search partitions without constraints; the plan keeps the stages it costed.
+            cut_constraints: pipecut::partition::CutConstraints::none(),
         })
         .solve()
         .with_context(|| format!("'{}'", path.display()))?;
@@ -129,7 +131,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::from_solution(
         &solution,
         PlanContext {
-            model_sha256: &model.sha256,
+            model: model.digests(),
             model_file_name: &file_name,
             graph: &outcome.graph,
             dims: &dims,

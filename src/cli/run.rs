@@ -94,13 +94,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
         let mut model = super::load_model(&args.model, super::Weights::Read)?;
         // Refuse another model before binding the plan's dims, which it may not even have.
-        if model.sha256 != plan.model.sha256 {
-            return Err(anyhow::Error::new(pipecut::Error::InvalidPlan(format!(
-                "it was made for a different model (sha256 {} in the plan, {} for this file)",
-                plan.model.sha256, model.sha256
-            ))))
-            .with_context(|| format!("'{}'", args.plan.display()));
-        }
+        plan.model_match(model.digests())
+            .with_context(|| format!("'{}'", args.plan.display()))?;
         let mut b = DimBindings::new();
         for (name, value) in bindings {
             b = b.bind(name, *value);
@@ -113,13 +108,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
     let mut model = load(&plan.model.dims)?;
+    super::match_plan_model(&plan, &model, &args.plan)?;
     // A plan costed at another precision (--dtype) is checked on the graph as it was costed;
     // the run itself uses the file's own dtypes.
     let mut costed = model.graph.clone();
     if let Some(precision) = plan.config.dtype_override {
         costed.override_float_dtype(precision.dtype());
     }
-    plan.check(&model.sha256, &costed, &Catalog::builtin())
+    plan.check(model.digests(), &costed, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
     let mut dims = plan.model.dims.clone();
     if !args.dims.is_empty() {

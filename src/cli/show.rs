@@ -45,8 +45,8 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     let plan = read_plan(&args.plan)?;
     let model = match &args.model {
         Some(path) => {
-            let model = load_for_plan(&plan, path)?;
-            plan.check(&model.sha256, &model.graph, &Catalog::builtin())
+            let model = load_for_plan(&plan, &args.plan, path)?;
+            plan.check(model.digests(), &model.graph, &Catalog::builtin())
                 .with_context(|| format!("'{}'", args.plan.display()))?;
             Some(model)
         }

@@ -12,6 +12,55 @@ use super::Model;
 use crate::graph::{Attribute, DType, Graph, NodeSpec, Param, Storage, Subgraph};
 use crate::Error;
 
+/// sha256 of what planning depends on: the main `GraphProto` re-encoded as protobuf (fields in
+/// field-number order, repeated fields in file order, since node order is the graph's topological
+/// order) with every initializer and sparse initializer reduced to its name, dtype and dims. So
+/// it covers the nodes (op types, domains, names, inputs, outputs, attributes, subgraphs), the
+/// graph inputs, outputs and value infos with their dtypes and shapes, and the initializers'
+/// names, dtypes and dims, but no initializer bytes and no external-data reference. The opset
+/// imports are not hashed (they live outside the graph; the graph's node list is what is cut).
+pub fn graph_sha256(graph: &GraphProto) -> String {
+    let mut graph = graph.clone();
+    for init in graph.initializer.iter_mut() {
+        *init = shape_only(init);
+    }
+    for sparse in graph.sparse_initializer.iter_mut() {
+        let values = sparse.values.as_ref().map(shape_only);
+        sparse.values = values.into();
+        sparse.indices.clear();
+    }
+    crate::plan::sha256_hex(&graph.write_to_bytes().unwrap_or_default())
+}
+
+/// An initializer reduced to the facts planning reads: name, dtype, dims.
+fn shape_only(tensor: &TensorProto) -> TensorProto {
+    let mut shape = TensorProto::new();
+    shape.name = tensor.name.clone();
+    shape.data_type = tensor.data_type;
+    shape.dims = tensor.dims.clone();
+    shape
+}
+
+/// sha256 over the initializers, in file order: each one's `TensorProto` encoding (name, dtype,
+/// dims, the embedded bytes in whichever data field holds them, and for external data the
+/// reference entries: location, offset, length, checksum), each prefixed with its length in
+/// bytes (u64, little-endian). External-data files are never read: a plan must load without
+/// the weights, so weights changed inside an external file keep the same digest.
+pub fn weights_sha256(graph: &GraphProto) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for init in &graph.initializer {
+        let bytes = init.write_to_bytes().unwrap_or_default();
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Parses model bytes. `origin` names them in errors; `base_dir` resolves external data.
 pub(super) fn decode_model(
     bytes: &[u8],
@@ -73,6 +122,8 @@ pub(super) fn decode_model(
             .to_string(),
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
+        graph_sha256: graph_sha256(graph_proto),
+        weights_sha256: weights_sha256(graph_proto),
         warnings,
         missing_external_data: external.missing,
     })
@@ -439,4 +490,55 @@ fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut V
         }
     }
     read.extend(graph.output.iter().map(|o| o.name.clone()));
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    fn mlp() -> ModelProto {
+        let bytes = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/models/mlp.onnx"
+        ))
+        .expect("fixture");
+        ModelProto::parse_from_bytes(&bytes).expect("decodes")
+    }
+
+    #[test]
+    fn changed_weights_keep_the_graph_digest() {
+        let original = mlp();
+        let mut tuned = original.clone();
+        let graph = tuned.graph.as_mut().expect("graph");
+        let init = graph
+            .initializer
+            .iter_mut()
+            .find(|t| !t.raw_data.is_empty() || !t.float_data.is_empty())
+            .expect("an embedded initializer");
+        if let Some(b) = init.raw_data.first_mut() {
+            *b ^= 0xff;
+        } else {
+            init.float_data[0] += 1.0;
+        }
+        let (a, b) = (
+            original.graph.as_ref().unwrap(),
+            tuned.graph.as_ref().unwrap(),
+        );
+        assert_eq!(graph_sha256(a), graph_sha256(b));
+        assert_ne!(weights_sha256(a), weights_sha256(b));
+    }
+
+    #[test]
+    fn a_changed_node_changes_the_graph_digest() {
+        let original = mlp();
+        let mut edited = original.clone();
+        edited.graph.as_mut().unwrap().node[0].op_type.push('X');
+        let (a, b) = (
+            original.graph.as_ref().unwrap(),
+            edited.graph.as_ref().unwrap(),
+        );
+        assert_ne!(graph_sha256(a), graph_sha256(b));
+        assert_eq!(weights_sha256(a), weights_sha256(b));
+        assert_eq!(graph_sha256(a), graph_sha256(&a.clone()));
+    }
 }

@@ -21,6 +21,7 @@ use memmap2::Mmap;
 use crate::graph::Graph;
 use crate::Error;
 
+pub use load::{graph_sha256, weights_sha256};
 pub use opset::{NEWEST_KNOWN_OPSET, SUPPORTED_DEFAULT_OPSETS};
 
 /// A loaded model: its graph and the facts about the file that plans record.
@@ -36,6 +37,11 @@ pub struct Model {
     pub file_bytes: u64,
     /// sha256 of the protobuf bytes (hex), which plans record to refuse a different model.
     pub sha256: String,
+    /// sha256 of what planning reads from the graph (see [`graph_sha256`]): a plan holds
+    /// for any file with the same graph digest, whatever its weights.
+    pub graph_sha256: String,
+    /// sha256 of the weights as the file holds them (see [`weights_sha256`]).
+    pub weights_sha256: String,
     /// What the loader had to assume, one sentence each (an opset newer than pipecut knows, an
     /// op version whose additions pipecut does not apply; see [`opset`]). The CLI prints them.
     pub warnings: Vec<String>,
@@ -43,6 +49,28 @@ pub struct Model {
     /// weight bytes, so a model whose weights are elsewhere still plans; whatever reads the
     /// bytes (export, run) calls [`Model::require_external_data`] first.
     pub missing_external_data: Vec<MissingExternalData>,
+}
+
+/// The three digests of a model file that plans record and check against, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Digests<'a> {
+    /// sha256 of the whole protobuf file.
+    pub sha256: &'a str,
+    /// sha256 of the graph without initializer bytes.
+    pub graph_sha256: &'a str,
+    /// sha256 of the initializers' bytes (or external-data references).
+    pub weights_sha256: &'a str,
+}
+
+impl Model {
+    /// The digests plans record and check against.
+    pub fn digests(&self) -> Digests<'_> {
+        Digests {
+            sha256: &self.sha256,
+            graph_sha256: &self.graph_sha256,
+            weights_sha256: &self.weights_sha256,
+        }
+    }
 }
 
 /// An initializer whose external-data file is absent. Its location passed the loader's

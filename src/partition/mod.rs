@@ -18,6 +18,7 @@
 
 pub mod baselines;
 pub mod coarsen;
+pub mod constraints;
 pub mod dp;
 pub mod layers;
 pub mod milp;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use baselines::Baseline;
+pub use constraints::CutConstraints;
 pub use milp::MilpReport;
 pub use problem::{
     CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId, MAX_TOTAL_SECS,
@@ -206,6 +208,8 @@ pub struct PartitionConfig {
     pub time_limit: Duration,
     /// Which solvers run.
     pub solver: SolverChoice,
+    /// Tensors no cut may cross.
+    pub cut_constraints: CutConstraints,
 }
 
 fn serialize_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -220,6 +224,7 @@ impl Default for PartitionConfig {
             settings: CostSettings::default(),
             time_limit: Duration::from_secs(10),
             solver: SolverChoice::Auto,
+            cut_constraints: CutConstraints::default(),
         }
     }
 }
@@ -275,6 +280,8 @@ pub struct Solution {
     pub candidates: Vec<StageCountCandidate>,
     /// What the MILP did, when it ran.
     pub milp: Option<milp::MilpReport>,
+    /// The constraints every partition searched respected (the bound and status hold under them).
+    pub cut_constraints: CutConstraints,
 }
 
 impl Solution {
@@ -580,7 +587,30 @@ impl<'a> Planner<'a> {
 
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.
     fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
-        let problem = self.problem(devices)?;
+        let fine = self.problem(devices)?;
+        let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
+            return self.solve_problem(fine, deadline);
+        };
+        // Solved on the groups the constraints join, then expanded: the quotient evaluates any
+        // assignment exactly as the model does, so the figures, bound and status carry over.
+        let solution = self.solve_problem(grouped.problem.clone(), deadline)?;
+        let stage_of = grouped.expand(&solution.stage_of);
+        let evaluation = fine.evaluate(&stage_of);
+        Ok(Solution {
+            stage_of,
+            evaluation,
+            baselines: evaluate_baselines(&fine),
+            problem: fine,
+            ..solution
+        })
+    }
+
+    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, on `problem`.
+    fn solve_problem(
+        &self,
+        problem: PartitionProblem,
+        deadline: Instant,
+    ) -> Result<Solution, Error> {
         let dp_started = Instant::now();
         let Some(order) = dp::solve(&problem) else {
             return Err(Error::Infeasible(explain_infeasible(
@@ -657,6 +687,7 @@ impl<'a> Planner<'a> {
             candidates: Vec::new(),
             milp,
             problem,
+            cut_constraints: self.config.cut_constraints.clone(),
         })
     }
 
@@ -683,7 +714,11 @@ impl<'a> Planner<'a> {
             if best.is_some() && Instant::now() >= deadline {
                 break;
             }
-            let problem = self.problem(&devices[..k])?;
+            let fine = self.problem(&devices[..k])?;
+            let problem = match self.config.cut_constraints.apply(self.graph, &fine)? {
+                Some(grouped) => grouped.problem,
+                None => fine,
+            };
             let Some(order) = dp::solve(&problem) else {
                 candidates.push(StageCountCandidate {
                     stages: k,

@@ -14,9 +14,11 @@
 //! [`Plan::check`] recomputes a plan's figures with the partition phase's own evaluation.
 
 mod dot;
+mod identity;
 mod rederive;
 
 pub use dot::plan_dot;
+pub use identity::ModelMatch;
 
 use std::collections::BTreeMap;
 
@@ -27,18 +29,20 @@ use crate::cost::{
     Catalog, Cluster, ClusterLayout, DeviceId, Mode, Precision, Schedule, UnknownOpCost,
 };
 use crate::graph::Graph;
+use crate::onnx::Digests;
 use crate::partition::parallelism::{Placement, SearchOutcome};
 use crate::partition::{
-    Baseline, CostSettings, PartitionProblem, Solution, SolveStatus, SolverKind, StageCount,
-    StageId,
+    Baseline, CostSettings, CutConstraints, PartitionProblem, Solution, SolveStatus, SolverKind,
+    StageCount, StageId,
 };
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
 
 /// The plan format version this build writes. It reads every version up to this one (version 2
-/// added the optional `parallelism` section; a version-1 plan is a version-2 plan without it)
-/// and refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 2;
+/// added the optional `parallelism` section; a version-1 plan is a version-2 plan without it;
+/// version 3 names the model by its graph and weights digests, see [`identity`]) and refuses
+/// newer ones.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -131,8 +135,19 @@ pub struct PlanAlternative {
 pub struct ModelIdentity {
     /// File name of the model (without directory, so plans do not depend on where it lies).
     pub file_name: String,
-    /// sha256 of the model file (the protobuf; external data files are not read).
+    /// sha256 of the model file (the protobuf; external data files are not read). Recorded for
+    /// people reading the plan; a version-3 plan is matched by the two digests below.
     pub sha256: String,
+    /// sha256 of what the plan depends on: the graph without initializer bytes
+    /// ([`crate::onnx::graph_sha256`]). A model file with this graph digest takes the plan,
+    /// whatever its weights (a fine-tuned copy of the same export). Absent in version-2 plans,
+    /// which are matched by the whole file's sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_sha256: Option<String>,
+    /// sha256 of the weights the plan was made with ([`crate::onnx::weights_sha256`]); other
+    /// weights are accepted and reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_sha256: Option<String>,
     /// Graph name.
     pub graph: String,
     /// Number of nodes.
@@ -173,6 +188,11 @@ pub struct PlanConfig {
     /// the model file's; absent: the file's own dtypes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype_override: Option<Precision>,
+    /// Tensors no cut may cross (`--forbid-cut`, and a MatMul kept with its bias Add unless
+    /// `--cut-anywhere`); the status and lower bound hold over the partitions that respect
+    /// them. Absent in plans from before them: no constraint.
+    #[serde(default = "CutConstraints::none")]
+    pub cut_constraints: CutConstraints,
 }
 
 /// A device of the cluster.
@@ -443,8 +463,8 @@ fn check_parallelism(
 /// Inputs to [`Plan::from_solution`] that the solution does not carry.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanContext<'a> {
-    /// sha256 of the model file (see [`crate::onnx::Model::sha256`]).
-    pub model_sha256: &'a str,
+    /// The model file's digests (see [`crate::onnx::Model::digests`]).
+    pub model: Digests<'a>,
     /// The model file's name.
     pub model_file_name: &'a str,
     /// The graph that was partitioned.
@@ -475,7 +495,9 @@ impl Plan {
             generator: format!("pipecut {}", env!("CARGO_PKG_VERSION")),
             model: ModelIdentity {
                 file_name: context.model_file_name.to_string(),
-                sha256: context.model_sha256.to_string(),
+                sha256: context.model.sha256.to_string(),
+                graph_sha256: Some(context.model.graph_sha256.to_string()),
+                weights_sha256: Some(context.model.weights_sha256.to_string()),
                 graph: context.graph.name().to_string(),
                 nodes: context.graph.node_count(),
                 dims: context.dims.clone(),
@@ -494,6 +516,7 @@ impl Plan {
                 time_limit_secs: context.time_limit_secs,
                 unknown_op_cost: settings.unknown_ops,
                 dtype_override: context.dtype_override,
+                cut_constraints: solution.cut_constraints.clone(),
             },
             stages,
             summary: PlanSummary {
@@ -607,6 +630,15 @@ impl Plan {
                     "a schema_version 1 plan has no parallelism section (it came with version 2)"
                         .into(),
                 ));
+            }
+            Some(version) if version >= 3 => {
+                for field in ["graph_sha256", "weights_sha256"] {
+                    if value["model"].get(field).is_none() {
+                        return Err(Error::InvalidPlan(format!(
+                            "a schema_version {version} plan names its model by model.{field}, which this one lacks"
+                        )));
+                    }
+                }
             }
             Some(_) => {}
         }
@@ -739,18 +771,12 @@ impl Plan {
     /// claims about how the plan was found, audited by [`Self::check`].
     fn rederive(
         &self,
-        model_sha256: &str,
+        model: Digests,
         graph: &Graph,
         catalog: &Catalog,
     ) -> Result<Rederived, Error> {
         let bad = |detail: String| Err(Error::InvalidPlan(detail));
-        let sha = model_sha256;
-        if sha != self.model.sha256 {
-            return bad(format!(
-                "it was made for a different model (sha256 {} in the plan, {sha} for this file)",
-                self.model.sha256
-            ));
-        }
+        self.model_match(model)?;
         let cluster = self.cluster(catalog)?;
         let hashes = profile_hashes(&cluster);
         if hashes != self.cost_model {
@@ -769,6 +795,16 @@ impl Plan {
             ));
         }
         let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;
+        let constraints = &self.config.cut_constraints;
+        let in_plan = |e: Error| Error::InvalidPlan(format!("config.cut_constraints: {e}"));
+        if let Some(broken) = constraints
+            .violation(graph, &problem, &assignment)
+            .map_err(in_plan)?
+        {
+            return bad(format!(
+                "{broken}; drop the tensor from config.cut_constraints to allow that cut"
+            ));
+        }
         if let Some(parallelism) = &self.parallelism {
             check_parallelism(parallelism, &self.stages, &cluster)?;
         }
@@ -818,9 +854,15 @@ impl Plan {
                 }
             }
         }
+        // The status and bound are claims over the partitions the constraints allow: audited
+        // on the problem the solvers saw.
+        let claims_problem = match constraints.apply(graph, &problem).map_err(in_plan)? {
+            Some(grouped) => grouped.problem,
+            None => problem,
+        };
         Ok(Rederived {
             plan,
-            problem,
+            problem: claims_problem,
             nodes: assignment.len(),
         })
     }
@@ -899,11 +941,11 @@ impl Plan {
     /// wrong figure is named with its stage and both values.
     pub fn check(
         &self,
-        model_sha256: &str,
+        model: Digests,
         graph: &Graph,
         catalog: &Catalog,
     ) -> Result<CheckReport, Error> {
-        let rederived = self.rederive(model_sha256, graph, catalog)?;
+        let rederived = self.rederive(model, graph, catalog)?;
         let mismatches = self.mismatches(&rederived.plan);
         if let Some(first) = mismatches.first() {
             let more = match mismatches.len() - 1 {
@@ -930,13 +972,8 @@ impl Plan {
     /// support it (else the problem's own bound), and no solve time. Refuses what
     /// [`Self::check`] refuses about the assignment itself: another model, a node missing or on
     /// two stages, stages that are not convex and ordered, a stage over its memory.
-    pub fn rewrite(
-        &self,
-        model_sha256: &str,
-        graph: &Graph,
-        catalog: &Catalog,
-    ) -> Result<Plan, Error> {
-        let rederived = self.rederive(model_sha256, graph, catalog)?;
+    pub fn rewrite(&self, model: Digests, graph: &Graph, catalog: &Catalog) -> Result<Plan, Error> {
+        let rederived = self.rederive(model, graph, catalog)?;
         if self.mismatches(&rederived.plan).is_empty()
             && self.check_claims(&rederived.problem).is_ok()
         {
@@ -965,6 +1002,8 @@ fn json<T: Serialize>(value: &T) -> serde_json::Value {
 /// A plan's figures re-derived from its node assignment, with the problem they came from.
 struct Rederived {
     plan: Plan,
+    /// The problem the plan's claims are about: the model's, or its quotient under the plan's
+    /// cut constraints.
     problem: PartitionProblem,
     nodes: usize,
 }
@@ -976,15 +1015,10 @@ impl Plan {
     /// ([`crate::onnx::export::export_stages`] does).
     pub fn stage_nodes(
         &self,
-        model_sha256: &str,
+        model: Digests,
         graph: &Graph,
     ) -> Result<Vec<Vec<crate::graph::NodeId>>, Error> {
-        if model_sha256 != self.model.sha256 {
-            return Err(Error::InvalidPlan(format!(
-                "it was made for a different model (sha256 {} in the plan, {model_sha256} for this file)",
-                self.model.sha256
-            )));
-        }
+        self.model_match(model)?;
         let by_name: BTreeMap<&str, crate::graph::NodeId> =
             graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
         self.stages

@@ -1,0 +1,445 @@
+//! Cut constraints: tensors no stage boundary may cross.
+//!
+//! A user knows things the cost model does not: a tensor that must stay on one GPU (a fused
+//! kernel will read it, a framework cannot send it), or that a bias Add belongs with its MatMul
+//! (a cut between them sends the same bytes as a cut after the Add, and splits what every
+//! framework runs as one linear layer). Each constraint joins the producer of a tensor with its
+//! consumers; since stages are convex, everything on a path between them joins too. The solvers
+//! then work on the quotient problem whose nodes are those groups ([`super::coarsen::quotient`]),
+//! so every solver, bound and proof holds over exactly the partitions that respect the
+//! constraints, and the plan records them so that `check` audits the same problem.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use serde::{Deserialize, Serialize};
+
+use super::coarsen::{quotient, Coarsened};
+use super::problem::{PartitionProblem, StageId};
+use crate::graph::Graph;
+use crate::Error;
+
+/// Which tensors a plan may not cut.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CutConstraints {
+    /// Tensors whose producer and consumers share a stage (`--forbid-cut NAME`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forbid: Vec<String>,
+    /// Keep each MatMul with the Add that adds a weight (its bias) to its only output
+    /// (on unless `--cut-anywhere`).
+    #[serde(default)]
+    pub bias_with_matmul: bool,
+}
+
+impl Default for CutConstraints {
+    fn default() -> Self {
+        CutConstraints {
+            forbid: Vec::new(),
+            bias_with_matmul: true,
+        }
+    }
+}
+
+impl CutConstraints {
+    /// No constraint: any convex partition.
+    pub fn none() -> CutConstraints {
+        CutConstraints {
+            forbid: Vec::new(),
+            bias_with_matmul: false,
+        }
+    }
+
+    /// The quotient of `problem` whose nodes are the groups the constraints join, or `None`
+    /// when they join nothing. `graph` is the graph `problem` was built from.
+    pub fn apply(
+        &self,
+        graph: &Graph,
+        problem: &PartitionProblem,
+    ) -> Result<Option<Coarsened>, Error> {
+        let pairs = self.joined_pairs(graph, problem)?;
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        let (group_of, order) = convex_groups(problem, &pairs);
+        Ok(Some(quotient(problem, &group_of, &order)))
+    }
+
+    /// The first constraint `stage_of` breaks, as a sentence, for `check`.
+    pub fn violation(
+        &self,
+        graph: &Graph,
+        problem: &PartitionProblem,
+        stage_of: &[StageId],
+    ) -> Result<Option<String>, Error> {
+        for (a, b, tensor) in self.joined_pairs(graph, problem)? {
+            let (sa, sb) = (stage_of[a as usize], stage_of[b as usize]);
+            if sa != sb {
+                return Ok(Some(format!(
+                    "tensor '{tensor}' crosses from stage {} to stage {}, but the plan's cut constraints keep it on one stage",
+                    sa.0, sb.0
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Pairs of positions that must share a stage, with the tensor that joins them.
+    fn joined_pairs(
+        &self,
+        graph: &Graph,
+        problem: &PartitionProblem,
+    ) -> Result<Vec<(u32, u32, String)>, Error> {
+        let mut pairs = Vec::new();
+        for name in &self.forbid {
+            let Some(flow) = problem.flows().iter().find(|f| &f.name == name) else {
+                return Err(Error::PartitionConfig(match graph.tensor_id(name) {
+                    None => format!("--forbid-cut '{name}': the model has no tensor of that name"),
+                    Some(_) => format!(
+                        "--forbid-cut '{name}': no node reads it from another node, so no cut can cross it"
+                    ),
+                }));
+            };
+            for &c in &flow.consumers {
+                pairs.push((flow.producer, c, name.clone()));
+            }
+        }
+        if self.bias_with_matmul {
+            for flow in problem.flows() {
+                if let Some(add) = bias_add(graph, problem, flow) {
+                    pairs.push((flow.producer, add, flow.name.clone()));
+                }
+            }
+        }
+        Ok(pairs)
+    }
+}
+
+/// The position of the Add that adds a weight to `flow`, when `flow` is a MatMul's output
+/// read by that Add alone.
+fn bias_add(graph: &Graph, problem: &PartitionProblem, flow: &super::problem::Flow) -> Option<u32> {
+    let [consumer] = flow.consumers[..] else {
+        return None;
+    };
+    let producer = graph.node(problem.order()[flow.producer as usize]);
+    let add = graph.node(problem.order()[consumer as usize]);
+    let is_bias = producer.op_type == "MatMul"
+        && add.op_type == "Add"
+        && add
+            .inputs
+            .iter()
+            .flatten()
+            .any(|&t| graph.tensor(t).param().is_some());
+    is_bias.then_some(consumer)
+}
+
+/// Groups of positions (one group index per position, and the groups in a topological order)
+/// that join every pair and are convex: a position on a path between two members of a group
+/// belongs to it, and the contracted graph has no cycle.
+fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, String)]) -> (Vec<u32>, Vec<u32>) {
+    let n = problem.node_count();
+    let (succ, pred) = adjacency(problem);
+    let mut sets = UnionFind::new(n);
+    for (a, b, _) in pairs {
+        sets.union(*a, *b);
+    }
+    loop {
+        let mut changed = close_over_paths(&mut sets, &succ, &pred);
+        match group_order(&mut sets, &succ) {
+            Ok(order) if !changed => {
+                let mut index_of_root = vec![u32::MAX; n];
+                for (i, &root) in order.iter().enumerate() {
+                    index_of_root[root as usize] = i as u32;
+                }
+                let group_of = (0..n as u32)
+                    .map(|p| index_of_root[sets.root(p) as usize])
+                    .collect();
+                let order = (0..order.len() as u32).collect();
+                return (group_of, order);
+            }
+            Ok(_) => {}
+            Err(cycle) => {
+                // Two groups that reach each other must share a stage: join them and close again.
+                for pair in cycle.windows(2) {
+                    sets.union(pair[0], pair[1]);
+                }
+                changed = true;
+            }
+        }
+        debug_assert!(changed);
+    }
+}
+
+/// Adds to every group of several positions the positions on paths between its members.
+/// Returns whether any group grew.
+fn close_over_paths(sets: &mut UnionFind, succ: &[Vec<u32>], pred: &[Vec<u32>]) -> bool {
+    let n = succ.len();
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for p in 0..n as u32 {
+        let root = sets.root(p);
+        members[root as usize].push(p);
+    }
+    let mut grew = false;
+    for group in members.iter().filter(|m| m.len() > 1) {
+        // Positions follow a topological order, so paths between members stay inside their span.
+        let (lo, hi) = (group[0], *group.last().expect("several members"));
+        let below = reach(group, succ, |p| p <= hi);
+        let above = reach(group, pred, |p| p >= lo);
+        for p in below.intersection(&above) {
+            if sets.root(*p) != sets.root(group[0]) {
+                sets.union(*p, group[0]);
+                grew = true;
+            }
+        }
+    }
+    grew
+}
+
+/// Positions reachable from `from` along `edges`, staying where `within` holds.
+fn reach(from: &[u32], edges: &[Vec<u32>], within: impl Fn(u32) -> bool) -> BTreeSet<u32> {
+    let mut seen: BTreeSet<u32> = from.iter().copied().collect();
+    let mut stack: Vec<u32> = from.to_vec();
+    while let Some(p) = stack.pop() {
+        for &q in &edges[p as usize] {
+            if within(q) && seen.insert(q) {
+                stack.push(q);
+            }
+        }
+    }
+    seen
+}
+
+/// The group roots in a topological order of the contracted graph (smallest root first among
+/// the ready ones, so the order is deterministic), or the roots of a cycle.
+fn group_order(sets: &mut UnionFind, succ: &[Vec<u32>]) -> Result<Vec<u32>, Vec<u32>> {
+    let n = succ.len();
+    let roots: Vec<u32> = (0..n as u32).map(|p| sets.root(p)).collect();
+    let mut group_succ: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); n];
+    for (p, next) in succ.iter().enumerate() {
+        for &q in next {
+            let (a, b) = (roots[p], roots[q as usize]);
+            if a != b {
+                group_succ[a as usize].insert(b);
+            }
+        }
+    }
+    let mut indegree = vec![0usize; n];
+    for next in &group_succ {
+        for &b in next {
+            indegree[b as usize] += 1;
+        }
+    }
+    let is_root: Vec<bool> = (0..n).map(|p| roots[p] == p as u32).collect();
+    let mut ready: BinaryHeap<Reverse<u32>> = (0..n as u32)
+        .filter(|&p| is_root[p as usize] && indegree[p as usize] == 0)
+        .map(Reverse)
+        .collect();
+    let mut order = Vec::new();
+    while let Some(Reverse(g)) = ready.pop() {
+        order.push(g);
+        for &s in &group_succ[g as usize] {
+            indegree[s as usize] -= 1;
+            if indegree[s as usize] == 0 {
+                ready.push(Reverse(s));
+            }
+        }
+    }
+    let groups = is_root.iter().filter(|&&r| r).count();
+    if order.len() == groups {
+        return Ok(order);
+    }
+    // Every group left has a predecessor left: walk back until a group repeats.
+    let left: Vec<bool> = (0..n).map(|p| is_root[p] && indegree[p] > 0).collect();
+    let mut group_pred: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (a, next) in group_succ.iter().enumerate() {
+        for &b in next {
+            if left[a] {
+                group_pred[b as usize].push(a as u32);
+            }
+        }
+    }
+    let start = (0..n as u32)
+        .find(|&p| left[p as usize])
+        .expect("a group is left");
+    let mut walk = vec![start];
+    let mut seen = BTreeSet::from([start]);
+    loop {
+        let here = *walk.last().expect("the walk is not empty");
+        let back = group_pred[here as usize][0];
+        if !seen.insert(back) {
+            let from = walk
+                .iter()
+                .position(|&g| g == back)
+                .expect("seen on this walk");
+            return Err(walk[from..].to_vec());
+        }
+        walk.push(back);
+    }
+}
+
+/// Successors and predecessors of every position, through the tensors that flow between nodes.
+fn adjacency(problem: &PartitionProblem) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let n = problem.node_count();
+    let mut succ = vec![Vec::new(); n];
+    let mut pred = vec![Vec::new(); n];
+    for flow in problem.flows() {
+        for &c in &flow.consumers {
+            if c != flow.producer {
+                succ[flow.producer as usize].push(c);
+                pred[c as usize].push(flow.producer);
+            }
+        }
+    }
+    (succ, pred)
+}
+
+/// Disjoint sets of positions, the smallest position of each set its root.
+struct UnionFind {
+    parent: Vec<u32>,
+}
+
+impl UnionFind {
+    fn new(n: usize) -> UnionFind {
+        UnionFind {
+            parent: (0..n as u32).collect(),
+        }
+    }
+
+    fn root(&mut self, mut p: u32) -> u32 {
+        while self.parent[p as usize] != p {
+            let grand = self.parent[self.parent[p as usize] as usize];
+            self.parent[p as usize] = grand;
+            p = grand;
+        }
+        p
+    }
+
+    fn union(&mut self, a: u32, b: u32) {
+        let (ra, rb) = (self.root(a), self.root(b));
+        let (keep, join) = (ra.min(rb), ra.max(rb));
+        self.parent[join as usize] = keep;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{Catalog, Cluster, DeviceId};
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+    use crate::partition::problem::CostSettings;
+
+    fn gpt2(stages: u32) -> (Graph, PartitionProblem) {
+        let path = format!(
+            "{}/fixtures/models/gpt2_tiny.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::parse(&format!("1x{stages}xL4"), &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default())
+                .unwrap();
+        (model.graph, problem)
+    }
+
+    fn position(problem: &PartitionProblem, tensor: &str) -> (u32, Vec<u32>) {
+        let flow = problem.flows().iter().find(|f| f.name == tensor).unwrap();
+        (flow.producer, flow.consumers.clone())
+    }
+
+    #[test]
+    fn every_linear_layer_keeps_its_bias_add() {
+        let (graph, problem) = gpt2(2);
+        let grouped = CutConstraints::default()
+            .apply(&graph, &problem)
+            .unwrap()
+            .expect("gpt2 has biased MatMuls");
+        // gpt2_tiny: 4 layers × (q, k, v, out, fc, proj) biased MatMuls = 24 pairs.
+        assert_eq!(problem.node_count() - grouped.problem.node_count(), 24);
+        let (matmul, adds) = position(&problem, "/transformer/h.2/attn/k_proj/MatMul_output_0");
+        assert_eq!(
+            grouped.group_of[matmul as usize],
+            grouped.group_of[adds[0] as usize]
+        );
+        assert!(CutConstraints::none()
+            .apply(&graph, &problem)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_forbidden_tensor_joins_everything_on_its_paths_and_no_plan_cuts_it() {
+        let (graph, problem) = gpt2(3);
+        // The residual stream into layer 1: read by ln_1 and by the residual Add at the end
+        // of the attention block, so the whole attention block joins it.
+        let tensor = "/transformer/h.0/Add_1_output_0";
+        let constraints = CutConstraints {
+            forbid: vec![tensor.to_string()],
+            bias_with_matmul: false,
+        };
+        let grouped = constraints.apply(&graph, &problem).unwrap().unwrap();
+        let (producer, consumers) = position(&problem, tensor);
+        let last = *consumers.last().unwrap();
+        let group = grouped.group_of[producer as usize];
+        for &p in &consumers {
+            assert_eq!(
+                grouped.group_of[p as usize], group,
+                "reader at position {p}"
+            );
+        }
+        // Every node of layer 1's attention block lies on a path from the tensor to the
+        // residual Add that reads it, so it joins too.
+        let members = (producer..=last)
+            .filter(|&p| grouped.group_of[p as usize] == group)
+            .count();
+        let attention = problem.node_names()[producer as usize..=last as usize]
+            .iter()
+            .filter(|name| name.starts_with("/transformer/h.1/attn/"))
+            .count();
+        assert!(
+            attention > 10 && members > attention,
+            "{members} members, {attention} in attention"
+        );
+        // The quotient is a valid problem: its DP plan expands to a plan that keeps the tensor.
+        let solved = crate::partition::dp::solve(&grouped.problem).unwrap();
+        let fine = grouped.expand(&solved.stage_of);
+        problem.check_assignment(&fine).unwrap();
+        assert_eq!(
+            constraints.violation(&graph, &problem, &fine).unwrap(),
+            None
+        );
+        // A plan that cuts it is named.
+        let mut cutting = fine.clone();
+        let last_stage = StageId(problem.stage_count() as u32 - 1);
+        cutting[producer as usize] = if fine[producer as usize] == last_stage {
+            StageId(0)
+        } else {
+            last_stage
+        };
+        let broken = constraints
+            .violation(&graph, &problem, &cutting)
+            .unwrap()
+            .unwrap();
+        assert!(broken.contains(tensor), "{broken}");
+    }
+
+    #[test]
+    fn unknown_and_uncuttable_tensors_are_refused_by_name() {
+        let (graph, problem) = gpt2(2);
+        let refuse = |name: &str| {
+            CutConstraints {
+                forbid: vec![name.to_string()],
+                bias_with_matmul: false,
+            }
+            .apply(&graph, &problem)
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(refuse("no_such_tensor").contains("the model has no tensor of that name"));
+        let weight = graph.parameters().next().unwrap().1.name.clone();
+        assert!(refuse(&weight).contains("no node reads it from another node"));
+    }
+}
