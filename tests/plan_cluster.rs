@@ -171,8 +171,31 @@ fn plan_cluster_writes_a_plan_that_check_accepts_and_guards_its_replicas() {
             * plan["config"]["microbatches"].as_u64().unwrap()
     );
 
-    // A replica on a device that another replica already uses.
+    // Issue 21: `check` re-derives the parallelism section's figures too.
     assert!(replicas >= 2, "the fixture is small enough to replicate");
+    assert!(parallelism["allreduce_secs"][0].as_f64().unwrap() > 0.0);
+    for (field, index) in [
+        ("step_secs", None),
+        ("samples_per_sec", None),
+        ("allreduce_secs", Some(0)),
+    ] {
+        let mut edited = plan.clone();
+        let value = match index {
+            None => &mut edited["parallelism"][field],
+            Some(i) => &mut edited["parallelism"][field][i],
+        };
+        *value = serde_json::json!(value.as_f64().unwrap() * 0.5);
+        let bad = dir.path().join(format!("edited_{field}.json"));
+        std::fs::write(&bad, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+        let (code, _, err) = pipecut(&["check", bad.to_str().unwrap(), model]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(&format!("parallelism {field}")),
+            "{field}: {err}"
+        );
+    }
+
+    // A replica on a device that another replica already uses.
     {
         plan["parallelism"]["replicas"][1] = plan["parallelism"]["replicas"][0].clone();
         let bad = dir.path().join("bad.json");
@@ -199,4 +222,59 @@ fn binding_the_batch_dim_is_refused() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("binds the batch dim"), "{err}");
+}
+
+/// Issue 21: `plan-cluster --dtype bf16` costs the model at bf16 (half the fp32 file's gradient
+/// bytes, so half the all-reduce bytes), records it, and `check` re-derives the plan at it.
+#[test]
+fn plan_cluster_costs_at_the_dtype_asked_for_and_check_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let plan_at = |dtype: Option<&str>| -> serde_json::Value {
+        let out = dir
+            .path()
+            .join(format!("plan_{}.json", dtype.unwrap_or("file")));
+        let out_arg = out.to_str().unwrap().to_string();
+        let mut args = vec![
+            "plan-cluster",
+            model,
+            "--cluster",
+            "1x4xA100-80GB",
+            "--global-batch",
+            "32",
+            "--microbatch-sizes",
+            "8",
+            "--schedule",
+            "1f1b",
+            "--dim",
+            "seq=32",
+            "--mode",
+            "training",
+            "--out",
+            &out_arg,
+        ];
+        if let Some(dtype) = dtype {
+            args.extend(["--dtype", dtype]);
+        }
+        let (code, _, err) = pipecut(&args);
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = pipecut(&["check", &out_arg, model]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+    };
+    let fp32 = plan_at(None);
+    let bf16 = plan_at(Some("bf16"));
+    assert_eq!(bf16["config"]["dtype_override"], "bf16");
+    assert!(fp32["config"].get("dtype_override").is_none());
+    // The same plan read as costed at the file's fp32 no longer checks: its figures are bf16's.
+    let mut as_fp32 = bf16.clone();
+    as_fp32["config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("dtype_override");
+    let edited = dir.path().join("bf16_as_fp32.json");
+    std::fs::write(&edited, serde_json::to_string_pretty(&as_fp32).unwrap()).unwrap();
+    let (code, _, err) = pipecut(&["check", edited.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("activation_bytes is"), "{err}");
 }

@@ -46,6 +46,11 @@ pub struct PlanClusterArgs {
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
+    /// Cost every floating-point tensor at this precision instead of the file's (exporters
+    /// usually write fp32; training runs bf16 or fp16): memory, transfers, all-reduces and the
+    /// tensor-core peak follow it. The plan records it.
+    #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
+    dtype: Option<super::DtypeArg>,
     /// How many of the best configurations to list.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -93,6 +98,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.top = args.top;
     request.all_stage_counts = args.all_stage_counts;
     request.time_limit = args.time_limit;
+    let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
+    request.dtype_override = dtype_override.map(|p| p.dtype());
 
     let display = super::progress::Display::start(&format!(
         "searching configurations of {}",
@@ -138,7 +145,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             cluster: &cluster,
             stages: StageCount::Fixed(best.stages),
             time_limit_secs: args.time_limit.as_secs_f64(),
-            dtype_override: None,
+            dtype_override,
         },
         PlanOptions::default(),
     )

@@ -105,6 +105,9 @@ pub struct SearchRequest {
     pub all_stage_counts: bool,
     /// Wall-clock budget; the search returns its best so far when it runs out.
     pub time_limit: std::time::Duration,
+    /// The precision every floating-point tensor is costed at instead of the file's
+    /// (`--dtype`), applied to each typed graph; `None`: the file's own dtypes.
+    pub dtype_override: Option<crate::graph::DType>,
 }
 
 impl SearchRequest {
@@ -122,6 +125,7 @@ impl SearchRequest {
             top: 5,
             all_stage_counts: false,
             time_limit: std::time::Duration::from_secs(10),
+            dtype_override: None,
         }
     }
 }
@@ -575,6 +579,9 @@ fn type_graph(
     let mut typed = graph.clone();
     let bindings = request.bindings.clone().bind(&request.batch_dim, b);
     ShapeInference::new(bindings).run(&mut typed)?;
+    if let Some(dtype) = request.dtype_override {
+        typed.override_float_dtype(dtype);
+    }
     // The fastest kind: the one with the smallest whole-model time.
     let mut total_secs = f64::INFINITY;
     let mut footprint_bytes = 0;
@@ -694,24 +701,14 @@ fn evaluate_with(
         schedule.into(),
         m as usize,
     )?;
-    let mut last_end = vec![0.0f64; k];
-    for op in &simulation.ops {
-        last_end[op.stage] = last_end[op.stage].max(op.end_secs);
-    }
-    let allreduce_secs: Vec<f64> = match request.mode {
-        Mode::Training { .. } if d > 1 => (0..k)
-            .map(|s| {
-                let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
-                cluster.ring_all_reduce_secs(&ring, gradient_bytes(graph, &problem, &stage_of, s))
-            })
-            .collect(),
-        _ => vec![0.0; k],
-    };
-    let step_secs = last_end
-        .iter()
-        .zip(&allreduce_secs)
-        .map(|(end, reduce)| end + reduce)
-        .fold(simulation.step_secs, f64::max);
+    let step = StepFigures::new(
+        graph,
+        cluster,
+        (&problem, &stage_of),
+        &replicas,
+        &simulation,
+        request.global_batch,
+    );
     let fullest = evaluation
         .stages
         .iter()
@@ -723,14 +720,72 @@ fn evaluate_with(
     Ok(Some(Configuration {
         key,
         bottleneck_secs: evaluation.bottleneck_secs,
-        pipeline_secs: simulation.step_secs,
-        allreduce_secs,
-        step_secs,
-        samples_per_sec: request.global_batch as f64 / step_secs,
-        bubble_fraction: simulation.bubble_fraction,
+        pipeline_secs: step.pipeline_secs,
+        allreduce_secs: step.allreduce_secs,
+        step_secs: step.step_secs,
+        samples_per_sec: step.samples_per_sec,
+        bubble_fraction: step.bubble_fraction,
         peak_memory_bytes: fullest.peak_memory_bytes,
         capacity_bytes: fullest.capacity_bytes,
     }))
+}
+
+/// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient
+/// all-reduce over its replicas once that stage's last operation ends.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StepFigures {
+    /// Gradient all-reduce time of each stage over its replicas (zero in inference or for one
+    /// replica).
+    pub allreduce_secs: Vec<f64>,
+    /// The simulated pipeline step without the all-reduces.
+    pub pipeline_secs: f64,
+    /// The latest of the pipeline step and each stage's last operation plus its all-reduce.
+    pub step_secs: f64,
+    /// `global_batch / step_secs`.
+    pub samples_per_sec: f64,
+    /// Idle share of the pipeline's devices during the pipeline step.
+    pub bubble_fraction: f64,
+}
+
+impl StepFigures {
+    /// The figures of replicas `replicas` (`[replica][stage]`) of the partition `stage_of` of
+    /// `problem`, whose schedule `simulation` simulated (the problem's settings give the mode).
+    pub(crate) fn new(
+        graph: &Graph,
+        cluster: &Cluster,
+        (problem, stage_of): (&PartitionProblem, &[StageId]),
+        replicas: &[Vec<DeviceId>],
+        simulation: &crate::schedule::Simulation,
+        global_batch: u64,
+    ) -> StepFigures {
+        let k = problem.stage_count();
+        let mut last_end = vec![0.0f64; k];
+        for op in &simulation.ops {
+            last_end[op.stage] = last_end[op.stage].max(op.end_secs);
+        }
+        let allreduce_secs: Vec<f64> = match problem.settings().mode {
+            Mode::Training { .. } if replicas.len() > 1 => (0..k)
+                .map(|s| {
+                    let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
+                    let bytes = gradient_bytes(graph, problem, stage_of, s);
+                    cluster.ring_all_reduce_secs(&ring, bytes)
+                })
+                .collect(),
+            _ => vec![0.0; k],
+        };
+        let step_secs = last_end
+            .iter()
+            .zip(&allreduce_secs)
+            .map(|(end, reduce)| end + reduce)
+            .fold(simulation.step_secs, f64::max);
+        StepFigures {
+            allreduce_secs,
+            pipeline_secs: simulation.step_secs,
+            step_secs,
+            samples_per_sec: global_batch as f64 / step_secs,
+            bubble_fraction: simulation.bubble_fraction,
+        }
+    }
 }
 
 /// Bytes of gradients stage `stage` all-reduces: its distinct weights, in their own dtype.

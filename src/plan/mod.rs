@@ -30,7 +30,7 @@ use crate::cost::{
 };
 use crate::graph::Graph;
 use crate::onnx::Digests;
-use crate::partition::parallelism::{Placement, SearchOutcome};
+use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
 use crate::partition::{
     Baseline, CostSettings, CutConstraints, PartitionProblem, Solution, SolveStatus, SolverKind,
     StageCount, StageId,
@@ -854,6 +854,27 @@ impl Plan {
                 }
             }
         }
+        if let Some(parallelism) = &plan.parallelism {
+            let replicas: Vec<Vec<DeviceId>> = parallelism
+                .replicas
+                .iter()
+                .map(|r| r.iter().map(|&d| DeviceId(d)).collect())
+                .collect();
+            let step = StepFigures::new(
+                graph,
+                &cluster,
+                (&problem, &assignment),
+                &replicas,
+                &plan.simulate()?,
+                parallelism.global_batch,
+            );
+            let parallelism = plan.parallelism.as_mut().expect("checked above");
+            parallelism.allreduce_secs = step.allreduce_secs;
+            parallelism.pipeline_secs = step.pipeline_secs;
+            parallelism.step_secs = step.step_secs;
+            parallelism.samples_per_sec = step.samples_per_sec;
+            parallelism.bubble_fraction = step.bubble_fraction;
+        }
         // The status and bound are claims over the partitions the constraints allow: audited
         // on the problem the solvers saw.
         let claims_problem = match constraints.apply(graph, &problem).map_err(in_plan)? {
@@ -884,6 +905,13 @@ impl Plan {
             &json(&self.summary),
             &json(&rederived.summary),
         ));
+        if let (Some(recorded), Some(recomputed)) = (&self.parallelism, &rederived.parallelism) {
+            found.extend(rederive::differences(
+                "parallelism ",
+                &json(recorded),
+                &json(recomputed),
+            ));
+        }
         found
     }
 
