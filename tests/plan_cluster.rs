@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use pipecut::cost::{Catalog, Cluster, Mode, Schedule};
+use pipecut::cost::{Catalog, Cluster, Mode, Recompute, Schedule};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::parallelism::{
     evaluate, search, ConfigurationKey, Placement, SearchRequest,
@@ -25,14 +25,22 @@ fn pipecut(args: &[&str]) -> (i32, String, String) {
 }
 
 /// Every configuration of a small cluster, solved one by one: the search's choice is at least
-/// as fast as each (it may skip them, never beat itself with one it skipped).
+/// as fast as each (it may skip them, never beat itself with one it skipped). Also at a
+/// memory headroom that leaves about 4 MiB per GPU, where training fits only with ZeRO or
+/// recomputation for some configurations and the memo rules many out unsolved.
 #[test]
 fn search_is_never_worse_than_any_enumerated_configuration() {
     let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
     let cluster = Cluster::parse("2x2xA100-80GB", &Catalog::builtin()).unwrap();
-    for mode in [Mode::Inference, Mode::training()] {
+    let runs = [
+        (Mode::Inference, 0.10),
+        (Mode::training(), 0.10),
+        (Mode::training(), 0.99995),
+    ];
+    for (mode, headroom) in runs {
         let mut request = SearchRequest::new(16, mode);
         request.bindings = DimBindings::new().bind("seq", 32);
+        request.memory_headroom = headroom;
         let outcome = search(&model.graph, &cluster, &request).unwrap();
         assert!(outcome.complete);
         let best = outcome.best.samples_per_sec;
@@ -49,10 +57,17 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                 }
                 for k in (1..=4usize).filter(|k| k * d <= 4) {
                     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-                        for placement in [
+                        let techniques = [Recompute::None, Recompute::Full]
+                            .into_iter()
+                            .flat_map(|r| (0..=3u8).map(move |z| (r, z)));
+                        let placements = [
                             Placement::PipelineInsideNodes,
                             Placement::ReplicasInsideNodes,
-                        ] {
+                        ];
+                        for (placement, (recompute, zero_stage)) in placements
+                            .into_iter()
+                            .flat_map(|p| techniques.clone().map(move |t| (p, t)))
+                        {
                             let key = ConfigurationKey {
                                 stages: k,
                                 data_parallel: d,
@@ -60,6 +75,8 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                                 microbatches: 16 / (d as u64 * b),
                                 schedule,
                                 placement,
+                                recompute,
+                                zero_stage,
                             };
                             if let Some(config) = evaluate(&graph, &cluster, &request, key).unwrap()
                             {
@@ -76,7 +93,7 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                 }
             }
         }
-        assert!(enumerated > 50, "{enumerated}");
+        assert!(enumerated > 50, "{headroom}: {enumerated}");
         // The ranked list starts with the choice and is sorted.
         assert_eq!(outcome.ranked[0], outcome.best);
         assert!(outcome
@@ -101,6 +118,8 @@ fn training_pays_for_the_all_reduce_and_inference_does_not() {
         microbatches: 4,
         schedule: Schedule::OneFOneB,
         placement: Placement::PipelineInsideNodes,
+        recompute: Recompute::None,
+        zero_stage: 0,
     };
     let inference = evaluate(
         &graph,
@@ -125,6 +144,101 @@ fn training_pays_for_the_all_reduce_and_inference_does_not() {
     assert!(
         (training.samples_per_sec - 16.0 / training.step_secs).abs()
             < 1e-9 * training.samples_per_sec
+    );
+
+    // Issue 20: ZeRO-1 and -2 move as many bytes as the all-reduce, ZeRO-3 1.5 times as many
+    // (ZeRO paper, 3Ψ against 2Ψ); each saves memory. Full recomputation runs the forward once
+    // more (a third more compute with a backward of twice the forward) and keeps less.
+    let with = |recompute, zero_stage| {
+        let key = ConfigurationKey {
+            recompute,
+            zero_stage,
+            ..key
+        };
+        evaluate(
+            &graph,
+            &cluster,
+            &SearchRequest::new(16, Mode::training()),
+            key,
+        )
+        .unwrap()
+        .unwrap()
+    };
+    let plain = with(Recompute::None, 0);
+    assert_eq!(plain, training);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    for zero in [1, 2] {
+        let sharded = with(Recompute::None, zero);
+        assert!(close(sharded.allreduce_secs[0], plain.allreduce_secs[0]));
+        assert!(sharded.peak_memory_bytes < plain.peak_memory_bytes);
+    }
+    let zero3 = with(Recompute::None, 3);
+    assert!(close(
+        zero3.allreduce_secs[0],
+        1.5 * plain.allreduce_secs[0]
+    ));
+    assert!(zero3.peak_memory_bytes < with(Recompute::None, 2).peak_memory_bytes);
+    let recomputed = with(Recompute::Full, 0);
+    assert!(recomputed.peak_memory_bytes < plain.peak_memory_bytes);
+    assert!(recomputed.bottleneck_secs > plain.bottleneck_secs);
+    assert!(recomputed.bottleneck_secs < plain.bottleneck_secs * 4.0 / 3.0 * 1.01);
+}
+
+/// Issue 20: at a memory that training fits only with recomputation, the search without it
+/// refuses and the default search plans; the plan records the technique in its mode and
+/// `check` re-derives its figures (and refuses a ZeRO group that is not the replicas').
+#[test]
+fn memory_techniques_make_tight_training_fit_and_check_audits_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = |extra: &[&str]| {
+        let mut args = vec![
+            "plan-cluster",
+            model,
+            "--cluster",
+            "2x2xA100-80GB",
+            "--global-batch",
+            "16",
+            "--dim",
+            "seq=32",
+            "--mode",
+            "training",
+            "--memory-headroom",
+            "0.99998",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        pipecut(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (code, _, err) = run(&["--recompute", "none", "--zero", "0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("no configuration of 4 devices holds the model"),
+        "{err}"
+    );
+    let (code, stdout, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("recompute"), "{stdout}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["config"]["mode"]["recompute"], "full");
+    let plan_arg = out.to_str().unwrap();
+    let (code, _, err) = pipecut(&["check", plan_arg, model]);
+    assert_eq!(code, 0, "{err}");
+
+    plan["config"]["mode"]["zero"] = serde_json::json!({"stage": 1, "group": 3});
+    std::fs::write(&out, plan.to_string()).unwrap();
+    let (code, _, err) = pipecut(&["check", plan_arg, model]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the mode shards ZeRO state over 3 replicas"),
+        "{err}"
     );
 }
 

@@ -168,6 +168,11 @@ pub struct PartitionArgs {
     /// Inference (forward only) or training (forward, backward, optimizer state).
     #[arg(long, value_enum, default_value = "inference")]
     mode: ModeArg,
+    /// In training, recompute each micro-batch's activations in the backward (full) instead of
+    /// keeping them (none): a stage keeps one micro-batch's activations and runs one more
+    /// forward. (`plan-cluster` also searches ZeRO stages over its replicas.)
+    #[arg(long, default_value = "none", value_name = "none|full")]
+    recompute: pipecut::cost::Recompute,
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
@@ -224,6 +229,11 @@ pub enum EmitArg {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
+    if args.recompute == pipecut::cost::Recompute::Full
+        && matches!(args.mode, super::cost::ModeArg::Inference)
+    {
+        anyhow::bail!("--recompute full applies to training (add --mode training): inference keeps no activations for a backward");
+    }
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;
     }
@@ -238,7 +248,8 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         stages: args.stages,
         devices: Vec::new(),
         settings: CostSettings {
-            mode: args.mode.into(),
+            mode: pipecut::cost::Mode::from(args.mode)
+                .with_memory_techniques(args.recompute, pipecut::cost::ZeroSharding::NONE),
             schedule: args.schedule.into(),
             microbatches: args.microbatches,
             memory_headroom: args.memory_headroom,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::{Catalog, Schedule};
+use pipecut::cost::{Catalog, Recompute, Schedule};
 use pipecut::onnx::inspect::human_bytes;
 use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
@@ -51,6 +51,12 @@ pub struct PlanClusterArgs {
     /// tensor-core peak follow it. The plan records it.
     #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
     dtype: Option<super::DtypeArg>,
+    /// Activation recomputation choices to search, in training (default: none,full).
+    #[arg(long, value_delimiter = ',', value_name = "none|full")]
+    recompute: Vec<Recompute>,
+    /// ZeRO stages to search, in training with several replicas (default: 0,1,2,3).
+    #[arg(long, value_delimiter = ',', value_name = "0|1|2|3")]
+    zero: Vec<u8>,
     /// How many of the best configurations to list.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -98,6 +104,24 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.top = args.top;
     request.all_stage_counts = args.all_stage_counts;
     request.time_limit = args.time_limit;
+    let techniques =
+        args.recompute.iter().any(|&r| r == Recompute::Full) || args.zero.iter().any(|&z| z > 0);
+    if techniques && matches!(args.mode, ModeArg::Inference) {
+        anyhow::bail!(
+            "--recompute and --zero apply to training (add --mode training): inference keeps no \
+             gradients, optimizer state or activations for a backward"
+        );
+    }
+    if !args.recompute.is_empty() {
+        request.recompute = args.recompute.clone();
+        request.recompute.sort();
+        request.recompute.dedup();
+    }
+    if !args.zero.is_empty() {
+        request.zero_stages = args.zero.clone();
+        request.zero_stages.sort();
+        request.zero_stages.dedup();
+    }
     let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
     request.dtype_override = dtype_override.map(|p| p.dtype());
 
@@ -116,7 +140,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             stages: StageCount::Fixed(best.stages),
             devices: outcome.replicas[0].clone(),
             settings: CostSettings {
-                mode: request.mode,
+                mode: best.mode(request.mode),
                 schedule: best.schedule,
                 microbatches: best.microbatches.min(u32::MAX as u64) as u32,
                 memory_headroom: request.memory_headroom,
@@ -195,6 +219,16 @@ fn placement_name(placement: Placement, stages: usize, replicas: usize) -> &'sta
     }
 }
 
+/// Recomputation and ZeRO stage, as a table cell and a phrase: `-` for neither.
+fn memory_name(recompute: Recompute, zero_stage: u8) -> String {
+    match (recompute, zero_stage) {
+        (Recompute::None, 0) => "-".to_string(),
+        (Recompute::Full, 0) => "recompute".to_string(),
+        (Recompute::None, z) => format!("ZeRO-{z}"),
+        (Recompute::Full, z) => format!("ZeRO-{z}+recompute"),
+    }
+}
+
 fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     let mut out = String::new();
     let best = &outcome.best;
@@ -215,24 +249,38 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
         match placement_name(k.placement, k.stages, k.data_parallel) {
             "-" => String::new(),
             name => format!(", {name}"),
+        } + &match memory_name(k.recompute, k.zero_stage).as_str() {
+            "-" => String::new(),
+            name => format!(", {name}"),
         }
     );
     let _ = writeln!(
         out,
-        "\n{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:>12} {:>9} {:>7} {:>11}",
-        "K", "D", "b", "m", "schedule", "placement", "samples/s", "step ms", "bubble", "memory/GPU"
+        "\n{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12} {:>9} {:>7} {:>11}",
+        "K",
+        "D",
+        "b",
+        "m",
+        "schedule",
+        "placement",
+        "memory saving",
+        "samples/s",
+        "step ms",
+        "bubble",
+        "memory/GPU"
     );
     for (i, c) in outcome.ranked.iter().enumerate() {
         let key = c.key;
         let _ = writeln!(
             out,
-            "{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:>12.1} {:>9.3} {:>6.1}% {:>11}{}",
+            "{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12.1} {:>9.3} {:>6.1}% {:>11}{}",
             key.stages,
             key.data_parallel,
             key.microbatch_size,
             key.microbatches,
             schedule_name(key.schedule),
             placement_name(key.placement, key.stages, key.data_parallel),
+            memory_name(key.recompute, key.zero_stage),
             c.samples_per_sec,
             c.step_secs * 1e3,
             c.bubble_fraction * 100.0,

@@ -17,6 +17,6 @@ pub(crate) mod ops;
 
 pub use cluster::{Cluster, ClusterLayout, DeviceId, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
-pub use memory::{Schedule, StageMemory};
+pub use memory::{Recompute, Schedule, StageMemory, ZeroSharding};
 pub use model::{CostModel, Mode, NodeCost, Precision, UnknownOpCost};
 pub use ops::OpWork;

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::memory::{Recompute, ZeroSharding};
+
 use super::hardware::{HardwareSpec, OpClass};
 use super::ops::{rule_for, CostCtx, OpWork};
 use crate::graph::{Graph, NodeId};
@@ -37,15 +39,55 @@ pub enum Mode {
         /// Optimizer state per parameter element, bytes. 12.0: Adam in mixed precision keeps an
         /// fp32 master copy plus fp32 first and second moments (Rajbhandari et al. 2020, ZeRO).
         optimizer_bytes_per_param: f64,
+        /// Activation recomputation: what a stage keeps of each micro-batch in flight, and the
+        /// forward it runs again before each backward. Absent in older plans: none.
+        #[serde(default, skip_serializing_if = "Recompute::is_none")]
+        recompute: Recompute,
+        /// ZeRO sharding of optimizer state, gradients and weights over the data-parallel
+        /// group. Absent in older plans: none.
+        #[serde(default, skip_serializing_if = "ZeroSharding::is_none")]
+        zero: ZeroSharding,
     },
 }
 
 impl Mode {
-    /// Training with the defaults above.
+    /// Training with the defaults above, no recomputation and no sharding.
     pub fn training() -> Mode {
         Mode::Training {
             backward_factor: 2.0,
             optimizer_bytes_per_param: 12.0,
+            recompute: Recompute::None,
+            zero: ZeroSharding::NONE,
+        }
+    }
+
+    /// Backward-pass time as a multiple of the forward's: the backward FLOPs, plus one forward
+    /// again under full recomputation (Chen et al. 2016). Model FLOPs (MFU) leave it out.
+    pub fn backward_time_factor(self) -> f64 {
+        match self {
+            Mode::Inference => 0.0,
+            Mode::Training {
+                backward_factor,
+                recompute,
+                ..
+            } => backward_factor + recompute.extra_forwards(),
+        }
+    }
+
+    /// This mode with `recompute` and `zero` (training only; inference is returned as is).
+    pub fn with_memory_techniques(self, recompute: Recompute, zero: ZeroSharding) -> Mode {
+        match self {
+            Mode::Inference => Mode::Inference,
+            Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                ..
+            } => Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                recompute,
+                zero,
+            },
         }
     }
 }
@@ -204,9 +246,7 @@ impl<'a> CostModel<'a> {
         let time_secs = match self.mode {
             Mode::Inference => forward,
             // Launch overhead is paid again by the backward kernels; compute scales by the factor.
-            Mode::Training {
-                backward_factor, ..
-            } => forward * (1.0 + backward_factor),
+            Mode::Training { .. } => forward * (1.0 + self.mode.backward_time_factor()),
         };
         let param_bytes = node
             .inputs

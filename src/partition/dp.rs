@@ -219,16 +219,20 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
             previous = Some(u);
         }
     }
-    // Stages with the same capacity and in-flight count share their reach.
-    let mut keys: Vec<(u64, u64)> = problem
-        .stages()
-        .iter()
-        .map(|s| (s.capacity_bytes, s.in_flight))
-        .collect();
+    // Stages with the same capacity and in-flight counts share their reach.
+    let key_of = |s: usize| {
+        let stage = &problem.stages()[s];
+        (
+            stage.capacity_bytes,
+            stage.in_flight,
+            problem.activation_in_flight(s),
+        )
+    };
+    let mut keys: Vec<(u64, u64, u64)> = (0..problem.stage_count()).map(key_of).collect();
     keys.sort_unstable();
     keys.dedup();
     let mut by_key = Vec::with_capacity(keys.len());
-    for &(capacity, in_flight) in &keys {
+    for &(capacity, in_flight, activation_in_flight) in &keys {
         let mut tree = Fenwick(vec![0; n + 1]);
         let mut reach = vec![0usize; n + 1];
         for i in 0..=n {
@@ -242,9 +246,11 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
             let base = tree.prefix(i);
             let fits = |j: usize| {
                 let params = tree.prefix(j) - base;
-                let per_microbatch = (activation_prefix[j] - activation_prefix[i])
-                    .saturating_add(tables.cross_bytes[i]);
-                params.saturating_add(in_flight.saturating_mul(per_microbatch)) <= capacity
+                let activations = activation_prefix[j] - activation_prefix[i];
+                params
+                    .saturating_add(in_flight.saturating_mul(tables.cross_bytes[i]))
+                    .saturating_add(activation_in_flight.saturating_mul(activations))
+                    <= capacity
             };
             // Memory grows with the end, so the fitting ends are i+1..=reach.
             let (mut lo, mut hi) = (i, n);
@@ -260,12 +266,10 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
         }
         by_key.push(reach);
     }
-    problem
-        .stages()
-        .iter()
+    (0..problem.stage_count())
         .map(|s| {
             let key = keys
-                .binary_search(&(s.capacity_bytes, s.in_flight))
+                .binary_search(&key_of(s))
                 .expect("every stage's key was collected");
             by_key[key].clone()
         })
@@ -815,6 +819,8 @@ mod tests {
             mode: Mode::Training {
                 backward_factor: 2.0,
                 optimizer_bytes_per_param: 3000.0,
+                recompute: Default::default(),
+                zero: Default::default(),
             },
             ..CostSettings::default()
         };

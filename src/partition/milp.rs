@@ -408,6 +408,7 @@ fn build(
         let stage = &problem.stages()[s];
         let capacity = stage.capacity_bytes.max(1) as f64;
         let in_flight = stage.in_flight as f64;
+        let activation_in_flight = problem.activation_in_flight(s) as f64;
         let mut memory = Expression::from(0.0);
         for (w, param) in problem.params().iter().enumerate() {
             let footprint = param.footprint_bytes as f64 / capacity;
@@ -419,7 +420,10 @@ fn build(
         for (v, row) in before.iter().enumerate() {
             let bytes = problem.activation_bytes(v);
             if bytes != 0 {
-                memory.add_mul(in_flight * bytes as f64 / capacity, on_stage(row, s, k));
+                memory.add_mul(
+                    activation_in_flight * bytes as f64 / capacity,
+                    on_stage(row, s, k),
+                );
             }
         }
         if s > 0 {

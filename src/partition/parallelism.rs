@@ -29,7 +29,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
-use crate::cost::{Cluster, DeviceId, Mode, Schedule, UnknownOpCost};
+use crate::cost::{Cluster, DeviceId, Mode, Recompute, Schedule, UnknownOpCost, ZeroSharding};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::schedule::{check_microbatches, simulate};
@@ -105,6 +105,10 @@ pub struct SearchRequest {
     pub all_stage_counts: bool,
     /// Wall-clock budget; the search returns its best so far when it runs out.
     pub time_limit: std::time::Duration,
+    /// Recomputation choices tried in training (default: none and full).
+    pub recompute: Vec<Recompute>,
+    /// ZeRO stages tried in training with D > 1 (default: 0–3).
+    pub zero_stages: Vec<u8>,
     /// The precision every floating-point tensor is costed at instead of the file's
     /// (`--dtype`), applied to each typed graph; `None`: the file's own dtypes.
     pub dtype_override: Option<crate::graph::DType>,
@@ -125,6 +129,8 @@ impl SearchRequest {
             top: 5,
             all_stage_counts: false,
             time_limit: std::time::Duration::from_secs(10),
+            recompute: vec![Recompute::None, Recompute::Full],
+            zero_stages: vec![0, 1, 2, 3],
             dtype_override: None,
         }
     }
@@ -157,6 +163,26 @@ pub struct ConfigurationKey {
     pub schedule: Schedule,
     /// Where the stages sit.
     pub placement: Placement,
+    /// Activation recomputation (training).
+    #[serde(default)]
+    pub recompute: Recompute,
+    /// ZeRO stage, 0–3, over the D replicas of each stage (training).
+    #[serde(default)]
+    pub zero_stage: u8,
+}
+
+impl ConfigurationKey {
+    /// The cost mode of this configuration: the request's, with its recomputation and its
+    /// ZeRO stage over its D replicas.
+    pub fn mode(&self, request_mode: Mode) -> Mode {
+        request_mode.with_memory_techniques(
+            self.recompute,
+            ZeroSharding {
+                stage: self.zero_stage,
+                group: self.data_parallel.min(u32::MAX as usize) as u32,
+            },
+        )
+    }
 }
 
 /// A costed configuration.
@@ -215,6 +241,22 @@ struct Typed {
     total_secs: f64,
     /// Every weight's footprint (with gradients and optimizer state in training).
     footprint_bytes: u64,
+    /// Every weight's bytes alone.
+    weight_bytes: u64,
+}
+
+impl Typed {
+    /// The whole model's weight footprint on one replica under `mode`'s ZeRO sharding: a
+    /// lower bound of what K stages hold together (per-weight rounding only adds).
+    fn footprint_under(&self, mode: Mode) -> u64 {
+        match mode {
+            Mode::Inference => self.footprint_bytes,
+            Mode::Training { zero, .. } => {
+                let optimizer = self.footprint_bytes.saturating_sub(2 * self.weight_bytes);
+                zero.held_bytes(self.weight_bytes, optimizer)
+            }
+        }
+    }
 }
 
 /// Searches the configurations of `graph` (as loaded, before shape inference) on `cluster`.
@@ -232,6 +274,13 @@ pub fn search(
     if request.schedules.is_empty() {
         return bad("no schedule to try".into());
     }
+    if request.recompute.is_empty() || request.zero_stages.is_empty() {
+        return bad("no recomputation choice or ZeRO stage to try".into());
+    }
+    if let Some(stage) = request.zero_stages.iter().find(|&&z| z > 3) {
+        return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
+    }
+    let training = matches!(request.mode, Mode::Training { .. });
     let sizes = microbatch_sizes(request)?;
     let max_capacity = cluster
         .devices()
@@ -271,11 +320,19 @@ pub fn search(
                 fewest_over_limit = Some(fewest_over_limit.map_or(m, |f| f.min(m)));
                 continue;
             }
+            // Memory techniques exist for training; ZeRO needs replicas to shard over.
+            let recomputes: &[Recompute] = if training {
+                &request.recompute
+            } else {
+                &[Recompute::None]
+            };
+            let zero_stages: &[u8] = if training && d > 1 {
+                &request.zero_stages
+            } else {
+                &[0]
+            };
             for &k in depths.iter().filter(|&&k| k * d <= gpus && k <= nodes) {
-                if t.footprint_bytes.div_ceil(k as u64) > max_capacity {
-                    pruned_by_memory += placements(k, d).len();
-                    continue;
-                }
+                // The bound ignores recomputation's extra forward: it stays an upper bound.
                 let step_bound = step_lower_bound(request.mode, t.total_secs, k, m);
                 let bound = request.global_batch as f64 / step_bound;
                 // One stage has no schedule to choose, nor has inference (forwards only: the
@@ -285,19 +342,29 @@ pub fn search(
                 } else {
                     &request.schedules[..]
                 };
-                for &schedule in schedules {
-                    for &placement in placements(k, d) {
-                        candidates.push((
-                            bound,
-                            ConfigurationKey {
-                                stages: k,
-                                data_parallel: d,
-                                microbatch_size: b,
-                                microbatches: m,
-                                schedule,
-                                placement,
-                            },
-                        ));
+                for (&recompute, &zero_stage) in recomputes
+                    .iter()
+                    .flat_map(|r| zero_stages.iter().map(move |z| (r, z)))
+                {
+                    let key = |schedule, placement| ConfigurationKey {
+                        stages: k,
+                        data_parallel: d,
+                        microbatch_size: b,
+                        microbatches: m,
+                        schedule,
+                        placement,
+                        recompute,
+                        zero_stage,
+                    };
+                    let mode = key(schedules[0], placements(k, d)[0]).mode(request.mode);
+                    if t.footprint_under(mode).div_ceil(k as u64) > max_capacity {
+                        pruned_by_memory += schedules.len() * placements(k, d).len();
+                        continue;
+                    }
+                    for &schedule in schedules {
+                        for &placement in placements(k, d) {
+                            candidates.push((bound, key(schedule, placement)));
+                        }
                     }
                 }
             }
@@ -309,8 +376,20 @@ pub fn search(
         check_microbatches(fewest)?;
     }
     let total_candidates = candidates.len() + pruned_by_memory;
-    // Best bound first; equal bounds in a fixed order of their keys, so plans are deterministic.
-    candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    // Best bound first; equal bounds in a fixed order of their keys, so plans are deterministic,
+    // the most memory-saving technique first: when it does not fit, the others are ruled out
+    // unsolved. The ranking does not depend on this order (ties go by key).
+    let savings = |k: &ConfigurationKey| std::cmp::Reverse((k.recompute, k.zero_stage));
+    candidates.sort_by(|a, b| {
+        let shape = |k: &ConfigurationKey| ConfigurationKey {
+            recompute: Recompute::None,
+            zero_stage: 0,
+            ..*k
+        };
+        b.0.total_cmp(&a.0)
+            .then(shape(&a.1).cmp(&shape(&b.1)))
+            .then(savings(&a.1).cmp(&savings(&b.1)))
+    });
 
     let top = request.top.max(1);
     let mut ranked: Vec<Configuration> = Vec::new();
@@ -363,8 +442,9 @@ pub fn search(
         return Err(Error::Infeasible(format!(
             "no configuration of {gpus} devices holds the model: every pipeline depth tried \
              ({} from {} to {}) runs out of memory for every micro-batch size tried ({sizes:?}) \
-             at this global batch; a smaller global batch means fewer micro-batches in flight \
-             (activation recomputation and optimizer-state sharding are not modelled)",
+             at this global batch, with the recomputation and ZeRO stages tried; a smaller \
+             global batch means fewer micro-batches in flight (tensor parallelism is not \
+             modelled)",
             depths.len(),
             depths.first().copied().unwrap_or(0),
             depths.last().copied().unwrap_or(0),
@@ -390,15 +470,40 @@ pub fn search(
 
 /// Configurations known not to fit. A stage's memory grows with the micro-batch size (its
 /// activations) and with the micro-batch count (the schedule's in-flight count never falls as
-/// m grows), and does not depend on D or on which devices of the same kinds hold the stages.
-/// So when (K, kinds, schedule, b, m) does not fit, no (K, kinds, schedule, b' ≥ b, m' ≥ m)
-/// does: it is skipped without solving.
+/// m grows), and does not depend on which devices of the same kinds hold the stages. It falls
+/// with recomputation and with a higher ZeRO stage or a larger group to shard over. So when
+/// (K, kinds, schedule, b, m, technique) does not fit, no (K, kinds, schedule, b' ≥ b, m' ≥ m)
+/// with a technique that saves no more does: it is skipped without solving.
 type MemoryClass = (usize, Schedule, Vec<String>);
+
+/// A configuration that did not fit, by what its memory grows and falls with.
+#[derive(Debug, Clone, Copy)]
+struct OutOfMemory {
+    microbatch_size: u64,
+    in_flight: u64,
+    recompute: Recompute,
+    zero_stage: u8,
+    data_parallel: usize,
+}
+
+impl OutOfMemory {
+    /// Whether `other` needs at least the memory this one needed (so cannot fit either).
+    fn rules_out(&self, other: &OutOfMemory) -> bool {
+        // Sharding over a group saves at least as much as sharding at a lower stage or over
+        // a smaller group; no sharding saves nothing whatever the group.
+        let shards_no_more = other.zero_stage == 0
+            || (other.zero_stage <= self.zero_stage && other.data_parallel <= self.data_parallel);
+        other.microbatch_size >= self.microbatch_size
+            && other.in_flight >= self.in_flight
+            && other.recompute <= self.recompute
+            && shards_no_more
+    }
+}
 
 #[derive(Default)]
 struct MemoryMemo {
-    /// (K, in-flight schedule class, device kinds) → the (b, m) that did not fit.
-    infeasible: BTreeMap<MemoryClass, Vec<(u64, u64)>>,
+    /// (K, in-flight schedule class, device kinds) → the configurations that did not fit.
+    infeasible: BTreeMap<MemoryClass, Vec<OutOfMemory>>,
 }
 
 impl MemoryMemo {
@@ -414,23 +519,35 @@ impl MemoryMemo {
         }
     }
 
+    fn entry(key: &ConfigurationKey, mode: Mode, kinds: Vec<String>) -> (MemoryClass, OutOfMemory) {
+        let (schedule, in_flight) = Self::in_flight_class(key, mode);
+        let zero_stage = if key.data_parallel > 1 {
+            key.zero_stage
+        } else {
+            0
+        };
+        (
+            (key.stages, schedule, kinds),
+            OutOfMemory {
+                microbatch_size: key.microbatch_size,
+                in_flight,
+                recompute: key.recompute,
+                zero_stage,
+                data_parallel: key.data_parallel,
+            },
+        )
+    }
+
     fn rules_out(&self, key: &ConfigurationKey, mode: Mode, kinds: &[String]) -> bool {
-        let (schedule, m) = Self::in_flight_class(key, mode);
+        let (class, this) = Self::entry(key, mode, kinds.to_vec());
         self.infeasible
-            .get(&(key.stages, schedule, kinds.to_vec()))
-            .is_some_and(|known| {
-                known
-                    .iter()
-                    .any(|&(b0, m0)| key.microbatch_size >= b0 && m >= m0)
-            })
+            .get(&class)
+            .is_some_and(|known| known.iter().any(|k| k.rules_out(&this)))
     }
 
     fn record(&mut self, key: &ConfigurationKey, mode: Mode, kinds: Vec<String>) {
-        let (schedule, m) = Self::in_flight_class(key, mode);
-        self.infeasible
-            .entry((key.stages, schedule, kinds))
-            .or_default()
-            .push((key.microbatch_size, m));
+        let (class, this) = Self::entry(key, mode, kinds);
+        self.infeasible.entry(class).or_default().push(this);
     }
 }
 
@@ -498,9 +615,7 @@ fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u6
     let m = microbatches as f64;
     let forward_secs = match mode {
         Mode::Inference => total_secs,
-        Mode::Training {
-            backward_factor, ..
-        } => total_secs / (1.0 + backward_factor),
+        Mode::Training { .. } => total_secs / (1.0 + mode.backward_time_factor()),
     };
     (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
 }
@@ -559,9 +674,14 @@ fn microbatch_sizes(request: &SearchRequest) -> Result<Vec<u64>, Error> {
     Ok(sizes)
 }
 
-fn settings(request: &SearchRequest, schedule: Schedule, microbatches: u64) -> CostSettings {
+fn settings(
+    mode: Mode,
+    request: &SearchRequest,
+    schedule: Schedule,
+    microbatches: u64,
+) -> CostSettings {
     CostSettings {
-        mode: request.mode,
+        mode,
         schedule,
         microbatches: microbatches.min(u32::MAX as u64) as u32,
         memory_headroom: request.memory_headroom,
@@ -584,7 +704,7 @@ fn type_graph(
     }
     // The fastest kind: the one with the smallest whole-model time.
     let mut total_secs = f64::INFINITY;
-    let mut footprint_bytes = 0;
+    let (mut footprint_bytes, mut weight_bytes) = (0, 0);
     let mut kinds: Vec<&str> = Vec::new();
     for (id, spec) in cluster.devices() {
         if kinds.contains(&spec.name.as_str()) {
@@ -595,15 +715,22 @@ fn type_graph(
             &typed,
             cluster,
             &[id],
-            settings(request, Schedule::OneFOneB, 1),
+            settings(request.mode, request, Schedule::OneFOneB, 1),
         )?;
         total_secs = total_secs.min(problem.lower_bound_secs());
         footprint_bytes = problem.params().iter().map(|p| p.footprint_bytes).sum();
+        weight_bytes = problem
+            .params()
+            .iter()
+            .filter_map(|p| typed.tensor_id(&p.name))
+            .filter_map(|t| typed.tensor(t).param().map(|param| param.bytes))
+            .sum();
     }
     Ok(Typed {
         graph: typed,
         total_secs,
         footprint_bytes,
+        weight_bytes,
     })
 }
 
@@ -635,9 +762,24 @@ type StageSignature = (String, u64, u64, u64, u64);
 /// The DP's assignment and its figures.
 type SolvedPipeline = (Vec<StageId>, Evaluation);
 
+/// What of a configuration's memory techniques changes its pipeline's costs: recomputation,
+/// and a ZeRO stage with the group it shards over (none without replicas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Technique(Recompute, u8, usize);
+
+impl Technique {
+    fn of(key: &ConfigurationKey) -> Technique {
+        match key.zero_stage {
+            _ if key.data_parallel <= 1 => Technique(key.recompute, 0, 0),
+            0 => Technique(key.recompute, 0, 0),
+            stage => Technique(key.recompute, stage, key.data_parallel),
+        }
+    }
+}
+
 #[derive(Default)]
 struct SolvedPipelines {
-    solved: BTreeMap<(u64, Vec<StageSignature>), Option<SolvedPipeline>>,
+    solved: BTreeMap<(u64, Technique, Vec<StageSignature>), Option<SolvedPipeline>>,
 }
 
 impl SolvedPipelines {
@@ -682,11 +824,19 @@ fn evaluate_with(
         )));
     }
     let replicas = placement.replicas(k, d);
-    let problem =
-        PartitionProblem::new(graph, cluster, &replicas[0], settings(request, schedule, m))?;
+    let problem = PartitionProblem::new(
+        graph,
+        cluster,
+        &replicas[0],
+        settings(key.mode(request.mode), request, schedule, m),
+    )?;
     let solved = cache
         .solved
-        .entry((key.microbatch_size, SolvedPipelines::signature(&problem)))
+        .entry((
+            key.microbatch_size,
+            Technique::of(&key),
+            SolvedPipelines::signature(&problem),
+        ))
         .or_insert_with(|| {
             dp::solve(&problem).map(|order| {
                 let evaluation = problem.evaluate(&order.stage_of);
@@ -764,11 +914,11 @@ impl StepFigures {
             last_end[op.stage] = last_end[op.stage].max(op.end_secs);
         }
         let allreduce_secs: Vec<f64> = match problem.settings().mode {
-            Mode::Training { .. } if replicas.len() > 1 => (0..k)
+            Mode::Training { zero, .. } if replicas.len() > 1 => (0..k)
                 .map(|s| {
                     let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
                     let bytes = gradient_bytes(graph, problem, stage_of, s);
-                    cluster.ring_all_reduce_secs(&ring, bytes)
+                    cluster.ring_all_reduce_secs(&ring, bytes) * zero.communication_factor()
                 })
                 .collect(),
             _ => vec![0.0; k],

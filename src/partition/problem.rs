@@ -162,7 +162,8 @@ pub struct StageFigures {
     pub received_bytes: u64,
     /// Micro-batches in flight at its peak.
     pub in_flight: u64,
-    /// `params + in_flight · (activations + received)`.
+    /// `params + in_flight · received + activation micro-batches · activations` (the
+    /// activation micro-batches are the in-flight count, or one under full recomputation).
     pub peak_memory_bytes: u64,
     /// Memory it may use.
     pub capacity_bytes: u64,
@@ -500,6 +501,16 @@ impl PartitionProblem {
         self.node_secs[self.stages[stage].kind][position]
     }
 
+    /// Micro-batches whose activations stage `stage` keeps at its peak: its in-flight count,
+    /// or one under full recomputation (it keeps only what it received for the others).
+    pub fn activation_in_flight(&self, stage: usize) -> u64 {
+        let in_flight = self.stages[stage].in_flight;
+        match self.settings.mode {
+            Mode::Training { recompute, .. } => recompute.activation_in_flight(in_flight),
+            Mode::Inference => in_flight,
+        }
+    }
+
     /// Activation bytes of the node at `position`, per micro-batch.
     pub fn activation_bytes(&self, position: usize) -> u64 {
         self.activation_bytes[position]
@@ -646,14 +657,14 @@ impl PartitionProblem {
                 stages[s].gradient_receive_secs =
                     self.receive_secs(s + 1, messages[s + 1], stages[s + 1].received_bytes);
             }
+            let activation_in_flight = self.activation_in_flight(s);
             let stage = &mut stages[s];
             stage.stage_secs =
                 stage.compute_secs + stage.receive_secs + stage.gradient_receive_secs;
-            stage.peak_memory_bytes = stage.param_bytes.saturating_add(
-                stage
-                    .in_flight
-                    .saturating_mul(stage.activation_bytes + stage.received_bytes),
-            );
+            stage.peak_memory_bytes = stage
+                .param_bytes
+                .saturating_add(stage.in_flight.saturating_mul(stage.received_bytes))
+                .saturating_add(activation_in_flight.saturating_mul(stage.activation_bytes));
         }
         let bottleneck_secs = stages.iter().map(|s| s.stage_secs).fold(0.0, f64::max);
         let cut_bytes = stages.iter().map(|s| s.received_bytes).sum();

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::cost::{
-    Catalog, Cluster, ClusterLayout, DeviceId, Mode, Precision, Schedule, UnknownOpCost,
+    Catalog, Cluster, ClusterLayout, DeviceId, Mode, Precision, Recompute, Schedule, UnknownOpCost,
 };
 use crate::graph::Graph;
 use crate::onnx::Digests;
@@ -103,6 +103,10 @@ pub struct PlanParallelism {
     pub solved: usize,
 }
 
+fn is_zero(stage: &u8) -> bool {
+    *stage == 0
+}
+
 /// One configuration the search ranked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +123,12 @@ pub struct PlanAlternative {
     pub schedule: Schedule,
     /// Placement.
     pub placement: Placement,
+    /// Activation recomputation.
+    #[serde(default, skip_serializing_if = "Recompute::is_none")]
+    pub recompute: Recompute,
+    /// ZeRO stage over the replicas (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub zero_stage: u8,
     /// Step time.
     pub step_secs: f64,
     /// Throughput.
@@ -396,9 +406,21 @@ fn check_parallelism(
     parallelism: &PlanParallelism,
     stages: &[PlanStage],
     cluster: &Cluster,
+    mode: Mode,
 ) -> Result<(), Error> {
     let bad = |detail: String| Err(Error::InvalidPlan(detail));
     let p = parallelism;
+    if let Mode::Training { zero, .. } = mode {
+        if zero.stage > 3 {
+            return bad(format!("ZeRO has stages 0 to 3, not {}", zero.stage));
+        }
+        if zero.stage > 0 && zero.group as usize != p.data_parallel {
+            return bad(format!(
+                "the mode shards ZeRO state over {} replicas, the plan has {}",
+                zero.group, p.data_parallel
+            ));
+        }
+    }
     if p.replicas.len() != p.data_parallel || p.data_parallel == 0 {
         return bad(format!(
             "parallelism lists {} replicas for a data-parallel degree of {}",
@@ -577,6 +599,8 @@ impl Plan {
                     microbatches: c.key.microbatches,
                     schedule: c.key.schedule,
                     placement: c.key.placement,
+                    recompute: c.key.recompute,
+                    zero_stage: c.key.zero_stage,
                     step_secs: c.step_secs,
                     samples_per_sec: c.samples_per_sec,
                     bubble_fraction: c.bubble_fraction,
@@ -805,8 +829,17 @@ impl Plan {
                 "{broken}; drop the tensor from config.cut_constraints to allow that cut"
             ));
         }
-        if let Some(parallelism) = &self.parallelism {
-            check_parallelism(parallelism, &self.stages, &cluster)?;
+        match (&self.parallelism, self.config.mode) {
+            (Some(parallelism), mode) => {
+                check_parallelism(parallelism, &self.stages, &cluster, mode)?
+            }
+            (None, Mode::Training { zero, .. }) if !zero.is_none() => {
+                return bad(format!(
+                    "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",
+                    zero.group
+                ));
+            }
+            (None, _) => {}
         }
         let eval = problem.evaluate(&assignment);
         for (s, actual) in eval.stages.iter().enumerate() {

@@ -67,7 +67,8 @@ pub struct StageFiguresSecs {
 impl StageTimes {
     /// Splits costed stage figures into the forward and backward times the simulator runs:
     /// receiving activations belongs to the forward, receiving gradients to the backward, and
-    /// compute divides in the proportion `1 : backward_factor` of [`Mode::Training`].
+    /// compute divides in the proportion `1 : `[`Mode::backward_time_factor`] (a recomputed
+    /// forward belongs to the backward).
     /// Transfers are already inside the stage times, so `send_secs` is zero.
     pub fn from_stage_figures(mode: Mode, stages: &[StageFiguresSecs]) -> StageTimes {
         let send_secs = vec![0.0; stages.len().saturating_sub(1)];
@@ -80,10 +81,9 @@ impl StageTimes {
                 backward_secs: Vec::new(),
                 send_secs,
             },
-            Mode::Training {
-                backward_factor, ..
-            } => {
-                let share = backward_factor / (1.0 + backward_factor);
+            Mode::Training { .. } => {
+                let factor = mode.backward_time_factor();
+                let share = factor / (1.0 + factor);
                 StageTimes {
                     forward_secs: stages
                         .iter()
