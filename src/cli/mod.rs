@@ -65,7 +65,7 @@ enum Command {
     /// Use a whole cluster: choose pipeline depth, data-parallel replicas, micro-batching,
     /// schedule and placement; print the best configurations and write the chosen plan.
     #[command(
-        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n\nNot modelled yet: activation recomputation and ZeRO sharding, so training at GPT-3 scale (global batch 1536, --mode training) is refused as not fitting."
+        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --time-limit 60s\n\nIn training the search also tries activation recomputation (--recompute) and ZeRO stages (--zero). Not modelled yet: tensor parallelism."
     )]
     PlanCluster(plan_cluster::PlanClusterArgs),
     /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.

@@ -104,8 +104,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.top = args.top;
     request.all_stage_counts = args.all_stage_counts;
     request.time_limit = args.time_limit;
-    let techniques =
-        args.recompute.iter().any(|&r| r == Recompute::Full) || args.zero.iter().any(|&z| z > 0);
+    let techniques = args.recompute.contains(&Recompute::Full) || args.zero.iter().any(|&z| z > 0);
     if techniques && matches!(args.mode, ModeArg::Inference) {
         anyhow::bail!(
             "--recompute and --zero apply to training (add --mode training): inference keeps no \

@@ -963,6 +963,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_out_of_memory_configuration_rules_out_only_those_needing_no_less() {
+        let failed = OutOfMemory {
+            microbatch_size: 2,
+            in_flight: 4,
+            recompute: Recompute::Full,
+            zero_stage: 2,
+            data_parallel: 8,
+        };
+        let like = |f: fn(&mut OutOfMemory)| {
+            let mut other = failed;
+            f(&mut other);
+            failed.rules_out(&other)
+        };
+        assert!(like(|_| {}));
+        assert!(like(|o| o.microbatch_size = 4));
+        assert!(like(|o| o.in_flight = 8));
+        assert!(like(|o| o.recompute = Recompute::None));
+        assert!(like(|o| o.zero_stage = 1));
+        assert!(like(|o| o.data_parallel = 4));
+        assert!(like(|o| {
+            o.zero_stage = 0;
+            o.data_parallel = 64;
+        }));
+        // Needing less: a smaller micro-batch or in-flight count, more sharding.
+        assert!(!like(|o| o.microbatch_size = 1));
+        assert!(!like(|o| o.in_flight = 2));
+        assert!(!like(|o| o.zero_stage = 3));
+        assert!(!like(|o| o.data_parallel = 16));
+        let plain = OutOfMemory {
+            recompute: Recompute::None,
+            ..failed
+        };
+        assert!(!plain.rules_out(&failed), "recomputation saves memory");
+    }
+
+    #[test]
     fn placements_put_neighbours_together() {
         // K = 2 stages, D = 4 replicas on 8 devices.
         let pipe = Placement::PipelineInsideNodes.replicas(2, 4);
