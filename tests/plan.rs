@@ -617,6 +617,24 @@ fn cut_constraints_are_kept_recorded_and_checked() {
     let (code, _, err) = pipecut(&["check", forbid_path.to_str().unwrap(), gpt2]);
     assert_eq!(code, 0, "{err}");
 
+    // Module boundaries only: every stage starts at a layer (`h.N`, the embeddings or the head).
+    let layers_path = dir.path().join("layers.json");
+    let mut layer_args = args.to_vec();
+    layer_args.push("--cut-between-layers");
+    let layers = Plan::from_json(&partition_to(&layers_path, gpt2, &layer_args)).unwrap();
+    assert!(layers.config.cut_constraints.between_layers_only);
+    for stage in &layers.stages[1..] {
+        assert!(
+            stage.first_node.ends_with("ln_1/LayerNormalization")
+                || stage.first_node.contains("ln_f"),
+            "stage {} starts inside a layer at {}",
+            stage.stage,
+            stage.first_node
+        );
+    }
+    let (code, _, err) = pipecut(&["check", layers_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 0, "{err}");
+
     // The default plan with the constraint written in by hand: `check` names the cut.
     let mut edited: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&kept_path).unwrap()).unwrap();

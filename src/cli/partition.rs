@@ -193,6 +193,10 @@ pub struct PartitionArgs {
     /// sends the same bytes as one after the Add and splits one linear layer).
     #[arg(long)]
     cut_anywhere: bool,
+    /// Cut only at module boundaries: between the repeated layers pipecut detects (the
+    /// `layer` column of `pipecut inspect`), never inside one.
+    #[arg(long)]
+    cut_between_layers: bool,
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
@@ -260,6 +264,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         cut_constraints: CutConstraints {
             forbid: args.forbid_cut.clone(),
             bias_with_matmul: !args.cut_anywhere,
+            between_layers_only: args.cut_between_layers,
         },
     };
     let display = super::progress::Display::start(&format!(

@@ -30,6 +30,20 @@ pub struct CutConstraints {
     /// (on unless `--cut-anywhere`).
     #[serde(default)]
     pub bias_with_matmul: bool,
+    /// Cut only between layers (module boundaries, `--cut-between-layers`): each run of the
+    /// repeated blocks [`super::layers::find_layers`] detects, and each run of nodes outside
+    /// them, stays on one stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub between_layers_only: bool,
+}
+
+/// Why two positions must share a stage.
+#[derive(Debug, Clone)]
+enum Joined {
+    /// The tensor flows from one to the other.
+    Tensor(String),
+    /// Both are in this layer.
+    Layer(String),
 }
 
 impl Default for CutConstraints {
@@ -37,6 +51,7 @@ impl Default for CutConstraints {
         CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: true,
+            between_layers_only: false,
         }
     }
 }
@@ -47,6 +62,7 @@ impl CutConstraints {
         CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: false,
+            between_layers_only: false,
         }
     }
 
@@ -72,12 +88,22 @@ impl CutConstraints {
         problem: &PartitionProblem,
         stage_of: &[StageId],
     ) -> Result<Option<String>, Error> {
-        for (a, b, tensor) in self.joined_pairs(graph, problem)? {
+        for (a, b, why) in self.joined_pairs(graph, problem)? {
             let (sa, sb) = (stage_of[a as usize], stage_of[b as usize]);
             if sa != sb {
+                let what = match why {
+                    Joined::Tensor(name) => format!(
+                        "tensor '{name}' crosses from stage {} to stage {}",
+                        sa.0, sb.0
+                    ),
+                    Joined::Layer(name) => format!(
+                        "layer '{name}' is split between stages {} and {}",
+                        sa.0.min(sb.0),
+                        sa.0.max(sb.0)
+                    ),
+                };
                 return Ok(Some(format!(
-                    "tensor '{tensor}' crosses from stage {} to stage {}, but the plan's cut constraints keep it on one stage",
-                    sa.0, sb.0
+                    "{what}, but the plan's cut constraints keep it on one stage"
                 )));
             }
         }
@@ -89,7 +115,7 @@ impl CutConstraints {
         &self,
         graph: &Graph,
         problem: &PartitionProblem,
-    ) -> Result<Vec<(u32, u32, String)>, Error> {
+    ) -> Result<Vec<(u32, u32, Joined)>, Error> {
         let mut pairs = Vec::new();
         for name in &self.forbid {
             let Some(flow) = problem.flows().iter().find(|f| &f.name == name) else {
@@ -101,13 +127,21 @@ impl CutConstraints {
                 }));
             };
             for &c in &flow.consumers {
-                pairs.push((flow.producer, c, name.clone()));
+                pairs.push((flow.producer, c, Joined::Tensor(name.clone())));
             }
         }
         if self.bias_with_matmul {
             for flow in problem.flows() {
                 if let Some(add) = bias_add(graph, problem, flow) {
-                    pairs.push((flow.producer, add, flow.name.clone()));
+                    pairs.push((flow.producer, add, Joined::Tensor(flow.name.clone())));
+                }
+            }
+        }
+        if self.between_layers_only {
+            for layer in super::layers::find_layers(problem.node_scopes()) {
+                for p in layer.start + 1..layer.end {
+                    let joined = Joined::Layer(layer.name.clone());
+                    pairs.push((layer.start as u32, p as u32, joined));
                 }
             }
         }
@@ -136,7 +170,7 @@ fn bias_add(graph: &Graph, problem: &PartitionProblem, flow: &super::problem::Fl
 /// Groups of positions (one group index per position, and the groups in a topological order)
 /// that join every pair and are convex: a position on a path between two members of a group
 /// belongs to it, and the contracted graph has no cycle.
-fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, String)]) -> (Vec<u32>, Vec<u32>) {
+fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, Joined)]) -> (Vec<u32>, Vec<u32>) {
     let n = problem.node_count();
     let (succ, pred) = adjacency(problem);
     let mut sets = UnionFind::new(n);
@@ -378,7 +412,7 @@ mod tests {
         let tensor = "/transformer/h.0/Add_1_output_0";
         let constraints = CutConstraints {
             forbid: vec![tensor.to_string()],
-            bias_with_matmul: false,
+            ..CutConstraints::none()
         };
         let grouped = constraints.apply(&graph, &problem).unwrap().unwrap();
         let (producer, consumers) = position(&problem, tensor);
@@ -427,12 +461,58 @@ mod tests {
     }
 
     #[test]
+    fn between_layers_only_every_cut_falls_at_a_layer_boundary() {
+        let (graph, problem) = gpt2(3);
+        let constraints = CutConstraints {
+            between_layers_only: true,
+            ..CutConstraints::none()
+        };
+        let grouped = constraints.apply(&graph, &problem).unwrap().unwrap();
+        let layers = super::super::layers::find_layers(problem.node_scopes());
+        assert!(layers.len() >= 4, "{layers:?}");
+        // Each layer is one group, so the quotient has at most one node per layer.
+        assert!(grouped.problem.node_count() <= layers.len());
+        let solved = crate::partition::dp::solve(&grouped.problem).unwrap();
+        let fine = grouped.expand(&solved.stage_of);
+        let starts: Vec<usize> = layers.iter().map(|l| l.start).collect();
+        for p in 1..fine.len() {
+            if fine[p] != fine[p - 1] {
+                assert!(starts.contains(&p), "a cut inside a layer at position {p}");
+            }
+        }
+        assert_eq!(
+            constraints.violation(&graph, &problem, &fine).unwrap(),
+            None
+        );
+        // Moving a layer's last node to the next stage is named.
+        let layer = layers
+            .iter()
+            .find(|l| l.end - l.start >= 2 && l.end < fine.len())
+            .unwrap();
+        let mut split = fine.clone();
+        let last = StageId(problem.stage_count() as u32 - 1);
+        split[layer.start] = if fine[layer.start] == last {
+            StageId(0)
+        } else {
+            last
+        };
+        let broken = constraints
+            .violation(&graph, &problem, &split)
+            .unwrap()
+            .unwrap();
+        assert!(
+            broken.contains(&format!("layer '{}' is split", layer.name)),
+            "{broken}"
+        );
+    }
+
+    #[test]
     fn unknown_and_uncuttable_tensors_are_refused_by_name() {
         let (graph, problem) = gpt2(2);
         let refuse = |name: &str| {
             CutConstraints {
                 forbid: vec![name.to_string()],
-                bias_with_matmul: false,
+                ..CutConstraints::none()
             }
             .apply(&graph, &problem)
             .unwrap_err()
