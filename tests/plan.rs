@@ -635,6 +635,33 @@ fn cut_constraints_are_kept_recorded_and_checked() {
     let (code, _, err) = pipecut(&["check", layers_path.to_str().unwrap(), gpt2]);
     assert_eq!(code, 0, "{err}");
 
+    // A pinned cut: the tensor crosses a boundary in the plan; written by hand into a plan
+    // that keeps it inside a stage, `check` refuses it.
+    let pinned_tensor = "/transformer/h.1/mlp/act/Mul_1_output_0";
+    assert!(!cut_tensors(&kept).iter().any(|t| t == pinned_tensor));
+    let pin_path = dir.path().join("pin.json");
+    let mut pin_args = args.to_vec();
+    pin_args.extend(["--pin-cut", pinned_tensor]);
+    let pinned = Plan::from_json(&partition_to(&pin_path, gpt2, &pin_args)).unwrap();
+    assert_eq!(
+        pinned.config.cut_constraints.pin,
+        vec![pinned_tensor.to_string()]
+    );
+    assert!(cut_tensors(&pinned).iter().any(|t| t == pinned_tensor));
+    let (code, _, err) = pipecut(&["check", pin_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 0, "{err}");
+    let mut edited: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kept_path).unwrap()).unwrap();
+    edited["config"]["cut_constraints"]["pin"] = serde_json::json!([pinned_tensor]);
+    let edited_path = dir.path().join("pin_edited.json");
+    std::fs::write(&edited_path, edited.to_string()).unwrap();
+    let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), gpt2]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("but a cut is pinned there (--pin-cut)"),
+        "{err}"
+    );
+
     // The default plan with the constraint written in by hand: `check` names the cut.
     let mut edited: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&kept_path).unwrap()).unwrap();

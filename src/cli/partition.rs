@@ -197,6 +197,10 @@ pub struct PartitionArgs {
     /// `layer` column of `pipecut inspect`), never inside one.
     #[arg(long)]
     cut_between_layers: bool,
+    /// Put a stage boundary on this tensor (repeatable): its producer and every reader on
+    /// different stages.
+    #[arg(long = "pin-cut", value_name = "TENSOR")]
+    pin_cut: Vec<String>,
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
@@ -265,6 +269,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             forbid: args.forbid_cut.clone(),
             bias_with_matmul: !args.cut_anywhere,
             between_layers_only: args.cut_between_layers,
+            pin: args.pin_cut.clone(),
         },
     };
     let display = super::progress::Display::start(&format!(

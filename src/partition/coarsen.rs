@@ -131,6 +131,10 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 .map(|&c| coarse_of[c as usize])
                 .filter(|&c| c != producer)
                 .collect();
+            debug_assert!(
+                !flow.pinned || consumers.len() == flow.consumers.len(),
+                "a pinned tensor's producer and readers are never grouped"
+            );
             consumers.sort_unstable();
             consumers.dedup();
             (!consumers.is_empty()).then(|| Flow {
@@ -138,6 +142,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 bytes: flow.bytes,
                 producer,
                 consumers,
+                pinned: flow.pinned,
             })
         })
         .collect();
@@ -182,6 +187,8 @@ struct Groups {
     pred: Vec<BTreeSet<u32>>,
     free: Vec<bool>,
     secs: Vec<f64>,
+    /// Groups a pinned cut separates from each group (kept at the roots): never merged.
+    pins: Vec<BTreeSet<u32>>,
     count: usize,
 }
 
@@ -196,9 +203,19 @@ impl Groups {
     }
 
     /// Contracts `b` into `a` (roots), merging their neighbours.
+    /// Whether a pinned cut separates groups `a` and `b` (roots).
+    fn pinned_apart(&self, a: u32, b: u32) -> bool {
+        self.pins[a as usize].contains(&b)
+    }
+
     fn merge(&mut self, a: u32, b: u32) {
         let (a_idx, b_idx) = (a as usize, b as usize);
         self.parent[b_idx] = a;
+        for partner in std::mem::take(&mut self.pins[b_idx]) {
+            self.pins[partner as usize].remove(&b);
+            self.pins[partner as usize].insert(a);
+            self.pins[a_idx].insert(partner);
+        }
         let succ_b = std::mem::take(&mut self.succ[b_idx]);
         let pred_b = std::mem::take(&mut self.pred[b_idx]);
         for &s in &succ_b {
@@ -274,12 +291,20 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
     let free: Vec<bool> = (0..n)
         .map(|p| secs[p] == 0.0 && problem.node_params[p].is_empty())
         .collect();
+    let mut pins = vec![BTreeSet::new(); n];
+    for flow in problem.flows().iter().filter(|f| f.pinned) {
+        for &c in &flow.consumers {
+            pins[flow.producer as usize].insert(c);
+            pins[c as usize].insert(flow.producer);
+        }
+    }
     let mut groups = Groups {
         parent: (0..n as u32).collect(),
         succ,
         pred,
         free,
         secs,
+        pins,
         count: n,
     };
 
@@ -295,7 +320,8 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
                 .then(|| *groups.succ[p as usize].first().expect("one successor"));
             if let Some(s) = single_succ {
                 let chain = groups.pred[s as usize].len() == 1;
-                if chain || groups.free[p as usize] || groups.free[s as usize] {
+                let mergeable = chain || groups.free[p as usize] || groups.free[s as usize];
+                if mergeable && !groups.pinned_apart(p, s) {
                     groups.merge(p, s);
                     changed = true;
                     continue;
@@ -304,7 +330,7 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
             let single_pred = (groups.pred[p as usize].len() == 1)
                 .then(|| *groups.pred[p as usize].first().expect("one predecessor"));
             if let Some(q) = single_pred {
-                if groups.free[p as usize] {
+                if groups.free[p as usize] && !groups.pinned_apart(q, p) {
                     groups.merge(q, p);
                     changed = true;
                 }
@@ -342,13 +368,17 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
             if merged == budget {
                 break;
             }
-            if taken[i] || taken[i + 1] {
+            if taken[i] || taken[i + 1] || groups.pinned_apart(order[i], order[i + 1]) {
                 continue;
             }
             taken[i] = true;
             taken[i + 1] = true;
             groups.merge(order[i], order[i + 1]);
             merged += 1;
+        }
+        if merged == 0 {
+            // Every neighbouring pair is pinned apart: the graph cannot shrink further.
+            break;
         }
     }
 

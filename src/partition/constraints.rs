@@ -35,6 +35,10 @@ pub struct CutConstraints {
     /// them, stays on one stage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub between_layers_only: bool,
+    /// Tensors a stage boundary must cross (`--pin-cut NAME`): the opposite constraint, which
+    /// the solvers enforce directly ([`PartitionProblem::pin_cuts`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pin: Vec<String>,
 }
 
 /// Why two positions must share a stage.
@@ -52,6 +56,7 @@ impl Default for CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: true,
             between_layers_only: false,
+            pin: Vec::new(),
         }
     }
 }
@@ -63,6 +68,7 @@ impl CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: false,
             between_layers_only: false,
+            pin: Vec::new(),
         }
     }
 
@@ -78,6 +84,19 @@ impl CutConstraints {
             return Ok(None);
         }
         let (group_of, order) = convex_groups(problem, &pairs);
+        for flow in problem.flows().iter().filter(|f| f.pinned) {
+            let group = group_of[flow.producer as usize];
+            if flow
+                .consumers
+                .iter()
+                .any(|&c| group_of[c as usize] == group)
+            {
+                return Err(Error::PartitionConfig(format!(
+                    "--pin-cut '{}': the other cut constraints keep its producer and a reader on one stage",
+                    flow.name
+                )));
+            }
+        }
         Ok(Some(quotient(problem, &group_of, &order)))
     }
 
@@ -504,6 +523,51 @@ mod tests {
             broken.contains(&format!("layer '{}' is split", layer.name)),
             "{broken}"
         );
+    }
+
+    #[test]
+    fn a_pinned_cut_is_kept_by_the_dp_the_milp_and_coarsening() {
+        let (graph, mut problem) = gpt2(3);
+        let tensor = "/transformer/h.1/mlp/act/Mul_1_output_0";
+        let unpinned = crate::partition::dp::solve(&problem).unwrap();
+        let (producer, readers) = position(&problem, tensor);
+        assert_eq!(
+            unpinned.stage_of[producer as usize], unpinned.stage_of[readers[0] as usize],
+            "the free optimum does not cut here, so the pin changes the plan"
+        );
+        problem.pin_cuts(&[tensor.to_string()]).unwrap();
+        let crosses = |stage_of: &[StageId]| {
+            readers
+                .iter()
+                .all(|&r| stage_of[producer as usize] < stage_of[r as usize])
+        };
+        let dp = crate::partition::dp::solve(&problem).unwrap();
+        assert!(crosses(&dp.stage_of));
+        problem.check_assignment(&dp.stage_of).unwrap();
+        let refused = problem.check_assignment(&unpinned.stage_of).unwrap_err();
+        assert!(
+            refused.to_string().contains("a cut is pinned there"),
+            "{refused}"
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let milp = crate::partition::milp::solve(&problem, &dp.stage_of, deadline);
+        assert!(crosses(&milp.stage_of));
+        let coarse = crate::partition::coarsen::coarsen(&problem, 4);
+        assert_ne!(
+            coarse.group_of[producer as usize],
+            coarse.group_of[readers[0] as usize]
+        );
+        // Keeping the same tensor on one stage contradicts the pin.
+        let conflict = CutConstraints {
+            forbid: vec![tensor.to_string()],
+            ..CutConstraints::none()
+        };
+        let error = conflict.apply(&graph, &problem).unwrap_err().to_string();
+        assert!(
+            error.contains("the other cut constraints keep its producer"),
+            "{error}"
+        );
+        assert!(problem.pin_cuts(&["nope".to_string()]).is_err());
     }
 
     #[test]

@@ -266,6 +266,14 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
         }
         by_key.push(reach);
     }
+    // Pinned cuts cap every stage's reach alike: a segment may not hold a pinned tensor's
+    // producer with one of its readers.
+    let pin_reach = problem.pin_reach();
+    for reach in &mut by_key {
+        for (r, &cap) in reach.iter_mut().zip(&pin_reach) {
+            *r = (*r).min(cap);
+        }
+    }
     (0..problem.stage_count())
         .map(|s| {
             let key = keys

@@ -338,6 +338,24 @@ fn build(
             }
         }
     }
+    // Pinned cuts: a reader at a stage ≤ b has its producer at a stage ≤ b − 1, so the producer
+    // is not on the last stage and no reader on the first.
+    for flow in problem.flows().iter().filter(|f| f.pinned) {
+        let producer = &before[flow.producer as usize];
+        if boundaries > 0 {
+            constraints.push(Expression::from(1.0).leq(producer[boundaries - 1].expr()));
+        }
+        for &consumer in &flow.consumers {
+            let consumer = &before[consumer as usize];
+            for b in 0..boundaries {
+                let earlier = match b {
+                    0 => Expression::from(0.0),
+                    _ => producer[b - 1].expr(),
+                };
+                constraints.push(consumer[b].expr().leq(earlier));
+            }
+        }
+    }
     for (f, flow) in problem.flows().iter().enumerate() {
         let producer = &before[flow.producer as usize];
         for &consumer in &flow.consumers {

@@ -552,6 +552,11 @@ impl<'a> Planner<'a> {
                         "{k} stages cannot be made from {nodes} nodes"
                     )));
                 }
+                if k < 2 && !self.config.cut_constraints.pin.is_empty() {
+                    return Err(Error::PartitionConfig(
+                        "--pin-cut needs at least 2 stages".to_string(),
+                    ));
+                }
                 (self.solve_fixed(&devices[..k], deadline)?, Vec::new())
             }
             StageCount::Auto => self.solve_auto(&devices, deadline)?,
@@ -579,6 +584,7 @@ impl<'a> Planner<'a> {
     fn problem(&self, devices: &[DeviceId]) -> Result<PartitionProblem, Error> {
         let mut problem =
             PartitionProblem::new(self.graph, self.cluster, devices, self.config.settings)?;
+        problem.pin_cuts(&self.config.cut_constraints.pin)?;
         if !self.node_secs.is_empty() {
             problem.override_node_secs(&self.node_secs)?;
         }

@@ -108,6 +108,9 @@ pub struct Flow {
     pub producer: u32,
     /// Positions of its consumers, ascending, each once.
     pub consumers: Vec<u32>,
+    /// Whether a stage boundary must lie between its producer and every consumer
+    /// (`--pin-cut`, see [`PartitionProblem::pin_cuts`]).
+    pub pinned: bool,
 }
 
 /// A weight with the positions of the nodes that read it.
@@ -319,6 +322,7 @@ impl PartitionProblem {
                             bytes,
                             producer,
                             consumers,
+                            pinned: false,
                         });
                     }
                 }
@@ -511,6 +515,42 @@ impl PartitionProblem {
         }
     }
 
+    /// Pins cuts: each named tensor must cross a stage boundary between its producer and every
+    /// reader. Refuses a name that is no tensor flowing between nodes.
+    pub fn pin_cuts(&mut self, tensors: &[String]) -> Result<(), Error> {
+        for name in tensors {
+            let flow = self
+                .flows
+                .iter_mut()
+                .find(|f| &f.name == name)
+                .ok_or_else(|| {
+                    Error::PartitionConfig(format!(
+                        "--pin-cut '{name}': no tensor of that name flows from one node to another"
+                    ))
+                })?;
+            flow.pinned = true;
+        }
+        Ok(())
+    }
+
+    /// The largest end of a segment starting at each position that keeps every pinned tensor's
+    /// readers out of its producer's segment: `min` of the first reader of the pinned tensors
+    /// made at or after the start (`n` where none). Contiguous segments of the order honour
+    /// the pins exactly when each segment `[i, j)` has `j ≤ pin_reach[i]`.
+    pub(crate) fn pin_reach(&self) -> Vec<usize> {
+        let n = self.node_count();
+        let mut first_reader = vec![n; n + 1];
+        for flow in self.flows.iter().filter(|f| f.pinned) {
+            let reader = flow.consumers.first().map_or(n, |&c| c as usize);
+            let at = &mut first_reader[flow.producer as usize];
+            *at = (*at).min(reader);
+        }
+        for i in (0..n).rev() {
+            first_reader[i] = first_reader[i].min(first_reader[i + 1]);
+        }
+        first_reader
+    }
+
     /// Activation bytes of the node at `position`, per micro-batch.
     pub fn activation_bytes(&self, position: usize) -> u64 {
         self.activation_bytes[position]
@@ -576,6 +616,13 @@ impl PartitionProblem {
             let from = stage_of[flow.producer as usize];
             for &c in &flow.consumers {
                 let to = stage_of[c as usize];
+                if flow.pinned && to == from {
+                    return bad(format!(
+                        "tensor '{}' stays on stage {} from node '{}' to node '{}', but a cut is pinned there (--pin-cut)",
+                        flow.name, from.0, self.node_names[flow.producer as usize],
+                        self.node_names[c as usize]
+                    ));
+                }
                 if to < from {
                     return bad(format!(
                         "tensor '{}' goes backwards from node '{}' on stage {} to node '{}' on stage {}: stages must be convex and ordered",

@@ -752,7 +752,10 @@ impl Plan {
                 return bad(format!("device {id} hosts two stages"));
             }
         }
-        let problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
+        let mut problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
+        problem
+            .pin_cuts(&self.config.cut_constraints.pin)
+            .map_err(|e| Error::InvalidPlan(format!("config.cut_constraints: {e}")))?;
         let position: BTreeMap<&str, usize> = problem
             .node_names()
             .iter()
