@@ -201,6 +201,10 @@ pub struct PartitionArgs {
     /// different stages.
     #[arg(long = "pin-cut", value_name = "TENSOR")]
     pin_cut: Vec<String>,
+    /// Keep every reader of a shared (tied) weight on one stage, with everything between them,
+    /// instead of a copy of it on each stage that reads it.
+    #[arg(long)]
+    keep_tied_weights: bool,
     /// How to cost ops without a rule: refuse (error), as free (zero), or as a copy (bytes).
     #[arg(long, value_enum, default_value = "error")]
     unknown_op_cost: UnknownOpArg,
@@ -269,6 +273,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             forbid: args.forbid_cut.clone(),
             bias_with_matmul: !args.cut_anywhere,
             between_layers_only: args.cut_between_layers,
+            tied_weights_together: args.keep_tied_weights,
             pin: args.pin_cut.clone(),
         },
     };

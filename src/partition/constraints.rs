@@ -35,6 +35,11 @@ pub struct CutConstraints {
     /// them, stays on one stage.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub between_layers_only: bool,
+    /// Keep every reader of a shared weight on one stage (`--keep-tied-weights`), instead of
+    /// holding a copy on each stage that reads it (the default, as Megatron does for a tied
+    /// embedding and LM head, whose gradients it then sums).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tied_weights_together: bool,
     /// Tensors a stage boundary must cross (`--pin-cut NAME`): the opposite constraint, which
     /// the solvers enforce directly ([`PartitionProblem::pin_cuts`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -48,6 +53,8 @@ enum Joined {
     Tensor(String),
     /// Both are in this layer.
     Layer(String),
+    /// Both read this weight.
+    Weight(String),
 }
 
 impl Default for CutConstraints {
@@ -56,6 +63,7 @@ impl Default for CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: true,
             between_layers_only: false,
+            tied_weights_together: false,
             pin: Vec::new(),
         }
     }
@@ -68,6 +76,7 @@ impl CutConstraints {
             forbid: Vec::new(),
             bias_with_matmul: false,
             between_layers_only: false,
+            tied_weights_together: false,
             pin: Vec::new(),
         }
     }
@@ -97,6 +106,13 @@ impl CutConstraints {
                 )));
             }
         }
+        if order.len() < problem.stage_count() {
+            return Err(Error::PartitionConfig(format!(
+                "the cut constraints leave {} group(s) of nodes that must each stay on one stage, fewer than the {} stages asked for",
+                order.len(),
+                problem.stage_count()
+            )));
+        }
         Ok(Some(quotient(problem, &group_of, &order)))
     }
 
@@ -117,6 +133,11 @@ impl CutConstraints {
                     ),
                     Joined::Layer(name) => format!(
                         "layer '{name}' is split between stages {} and {}",
+                        sa.0.min(sb.0),
+                        sa.0.max(sb.0)
+                    ),
+                    Joined::Weight(name) => format!(
+                        "weight '{name}' is read on stages {} and {}",
                         sa.0.min(sb.0),
                         sa.0.max(sb.0)
                     ),
@@ -153,6 +174,14 @@ impl CutConstraints {
             for flow in problem.flows() {
                 if let Some(add) = bias_add(graph, problem, flow) {
                     pairs.push((flow.producer, add, Joined::Tensor(flow.name.clone())));
+                }
+            }
+        }
+        if self.tied_weights_together {
+            for param in problem.params() {
+                for &reader in param.uses.iter().skip(1) {
+                    let joined = Joined::Weight(param.name.clone());
+                    pairs.push((param.uses[0], reader, joined));
                 }
             }
         }
@@ -568,6 +597,46 @@ mod tests {
             "{error}"
         );
         assert!(problem.pin_cuts(&["nope".to_string()]).is_err());
+    }
+
+    #[test]
+    fn tied_weights_keep_their_readers_together_or_say_why_not() {
+        let (graph, problem) = gpt2(4);
+        let tied = CutConstraints {
+            tied_weights_together: true,
+            ..CutConstraints::none()
+        };
+        let grouped = tied.apply(&graph, &problem).unwrap().unwrap();
+        // gpt2_tiny reads the token embedding in its Gather and in the LM head's Transpose.
+        let shared = problem
+            .params()
+            .iter()
+            .find(|p| p.uses.len() > 1 && p.name.contains("wte"))
+            .expect("a tied embedding");
+        let groups: Vec<u32> = shared
+            .uses
+            .iter()
+            .map(|&u| grouped.group_of[u as usize])
+            .collect();
+        assert!(groups.windows(2).all(|w| w[0] == w[1]), "{groups:?}");
+        let solved = crate::partition::dp::solve(&grouped.problem).unwrap();
+        let fine = grouped.expand(&solved.stage_of);
+        assert_eq!(tied.violation(&graph, &problem, &fine).unwrap(), None);
+        let mut split = fine.clone();
+        let reader = *shared.uses.last().unwrap() as usize;
+        split[reader] = StageId((fine[reader].0 + 1) % problem.stage_count() as u32);
+        let broken = tied.violation(&graph, &problem, &split).unwrap().unwrap();
+        assert!(broken.contains(&format!("weight '{}' is read on stages", shared.name)));
+        // Joining everything leaves fewer groups than stages: said, not "does not fit".
+        let everything = CutConstraints {
+            forbid: vec!["/transformer/Slice_output_0".to_string()],
+            between_layers_only: true,
+            ..tied
+        };
+        match everything.apply(&graph, &problem) {
+            Err(e) => assert!(e.to_string().contains("fewer than the 4 stages"), "{e}"),
+            Ok(grouped) => assert!(grouped.unwrap().problem.node_count() >= 4),
+        }
     }
 
     #[test]
