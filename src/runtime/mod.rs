@@ -20,6 +20,7 @@ pub mod cuda;
 #[path = "cuda_stub.rs"]
 pub mod cuda;
 mod kernels;
+pub mod narrow;
 pub mod npy;
 pub mod tensor;
 pub mod weights;

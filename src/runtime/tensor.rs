@@ -263,9 +263,32 @@ impl HostTensor {
     /// The tensor converted to `dtype` with ONNX `Cast` semantics. Float targets other than
     /// float32 compute as float32 (see the module doc); narrow integer targets as int64.
     pub fn cast(&self, dtype: DType) -> Result<HostTensor, String> {
+        self.cast_saturating(dtype, true)
+    }
+
+    /// [`Self::cast`] with ONNX Cast's `saturate` for float8 targets: a narrow float target
+    /// rounds each value to one the format holds (kept as f32), int4/uint4 wrap (kept as i64);
+    /// see [`super::narrow`].
+    pub fn cast_saturating(&self, dtype: DType, saturate: bool) -> Result<HostTensor, String> {
+        use super::narrow::{float_to_4bit, is_narrow_float, round_float, wrap_4bit};
         let data = match dtype {
-            DType::F32 | DType::F16 | DType::BF16 | DType::F64 => {
-                TensorData::F32(self.to_f32_vec())
+            DType::F32 | DType::F64 => TensorData::F32(self.to_f32_vec()),
+            narrow if is_narrow_float(narrow) => TensorData::F32(
+                self.to_f32_vec()
+                    .into_iter()
+                    .map(|x| round_float(narrow, x, saturate))
+                    .collect(),
+            ),
+            DType::I4 | DType::U4 => {
+                let signed = dtype == DType::I4;
+                TensorData::I64(match &self.data {
+                    TensorData::F32(v) => v.iter().map(|&x| float_to_4bit(x, signed)).collect(),
+                    _ => self
+                        .to_i64_vec()
+                        .into_iter()
+                        .map(|x| wrap_4bit(x, signed))
+                        .collect(),
+                })
             }
             DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
                 TensorData::I64(self.to_i64_vec())

@@ -372,11 +372,19 @@ fn identity(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 fn cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let code = ctx.int("to", 0) as i32;
     let to = DType::from_onnx(code).ok_or_else(|| format!("unknown target type {code}"))?;
-    Ok(vec![input(inputs, 0)?.cast(to)?])
+    let saturate = ctx.int("saturate", 1) != 0;
+    Ok(vec![input(inputs, 0)?.cast_saturating(to, saturate)?])
 }
 
-fn cast_like(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    Ok(vec![input(inputs, 0)?.cast(input(inputs, 1)?.dtype())?])
+/// CastLike casts to the declared type of its second input, which the graph knows even where
+/// the runtime keeps it wider (a float8 tensor held as f32): the node's declared output type.
+fn cast_like(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let to = match ctx.output_dtypes.first().copied().flatten() {
+        Some(declared) => declared,
+        None => input(inputs, 1)?.dtype(),
+    };
+    let saturate = ctx.int("saturate", 1) != 0;
+    Ok(vec![input(inputs, 0)?.cast_saturating(to, saturate)?])
 }
 
 #[cfg(test)]

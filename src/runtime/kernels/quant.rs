@@ -240,6 +240,9 @@ fn quantize_linear(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, scale) = (input(inputs, 0)?, input(inputs, 1)?);
     let zero_point = optional(inputs, 2);
     let dtype = quantized_output_type(ctx, zero_point)?;
+    if crate::runtime::narrow::is_narrow_float(dtype) {
+        return quantize_to_float(ctx, x, scale, zero_point, dtype);
+    }
     let (low, high) = int_range(dtype)?;
     let (axis, block) = (ctx.int("axis", 1), block_size(ctx)?);
     let scale_at = param_offsets(x.shape(), scale, axis, block, "scale")?;
@@ -263,13 +266,61 @@ fn quantize_linear(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![int_tensor(x.shape().to_vec(), values, dtype)])
 }
 
-/// DequantizeLinear: `y = (x - zero_point) · scale`, in float32.
+/// QuantizeLinear to a float8 (or float4) type: `saturate(x / scale + zero_point)`, rounded to
+/// the format and kept as f32 ([`crate::runtime::narrow`]); the zero point is a float8 zero.
+fn quantize_to_float(
+    ctx: &Ctx,
+    x: &HostTensor,
+    scale: &HostTensor,
+    zero_point: Option<&HostTensor>,
+    dtype: DType,
+) -> KernelResult {
+    let (axis, block) = (ctx.int("axis", 1), block_size(ctx)?);
+    let scale_at = param_offsets(x.shape(), scale, axis, block, "scale")?;
+    let scales = scale.to_f32_vec();
+    let (zeros, zero_at) = match zero_point {
+        Some(z) => (
+            z.to_f32_vec(),
+            param_offsets(x.shape(), z, axis, block, "zero point")?,
+        ),
+        None => (vec![0.0], vec![0; x.len()]),
+    };
+    let saturate = ctx.int("saturate", 1) != 0;
+    let values = x
+        .to_f32_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let shifted = v / scales[scale_at[i]] + zeros[zero_at[i]];
+            crate::runtime::narrow::round_float(dtype, shifted, saturate)
+        })
+        .collect();
+    Ok(vec![HostTensor::f32(x.shape().to_vec(), values)])
+}
+
+/// DequantizeLinear: `y = (x - zero_point) · scale`, in float32; a float8 input (kept as f32)
+/// is scaled as it is.
 fn dequantize_linear(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, scale) = (input(inputs, 0)?, input(inputs, 1)?);
-    if x.dtype() == DType::F32 {
-        return Err("float8 inputs are not supported by the CPU runtime".into());
-    }
     let (axis, block) = (ctx.int("axis", 1), block_size(ctx)?);
+    if x.dtype() == DType::F32 {
+        let scale_at = param_offsets(x.shape(), scale, axis, block, "scale")?;
+        let scales = scale.to_f32_vec();
+        let (zeros, zero_at) = match optional(inputs, 2) {
+            Some(z) => (
+                z.to_f32_vec(),
+                param_offsets(x.shape(), z, axis, block, "zero point")?,
+            ),
+            None => (vec![0.0], vec![0; x.len()]),
+        };
+        let values = x
+            .to_f32_vec()
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| (q - zeros[zero_at[i]]) * scales[scale_at[i]])
+            .collect();
+        return Ok(vec![HostTensor::f32(x.shape().to_vec(), values)]);
+    }
     let scale_at = param_offsets(x.shape(), scale, axis, block, "scale")?;
     let scales = scale.to_f32_vec();
     let (zeros, zero_at) = match optional(inputs, 2) {
@@ -540,11 +591,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out[0].to_i64_vec(), vec![2, 4, 0, 255]);
-        let err = run_typed("QuantizeLinear", DType::F8E4M3FN, &[&x, &f(&[], &[1.0])]).unwrap_err();
-        assert!(
-            err.contains("f8") || err.contains("float8") || err.contains("E4M3"),
-            "{err}"
-        );
+        // float8 E4M3FN: 2.5 and 3.5 are representable; ±300 round to ±288 (spacing 32 in
+        // [256, 448]); saturation keeps ±448 for larger values.
+        let out = run_typed("QuantizeLinear", DType::F8E4M3FN, &[&x, &f(&[], &[1.0])]).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[2.5, 3.5, -288.0, 288.0]);
+        let big = f(&[2], &[1000.0, -1000.0]);
+        let out = run_typed("QuantizeLinear", DType::F8E4M3FN, &[&big, &f(&[], &[1.0])]).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[448.0, -448.0]);
     }
 
     #[test]

@@ -1,0 +1,245 @@
+//! The narrow number formats the CPU runtime keeps in wider storage: float8 (the four OCP/Graphcore
+//! variants of ONNX), float4 E2M1, bfloat16, float16 (values kept as f32) and int4/uint4 (kept
+//! as i64). A cast to one of them rounds the value to one the format can hold, so everything
+//! computed from it sees what a runtime storing the format would.
+//!
+//! The rules are those of the `ml_dtypes` package that the ONNX reference implementation casts
+//! with: round to nearest, ties to even; float8 with `saturate` clamps to the largest finite
+//! value (infinities included), without it a value beyond that range becomes NaN (infinity for
+//! E5M2, which has one); the FNUZ formats have no negative zero; float4 E2M1 always saturates
+//! and has no NaN (a NaN becomes negative zero, as in `ml_dtypes`);
+//! int4 and uint4 truncate towards zero and wrap modulo 16, NaN and infinities giving 0.
+
+use crate::graph::DType;
+
+/// A floating-point format narrower than f32, by its bit layout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct MiniFloat {
+    mantissa_bits: i32,
+    /// Exponent bias: the smallest normal exponent is `1 − bias`.
+    bias: i32,
+    /// Largest finite value.
+    max: f64,
+    /// Has an infinity (E5M2 only among the narrow ones handled here).
+    has_infinity: bool,
+    /// No negative zero (the FNUZ formats).
+    unsigned_zero: bool,
+    /// Out-of-range values clamp whatever `saturate` says (float4 E2M1).
+    always_saturates: bool,
+}
+
+impl MiniFloat {
+    fn of(dtype: DType) -> Option<MiniFloat> {
+        let format = |mantissa_bits, bias, max, has_infinity, unsigned_zero| MiniFloat {
+            mantissa_bits,
+            bias,
+            max,
+            has_infinity,
+            unsigned_zero,
+            always_saturates: false,
+        };
+        Some(match dtype {
+            DType::F8E4M3FN => format(3, 7, 448.0, false, false),
+            DType::F8E4M3FNUZ => format(3, 8, 240.0, false, true),
+            DType::F8E5M2 => format(2, 15, 57344.0, true, false),
+            DType::F8E5M2FNUZ => format(2, 16, 57344.0, false, true),
+            DType::F4E2M1 => MiniFloat {
+                always_saturates: true,
+                ..format(1, 1, 6.0, false, false)
+            },
+            _ => return None,
+        })
+    }
+
+    /// `x` rounded to this format, as f32 (exact: every value of these formats is an f32).
+    fn round(self, x: f32, saturate: bool) -> f32 {
+        let saturate = saturate || self.always_saturates;
+        if x.is_nan() {
+            // float4 E2M1 has no NaN: ml_dtypes (and so the ONNX reference) gives the pattern
+            // 0b1000, negative zero.
+            return if self.always_saturates {
+                -0.0
+            } else {
+                f32::NAN
+            };
+        }
+        let negative = x.is_sign_negative();
+        let signed = |magnitude: f64| {
+            let value = if negative { -magnitude } else { magnitude };
+            if value == 0.0 && self.unsigned_zero {
+                0.0
+            } else {
+                value as f32
+            }
+        };
+        let magnitude = f64::from(x).abs();
+        if magnitude.is_infinite() {
+            return match (saturate, self.has_infinity) {
+                (true, _) => signed(self.max),
+                (false, true) => signed(f64::INFINITY),
+                (false, false) => f32::NAN,
+            };
+        }
+        if magnitude == 0.0 {
+            return signed(0.0);
+        }
+        // The spacing of representable values at this magnitude: 2^(e − mantissa bits) for
+        // the binade 2^e, with subnormals spaced as the smallest normal binade.
+        let exponent = ((magnitude.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let spacing = exponent.max(1 - self.bias) - self.mantissa_bits;
+        let quantum = 2f64.powi(spacing);
+        let rounded = (magnitude / quantum).round_ties_even() * quantum;
+        if rounded > self.max {
+            return match (saturate, self.has_infinity) {
+                (true, _) => signed(self.max),
+                (false, true) => signed(f64::INFINITY),
+                (false, false) => f32::NAN,
+            };
+        }
+        signed(rounded)
+    }
+}
+
+/// `x` as the float format `dtype` would hold it (f16, bf16, float8, float4; f32 and f64 as
+/// is), with float8's `saturate` (ONNX Cast's attribute, default on).
+pub fn round_float(dtype: DType, x: f32, saturate: bool) -> f32 {
+    match dtype {
+        DType::F16 => half::f16::from_f32(x).to_f32(),
+        DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        other => MiniFloat::of(other).map_or(x, |format| format.round(x, saturate)),
+    }
+}
+
+/// Whether [`round_float`] changes values of `dtype` (it is a float narrower than f32).
+pub fn is_narrow_float(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16) || MiniFloat::of(dtype).is_some()
+}
+
+/// A float cast to int4 (`signed`) or uint4: truncated towards zero, wrapped modulo 16; NaN
+/// and infinities give 0.
+pub fn float_to_4bit(x: f32, signed: bool) -> i64 {
+    if !x.is_finite() {
+        return 0;
+    }
+    wrap_4bit(x.trunc().rem_euclid(16.0) as i64, signed)
+}
+
+/// An integer cast to int4 (`signed`) or uint4: wrapped modulo 16.
+pub fn wrap_4bit(x: i64, signed: bool) -> i64 {
+    let low = x.rem_euclid(16);
+    if signed && low >= 8 {
+        low - 16
+    } else {
+        low
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every value of an 8-bit format, decoded from its bit pattern by the format's definition
+    /// (independently of the rounding code), with NaN patterns left out.
+    fn values(dtype: DType) -> Vec<f32> {
+        let (exponent_bits, mantissa_bits, bias) = match dtype {
+            DType::F8E4M3FN => (4, 3, 7),
+            DType::F8E4M3FNUZ => (4, 3, 8),
+            DType::F8E5M2 => (5, 2, 15),
+            DType::F8E5M2FNUZ => (5, 2, 16),
+            _ => unreachable!(),
+        };
+        let mut out = Vec::new();
+        for bits in 0u32..256 {
+            let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+            let e = ((bits >> mantissa_bits) & ((1 << exponent_bits) - 1)) as i32;
+            let m = (bits & ((1 << mantissa_bits) - 1)) as f64;
+            let fraction = m / f64::from(1u32 << mantissa_bits);
+            let nan = match dtype {
+                DType::F8E4M3FN => bits & 0x7f == 0x7f,
+                DType::F8E5M2 => e == 31,
+                _ => bits == 0x80,
+            };
+            if nan {
+                continue;
+            }
+            let magnitude = if e == 0 {
+                fraction * 2f64.powi(1 - bias)
+            } else {
+                (1.0 + fraction) * 2f64.powi(e - bias)
+            };
+            out.push((sign * magnitude) as f32);
+        }
+        out.sort_by(f32::total_cmp);
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn every_float8_value_round_trips_and_midpoints_go_to_even() {
+        for dtype in [
+            DType::F8E4M3FN,
+            DType::F8E4M3FNUZ,
+            DType::F8E5M2,
+            DType::F8E5M2FNUZ,
+        ] {
+            let all = values(dtype);
+            for &v in &all {
+                assert_eq!(
+                    round_float(dtype, v, false).to_bits(),
+                    v.to_bits(),
+                    "{dtype:?} {v}"
+                );
+            }
+            let positive: Vec<f32> = all.iter().copied().filter(|&v| v > 0.0).collect();
+            for pair in positive.windows(2) {
+                let mid = (pair[0] + pair[1]) / 2.0;
+                let got = round_float(dtype, mid, true);
+                // Ties to even: the neighbour whose last mantissa bit is 0.
+                assert!(got == pair[0] || got == pair[1], "{dtype:?} {mid} -> {got}");
+                let just_above = f32::from_bits(mid.to_bits() + 1);
+                assert_eq!(
+                    round_float(dtype, just_above, true),
+                    pair[1],
+                    "{dtype:?} {just_above}"
+                );
+            }
+            let max = *positive.last().unwrap();
+            assert_eq!(round_float(dtype, f32::INFINITY, true), max);
+            assert_eq!(round_float(dtype, 1e9, true), max);
+            assert_eq!(round_float(dtype, -1e9, true), -max);
+        }
+        // Beyond the range without saturation: NaN, or infinity where the format has one.
+        assert!(round_float(DType::F8E4M3FN, 500.0, false).is_nan());
+        assert_eq!(round_float(DType::F8E5M2, 1e9, false), f32::INFINITY);
+        assert!(round_float(DType::F8E5M2FNUZ, f32::NEG_INFINITY, false).is_nan());
+        // ml_dtypes' figures (the ONNX reference's casts): 300 → 288 and 320.
+        assert_eq!(round_float(DType::F8E4M3FN, 300.0, false), 288.0);
+        assert_eq!(round_float(DType::F8E5M2, 300.0, false), 320.0);
+        assert_eq!(round_float(DType::F8E4M3FNUZ, -0.0, true).to_bits(), 0);
+        assert_eq!(
+            round_float(DType::F8E4M3FN, -0.0, true).to_bits(),
+            (-0.0f32).to_bits()
+        );
+    }
+
+    #[test]
+    fn float4_saturates_and_4bit_integers_wrap_as_ml_dtypes_does() {
+        let cast = |x| round_float(DType::F4E2M1, x, false);
+        let got: Vec<f32> = [-9.7, -2.5, 0.5, 1.5, 2.5, 6.6, f32::INFINITY]
+            .into_iter()
+            .map(cast)
+            .collect();
+        assert_eq!(got, vec![-6.0, -2.0, 0.5, 1.5, 2.0, 6.0, 6.0]);
+        assert_eq!(cast(f32::NAN).to_bits(), (-0.0f32).to_bits());
+        // ml_dtypes: [-9.7, 8.5, 15.5, 300, NaN] as int4 → [7, -8, -1, -4, 0]; as uint4 the
+        // same modulo 16, and -2.5 → 14.
+        let int4: Vec<i64> = [-9.7, 8.5, 15.5, 300.0, f32::NAN]
+            .into_iter()
+            .map(|x| float_to_4bit(x, true))
+            .collect();
+        assert_eq!(int4, vec![7, -8, -1, -4, 0]);
+        assert_eq!(float_to_4bit(-2.5, false), 14);
+        assert_eq!(wrap_4bit(-9, false), 7);
+        assert_eq!(round_float(DType::BF16, 0.8191054, true), 0.8203125);
+    }
+}
