@@ -217,7 +217,10 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "DequantizeLinear"
             | "DynamicQuantizeLinear"
             | "Trilu"
-            | "EyeLike",
+            | "EyeLike"
+            | "HannWindow"
+            | "HammingWindow"
+            | "BlackmanWindow",
         ) => pointwise::<1>,
         (
             "",
@@ -273,8 +276,9 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "Transpose" | "Concat" | "Split" | "Slice" | "Expand" | "Tile" | "Pad" | "ScatterND"
             | "ScatterElements" | "Scatter" | "GatherElements" | "GatherND" | "ReverseSequence"
             | "DepthToSpace" | "SpaceToDepth" | "ConstantOfShape" | "Range" | "OneHot" | "Resize"
-            | "Upsample" | "GridSample" | "RoiAlign",
+            | "Upsample" | "GridSample" | "RoiAlign" | "CenterCropPad",
         ) => movement,
+        ("", "Det") => det,
         ("", "Gather") => gather,
         _ => return None,
     };
@@ -453,6 +457,18 @@ fn onnx_attention(ctx: &CostCtx) -> Result<OpWork, String> {
 
 fn pointwise<const OPS_PER_ELEMENT: u32>(ctx: &CostCtx) -> Result<OpWork, String> {
     Ok(ctx.streaming(OPS_PER_ELEMENT as f64, OpClass::Elementwise))
+}
+
+/// Det: an LU decomposition, about 2/3·M³ operations per `M × M` matrix.
+fn det(ctx: &CostCtx) -> Result<OpWork, String> {
+    let x = ctx.shape(0)?;
+    let m = x.last().copied().unwrap_or(0) as f64;
+    let matrices = elements(x) / (m * m).max(1.0);
+    Ok(ctx.work(
+        2.0 / 3.0 * m * m * m * matrices,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Reduction,
+    ))
 }
 
 fn reduction<const OPS_PER_ELEMENT: u32>(ctx: &CostCtx) -> Result<OpWork, String> {

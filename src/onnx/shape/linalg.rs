@@ -12,6 +12,19 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["MatMulInteger"], matmul_integer);
     r.add("", &["Gemm"], gemm);
     r.add("", &["Einsum"], einsum);
+    r.add("", &["Det"], det);
+}
+
+/// Det: `[*, M, M]` → `[*]`.
+fn det(ctx: &OpCtx) -> RuleResult {
+    let x = ctx.shape(0)?;
+    if x.len() < 2 {
+        return Err(format!("input has rank {}, Det needs [*, M, M]", x.len()));
+    }
+    Ok(vec![Inferred::new(
+        ctx.dtype(0)?,
+        x[..x.len() - 2].to_vec(),
+    )])
 }
 
 /// Two dims that must agree (a contraction): equal, or at least one symbolic.

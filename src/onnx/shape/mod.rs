@@ -9,6 +9,7 @@
 mod attention;
 mod context;
 mod control;
+mod crop;
 mod elementwise;
 mod linalg;
 mod loss;
@@ -18,6 +19,7 @@ mod nn;
 mod quant;
 mod reduce;
 mod registry;
+mod signal;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -38,6 +38,8 @@ fn registry() -> &'static Registry {
         super::quant::register(&mut r);
         super::attention::register(&mut r);
         super::loss::register(&mut r);
+        super::signal::register(&mut r);
+        super::crop::register(&mut r);
         r
     })
 }

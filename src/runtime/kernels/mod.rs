@@ -10,13 +10,16 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod conv;
+mod crop;
 mod elementwise;
 mod grid_sample;
+mod linalg;
 mod loss;
 mod matmul;
 mod microsoft;
 mod movement;
 mod ms_attention;
+mod signal;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -99,6 +102,9 @@ fn table() -> &'static KernelTable {
         axis_ops::register(&mut t);
         bitwise::register(&mut t);
         grid_sample::register(&mut t);
+        signal::register(&mut t);
+        linalg::register(&mut t);
+        crop::register(&mut t);
         t
     })
 }
