@@ -341,6 +341,33 @@ fn layer_norm(ctx: &OpCtx) -> RuleResult {
 }
 
 /// Resize (opsets 10–19) and Upsample (7–9): output dims from `sizes`, else `floor(in·scale)`.
+/// Resize with `sizes` and `keep_aspect_ratio_policy` `not_larger` (`not_smaller`): one scale
+/// for every resized axis, the smallest (largest) of sizes / input, each size then
+/// `⌊scale · input + 0.5⌋` (the reference's rounding half up).
+fn keep_aspect_ratio(
+    x: &[Dim],
+    axes: &[usize],
+    sizes: &[Dim],
+    policy: &str,
+    dtype: crate::graph::DType,
+) -> RuleResult {
+    let known = |d: &Dim| d.known().ok_or("keep_aspect_ratio_policy needs known dims");
+    let mut ratios = Vec::with_capacity(axes.len());
+    for &axis in axes {
+        ratios.push(known(&sizes[axis])? as f64 / known(&x[axis])? as f64);
+    }
+    let scale = match policy {
+        "not_larger" => ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        "not_smaller" => ratios.iter().copied().fold(0.0, f64::max),
+        other => return Err(format!("unknown keep_aspect_ratio_policy '{other}'")),
+    };
+    let mut out = x.to_vec();
+    for &axis in axes {
+        out[axis] = Dim::Known((scale * known(&x[axis])? as f64 + 0.5) as u64);
+    }
+    Ok(vec![Inferred::new(dtype, out)])
+}
+
 fn resize(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
     let dtype = ctx.dtype(0)?;
@@ -377,6 +404,12 @@ fn resize(ctx: &OpCtx) -> RuleResult {
         let mut out = x.clone();
         for (i, &axis) in axes.iter().enumerate() {
             out[axis] = sizes[i].to_dim().ok_or("'sizes' has a negative value")?;
+        }
+        let policy = ctx
+            .string_attr("keep_aspect_ratio_policy")?
+            .unwrap_or("stretch");
+        if policy != "stretch" {
+            return keep_aspect_ratio(x, &axes, &out, policy, dtype);
         }
         return Ok(vec![Inferred::new(dtype, out)]);
     }

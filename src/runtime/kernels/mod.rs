@@ -27,6 +27,7 @@ mod norm;
 mod pool_nd;
 mod quant;
 mod reduce;
+mod resize;
 mod scatter;
 mod topk;
 
@@ -105,6 +106,7 @@ fn table() -> &'static KernelTable {
         signal::register(&mut t);
         linalg::register(&mut t);
         crop::register(&mut t);
+        resize::register(&mut t);
         t
     })
 }

@@ -27,7 +27,6 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["ConstantOfShape"], constant_of_shape);
     t.add(&["Tile"], tile);
     t.add(&["Pad"], pad);
-    t.add(&["Resize"], resize);
     t.add(&["Trilu"], trilu);
     t.add(&["CumSum"], cumsum);
 }
@@ -673,126 +672,6 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t])
 }
 
-fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let rank = x.rank();
-    // Inputs: X, roi, scales, sizes (opset 11+); X, scales (opset 10).
-    let (scales, sizes) = if ctx.opset < 11 {
-        (optional(inputs, 1).map(HostTensor::to_f32_vec), None)
-    } else {
-        (
-            optional(inputs, 2)
-                .map(HostTensor::to_f32_vec)
-                .filter(|s| !s.is_empty()),
-            optional(inputs, 3)
-                .map(HostTensor::to_i64_vec)
-                .filter(|s| !s.is_empty()),
-        )
-    };
-    let (out_shape, scale): (Vec<usize>, Vec<f32>) = match (sizes, scales) {
-        (Some(s), _) => {
-            let s = dims_from(&s, "sizes")?;
-            let sc = s
-                .iter()
-                .zip(x.shape())
-                .map(|(&o, &i)| o as f32 / i as f32)
-                .collect();
-            (s, sc)
-        }
-        (None, Some(sc)) => (
-            x.shape()
-                .iter()
-                .zip(&sc)
-                .map(|(&d, &f)| (d as f32 * f).floor() as usize)
-                .collect(),
-            sc,
-        ),
-        _ => return Err("Resize needs scales or sizes".into()),
-    };
-    if out_shape.len() != rank {
-        return Err("scales/sizes must have one entry per axis".into());
-    }
-    if x.is_empty() {
-        return Err(format!("cannot resize an empty tensor {:?}", x.shape()));
-    }
-    checked_size(&out_shape)?;
-    let mode = ctx.string("mode", "nearest");
-    let coord = ctx.string("coordinate_transformation_mode", "half_pixel");
-    let nearest_mode = ctx.string("nearest_mode", "round_prefer_floor");
-    let source = |o: usize, axis: usize| -> f32 {
-        let (s, in_d, out_d) = (scale[axis], x.shape()[axis] as f32, out_shape[axis] as f32);
-        let o = o as f32;
-        match coord.as_str() {
-            "asymmetric" => o / s,
-            "align_corners" => {
-                if out_d > 1.0 {
-                    o * (in_d - 1.0) / (out_d - 1.0)
-                } else {
-                    0.0
-                }
-            }
-            "pytorch_half_pixel" => {
-                if out_d > 1.0 {
-                    (o + 0.5) / s - 0.5
-                } else {
-                    0.0
-                }
-            }
-            _ => (o + 0.5) / s - 0.5, // half_pixel
-        }
-    };
-    let xs = strides_of(x.shape());
-    let os = strides_of(&out_shape);
-    let total: usize = out_shape.iter().product();
-    let src = x.as_f32()?;
-    let mut out = Vec::with_capacity(total);
-    match mode.as_str() {
-        "nearest" => {
-            for flat in 0..total {
-                let mut off = 0;
-                for d in 0..rank {
-                    let o = (flat / os[d]) % out_shape[d];
-                    let v = source(o, d);
-                    let i = match nearest_mode.as_str() {
-                        "floor" => v.floor(),
-                        "ceil" => v.ceil(),
-                        "round_prefer_ceil" => (v + 0.5).floor(),
-                        _ => (v - 0.5).ceil(), // round_prefer_floor
-                    };
-                    off += (i.max(0.0) as usize).min(x.shape()[d] - 1) * xs[d];
-                }
-                out.push(src[off]);
-            }
-        }
-        "linear" => {
-            // Interpolates every axis whose size changes (bilinear on H, W for images).
-            for flat in 0..total {
-                let mut corners: Vec<(usize, f32)> = vec![(0, 1.0)];
-                for d in 0..rank {
-                    let o = (flat / os[d]) % out_shape[d];
-                    if out_shape[d] == x.shape()[d] && scale[d] == 1.0 {
-                        corners.iter_mut().for_each(|c| c.0 += o * xs[d]);
-                        continue;
-                    }
-                    let v = source(o, d).max(0.0).min((x.shape()[d] - 1) as f32);
-                    let lo = v.floor() as usize;
-                    let hi = (lo + 1).min(x.shape()[d] - 1);
-                    let t = v - lo as f32;
-                    corners = corners
-                        .iter()
-                        .flat_map(|&(off, w)| {
-                            [(off + lo * xs[d], w * (1.0 - t)), (off + hi * xs[d], w * t)]
-                        })
-                        .collect();
-                }
-                out.push(corners.iter().map(|&(off, w)| src[off] * w).sum());
-            }
-        }
-        other => return Err(format!("Resize mode '{other}' is not supported")),
-    }
-    Ok(vec![HostTensor::f32(out_shape, out)])
-}
-
 fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     if x.rank() < 2 {
@@ -1034,14 +913,5 @@ mod tests {
             &[2, 2],
             &[1.0, 2.0, 1.0, 2.0],
         );
-        let empty = f(&[0], &[]);
-        let r = run("Resize", vec![], &[&x, &empty, &f(&[2], &[1.0, 2.0])]);
-        assert_close(&r[0], &[1, 4], &[1.0, 1.0, 2.0, 2.0]);
-        let r = run(
-            "Resize",
-            vec![("mode", Attribute::String("linear".into()))],
-            &[&x, &empty, &f(&[2], &[1.0, 2.0])],
-        );
-        assert_close(&r[0], &[1, 4], &[1.0, 1.25, 1.75, 2.0]);
     }
 }
