@@ -71,7 +71,12 @@ fn main() {
     );
     for (name, graph) in &models {
         for spec in CLUSTERS {
-            let cluster = Cluster::parse(spec, &catalog).expect("cluster parses");
+            let cluster = if spec.contains(',') {
+                Cluster::from_device_list(spec, &catalog)
+            } else {
+                Cluster::parse(spec, &catalog)
+            }
+            .expect("cluster parses");
             let devices = cluster.device_count();
             let label = if spec.contains(',') {
                 format!("{devices}xmixed")
