@@ -697,7 +697,8 @@ pub(crate) fn solve_reporting(
 ) -> MilpRun {
     let k = problem.stage_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
-    let lower_bound = problem.lower_bound_secs();
+    // The granularity bound (bounds.rs) is a tighter floor for `T` than the average work.
+    let lower_bound = super::bounds::lower_bound_secs(problem, deadline, None);
     let remaining = || deadline.saturating_duration_since(Instant::now());
     if k == 1 || incumbent_secs <= 0.0 {
         // One stage has one partition; a zero bottleneck cannot be beaten.

@@ -17,6 +17,7 @@
 //! reads no files and prints nothing; the plan phase turns a [`Solution`] into JSON.
 
 pub mod baselines;
+pub mod bounds;
 pub mod coarsen;
 pub mod dp;
 pub mod layers;
@@ -589,7 +590,7 @@ impl<'a> Planner<'a> {
             )));
         };
         let dp_secs = dp_started.elapsed();
-        let mut lower_bound_secs = problem.lower_bound_secs();
+        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, deadline, None);
         let dp_evaluation = problem.evaluate(&order.stage_of);
         let k = problem.stage_count();
         self.report(
