@@ -83,11 +83,11 @@ fn main() {
             } else {
                 spec.to_string()
             };
-            for k in STAGES
-                .into_iter()
-                .filter(|&k| k <= devices)
-            {
-                for (mode, mode_name) in [(Mode::Inference, "inference"), (Mode::training(), "training")] {
+            for k in STAGES.into_iter().filter(|&k| k <= devices) {
+                for (mode, mode_name) in [
+                    (Mode::Inference, "inference"),
+                    (Mode::training(), "training"),
+                ] {
                     let instance = format!("{name}/{label}/K{k}/{mode_name}");
                     if !instance.contains(&filter) {
                         continue;
