@@ -295,7 +295,7 @@ fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], stages: usiz
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cost::{Catalog, Cluster, DeviceId};
     use crate::partition::problem::tests::chain;
@@ -309,7 +309,7 @@ mod tests {
 
     /// A problem on `stages` H100s with the given node times and edges (producer < consumer),
     /// built over a chain's problem with its costs and flows replaced.
-    fn dag(times: &[f64], edges: &[(u32, u32)], stages: usize) -> PartitionProblem {
+    pub(crate) fn dag(times: &[f64], edges: &[(u32, u32)], stages: usize) -> PartitionProblem {
         let n = times.len();
         let graph = chain(n, 64, 8);
         let cluster = Cluster::parse(&format!("1x{stages}xH100-SXM"), &Catalog::builtin()).unwrap();
@@ -336,7 +336,7 @@ mod tests {
 
     /// The smallest bottleneck over every convex, ordered assignment (memory ignored), by
     /// enumeration of all `K^n` assignments.
-    fn brute_force_secs(p: &PartitionProblem) -> f64 {
+    pub(crate) fn brute_force_secs(p: &PartitionProblem) -> f64 {
         let (n, k) = (p.node_count(), p.stage_count());
         let mut best = f64::INFINITY;
         let mut stage_of = vec![StageId(0); n];
