@@ -1187,6 +1187,27 @@ pub(crate) fn solve_model_reporting(
             }
         }
     }
+    // Time left after the coarse search (it often proves its optimum within a second): the
+    // whole graph from the refined plan, whose tighter bottleneck narrows the stage windows.
+    // A proof there is a proof for the model; otherwise the coarse result stands.
+    if report.started && room(refine_reserve) {
+        let (fine, bound, fine_report) =
+            solve_fine(problem, &best, deadline, refine_reserve, progress);
+        if fine_report.proven || fine_report.timed_out {
+            let improved = better(problem, &fine, incumbent);
+            return (
+                fine,
+                bound,
+                MilpReport {
+                    improved,
+                    ..fine_report
+                },
+            );
+        }
+        if better(problem, &fine, &best) {
+            best = fine;
+        }
+    }
     report.improved = better(problem, &best, incumbent);
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
     (best, None, report)
