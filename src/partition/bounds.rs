@@ -70,7 +70,10 @@ pub fn granularity_bound_secs(
     work_limit: Option<u64>,
 ) -> Option<f64> {
     let fastest = fastest_secs(problem);
-    let reserved = least_receive_secs(problem);
+    let floors = StageFloors {
+        receive_secs: least_receive_secs(problem),
+        slowdown: least_slowdowns(problem, &fastest),
+    };
     let slowest = fastest.iter().copied().fold(0.0, f64::max);
     let mut work = 0;
     let mut best: Option<f64> = None;
@@ -82,7 +85,7 @@ pub fn granularity_bound_secs(
             .collect();
         let heavy = free_stray_ends(problem, heavy);
         let cuts = cut_nodes(problem, &heavy, deadline, work_limit, &mut work)?;
-        let bound = chain_bound_secs(&fastest, &heavy, &cuts, &reserved);
+        let bound = chain_bound_secs(&fastest, &heavy, &cuts, &floors);
         best = Some(best.map_or(bound, |b: f64| b.max(bound)));
     }
     best
@@ -286,12 +289,48 @@ fn cut_nodes(
     Some(cuts)
 }
 
+/// Per stage, the least factor by which its device kind is slower than the fastest kind over
+/// the nodes with time: a stage's compute is at least this factor times the fastest-kind time
+/// of its nodes, whatever nodes it holds. 1 on a homogeneous cluster.
+fn least_slowdowns(problem: &PartitionProblem, fastest: &[f64]) -> Vec<f64> {
+    (0..problem.stage_count())
+        .map(|s| {
+            (0..problem.node_count())
+                .filter(|&v| fastest[v] > 0.0)
+                .map(|v| problem.node_secs(s, v) / fastest[v])
+                .fold(f64::INFINITY, f64::min)
+        })
+        .map(|factor| {
+            if factor.is_finite() {
+                factor.max(1.0)
+            } else {
+                1.0
+            }
+        })
+        .collect()
+}
+
+/// What every stage must spend whatever it holds, and how much slower than the fastest kind its
+/// device computes (see [`least_receive_secs`], [`least_slowdowns`]).
+struct StageFloors {
+    receive_secs: Vec<f64>,
+    slowdown: Vec<f64>,
+}
+
+impl StageFloors {
+    /// Fastest-kind compute stage `s` can hold within `bound`.
+    fn capacity(&self, s: usize, bound: f64) -> f64 {
+        (bound - self.receive_secs[s]).max(0.0) / self.slowdown[s]
+    }
+}
+
 /// The smallest bottleneck of the chain of `cuts` (indivisible) and fluid blocks between them,
 /// the heavy nodes' time, with the light nodes' time (`fastest − heavy`) free to go on any stage,
-/// on stages that each spend at least `reserved[s]` receiving, lowered by
-/// [`RELATIVE_PRECISION`] (a valid lower bound).
-fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], reserved: &[f64]) -> f64 {
-    let stages = reserved.len();
+/// on stages that each spend their floor receiving and compute at their slowdown, lowered by
+/// [`RELATIVE_PRECISION`] (a valid lower bound). Greedy per stage in pipeline order is exact
+/// for a chain: reaching further never hurts the stages after.
+fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], floors: &StageFloors) -> f64 {
+    let stages = floors.slowdown.len();
     // Each cut node as an interval [start, end) of the heavy chain's work coordinate.
     let mut prefix = Vec::with_capacity(heavy.len() + 1);
     let mut sum = 0.0;
@@ -301,19 +340,20 @@ fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], reserved: &[
         prefix.push(sum);
     }
     let heavy_total = sum;
-    let total: f64 = fastest.iter().sum::<f64>() + reserved.iter().sum::<f64>();
+    let total: f64 = fastest.iter().sum();
     if total <= 0.0 {
         return 0.0;
     }
     let intervals: Vec<(f64, f64)> = cuts.iter().map(|&c| (prefix[c], prefix[c + 1])).collect();
-    // The light time fits in the stages' slack iff all the time fits in `stages · bound`.
     let feasible = |bound: f64| -> bool {
-        if bound * (stages as f64) < total {
+        // The light time fits in the stages' slack iff all the time fits in their capacities.
+        let capacity: f64 = (0..stages).map(|s| floors.capacity(s, bound)).sum();
+        if capacity < total {
             return false;
         }
         let mut reached = 0.0;
-        for &receive in reserved {
-            let mut end = reached + (bound - receive).max(0.0);
+        for s in 0..stages {
+            let mut end = reached + floors.capacity(s, bound);
             if end >= heavy_total {
                 return true;
             }
@@ -325,16 +365,19 @@ fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], reserved: &[
                 }
             }
             // A stage that cannot take the next cut node may still hold light or zero-time
-            // nodes: it takes no heavy work and the next stage (with its own receive) tries.
+            // nodes: it takes no heavy work and the next stage tries.
             reached = reached.max(end);
         }
         false
     };
-    let mut infeasible = total / stages as f64 * (1.0 - RELATIVE_PRECISION);
-    if feasible(infeasible) {
-        return infeasible.max(0.0);
+    let slowest = floors.slowdown.iter().copied().fold(1.0, f64::max);
+    let most_receive = floors.receive_secs.iter().copied().fold(0.0, f64::max);
+    // One stage holding everything at the slowest kind fits any bound above this.
+    let mut feasible_at = (total * slowest + most_receive) * (1.0 + 1e-6);
+    if !feasible(feasible_at) {
+        return 0.0;
     }
-    let mut feasible_at = total;
+    let mut infeasible = 0.0;
     while feasible_at - infeasible > RELATIVE_PRECISION * feasible_at {
         let mid = 0.5 * (infeasible + feasible_at);
         if feasible(mid) {
@@ -374,7 +417,14 @@ pub(crate) mod tests {
     ) -> PartitionProblem {
         let n = times.len();
         let graph = chain(n, 64, 8);
-        let cluster = Cluster::parse(&format!("1x{stages}xH100-SXM"), &Catalog::builtin()).unwrap();
+        // Homogeneous, or the first stage on an A100 and the rest on L4s (two device kinds).
+        let cluster = if settings.schedule == crate::cost::Schedule::GPipe {
+            let mut list = vec!["A100-80GB"; 1];
+            list.extend(vec!["L4"; stages - 1]);
+            Cluster::from_device_list(&list.join(","), &Catalog::builtin()).unwrap()
+        } else {
+            Cluster::parse(&format!("1x{stages}xH100-SXM"), &Catalog::builtin()).unwrap()
+        };
         let devices: Vec<DeviceId> = (0..stages as u32).map(DeviceId).collect();
         let mut p = PartitionProblem::new(&graph, &cluster, &devices, settings).unwrap();
         for kind in &mut p.node_secs {
@@ -458,8 +508,8 @@ pub(crate) mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
-        /// On random small DAGs (some zero-time nodes, tensors up to 1 GiB, both modes) the bound
-        /// never exceeds the optimum over every convex, ordered partition.
+        /// On random small DAGs (some zero-time nodes, tensors up to 1 GiB, both modes, one or
+        /// two device kinds with per-node slowdowns) the bound never exceeds the optimum over every convex, ordered partition.
         #[test]
         fn never_above_the_brute_force_optimum(
             n in 2usize..8,
@@ -468,6 +518,8 @@ pub(crate) mod tests {
             edge_bits in proptest::collection::vec(any::<bool>(), 28),
             bytes in proptest::collection::vec(0u64..1 << 30, 28),
             training in any::<bool>(),
+            mixed in any::<bool>(),
+            slowdowns in proptest::collection::vec(1.0f64..4.0, 8),
         ) {
             prop_assume!(stages <= n);
             let mut edges = Vec::new();
@@ -482,9 +534,17 @@ pub(crate) mod tests {
             }
             let settings = CostSettings {
                 mode: if training { crate::cost::Mode::training() } else { crate::cost::Mode::Inference },
+                // The test helper's switch to the mixed cluster.
+                schedule: if mixed { crate::cost::Schedule::GPipe } else { crate::cost::Schedule::OneFOneB },
                 ..CostSettings::default()
             };
             let mut p = dag_in(&times[..n], &edges, stages, settings);
+            // Every kind after the first slower by a factor of its own per node.
+            for kind in p.node_secs.iter_mut().skip(1) {
+                for (t, f) in kind.iter_mut().zip(&slowdowns) {
+                    *t *= f;
+                }
+            }
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
                 flow.bytes = b;
             }
