@@ -70,10 +70,7 @@ pub fn granularity_bound_secs(
     work_limit: Option<u64>,
 ) -> Option<f64> {
     let fastest = fastest_secs(problem);
-    let floors = StageFloors {
-        receive_secs: least_receive_secs(problem),
-        slowdown: least_slowdowns(problem, &fastest),
-    };
+    let receive_secs = least_receive_secs(problem);
     let slowest = fastest.iter().copied().fold(0.0, f64::max);
     let mut work = 0;
     let mut best: Option<f64> = None;
@@ -85,6 +82,10 @@ pub fn granularity_bound_secs(
             .collect();
         let heavy = free_stray_ends(problem, heavy);
         let cuts = cut_nodes(problem, &heavy, deadline, work_limit, &mut work)?;
+        let floors = StageFloors {
+            receive_secs: receive_secs.clone(),
+            slowdown: least_slowdowns(problem, &fastest, &heavy),
+        };
         let bound = chain_bound_secs(&fastest, &heavy, &cuts, &floors);
         best = Some(best.map_or(bound, |b: f64| b.max(bound)));
     }
@@ -290,13 +291,14 @@ fn cut_nodes(
 }
 
 /// Per stage, the least factor by which its device kind is slower than the fastest kind over
-/// the nodes with time: a stage's compute is at least this factor times the fastest-kind time
-/// of its nodes, whatever nodes it holds. 1 on a homogeneous cluster.
-fn least_slowdowns(problem: &PartitionProblem, fastest: &[f64]) -> Vec<f64> {
+/// the `heavy` nodes: a stage's compute is at least this factor times the fastest-kind time of
+/// the heavy nodes it holds. 1 on a homogeneous cluster. (Over all nodes it is often 1: a tiny
+/// op costs its launch latency on every kind.)
+fn least_slowdowns(problem: &PartitionProblem, fastest: &[f64], heavy: &[f64]) -> Vec<f64> {
     (0..problem.stage_count())
         .map(|s| {
             (0..problem.node_count())
-                .filter(|&v| fastest[v] > 0.0)
+                .filter(|&v| heavy[v] > 0.0)
                 .map(|v| problem.node_secs(s, v) / fastest[v])
                 .fold(f64::INFINITY, f64::min)
         })
@@ -322,12 +324,19 @@ impl StageFloors {
     fn capacity(&self, s: usize, bound: f64) -> f64 {
         (bound - self.receive_secs[s]).max(0.0) / self.slowdown[s]
     }
+
+    /// Fastest-kind compute of any nodes stage `s` can hold within `bound` (each node is at
+    /// least its fastest time on any kind).
+    fn any_capacity(&self, s: usize, bound: f64) -> f64 {
+        (bound - self.receive_secs[s]).max(0.0)
+    }
 }
 
 /// The smallest bottleneck of the chain of `cuts` (indivisible) and fluid blocks between them,
 /// the heavy nodes' time, with the light nodes' time (`fastest − heavy`) free to go on any stage,
-/// on stages that each spend their floor receiving and compute at their slowdown, lowered by
-/// [`RELATIVE_PRECISION`] (a valid lower bound). Greedy per stage in pipeline order is exact
+/// on stages that each spend their floor receiving and compute the heavy nodes at their
+/// slowdown, lowered by [`RELATIVE_PRECISION`] (a valid lower bound). Two necessary conditions:
+/// the heavy chain fits the stages' heavy capacities, and all the time fits their plain ones. Greedy per stage in pipeline order is exact
 /// for a chain: reaching further never hurts the stages after.
 fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], floors: &StageFloors) -> f64 {
     let stages = floors.slowdown.len();
@@ -346,8 +355,8 @@ fn chain_bound_secs(fastest: &[f64], heavy: &[f64], cuts: &[usize], floors: &Sta
     }
     let intervals: Vec<(f64, f64)> = cuts.iter().map(|&c| (prefix[c], prefix[c + 1])).collect();
     let feasible = |bound: f64| -> bool {
-        // The light time fits in the stages' slack iff all the time fits in their capacities.
-        let capacity: f64 = (0..stages).map(|s| floors.capacity(s, bound)).sum();
+        // All the time, light included, must fit (each node at its fastest time at least).
+        let capacity: f64 = (0..stages).map(|s| floors.any_capacity(s, bound)).sum();
         if capacity < total {
             return false;
         }

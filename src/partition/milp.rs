@@ -1207,6 +1207,10 @@ pub(crate) fn solve_model_reporting(
         if better(problem, &fine, &best) {
             best = fine;
         }
+    } else if report.started {
+        // The deadline left no room for the whole graph: that search was stopped by the time
+        // limit too, as when it runs and is stopped (one status for both, whatever the load).
+        report.timed_out = true;
     }
     report.improved = better(problem, &best, incumbent);
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
