@@ -304,10 +304,12 @@ fn plans_are_the_same_bytes_every_run() {
                             let plan: serde_json::Value = serde_json::from_slice(plan).unwrap();
                             plan["summary"]["status"]["kind"] == "time_limit"
                         };
+                        // A solve that finishes just inside the limit proves the optimum
+                        // while one just outside stops: either stopped run explains a difference.
                         assert!(
-                            stopped(expected) && stopped(&bytes),
+                            stopped(expected) || stopped(&bytes),
                             "{name} set-up {s}: run {run} wrote different plan bytes than run 0, \
-                             and the time limit did not stop both solves"
+                             and the time limit stopped neither solve"
                         );
                         eprintln!(
                             "{name} set-up {s}: the time limit stopped the MILP; its plans differ \

@@ -128,6 +128,9 @@ enum Objective {
     Bottleneck,
     /// Bytes crossing boundaries, with every stage time at most this scaled bound.
     CutBytes { scaled_bound: f64 },
+    /// The largest stage memory as a fraction of its capacity (the `T` column holds it, at most
+    /// `upper`); no time rows. Exact feasibility: the optimum is ≤ 1 iff some plan fits.
+    MemoryScale { upper: f64 },
 }
 
 /// `x[v][s]` as an expression of `y`.
@@ -326,7 +329,9 @@ fn build(
     let upper = match objective {
         Objective::Bottleneck => 1.0 + 4.0 * RELATIVE_TOLERANCE,
         Objective::CutBytes { scaled_bound } => scaled_bound,
+        Objective::MemoryScale { upper } => upper,
     };
+    let memory_only = matches!(objective, Objective::MemoryScale { .. });
     let bottleneck = vars.add(variable().min(lower.min(upper)).max(upper));
     let mut constraints = Vec::new();
 
@@ -420,7 +425,9 @@ fn build(
                 time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s].expr());
             }
         }
-        constraints.push(time.leq(bottleneck));
+        if !memory_only {
+            constraints.push(time.leq(bottleneck));
+        }
 
         // Memory, in units of the stage's capacity.
         let stage = &problem.stages()[s];
@@ -452,7 +459,11 @@ fn build(
                 );
             }
         }
-        constraints.push(memory.leq(1.0));
+        constraints.push(if memory_only {
+            memory.leq(bottleneck)
+        } else {
+            memory.leq(1.0)
+        });
     }
     Model {
         vars,
@@ -719,7 +730,8 @@ pub(crate) fn solve_reporting(
 ) -> MilpRun {
     let k = problem.stage_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
-    let lower_bound = problem.lower_bound_secs();
+    // The granularity bound (bounds.rs) is a tighter floor for `T` than the average work.
+    let lower_bound = super::bounds::lower_bound_secs(problem, deadline, None);
     let remaining = || deadline.saturating_duration_since(Instant::now());
     if k == 1 || incumbent_secs <= 0.0 {
         // One stage has one partition; a zero bottleneck cannot be beaten.
@@ -839,6 +851,207 @@ pub(crate) fn solve_reporting(
     }
 }
 
+/// The largest stage memory of `stage_of` as a fraction of that stage's capacity.
+fn memory_scale(problem: &PartitionProblem, stage_of: &[StageId]) -> f64 {
+    problem
+        .evaluate(stage_of)
+        .stages
+        .iter()
+        .map(|s| s.peak_memory_bytes as f64 / s.capacity_bytes.max(1) as f64)
+        .fold(0.0, f64::max)
+}
+
+/// A topological order that puts every node as late as possible: built from the end, each step
+/// takes, among the nodes whose readers are all placed, the one latest in the problem's order.
+///
+/// # Complexity
+/// O((n + E) log n).
+fn as_late_as_possible(problem: &PartitionProblem) -> Vec<u32> {
+    let n = problem.node_count();
+    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut unplaced_readers = vec![0usize; n];
+    for flow in problem.flows() {
+        for &c in &flow.consumers {
+            preds[c as usize].push(flow.producer);
+            unplaced_readers[flow.producer as usize] += 1;
+        }
+    }
+    let mut ready: std::collections::BinaryHeap<u32> = (0..n as u32)
+        .filter(|&v| unplaced_readers[v as usize] == 0)
+        .collect();
+    let mut reversed = Vec::with_capacity(n);
+    while let Some(v) = ready.pop() {
+        reversed.push(v);
+        for &p in &preds[v as usize] {
+            unplaced_readers[p as usize] -= 1;
+            if unplaced_readers[p as usize] == 0 {
+                ready.push(p);
+            }
+        }
+    }
+    reversed.reverse();
+    reversed
+}
+
+/// What [`fit_memory`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MemoryFit {
+    /// A convex, ordered plan whose every stage fits its device.
+    Fits(Vec<StageId>),
+    /// Proven: no convex, ordered partition fits. Every stage would fit with `scale` times its
+    /// capacity (the smallest such factor, > 1).
+    TooSmall {
+        /// The smallest factor of every stage's capacity at which some plan fits.
+        scale: f64,
+    },
+    /// Not decided: the deadline passed, the solver failed, or a work limit was given (the
+    /// MILP runs by wall clock only, so under a work limit it is not started, which keeps the
+    /// answer the same on every machine). `at_least` is a proven lower bound on the factor.
+    Undecided {
+        /// A factor no plan beats, when the solver proved one.
+        at_least: Option<f64>,
+        /// Why it stopped.
+        reason: String,
+    },
+}
+
+/// Exact feasibility over **all** convex, ordered partitions, for when the DP (contiguous cuts
+/// of one order) finds no plan within memory: minimises the largest stage memory as a fraction
+/// of its capacity (no time rows, no stage windows: no bottleneck is known), started from an
+/// equal split of the order. The optimum is at most 1 iff a plan fits; above 1 it names the
+/// smallest memory that would.
+///
+/// # Complexity
+/// `n·(K−1)` binaries, none fixed; branch and bound until `deadline`.
+pub fn fit_memory(
+    problem: &PartitionProblem,
+    deadline: Instant,
+    work_limit: Option<u64>,
+) -> MemoryFit {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    // The DP along the order that runs every node as late as possible: a node whose output is
+    // read only at the end (the transpose of a tied embedding before the head) then moves to
+    // the end instead of sending its output through every stage.
+    let along = super::coarsen::reordered(problem, &as_late_as_possible(problem));
+    if let Some(solved) = super::dp::solve(&along.problem) {
+        let plan = along.expand(&solved.stage_of);
+        if problem.check_assignment(&plan).is_ok() && problem.evaluate(&plan).fits() {
+            return MemoryFit::Fits(plan);
+        }
+    }
+    if work_limit.is_some() {
+        return MemoryFit::Undecided {
+            at_least: None,
+            reason: "the memory search runs by wall clock only and a work limit was set".into(),
+        };
+    }
+    // Coarse first: a plan of super-nodes that fits is a plan of the model that fits, and the
+    // coarse model has a third of the binaries; only a proof that nothing fits needs them all.
+    let coarse = super::coarsen::coarsen(problem, (n / 3).max(k));
+    if coarse.problem.node_count() < n {
+        let half = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+        if let MemoryFit::Fits(plan) = memory_milp(&coarse.problem, half) {
+            let plan = coarse.expand(&plan);
+            if problem.check_assignment(&plan).is_ok() && problem.evaluate(&plan).fits() {
+                return MemoryFit::Fits(plan);
+            }
+        }
+    }
+    memory_milp(problem, deadline)
+}
+
+/// The memory-scale MILP of [`fit_memory`] on `problem`, from an equal split of its order.
+fn memory_milp(problem: &PartitionProblem, deadline: Instant) -> MemoryFit {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    let starts: Vec<usize> = (0..k).map(|s| s * n / k).collect();
+    let start = problem.contiguous_assignment(&starts);
+    let start_scale = memory_scale(problem, &start);
+    if start_scale <= 1.0 && problem.evaluate(&start).fits() {
+        return MemoryFit::Fits(start);
+    }
+    let windows = vec![(0, k - 1); n];
+    // A little above the start's factor, so that the start is inside the model's bounds.
+    let upper = start_scale * (1.0 + 1e-6);
+    // Floored at 1: any plan that fits is then optimal, so the search ends at the first one.
+    let model = build(
+        problem,
+        1.0,
+        1.0,
+        Objective::MemoryScale { upper },
+        &windows,
+    );
+    let hint_values = hint(problem, &model, &start, start_scale);
+    let objective = Expression::from(model.bottleneck);
+    // Plans the solver passes on the way: the first that fits ends the search.
+    let found = std::cell::RefCell::new(None);
+    let on_slice = |plan: Option<&[StageId]>, _bound: Option<f64>| {
+        if let Some(plan) = plan {
+            if found.borrow().is_none()
+                && problem.check_assignment(plan).is_ok()
+                && problem.evaluate(plan).fits()
+            {
+                *found.borrow_mut() = Some(plan.to_vec());
+            }
+        }
+    };
+    let solved = run_model(model, objective, hint_values, deadline, &on_slice);
+    let plan = solved.stage_of.clone().or_else(|| found.borrow().clone());
+    if let Some(plan) = plan.filter(|p| problem.check_assignment(p).is_ok()) {
+        if problem.evaluate(&plan).fits() {
+            return MemoryFit::Fits(plan);
+        }
+        if solved.proven {
+            // The solver's optimum, re-evaluated; the model counts exactly what evaluate does.
+            return MemoryFit::TooSmall {
+                scale: memory_scale(problem, &plan),
+            };
+        }
+    }
+    MemoryFit::Undecided {
+        at_least: solved.bound.filter(|b| b.is_finite()),
+        reason: match solved.error {
+            Some(error) => format!("the solver failed: {error}"),
+            None => "the time limit passed first".into(),
+        },
+    }
+}
+
+/// [`fit_memory`] for the Planner: a plan that fits, or the end of the "does not fit" message
+/// saying what the exact solver proved (the smallest memory that would fit, or that it could
+/// not decide in time).
+pub(crate) fn fit_or_explain(
+    problem: &PartitionProblem,
+    deadline: Instant,
+    work_limit: Option<u64>,
+) -> Result<Vec<StageId>, String> {
+    let stage = &problem.stages()[0];
+    let needs = |scale: f64| {
+        crate::onnx::inspect::human_bytes((stage.capacity_bytes as f64 * scale).ceil() as u64)
+    };
+    match fit_memory(problem, deadline, work_limit) {
+        MemoryFit::Fits(plan) => Ok(plan),
+        MemoryFit::TooSmall { scale } => Err(format!(
+            "; no convex partition fits either (proven by the exact solver): the smallest memory that fits is {:.6}× each stage's usable memory, {} on stage 0 ({}) against {}",
+            scale,
+            needs(scale),
+            stage.device_name,
+            crate::onnx::inspect::human_bytes(stage.capacity_bytes),
+        )),
+        MemoryFit::Undecided { at_least, reason } => Err(format!(
+            "; no contiguous cut fits and the exact solver did not decide whether another convex partition does ({reason}){}",
+            at_least
+                .filter(|&scale| scale > 1.0)
+                .map(|scale| format!(
+                    "; it needs at least {:.6}× each stage's usable memory",
+                    scale
+                ))
+                .unwrap_or_default(),
+        )),
+    }
+}
+
 /// The MILP is given at most this many free binaries (those the stage windows leave open, at
 /// most `nodes · (stages − 1)`); larger problems are coarsened first. Chosen from the fixtures' solve times with microlp (docs/algorithms.md):
 /// around this size the root LP and a few hundred branch-and-bound nodes fit in a few seconds
@@ -872,6 +1085,36 @@ pub struct MilpReport {
     pub error: Option<String>,
 }
 
+/// The MILP on the whole graph from `incumbent`, then the refinement DP when unproven.
+fn solve_fine(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    let n = problem.node_count();
+    let mut run = solve_reporting(problem, incumbent, deadline, progress);
+    // The DP along the order of the MILP's plan moves its boundaries node by node; the model
+    // is small here, so it runs unless the deadline is already half a DP behind.
+    if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
+        if let Some(refined) = super::coarsen::refine(problem, &run.stage_of) {
+            run.stage_of = refined;
+        }
+    }
+    let improved = better(problem, &run.stage_of, incumbent);
+    let report = MilpReport {
+        nodes: n,
+        coarsened: false,
+        proven: run.proven,
+        timed_out: run.timed_out,
+        improved,
+        started: true,
+        error: run.error,
+    };
+    (run.stage_of, run.bound_secs, report)
+}
+
 /// The MILP on the model, coarsened to [`MAX_BINARIES`] when larger, refined on the fine graph,
 /// starting from `incumbent` (the DP's plan) and stopping at `deadline`. `refine_reserve` is kept
 /// back from the deadline for the refinement DP. Returns the best plan (never worse than
@@ -899,25 +1142,7 @@ pub(crate) fn solve_model_reporting(
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let free = free_binaries(problem, incumbent_secs);
     if free <= MAX_BINARIES {
-        let mut run = solve_reporting(problem, incumbent, deadline, progress);
-        // The DP along the order of the MILP's plan moves its boundaries node by node; the model
-        // is small here, so it runs unless the deadline is already half a DP behind.
-        if !run.proven && Instant::now() <= deadline + refine_reserve / 2 {
-            if let Some(refined) = super::coarsen::refine(problem, &run.stage_of) {
-                run.stage_of = refined;
-            }
-        }
-        let improved = better(problem, &run.stage_of, incumbent);
-        let report = MilpReport {
-            nodes: n,
-            coarsened: false,
-            proven: run.proven,
-            timed_out: run.timed_out,
-            improved,
-            started: true,
-            error: run.error,
-        };
-        return (run.stage_of, run.bound_secs, report);
+        return solve_fine(problem, incumbent, deadline, refine_reserve, progress);
     }
     // Fewer nodes leave proportionally fewer free binaries, about.
     let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
@@ -938,9 +1163,15 @@ pub(crate) fn solve_model_reporting(
     }
     // The DP's plan usually splits some super-node; the DP on the coarse graph gives a start
     // that keeps them whole.
-    let start = coarse
+    let Some(start) = coarse
         .restrict(incumbent)
-        .or_else(|| super::dp::solve(&coarse.problem).map(|s| s.stage_of));
+        .or_else(|| super::dp::solve(&coarse.problem).map(|s| s.stage_of))
+    else {
+        // No plan of super-nodes fits memory (the incumbent came from the exact feasibility
+        // search and splits them): the whole graph is searched from the incumbent instead.
+        return solve_fine(problem, incumbent, deadline, refine_reserve, progress);
+    };
+    let start = Some(start);
     let mut best = incumbent.to_vec();
     let mut report = MilpReport {
         nodes: coarse.problem.node_count(),
@@ -977,6 +1208,31 @@ pub(crate) fn solve_model_reporting(
                 best = refined;
             }
         }
+    }
+    // Time left after the coarse search (it often proves its optimum within a second): the
+    // whole graph from the refined plan, whose tighter bottleneck narrows the stage windows.
+    // A proof there is a proof for the model; otherwise the coarse result stands.
+    if report.started && room(refine_reserve) {
+        let (fine, bound, fine_report) =
+            solve_fine(problem, &best, deadline, refine_reserve, progress);
+        if fine_report.proven || fine_report.timed_out {
+            let improved = better(problem, &fine, incumbent);
+            return (
+                fine,
+                bound,
+                MilpReport {
+                    improved,
+                    ..fine_report
+                },
+            );
+        }
+        if better(problem, &fine, &best) {
+            best = fine;
+        }
+    } else if report.started {
+        // The deadline left no room for the whole graph: that search was stopped by the time
+        // limit too, as when it runs and is stopped (one status for both, whatever the load).
+        report.timed_out = true;
     }
     report.improved = better(problem, &best, incumbent);
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
@@ -1041,5 +1297,97 @@ mod tests {
         let none = solve(&problem, &plan.stage_of, Instant::now());
         assert_eq!(none.stage_of, plan.stage_of);
         assert!(!none.proven && none.timed_out);
+    }
+
+    /// The smallest largest-stage memory factor over every convex, ordered assignment, and
+    /// whether some assignment fits, by enumeration of all `K^n` assignments.
+    fn brute_force_memory(p: &PartitionProblem) -> (f64, bool) {
+        let (n, k) = (p.node_count(), p.stage_count());
+        let (mut best, mut fits) = (f64::INFINITY, false);
+        let mut stage_of = vec![StageId(0); n];
+        for code in 0..k.pow(n as u32) {
+            let mut c = code;
+            for s in stage_of.iter_mut() {
+                *s = StageId((c % k) as u32);
+                c /= k;
+            }
+            if p.check_assignment(&stage_of).is_ok() {
+                best = best.min(memory_scale(p, &stage_of));
+                fits |= p.evaluate(&stage_of).fits();
+            }
+        }
+        (best, fits)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 60, ..Default::default() })]
+
+        /// On random small DAGs with random activations, tensor sizes and capacities, exact
+        /// feasibility agrees with enumeration: a plan that fits when one exists, else the
+        /// smallest memory factor that would fit.
+        #[test]
+        fn exact_feasibility_agrees_with_brute_force(
+            n in 3usize..7,
+            stages in 2usize..4,
+            activations in proptest::collection::vec(0u64..4_000, 7),
+            bytes in proptest::collection::vec(0u64..4_000, 21),
+            edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 21),
+            capacity in 1_000u64..12_000,
+        ) {
+            proptest::prop_assume!(stages <= n);
+            let mut edges = Vec::new();
+            let mut bit = 0;
+            for v in 1..n as u32 {
+                for u in 0..v {
+                    if edge_bits[bit] {
+                        edges.push((u, v));
+                    }
+                    bit += 1;
+                }
+            }
+            let mut p = crate::partition::bounds::tests::dag(&vec![1e-3; n], &edges, stages);
+            p.activation_bytes = activations[..n].to_vec();
+            for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
+                flow.bytes = b;
+            }
+            for stage in &mut p.stages {
+                stage.capacity_bytes = capacity;
+            }
+            let (smallest, any_fits) = brute_force_memory(&p);
+            let far = Instant::now() + Duration::from_secs(60);
+            match fit_memory(&p, far, None) {
+                MemoryFit::Fits(plan) => {
+                    proptest::prop_assert!(any_fits, "found a fit enumeration did not");
+                    proptest::prop_assert!(p.check_assignment(&plan).is_ok());
+                    proptest::prop_assert!(p.evaluate(&plan).fits());
+                }
+                MemoryFit::TooSmall { scale } => {
+                    proptest::prop_assert!(!any_fits, "missed a plan that fits");
+                    proptest::prop_assert!(
+                        (scale - smallest).abs() <= 1e-6 * smallest,
+                        "scale {} smallest {}", scale, smallest
+                    );
+                }
+                other => proptest::prop_assert!(false, "undecided: {:?}", other),
+            }
+        }
+    }
+
+    #[test]
+    fn a_work_limit_leaves_feasibility_undecided_on_every_machine() {
+        let mut p = crate::partition::bounds::tests::dag(&[1e-3; 4], &[(0, 1), (1, 2), (2, 3)], 2);
+        p.activation_bytes = vec![1_000; 4];
+        for stage in &mut p.stages {
+            stage.capacity_bytes = 10;
+        }
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(matches!(
+            fit_memory(&p, far, Some(1_000)),
+            MemoryFit::Undecided { .. }
+        ));
+        assert!(matches!(
+            fit_memory(&p, far, None),
+            MemoryFit::TooSmall { .. }
+        ));
     }
 }

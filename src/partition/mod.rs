@@ -17,6 +17,7 @@
 //! reads no files and prints nothing; the plan phase turns a [`Solution`] into JSON.
 
 pub mod baselines;
+pub mod bounds;
 pub mod coarsen;
 pub mod constraints;
 pub mod dp;
@@ -618,15 +619,17 @@ impl<'a> Planner<'a> {
         deadline: Instant,
     ) -> Result<Solution, Error> {
         let dp_started = Instant::now();
-        let Some(order) = dp::solve(&problem) else {
-            return Err(Error::Infeasible(explain_infeasible(
-                &problem,
-                self.cluster,
-            )));
+        let incumbent = match dp::solve(&problem) {
+            Some(order) => order.stage_of,
+            // No contiguous cut of the order fits: the exact solver decides over every convex
+            // partition before "does not fit".
+            None => milp::fit_or_explain(&problem, deadline, None).map_err(|why| {
+                Error::Infeasible(explain_infeasible(&problem, self.cluster) + &why)
+            })?,
         };
         let dp_secs = dp_started.elapsed();
-        let mut lower_bound_secs = problem.lower_bound_secs();
-        let dp_evaluation = problem.evaluate(&order.stage_of);
+        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, deadline, None);
+        let dp_evaluation = problem.evaluate(&incumbent);
         let k = problem.stage_count();
         self.report(
             SolverKind::Dp,
@@ -646,7 +649,7 @@ impl<'a> Planner<'a> {
         let (stage_of, status, solver, milp) = if run_milp {
             let (stage_of, bound, report) = milp::solve_model_reporting(
                 &problem,
-                &order.stage_of,
+                &incumbent,
                 deadline,
                 dp_secs,
                 &|best, bound| self.report(SolverKind::Milp, k, best, bound),
@@ -675,7 +678,7 @@ impl<'a> Planner<'a> {
                     reason: HeuristicReason::DpOnly,
                 }
             };
-            (order.stage_of, status, SolverKind::Dp, None)
+            (incumbent, status, SolverKind::Dp, None)
         };
         let evaluation = problem.evaluate(&stage_of);
         if status == SolveStatus::Optimal {
