@@ -449,6 +449,7 @@ pub(crate) mod tests {
                 bytes: 0,
                 producer: u,
                 consumers: vec![v],
+                pinned: false,
             })
             .collect();
         p
