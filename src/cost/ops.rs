@@ -162,6 +162,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         | ("com.microsoft", "FusedMatMul" | "MatMulNBits") => matmul,
         ("", "Gemm") => gemm,
         ("", "Einsum") => einsum,
+        ("", "RNN" | "GRU" | "LSTM") => recurrent,
         ("", "Conv" | "ConvInteger") => conv,
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
@@ -457,6 +458,35 @@ fn onnx_attention(ctx: &CostCtx) -> Result<OpWork, String> {
 
 fn pointwise<const OPS_PER_ELEMENT: u32>(ctx: &CostCtx) -> Result<OpWork, String> {
     Ok(ctx.streaming(OPS_PER_ELEMENT as f64, OpClass::Elementwise))
+}
+
+/// RNN, GRU, LSTM: per time step and direction, `gates · hidden` outputs each a dot product over
+/// the input and the previous hidden state (`2·(input + hidden)` operations), plus a few
+/// pointwise operations per gate; the weights are read once.
+fn recurrent(ctx: &CostCtx) -> Result<OpWork, String> {
+    let x = ctx.shape(0)?;
+    let w = ctx.shape(1)?;
+    let (seq, batch, input) = match x {
+        [a, b, i] if ctx.int_attr("layout", 0) == 0 => (*a as f64, *b as f64, *i as f64),
+        [b, a, i] => (*a as f64, *b as f64, *i as f64),
+        _ => return Err("X must be 3-D".into()),
+    };
+    let (directions, gate_rows) = match w {
+        [d, g, _] => (*d as f64, *g as f64),
+        _ => return Err("W must be 3-D".into()),
+    };
+    let gates = match ctx.node.op_type.as_str() {
+        "LSTM" => 4.0,
+        "GRU" => 3.0,
+        _ => 1.0,
+    };
+    let hidden = gate_rows / gates;
+    let flops = seq * directions * batch * gate_rows * (2.0 * (input + hidden) + 8.0);
+    Ok(ctx.work(
+        flops,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
 }
 
 /// Det: an LU decomposition, about 2/3·M³ operations per `M × M` matrix.

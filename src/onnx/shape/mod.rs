@@ -17,6 +17,7 @@ mod microsoft;
 mod movement;
 mod nn;
 mod quant;
+mod recurrent;
 mod reduce;
 mod registry;
 mod signal;

@@ -40,6 +40,7 @@ fn registry() -> &'static Registry {
         super::loss::register(&mut r);
         super::signal::register(&mut r);
         super::crop::register(&mut r);
+        super::recurrent::register(&mut r);
         r
     })
 }

@@ -26,6 +26,7 @@ pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod pool_nd;
 mod quant;
+mod recurrent;
 mod reduce;
 mod resize;
 mod scatter;
@@ -107,6 +108,7 @@ fn table() -> &'static KernelTable {
         linalg::register(&mut t);
         crop::register(&mut t);
         resize::register(&mut t);
+        recurrent::register(&mut t);
         t
     })
 }
