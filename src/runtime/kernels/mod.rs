@@ -26,6 +26,7 @@ pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod pool_nd;
 mod quant;
+mod rearrange;
 mod recurrent;
 mod reduce;
 mod resize;
@@ -109,6 +110,7 @@ fn table() -> &'static KernelTable {
         crop::register(&mut t);
         resize::register(&mut t);
         recurrent::register(&mut t);
+        rearrange::register(&mut t);
         t
     })
 }
