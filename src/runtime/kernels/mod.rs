@@ -9,6 +9,7 @@ mod activation;
 mod attention;
 mod axis_ops;
 mod bitwise;
+mod channel_norm;
 mod conv;
 mod crop;
 mod elementwise;
@@ -111,6 +112,7 @@ fn table() -> &'static KernelTable {
         resize::register(&mut t);
         recurrent::register(&mut t);
         rearrange::register(&mut t);
+        channel_norm::register(&mut t);
         t
     })
 }
