@@ -12,6 +12,7 @@ mod bitwise;
 mod channel_norm;
 mod conv;
 mod crop;
+mod einsum;
 mod elementwise;
 mod grid_sample;
 mod linalg;
@@ -113,6 +114,7 @@ fn table() -> &'static KernelTable {
         recurrent::register(&mut t);
         rearrange::register(&mut t);
         channel_norm::register(&mut t);
+        einsum::register(&mut t);
         t
     })
 }

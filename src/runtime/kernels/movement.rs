@@ -599,8 +599,8 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     let mode = ctx.string("mode", "constant");
-    if mode != "constant" {
-        return Err(format!("Pad mode '{mode}' is not supported"));
+    if !matches!(mode.as_str(), "constant" | "edge" | "reflect" | "wrap") {
+        return Err(format!("unknown Pad mode '{mode}'"));
     }
     let pads = if ctx.opset < 11 {
         ctx.ints("pads").unwrap_or_default()
@@ -661,15 +661,40 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             let mut off = 0usize;
             for d in 0..rank {
                 let c = ((flat / os[d]) % shape[d]) as i128 - i128::from(begin[d]);
-                if c < 0 || c >= x.shape()[d] as i128 {
-                    return value;
+                match outside_source(&mode, c, x.shape()[d] as i128) {
+                    Some(index) => off += index * xs[d],
+                    None => return value,
                 }
-                off += c as usize * xs[d];
             }
             src[off]
         }),
     )?;
     HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t])
+}
+
+/// The input index a padded coordinate `c` (negative or past `size` in the padding) reads
+/// under Pad's `mode`: `None` for the constant; the nearest edge; the mirror image without
+/// repeating the edge (reflect); the periodic image (wrap).
+fn outside_source(mode: &str, c: i128, size: i128) -> Option<usize> {
+    if (0..size).contains(&c) {
+        return Some(c as usize);
+    }
+    let index = match mode {
+        "edge" => c.clamp(0, size - 1),
+        "wrap" => c.rem_euclid(size),
+        "reflect" if size == 1 => 0,
+        "reflect" => {
+            let period = 2 * (size - 1);
+            let m = c.rem_euclid(period);
+            if m < size {
+                m
+            } else {
+                period - m
+            }
+        }
+        _ => return None,
+    };
+    Some(index as usize)
 }
 
 fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -913,5 +938,20 @@ mod tests {
             &[2, 2],
             &[1.0, 2.0, 1.0, 2.0],
         );
+    }
+
+    #[test]
+    fn pad_modes_read_the_edge_the_mirror_and_the_period() {
+        // Size 3, coordinates -2..5.
+        let read = |mode| {
+            (-2..5)
+                .map(|c| super::outside_source(mode, c, 3))
+                .collect::<Vec<_>>()
+        };
+        let some = |v: &[usize]| v.iter().map(|&i| Some(i)).collect::<Vec<_>>();
+        assert_eq!(read("edge"), some(&[0, 0, 0, 1, 2, 2, 2]));
+        assert_eq!(read("reflect"), some(&[2, 1, 0, 1, 2, 1, 0]));
+        assert_eq!(read("wrap"), some(&[1, 2, 0, 1, 2, 0, 1]));
+        assert_eq!(read("constant")[0], None);
     }
 }

@@ -1,0 +1,217 @@
+//! Einsum (<https://onnx.ai/onnx/operators/onnx__Einsum.html>): products of operand elements
+//! summed over the labels absent from the output. Repeated labels in one operand take its
+//! diagonal, `...` stands for broadcast leading dims, and without `->` the output is the
+//! ellipsis then the labels used once, in alphabetical order (numpy's implicit mode).
+//!
+//! The loop runs over every combination of label values once (output labels outermost), so
+//! it costs the product of all label sizes: the same as a matrix product for the contractions
+//! exporters emit, with no blocking. Accumulates in f64.
+
+use std::collections::BTreeMap;
+
+use super::{checked_size, Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::HostTensor;
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add(&["Einsum"], einsum);
+}
+
+fn einsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let operands: Vec<&HostTensor> = inputs
+        .iter()
+        .map(|t| t.ok_or("Einsum's inputs cannot be omitted"))
+        .collect::<Result<_, _>>()?;
+    let equation: String = ctx.string("equation", "").split_whitespace().collect();
+    let spec = Spec::parse(&equation, &operands)?;
+    let mut sizes: BTreeMap<char, usize> = BTreeMap::new();
+    for (labels, operand) in spec.inputs.iter().zip(&operands) {
+        for (&label, &size) in labels.iter().zip(operand.shape()) {
+            let known = sizes.entry(label).or_insert(size);
+            if *known == 1 {
+                *known = size;
+            } else if size != 1 && size != *known {
+                return Err(format!("label '{label}' has sizes {known} and {size}"));
+            }
+        }
+    }
+    let out_shape: Vec<usize> = spec.output.iter().map(|l| sizes[l]).collect();
+    let summed: Vec<char> = sizes
+        .keys()
+        .copied()
+        .filter(|l| !spec.output.contains(l))
+        .collect();
+    let total = checked_size(&out_shape)?;
+    let summed_count: usize = summed.iter().map(|l| sizes[l]).product();
+    // For each operand, the stride of every label (0 for a broadcast size-1 dim; repeated
+    // labels add their strides, which walks the diagonal).
+    let strides: Vec<BTreeMap<char, usize>> = spec
+        .inputs
+        .iter()
+        .zip(&operands)
+        .map(|(labels, operand)| {
+            let shape = operand.shape();
+            let mut strides = BTreeMap::new();
+            let mut stride = 1;
+            for axis in (0..labels.len()).rev() {
+                if shape[axis] != 1 {
+                    *strides.entry(labels[axis]).or_insert(0) += stride;
+                }
+                stride *= shape[axis];
+            }
+            strides
+        })
+        .collect();
+    let values: Vec<Vec<f32>> = operands.iter().map(|t| t.to_f32_vec()).collect();
+    let mut out = Vec::with_capacity(total);
+    let mut label_value: BTreeMap<char, usize> = sizes.keys().map(|&l| (l, 0)).collect();
+    for o in 0..total {
+        let mut rest = o;
+        for (axis, label) in spec.output.iter().enumerate().rev() {
+            label_value.insert(*label, rest % out_shape[axis]);
+            rest /= out_shape[axis];
+        }
+        let mut sum = 0.0f64;
+        for s in 0..summed_count {
+            let mut rest = s;
+            for label in summed.iter().rev() {
+                label_value.insert(*label, rest % sizes[label]);
+                rest /= sizes[label];
+            }
+            let mut product = 1.0f64;
+            for (k, operand_strides) in strides.iter().enumerate() {
+                let at: usize = operand_strides
+                    .iter()
+                    .map(|(label, stride)| label_value[label] * stride)
+                    .sum();
+                product *= f64::from(values[k][at]);
+            }
+            sum += product;
+        }
+        out.push(sum as f32);
+    }
+    Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// The equation with every `...` expanded into labels of its own (`0`, `1`, … for the
+/// broadcast dims, aligned from the right).
+struct Spec {
+    inputs: Vec<Vec<char>>,
+    output: Vec<char>,
+}
+
+impl Spec {
+    fn parse(equation: &str, operands: &[&HostTensor]) -> Result<Spec, String> {
+        let (lhs, rhs) = match equation.split_once("->") {
+            Some((lhs, rhs)) => (lhs, Some(rhs)),
+            None => (equation, None),
+        };
+        let terms: Vec<&str> = lhs.split(',').collect();
+        if terms.len() != operands.len() {
+            return Err(format!(
+                "the equation '{equation}' has {} operands, the node {}",
+                terms.len(),
+                operands.len()
+            ));
+        }
+        let ellipsis_rank = terms
+            .iter()
+            .zip(operands)
+            .filter(|(t, _)| t.contains("..."))
+            .map(|(t, o)| o.rank().saturating_sub(t.replace("...", "").len()))
+            .max()
+            .unwrap_or(0);
+        let broadcast: Vec<char> = (0..ellipsis_rank)
+            .map(|i| char::from_digit(i as u32, 36).unwrap_or('#'))
+            .collect();
+        let expand = |term: &str, rank: usize| -> Result<Vec<char>, String> {
+            let explicit = term.replace("...", "");
+            if !explicit.chars().all(|c| c.is_ascii_alphabetic()) {
+                return Err(format!("'{term}' has a label that is not a letter"));
+            }
+            let labels: Vec<char> = match term.split_once("...") {
+                None => term.chars().collect(),
+                Some((before, after)) => {
+                    let own = rank.checked_sub(explicit.len()).ok_or("too many labels")?;
+                    before
+                        .chars()
+                        .chain(broadcast[ellipsis_rank - own..].iter().copied())
+                        .chain(after.chars())
+                        .collect()
+                }
+            };
+            if labels.len() != rank {
+                return Err(format!(
+                    "'{term}' has {} labels for rank {rank}",
+                    labels.len()
+                ));
+            }
+            Ok(labels)
+        };
+        let inputs = terms
+            .iter()
+            .zip(operands)
+            .map(|(t, o)| expand(t, o.rank()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let output = match rhs {
+            Some(rhs) => {
+                let mut labels: Vec<char> = Vec::new();
+                match rhs.split_once("...") {
+                    None => labels.extend(rhs.chars()),
+                    Some((before, after)) => {
+                        labels.extend(before.chars());
+                        labels.extend(&broadcast);
+                        labels.extend(after.chars());
+                    }
+                }
+                labels
+            }
+            None => {
+                let mut counts: BTreeMap<char, usize> = BTreeMap::new();
+                for label in inputs.iter().flatten().filter(|l| l.is_ascii_alphabetic()) {
+                    *counts.entry(*label).or_default() += 1;
+                }
+                broadcast
+                    .iter()
+                    .copied()
+                    .chain(counts.into_iter().filter(|&(_, n)| n == 1).map(|(l, _)| l))
+                    .collect()
+            }
+        };
+        if let Some(stray) = output
+            .iter()
+            .find(|l| !inputs.iter().flatten().any(|i| i == *l))
+        {
+            return Err(format!("output label '{stray}' is in no operand"));
+        }
+        Ok(Spec { inputs, output })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, run};
+    use crate::graph::Attribute;
+
+    fn einsum(equation: &str, operands: &[&crate::runtime::tensor::HostTensor]) -> Vec<f32> {
+        let eq = vec![("equation", Attribute::String(equation.into()))];
+        run("Einsum", eq, operands)[0].to_f32_vec()
+    }
+
+    #[test]
+    fn products_traces_transposes_and_implicit_outputs() {
+        let a = f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let b = f(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(einsum("ij,jk->ik", &[&a, &b]), vec![19.0, 22.0, 43.0, 50.0]);
+        assert_eq!(einsum("ii->", &[&a]), vec![5.0]);
+        assert_eq!(einsum("ij->ji", &[&a]), vec![1.0, 3.0, 2.0, 4.0]);
+        // Implicit: "ij,jk" keeps i and k.
+        assert_eq!(einsum("ij,jk", &[&a, &b]), vec![19.0, 22.0, 43.0, 50.0]);
+        let batch = f(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let out = run(
+            "Einsum",
+            vec![("equation", Attribute::String("...ij,jk->...ik".into()))],
+            &[&batch, &b],
+        );
+        assert_close(&out[0], &[2, 1, 2], &[19.0, 22.0, 43.0, 50.0]);
+    }
+}
