@@ -84,6 +84,12 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
             std::borrow::Cow::Borrowed(a),
             std::borrow::Cow::Owned(b.cast(DType::F32)?),
         )
+    } else if op == "Pow" {
+        // An integer base keeps its type: the power in floating point, truncated (what
+        // onnxruntime's std::pow then cast gives).
+        let power = binary_arith(op, &a.cast(DType::F32)?, b)?;
+        let truncated: Vec<f32> = power.to_f32_vec().iter().map(|v| v.trunc()).collect();
+        return HostTensor::f32(power.shape().to_vec(), truncated).cast(a.dtype());
     } else {
         let (x, y) = promote(a, b)?;
         (std::borrow::Cow::Owned(x), std::borrow::Cow::Owned(y))
@@ -108,6 +114,7 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                         })
                         .ok_or(())
                 },
+                "FMod" => |x, y| x.checked_rem(y).ok_or(()),
                 "Max" => |x, y| Ok(x.max(y)),
                 "Min" => |x, y| Ok(x.min(y)),
                 "Pow" => |x, y| Ok((x as f64).powf(y as f64) as $ty),
@@ -127,7 +134,7 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                 "Mul" => |x, y| x * y,
                 "Div" => |x, y| x / y,
                 "Pow" => pow,
-                "Mod" => |x, y| x % y,
+                "Mod" | "FMod" => |x, y| x % y,
                 // NaN propagates, as onnxruntime does.
                 "Max" => |x, y| {
                     if x.is_nan() || y.is_nan() {
@@ -177,7 +184,11 @@ fn pow(x: f32, y: f32) -> f32 {
 }
 
 fn arithmetic(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let op = ctx.node.op_type.as_str();
+    let op = match ctx.node.op_type.as_str() {
+        // fmod = 1: C's fmod, the remainder taking the dividend's sign (integers too).
+        "Mod" if ctx.int("fmod", 0) != 0 => "FMod",
+        op => op,
+    };
     let mut acc = input(inputs, 0)?.clone();
     let count = inputs.len();
     for i in 1..count {
@@ -437,6 +448,17 @@ mod tests {
             &[&f(&[2], &[1.0, 2.0]), &f(&[2], &[3.0, 6.0])],
         );
         assert_close(&out[0], &[2], &[2.0, 4.0]);
+    }
+
+    #[test]
+    fn integer_pow_keeps_its_type_and_fmod_keeps_the_dividends_sign() {
+        let out = run("Pow", vec![], &[&i(&[2], &[3, 2]), &f(&[], &[2.5])]);
+        // 3^2.5 = 15.59 and 2^2.5 = 5.66, truncated.
+        assert_eq!(out[0].to_i64_vec(), vec![15, 5]);
+        assert_eq!(out[0].dtype(), crate::graph::DType::I64);
+        let fmod = vec![("fmod", Attribute::Int(1))];
+        let out = run("Mod", fmod, &[&i(&[2], &[-7, 7]), &i(&[], &[3])]);
+        assert_eq!(out[0].to_i64_vec(), vec![-1, 1]);
     }
 
     #[test]

@@ -30,6 +30,17 @@ pub(super) fn register(t: &mut KernelTable) {
 
 fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
+    if x.dtype() == crate::graph::DType::Bool {
+        // ReduceMax / ReduceMin of booleans (opset 20): any / all, through 0 and 1.
+        let as_numbers = x.cast(crate::graph::DType::F32)?;
+        let mut numeric = inputs.to_vec();
+        numeric[0] = Some(&as_numbers);
+        let reduced = reduce(ctx, &numeric)?;
+        return reduced
+            .into_iter()
+            .map(|t| t.cast(crate::graph::DType::Bool))
+            .collect();
+    }
     let rank = x.rank();
     let axes: Vec<i64> = match optional(inputs, 1) {
         Some(a) => a.to_i64_vec(),
@@ -150,6 +161,20 @@ fn arg_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 mod tests {
     use super::super::test_util::{assert_close, f, i, run, run_opset};
     use crate::graph::Attribute;
+
+    #[test]
+    fn max_and_min_of_booleans_are_any_and_all() {
+        use crate::runtime::tensor::{HostTensor, TensorData};
+        let x = HostTensor::with_data(
+            vec![2, 2],
+            TensorData::Bool(vec![true, false, false, false]),
+        );
+        let keep = || vec![("keepdims", crate::graph::Attribute::Int(0))];
+        let max = super::super::test_util::run("ReduceMax", keep(), &[&x]);
+        assert_eq!(max[0].data(), &TensorData::Bool(vec![true]));
+        let min = super::super::test_util::run("ReduceMin", keep(), &[&x]);
+        assert_eq!(min[0].data(), &TensorData::Bool(vec![false]));
+    }
 
     #[test]
     fn reduce_over_attribute_and_input_axes() {
