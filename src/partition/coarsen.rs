@@ -165,7 +165,8 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
 }
 
 /// Successor and predecessor sets of the fine graph, by position.
-fn adjacency(problem: &PartitionProblem) -> (Vec<BTreeSet<u32>>, Vec<BTreeSet<u32>>) {
+/// Successors and predecessors of every position, through the tensors that flow between nodes.
+pub(crate) fn adjacency(problem: &PartitionProblem) -> (Vec<BTreeSet<u32>>, Vec<BTreeSet<u32>>) {
     let n = problem.node_count();
     let mut succ = vec![BTreeSet::new(); n];
     let mut pred = vec![BTreeSet::new(); n];

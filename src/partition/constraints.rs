@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, BinaryHeap};
 
 use serde::{Deserialize, Serialize};
 
-use super::coarsen::{quotient, Coarsened};
+use super::coarsen::{adjacency, quotient, Coarsened};
 use super::problem::{PartitionProblem, StageId};
 use crate::graph::Graph;
 use crate::Error;
@@ -254,7 +254,7 @@ fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, Joined)]) -> (V
 
 /// Adds to every group of several positions the positions on paths between its members.
 /// Returns whether any group grew.
-fn close_over_paths(sets: &mut UnionFind, succ: &[Vec<u32>], pred: &[Vec<u32>]) -> bool {
+fn close_over_paths(sets: &mut UnionFind, succ: &[BTreeSet<u32>], pred: &[BTreeSet<u32>]) -> bool {
     let n = succ.len();
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); n];
     for p in 0..n as u32 {
@@ -278,7 +278,7 @@ fn close_over_paths(sets: &mut UnionFind, succ: &[Vec<u32>], pred: &[Vec<u32>]) 
 }
 
 /// Positions reachable from `from` along `edges`, staying where `within` holds.
-fn reach(from: &[u32], edges: &[Vec<u32>], within: impl Fn(u32) -> bool) -> BTreeSet<u32> {
+fn reach(from: &[u32], edges: &[BTreeSet<u32>], within: impl Fn(u32) -> bool) -> BTreeSet<u32> {
     let mut seen: BTreeSet<u32> = from.iter().copied().collect();
     let mut stack: Vec<u32> = from.to_vec();
     while let Some(p) = stack.pop() {
@@ -293,7 +293,7 @@ fn reach(from: &[u32], edges: &[Vec<u32>], within: impl Fn(u32) -> bool) -> BTre
 
 /// The group roots in a topological order of the contracted graph (smallest root first among
 /// the ready ones, so the order is deterministic), or the roots of a cycle.
-fn group_order(sets: &mut UnionFind, succ: &[Vec<u32>]) -> Result<Vec<u32>, Vec<u32>> {
+fn group_order(sets: &mut UnionFind, succ: &[BTreeSet<u32>]) -> Result<Vec<u32>, Vec<u32>> {
     let n = succ.len();
     let roots: Vec<u32> = (0..n as u32).map(|p| sets.root(p)).collect();
     let mut group_succ: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); n];
@@ -357,22 +357,6 @@ fn group_order(sets: &mut UnionFind, succ: &[Vec<u32>]) -> Result<Vec<u32>, Vec<
         }
         walk.push(back);
     }
-}
-
-/// Successors and predecessors of every position, through the tensors that flow between nodes.
-fn adjacency(problem: &PartitionProblem) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let n = problem.node_count();
-    let mut succ = vec![Vec::new(); n];
-    let mut pred = vec![Vec::new(); n];
-    for flow in problem.flows() {
-        for &c in &flow.consumers {
-            if c != flow.producer {
-                succ[flow.producer as usize].push(c);
-                pred[c as usize].push(flow.producer);
-            }
-        }
-    }
-    (succ, pred)
 }
 
 /// Disjoint sets of positions, the smallest position of each set its root.

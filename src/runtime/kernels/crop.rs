@@ -4,7 +4,7 @@
 //! grows (the extra element on the end side), as the ONNX reference does.
 
 use super::{input, normalize_axis, Ctx, KernelResult, KernelTable};
-use crate::runtime::tensor::{HostTensor, TensorData};
+use crate::runtime::tensor::{strides_of, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["CenterCropPad"], center_crop_pad);
@@ -42,7 +42,7 @@ fn center_crop_pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
         })
         .collect();
-    let in_strides = strides(x.shape());
+    let in_strides = strides_of(x.shape());
     let total = super::checked_size(&out_shape)?;
     let source = |flat: usize| -> Option<usize> {
         let mut rest = flat;
@@ -76,14 +76,6 @@ fn center_crop_pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         ),
     };
     Ok(vec![HostTensor::with_data(out_shape, data)])
-}
-
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1] * shape[axis + 1];
-    }
-    strides
 }
 
 #[cfg(test)]

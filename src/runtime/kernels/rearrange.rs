@@ -4,7 +4,7 @@
 
 use super::{checked_size, input, normalize_axis, take, Ctx, KernelResult, KernelTable};
 use crate::graph::DType;
-use crate::runtime::tensor::{HostTensor, TensorData};
+use crate::runtime::tensor::{strides_of, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["DepthToSpace"], depth_to_space);
@@ -103,7 +103,7 @@ fn reverse_sequence(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             shape[batch]
         ));
     }
-    let strides = strides(shape);
+    let strides = strides_of(shape);
     let total = x.len();
     let offsets: Vec<usize> = (0..total)
         .map(|flat| {
@@ -183,14 +183,6 @@ fn one_hot(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .collect();
     let data: TensorData = take(values.data(), &offsets)?;
     Ok(vec![HostTensor::with_data(shape, data)])
-}
-
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1] * shape[axis + 1];
-    }
-    strides
 }
 
 #[cfg(test)]

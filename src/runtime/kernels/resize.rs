@@ -10,7 +10,7 @@
 //! default). Computed in f64, stored as f32.
 
 use super::{checked_size, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
-use crate::runtime::tensor::HostTensor;
+use crate::runtime::tensor::{strides_of, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Resize", "Upsample"], resize);
@@ -65,7 +65,7 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .collect::<Result<_, String>>()?;
     let extrapolation = f64::from(ctx.float("extrapolation_value", 0.0));
     let source = x.to_f32_vec();
-    let in_strides = strides(x.shape());
+    let in_strides = strides_of(x.shape());
     let total: usize = request.out_shape.iter().product();
     let mut out = Vec::with_capacity(total);
     let mut index = vec![0usize; rank];
@@ -381,14 +381,6 @@ fn nearest_indices(x: f64, n: usize, width: usize) -> Vec<i64> {
     candidates.truncate(n);
     candidates.sort_unstable();
     candidates
-}
-
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1] * shape[axis + 1];
-    }
-    strides
 }
 
 #[cfg(test)]
