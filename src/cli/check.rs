@@ -10,6 +10,7 @@ use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::onnx::Model;
 use pipecut::plan::Plan;
 
+use super::measured::MeasuredArgs;
 use super::print_stdout;
 
 #[derive(Debug, Args)]
@@ -29,6 +30,8 @@ pub struct CheckArgs {
     /// With --rewrite: write the corrected plan here instead of over PLAN.
     #[arg(long, requires = "rewrite", value_name = "PATH")]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    measured: MeasuredArgs,
 }
 
 /// Reads a plan file.
@@ -38,15 +41,25 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
 }
 
 /// Loads the model a plan was made for, with the dims bound as the plan records them.
-pub(crate) fn load_for_plan(plan: &Plan, plan_path: &Path, path: &Path) -> anyhow::Result<Model> {
+pub(crate) fn load_for_plan(
+    plan: &Plan,
+    plan_path: &Path,
+    path: &Path,
+    measured: &MeasuredArgs,
+) -> anyhow::Result<Model> {
     let model = super::load_model(path, super::Weights::NotRead)?;
     super::match_plan_model(plan, &model, plan_path)?;
-    type_for_plan(plan, model, path)
+    type_for_plan(plan, model, path, measured)
 }
 
 /// Types a loaded model (`path` names it in errors) with the dims the plan records. The caller
 /// has matched it to the plan ([`super::match_plan_model`]): another graph may lack the dims.
-pub(crate) fn type_for_plan(plan: &Plan, mut model: Model, path: &Path) -> anyhow::Result<Model> {
+pub(crate) fn type_for_plan(
+    plan: &Plan,
+    mut model: Model,
+    path: &Path,
+    measured: &MeasuredArgs,
+) -> anyhow::Result<Model> {
     let mut bindings = DimBindings::new();
     for (name, value) in &plan.model.dims {
         bindings = bindings.bind(name, *value);
@@ -57,12 +70,19 @@ pub(crate) fn type_for_plan(plan: &Plan, mut model: Model, path: &Path) -> anyho
     if let Some(precision) = plan.config.dtype_override {
         model.graph.override_float_dtype(precision.dtype());
     }
+    let devices = super::measured::plan_devices(plan);
+    measured.apply(
+        &mut model.graph,
+        &model.graph_sha256,
+        &plan.model.dims,
+        &devices,
+    )?;
     Ok(model)
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let plan = read_plan(&args.plan)?;
-    let model = load_for_plan(&plan, &args.plan, &args.model)?;
+    let model = load_for_plan(&plan, &args.plan, &args.model, &args.measured)?;
     if args.rewrite {
         return rewrite(&args, &plan, &model);
     }

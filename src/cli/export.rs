@@ -24,6 +24,8 @@ pub struct ExportArgs {
     /// Print the manifest as JSON instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
 }
 
 /// Refuses an export file name that is one of the inputs (the plan saved as `manifest.json` in
@@ -47,7 +49,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     // A plan that `check` refuses is refused here too, with the same message and exit code
     // (it is checked on the model typed with the plan's own dims, as `check` does).
     super::match_plan_model(&plan, &loaded, &args.plan)?;
-    let for_check = super::check::type_for_plan(&plan, loaded.clone(), model_path)?;
+    let for_check = super::check::type_for_plan(&plan, loaded.clone(), model_path, &args.measured)?;
     plan.check(
         for_check.digests(),
         &for_check.graph,

@@ -7,8 +7,10 @@ mod devices;
 mod efficiency;
 mod export;
 mod inspect;
+mod measured;
 mod partition;
 mod plan_cluster;
+mod profile;
 mod progress;
 mod run;
 mod show;
@@ -47,6 +49,12 @@ enum Command {
         after_help = "Examples:\n  pipecut calibrate --device cpu --out cost-models/calibrated/cpu.json\n  pipecut cost model.onnx --device cost-models/calibrated/cpu.json --dim batch=1"
     )]
     Calibrate(calibrate::CalibrateArgs),
+    /// Measure every node of a model on this machine (or convert an onnxruntime profile), so
+    /// that `partition --profile` plans on measured times.
+    #[command(
+        after_help = "Examples:\n  pipecut profile fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64 --threads 1 --out times.json\n  pipecut partition fixtures/models/gpt2_tiny.onnx --devices cpu,cpu --dim batch=8 --dim seq=64 --profile times.json\n  pipecut profile model.onnx --dim batch=8 --from-onnxruntime onnxruntime_profile.json --device H100-SXM --out times.json"
+    )]
+    Profile(profile::ProfileArgs),
     /// Cut a model into pipeline stages for a cluster: print the stage table, write the plan.
     #[command(
         after_help = "Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json"
@@ -221,6 +229,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Cost(args) => cost::run(args),
         Command::Calibrate(args) => calibrate::run(args),
+        Command::Profile(args) => profile::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
         Command::PlanCluster(args) => plan_cluster::run(args),

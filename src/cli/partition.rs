@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use pipecut::cost::{Catalog, Cluster, Schedule};
+use pipecut::cost::{Catalog, Cluster, LinkChoice, Schedule};
 use pipecut::onnx::inspect::{count_of, human_bytes};
 use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
 use pipecut::partition::{
@@ -50,20 +50,29 @@ pub struct ClusterArgs {
 
 impl ClusterArgs {
     pub fn build(&self, catalog: &Catalog) -> anyhow::Result<Cluster> {
-        let mut cluster = match (
+        // The shorthands are built with the links named, so that devices without a default
+        // link (the CPU) can share a node when one is given.
+        let links = LinkChoice {
+            intra: self.intra_link.as_deref(),
+            inter: self.inter_link.as_deref(),
+        };
+        let cluster = match (
             &self.source.cluster,
             &self.source.devices,
             &self.source.cluster_file,
         ) {
-            (Some(spec), _, _) => Cluster::parse(spec, catalog)?,
-            (_, Some(list), _) => Cluster::from_device_list(list, catalog)?,
+            (Some(spec), _, _) => return Ok(Cluster::parse_linked(spec, catalog, links)?),
+            (_, Some(list), _) => {
+                return Ok(Cluster::from_device_list_linked(list, catalog, links)?)
+            }
             (_, _, Some(path)) => Cluster::from_file(path, catalog)?,
             _ => anyhow::bail!("give one of --cluster, --devices or --cluster-file"),
         };
-        if let Some(link) = &self.intra_link {
+        let mut cluster = cluster;
+        if let Some(link) = links.intra {
             cluster = cluster.with_intra_node_link(link, catalog)?;
         }
-        if let Some(link) = &self.inter_link {
+        if let Some(link) = links.inter {
             cluster = cluster.with_inter_node_link(link, catalog)?;
         }
         Ok(cluster)
@@ -155,6 +164,8 @@ pub struct PartitionArgs {
     model: ModelArgs,
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
     /// Number of pipeline stages, or `auto` for the count with the best simulated throughput.
     #[arg(long, default_value = "auto")]
     stages: StageCount,
@@ -256,6 +267,18 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     }
     let catalog = Catalog::builtin();
     let cluster = args.cluster.build(&catalog)?;
+    let dims: BTreeMap<String, u64> = args
+        .model
+        .bindings()?
+        .iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    args.measured.apply(
+        &mut model.graph,
+        &model.graph_sha256,
+        &dims,
+        &super::measured::device_names(&cluster),
+    )?;
     let config = PartitionConfig {
         stages: args.stages,
         devices: Vec::new(),
@@ -289,12 +312,6 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         .solve();
     display.finish();
     let solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
-    let dims: BTreeMap<String, u64> = args
-        .model
-        .bindings()?
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
     let file_name = super::model_file_name(&args.model.model);
     let plan = Plan::from_solution(
         &solution,

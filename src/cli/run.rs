@@ -50,6 +50,8 @@ pub struct RunArgs {
     /// GPU count; needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
 }
 
 /// The runtime a plan executes on.
@@ -115,6 +117,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(precision) = plan.config.dtype_override {
         costed.override_float_dtype(precision.dtype());
     }
+    let devices = super::measured::plan_devices(&plan);
+    args.measured
+        .apply(&mut costed, &model.graph_sha256, &plan.model.dims, &devices)?;
     plan.check(model.digests(), &costed, &Catalog::builtin())
         .with_context(|| format!("'{}'", args.plan.display()))?;
     let mut dims = plan.model.dims.clone();
@@ -235,7 +240,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
-fn read_inputs(args: &[String], graph: &pipecut::graph::Graph) -> anyhow::Result<Tensors> {
+pub(crate) fn read_inputs(
+    args: &[String],
+    graph: &pipecut::graph::Graph,
+) -> anyhow::Result<Tensors> {
     let mut inputs = Tensors::new();
     for arg in args {
         let (name, file) = arg

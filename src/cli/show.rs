@@ -31,6 +31,8 @@ pub struct ShowArgs {
     /// Print the simulated step as JSON instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
 }
 
 pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
@@ -45,7 +47,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     let plan = read_plan(&args.plan)?;
     let model = match &args.model {
         Some(path) => {
-            let model = load_for_plan(&plan, &args.plan, path)?;
+            let model = load_for_plan(&plan, &args.plan, path, &args.measured)?;
             plan.check(model.digests(), &model.graph, &Catalog::builtin())
                 .with_context(|| format!("'{}'", args.plan.display()))?;
             Some(model)

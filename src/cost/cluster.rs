@@ -78,9 +78,28 @@ fn default_network(intra: Option<&str>) -> &'static str {
     }
 }
 
+/// Links named for a cluster instead of its devices' defaults (`--intra-link`, `--inter-link`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkChoice<'a> {
+    /// The link between devices of one node.
+    pub intra: Option<&'a str>,
+    /// The network between nodes.
+    pub inter: Option<&'a str>,
+}
+
 impl Cluster {
     /// Parses `NODESxGPUSxDEVICE`, `GPUSxDEVICE` or `DEVICE`.
     pub fn parse(spec: &str, catalog: &Catalog) -> Result<Cluster, Error> {
+        Cluster::parse_linked(spec, catalog, LinkChoice::default())
+    }
+
+    /// [`Cluster::parse`] with the links named instead of the devices' defaults: a device
+    /// without a default link (the CPU) can then have several in a node.
+    pub fn parse_linked(
+        spec: &str,
+        catalog: &Catalog,
+        links: LinkChoice,
+    ) -> Result<Cluster, Error> {
         let bad = |detail: String| Error::Cluster {
             spec: spec.to_string(),
             detail,
@@ -121,11 +140,20 @@ impl Cluster {
         }
         let device = catalog.device(&device)?.clone();
         let nodes = (0..nodes).map(|_| vec![device.clone(); per_node]).collect();
-        Cluster::assemble(nodes, None, None, catalog, spec.to_string())
+        Cluster::assemble(nodes, links.intra, links.inter, catalog, spec.to_string())
     }
 
     /// A single node holding the listed devices, in pipeline order.
     pub fn from_device_list(list: &str, catalog: &Catalog) -> Result<Cluster, Error> {
+        Cluster::from_device_list_linked(list, catalog, LinkChoice::default())
+    }
+
+    /// [`Cluster::from_device_list`] with the links named (see [`Cluster::parse_linked`]).
+    pub fn from_device_list_linked(
+        list: &str,
+        catalog: &Catalog,
+        links: LinkChoice,
+    ) -> Result<Cluster, Error> {
         let bad = |detail: String| Error::Cluster {
             spec: list.into(),
             detail,
@@ -152,7 +180,13 @@ impl Cluster {
             .iter()
             .map(|name| catalog.device(name).cloned())
             .collect::<Result<Vec<_>, _>>()?;
-        Cluster::assemble(vec![devices], None, None, catalog, list.to_string())
+        Cluster::assemble(
+            vec![devices],
+            links.intra,
+            links.inter,
+            catalog,
+            list.to_string(),
+        )
     }
 
     /// Reads a cluster JSON file (see the module docs).
@@ -487,8 +521,36 @@ mod tests {
             unknown.contains("H900") && unknown.contains("H100-SXM"),
             "{unknown}"
         );
-        let cpu = Cluster::parse("1x2xcpu", &catalog).unwrap_err().to_string();
+        let mut catalog = catalog;
+        let unlinked = include_str!("../../cost-models/devices/cpu.json")
+            .replace("CPU-x86-64-AVX2-2C", "unlinked-cpu")
+            .replace("\"Host-Memory\"", "null")
+            .replace("\"cpu\", ", "");
+        catalog.add_device_json(&unlinked, "test").unwrap();
+        let cpu = Cluster::parse("1x2xunlinked-cpu", &catalog)
+            .unwrap_err()
+            .to_string();
         assert!(cpu.contains("--intra-link"), "{cpu}");
+        // Naming the link is the fix the error suggests, for every shorthand (issue 16).
+        let links = LinkChoice {
+            intra: Some("Host-Memory"),
+            inter: None,
+        };
+        let named = Cluster::parse_linked("1x2xunlinked-cpu", &catalog, links).unwrap();
+        assert_eq!(named.device_count(), 2);
+        Cluster::from_device_list_linked("unlinked-cpu,unlinked-cpu", &catalog, links).unwrap();
+    }
+
+    #[test]
+    fn cpus_of_one_machine_share_host_memory() {
+        let catalog = Catalog::builtin();
+        for cluster in [
+            Cluster::parse("1x2xcpu", &catalog).unwrap(),
+            Cluster::from_device_list("cpu,cpu", &catalog).unwrap(),
+        ] {
+            let link = cluster.nodes()[0].intra_node_link.as_ref().unwrap();
+            assert_eq!(link.name, "Host-Memory");
+        }
     }
 
     #[test]

@@ -285,6 +285,10 @@ const BUILTIN_DEVICES: &[(&str, &str)] = &[
 
 const BUILTIN_LINKS: &[(&str, &str)] = &[
     (
+        "host-memory.json",
+        include_str!("../../cost-models/links/host-memory.json"),
+    ),
+    (
         "ethernet-100g.json",
         include_str!("../../cost-models/links/ethernet-100g.json"),
     ),

@@ -6,17 +6,20 @@
 //! - [`ops`]: FLOPs and bytes per operator, one rule per op family;
 //! - [`model`]: the roofline that turns work into time, and the per-node cost table;
 //! - [`memory`]: parameters, optimizer state and in-flight activations of a stage;
-//! - [`calibrate`]: measured efficiencies in place of the defaults.
+//! - [`calibrate`]: measured efficiencies in place of the defaults;
+//! - [`measured`]: measured node times (`pipecut profile`) in place of the roofline.
 
 pub mod calibrate;
 pub mod cluster;
 pub mod hardware;
+pub mod measured;
 pub mod memory;
 pub mod model;
 pub(crate) mod ops;
 
-pub use cluster::{Cluster, ClusterLayout, DeviceId, NodeLayout, MAX_DEVICES};
+pub use cluster::{Cluster, ClusterLayout, DeviceId, LinkChoice, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
+pub use measured::{Coverage, NodeTimes};
 pub use memory::{Recompute, Schedule, StageMemory, ZeroSharding};
 pub use model::{CostModel, Mode, NodeCost, Precision, UnknownOpCost};
 pub use ops::OpWork;

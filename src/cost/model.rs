@@ -113,6 +113,8 @@ pub struct NodeCost {
     pub output_bytes: u64,
     /// Whether the op had no rule and was costed by the fallback.
     pub fallback: bool,
+    /// Whether `time_secs` comes from a measurement (`--profile`), not the roofline.
+    pub measured: bool,
 }
 
 /// The precision a model is costed at when `--dtype` overrides the file's (see
@@ -240,9 +242,15 @@ impl<'a> CostModel<'a> {
 
     /// The cost of one node.
     pub fn node_cost(&self, graph: &Graph, id: NodeId) -> Result<NodeCost, Error> {
-        let (work, fallback) = self.work(graph, id)?;
+        let measured = graph.measured_secs(&self.device.name, id);
+        let (work, fallback) = match (self.work(graph, id), measured) {
+            (Ok(work), _) => work,
+            // A measured op needs no rule for its time; its FLOPs stay unknown (zero).
+            (Err(_), Some(_)) => (OpWork::NONE, false),
+            (Err(error), None) => return Err(error),
+        };
         let node = graph.node(id);
-        let forward = self.time_secs(&work);
+        let forward = measured.unwrap_or_else(|| self.time_secs(&work));
         let time_secs = match self.mode {
             Mode::Inference => forward,
             // Launch overhead is paid again by the backward kernels; compute scales by the factor.
@@ -271,6 +279,7 @@ impl<'a> CostModel<'a> {
             param_bytes,
             output_bytes,
             fallback,
+            measured: measured.is_some(),
         })
     }
 

@@ -314,6 +314,7 @@ impl GraphBuilder {
             outputs,
             opsets,
             topological_order,
+            measured_secs: BTreeMap::new(),
         })
     }
 }

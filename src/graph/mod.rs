@@ -220,6 +220,9 @@ pub struct Graph {
     outputs: Vec<TensorId>,
     opsets: BTreeMap<String, i64>,
     topological_order: Vec<NodeId>,
+    /// Measured seconds per node, per device name (`--profile`): the cost model uses them in
+    /// place of its roofline on stages of that device.
+    measured_secs: BTreeMap<String, (String, HashMap<NodeId, f64>)>,
 }
 
 impl Graph {
@@ -274,6 +277,26 @@ impl Graph {
     /// Nodes in a deterministic topological order (ties broken by the model's node order).
     pub fn topological_order(&self) -> &[NodeId] {
         &self.topological_order
+    }
+
+    /// Records measured per-node times for stages on `device` (replacing earlier ones for it);
+    /// `source` names the measurement (its file's sha256), so that a plan made on it can be
+    /// checked against the same times.
+    pub fn set_measured_secs(&mut self, device: &str, source: &str, secs: HashMap<NodeId, f64>) {
+        self.measured_secs
+            .insert(device.to_string(), (source.to_string(), secs));
+    }
+
+    /// The measured time of `node` on `device`, when a profile gave one.
+    pub fn measured_secs(&self, device: &str, node: NodeId) -> Option<f64> {
+        self.measured_secs.get(device)?.1.get(&node).copied()
+    }
+
+    /// The measurements in use: `(device, source)` pairs.
+    pub fn measured_sources(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.measured_secs
+            .iter()
+            .map(|(device, (source, _))| (device.as_str(), source.as_str()))
     }
 
     /// All nodes with their ids, in topological order.

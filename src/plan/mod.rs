@@ -203,6 +203,31 @@ pub struct PlanConfig {
     /// them. Absent in plans from before them: no constraint.
     #[serde(default = "CutConstraints::none")]
     pub cut_constraints: CutConstraints,
+    /// Measured node times the stages were costed with (`--profile`), by device; absent: the
+    /// roofline alone. `check` and `run` need the same files again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured_node_times: Vec<MeasuredTimesUse>,
+}
+
+/// Measured node times a plan was costed with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredTimesUse {
+    /// The device whose stages used them.
+    pub device: String,
+    /// sha256 of the node-times file.
+    pub sha256: String,
+}
+
+/// The measured node times `graph` carries, as a plan records them.
+fn measured_uses(graph: &Graph) -> Vec<MeasuredTimesUse> {
+    graph
+        .measured_sources()
+        .map(|(device, sha256)| MeasuredTimesUse {
+            device: device.to_string(),
+            sha256: sha256.to_string(),
+        })
+        .collect()
 }
 
 /// A device of the cluster.
@@ -539,6 +564,7 @@ impl Plan {
                 unknown_op_cost: settings.unknown_ops,
                 dtype_override: context.dtype_override,
                 cut_constraints: solution.cut_constraints.clone(),
+                measured_node_times: measured_uses(context.graph),
             },
             stages,
             summary: PlanSummary {
@@ -819,6 +845,22 @@ impl Plan {
                     .map(|s| s.as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
+            ));
+        }
+        let in_use = measured_uses(graph);
+        if in_use != self.config.measured_node_times {
+            let name = |uses: &[MeasuredTimesUse]| match uses {
+                [] => "the roofline alone".to_string(),
+                uses => uses
+                    .iter()
+                    .map(|u| format!("node times for '{}' (sha256 {:.12}…)", u.device, u.sha256))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            return bad(format!(
+                "the plan was costed with {}, this check with {}; pass the plan's node-times file with --profile",
+                name(&self.config.measured_node_times),
+                name(&in_use)
             ));
         }
         let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;

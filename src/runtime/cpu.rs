@@ -138,6 +138,19 @@ impl Executor for CpuExecutor<'_> {
     }
 
     fn run(&self, stage: &CpuStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        self.run_observed(stage, inputs, &mut |_, _, _| {})
+    }
+}
+
+impl CpuExecutor<'_> {
+    /// Runs `stage` like [`Executor::run`], telling `observe` each node's kernel time in seconds
+    /// and the bytes of its outputs, as each finishes (`pipecut profile`).
+    pub fn run_observed(
+        &self,
+        stage: &CpuStage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
         let graph = self.graph;
         let mut env: HashMap<TensorId, Arc<HostTensor>> = HashMap::new();
         for &id in &stage.spec.receives {
@@ -181,7 +194,14 @@ impl Executor for CpuExecutor<'_> {
                 op: node.op_type.clone(),
                 detail,
             };
+            let began = Instant::now();
             let results = (step.kernel)(&ctx, &refs).map_err(kernel_error)?;
+            let secs = began.elapsed().as_secs_f64();
+            let bytes = results
+                .iter()
+                .map(|t| t.dtype().bytes_for(t.len() as u64).unwrap_or(0))
+                .sum();
+            observe(step.node, secs, bytes);
             drop(args);
             let mut results = results.into_iter();
             for (position, slot) in node.outputs.iter().enumerate() {

@@ -22,6 +22,7 @@ pub mod cuda;
 mod kernels;
 pub mod narrow;
 pub mod npy;
+pub mod profile;
 pub mod tensor;
 pub mod weights;
 
