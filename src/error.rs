@@ -168,6 +168,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// A short device name that several profiles answer to.
+    #[error("device name '{name}' is ambiguous: it could be {choices}; name one of them")]
+    AmbiguousHardware {
+        /// The name asked for.
+        name: String,
+        /// The profiles it could mean.
+        choices: String,
+    },
+
     /// A device or link name that no profile answers to.
     #[error("unknown {kind} '{name}'; known {kind}s: {known}")]
     UnknownHardware {

@@ -107,7 +107,7 @@ fn cost_prints_the_table_and_json() {
         "cost",
         "fixtures/models/mlp.onnx",
         "--device",
-        "H100",
+        "H100-SXM",
         "--dim",
         "batch=4",
         "--mode",

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::Catalog;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::onnx::Model;
 use pipecut::plan::Plan;
@@ -32,6 +31,8 @@ pub struct CheckArgs {
     out: Option<PathBuf>,
     #[command(flatten)]
     measured: MeasuredArgs,
+    #[command(flatten)]
+    profiles: super::catalog::CatalogArgs,
 }
 
 /// Reads a plan file.
@@ -87,7 +88,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         return rewrite(&args, &plan, &model);
     }
     let report = plan
-        .check(model.digests(), &model.graph, &Catalog::builtin())
+        .check(model.digests(), &model.graph, &args.profiles.catalog(&[])?)
         .with_context(|| format!("'{}'", args.plan.display()))?;
     if args.json {
         let mut value = serde_json::to_value(&report)?;
@@ -108,7 +109,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
 
 /// `check --rewrite`: the plan with its figures recomputed, written where asked, then checked.
 fn rewrite(args: &CheckArgs, plan: &Plan, model: &Model) -> anyhow::Result<ExitCode> {
-    let catalog = Catalog::builtin();
+    let catalog = args.profiles.catalog(&[])?;
     let rewritten = plan
         .rewrite(model.digests(), &model.graph, &catalog)
         .with_context(|| format!("cannot rewrite '{}'", args.plan.display()))?;

@@ -83,7 +83,7 @@ struct CostReport<'a> {
 
 /// Resolves `--device`: a catalog name, or a profile file (e.g. written by `pipecut calibrate`).
 pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
-    let mut catalog = Catalog::builtin();
+    let mut catalog = Catalog::builtin().with_user_profiles()?;
     let path = PathBuf::from(device);
     let name = if device.ends_with(".json") && path.exists() {
         catalog.add_file(&path)?

@@ -26,6 +26,8 @@ pub struct ExportArgs {
     json: bool,
     #[command(flatten)]
     measured: super::measured::MeasuredArgs,
+    #[command(flatten)]
+    profiles: super::catalog::CatalogArgs,
 }
 
 /// Refuses an export file name that is one of the inputs (the plan saved as `manifest.json` in
@@ -53,7 +55,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     plan.check(
         for_check.digests(),
         &for_check.graph,
-        &pipecut::cost::Catalog::builtin(),
+        &args.profiles.catalog(&[])?,
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
     let model = args.model.type_loaded(loaded)?;

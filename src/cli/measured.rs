@@ -16,7 +16,7 @@ pub struct MeasuredArgs {
     /// converted by it) on stages of the device the file names; the roofline costs the nodes it
     /// lacks. Repeatable, one file per device kind.
     #[arg(long = "profile", value_name = "TIMES.json")]
-    files: Vec<PathBuf>,
+    node_times: Vec<PathBuf>,
 }
 
 impl MeasuredArgs {
@@ -30,7 +30,7 @@ impl MeasuredArgs {
         dims: &BTreeMap<String, u64>,
         devices: &[&str],
     ) -> anyhow::Result<()> {
-        for path in &self.files {
+        for path in &self.node_times {
             let bytes = pipecut::io::read_bounded(path, pipecut::io::MAX_JSON_BYTES, "node times")?;
             let origin = path.display().to_string();
             let text = String::from_utf8(bytes.clone())

@@ -1,6 +1,7 @@
 //! Subcommands and their arguments.
 
 mod calibrate;
+mod catalog;
 mod check;
 mod cost;
 mod devices;
@@ -55,6 +56,11 @@ enum Command {
         after_help = "Examples:\n  pipecut profile fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64 --threads 1 --out times.json\n  pipecut partition fixtures/models/gpt2_tiny.onnx --devices cpu,cpu --dim batch=8 --dim seq=64 --profile times.json\n  pipecut profile model.onnx --dim batch=8 --from-onnxruntime onnxruntime_profile.json --device H100-SXM --out times.json"
     )]
     Profile(profile::ProfileArgs),
+    /// List the device and link profiles (built-in, PIPECUT_COST_MODELS, --device-profile).
+    #[command(
+        after_help = "Examples:\n  pipecut catalog\n  pipecut catalog --device-profile cal.json --json"
+    )]
+    Catalog(catalog::ListArgs),
     /// Cut a model into pipeline stages for a cluster: print the stage table, write the plan.
     #[command(
         after_help = "Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json"
@@ -230,6 +236,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cost(args) => cost::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Profile(args) => profile::run(args),
+        Command::Catalog(args) => catalog::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
         Command::PlanCluster(args) => plan_cluster::run(args),

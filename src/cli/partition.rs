@@ -46,9 +46,22 @@ pub struct ClusterArgs {
     /// Override the network between machines.
     #[arg(long, value_name = "LINK")]
     inter_link: Option<String>,
+    #[command(flatten)]
+    profiles: super::catalog::CatalogArgs,
 }
 
 impl ClusterArgs {
+    /// The profiles the cluster may name: built-in, user folders, `--device-profile` files and
+    /// `.json` files named as devices.
+    pub fn catalog(&self) -> anyhow::Result<Catalog> {
+        let specs: Vec<&str> = [&self.source.cluster, &self.source.devices]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        self.profiles.catalog(&specs)
+    }
+
     pub fn build(&self, catalog: &Catalog) -> anyhow::Result<Cluster> {
         // The shorthands are built with the links named, so that devices without a default
         // link (the CPU) can share a node when one is given.
@@ -265,7 +278,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(precision) = dtype_override {
         model.graph.override_float_dtype(precision.dtype());
     }
-    let catalog = Catalog::builtin();
+    let catalog = args.cluster.catalog()?;
     let cluster = args.cluster.build(&catalog)?;
     let dims: BTreeMap<String, u64> = args
         .model

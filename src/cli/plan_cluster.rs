@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::{Catalog, Recompute, Schedule};
+use pipecut::cost::{Recompute, Schedule};
 use pipecut::onnx::inspect::human_bytes;
 use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
@@ -80,7 +80,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         super::check_output(out, &[path])?;
     }
     let model = super::load_model(path, super::Weights::NotRead)?;
-    let catalog = Catalog::builtin();
+    let catalog = args.cluster.catalog()?;
     let cluster = args.cluster.build(&catalog)?;
     let bindings = args.model.bindings()?;
     if bindings.iter().any(|(name, _)| name == args.batch_dim) {

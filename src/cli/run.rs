@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use pipecut::cost::Catalog;
 use pipecut::graph::NodeId;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::runtime::{
@@ -52,6 +51,8 @@ pub struct RunArgs {
     backend: Backend,
     #[command(flatten)]
     measured: super::measured::MeasuredArgs,
+    #[command(flatten)]
+    profiles: super::catalog::CatalogArgs,
 }
 
 /// The runtime a plan executes on.
@@ -120,7 +121,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let devices = super::measured::plan_devices(&plan);
     args.measured
         .apply(&mut costed, &model.graph_sha256, &plan.model.dims, &devices)?;
-    plan.check(model.digests(), &costed, &Catalog::builtin())
+    plan.check(model.digests(), &costed, &args.profiles.catalog(&[])?)
         .with_context(|| format!("'{}'", args.plan.display()))?;
     let mut dims = plan.model.dims.clone();
     if !args.dims.is_empty() {

@@ -7,7 +7,6 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use pipecut::cost::Catalog;
 use pipecut::plan::plan_dot;
 use pipecut::schedule::timeline_svg;
 
@@ -33,6 +32,8 @@ pub struct ShowArgs {
     json: bool,
     #[command(flatten)]
     measured: super::measured::MeasuredArgs,
+    #[command(flatten)]
+    profiles: super::catalog::CatalogArgs,
 }
 
 pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
@@ -48,7 +49,7 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
     let model = match &args.model {
         Some(path) => {
             let model = load_for_plan(&plan, &args.plan, path, &args.measured)?;
-            plan.check(model.digests(), &model.graph, &Catalog::builtin())
+            plan.check(model.digests(), &model.graph, &args.profiles.catalog(&[])?)
                 .with_context(|| format!("'{}'", args.plan.display()))?;
             Some(model)
         }

@@ -339,7 +339,14 @@ const BUILTIN_LINKS: &[(&str, &str)] = &[
 pub struct Catalog {
     devices: BTreeMap<String, HardwareSpec>,
     links: BTreeMap<String, LinkSpec>,
+    /// Where each profile came from, by `device:NAME` or `link:NAME`: a built-in file's name or
+    /// the path it was read from.
+    origins: BTreeMap<String, String>,
 }
+
+/// The environment variable naming folders of extra profiles (`devices/*.json`,
+/// `links/*.json`), separated like `PATH`.
+pub const COST_MODELS_ENV: &str = "PIPECUT_COST_MODELS";
 
 impl Catalog {
     /// The profiles shipped in `cost-models/`.
@@ -347,6 +354,7 @@ impl Catalog {
         let mut catalog = Catalog {
             devices: BTreeMap::new(),
             links: BTreeMap::new(),
+            origins: BTreeMap::new(),
         };
         for (file, text) in BUILTIN_DEVICES {
             catalog
@@ -378,6 +386,8 @@ impl Catalog {
             detail,
         })?;
         let name = spec.name.clone();
+        self.origins
+            .insert(format!("device:{name}"), origin.to_string());
         self.devices.insert(name.clone(), spec);
         Ok(&self.devices[&name])
     }
@@ -401,6 +411,8 @@ impl Catalog {
             });
         }
         let name = spec.name.clone();
+        self.origins
+            .insert(format!("link:{name}"), origin.to_string());
         self.links.insert(name.clone(), spec);
         Ok(&self.links[&name])
     }
@@ -420,16 +432,75 @@ impl Catalog {
         }
     }
 
-    /// Looks a device up by name or alias (case-insensitive), or loads it from a `.json` path.
+    /// Looks a device up by name or alias (case-insensitive), by the path of the file it was
+    /// read from, or by a prefix that only one device's name or alias has (`A100` is ambiguous
+    /// when both A100s are known: the error lists them).
     pub fn device(&self, name: &str) -> Result<&HardwareSpec, Error> {
-        self.devices
+        if let Some(device) = self.devices.values().find(|d| d.answers_to(name)) {
+            return Ok(device);
+        }
+        if let Some(device) = self
+            .devices
             .values()
-            .find(|d| d.answers_to(name))
-            .ok_or_else(|| Error::UnknownHardware {
+            .find(|d| self.origins[&format!("device:{}", d.name)] == name)
+        {
+            return Ok(device);
+        }
+        let candidates: Vec<&HardwareSpec> = self
+            .devices
+            .values()
+            .filter(|d| {
+                std::iter::once(&d.name)
+                    .chain(&d.aliases)
+                    .any(|n| starts_like(n, name))
+            })
+            .collect();
+        match candidates.as_slice() {
+            [only] => Ok(only),
+            [] => Err(Error::UnknownHardware {
                 kind: "device",
                 name: name.to_string(),
                 known: self.devices.keys().cloned().collect::<Vec<_>>().join(", "),
-            })
+            }),
+            several => Err(Error::AmbiguousHardware {
+                name: name.to_string(),
+                choices: several
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// Adds the profiles in the folders `PIPECUT_COST_MODELS` names, laid out as `cost-models/`
+    /// (`devices/*.json`, `links/*.json`): a user's own devices and links, or edited copies of
+    /// the built-in ones (a file replaces the profile of its name).
+    pub fn with_user_profiles(mut self) -> Result<Catalog, Error> {
+        let Some(dirs) = std::env::var_os(COST_MODELS_ENV) else {
+            return Ok(self);
+        };
+        for dir in std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()) {
+            for folder in [dir.join("devices"), dir.join("links")] {
+                let Ok(entries) = std::fs::read_dir(&folder) else {
+                    continue;
+                };
+                let mut files: Vec<std::path::PathBuf> = entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+                    .collect();
+                files.sort();
+                for file in files {
+                    self.add_file(&file)?;
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// Where a device's or link's profile came from (`device:NAME`, `link:NAME`).
+    pub fn origin(&self, key: &str) -> Option<&str> {
+        self.origins.get(key).map(String::as_str)
     }
 
     /// Looks a link up by name or alias (case-insensitive).
@@ -455,6 +526,18 @@ impl Catalog {
     }
 }
 
+/// Whether `name` starts with `prefix`, ignoring case and the separators `-`, `_` and space.
+fn starts_like(name: &str, prefix: &str) -> bool {
+    let squash = |s: &str| -> String {
+        s.chars()
+            .filter(|c| !matches!(c, '-' | '_' | ' '))
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    let prefix = squash(prefix);
+    !prefix.is_empty() && squash(name).starts_with(&prefix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,7 +552,16 @@ mod tests {
                 catalog.link(link).unwrap();
             }
         }
-        assert_eq!(catalog.device("h100").unwrap().name, "H100-SXM");
+        assert_eq!(catalog.device("h100-sxm5").unwrap().name, "H100-SXM");
+        // A unique prefix is enough; one two profiles share is an error that lists both.
+        assert_eq!(catalog.device("mi300").unwrap().name, "MI300X");
+        for (short, choices) in [
+            ("A100", "A100-SXM-40GB, A100-SXM-80GB"),
+            ("h100", "H100-PCIe, H100-SXM"),
+        ] {
+            let msg = catalog.device(short).unwrap_err().to_string();
+            assert!(msg.contains("ambiguous") && msg.contains(choices), "{msg}");
+        }
         assert_eq!(catalog.device("A100-80GB").unwrap().name, "A100-SXM-80GB");
     }
 

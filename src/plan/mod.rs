@@ -737,6 +737,12 @@ impl Plan {
             catalog,
             self.cluster.description.clone(),
         )
+        .map_err(|e| match e {
+            Error::UnknownHardware { kind, name, .. } => Error::InvalidPlan(format!(
+                "it was made with the {kind} profile '{name}', which is not built in: pass its file with --device-profile FILE (or put it in a PIPECUT_COST_MODELS folder)"
+            )),
+            e => e,
+        })
     }
 
     /// Stage of every node of `graph`, by name, with the plan's problem. Refuses a node assigned

@@ -1,0 +1,302 @@
+//! Planning on measured node times and on device profiles given as files (issue 16): `pipecut
+//! profile`, `--profile`, onnxruntime traces, `--device-profile`, `pipecut catalog`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn pipecut(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+const GPT2: &str = "fixtures/models/gpt2_tiny.onnx";
+const DIMS: [&str; 4] = ["--dim", "batch=2", "--dim", "seq=16"];
+
+fn profile_gpt2(dir: &Path) -> String {
+    let times = path(dir, "times.json");
+    let mut args = vec![
+        "profile",
+        GPT2,
+        "--threads",
+        "1",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+    ];
+    args.extend(DIMS);
+    args.extend(["--out", &times]);
+    let (code, out, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("177 nodes on CPU-x86-64-AVX2-2C"), "{out}");
+    times
+}
+
+#[test]
+fn a_profile_measures_every_node_and_plans_check_and_run_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let times = profile_gpt2(dir.path());
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&times).unwrap()).unwrap();
+    assert_eq!(json["schema"], "pipecut-node-times-v1");
+    assert_eq!(json["model"]["dims"]["seq"], 16);
+    assert_eq!(json["measured_with"]["repeats"], 3);
+    let nodes = json["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 177);
+    for node in nodes {
+        let (p10, median, p90) = (
+            node["p10_secs"].as_f64().unwrap(),
+            node["secs"].as_f64().unwrap(),
+            node["p90_secs"].as_f64().unwrap(),
+        );
+        assert!(p10 <= median && median <= p90, "{node}");
+    }
+
+    let plan = path(dir.path(), "plan.json");
+    let mut args = vec!["partition", GPT2, "--devices", "cpu,cpu", "--stages", "2"];
+    args.extend(DIMS);
+    args.extend(["--profile", &times, "--out", &plan]);
+    let (code, out, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("177 of 177 nodes costed from times measured"),
+        "{err}"
+    );
+    // The stage times are the measured nodes' sums: within the whole run's time.
+    let plan_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let recorded = &plan_json["config"]["measured_node_times"][0];
+    assert_eq!(recorded["device"], "CPU-x86-64-AVX2-2C");
+    let stage_sum: f64 = plan_json["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["compute_secs"].as_f64().unwrap())
+        .sum();
+    let node_sum: f64 = nodes.iter().map(|n| n["secs"].as_f64().unwrap()).sum();
+    assert!(
+        (stage_sum - node_sum).abs() < 1e-9 * node_sum.max(1.0),
+        "{stage_sum} vs {node_sum}\n{out}"
+    );
+
+    // check and run need the same times: without them the figures are the roofline's.
+    let (code, _, err) = pipecut(&["check", &plan, GPT2]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("pass the plan's node-times file with --profile"),
+        "{err}"
+    );
+    let (code, out, err) = pipecut(&["check", &plan, GPT2, "--profile", &times]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("valid plan"), "{out}");
+    let outputs = path(dir.path(), "out");
+    let (code, _, err) = pipecut(&[
+        "run",
+        &plan,
+        GPT2,
+        "--profile",
+        &times,
+        "--microbatches",
+        "2",
+        "--output-dir",
+        &outputs,
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn a_profile_at_other_dims_or_for_another_device_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let times = profile_gpt2(dir.path());
+    let (code, _, err) = pipecut(&[
+        "partition",
+        GPT2,
+        "--devices",
+        "cpu,cpu",
+        "--dim",
+        "batch=4",
+        "--dim",
+        "seq=16",
+        "--profile",
+        &times,
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("measured with batch=2") && err.contains("batch=4"),
+        "{err}"
+    );
+    let mut args = vec![
+        "partition",
+        GPT2,
+        "--cluster",
+        "1x2xL4",
+        "--profile",
+        &times,
+    ];
+    args.extend(DIMS);
+    let (code, _, err) = pipecut(&args);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a device of this plan (L4)"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn onnxruntime_traces_plan_like_pipecuts_own_times() {
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(common::Need::Venv, "no .venv: run bash fixtures/pyenv.sh");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // onnxruntime's profiler, its optimizer off so that its nodes are the model's.
+    let script = r#"
+import sys, numpy as np, onnxruntime as ort
+o = ort.SessionOptions()
+o.enable_profiling = True
+o.profile_file_prefix = sys.argv[2]
+o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+o.intra_op_num_threads = 1
+s = ort.InferenceSession(sys.argv[1], o, providers=["CPUExecutionProvider"])
+feed = {i.name: np.random.rand(4, *i.shape[1:]).astype(np.float32) for i in s.get_inputs()}
+for _ in range(5):
+    s.run(None, feed)
+print(s.end_profiling())
+"#;
+    let prefix = path(dir.path(), "ort");
+    let out = Command::new(&python)
+        .args(["-c", script, "fixtures/models/mlp.onnx", &prefix])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let trace = if Path::new(&trace).is_absolute() {
+        trace
+    } else {
+        common::root().join(trace).display().to_string()
+    };
+    let times = path(dir.path(), "times.json");
+    let (code, out, err) = pipecut(&[
+        "profile",
+        "fixtures/models/mlp.onnx",
+        "--dim",
+        "batch=4",
+        "--from-onnxruntime",
+        &trace,
+        "--device",
+        "H100-SXM",
+        "--out",
+        &times,
+    ]);
+    let _ = std::fs::remove_file(&trace);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("onnxruntime:CPUExecutionProvider"), "{out}");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        "fixtures/models/mlp.onnx",
+        "--cluster",
+        "1x2xH100-SXM",
+        "--dim",
+        "batch=4",
+        "--profile",
+        &times,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("10 of 10 nodes costed from times measured on H100-SXM (onnxruntime"),
+        "{err}"
+    );
+}
+
+#[test]
+fn device_profiles_are_files_a_plan_needs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // A user's own device: the cpu profile under another name, with more memory.
+    let text = std::fs::read_to_string(common::root().join("cost-models/devices/cpu.json"))
+        .unwrap()
+        .replace("CPU-x86-64-AVX2-2C", "my-workstation")
+        .replace("\"cpu\", ", "")
+        .replace("8589934592", "68719476736");
+    std::fs::create_dir(dir.path().join("devices")).unwrap();
+    let device = path(dir.path(), "devices/my-workstation.json");
+    std::fs::write(&device, text).unwrap();
+    let plan = path(dir.path(), "plan.json");
+    let list = format!("{device},{device}");
+    let mut args = vec![
+        "partition",
+        GPT2,
+        "--devices",
+        &list,
+        "--stages",
+        "2",
+        "--out",
+        &plan,
+    ];
+    args.extend(DIMS);
+    let (code, out, err) = pipecut(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("my-workstation"), "{out}");
+    let (code, _, err) = pipecut(&["check", &plan, GPT2]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("'my-workstation'") && err.contains("--device-profile"),
+        "{err}"
+    );
+    let (code, _, err) = pipecut(&["check", &plan, GPT2, "--device-profile", &device]);
+    assert_eq!(code, 0, "{err}");
+    // An edited profile is not the one the plan was made with.
+    let edited = std::fs::read_to_string(&device)
+        .unwrap()
+        .replace("68719476736", "68719476737");
+    std::fs::write(&device, edited).unwrap();
+    let (code, _, err) = pipecut(&["check", &plan, GPT2, "--device-profile", &device]);
+    assert_ne!(code, 0);
+    assert!(err.contains("device:my-workstation"), "{err}");
+    // Folders in PIPECUT_COST_MODELS join every command's catalog.
+    let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(["catalog"])
+        .env("PIPECUT_COST_MODELS", dir.path())
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains("my-workstation") && listing.contains("Host-Memory"),
+        "{listing}"
+    );
+}
+
+#[test]
+fn short_names_two_profiles_share_are_refused_with_the_choices() {
+    let (code, _, err) = pipecut(&[
+        "partition",
+        GPT2,
+        "--cluster",
+        "1x2xA100",
+        "--dim",
+        "batch=1",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("ambiguous") && err.contains("A100-SXM-40GB, A100-SXM-80GB"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
