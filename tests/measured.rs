@@ -300,3 +300,43 @@ fn short_names_two_profiles_share_are_refused_with_the_choices() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
+    let (code, out, err) = pipecut(&[
+        "bench-plans",
+        GPT2,
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=16",
+        "--rounds",
+        "1",
+        "--microbatches",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows[0]["plan"], "pipecut");
+    assert_eq!(rows[0]["measured_ratio"], 1.0);
+    assert!(rows.len() >= 2, "{out}");
+    for row in rows {
+        for key in ["measured_shares", "predicted_shares"] {
+            let shares: Vec<f64> = row[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert_eq!(shares.len(), 2, "{row}");
+            assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{row}");
+        }
+        // pipecut's predicted bottleneck is the smallest (it is proven optimal on these costs).
+        assert!(
+            row["predicted_ratio"].as_f64().unwrap() >= 1.0 - 1e-9,
+            "{row}"
+        );
+    }
+}

@@ -41,7 +41,25 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     eprintln!("calibrating '{}' on this machine ...", base.name);
     let measurements = measure_cpu(&sizes, Duration::from_millis(args.budget_ms));
     for m in &measurements {
-        eprintln!("  {:<44} {:>12.3e} /s", m.label, m.rate);
+        eprintln!(
+            "  {:<44} {:>12.3e} /s  spread {:>5.1}%",
+            m.label,
+            m.rate,
+            m.spread * 100.0
+        );
+    }
+    let noisy: Vec<&str> = measurements
+        .iter()
+        .filter(|m| m.spread > pipecut::cost::measured::NOISY_SPREAD)
+        .map(|m| m.label.as_str())
+        .collect();
+    if !noisy.is_empty() {
+        eprintln!(
+            "warning: the machine was busy: {} of {} measurements varied by more than 25% between runs ({}); calibrate again when it is quiet for a profile to trust",
+            noisy.len(),
+            measurements.len(),
+            noisy.join(", ")
+        );
     }
     let spec = calibrated_profile(base, &measurements)?;
     let json = serde_json::to_string_pretty(&spec)? + "\n";

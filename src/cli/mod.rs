@@ -1,5 +1,6 @@
 //! Subcommands and their arguments.
 
+mod bench_plans;
 mod calibrate;
 mod catalog;
 mod check;
@@ -61,6 +62,13 @@ enum Command {
         after_help = "Examples:\n  pipecut catalog\n  pipecut catalog --device-profile cal.json --json"
     )]
     Catalog(catalog::ListArgs),
+    /// Run the optimiser's plan and every baseline's for real on the CPU runtime, one pinned
+    /// core per stage, in paired rounds: measured against predicted speed-ups and stage shares.
+    #[command(
+        name = "bench-plans",
+        after_help = "Examples:\n  pipecut profile fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64 --threads 1 --out times.json\n  pipecut bench-plans fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64 --profile times.json"
+    )]
+    BenchPlans(bench_plans::BenchPlansArgs),
     /// Cut a model into pipeline stages for a cluster: print the stage table, write the plan.
     #[command(
         after_help = "Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json"
@@ -237,6 +245,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calibrate(args) => calibrate::run(args),
         Command::Profile(args) => profile::run(args),
         Command::Catalog(args) => catalog::run(args),
+        Command::BenchPlans(args) => bench_plans::run(args),
         Command::Partition(args) => partition::run(args),
         Command::Check(args) => check::run(args),
         Command::PlanCluster(args) => plan_cluster::run(args),

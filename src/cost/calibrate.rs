@@ -1,7 +1,8 @@
 //! Calibration: replace a profile's efficiency defaults by measured ones.
 //!
-//! Runs one microbenchmark per op class at several sizes on the local device, takes the best of
-//! repeated runs (the achievable rate, not the average of a noisy machine), and writes a profile
+//! Runs one microbenchmark per op class at several sizes on the local device, takes the median
+//! of repeated runs (robust to the runs a busy machine slows; their spread is recorded, and a
+//! spread over 25% marks the measurement noisy), and writes a profile
 //! whose efficiencies are `measured rate / profile peak`. Where the measured rate beats the
 //! profile's peak (the profile underrates this machine), the peak is raised to the measurement
 //! and the efficiency is 1.0, so that predicted times stay equal to measured ones.
@@ -22,23 +23,36 @@ pub struct Measurement {
     pub class: OpClass,
     /// What ran, e.g. `sgemm 1024x1024x1024`.
     pub label: String,
-    /// Achieved rate: FLOP/s for compute classes, bytes/s for memory classes.
+    /// Achieved rate: FLOP/s for compute classes, bytes/s for memory classes (the median run).
     pub rate: f64,
+    /// (p90 − p10) / median of the runs' times: above [`super::measured::NOISY_SPREAD`] the
+    /// machine was too busy for the rate to be trusted.
+    pub spread: f64,
 }
 
-/// Runs `f` until `budget` has passed (at least 3 times) and returns its fastest run.
-fn best_time(budget: Duration, mut f: impl FnMut()) -> f64 {
+/// A microbenchmark's repeated runs: the median (a busy machine slows some runs, rarely the
+/// middle one) and the spread, (p90 − p10) / median.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    median_secs: f64,
+    spread: f64,
+}
+
+/// Runs `f` until `budget` has passed (at least 5 times) after one warm-up run.
+fn time_runs(budget: Duration, mut f: impl FnMut()) -> Timing {
     f(); // warm caches, page in buffers, start matrixmultiply's threads
     let start = Instant::now();
-    let mut best = f64::INFINITY;
-    let mut runs = 0;
-    while runs < 3 || start.elapsed() < budget {
+    let mut runs = Vec::new();
+    while runs.len() < 5 || start.elapsed() < budget {
         let t = Instant::now();
         f();
-        best = best.min(t.elapsed().as_secs_f64());
-        runs += 1;
+        runs.push(t.elapsed().as_secs_f64().max(1e-9));
     }
-    best.max(1e-9)
+    let (median, p10, p90) = super::measured::percentiles(&runs);
+    Timing {
+        median_secs: median,
+        spread: (p90 - p10) / median,
+    }
 }
 
 fn threads() -> usize {
@@ -111,11 +125,12 @@ pub fn measure_cpu(sizes: &Sizes, budget: Duration) -> Vec<Measurement> {
         let a = vec![1.0f32; n * n];
         let b = vec![0.5f32; n * n];
         let mut c = vec![0.0f32; n * n];
-        let secs = best_time(budget, || sgemm(n, n, n, &a, &b, &mut c));
+        let timing = time_runs(budget, || sgemm(n, n, n, &a, &b, &mut c));
         results.push(Measurement {
             class: OpClass::Matmul,
             label: format!("sgemm {n}x{n}x{n}"),
-            rate: 2.0 * (n * n * n) as f64 / secs,
+            rate: 2.0 * (n * n * n) as f64 / timing.median_secs,
+            spread: timing.spread,
         });
     }
     // A ResNet-style 3x3 convolution as im2col + GEMM: 64 → 64 channels on 56x56.
@@ -125,7 +140,7 @@ pub fn measure_cpu(sizes: &Sizes, budget: Duration) -> Vec<Measurement> {
     let rows = channels * kernel * kernel;
     let mut columns = vec![0.0f32; rows * side * side];
     let mut output = vec![0.0f32; channels * side * side];
-    let secs = best_time(budget, || {
+    let timing = time_runs(budget, || {
         im2col_3x3(&input, channels, side, &mut columns);
         sgemm(channels, rows, side * side, &weights, &columns, &mut output);
     });
@@ -133,14 +148,15 @@ pub fn measure_cpu(sizes: &Sizes, budget: Duration) -> Vec<Measurement> {
     results.push(Measurement {
         class: OpClass::Conv,
         label: format!("conv 3x3 64->64 {side}x{side} (im2col+sgemm)"),
-        rate: conv_flops / secs,
+        rate: conv_flops / timing.median_secs,
+        spread: timing.spread,
     });
 
     for &elements in &sizes.vector {
         let a = vec![1.0f32; elements];
         let b = vec![2.0f32; elements];
         let mut c = vec![0.0f32; elements];
-        let secs = best_time(budget, || {
+        let timing = time_runs(budget, || {
             parallel_chunks(&mut c, |start, part| {
                 for (i, out) in part.iter_mut().enumerate() {
                     *out = a[start + i] + b[start + i];
@@ -150,11 +166,12 @@ pub fn measure_cpu(sizes: &Sizes, budget: Duration) -> Vec<Measurement> {
         results.push(Measurement {
             class: OpClass::Elementwise,
             label: format!("add {elements} f32"),
-            rate: 12.0 * elements as f64 / secs,
+            rate: 12.0 * elements as f64 / timing.median_secs,
+            spread: timing.spread,
         });
 
         let mut partial = vec![0.0f32; threads()];
-        let secs = best_time(budget, || {
+        let timing = time_runs(budget, || {
             let chunk = elements.div_ceil(threads());
             parallel_chunks(&mut partial, |t, slot| {
                 let part = &a[(t * chunk).min(elements)..((t + 1) * chunk).min(elements)];
@@ -164,17 +181,19 @@ pub fn measure_cpu(sizes: &Sizes, budget: Duration) -> Vec<Measurement> {
         results.push(Measurement {
             class: OpClass::Reduction,
             label: format!("sum {elements} f32"),
-            rate: 4.0 * elements as f64 / secs,
+            rate: 4.0 * elements as f64 / timing.median_secs,
+            spread: timing.spread,
         });
     }
     for &side in &sizes.transpose {
         let a = vec![1.0f32; side * side];
         let mut t = vec![0.0f32; side * side];
-        let secs = best_time(budget, || transpose(&a, side, &mut t));
+        let timing = time_runs(budget, || transpose(&a, side, &mut t));
         results.push(Measurement {
             class: OpClass::DataMovement,
             label: format!("transpose {side}x{side} f32"),
-            rate: 8.0 * (side * side) as f64 / secs,
+            rate: 8.0 * (side * side) as f64 / timing.median_secs,
+            spread: timing.spread,
         });
     }
     results
@@ -268,7 +287,14 @@ pub fn calibrated_profile(
         let mut efficiency = largest.rate / peak;
         let all: Vec<String> = of_class
             .iter()
-            .map(|m| format!("{} {:.3e}/s", m.label, m.rate))
+            .map(|m| {
+                format!(
+                    "{} {:.3e}/s (spread {:.0}%)",
+                    m.label,
+                    m.rate,
+                    m.spread * 100.0
+                )
+            })
             .collect();
         let mut source = format!("measured by `pipecut calibrate` on this machine ({} threads): {}; efficiency = {:.3e} / {:.3e} peak", threads(), all.join(", "), largest.rate, peak);
         if efficiency > 1.0 {

@@ -246,6 +246,18 @@ pub struct StageTiming {
     /// The rest of the run's wall-clock time: waiting for input (fill), for the next stage
     /// (drain), or for a core.
     pub idle_secs: f64,
+    /// CPU time of the stage's thread while it ran micro-batches (the scheduler's account:
+    /// unlike `busy_secs`, it leaves out the time another process held the core). Threads a
+    /// kernel starts itself are not counted; 0 where the platform cannot tell.
+    pub cpu_secs: f64,
+}
+
+/// How [`run_pipeline_with`] runs the stages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// Pin stage k's thread to core k (modulo the cores; Linux only), so that stages do not
+    /// share or trade cores: what a benchmark of one core per stage needs.
+    pub pin_stages_to_cores: bool,
 }
 
 /// What a pipelined run produced and measured.
@@ -320,6 +332,23 @@ pub fn run_pipeline<E: Executor>(
     inputs: &Tensors,
     microbatches: usize,
 ) -> Result<PipelineReport, Error> {
+    run_pipeline_with(
+        executor,
+        stages,
+        inputs,
+        microbatches,
+        PipelineOptions::default(),
+    )
+}
+
+/// [`run_pipeline`] with options.
+pub fn run_pipeline_with<E: Executor>(
+    executor: &E,
+    stages: &[E::Stage],
+    inputs: &Tensors,
+    microbatches: usize,
+    options: PipelineOptions,
+) -> Result<PipelineReport, Error> {
     let batches = split_microbatches(inputs, microbatches)?;
     let k = stages.len();
     if k == 0 {
@@ -337,16 +366,22 @@ pub fn run_pipeline<E: Executor>(
     let start = Instant::now();
     let (collected, busy) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(k);
-        for (stage, tx) in stages.iter().zip(senders) {
+        for (index, (stage, tx)) in stages.iter().zip(senders).enumerate() {
             let rx = receivers.next().expect("k + 1 channels");
             handles.push(scope.spawn(move || {
+                if options.pin_stages_to_cores {
+                    pin_current_thread(index);
+                }
                 let mut busy_secs = 0.0;
+                let mut cpu_secs = 0.0;
                 for message in rx {
                     let forward = match message {
                         Ok((i, tensors)) => {
                             let began = Instant::now();
+                            let cpu_began = thread_cpu_secs();
                             let result = executor.run(stage, &tensors);
                             busy_secs += began.elapsed().as_secs_f64();
+                            cpu_secs += thread_cpu_secs() - cpu_began;
                             result.map(|out| (i, out))
                         }
                         Err(e) => Err(e),
@@ -356,7 +391,7 @@ pub fn run_pipeline<E: Executor>(
                         break;
                     }
                 }
-                busy_secs
+                (busy_secs, cpu_secs)
             }));
         }
         let results = receivers.next().expect("k + 1 channels");
@@ -383,9 +418,9 @@ pub fn run_pipeline<E: Executor>(
             }
         }
         drop(results);
-        let busy: Vec<f64> = handles
+        let busy: Vec<(f64, f64)> = handles
             .into_iter()
-            .map(|h| h.join().unwrap_or(0.0))
+            .map(|h| h.join().unwrap_or((0.0, 0.0)))
             .collect();
         (outcome.map(|()| collected), busy)
     });
@@ -414,9 +449,10 @@ pub fn run_pipeline<E: Executor>(
     let stage_timings = busy
         .iter()
         .enumerate()
-        .map(|(s, &b)| StageTiming {
+        .map(|(s, &(b, cpu))| StageTiming {
             stage: s,
             busy_secs: b,
+            cpu_secs: cpu,
             idle_secs: (wall_secs - b).max(0.0),
         })
         .collect();
@@ -426,6 +462,49 @@ pub fn run_pipeline<E: Executor>(
         wall_secs,
         microbatches,
     })
+}
+
+/// Pins the calling thread to core `index` modulo the cores it may run on (Linux); elsewhere a
+/// no-op, and the benchmark's report says cores were not pinned.
+#[cfg(target_os = "linux")]
+fn pin_current_thread(index: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the CPU_* helpers stay inside it, and
+    // sched_getaffinity/sched_setaffinity read or write exactly size_of::<cpu_set_t>() bytes.
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+            return;
+        }
+        let cores: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &allowed))
+            .collect();
+        if cores.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cores[index % cores.len()], &mut one);
+        libc::sched_setaffinity(0, size, &one);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_current_thread(_index: usize) {}
+
+/// CPU time the calling thread has used, in seconds (0 where the platform cannot tell).
+fn thread_cpu_secs() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec into `t`.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0 {
+            return t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9;
+        }
+    }
+    0.0
 }
 
 #[cfg(test)]

@@ -29,7 +29,9 @@ pub mod weights;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-pub use cpu::{run_pipeline, CpuExecutor, PipelineReport, StageTiming};
+pub use cpu::{
+    run_pipeline, run_pipeline_with, CpuExecutor, PipelineOptions, PipelineReport, StageTiming,
+};
 pub use kernels::supported_ops;
 pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
 pub use tensor::{HostTensor, TensorData};

@@ -1,0 +1,281 @@
+//! `pipecut bench-plans MODEL`: the optimiser's plan and every baseline's, run for real on the
+//! CPU runtime, side by side.
+//!
+//! One core per stage: each stage's thread is pinned to its own core and matrix products run on
+//! that thread alone (`MATMUL_NUM_THREADS=1`), so stage k's time is what its nodes cost and not
+//! what it won from a neighbour. Rounds are paired: every round runs every plan once, in a
+//! rotated order, and the figure compared is each round's ratio of wall times, whose median
+//! survives a machine that is busy for part of the run. Stage shares are each stage's thread CPU
+//! time over the stages' total, measured against the plan's predicted stage times.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use pipecut::cost::measured::percentiles;
+use pipecut::cost::{Catalog, Cluster};
+use pipecut::graph::NodeId;
+use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount, StageId};
+use pipecut::runtime::{
+    run_pipeline_with, seeded_inputs, stage_specs, CpuExecutor, Executor, PipelineOptions, Weights,
+};
+use serde::Serialize;
+
+use super::{print_stdout, ModelArgs};
+
+#[derive(Debug, Args)]
+pub struct BenchPlansArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
+    /// Pipeline stages, one CPU core each.
+    #[arg(long, default_value_t = 2)]
+    stages: usize,
+    /// Micro-batches per run (the batch dim bound with --dim is one micro-batch).
+    #[arg(long, default_value_t = 16)]
+    microbatches: usize,
+    /// Paired rounds: each runs every plan once.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One plan's stages and predictions.
+struct Candidate {
+    name: String,
+    stages: Vec<Vec<NodeId>>,
+    predicted_stage_secs: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    plan: String,
+    /// Median over the rounds of one run's wall time.
+    wall_secs: f64,
+    /// Median over rounds of (this plan's wall / pipecut's wall): above 1, pipecut is faster.
+    measured_ratio: f64,
+    /// This plan's predicted bottleneck over pipecut's.
+    predicted_ratio: f64,
+    /// Each stage's share of the stages' CPU time, measured (medians over rounds).
+    measured_shares: Vec<f64>,
+    /// Each stage's share of the predicted stage times.
+    predicted_shares: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    stages: usize,
+    microbatches: usize,
+    rounds: usize,
+    pinned: bool,
+    rows: Vec<Row>,
+}
+
+pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
+    if args.stages == 0 || args.rounds == 0 || args.microbatches == 0 {
+        anyhow::bail!("--stages, --rounds and --microbatches must be at least 1");
+    }
+    // One core per stage: matrixmultiply reads this when its pool first starts, below.
+    std::env::set_var("MATMUL_NUM_THREADS", "1");
+    let path = &args.model.model;
+    let mut model = args
+        .model
+        .type_loaded(super::load_model(path, super::Weights::Read)?)?;
+    let cluster = Cluster::parse(&format!("1x{}xcpu", args.stages), &Catalog::builtin())?;
+    let dims: BTreeMap<String, u64> = args
+        .model
+        .bindings()?
+        .iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    args.measured.apply(
+        &mut model.graph,
+        &model.graph_sha256,
+        &dims,
+        &super::measured::device_names(&cluster),
+    )?;
+    let candidates = candidates(&model.graph, &cluster, args.stages, args.microbatches)?;
+    let graph = &model.graph;
+    let weights = Weights::load(path, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", path.display()))?;
+    let executor = CpuExecutor::new(graph, &weights);
+    let prepared = candidates
+        .iter()
+        .map(|c| {
+            stage_specs(graph, &c.stages)?
+                .iter()
+                .map(|s| executor.prepare(s))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = seeded_inputs(graph, args.microbatches, 0)?;
+    let options = PipelineOptions {
+        pin_stages_to_cores: true,
+    };
+    // walls[c][r], cpu[c][r][k]
+    let mut walls = vec![Vec::new(); candidates.len()];
+    let mut cpu = vec![Vec::new(); candidates.len()];
+    for round in 0..=args.rounds {
+        for offset in 0..candidates.len() {
+            let c = (round + offset) % candidates.len();
+            let report =
+                run_pipeline_with(&executor, &prepared[c], &inputs, args.microbatches, options)?;
+            // Round 0 warms caches and thread pools for every plan alike; it is not counted.
+            if round > 0 {
+                walls[c].push(report.wall_secs);
+                cpu[c].push(report.stages.iter().map(|s| s.cpu_secs).collect::<Vec<_>>());
+            }
+        }
+        eprint!("\rround {round} of {} ", args.rounds);
+    }
+    eprintln!();
+    let rows = rows(&candidates, &walls, &cpu);
+    let report = Report {
+        model: super::model_file_name(path),
+        stages: args.stages,
+        microbatches: args.microbatches,
+        rounds: args.rounds,
+        pinned: cfg!(target_os = "linux"),
+        rows,
+    };
+    if args.json {
+        print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"))?;
+    } else {
+        print_stdout(&table(&report))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The optimiser's plan, then each baseline that could make the stages.
+fn candidates(
+    graph: &pipecut::graph::Graph,
+    cluster: &Cluster,
+    stages: usize,
+    microbatches: usize,
+) -> anyhow::Result<Vec<Candidate>> {
+    let config = PartitionConfig {
+        stages: StageCount::Fixed(stages),
+        settings: CostSettings {
+            microbatches: microbatches.try_into().context("too many micro-batches")?,
+            ..CostSettings::default()
+        },
+        ..PartitionConfig::default()
+    };
+    let solution = Planner::new(graph, cluster).with_config(config).solve()?;
+    let problem = &solution.problem;
+    let split = |stage_of: &[StageId]| -> (Vec<Vec<NodeId>>, Vec<f64>) {
+        let mut nodes = vec![Vec::new(); stages];
+        for (p, s) in stage_of.iter().enumerate() {
+            nodes[s.0 as usize].push(problem.order()[p]);
+        }
+        let times = problem
+            .evaluate(stage_of)
+            .stages
+            .iter()
+            .map(|s| s.stage_secs)
+            .collect();
+        (nodes, times)
+    };
+    let (nodes, times) = split(&solution.stage_of);
+    let mut out = vec![Candidate {
+        name: "pipecut".into(),
+        stages: nodes,
+        predicted_stage_secs: times,
+    }];
+    for baseline in &solution.baselines {
+        if let Some(starts) = &baseline.starts {
+            let (nodes, times) = split(&problem.contiguous_assignment(starts));
+            out.push(Candidate {
+                name: baseline.baseline.label().into(),
+                stages: nodes,
+                predicted_stage_secs: times,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn shares(values: &[f64]) -> Vec<f64> {
+    let total: f64 = values.iter().sum();
+    values
+        .iter()
+        .map(|v| if total > 0.0 { v / total } else { 0.0 })
+        .collect()
+}
+
+fn rows(candidates: &[Candidate], walls: &[Vec<f64>], cpu: &[Vec<Vec<f64>>]) -> Vec<Row> {
+    let bottleneck = |c: &Candidate| c.predicted_stage_secs.iter().copied().fold(0.0, f64::max);
+    candidates
+        .iter()
+        .enumerate()
+        .map(|(c, candidate)| {
+            let ratios: Vec<f64> = walls[c]
+                .iter()
+                .zip(&walls[0])
+                .map(|(w, ours)| w / ours)
+                .collect();
+            let k = candidate.stages.len();
+            let stage_medians: Vec<f64> = (0..k)
+                .map(|s| percentiles(&cpu[c].iter().map(|r| r[s]).collect::<Vec<_>>()).0)
+                .collect();
+            Row {
+                plan: candidate.name.clone(),
+                wall_secs: percentiles(&walls[c]).0,
+                measured_ratio: percentiles(&ratios).0,
+                predicted_ratio: bottleneck(candidate) / bottleneck(&candidates[0]),
+                measured_shares: shares(&stage_medians),
+                predicted_shares: shares(&candidate.predicted_stage_secs),
+            }
+        })
+        .collect()
+}
+
+fn table(report: &Report) -> String {
+    let mut out = format!(
+        "{}: {} stages, one {} core each, {} micro-batches, {} paired rounds\n\n",
+        report.model,
+        report.stages,
+        if report.pinned {
+            "pinned"
+        } else {
+            "(unpinned)"
+        },
+        report.microbatches,
+        report.rounds
+    );
+    out += &format!(
+        "{:<30} {:>9} {:>10} {:>10}  {:<18} {:<18} {:>6}\n",
+        "plan", "wall ms", "measured", "predicted", "measured shares", "predicted shares", "Δ pts"
+    );
+    for row in &report.rows {
+        let pct = |v: &[f64]| {
+            v.iter()
+                .map(|s| format!("{:.1}", s * 100.0))
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        let worst = row
+            .measured_shares
+            .iter()
+            .zip(&row.predicted_shares)
+            .map(|(m, p)| (m - p).abs() * 100.0)
+            .fold(0.0, f64::max);
+        out += &format!(
+            "{:<30} {:>9.1} {:>9.3}× {:>9.3}×  {:<18} {:<18} {:>6.1}\n",
+            row.plan,
+            row.wall_secs * 1e3,
+            row.measured_ratio,
+            row.predicted_ratio,
+            pct(&row.measured_shares),
+            pct(&row.predicted_shares),
+            worst
+        );
+    }
+    out += "\nmeasured and predicted: each plan's time over pipecut's (above 1: pipecut is faster); shares: each stage's CPU time over the stages' total; Δ pts: the largest gap between a measured and a predicted share\n";
+    out
+}
