@@ -340,3 +340,46 @@ fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
         );
     }
 }
+
+#[test]
+fn plan_cluster_keeps_to_the_measured_micro_batch_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let times = profile_gpt2(dir.path());
+    let (code, out, err) = pipecut(&[
+        "plan-cluster",
+        GPT2,
+        "--cluster",
+        "1x2xcpu",
+        "--global-batch",
+        "8",
+        "--dim",
+        "seq=16",
+        "--profile",
+        &times,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("micro-batch size at batch=2"), "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["model"]["dims"]["batch"], 2, "{out}");
+    assert_eq!(
+        plan["config"]["measured_node_times"][0]["device"],
+        "CPU-x86-64-AVX2-2C"
+    );
+    let (code, _, err) = pipecut(&[
+        "plan-cluster",
+        GPT2,
+        "--cluster",
+        "1x2xcpu",
+        "--global-batch",
+        "8",
+        "--dim",
+        "seq=16",
+        "--profile",
+        &times,
+        "--microbatch-sizes",
+        "4",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("measured at batch=2"), "{err}");
+}

@@ -22,14 +22,15 @@ pub struct MeasuredArgs {
 impl MeasuredArgs {
     /// Reads every file and makes `graph` cost from it, printing how much each covers.
     /// `devices` are the device names the plan may use (a file for none of them is refused);
-    /// `dims` the dims bound (a file measured at others is refused).
+    /// `dims` the dims bound (a file measured at others is refused). Returns the files read.
     pub fn apply(
         &self,
         graph: &mut Graph,
         graph_sha256: &str,
         dims: &BTreeMap<String, u64>,
         devices: &[&str],
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Vec<NodeTimes>> {
+        let mut applied = Vec::new();
         for path in &self.node_times {
             let bytes = pipecut::io::read_bounded(path, pipecut::io::MAX_JSON_BYTES, "node times")?;
             let origin = path.display().to_string();
@@ -72,8 +73,9 @@ impl MeasuredArgs {
                 note += "; the measurement was noisy (spread over 25%)";
             }
             eprintln!("{note}");
+            applied.push(times);
         }
-        Ok(())
+        Ok(applied)
     }
 }
 

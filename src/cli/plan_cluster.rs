@@ -25,6 +25,8 @@ pub struct PlanClusterArgs {
     model: ModelArgs,
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
     /// Samples per step over all replicas (per optimizer step in training).
     #[arg(long)]
     global_batch: u64,
@@ -123,6 +125,40 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     }
     let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
     request.dtype_override = dtype_override.map(|p| p.dtype());
+    let mut model = model;
+    let dims: BTreeMap<String, u64> = bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let applied = args.measured.apply(
+        &mut model.graph,
+        &model.graph_sha256,
+        &dims,
+        &super::measured::device_names(&cluster),
+    )?;
+    if let Some(times) = applied.first() {
+        // Times hold at the micro-batch size they were measured at: the search keeps to it.
+        let measured = times.model.dims.get(&args.batch_dim).copied();
+        let Some(size) = measured.filter(|_| {
+            applied
+                .iter()
+                .all(|t| t.model.dims.get(&args.batch_dim).copied() == measured)
+        }) else {
+            anyhow::bail!(
+                "--profile: the node times must all be measured at one micro-batch size (profile with --dim {}=N)",
+                args.batch_dim
+            );
+        };
+        if request
+            .microbatch_sizes
+            .as_ref()
+            .is_some_and(|sizes| !sizes.contains(&size))
+        {
+            anyhow::bail!("--profile: the node times were measured at {}={size}, which --microbatch-sizes leaves out", args.batch_dim);
+        }
+        eprintln!(
+            "note: planning on measured times keeps the micro-batch size at {}={size}, the size they were measured at",
+            args.batch_dim
+        );
+        request.microbatch_sizes = Some(vec![size]);
+    }
 
     let display = super::progress::Display::start(&format!(
         "searching configurations of {}",
