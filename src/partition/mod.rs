@@ -601,19 +601,24 @@ impl<'a> Planner<'a> {
         Ok(problem)
     }
 
-    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.
+    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, and the
+    /// baselines on the model's own nodes (the peers know nothing of pipecut's constraints).
     fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
         let fine = self.problem(devices)?;
+        let (baselines, baseline_layers) =
+            evaluate_baselines(&fine, &self.config.baseline_layer_type);
         let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
-            return self.solve_problem(fine, deadline);
+            return Ok(Solution {
+                baselines,
+                baseline_layers,
+                ..self.solve_problem(fine, deadline)?
+            });
         };
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
         // assignment exactly as the model does, so the figures, bound and status carry over.
         let solution = self.solve_problem(grouped.problem.clone(), deadline)?;
         let stage_of = grouped.expand(&solution.stage_of);
         let evaluation = fine.evaluate(&stage_of);
-        let (baselines, baseline_layers) =
-            evaluate_baselines(&fine, &self.config.baseline_layer_type);
         Ok(Solution {
             stage_of,
             evaluation,
@@ -696,8 +701,6 @@ impl<'a> Planner<'a> {
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
         }
-        let (baselines, baseline_layers) =
-            evaluate_baselines(&problem, &self.config.baseline_layer_type);
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
@@ -705,8 +708,9 @@ impl<'a> Planner<'a> {
             evaluation,
             solver,
             solve_secs: 0.0,
-            baselines,
-            baseline_layers,
+            // Filled by `solve_fixed`, on the model's nodes rather than `problem`'s groups.
+            baselines: Vec::new(),
+            baseline_layers: String::new(),
             baseline_layer_type: self.config.baseline_layer_type.clone(),
             candidates: Vec::new(),
             milp,
