@@ -455,10 +455,9 @@ fn parse_layer_type(text: &str) -> Result<String, String> {
     regex::Regex::new(text)
         .map(|_| text.to_string())
         .map_err(|e| {
-            format!(
-                "not a regex: {}",
-                e.to_string().lines().last().unwrap_or("")
-            )
+            let text = e.to_string();
+            let why = text.lines().last().unwrap_or_default();
+            format!("not a regex ({})", why.trim_start_matches("error: "))
         })
 }
 
