@@ -262,6 +262,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
         time_limit,
         solver: request.solver,
         cut_constraints: request.cut_constraints.clone(),
+        baseline_layer_type: crate::partition::baselines::DEFAULT_LAYER_TYPE.to_string(),
     };
     let solution = Planner::new(&model.graph, &cluster)
         .with_config(config)

@@ -401,3 +401,47 @@ fn a_sample_value_resolves_a_shape_input() {
     ]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// The DeepSpeed `type:` baseline's regex: named in the table and the plan, used again by
+/// `check` (which re-derives the baselines from the plan's config), and refused in one line when
+/// it does not compile.
+#[test]
+fn the_type_baselines_regex_is_recorded_checked_and_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let model_path = "fixtures/models/gpt2_tiny.onnx";
+    let args = |regex: &'static str| {
+        vec![
+            "partition",
+            model_path,
+            "--cluster",
+            "1x3xL4",
+            "--stages",
+            "3",
+            "--dim",
+            "batch=4",
+            "--dim",
+            "seq=16",
+            "--baseline-layer-type",
+            regex,
+        ]
+    };
+    let mut with_out = args(r"H\.[01]$");
+    with_out.extend(["--out", out.to_str().unwrap()]);
+    let (code, stdout, stderr) = pipecut(&with_out);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("deepspeed 0.19 type:H\\.[01]$"), "{stdout}");
+    assert!(
+        stdout.contains("DeepSpeed and torchgpipe cut 6 layers: the 4 blocks of /transformer/h"),
+        "{stdout}"
+    );
+    let plan = pipecut::plan::Plan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(plan.config.baseline_layer_type, r"H\.[01]$");
+    let (code, _, stderr) = pipecut(&["check", out.to_str().unwrap(), model_path]);
+    assert_eq!(code, 0, "{stderr}");
+
+    let (code, stdout, stderr) = pipecut(&args("(unclosed"));
+    assert_eq!(code, 2, "{stdout}");
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.ends_with("not a regex (unclosed group)"), "{stderr}");
+}

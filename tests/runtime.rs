@@ -138,7 +138,7 @@ fn assert_matches(
 
 fn equal_split(graph: &Graph, k: usize) -> Vec<Vec<NodeId>> {
     let order = graph.topological_order();
-    let starts = pipecut::partition::baselines::uniform_starts(order.len(), k);
+    let starts = pipecut::partition::baselines::partition_uniform(order.len(), k);
     (0..k)
         .map(|s| {
             let end = starts.get(s + 1).copied().unwrap_or(order.len());

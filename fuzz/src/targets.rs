@@ -134,6 +134,7 @@ impl Fixtures {
             time_limit: Duration::from_millis(200),
             // The default rule too (MatMul kept with its bias Add): fuzzed graphs exercise it.
             cut_constraints: Default::default(),
+            ..PartitionConfig::default()
         };
         let solved = Planner::new(graph, &cluster).with_config(config).solve();
         outcome("partition", &solved)

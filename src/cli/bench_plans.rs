@@ -191,7 +191,7 @@ fn candidates(
         if let Some(starts) = &baseline.starts {
             let (nodes, times) = split(&problem.contiguous_assignment(starts));
             out.push(Candidate {
-                name: baseline.baseline.label().into(),
+                name: baseline.peer.clone(),
                 stages: nodes,
                 predicted_stage_secs: times,
             });

@@ -237,6 +237,13 @@ pub struct PartitionArgs {
     /// tensor-core peak follow it. The plan records it.
     #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
     dtype: Option<super::DtypeArg>,
+    /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given, matched (as
+    /// DeepSpeed does: lowercased, case-insensitive, anywhere in the name) against the layer
+    /// names the baselines table reports (`/model/layers.3`, `prologue`). The default picks
+    /// the numbered blocks, as Megatron-DeepSpeed's `type:transformer` picks its transformer
+    /// layers.
+    #[arg(long, value_name = "REGEX", default_value = pipecut::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = parse_layer_type)]
+    baseline_layer_type: String,
     /// Write the plan JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -312,6 +319,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             tied_weights_together: args.keep_tied_weights,
             pin: args.pin_cut.clone(),
         },
+        baseline_layer_type: args.baseline_layer_type.clone(),
     };
     let display = super::progress::Display::start(&format!(
         "partitioning {} over {}",
@@ -472,6 +480,17 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
     out
 }
 
+/// A `--baseline-layer-type` that compiles as a regex.
+fn parse_layer_type(text: &str) -> Result<String, String> {
+    regex::Regex::new(text)
+        .map(|_| text.to_string())
+        .map_err(|e| {
+            let text = e.to_string();
+            let why = text.lines().last().unwrap_or_default();
+            format!("not a regex ({})", why.trim_start_matches("error: "))
+        })
+}
+
 /// How much faster the plan is than a baseline (its bottleneck over the plan's), with a tie
 /// said as one: "1.00× faster" reads as a rounding of a loss or a win.
 fn speedup_text(speedup: f64) -> String {
@@ -613,17 +632,37 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             }
         }
     }
+    // Plans from before schema version 4 do not name the release; this build's is the one
+    // that re-derives them.
+    let peers: Vec<String> = summary
+        .baselines
+        .iter()
+        .map(|b| match b.peer.is_empty() {
+            true => b.method.peer(&c.baseline_layer_type),
+            false => b.peer.clone(),
+        })
+        .collect();
+    let width = peers.iter().map(|p| p.chars().count()).fold(30, usize::max);
+    if !summary.baseline_layers.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nDeepSpeed and torchgpipe cut {}",
+            summary.baseline_layers
+        );
+    } else {
+        out.push('\n');
+    }
     let _ = writeln!(
         out,
-        "\nbaseline                       bottleneck ms  fits  pipecut is"
+        "{:<width$} bottleneck ms  fits  pipecut is",
+        "baseline"
     );
-    for b in &summary.baselines {
-        let label = b.method.label();
+    for (b, label) in summary.baselines.iter().zip(&peers) {
         match (b.bottleneck_secs, b.fits, b.plan_speedup) {
             (Some(secs), Some(fits), Some(speedup)) => {
                 let _ = writeln!(
                     out,
-                    "{label:<30} {:>13} {:>5}  {}",
+                    "{label:<width$} {:>13} {:>5}  {}",
                     ms(secs),
                     if fits { "yes" } else { "no" },
                     speedup_text(speedup)
@@ -632,7 +671,7 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             _ => {
                 let _ = writeln!(
                     out,
-                    "{label:<30} not applicable: {}",
+                    "{label:<width$} fails: {}",
                     b.error.as_deref().unwrap_or("no result")
                 );
             }

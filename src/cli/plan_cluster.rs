@@ -187,6 +187,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             time_limit: args.time_limit,
             // The search partitions without constraints; the plan keeps the stages it costed.
             cut_constraints: pipecut::partition::CutConstraints::none(),
+            baseline_layer_type: pipecut::partition::baselines::DEFAULT_LAYER_TYPE.to_string(),
         })
         .solve()
         .with_context(|| format!("'{}'", path.display()))?;

@@ -116,6 +116,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             ParamUse {
                 name: param.name.clone(),
                 footprint_bytes: param.footprint_bytes,
+                elements: param.elements,
                 uses,
             }
         })

@@ -2,13 +2,17 @@
 //! modules, not a graph, so to reimplement them on the same costs pipecut recovers that list
 //! from node names, which exporters fill with module scopes (`/model/layers.12/mlp/MatMul`).
 //!
-//! Rule: if one family of numbered scopes (`layers.0`, `layers.1`, … under the same parent)
-//! covers at least half the nodes, each numbered block is a layer, everything before the first
-//! block is one layer (embeddings), everything after the last is one layer (final norm and
-//! head), and nodes between blocks join the block before them. Otherwise each top-level scope
-//! (`/conv1`, `/layer2`, `/fc`) is a layer, which matches how torchgpipe flattens a CNN into an
-//! `nn.Sequential` of its children. Layers are contiguous in the topological order, so every
-//! partition of layers is a contiguous (convex) partition of nodes.
+//! Rule: among the families of numbered scopes (`layers.0`, `layers.1`, … under the same parent,
+//! at any depth) whose blocks hold at least half the nodes, the one that repeats most (the most
+//! blocks, then the deepest) gives the layers: each numbered block is a layer, everything before
+//! the first block is one layer (embeddings), everything after the last is one layer (final norm
+//! and head), and nodes between blocks join the block before them. A sentence-transformers export
+//! wraps its encoder in an `nn.Sequential` (`/model/model.0/encoder/layer.N`): the two wrapper
+//! children hold every node but the encoder layers repeat, so the encoder layers are the blocks.
+//! Without such a family each top-level scope (`/conv1`, `/layer2`, `/fc`) is a layer, which
+//! matches how torchgpipe flattens a CNN into an `nn.Sequential` of its children. Layers are
+//! contiguous in the topological order, so every partition of layers is a contiguous (convex)
+//! partition of nodes.
 
 use std::collections::BTreeMap;
 
@@ -39,54 +43,91 @@ fn numbered(segment: &str) -> Option<(&str, u64)> {
     Some((stem, index.parse().ok()?))
 }
 
-/// The block of a node: (family path, index), e.g. (`/model/layers`, 3).
-fn block_of(name: &str) -> Option<(String, u64)> {
-    let parts = scopes(name);
-    for (depth, segment) in parts.iter().enumerate() {
-        if let Some((stem, index)) = numbered(segment) {
-            let mut family = String::new();
-            for p in &parts[..depth] {
-                family.push('/');
-                family.push_str(p);
-            }
-            family.push('/');
-            family.push_str(stem);
-            return Some((family, index));
-        }
-    }
-    None
-}
-
 /// Layers of a model whose nodes, in topological order, have these names.
 pub fn find_layers(names: &[String]) -> Vec<Layer> {
-    let blocks: Vec<Option<(String, u64)>> = names.iter().map(|n| block_of(n)).collect();
-    let mut family_nodes: BTreeMap<&str, (usize, Vec<u64>)> = BTreeMap::new();
-    for (family, index) in blocks.iter().flatten() {
-        let entry = family_nodes.entry(family).or_default();
-        entry.0 += 1;
-        entry.1.push(*index);
+    detect_layers(names).layers
+}
+
+/// Where a model's layers came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerSource {
+    /// The blocks of this family, with a prologue and an epilogue layer around them.
+    Blocks(BlockFamily),
+    /// No numbered family holds half the nodes: each top-level scope is a layer.
+    TopLevelScopes,
+}
+
+/// A model's layers and where they came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetectedLayers {
+    /// The layers, in order.
+    pub layers: Vec<Layer>,
+    /// The family chosen, or the top-level fallback.
+    pub source: LayerSource,
+}
+
+impl DetectedLayers {
+    /// What the layers are, for the plan and the baselines table: `14 layers: the 12 blocks of
+    /// /transformer/h, one layer before and one after them`.
+    pub fn description(&self) -> String {
+        let count = self.layers.len();
+        let LayerSource::Blocks(family) = &self.source else {
+            return format!("{count} layers: the top-level scopes");
+        };
+        let before = self.layers.first().is_some_and(|l| l.name == "prologue");
+        let after = self.layers.last().is_some_and(|l| l.name == "epilogue");
+        let around = match (before, after) {
+            (true, true) => ", one layer before and one after them",
+            (true, false) => ", one layer before them",
+            (false, true) => ", one layer after them",
+            (false, false) => "",
+        };
+        format!(
+            "{count} layers: the {} blocks of {}{around}",
+            family.blocks, family.family
+        )
     }
-    let best = family_nodes
-        .iter()
-        .filter(|(_, (_, indices))| {
-            let mut distinct = indices.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            distinct.len() >= 2
+}
+
+/// Layers of a model whose nodes, in topological order, have these names, and where they came
+/// from (see the module doc for the rule).
+pub fn detect_layers(names: &[String]) -> DetectedLayers {
+    match repeated_family(names) {
+        Some(family) => DetectedLayers {
+            layers: find_layers_of_family(names, &family.family),
+            source: LayerSource::Blocks(family),
+        },
+        None => {
+            let labels: Vec<String> = names
+                .iter()
+                .map(|n| match scopes(n).first() {
+                    Some(top) => format!("/{top}"),
+                    None => n.clone(),
+                })
+                .collect();
+            DetectedLayers {
+                layers: runs(&labels),
+                source: LayerSource::TopLevelScopes,
+            }
+        }
+    }
+}
+
+/// The family whose blocks are the layers: among the families whose blocks hold at least half
+/// the nodes (so a family inside one block, such as one layer's MoE experts, never qualifies),
+/// the one with the most blocks, then the deepest (an outer wrapper and the layers inside it can
+/// tie on blocks only when the wrapper repeats as often, and then the inner one still cuts
+/// finer), then the most nodes, then the first by path.
+pub fn repeated_family(names: &[String]) -> Option<BlockFamily> {
+    let depth = |f: &BlockFamily| f.family.matches('/').count();
+    block_families(names)
+        .into_iter()
+        .filter(|f| 2 * f.nodes >= names.len())
+        .max_by(|a, b| {
+            (a.blocks, depth(a), a.nodes)
+                .cmp(&(b.blocks, depth(b), b.nodes))
+                .then_with(|| b.family.cmp(&a.family))
         })
-        .max_by_key(|(family, (count, _))| (*count, std::cmp::Reverse(*family)))
-        .map(|(family, (count, _))| (family.to_string(), *count));
-    let labels: Vec<String> = match best {
-        Some((family, count)) if 2 * count >= names.len() => block_labels(names, &blocks, &family),
-        _ => names
-            .iter()
-            .map(|n| match scopes(n).first() {
-                Some(top) => format!("/{top}"),
-                None => n.clone(),
-            })
-            .collect(),
-    };
-    runs(&labels)
 }
 
 /// A family of numbered scopes (`/model/layers` for `/model/layers.0`, `/model/layers.1`, …) at
@@ -277,6 +318,37 @@ mod tests {
                 ("epilogue", 4, 5)
             ]
         );
+    }
+
+    #[test]
+    fn the_family_that_repeats_is_chosen_over_its_wrapper() {
+        // A sentence-transformers export: `/model/model` (2 blocks) holds every node, the
+        // encoder layers (3 blocks) inside block 0 hold 3 of 5; both hold half the nodes, and
+        // the encoder repeats more.
+        let list = names(&[
+            "/model/model.0/embeddings/Gather",
+            "/model/model.0/encoder/layer.0/MatMul",
+            "/model/model.0/encoder/layer.1/MatMul",
+            "/model/model.0/encoder/layer.2/MatMul",
+            "/model/model.1/ReduceSum",
+        ]);
+        let detected = detect_layers(&list);
+        assert_eq!(detected.layers.len(), 5);
+        assert_eq!(
+            detected.description(),
+            "5 layers: the 3 blocks of /model/model.0/encoder/layer, one layer before and one after them"
+        );
+        // Equal repeats: the deeper family cuts finer (its two blocks and an epilogue, where the
+        // outer family gives two layers).
+        let list = names(&[
+            "/blocks.0/inner.0/MatMul",
+            "/blocks.0/inner.1/MatMul",
+            "/blocks.1/inner.0/MatMul",
+            "/blocks.1/inner.1/MatMul",
+        ]);
+        let family = repeated_family(&list).expect("two families qualify");
+        assert_eq!(family.family, "/blocks.0/inner");
+        assert_eq!(find_layers(&list).len(), 3);
     }
 
     #[test]

@@ -211,6 +211,8 @@ pub struct PartitionConfig {
     pub solver: SolverChoice,
     /// Tensors no cut may cross.
     pub cut_constraints: CutConstraints,
+    /// The regex DeepSpeed's `type:` baseline is given (see [`baselines::DEFAULT_LAYER_TYPE`]).
+    pub baseline_layer_type: String,
 }
 
 fn serialize_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -226,6 +228,7 @@ impl Default for PartitionConfig {
             time_limit: Duration::from_secs(10),
             solver: SolverChoice::Auto,
             cut_constraints: CutConstraints::default(),
+            baseline_layer_type: baselines::DEFAULT_LAYER_TYPE.to_string(),
         }
     }
 }
@@ -235,6 +238,8 @@ impl Default for PartitionConfig {
 pub struct BaselineResult {
     /// Which method.
     pub baseline: Baseline,
+    /// The release and method, e.g. `deepspeed 0.19 parameters` ([`Baseline::peer`]).
+    pub peer: String,
     /// Its stage starts (positions in the order), when it could make the stages.
     pub starts: Option<Vec<usize>>,
     /// Its bottleneck.
@@ -277,6 +282,10 @@ pub struct Solution {
     pub solve_secs: f64,
     /// The peers' methods on the same costs.
     pub baselines: Vec<BaselineResult>,
+    /// The layers the layer-based peers cut, and where they came from.
+    pub baseline_layers: String,
+    /// The regex the DeepSpeed `type:` baseline was given.
+    pub baseline_layer_type: String,
     /// With `auto`, every stage count tried.
     pub candidates: Vec<StageCountCandidate>,
     /// What the MILP did, when it ran.
@@ -592,11 +601,18 @@ impl<'a> Planner<'a> {
         Ok(problem)
     }
 
-    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`.
+    /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, and the
+    /// baselines on the model's own nodes (the peers know nothing of pipecut's constraints).
     fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
         let fine = self.problem(devices)?;
+        let (baselines, baseline_layers) =
+            evaluate_baselines(&fine, &self.config.baseline_layer_type);
         let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
-            return self.solve_problem(fine, deadline);
+            return Ok(Solution {
+                baselines,
+                baseline_layers,
+                ..self.solve_problem(fine, deadline)?
+            });
         };
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
         // assignment exactly as the model does, so the figures, bound and status carry over.
@@ -606,7 +622,8 @@ impl<'a> Planner<'a> {
         Ok(Solution {
             stage_of,
             evaluation,
-            baselines: evaluate_baselines(&fine),
+            baselines,
+            baseline_layers,
             problem: fine,
             ..solution
         })
@@ -684,7 +701,6 @@ impl<'a> Planner<'a> {
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
         }
-        let baselines = evaluate_baselines(&problem);
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
@@ -692,7 +708,10 @@ impl<'a> Planner<'a> {
             evaluation,
             solver,
             solve_secs: 0.0,
-            baselines,
+            // Filled by `solve_fixed`, on the model's nodes rather than `problem`'s groups.
+            baselines: Vec::new(),
+            baseline_layers: String::new(),
+            baseline_layer_type: self.config.baseline_layer_type.clone(),
             candidates: Vec::new(),
             milp,
             problem,
@@ -818,30 +837,41 @@ pub(crate) fn is_chain(problem: &PartitionProblem) -> bool {
     feeds_next.iter().all(|&f| f)
 }
 
-pub(crate) fn evaluate_baselines(problem: &PartitionProblem) -> Vec<BaselineResult> {
-    let layers = layers::find_layers(problem.node_scopes());
-    Baseline::ALL
+/// The peers' cuts of `problem`, evaluated on its costs, and a sentence saying which layers the
+/// layer-based ones cut. `layer_type` is the DeepSpeed `type:` method's regex.
+pub(crate) fn evaluate_baselines(
+    problem: &PartitionProblem,
+    layer_type: &str,
+) -> (Vec<BaselineResult>, String) {
+    let detected = layers::detect_layers(problem.node_scopes());
+    let results = Baseline::ALL
         .iter()
-        .map(|&baseline| match baseline.starts(problem, &layers) {
-            Ok(starts) => {
-                let evaluation = problem.evaluate(&problem.contiguous_assignment(&starts));
-                BaselineResult {
-                    baseline,
-                    bottleneck_secs: Some(evaluation.bottleneck_secs),
-                    fits: Some(evaluation.fits()),
-                    starts: Some(starts),
-                    error: None,
+        .map(|&baseline| {
+            let peer = baseline.peer(layer_type);
+            match baseline.starts(problem, &detected.layers, layer_type) {
+                Ok(starts) => {
+                    let evaluation = problem.evaluate(&problem.contiguous_assignment(&starts));
+                    BaselineResult {
+                        baseline,
+                        peer,
+                        bottleneck_secs: Some(evaluation.bottleneck_secs),
+                        fits: Some(evaluation.fits()),
+                        starts: Some(starts),
+                        error: None,
+                    }
                 }
+                Err(error) => BaselineResult {
+                    baseline,
+                    peer,
+                    starts: None,
+                    bottleneck_secs: None,
+                    fits: None,
+                    error: Some(error),
+                },
             }
-            Err(error) => BaselineResult {
-                baseline,
-                starts: None,
-                bottleneck_secs: None,
-                fits: None,
-                error: Some(error),
-            },
         })
-        .collect()
+        .collect();
+    (results, detected.description())
 }
 
 /// Why nothing fits: the node that cannot fit even alone, or how many devices would be needed.

@@ -120,6 +120,8 @@ pub struct ParamUse {
     pub name: String,
     /// Bytes it needs on a stage (with gradient and optimizer state in training).
     pub footprint_bytes: u64,
+    /// Number of elements (`numel()`): what the peers that balance parameters count.
+    pub elements: u64,
     /// Positions of its readers, ascending, each once.
     pub uses: Vec<u32>,
 }
@@ -309,6 +311,12 @@ impl PartitionProblem {
                     params.push(ParamUse {
                         name: tensor.name.clone(),
                         footprint_bytes: param_footprint_bytes(graph, tensor_id, settings.mode),
+                        elements: tensor
+                            .shape
+                            .iter()
+                            .flatten()
+                            .filter_map(|d| d.known())
+                            .product(),
                         uses: consumers,
                     });
                 }

@@ -48,7 +48,7 @@
 
 use serde::Serialize;
 
-use super::layers::{block_families, find_layers_of_family, BlockFamily, Layer};
+use super::layers::{find_layers_of_family, repeated_family, BlockFamily, Layer};
 use super::problem::{Evaluation, PartitionProblem, StageId};
 use crate::Error;
 
@@ -207,21 +207,13 @@ fn numbered_scope(name: &str) -> Option<(&str, u64)> {
     Some((family, index.parse().ok()?))
 }
 
-/// The family whose blocks become the split points: among the families whose blocks hold at
-/// least half the nodes (the threshold of [`super::layers::find_layers`], so a family inside one block, such
-/// as one layer's MoE experts, never qualifies), the one with the most blocks, then the most
-/// nodes. Finer families give finer boundaries: a sentence-transformers export wraps its encoder
-/// in an `nn.Sequential` (`/model/model.0/encoder/layer.N`), and the encoder layers, not the
-/// two wrapper children, are the blocks to cut between.
+/// The family whose blocks become the split points: the one the layer finder counts
+/// ([`super::layers::repeated_family`]). Finer families give finer boundaries: a
+/// sentence-transformers export wraps its encoder in an `nn.Sequential`
+/// (`/model/model.0/encoder/layer.N`), and the encoder layers, not the two wrapper children, are
+/// the blocks to cut between.
 fn split_family(names: &[String]) -> Option<BlockFamily> {
-    block_families(names)
-        .into_iter()
-        .filter(|f| 2 * f.nodes >= names.len())
-        .max_by(|a, b| {
-            (a.blocks, a.nodes)
-                .cmp(&(b.blocks, b.nodes))
-                .then_with(|| b.family.cmp(&a.family))
-        })
+    repeated_family(names)
 }
 
 /// The numbered blocks of `family` among `layers`, as (layer index, family, block index).

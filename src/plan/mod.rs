@@ -40,9 +40,10 @@ use crate::Error;
 
 /// The plan format version this build writes. It reads every version up to this one (version 2
 /// added the optional `parallelism` section; a version-1 plan is a version-2 plan without it;
-/// version 3 names the model by its graph and weights digests, see [`identity`]) and refuses
-/// newer ones.
-pub const SCHEMA_VERSION: u32 = 3;
+/// version 3 names the model by its graph and weights digests, see [`identity`]; version 4 names
+/// each baseline's peer release, the layers they cut and the `type:` regex) and refuses newer
+/// ones.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -207,6 +208,10 @@ pub struct PlanConfig {
     /// roofline alone. `check` and `run` need the same files again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured_node_times: Vec<MeasuredTimesUse>,
+    /// The regex the DeepSpeed `type:` baseline was given (`--baseline-layer-type`). Absent in
+    /// plans from before version 4: the default.
+    #[serde(default = "default_layer_type")]
+    pub baseline_layer_type: String,
 }
 
 /// Measured node times a plan was costed with.
@@ -228,6 +233,10 @@ fn measured_uses(graph: &Graph) -> Vec<MeasuredTimesUse> {
             sha256: sha256.to_string(),
         })
         .collect()
+}
+
+fn default_layer_type() -> String {
+    crate::partition::baselines::DEFAULT_LAYER_TYPE.to_string()
 }
 
 /// A device of the cluster.
@@ -318,6 +327,10 @@ pub struct PlanStage {
 pub struct PlanBaseline {
     /// Which method.
     pub method: Baseline,
+    /// The release and method it reproduces, e.g. `deepspeed 0.19 parameters`. Absent in plans
+    /// from before version 4.
+    #[serde(default)]
+    pub peer: String,
     /// Its bottleneck, when it could make the stages.
     pub bottleneck_secs: Option<f64>,
     /// Whether every stage of it fits memory.
@@ -362,6 +375,11 @@ pub struct PlanSummary {
     pub microbatches_per_sec: f64,
     /// The peers' methods on the same costs.
     pub baselines: Vec<PlanBaseline>,
+    /// The layers the layer-based peers cut and where they came from, e.g. `14 layers: the 12
+    /// blocks of /transformer/h, one layer before and one after them`. Absent in plans from
+    /// before version 4.
+    #[serde(default)]
+    pub baseline_layers: String,
     /// With `--stages auto`, every count tried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_count_candidates: Vec<PlanCandidate>,
@@ -565,6 +583,7 @@ impl Plan {
                 dtype_override: context.dtype_override,
                 cut_constraints: solution.cut_constraints.clone(),
                 measured_node_times: measured_uses(context.graph),
+                baseline_layer_type: solution.baseline_layer_type.clone(),
             },
             stages,
             summary: PlanSummary {
@@ -580,6 +599,7 @@ impl Plan {
                     0.0
                 },
                 baselines,
+                baseline_layers: solution.baseline_layers.clone(),
                 stage_count_candidates: solution
                     .candidates
                     .iter()
@@ -916,8 +936,10 @@ impl Plan {
             0.0
         };
         summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
-        summary.baselines =
-            rederive::plan_baselines(&crate::partition::evaluate_baselines(&problem), bottleneck);
+        let (baselines, baseline_layers) =
+            crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
+        summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
+        summary.baseline_layers = baseline_layers;
         let k = plan.stages.len();
         if plan
             .summary

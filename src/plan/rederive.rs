@@ -97,6 +97,7 @@ pub(crate) fn plan_baselines(
         .iter()
         .map(|b| PlanBaseline {
             method: b.baseline,
+            peer: b.peer.clone(),
             bottleneck_secs: b.bottleneck_secs,
             fits: b.fits,
             plan_speedup: b
