@@ -10,7 +10,8 @@
 
 use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
 use crate::graph::DType;
-use crate::runtime::tensor::{HostTensor, TensorData};
+use crate::runtime::narrow::{round_e8m0, E8M0Rounding};
+use crate::runtime::tensor::{try_collect, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(
@@ -384,7 +385,19 @@ fn cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let code = ctx.int("to", 0) as i32;
     let to = DType::from_onnx(code).ok_or_else(|| format!("unknown target type {code}"))?;
     let saturate = ctx.int("saturate", 1) != 0;
-    Ok(vec![input(inputs, 0)?.cast_saturating(to, saturate)?])
+    let x = input(inputs, 0)?;
+    if to == DType::F8E8M0 {
+        let rounding = E8M0Rounding::parse(&ctx.string("round_mode", "up"))?;
+        let values = x.to_f32_vec();
+        let rounded = values
+            .into_iter()
+            .map(|v| round_e8m0(v, saturate, rounding));
+        return Ok(vec![HostTensor::f32(
+            x.shape().to_vec(),
+            try_collect(x.len(), rounded)?,
+        )]);
+    }
+    Ok(vec![x.cast_saturating(to, saturate)?])
 }
 
 /// CastLike casts to the declared type of its second input, which the graph knows even where
