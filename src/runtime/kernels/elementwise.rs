@@ -68,6 +68,9 @@ fn promote(a: &HostTensor, b: &HostTensor) -> Result<(HostTensor, HostTensor), S
     if a.dtype() == b.dtype() {
         return Ok((a.clone(), b.clone()));
     }
+    if a.dtype() == DType::String || b.dtype() == DType::String {
+        return Err(format!("cannot combine {} with {}", a.dtype(), b.dtype()));
+    }
     let target = if a.dtype() == DType::F32 || b.dtype() == DType::F32 {
         DType::F32
     } else {
@@ -221,6 +224,12 @@ fn compare(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (TensorData::I64(x), TensorData::I64(y)) => cmp!(x, y),
         (TensorData::I32(x), TensorData::I32(y)) => cmp!(x, y),
         (TensorData::Bool(x), TensorData::Bool(y)) => cmp!(x, y),
+        // Equal compares strings since opset 19; the order comparisons take numbers only.
+        (TensorData::String(x), TensorData::String(y)) if op == "Equal" => {
+            let x: Vec<&str> = x.iter().map(String::as_str).collect();
+            let y: Vec<&str> = y.iter().map(String::as_str).collect();
+            zip_broadcast(&x, a.shape(), &y, b.shape(), |p, q| p == q)?
+        }
         _ => {
             return Err(format!(
                 "{op} cannot compare {} with {}",
@@ -341,7 +350,9 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .cast(a.dtype())
                 .map(|t| vec![t])
         }
-        TensorData::Bool(_) => Err(format!("{op} does not accept bool")),
+        TensorData::Bool(_) | TensorData::String(_) => {
+            Err(format!("{op} does not accept {}", a.dtype()))
+        }
     }
 }
 
@@ -496,5 +507,39 @@ mod tests {
         assert_close(&out[0], &[3], &[1.0, 0.0, 0.0]);
         let out = run("Round", vec![], &[&f(&[4], &[0.5, 1.5, 2.5, -0.5])]);
         assert_close(&out[0], &[4], &[0.0, 2.0, 2.0, -0.0]);
+    }
+
+    #[test]
+    fn equal_compares_strings_and_cast_parses_and_prints_them() {
+        let text = |shape: &[usize], v: &[&str]| {
+            crate::runtime::HostTensor::new(
+                shape.to_vec(),
+                TensorData::String(v.iter().map(|s| s.to_string()).collect()),
+            )
+            .unwrap()
+        };
+        let out = run(
+            "Equal",
+            vec![],
+            &[
+                &text(&[2, 2], &["a", "b", "c", "a"]),
+                &text(&[2], &["a", "b"]),
+            ],
+        );
+        assert_eq!(
+            out[0].data(),
+            &TensorData::Bool(vec![true, true, false, false])
+        );
+        let out = run(
+            "Cast",
+            vec![("to", Attribute::Int(1))],
+            &[&text(&[3], &["1.5", " -2", "inf"])],
+        );
+        assert_eq!(out[0].as_f32().unwrap(), &[1.5, -2.0, f32::INFINITY]);
+        let out = run("Cast", vec![("to", Attribute::Int(8))], &[&out[0]]);
+        assert_eq!(
+            out[0].data(),
+            &TensorData::String(vec!["1.5".into(), "-2".into(), "inf".into()])
+        );
     }
 }

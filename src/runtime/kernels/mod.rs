@@ -317,6 +317,9 @@ pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> Result<TensorData, S
         TensorData::I64(v) => TensorData::I64(try_collect(n, offsets.iter().map(|&i| v[i]))?),
         TensorData::I32(v) => TensorData::I32(try_collect(n, offsets.iter().map(|&i| v[i]))?),
         TensorData::Bool(v) => TensorData::Bool(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::String(v) => {
+            TensorData::String(try_collect(n, offsets.iter().map(|&i| v[i].clone()))?)
+        }
     })
 }
 
