@@ -279,6 +279,13 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "DepthToSpace" | "SpaceToDepth" | "ConstantOfShape" | "Range" | "OneHot" | "Resize"
             | "Upsample" | "GridSample" | "RoiAlign" | "CenterCropPad",
         ) => movement,
+        // Text ops: no arithmetic, bytes moved. A string counts as its 8-byte handle: its
+        // length is unknown until the run.
+        (
+            "",
+            "StringConcat" | "StringSplit" | "StringNormalizer" | "RegexFullMatch"
+            | "TfIdfVectorizer",
+        ) => movement,
         ("", "Det") => det,
         ("", "Gather") => gather,
         _ => return None,

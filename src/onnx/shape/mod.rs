@@ -21,6 +21,7 @@ mod recurrent;
 mod reduce;
 mod registry;
 mod signal;
+pub(crate) mod strings;
 
 use std::collections::{BTreeMap, BTreeSet};
 

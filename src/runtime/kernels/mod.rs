@@ -22,6 +22,7 @@ mod microsoft;
 mod movement;
 mod ms_attention;
 mod signal;
+mod strings;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -115,6 +116,7 @@ fn table() -> &'static KernelTable {
         rearrange::register(&mut t);
         channel_norm::register(&mut t);
         einsum::register(&mut t);
+        strings::register(&mut t);
         t
     })
 }
