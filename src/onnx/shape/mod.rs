@@ -14,6 +14,7 @@ mod elementwise;
 mod linalg;
 mod loss;
 mod microsoft;
+mod ml;
 mod movement;
 mod nn;
 mod quant;

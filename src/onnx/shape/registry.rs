@@ -42,6 +42,7 @@ fn registry() -> &'static Registry {
         super::crop::register(&mut r);
         super::recurrent::register(&mut r);
         super::strings::register(&mut r);
+        super::ml::register(&mut r);
         r
     })
 }

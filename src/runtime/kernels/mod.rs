@@ -19,6 +19,7 @@ mod linalg;
 mod loss;
 mod matmul;
 mod microsoft;
+mod ml;
 mod movement;
 mod ms_attention;
 mod signal;
@@ -117,6 +118,7 @@ fn table() -> &'static KernelTable {
         channel_norm::register(&mut t);
         einsum::register(&mut t);
         strings::register(&mut t);
+        ml::register(&mut t);
         t
     })
 }
