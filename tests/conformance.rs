@@ -8,7 +8,7 @@
 //!
 //! 1. `load`: [`pipecut::onnx::load_model_from_bytes`];
 //! 2. `shape`: shape inference with no bindings, given the reference inputs that can carry
-//!    shapes (integers, 0-D and 1-D floats) as plan-time sample values
+//!    shapes (integers, 0-D and 1-D floats, strings) as plan-time sample values
 //!    ([`ShapeInference::with_input_values`]); every output's inferred shape must equal the
 //!    reference output's shape;
 //! 3. `plan`: the library's `partition --stages 1` ([`Planner`] with one stage on one H100),
@@ -177,6 +177,15 @@ fn compare(
                 }
             }
         }
+        DType::String => {
+            if got.data() != want.data() {
+                return Err(format!(
+                    "output '{name}' is {:?} but the reference is {:?}",
+                    got.data(),
+                    want.data()
+                ));
+            }
+        }
         _ => {
             if got.to_i64_vec() != want.to_i64_vec() {
                 return Err(format!("output '{name}' differs from the reference"));
@@ -186,8 +195,9 @@ fn compare(
     Ok(())
 }
 
-/// The reference inputs that can carry shapes (integers, and 0-D and 1-D floats such as Resize scales or Range bounds),
-/// as the plan-time sample values the `shape` phase is given.
+/// The reference inputs that can carry shapes (integers, and 0-D and 1-D floats such as Resize
+/// scales or Range bounds) or decide them (strings, which `StringSplit` splits), as the
+/// plan-time sample values the `shape` phase is given.
 fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue>, String> {
     let mut values = BTreeMap::new();
     for entry in case["inputs"].as_array().unwrap() {

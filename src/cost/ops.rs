@@ -279,6 +279,16 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "DepthToSpace" | "SpaceToDepth" | "ConstantOfShape" | "Range" | "OneHot" | "Resize"
             | "Upsample" | "GridSample" | "RoiAlign" | "CenterCropPad",
         ) => movement,
+        // Text ops: no arithmetic, bytes moved. A string counts as its 8-byte handle: its
+        // length is unknown until the run.
+        (
+            "",
+            "StringConcat" | "StringSplit" | "StringNormalizer" | "RegexFullMatch"
+            | "TfIdfVectorizer",
+        ) => movement,
+        ("ai.onnx.ml", "LabelEncoder" | "ArrayFeatureExtractor") => movement,
+        ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
+        ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
         ("", "Det") => det,
         ("", "Gather") => gather,
         _ => return None,
@@ -486,6 +496,21 @@ fn recurrent(ctx: &CostCtx) -> Result<OpWork, String> {
         flops,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Matmul,
+    ))
+}
+
+/// TreeEnsemble: at most one comparison per node for each row, a bound that is tight for
+/// shallow forests (<https://onnx.ai/onnx/operators/onnx_aionnxml_TreeEnsemble.html>).
+fn tree_ensemble(ctx: &CostCtx) -> Result<OpWork, String> {
+    let rows = ctx.shape(0)?.first().copied().unwrap_or(1) as f64;
+    let nodes = match ctx.node.attributes.get("nodes_featureids") {
+        Some(Attribute::Ints(ids)) => ids.len() as f64,
+        _ => return Err("attribute 'nodes_featureids' is missing".into()),
+    };
+    Ok(ctx.work(
+        rows * nodes,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Reduction,
     ))
 }
 

@@ -32,6 +32,8 @@ pub enum DType {
     U4,
     I4,
     F4E2M1,
+    /// OCP MX scale format: an 8-bit power of two (no sign, no mantissa), opset 24.
+    F8E8M0,
 }
 
 impl DType {
@@ -62,6 +64,7 @@ impl DType {
             21 => U4,
             22 => I4,
             23 => F4E2M1,
+            24 => F8E8M0,
             _ => return None,
         })
     }
@@ -93,6 +96,7 @@ impl DType {
             U4 => 21,
             I4 => 22,
             F4E2M1 => 23,
+            F8E8M0 => 24,
         }
     }
 
@@ -102,7 +106,7 @@ impl DType {
         use DType::*;
         match self {
             U4 | I4 | F4E2M1 => 4,
-            Bool | I8 | U8 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ => 8,
+            Bool | I8 | U8 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 => 8,
             F16 | BF16 | I16 | U16 => 16,
             F32 | I32 | U32 => 32,
             F64 | I64 | U64 | Complex64 | String => 64,
@@ -123,7 +127,7 @@ impl DType {
         use DType::*;
         matches!(
             self,
-            F32 | F16 | BF16 | F64 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F4E2M1
+            F32 | F16 | BF16 | F64 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F4E2M1 | F8E8M0
         )
     }
 
@@ -154,6 +158,7 @@ impl DType {
             U4 => "uint4",
             I4 => "int4",
             F4E2M1 => "float4e2m1",
+            F8E8M0 => "float8e8m0",
         }
     }
 }
@@ -368,7 +373,7 @@ mod tests {
         assert_eq!(DType::I4.bytes_for(3), Some(2));
         assert_eq!(DType::F16.bytes_for(10), Some(20));
         assert_eq!(DType::F64.bytes_for(u64::MAX), None);
-        for code in 1..=23 {
+        for code in 1..=24 {
             assert_eq!(DType::from_onnx(code).unwrap().onnx_code(), code);
         }
     }

@@ -59,6 +59,9 @@ pub enum ConstValue {
     Ints(Vec<SymInt>),
     /// Floating-point tensors, widened to f64.
     Floats(Vec<f64>),
+    /// String tensors (the text ops' inputs, string-keyed attributes), which carry no shape
+    /// arithmetic but decide output sizes (`StringSplit`, `StringNormalizer`).
+    Strings(Vec<String>),
 }
 
 impl ConstValue {
@@ -67,6 +70,7 @@ impl ConstValue {
         match self {
             ConstValue::Ints(v) => v.len(),
             ConstValue::Floats(v) => v.len(),
+            ConstValue::Strings(v) => v.len(),
         }
     }
 
@@ -76,19 +80,29 @@ impl ConstValue {
     }
 
     /// All elements as concrete integers (floats truncated toward zero, as `Cast` does), or
-    /// `None` if any element is symbolic.
+    /// `None` if any element is symbolic or the value holds strings.
     pub fn as_i64s(&self) -> Option<Vec<i64>> {
         match self {
             ConstValue::Ints(v) => v.iter().map(SymInt::lit).collect(),
             ConstValue::Floats(v) => Some(v.iter().map(|x| *x as i64).collect()),
+            ConstValue::Strings(_) => None,
         }
     }
 
-    /// All elements as f64, or `None` if any element is symbolic.
+    /// All elements as f64, or `None` if any element is symbolic or the value holds strings.
     pub fn as_f64s(&self) -> Option<Vec<f64>> {
         match self {
             ConstValue::Ints(v) => v.iter().map(|x| x.lit().map(|i| i as f64)).collect(),
             ConstValue::Floats(v) => Some(v.clone()),
+            ConstValue::Strings(_) => None,
+        }
+    }
+
+    /// The strings of a string value.
+    pub fn as_strings(&self) -> Option<&[String]> {
+        match self {
+            ConstValue::Strings(v) => Some(v),
+            _ => None,
         }
     }
 }

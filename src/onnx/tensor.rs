@@ -407,6 +407,13 @@ fn inline_value(proto: &TensorProto, dtype: DType) -> Option<ConstValue> {
                 .iter()
                 .map(|&v| half::bf16::from_bits(v as u16).to_f64()),
         ),
+        // Not UTF-8: no value (the text ops refuse it when they run).
+        String => proto
+            .string_data
+            .iter()
+            .map(|bytes| std::string::String::from_utf8(bytes.clone()).ok())
+            .collect::<Option<_>>()
+            .map(ConstValue::Strings),
         _ => None,
     }
 }

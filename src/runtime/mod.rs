@@ -252,6 +252,12 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
             DType::Bool => TensorData::Bool(
                 try_collect(n, (0..n).map(|_| rng.next() & 1 == 1)).map_err(no_room)?,
             ),
+            // Random text means nothing to the ops that read strings (a vocabulary, a pattern).
+            DType::String => {
+                return Err(Error::RunInput(format!(
+                "input '{name}' is a string tensor, which is not generated: pass it as a .npy file"
+            )))
+            }
             int => {
                 let rows = index_range(graph, id);
                 let mask = name.to_lowercase().contains("mask");

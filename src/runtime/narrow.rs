@@ -9,6 +9,8 @@
 //! E5M2, which has one); the FNUZ formats have no negative zero; float4 E2M1 always saturates
 //! and has no NaN (a NaN becomes negative zero, as in `ml_dtypes`);
 //! int4 and uint4 truncate towards zero and wrap modulo 16, NaN and infinities giving 0.
+//! float8 E8M0 (the MX scale type) holds only powers of two, 2^-127 to 2^127, and NaN; a cast
+//! to it keeps the f32 exponent and rounds by Cast's `round_mode` (`up` by default).
 
 use crate::graph::DType;
 
@@ -106,13 +108,71 @@ pub fn round_float(dtype: DType, x: f32, saturate: bool) -> f32 {
     match dtype {
         DType::F16 => half::f16::from_f32(x).to_f32(),
         DType::BF16 => half::bf16::from_f32(x).to_f32(),
+        DType::F8E8M0 => round_e8m0(x, saturate, E8M0Rounding::Up),
         other => MiniFloat::of(other).map_or(x, |format| format.round(x, saturate)),
     }
 }
 
 /// Whether [`round_float`] changes values of `dtype` (it is a float narrower than f32).
 pub fn is_narrow_float(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16) || MiniFloat::of(dtype).is_some()
+    matches!(dtype, DType::F16 | DType::BF16 | DType::F8E8M0) || MiniFloat::of(dtype).is_some()
+}
+
+/// How a cast to float8 E8M0 picks a power of two (Cast's `round_mode`, opset 24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum E8M0Rounding {
+    /// The next power of two at or above the magnitude (the default).
+    Up,
+    /// The power of two at or below it (the exponent as is).
+    Down,
+    /// The nearer of the two, ties to the even exponent.
+    Nearest,
+}
+
+impl E8M0Rounding {
+    /// The mode a `round_mode` attribute names.
+    pub fn parse(name: &str) -> Result<E8M0Rounding, String> {
+        match name {
+            "up" => Ok(E8M0Rounding::Up),
+            "down" => Ok(E8M0Rounding::Down),
+            "nearest" => Ok(E8M0Rounding::Nearest),
+            other => Err(format!(
+                "round_mode '{other}' is not one of up, down, nearest"
+            )),
+        }
+    }
+}
+
+/// `x` as float8 E8M0 holds it, as f32: 2^(e − 127) for the 8-bit exponent `e` that the f32
+/// exponent of `|x|` rounds to (the sign is dropped; zero and subnormals have exponent 0, so they
+/// become 2^-127), NaN for NaN, infinities and a rounding past 2^127 without `saturate`. This is
+/// `onnx.numpy_helper.to_float8e8m0`, the ONNX reference's cast.
+pub fn round_e8m0(x: f32, saturate: bool, rounding: E8M0Rounding) -> f32 {
+    const NAN_EXPONENT: u32 = 0xff;
+    let bits = x.to_bits();
+    let exponent = (bits >> 23) & 0xff;
+    if exponent == NAN_EXPONENT {
+        return f32::NAN;
+    }
+    let mantissa = bits & 0x7f_ffff;
+    let round_up = match rounding {
+        E8M0Rounding::Up => mantissa != 0,
+        E8M0Rounding::Down => false,
+        // The reference rounds a tie up except from exponent 0 (its `lsb` is `exponent > 0`).
+        E8M0Rounding::Nearest => {
+            let half = 0x40_0000;
+            mantissa > half || (mantissa == half && exponent > 0)
+        }
+    };
+    let exponent = match (round_up, exponent == NAN_EXPONENT - 1, saturate) {
+        (true, true, true) => exponent,
+        (true, _, _) => exponent + 1,
+        (false, _, _) => exponent,
+    };
+    if exponent == NAN_EXPONENT {
+        return f32::NAN;
+    }
+    2f32.powi(exponent as i32 - 127)
 }
 
 /// A float cast to int4 (`signed`) or uint4: truncated towards zero, wrapped modulo 16; NaN
@@ -241,5 +301,26 @@ mod tests {
         assert_eq!(float_to_4bit(-2.5, false), 14);
         assert_eq!(wrap_4bit(-9, false), 7);
         assert_eq!(round_float(DType::BF16, 0.8191054, true), 0.8203125);
+    }
+
+    #[test]
+    fn e8m0_keeps_a_power_of_two_rounded_as_cast_says() {
+        let up = |x| round_e8m0(x, true, E8M0Rounding::Up);
+        // onnx's test_cast_e8m0_FLOAT_to_FLOAT8E8M0 reference.
+        let got: Vec<f32> = [0.0, 0.124, 0.25, 0.5, 1.1, 2.0, 4.0, 8.0]
+            .into_iter()
+            .map(up)
+            .collect();
+        let want = [2f32.powi(-127), 0.125, 0.25, 0.5, 2.0, 2.0, 4.0, 8.0];
+        assert_eq!(got, want);
+        assert_eq!(up(-3.0), 4.0);
+        assert!(up(f32::INFINITY).is_nan());
+        assert_eq!(up(f32::MAX), 2f32.powi(127));
+        assert!(round_e8m0(f32::MAX, false, E8M0Rounding::Up).is_nan());
+        assert_eq!(round_e8m0(3.0, true, E8M0Rounding::Down), 2.0);
+        assert_eq!(round_e8m0(2.9, true, E8M0Rounding::Nearest), 2.0);
+        assert_eq!(round_e8m0(3.1, true, E8M0Rounding::Nearest), 4.0);
+        assert_eq!(E8M0Rounding::parse("nearest"), Ok(E8M0Rounding::Nearest));
+        assert!(E8M0Rounding::parse("sideways").is_err());
     }
 }

@@ -7,6 +7,10 @@
 //! overflows, data shorter or longer than the shape) is a clear [`Error::Npy`], never a panic or
 //! a silently reinterpreted buffer. It is about 200 lines; `npyz` would add a dependency for
 //! features (structured dtypes, streaming) the runtime does not use.
+//!
+//! String tensors are NumPy's fixed-width unicode arrays (`<U8`: 8 UTF-32 code points per
+//! element, shorter strings padded with NUL), the form `np.save` writes without pickling; as in
+//! NumPy, trailing NULs are padding, so a string cannot end in one.
 
 use std::path::Path;
 
@@ -81,7 +85,7 @@ pub fn parse_npy(bytes: &[u8], origin: &str) -> Result<NpyArray, Error> {
     }
     let (stored, size) = descr_dtype(&header.descr).ok_or_else(|| {
         fail(format!(
-            "dtype '{}' is not supported (little-endian float16/32/64, int8/16/32/64, uint8/16/32 and bool are)",
+            "dtype '{}' is not supported (little-endian float16/32/64, int8/16/32/64, uint8/16/32, bool and unicode strings are)",
             header.descr
         ))
     })?;
@@ -122,8 +126,33 @@ fn descr_dtype(descr: &str) -> Option<(DType, usize)> {
         "<u2" => (DType::U16, 2),
         "<u4" => (DType::U32, 4),
         "|b1" => (DType::Bool, 1),
-        _ => return None,
+        _ => (DType::String, unicode_width(descr)?.checked_mul(4)?),
     })
+}
+
+/// The code points per element of a little-endian unicode descr (`<U12` → 12); a width of 0
+/// holds nothing and is refused.
+fn unicode_width(descr: &str) -> Option<usize> {
+    descr
+        .strip_prefix("<U")?
+        .parse::<usize>()
+        .ok()
+        .filter(|&w| w > 0)
+}
+
+/// Fixed-width UTF-32 elements as strings, trailing NUL padding removed; `None` on a value
+/// that is not a Unicode scalar.
+fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
+    data.chunks_exact(width * 4)
+        .map(|element| {
+            let mut text: String = element
+                .chunks_exact(4)
+                .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                .collect::<Option<_>>()?;
+            text.truncate(text.trim_end_matches('\0').len());
+            Some(text)
+        })
+        .collect()
 }
 
 fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
@@ -171,7 +200,7 @@ fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
             }
             TensorData::Bool(data.iter().map(|&b| b == 1).collect())
         }
-        _ => return None,
+        _ => TensorData::String(decode_unicode(unicode_width(descr)?, data)?),
     })
 }
 
@@ -256,13 +285,24 @@ fn quoted(text: &str) -> Option<(&str, &str)> {
 }
 
 /// Encodes a tensor as `.npy` version 1.0 bytes (float32 `<f4`, int64 `<i8`, int32 `<i4`, bool
-/// `|b1`); the header is padded so the data starts at a multiple of 64 bytes, as NumPy does.
+/// `|b1`, strings `<U` as wide as the longest); the header is padded so the data starts at a
+/// multiple of 64 bytes, as NumPy does.
 pub fn encode_npy(tensor: &HostTensor) -> Vec<u8> {
+    let string_width = match tensor.data() {
+        TensorData::String(v) => v
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(1),
+        _ => 0,
+    };
     let descr = match tensor.data() {
-        TensorData::F32(_) => "<f4",
-        TensorData::I64(_) => "<i8",
-        TensorData::I32(_) => "<i4",
-        TensorData::Bool(_) => "|b1",
+        TensorData::F32(_) => "<f4".to_string(),
+        TensorData::I64(_) => "<i8".to_string(),
+        TensorData::I32(_) => "<i4".to_string(),
+        TensorData::Bool(_) => "|b1".to_string(),
+        TensorData::String(_) => format!("<U{string_width}"),
     };
     let shape = match tensor.shape() {
         [one] => format!("({one},)"),
@@ -296,6 +336,15 @@ pub fn encode_npy(tensor: &HostTensor) -> Vec<u8> {
             .iter()
             .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         TensorData::Bool(v) => out.extend(v.iter().map(|&b| b as u8)),
+        TensorData::String(v) => {
+            for text in v {
+                let padding = string_width - text.chars().count();
+                text.chars()
+                    .map(u32::from)
+                    .chain(std::iter::repeat_n(0, padding))
+                    .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
+            }
+        }
     }
     out
 }
@@ -321,6 +370,10 @@ mod tests {
             HostTensor::with_data(vec![2], TensorData::I32(vec![5, -6])),
             HostTensor::with_data(vec![1, 2], TensorData::Bool(vec![true, false])),
             HostTensor::f32(vec![], vec![4.0]),
+            HostTensor::with_data(
+                vec![3],
+                TensorData::String(vec!["née".into(), "".into(), "a b".into()]),
+            ),
         ] {
             let bytes = encode_npy(&t);
             let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
@@ -329,6 +382,26 @@ mod tests {
             assert_eq!(back.tensor, t);
             assert_eq!(back.stored, t.dtype());
         }
+    }
+
+    #[test]
+    fn reads_numpy_unicode_strings() {
+        // np.save of np.array([["ab", "ü"]]): '<U2', UTF-32LE, NUL padded.
+        let data: Vec<u8> = ['a', 'b', 'ü', '\0']
+            .iter()
+            .flat_map(|&c| u32::from(c).to_le_bytes())
+            .collect();
+        let header = "{'descr': '<U2', 'fortran_order': False, 'shape': (1, 2), }\n";
+        let a = parse_npy(&npy(header, &data), "t").unwrap();
+        assert_eq!(a.stored, DType::String);
+        assert_eq!(
+            a.tensor.data(),
+            &TensorData::String(vec!["ab".into(), "ü".into()])
+        );
+        let surrogate = 0xd800u32.to_le_bytes().repeat(2);
+        assert!(parse_npy(&npy(header, &surrogate), "t").is_err());
+        let empty_width = "{'descr': '<U0', 'fortran_order': False, 'shape': (2,), }\n";
+        assert!(parse_npy(&npy(empty_width, &[]), "t").is_err());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! are read ([`HostTensor::from_f16`], the `.npy` reader and the weight loader do it), so a model
 //! exported in half precision runs with fp32 arithmetic; int64, int32 and bool carry indices,
 //! shapes and masks exactly. Narrower integer types (int8, uint8, int16, uint16, uint32) widen to
-//! int64, the type ONNX shape arithmetic uses.
+//! int64, the type ONNX shape arithmetic uses. Strings (the text ops, `ai.onnx.ml` encoders)
+//! are owned UTF-8 strings, one per element; only the CPU runtime holds them.
 
 use std::fmt;
 
@@ -18,6 +19,7 @@ pub enum TensorData {
     I64(Vec<i64>),
     I32(Vec<i32>),
     Bool(Vec<bool>),
+    String(Vec<String>),
 }
 
 impl TensorData {
@@ -28,6 +30,7 @@ impl TensorData {
             TensorData::I64(v) => v.len(),
             TensorData::I32(v) => v.len(),
             TensorData::Bool(v) => v.len(),
+            TensorData::String(v) => v.len(),
         }
     }
 
@@ -43,6 +46,7 @@ impl TensorData {
             TensorData::I64(_) => DType::I64,
             TensorData::I32(_) => DType::I32,
             TensorData::Bool(_) => DType::Bool,
+            TensorData::String(_) => DType::String,
         }
     }
 }
@@ -230,23 +234,57 @@ impl HostTensor {
         Ok(self)
     }
 
-    /// Every element as f32 (integers converted, booleans 0/1).
+    /// Every element as f32 (integers converted, booleans 0/1, strings parsed as `Cast` from
+    /// string does: `"1e-3"`, `"inf"`, `"NaN"`; text that is no number gives NaN).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {
             TensorData::F32(v) => v.clone(),
             TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+            TensorData::String(v) => v
+                .iter()
+                .map(|s| s.trim().parse().unwrap_or(f32::NAN))
+                .collect(),
         }
     }
 
-    /// Every element as i64 (floats truncated toward zero, as `Cast` does).
+    /// Every element as i64 (floats truncated toward zero, as `Cast` does; strings parsed as
+    /// integers, else as floats and truncated, text that is no number giving 0).
     pub fn to_i64_vec(&self) -> Vec<i64> {
         match &self.data {
             TensorData::F32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::I64(v) => v.clone(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::String(v) => v
+                .iter()
+                .map(|s| {
+                    let s = s.trim();
+                    s.parse()
+                        .unwrap_or_else(|_| s.parse::<f64>().map_or(0, |x| x as i64))
+                })
+                .collect(),
+        }
+    }
+
+    /// The strings of a string tensor, or an error naming the actual type.
+    pub fn as_strings(&self) -> Result<&[String], String> {
+        match &self.data {
+            TensorData::String(v) => Ok(v),
+            other => Err(format!("expected a string tensor, got {}", other.dtype())),
+        }
+    }
+
+    /// Every element as text, for `Cast` to string: numbers as Rust prints them (shortest
+    /// form that reads back the same), booleans as `true`/`false`.
+    fn to_string_vec(&self) -> Vec<String> {
+        match &self.data {
+            TensorData::F32(v) => v.iter().map(f32::to_string).collect(),
+            TensorData::I64(v) => v.iter().map(i64::to_string).collect(),
+            TensorData::I32(v) => v.iter().map(i32::to_string).collect(),
+            TensorData::Bool(v) => v.iter().map(bool::to_string).collect(),
+            TensorData::String(v) => v.clone(),
         }
     }
 
@@ -256,6 +294,7 @@ impl HostTensor {
     pub fn to_const_value(&self) -> ConstValue {
         match &self.data {
             TensorData::F32(v) => ConstValue::Floats(v.iter().map(|&x| f64::from(x)).collect()),
+            TensorData::String(v) => ConstValue::Strings(v.clone()),
             _ => ConstValue::Ints(self.to_i64_vec().into_iter().map(SymInt::Lit).collect()),
         }
     }
@@ -301,6 +340,7 @@ impl HostTensor {
                 TensorData::Bool(v) => v.clone(),
                 _ => self.to_i64_vec().into_iter().map(|x| x != 0).collect(),
             }),
+            DType::String => TensorData::String(self.to_string_vec()),
             other => {
                 return Err(format!(
                     "cannot cast to {other}: the CPU runtime has no such type"
@@ -333,6 +373,9 @@ impl HostTensor {
             TensorData::I64(v) => TensorData::I64(try_collect(len, v[range].iter().copied())?),
             TensorData::I32(v) => TensorData::I32(try_collect(len, v[range].iter().copied())?),
             TensorData::Bool(v) => TensorData::Bool(try_collect(len, v[range].iter().copied())?),
+            TensorData::String(v) => {
+                TensorData::String(try_collect(len, v[range].iter().cloned())?)
+            }
         };
         let mut shape = self.shape.clone();
         shape[0] = count;
@@ -377,6 +420,7 @@ impl HostTensor {
             TensorData::I64(_) => join!(I64),
             TensorData::I32(_) => join!(I32),
             TensorData::Bool(_) => join!(Bool),
+            TensorData::String(_) => join!(String),
         };
         Ok(HostTensor { shape, data })
     }

@@ -277,6 +277,16 @@ fn decode_inline(proto: &TensorProto) -> Result<HostTensor, String> {
             TensorData::I64(proto.uint64_data.iter().map(|&v| v as i64).collect())
         }
         DType::Bool => TensorData::Bool(proto.int32_data.iter().map(|&v| v != 0).collect()),
+        DType::String => TensorData::String(
+            proto
+                .string_data
+                .iter()
+                .map(|bytes| {
+                    String::from_utf8(bytes.clone())
+                        .map_err(|_| "a string element is not UTF-8".to_string())
+                })
+                .collect::<Result<_, _>>()?,
+        ),
         other => return Err(format!("the CPU runtime cannot hold {other} weights")),
     };
     HostTensor::new(dims, data)

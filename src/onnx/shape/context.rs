@@ -162,7 +162,7 @@ impl<'a> OpCtx<'a> {
     pub fn sym_ints(&self, i: usize) -> Option<&'a [SymInt]> {
         match self.opt_input(i)?.value? {
             ConstValue::Ints(v) => Some(v),
-            ConstValue::Floats(_) => None,
+            ConstValue::Floats(_) | ConstValue::Strings(_) => None,
         }
     }
 
@@ -332,6 +332,12 @@ pub(crate) fn gather_value(
             indices
                 .iter()
                 .map(|&i| v.get(i).copied())
+                .collect::<Option<_>>()?,
+        ),
+        ConstValue::Strings(v) => ConstValue::Strings(
+            indices
+                .iter()
+                .map(|&i| v.get(i).cloned())
                 .collect::<Option<_>>()?,
         ),
     })

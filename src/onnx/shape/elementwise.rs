@@ -186,9 +186,13 @@ fn to_bool(ctx: &OpCtx) -> RuleResult {
     same_shape(ctx, DType::Bool)
 }
 
-/// Converts a known value to the representation of `to` (integers truncate toward zero).
+/// Converts a known value to the representation of `to` (integers truncate toward zero); casts
+/// to or from strings are not folded.
 fn convert_value(value: Option<&ConstValue>, to: DType) -> Option<ConstValue> {
     let value = value?;
+    if to == DType::String || matches!(value, ConstValue::Strings(_)) {
+        return None;
+    }
     if to == DType::Bool {
         return Some(ConstValue::Ints(match value {
             ConstValue::Ints(v) => v
@@ -196,6 +200,7 @@ fn convert_value(value: Option<&ConstValue>, to: DType) -> Option<ConstValue> {
                 .map(|x| x.lit().map(|i| SymInt::Lit((i != 0) as i64)))
                 .collect::<Option<_>>()?,
             ConstValue::Floats(v) => v.iter().map(|&x| SymInt::Lit((x != 0.0) as i64)).collect(),
+            ConstValue::Strings(_) => return None,
         }));
     }
     if to.is_float() {
@@ -206,6 +211,7 @@ fn convert_value(value: Option<&ConstValue>, to: DType) -> Option<ConstValue> {
         ConstValue::Floats(v) => Some(ConstValue::Ints(
             v.iter().map(|&x| SymInt::Lit(x as i64)).collect(),
         )),
+        ConstValue::Strings(_) => None,
     }
 }
 
@@ -284,7 +290,9 @@ fn fold_values(
             .zip(&values)
             .map(|(i, v)| match v {
                 ConstValue::Ints(x) => (i.shape, x.as_slice()),
-                ConstValue::Floats(_) => unreachable!("checked all are Ints"),
+                ConstValue::Floats(_) | ConstValue::Strings(_) => {
+                    unreachable!("checked all are Ints")
+                }
             })
             .collect();
         let folded = fold_broadcast(&ints, out_shape, |args| {

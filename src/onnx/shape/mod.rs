@@ -14,6 +14,7 @@ mod elementwise;
 mod linalg;
 mod loss;
 mod microsoft;
+mod ml;
 mod movement;
 mod nn;
 mod quant;
@@ -21,6 +22,7 @@ mod recurrent;
 mod reduce;
 mod registry;
 mod signal;
+pub(crate) mod strings;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -358,12 +358,14 @@ fn concat_values(
     let mut flat = match values[0] {
         ConstValue::Ints(_) => ConstValue::Ints(Vec::new()),
         ConstValue::Floats(_) => ConstValue::Floats(Vec::new()),
+        ConstValue::Strings(_) => ConstValue::Strings(Vec::new()),
     };
     for v in &values {
         offsets.push(flat.len());
         match (&mut flat, v) {
             (ConstValue::Ints(acc), ConstValue::Ints(x)) => acc.extend(x.iter().cloned()),
             (ConstValue::Floats(acc), ConstValue::Floats(x)) => acc.extend(x.iter().copied()),
+            (ConstValue::Strings(acc), ConstValue::Strings(x)) => acc.extend(x.iter().cloned()),
             _ => return None,
         }
     }
@@ -684,6 +686,12 @@ fn expand(ctx: &OpCtx) -> RuleResult {
         ConstValue::Floats(x) => {
             super::context::fold_broadcast(&[(input.shape, x.as_slice())], &out, |a| Some(*a[0]))
                 .map(ConstValue::Floats)
+        }
+        ConstValue::Strings(x) => {
+            super::context::fold_broadcast(&[(input.shape, x.as_slice())], &out, |a| {
+                Some(a[0].clone())
+            })
+            .map(ConstValue::Strings)
         }
     });
     Ok(vec![Inferred::new(input.dtype, out).with_value(value)])

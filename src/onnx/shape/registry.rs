@@ -41,6 +41,8 @@ fn registry() -> &'static Registry {
         super::signal::register(&mut r);
         super::crop::register(&mut r);
         super::recurrent::register(&mut r);
+        super::strings::register(&mut r);
+        super::ml::register(&mut r);
         r
     })
 }

@@ -165,7 +165,9 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .cast(a.dtype())
                 .map(|t| vec![t])
         }
-        TensorData::Bool(_) => Err("Clip does not accept bool".into()),
+        TensorData::Bool(_) | TensorData::String(_) => {
+            Err(format!("Clip does not accept {}", a.dtype()))
+        }
     }
 }
 

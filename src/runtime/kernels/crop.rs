@@ -74,6 +74,12 @@ fn center_crop_pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .map(|o| source(o).is_some_and(|i| v[i]))
                 .collect(),
         ),
+        // Padding strings are empty, as numbers pad with zero.
+        TensorData::String(v) => TensorData::String(
+            (0..total)
+                .map(|o| source(o).map_or_else(String::new, |i| v[i].clone()))
+                .collect(),
+        ),
     };
     Ok(vec![HostTensor::with_data(out_shape, data)])
 }

@@ -10,7 +10,8 @@
 
 use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
 use crate::graph::DType;
-use crate::runtime::tensor::{HostTensor, TensorData};
+use crate::runtime::narrow::{round_e8m0, E8M0Rounding};
+use crate::runtime::tensor::{try_collect, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(
@@ -66,6 +67,9 @@ pub(super) fn register(t: &mut KernelTable) {
 fn promote(a: &HostTensor, b: &HostTensor) -> Result<(HostTensor, HostTensor), String> {
     if a.dtype() == b.dtype() {
         return Ok((a.clone(), b.clone()));
+    }
+    if a.dtype() == DType::String || b.dtype() == DType::String {
+        return Err(format!("cannot combine {} with {}", a.dtype(), b.dtype()));
     }
     let target = if a.dtype() == DType::F32 || b.dtype() == DType::F32 {
         DType::F32
@@ -220,6 +224,12 @@ fn compare(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (TensorData::I64(x), TensorData::I64(y)) => cmp!(x, y),
         (TensorData::I32(x), TensorData::I32(y)) => cmp!(x, y),
         (TensorData::Bool(x), TensorData::Bool(y)) => cmp!(x, y),
+        // Equal compares strings since opset 19; the order comparisons take numbers only.
+        (TensorData::String(x), TensorData::String(y)) if op == "Equal" => {
+            let x: Vec<&str> = x.iter().map(String::as_str).collect();
+            let y: Vec<&str> = y.iter().map(String::as_str).collect();
+            zip_broadcast(&x, a.shape(), &y, b.shape(), |p, q| p == q)?
+        }
         _ => {
             return Err(format!(
                 "{op} cannot compare {} with {}",
@@ -340,7 +350,9 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .cast(a.dtype())
                 .map(|t| vec![t])
         }
-        TensorData::Bool(_) => Err(format!("{op} does not accept bool")),
+        TensorData::Bool(_) | TensorData::String(_) => {
+            Err(format!("{op} does not accept {}", a.dtype()))
+        }
     }
 }
 
@@ -384,7 +396,19 @@ fn cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let code = ctx.int("to", 0) as i32;
     let to = DType::from_onnx(code).ok_or_else(|| format!("unknown target type {code}"))?;
     let saturate = ctx.int("saturate", 1) != 0;
-    Ok(vec![input(inputs, 0)?.cast_saturating(to, saturate)?])
+    let x = input(inputs, 0)?;
+    if to == DType::F8E8M0 {
+        let rounding = E8M0Rounding::parse(&ctx.string("round_mode", "up"))?;
+        let values = x.to_f32_vec();
+        let rounded = values
+            .into_iter()
+            .map(|v| round_e8m0(v, saturate, rounding));
+        return Ok(vec![HostTensor::f32(
+            x.shape().to_vec(),
+            try_collect(x.len(), rounded)?,
+        )]);
+    }
+    Ok(vec![x.cast_saturating(to, saturate)?])
 }
 
 /// CastLike casts to the declared type of its second input, which the graph knows even where
@@ -483,5 +507,39 @@ mod tests {
         assert_close(&out[0], &[3], &[1.0, 0.0, 0.0]);
         let out = run("Round", vec![], &[&f(&[4], &[0.5, 1.5, 2.5, -0.5])]);
         assert_close(&out[0], &[4], &[0.0, 2.0, 2.0, -0.0]);
+    }
+
+    #[test]
+    fn equal_compares_strings_and_cast_parses_and_prints_them() {
+        let text = |shape: &[usize], v: &[&str]| {
+            crate::runtime::HostTensor::new(
+                shape.to_vec(),
+                TensorData::String(v.iter().map(|s| s.to_string()).collect()),
+            )
+            .unwrap()
+        };
+        let out = run(
+            "Equal",
+            vec![],
+            &[
+                &text(&[2, 2], &["a", "b", "c", "a"]),
+                &text(&[2], &["a", "b"]),
+            ],
+        );
+        assert_eq!(
+            out[0].data(),
+            &TensorData::Bool(vec![true, true, false, false])
+        );
+        let out = run(
+            "Cast",
+            vec![("to", Attribute::Int(1))],
+            &[&text(&[3], &["1.5", " -2", "inf"])],
+        );
+        assert_eq!(out[0].as_f32().unwrap(), &[1.5, -2.0, f32::INFINITY]);
+        let out = run("Cast", vec![("to", Attribute::Int(8))], &[&out[0]]);
+        assert_eq!(
+            out[0].data(),
+            &TensorData::String(vec!["1.5".into(), "-2".into(), "inf".into()])
+        );
     }
 }

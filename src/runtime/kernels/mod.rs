@@ -19,9 +19,11 @@ mod linalg;
 mod loss;
 mod matmul;
 mod microsoft;
+mod ml;
 mod movement;
 mod ms_attention;
 mod signal;
+mod strings;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -115,6 +117,8 @@ fn table() -> &'static KernelTable {
         rearrange::register(&mut t);
         channel_norm::register(&mut t);
         einsum::register(&mut t);
+        strings::register(&mut t);
+        ml::register(&mut t);
         t
     })
 }
@@ -317,6 +321,9 @@ pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> Result<TensorData, S
         TensorData::I64(v) => TensorData::I64(try_collect(n, offsets.iter().map(|&i| v[i]))?),
         TensorData::I32(v) => TensorData::I32(try_collect(n, offsets.iter().map(|&i| v[i]))?),
         TensorData::Bool(v) => TensorData::Bool(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::String(v) => {
+            TensorData::String(try_collect(n, offsets.iter().map(|&i| v[i].clone()))?)
+        }
     })
 }
 

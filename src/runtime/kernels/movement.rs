@@ -155,6 +155,7 @@ fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String
         TensorData::I64(_) => join!(I64),
         TensorData::I32(_) => join!(I32),
         TensorData::Bool(_) => join!(Bool),
+        TensorData::String(_) => join!(String),
     };
     Ok(HostTensor::with_data(shape, data))
 }
@@ -739,6 +740,7 @@ fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         TensorData::Bool(v) => {
             TensorData::Bool(v.iter().zip(&keep).map(|(&a, &k)| a && k).collect())
         }
+        TensorData::String(_) => return Err("Trilu does not accept string".into()),
     };
     Ok(vec![HostTensor::with_data(x.shape().to_vec(), zeroed)])
 }
