@@ -10,6 +10,7 @@
 //! nodes after [`GraphBuilder::build`].
 
 mod build;
+mod kind;
 mod types;
 mod validate;
 mod value;
@@ -17,12 +18,14 @@ mod value;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 pub use build::{GraphBuilder, NodeSpec};
+pub use kind::ValueKind;
 pub use types::{checked_element_count, element_count, format_shape, DType, Dim, Shape, SymDim};
 pub use value::{ConstValue, SymInt, MAX_TRACKED_ELEMENTS};
 
@@ -80,8 +83,10 @@ pub struct TensorLiteral {
     pub value: Option<ConstValue>,
 }
 
-/// What the planner keeps of a subgraph: enough to type the outputs of `If`/`Loop`/`Scan`.
-#[derive(Debug, Clone, PartialEq)]
+/// A subgraph (`If` branches, `Loop`/`Scan`/`SequenceMap` bodies): its declared outputs, and the
+/// body itself as a graph, which shape inference types from the node's inputs and the CPU
+/// runtime runs.
+#[derive(Debug, Clone)]
 pub struct Subgraph {
     /// The subgraph's name.
     pub name: String,
@@ -89,6 +94,23 @@ pub struct Subgraph {
     pub node_count: usize,
     /// Declared outputs: name, element type and shape where the model states them.
     pub outputs: Vec<(String, Option<DType>, Option<Shape>)>,
+    /// The body. Its first [`Subgraph::formal_inputs`] inputs are the subgraph's own (declared
+    /// in the model); the inputs after them stand for the enclosing scopes' tensors it reads,
+    /// which the node lists as its captures.
+    pub body: Arc<Graph>,
+    /// How many of the body's inputs are the subgraph's declared inputs.
+    pub formal_inputs: usize,
+}
+
+impl PartialEq for Subgraph {
+    /// Subgraphs compare by what the model declares of them; bodies built from the same
+    /// declaration are the same.
+    fn eq(&self, other: &Subgraph) -> bool {
+        self.name == other.name
+            && self.node_count == other.node_count
+            && self.outputs == other.outputs
+            && self.formal_inputs == other.formal_inputs
+    }
 }
 
 /// An operator of the graph.
@@ -179,9 +201,13 @@ pub enum Storage {
 pub struct Tensor {
     /// The tensor's name in the model.
     pub name: String,
+    /// What the value is: a tensor, or a sequence or optional whose `dtype` and `shape` are
+    /// those of its elements.
+    pub kind: ValueKind,
     /// Element type, once known.
     pub dtype: Option<DType>,
-    /// Shape, once known.
+    /// Shape, once known. For a sequence: the shape every element has (a symbol where they
+    /// differ), `None` while not even the elements' rank is known.
     pub shape: Option<Shape>,
     /// Where the tensor comes from.
     pub origin: TensorOrigin,
