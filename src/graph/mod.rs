@@ -68,6 +68,8 @@ pub enum Attribute {
     /// A subgraph (`If.then_branch`, `Loop.body`, `Scan.body`), kept opaque.
     Graph(Subgraph),
     Graphs(Vec<Subgraph>),
+    /// A type (`Optional.type`): kind, element type and shape where stated.
+    Type(ValueKind, Option<DType>, Option<Shape>),
     /// A kind the planner does not look inside (sparse tensors, type protos).
     Other(&'static str),
 }

@@ -456,7 +456,14 @@ fn decode_attribute(
         AttributeType::SPARSE_TENSOR | AttributeType::SPARSE_TENSORS => {
             Attribute::Other("sparse tensor")
         }
-        AttributeType::TYPE_PROTO | AttributeType::TYPE_PROTOS => Attribute::Other("type"),
+        AttributeType::TYPE_PROTO => match attr.tp.as_ref() {
+            Some(tp) => {
+                let (kind, dtype, shape) = decode_value_type(&attr.name, tp)?;
+                Attribute::Type(kind, dtype, shape)
+            }
+            None => Attribute::Other("type"),
+        },
+        AttributeType::TYPE_PROTOS => Attribute::Other("types"),
         AttributeType::UNDEFINED => Attribute::Other("undefined"),
     })
 }

@@ -23,6 +23,7 @@ mod kernels;
 pub mod narrow;
 pub mod npy;
 pub mod tensor;
+pub mod value;
 pub mod weights;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,6 +33,7 @@ pub use cpu::{run_pipeline, CpuExecutor, PipelineReport, StageTiming};
 pub use kernels::supported_ops;
 pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
 pub use tensor::{HostTensor, TensorData};
+pub use value::{Value, Values};
 pub use weights::Weights;
 
 use crate::graph::{DType, Graph, NodeId, TensorId};

@@ -121,6 +121,10 @@ fn unary(ctx: &OpCtx) -> RuleResult {
 
 fn unary_folding(ctx: &OpCtx) -> RuleResult {
     let input = ctx.input(0)?;
+    if ctx.node.op_type == "Identity" && !input.kind.is_tensor() {
+        let shape = input.known_shape().cloned();
+        return Ok(vec![Inferred::of_kind(input.kind, input.dtype, shape)]);
+    }
     let value = input
         .value
         .and_then(|v| match (ctx.node.op_type.as_str(), v) {

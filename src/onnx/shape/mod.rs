@@ -20,6 +20,7 @@ mod quant;
 mod recurrent;
 mod reduce;
 mod registry;
+mod sequence;
 mod signal;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -179,11 +180,12 @@ impl ShapeInference {
         let mut unknown: BTreeSet<TensorId> = BTreeSet::new();
         for node_id in order {
             let node = graph.node(node_id);
-            let missing_input = node
-                .inputs
-                .iter()
-                .flatten()
-                .find(|&&t| graph.tensor(t).dtype.is_none() || graph.tensor(t).shape.is_none());
+            let missing_input = node.inputs.iter().flatten().find(|&&t| {
+                let t = graph.tensor(t);
+                // A sequence's or optional's elements may have a shape not even the rank of
+                // which is known; the rules of the ops that take them say when that matters.
+                t.dtype.is_none() || (t.shape.is_none() && t.kind.is_tensor())
+            });
             if let Some(&missing) = missing_input {
                 if self.lenient && unknown.contains(&missing) {
                     report.skipped_nodes += 1;
@@ -392,6 +394,14 @@ fn store_outputs(
     }
     for (slot, inferred) in slots.into_iter().zip(outputs) {
         let Some(id) = slot else { continue };
+        if !inferred.shape_known {
+            let tensor = graph.tensor_mut(id);
+            tensor.kind = inferred.kind;
+            tensor.dtype = Some(inferred.dtype);
+            tensor.shape = None;
+            tensor.value = None;
+            continue;
+        }
         check_size(
             &graph.tensor(id).name,
             &inferred.shape,
@@ -399,9 +409,12 @@ fn store_outputs(
         )?;
         let tracked = matches!(element_count(&inferred.shape), Some(Dim::Known(n)) if n <= MAX_TRACKED_ELEMENTS);
         let tensor = graph.tensor_mut(id);
+        tensor.kind = inferred.kind;
         tensor.dtype = Some(inferred.dtype);
         tensor.value = inferred.value.filter(|v| {
-            tracked && Some(Dim::Known(v.len() as u64)) == element_count(&inferred.shape)
+            inferred.kind.is_tensor()
+                && tracked
+                && Some(Dim::Known(v.len() as u64)) == element_count(&inferred.shape)
         });
         tensor.shape = Some(inferred.shape);
     }

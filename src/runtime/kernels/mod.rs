@@ -10,6 +10,7 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
+mod control;
 mod conv;
 mod crop;
 mod einsum;
@@ -21,7 +22,10 @@ mod matmul;
 mod microsoft;
 mod movement;
 mod ms_attention;
+mod sequence;
 mod signal;
+mod values;
+pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
