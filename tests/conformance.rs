@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::{ConstValue, DType, Graph, ValueKind, MAX_TRACKED_ELEMENTS};
+use pipecut::graph::{ConstValue, DType, Dim, Graph, ValueKind, MAX_TRACKED_ELEMENTS};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::{Planner, StageCount};
 use pipecut::runtime::{
@@ -297,6 +297,37 @@ fn sample_values(
     Ok(values)
 }
 
+/// Binds the symbolic dims of the inputs (`N` of a `[N]` input, of a sequence's elements) to
+/// the sizes of the reference inputs, so that the plan is for the values the run gets.
+fn reference_bindings(dir: &Path, case: &Value, graph: &Graph) -> DimBindings {
+    let mut bound: BTreeMap<String, u64> = BTreeMap::new();
+    for entry in case["inputs"].as_array().unwrap() {
+        let Some(id) = entry["name"].as_str().and_then(|n| graph.tensor_id(n)) else {
+            continue;
+        };
+        let Some(declared) = graph.tensor(id).shape.as_ref() else {
+            continue;
+        };
+        let shapes: Vec<Vec<usize>> = match reference_value(dir, entry) {
+            Ok(Reference::Tensor(t)) => vec![t.shape().to_vec()],
+            Ok(Reference::Sequence(s)) => s.iter().map(|t| t.shape().to_vec()).collect(),
+            _ => continue,
+        };
+        for shape in shapes.iter().filter(|s| s.len() == declared.len()) {
+            for (dim, &size) in declared.iter().zip(shape) {
+                let Dim::Sym(sym) = dim else { continue };
+                let names: Vec<&str> = sym.symbols().collect();
+                if let ([name], 1) = (names.as_slice(), sym.coefficient()) {
+                    bound.entry(name.to_string()).or_insert(size as u64);
+                }
+            }
+        }
+    }
+    bound
+        .into_iter()
+        .fold(DimBindings::new(), |b, (name, size)| b.bind(&name, size))
+}
+
 /// Runs one case through every phase.
 fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     let bytes = match std::fs::read(dir.join("model.onnx")) {
@@ -311,7 +342,8 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
         Ok(v) => v,
         Err(e) => return fail("shape", e),
     };
-    if let Err(e) = ShapeInference::new(DimBindings::new())
+    let bindings = reference_bindings(dir, case, &model.graph);
+    if let Err(e) = ShapeInference::new(bindings)
         .with_input_values(values)
         .run(&mut model.graph)
     {

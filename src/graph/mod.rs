@@ -314,6 +314,10 @@ impl Graph {
         &self.tensors[id.index()]
     }
 
+    pub(crate) fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.dag[id.0]
+    }
+
     pub(crate) fn tensor_mut(&mut self, id: TensorId) -> &mut Tensor {
         &mut self.tensors[id.index()]
     }

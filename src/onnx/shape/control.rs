@@ -47,9 +47,17 @@ impl Formal {
     }
 }
 
+/// A node's subgraphs as its rule typed them, by attribute name.
+type Bodies = Vec<(&'static str, Graph)>;
+
 /// Infers a body given its declared inputs' types; the inputs after them (the outer tensors it
-/// reads) take the types they have in the node's graph. Gives the body outputs' types.
-fn infer_body(ctx: &OpCtx, sub: &Subgraph, formals: &[Formal]) -> Result<Vec<Inferred>, String> {
+/// reads) take the types they have in the node's graph. Gives the body outputs' types and the
+/// typed body.
+fn infer_body(
+    ctx: &OpCtx,
+    sub: &Subgraph,
+    formals: &[Formal],
+) -> Result<(Vec<Inferred>, Graph), String> {
     if formals.len() != sub.formal_inputs {
         return Err(format!(
             "subgraph '{}' declares {} inputs, the node gives it {}",
@@ -86,7 +94,8 @@ fn infer_body(ctx: &OpCtx, sub: &Subgraph, formals: &[Formal]) -> Result<Vec<Inf
     ShapeInference::new(DimBindings::new())
         .run(&mut body)
         .map_err(|e| format!("in subgraph '{}': {e}", sub.name))?;
-    body.outputs()
+    let outputs = body
+        .outputs()
         .iter()
         .map(|&id| {
             let t = body.tensor(id);
@@ -95,7 +104,35 @@ fn infer_body(ctx: &OpCtx, sub: &Subgraph, formals: &[Formal]) -> Result<Vec<Inf
             })?;
             Ok(Inferred::of_kind(t.kind, dtype, t.shape.clone()).with_value(t.value.clone()))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok((outputs, body))
+}
+
+/// The subgraphs of a control-flow node typed for its inputs (for costing and running them).
+pub(super) fn typed_bodies(ctx: &OpCtx) -> Result<Bodies, String> {
+    Ok(match ctx.node.op_type.as_str() {
+        "If" => if_typed(ctx)?.1,
+        "Loop" => loop_typed(ctx)?.1,
+        "Scan" => scan_typed(ctx)?.1,
+        "SequenceMap" => sequence_map_typed(ctx)?.1,
+        _ => Vec::new(),
+    })
+}
+
+fn if_(ctx: &OpCtx) -> RuleResult {
+    Ok(if_typed(ctx)?.0)
+}
+
+fn loop_(ctx: &OpCtx) -> RuleResult {
+    Ok(loop_typed(ctx)?.0)
+}
+
+fn scan(ctx: &OpCtx) -> RuleResult {
+    Ok(scan_typed(ctx)?.0)
+}
+
+fn sequence_map(ctx: &OpCtx) -> RuleResult {
+    Ok(sequence_map_typed(ctx)?.0)
 }
 
 /// The single integer or boolean a value holds, if known.
@@ -123,13 +160,20 @@ fn merge(ctx: &OpCtx, output: usize, a: &Inferred, b: &Inferred) -> Result<Infer
 }
 
 /// If: the branch the condition picks when it is known at plan time, else both merged.
-fn if_(ctx: &OpCtx) -> RuleResult {
+fn if_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let (then, other) = (subgraph(ctx, "then_branch")?, subgraph(ctx, "else_branch")?);
     match scalar(ctx.input(0)?.value) {
-        Some(0) => infer_body(ctx, other, &[]),
-        Some(_) => infer_body(ctx, then, &[]),
+        Some(0) => {
+            let (outputs, body) = infer_body(ctx, other, &[])?;
+            Ok((outputs, vec![("else_branch", body)]))
+        }
+        Some(_) => {
+            let (outputs, body) = infer_body(ctx, then, &[])?;
+            Ok((outputs, vec![("then_branch", body)]))
+        }
         None => {
-            let (a, b) = (infer_body(ctx, then, &[])?, infer_body(ctx, other, &[])?);
+            let (a, then_body) = infer_body(ctx, then, &[])?;
+            let (b, else_body) = infer_body(ctx, other, &[])?;
             if a.len() != b.len() {
                 return Err(format!(
                     "the branches have {} and {} outputs",
@@ -137,11 +181,16 @@ fn if_(ctx: &OpCtx) -> RuleResult {
                     b.len()
                 ));
             }
-            a.iter()
+            let outputs = a
+                .iter()
                 .zip(&b)
                 .enumerate()
                 .map(|(i, (x, y))| merge(ctx, i, x, y))
-                .collect()
+                .collect::<Result<_, String>>()?;
+            Ok((
+                outputs,
+                vec![("then_branch", then_body), ("else_branch", else_body)],
+            ))
         }
     }
 }
@@ -155,7 +204,7 @@ const LOOP_ROUNDS: usize = 4;
 /// changes is a symbol. Scan outputs gain a leading axis of the iteration count, known when the
 /// trip count is and the condition provably stays true (absent, or true and kept true by the
 /// body).
-fn loop_(ctx: &OpCtx) -> RuleResult {
+fn loop_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let body = subgraph(ctx, "body")?;
     let trip_count = ctx.opt_input(0).and_then(|m| scalar(m.value));
     let cond = ctx.opt_input(1);
@@ -175,6 +224,7 @@ fn loop_(ctx: &OpCtx) -> RuleResult {
     let mut assume_true = cond.is_some_and(|c| scalar(c.value).is_some_and(|v| v != 0));
     let mut stays_true = cond.is_none();
     let mut outputs = Vec::new();
+    let mut typed = None;
     for _ in 0..LOOP_ROUNDS {
         let cond_value = assume_true.then(|| ConstValue::Ints(vec![SymInt::Lit(1)]));
         let mut formals = vec![
@@ -182,7 +232,9 @@ fn loop_(ctx: &OpCtx) -> RuleResult {
             Formal::tensor(DType::Bool, vec![], cond_value),
         ];
         formals.extend(carried.iter().cloned());
-        outputs = infer_body(ctx, body, &formals)?;
+        let (inferred, graph) = infer_body(ctx, body, &formals)?;
+        outputs = inferred;
+        typed = Some(graph);
         let keeps_true = outputs.first().and_then(|c| scalar(c.value.as_ref())) == Some(1);
         if assume_true && !keeps_true {
             assume_true = false;
@@ -228,14 +280,14 @@ fn loop_(ctx: &OpCtx) -> RuleResult {
         );
         result.push(Inferred::new(out.dtype, shape));
     }
-    Ok(result)
+    Ok((result, typed.map(|g| ("body", g)).into_iter().collect()))
 }
 
 /// Scan: the body sees the states and one slice of each scanned input (its scan axis
 /// removed); scan outputs stack the body's along their scan output axis, as many as the first
 /// scanned input's scan axis is long. Scan-8 (opsets 8) has an optional `sequence_lens` input
 /// first and a batch axis 0 on every input and output, which the body does not see.
-fn scan(ctx: &OpCtx) -> RuleResult {
+fn scan_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let body = subgraph(ctx, "body")?;
     let scan_inputs = ctx
         .int_attr("num_scan_inputs")?
@@ -269,8 +321,8 @@ fn scan(ctx: &OpCtx) -> RuleResult {
         length.get_or_insert(scanned);
         formals.push(Formal::tensor(ctx.dtype(i)?, shape, None));
     }
-    let outputs = infer_body(ctx, body, &formals)?;
-    outputs
+    let (outputs, typed) = infer_body(ctx, body, &formals)?;
+    let outputs = outputs
         .into_iter()
         .enumerate()
         .map(|(i, out)| {
@@ -295,13 +347,14 @@ fn scan(ctx: &OpCtx) -> RuleResult {
             let value = if i < states { out.value } else { None };
             Ok(Inferred::new(out.dtype, shape).with_value(value))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok((outputs, vec![("body", typed)]))
 }
 
 /// SequenceMap: the body runs once per element of the first (sequence) input, seeing one
 /// element of each sequence input and the whole of each tensor input; every output is a
 /// sequence of the body's outputs.
-fn sequence_map(ctx: &OpCtx) -> RuleResult {
+fn sequence_map_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let body = subgraph(ctx, "body")?;
     let formals: Vec<Formal> = (0..ctx.input_count())
         .map(|i| {
@@ -316,11 +369,13 @@ fn sequence_map(ctx: &OpCtx) -> RuleResult {
     if ctx.input(0)?.kind != ValueKind::Sequence {
         return Err("input 0 of SequenceMap must be a sequence".into());
     }
-    Ok(infer_body(ctx, body, &formals)?
+    let (outputs, typed) = infer_body(ctx, body, &formals)?;
+    let outputs = outputs
         .into_iter()
         .map(|out| {
             let shape = out.known_shape().cloned();
             Inferred::of_kind(ValueKind::Sequence, out.dtype, shape)
         })
-        .collect())
+        .collect();
+    Ok((outputs, vec![("body", typed)]))
 }

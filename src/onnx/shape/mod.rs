@@ -215,7 +215,8 @@ impl ShapeInference {
                             }
                         }
                     }
-                    store_outputs(graph, node_id, outputs)?
+                    store_outputs(graph, node_id, outputs)?;
+                    store_typed_bodies(graph, node_id)?;
                 }
                 Err(err) if self.lenient => {
                     if let Error::UnsupportedOp { op, domain, .. } = &err {
@@ -371,6 +372,28 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
         op: node.op_type.clone(),
         detail,
     })
+}
+
+/// Replaces a control-flow node's subgraphs by the bodies its rule typed, so that costing and
+/// running them see their tensors' types.
+fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) -> Result<(), Error> {
+    let node = graph.node(node_id);
+    if !node.has_subgraphs() || !registry::canonical_domain(&node.domain).is_empty() {
+        return Ok(());
+    }
+    let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0));
+    let bodies = control::typed_bodies(&ctx).map_err(|detail| Error::ShapeInference {
+        node: node.name.clone(),
+        op: node.op_type.clone(),
+        detail,
+    })?;
+    let node = graph.node_mut(node_id);
+    for (name, body) in bodies {
+        if let Some(crate::graph::Attribute::Graph(sub)) = node.attributes.get_mut(name) {
+            sub.body = std::sync::Arc::new(body);
+        }
+    }
+    Ok(())
 }
 
 fn store_outputs(
