@@ -205,6 +205,9 @@ const LOOP_ROUNDS: usize = 4;
 /// trip count is and the condition provably stays true (absent, or true and kept true by the
 /// body).
 fn loop_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
+    if let Some(unrolled) = unrolled_loop(ctx)? {
+        return Ok(unrolled);
+    }
     let body = subgraph(ctx, "body")?;
     let trip_count = ctx.opt_input(0).and_then(|m| scalar(m.value));
     let cond = ctx.opt_input(1);
@@ -281,6 +284,106 @@ fn loop_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
         result.push(Inferred::new(out.dtype, shape));
     }
     Ok((result, typed.map(|g| ("body", g)).into_iter().collect()))
+}
+
+/// Most iterations a Loop is inferred one by one for (see [`unrolled_loop`]).
+const MAX_UNROLLED: i64 = 64;
+
+/// A Loop of a few iterations known at plan time (trip count known, condition absent or known
+/// at every step) inferred iteration by iteration, with the iteration number and the carried
+/// values' contents known: exact where a body slices by the iteration number or grows a
+/// sequence. `None` where that does not apply, or the body cannot be inferred so.
+fn unrolled_loop(ctx: &OpCtx) -> Result<Option<(Vec<Inferred>, Bodies)>, String> {
+    let body = subgraph(ctx, "body")?;
+    let Some(trip_count) = ctx.opt_input(0).and_then(|m| scalar(m.value)) else {
+        return Ok(None);
+    };
+    let cond_given = ctx.opt_input(1).is_some();
+    let mut cond = match ctx.opt_input(1) {
+        Some(c) => match scalar(c.value) {
+            Some(v) => v != 0,
+            None => return Ok(None),
+        },
+        None => true,
+    };
+    if !(1..=MAX_UNROLLED).contains(&trip_count) || !cond {
+        return Ok(None);
+    }
+    let mut carried: Vec<Formal> = (2..ctx.input_count())
+        .map(|i| {
+            let input = ctx.input(i)?;
+            Ok(Formal {
+                kind: input.kind,
+                dtype: input.dtype,
+                shape: input.known_shape().cloned(),
+                value: input.value.cloned(),
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let mut scans: Vec<Inferred> = Vec::new();
+    let mut typed = None;
+    let mut iterations = 0u64;
+    while cond && (iterations as i64) < trip_count {
+        let mut formals = vec![
+            Formal::tensor(
+                DType::I64,
+                vec![],
+                Some(ConstValue::Ints(vec![SymInt::Lit(iterations as i64)])),
+            ),
+            Formal::tensor(
+                DType::Bool,
+                vec![],
+                Some(ConstValue::Ints(vec![SymInt::Lit(1)])),
+            ),
+        ];
+        formals.extend(carried.iter().cloned());
+        let Ok((outputs, graph)) = infer_body(ctx, body, &formals) else {
+            return Ok(None);
+        };
+        if cond_given {
+            match outputs.first().and_then(|c| scalar(c.value.as_ref())) {
+                Some(v) => cond = v != 0,
+                None => return Ok(None),
+            }
+        }
+        for (k, formal) in carried.iter_mut().enumerate() {
+            let out = outputs
+                .get(1 + k)
+                .ok_or_else(|| format!("the body has no output for carried value {k}"))?;
+            *formal = Formal {
+                kind: out.kind,
+                dtype: out.dtype,
+                shape: out.known_shape().cloned(),
+                value: out.value.clone(),
+            };
+        }
+        let step_scans = &outputs[(1 + carried.len()).min(outputs.len())..];
+        scans = if scans.is_empty() {
+            step_scans.to_vec()
+        } else {
+            scans
+                .iter()
+                .zip(step_scans)
+                .enumerate()
+                .map(|(j, (a, b))| merge(ctx, carried.len() + j, a, b))
+                .collect::<Result<_, String>>()?
+        };
+        typed = Some(graph);
+        iterations += 1;
+    }
+    let mut result: Vec<Inferred> = carried.iter().map(Formal::inferred).collect();
+    for (j, out) in scans.into_iter().enumerate() {
+        let mut shape = out
+            .known_shape()
+            .cloned()
+            .ok_or_else(|| format!("the shape of scan output {j} is not known"))?;
+        shape.insert(0, Dim::Known(iterations));
+        result.push(Inferred::new(out.dtype, shape));
+    }
+    Ok(Some((
+        result,
+        typed.map(|g| ("body", g)).into_iter().collect(),
+    )))
 }
 
 /// Scan: the body sees the states and one slice of each scanned input (its scan axis
