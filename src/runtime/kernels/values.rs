@@ -9,11 +9,14 @@ use super::Ctx;
 use crate::graph::Subgraph;
 use crate::runtime::value::Value;
 
+/// Runs a subgraph on its declared inputs, giving its outputs.
+pub(crate) type RunBody<'a> = dyn Fn(&Subgraph, &[Value]) -> Result<Vec<Value>, String> + 'a;
+
 /// What a kernel on values sees: the node, and a way to run one of its subgraphs on the
 /// subgraph's declared inputs (the executor supplies the outer tensors it reads).
 pub(crate) struct ValueCtx<'a> {
     pub ctx: Ctx<'a>,
-    pub run_body: &'a dyn Fn(&Subgraph, &[Value]) -> Result<Vec<Value>, String>,
+    pub run_body: &'a RunBody<'a>,
 }
 
 /// A kernel on values: inputs by position (`None` for an omitted optional input).
