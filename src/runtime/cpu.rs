@@ -598,6 +598,69 @@ mod tests {
         (model.graph, weights)
     }
 
+    /// `x` split into a sequence of rows, its length, and the rows joined back.
+    fn split_and_join() -> Graph {
+        use crate::graph::{Attribute, Dim, NodeSpec};
+        let mut b = Graph::builder("seq");
+        b.opset("", 17);
+        b.input(
+            "x",
+            Some(DType::F32),
+            Some(vec![Dim::Known(4), Dim::Known(3)]),
+        )
+        .unwrap();
+        b.node(NodeSpec::new("split", "SplitToSequence", &["x"], &["rows"]))
+            .unwrap();
+        b.node(NodeSpec::new("len", "SequenceLength", &["rows"], &["n"]))
+            .unwrap();
+        b.node(
+            NodeSpec::new("join", "ConcatFromSequence", &["rows"], &["y"])
+                .attr("axis", Attribute::Int(0)),
+        )
+        .unwrap();
+        b.output("n");
+        b.output("y");
+        let mut graph = b.build().unwrap();
+        ShapeInference::new(DimBindings::new())
+            .run(&mut graph)
+            .unwrap();
+        graph
+    }
+
+    #[test]
+    fn a_sequence_runs_through_its_ops() {
+        let graph = split_and_join();
+        let weights = Weights::default();
+        let x: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let mut inputs = Values::new();
+        let tensor = Arc::new(HostTensor::f32(vec![4, 3], x.clone()));
+        inputs.insert("x".into(), Value::Tensor(tensor));
+        let out = CpuExecutor::new(&graph, &weights)
+            .run_model_values(&inputs)
+            .unwrap();
+        assert_eq!(out["n"].tensor().unwrap().to_i64_vec(), vec![4]);
+        let y = out["y"].tensor().unwrap();
+        assert_eq!((y.shape(), y.to_f32_vec()), (&[4usize, 3][..], x));
+    }
+
+    #[test]
+    fn a_sequence_crossing_a_stage_boundary_is_refused_in_one_line() {
+        let graph = split_and_join();
+        let weights = Weights::default();
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let specs = stage_specs(&graph, &[order[..1].to_vec(), order[1..].to_vec()]).unwrap();
+        let stage = executor.prepare(&specs[0]).unwrap();
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "x".into(),
+            Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
+        );
+        let err = executor.run(&stage, &inputs).unwrap_err().to_string();
+        assert!(err.contains("'rows' is a sequence"), "{err}");
+        assert_eq!(err.lines().count(), 1);
+    }
+
     #[test]
     fn an_op_without_a_kernel_is_refused_at_prepare_naming_op_and_node() {
         let (mut graph, weights) = mlp();
