@@ -43,10 +43,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::{ConstValue, DType, MAX_TRACKED_ELEMENTS};
+use pipecut::graph::{ConstValue, DType, Dim, Graph, ValueKind, MAX_TRACKED_ELEMENTS};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::{Planner, StageCount};
-use pipecut::runtime::{read_npy, runtime_dtype, CpuExecutor, HostTensor, Tensors, Weights};
+use pipecut::runtime::{
+    read_npy, runtime_dtype, CpuExecutor, HostTensor, Value as RtValue, Values, Weights,
+};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -128,7 +130,84 @@ fn case_cache() -> Option<PathBuf> {
     Some(cache)
 }
 
-/// Reads one reference value listed in `cases.json`.
+/// A reference value: a tensor, a sequence of tensors, or an absent optional.
+enum Reference {
+    Tensor(HostTensor),
+    Sequence(Vec<HostTensor>),
+    Absent,
+}
+
+/// Reads one reference value of any kind listed in `cases.json`.
+fn reference_value(dir: &Path, entry: &Value) -> Result<Reference, String> {
+    if entry["absent"].as_bool() == Some(true) {
+        return Ok(Reference::Absent);
+    }
+    if let Some(elements) = entry["sequence"].as_array() {
+        return elements
+            .iter()
+            .map(|e| reference(dir, e))
+            .collect::<Result<_, _>>()
+            .map(Reference::Sequence);
+    }
+    reference(dir, entry).map(Reference::Tensor)
+}
+
+/// The runtime value for a reference input of the kind the graph declares.
+fn runtime_value(reference: Reference, kind: ValueKind) -> Result<RtValue, String> {
+    let tensor = |t: HostTensor| -> Result<Arc<HostTensor>, String> {
+        Ok(Arc::new(t.cast(runtime_dtype(t.dtype()))?))
+    };
+    let plain = match reference {
+        Reference::Absent if !kind.is_tensor() && kind != ValueKind::Sequence => {
+            return Ok(RtValue::Optional(None))
+        }
+        Reference::Absent => return Err(format!("an absent value for a {kind}")),
+        Reference::Tensor(t) => RtValue::Tensor(tensor(t)?),
+        Reference::Sequence(s) => {
+            RtValue::Sequence(s.into_iter().map(tensor).collect::<Result<_, _>>()?)
+        }
+    };
+    Ok(match kind {
+        ValueKind::OptionalTensor | ValueKind::OptionalSequence => {
+            RtValue::Optional(Some(Box::new(plain)))
+        }
+        _ => plain,
+    })
+}
+
+/// Compares an output of any kind with its reference.
+fn compare_value(
+    name: &str,
+    got: &RtValue,
+    want: &Reference,
+    rtol: f64,
+    atol: f64,
+) -> Result<(), String> {
+    match (got, want) {
+        (RtValue::Optional(None), Reference::Absent) => Ok(()),
+        (RtValue::Optional(Some(inner)), want) => compare_value(name, inner, want, rtol, atol),
+        (RtValue::Tensor(t), Reference::Tensor(w)) => compare(name, t, w, rtol, atol),
+        (RtValue::Sequence(s), Reference::Sequence(w)) => {
+            if s.len() != w.len() {
+                return Err(format!(
+                    "output '{name}' has {} elements, the reference {}",
+                    s.len(),
+                    w.len()
+                ));
+            }
+            s.iter()
+                .zip(w)
+                .enumerate()
+                .try_for_each(|(i, (a, b))| compare(&format!("{name}[{i}]"), a, b, rtol, atol))
+        }
+        (got, _) => Err(format!(
+            "output '{name}' is a {}, unlike the reference",
+            got.kind()
+        )),
+    }
+}
+
+/// Reads one reference tensor listed in `cases.json`.
 fn reference(dir: &Path, entry: &Value) -> Result<HostTensor, String> {
     if let Some(why) = entry["unstorable"].as_str() {
         return Err(format!(
@@ -197,10 +276,20 @@ fn compare(
 
 /// The reference inputs that can carry shapes (integers, and 0-D and 1-D floats such as Resize
 /// scales or Range bounds) or decide them (strings, which `StringSplit` splits), as the
-/// plan-time sample values the `shape` phase is given.
-fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue>, String> {
+/// plan-time sample values the `shape` phase is given: tensor inputs of concrete shape.
+fn sample_values(
+    dir: &Path,
+    case: &Value,
+    graph: &Graph,
+) -> Result<BTreeMap<String, ConstValue>, String> {
     let mut values = BTreeMap::new();
     for entry in case["inputs"].as_array().unwrap() {
+        let Some(id) = entry["name"].as_str().and_then(|n| graph.tensor_id(n)) else {
+            continue;
+        };
+        if !graph.tensor(id).kind.is_tensor() || graph.concrete_shape(id).is_err() {
+            continue;
+        }
         let Ok(tensor) = reference(dir, entry) else {
             continue;
         };
@@ -218,6 +307,37 @@ fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue
     Ok(values)
 }
 
+/// Binds the symbolic dims of the inputs (`N` of a `[N]` input, of a sequence's elements) to
+/// the sizes of the reference inputs, so that the plan is for the values the run gets.
+fn reference_bindings(dir: &Path, case: &Value, graph: &Graph) -> DimBindings {
+    let mut bound: BTreeMap<String, u64> = BTreeMap::new();
+    for entry in case["inputs"].as_array().unwrap() {
+        let Some(id) = entry["name"].as_str().and_then(|n| graph.tensor_id(n)) else {
+            continue;
+        };
+        let Some(declared) = graph.tensor(id).shape.as_ref() else {
+            continue;
+        };
+        let shapes: Vec<Vec<usize>> = match reference_value(dir, entry) {
+            Ok(Reference::Tensor(t)) => vec![t.shape().to_vec()],
+            Ok(Reference::Sequence(s)) => s.iter().map(|t| t.shape().to_vec()).collect(),
+            _ => continue,
+        };
+        for shape in shapes.iter().filter(|s| s.len() == declared.len()) {
+            for (dim, &size) in declared.iter().zip(shape) {
+                let Dim::Sym(sym) = dim else { continue };
+                let names: Vec<&str> = sym.symbols().collect();
+                if let ([name], 1) = (names.as_slice(), sym.coefficient()) {
+                    bound.entry(name.to_string()).or_insert(size as u64);
+                }
+            }
+        }
+    }
+    bound
+        .into_iter()
+        .fold(DimBindings::new(), |b, (name, size)| b.bind(&name, size))
+}
+
 /// Runs one case through every phase.
 fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     let bytes = match std::fs::read(dir.join("model.onnx")) {
@@ -228,11 +348,12 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
         Ok(m) => m,
         Err(e) => return fail("load", e),
     };
-    let values = match sample_values(dir, case) {
+    let values = match sample_values(dir, case, &model.graph) {
         Ok(v) => v,
         Err(e) => return fail("shape", e),
     };
-    if let Err(e) = ShapeInference::new(DimBindings::new())
+    let bindings = reference_bindings(dir, case, &model.graph);
+    if let Err(e) = ShapeInference::new(bindings)
         .with_input_values(values)
         .run(&mut model.graph)
     {
@@ -251,6 +372,26 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
         );
     }
     for (entry, &id) in outputs.iter().zip(graph.outputs()) {
+        let kind = graph.tensor(id).kind;
+        let absent = entry["absent"].as_bool() == Some(true);
+        if absent || entry["sequence"].is_array() {
+            let fits = if absent {
+                !kind.is_tensor() && kind != ValueKind::Sequence
+            } else {
+                matches!(kind, ValueKind::Sequence | ValueKind::OptionalSequence)
+            };
+            if !fits {
+                let what = if absent { "absent" } else { "a sequence" };
+                return fail(
+                    "shape",
+                    format!(
+                        "output '{}' is inferred a {kind}, the reference is {what}",
+                        graph.tensor(id).name
+                    ),
+                );
+            }
+            continue;
+        }
         let Some(want) = entry["shape"].as_array() else {
             return fail(
                 "shape",
@@ -278,27 +419,24 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     {
         return fail("plan", e);
     }
-    let mut inputs = Tensors::new();
+    let mut inputs = Values::new();
     for entry in case["inputs"].as_array().unwrap() {
-        let tensor = match reference(dir, entry) {
-            Ok(t) => t,
+        let name = entry["name"].as_str().unwrap();
+        let kind = graph
+            .tensor_id(name)
+            .map_or(ValueKind::Tensor, |id| graph.tensor(id).kind);
+        let value = match reference_value(dir, entry).and_then(|r| runtime_value(r, kind)) {
+            Ok(v) => v,
             Err(e) => return fail("run", e),
         };
-        let tensor = match tensor.cast(runtime_dtype(tensor.dtype())) {
-            Ok(t) => t,
-            Err(e) => return fail("run", e),
-        };
-        inputs.insert(
-            entry["name"].as_str().unwrap().to_string(),
-            Arc::new(tensor),
-        );
+        inputs.insert(name.to_string(), value);
     }
     let weights = match Weights::from_model_bytes(&bytes, graph) {
         Ok(w) => w,
         Err(e) => return fail("run", e),
     };
     let executor = CpuExecutor::new(graph, &weights);
-    let actual = match executor.run_model(&inputs) {
+    let actual = match executor.run_model_values(&inputs) {
         Ok(out) => out,
         Err(e) => return fail("run", e),
     };
@@ -308,14 +446,14 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     );
     for entry in outputs {
         let name = entry["name"].as_str().unwrap();
-        let want = match reference(dir, entry) {
+        let want = match reference_value(dir, entry) {
             Ok(t) => t,
             Err(e) => return fail("run", e),
         };
         let Some(got) = actual.get(name) else {
             return fail("run", format!("the runtime gave no output '{name}'"));
         };
-        if let Err(e) = compare(name, got, &want, rtol, atol) {
+        if let Err(e) = compare_value(name, got, &want, rtol, atol) {
             return fail("run", e);
         }
     }

@@ -6,7 +6,7 @@ use super::memory::{Recompute, ZeroSharding};
 
 use super::hardware::{HardwareSpec, OpClass};
 use super::ops::{rule_for, CostCtx, OpWork};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Attribute, Graph, Node, NodeId, Subgraph};
 use crate::Error;
 
 /// What to do with an op the cost model has no rule for.
@@ -208,6 +208,9 @@ impl<'a> CostModel<'a> {
     /// (a runtime folds such nodes), or the fallback for unknown ops.
     pub fn work(&self, graph: &Graph, id: NodeId) -> Result<(OpWork, bool), Error> {
         let node = graph.node(id);
+        if node.has_subgraphs() && (node.domain.is_empty() || node.domain == "ai.onnx") {
+            return self.control_flow_work(graph, node);
+        }
         let ctx = CostCtx::new(graph, node)?;
         let folded = node
             .outputs
@@ -314,9 +317,111 @@ impl<'a> CostModel<'a> {
     }
 }
 
-/// Bytes of a tensor with a concrete shape.
+impl CostModel<'_> {
+    /// The work of all of a subgraph body's nodes, once.
+    fn body_work(&self, sub: &Subgraph) -> Result<(OpWork, bool), Error> {
+        let body = &*sub.body;
+        let mut total = OpWork::NONE;
+        let mut costliest = 0.0;
+        let mut assumed = false;
+        for &id in body.topological_order() {
+            let (work, fallback) = self.work(body, id)?;
+            assumed |= fallback;
+            let time = self.time_secs(&work);
+            if time > costliest {
+                costliest = time;
+                total.class = work.class;
+                total.dtype = work.dtype;
+            }
+            total.flops += work.flops;
+            total.bytes += work.bytes;
+            total.launches += work.launches;
+        }
+        Ok((total, assumed))
+    }
+
+    /// Control flow, from its bodies: If, the branch the condition picks, else the costlier
+    /// branch; Loop, the body times the trip count; Scan, the body times the scanned length;
+    /// SequenceMap, the body once per element. A trip count or length not known at plan time
+    /// is assumed to be 1, and the node is flagged as estimated (`fallback`).
+    fn control_flow_work(&self, graph: &Graph, node: &Node) -> Result<(OpWork, bool), Error> {
+        let sub = |name: &str| match node.attributes.get(name) {
+            Some(Attribute::Graph(g)) => Ok(g),
+            _ => Err(Error::Cost {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                detail: format!("attribute '{name}' (a subgraph) is missing"),
+            }),
+        };
+        let input_value = |i: usize| -> Option<i64> {
+            let id = node.inputs.get(i).copied().flatten()?;
+            match graph.tensor(id).value.as_ref()?.as_i64s()?.as_slice() {
+                [v] => Some(*v),
+                _ => None,
+            }
+        };
+        let ((work, assumed), iterations) = match node.op_type.as_str() {
+            "If" => match input_value(0) {
+                Some(0) => (self.body_work(sub("else_branch")?)?, Some(1)),
+                Some(_) => (self.body_work(sub("then_branch")?)?, Some(1)),
+                None => {
+                    let then = self.body_work(sub("then_branch")?)?;
+                    let other = self.body_work(sub("else_branch")?)?;
+                    let costlier = if self.time_secs(&then.0) >= self.time_secs(&other.0) {
+                        then
+                    } else {
+                        other
+                    };
+                    (costlier, Some(1))
+                }
+            },
+            "Loop" => (self.body_work(sub("body")?)?, input_value(0)),
+            "Scan" => (self.body_work(sub("body")?)?, scan_length(graph, node)),
+            _ => (self.body_work(sub("body")?)?, None),
+        };
+        let n = iterations.unwrap_or(1).max(0) as f64;
+        Ok((
+            OpWork {
+                flops: work.flops * n,
+                bytes: work.bytes * n,
+                launches: (work.launches as f64 * n).min(u32::MAX as f64) as u32,
+                ..work
+            },
+            assumed || iterations.is_none(),
+        ))
+    }
+}
+
+/// How many times a Scan runs its body: the first scanned input's scan axis (times the batch
+/// for Scan-8, whose inputs have a batch axis 0 and an optional first input).
+fn scan_length(graph: &Graph, node: &Node) -> Option<i64> {
+    let scanned = match node.attributes.get("num_scan_inputs") {
+        Some(Attribute::Int(n)) => usize::try_from(*n).ok()?,
+        _ => return None,
+    };
+    let first = node.inputs.len().checked_sub(scanned)?;
+    let shape = graph
+        .concrete_shape(node.inputs.get(first).copied().flatten()?)
+        .ok()?;
+    let batched = graph.opset("").unwrap_or(0) < 9;
+    let axis = match node.attributes.get("scan_input_axes") {
+        Some(Attribute::Ints(axes)) if !batched => *axes.first()?,
+        _ => 0,
+    };
+    let axis = if axis < 0 {
+        axis + shape.len() as i64
+    } else {
+        axis
+    } as usize;
+    let length = *shape.get(axis + usize::from(batched))?;
+    let batch = if batched { *shape.first()? } else { 1 };
+    i64::try_from(length.checked_mul(batch)?).ok()
+}
+
+/// Bytes of a tensor with a concrete shape (a sequence or optional: see
+/// [`super::ops::sized_shape`]).
 pub fn tensor_bytes(graph: &Graph, id: crate::graph::TensorId) -> Result<u64, Error> {
-    let shape = graph.concrete_shape(id)?;
+    let shape = super::ops::sized_shape(graph, id)?;
     let tensor = graph.tensor(id);
     let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
         tensor: tensor.name.clone(),

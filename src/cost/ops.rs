@@ -45,7 +45,18 @@ fn concrete(graph: &Graph, id: TensorId) -> Result<(DType, Vec<u64>), Error> {
     let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
         tensor: tensor.name.clone(),
     })?;
-    Ok((dtype, graph.concrete_shape(id)?))
+    Ok((dtype, sized_shape(graph, id)?))
+}
+
+/// The shape a value is costed with. A sequence's length is not known at plan time: a sequence
+/// or optional counts as one element where the elements' shape is concrete, as nothing (`[0]`)
+/// where it is not.
+pub(crate) fn sized_shape(graph: &Graph, id: TensorId) -> Result<Vec<u64>, Error> {
+    if graph.tensor(id).kind.is_tensor() {
+        graph.concrete_shape(id)
+    } else {
+        Ok(graph.concrete_shape(id).unwrap_or_else(|_| vec![0]))
+    }
 }
 
 impl<'a> CostCtx<'a> {
@@ -290,6 +301,19 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
         ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
         ("", "Det") => det,
+        // Sequences and optionals (<https://onnx.ai/onnx/operators/onnx__SequenceInsert.html>):
+        // the ops that copy tensors into or out of a sequence move those bytes; the others
+        // only look at or wrap a value.
+        (
+            "",
+            "SequenceConstruct" | "SequenceInsert" | "SequenceAt" | "SequenceErase"
+            | "SplitToSequence" | "ConcatFromSequence",
+        ) => movement,
+        (
+            "",
+            "SequenceEmpty" | "SequenceLength" | "Optional" | "OptionalHasElement"
+            | "OptionalGetElement",
+        ) => metadata,
         ("", "Gather") => gather,
         _ => return None,
     };
@@ -571,7 +595,13 @@ mod tests {
 
     #[test]
     fn every_op_with_a_shape_rule_has_a_cost_rule() {
-        let control_flow = ["ai.onnx:If", "ai.onnx:Loop", "ai.onnx:Scan"];
+        // Costed from their bodies by `CostModel::work`.
+        let control_flow = [
+            "ai.onnx:If",
+            "ai.onnx:Loop",
+            "ai.onnx:Scan",
+            "ai.onnx:SequenceMap",
+        ];
         let missing: Vec<String> = crate::onnx::shape::supported_ops()
             .into_iter()
             .filter(|op| !control_flow.contains(&op.as_str()))

@@ -95,6 +95,7 @@ impl GraphBuilder {
         self.tensors.push((
             Tensor {
                 name: name.to_string(),
+                kind: super::ValueKind::Tensor,
                 dtype: None,
                 shape: None,
                 origin: TensorOrigin::GraphInput,
@@ -131,6 +132,12 @@ impl GraphBuilder {
         }
         *slot = Some(origin);
         Ok(id)
+    }
+
+    /// Says what kind of value an input or output is (a sequence, an optional); tensors need not.
+    pub fn kind(&mut self, name: &str, kind: super::ValueKind) {
+        let id = self.intern(name);
+        self.tensors[id.index()].0.kind = kind;
     }
 
     /// Declares a graph input with its type. Dims may be symbolic.
@@ -246,6 +253,15 @@ impl GraphBuilder {
     /// Links producers to consumers and validates the graph: it must be non-empty, every tensor
     /// read must have a producer, and there must be no cycle.
     pub fn build(self) -> Result<Graph, Error> {
+        if self.dag.node_count() == 0 {
+            return Err(Error::EmptyGraph { graph: self.name });
+        }
+        self.build_subgraph()
+    }
+
+    /// Builds the body of a subgraph, which, unlike a model's graph, may have no nodes at all
+    /// (an `If` branch that returns a constant or an outer tensor).
+    pub fn build_subgraph(self) -> Result<Graph, Error> {
         let GraphBuilder {
             name,
             mut dag,
@@ -256,9 +272,6 @@ impl GraphBuilder {
             opsets,
             ..
         } = self;
-        if dag.node_count() == 0 {
-            return Err(Error::EmptyGraph { graph: name });
-        }
         let mut resolved = Vec::with_capacity(tensors.len());
         let node_ids: Vec<NodeId> = dag.node_indices().map(NodeId).collect();
         for (mut tensor, origin) in tensors {

@@ -10,6 +10,7 @@
 //! nodes after [`GraphBuilder::build`].
 
 mod build;
+mod kind;
 mod types;
 mod validate;
 mod value;
@@ -17,12 +18,14 @@ mod value;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
 pub use build::{GraphBuilder, NodeSpec};
+pub use kind::ValueKind;
 pub use types::{checked_element_count, element_count, format_shape, DType, Dim, Shape, SymDim};
 pub use value::{ConstValue, SymInt, MAX_TRACKED_ELEMENTS};
 
@@ -65,6 +68,8 @@ pub enum Attribute {
     /// A subgraph (`If.then_branch`, `Loop.body`, `Scan.body`), kept opaque.
     Graph(Subgraph),
     Graphs(Vec<Subgraph>),
+    /// A type (`Optional.type`): kind, element type and shape where stated.
+    Type(ValueKind, Option<DType>, Option<Shape>),
     /// A kind the planner does not look inside (sparse tensors, type protos).
     Other(&'static str),
 }
@@ -80,8 +85,10 @@ pub struct TensorLiteral {
     pub value: Option<ConstValue>,
 }
 
-/// What the planner keeps of a subgraph: enough to type the outputs of `If`/`Loop`/`Scan`.
-#[derive(Debug, Clone, PartialEq)]
+/// A subgraph (`If` branches, `Loop`/`Scan`/`SequenceMap` bodies): its declared outputs, and the
+/// body itself as a graph, which shape inference types from the node's inputs and the CPU
+/// runtime runs.
+#[derive(Debug, Clone)]
 pub struct Subgraph {
     /// The subgraph's name.
     pub name: String,
@@ -89,6 +96,23 @@ pub struct Subgraph {
     pub node_count: usize,
     /// Declared outputs: name, element type and shape where the model states them.
     pub outputs: Vec<(String, Option<DType>, Option<Shape>)>,
+    /// The body. Its first [`Subgraph::formal_inputs`] inputs are the subgraph's own (declared
+    /// in the model); the inputs after them stand for the enclosing scopes' tensors it reads,
+    /// which the node lists as its captures.
+    pub body: Arc<Graph>,
+    /// How many of the body's inputs are the subgraph's declared inputs.
+    pub formal_inputs: usize,
+}
+
+impl PartialEq for Subgraph {
+    /// Subgraphs compare by what the model declares of them; bodies built from the same
+    /// declaration are the same.
+    fn eq(&self, other: &Subgraph) -> bool {
+        self.name == other.name
+            && self.node_count == other.node_count
+            && self.outputs == other.outputs
+            && self.formal_inputs == other.formal_inputs
+    }
 }
 
 /// An operator of the graph.
@@ -179,9 +203,13 @@ pub enum Storage {
 pub struct Tensor {
     /// The tensor's name in the model.
     pub name: String,
+    /// What the value is: a tensor, or a sequence or optional whose `dtype` and `shape` are
+    /// those of its elements.
+    pub kind: ValueKind,
     /// Element type, once known.
     pub dtype: Option<DType>,
-    /// Shape, once known.
+    /// Shape, once known. For a sequence: the shape every element has (a symbol where they
+    /// differ), `None` while not even the elements' rank is known.
     pub shape: Option<Shape>,
     /// Where the tensor comes from.
     pub origin: TensorOrigin,
@@ -307,6 +335,10 @@ impl Graph {
     /// The tensor with this id.
     pub fn tensor(&self, id: TensorId) -> &Tensor {
         &self.tensors[id.index()]
+    }
+
+    pub(crate) fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.dag[id.0]
     }
 
     pub(crate) fn tensor_mut(&mut self, id: TensorId) -> &mut Tensor {

@@ -2,14 +2,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
 
 use super::opset::{check_legacy_node, opset_warnings};
-use super::tensor::{decode_tensor, decode_type, DecodedTensor, ExternalFiles};
+use super::tensor::{decode_tensor, decode_type, decode_value_type, DecodedTensor, ExternalFiles};
 use super::Model;
-use crate::graph::{Attribute, DType, Graph, NodeSpec, Param, Storage, Subgraph};
+use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph};
 use crate::Error;
 
 /// sha256 of what planning depends on: the main `GraphProto` re-encoded as protobuf (fields in
@@ -205,6 +206,19 @@ fn build_graph(
         proto.name.clone()
     };
     let mut builder = Graph::builder(name);
+    populate(&mut builder, proto, opsets, external, &[])?;
+    builder.build()
+}
+
+/// Declares a graph's opsets, initializers, inputs (after them, `captures`: the enclosing
+/// scopes' tensors a subgraph reads, as inputs of unknown type), nodes and outputs.
+fn populate(
+    builder: &mut GraphBuilder,
+    proto: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+    captures: &[String],
+) -> Result<(), Error> {
     for (domain, version) in opsets {
         builder.opset(domain, *version);
     }
@@ -250,8 +264,12 @@ fn build_graph(
         if builder.is_defined(&input.name) {
             continue;
         }
-        let (dtype, shape) = decode_type(&input.name, &input.type_)?;
+        let (kind, dtype, shape) = decode_value_type(&input.name, &input.type_)?;
         builder.input(&input.name, dtype, shape)?;
+        builder.kind(&input.name, kind);
+    }
+    for name in captures {
+        builder.input(name, None, None)?;
     }
     let mut used_names = HashSet::new();
     for (index, node) in proto.node.iter().enumerate() {
@@ -277,13 +295,17 @@ fn build_graph(
             continue;
         }
         check_legacy_node(node, opsets.get("").copied())?;
-        let spec = node_spec(node, index, &mut used_names)?;
+        let spec = node_spec(node, index, opsets, &mut used_names)?;
         builder.node(spec)?;
     }
     for output in &proto.output {
         builder.output(&output.name);
+        let (kind, _, _) = decode_value_type(&output.name, &output.type_)?;
+        if !kind.is_tensor() {
+            builder.kind(&output.name, kind);
+        }
     }
-    builder.build()
+    Ok(())
 }
 
 /// The value of a default-domain `Constant` node, as a decoded tensor; `None` for other nodes.
@@ -362,13 +384,14 @@ fn unique_node_name(node: &NodeProto, index: usize, used: &mut HashSet<String>) 
 fn node_spec(
     node: &NodeProto,
     index: usize,
+    opsets: &BTreeMap<String, i64>,
     used: &mut HashSet<String>,
 ) -> Result<NodeSpec, Error> {
     let name = unique_node_name(node, index, used);
     let mut attributes = BTreeMap::new();
     let mut captures = BTreeSet::new();
     for attr in &node.attribute {
-        let value = decode_attribute(attr, &name)?;
+        let value = decode_attribute(attr, &name, opsets)?;
         for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
             outer_scope_reads(graph, &mut captures);
         }
@@ -394,7 +417,11 @@ fn utf8(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn decode_attribute(attr: &AttributeProto, node: &str) -> Result<Attribute, Error> {
+fn decode_attribute(
+    attr: &AttributeProto,
+    node: &str,
+    opsets: &BTreeMap<String, i64>,
+) -> Result<Attribute, Error> {
     let mut no_files = ExternalFiles::new(None);
     let ty = attr.type_.enum_value().unwrap_or(AttributeType::UNDEFINED);
     Ok(match ty {
@@ -416,25 +443,46 @@ fn decode_attribute(attr: &AttributeProto, node: &str) -> Result<Attribute, Erro
             Attribute::Tensor(decode_tensor(tensor, &mut no_files)?.into_literal())
         }
         AttributeType::GRAPH => match attr.g.as_ref() {
-            Some(g) => Attribute::Graph(summarize_subgraph(g)?),
+            Some(g) => Attribute::Graph(load_subgraph(g, opsets)?),
             None => Attribute::Other("graph"),
         },
         AttributeType::GRAPHS => Attribute::Graphs(
             attr.graphs
                 .iter()
-                .map(summarize_subgraph)
+                .map(|g| load_subgraph(g, opsets))
                 .collect::<Result<_, _>>()?,
         ),
         AttributeType::TENSORS => Attribute::Other("tensors"),
         AttributeType::SPARSE_TENSOR | AttributeType::SPARSE_TENSORS => {
             Attribute::Other("sparse tensor")
         }
-        AttributeType::TYPE_PROTO | AttributeType::TYPE_PROTOS => Attribute::Other("type"),
+        AttributeType::TYPE_PROTO => match attr.tp.as_ref() {
+            Some(tp) => {
+                let (kind, dtype, shape) = decode_value_type(&attr.name, tp)?;
+                Attribute::Type(kind, dtype, shape)
+            }
+            None => Attribute::Other("type"),
+        },
+        AttributeType::TYPE_PROTOS => Attribute::Other("types"),
         AttributeType::UNDEFINED => Attribute::Other("undefined"),
     })
 }
 
-fn summarize_subgraph(graph: &GraphProto) -> Result<Subgraph, Error> {
+/// A subgraph with its body built like a model's graph. Weights inside a subgraph are embedded
+/// (a `Constant` node or a small initializer); external data is the main graph's.
+fn load_subgraph(graph: &GraphProto, opsets: &BTreeMap<String, i64>) -> Result<Subgraph, Error> {
+    let mut captures = BTreeSet::new();
+    outer_scope_reads(graph, &mut captures);
+    let captures: Vec<String> = captures.into_iter().collect();
+    let mut builder = Graph::builder(graph.name.clone());
+    populate(
+        &mut builder,
+        graph,
+        opsets,
+        &mut ExternalFiles::new(None),
+        &captures,
+    )?;
+    let body = builder.build_subgraph()?;
     let outputs = graph
         .output
         .iter()
@@ -447,6 +495,8 @@ fn summarize_subgraph(graph: &GraphProto) -> Result<Subgraph, Error> {
         name: graph.name.clone(),
         node_count: count_nodes(graph),
         outputs,
+        formal_inputs: body.inputs().len() - captures.len(),
+        body: Arc::new(body),
     })
 }
 

@@ -10,7 +10,8 @@ use onnx_protobuf::type_proto;
 use onnx_protobuf::{TensorProto, TypeProto};
 
 use crate::graph::{
-    ConstValue, DType, Dim, Param, Shape, Storage, SymInt, TensorLiteral, MAX_TRACKED_ELEMENTS,
+    ConstValue, DType, Dim, Param, Shape, Storage, SymInt, TensorLiteral, ValueKind,
+    MAX_TRACKED_ELEMENTS,
 };
 use crate::Error;
 
@@ -420,6 +421,34 @@ fn inline_value(proto: &TensorProto, dtype: DType) -> Option<ConstValue> {
 
 fn floats(values: impl Iterator<Item = f64>) -> Option<ConstValue> {
     Some(ConstValue::Floats(values.collect()))
+}
+
+/// Kind, element type and element shape of a `TypeProto`: a tensor, a sequence of tensors, or an
+/// optional of either (maps and sparse tensors decode as an untyped tensor, as before).
+pub(crate) fn decode_value_type(
+    tensor: &str,
+    ty: &TypeProto,
+) -> Result<(ValueKind, Option<DType>, Option<Shape>), Error> {
+    let element = |inner: &protobuf::MessageField<TypeProto>| -> Result<_, Error> {
+        match inner.as_ref() {
+            Some(inner) => decode_value_type(tensor, inner),
+            None => Ok((ValueKind::Tensor, None, None)),
+        }
+    };
+    match &ty.value {
+        Some(type_proto::Value::SequenceType(seq)) => {
+            let (_, dtype, shape) = element(&seq.elem_type)?;
+            Ok((ValueKind::Sequence, dtype, shape))
+        }
+        Some(type_proto::Value::OptionalType(opt)) => {
+            let (kind, dtype, shape) = element(&opt.elem_type)?;
+            Ok((kind.optional(), dtype, shape))
+        }
+        _ => {
+            let (dtype, shape) = decode_type(tensor, ty)?;
+            Ok((ValueKind::Tensor, dtype, shape))
+        }
+    }
 }
 
 /// Element type and shape of a `TypeProto`, for tensor types. Unnamed dims (no value, `?`, or

@@ -15,18 +15,19 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::kernels::{self, Ctx, Kernel};
+use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
 use super::tensor::HostTensor;
+use super::value::{Value, Values};
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
-use crate::graph::{DType, Graph, NodeId, TensorId};
+use crate::graph::{DType, Graph, Node, NodeId, Subgraph, TensorId};
 use crate::Error;
 
-/// One node ready to run.
+/// One node ready to run, with its kernel of type `K`.
 #[derive(Debug)]
-pub(crate) struct Step {
+pub(crate) struct Step<K = Kernel> {
     pub node: NodeId,
     /// The CPU kernel (the CUDA backend's fallback for nodes its device ops leave).
-    pub kernel: Kernel,
+    pub kernel: K,
     pub opset: i64,
     /// The inferred element type of each output slot (see [`Ctx::output_dtypes`]).
     pub output_dtypes: Vec<Option<DType>>,
@@ -34,13 +35,61 @@ pub(crate) struct Step {
     pub frees: Vec<TensorId>,
 }
 
-/// Resolves every node of a stage to its CPU kernel and works out when each intermediate tensor
-/// can be freed; refuses an op without a kernel, naming op and node.
+/// Resolves every node of a stage to its CPU tensor kernel and works out when each
+/// intermediate tensor can be freed; refuses an op without a kernel, naming op and node.
+#[cfg(feature = "cuda")]
 pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, Error> {
+    plan_steps_with(graph, spec, |node| {
+        (!node.has_subgraphs())
+            .then(|| kernels::lookup(&node.domain, &node.op_type))
+            .flatten()
+    })
+}
+
+/// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
+/// flow, which runs subgraphs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CpuKernel {
+    Tensor(Kernel),
+    Value(ValueKernel),
+}
+
+/// [`plan_steps`] with the kernels on values that only the CPU runtime has.
+fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>>, Error> {
+    plan_steps_with(graph, spec, |node| {
+        let tensor_kernel = (!node.has_subgraphs())
+            .then(|| kernels::lookup(&node.domain, &node.op_type))
+            .flatten();
+        // A node that reads a sequence or optional (Identity of a sequence) needs the
+        // kernel on values even where a tensor kernel of its op exists.
+        let reads_values = node
+            .inputs
+            .iter()
+            .flatten()
+            .any(|&t| !graph.tensor(t).kind.is_tensor());
+        match (
+            tensor_kernel,
+            kernels::lookup_value(&node.domain, &node.op_type),
+        ) {
+            (Some(_), Some(k)) if reads_values => Some(CpuKernel::Value(k)),
+            (Some(k), _) => Some(CpuKernel::Tensor(k)),
+            (None, Some(k)) => Some(CpuKernel::Value(k)),
+            (None, None) => None,
+        }
+    })
+}
+
+fn plan_steps_with<K>(
+    graph: &Graph,
+    spec: &StageSpec,
+    resolve: impl Fn(&Node) -> Option<K>,
+) -> Result<Vec<Step<K>>, Error> {
     let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
     let mut last_use: HashMap<TensorId, usize> = HashMap::new();
     for (i, &n) in spec.nodes.iter().enumerate() {
-        for t in graph.node(n).inputs.iter().flatten() {
+        let node = graph.node(n);
+        // A subgraph reads the outer tensors it captures when its node runs.
+        for t in node.inputs.iter().flatten().chain(&node.captures) {
             last_use.insert(*t, i);
         }
     }
@@ -60,14 +109,11 @@ pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, E
             } else {
                 &node.domain
             };
-            let kernel = (!node.has_subgraphs())
-                .then(|| kernels::lookup(&node.domain, &node.op_type))
-                .flatten()
-                .ok_or_else(|| Error::NoKernel {
-                    op: node.op_type.clone(),
-                    domain: domain.to_string(),
-                    node: node.name.clone(),
-                })?;
+            let kernel = resolve(node).ok_or_else(|| Error::NoKernel {
+                op: node.op_type.clone(),
+                domain: domain.to_string(),
+                node: node.name.clone(),
+            })?;
             Ok(Step {
                 node: n,
                 kernel,
@@ -94,7 +140,7 @@ pub struct CpuExecutor<'a> {
 #[derive(Debug)]
 pub struct CpuStage {
     spec: StageSpec,
-    steps: Vec<Step>,
+    steps: Vec<Step<CpuKernel>>,
 }
 
 impl CpuStage {
@@ -103,6 +149,9 @@ impl CpuStage {
         &self.spec
     }
 }
+
+/// Values of the tensors a run holds, by id.
+type Env = HashMap<TensorId, Value>;
 
 impl<'a> CpuExecutor<'a> {
     /// A backend for `graph` with its loaded `weights`.
@@ -118,12 +167,179 @@ impl<'a> CpuExecutor<'a> {
         self.run(&stage, inputs)
     }
 
-    fn fetch(
+    /// Runs the whole model on values of any kind: a model whose inputs or outputs are
+    /// sequences or optionals runs here (on the CPU, as one stage).
+    pub fn run_model_values(&self, inputs: &Values) -> Result<Values, Error> {
+        let all: Vec<NodeId> = self.graph.topological_order().to_vec();
+        let spec = stage_specs(self.graph, &[all])?.remove(0);
+        let stage = self.prepare(&spec)?;
+        let mut env = Env::new();
+        for &id in &stage.spec.receives {
+            let name = &self.graph.tensor(id).name;
+            if self.graph.tensor(id).param().is_some() {
+                continue;
+            }
+            let value = inputs.get(name).ok_or_else(|| {
+                Error::RunInput(format!(
+                    "the model needs input '{name}', which was not given"
+                ))
+            })?;
+            env.insert(id, value.clone());
+        }
+        let env = self.execute(&stage.steps, env, &|_| None, &mut |_, _, _| {})?;
+        stage
+            .spec
+            .sends
+            .iter()
+            .map(|&id| {
+                let name = self.graph.tensor(id).name.clone();
+                self.fetch(&env, id)
+                    .map(|v| (name.clone(), v))
+                    .ok_or_else(|| Error::RunInput(format!("the run did not make '{name}'")))
+            })
+            .collect()
+    }
+
+    fn fetch(&self, env: &Env, id: TensorId) -> Option<Value> {
+        env.get(&id)
+            .cloned()
+            .or_else(|| self.weights.get(id).map(|w| Value::Tensor(Arc::clone(w))))
+    }
+
+    /// Runs `steps` over `env`; `outer` gives the values of enclosing graphs' tensors by name
+    /// (to the subgraphs of this graph's control-flow nodes).
+    fn execute(
         &self,
-        env: &HashMap<TensorId, Arc<HostTensor>>,
-        id: TensorId,
-    ) -> Option<Arc<HostTensor>> {
-        env.get(&id).or_else(|| self.weights.get(id)).cloned()
+        steps: &[Step<CpuKernel>],
+        mut env: Env,
+        outer: &dyn Fn(&str) -> Option<Value>,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Env, Error> {
+        let graph = self.graph;
+        for step in steps {
+            let node = graph.node(step.node);
+            let kernel_error = |detail: String| Error::Kernel {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                detail,
+            };
+            let args: Vec<Option<Value>> = node
+                .inputs
+                .iter()
+                .map(|slot| match slot {
+                    None => Ok(None),
+                    Some(id) => self.fetch(&env, *id).map(Some).ok_or_else(|| {
+                        kernel_error(format!(
+                            "input '{}' is not available",
+                            graph.tensor(*id).name
+                        ))
+                    }),
+                })
+                .collect::<Result<_, Error>>()?;
+            let ctx = Ctx {
+                node,
+                opset: step.opset,
+                output_dtypes: &step.output_dtypes,
+            };
+            let began = Instant::now();
+            let results: Vec<Value> = match step.kernel {
+                CpuKernel::Tensor(kernel) => {
+                    let tensors: Vec<Option<&HostTensor>> = args
+                        .iter()
+                        .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
+                        .collect::<Result<_, String>>()
+                        .map_err(kernel_error)?;
+                    kernel(&ctx, &tensors)
+                        .map_err(kernel_error)?
+                        .into_iter()
+                        .map(|t| Value::Tensor(Arc::new(t)))
+                        .collect()
+                }
+                CpuKernel::Value(kernel) => {
+                    let scope = |name: &str| {
+                        graph
+                            .tensor_id(name)
+                            .and_then(|id| self.fetch(&env, id))
+                            .or_else(|| outer(name))
+                    };
+                    let run_body = |sub: &Subgraph, formals: &[Value]| {
+                        self.run_body(sub, formals, &scope)
+                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                    };
+                    let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
+                    let vctx = ValueCtx {
+                        ctx,
+                        run_body: &run_body,
+                    };
+                    kernel(&vctx, &refs).map_err(kernel_error)?
+                }
+            };
+            let secs = began.elapsed().as_secs_f64();
+            observe(step.node, secs, results.iter().map(Value::byte_len).sum());
+            drop(args);
+            let mut results = results.into_iter();
+            for (position, slot) in node.outputs.iter().enumerate() {
+                let value = results.next();
+                if let Some(id) = slot {
+                    let value = value.ok_or_else(|| {
+                        kernel_error(format!("the kernel gives no output {position}"))
+                    })?;
+                    env.insert(*id, value);
+                }
+            }
+            for t in &step.frees {
+                env.remove(t);
+            }
+        }
+        Ok(env)
+    }
+
+    /// Runs a subgraph of one of this graph's nodes on its declared inputs (`formals`); the
+    /// outer tensors it reads come from `scope`.
+    fn run_body(
+        &self,
+        sub: &Subgraph,
+        formals: &[Value],
+        scope: &dyn Fn(&str) -> Option<Value>,
+    ) -> Result<Vec<Value>, Error> {
+        let body = &*sub.body;
+        let weights = self.weights.for_subgraph(body)?;
+        let executor = CpuExecutor::new(body, &weights);
+        if formals.len() != sub.formal_inputs {
+            return Err(Error::RunInput(format!(
+                "it declares {} inputs, the node gives it {}",
+                sub.formal_inputs,
+                formals.len()
+            )));
+        }
+        let mut env = Env::new();
+        for (i, &id) in body.inputs().iter().enumerate() {
+            let name = &body.tensor(id).name;
+            let value = match formals.get(i) {
+                Some(v) => v.clone(),
+                None => scope(name).ok_or_else(|| {
+                    Error::RunInput(format!("it reads '{name}', which is not available"))
+                })?,
+            };
+            env.insert(id, value);
+        }
+        let nodes: Vec<NodeId> = body.topological_order().to_vec();
+        let spec = StageSpec {
+            index: 0,
+            nodes,
+            receives: body.inputs().to_vec(),
+            sends: body.outputs().to_vec(),
+        };
+        let steps = plan_cpu_steps(body, &spec)?;
+        let env = executor.execute(&steps, env, scope, &mut |_, _, _| {})?;
+        body.outputs()
+            .iter()
+            .map(|&id| {
+                executor.fetch(&env, id).ok_or_else(|| {
+                    Error::RunInput(format!("it did not make '{}'", body.tensor(id).name))
+                })
+            })
+            .collect()
     }
 }
 
@@ -133,7 +349,7 @@ impl Executor for CpuExecutor<'_> {
     fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
         Ok(CpuStage {
             spec: spec.clone(),
-            steps: plan_steps(self.graph, spec)?,
+            steps: plan_cpu_steps(self.graph, spec)?,
         })
     }
 
@@ -152,7 +368,7 @@ impl CpuExecutor<'_> {
         observe: &mut dyn FnMut(NodeId, f64, u64),
     ) -> Result<Tensors, Error> {
         let graph = self.graph;
-        let mut env: HashMap<TensorId, Arc<HostTensor>> = HashMap::new();
+        let mut env = Env::new();
         for &id in &stage.spec.receives {
             let name = &graph.tensor(id).name;
             if graph.tensor(id).param().is_some() {
@@ -164,73 +380,29 @@ impl CpuExecutor<'_> {
                     stage.spec.index
                 ))
             })?;
-            env.insert(id, Arc::clone(value));
+            env.insert(id, Value::Tensor(Arc::clone(value)));
         }
-        for step in &stage.steps {
-            let node = graph.node(step.node);
-            let args: Vec<Option<Arc<HostTensor>>> = node
-                .inputs
-                .iter()
-                .map(|slot| match slot {
-                    None => Ok(None),
-                    Some(id) => self
-                        .fetch(&env, *id)
-                        .map(Some)
-                        .ok_or_else(|| Error::Kernel {
-                            node: node.name.clone(),
-                            op: node.op_type.clone(),
-                            detail: format!("input '{}' is not available", graph.tensor(*id).name),
-                        }),
-                })
-                .collect::<Result<_, Error>>()?;
-            let refs: Vec<Option<&HostTensor>> = args.iter().map(|a| a.as_deref()).collect();
-            let ctx = Ctx {
-                node,
-                opset: step.opset,
-                output_dtypes: &step.output_dtypes,
-            };
-            let kernel_error = |detail: String| Error::Kernel {
-                node: node.name.clone(),
-                op: node.op_type.clone(),
-                detail,
-            };
-            let began = Instant::now();
-            let results = (step.kernel)(&ctx, &refs).map_err(kernel_error)?;
-            let secs = began.elapsed().as_secs_f64();
-            let bytes = results
-                .iter()
-                .map(|t| t.dtype().bytes_for(t.len() as u64).unwrap_or(0))
-                .sum();
-            observe(step.node, secs, bytes);
-            drop(args);
-            let mut results = results.into_iter();
-            for (position, slot) in node.outputs.iter().enumerate() {
-                let value = results.next();
-                if let Some(id) = slot {
-                    let value = value.ok_or_else(|| {
-                        kernel_error(format!("the kernel gives no output {position}"))
-                    })?;
-                    env.insert(*id, Arc::new(value));
-                }
-            }
-            for t in &step.frees {
-                env.remove(t);
-            }
-        }
+        let env = self.execute(&stage.steps, env, &|_| None, observe)?;
         stage
             .spec
             .sends
             .iter()
             .map(|&id| {
                 let name = graph.tensor(id).name.clone();
-                self.fetch(&env, id)
-                    .map(|v| (name.clone(), v))
-                    .ok_or_else(|| {
-                        Error::RunInput(format!(
-                            "stage {} should send '{name}' but does not have it",
-                            stage.spec.index
-                        ))
-                    })
+                let value = self.fetch(&env, id).ok_or_else(|| {
+                    Error::RunInput(format!(
+                        "stage {} should send '{name}' but does not have it",
+                        stage.spec.index
+                    ))
+                })?;
+                match value {
+                    Value::Tensor(t) => Ok((name, t)),
+                    other => Err(Error::RunInput(format!(
+                        "'{name}' is a {}: stages exchange tensors only (run a model with \
+                         sequences or optionals whole, on the CPU)",
+                        other.kind()
+                    ))),
+                }
             })
             .collect()
     }
@@ -520,6 +692,69 @@ mod tests {
             .unwrap();
         let weights = Weights::load(path, &model.graph).unwrap();
         (model.graph, weights)
+    }
+
+    /// `x` split into a sequence of rows, its length, and the rows joined back.
+    fn split_and_join() -> Graph {
+        use crate::graph::{Attribute, Dim, NodeSpec};
+        let mut b = Graph::builder("seq");
+        b.opset("", 17);
+        b.input(
+            "x",
+            Some(DType::F32),
+            Some(vec![Dim::Known(4), Dim::Known(3)]),
+        )
+        .unwrap();
+        b.node(NodeSpec::new("split", "SplitToSequence", &["x"], &["rows"]))
+            .unwrap();
+        b.node(NodeSpec::new("len", "SequenceLength", &["rows"], &["n"]))
+            .unwrap();
+        b.node(
+            NodeSpec::new("join", "ConcatFromSequence", &["rows"], &["y"])
+                .attr("axis", Attribute::Int(0)),
+        )
+        .unwrap();
+        b.output("n");
+        b.output("y");
+        let mut graph = b.build().unwrap();
+        ShapeInference::new(DimBindings::new())
+            .run(&mut graph)
+            .unwrap();
+        graph
+    }
+
+    #[test]
+    fn a_sequence_runs_through_its_ops() {
+        let graph = split_and_join();
+        let weights = Weights::default();
+        let x: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let mut inputs = Values::new();
+        let tensor = Arc::new(HostTensor::f32(vec![4, 3], x.clone()));
+        inputs.insert("x".into(), Value::Tensor(tensor));
+        let out = CpuExecutor::new(&graph, &weights)
+            .run_model_values(&inputs)
+            .unwrap();
+        assert_eq!(out["n"].tensor().unwrap().to_i64_vec(), vec![4]);
+        let y = out["y"].tensor().unwrap();
+        assert_eq!((y.shape(), y.to_f32_vec()), (&[4usize, 3][..], x));
+    }
+
+    #[test]
+    fn a_sequence_crossing_a_stage_boundary_is_refused_in_one_line() {
+        let graph = split_and_join();
+        let weights = Weights::default();
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let specs = stage_specs(&graph, &[order[..1].to_vec(), order[1..].to_vec()]).unwrap();
+        let stage = executor.prepare(&specs[0]).unwrap();
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "x".into(),
+            Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
+        );
+        let err = executor.run(&stage, &inputs).unwrap_err().to_string();
+        assert!(err.contains("'rows' is a sequence"), "{err}");
+        assert_eq!(err.lines().count(), 1);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod narrow;
 pub mod npy;
 pub mod profile;
 pub mod tensor;
+pub mod value;
 pub mod weights;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -35,6 +36,7 @@ pub use cpu::{
 pub use kernels::supported_ops;
 pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
 pub use tensor::{HostTensor, TensorData};
+pub use value::{Value, Values};
 pub use weights::Weights;
 
 use crate::graph::{DType, Graph, NodeId, TensorId};

@@ -23,6 +23,9 @@ use crate::Error;
 #[derive(Debug, Clone, Default)]
 pub struct Weights {
     by_tensor: HashMap<TensorId, Arc<HostTensor>>,
+    /// The weights inside subgraphs (initializers and `Constant`s of `If` branches, `Loop`
+    /// bodies), by name: ONNX names are unique across a model's scopes.
+    in_subgraphs: Arc<HashMap<String, Arc<HostTensor>>>,
 }
 
 impl Weights {
@@ -93,7 +96,34 @@ impl Weights {
             })?;
             by_tensor.insert(id, Arc::new(host));
         }
-        Ok(Weights { by_tensor })
+        let mut in_subgraphs = HashMap::new();
+        for node in &graph_proto.node {
+            subgraph_weights(node, &mut in_subgraphs)?;
+        }
+        Ok(Weights {
+            by_tensor,
+            in_subgraphs: Arc::new(in_subgraphs),
+        })
+    }
+
+    /// The weights of a subgraph's body (see [`crate::graph::Subgraph`]), for running it.
+    pub fn for_subgraph(&self, body: &Graph) -> Result<Weights, Error> {
+        let by_tensor = body
+            .parameters()
+            .map(|(id, tensor)| {
+                let weight = self.in_subgraphs.get(&tensor.name).ok_or_else(|| {
+                    Error::InvalidModel(format!(
+                        "subgraph weight '{}' has no initializer or Constant in the model file",
+                        tensor.name
+                    ))
+                })?;
+                Ok((id, Arc::clone(weight)))
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Weights {
+            by_tensor,
+            in_subgraphs: Arc::clone(&self.in_subgraphs),
+        })
     }
 
     /// The weight held by a parameter tensor.
@@ -110,6 +140,37 @@ impl Weights {
     pub fn is_empty(&self) -> bool {
         self.by_tensor.is_empty()
     }
+}
+
+/// Decodes the initializers and `Constant`s of the subgraphs a node holds, at any depth. They
+/// are embedded in the model (the loader refuses external data inside subgraphs).
+fn subgraph_weights(
+    node: &onnx_protobuf::NodeProto,
+    found: &mut HashMap<String, Arc<HostTensor>>,
+) -> Result<(), Error> {
+    let bad = |name: &str, detail: String| {
+        Error::InvalidModel(format!("cannot read subgraph weight '{name}': {detail}"))
+    };
+    for attr in &node.attribute {
+        for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+            for init in &graph.initializer {
+                let host = decode_inline(init).map_err(|e| bad(&init.name, e))?;
+                found.insert(init.name.clone(), Arc::new(host));
+            }
+            for inner in &graph.node {
+                let is_constant = inner.op_type == "Constant"
+                    && (inner.domain.is_empty() || inner.domain == "ai.onnx");
+                if let (true, Some(out), Some(literal)) =
+                    (is_constant, inner.output.first(), constant_tensor(inner))
+                {
+                    let host = decode_inline(&literal).map_err(|e| bad(out, e))?;
+                    found.insert(out.clone(), Arc::new(host));
+                }
+                subgraph_weights(inner, found)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The tensor a `Constant` node holds, in the attribute forms that carry numbers.

@@ -16,7 +16,7 @@ use onnx_protobuf::{
 use petgraph::stable_graph::NodeIndex;
 
 use super::routes::{Destination, Routes};
-use crate::graph::{Dim, Graph, NodeId, Storage, TensorId, TensorOrigin};
+use crate::graph::{Dim, Graph, NodeId, Storage, TensorId, TensorOrigin, ValueKind};
 use crate::onnx::tensor::{decode_tensor, ExternalFiles, ExternalRef};
 use crate::Error;
 
@@ -311,6 +311,25 @@ fn value_info(
     }
     let mut ty = TypeProto::new();
     ty.value = Some(type_proto::Value::TensorType(tensor_type));
+    // A sequence or optional crossing a boundary: its elements' type, wrapped.
+    if matches!(
+        tensor.kind,
+        ValueKind::Sequence | ValueKind::OptionalSequence
+    ) {
+        let mut sequence = type_proto::Sequence::new();
+        sequence.elem_type = Some(ty).into();
+        ty = TypeProto::new();
+        ty.value = Some(type_proto::Value::SequenceType(sequence));
+    }
+    if matches!(
+        tensor.kind,
+        ValueKind::OptionalTensor | ValueKind::OptionalSequence
+    ) {
+        let mut optional = type_proto::Optional::new();
+        optional.elem_type = Some(ty).into();
+        ty = TypeProto::new();
+        ty.value = Some(type_proto::Value::OptionalType(optional));
+    }
     let mut info = ValueInfoProto::new();
     info.name = tensor.name.clone();
     info.type_ = Some(ty).into();
@@ -333,4 +352,47 @@ fn note_external(
         locations.insert(reference.location, path);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{DType, NodeSpec};
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+
+    #[test]
+    fn a_sequence_crossing_a_boundary_is_declared_a_sequence_of_its_elements() {
+        let mut b = Graph::builder("seq");
+        b.opset("", 17);
+        b.input(
+            "x",
+            Some(DType::F32),
+            Some(vec![Dim::Known(4), Dim::Known(3)]),
+        )
+        .unwrap();
+        b.node(NodeSpec::new("split", "SplitToSequence", &["x"], &["rows"]))
+            .unwrap();
+        b.output("rows");
+        let mut graph = b.build().unwrap();
+        ShapeInference::new(DimBindings::new())
+            .run(&mut graph)
+            .unwrap();
+        let rows = graph.tensor_id("rows").unwrap();
+        let info = value_info(&graph, rows, None).unwrap();
+        let Some(type_proto::Value::SequenceType(sequence)) = &info.type_.value else {
+            panic!("not a sequence type: {info:?}");
+        };
+        let Some(type_proto::Value::TensorType(element)) = &sequence.elem_type.value else {
+            panic!("not a sequence of tensors: {sequence:?}");
+        };
+        assert_eq!(element.elem_type, DType::F32.onnx_code());
+        let dims: Vec<_> = element.shape.dim.iter().map(|d| d.value.clone()).collect();
+        assert_eq!(
+            dims,
+            vec![
+                Some(dimension::Value::DimValue(1)),
+                Some(dimension::Value::DimValue(3))
+            ]
+        );
+    }
 }

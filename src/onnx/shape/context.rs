@@ -1,23 +1,45 @@
 //! What a shape rule sees of its node, and the helpers rules share (attributes, axes,
 //! broadcasting, folding values).
 
-use crate::graph::{Attribute, ConstValue, DType, Dim, Graph, Node, Shape, SymInt};
+use crate::graph::{Attribute, ConstValue, DType, Dim, Graph, Node, Shape, SymInt, ValueKind};
 
 /// Type of one output as a rule infers it.
 #[derive(Debug, Clone)]
 pub(crate) struct Inferred {
+    pub kind: ValueKind,
     pub dtype: DType,
     pub shape: Shape,
+    /// False for a sequence or optional whose elements' shape (even rank) is not known; `shape`
+    /// is then empty and meaningless.
+    pub shape_known: bool,
     pub value: Option<ConstValue>,
 }
 
 impl Inferred {
     pub fn new(dtype: DType, shape: Shape) -> Inferred {
         Inferred {
+            kind: ValueKind::Tensor,
             dtype,
             shape,
+            shape_known: true,
             value: None,
         }
+    }
+
+    /// A value of any kind; `shape` is the elements' shape for a sequence or optional.
+    pub fn of_kind(kind: ValueKind, dtype: DType, shape: Option<Shape>) -> Inferred {
+        Inferred {
+            kind,
+            dtype,
+            shape_known: shape.is_some(),
+            shape: shape.unwrap_or_default(),
+            value: None,
+        }
+    }
+
+    /// The shape, if known.
+    pub fn known_shape(&self) -> Option<&Shape> {
+        self.shape_known.then_some(&self.shape)
     }
 
     pub fn with_value(mut self, value: Option<ConstValue>) -> Inferred {
@@ -28,10 +50,24 @@ impl Inferred {
 
 /// A present input: its name, type and known value.
 pub(crate) struct Input<'a> {
+    pub kind: ValueKind,
     pub dtype: DType,
+    /// For a sequence or optional: its elements' shape, empty when not known (see
+    /// [`Input::known_shape`]).
     pub shape: &'a Shape,
     pub value: Option<&'a ConstValue>,
+    pub name: &'a str,
 }
+
+impl<'a> Input<'a> {
+    /// The shape, `None` for a sequence or optional whose elements' shape is not known.
+    pub fn known_shape(&self) -> Option<&'a Shape> {
+        (!std::ptr::eq(self.shape, &UNKNOWN_SHAPE)).then_some(self.shape)
+    }
+}
+
+/// Stands for the shape of a sequence or optional whose elements' shape is not known.
+static UNKNOWN_SHAPE: Shape = Vec::new();
 
 /// Rule results: the outputs, or what is wrong in words (the driver adds node and op).
 pub(crate) type RuleResult = Result<Vec<Inferred>, String>;
@@ -39,6 +75,8 @@ pub(crate) type RuleResult = Result<Vec<Inferred>, String>;
 /// The node under inference.
 pub(crate) struct OpCtx<'a> {
     pub node: &'a Node,
+    /// The graph the node is in: subgraph rules read the tensors a body captures from it.
+    pub graph: &'a Graph,
     pub opset: i64,
     inputs: Vec<Option<Input<'a>>>,
     output_names: Vec<Option<&'a str>>,
@@ -53,9 +91,11 @@ impl<'a> OpCtx<'a> {
                 slot.map(|id| {
                     let t = graph.tensor(id);
                     Input {
+                        kind: t.kind,
                         dtype: t.dtype.expect("driver checks inputs are typed"),
-                        shape: t.shape.as_ref().expect("driver checks inputs are shaped"),
+                        shape: t.shape.as_ref().unwrap_or(&UNKNOWN_SHAPE),
                         value: t.value.as_ref(),
+                        name: &t.name,
                     }
                 })
             })
@@ -67,6 +107,7 @@ impl<'a> OpCtx<'a> {
             .collect();
         OpCtx {
             node,
+            graph,
             opset,
             inputs,
             output_names,

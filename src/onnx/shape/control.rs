@@ -1,15 +1,19 @@
-//! Control flow (`If`, `Loop`, `Scan`): kept as one opaque node each. Output types come from the
-//! subgraphs' declared outputs, since the planner does not look inside them
-//! (<https://onnx.ai/onnx/operators/onnx__If.html>, `Loop`, `Scan`).
+//! Control flow (`If`, `Loop`, `Scan`, `SequenceMap`): each stays one node of the graph, and its
+//! outputs are typed by inferring its subgraphs, given the types of the node's inputs and of the
+//! outer tensors the subgraphs read (<https://onnx.ai/onnx/operators/onnx__If.html>, `Loop`,
+//! `Scan`, `SequenceMap`). A body output the model declares no type for is typed so too.
 
-use super::context::{Inferred, OpCtx, RuleResult};
+use super::context::{normalize_axis, Inferred, OpCtx, RuleResult};
 use super::registry::Registry;
-use crate::graph::{Attribute, Dim, Shape, Subgraph};
+use super::sequence::merge_shapes;
+use super::{DimBindings, ShapeInference};
+use crate::graph::{Attribute, ConstValue, DType, Dim, Graph, Shape, Subgraph, SymInt, ValueKind};
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["If"], if_);
     r.add("", &["Loop"], loop_);
     r.add("", &["Scan"], scan);
+    r.add("", &["SequenceMap"], sequence_map);
 }
 
 fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
@@ -19,95 +23,374 @@ fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
     }
 }
 
-/// The declared type of subgraph output `index`, or an error saying the model does not declare it.
-fn declared(
+/// The type given to one of a body's declared inputs.
+#[derive(Debug, Clone, PartialEq)]
+struct Formal {
+    kind: ValueKind,
+    dtype: DType,
+    shape: Option<Shape>,
+    value: Option<ConstValue>,
+}
+
+impl Formal {
+    fn tensor(dtype: DType, shape: Shape, value: Option<ConstValue>) -> Formal {
+        Formal {
+            kind: ValueKind::Tensor,
+            dtype,
+            shape: Some(shape),
+            value,
+        }
+    }
+
+    fn inferred(&self) -> Inferred {
+        Inferred::of_kind(self.kind, self.dtype, self.shape.clone()).with_value(self.value.clone())
+    }
+}
+
+/// A node's subgraphs as its rule typed them, by attribute name.
+type Bodies = Vec<(&'static str, Graph)>;
+
+/// Infers a body given its declared inputs' types; the inputs after them (the outer tensors it
+/// reads) take the types they have in the node's graph. Gives the body outputs' types and the
+/// typed body.
+fn infer_body(
     ctx: &OpCtx,
-    graph: &Subgraph,
-    index: usize,
-    output: usize,
-) -> Result<Inferred, String> {
-    let (name, dtype, shape) = graph
-        .outputs
-        .get(index)
-        .ok_or_else(|| format!("subgraph '{}' has no output {index}", graph.name))?;
-    let dtype = dtype
-        .ok_or_else(|| format!("subgraph output '{name}' does not declare its element type"))?;
-    let shape = shape
-        .clone()
-        .ok_or_else(|| format!("subgraph output '{name}' does not declare its shape"))?;
-    // Names of unnamed subgraph dims are local to the subgraph; make them the node's own.
-    let shape = shape
-        .into_iter()
-        .enumerate()
-        .map(|(axis, d)| match d {
-            Dim::Sym(s) if s.symbols().any(|n| n.starts_with(name.as_str())) => {
-                ctx.data_dependent_dim(output, axis)
-            }
-            d => d,
+    sub: &Subgraph,
+    formals: &[Formal],
+) -> Result<(Vec<Inferred>, Graph), String> {
+    if formals.len() != sub.formal_inputs {
+        return Err(format!(
+            "subgraph '{}' declares {} inputs, the node gives it {}",
+            sub.name,
+            sub.formal_inputs,
+            formals.len()
+        ));
+    }
+    let mut body: Graph = (*sub.body).clone();
+    for (i, id) in body.inputs().to_vec().into_iter().enumerate() {
+        let tensor = body.tensor_mut(id);
+        if let Some(formal) = formals.get(i) {
+            tensor.kind = formal.kind;
+            tensor.dtype = Some(formal.dtype);
+            tensor.shape = formal.shape.clone();
+            tensor.value = formal.value.clone();
+            continue;
+        }
+        let outer = ctx
+            .graph
+            .tensor_id(&tensor.name)
+            .map(|o| ctx.graph.tensor(o))
+            .ok_or_else(|| {
+                format!(
+                    "subgraph '{}' reads '{}', which no enclosing graph defines",
+                    sub.name, tensor.name
+                )
+            })?;
+        tensor.kind = outer.kind;
+        tensor.dtype = outer.dtype;
+        tensor.shape = outer.shape.clone();
+        tensor.value = outer.value.clone();
+    }
+    ShapeInference::new(DimBindings::new())
+        .run(&mut body)
+        .map_err(|e| format!("in subgraph '{}': {e}", sub.name))?;
+    let outputs = body
+        .outputs()
+        .iter()
+        .map(|&id| {
+            let t = body.tensor(id);
+            let dtype = t.dtype.ok_or_else(|| {
+                format!("subgraph output '{}' has no inferred element type", t.name)
+            })?;
+            Ok(Inferred::of_kind(t.kind, dtype, t.shape.clone()).with_value(t.value.clone()))
         })
-        .collect();
-    Ok(Inferred::new(dtype, shape))
+        .collect::<Result<_, String>>()?;
+    Ok((outputs, body))
 }
 
-/// If: both branches must produce the same types; where their dims differ the output dim
-/// depends on the condition.
+/// The subgraphs of a control-flow node typed for its inputs (for costing and running them).
+pub(super) fn typed_bodies(ctx: &OpCtx) -> Result<Bodies, String> {
+    Ok(match ctx.node.op_type.as_str() {
+        "If" => if_typed(ctx)?.1,
+        "Loop" => loop_typed(ctx)?.1,
+        "Scan" => scan_typed(ctx)?.1,
+        "SequenceMap" => sequence_map_typed(ctx)?.1,
+        _ => Vec::new(),
+    })
+}
+
 fn if_(ctx: &OpCtx) -> RuleResult {
-    let (then, other) = (subgraph(ctx, "then_branch")?, subgraph(ctx, "else_branch")?);
-    (0..then.outputs.len())
-        .map(|i| {
-            let a = declared(ctx, then, i, i)?;
-            let b = declared(ctx, other, i, i).ok();
-            let shape: Shape = match b {
-                Some(b) if b.shape.len() == a.shape.len() => a
-                    .shape
-                    .iter()
-                    .zip(&b.shape)
-                    .enumerate()
-                    .map(|(axis, (x, y))| {
-                        if x == y {
-                            x.clone()
-                        } else {
-                            ctx.data_dependent_dim(i, axis)
-                        }
-                    })
-                    .collect(),
-                Some(_) => return Err(format!("branches of If give output {i} different ranks")),
-                None => a.shape.clone(),
-            };
-            Ok(Inferred::new(a.dtype, shape))
-        })
-        .collect()
+    Ok(if_typed(ctx)?.0)
 }
 
-/// Loop: body outputs are (cond, carried…, scan…); node outputs are (carried…, scan…), where
-/// scan outputs gain a leading iteration axis whose length depends on the run. A carried output
-/// has the type of its initial value (input 2 + k), as onnxruntime's inference gives it: the
-/// body's declared dims are local names (or absent) that a user could not bind.
 fn loop_(ctx: &OpCtx) -> RuleResult {
-    let body = subgraph(ctx, "body")?;
-    let carried = ctx.input_count().saturating_sub(2);
-    (1..body.outputs.len())
-        .map(|i| {
-            let out = i - 1;
-            if out < carried {
-                if let Some(initial) = ctx.opt_input(2 + out) {
-                    return Ok(Inferred::new(initial.dtype, initial.shape.clone()));
-                }
-            }
-            let mut t = declared(ctx, body, i, out)?;
-            if out >= carried {
-                t.shape.insert(0, ctx.data_dependent_dim(out, 0));
-            }
-            Ok(t)
-        })
-        .collect()
+    Ok(loop_typed(ctx)?.0)
 }
 
-/// Scan: state outputs as declared; scan outputs gain the scanned axis, whose length is the
-/// length of the first scanned input's scan axis (axis 0 by default). Scan-8 (opsets 8) has an
-/// optional `sequence_lens` input first and a batch axis 0 on every input and output, which the
-/// body does not see: states gain the batch axis, scan outputs the batch and scanned axes.
 fn scan(ctx: &OpCtx) -> RuleResult {
+    Ok(scan_typed(ctx)?.0)
+}
+
+fn sequence_map(ctx: &OpCtx) -> RuleResult {
+    Ok(sequence_map_typed(ctx)?.0)
+}
+
+/// The single integer or boolean a value holds, if known.
+fn scalar(value: Option<&ConstValue>) -> Option<i64> {
+    match value?.as_i64s()?.as_slice() {
+        [v] => Some(*v),
+        _ => None,
+    }
+}
+
+/// Two types a node output may have (the branches of an If): equal kinds and dtypes; dims
+/// they disagree on depend on the run.
+fn merge(ctx: &OpCtx, output: usize, a: &Inferred, b: &Inferred) -> Result<Inferred, String> {
+    if a.kind != b.kind || a.dtype != b.dtype {
+        return Err(format!(
+            "the branches give output {output} different types: {} of {} and {} of {}",
+            a.kind, a.dtype, b.kind, b.dtype
+        ));
+    }
+    let shape = merge_shapes(ctx, output, a.known_shape(), b.known_shape());
+    if a.kind.is_tensor() && shape.is_none() {
+        return Err(format!("the branches give output {output} different ranks"));
+    }
+    Ok(Inferred::of_kind(a.kind, a.dtype, shape))
+}
+
+/// If: the branch the condition picks when it is known at plan time, else both merged.
+fn if_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
+    let (then, other) = (subgraph(ctx, "then_branch")?, subgraph(ctx, "else_branch")?);
+    match scalar(ctx.input(0)?.value) {
+        Some(0) => {
+            let (outputs, body) = infer_body(ctx, other, &[])?;
+            Ok((outputs, vec![("else_branch", body)]))
+        }
+        Some(_) => {
+            let (outputs, body) = infer_body(ctx, then, &[])?;
+            Ok((outputs, vec![("then_branch", body)]))
+        }
+        None => {
+            let (a, then_body) = infer_body(ctx, then, &[])?;
+            let (b, else_body) = infer_body(ctx, other, &[])?;
+            if a.len() != b.len() {
+                return Err(format!(
+                    "the branches have {} and {} outputs",
+                    a.len(),
+                    b.len()
+                ));
+            }
+            let outputs = a
+                .iter()
+                .zip(&b)
+                .enumerate()
+                .map(|(i, (x, y))| merge(ctx, i, x, y))
+                .collect::<Result<_, String>>()?;
+            Ok((
+                outputs,
+                vec![("then_branch", then_body), ("else_branch", else_body)],
+            ))
+        }
+    }
+}
+
+/// Rounds of re-inferring a Loop body with the carried types widened by the previous round; a
+/// carried dim that changes becomes a symbol in the first round, so two suffice in practice.
+const LOOP_ROUNDS: usize = 4;
+
+/// Loop: body inputs are (iteration, cond, carried…), outputs (cond, carried…, scan…); node
+/// outputs are (carried…, scan…). Carried types are inferred to a fixed point: a dim the body
+/// changes is a symbol. Scan outputs gain a leading axis of the iteration count, known when the
+/// trip count is and the condition provably stays true (absent, or true and kept true by the
+/// body).
+fn loop_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
+    if let Some(unrolled) = unrolled_loop(ctx)? {
+        return Ok(unrolled);
+    }
+    let body = subgraph(ctx, "body")?;
+    let trip_count = ctx.opt_input(0).and_then(|m| scalar(m.value));
+    let cond = ctx.opt_input(1);
+    let mut carried: Vec<Formal> = (2..ctx.input_count())
+        .map(|i| {
+            let input = ctx.input(i)?;
+            Ok(Formal {
+                kind: input.kind,
+                dtype: input.dtype,
+                shape: input.known_shape().cloned(),
+                value: None,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    // With a condition known true, the body sees `cond = true`; if it then provably returns
+    // true, every iteration does.
+    let mut assume_true = cond.is_some_and(|c| scalar(c.value).is_some_and(|v| v != 0));
+    let mut stays_true = cond.is_none();
+    let mut outputs = Vec::new();
+    let mut typed = None;
+    for _ in 0..LOOP_ROUNDS {
+        let cond_value = assume_true.then(|| ConstValue::Ints(vec![SymInt::Lit(1)]));
+        let mut formals = vec![
+            Formal::tensor(DType::I64, vec![], None),
+            Formal::tensor(DType::Bool, vec![], cond_value),
+        ];
+        formals.extend(carried.iter().cloned());
+        let (inferred, graph) = infer_body(ctx, body, &formals)?;
+        outputs = inferred;
+        typed = Some(graph);
+        let keeps_true = outputs.first().and_then(|c| scalar(c.value.as_ref())) == Some(1);
+        if assume_true && !keeps_true {
+            assume_true = false;
+            continue;
+        }
+        stays_true |= assume_true;
+        let mut changed = false;
+        for (k, formal) in carried.iter_mut().enumerate() {
+            let out = outputs
+                .get(1 + k)
+                .ok_or_else(|| format!("the body has no output for carried value {k}"))?;
+            let widened = Formal {
+                kind: out.kind,
+                dtype: formal.dtype,
+                shape: merge_shapes(ctx, k, formal.shape.as_ref(), out.known_shape()),
+                value: None,
+            };
+            if widened != *formal {
+                *formal = widened;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let iterations = match trip_count {
+        Some(m) if stays_true => Some(Dim::Known(m.max(0) as u64)),
+        _ => None,
+    };
+    let mut result: Vec<Inferred> = carried.iter().map(Formal::inferred).collect();
+    for (j, out) in outputs.iter().enumerate().skip(1 + carried.len()) {
+        let position = j - 1;
+        let mut shape = out
+            .known_shape()
+            .cloned()
+            .ok_or_else(|| format!("the shape of scan output {position} is not known"))?;
+        shape.insert(
+            0,
+            iterations
+                .clone()
+                .unwrap_or_else(|| ctx.data_dependent_dim(position, 0)),
+        );
+        result.push(Inferred::new(out.dtype, shape));
+    }
+    Ok((result, typed.map(|g| ("body", g)).into_iter().collect()))
+}
+
+/// Most iterations a Loop is inferred one by one for (see [`unrolled_loop`]).
+const MAX_UNROLLED: i64 = 64;
+
+/// A Loop of a few iterations known at plan time (trip count known, condition absent or known
+/// at every step) inferred iteration by iteration, with the iteration number and the carried
+/// values' contents known: exact where a body slices by the iteration number or grows a
+/// sequence. `None` where that does not apply, or the body cannot be inferred so.
+fn unrolled_loop(ctx: &OpCtx) -> Result<Option<(Vec<Inferred>, Bodies)>, String> {
+    let body = subgraph(ctx, "body")?;
+    let Some(trip_count) = ctx.opt_input(0).and_then(|m| scalar(m.value)) else {
+        return Ok(None);
+    };
+    let cond_given = ctx.opt_input(1).is_some();
+    let mut cond = match ctx.opt_input(1) {
+        Some(c) => match scalar(c.value) {
+            Some(v) => v != 0,
+            None => return Ok(None),
+        },
+        None => true,
+    };
+    if !(1..=MAX_UNROLLED).contains(&trip_count) || !cond {
+        return Ok(None);
+    }
+    let mut carried: Vec<Formal> = (2..ctx.input_count())
+        .map(|i| {
+            let input = ctx.input(i)?;
+            Ok(Formal {
+                kind: input.kind,
+                dtype: input.dtype,
+                shape: input.known_shape().cloned(),
+                value: input.value.cloned(),
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let mut scans: Vec<Inferred> = Vec::new();
+    let mut typed = None;
+    let mut iterations = 0u64;
+    while cond && (iterations as i64) < trip_count {
+        let mut formals = vec![
+            Formal::tensor(
+                DType::I64,
+                vec![],
+                Some(ConstValue::Ints(vec![SymInt::Lit(iterations as i64)])),
+            ),
+            Formal::tensor(
+                DType::Bool,
+                vec![],
+                Some(ConstValue::Ints(vec![SymInt::Lit(1)])),
+            ),
+        ];
+        formals.extend(carried.iter().cloned());
+        let Ok((outputs, graph)) = infer_body(ctx, body, &formals) else {
+            return Ok(None);
+        };
+        if cond_given {
+            match outputs.first().and_then(|c| scalar(c.value.as_ref())) {
+                Some(v) => cond = v != 0,
+                None => return Ok(None),
+            }
+        }
+        for (k, formal) in carried.iter_mut().enumerate() {
+            let out = outputs
+                .get(1 + k)
+                .ok_or_else(|| format!("the body has no output for carried value {k}"))?;
+            *formal = Formal {
+                kind: out.kind,
+                dtype: out.dtype,
+                shape: out.known_shape().cloned(),
+                value: out.value.clone(),
+            };
+        }
+        let step_scans = &outputs[(1 + carried.len()).min(outputs.len())..];
+        scans = if scans.is_empty() {
+            step_scans.to_vec()
+        } else {
+            scans
+                .iter()
+                .zip(step_scans)
+                .enumerate()
+                .map(|(j, (a, b))| merge(ctx, carried.len() + j, a, b))
+                .collect::<Result<_, String>>()?
+        };
+        typed = Some(graph);
+        iterations += 1;
+    }
+    let mut result: Vec<Inferred> = carried.iter().map(Formal::inferred).collect();
+    for (j, out) in scans.into_iter().enumerate() {
+        let mut shape = out
+            .known_shape()
+            .cloned()
+            .ok_or_else(|| format!("the shape of scan output {j} is not known"))?;
+        shape.insert(0, Dim::Known(iterations));
+        result.push(Inferred::new(out.dtype, shape));
+    }
+    Ok(Some((
+        result,
+        typed.map(|g| ("body", g)).into_iter().collect(),
+    )))
+}
+
+/// Scan: the body sees the states and one slice of each scanned input (its scan axis
+/// removed); scan outputs stack the body's along their scan output axis, as many as the first
+/// scanned input's scan axis is long. Scan-8 (opsets 8) has an optional `sequence_lens` input
+/// first and a batch axis 0 on every input and output, which the body does not see.
+fn scan_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let body = subgraph(ctx, "body")?;
     let scan_inputs = ctx
         .int_attr("num_scan_inputs")?
@@ -118,33 +401,84 @@ fn scan(ctx: &OpCtx) -> RuleResult {
         .input_count()
         .saturating_sub(scan_inputs)
         .saturating_sub(first_state);
-    let first_scanned_input = first_state + states;
-    let scan_axis = usize::from(batched);
-    let first_scanned = ctx
-        .shape(first_scanned_input)
-        .ok()
-        .and_then(|s| s.get(scan_axis).cloned());
-    let batch = ctx.shape(first_state).ok().and_then(|s| s.first().cloned());
-    (0..body.outputs.len())
-        .map(|i| {
-            let mut t = declared(ctx, body, i, i)?;
+    let input_axes = ctx.ints_attr("scan_input_axes")?.unwrap_or(&[]);
+    let output_axes = ctx.ints_attr("scan_output_axes")?.unwrap_or(&[]);
+    let mut formals = Vec::new();
+    let mut batch = None;
+    for i in first_state..first_state + states {
+        let mut shape = ctx.shape(i)?.clone();
+        if batched && !shape.is_empty() {
+            batch = Some(shape.remove(0));
+        }
+        formals.push(Formal::tensor(ctx.dtype(i)?, shape, None));
+    }
+    let mut length = None;
+    for j in 0..scan_inputs {
+        let i = first_state + states + j;
+        let mut shape = ctx.shape(i)?.clone();
+        if batched && !shape.is_empty() {
+            batch = Some(shape.remove(0));
+        }
+        let axis = normalize_axis(input_axes.get(j).copied().unwrap_or(0), shape.len())?;
+        let scanned = shape.remove(axis);
+        length.get_or_insert(scanned);
+        formals.push(Formal::tensor(ctx.dtype(i)?, shape, None));
+    }
+    let (outputs, typed) = infer_body(ctx, body, &formals)?;
+    let outputs = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, out)| {
+            let mut shape = out
+                .known_shape()
+                .cloned()
+                .ok_or_else(|| format!("the shape of body output {i} is not known"))?;
             if i >= states {
-                t.shape.insert(
-                    0,
-                    first_scanned
-                        .clone()
-                        .unwrap_or_else(|| ctx.data_dependent_dim(i, 0)),
-                );
+                let axis = output_axes.get(i - states).copied().unwrap_or(0);
+                let axis = normalize_axis(axis, shape.len() + 1)?;
+                let dim = length
+                    .clone()
+                    .unwrap_or_else(|| ctx.data_dependent_dim(i, axis));
+                shape.insert(axis, dim);
             }
             if batched {
-                t.shape.insert(
-                    0,
-                    batch
-                        .clone()
-                        .unwrap_or_else(|| ctx.data_dependent_dim(i, 0)),
-                );
+                let dim = batch
+                    .clone()
+                    .unwrap_or_else(|| ctx.data_dependent_dim(i, 0));
+                shape.insert(0, dim);
             }
-            Ok(t)
+            let value = if i < states { out.value } else { None };
+            Ok(Inferred::new(out.dtype, shape).with_value(value))
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok((outputs, vec![("body", typed)]))
+}
+
+/// SequenceMap: the body runs once per element of the first (sequence) input, seeing one
+/// element of each sequence input and the whole of each tensor input; every output is a
+/// sequence of the body's outputs.
+fn sequence_map_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
+    let body = subgraph(ctx, "body")?;
+    let formals: Vec<Formal> = (0..ctx.input_count())
+        .map(|i| {
+            let input = ctx.input(i)?;
+            let shape = input.known_shape().cloned().ok_or_else(|| {
+                format!("the shape of the elements of '{}' is not known", input.name)
+            })?;
+            let value = input.value.cloned().filter(|_| input.kind.is_tensor());
+            Ok(Formal::tensor(input.dtype, shape, value))
+        })
+        .collect::<Result<_, String>>()?;
+    if ctx.input(0)?.kind != ValueKind::Sequence {
+        return Err("input 0 of SequenceMap must be a sequence".into());
+    }
+    let (outputs, typed) = infer_body(ctx, body, &formals)?;
+    let outputs = outputs
+        .into_iter()
+        .map(|out| {
+            let shape = out.known_shape().cloned();
+            Inferred::of_kind(ValueKind::Sequence, out.dtype, shape)
+        })
+        .collect();
+    Ok((outputs, vec![("body", typed)]))
 }

@@ -33,7 +33,6 @@ pub(super) fn register(r: &mut Registry) {
             "LeakyRelu",
             "Log",
             "Mish",
-            "Relu",
             "Round",
             "Selu",
             "Sigmoid",
@@ -61,6 +60,7 @@ pub(super) fn register(r: &mut Registry) {
         "",
         &[
             "Identity",
+            "Relu",
             "Neg",
             "Abs",
             "Sqrt",
@@ -121,6 +121,10 @@ fn unary(ctx: &OpCtx) -> RuleResult {
 
 fn unary_folding(ctx: &OpCtx) -> RuleResult {
     let input = ctx.input(0)?;
+    if ctx.node.op_type == "Identity" && !input.kind.is_tensor() {
+        let shape = input.known_shape().cloned();
+        return Ok(vec![Inferred::of_kind(input.kind, input.dtype, shape)]);
+    }
     let value = input
         .value
         .and_then(|v| match (ctx.node.op_type.as_str(), v) {
@@ -128,6 +132,12 @@ fn unary_folding(ctx: &OpCtx) -> RuleResult {
             ("Neg", ConstValue::Ints(v)) => v
                 .iter()
                 .map(|x| x.lit().and_then(i64::checked_neg).map(SymInt::Lit))
+                .collect::<Option<_>>()
+                .map(ConstValue::Ints),
+            // A Range expanded to a Loop computes its trip count as Relu(Ceil(...)).
+            ("Relu", ConstValue::Ints(v)) => v
+                .iter()
+                .map(|x| x.lit().map(|i| SymInt::Lit(i.max(0))))
                 .collect::<Option<_>>()
                 .map(ConstValue::Ints),
             ("Abs", ConstValue::Ints(v)) => v
@@ -145,6 +155,7 @@ fn unary_folding(ctx: &OpCtx) -> RuleResult {
                     "Sqrt" => f64::sqrt,
                     "Floor" => f64::floor,
                     "Ceil" => f64::ceil,
+                    "Relu" => |x: f64| if x > 0.0 { x } else { 0.0 },
                     "Reciprocal" => |x| 1.0 / x,
                     _ => return None,
                 };

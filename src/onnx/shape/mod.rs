@@ -21,6 +21,7 @@ mod quant;
 mod recurrent;
 mod reduce;
 mod registry;
+mod sequence;
 mod signal;
 pub(crate) mod strings;
 
@@ -181,11 +182,12 @@ impl ShapeInference {
         let mut unknown: BTreeSet<TensorId> = BTreeSet::new();
         for node_id in order {
             let node = graph.node(node_id);
-            let missing_input = node
-                .inputs
-                .iter()
-                .flatten()
-                .find(|&&t| graph.tensor(t).dtype.is_none() || graph.tensor(t).shape.is_none());
+            let missing_input = node.inputs.iter().flatten().find(|&&t| {
+                let t = graph.tensor(t);
+                // A sequence's or optional's elements may have a shape not even the rank of
+                // which is known; the rules of the ops that take them say when that matters.
+                t.dtype.is_none() || (t.shape.is_none() && t.kind.is_tensor())
+            });
             if let Some(&missing) = missing_input {
                 if self.lenient && unknown.contains(&missing) {
                     report.skipped_nodes += 1;
@@ -215,7 +217,8 @@ impl ShapeInference {
                             }
                         }
                     }
-                    store_outputs(graph, node_id, outputs)?
+                    store_outputs(graph, node_id, outputs)?;
+                    store_typed_bodies(graph, node_id)?;
                 }
                 Err(err) if self.lenient => {
                     if let Error::UnsupportedOp { op, domain, .. } = &err {
@@ -373,6 +376,28 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
     })
 }
 
+/// Replaces a control-flow node's subgraphs by the bodies its rule typed, so that costing and
+/// running them see their tensors' types.
+fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) -> Result<(), Error> {
+    let node = graph.node(node_id);
+    if !node.has_subgraphs() || !registry::canonical_domain(&node.domain).is_empty() {
+        return Ok(());
+    }
+    let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0));
+    let bodies = control::typed_bodies(&ctx).map_err(|detail| Error::ShapeInference {
+        node: node.name.clone(),
+        op: node.op_type.clone(),
+        detail,
+    })?;
+    let node = graph.node_mut(node_id);
+    for (name, body) in bodies {
+        if let Some(crate::graph::Attribute::Graph(sub)) = node.attributes.get_mut(name) {
+            sub.body = std::sync::Arc::new(body);
+        }
+    }
+    Ok(())
+}
+
 fn store_outputs(
     graph: &mut Graph,
     node_id: crate::graph::NodeId,
@@ -394,6 +419,14 @@ fn store_outputs(
     }
     for (slot, inferred) in slots.into_iter().zip(outputs) {
         let Some(id) = slot else { continue };
+        if !inferred.shape_known {
+            let tensor = graph.tensor_mut(id);
+            tensor.kind = inferred.kind;
+            tensor.dtype = Some(inferred.dtype);
+            tensor.shape = None;
+            tensor.value = None;
+            continue;
+        }
         check_size(
             &graph.tensor(id).name,
             &inferred.shape,
@@ -401,9 +434,12 @@ fn store_outputs(
         )?;
         let tracked = matches!(element_count(&inferred.shape), Some(Dim::Known(n)) if n <= MAX_TRACKED_ELEMENTS);
         let tensor = graph.tensor_mut(id);
+        tensor.kind = inferred.kind;
         tensor.dtype = Some(inferred.dtype);
         tensor.value = inferred.value.filter(|v| {
-            tracked && Some(Dim::Known(v.len() as u64)) == element_count(&inferred.shape)
+            inferred.kind.is_tensor()
+                && tracked
+                && Some(Dim::Known(v.len() as u64)) == element_count(&inferred.shape)
         });
         tensor.shape = Some(inferred.shape);
     }

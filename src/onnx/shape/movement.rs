@@ -448,12 +448,22 @@ fn split(ctx: &OpCtx) -> RuleResult {
             ));
         }
     }
+    // A known 1-D value (a shape vector split into its dims) splits into known parts.
+    let mut start = 0usize;
     Ok(sizes
         .into_iter()
         .map(|size| {
+            let value = match (input.value, x.len(), size.known()) {
+                (Some(ConstValue::Ints(v)), 1, Some(len)) => {
+                    let part = v.get(start..start + len as usize).map(|p| p.to_vec());
+                    start += len as usize;
+                    part.map(ConstValue::Ints)
+                }
+                _ => None,
+            };
             let mut shape = x.clone();
             shape[axis] = size;
-            Inferred::new(input.dtype, shape)
+            Inferred::new(input.dtype, shape).with_value(value)
         })
         .collect())
 }

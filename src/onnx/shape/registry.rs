@@ -34,6 +34,7 @@ fn registry() -> &'static Registry {
         super::movement::register(&mut r);
         super::reduce::register(&mut r);
         super::control::register(&mut r);
+        super::sequence::register(&mut r);
         super::microsoft::register(&mut r);
         super::quant::register(&mut r);
         super::attention::register(&mut r);

@@ -10,6 +10,7 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
+mod control;
 mod conv;
 mod crop;
 mod einsum;
@@ -22,8 +23,11 @@ mod microsoft;
 mod ml;
 mod movement;
 mod ms_attention;
+mod sequence;
 mod signal;
 mod strings;
+mod values;
+pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};

@@ -108,7 +108,7 @@ pub(crate) fn transpose_perm(ctx: &Ctx, rank: usize) -> Result<Vec<usize>, Strin
 }
 
 /// Concatenates along `axis` tensors of equal dtype whose other dims agree.
-fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String> {
+pub(super) fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTensor, String> {
     let first = parts.first().ok_or("nothing to concatenate")?;
     let mut shape = first.shape().to_vec();
     shape[axis] = 0;
@@ -181,7 +181,12 @@ fn concat(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 }
 
 /// Elements `start..start+len` along `axis`.
-fn narrow(x: &HostTensor, axis: usize, start: usize, len: usize) -> Result<HostTensor, String> {
+pub(super) fn narrow(
+    x: &HostTensor,
+    axis: usize,
+    start: usize,
+    len: usize,
+) -> Result<HostTensor, String> {
     let outer: usize = x.shape()[..axis].iter().product();
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let n = x.shape()[axis];
