@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::{ConstValue, DType, MAX_TRACKED_ELEMENTS};
+use pipecut::graph::{ConstValue, DType, Dim, MAX_TRACKED_ELEMENTS};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::{Planner, StageCount};
 use pipecut::runtime::{read_npy, runtime_dtype, CpuExecutor, HostTensor, Tensors, Weights};
@@ -208,6 +208,39 @@ fn sample_values(dir: &Path, case: &Value) -> Result<BTreeMap<String, ConstValue
     Ok(values)
 }
 
+/// An output dim that depends on data inference could not see (NonMaxSuppression's count of
+/// boxes kept, from float boxes that are no sample value) is a symbol named `<tensor>.<axis>`;
+/// bind each to the reference's size, as a user does with `--dim selected_indices.0=N`. The
+/// other dims are still checked, and the `run` phase checks the kernel finds that size itself.
+fn data_dependent_bindings(
+    graph: &pipecut::graph::Graph,
+    report: &pipecut::onnx::shape::InferenceReport,
+    outputs: &[Value],
+) -> DimBindings {
+    let mut bindings = DimBindings::new();
+    for (entry, &id) in outputs.iter().zip(graph.outputs()) {
+        let (Some(shape), Some(want)) = (&graph.tensor(id).shape, entry["shape"].as_array()) else {
+            continue;
+        };
+        for (dim, want) in shape.iter().zip(want) {
+            let (Dim::Sym(sym), Some(want)) = (dim, want.as_u64()) else {
+                continue;
+            };
+            let names: Vec<&str> = sym.symbols().collect();
+            let [name] = names[..] else { continue };
+            if sym.coefficient() != 1 {
+                continue;
+            }
+            if !report.unbound_symbols.contains(name)
+                && !bindings.iter().any(|(bound, _)| bound == name)
+            {
+                bindings = bindings.bind(name, want);
+            }
+        }
+    }
+    bindings
+}
+
 /// Runs one case through every phase.
 fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
     let bytes = match std::fs::read(dir.join("model.onnx")) {
@@ -222,14 +255,27 @@ fn run_case(dir: &Path, case: &Value, cluster: &Cluster) -> Outcome {
         Ok(v) => v,
         Err(e) => return fail("shape", e),
     };
-    if let Err(e) = ShapeInference::new(DimBindings::new())
-        .with_input_values(values)
-        .run(&mut model.graph)
-    {
-        return fail("shape", e);
+    let outputs = case["outputs"].as_array().unwrap();
+    let infer = |graph: &mut pipecut::graph::Graph, bindings: DimBindings| {
+        ShapeInference::new(bindings)
+            .with_input_values(values.clone())
+            .run(graph)
+    };
+    let report = match infer(&mut model.graph, DimBindings::new()) {
+        Ok(report) => report,
+        Err(e) => return fail("shape", e),
+    };
+    let bindings = data_dependent_bindings(&model.graph, &report, outputs);
+    if bindings != DimBindings::new() {
+        model = match pipecut::onnx::load_model_from_bytes(&bytes, None) {
+            Ok(m) => m,
+            Err(e) => return fail("load", e),
+        };
+        if let Err(e) = infer(&mut model.graph, bindings) {
+            return fail("shape", e);
+        }
     }
     let graph = &model.graph;
-    let outputs = case["outputs"].as_array().unwrap();
     if outputs.len() != graph.outputs().len() {
         return fail(
             "shape",

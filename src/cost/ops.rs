@@ -241,7 +241,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "",
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
             | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax"
-            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression",
+            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression"
+            | "Unique",
         ) => reduction::<1>,
         (
             "",

@@ -41,6 +41,7 @@ fn registry() -> &'static Registry {
         super::signal::register(&mut r);
         super::crop::register(&mut r);
         super::recurrent::register(&mut r);
+        super::data_dependent::register(&mut r);
         r
     })
 }

@@ -12,6 +12,7 @@ mod bitwise;
 mod channel_norm;
 mod conv;
 mod crop;
+mod detection;
 mod einsum;
 mod elementwise;
 mod grid_sample;
@@ -33,6 +34,7 @@ mod recurrent;
 mod reduce;
 mod resize;
 mod scatter;
+mod select;
 mod topk;
 
 use std::collections::HashMap;
@@ -115,6 +117,8 @@ fn table() -> &'static KernelTable {
         rearrange::register(&mut t);
         channel_norm::register(&mut t);
         einsum::register(&mut t);
+        select::register(&mut t);
+        detection::register(&mut t);
         t
     })
 }
