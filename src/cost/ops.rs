@@ -282,6 +282,9 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ) => movement,
         ("", "Det") => det,
         ("", "Gather") => gather,
+        // Scatters and grids: each output written once from about as many bytes read.
+        ("", "MaxUnpool" | "Col2Im" | "AffineGrid") => movement,
+        ("", "DeformConv") => deform_conv,
         _ => return None,
     };
     Some(rule)
@@ -382,6 +385,22 @@ fn conv(ctx: &CostCtx) -> Result<OpWork, String> {
     let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
     Ok(ctx.work(
         2.0 * ctx.output_elements() * per_output,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Conv,
+    ))
+}
+
+/// DeformConv: Conv's count plus, per tap of each input channel at each output point, a
+/// bilinear sample (four reads, about eight operations)
+/// (<https://onnx.ai/onnx/operators/onnx__DeformConv.html>).
+fn deform_conv(ctx: &CostCtx) -> Result<OpWork, String> {
+    let (x, w) = (ctx.shape(0)?, ctx.shape(1)?);
+    let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
+    let taps: f64 = w[2..].iter().map(|&d| d as f64).product();
+    let points: f64 = ctx.output_elements() / w[0].max(1) as f64;
+    let sampling = 8.0 * points * taps * x.get(1).copied().unwrap_or(1) as f64;
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * per_output + sampling,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Conv,
     ))

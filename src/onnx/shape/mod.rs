@@ -22,6 +22,7 @@ mod recurrent;
 mod reduce;
 mod registry;
 mod signal;
+mod spatial;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -651,7 +651,7 @@ fn same_as_data(ctx: &OpCtx) -> RuleResult {
 
 /// A shape given as an input value, with entries that may be symbolic; unknown values (or
 /// negative entries) become data-dependent dims.
-fn shape_from_value(ctx: &OpCtx, input: usize) -> Result<Shape, String> {
+pub(super) fn shape_from_value(ctx: &OpCtx, input: usize) -> Result<Shape, String> {
     match ctx.sym_ints(input) {
         Some(values) => values
             .iter()

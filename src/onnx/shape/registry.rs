@@ -42,6 +42,7 @@ fn registry() -> &'static Registry {
         super::crop::register(&mut r);
         super::recurrent::register(&mut r);
         super::data_dependent::register(&mut r);
+        super::spatial::register(&mut r);
         r
     })
 }

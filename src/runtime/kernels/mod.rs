@@ -10,7 +10,9 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
+mod constant;
 mod conv;
+mod conv_transpose_nd;
 mod crop;
 mod detection;
 mod einsum;
@@ -23,6 +25,7 @@ mod microsoft;
 mod movement;
 mod ms_attention;
 mod signal;
+mod spatial;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -119,6 +122,8 @@ fn table() -> &'static KernelTable {
         einsum::register(&mut t);
         select::register(&mut t);
         detection::register(&mut t);
+        constant::register(&mut t);
+        spatial::register(&mut t);
         t
     })
 }
