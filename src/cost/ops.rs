@@ -285,6 +285,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         // Scatters and grids: each output written once from about as many bytes read.
         ("", "MaxUnpool" | "Col2Im" | "AffineGrid") => movement,
         ("", "DeformConv") => deform_conv,
+        ("", "DFT" | "STFT") => spectral,
+        ("", "MelWeightMatrix") => pointwise::<4>,
         _ => return None,
     };
     Some(rule)
@@ -403,6 +405,26 @@ fn deform_conv(ctx: &CostCtx) -> Result<OpWork, String> {
         2.0 * ctx.output_elements() * per_output + sampling,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Conv,
+    ))
+}
+
+/// DFT and STFT: a fast transform's `5·n·log₂ n` operations per transformed line of `n` bins
+/// (the count FFT libraries quote), the output holding `2·n` values per line.
+/// (<https://onnx.ai/onnx/operators/onnx__DFT.html>, <https://onnx.ai/onnx/operators/onnx__STFT.html>).
+fn spectral(ctx: &CostCtx) -> Result<OpWork, String> {
+    let complex_outputs = ctx.output_elements() / 2.0;
+    let n = ctx
+        .outputs
+        .iter()
+        .flatten()
+        .next()
+        .and_then(|(_, s)| s.iter().rev().nth(1).copied())
+        .unwrap_or(1)
+        .max(2) as f64;
+    Ok(ctx.work(
+        5.0 * complex_outputs * n.log2(),
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Elementwise,
     ))
 }
 

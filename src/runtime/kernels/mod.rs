@@ -26,6 +26,7 @@ mod movement;
 mod ms_attention;
 mod signal;
 mod spatial;
+mod spectral;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -124,6 +125,7 @@ fn table() -> &'static KernelTable {
         detection::register(&mut t);
         constant::register(&mut t);
         spatial::register(&mut t);
+        spectral::register(&mut t);
         t
     })
 }
