@@ -283,7 +283,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("", "Det") => det,
         ("", "Gather") => gather,
         // Scatters and grids: each output written once from about as many bytes read.
-        ("", "MaxUnpool" | "Col2Im" | "AffineGrid") => movement,
+        ("", "MaxUnpool" | "Col2Im" | "AffineGrid" | "TensorScatter") => movement,
         ("", "DeformConv") => deform_conv,
         ("", "DFT" | "STFT") => spectral,
         ("", "MelWeightMatrix") => pointwise::<4>,

@@ -25,7 +25,7 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["GatherND"], gather_nd);
     r.add(
         "",
-        &["ScatterND", "ScatterElements", "Scatter"],
+        &["ScatterND", "ScatterElements", "Scatter", "TensorScatter"],
         same_as_data,
     );
     r.add("", &["Expand"], expand);

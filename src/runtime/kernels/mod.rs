@@ -27,6 +27,7 @@ mod ms_attention;
 mod signal;
 mod spatial;
 mod spectral;
+mod tensor_scatter;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -126,6 +127,7 @@ fn table() -> &'static KernelTable {
         constant::register(&mut t);
         spatial::register(&mut t);
         spectral::register(&mut t);
+        tensor_scatter::register(&mut t);
         t
     })
 }
