@@ -252,7 +252,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "",
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
             | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax"
-            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression",
+            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression"
+            | "Unique",
         ) => reduction::<1>,
         (
             "",
@@ -315,6 +316,11 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "OptionalGetElement",
         ) => metadata,
         ("", "Gather") => gather,
+        // Scatters and grids: each output written once from about as many bytes read.
+        ("", "MaxUnpool" | "Col2Im" | "AffineGrid" | "TensorScatter") => movement,
+        ("", "DeformConv") => deform_conv,
+        ("", "DFT" | "STFT") => spectral,
+        ("", "MelWeightMatrix") => pointwise::<4>,
         _ => return None,
     };
     Some(rule)
@@ -417,6 +423,42 @@ fn conv(ctx: &CostCtx) -> Result<OpWork, String> {
         2.0 * ctx.output_elements() * per_output,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Conv,
+    ))
+}
+
+/// DeformConv: Conv's count plus, per tap of each input channel at each output point, a
+/// bilinear sample (four reads, about eight operations)
+/// (<https://onnx.ai/onnx/operators/onnx__DeformConv.html>).
+fn deform_conv(ctx: &CostCtx) -> Result<OpWork, String> {
+    let (x, w) = (ctx.shape(0)?, ctx.shape(1)?);
+    let per_output: f64 = w[1..].iter().map(|&d| d as f64).product();
+    let taps: f64 = w[2..].iter().map(|&d| d as f64).product();
+    let points: f64 = ctx.output_elements() / w[0].max(1) as f64;
+    let sampling = 8.0 * points * taps * x.get(1).copied().unwrap_or(1) as f64;
+    Ok(ctx.work(
+        2.0 * ctx.output_elements() * per_output + sampling,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Conv,
+    ))
+}
+
+/// DFT and STFT: a fast transform's `5·n·log₂ n` operations per transformed line of `n` bins
+/// (the count FFT libraries quote), the output holding `2·n` values per line.
+/// (<https://onnx.ai/onnx/operators/onnx__DFT.html>, <https://onnx.ai/onnx/operators/onnx__STFT.html>).
+fn spectral(ctx: &CostCtx) -> Result<OpWork, String> {
+    let complex_outputs = ctx.output_elements() / 2.0;
+    let n = ctx
+        .outputs
+        .iter()
+        .flatten()
+        .next()
+        .and_then(|(_, s)| s.iter().rev().nth(1).copied())
+        .unwrap_or(1)
+        .max(2) as f64;
+    Ok(ctx.work(
+        5.0 * complex_outputs * n.log2(),
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Elementwise,
     ))
 }
 

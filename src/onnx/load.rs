@@ -272,8 +272,16 @@ fn populate(
         builder.input(name, None, None)?;
     }
     let mut used_names = HashSet::new();
+    // A graph of Constant nodes alone (onnx's `test_constant`) would have no operator left once
+    // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
+    // then, the whole model one stage that produces its constants.
+    let only_constants = proto.node.iter().all(is_default_constant);
     for (index, node) in proto.node.iter().enumerate() {
-        if let Some(literal) = constant_literal(node)? {
+        let literal = match only_constants {
+            true => None,
+            false => constant_literal(node)?,
+        };
+        if let Some(literal) = literal {
             // A Constant node is a weight written another way (Paddle2ONNX stores every weight
             // so): it becomes a parameter, so that it is placed and counted like an initializer
             // instead of being scheduled as an operator.
@@ -308,9 +316,14 @@ fn populate(
     Ok(())
 }
 
+/// Whether a node is the default domain's `Constant`.
+fn is_default_constant(node: &NodeProto) -> bool {
+    node.op_type == "Constant" && (node.domain.is_empty() || node.domain == "ai.onnx")
+}
+
 /// The value of a default-domain `Constant` node, as a decoded tensor; `None` for other nodes.
 fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
-    if node.op_type != "Constant" || !(node.domain.is_empty() || node.domain == "ai.onnx") {
+    if !is_default_constant(node) {
         return Ok(None);
     }
     let attr = node.attribute.first().ok_or_else(|| {

@@ -10,6 +10,7 @@ mod attention;
 mod context;
 mod control;
 mod crop;
+mod data_dependent;
 mod elementwise;
 mod linalg;
 mod loss;
@@ -23,6 +24,7 @@ mod reduce;
 mod registry;
 mod sequence;
 mod signal;
+mod spatial;
 pub(crate) mod strings;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -176,7 +178,7 @@ impl ShapeInference {
     /// # Complexity
     /// O(V + E) rule calls; constant folding is bounded by [`MAX_TRACKED_ELEMENTS`] per tensor.
     pub fn run(&self, graph: &mut Graph) -> Result<InferenceReport, Error> {
-        self.bind_inputs(graph)?;
+        let mut known_symbols = self.bind_inputs(graph)?;
         let mut report = InferenceReport::default();
         let order = graph.topological_order().to_vec();
         let mut unknown: BTreeSet<TensorId> = BTreeSet::new();
@@ -211,6 +213,7 @@ impl ShapeInference {
                     // Subgraph-declared shapes name the outer symbols (`batch`) directly;
                     // bind them like the inputs'.
                     for out in &mut outputs {
+                        known_symbols.extend(symbols_of_shape(&out.shape));
                         for dim in &mut out.shape {
                             if let Some(bound) = self.bindings.substitute(dim) {
                                 *dim = bound;
@@ -233,16 +236,8 @@ impl ShapeInference {
                 Err(err) => return Err(err),
             }
         }
-        let symbols_of = |shape: &[Dim]| -> BTreeSet<String> {
-            shape
-                .iter()
-                .filter_map(|d| match d {
-                    Dim::Sym(s) => Some(s.symbols().map(str::to_string).collect::<Vec<_>>()),
-                    Dim::Known(_) => None,
-                })
-                .flatten()
-                .collect()
-        };
+        self.check_bindings_named(&known_symbols)?;
+        let symbols_of = symbols_of_shape;
         for &id in graph.inputs() {
             report
                 .unbound_symbols
@@ -259,23 +254,15 @@ impl ShapeInference {
         Ok(report)
     }
 
-    /// Checks every binding names a symbol of the inputs, then substitutes them and refuses
-    /// inputs whose size overflows.
-    fn bind_inputs(&self, graph: &mut Graph) -> Result<(), Error> {
-        let inputs = graph.inputs().to_vec();
-        let mut known_symbols = BTreeSet::new();
-        for &id in &inputs {
-            for dim in graph.tensor(id).shape.iter().flatten() {
-                if let Dim::Sym(s) = dim {
-                    known_symbols.extend(s.symbols().map(str::to_string));
-                }
-            }
-        }
+    /// Checks every binding names a symbol of the inputs or one that inference introduced for
+    /// a size that depends on data (`--dim selected_indices.0=N`, which the unbound-dim error
+    /// asks for): a name that is neither is a typo, not a binding to ignore.
+    fn check_bindings_named(&self, known_symbols: &BTreeSet<String>) -> Result<(), Error> {
         for (name, _) in self.bindings.iter() {
             if !known_symbols.contains(name) {
                 let known: Vec<_> = known_symbols.iter().cloned().collect();
                 return Err(Error::DimBinding(format!(
-                    "the model has no symbolic dim '{name}'; its inputs' symbolic dims are: {}",
+                    "the model has no symbolic dim '{name}'; its symbolic dims are: {}",
                     if known.is_empty() {
                         "(none)".to_string()
                     } else {
@@ -283,6 +270,19 @@ impl ShapeInference {
                     }
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Substitutes the bindings into the inputs' shapes and refuses inputs whose size
+    /// overflows; returns the inputs' symbols.
+    fn bind_inputs(&self, graph: &mut Graph) -> Result<BTreeSet<String>, Error> {
+        let inputs = graph.inputs().to_vec();
+        let mut known_symbols = BTreeSet::new();
+        for &id in &inputs {
+            known_symbols.extend(symbols_of_shape(
+                graph.tensor(id).shape.as_deref().unwrap_or(&[]),
+            ));
         }
         for id in inputs {
             let tensor = graph.tensor_mut(id);
@@ -300,7 +300,8 @@ impl ShapeInference {
             }
             check_size(&tensor.name, shape, tensor.dtype)?;
         }
-        self.set_input_values(graph)
+        self.set_input_values(graph)?;
+        Ok(known_symbols)
     }
 
     /// Attaches [`ShapeInference::with_input_values`] to their inputs, checking each fits.
@@ -338,6 +339,18 @@ impl ShapeInference {
         }
         Ok(())
     }
+}
+
+/// The symbol names a shape's dims use.
+fn symbols_of_shape(shape: &[Dim]) -> BTreeSet<String> {
+    shape
+        .iter()
+        .filter_map(|d| match d {
+            Dim::Sym(s) => Some(s.symbols().map(str::to_string).collect::<Vec<_>>()),
+            Dim::Known(_) => None,
+        })
+        .flatten()
+        .collect()
 }
 
 /// Refuses shapes whose element or byte count overflows `u64`: no machine holds such a tensor

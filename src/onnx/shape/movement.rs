@@ -25,7 +25,7 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["GatherND"], gather_nd);
     r.add(
         "",
-        &["ScatterND", "ScatterElements", "Scatter"],
+        &["ScatterND", "ScatterElements", "Scatter", "TensorScatter"],
         same_as_data,
     );
     r.add("", &["Expand"], expand);
@@ -36,15 +36,12 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["ConstantOfShape"], constant_of_shape);
     r.add("", &["Range"], range);
     r.add("", &["Constant"], constant);
-    r.add("", &["NonZero"], non_zero);
     r.add("", &["TopK"], top_k);
     r.add("", &["ArgMax", "ArgMin"], arg_reduce);
     r.add("", &["OneHot"], one_hot);
     r.add("", &["EyeLike"], eye_like);
-    r.add("", &["NonMaxSuppression"], non_max_suppression);
     r.add("", &["RoiAlign"], roi_align);
     r.add("", &["GridSample"], grid_sample);
-    r.add("", &["Compress"], compress);
 }
 
 fn overflow() -> String {
@@ -666,7 +663,7 @@ fn same_as_data(ctx: &OpCtx) -> RuleResult {
 
 /// A shape given as an input value, with entries that may be symbolic; unknown values (or
 /// negative entries) become data-dependent dims.
-fn shape_from_value(ctx: &OpCtx, input: usize) -> Result<Shape, String> {
+pub(super) fn shape_from_value(ctx: &OpCtx, input: usize) -> Result<Shape, String> {
     match ctx.sym_ints(input) {
         Some(values) => values
             .iter()
@@ -903,14 +900,6 @@ fn constant(ctx: &OpCtx) -> RuleResult {
     }
 }
 
-fn non_zero(ctx: &OpCtx) -> RuleResult {
-    let rank = ctx.shape(0)?.len() as u64;
-    Ok(vec![Inferred::new(
-        DType::I64,
-        vec![Dim::Known(rank), ctx.data_dependent_dim(0, 1)],
-    )])
-}
-
 fn top_k(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
     let axis = normalize_axis(ctx.int_attr_or("axis", -1)?, x.len())?;
@@ -972,13 +961,6 @@ fn eye_like(ctx: &OpCtx) -> RuleResult {
     Ok(vec![Inferred::new(dtype, ctx.shape(0)?.clone())])
 }
 
-fn non_max_suppression(ctx: &OpCtx) -> RuleResult {
-    Ok(vec![Inferred::new(
-        DType::I64,
-        vec![ctx.data_dependent_dim(0, 0), Dim::Known(3)],
-    )])
-}
-
 /// RoiAlign: `[num_rois, C, output_height, output_width]`.
 fn roi_align(ctx: &OpCtx) -> RuleResult {
     let (x, rois) = (ctx.shape(0)?, ctx.shape(1)?);
@@ -1007,20 +989,4 @@ fn grid_sample(ctx: &OpCtx) -> RuleResult {
     let mut out = x[..2].to_vec();
     out.extend(grid[1..grid.len() - 1].iter().cloned());
     Ok(vec![Inferred::new(ctx.dtype(0)?, out)])
-}
-
-fn compress(ctx: &OpCtx) -> RuleResult {
-    let x = ctx.shape(0)?;
-    match ctx.int_attr("axis")? {
-        Some(axis) => {
-            let axis = normalize_axis(axis, x.len())?;
-            let mut out = x.clone();
-            out[axis] = ctx.data_dependent_dim(0, axis);
-            Ok(vec![Inferred::new(ctx.dtype(0)?, out)])
-        }
-        None => Ok(vec![Inferred::new(
-            ctx.dtype(0)?,
-            vec![ctx.data_dependent_dim(0, 0)],
-        )]),
-    }
 }

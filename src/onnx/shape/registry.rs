@@ -44,6 +44,8 @@ fn registry() -> &'static Registry {
         super::recurrent::register(&mut r);
         super::strings::register(&mut r);
         super::ml::register(&mut r);
+        super::data_dependent::register(&mut r);
+        super::spatial::register(&mut r);
         r
     })
 }

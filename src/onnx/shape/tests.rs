@@ -448,3 +448,39 @@ fn sample_input_values_resolve_shape_inputs() {
         assert!(err.to_string().contains(&format!("'{name}'")), "{err}");
     }
 }
+
+#[test]
+fn a_data_dependent_dim_is_a_symbol_that_dim_binds_or_exact_from_a_known_value() {
+    let graph = |condition_value: bool| {
+        let mut b = builder(&[("x", DType::F32, vec![k(3), k(2)])]);
+        if condition_value {
+            constant(&mut b, "cond", &[1, 0, 1]);
+        } else {
+            b.input("cond", Some(DType::Bool), Some(vec![k(3)]))
+                .unwrap();
+        }
+        b.node(
+            NodeSpec::new("c", "Compress", &["x", "cond"], &["y"]).attr("axis", Attribute::Int(0)),
+        )
+        .unwrap();
+        b.node(NodeSpec::new("nz", "NonZero", &["cond"], &["idx"]))
+            .unwrap();
+        b.output("y");
+        b.output("idx");
+        b
+    };
+    let g = infer(graph(false), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[y.0, 2]");
+    let g = infer(
+        graph(false),
+        DimBindings::new().bind("y.0", 2).bind("idx.1", 2),
+    )
+    .unwrap();
+    assert_eq!(shape_of(&g, "y"), "[2, 2]");
+    assert_eq!(shape_of(&g, "idx"), "[1, 2]");
+    let err = infer(graph(false), DimBindings::new().bind("z.0", 2)).unwrap_err();
+    assert!(err.to_string().contains("no symbolic dim 'z.0'"), "{err}");
+    let g = infer(graph(true), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "y"), "[2, 2]");
+    assert_eq!(shape_of(&g, "idx"), "[1, 2]");
+}

@@ -269,6 +269,10 @@ fn im2col(
 
 fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    let auto_pad = ctx.string("auto_pad", "NOTSET");
+    if x.rank() > 4 || ctx.ints("output_shape").is_some() || auto_pad.starts_with("SAME") {
+        return super::conv_transpose_nd::conv_transpose_nd(ctx, inputs);
+    }
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let ([wc, mg, kh, kw], _) = nchw(w)?;
     let group = usize::try_from(ctx.int("group", 1))
@@ -281,13 +285,12 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             w.shape()
         ));
     }
-    let auto_pad = ctx.string("auto_pad", "NOTSET");
     if auto_pad != "NOTSET" && auto_pad != "VALID" {
         return Err(format!(
             "ConvTranspose auto_pad '{auto_pad}' is not supported"
         ));
     }
-    let mut win = window(ctx, one_d, [kh, kw], [h, wd])?;
+    let win = window(ctx, one_d, [kh, kw], [h, wd])?;
     let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
     let full = |axis: usize, input: usize| {
         win.stride[axis] * (input - 1)
@@ -295,21 +298,7 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             + (win.kernel[axis] - 1) * win.dilation[axis]
             + 1
     };
-    let [oh, ow] = if let Some(shape) = ctx.ints("output_shape") {
-        let shape: Vec<usize> = shape.iter().map(|&v| v.max(0) as usize).collect();
-        let target = match (one_d, shape.as_slice()) {
-            (true, [l]) => [1, *l],
-            (false, [.., a, b]) => [*a, *b],
-            _ => return Err("output_shape does not match the input rank".into()),
-        };
-        for (axis, &t) in target.iter().enumerate() {
-            let total = full(axis, [h, wd][axis])
-                .checked_sub(t)
-                .ok_or("output_shape is larger than the convolution can produce")?;
-            win.pad[axis] = [total / 2, total - total / 2];
-        }
-        target
-    } else {
+    let [oh, ow] = {
         let mut o = [0; 2];
         for axis in 0..2 {
             o[axis] = full(axis, [h, wd][axis])

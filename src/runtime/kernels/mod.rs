@@ -10,9 +10,12 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
+mod constant;
 mod control;
 mod conv;
+mod conv_transpose_nd;
 mod crop;
+mod detection;
 mod einsum;
 mod elementwise;
 mod grid_sample;
@@ -28,6 +31,9 @@ mod signal;
 mod strings;
 mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
+mod spatial;
+mod spectral;
+mod tensor_scatter;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{transpose_perm, view_shape};
@@ -39,6 +45,7 @@ mod recurrent;
 mod reduce;
 mod resize;
 mod scatter;
+mod select;
 mod topk;
 
 use std::collections::HashMap;
@@ -123,6 +130,12 @@ fn table() -> &'static KernelTable {
         einsum::register(&mut t);
         strings::register(&mut t);
         ml::register(&mut t);
+        select::register(&mut t);
+        detection::register(&mut t);
+        constant::register(&mut t);
+        spatial::register(&mut t);
+        spectral::register(&mut t);
+        tensor_scatter::register(&mut t);
         t
     })
 }

@@ -38,6 +38,9 @@ fn batch_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let eps = ctx.float("epsilon", 1e-5);
     let spatial: usize = x.shape()[2..].iter().product();
     let xv = x.as_f32()?;
+    if ctx.int("training_mode", 0) != 0 {
+        return batch_norm_training(ctx, xv, x.shape(), [&scale, &bias, &mean, &var], eps);
+    }
     let factor: Vec<f32> = (0..c).map(|i| scale[i] / (var[i] + eps).sqrt()).collect();
     let mut out = Vec::with_capacity(xv.len());
     for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
@@ -49,6 +52,56 @@ fn batch_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         );
     }
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
+}
+
+/// BatchNormalization with `training_mode = 1` (opsets 14–15): normalises with the batch's
+/// own mean and (population) variance per channel, and also returns the running statistics
+/// updated with them, `running · momentum + batch · (1 − momentum)`, as the ONNX reference does.
+fn batch_norm_training(
+    ctx: &Ctx,
+    xv: &[f32],
+    shape: &[usize],
+    [scale, bias, running_mean, running_var]: [&[f32]; 4],
+    eps: f32,
+) -> KernelResult {
+    let c = shape[1];
+    let spatial: usize = shape[2..].iter().product();
+    let per_channel = (xv.len() / c.max(1)) as f64;
+    let mut sums = vec![0f64; c];
+    for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
+        sums[p % c] += plane.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    let means: Vec<f64> = sums.iter().map(|s| s / per_channel).collect();
+    let mut squares = vec![0f64; c];
+    for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
+        let m = means[p % c];
+        squares[p % c] += plane.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>();
+    }
+    let vars: Vec<f64> = squares.iter().map(|s| s / per_channel).collect();
+    let mut out = Vec::with_capacity(xv.len());
+    for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
+        let ch = p % c;
+        let factor = scale[ch] as f64 / (vars[ch] + eps as f64).sqrt();
+        out.extend(
+            plane
+                .iter()
+                .map(|&v| ((v as f64 - means[ch]) * factor + bias[ch] as f64) as f32),
+        );
+    }
+    let momentum = ctx.float("momentum", 0.9) as f64;
+    let running = |old: &[f32], batch: &[f64]| -> HostTensor {
+        let updated = old
+            .iter()
+            .zip(batch)
+            .map(|(&o, &b)| (o as f64 * momentum + b * (1.0 - momentum)) as f32)
+            .collect();
+        HostTensor::f32(vec![c], updated)
+    };
+    Ok(vec![
+        HostTensor::f32(shape.to_vec(), out),
+        running(running_mean, &means),
+        running(running_var, &vars),
+    ])
 }
 
 fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

@@ -1,0 +1,356 @@
+//! Spatial rearrangements, after the ONNX reference implementations:
+//! [MaxUnpool](https://onnx.ai/onnx/operators/onnx__MaxUnpool.html) (opsets 9–22),
+//! [Col2Im](https://onnx.ai/onnx/operators/onnx__Col2Im.html) (18, any number of spatial dims),
+//! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (20, 2-D and 3-D) and
+//! [DeformConv](https://onnx.ai/onnx/operators/onnx__DeformConv.html) (19–22, 2-D).
+
+use super::{checked_size, input, optional, Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::{strides_of, try_zeros_f32, HostTensor};
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add(&["MaxUnpool"], max_unpool);
+    t.add(&["Col2Im"], col2im);
+    t.add(&["AffineGrid"], affine_grid);
+    t.add(&["DeformConv"], deform_conv);
+}
+
+/// An ints attribute with `n` entries, `default` when absent.
+fn per_axis(ctx: &Ctx, name: &str, n: usize, default: i64) -> Result<Vec<i64>, String> {
+    match ctx.ints(name) {
+        Some(v) if v.len() >= n => Ok(v),
+        Some(v) => Err(format!("'{name}' {v:?} has fewer than {n} entries")),
+        None => Ok(vec![default; n]),
+    }
+}
+
+/// Sizes from an int64 tensor, refusing negative entries.
+fn sizes(t: &HostTensor, what: &str) -> Result<Vec<usize>, String> {
+    t.to_i64_vec()
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("{what} has a negative entry {d}")))
+        .collect()
+}
+
+/// MaxUnpool: scatters each input value to the flat position its index names in the tensor of
+/// the unpooled size `(in − 1)·stride − pads + kernel`, then places that tensor at the origin of
+/// an `output_shape` one when given (zeros elsewhere).
+fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, indices) = (input(inputs, 0)?, input(inputs, 1)?);
+    let axes = x
+        .rank()
+        .checked_sub(2)
+        .ok_or("the input must be [N, C, ...]")?;
+    let kernel = ctx
+        .ints("kernel_shape")
+        .ok_or("'kernel_shape' is required")?;
+    let (strides, pads) = (
+        per_axis(ctx, "strides", axes, 1)?,
+        per_axis(ctx, "pads", 2 * axes, 0)?,
+    );
+    let mut unpooled = x.shape()[..2].to_vec();
+    for a in 0..axes {
+        let size = (x.shape()[a + 2] as i64 - 1) * strides[a] - pads[a] - pads[a + axes]
+            + kernel.get(a).copied().ok_or("kernel_shape is too short")?;
+        unpooled.push(usize::try_from(size).map_err(|_| format!("unpooled axis {a} is {size}"))?);
+    }
+    let out_shape = match optional(inputs, 2) {
+        Some(shape) => sizes(shape, "output_shape")?,
+        None => unpooled.clone(),
+    };
+    if out_shape.len() != unpooled.len() || out_shape.iter().zip(&unpooled).any(|(o, u)| o < u) {
+        return Err(format!(
+            "output_shape {out_shape:?} is smaller than the unpooled {unpooled:?}"
+        ));
+    }
+    let mut out = try_zeros_f32(&out_shape)?;
+    let (from, to) = (strides_of(&unpooled), strides_of(&out_shape));
+    let total = checked_size(&unpooled)?;
+    for (&value, &at) in x.to_f32_vec().iter().zip(&indices.to_i64_vec()) {
+        let at = usize::try_from(at)
+            .ok()
+            .filter(|&i| i < total)
+            .ok_or_else(|| format!("index {at} is outside the unpooled {unpooled:?}"))?;
+        let flat: usize = from
+            .iter()
+            .zip(&unpooled)
+            .zip(&to)
+            .map(|((&f, &d), &t)| (at / f) % d * t)
+            .sum();
+        out[flat] = value;
+    }
+    Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
+/// entry landing at `block position · stride − pad_begin + kernel offset · dilation`.
+fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let image = sizes(input(inputs, 1)?, "image_shape")?;
+    let block = sizes(input(inputs, 2)?, "block_shape")?;
+    let n = image.len();
+    let (dilations, pads, strides) = (
+        per_axis(ctx, "dilations", n, 1)?,
+        per_axis(ctx, "pads", 2 * n, 0)?,
+        per_axis(ctx, "strides", n, 1)?,
+    );
+    let block_size: usize = block.iter().product();
+    let [batch, rows, length] = *x.shape() else {
+        return Err(format!(
+            "the input {:?} is not [N, C·Π block, L]",
+            x.shape()
+        ));
+    };
+    if block_size == 0 || rows % block_size != 0 || strides.iter().any(|&s| s <= 0) {
+        return Err(format!(
+            "{rows} rows do not divide into blocks {block:?}, or a stride is not positive"
+        ));
+    }
+    let blocks: Vec<usize> = (0..n)
+        .map(|i| {
+            let span =
+                image[i] as i64 + pads[i] + pads[i + n] - dilations[i] * (block[i] as i64 - 1) - 1;
+            (span.div_euclid(strides[i]) + 1).max(0) as usize
+        })
+        .collect();
+    if blocks.iter().product::<usize>() != length {
+        return Err(format!(
+            "{length} columns, but the image holds {blocks:?} blocks"
+        ));
+    }
+    let channels = rows / block_size;
+    let image_size: usize = image.iter().product();
+    let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
+    let (image_strides, block_strides, grid_strides) =
+        (strides_of(&image), strides_of(&block), strides_of(&blocks));
+    let xv = x.to_f32_vec();
+    for k in 0..block_size {
+        for l in 0..length {
+            let mut flat = 0usize;
+            let inside = (0..n).all(|i| {
+                let tap = (k / block_strides[i] % block[i]) as i64;
+                let cell = (l / grid_strides[i] % blocks[i]) as i64;
+                let pos = cell * strides[i] - pads[i] + tap * dilations[i];
+                flat += pos.max(0) as usize * image_strides[i];
+                (0..image[i] as i64).contains(&pos)
+            });
+            if !inside {
+                continue;
+            }
+            for b in 0..batch {
+                for c in 0..channels {
+                    out[(b * channels + c) * image_size + flat] +=
+                        xv[(b * rows + c * block_size + k) * length + l];
+                }
+            }
+        }
+    }
+    let mut shape = vec![batch, channels];
+    shape.extend(&image);
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// The normalised coordinates of `size` points along an axis: from −1 to 1 through the pixel
+/// centres, or through the corner pixels with `align_corners`.
+fn grid_axis(size: usize, align_corners: bool) -> Vec<f32> {
+    (0..size)
+        .map(|i| match (align_corners, size) {
+            (true, 1) => -1.0,
+            (true, _) => -1.0 + 2.0 * i as f32 / (size - 1) as f32,
+            (false, _) => -1.0 + (2 * i + 1) as f32 / size as f32,
+        })
+        .collect()
+}
+
+/// AffineGrid: each output point is `theta[n] · (x, y[, z], 1)` of its normalised coordinates,
+/// `x` along the last axis.
+fn affine_grid(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let theta = input(inputs, 0)?;
+    let size = sizes(input(inputs, 1)?, "size")?;
+    let dims = size.len().checked_sub(2).filter(|d| *d == 2 || *d == 3);
+    let Some(dims) = dims else {
+        return Err(format!(
+            "size {size:?} must be [N, C, H, W] or [N, C, D, H, W]"
+        ));
+    };
+    let batch = size[0];
+    if theta.shape() != [batch, dims, dims + 1] {
+        return Err(format!(
+            "theta {:?} is not [{batch}, {dims}, {}]",
+            theta.shape(),
+            dims + 1
+        ));
+    }
+    let align = ctx.int("align_corners", 0) != 0;
+    let spatial = &size[2..];
+    // Coordinates per spatial axis, outermost first; the point's (x, y, z) reads them reversed.
+    let axes: Vec<Vec<f32>> = spatial.iter().map(|&s| grid_axis(s, align)).collect();
+    let points: usize = spatial.iter().product();
+    let steps = strides_of(spatial);
+    let tv = theta.to_f32_vec();
+    let mut out = try_zeros_f32(&[checked_size(&[batch, points, dims])?])?;
+    for b in 0..batch {
+        let t = &tv[b * dims * (dims + 1)..][..dims * (dims + 1)];
+        for p in 0..points {
+            let coords: Vec<f32> = (0..dims)
+                .rev()
+                .map(|a| axes[a][p / steps[a] % spatial[a]])
+                .collect();
+            for r in 0..dims {
+                let row = &t[r * (dims + 1)..][..dims + 1];
+                let v: f32 = coords.iter().zip(row).map(|(c, w)| c * w).sum::<f32>() + row[dims];
+                out[(b * points + p) * dims + r] = v;
+            }
+        }
+    }
+    let mut shape = vec![batch];
+    shape.extend(spatial);
+    shape.push(dims);
+    Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// Bilinear sample of a plane at fractional `(y, x)`, zero outside (GridSample with
+/// `align_corners = 1` and zero padding, which the ONNX reference's DeformConv calls).
+fn bilinear(plane: &[f32], height: usize, width: usize, y: f32, x: f32) -> f32 {
+    let (y0, x0) = (y.floor(), x.floor());
+    let (dy, dx) = (y - y0, x - x0);
+    let mut sum = 0.0;
+    for (oy, wy) in [(0.0, 1.0 - dy), (1.0, dy)] {
+        for (ox, wx) in [(0.0, 1.0 - dx), (1.0, dx)] {
+            let (yy, xx) = (y0 + oy, x0 + ox);
+            if yy >= 0.0 && xx >= 0.0 && (yy as usize) < height && (xx as usize) < width {
+                sum += wy * wx * plane[yy as usize * width + xx as usize];
+            }
+        }
+    }
+    sum
+}
+
+/// DeformConv (2-D): Conv whose every kernel tap samples the input bilinearly at its position
+/// moved by a learned offset, scaled by the optional mask.
+fn deform_conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, w, offset) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    let ([n, ic, ih, iw], [oc, icg, kh, kw]) = match (x.shape(), w.shape()) {
+        (&[a, b, c, d], &[e, f, g, h]) => ([a, b, c, d], [e, f, g, h]),
+        _ => {
+            return Err(format!(
+                "only 2-D DeformConv is supported, got input {:?}",
+                x.shape()
+            ))
+        }
+    };
+    let group = ctx.int("group", 1).max(1) as usize;
+    let offset_group = ctx.int("offset_group", 1).max(1) as usize;
+    if ic != icg * group || oc % group != 0 || ic % offset_group != 0 {
+        return Err(format!(
+            "input {:?}, weight {:?}, group {group} and offset_group {offset_group} do not agree",
+            x.shape(),
+            w.shape()
+        ));
+    }
+    let (&[_, offset_rows, oh, ow], taps) = (offset.shape(), kh * kw) else {
+        return Err(format!(
+            "offset {:?} is not [N, 2·groups·kernel, H, W]",
+            offset.shape()
+        ));
+    };
+    if offset_rows != 2 * offset_group * taps {
+        return Err(format!(
+            "offset has {offset_rows} rows, expected {}",
+            2 * offset_group * taps
+        ));
+    }
+    let (dilations, pads, strides) = (
+        per_axis(ctx, "dilations", 2, 1)?,
+        per_axis(ctx, "pads", 4, 0)?,
+        per_axis(ctx, "strides", 2, 1)?,
+    );
+    let (xv, wv, ov) = (x.to_f32_vec(), w.to_f32_vec(), offset.to_f32_vec());
+    let mask = optional(inputs, 4).map(|m| m.to_f32_vec());
+    let bias = optional(inputs, 3).map(|b| b.to_f32_vec());
+    let (ocg, icpog) = (oc / group, ic / offset_group);
+    let out_points = oh * ow;
+    let mut out = try_zeros_f32(&[checked_size(&[n, oc, out_points])?])?;
+    for b in 0..n {
+        for c in 0..ic {
+            let og = c / icpog;
+            let plane = &xv[(b * ic + c) * ih * iw..][..ih * iw];
+            // The sampled (and masked) input under every tap at every output point.
+            let mut sampled = vec![0f32; taps * out_points];
+            for t in 0..taps {
+                let (ki, kj) = (t / kw, t % kw);
+                for p in 0..out_points {
+                    let (i, j) = (p / ow, p % ow);
+                    let at = |row: usize| {
+                        ov[((b * offset_group + og) * 2 * taps + row) * out_points + p]
+                    };
+                    let y = (i as i64 * strides[0] - pads[0] + ki as i64 * dilations[0]) as f32
+                        + at(2 * t);
+                    let xx = (j as i64 * strides[1] - pads[1] + kj as i64 * dilations[1]) as f32
+                        + at(2 * t + 1);
+                    let m = mask.as_ref().map_or(1.0, |m| {
+                        m[((b * offset_group + og) * taps + t) * out_points + p]
+                    });
+                    sampled[t * out_points + p] = bilinear(plane, ih, iw, y, xx) * m;
+                }
+            }
+            let g = c / icg;
+            for o in g * ocg..(g + 1) * ocg {
+                let weights = &wv[(o * icg + c % icg) * taps..][..taps];
+                let target = &mut out[(b * oc + o) * out_points..][..out_points];
+                for (t, &wt) in weights.iter().enumerate() {
+                    for (acc, &s) in target
+                        .iter_mut()
+                        .zip(&sampled[t * out_points..][..out_points])
+                    {
+                        *acc += wt * s;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(bias) = bias {
+        for (p, plane) in out.chunks_mut(out_points.max(1)).enumerate() {
+            plane.iter_mut().for_each(|v| *v += bias[p % oc]);
+        }
+    }
+    Ok(vec![HostTensor::f32(vec![n, oc, oh, ow], out)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, i, run};
+    use crate::graph::Attribute;
+
+    #[test]
+    fn max_unpool_places_values_at_their_indices() {
+        let x = f(&[1, 1, 1, 2], &[5.0, 7.0]);
+        let idx = i(&[1, 1, 1, 2], &[1, 2]);
+        let k = ("kernel_shape", Attribute::Ints(vec![2, 2]));
+        let s = ("strides", Attribute::Ints(vec![2, 2]));
+        let out = run("MaxUnpool", vec![k, s], &[&x, &idx]);
+        assert_close(
+            &out[0],
+            &[1, 1, 2, 4],
+            &[0.0, 5.0, 7.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        );
+    }
+
+    #[test]
+    fn col2im_sums_overlapping_columns() {
+        // One channel, 1×2 blocks over a 1×3 image: two columns overlap in the middle.
+        let x = f(&[1, 2, 2], &[1.0, 2.0, 10.0, 20.0]);
+        let out = run(
+            "Col2Im",
+            vec![],
+            &[&x, &i(&[2], &[1, 3]), &i(&[2], &[1, 2])],
+        );
+        assert_close(&out[0], &[1, 1, 1, 3], &[1.0, 12.0, 20.0]);
+    }
+
+    #[test]
+    fn identity_affine_grid_is_the_normalised_grid() {
+        let theta = f(&[1, 2, 3], &[1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+        let out = run("AffineGrid", vec![], &[&theta, &i(&[4], &[1, 1, 1, 2])]);
+        assert_close(&out[0], &[1, 1, 2, 2], &[-0.5, 0.0, 0.5, 0.0]);
+    }
+}
