@@ -59,9 +59,10 @@ pub enum Baseline {
     /// (normalised) unit of the lightest.
     #[serde(rename = "torchgpipe_balance_by_time")]
     TorchGpipeByTime,
-    /// PiPPy `split_into_equal_size` (`torchpippy` 0.2.0, the policy torch.distributed.pipelining
-    /// came from): walks the nodes in order and starts a new stage before the node whose new
-    /// parameters would push the stage past `total // stages` elements.
+    /// PiPPy `split_into_equal_size` (`torchpippy` 0.2.0; torch.distributed.pipelining, which
+    /// grew out of PiPPy, takes a `split_policy` like it but ships none): walks the nodes in
+    /// order and starts a new stage before the node whose new parameters would push the stage
+    /// past `total // stages` elements. The JSON name is the one plans have always used.
     #[serde(rename = "torch_pipelining_equal_size")]
     TorchEqualSize,
 }
@@ -139,15 +140,13 @@ impl Baseline {
 
 /// Parameter elements of a layer: every initializer its nodes read, once per layer.
 fn layer_param_elements(problem: &PartitionProblem, layer: &Layer) -> u64 {
-    problem
-        .params()
-        .iter()
-        .filter(|p| {
-            p.uses
-                .iter()
-                .any(|&u| (layer.start..layer.end).contains(&(u as usize)))
-        })
-        .map(|p| p.elements)
+    let mut read: Vec<u32> = (layer.start..layer.end)
+        .flat_map(|p| problem.node_params[p].iter().copied())
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    read.iter()
+        .map(|&i| problem.params()[i as usize].elements)
         .sum()
 }
 
