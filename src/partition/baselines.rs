@@ -527,6 +527,28 @@ mod tests {
     }
 
     #[test]
+    fn block_partition_that_never_settles_fails() {
+        // solve([0, 0, 0, 0, 3, 8], 5): normalised [0, 0, 0, 0, 0.375, 1], splits
+        // [1, 2, 3, 4, 6], blocks 0, 0, 0, 0, 1.375. (1) p = 4, maximum 1.375.
+        // (2)-(3) q = 0 (the first empty block) four times: splits[0] goes to 5 (block 0 is
+        //     [0:5] = 0.375, block 1 the reversed [5:2], empty).
+        // Then q = 1 four times: splits[1] goes to 6 (block 1 = [5:6] = 1).
+        // Then q = 2 for ever: splits[2] = 6, 7, 8, … leaves blocks 2 ([6:x]) and 3 ([x:4])
+        // empty, the block moved from is h = 3, never p = 4, so (1) is never re-entered and the
+        // stale maximum 1.375 stays above 0 + 1. torchgpipe loops; pipecut reports it.
+        let err = block_partition(&[0.0, 0.0, 0.0, 0.0, 3.0, 8.0], 5).unwrap_err();
+        assert!(err.contains("did not settle"), "{err}");
+    }
+
+    #[test]
+    fn balanced_refuses_a_search_out_of_reach() {
+        // 30,000 layers into 10 stages: 30,000² · 10 / 2 = 4.5·10⁹ steps, over the 2·10⁹ cap,
+        // refused before any table is allocated.
+        let err = partition_balanced(&vec![1.0; 30_000], 10).unwrap_err();
+        assert!(err.contains("out of reach"), "{err}");
+    }
+
+    #[test]
     fn python_slices_count_from_the_end() {
         // sequence[-1:4] of 4 items is the last one; sequence[3:1] is empty.
         assert_eq!(block_span(&[-1, 4], 1, 4), (3, 4));
