@@ -59,9 +59,10 @@ pub enum Baseline {
     /// (normalised) unit of the lightest.
     #[serde(rename = "torchgpipe_balance_by_time")]
     TorchGpipeByTime,
-    /// PiPPy `split_into_equal_size` (`torchpippy` 0.2.0, the policy torch.distributed.pipelining
-    /// came from): walks the nodes in order and starts a new stage before the node whose new
-    /// parameters would push the stage past `total // stages` elements.
+    /// PiPPy `split_into_equal_size` (`torchpippy` 0.2.0; torch.distributed.pipelining, which
+    /// grew out of PiPPy, takes a `split_policy` like it but ships none): walks the nodes in
+    /// order and starts a new stage before the node whose new parameters would push the stage
+    /// past `total // stages` elements. The JSON name is the one plans have always used.
     #[serde(rename = "torch_pipelining_equal_size")]
     TorchEqualSize,
 }
@@ -139,15 +140,13 @@ impl Baseline {
 
 /// Parameter elements of a layer: every initializer its nodes read, once per layer.
 fn layer_param_elements(problem: &PartitionProblem, layer: &Layer) -> u64 {
-    problem
-        .params()
-        .iter()
-        .filter(|p| {
-            p.uses
-                .iter()
-                .any(|&u| (layer.start..layer.end).contains(&(u as usize)))
-        })
-        .map(|p| p.elements)
+    let mut read: Vec<u32> = (layer.start..layer.end)
+        .flat_map(|p| problem.node_params[p].iter().copied())
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    read.iter()
+        .map(|&i| problem.params()[i as usize].elements)
         .sum()
 }
 
@@ -525,6 +524,28 @@ mod tests {
         let err = block_partition(&[2.0, 2.0, 8.0, 8.0], 3).unwrap_err();
         assert!(err.contains("[3, 0, 1]"), "{err}");
         assert!(block_partition(&[1.0, 2.0], 3).is_err());
+    }
+
+    #[test]
+    fn block_partition_that_never_settles_fails() {
+        // solve([0, 0, 0, 0, 3, 8], 5): normalised [0, 0, 0, 0, 0.375, 1], splits
+        // [1, 2, 3, 4, 6], blocks 0, 0, 0, 0, 1.375. (1) p = 4, maximum 1.375.
+        // (2)-(3) q = 0 (the first empty block) four times: splits[0] goes to 5 (block 0 is
+        //     [0:5] = 0.375, block 1 the reversed [5:2], empty).
+        // Then q = 1 four times: splits[1] goes to 6 (block 1 = [5:6] = 1).
+        // Then q = 2 for ever: splits[2] = 6, 7, 8, … leaves blocks 2 ([6:x]) and 3 ([x:4])
+        // empty, the block moved from is h = 3, never p = 4, so (1) is never re-entered and the
+        // stale maximum 1.375 stays above 0 + 1. torchgpipe loops; pipecut reports it.
+        let err = block_partition(&[0.0, 0.0, 0.0, 0.0, 3.0, 8.0], 5).unwrap_err();
+        assert!(err.contains("did not settle"), "{err}");
+    }
+
+    #[test]
+    fn balanced_refuses_a_search_out_of_reach() {
+        // 30,000 layers into 10 stages: 30,000² · 10 / 2 = 4.5·10⁹ steps, over the 2·10⁹ cap,
+        // refused before any table is allocated.
+        let err = partition_balanced(&vec![1.0; 30_000], 10).unwrap_err();
+        assert!(err.contains("out of reach"), "{err}");
     }
 
     #[test]
