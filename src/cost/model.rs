@@ -111,7 +111,8 @@ pub struct NodeCost {
     pub param_bytes: u64,
     /// Bytes of its outputs.
     pub output_bytes: u64,
-    /// Whether the op had no rule and was costed by the fallback.
+    /// Whether the cost is a guess: the op had no rule and was costed by the fallback, or it is
+    /// control flow whose trip count was not known at plan time and was assumed to be 1.
     pub fallback: bool,
 }
 
