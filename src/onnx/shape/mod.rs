@@ -360,6 +360,22 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
     let domain = registry::canonical_domain(&node.domain);
     let opset = graph.opset(domain).unwrap_or(0);
     let display_domain = if domain.is_empty() { "ai.onnx" } else { domain };
+    let value_input = node
+        .inputs
+        .iter()
+        .flatten()
+        .map(|&t| graph.tensor(t))
+        .find(|t| !t.kind.is_tensor());
+    if let Some(input) = value_input.filter(|_| !sequence::takes_values(domain, &node.op_type)) {
+        return Err(Error::ShapeInference {
+            node: node.name.clone(),
+            op: node.op_type.clone(),
+            detail: format!(
+                "input '{}' is a {}; the op takes tensors",
+                input.name, input.kind
+            ),
+        });
+    }
     let rule = registry::lookup(domain, &node.op_type).ok_or_else(|| Error::UnsupportedOp {
         op: node.op_type.clone(),
         domain: display_domain.to_string(),
