@@ -208,7 +208,13 @@ impl<'a> CostModel<'a> {
     pub fn work(&self, graph: &Graph, id: NodeId) -> Result<(OpWork, bool), Error> {
         let node = graph.node(id);
         if node.has_subgraphs() && (node.domain.is_empty() || node.domain == "ai.onnx") {
-            return self.control_flow_work(graph, node);
+            // A body whose types inference could not find cannot be costed: as an unknown op.
+            return match (self.control_flow_work(graph, node), self.unknown_ops) {
+                (Ok(work), _) => Ok(work),
+                (Err(e), UnknownOpCost::Error) => Err(e),
+                (Err(_), UnknownOpCost::Zero) => Ok((OpWork::NONE, true)),
+                (Err(_), UnknownOpCost::Bytes) => Ok((ctx_bytes(graph, id), true)),
+            };
         }
         let ctx = CostCtx::new(graph, node)?;
         let folded = node

@@ -10,6 +10,7 @@ mod attention;
 mod context;
 mod control;
 mod crop;
+mod declared;
 mod elementwise;
 mod linalg;
 mod loss;
@@ -216,7 +217,7 @@ impl ShapeInference {
                         }
                     }
                     store_outputs(graph, node_id, outputs)?;
-                    store_typed_bodies(graph, node_id)?;
+                    store_typed_bodies(graph, node_id);
                 }
                 Err(err) if self.lenient => {
                     if let Error::UnsupportedOp { op, domain, .. } = &err {
@@ -392,24 +393,19 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
 
 /// Replaces a control-flow node's subgraphs by the bodies its rule typed, so that costing and
 /// running them see their tensors' types.
-fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) -> Result<(), Error> {
+fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) {
     let node = graph.node(node_id);
     if !node.has_subgraphs() || !registry::canonical_domain(&node.domain).is_empty() {
-        return Ok(());
+        return;
     }
     let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0));
-    let bodies = control::typed_bodies(&ctx).map_err(|detail| Error::ShapeInference {
-        node: node.name.clone(),
-        op: node.op_type.clone(),
-        detail,
-    })?;
+    let bodies = control::typed_bodies(&ctx);
     let node = graph.node_mut(node_id);
     for (name, body) in bodies {
         if let Some(crate::graph::Attribute::Graph(sub)) = node.attributes.get_mut(name) {
             sub.body = std::sync::Arc::new(body);
         }
     }
-    Ok(())
 }
 
 fn store_outputs(
