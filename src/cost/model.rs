@@ -317,13 +317,21 @@ impl<'a> CostModel<'a> {
 
 impl CostModel<'_> {
     /// The work of all of a subgraph body's nodes, once.
-    fn body_work(&self, sub: &Subgraph) -> Result<(OpWork, bool), Error> {
+    fn body_work(&self, node: &Node, sub: &Subgraph) -> Result<(OpWork, bool), Error> {
         let body = &*sub.body;
         let mut total = OpWork::NONE;
         let mut costliest = 0.0;
         let mut assumed = false;
         for &id in body.topological_order() {
-            let (work, fallback) = self.work(body, id)?;
+            let (work, fallback) = self.work(body, id).map_err(|e| Error::Cost {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                detail: format!(
+                    "its subgraph '{}' cannot be costed ({e}); pass --unknown-op-cost \
+                     zero|bytes to cost the node anyway",
+                    sub.name
+                ),
+            })?;
             assumed |= fallback;
             let time = self.time_secs(&work);
             if time > costliest {
@@ -360,11 +368,11 @@ impl CostModel<'_> {
         };
         let ((work, assumed), iterations) = match node.op_type.as_str() {
             "If" => match input_value(0) {
-                Some(0) => (self.body_work(sub("else_branch")?)?, Some(1)),
-                Some(_) => (self.body_work(sub("then_branch")?)?, Some(1)),
+                Some(0) => (self.body_work(node, sub("else_branch")?)?, Some(1)),
+                Some(_) => (self.body_work(node, sub("then_branch")?)?, Some(1)),
                 None => {
-                    let then = self.body_work(sub("then_branch")?)?;
-                    let other = self.body_work(sub("else_branch")?)?;
+                    let then = self.body_work(node, sub("then_branch")?)?;
+                    let other = self.body_work(node, sub("else_branch")?)?;
                     let costlier = if self.time_secs(&then.0) >= self.time_secs(&other.0) {
                         then
                     } else {
@@ -373,9 +381,12 @@ impl CostModel<'_> {
                     (costlier, Some(1))
                 }
             },
-            "Loop" => (self.body_work(sub("body")?)?, input_value(0)),
-            "Scan" => (self.body_work(sub("body")?)?, scan_length(graph, node)),
-            _ => (self.body_work(sub("body")?)?, None),
+            "Loop" => (self.body_work(node, sub("body")?)?, input_value(0)),
+            "Scan" => (
+                self.body_work(node, sub("body")?)?,
+                scan_length(graph, node),
+            ),
+            _ => (self.body_work(node, sub("body")?)?, None),
         };
         let n = iterations.unwrap_or(1).max(0) as f64;
         Ok((
