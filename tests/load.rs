@@ -414,3 +414,49 @@ fn loop_carried_outputs_take_the_initial_values_shape() {
     let y = model.graph.tensor_id("y").unwrap();
     assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
 }
+
+/// A body that cannot be inferred (an op inside has no shape rule) leaves the Loop typed from
+/// the model's declarations, as before bodies were inferred.
+#[test]
+fn a_loop_whose_body_cannot_be_inferred_takes_the_declared_types() {
+    use built::*;
+    const F32: i32 = 1;
+    const I64: i32 = 7;
+    const BOOL: i32 = 9;
+    let body = onnx_protobuf::GraphProto {
+        name: "body".into(),
+        node: vec![
+            node("keep_going", "Identity", "", &["cond_in"], &["cond_out"]),
+            node("step", "NoSuchOp", "", &["acc_in"], &["acc_out"]),
+        ],
+        input: vec![
+            value_info("iter", I64, &[]),
+            value_info("cond_in", BOOL, &[]),
+            value_info("acc_in", F32, &["3", "4"]),
+        ],
+        output: vec![
+            value_info("cond_out", BOOL, &[]),
+            value_info("acc_out", F32, &["3", "4"]),
+        ],
+        ..Default::default()
+    };
+    let mut loop_node = node("repeat", "Loop", "", &["trips", "cond", "x"], &["y"]);
+    loop_node.attribute = vec![graph_attr("body", body)];
+    let graph = onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![loop_node],
+        input: vec![
+            value_info("trips", I64, &[]),
+            value_info("cond", BOOL, &[]),
+            value_info("x", F32, &["3", "4"]),
+        ],
+        output: vec![value_info("y", F32, &[])],
+        ..Default::default()
+    };
+    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
+    pipecut::onnx::shape::ShapeInference::new(Default::default())
+        .run(&mut model.graph)
+        .unwrap();
+    let y = model.graph.tensor_id("y").unwrap();
+    assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
+}

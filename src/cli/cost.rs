@@ -115,9 +115,10 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
         .map(|c| c.op.as_str())
         .collect();
     if !fallback.is_empty() {
-        // The user asked for a fallback; say where it was used, on stderr so --json stays clean.
+        // Say where the cost is a guess, on stderr so --json stays clean.
         eprintln!(
-            "note: {} node(s) costed by the --unknown-op-cost fallback: {}",
+            "note: {} node(s) costed by the --unknown-op-cost fallback or with an assumed \
+             trip count (a loop run once): {}",
             fallback.len(),
             fallback.join(", ")
         );

@@ -111,7 +111,8 @@ pub struct NodeCost {
     pub param_bytes: u64,
     /// Bytes of its outputs.
     pub output_bytes: u64,
-    /// Whether the op had no rule and was costed by the fallback.
+    /// Whether the cost is a guess: the op had no rule and was costed by the fallback, or it is
+    /// control flow whose trip count was not known at plan time and was assumed to be 1.
     pub fallback: bool,
     /// Whether `time_secs` comes from a measurement (`--profile`), not the roofline.
     pub measured: bool,
@@ -209,7 +210,13 @@ impl<'a> CostModel<'a> {
     pub fn work(&self, graph: &Graph, id: NodeId) -> Result<(OpWork, bool), Error> {
         let node = graph.node(id);
         if node.has_subgraphs() && (node.domain.is_empty() || node.domain == "ai.onnx") {
-            return self.control_flow_work(graph, node);
+            // A body whose types inference could not find cannot be costed: as an unknown op.
+            return match (self.control_flow_work(graph, node), self.unknown_ops) {
+                (Ok(work), _) => Ok(work),
+                (Err(e), UnknownOpCost::Error) => Err(e),
+                (Err(_), UnknownOpCost::Zero) => Ok((OpWork::NONE, true)),
+                (Err(_), UnknownOpCost::Bytes) => Ok((ctx_bytes(graph, id), true)),
+            };
         }
         let ctx = CostCtx::new(graph, node)?;
         let folded = node
@@ -319,13 +326,21 @@ impl<'a> CostModel<'a> {
 
 impl CostModel<'_> {
     /// The work of all of a subgraph body's nodes, once.
-    fn body_work(&self, sub: &Subgraph) -> Result<(OpWork, bool), Error> {
+    fn body_work(&self, node: &Node, sub: &Subgraph) -> Result<(OpWork, bool), Error> {
         let body = &*sub.body;
         let mut total = OpWork::NONE;
         let mut costliest = 0.0;
         let mut assumed = false;
         for &id in body.topological_order() {
-            let (work, fallback) = self.work(body, id)?;
+            let (work, fallback) = self.work(body, id).map_err(|e| Error::Cost {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                detail: format!(
+                    "its subgraph '{}' cannot be costed ({e}); pass --unknown-op-cost \
+                     zero|bytes to cost the node anyway",
+                    sub.name
+                ),
+            })?;
             assumed |= fallback;
             let time = self.time_secs(&work);
             if time > costliest {
@@ -362,11 +377,11 @@ impl CostModel<'_> {
         };
         let ((work, assumed), iterations) = match node.op_type.as_str() {
             "If" => match input_value(0) {
-                Some(0) => (self.body_work(sub("else_branch")?)?, Some(1)),
-                Some(_) => (self.body_work(sub("then_branch")?)?, Some(1)),
+                Some(0) => (self.body_work(node, sub("else_branch")?)?, Some(1)),
+                Some(_) => (self.body_work(node, sub("then_branch")?)?, Some(1)),
                 None => {
-                    let then = self.body_work(sub("then_branch")?)?;
-                    let other = self.body_work(sub("else_branch")?)?;
+                    let then = self.body_work(node, sub("then_branch")?)?;
+                    let other = self.body_work(node, sub("else_branch")?)?;
                     let costlier = if self.time_secs(&then.0) >= self.time_secs(&other.0) {
                         then
                     } else {
@@ -375,9 +390,12 @@ impl CostModel<'_> {
                     (costlier, Some(1))
                 }
             },
-            "Loop" => (self.body_work(sub("body")?)?, input_value(0)),
-            "Scan" => (self.body_work(sub("body")?)?, scan_length(graph, node)),
-            _ => (self.body_work(sub("body")?)?, None),
+            "Loop" => (self.body_work(node, sub("body")?)?, input_value(0)),
+            "Scan" => (
+                self.body_work(node, sub("body")?)?,
+                scan_length(graph, node),
+            ),
+            _ => (self.body_work(node, sub("body")?)?, None),
         };
         let n = iterations.unwrap_or(1).max(0) as f64;
         Ok((

@@ -65,12 +65,12 @@ pub enum Attribute {
     Strings(Vec<String>),
     /// A tensor literal (`Constant.value`, `ConstantOfShape.value`).
     Tensor(TensorLiteral),
-    /// A subgraph (`If.then_branch`, `Loop.body`, `Scan.body`), kept opaque.
+    /// A subgraph (`If.then_branch`, `Loop.body`, `Scan.body`, `SequenceMap.body`).
     Graph(Subgraph),
     Graphs(Vec<Subgraph>),
     /// A type (`Optional.type`): kind, element type and shape where stated.
     Type(ValueKind, Option<DType>, Option<Shape>),
-    /// A kind the planner does not look inside (sparse tensors, type protos).
+    /// A kind the planner does not look inside (sparse tensors, lists of types).
     Other(&'static str),
 }
 
@@ -147,7 +147,8 @@ impl Node {
 }
 
 impl Node {
-    /// Whether the node carries subgraphs (kept as one opaque node).
+    /// Whether the node carries subgraphs (a control-flow node: one node of the graph, whose
+    /// bodies are typed, costed and run as graphs of their own).
     pub fn has_subgraphs(&self) -> bool {
         self.attributes
             .values()

@@ -303,7 +303,7 @@ fn populate(
             continue;
         }
         check_legacy_node(node, opsets.get("").copied())?;
-        let spec = node_spec(node, index, opsets, &mut used_names)?;
+        let spec = node_spec(node, index, opsets, external, &mut used_names)?;
         builder.node(spec)?;
     }
     for output in &proto.output {
@@ -398,13 +398,14 @@ fn node_spec(
     node: &NodeProto,
     index: usize,
     opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
     used: &mut HashSet<String>,
 ) -> Result<NodeSpec, Error> {
     let name = unique_node_name(node, index, used);
     let mut attributes = BTreeMap::new();
     let mut captures = BTreeSet::new();
     for attr in &node.attribute {
-        let value = decode_attribute(attr, &name, opsets)?;
+        let value = decode_attribute(attr, &name, opsets, external)?;
         for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
             outer_scope_reads(graph, &mut captures);
         }
@@ -434,6 +435,7 @@ fn decode_attribute(
     attr: &AttributeProto,
     node: &str,
     opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
 ) -> Result<Attribute, Error> {
     let mut no_files = ExternalFiles::new(None);
     let ty = attr.type_.enum_value().unwrap_or(AttributeType::UNDEFINED);
@@ -456,13 +458,13 @@ fn decode_attribute(
             Attribute::Tensor(decode_tensor(tensor, &mut no_files)?.into_literal())
         }
         AttributeType::GRAPH => match attr.g.as_ref() {
-            Some(g) => Attribute::Graph(load_subgraph(g, opsets)?),
+            Some(g) => Attribute::Graph(load_subgraph(g, opsets, external)?),
             None => Attribute::Other("graph"),
         },
         AttributeType::GRAPHS => Attribute::Graphs(
             attr.graphs
                 .iter()
-                .map(|g| load_subgraph(g, opsets))
+                .map(|g| load_subgraph(g, opsets, external))
                 .collect::<Result<_, _>>()?,
         ),
         AttributeType::TENSORS => Attribute::Other("tensors"),
@@ -481,20 +483,17 @@ fn decode_attribute(
     })
 }
 
-/// A subgraph with its body built like a model's graph. Weights inside a subgraph are embedded
-/// (a `Constant` node or a small initializer); external data is the main graph's.
-fn load_subgraph(graph: &GraphProto, opsets: &BTreeMap<String, i64>) -> Result<Subgraph, Error> {
+/// A subgraph with its body built like a model's graph.
+fn load_subgraph(
+    graph: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<Subgraph, Error> {
     let mut captures = BTreeSet::new();
     outer_scope_reads(graph, &mut captures);
     let captures: Vec<String> = captures.into_iter().collect();
     let mut builder = Graph::builder(graph.name.clone());
-    populate(
-        &mut builder,
-        graph,
-        opsets,
-        &mut ExternalFiles::new(None),
-        &captures,
-    )?;
+    populate(&mut builder, graph, opsets, external, &captures)?;
     let body = builder.build_subgraph()?;
     let outputs = graph
         .output

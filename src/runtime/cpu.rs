@@ -54,28 +54,16 @@ pub(crate) enum CpuKernel {
     Value(ValueKernel),
 }
 
-/// [`plan_steps`] with the kernels on values that only the CPU runtime has.
+/// [`plan_steps`] with the kernels on values that only the CPU runtime has (an op with both,
+/// Identity, takes the one its inputs' values call for when it runs).
 fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>>, Error> {
     plan_steps_with(graph, spec, |node| {
         let tensor_kernel = (!node.has_subgraphs())
             .then(|| kernels::lookup(&node.domain, &node.op_type))
             .flatten();
-        // A node that reads a sequence or optional (Identity of a sequence) needs the
-        // kernel on values even where a tensor kernel of its op exists.
-        let reads_values = node
-            .inputs
-            .iter()
-            .flatten()
-            .any(|&t| !graph.tensor(t).kind.is_tensor());
-        match (
-            tensor_kernel,
-            kernels::lookup_value(&node.domain, &node.op_type),
-        ) {
-            (Some(_), Some(k)) if reads_values => Some(CpuKernel::Value(k)),
-            (Some(k), _) => Some(CpuKernel::Tensor(k)),
-            (None, Some(k)) => Some(CpuKernel::Value(k)),
-            (None, None) => None,
-        }
+        tensor_kernel
+            .map(CpuKernel::Tensor)
+            .or_else(|| kernels::lookup_value(&node.domain, &node.op_type).map(CpuKernel::Value))
     })
 }
 
@@ -242,8 +230,9 @@ impl<'a> CpuExecutor<'a> {
                 output_dtypes: &step.output_dtypes,
             };
             let began = Instant::now();
+            let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
             let results: Vec<Value> = match step.kernel {
-                CpuKernel::Tensor(kernel) => {
+                CpuKernel::Tensor(kernel) if all_tensors => {
                     let tensors: Vec<Option<&HostTensor>> = args
                         .iter()
                         .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
@@ -255,7 +244,16 @@ impl<'a> CpuExecutor<'a> {
                         .map(|t| Value::Tensor(Arc::new(t)))
                         .collect()
                 }
-                CpuKernel::Value(kernel) => {
+                CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
+                    let kernel = match step.kernel {
+                        CpuKernel::Value(kernel) => Some(kernel),
+                        CpuKernel::Tensor(_) => kernels::lookup_value(&node.domain, &node.op_type),
+                    }
+                    .ok_or_else(|| {
+                        kernel_error(
+                            "it takes tensors, and an input is a sequence or optional".into(),
+                        )
+                    })?;
                     let scope = |name: &str| {
                         graph
                             .tensor_id(name)

@@ -142,8 +142,8 @@ impl Weights {
     }
 }
 
-/// Decodes the initializers and `Constant`s of the subgraphs a node holds, at any depth. They
-/// are embedded in the model (the loader refuses external data inside subgraphs).
+/// Decodes the initializers and `Constant`s of the subgraphs a node holds, at any depth. Those
+/// kept in external data are left out: running their subgraph says so.
 fn subgraph_weights(
     node: &onnx_protobuf::NodeProto,
     found: &mut HashMap<String, Arc<HostTensor>>,
@@ -153,7 +153,11 @@ fn subgraph_weights(
     };
     for attr in &node.attribute {
         for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
-            for init in &graph.initializer {
+            for init in graph
+                .initializer
+                .iter()
+                .filter(|t| t.external_data.is_empty())
+            {
                 let host = decode_inline(init).map_err(|e| bad(&init.name, e))?;
                 found.insert(init.name.clone(), Arc::new(host));
             }

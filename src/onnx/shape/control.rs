@@ -4,6 +4,7 @@
 //! `Scan`, `SequenceMap`). A body output the model declares no type for is typed so too.
 
 use super::context::{normalize_axis, Inferred, OpCtx, RuleResult};
+use super::declared;
 use super::registry::Registry;
 use super::sequence::merge_shapes;
 use super::{DimBindings, ShapeInference};
@@ -108,27 +109,41 @@ fn infer_body(
     Ok((outputs, body))
 }
 
-/// The subgraphs of a control-flow node typed for its inputs (for costing and running them).
-pub(super) fn typed_bodies(ctx: &OpCtx) -> Result<Bodies, String> {
-    Ok(match ctx.node.op_type.as_str() {
-        "If" => if_typed(ctx)?.1,
-        "Loop" => loop_typed(ctx)?.1,
-        "Scan" => scan_typed(ctx)?.1,
-        "SequenceMap" => sequence_map_typed(ctx)?.1,
-        _ => Vec::new(),
-    })
+/// The subgraphs of a control-flow node typed for its inputs (for costing and running them);
+/// none where the bodies cannot be inferred and the rule fell back to the declared types.
+pub(super) fn typed_bodies(ctx: &OpCtx) -> Bodies {
+    let typed = match ctx.node.op_type.as_str() {
+        "If" => if_typed(ctx),
+        "Loop" => loop_typed(ctx),
+        "Scan" => scan_typed(ctx),
+        "SequenceMap" => sequence_map_typed(ctx),
+        _ => return Vec::new(),
+    };
+    typed.map(|(_, bodies)| bodies).unwrap_or_default()
+}
+
+/// Where the bodies cannot be inferred (an op inside without a shape rule), the outputs the
+/// model declares for them, if it declares them all; else the inference's error.
+fn or_declared(
+    inferred: Result<(Vec<Inferred>, Bodies), String>,
+    declared: impl FnOnce() -> RuleResult,
+) -> RuleResult {
+    match inferred {
+        Ok((outputs, _)) => Ok(outputs),
+        Err(error) => declared().map_err(|_| error),
+    }
 }
 
 fn if_(ctx: &OpCtx) -> RuleResult {
-    Ok(if_typed(ctx)?.0)
+    or_declared(if_typed(ctx), || declared::if_declared(ctx))
 }
 
 fn loop_(ctx: &OpCtx) -> RuleResult {
-    Ok(loop_typed(ctx)?.0)
+    or_declared(loop_typed(ctx), || declared::loop_declared(ctx))
 }
 
 fn scan(ctx: &OpCtx) -> RuleResult {
-    Ok(scan_typed(ctx)?.0)
+    or_declared(scan_typed(ctx), || declared::scan_declared(ctx))
 }
 
 fn sequence_map(ctx: &OpCtx) -> RuleResult {

@@ -11,6 +11,7 @@ mod context;
 mod control;
 mod crop;
 mod data_dependent;
+mod declared;
 mod elementwise;
 mod linalg;
 mod loss;
@@ -221,7 +222,7 @@ impl ShapeInference {
                         }
                     }
                     store_outputs(graph, node_id, outputs)?;
-                    store_typed_bodies(graph, node_id)?;
+                    store_typed_bodies(graph, node_id);
                 }
                 Err(err) if self.lenient => {
                     if let Error::UnsupportedOp { op, domain, .. } = &err {
@@ -375,6 +376,22 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
     let domain = registry::canonical_domain(&node.domain);
     let opset = graph.opset(domain).unwrap_or(0);
     let display_domain = if domain.is_empty() { "ai.onnx" } else { domain };
+    let value_input = node
+        .inputs
+        .iter()
+        .flatten()
+        .map(|&t| graph.tensor(t))
+        .find(|t| !t.kind.is_tensor());
+    if let Some(input) = value_input.filter(|_| !sequence::takes_values(domain, &node.op_type)) {
+        return Err(Error::ShapeInference {
+            node: node.name.clone(),
+            op: node.op_type.clone(),
+            detail: format!(
+                "input '{}' is a {}; the op takes tensors",
+                input.name, input.kind
+            ),
+        });
+    }
     let rule = registry::lookup(domain, &node.op_type).ok_or_else(|| Error::UnsupportedOp {
         op: node.op_type.clone(),
         domain: display_domain.to_string(),
@@ -391,24 +408,19 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
 
 /// Replaces a control-flow node's subgraphs by the bodies its rule typed, so that costing and
 /// running them see their tensors' types.
-fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) -> Result<(), Error> {
+fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) {
     let node = graph.node(node_id);
     if !node.has_subgraphs() || !registry::canonical_domain(&node.domain).is_empty() {
-        return Ok(());
+        return;
     }
     let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0));
-    let bodies = control::typed_bodies(&ctx).map_err(|detail| Error::ShapeInference {
-        node: node.name.clone(),
-        op: node.op_type.clone(),
-        detail,
-    })?;
+    let bodies = control::typed_bodies(&ctx);
     let node = graph.node_mut(node_id);
     for (name, body) in bodies {
         if let Some(crate::graph::Attribute::Graph(sub)) = node.attributes.get_mut(name) {
             sub.body = std::sync::Arc::new(body);
         }
     }
-    Ok(())
 }
 
 fn store_outputs(

@@ -21,6 +21,17 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["OptionalGetElement"], optional_get_element);
 }
 
+/// Whether an op takes sequences or optionals as inputs; other ops take tensors only.
+pub(super) fn takes_values(domain: &str, op: &str) -> bool {
+    domain.is_empty()
+        && (op.starts_with("Sequence")
+            || op.starts_with("Optional")
+            || matches!(
+                op,
+                "ConcatFromSequence" | "Identity" | "If" | "Loop" | "Scan" | "SequenceMap"
+            ))
+}
+
 /// The shape elements of both shapes fit: equal dims stay, differing dims become fresh symbols
 /// named after the node's output; different ranks (or an unknown side) give `None`.
 pub(super) fn merge_shapes(

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Real execution of the optimiser's plan against every faithful baseline (issue 16): for each
+# bundled fixture and each real model in fixtures/real/cache, profile the nodes on this machine
+# (one thread, as each stage gets one core), plan K = 2 on the measured times, and run every
+# plan on the CPU runtime, one pinned core per stage, in paired rounds.
+#
+#   bash benches/plans.sh [ROUNDS] > plans.md      (docs/benchmarks.md, "Plans on real execution")
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+rounds="${1:-5}"
+cargo build --release -q
+bin=target/release/pipecut
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+# model path, then its dims (one micro-batch)
+models=(
+  "fixtures/models/mlp.onnx --dim batch=64"
+  "fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64"
+  "fixtures/models/bert_tiny.onnx --dim batch=8 --dim seq=64"
+  "fixtures/models/llama_tiny.onnx --dim batch=8 --dim seq=64"
+  "fixtures/models/resnet_tiny.onnx --dim batch=8"
+  "fixtures/real/cache/magika_standard_v3_3.onnx --dim unk__214=16"
+  "fixtures/real/cache/paraphrase_minilm_l3_v2.onnx --dim batch_size=8 --dim sequence_length=64"
+  "fixtures/real/cache/ppocr_mobile_v2_cls.onnx --dim x.0=8 --dim x.2=48 --dim x.3=192"
+  "fixtures/real/cache/ppocr_v4_det.onnx --dim p2o.DynamicDimension.0=1 --dim p2o.DynamicDimension.1=256 --dim p2o.DynamicDimension.2=256"
+  "fixtures/real/cache/ppocr_v4_rec.onnx --dim p2o.DynamicDimension.0=4 --dim p2o.DynamicDimension.1=320 --dim x.2=48"
+)
+echo "| model | plan | measured | predicted | measured shares | predicted shares | Δ pts |"
+echo "| --- | --- | ---: | ---: | --- | --- | ---: |"
+for entry in "${models[@]}"; do
+  read -r -a args <<<"$entry"
+  model="${args[0]}"
+  if [[ ! -f "$model" ]]; then
+    echo "skipped $model: absent (run fixtures/real/fetch.sh)" >&2
+    continue
+  fi
+  name=$(basename "$model" .onnx)
+  "$bin" profile "${args[@]}" --threads 1 --out "$out/$name.json" >&2
+  "$bin" bench-plans "${args[@]}" --profile "$out/$name.json" --rounds "$rounds" --json \
+    >"$out/$name.bench.json"
+  python3 - "$name" "$out/$name.bench.json" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+report = json.load(open(path))
+for row in report["rows"]:
+    pct = lambda v: "/".join(f"{s * 100:.1f}" for s in v)
+    gap = max(abs(m - p) for m, p in zip(row["measured_shares"], row["predicted_shares"])) * 100
+    print(f"| {name} | {row['plan']} | {row['measured_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
+          f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} |")
+PY
+done
