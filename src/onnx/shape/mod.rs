@@ -18,6 +18,7 @@ mod microsoft;
 mod movement;
 mod nn;
 mod quant;
+mod random;
 mod recurrent;
 mod reduce;
 mod registry;

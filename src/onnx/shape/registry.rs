@@ -43,6 +43,7 @@ fn registry() -> &'static Registry {
         super::recurrent::register(&mut r);
         super::data_dependent::register(&mut r);
         super::spatial::register(&mut r);
+        super::random::register(&mut r);
         r
     })
 }
