@@ -10,7 +10,9 @@
 //! 2. `shape`: shape inference with no bindings, given the reference inputs that can carry
 //!    shapes (integers, 0-D and 1-D floats) as plan-time sample values
 //!    ([`ShapeInference::with_input_values`]); every output's inferred shape must equal the
-//!    reference output's shape;
+//!    reference output's shape. A size that depends on data the phase was not given (the boxes
+//!    NonMaxSuppression keeps) is a symbol `<tensor>.<axis>`, bound to the reference's size as a
+//!    user binds it with `--dim`;
 //! 3. `plan`: the library's `partition --stages 1` ([`Planner`] with one stage on one H100),
 //!    which also exercises the cost rules;
 //! 4. `run`: the CPU runtime on the reference inputs; every output must match the reference
