@@ -460,3 +460,40 @@ fn a_loop_whose_body_cannot_be_inferred_takes_the_declared_types() {
     let y = model.graph.tensor_id("y").unwrap();
     assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
 }
+
+/// onnx's `test_constant`: a graph of one Constant node. Its Constant stays a node (as a
+/// parameter it would leave nothing to plan), so it loads, types, plans as one stage and runs.
+#[test]
+fn a_graph_of_constants_alone_keeps_them_as_nodes() {
+    use onnx_protobuf::{attribute_proto::AttributeType, AttributeProto, GraphProto};
+    let mut constant = built::node("c", "Constant", "", &[], &["values"]);
+    constant.attribute.push(AttributeProto {
+        name: "value_floats".into(),
+        type_: AttributeType::FLOATS.into(),
+        floats: vec![1.0, 2.0, 3.0],
+        ..Default::default()
+    });
+    let graph = GraphProto {
+        name: "only_constants".into(),
+        node: vec![constant],
+        output: vec![built::value_info("values", 1, &["3"])],
+        ..Default::default()
+    };
+    let bytes = built::model(graph, &[("", 17)]);
+    let mut model = pipecut::onnx::load_model_from_bytes(&bytes, None).unwrap();
+    assert_eq!(model.graph.node_count(), 1);
+    pipecut::onnx::shape::ShapeInference::new(pipecut::onnx::shape::DimBindings::new())
+        .run(&mut model.graph)
+        .unwrap();
+    let cluster =
+        pipecut::cost::Cluster::parse("1x1xH100-SXM", &pipecut::cost::Catalog::builtin()).unwrap();
+    pipecut::partition::Planner::new(&model.graph, &cluster)
+        .with_stages(pipecut::partition::StageCount::Fixed(1))
+        .solve()
+        .unwrap();
+    let weights = pipecut::runtime::Weights::from_model_bytes(&bytes, &model.graph).unwrap();
+    let out = pipecut::runtime::CpuExecutor::new(&model.graph, &weights)
+        .run_model(&pipecut::runtime::Tensors::new())
+        .unwrap();
+    assert_eq!(out["values"].to_f32_vec(), vec![1.0, 2.0, 3.0]);
+}

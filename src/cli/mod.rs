@@ -124,7 +124,8 @@ enum Command {
 pub struct ModelArgs {
     /// The ONNX model file.
     model: PathBuf,
-    /// Bind a symbolic dim, e.g. `--dim batch=8` (repeatable). Batch is per micro-batch.
+    /// Bind a symbolic dim, e.g. `--dim batch=8` (repeatable). Batch is per micro-batch. A size
+    /// that depends on data is a symbol `<tensor>.<axis>`, bound the same way.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
     /// Give a graph input a sample value at plan time, e.g. `--value axes=axes.npy`

@@ -321,6 +321,12 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("", "DeformConv") => deform_conv,
         ("", "DFT" | "STFT") => spectral,
         ("", "MelWeightMatrix") => pointwise::<4>,
+        // A few integer operations per draw, a logarithm and a cosine for the normal ones.
+        (
+            "",
+            "Bernoulli" | "RandomUniform" | "RandomUniformLike" | "RandomNormal"
+            | "RandomNormalLike",
+        ) => pointwise::<4>,
         _ => return None,
     };
     Some(rule)

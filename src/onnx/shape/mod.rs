@@ -20,6 +20,7 @@ mod ml;
 mod movement;
 mod nn;
 mod quant;
+mod random;
 mod recurrent;
 mod reduce;
 mod registry;

@@ -46,6 +46,7 @@ fn registry() -> &'static Registry {
         super::ml::register(&mut r);
         super::data_dependent::register(&mut r);
         super::spatial::register(&mut r);
+        super::random::register(&mut r);
         r
     })
 }

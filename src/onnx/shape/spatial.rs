@@ -25,22 +25,21 @@ fn per_axis(ctx: &OpCtx, name: &str, axes: usize, default: i64) -> Result<Vec<i6
     }
 }
 
-/// A spatial size from a formula over a known input size; symbolic input sizes stay a symbol.
+/// A spatial size from a formula over a known input size (`None` where the formula
+/// overflows); symbolic input sizes stay a symbol.
 fn spatial_dim(
     ctx: &OpCtx,
     input: &Dim,
     axis: usize,
-    size: impl Fn(i64) -> i64,
+    size: impl Fn(i64) -> Option<i64>,
 ) -> Result<Dim, String> {
-    match input.known() {
-        Some(n) => {
-            let out = size(n as i64);
-            if out < 0 {
-                return Err(format!("spatial axis {axis} would have size {out}"));
-            }
-            Ok(Dim::Known(out as u64))
-        }
-        None => Ok(ctx.data_dependent_dim(0, axis + 2)),
+    let Some(n) = input.known() else {
+        return Ok(ctx.data_dependent_dim(0, axis + 2));
+    };
+    match i64::try_from(n).ok().and_then(size) {
+        Some(out) if out >= 0 => Ok(Dim::Known(out as u64)),
+        Some(out) => Err(format!("spatial axis {axis} would have size {out}")),
+        None => Err(format!("spatial axis {axis}'s size overflows 64 bits")),
     }
 }
 
@@ -65,8 +64,13 @@ fn max_unpool(ctx: &OpCtx) -> RuleResult {
     let pads = per_axis(ctx, "pads", 2 * axes, 0)?;
     let mut out = x[..2].to_vec();
     for a in 0..axes {
+        let k = *kernel.get(a).ok_or("kernel_shape has too few entries")?;
         out.push(spatial_dim(ctx, &x[a + 2], a, |n| {
-            (n - 1) * strides[a] - pads[a] - pads[a + axes] + kernel[a]
+            (n - 1)
+                .checked_mul(strides[a])?
+                .checked_sub(pads[a])?
+                .checked_sub(pads[a + axes])?
+                .checked_add(k)
         })?);
     }
     Ok(vec![Inferred::new(ctx.dtype(0)?, out)])
@@ -153,8 +157,17 @@ fn deform_conv(ctx: &OpCtx) -> RuleResult {
     let pads = per_axis(ctx, "pads", 2 * axes, 0)?;
     let mut out = vec![x[0].clone(), w[0].clone()];
     for a in 0..axes {
+        let k = *kernel.get(a).ok_or("kernel_shape has too few entries")?;
         out.push(spatial_dim(ctx, &x[a + 2], a, |n| {
-            (n + pads[a] + pads[a + axes] - dilations[a] * (kernel[a] - 1) - 1) / strides[a] + 1
+            let span = dilations[a].checked_mul(k.checked_sub(1)?)?;
+            let padded = n.checked_add(pads[a])?.checked_add(pads[a + axes])?;
+            Some(
+                padded
+                    .checked_sub(span)?
+                    .checked_sub(1)?
+                    .div_euclid(strides[a])
+                    + 1,
+            )
         })?);
     }
     Ok(vec![Inferred::new(ctx.dtype(0)?, out)])

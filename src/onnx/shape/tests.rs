@@ -484,3 +484,66 @@ fn a_data_dependent_dim_is_a_symbol_that_dim_binds_or_exact_from_a_known_value()
     assert_eq!(shape_of(&g, "y"), "[2, 2]");
     assert_eq!(shape_of(&g, "idx"), "[1, 2]");
 }
+
+#[test]
+fn signal_and_spatial_rules_follow_the_spec_formulas() {
+    let mut b = builder(&[
+        ("cols", DType::F32, vec![k(1), k(10), k(12)]),
+        ("sig", DType::F32, vec![k(2), k(16), k(1)]),
+        ("pooled", DType::F32, vec![k(1), k(3), k(2), k(2)]),
+        ("idx", DType::I64, vec![k(1), k(3), k(2), k(2)]),
+        ("theta", DType::F32, vec![k(2), k(2), k(3)]),
+    ]);
+    constant(&mut b, "image", &[5, 5]);
+    constant(&mut b, "block", &[1, 5]);
+    constant(&mut b, "step", &[4]);
+    constant(&mut b, "frame", &[8]);
+    constant(&mut b, "size", &[2, 3, 6, 7]);
+    b.node(NodeSpec::new(
+        "c2i",
+        "Col2Im",
+        &["cols", "image", "block"],
+        &["img"],
+    ))
+    .unwrap();
+    b.node(NodeSpec::new("dft", "DFT", &["sig"], &["spec"]).attr("onesided", Attribute::Int(1)))
+        .unwrap();
+    b.node(NodeSpec::new(
+        "stft",
+        "STFT",
+        &["sig", "step", "", "frame"],
+        &["frames"],
+    ))
+    .unwrap();
+    b.node(
+        NodeSpec::new("unpool", "MaxUnpool", &["pooled", "idx"], &["unpooled"])
+            .attr("kernel_shape", Attribute::Ints(vec![2, 2]))
+            .attr("strides", Attribute::Ints(vec![2, 2])),
+    )
+    .unwrap();
+    b.node(NodeSpec::new(
+        "grid",
+        "AffineGrid",
+        &["theta", "size"],
+        &["g"],
+    ))
+    .unwrap();
+    b.node(
+        NodeSpec::new("noise", "RandomNormal", &[], &["n"])
+            .attr("shape", Attribute::Ints(vec![3, 4]))
+            .attr("dtype", Attribute::Int(11)),
+    )
+    .unwrap();
+    for out in ["img", "spec", "frames", "unpooled", "g", "n"] {
+        b.output(out);
+    }
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "img"), "[1, 2, 5, 5]");
+    // Opset 17: axis 1, the 16 samples; one-sided keeps 16/2 + 1 bins.
+    assert_eq!(shape_of(&g, "spec"), "[2, 9, 2]");
+    assert_eq!(shape_of(&g, "frames"), "[2, 3, 5, 2]");
+    assert_eq!(shape_of(&g, "unpooled"), "[1, 3, 4, 4]");
+    assert_eq!(shape_of(&g, "g"), "[2, 6, 7, 2]");
+    assert_eq!(shape_of(&g, "n"), "[3, 4]");
+    assert_eq!(g.tensor(g.tensor_id("n").unwrap()).dtype, Some(DType::F64));
+}

@@ -40,14 +40,20 @@ fn geometry(ctx: &Ctx, input: &[usize], kernel: &[usize]) -> Result<Geometry, St
             "output_padding {output_padding:?} has fewer than {n} entries"
         ));
     }
-    // The size with no padding at all: every input position's full kernel footprint.
+    // The size with no padding at all: every input position's full kernel footprint. Kept
+    // below 2^61 so that the positions computed from it cannot overflow.
+    let overflow = || "the strides, dilations or sizes overflow".to_string();
     let full: Vec<i64> = (0..n)
         .map(|i| {
-            (strides[i] * (input[i] - 1)) as i64
-                + output_padding[i]
-                + ((kernel[i] - 1) * dilations[i] + 1) as i64
+            let reach = (kernel[i] as i64 - 1).checked_mul(dilations[i] as i64)? + 1;
+            let size = (input[i] as i64 - 1)
+                .checked_mul(strides[i] as i64)?
+                .checked_add(output_padding[i])?
+                .checked_add(reach)?;
+            (size.abs() < 1 << 61).then_some(size)
         })
-        .collect();
+        .collect::<Option<_>>()
+        .ok_or_else(overflow)?;
     let auto_pad = ctx.string("auto_pad", "NOTSET");
     let same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
     let pads = ctx.ints("pads");
@@ -56,18 +62,24 @@ fn geometry(ctx: &Ctx, input: &[usize], kernel: &[usize]) -> Result<Geometry, St
         .map(|s| s[s.len().saturating_sub(n)..].to_vec());
     let (pad_begin, output): (Vec<i64>, Vec<i64>) = match (pads, same) {
         (None, true) => {
-            let target = requested
-                .unwrap_or_else(|| (0..n).map(|i| (input[i] * strides[i]) as i64).collect());
+            let target = match requested {
+                Some(t) => t,
+                None => (0..n)
+                    .map(|i| (input[i] as i64).checked_mul(strides[i] as i64))
+                    .collect::<Option<_>>()
+                    .ok_or_else(overflow)?,
+            };
             let begin = (0..n)
                 .map(|i| {
-                    let total = full[i] - target[i];
-                    if auto_pad == "SAME_UPPER" {
+                    let total = full[i].checked_sub(*target.get(i)?)?;
+                    Some(if auto_pad == "SAME_UPPER" {
                         total.div_euclid(2)
                     } else {
                         total - total.div_euclid(2)
-                    }
+                    })
                 })
-                .collect();
+                .collect::<Option<_>>()
+                .ok_or_else(overflow)?;
             (begin, target)
         }
         (pads, _) => {
@@ -75,8 +87,13 @@ fn geometry(ctx: &Ctx, input: &[usize], kernel: &[usize]) -> Result<Geometry, St
             if pads.len() != 2 * n {
                 return Err(format!("pads {pads:?} need {} entries", 2 * n));
             }
-            let output = requested
-                .unwrap_or_else(|| (0..n).map(|i| full[i] - pads[i] - pads[i + n]).collect());
+            let output = match requested {
+                Some(t) => t,
+                None => (0..n)
+                    .map(|i| full[i].checked_sub(pads[i])?.checked_sub(pads[i + n]))
+                    .collect::<Option<_>>()
+                    .ok_or_else(overflow)?,
+            };
             (pads[..n].to_vec(), output)
         }
     };
@@ -124,19 +141,19 @@ pub(super) fn conv_transpose_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Ke
     let (per_group_in, out_channels) = (channels / group, per_group_out * group);
     let spatial = &xs[2..];
     let geo = geometry(ctx, spatial, &ws[2..])?;
-    let out_points: usize = geo.output.iter().product();
-    let in_points: usize = spatial.iter().product();
-    let kernel_points: usize = geo.kernel.iter().product();
+    let out_points = checked_size(&geo.output)?;
+    let in_points = checked_size(spatial)?;
+    let kernel_points = checked_size(&geo.kernel)?;
     let mut out = try_zeros_f32(&[checked_size(&[batch, out_channels, out_points])?])?;
     let out_strides = strides_of(&geo.output);
     // For each (input point, kernel point), the output point it lands on, if inside.
-    let mut targets = vec![None; in_points * kernel_points];
+    let mut targets = vec![None; checked_size(&[in_points, kernel_points])?];
     for_each_point(spatial, |i, at| {
         for_each_point(&geo.kernel, |k, tap| {
             let mut flat = 0usize;
             for axis in 0..at.len() {
-                let pos = (at[axis] * geo.strides[axis] + tap[axis] * geo.dilations[axis]) as i64
-                    - geo.pad_begin[axis];
+                let pos = (at[axis] * geo.strides[axis] + tap[axis] * geo.dilations[axis]) as i64;
+                let pos = pos.saturating_sub(geo.pad_begin[axis]);
                 if pos < 0 || pos >= geo.output[axis] as i64 {
                     return;
                 }

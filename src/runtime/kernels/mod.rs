@@ -40,6 +40,7 @@ pub(crate) use movement::{transpose_perm, view_shape};
 mod norm;
 mod pool_nd;
 mod quant;
+mod random;
 mod rearrange;
 mod recurrent;
 mod reduce;
@@ -136,6 +137,7 @@ fn table() -> &'static KernelTable {
         spatial::register(&mut t);
         spectral::register(&mut t);
         tensor_scatter::register(&mut t);
+        random::register(&mut t);
         t
     })
 }

@@ -49,9 +49,17 @@ fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     );
     let mut unpooled = x.shape()[..2].to_vec();
     for a in 0..axes {
-        let size = (x.shape()[a + 2] as i64 - 1) * strides[a] - pads[a] - pads[a + axes]
-            + kernel.get(a).copied().ok_or("kernel_shape is too short")?;
-        unpooled.push(usize::try_from(size).map_err(|_| format!("unpooled axis {a} is {size}"))?);
+        let k = kernel.get(a).copied().ok_or("kernel_shape is too short")?;
+        let size = (x.shape()[a + 2] as i64 - 1)
+            .checked_mul(strides[a])
+            .and_then(|v| {
+                v.checked_sub(pads[a])?
+                    .checked_sub(pads[a + axes])?
+                    .checked_add(k)
+            })
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| format!("unpooled axis {a} is negative or overflows"))?;
+        unpooled.push(size);
     }
     let out_shape = match optional(inputs, 2) {
         Some(shape) => sizes(shape, "output_shape")?,
@@ -93,7 +101,7 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         per_axis(ctx, "pads", 2 * n, 0)?,
         per_axis(ctx, "strides", n, 1)?,
     );
-    let block_size: usize = block.iter().product();
+    let block_size = checked_size(&block)?;
     let [batch, rows, length] = *x.shape() else {
         return Err(format!(
             "the input {:?} is not [N, C·Π block, L]",
@@ -107,18 +115,22 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let blocks: Vec<usize> = (0..n)
         .map(|i| {
-            let span =
-                image[i] as i64 + pads[i] + pads[i + n] - dilations[i] * (block[i] as i64 - 1) - 1;
-            (span.div_euclid(strides[i]) + 1).max(0) as usize
+            let reach = dilations[i].checked_mul(block[i] as i64 - 1)?;
+            let padded = (image[i] as i64)
+                .checked_add(pads[i])?
+                .checked_add(pads[i + n])?;
+            let span = padded.checked_sub(reach)?.checked_sub(1)?;
+            Some((span.div_euclid(strides[i]) + 1).max(0) as usize)
         })
-        .collect();
+        .collect::<Option<_>>()
+        .ok_or("the pads, dilations or image size overflow")?;
     if blocks.iter().product::<usize>() != length {
         return Err(format!(
             "{length} columns, but the image holds {blocks:?} blocks"
         ));
     }
     let channels = rows / block_size;
-    let image_size: usize = image.iter().product();
+    let image_size = checked_size(&image)?;
     let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
     let (image_strides, block_strides, grid_strides) =
         (strides_of(&image), strides_of(&block), strides_of(&blocks));
@@ -129,7 +141,9 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             let inside = (0..n).all(|i| {
                 let tap = (k / block_strides[i] % block[i]) as i64;
                 let cell = (l / grid_strides[i] % blocks[i]) as i64;
-                let pos = cell * strides[i] - pads[i] + tap * dilations[i];
+                let pos = (cell.saturating_mul(strides[i]))
+                    .saturating_sub(pads[i])
+                    .saturating_add(tap.saturating_mul(dilations[i]));
                 flat += pos.max(0) as usize * image_strides[i];
                 (0..image[i] as i64).contains(&pos)
             });
@@ -184,7 +198,7 @@ fn affine_grid(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let spatial = &size[2..];
     // Coordinates per spatial axis, outermost first; the point's (x, y, z) reads them reversed.
     let axes: Vec<Vec<f32>> = spatial.iter().map(|&s| grid_axis(s, align)).collect();
-    let points: usize = spatial.iter().product();
+    let points = checked_size(spatial)?;
     let steps = strides_of(spatial);
     let tv = theta.to_f32_vec();
     let mut out = try_zeros_f32(&[checked_size(&[batch, points, dims])?])?;
@@ -283,10 +297,16 @@ fn deform_conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     let at = |row: usize| {
                         ov[((b * offset_group + og) * 2 * taps + row) * out_points + p]
                     };
-                    let y = (i as i64 * strides[0] - pads[0] + ki as i64 * dilations[0]) as f32
-                        + at(2 * t);
-                    let xx = (j as i64 * strides[1] - pads[1] + kj as i64 * dilations[1]) as f32
-                        + at(2 * t + 1);
+                    // Saturating: a position past the plane samples zeros either way.
+                    let base = |o: usize, k: usize, a: usize| {
+                        (o as i64)
+                            .saturating_mul(strides[a])
+                            .saturating_sub(pads[a])
+                            .saturating_add((k as i64).saturating_mul(dilations[a]))
+                            as f32
+                    };
+                    let y = base(i, ki, 0) + at(2 * t);
+                    let xx = base(j, kj, 1) + at(2 * t + 1);
                     let m = mask.as_ref().map_or(1.0, |m| {
                         m[((b * offset_group + og) * taps + t) * out_points + p]
                     });

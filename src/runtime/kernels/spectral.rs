@@ -199,6 +199,7 @@ fn mel_weight_matrix(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err(format!("num_mel_bins {mel_bins}, dft_length {dft_length} and sample_rate {sample_rate} must be positive"));
     }
     let (mel_bins, spectrogram_bins) = (mel_bins as usize, dft_length as usize / 2 + 1);
+    let mut out = vec![0f32; checked_size(&[spectrogram_bins, mel_bins])?];
     let to_mel = |hz: f64| 2595.0 * (1.0 + hz / 700.0).log10();
     let (low, high) = (to_mel(lower), to_mel(upper));
     let step = (high - low) / (mel_bins + 2) as f64;
@@ -208,7 +209,6 @@ fn mel_weight_matrix(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             ((dft_length + 1) as f64 * hz / sample_rate as f64).floor() as i64
         })
         .collect();
-    let mut out = vec![0f32; checked_size(&[spectrogram_bins, mel_bins])?];
     let mut set = |j: i64, i: usize, v: f64| -> Result<(), String> {
         let j = usize::try_from(j).ok().filter(|&j| j < spectrogram_bins);
         let j = j.ok_or("a filter edge falls outside the spectrogram")?;

@@ -51,7 +51,7 @@ fn tensor_scatter(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     for (b, &start) in starts.iter().enumerate() {
         for p in 0..prefixes {
             for s in 0..written {
-                let at = start + s as i64;
+                let at = start.saturating_add(s as i64);
                 let at = if circular {
                     at.rem_euclid(length as i64)
                 } else {
