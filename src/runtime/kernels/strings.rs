@@ -327,4 +327,66 @@ mod tests {
             assert_close(&out[0], &[2, 7], &want);
         }
     }
+
+    #[test]
+    fn movement_ops_carry_strings() {
+        let x = text(&[2, 2], &["a", "b", "c", "d"]);
+        // (op, attributes, inputs after x, expected output)
+        type Case = (
+            &'static str,
+            Vec<(&'static str, Attribute)>,
+            Vec<HostTensor>,
+            HostTensor,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "Transpose",
+                vec![],
+                vec![],
+                text(&[2, 2], &["a", "c", "b", "d"]),
+            ),
+            (
+                "Gather",
+                vec![("axis", Attribute::Int(1))],
+                vec![i(&[1], &[1])],
+                text(&[2, 1], &["b", "d"]),
+            ),
+            (
+                "Concat",
+                vec![("axis", Attribute::Int(0))],
+                vec![text(&[1, 2], &["e", "f"])],
+                text(&[3, 2], &["a", "b", "c", "d", "e", "f"]),
+            ),
+            (
+                "Slice",
+                vec![],
+                vec![i(&[1], &[1]), i(&[1], &[2])],
+                text(&[1, 2], &["c", "d"]),
+            ),
+            (
+                "Tile",
+                vec![],
+                vec![i(&[2], &[1, 2])],
+                text(&[2, 4], &["a", "b", "a", "b", "c", "d", "c", "d"]),
+            ),
+            (
+                "Expand",
+                vec![],
+                vec![i(&[3], &[2, 2, 2])],
+                text(&[2, 2, 2], &["a", "b", "c", "d", "a", "b", "c", "d"]),
+            ),
+            (
+                "Reshape",
+                vec![],
+                vec![i(&[1], &[4])],
+                text(&[4], &["a", "b", "c", "d"]),
+            ),
+        ];
+        for (op, attributes, extra, want) in cases {
+            let mut inputs = vec![&x];
+            inputs.extend(extra.iter());
+            let out = run(op, attributes, &inputs);
+            assert_eq!(out[0], want, "{op}");
+        }
+    }
 }
