@@ -674,3 +674,148 @@ fn weights_in_external_data_files_are_read_and_checked() {
         "{err}"
     );
 }
+
+/// A text model: `code = LabelEncoder(x + "!")`, `y = Cast(RegexFullMatch(x + "!"))`, with the
+/// string input `x [batch]` and a string initializer, as ONNX bytes.
+fn text_model() -> Vec<u8> {
+    use onnx_protobuf::attribute_proto::AttributeType;
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{self, Tensor as TensorType};
+    use onnx_protobuf::{
+        AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str, elem_type: i32| ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(TensorType {
+                elem_type,
+                shape: Some(TensorShapeProto {
+                    dim: vec![Dimension {
+                        value: Some(dimension::Value::DimParam("batch".into())),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    };
+    let attribute = |name: &str, kind: AttributeType| AttributeProto {
+        name: name.into(),
+        type_: kind.into(),
+        ..Default::default()
+    };
+    let node = |op: &str, domain: &str, inputs: &[&str], output: &str| NodeProto {
+        name: format!("{op}_0"),
+        op_type: op.into(),
+        domain: domain.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let mut encoder = node("LabelEncoder", "ai.onnx.ml", &["c"], "code");
+    encoder.attribute = vec![
+        AttributeProto {
+            strings: vec![b"cat!".to_vec(), b"ok!".to_vec()],
+            ..attribute("keys_strings", AttributeType::STRINGS)
+        },
+        AttributeProto {
+            ints: vec![1, 2],
+            ..attribute("values_int64s", AttributeType::INTS)
+        },
+        AttributeProto {
+            i: 0,
+            ..attribute("default_int64", AttributeType::INT)
+        },
+    ];
+    let mut regex = node("RegexFullMatch", "", &["c"], "m");
+    regex.attribute = vec![AttributeProto {
+        s: b"[a-z]+!".to_vec(),
+        ..attribute("pattern", AttributeType::STRING)
+    }];
+    let mut cast = node("Cast", "", &["m"], "y");
+    cast.attribute = vec![AttributeProto {
+        i: 1,
+        ..attribute("to", AttributeType::INT)
+    }];
+    let suffix = TensorProto {
+        name: "suffix".into(),
+        data_type: 8,
+        string_data: vec![b"!".to_vec()],
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "text".into(),
+        node: vec![
+            node("StringConcat", "", &["x", "suffix"], "c"),
+            encoder,
+            regex,
+            cast,
+        ],
+        initializer: vec![suffix],
+        input: vec![value_info("x", 8)],
+        output: vec![value_info("y", 1), value_info("code", 7)],
+        ..Default::default()
+    };
+    let opset = |domain: &str, version| OperatorSetIdProto {
+        domain: domain.into(),
+        version,
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: 9,
+        opset_import: vec![opset("", 20), opset("ai.onnx.ml", 4)],
+        graph: Some(graph).into(),
+        ..Default::default()
+    }
+    .write_to_bytes()
+    .unwrap()
+}
+
+#[test]
+fn string_tensors_cross_stages_micro_batches_and_export() {
+    let bytes = text_model();
+    let mut model = pipecut::onnx::load_model_from_bytes(&bytes, None).unwrap();
+    let mut bindings = DimBindings::new();
+    bindings.parse_arg("batch=2").unwrap();
+    ShapeInference::new(bindings).run(&mut model.graph).unwrap();
+    let weights = Weights::from_model_bytes(&bytes, &model.graph).unwrap();
+    let text = pipecut::runtime::TensorData::String(
+        ["the", "cat", "dog1", "ok"].map(String::from).to_vec(),
+    );
+    let mut inputs = Tensors::new();
+    inputs.insert(
+        "x".into(),
+        Arc::new(HostTensor::new(vec![4], text).unwrap()),
+    );
+    let case = Case {
+        model,
+        weights,
+        inputs,
+        expected: BTreeMap::new(),
+    };
+    // The string `c` is the boundary of both cuts; two micro-batches of two strings each.
+    let stages = equal_split(&case.model.graph, 2);
+    let outputs = run_stages(&case, &stages, 2);
+    // onnxruntime 1.23.2 (the pinned one) on the same model and input gives these.
+    assert_eq!(outputs["y"].as_f32().unwrap(), &[1.0, 1.0, 0.0, 1.0]);
+    assert_eq!(outputs["code"].to_i64_vec(), vec![0, 1, 0, 2]);
+
+    // Exported stages declare the string boundary as an ONNX string tensor.
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("text.onnx");
+    std::fs::write(&model_path, &bytes).unwrap();
+    pipecut::onnx::export::export_stages(&model_path, &case.model.graph, &stages, dir.path())
+        .unwrap();
+    let second = pipecut::onnx::load_model(dir.path().join("stage_1.onnx")).unwrap();
+    let boundary = second.graph.inputs()[0];
+    assert_eq!(
+        second.graph.tensor(boundary).dtype,
+        Some(pipecut::graph::DType::String)
+    );
+}

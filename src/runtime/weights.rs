@@ -177,7 +177,7 @@ fn subgraph_weights(
     Ok(())
 }
 
-/// The tensor a `Constant` node holds, in the attribute forms that carry numbers.
+/// The tensor a `Constant` node holds, in the attribute forms that carry numbers or strings.
 fn constant_tensor(node: &onnx_protobuf::NodeProto) -> Option<TensorProto> {
     let attr = node.attribute.first()?;
     let mut t = TensorProto::new();
@@ -200,6 +200,15 @@ fn constant_tensor(node: &onnx_protobuf::NodeProto) -> Option<TensorProto> {
             t.data_type = DType::I64.onnx_code();
             t.dims = vec![attr.ints.len() as i64];
             t.int64_data = attr.ints.clone();
+        }
+        "value_string" => {
+            t.data_type = DType::String.onnx_code();
+            t.string_data = vec![attr.s.clone()];
+        }
+        "value_strings" => {
+            t.data_type = DType::String.onnx_code();
+            t.dims = vec![attr.strings.len() as i64];
+            t.string_data = attr.strings.clone();
         }
         _ => return None,
     }
@@ -377,6 +386,24 @@ mod tests {
         t.dims = vec![1, 2];
         t.int64_data = vec![7, -8];
         assert_eq!(decode_inline(&t).unwrap().to_i64_vec(), vec![7, -8]);
+    }
+
+    #[test]
+    fn decodes_string_tensors_and_string_constants() {
+        let mut node = onnx_protobuf::NodeProto::new();
+        node.attribute = vec![onnx_protobuf::AttributeProto {
+            name: "value_strings".into(),
+            strings: vec![b"a".to_vec(), "é".as_bytes().to_vec()],
+            ..Default::default()
+        }];
+        let t = constant_tensor(&node).unwrap();
+        assert_eq!(
+            decode_inline(&t).unwrap().data(),
+            &TensorData::String(vec!["a".into(), "é".into()])
+        );
+        let mut t = t;
+        t.string_data[0] = vec![0xff];
+        assert!(decode_inline(&t).unwrap_err().contains("not UTF-8"));
     }
 
     #[test]

@@ -289,6 +289,16 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (TensorData::I64(a), TensorData::I64(b)) => pick!(a, b, I64),
         (TensorData::I32(a), TensorData::I32(b)) => pick!(a, b, I32),
         (TensorData::Bool(a), TensorData::Bool(b)) => pick!(a, b, Bool),
+        (TensorData::String(a), TensorData::String(b)) => {
+            let picked = (0..ic.len()).map(|k| {
+                if c[ic[k]] {
+                    a[ix[k]].clone()
+                } else {
+                    b[iy[k]].clone()
+                }
+            });
+            TensorData::String(crate::runtime::tensor::try_collect(ic.len(), picked)?)
+        }
         _ => return Err("Where: branches of different types".into()),
     };
     Ok(vec![HostTensor::with_data(shape, data)])
@@ -510,7 +520,7 @@ mod tests {
     }
 
     #[test]
-    fn equal_compares_strings_and_cast_parses_and_prints_them() {
+    fn strings_compare_select_and_cast() {
         let text = |shape: &[usize], v: &[&str]| {
             crate::runtime::HostTensor::new(
                 shape.to_vec(),
@@ -530,16 +540,21 @@ mod tests {
             out[0].data(),
             &TensorData::Bool(vec![true, true, false, false])
         );
+        let condition =
+            crate::runtime::HostTensor::new(vec![2], TensorData::Bool(vec![true, false])).unwrap();
         let out = run(
+            "Where",
+            vec![],
+            &[&condition, &text(&[2], &["a", "b"]), &text(&[], &["z"])],
+        );
+        assert_eq!(out[0], text(&[2], &["a", "z"]));
+        let parsed = run(
             "Cast",
             vec![("to", Attribute::Int(1))],
             &[&text(&[3], &["1.5", " -2", "inf"])],
         );
-        assert_eq!(out[0].as_f32().unwrap(), &[1.5, -2.0, f32::INFINITY]);
-        let out = run("Cast", vec![("to", Attribute::Int(8))], &[&out[0]]);
-        assert_eq!(
-            out[0].data(),
-            &TensorData::String(vec!["1.5".into(), "-2".into(), "inf".into()])
-        );
+        assert_eq!(parsed[0].as_f32().unwrap(), &[1.5, -2.0, f32::INFINITY]);
+        let printed = run("Cast", vec![("to", Attribute::Int(8))], &[&parsed[0]]);
+        assert_eq!(printed[0], text(&[3], &["1.5", "-2", "inf"]));
     }
 }

@@ -207,8 +207,12 @@ fn array_feature_extractor(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
         })
         .collect::<Result<_, _>>()?;
     let rows = data.len().checked_div(features).unwrap_or(0);
+    let total = rows
+        .checked_mul(picked.len())
+        .filter(|&n| n <= super::MAX_ELEMENTS)
+        .ok_or("the output has more elements than fit in memory")?;
     let offsets = try_collect(
-        rows * picked.len(),
+        total,
         (0..rows).flat_map(|r| picked.iter().map(move |&i| r * features + i)),
     )?;
     let shape = if leading.is_empty() {

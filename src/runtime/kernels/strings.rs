@@ -9,7 +9,7 @@ use crate::graph::Attribute;
 use crate::onnx::shape::strings::{
     normalizer_leading_dims, tfidf_output_size, Normalizer, Splitter,
 };
-use crate::runtime::tensor::{checked_numel, try_collect, HostTensor, TensorData};
+use crate::runtime::tensor::{try_collect, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["StringConcat"], string_concat);
@@ -41,8 +41,7 @@ fn string_split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let widest = splitter.most_parts(texts);
     let mut shape = x.shape().to_vec();
     shape.push(widest);
-    let total = checked_numel(&shape)
-        .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
+    let total = super::checked_size(&shape)?;
     let mut substrings = try_collect(total, std::iter::empty())?;
     let mut counts = try_collect(texts.len(), std::iter::empty())?;
     for text in texts {
@@ -172,10 +171,12 @@ impl<'a> NgramTable<'a> {
     /// each skip up to `max_skip`, 1-grams counted once (they have no gaps).
     fn count(&self, row: &[Token<'a>], max_skip: usize, counts: &mut [f32]) {
         let mut smallest = self.min_gram.max(1);
-        let mut gram = Vec::with_capacity(self.max_gram);
-        for distance in 1..=max_skip + 1 {
+        let mut gram = Vec::with_capacity(self.max_gram.min(row.len()));
+        // A gap as long as the row leaves no room for a second token: larger skips add nothing.
+        for distance in 1..=max_skip.min(row.len()).saturating_add(1) {
             for start in 0..row.len() {
-                if start + distance * (smallest - 1) >= row.len() {
+                let last = distance.saturating_mul(smallest - 1).saturating_add(start);
+                if last >= row.len() {
                     break;
                 }
                 gram.clear();
@@ -301,28 +302,91 @@ mod tests {
 
     #[test]
     fn tfidf_counts_skip_grams_as_the_reference_does() {
-        // onnx's test_tfidfvectorizer_tf_batch_uniandbigrams_skip5.
+        // onnx's test_tfidfvectorizer_tf_batch_uniandbigrams_skip5; then with gaps and gram
+        // lengths far beyond the row, which count nothing more (and must not loop or allocate
+        // by them).
         let x = i(&[2, 6], &[1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8]);
-        let out = run(
-            "TfIdfVectorizer",
-            vec![
-                ("max_gram_length", Attribute::Int(2)),
-                ("max_skip_count", Attribute::Int(5)),
-                ("min_gram_length", Attribute::Int(1)),
-                ("mode", Attribute::String("TF".into())),
-                ("ngram_counts", Attribute::Ints(vec![0, 4])),
-                ("ngram_indexes", Attribute::Ints((0..7).collect())),
-                (
-                    "pool_int64s",
-                    Attribute::Ints(vec![2, 3, 5, 4, 5, 6, 7, 8, 6, 7]),
-                ),
-            ],
-            &[&x],
+        let want = [0., 3., 0., 0., 0., 0., 0., 0., 0., 1., 0., 1., 1., 1.];
+        for (max_gram, max_skip) in [(2, 5), (i64::MAX, i64::MAX)] {
+            let out = run(
+                "TfIdfVectorizer",
+                vec![
+                    ("max_gram_length", Attribute::Int(max_gram)),
+                    ("max_skip_count", Attribute::Int(max_skip)),
+                    ("min_gram_length", Attribute::Int(1)),
+                    ("mode", Attribute::String("TF".into())),
+                    ("ngram_counts", Attribute::Ints(vec![0, 4])),
+                    ("ngram_indexes", Attribute::Ints((0..7).collect())),
+                    (
+                        "pool_int64s",
+                        Attribute::Ints(vec![2, 3, 5, 4, 5, 6, 7, 8, 6, 7]),
+                    ),
+                ],
+                &[&x],
+            );
+            assert_close(&out[0], &[2, 7], &want);
+        }
+    }
+
+    #[test]
+    fn movement_ops_carry_strings() {
+        let x = text(&[2, 2], &["a", "b", "c", "d"]);
+        // (op, attributes, inputs after x, expected output)
+        type Case = (
+            &'static str,
+            Vec<(&'static str, Attribute)>,
+            Vec<HostTensor>,
+            HostTensor,
         );
-        assert_close(
-            &out[0],
-            &[2, 7],
-            &[0., 3., 0., 0., 0., 0., 0., 0., 0., 1., 0., 1., 1., 1.],
-        );
+        let cases: Vec<Case> = vec![
+            (
+                "Transpose",
+                vec![],
+                vec![],
+                text(&[2, 2], &["a", "c", "b", "d"]),
+            ),
+            (
+                "Gather",
+                vec![("axis", Attribute::Int(1))],
+                vec![i(&[1], &[1])],
+                text(&[2, 1], &["b", "d"]),
+            ),
+            (
+                "Concat",
+                vec![("axis", Attribute::Int(0))],
+                vec![text(&[1, 2], &["e", "f"])],
+                text(&[3, 2], &["a", "b", "c", "d", "e", "f"]),
+            ),
+            (
+                "Slice",
+                vec![],
+                vec![i(&[1], &[1]), i(&[1], &[2])],
+                text(&[1, 2], &["c", "d"]),
+            ),
+            (
+                "Tile",
+                vec![],
+                vec![i(&[2], &[1, 2])],
+                text(&[2, 4], &["a", "b", "a", "b", "c", "d", "c", "d"]),
+            ),
+            (
+                "Expand",
+                vec![],
+                vec![i(&[3], &[2, 2, 2])],
+                text(&[2, 2, 2], &["a", "b", "c", "d", "a", "b", "c", "d"]),
+            ),
+            (
+                "Reshape",
+                vec![],
+                vec![i(&[1], &[4])],
+                text(&[4], &["a", "b", "c", "d"]),
+            ),
+        ];
+        for (op, attributes, extra, want) in cases {
+            let mut inputs = vec![&x];
+            inputs.extend(extra.iter());
+            let out = run(op, attributes, &inputs);
+            assert_eq!(out[0], want, "{op}");
+        }
     }
 }
