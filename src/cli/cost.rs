@@ -52,6 +52,8 @@ pub struct CostArgs {
     /// Device to cost on: a name from cost-models/ (e.g. H100-SXM) or a profile .json file.
     #[arg(long)]
     device: String,
+    #[command(flatten)]
+    measured: super::measured::MeasuredArgs,
     /// Inference (forward only) or training (forward + backward).
     #[arg(long, value_enum, default_value = "inference")]
     mode: ModeArg,
@@ -101,6 +103,18 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
         let precision: pipecut::cost::Precision = dtype.into();
         model.graph.override_float_dtype(precision.dtype());
     }
+    let dims: std::collections::BTreeMap<String, u64> = args
+        .model
+        .bindings()?
+        .iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    args.measured.apply(
+        &mut model.graph,
+        &model.graph_sha256,
+        &dims,
+        &[device.name.as_str()],
+    )?;
     let cost_model = CostModel::new(device)
         .with_mode(args.mode.into())
         .with_unknown_ops(args.unknown_op_cost.into());

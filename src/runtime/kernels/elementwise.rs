@@ -8,6 +8,8 @@
 //! opsets 7 to 23. Mixed integer widths (which arise because the runtime widens narrow integers)
 //! compute in int64; any float operand makes the op compute in float32.
 
+use std::borrow::Cow;
+
 use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
 use crate::graph::DType;
 use crate::runtime::narrow::{round_e8m0, E8M0Rounding};
@@ -64,9 +66,12 @@ pub(super) fn register(t: &mut KernelTable) {
 
 /// Converts both operands to a common type: float32 if either is float, else int64 when the
 /// integer widths differ, else unchanged.
-fn promote(a: &HostTensor, b: &HostTensor) -> Result<(HostTensor, HostTensor), String> {
+fn promote<'t>(
+    a: &'t HostTensor,
+    b: &'t HostTensor,
+) -> Result<(Cow<'t, HostTensor>, Cow<'t, HostTensor>), String> {
     if a.dtype() == b.dtype() {
-        return Ok((a.clone(), b.clone()));
+        return Ok((Cow::Borrowed(a), Cow::Borrowed(b)));
     }
     if a.dtype() == DType::String || b.dtype() == DType::String {
         return Err(format!("cannot combine {} with {}", a.dtype(), b.dtype()));
@@ -76,18 +81,15 @@ fn promote(a: &HostTensor, b: &HostTensor) -> Result<(HostTensor, HostTensor), S
     } else {
         DType::I64
     };
-    Ok((a.cast(target)?, b.cast(target)?))
+    Ok((Cow::Owned(a.cast(target)?), Cow::Owned(b.cast(target)?)))
 }
 
 fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, String> {
     let (a, b) = if a.dtype() == b.dtype() {
-        (std::borrow::Cow::Borrowed(a), std::borrow::Cow::Borrowed(b))
+        (Cow::Borrowed(a), Cow::Borrowed(b))
     } else if op == "Pow" && a.dtype() == DType::F32 {
         // Pow allows an exponent of another type.
-        (
-            std::borrow::Cow::Borrowed(a),
-            std::borrow::Cow::Owned(b.cast(DType::F32)?),
-        )
+        (Cow::Borrowed(a), Cow::Owned(b.cast(DType::F32)?))
     } else if op == "Pow" {
         // An integer base keeps its type: the power in floating point, truncated (what
         // onnxruntime's std::pow then cast gives).
@@ -95,8 +97,7 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
         let truncated: Vec<f32> = power.to_f32_vec().iter().map(|v| v.trunc()).collect();
         return HostTensor::f32(power.shape().to_vec(), truncated).cast(a.dtype());
     } else {
-        let (x, y) = promote(a, b)?;
-        (std::borrow::Cow::Owned(x), std::borrow::Cow::Owned(y))
+        promote(a, b)?
     };
     let (sa, sb) = (a.shape(), b.shape());
     macro_rules! int_op {
@@ -273,32 +274,30 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, y) = promote(input(inputs, 1)?, input(inputs, 2)?)?;
     let c = bools(cond)?;
     let shape = super::broadcast_shapes(&[cond.shape(), x.shape(), y.shape()])?;
-    let ic = super::broadcast_offsets(cond.shape(), &shape)?;
-    let ix = super::broadcast_offsets(x.shape(), &shape)?;
-    let iy = super::broadcast_offsets(y.shape(), &shape)?;
+    let total = crate::runtime::tensor::checked_numel(&shape)
+        .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
+    let shapes = [cond.shape(), x.shape(), y.shape()];
     macro_rules! pick {
-        ($a:expr, $b:expr, $variant:ident) => {
-            TensorData::$variant(crate::runtime::tensor::try_collect(
-                ic.len(),
-                (0..ic.len()).map(|k| if c[ic[k]] { $a[ix[k]] } else { $b[iy[k]] }),
-            )?)
-        };
+        ($a:expr, $b:expr, $variant:ident) => {{
+            let mut out = crate::runtime::tensor::try_with_capacity(total)?;
+            super::for_each_broadcast_row(shapes, &shape, |[ic, ix, iy], [sc, sx, sy], len| {
+                out.extend((0..len).map(|k| {
+                    if c[ic + k * sc] {
+                        $a[ix + k * sx].clone()
+                    } else {
+                        $b[iy + k * sy].clone()
+                    }
+                }));
+            });
+            TensorData::$variant(out)
+        }};
     }
     let data = match (x.data(), y.data()) {
         (TensorData::F32(a), TensorData::F32(b)) => pick!(a, b, F32),
         (TensorData::I64(a), TensorData::I64(b)) => pick!(a, b, I64),
         (TensorData::I32(a), TensorData::I32(b)) => pick!(a, b, I32),
         (TensorData::Bool(a), TensorData::Bool(b)) => pick!(a, b, Bool),
-        (TensorData::String(a), TensorData::String(b)) => {
-            let picked = (0..ic.len()).map(|k| {
-                if c[ic[k]] {
-                    a[ix[k]].clone()
-                } else {
-                    b[iy[k]].clone()
-                }
-            });
-            TensorData::String(crate::runtime::tensor::try_collect(ic.len(), picked)?)
-        }
+        (TensorData::String(a), TensorData::String(b)) => pick!(a, b, String),
         _ => return Err("Where: branches of different types".into()),
     };
     Ok(vec![HostTensor::with_data(shape, data)])

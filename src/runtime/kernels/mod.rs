@@ -302,6 +302,61 @@ pub(crate) fn broadcast_offsets(
     }
 }
 
+/// Walks a numpy broadcast of `N` inputs to `out_shape` one innermost row at a time: `row(bases,
+/// steps, len)` gets each input's offset at the row's start, each input's step along the row (0
+/// where it broadcasts) and the row's length. Rows come in row-major order, so the output is the
+/// concatenation of the rows; no per-element offset table is built (the odometer runs once per
+/// row, not per element, which is what makes broadcast element-wise ops cheap).
+pub(crate) fn for_each_broadcast_row<const N: usize>(
+    in_shapes: [&[usize]; N],
+    out_shape: &[usize],
+    mut row: impl FnMut([usize; N], [usize; N], usize),
+) {
+    let rank = out_shape.len();
+    if out_shape.contains(&0) {
+        return;
+    }
+    let strides: [Vec<usize>; N] = std::array::from_fn(|n| {
+        let shape = in_shapes[n];
+        let own = super::tensor::strides_of(shape);
+        let offset = rank - shape.len();
+        let mut s = vec![0usize; rank];
+        for (i, &d) in shape.iter().enumerate() {
+            if d != 1 {
+                s[offset + i] = own[i];
+            }
+        }
+        s
+    });
+    let inner = out_shape.last().copied().unwrap_or(1);
+    let steps: [usize; N] = std::array::from_fn(|n| strides[n].last().copied().unwrap_or(0));
+    let outer_rank = rank.saturating_sub(1);
+    let mut index = vec![0usize; outer_rank];
+    let mut bases = [0usize; N];
+    loop {
+        row(bases, steps, inner);
+        // odometer over the outer dims, keeping each input's base offset in step
+        let mut d = outer_rank;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            index[d] += 1;
+            for n in 0..N {
+                bases[n] += strides[n][d];
+            }
+            if index[d] < out_shape[d] {
+                break;
+            }
+            for n in 0..N {
+                bases[n] -= strides[n][d] * out_shape[d];
+            }
+            index[d] = 0;
+        }
+    }
+}
+
 /// Applies `f` element-wise over two broadcast slices.
 pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
     a: &[A],
@@ -323,9 +378,11 @@ pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
         let x = a[0];
         try_collect(total, b.iter().map(|&y| f(x, y)))?
     } else {
-        let ia = broadcast_offsets(a_shape, &shape)?;
-        let ib = broadcast_offsets(b_shape, &shape)?;
-        try_collect(total, ia.iter().zip(&ib).map(|(&i, &j)| f(a[i], b[j])))?
+        let mut out = super::tensor::try_with_capacity(total)?;
+        for_each_broadcast_row([a_shape, b_shape], &shape, |[i, j], [si, sj], len| {
+            out.extend((0..len).map(|k| f(a[i + k * si], b[j + k * sj])));
+        });
+        out
     };
     Ok((shape, data))
 }
