@@ -8,14 +8,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 rounds="${1:-5}"
-cargo build --release -q
-bin=target/release/pipecut
+bin="${PIPECUT_BIN:-target/release/pipecut}"
+[[ -n "${PIPECUT_BIN:-}" ]] || cargo build --release -q
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 # model path, then its dims (one micro-batch)
 models=(
-  "fixtures/models/mlp.onnx --dim batch=64"
+  "fixtures/models/mlp.onnx --dim batch=512"
   "fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64"
   "fixtures/models/bert_tiny.onnx --dim batch=8 --dim seq=64"
   "fixtures/models/llama_tiny.onnx --dim batch=8 --dim seq=64"
@@ -26,8 +26,8 @@ models=(
   "fixtures/real/cache/ppocr_v4_det.onnx --dim p2o.DynamicDimension.0=1 --dim p2o.DynamicDimension.1=256 --dim p2o.DynamicDimension.2=256"
   "fixtures/real/cache/ppocr_v4_rec.onnx --dim p2o.DynamicDimension.0=4 --dim p2o.DynamicDimension.1=320 --dim x.2=48"
 )
-echo "| model | plan | measured | predicted | measured shares | predicted shares | Δ pts |"
-echo "| --- | --- | ---: | ---: | --- | --- | ---: |"
+echo "| model | plan | bottleneck ms | measured | wall | predicted | measured shares | predicted shares | Δ pts |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: |"
 for entry in "${models[@]}"; do
   read -r -a args <<<"$entry"
   model="${args[0]}"
@@ -46,7 +46,8 @@ report = json.load(open(path))
 for row in report["rows"]:
     pct = lambda v: "/".join(f"{s * 100:.1f}" for s in v)
     gap = max(abs(m - p) for m, p in zip(row["measured_shares"], row["predicted_shares"])) * 100
-    print(f"| {name} | {row['plan']} | {row['measured_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
+    print(f"| {name} | {row['plan']} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
+          f"| {row['wall_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
           f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} |")
 PY
 done

@@ -1,0 +1,83 @@
+"""pipecut's CPU runtime against onnxruntime, one thread each, side by side (issue 15 item 4).
+
+For each model: `pipecut profile --threads 1` (median whole-model time over the repeats) and an
+onnxruntime session with one intra-op and one inter-op thread (median over the same number of
+runs), interleaved model by model so that both see the same machine load. Inputs: floats
+uniform in [0, 1), integers zero (a valid index for every table).
+
+    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY] > speed.md
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/pipecut")
+REPEATS = 15
+MODELS = [
+    ("fixtures/models/mlp.onnx", {"batch": 64}),
+    ("fixtures/models/gpt2_tiny.onnx", {"batch": 8, "seq": 64}),
+    ("fixtures/models/bert_tiny.onnx", {"batch": 8, "seq": 64}),
+    ("fixtures/models/llama_tiny.onnx", {"batch": 8, "seq": 64}),
+    ("fixtures/models/resnet_tiny.onnx", {"batch": 8}),
+    ("fixtures/real/cache/magika_standard_v3_3.onnx", {"unk__214": 16}),
+    ("fixtures/real/cache/paraphrase_minilm_l3_v2.onnx", {"batch_size": 8, "sequence_length": 64}),
+    ("fixtures/real/cache/ppocr_mobile_v2_cls.onnx", {"x.0": 8, "x.2": 48, "x.3": 192}),
+    ("fixtures/real/cache/ppocr_v4_det.onnx",
+     {"p2o.DynamicDimension.0": 1, "p2o.DynamicDimension.1": 256, "p2o.DynamicDimension.2": 256}),
+    ("fixtures/real/cache/ppocr_v4_rec.onnx",
+     {"p2o.DynamicDimension.0": 4, "p2o.DynamicDimension.1": 320, "x.2": 48}),
+]
+TYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+         "tensor(bool)": np.bool_, "tensor(float16)": np.float16}
+
+
+def pipecut_secs(path, dims):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "times.json")
+        args = [BIN, "profile", path, "--threads", "1", "--repeats", str(REPEATS), "--out", out]
+        for name, value in dims.items():
+            args += ["--dim", f"{name}={value}"]
+        subprocess.run(args, check=True, capture_output=True, cwd=ROOT)
+        with open(out) as f:
+            return json.load(f)["measured_with"]["total_secs"]
+
+
+def onnxruntime_secs(path, dims):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(os.path.join(ROOT, path), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = {}
+    for i in session.get_inputs():
+        shape = [dims.get(d, 1) if isinstance(d, str) or d is None else d for d in i.shape]
+        dtype = TYPES[i.type]
+        feed[i.name] = (np.random.rand(*shape).astype(dtype) if dtype in (np.float32, np.float16)
+                        else np.zeros(shape, dtype))
+    for _ in range(3):
+        session.run(None, feed)
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
+print("| --- | ---: | ---: | ---: |")
+for path, dims in MODELS:
+    if not os.path.exists(os.path.join(ROOT, path)):
+        print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
+        continue
+    ours = pipecut_secs(path, dims)
+    theirs = onnxruntime_secs(path, dims)
+    name = os.path.basename(path)[:-5]
+    print(f"| {name} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours:.2f}× |", flush=True)
