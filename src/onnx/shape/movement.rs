@@ -950,7 +950,45 @@ fn one_hot(ctx: &OpCtx) -> RuleResult {
     };
     let mut out = indices.clone();
     out.insert(axis, depth);
-    Ok(vec![Inferred::new(ctx.dtype(2)?, out)])
+    let value = one_hot_value(ctx, &out, axis);
+    Ok(vec![Inferred::new(ctx.dtype(2)?, out).with_value(value)])
+}
+
+/// OneHot of known indices, depth and values (a small tensor), folded: the TorchScript exporter
+/// computes `Tile` repeats as a OneHot of a size read from `Shape` (Mixtral's experts).
+fn one_hot_value(ctx: &OpCtx, out: &[Dim], axis: usize) -> Option<ConstValue> {
+    const MAX_FOLDED: u64 = 4096;
+    let out = concrete(out)?;
+    if out.iter().product::<u64>() > MAX_FOLDED {
+        return None;
+    }
+    let indices = ctx.input(0).ok()?.value?.as_f64s()?;
+    let depth = out[axis] as i64;
+    let values = ctx.input(2).ok()?.value?;
+    if values.len() != 2 {
+        return None;
+    }
+    let inner: u64 = out[axis + 1..].iter().product();
+    let is_on = |flat: u64| {
+        let (outer, rest) = (flat / (depth as u64 * inner), flat % (depth as u64 * inner));
+        let (class, within) = (rest / inner, rest % inner);
+        let index = indices[(outer * inner + within) as usize] as i64;
+        // Negative indices count from the end, as the spec allows.
+        let index = if index < 0 { index + depth } else { index };
+        index == class as i64
+    };
+    let count = out.iter().product::<u64>();
+    match values {
+        ConstValue::Ints(v) => Some(ConstValue::Ints(
+            (0..count)
+                .map(|flat| v[usize::from(is_on(flat))].clone())
+                .collect(),
+        )),
+        ConstValue::Floats(v) => Some(ConstValue::Floats(
+            (0..count).map(|flat| v[usize::from(is_on(flat))]).collect(),
+        )),
+        ConstValue::Strings(_) => None,
+    }
 }
 
 fn eye_like(ctx: &OpCtx) -> RuleResult {

@@ -547,3 +547,41 @@ fn signal_and_spatial_rules_follow_the_spec_formulas() {
     assert_eq!(shape_of(&g, "n"), "[3, 4]");
     assert_eq!(g.tensor(g.tensor_id("n").unwrap()).dtype, Some(DType::F64));
 }
+
+#[test]
+fn one_hot_of_known_indices_folds_into_tile_repeats() {
+    // As the TorchScript exporter writes Mixtral's experts: Tile's repeats are a OneHot of a
+    // size read from Shape. x: [3, 5]; the index is the size of axis 0 minus 2 (= 1), so
+    // OneHot(depth 2, values [1, 4]) = [[1, 4]], reshaped to [1, 4]: x tiled to [3, 20].
+    let mut b = builder(&[("x", DType::F32, vec![k(3), k(5)])]);
+    constant(&mut b, "i0", &[0]);
+    constant(&mut b, "two", &[2]);
+    constant(&mut b, "depth", &[2]);
+    constant(&mut b, "off_on", &[1, 4]);
+    b.node(NodeSpec::new("shape", "Shape", &["x"], &["s"]))
+        .unwrap();
+    b.node(NodeSpec::new("g0", "Gather", &["s", "i0"], &["rows"]).attr("axis", Attribute::Int(0)))
+        .unwrap();
+    b.node(NodeSpec::new("sub", "Sub", &["rows", "two"], &["index"]))
+        .unwrap();
+    b.node(NodeSpec::new(
+        "onehot",
+        "OneHot",
+        &["index", "depth", "off_on"],
+        &["hot"],
+    ))
+    .unwrap();
+    b.node(NodeSpec::new(
+        "flat",
+        "Reshape",
+        &["hot", "depth"],
+        &["repeats"],
+    ))
+    .unwrap();
+    b.node(NodeSpec::new("tile", "Tile", &["x", "repeats"], &["y"]))
+        .unwrap();
+    b.output("y");
+    let g = infer(b, DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "hot"), "[1, 2]");
+    assert_eq!(shape_of(&g, "y"), "[3, 20]");
+}

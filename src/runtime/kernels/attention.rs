@@ -64,6 +64,7 @@ fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (cos, sin) = (cos.to_f32_vec(), sin.to_f32_vec());
     let positions = optional(inputs, 3).map(|p| p.to_i64_vec());
     let rows = cos.len() / half.max(1);
+    let cache_row = CacheRows::new(input(inputs, 1)?.shape(), batch, seq);
     let interleaved = ctx.int("interleaved", 0) != 0;
     let mut out = values.clone();
     for b in 0..batch {
@@ -80,7 +81,7 @@ fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                             format!("position {pos} is outside the {rows} cached positions")
                         })?
                 }
-                None => b * seq + s,
+                None => cache_row.of(b, s),
             };
             if row >= rows {
                 return Err(format!(
@@ -108,6 +109,38 @@ fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
     }
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
+}
+
+/// Which cache row rotates position `s` of batch row `b` when no `position_ids` are given: the
+/// caches are `[batch, seq, dim/2]`, where a batch or seq axis of 1 broadcasts, as numpy does in
+/// the ONNX reference implementation. torch.onnx's dynamo exporter (opset 23) writes Llama's
+/// caches with a batch axis of 1, computed once for every row.
+struct CacheRows {
+    batch_stride: usize,
+    seq_stride: usize,
+}
+
+impl CacheRows {
+    fn new(cache_shape: &[usize], batch: usize, seq: usize) -> CacheRows {
+        match *cache_shape {
+            [cache_batch, cache_seq, _] if cache_batch <= 1 || cache_seq <= 1 => CacheRows {
+                batch_stride: if cache_batch == 1 && batch > 1 {
+                    0
+                } else {
+                    cache_seq
+                },
+                seq_stride: usize::from(!(cache_seq == 1 && seq > 1)),
+            },
+            _ => CacheRows {
+                batch_stride: seq,
+                seq_stride: 1,
+            },
+        }
+    }
+
+    fn of(&self, b: usize, s: usize) -> usize {
+        b * self.batch_stride + s * self.seq_stride
+    }
 }
 
 /// A tensor viewed as `[batch, heads, sequence, head_size]`, row-major.
@@ -377,6 +410,26 @@ mod tests {
             &[&x, &cos, &sin, &positions],
         );
         assert_eq!(out[0].to_f32_vec(), vec![-2.0, 1.0, 5.0]);
+    }
+
+    /// Caches `[1, seq, dim/2]` without position_ids (torch.onnx's opset-23 Llama) broadcast over
+    /// the batch: both batch rows rotate by the same angles, as with the cache repeated per row.
+    #[test]
+    fn rotary_embedding_broadcasts_a_batch_of_one_cache() {
+        // x: [batch 2, heads 1, seq 2, head_size 2]
+        let x = HostTensor::f32(
+            vec![2, 1, 2, 2],
+            vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0],
+        );
+        let cos = HostTensor::f32(vec![1, 2, 1], vec![1.0, 0.0]);
+        let sin = HostTensor::f32(vec![1, 2, 1], vec![0.0, 1.0]);
+        let out = run("RotaryEmbedding", vec![], &[&x, &cos, &sin]);
+        let per_row = vec![1.0, 2.0, -4.0, 3.0];
+        assert_eq!(out[0].to_f32_vec(), [per_row.clone(), per_row].concat());
+        let cos2 = HostTensor::f32(vec![2, 2, 1], vec![1.0, 0.0, 1.0, 0.0]);
+        let sin2 = HostTensor::f32(vec![2, 2, 1], vec![0.0, 1.0, 0.0, 1.0]);
+        let repeated = run("RotaryEmbedding", vec![], &[&x, &cos2, &sin2]);
+        assert_eq!(out[0].to_f32_vec(), repeated[0].to_f32_vec());
     }
 
     /// One query over two keys with a causal mask: the query at position 0 sees only key 0, so
