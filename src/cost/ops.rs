@@ -299,6 +299,9 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "TfIdfVectorizer",
         ) => movement,
         ("ai.onnx.ml", "LabelEncoder" | "ArrayFeatureExtractor") => movement,
+        // Decoding an image: the encoded bytes read and the pixels written (entropy decoding
+        // is not modelled; a profile measures it).
+        ("", "ImageDecoder") => movement,
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
         ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
         ("", "Det") => det,

@@ -1,7 +1,8 @@
 //! Ops whose output size depends on the values of their inputs: [NonZero](https://onnx.ai/onnx/operators/onnx__NonZero.html)
 //! (opsets 9–13), [Compress](https://onnx.ai/onnx/operators/onnx__Compress.html) (9–11),
-//! [Unique](https://onnx.ai/onnx/operators/onnx__Unique.html) (11) and
-//! [NonMaxSuppression](https://onnx.ai/onnx/operators/onnx__NonMaxSuppression.html) (10–11).
+//! [Unique](https://onnx.ai/onnx/operators/onnx__Unique.html) (11),
+//! [NonMaxSuppression](https://onnx.ai/onnx/operators/onnx__NonMaxSuppression.html) (10–11) and
+//! [ImageDecoder](https://onnx.ai/onnx/operators/onnx__ImageDecoder.html) (20).
 //!
 //! When inference knows the values that decide the size (a constant, a folded value, a sample
 //! value given at plan time) the size is exact; otherwise it is a fresh symbol named
@@ -17,6 +18,27 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["Compress"], compress);
     r.add("", &["Unique"], unique);
     r.add("", &["NonMaxSuppression"], non_max_suppression);
+    r.add("", &["ImageDecoder"], image_decoder);
+}
+
+/// [ImageDecoder](https://onnx.ai/onnx/operators/onnx__ImageDecoder.html) (20): uint8
+/// `[height, width, channels]`, the size read from the encoded bytes at run time (two symbols),
+/// the channels from `pixel_format` (RGB and BGR 3, Grayscale 1).
+fn image_decoder(ctx: &OpCtx) -> RuleResult {
+    ctx.input(0)?;
+    let channels = match ctx.string_attr("pixel_format")?.unwrap_or("RGB") {
+        "RGB" | "BGR" => 3,
+        "Grayscale" => 1,
+        other => return Err(format!("pixel_format '{other}' is not RGB, BGR or Grayscale")),
+    };
+    Ok(vec![Inferred::new(
+        DType::U8,
+        vec![
+            ctx.data_dependent_dim(0, 0),
+            ctx.data_dependent_dim(0, 1),
+            Dim::Known(channels),
+        ],
+    )])
 }
 
 /// Whether each element of a known value is non-zero; `None` if any element is symbolic.
