@@ -5,7 +5,7 @@ onnxruntime session with one intra-op and one inter-op thread (median over the s
 runs), interleaved model by model so that both see the same machine load. Inputs: floats
 uniform in [0, 1), integers zero (a valid index for every table).
 
-    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY] > speed.md
+    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY [MODEL_NAME_PART ...]] > speed.md
 """
 import json
 import os
@@ -57,7 +57,10 @@ def onnxruntime_secs(path, dims):
                                    providers=["CPUExecutionProvider"])
     feed = {}
     for i in session.get_inputs():
-        shape = [dims.get(d, 1) if isinstance(d, str) or d is None else d for d in i.shape]
+        # onnxruntime calls an unnamed dim None or '?'; pipecut names it `<input>.<axis>`.
+        shape = [d if isinstance(d, int) else
+                 dims.get(d if d not in (None, "?") else f"{i.name}.{axis}", 1)
+                 for axis, d in enumerate(i.shape)]
         dtype = TYPES[i.type]
         feed[i.name] = (np.random.rand(*shape).astype(dtype) if dtype in (np.float32, np.float16)
                         else np.zeros(shape, dtype))
@@ -73,7 +76,10 @@ def onnxruntime_secs(path, dims):
 
 print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
 print("| --- | ---: | ---: | ---: |")
+only = sys.argv[2:]
 for path, dims in MODELS:
+    if only and not any(o in path for o in only):
+        continue
     if not os.path.exists(os.path.join(ROOT, path)):
         print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
         continue

@@ -29,7 +29,11 @@ fn image_decoder(ctx: &OpCtx) -> RuleResult {
     let channels = match ctx.string_attr("pixel_format")?.unwrap_or("RGB") {
         "RGB" | "BGR" => 3,
         "Grayscale" => 1,
-        other => return Err(format!("pixel_format '{other}' is not RGB, BGR or Grayscale")),
+        other => {
+            return Err(format!(
+                "pixel_format '{other}' is not RGB, BGR or Grayscale"
+            ))
+        }
     };
     Ok(vec![Inferred::new(
         DType::U8,
