@@ -182,6 +182,15 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mg = m / group;
     let rows = cg * kh * kw;
     let cols = oh * ow;
+    if cg == 1 && mg == 1 {
+        let out = depthwise(xv, wv, bias.as_deref(), [n, c], [h, wd], &win, [oh, ow])?;
+        let shape = if one_d {
+            vec![n, m, ow]
+        } else {
+            vec![n, m, oh, ow]
+        };
+        return Ok(vec![HostTensor::f32(shape, out)]);
+    }
     let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
     let mut out = try_zeros_f32(&[n, m, cols])?;
     let mut col = if pointwise {
@@ -225,6 +234,71 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         vec![n, m, oh, ow]
     };
     Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// A depthwise convolution (one input and one output channel per group), directly: each tap of
+/// the kernel adds a shifted row of the input to a row of the output. Through im2col it would be
+/// one 1 × taps GEMM per channel on a column matrix `taps` times the plane's size, which is where
+/// mobile networks' 5×5 depthwise layers spent most of their time.
+fn depthwise(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    [n, c]: [usize; 2],
+    [h, wd]: [usize; 2],
+    win: &Window,
+    [oh, ow]: [usize; 2],
+) -> Result<Vec<f32>, String> {
+    let [kh, kw] = win.kernel;
+    let mut out = try_zeros_f32(&[n, c, oh * ow])?;
+    for (plane_index, o) in out.chunks_mut(oh * ow).enumerate() {
+        let ch = plane_index % c;
+        o.fill(bias.map_or(0.0, |b| b[ch]));
+        let plane = &x[plane_index * h * wd..(plane_index + 1) * h * wd];
+        let taps = &w[ch * kh * kw..(ch + 1) * kh * kw];
+        for i in 0..kh {
+            for j in 0..kw {
+                let weight = taps[i * kw + j];
+                // Output columns whose input column xo·stride + offset lies inside the row.
+                let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+                let stride = win.stride[1] as isize;
+                let first = if offset >= 0 {
+                    0
+                } else {
+                    ((-offset + stride - 1) / stride) as usize
+                };
+                let end = if (wd as isize) - offset <= 0 {
+                    0
+                } else {
+                    ((((wd as isize) - offset + stride - 1) / stride) as usize).min(ow)
+                };
+                if first >= end {
+                    continue;
+                }
+                for y in 0..oh {
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    if iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let src = &plane[iy as usize * wd..(iy as usize + 1) * wd];
+                    let dst = &mut o[y * ow..(y + 1) * ow];
+                    if stride == 1 {
+                        let start = (first as isize + offset) as usize;
+                        let len = end - first;
+                        for (d, &v) in dst[first..end].iter_mut().zip(&src[start..start + len]) {
+                            *d += weight * v;
+                        }
+                    } else {
+                        for (xo, d) in dst.iter_mut().enumerate().take(end).skip(first) {
+                            *d += weight * src[(xo as isize * stride + offset) as usize];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn im2col(
@@ -486,6 +560,60 @@ mod tests {
         let w = f(&[1, 1, 2, 2], &[1.0; 4]);
         let err = super::conv(&ctx, &[Some(&x), Some(&w)]).unwrap_err();
         assert!(err.contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn depthwise_matches_the_definition_with_strides_dilations_and_pads() {
+        // 2 images × 3 channels of 7×9, group 3, 3×3 taps, stride [2, 3], dilation [2, 1],
+        // pads [1, 2, 0, 1] (top, left, bottom, right), bias: against the sum as ONNX defines it.
+        let (n, c, h, w) = (2usize, 3usize, 7usize, 9usize);
+        let xs: Vec<f32> = (0..n * c * h * w)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let ws: Vec<f32> = (0..c * 9)
+            .map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0)
+            .collect();
+        let bias = [0.5f32, -1.0, 2.0];
+        let x = f(&[n, c, h, w], &xs);
+        let k = f(&[c, 1, 3, 3], &ws);
+        let b = f(&[c], &bias);
+        let (stride, dilation, pad) = ([2usize, 3], [2usize, 1], [1usize, 2, 0, 1]);
+        let out = run(
+            "Conv",
+            vec![
+                ("group", Attribute::Int(c as i64)),
+                ("strides", Attribute::Ints(vec![2, 3])),
+                ("dilations", Attribute::Ints(vec![2, 1])),
+                ("pads", Attribute::Ints(vec![1, 2, 0, 1])),
+            ],
+            &[&x, &k, &b],
+        );
+        let oh = (h + pad[0] + pad[2] - (dilation[0] * 2 + 1)) / stride[0] + 1;
+        let ow = (w + pad[1] + pad[3] - (dilation[1] * 2 + 1)) / stride[1] + 1;
+        let mut want = Vec::new();
+        for img in 0..n {
+            for ch in 0..c {
+                for y in 0..oh {
+                    for xo in 0..ow {
+                        let mut sum = bias[ch];
+                        for i in 0..3 {
+                            for j in 0..3 {
+                                let iy =
+                                    (y * stride[0] + i * dilation[0]) as isize - pad[0] as isize;
+                                let ix =
+                                    (xo * stride[1] + j * dilation[1]) as isize - pad[1] as isize;
+                                if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                    let at = ((img * c + ch) * h + iy as usize) * w + ix as usize;
+                                    sum += ws[ch * 9 + i * 3 + j] * xs[at];
+                                }
+                            }
+                        }
+                        want.push(sum);
+                    }
+                }
+            }
+        }
+        assert_close(&out[0], &[n, c, oh, ow], &want);
     }
 
     #[test]
