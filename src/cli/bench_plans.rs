@@ -95,12 +95,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         .model
         .type_loaded(super::load_model(path, super::Weights::Read)?)?;
     let cluster = Cluster::parse(&format!("1x{}xcpu", args.stages), &Catalog::builtin())?;
-    let dims: BTreeMap<String, u64> = args
-        .model
-        .bindings()?
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let dims: BTreeMap<String, u64> = args.model.dims()?;
     args.measured.apply(
         &mut model.graph,
         &model.graph_sha256,

@@ -103,12 +103,7 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
         let precision: pipecut::cost::Precision = dtype.into();
         model.graph.override_float_dtype(precision.dtype());
     }
-    let dims: std::collections::BTreeMap<String, u64> = args
-        .model
-        .bindings()?
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let dims: std::collections::BTreeMap<String, u64> = args.model.dims()?;
     args.measured.apply(
         &mut model.graph,
         &model.graph_sha256,

@@ -144,6 +144,15 @@ impl ModelArgs {
         Ok(bindings)
     }
 
+    /// The `--dim` bindings by name, as plans and node-times files record them.
+    fn dims(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        Ok(self
+            .bindings()?
+            .iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect())
+    }
+
     /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
     fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
         let mut values = BTreeMap::new();

@@ -287,12 +287,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     }
     let catalog = args.cluster.catalog()?;
     let cluster = args.cluster.build(&catalog)?;
-    let dims: BTreeMap<String, u64> = args
-        .model
-        .bindings()?
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let dims: BTreeMap<String, u64> = args.model.dims()?;
     args.measured.apply(
         &mut model.graph,
         &model.graph_sha256,

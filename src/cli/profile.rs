@@ -64,12 +64,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
     let (catalog, device) = super::cost::device_catalog(&args.device)?;
     let device = catalog.device(&device)?.name.clone();
     let model = args.model.load_typed(super::Weights::NotRead)?;
-    let dims: BTreeMap<String, u64> = args
-        .model
-        .bindings()?
-        .iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let dims: BTreeMap<String, u64> = args.model.dims()?;
     let measured_model = MeasuredModel {
         graph_sha256: model.graph_sha256.clone(),
         dims,
