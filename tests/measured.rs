@@ -76,6 +76,7 @@ fn a_profile_measures_every_node_and_plans_check_and_run_on_it() {
         err.contains("177 of 177 nodes costed from times measured"),
         "{err}"
     );
+    assert!(out.contains("peak fp32 of 2 CPUs"), "{out}");
     // The stage times are the measured nodes' sums: within the whole run's time.
     let plan_json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();

@@ -97,8 +97,21 @@ pub(crate) fn efficiency_line(work: &StepWork) -> anyhow::Result<String> {
         "throughput {} samples/s{tokens}; MFU {percent:.decimals$}% (model FLOPs / (step × peak {} of {}))\n",
         grouped(samples_per_sec),
         dtype_name(dtype),
-        pipecut::onnx::inspect::count_of(work.devices.len(), "GPU"),
+        pipecut::onnx::inspect::count_of(work.devices.len(), device_word(work)),
     ))
+}
+
+/// "CPU" when every device of the step is a CPU profile, "GPU" otherwise (the profiles' `kind`).
+fn device_word(work: &StepWork) -> &'static str {
+    let cpus = work
+        .devices
+        .iter()
+        .all(|&d| work.cluster.device(d).kind.eq_ignore_ascii_case("cpu"));
+    if cpus {
+        "CPU"
+    } else {
+        "GPU"
+    }
 }
 
 fn dtype_name(dtype: DType) -> &'static str {
