@@ -394,25 +394,7 @@ fn loop_carried_outputs_take_the_initial_values_shape() {
         ],
         ..Default::default()
     };
-    let mut loop_node = node("repeat", "Loop", "", &["trips", "cond", "x"], &["y"]);
-    loop_node.attribute = vec![graph_attr("body", body)];
-    let graph = onnx_protobuf::GraphProto {
-        name: "g".into(),
-        node: vec![loop_node],
-        input: vec![
-            value_info("trips", I64, &[]),
-            value_info("cond", BOOL, &[]),
-            value_info("x", F32, &["3", "4"]),
-        ],
-        output: vec![value_info("y", F32, &[])],
-        ..Default::default()
-    };
-    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
-    pipecut::onnx::shape::ShapeInference::new(Default::default())
-        .run(&mut model.graph)
-        .unwrap();
-    let y = model.graph.tensor_id("y").unwrap();
-    assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
+    assert_eq!(loop_output_shape(body), vec![3, 4]);
 }
 
 /// A body that cannot be inferred (an op inside has no shape rule) leaves the Loop typed from
@@ -440,25 +422,7 @@ fn a_loop_whose_body_cannot_be_inferred_takes_the_declared_types() {
         ],
         ..Default::default()
     };
-    let mut loop_node = node("repeat", "Loop", "", &["trips", "cond", "x"], &["y"]);
-    loop_node.attribute = vec![graph_attr("body", body)];
-    let graph = onnx_protobuf::GraphProto {
-        name: "g".into(),
-        node: vec![loop_node],
-        input: vec![
-            value_info("trips", I64, &[]),
-            value_info("cond", BOOL, &[]),
-            value_info("x", F32, &["3", "4"]),
-        ],
-        output: vec![value_info("y", F32, &[])],
-        ..Default::default()
-    };
-    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
-    pipecut::onnx::shape::ShapeInference::new(Default::default())
-        .run(&mut model.graph)
-        .unwrap();
-    let y = model.graph.tensor_id("y").unwrap();
-    assert_eq!(model.graph.concrete_shape(y).unwrap(), vec![3, 4]);
+    assert_eq!(loop_output_shape(body), vec![3, 4]);
 }
 
 /// onnx's `test_constant`: a graph of one Constant node. Its Constant stays a node (as a
@@ -496,4 +460,29 @@ fn a_graph_of_constants_alone_keeps_them_as_nodes() {
         .run_model(&pipecut::runtime::Tensors::new())
         .unwrap();
     assert_eq!(out["values"].to_f32_vec(), vec![1.0, 2.0, 3.0]);
+}
+
+/// The shape inferred for `y` of `y = Loop(trips, cond, x: f32[3, 4])` with `body`.
+fn loop_output_shape(body: onnx_protobuf::GraphProto) -> Vec<u64> {
+    use built::*;
+    let (f32_, i64_, bool_) = (1, 7, 9);
+    let mut loop_node = node("repeat", "Loop", "", &["trips", "cond", "x"], &["y"]);
+    loop_node.attribute = vec![graph_attr("body", body)];
+    let graph = onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![loop_node],
+        input: vec![
+            value_info("trips", i64_, &[]),
+            value_info("cond", bool_, &[]),
+            value_info("x", f32_, &["3", "4"]),
+        ],
+        output: vec![value_info("y", f32_, &[])],
+        ..Default::default()
+    };
+    let mut model = pipecut::onnx::load_model_from_bytes(&model(graph, &[("", 17)]), None).unwrap();
+    pipecut::onnx::shape::ShapeInference::new(Default::default())
+        .run(&mut model.graph)
+        .unwrap();
+    let y = model.graph.tensor_id("y").unwrap();
+    model.graph.concrete_shape(y).unwrap()
 }

@@ -8,7 +8,7 @@ use super::declared;
 use super::registry::Registry;
 use super::sequence::merge_shapes;
 use super::{DimBindings, ShapeInference};
-use crate::graph::{Attribute, ConstValue, DType, Dim, Graph, Shape, Subgraph, SymInt, ValueKind};
+use crate::graph::{ConstValue, DType, Dim, Graph, Shape, Subgraph, SymInt, ValueKind};
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["If"], if_);
@@ -17,12 +17,7 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["SequenceMap"], sequence_map);
 }
 
-fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
-    match ctx.attr(name) {
-        Some(Attribute::Graph(g)) => Ok(g),
-        _ => Err(format!("attribute '{name}' (a subgraph) is missing")),
-    }
-}
+use declared::subgraph;
 
 /// The type given to one of a body's declared inputs.
 #[derive(Debug, Clone, PartialEq)]
@@ -407,15 +402,12 @@ fn unrolled_loop(ctx: &OpCtx) -> Result<Option<(Vec<Inferred>, Bodies)>, String>
 /// first and a batch axis 0 on every input and output, which the body does not see.
 fn scan_typed(ctx: &OpCtx) -> Result<(Vec<Inferred>, Bodies), String> {
     let body = subgraph(ctx, "body")?;
-    let scan_inputs = ctx
-        .int_attr("num_scan_inputs")?
-        .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
-    let batched = ctx.opset < 9;
-    let first_state = usize::from(batched);
-    let states = ctx
-        .input_count()
-        .saturating_sub(scan_inputs)
-        .saturating_sub(first_state);
+    let declared::ScanLayout {
+        scan_inputs,
+        batched,
+        first_state,
+        states,
+    } = declared::ScanLayout::of(ctx)?;
     let input_axes = ctx.ints_attr("scan_input_axes")?.unwrap_or(&[]);
     let output_axes = ctx.ints_attr("scan_output_axes")?.unwrap_or(&[]);
     let mut formals = Vec::new();

@@ -5,7 +5,8 @@
 use super::context::{Inferred, OpCtx, RuleResult};
 use crate::graph::{Attribute, Dim, Shape, Subgraph};
 
-fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
+/// The subgraph attribute `name` of the node.
+pub(super) fn subgraph<'a>(ctx: &OpCtx<'a>, name: &str) -> Result<&'a Subgraph, String> {
     match ctx.attr(name) {
         Some(Attribute::Graph(g)) => Ok(g),
         _ => Err(format!("attribute '{name}' (a subgraph) is missing")),
@@ -96,21 +97,51 @@ pub(super) fn loop_declared(ctx: &OpCtx) -> RuleResult {
         .collect()
 }
 
+/// Where a Scan node's inputs are: Scan-8 (opset 8) has an optional `sequence_lens` input
+/// first and a batch axis 0 on every input and output; then the states, then the scanned inputs.
+pub(super) struct ScanLayout {
+    /// `num_scan_inputs`.
+    pub scan_inputs: usize,
+    /// Whether this is Scan-8, with its batch axis.
+    pub batched: bool,
+    /// The input position of the first state.
+    pub first_state: usize,
+    /// How many states.
+    pub states: usize,
+}
+
+impl ScanLayout {
+    pub fn of(ctx: &OpCtx) -> Result<ScanLayout, String> {
+        let scan_inputs = ctx
+            .int_attr("num_scan_inputs")?
+            .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
+        let batched = ctx.opset < 9;
+        let first_state = usize::from(batched);
+        let states = ctx
+            .input_count()
+            .saturating_sub(scan_inputs)
+            .saturating_sub(first_state);
+        Ok(ScanLayout {
+            scan_inputs,
+            batched,
+            first_state,
+            states,
+        })
+    }
+}
+
 /// Scan: state outputs as declared; scan outputs gain the scanned axis, whose length is the
 /// length of the first scanned input's scan axis (axis 0 by default). Scan-8 (opsets 8) has an
 /// optional `sequence_lens` input first and a batch axis 0 on every input and output, which the
 /// body does not see: states gain the batch axis, scan outputs the batch and scanned axes.
 pub(super) fn scan_declared(ctx: &OpCtx) -> RuleResult {
     let body = subgraph(ctx, "body")?;
-    let scan_inputs = ctx
-        .int_attr("num_scan_inputs")?
-        .ok_or("attribute 'num_scan_inputs' is missing")? as usize;
-    let batched = ctx.opset < 9;
-    let first_state = usize::from(batched);
-    let states = ctx
-        .input_count()
-        .saturating_sub(scan_inputs)
-        .saturating_sub(first_state);
+    let ScanLayout {
+        batched,
+        first_state,
+        states,
+        ..
+    } = ScanLayout::of(ctx)?;
     let first_scanned_input = first_state + states;
     let scan_axis = usize::from(batched);
     let first_scanned = ctx
