@@ -30,6 +30,7 @@ pub use launch::Launch;
 pub use metrics::{RankFigures, SharedFigures};
 pub use transport::{Transport, TransportError};
 
+use super::cpu::thread_cpu_secs;
 use super::{Executor, HostTensor, Tensors};
 use crate::Error;
 
@@ -190,11 +191,16 @@ impl RankLoop<'_> {
                 self.receive(from, i as u32)?
             };
             let began = Instant::now();
+            let cpu_began = thread_cpu_secs();
             let sent = executor.run(stage, &received).map_err(|e| {
                 Error::Distributed(format!("{}: {e}", layout.describe(self.place.rank)))
             })?;
             let busy = began.elapsed().as_secs_f64();
-            self.update(|f| f.busy_secs += busy);
+            let cpu = thread_cpu_secs() - cpu_began;
+            self.update(|f| {
+                f.busy_secs += busy;
+                f.cpu_secs += cpu;
+            });
             if !last {
                 self.send(self.place.rank + 1, i as u32, &sent)?;
             } else if self.place.rank != layout.collector() {
