@@ -340,6 +340,11 @@ pub enum Error {
     #[error("bad run input: {0}")]
     RunInput(String),
 
+    /// A multi-process run could not start or lost a rank: the launcher's environment, the
+    /// rendezvous, or a peer that stopped, named by rank, stage and replica.
+    #[error("distributed run: {0}")]
+    Distributed(String),
+
     /// A per-node time was given for a node name the graph does not have.
     #[error("node time override names {count} node(s) the graph does not have, first '{name}' (names must match the graph's node names exactly)")]
     UnknownNode {

@@ -15,6 +15,7 @@ mod plan_cluster;
 mod profile;
 mod progress;
 mod run;
+mod run_distributed;
 mod show;
 
 use std::collections::BTreeMap;

@@ -53,6 +53,8 @@ pub struct RunArgs {
     measured: super::measured::MeasuredArgs,
     #[command(flatten)]
     profiles: super::catalog::CatalogArgs,
+    #[command(flatten)]
+    distributed: super::run_distributed::DistributedArgs,
 }
 
 /// The runtime a plan executes on.
@@ -137,9 +139,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         model = load(&dims)?;
     }
     let graph = &model.graph;
+    // A distributed run's step is every replica's micro-batches; one process runs one replica's.
+    let replicas = if args.distributed.distributed {
+        super::run_distributed::replicas(&plan)
+    } else {
+        1
+    };
     let microbatches = args
         .microbatches
-        .unwrap_or(plan.config.microbatches as usize);
+        .unwrap_or(plan.config.microbatches as usize * replicas);
     if microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
@@ -148,12 +156,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     pipecut::schedule::check_microbatches(microbatches as u64)?;
 
     let random_inputs = args.inputs.is_empty();
-    let inputs = if random_inputs {
-        seeded_inputs(graph, microbatches, args.seed)?
-    } else {
-        read_inputs(&args.inputs, graph)?
+    let make_inputs = || -> anyhow::Result<Tensors> {
+        let inputs = if random_inputs {
+            seeded_inputs(graph, microbatches, args.seed)?
+        } else {
+            read_inputs(&args.inputs, graph)?
+        };
+        check_inputs(graph, &inputs, microbatches)?;
+        Ok(inputs)
     };
-    check_inputs(graph, &inputs, microbatches)?;
 
     let by_name: HashMap<&str, NodeId> =
         graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
@@ -174,6 +185,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(&args.model, graph)
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
+    if args.distributed.distributed {
+        if args.backend != Backend::Cpu {
+            bail!("--distributed runs the CPU backend only: GPU ranks over NCCL are not built yet");
+        }
+        let setup = super::run_distributed::RankSetup {
+            plan: &plan,
+            graph,
+            weights: &weights,
+            specs: &specs,
+            microbatches,
+            output_dir: &args.output_dir,
+            protected: run_inputs(&args),
+            json: args.json,
+        };
+        return super::run_distributed::run(&args.distributed, setup, make_inputs);
+    }
+    let inputs = make_inputs()?;
     let (report, host_ops) = match args.backend {
         Backend::Cpu => {
             let executor = CpuExecutor::new(graph, &weights);
@@ -305,7 +333,7 @@ fn file_stem(name: &str) -> String {
 /// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
 /// (`pipecut::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
 /// a link planted in `dir` is never followed. The run's inputs are never overwritten.
-fn write_outputs(
+pub(super) fn write_outputs(
     dir: &Path,
     outputs: &Tensors,
     inputs: &[&Path],

@@ -662,7 +662,7 @@ fn pin_current_thread(index: usize) {
 fn pin_current_thread(_index: usize) {}
 
 /// CPU time the calling thread has used, in seconds (0 where the platform cannot tell).
-fn thread_cpu_secs() -> f64 {
+pub(crate) fn thread_cpu_secs() -> f64 {
     #[cfg(unix)]
     {
         let mut t = libc::timespec {

@@ -19,6 +19,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 pub mod cuda;
+pub mod distributed;
 mod kernels;
 pub mod narrow;
 pub mod npy;

@@ -1,0 +1,264 @@
+//! `pipecut run PLAN MODEL --distributed`: this process is one rank of a job that a launcher
+//! (`torchrun`, `mpirun`, `srun`) started; it runs its stage of its replica and talks to the
+//! others over MPI or TCP (`pipecut::runtime::distributed`). The collector (last stage of
+//! replica 0) writes the outputs; every rank prints its own figures.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use pipecut::plan::Plan;
+use pipecut::runtime::cpu::split_microbatches;
+use pipecut::runtime::distributed::{
+    metrics, run_rank, tcp::TcpTransport, Launch, RankFigures, RankJob, RankLayout, SharedFigures,
+    Transport,
+};
+use pipecut::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
+use serde::Serialize;
+
+use super::print_stdout;
+
+/// The options of a multi-process run.
+#[derive(Debug, Args)]
+pub struct DistributedArgs {
+    /// Run as one rank of a job started by torchrun, mpirun or srun: rank r runs stage r mod K
+    /// of replica r / K (K stages, as many replicas as the plan's data parallelism), and the
+    /// last stage of replica 0 writes the outputs.
+    #[arg(long)]
+    pub distributed: bool,
+    /// How ranks exchange tensors: `mpi` (a build with `--features mpi`, started by an MPI
+    /// launcher), `tcp` (rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun sets), or `auto`
+    /// (MPI when both apply).
+    #[arg(long, value_enum, default_value_t = TransportKind::Auto, requires = "distributed")]
+    transport: TransportKind,
+    /// How long a rank waits for a peer (to join, or to send its next message) before it ends
+    /// the job with an error naming that peer.
+    #[arg(long, default_value = "300s", value_parser = super::partition::parse_duration, requires = "distributed")]
+    peer_timeout: Duration,
+    /// Serve this rank's figures in the Prometheus text format at http://HOST:PORT/metrics;
+    /// rank r uses PORT + its local rank, so ranks on one machine do not collide.
+    #[arg(long, value_name = "HOST:PORT", requires = "distributed")]
+    metrics_addr: Option<SocketAddr>,
+    /// Rewrite this file with the rank's figures every second (Prometheus text format, for
+    /// node_exporter's textfile collector); `{rank}` in the name becomes the rank.
+    #[arg(long, value_name = "PATH", requires = "distributed")]
+    metrics_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TransportKind {
+    Auto,
+    Mpi,
+    Tcp,
+}
+
+/// What a rank ran, for `--json` and the one-line report.
+#[derive(Debug, Serialize)]
+struct RankReport {
+    transport: &'static str,
+    launcher: &'static str,
+    #[serde(flatten)]
+    figures: RankFigures,
+    /// The plan's compute time for this stage, per micro-batch.
+    predicted_busy_secs_per_microbatch: f64,
+    /// The plan's transfer time into this stage, per micro-batch.
+    predicted_transfer_secs_per_microbatch: f64,
+    outputs: std::collections::BTreeMap<String, String>,
+}
+
+/// Everything `run` has prepared that a rank needs.
+pub struct RankSetup<'a> {
+    pub plan: &'a Plan,
+    pub graph: &'a pipecut::graph::Graph,
+    pub weights: &'a Weights,
+    pub specs: &'a [StageSpec],
+    pub microbatches: usize,
+    pub output_dir: &'a Path,
+    pub protected: Vec<&'a Path>,
+    pub json: bool,
+}
+
+/// Runs this process's rank; `make_inputs` is called only on stage 0.
+pub fn run(
+    args: &DistributedArgs,
+    setup: RankSetup<'_>,
+    make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+) -> anyhow::Result<ExitCode> {
+    let launch = Launch::from_env()?;
+    let layout = RankLayout {
+        stages: setup.plan.stages.len(),
+        replicas: replicas(setup.plan),
+    };
+    layout.check_world(&launch, setup.microbatches)?;
+    let place = layout.place(launch.rank);
+    // Labelled before anything is published, so that a scrape during the rendezvous already
+    // says which rank, stage and replica answers.
+    let figures: SharedFigures = Arc::new(std::sync::Mutex::new(RankFigures {
+        rank: place.rank,
+        stage: place.stage,
+        replica: place.replica,
+        microbatches_total: layout
+            .microbatches_of(place.replica, setup.microbatches)
+            .len(),
+        ..RankFigures::default()
+    }));
+    publish(args, &launch, &figures)?;
+
+    let executor = CpuExecutor::new(setup.graph, setup.weights);
+    let stage = executor.prepare(&setup.specs[place.stage])?;
+    let inputs = if place.stage == 0 {
+        split_microbatches(&make_inputs()?, setup.microbatches)?
+    } else {
+        Vec::new()
+    };
+    let mut transport = connect(args, &launch)?;
+    let job = RankJob {
+        layout,
+        microbatches: setup.microbatches,
+        peer_timeout: args.peer_timeout,
+    };
+    let outcome = run_rank(
+        &executor,
+        &stage,
+        transport.as_mut(),
+        &job,
+        &inputs,
+        &figures,
+    );
+    let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(path) = &args.metrics_file {
+        metrics::write_file(&rank_path(path, place.rank), &last)?;
+    }
+    let outputs = match outcome? {
+        Some(outputs) => super::run::write_outputs(setup.output_dir, &outputs, &setup.protected)?,
+        None => Default::default(),
+    };
+    let planned = &setup.plan.stages[place.stage];
+    let report = RankReport {
+        transport: transport.name(),
+        launcher: launch.launcher,
+        figures: last,
+        predicted_busy_secs_per_microbatch: planned.stage_secs,
+        predicted_transfer_secs_per_microbatch: planned
+            .received
+            .iter()
+            .fold(0.0, |sum, r| sum + r.transfer_secs),
+        outputs,
+    };
+    let text = if setup.json {
+        format!("{}\n", serde_json::to_string(&report)?)
+    } else {
+        line(&report)
+    };
+    print_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plan's data-parallel replicas (1 for a plan without a `parallelism` section).
+pub fn replicas(plan: &Plan) -> usize {
+    plan.parallelism
+        .as_ref()
+        .map_or(1, |p| p.data_parallel.max(1))
+}
+
+/// Starts the metrics endpoint and file, where asked.
+fn publish(args: &DistributedArgs, launch: &Launch, figures: &SharedFigures) -> anyhow::Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        let port = usize::from(addr.port()) + launch.local_rank;
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|_| addr.port() != 0)
+            .with_context(|| {
+                format!(
+                    "--metrics-addr {addr}: port + local rank {} is not a port",
+                    launch.local_rank
+                )
+            })?;
+        metrics::serve(SocketAddr::new(addr.ip(), port), Arc::clone(figures))?;
+    }
+    if let Some(path) = &args.metrics_file {
+        let path = rank_path(path, launch.rank);
+        pipecut::io::check_output(&path, &[])?;
+        metrics::publish_to_file(path, Arc::clone(figures));
+    }
+    Ok(())
+}
+
+/// `path` with `{rank}` replaced by the rank.
+fn rank_path(path: &Path, rank: usize) -> PathBuf {
+    PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()))
+}
+
+fn connect(args: &DistributedArgs, launch: &Launch) -> anyhow::Result<Box<dyn Transport>> {
+    let use_mpi = match args.transport {
+        TransportKind::Mpi => true,
+        TransportKind::Tcp => false,
+        TransportKind::Auto => cfg!(feature = "mpi") && launch.by_mpi,
+    };
+    if use_mpi {
+        return mpi_transport(launch);
+    }
+    let Some(master) = &launch.master else {
+        bail!(
+            "--transport tcp needs MASTER_ADDR and MASTER_PORT (torchrun sets them; under {} \
+             export them, e.g. the first node's address and a free port)",
+            launch.launcher
+        );
+    };
+    Ok(Box::new(TcpTransport::join(
+        launch.rank,
+        launch.world,
+        master,
+        args.peer_timeout,
+    )?))
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_transport(launch: &Launch) -> anyhow::Result<Box<dyn Transport>> {
+    let transport = pipecut::runtime::distributed::mpi_transport::MpiTransport::init()?;
+    if transport.rank() != launch.rank || transport.world() != launch.world {
+        bail!(
+            "MPI numbers this process rank {} of {}, but {} said rank {} of {}",
+            transport.rank(),
+            transport.world(),
+            launch.launcher,
+            launch.rank,
+            launch.world
+        );
+    }
+    Ok(Box::new(transport))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_transport(_launch: &Launch) -> anyhow::Result<Box<dyn Transport>> {
+    bail!("this pipecut was built without MPI: rebuild with `cargo build --features mpi`, or use --transport tcp")
+}
+
+fn line(r: &RankReport) -> String {
+    let f = &r.figures;
+    let per = |secs: f64| 1e3 * secs / f.microbatches_done.max(1) as f64;
+    let mut out = format!(
+        "rank {} (stage {} of replica {}, {} over {}): {} micro-batch(es), busy {:.3} ms each \
+         (predicted {:.3}), transfer {:.3} ms each (predicted {:.3}), bubble {:.0}%, {} B sent\n",
+        f.rank,
+        f.stage,
+        f.replica,
+        r.launcher,
+        r.transport,
+        f.microbatches_done,
+        per(f.busy_secs),
+        1e3 * r.predicted_busy_secs_per_microbatch,
+        per(f.transfer_secs),
+        1e3 * r.predicted_transfer_secs_per_microbatch,
+        100.0 * f.bubble(),
+        f.bytes_sent,
+    );
+    for (name, path) in &r.outputs {
+        out.push_str(&format!("  output {name}: {path}\n"));
+    }
+    out
+}

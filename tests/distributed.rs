@@ -1,0 +1,481 @@
+//! Multi-process runs (`pipecut run --distributed`): ranks started as a launcher starts them
+//! give outputs bit-for-bit equal to the one-process run, a killed or missing rank ends the
+//! job with an error naming it, and a rank's metrics can be scraped while it runs. Ranks talk
+//! over TCP here (the default build); with `--features mpi` the same job runs under `mpirun`.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn pipecut() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pipecut"));
+    command.current_dir(common::root());
+    command
+}
+
+fn run_ok(command: &mut Command) -> Output {
+    let out = command.output().expect("pipecut runs");
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The fixture's dims other than the batch, as `--dim` arguments.
+fn dims_without_batch(name: &str) -> Vec<String> {
+    common::fixture_reference(name)
+        .dims
+        .iter()
+        .filter(|(dim, _)| dim != "batch")
+        .flat_map(|(dim, v)| ["--dim".to_string(), format!("{dim}={v}")])
+        .collect()
+}
+
+/// Starts `world` ranks of `pipecut run PLAN MODEL --distributed ARGS` the way torchrun
+/// does (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+fn start_ranks(world: usize, ranks: &[usize], args: &[String]) -> Vec<(usize, Child)> {
+    let port = free_port().to_string();
+    ranks
+        .iter()
+        .map(|&rank| {
+            let child = pipecut()
+                .args(["run"])
+                .args(args)
+                .arg("--distributed")
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("a rank starts");
+            (rank, child)
+        })
+        .collect()
+}
+
+/// Waits for every rank, killing all of them if the job outlives `limit` (a hang is a failure).
+fn wait_all(ranks: Vec<(usize, Child)>, limit: Duration) -> Vec<(usize, Output)> {
+    let began = Instant::now();
+    let mut ranks = ranks;
+    while ranks
+        .iter_mut()
+        .any(|(_, c)| c.try_wait().unwrap().is_none())
+    {
+        if began.elapsed() > limit {
+            for (_, c) in &mut ranks {
+                let _ = c.kill();
+            }
+            panic!("the job hung: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ranks
+        .into_iter()
+        .map(|(rank, c)| (rank, c.wait_with_output().unwrap()))
+        .collect()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A plan for `name` with K · D = 4 ranks and K ≥ 2, made by `plan-cluster` on four copies
+/// of a CPU profile whose memory holds less than the whole model, or `None` where no tried
+/// memory gives one. Returns the plan, its device profile, K and D.
+fn four_rank_plan(dir: &Path, name: &str) -> Option<(PathBuf, PathBuf, usize, usize)> {
+    let model = common::fixture(name);
+    let dims = dims_without_batch(name);
+    let whole = dir.join(format!("{name}-k1.json"));
+    run_ok(
+        pipecut()
+            .args(["partition", model.to_str().unwrap(), "--devices", "cpu"])
+            .args(["--stages", "1", "--dim", "batch=2"])
+            .args(&dims)
+            .arg("--out")
+            .arg(&whole),
+    );
+    let plan: Value = serde_json::from_slice(&std::fs::read(&whole).unwrap()).unwrap();
+    let peak = plan["stages"][0]["peak_memory_bytes"].as_f64().unwrap();
+    let cpu: Value = serde_json::from_slice(
+        &std::fs::read(common::root().join("cost-models/devices/cpu.json")).unwrap(),
+    )
+    .unwrap();
+    for fraction in [0.7, 0.5] {
+        let mut profile = cpu.clone();
+        profile["name"] = "small-cpu".into();
+        profile["aliases"] = Value::Array(Vec::new());
+        profile["memory_bytes"]["value"] = ((fraction * peak / 0.9) as u64).into();
+        let profile_path = dir.join(format!("{name}-small-cpu-{fraction}.json"));
+        std::fs::write(&profile_path, profile.to_string()).unwrap();
+        let p = profile_path.to_str().unwrap();
+        let out = dir.join(format!("{name}-4ranks.json"));
+        run_ok(
+            pipecut()
+                .args(["plan-cluster", model.to_str().unwrap(), "--devices"])
+                .arg(format!("{p},{p},{p},{p}"))
+                .args(["--global-batch", "8"])
+                .args(&dims)
+                .arg("--out")
+                .arg(&out),
+        );
+        let plan: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        let k = plan["stages"].as_array().unwrap().len();
+        let d = plan["parallelism"]["data_parallel"].as_u64().unwrap() as usize;
+        if k * d == 4 && k >= 2 {
+            return Some((out, profile_path, k, d));
+        }
+    }
+    None
+}
+
+/// Every output file of two runs is byte-for-byte the same.
+fn assert_same_outputs(single: &Path, multi: &Path, what: &str) {
+    let mut names: Vec<_> = std::fs::read_dir(single)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert!(
+        !names.is_empty(),
+        "{what}: the one-process run wrote no outputs"
+    );
+    for name in names {
+        let a = std::fs::read(single.join(&name)).unwrap();
+        let b = std::fs::read(multi.join(&name))
+            .unwrap_or_else(|e| panic!("{what}: {name:?} not written by the ranks: {e}"));
+        assert!(a == b, "{what}: {name:?} differs from the one-process run");
+    }
+}
+
+#[test]
+fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut two_by_two = Vec::new();
+    for name in common::FIXTURES {
+        let Some((plan, profile, k, d)) = four_rank_plan(dir.path(), name) else {
+            panic!("{name}: no memory tried gives a plan of 4 ranks");
+        };
+        if (k, d) == (2, 2) {
+            two_by_two.push(name);
+        }
+        let model = common::fixture(name);
+        let plan_text: Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+        let step = plan_text["config"]["microbatches"].as_u64().unwrap() as usize * d;
+        let single = dir.path().join(format!("{name}-single"));
+        let common_args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            model.to_str().unwrap().into(),
+            "--device-profile".into(),
+            profile.to_str().unwrap().into(),
+            "--seed".into(),
+            "7".into(),
+        ];
+        run_ok(
+            pipecut()
+                .arg("run")
+                .args(&common_args)
+                .args(["--microbatches", &step.to_string()])
+                .arg("--output-dir")
+                .arg(&single),
+        );
+        let multi = dir.path().join(format!("{name}-multi"));
+        let mut args = common_args.clone();
+        args.extend([
+            "--output-dir".into(),
+            multi.to_str().unwrap().into(),
+            "--json".into(),
+        ]);
+        args.extend(["--peer-timeout".into(), "60s".into()]);
+        let ranks = wait_all(
+            start_ranks(4, &[0, 1, 2, 3], &args),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            assert!(out.status.success(), "{name} rank {rank}: {}", stderr(out));
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report["transport"], "tcp");
+            assert_eq!(report["rank"], *rank);
+            assert_eq!(report["stage"], rank % k);
+            let mine = report["microbatches_done"].as_u64().unwrap() as usize;
+            assert_eq!(
+                mine,
+                report["microbatches_total"].as_u64().unwrap() as usize
+            );
+            assert!(mine >= step / d, "{name} rank {rank} ran {mine} of {step}");
+            assert!(report["busy_secs"].as_f64().unwrap() > 0.0);
+            if rank % k + 1 < k {
+                assert!(
+                    report["bytes_sent"].as_u64().unwrap() > 0,
+                    "{name} rank {rank}"
+                );
+            }
+        }
+        assert_same_outputs(
+            &single,
+            &multi,
+            &format!("{name} ({k} stages x {d} replicas)"),
+        );
+    }
+    assert!(
+        two_by_two.len() >= 3,
+        "only {two_by_two:?} were planned as 2 stages x 2 replicas"
+    );
+}
+
+/// A two-stage gpt2_tiny plan and its arguments for a run of `microbatches`.
+fn two_stage_job(dir: &Path, microbatches: usize, timeout: &str) -> Vec<String> {
+    let plan = dir.join("gpt2-2.json");
+    let model = common::fixture("gpt2_tiny");
+    run_ok(
+        pipecut()
+            .args(["partition", model.to_str().unwrap(), "--devices", "cpu,cpu"])
+            .args(["--dim", "batch=2"])
+            .args(dims_without_batch("gpt2_tiny"))
+            .arg("--out")
+            .arg(&plan),
+    );
+    vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+        "--microbatches".into(),
+        microbatches.to_string(),
+        "--peer-timeout".into(),
+        timeout.into(),
+        "--output-dir".into(),
+        dir.join("out").to_str().unwrap().into(),
+    ]
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_with_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = two_stage_job(dir.path(), 512, "5s");
+    let mut ranks = start_ranks(2, &[0, 1], &args);
+    // Let the job start, then kill the last stage as an out-of-memory killer would.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, victim) = &mut ranks[1];
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the job ended before the kill"
+    );
+    victim.kill().unwrap();
+    let began = Instant::now();
+    let outputs = wait_all(ranks, Duration::from_secs(60));
+    let (_, survivor) = &outputs[0];
+    assert!(!survivor.status.success());
+    let message = stderr(survivor);
+    assert!(
+        message.contains("rank 1 (stage 1 of replica 0)"),
+        "the error names the lost rank: {message}"
+    );
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+#[test]
+fn a_rank_that_never_starts_is_named_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = two_stage_job(dir.path(), 2, "2s");
+    let alone = wait_all(start_ranks(2, &[0], &args), Duration::from_secs(60));
+    let message = stderr(&alone[0].1);
+    assert!(!alone[0].1.status.success());
+    assert!(
+        message.contains("rank(s) 1 never joined the rendezvous"),
+        "{message}"
+    );
+    let orphan = wait_all(start_ranks(2, &[1], &args), Duration::from_secs(60));
+    let message = stderr(&orphan[0].1);
+    assert!(
+        message.contains("rank 0 never opened the rendezvous"),
+        "{message}"
+    );
+    let wrong = pipecut()
+        .arg("run")
+        .args(&args)
+        .arg("--distributed")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "3")
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        message.contains("= 2 ranks, but torchrun started 3"),
+        "{message}"
+    );
+}
+
+/// Parses one sample of a Prometheus text exposition.
+fn sample(text: &str, metric: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(metric) && l[metric.len()..].starts_with('{'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    Some(reply.split("\r\n\r\n").nth(1)?.to_string())
+}
+
+#[test]
+fn metrics_are_scraped_while_the_job_runs_and_written_at_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let microbatches = 48;
+    let mut args = two_stage_job(dir.path(), microbatches, "60s");
+    let base = free_port();
+    let file = dir.path().join("rank-{rank}.prom");
+    args.extend([
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{base}"),
+        "--metrics-file".into(),
+        file.to_str().unwrap().into(),
+    ]);
+    let ranks = start_ranks(2, &[0, 1], &args);
+    // Rank 1 serves at base + its local rank.
+    let mut seen_running = None;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(120) && seen_running.is_none() {
+        if let Some(text) = scrape(base + 1) {
+            let done = sample(&text, "pipecut_microbatches_done").unwrap();
+            assert_eq!(
+                sample(&text, "pipecut_microbatches_total"),
+                Some(microbatches as f64)
+            );
+            if done > 0.0 && done < microbatches as f64 {
+                seen_running = Some(text);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let outputs = wait_all(ranks, Duration::from_secs(300));
+    for (rank, out) in &outputs {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    let text = seen_running.expect("a scrape saw the job part done");
+    assert!(text.contains("# TYPE pipecut_busy_seconds counter"));
+    assert!(text.contains("stage=\"1\""), "{text}");
+    let last = std::fs::read_to_string(dir.path().join("rank-0.prom")).unwrap();
+    assert_eq!(
+        sample(&last, "pipecut_microbatches_done"),
+        Some(microbatches as f64)
+    );
+    assert!(sample(&last, "pipecut_sent_bytes").unwrap() > 0.0);
+    let bubble = sample(&last, "pipecut_bubble_ratio").unwrap();
+    assert!((0.0..1.0).contains(&bubble), "{bubble}");
+}
+
+/// `mpirun` as CI runs it: as root where needed, more ranks than cores.
+#[cfg(feature = "mpi")]
+fn mpirun(world: usize, args: &[String]) -> Option<Command> {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        common::skip(
+            common::Need::Toolchain,
+            "no mpirun: install Open MPI (`apt-get install openmpi-bin libopenmpi-dev`)",
+        );
+        return None;
+    }
+    let mut command = Command::new("mpirun");
+    command
+        .current_dir(common::root())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-np", &world.to_string()])
+        .arg(env!("CARGO_BIN_EXE_pipecut"))
+        .arg("run")
+        .args(args)
+        .args(["--distributed", "--transport", "mpi"]);
+    Some(command)
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in common::FIXTURES {
+        let (plan, profile, k, d) = four_rank_plan(dir.path(), name).expect("a 4-rank plan");
+        let model = common::fixture(name);
+        let plan_text: Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+        let step = plan_text["config"]["microbatches"].as_u64().unwrap() as usize * d;
+        let args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            model.to_str().unwrap().into(),
+            "--device-profile".into(),
+            profile.to_str().unwrap().into(),
+        ];
+        let single = dir.path().join(format!("{name}-single"));
+        run_ok(
+            pipecut()
+                .arg("run")
+                .args(&args)
+                .args(["--microbatches", &step.to_string()])
+                .arg("--output-dir")
+                .arg(&single),
+        );
+        let multi = dir.path().join(format!("{name}-mpi"));
+        let mut rank_args = args.clone();
+        rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
+        let Some(mut command) = mpirun(4, &rank_args) else {
+            return;
+        };
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.matches("over mpi").count(), 4, "{text}");
+        assert_same_outputs(&single, &multi, &format!("{name} under mpirun ({k} x {d})"));
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn under_mpirun_a_rank_that_fails_ends_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = two_stage_job(dir.path(), 4, "5s");
+    // Rank 1 is refused its metrics file (a directory), so it fails at start and never
+    // receives; rank 0 must not wait for it forever.
+    args.extend([
+        "--metrics-file".into(),
+        dir.path().join("rank-{rank}").to_str().unwrap().into(),
+    ]);
+    std::fs::create_dir(dir.path().join("rank-1")).unwrap();
+    let Some(mut command) = mpirun(2, &args) else {
+        return;
+    };
+    let began = Instant::now();
+    let out = command.output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    let message = stderr(&out);
+    assert!(message.contains("rank-1"), "{message}");
+}
