@@ -492,6 +492,36 @@ pub fn split_microbatches(inputs: &Tensors, microbatches: usize) -> Result<Vec<T
     Ok(parts)
 }
 
+/// The outputs of micro-batches in step order, joined along axis 0: the inverse of
+/// [`split_microbatches`].
+pub fn join_microbatches(parts: &[Tensors]) -> Result<Tensors, Error> {
+    let mut joined = Tensors::new();
+    let Some(first) = parts.first() else {
+        return Ok(joined);
+    };
+    for name in first.keys() {
+        let pieces: Vec<HostTensor> = parts
+            .iter()
+            .map(|p| {
+                p.get(name)
+                    .map(|t| (**t).clone())
+                    .ok_or_else(|| Error::RunInput(format!("a micro-batch lacks output '{name}'")))
+            })
+            .collect::<Result<_, _>>()?;
+        let tensor = if pieces.len() == 1 {
+            pieces.into_iter().next().expect("one piece")
+        } else {
+            HostTensor::concat_axis0(&pieces).map_err(|d| {
+                Error::RunInput(format!(
+                    "cannot join output '{name}' across micro-batches: {d}"
+                ))
+            })?
+        };
+        joined.insert(name.clone(), Arc::new(tensor));
+    }
+    Ok(joined)
+}
+
 type Message = Result<(usize, Tensors), Error>;
 
 /// Streams `inputs`, split into `microbatches` along axis 0, through the prepared `stages`, one
@@ -595,27 +625,8 @@ pub fn run_pipeline_with<E: Executor>(
         (outcome.map(|()| collected), busy)
     });
     let wall_secs = start.elapsed().as_secs_f64();
-    let collected = collected?;
-    let mut outputs = Tensors::new();
-    if let Some(Some(first)) = collected.first() {
-        for name in first.keys() {
-            let parts: Vec<HostTensor> = collected
-                .iter()
-                .flatten()
-                .map(|m| (*m[name]).clone())
-                .collect();
-            let joined = if parts.len() == 1 {
-                parts.into_iter().next().expect("one part")
-            } else {
-                HostTensor::concat_axis0(&parts).map_err(|d| {
-                    Error::RunInput(format!(
-                        "cannot join output '{name}' across micro-batches: {d}"
-                    ))
-                })?
-            };
-            outputs.insert(name.clone(), Arc::new(joined));
-        }
-    }
+    let collected: Vec<Tensors> = collected?.into_iter().flatten().collect();
+    let outputs = join_microbatches(&collected)?;
     let stage_timings = busy
         .iter()
         .enumerate()

@@ -23,15 +23,14 @@ pub mod transport;
 pub mod wire;
 
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use launch::Launch;
 pub use metrics::{RankFigures, SharedFigures};
 pub use transport::{Transport, TransportError};
 
-use super::cpu::thread_cpu_secs;
-use super::{Executor, HostTensor, Tensors};
+use super::cpu::{join_microbatches, thread_cpu_secs};
+use super::{Executor, Tensors};
 use crate::Error;
 
 /// Tag of the message a rank sends the collector when it has finished.
@@ -296,36 +295,6 @@ impl RankLoop<'_> {
         change(&mut figures);
         figures.wall_secs = self.start.elapsed().as_secs_f64();
     }
-}
-
-/// The outputs of micro-batches in step order, joined along axis 0 as the one-process run
-/// joins them.
-fn join_microbatches(parts: &[Tensors]) -> Result<Tensors, Error> {
-    let mut joined = Tensors::new();
-    let Some(first) = parts.first() else {
-        return Ok(joined);
-    };
-    for name in first.keys() {
-        let pieces: Vec<HostTensor> = parts
-            .iter()
-            .map(|p| {
-                p.get(name).map(|t| (**t).clone()).ok_or_else(|| {
-                    Error::Distributed(format!("a micro-batch lacks output '{name}'"))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let tensor = if pieces.len() == 1 {
-            pieces.into_iter().next().expect("one piece")
-        } else {
-            HostTensor::concat_axis0(&pieces).map_err(|d| {
-                Error::Distributed(format!(
-                    "cannot join output '{name}' across micro-batches: {d}"
-                ))
-            })?
-        };
-        joined.insert(name.clone(), Arc::new(tensor));
-    }
-    Ok(joined)
 }
 
 #[cfg(test)]
