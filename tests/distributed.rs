@@ -334,15 +334,32 @@ fn sample(text: &str, metric: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The body of a scrape, or `None` while nothing (or something other than a rank) answers:
+/// with timeouts, so that another program on the port cannot hang the test.
 fn scrape(port: u16) -> Option<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .ok()?;
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .ok()?;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).ok()?;
-    Some(reply.split("\r\n\r\n").nth(1)?.to_string())
+    let body = reply.split("\r\n\r\n").nth(1)?;
+    body.contains("pipecut_").then(|| body.to_string())
+}
+
+/// A port whose successor is free too (rank r serves at the base port + its local rank).
+fn two_free_ports() -> u16 {
+    loop {
+        let base = free_port();
+        if base < u16::MAX && TcpListener::bind(("127.0.0.1", base + 1)).is_ok() {
+            return base;
+        }
+    }
 }
 
 #[test]
@@ -350,7 +367,7 @@ fn metrics_are_scraped_while_the_job_runs_and_written_at_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let microbatches = 48;
     let mut args = two_stage_job(dir.path(), microbatches, "60s");
-    let base = free_port();
+    let base = two_free_ports();
     let file = dir.path().join("rank-{rank}.prom");
     args.extend([
         "--metrics-addr".into(),

@@ -163,6 +163,7 @@ pub fn serve(addr: SocketAddr, figures: SharedFigures) -> Result<SocketAddr, Err
     thread::spawn(move || {
         for mut stream in listener.incoming().flatten() {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
             // The request itself does not matter; read what came so the client sees a reply.
             let mut request = [0u8; 1024];
             let _ = stream.read(&mut request);
