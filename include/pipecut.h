@@ -33,7 +33,8 @@ extern "C" {
  * "time_limit_secs" (10), "solver" ("auto" | "dp" | "milp"), "unknown_op_cost"
  * ("error" | "zero" | "bytes"), "intra_link", "inter_link", "model_file_name",
  * "external_data_dir", "record_solve_time", "node_secs" ({"node name": measured seconds per
- * micro-batch}). Unknown fields are errors.
+ * micro-batch}), "baseline_layer_type" (the regex of DeepSpeed's type: baseline). Unknown
+ * fields are errors.
  *
  * Returns NULL on any error (NULL pointer, invalid UTF-8, bad request, bad model, no plan that
  * fits); pipecut_last_error() then returns the message. The solve stops at about

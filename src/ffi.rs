@@ -116,6 +116,14 @@ pub struct PlanRequest {
     /// [`Planner::with_node_secs`]). Not a flag of `pipecut partition`.
     #[serde(default)]
     pub node_secs: BTreeMap<String, f64>,
+    /// The regex of DeepSpeed's `partition_method="type:REGEX"` baseline, as `pipecut partition
+    /// --baseline-layer-type` takes it (default: the numbered blocks).
+    #[serde(default = "default_layer_type")]
+    pub baseline_layer_type: String,
+}
+
+fn default_layer_type() -> String {
+    crate::partition::baselines::DEFAULT_LAYER_TYPE.to_string()
 }
 
 /// Reads `stages`: `"auto"`, a positive JSON integer, or one written as text.
@@ -238,6 +246,8 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
     let request = PlanRequest::from_json(config_json)?;
     let stages = request.stages;
     let time_limit = request.time_limit()?;
+    crate::partition::baselines::check_layer_type(&request.baseline_layer_type)
+        .map_err(|why| Error::InvalidRequest(format!("baseline_layer_type: {why}")))?;
     let catalog = Catalog::builtin();
     let cluster = request.cluster(&catalog)?;
 
@@ -262,7 +272,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
         time_limit,
         solver: request.solver,
         cut_constraints: request.cut_constraints.clone(),
-        baseline_layer_type: crate::partition::baselines::DEFAULT_LAYER_TYPE.to_string(),
+        baseline_layer_type: request.baseline_layer_type.clone(),
     };
     let solution = Planner::new(&model.graph, &cluster)
         .with_config(config)

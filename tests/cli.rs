@@ -444,4 +444,31 @@ fn the_type_baselines_regex_is_recorded_checked_and_validated() {
     assert_eq!(code, 2, "{stdout}");
     let first = stderr.lines().next().unwrap_or_default();
     assert!(first.ends_with("not a regex (unclosed group)"), "{stderr}");
+
+    // plan-cluster gives the chosen configuration's baselines the same regex.
+    let clustered = dir.path().join("cluster.json");
+    let cluster_args = |regex: &'static str| {
+        vec![
+            "plan-cluster",
+            model_path,
+            "--cluster",
+            "1x3xL4",
+            "--global-batch",
+            "8",
+            "--dim",
+            "seq=16",
+            "--baseline-layer-type",
+            regex,
+            "--out",
+            clustered.to_str().unwrap(),
+        ]
+    };
+    let (code, _, stderr) = pipecut(&cluster_args(r"H\.[01]$"));
+    assert_eq!(code, 0, "{stderr}");
+    let plan =
+        pipecut::plan::Plan::from_json(&std::fs::read_to_string(&clustered).unwrap()).unwrap();
+    assert_eq!(plan.config.baseline_layer_type, r"H\.[01]$");
+    let (code, _, stderr) = pipecut(&cluster_args("(unclosed"));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not a regex (unclosed group)"), "{stderr}");
 }

@@ -544,6 +544,14 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
             "not bound",
         ),
         (
+            "a baseline layer type that is not a regex",
+            Some(&model),
+            request(
+                r#"{"devices": "L4,L4", "dims": {"batch": 4}, "baseline_layer_type": "(unclosed"}"#,
+            ),
+            "baseline_layer_type: not a regex (unclosed group)",
+        ),
+        (
             "bad headroom",
             Some(&model),
             request(r#"{"devices": "L4", "dims": {"batch": 4}, "memory_headroom": 1.5}"#),
@@ -578,6 +586,28 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
     let plan = call(Some(&model), Some(&good)).unwrap();
     assert_eq!(stage_count(&plan), 2);
     assert!(pipecut_last_error().is_null());
+}
+
+/// The DeepSpeed `type:` baseline's regex reaches the plan from a C caller as from the CLI.
+#[test]
+fn the_baseline_layer_type_is_taken_and_recorded() {
+    let model = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let config = request(
+        r#"{"devices": "L4,L4,L4", "stages": 3, "dims": {"batch": 4, "seq": 16},
+            "baseline_layer_type": "H\\.[01]$"}"#,
+    );
+    let plan = pipecut::plan::Plan::from_json(&call(Some(&model), Some(&config)).unwrap()).unwrap();
+    assert_eq!(plan.config.baseline_layer_type, r"H\.[01]$");
+    let peers: Vec<&str> = plan
+        .summary
+        .baselines
+        .iter()
+        .map(|b| b.peer.as_str())
+        .collect();
+    assert!(
+        peers.contains(&r"deepspeed 0.19 type:H\.[01]$"),
+        "{peers:?}"
+    );
 }
 
 #[test]

@@ -476,14 +476,8 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
 }
 
 /// A `--baseline-layer-type` that compiles as a regex.
-fn parse_layer_type(text: &str) -> Result<String, String> {
-    regex::Regex::new(text)
-        .map(|_| text.to_string())
-        .map_err(|e| {
-            let text = e.to_string();
-            let why = text.lines().last().unwrap_or_default();
-            format!("not a regex ({})", why.trim_start_matches("error: "))
-        })
+pub(super) fn parse_layer_type(text: &str) -> Result<String, String> {
+    pipecut::partition::baselines::check_layer_type(text).map(|()| text.to_string())
 }
 
 /// How much faster the plan is than a baseline (its bottleneck over the plan's), with a tie

@@ -68,6 +68,10 @@ pub struct PlanClusterArgs {
     /// Time budget for the search and for the chosen configuration's partition (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
+    /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given for the chosen
+    /// configuration's baselines, as `pipecut partition --baseline-layer-type` takes it.
+    #[arg(long, value_name = "REGEX", default_value = pipecut::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = super::partition::parse_layer_type)]
+    baseline_layer_type: String,
     /// Write the chosen configuration's plan JSON (with its replicas) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -187,7 +191,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             time_limit: args.time_limit,
             // The search partitions without constraints; the plan keeps the stages it costed.
             cut_constraints: pipecut::partition::CutConstraints::none(),
-            baseline_layer_type: pipecut::partition::baselines::DEFAULT_LAYER_TYPE.to_string(),
+            baseline_layer_type: args.baseline_layer_type.clone(),
         })
         .solve()
         .with_context(|| format!("'{}'", path.display()))?;

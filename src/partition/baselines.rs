@@ -35,6 +35,16 @@ use super::problem::PartitionProblem;
 /// name that ends in `.N`.
 pub const DEFAULT_LAYER_TYPE: &str = r"\.[0-9]+$";
 
+/// Checks a `type:REGEX` layer pattern before any solve: `Err` says why it is not a regex, in
+/// one line.
+pub fn check_layer_type(pattern: &str) -> Result<(), String> {
+    regex::Regex::new(pattern).map(|_| ()).map_err(|e| {
+        let text = e.to_string();
+        let why = text.lines().last().unwrap_or_default();
+        format!("not a regex ({})", why.trim_start_matches("error: "))
+    })
+}
+
 /// The peers' methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
