@@ -1,27 +1,26 @@
 //! The CUDA backend: refused clearly without the `cuda` feature; with it, its kernels compile
-//! under NVRTC (no GPU needed: the venv of `fixtures/pyenv.sh` carries libnvrtc), and where a GPU
-//! is present its outputs match onnxruntime's on every fixture, whole and in 2 to 4 stages.
+//! under NVRTC (no GPU needed: the venv of `fixtures/pyenv.sh` carries libnvrtc), and its runs are
+//! checked against onnxruntime and against the CPU runtime under a fake CUDA driver and cuBLAS
+//! (`tests/fake_cuda/`, built here with g++), which run the project's kernels on the CPU and
+//! check what a driver checks. Where a real GPU is present the fixtures run on it too.
 //! Tests that need what this machine lacks print why and return.
 
 mod common;
+#[cfg(feature = "cuda")]
+mod fake_cuda;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
-fn pipecut(args: &[&str], library_path: Option<&Path>) -> (i32, String, String) {
+/// Runs `pipecut` with `args`, and `env` added to its environment.
+fn pipecut(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pipecut"));
     command.args(args).current_dir(common::root());
-    if let Some(dir) = library_path {
-        // The dynamic loader reads LD_LIBRARY_PATH when a process starts, so the library
-        // directory is given to a child process rather than set in this one.
-        let joined = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(old) => format!("{}:{}", dir.display(), old.to_string_lossy()),
-            None => dir.display().to_string(),
-        };
-        command.env("LD_LIBRARY_PATH", joined);
-    }
+    // The dynamic loader reads LD_LIBRARY_PATH when a process starts, so the fake driver's
+    // directory is given to a child process rather than set in this one.
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     let out = command.output().expect("pipecut runs");
     (
         out.status.code().unwrap_or(-1),
@@ -49,14 +48,14 @@ fn partition(dir: &Path, model: &str, stages: usize, dims: &[&str]) -> PathBuf {
     }
     let out = plan.to_str().unwrap().to_string();
     args.extend(["--out", &out]);
-    let (code, _, err) = pipecut(&args, None);
+    let (code, _, err) = pipecut(&args, &[]);
     assert_eq!(code, 0, "{err}");
     plan
 }
 
 #[test]
 fn devices_reports_the_backend_and_why_no_gpu_is_usable() {
-    let (code, out, err) = pipecut(&["devices", "--json"], None);
+    let (code, out, err) = pipecut(&["devices", "--json"], &[]);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).expect("JSON report");
     assert_eq!(report["cuda_built"], cfg!(feature = "cuda"));
@@ -87,7 +86,7 @@ fn assert_cuda_run_refused(expected: &[&str]) {
             "--output-dir",
             out_dir.to_str().unwrap(),
         ],
-        None,
+        &[],
     );
     assert_eq!(code, 2, "{err}");
     for text in expected {
@@ -131,7 +130,8 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         );
         return;
     };
-    let (code, out, err) = pipecut(&["devices", "--json"], Some(&dir));
+    let env = [("LD_LIBRARY_PATH".to_string(), dir.display().to_string())];
+    let (code, out, err) = pipecut(&["devices", "--json"], &env);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).expect("JSON report");
     let kernels: Vec<&str> = report["kernels"]
@@ -191,56 +191,112 @@ fn assert_close(what: &str, out_dir: &Path, reference: &Path) {
     }
 }
 
+/// The environment of a child process that sees `gpu` through the fake driver, or `None` (the
+/// skip recorded) where this machine cannot build it or has no NVRTC.
 #[cfg(feature = "cuda")]
-#[test]
-fn cuda_runs_match_onnxruntime_on_every_fixture_in_one_to_four_stages() {
-    if let Err(why) = pipecut::runtime::cuda::device_count() {
-        common::skip(common::Need::Gpu, why);
-        return;
+fn fake(gpu: fake_cuda::FakeGpu) -> Option<Vec<(String, String)>> {
+    let Some(nvrtc) = venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`), so the fake driver has no kernels",
+        );
+        return None;
+    };
+    match fake_cuda::environment(&gpu, &nvrtc) {
+        Ok(env) => Some(env),
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            None
+        }
     }
+}
+
+/// A fixture's dims and its reference inputs as `--input` arguments.
+#[cfg(feature = "cuda")]
+fn reference_run(name: &str) -> (PathBuf, Vec<String>, Vec<String>) {
+    let reference = common::root().join("fixtures/reference/outputs").join(name);
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference.join("manifest.json")).unwrap())
+            .unwrap();
+    let dims = manifest["dims"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let inputs = manifest["inputs"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, f)| format!("{k}={}", reference.join(f.as_str().unwrap()).display()))
+        .collect();
+    (reference, dims, inputs)
+}
+
+/// `pipecut run` of `model` on `backend` with `plan`, into `out_dir`; answers stdout.
+#[cfg(feature = "cuda")]
+fn run_plan(
+    plan: &Path,
+    model: &str,
+    backend: &str,
+    extra: &[String],
+    out_dir: &Path,
+    env: &[(String, String)],
+) -> String {
+    let mut args = vec![
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        backend,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    let (code, out, err) = pipecut(&args, env);
+    assert_eq!(code, 0, "{model} on {backend} with {extra:?}: {err}");
+    assert!(
+        !err.contains("fake lib"),
+        "{model}: the fake driver objected: {err}"
+    );
+    out
+}
+
+/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs.
+#[cfg(feature = "cuda")]
+fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) {
     for name in common::FIXTURES {
-        let reference = common::root().join("fixtures/reference/outputs").join(name);
-        let manifest: Value = serde_json::from_str(
-            &std::fs::read_to_string(reference.join("manifest.json")).unwrap(),
-        )
-        .unwrap();
-        let dims: Vec<String> = manifest["dims"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let (reference, dims, inputs) = reference_run(name);
         let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
-        let inputs: Vec<String> = manifest["inputs"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, f)| format!("{k}={}", reference.join(f.as_str().unwrap()).display()))
-            .collect();
         let model = format!("fixtures/models/{name}.onnx");
-        for stages in 1..=4 {
+        for &stages in stage_counts {
             let dir = tempfile::tempdir().unwrap();
             let plan = partition(dir.path(), &model, stages, &dims);
             let out_dir = dir.path().join("out");
-            let mut args = vec![
-                "run",
-                plan.to_str().unwrap(),
-                &model,
-                "--backend",
-                "cuda",
-                "--microbatches",
-                "1",
-                "--output-dir",
-                out_dir.to_str().unwrap(),
-            ];
+            let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
             for input in &inputs {
-                args.extend(["--input", input]);
+                extra.extend(["--input".to_string(), input.clone()]);
             }
-            let (code, out, err) = pipecut(&args, None);
-            assert_eq!(code, 0, "{name} K={stages}: {err}");
+            let out = run_plan(&plan, &model, "cuda", &extra, &out_dir, env);
             eprintln!("{name} K={stages}:\n{out}");
             assert_close(&format!("{name} K={stages}"), &out_dir, &reference);
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_match_onnxruntime_on_every_fixture_in_one_to_four_stages() {
+    if let Some(env) = fake(fake_cuda::FakeGpu::current()) {
+        fixtures_match_onnxruntime(&env, &[1, 2, 3, 4]);
+    }
+    match pipecut::runtime::cuda::device_count() {
+        Ok(_) => fixtures_match_onnxruntime(&[], &[1, 2, 3, 4]),
+        Err(why) => common::skip(common::Need::Gpu, format!("no real GPU: {why}")),
     }
 }
 
