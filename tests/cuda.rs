@@ -309,3 +309,255 @@ fn without_a_driver_the_cuda_backend_says_why() {
     };
     assert_cuda_run_refused(&[&why]);
 }
+
+/// `pipecut devices --json` under `env`.
+#[cfg(feature = "cuda")]
+fn devices_report(env: &[(String, String)]) -> Value {
+    let (code, out, err) = pipecut(&["devices", "--json"], env);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("JSON report")
+}
+
+/// NVRTC 12.8 writes PTX ISA 8.7, which an R535 driver (CUDA 12.2, ISA 8.2) refuses: the
+/// kernels go to the device as a CUBIN for its architecture, which `devices` loads and says.
+#[cfg(feature = "cuda")]
+#[test]
+fn kernels_load_and_run_under_an_r535_driver() {
+    for (gpu, cubin) in [
+        (fake_cuda::FakeGpu::r535(), "CUBIN for sm_90"),
+        (
+            fake_cuda::FakeGpu {
+                arch: 87,
+                ..fake_cuda::FakeGpu::r535()
+            },
+            "CUBIN for sm_87",
+        ),
+    ] {
+        let Some(env) = fake(gpu) else {
+            return;
+        };
+        let report = devices_report(&env);
+        let device = &report["devices"][0];
+        assert_eq!(device["kernels"], cubin, "{report}");
+        assert!(device["problem"].is_null(), "{report}");
+    }
+    let Some(env) = fake(fake_cuda::FakeGpu::r535()) else {
+        return;
+    };
+    fixtures_match_onnxruntime(&env, &[1, 2]);
+}
+
+/// Only a GPU newer than every architecture NVRTC knows gets PTX; under an old driver that
+/// PTX is refused, and `devices` says so before any run.
+#[cfg(feature = "cuda")]
+#[test]
+fn devices_reports_a_gpu_whose_kernels_cannot_load() {
+    let gpu = fake_cuda::FakeGpu {
+        arch: 130,
+        ..fake_cuda::FakeGpu::r535()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    let report = devices_report(&env);
+    let problem = report["devices"][0]["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains("PTX"), "{report}");
+    assert!(report["devices"][0]["kernels"].is_null(), "{report}");
+}
+
+/// A machine with a driver and no cuBLAS: `devices` says so, and a run fails with the reason
+/// (cudarc panics when it creates a handle without the library).
+#[cfg(feature = "cuda")]
+#[test]
+fn without_cublas_a_run_fails_with_the_reason() {
+    let Some(mut env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let fake_dir = fake_cuda::libraries(fake_cuda::Build::Plain).unwrap();
+    let driver_only = tempfile::tempdir().unwrap();
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        std::os::unix::fs::symlink(fake_dir.join("libcuda.so.1"), driver_only.path().join(name))
+            .unwrap();
+    }
+    let path = &mut env[0].1;
+    assert!(path.starts_with(fake_dir.to_str().unwrap()));
+    *path = path.replacen(
+        fake_dir.to_str().unwrap(),
+        driver_only.path().to_str().unwrap(),
+        1,
+    );
+    let report = devices_report(&env);
+    assert!(
+        report["cublas_problem"]
+            .as_str()
+            .is_some_and(|why| why.contains("cuBLAS")),
+        "{report}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/mlp.onnx";
+    let plan = partition(dir.path(), model, 1, &["batch=4"]);
+    let out_dir = dir.path().join("out");
+    let args = [
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        "cuda",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cuBLAS"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A kernel that faults leaves its context unusable (every later call fails): the run reports
+/// the fault, and tearing the stages down (cuBLAS handles included) does not panic over it.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_device_fault_is_reported_and_teardown_does_not_panic() {
+    let Some(mut env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    env.push(("PC_FAKE_CUDA_FAULT_AT_LAUNCH".into(), "5".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let plan = partition(dir.path(), model, 2, &["batch=2", "seq=8"]);
+    let out_dir = dir.path().join("out");
+    let args = [
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        "cuda",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("fault injected"), "{err}");
+    assert!(err.contains("ILLEGAL_ADDRESS"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Compares the `.npy` outputs of two runs of one model.
+#[cfg(feature = "cuda")]
+fn assert_same_outputs(what: &str, cuda: &Path, cpu: &Path) {
+    let mut compared = 0;
+    for entry in std::fs::read_dir(cpu).unwrap() {
+        let path = entry.unwrap().path();
+        let want = pipecut::runtime::read_npy(&path)
+            .expect("cpu output")
+            .tensor;
+        let got = pipecut::runtime::read_npy(&cuda.join(path.file_name().unwrap()))
+            .expect("cuda output")
+            .tensor;
+        assert_eq!(got.shape(), want.shape(), "{what}: {}", path.display());
+        for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 + 1e-3 * b.abs(),
+                "{what}: {}[{i}] is {a} on CUDA, {b} on the CPU",
+                path.display()
+            );
+        }
+        compared += 1;
+    }
+    assert!(compared > 0, "{what}: no outputs");
+}
+
+/// Runs every fixture on both backends from the same seeded inputs at `dims`, split into
+/// `stage_counts` stages, and compares.
+#[cfg(feature = "cuda")]
+fn cuda_matches_cpu(env: &[(String, String)], dims: &[&str], stage_counts: &[usize]) {
+    for name in common::FIXTURES {
+        let model = format!("fixtures/models/{name}.onnx");
+        let (_, fixture_dims, _) = reference_run(name);
+        let dims: Vec<&str> = dims
+            .iter()
+            .copied()
+            .filter(|d| {
+                let key = d.split('=').next().unwrap();
+                fixture_dims
+                    .iter()
+                    .any(|f| f.starts_with(&format!("{key}=")))
+            })
+            .collect();
+        for &stages in stage_counts {
+            let dir = tempfile::tempdir().unwrap();
+            let plan = partition(dir.path(), &model, stages, &dims);
+            let extra = ["--microbatches".to_string(), "2".to_string()];
+            let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+            let out = run_plan(&plan, &model, "cuda", &extra, &cuda, env);
+            run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
+            let what = format!("{name} K={stages} {dims:?}");
+            eprintln!("{what}:\n{out}");
+            assert_same_outputs(&what, &cuda, &cpu);
+        }
+    }
+}
+
+/// Shapes unlike the fixtures' (batch 3, sequence 11: odd, and unequal, so swapped strides or
+/// dims show), in 1 and 3 stages, against the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_matches_the_cpu_runtime_at_odd_shapes() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    cuda_matches_cpu(&env, &["batch=3", "seq=11"], &[1, 3]);
+}
+
+/// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
+/// stages moves between devices.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_across_two_gpus() {
+    let gpu = fake_cuda::FakeGpu {
+        devices: 2,
+        arch: 80,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    assert_eq!(devices_report(&env)["gpus"], 2);
+    cuda_matches_cpu(&env, &["batch=3", "seq=5"], &[2, 4]);
+}
+
+/// The fake driver built with AddressSanitizer: a kernel reading or writing outside its
+/// buffers, or past its dynamic shared memory, stops the run with a report.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_are_clean_under_address_sanitizer() {
+    let gpu = fake_cuda::FakeGpu {
+        build: fake_cuda::Build::Asan,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    cuda_matches_cpu(&env, &["batch=3", "seq=7"], &[2]);
+}
+
+/// Shape and Size answer from the shape; no fixture op copies a device tensor back for them.
+#[cfg(feature = "cuda")]
+#[test]
+fn shape_and_size_do_not_copy_device_tensors() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    for name in ["gpt2_tiny", "llama_tiny", "bert_tiny"] {
+        let model = format!("fixtures/models/{name}.onnx");
+        let dir = tempfile::tempdir().unwrap();
+        let plan = partition(dir.path(), &model, 2, &["batch=2", "seq=8"]);
+        let extra = ["--json".to_string()];
+        let out = run_plan(&plan, &model, "cuda", &extra, &dir.path().join("out"), &env);
+        let report: Value = serde_json::from_str(&out).expect("JSON report");
+        for stage in report["stages"].as_array().unwrap() {
+            let host_ops = &stage["host_ops"];
+            assert!(host_ops.get("Shape").is_none(), "{name}: {host_ops}");
+            assert!(host_ops.get("Size").is_none(), "{name}: {host_ops}");
+        }
+    }
+}

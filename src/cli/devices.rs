@@ -26,6 +26,10 @@ struct Report {
     kernels: Option<Vec<String>>,
     /// Why the kernels could not be compiled.
     kernels_problem: Option<String>,
+    /// Each GPU with the kernels compiled for its architecture and loaded on it.
+    devices: Vec<pipecut::runtime::cuda::DeviceReport>,
+    /// Why cuBLAS cannot be used (a run needs it), when it cannot.
+    cublas_problem: Option<String>,
 }
 
 pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
@@ -44,6 +48,8 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
         gpu_problem,
         kernels,
         kernels_problem,
+        devices: cuda::device_reports(),
+        cublas_problem: cuda::cublas_problem(),
     };
     if args.json {
         print_stdout(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
@@ -68,6 +74,24 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
         )),
         (None, Some(why)) => text.push_str(&format!("kernels: not compiled: {why}\n")),
         _ => {}
+    }
+    for d in &report.devices {
+        match (&d.kernels, &d.problem) {
+            (Some(image), _) => text.push_str(&format!(
+                "GPU {} (compute capability {}): kernels loaded ({image})\n",
+                d.ordinal, d.compute_capability
+            )),
+            (None, Some(why)) => text.push_str(&format!(
+                "GPU {} (compute capability {}): kernels not loaded: {why}\n",
+                d.ordinal, d.compute_capability
+            )),
+            _ => {}
+        }
+    }
+    if report.cuda_built {
+        if let Some(why) = &report.cublas_problem {
+            text.push_str(&format!("cuBLAS: {why}\n"));
+        }
     }
     text.push_str("CPU backend: always built\n");
     print_stdout(&text)?;

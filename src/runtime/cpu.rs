@@ -498,7 +498,7 @@ type Message = Result<(usize, Tensors), Error>;
 /// thread per stage; joins the outputs back along axis 0.
 pub fn run_pipeline<E: Executor>(
     executor: &E,
-    stages: &[E::Stage],
+    stages: &mut [E::Stage],
     inputs: &Tensors,
     microbatches: usize,
 ) -> Result<PipelineReport, Error> {
@@ -514,7 +514,7 @@ pub fn run_pipeline<E: Executor>(
 /// [`run_pipeline`] with options.
 pub fn run_pipeline_with<E: Executor>(
     executor: &E,
-    stages: &[E::Stage],
+    stages: &mut [E::Stage],
     inputs: &Tensors,
     microbatches: usize,
     options: PipelineOptions,
@@ -536,7 +536,8 @@ pub fn run_pipeline_with<E: Executor>(
     let start = Instant::now();
     let (collected, busy) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(k);
-        for (index, (stage, tx)) in stages.iter().zip(senders).enumerate() {
+        // Each stage goes to its thread alone (`&mut`), so a stage need not be `Sync`.
+        for (index, (stage, tx)) in stages.iter_mut().zip(senders).enumerate() {
             let rx = receivers.next().expect("k + 1 channels");
             handles.push(scope.spawn(move || {
                 if options.pin_stages_to_cores {
@@ -549,7 +550,7 @@ pub fn run_pipeline_with<E: Executor>(
                         Ok((i, tensors)) => {
                             let began = Instant::now();
                             let cpu_began = thread_cpu_secs();
-                            let result = executor.run(stage, &tensors);
+                            let result = executor.run(&*stage, &tensors);
                             busy_secs += began.elapsed().as_secs_f64();
                             cpu_secs += thread_cpu_secs() - cpu_began;
                             result.map(|out| (i, out))
@@ -778,14 +779,14 @@ mod tests {
         let executor = CpuExecutor::new(&graph, &weights);
         let order = graph.topological_order().to_vec();
         let specs = stage_specs(&graph, &[order[..5].to_vec(), order[5..].to_vec()]).unwrap();
-        let stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
+        let mut stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
         // Rows of the wrong width: the first Gemm refuses them.
         let mut inputs = Tensors::new();
         inputs.insert(
             "input".into(),
             Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
         );
-        let err = run_pipeline(&executor, &stages, &inputs, 4)
+        let err = run_pipeline(&executor, &mut stages, &inputs, 4)
             .unwrap_err()
             .to_string();
         assert!(err.contains("inner dims differ"), "{err}");

@@ -13,6 +13,29 @@ pub fn device_count() -> Result<usize, String> {
     Err("pipecut was built without the `cuda` feature".into())
 }
 
+/// Why cuBLAS cannot be used: this build has no CUDA backend.
+pub fn cublas_problem() -> Option<String> {
+    Some("pipecut was built without the `cuda` feature".into())
+}
+
+/// One GPU as `pipecut devices` reports it (none in this build).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceReport {
+    /// The driver's device number.
+    pub ordinal: usize,
+    /// Compute capability as `major.minor`.
+    pub compute_capability: String,
+    /// What was loaded.
+    pub kernels: Option<String>,
+    /// Why the kernels cannot be loaded on it.
+    pub problem: Option<String>,
+}
+
+/// No GPU is opened in this build.
+pub fn device_reports() -> Vec<DeviceReport> {
+    Vec::new()
+}
+
 /// Always [`Error::CudaNotCompiled`] in this build.
 pub fn check_kernels() -> Result<Vec<String>, Error> {
     Err(Error::CudaNotCompiled)

@@ -65,7 +65,8 @@ pub struct StageSpec {
 /// A backend that runs stages of a model.
 pub trait Executor: Sync {
     /// A stage made ready to run (kernels resolved, buffers planned, weights in place).
-    type Stage: Send + Sync;
+    /// Only `Send`: the pipeline gives each stage to one thread.
+    type Stage: Send;
 
     /// Prepares a stage; refuses an op the backend has no kernel for, naming op and node.
     fn prepare(&self, spec: &StageSpec) -> Result<Self::Stage, Error>;

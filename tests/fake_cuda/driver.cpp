@@ -17,7 +17,8 @@
 //
 // Environment: PC_FAKE_CUDA_DRIVER (driver version, default 12080 = CUDA 12.8; 12020 = R535),
 // PC_FAKE_CUDA_DEVICES (count, default 1), PC_FAKE_CUDA_ARCH (compute capability as 80 or 90,
-// default 90), PC_FAKE_CUDA_MEMORY_MB (per device, default 16384).
+// default 90), PC_FAKE_CUDA_MEMORY_MB (per device, default 16384), PC_FAKE_CUDA_FAULT_AT_LAUNCH
+// (make launch N fault).
 
 #include <ucontext.h>
 
@@ -42,6 +43,10 @@
 
 #include "device.h"
 #include "fake.h"
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define PC_FAST_SWITCH 1
+#endif
 
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
@@ -132,6 +137,9 @@ struct Driver {
     std::recursive_mutex lock;
     bool initialised = false;
     int version = env_int("PC_FAKE_CUDA_DRIVER", 12080);
+    // A launch to fault on purpose (1-based; 0 for none), to test what follows a device fault.
+    int fault_at_launch = env_int("PC_FAKE_CUDA_FAULT_AT_LAUNCH", 0);
+    int launches = 0;
     std::vector<std::unique_ptr<Device>> devices;
     std::set<Stream*> streams;
     std::set<Event*> events;
@@ -332,41 +340,104 @@ int parse_cubin(const unsigned char* image, int arch, std::vector<Entry>* entrie
 // ---- Running a grid: a fiber per CUDA thread where the kernel has barriers. ----
 
 struct Fiber {
-    ucontext_t context;
     std::vector<char> stack;
     bool done = false;
     int barrier_line = 0;  // the __syncthreads() it waits at (0 when running)
+#ifdef PC_FAST_SWITCH
+    void* sp = nullptr;
+#else
+    ucontext_t context;
+#endif
 };
 
 constexpr size_t kStack = 256 * 1024;
 
 struct BlockRun {
-    ucontext_t scheduler;
     std::vector<Fiber> fibers;
     Fiber* running = nullptr;
     const fake::Kernel* kernel = nullptr;
     void** params = nullptr;
     bool fibers_on = false;
     bool undeclared_barrier = false;
+#ifdef PC_FAST_SWITCH
+    void* scheduler_sp = nullptr;
+#else
+    ucontext_t scheduler;
+#endif
 };
 
 thread_local BlockRun block_run;
 
-void switch_to(ucontext_t* from, ucontext_t* to, Fiber* target) {
+void fiber_main();
+
+#ifdef PC_FAST_SWITCH
+// swapcontext saves the signal mask with a system call on every switch, which made barriers
+// most of a run's time; this switch saves only the callee-saved registers and the stack.
+extern "C" void pc_fake_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl pc_fake_switch
+    .type pc_fake_switch, @function
+pc_fake_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size pc_fake_switch, .-pc_fake_switch
+)");
+
+void start_fiber(Fiber& f) {
+    // The stack as pc_fake_switch leaves it: six saved registers, then the address `ret`
+    // jumps to, then a slot for fiber_main's own (never used) return address.
+    auto top = reinterpret_cast<uintptr_t>(f.stack.data() + f.stack.size()) & ~uintptr_t(15);
+    auto* sp = reinterpret_cast<void**>(top - 8);
+    *sp = nullptr;
+    *--sp = reinterpret_cast<void*>(&fiber_main);
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;
+    f.sp = sp;
+}
+void resume(Fiber& f) { pc_fake_switch(&block_run.scheduler_sp, f.sp); }
+void yield(Fiber& f) { pc_fake_switch(&f.sp, block_run.scheduler_sp); }
+#else
+void start_fiber(Fiber& f) {
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.data();
+    f.context.uc_stack.ss_size = f.stack.size();
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_main, 0);
+}
+void resume(Fiber& f) {
 #ifdef __SANITIZE_ADDRESS__
     void* fake_stack = nullptr;
-    if (target) {
-        __sanitizer_start_switch_fiber(&fake_stack, target->stack.data(), target->stack.size());
-    } else {
-        __sanitizer_start_switch_fiber(&fake_stack, nullptr, 0);
-    }
-    swapcontext(from, to);
+    __sanitizer_start_switch_fiber(&fake_stack, f.stack.data(), f.stack.size());
+    swapcontext(&block_run.scheduler, &f.context);
     __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #else
-    (void)target;
-    swapcontext(from, to);
+    swapcontext(&block_run.scheduler, &f.context);
 #endif
 }
+void yield(Fiber& f) {
+#ifdef __SANITIZE_ADDRESS__
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(&fake_stack, nullptr, 0);
+    swapcontext(&f.context, &block_run.scheduler);
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+    swapcontext(&f.context, &block_run.scheduler);
+#endif
+}
+#endif
 
 void fiber_main() {
 #ifdef __SANITIZE_ADDRESS__
@@ -375,10 +446,8 @@ void fiber_main() {
     BlockRun& b = block_run;
     b.kernel->run(b.params);
     b.running->done = true;
-#ifdef __SANITIZE_ADDRESS__
-    __sanitizer_start_switch_fiber(nullptr, nullptr, 0);
-#endif
-    setcontext(&b.scheduler);
+    yield(*b.running);  // never resumed
+    std::abort();
 }
 
 }  // namespace
@@ -392,7 +461,7 @@ extern "C" void pc_fake_syncthreads(int line) {
         return;
     }
     b.running->barrier_line = line;
-    switch_to(&b.running->context, &b.scheduler, nullptr);
+    yield(*b.running);
 }
 
 namespace {
@@ -420,11 +489,7 @@ std::string run_block(const fake::Kernel* kernel, void** params, bool barriers) 
         if (f.stack.empty()) f.stack.resize(kStack);
         f.done = false;
         f.barrier_line = 0;
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.data();
-        f.context.uc_stack.ss_size = f.stack.size();
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, fiber_main, 0);
+        start_fiber(f);
     }
     for (;;) {
         unsigned finished = 0, waiting = 0;
@@ -436,7 +501,7 @@ std::string run_block(const fake::Kernel* kernel, void** params, bool barriers) 
             f.barrier_line = 0;
             set_thread(t);
             b.running = &f;
-            switch_to(&b.scheduler, &f.context, &f);
+            resume(f);
         }
         for (unsigned t = 0; t < threads; ++t) {
             Fiber& f = b.fibers[t];
@@ -918,6 +983,11 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
         return INVALID_CONTEXT;
     }
     if (extra) return INVALID_VALUE;
+    if (++driver().launches == driver().fault_at_launch) {
+        fault(current, std::string(f->kernel->name) + ": fault injected at launch " +
+                           std::to_string(driver().launches) + " (PC_FAKE_CUDA_FAULT_AT_LAUNCH)");
+        return SUCCESS;
+    }
     return launch(f, dim3{gx, gy, gz}, dim3{bx, by, bz}, shared, params);
 }
 

@@ -13,7 +13,9 @@ use cudarc::driver::{
 
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::{broadcast_shapes, normalize_axis, transpose_perm, view_shape, Ctx};
+use crate::runtime::kernels::{
+    broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
+};
 use crate::runtime::tensor::HostTensor;
 
 /// Largest rank the kernels' [`Dims`] carries.
@@ -190,6 +192,12 @@ impl Gpu<'_> {
             stride_b: stride_a as i64,
             stride_c: (m * n) as i64,
         };
+        // cuBLAS works in the calling thread's current context, which nothing else here
+        // guarantees is the stream's (cudarc binds it only in its own calls).
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_error("context"))?;
         // SAFETY: the buffers hold `batch` matrices of the sizes in `config` (or one, with a zero
         // stride), as the callers build them.
         unsafe { self.blas.gemm_strided_batched(config, b, a, c) }
@@ -296,16 +304,25 @@ fn extra_outputs(ctx: &Ctx) -> bool {
 
 /// Runs the node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let op = ctx.node.op_type.as_str();
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
+        return Ok(None);
+    }
+    // Shape and Size read only the shape: a device tensor is not copied for them.
+    if let (Some(Some(Value::Device(x))), "Shape" | "Size") = (args.first(), op) {
+        let out = if op == "Shape" {
+            shape_tensor(ctx, &x.shape)
+        } else {
+            HostTensor::i64(vec![], vec![numel(&x.shape) as i64])
+        };
+        return Ok(Some(vec![Value::Host(Arc::new(out))]));
+    }
     // Empty or over-ranked operands are left to the CPU kernels.
     for v in args.iter().flatten() {
         let shape = v.shape();
         if shape.len() > MAX_RANK || shape.contains(&0) {
             return Ok(None);
         }
-    }
-    let op = ctx.node.op_type.as_str();
-    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
-        return Ok(None);
     }
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
@@ -340,8 +357,18 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
                 return Ok(None);
             };
-            let target: Vec<usize> = target.to_i64_vec().iter().map(|&d| d as usize).collect();
+            let target = target
+                .to_i64_vec()
+                .into_iter()
+                .map(|d| {
+                    usize::try_from(d).map_err(|_| format!("Expand shape has a negative entry {d}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let shape = broadcast_shapes(&[&x.shape, &target])?;
+            checked_size(&shape)?;
+            if shape.len() > MAX_RANK {
+                return Ok(None);
+            }
             one(gpu.expand(&x, &shape)?)
         }
         "Concat" => concat(gpu, ctx, args),
@@ -536,6 +563,17 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     let first = &parts[0].shape;
     let axis = normalize_axis(ctx.int("axis", 0), first.len())?;
+    // Every dim but the axis must agree: a longer row would be written past its place.
+    for part in &parts {
+        let agrees = part.shape.len() == first.len()
+            && (0..first.len()).all(|i| i == axis || part.shape[i] == first[i]);
+        if !agrees {
+            return Err(format!(
+                "Concat parts {first:?} and {:?} differ outside axis {axis}",
+                part.shape
+            ));
+        }
+    }
     let mut shape = first.clone();
     shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
     let outer = numel(&first[..axis]);
@@ -543,12 +581,6 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let mut out = gpu.alloc(numel(&shape))?;
     let mut offset = 0usize;
     for part in &parts {
-        if part.shape.len() != first.len() || numel(&part.shape[..axis]) != outer {
-            return Err(format!(
-                "Concat parts {first:?} and {:?} differ",
-                part.shape
-            ));
-        }
         let in_inner = numel(&part.shape[axis..]);
         let (o, i, oi, off) = (
             outer as i64,

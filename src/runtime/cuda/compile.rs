@@ -1,0 +1,184 @@
+//! NVRTC compilation of `kernels.cu` for one GPU architecture.
+//!
+//! A CUBIN (machine code) for the device's architecture is what loads everywhere: any CUDA 12.x
+//! NVRTC's CUBIN loads on any 12.x driver. PTX would be JIT-compiled by the driver, which
+//! refuses a PTX ISA newer than itself, and NVRTC writes its own newest ISA (8.7 for 12.8, which
+//! R535 and R550 drivers, common on clusters, refuse). So PTX is made only for a GPU newer than
+//! every architecture this NVRTC knows, whose driver is then newer than this NVRTC.
+
+use std::ffi::{c_char, c_int, CStr, CString};
+
+use cudarc::nvrtc::{result, sys, Ptx};
+
+use super::KERNEL_SOURCE;
+use crate::Error;
+
+/// What NVRTC produced for an architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// Machine code for `sm_<arch>`.
+    Cubin(u32),
+    /// PTX for `compute_<arch>`, JIT-compiled by the driver.
+    Ptx(u32),
+}
+
+impl std::fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImageKind::Cubin(arch) => write!(f, "CUBIN for sm_{arch}"),
+            ImageKind::Ptx(arch) => write!(f, "PTX for compute_{arch} (JIT by the driver)"),
+        }
+    }
+}
+
+/// The kernels compiled for one architecture.
+#[derive(Debug, Clone)]
+pub struct KernelImage {
+    /// CUBIN or PTX, and for which architecture.
+    pub kind: ImageKind,
+    /// The CUBIN's ELF bytes, or the PTX text.
+    pub bytes: Vec<u8>,
+}
+
+impl KernelImage {
+    /// The image in the form cudarc loads.
+    pub(super) fn to_ptx(&self) -> Ptx {
+        match self.kind {
+            ImageKind::Cubin(_) => Ptx::from_binary(self.bytes.clone()),
+            ImageKind::Ptx(_) => Ptx::from_src(String::from_utf8_lossy(&self.bytes).into_owned()),
+        }
+    }
+}
+
+/// Fails unless libnvrtc can be loaded.
+pub(super) fn need_nvrtc() -> Result<(), Error> {
+    // SAFETY: only tries to open the shared library.
+    if unsafe { sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(Error::Cuda(
+            "NVRTC (libnvrtc.so) is not installed: it compiles pipecut's CUDA kernels".into(),
+        ))
+    }
+}
+
+/// The architectures this NVRTC compiles for, ascending (e.g. 50 … 120 for 12.8).
+pub fn supported_archs() -> Result<Vec<u32>, Error> {
+    need_nvrtc()?;
+    let mut count: c_int = 0;
+    // SAFETY: the out-pointers are valid for the calls' writes (count, then count ints).
+    let archs = unsafe {
+        sys::nvrtcGetNumSupportedArchs(&mut count)
+            .result()
+            .map_err(nvrtc_error)?;
+        let mut archs = vec![0 as c_int; count.max(0) as usize];
+        sys::nvrtcGetSupportedArchs(archs.as_mut_ptr())
+            .result()
+            .map_err(nvrtc_error)?;
+        archs
+    };
+    let mut archs: Vec<u32> = archs.into_iter().map(|a| a as u32).collect();
+    archs.sort_unstable();
+    Ok(archs)
+}
+
+/// Which image to make for a device of compute capability `arch` (major · 10 + minor) with an
+/// NVRTC that knows `supported`: its own CUBIN, else a CUBIN of the same major version no newer
+/// than it (binary compatible), else PTX for the newest known one when the GPU is newer.
+pub fn image_for(arch: u32, supported: &[u32]) -> Result<ImageKind, String> {
+    if supported.contains(&arch) {
+        return Ok(ImageKind::Cubin(arch));
+    }
+    if let Some(&same_major) = supported
+        .iter()
+        .rev()
+        .find(|&&a| a / 10 == arch / 10 && a <= arch)
+    {
+        return Ok(ImageKind::Cubin(same_major));
+    }
+    match supported.last() {
+        Some(&newest) if arch > newest => Ok(ImageKind::Ptx(newest)),
+        _ => Err(format!(
+            "this NVRTC compiles for sm_{} to sm_{}, not the GPU's sm_{arch}",
+            supported.first().copied().unwrap_or(0),
+            supported.last().copied().unwrap_or(0)
+        )),
+    }
+}
+
+fn nvrtc_error(e: result::NvrtcError) -> Error {
+    Error::Cuda(format!("NVRTC: {e:?}"))
+}
+
+/// An NVRTC program, destroyed on drop.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_program`, destroyed once. A failure leaks the program.
+        let _ = unsafe { result::destroy_program(self.0) };
+    }
+}
+
+/// Compiles the kernels to `kind`.
+pub fn compile(kind: ImageKind) -> Result<KernelImage, Error> {
+    need_nvrtc()?;
+    let source = CString::new(KERNEL_SOURCE).expect("kernels.cu has no NUL byte");
+    let name = CString::new("pipecut_kernels.cu").expect("no NUL byte");
+    let program = Program(result::create_program(&source, Some(&name)).map_err(nvrtc_error)?);
+    let arch = match kind {
+        ImageKind::Cubin(arch) => format!("--gpu-architecture=sm_{arch}"),
+        ImageKind::Ptx(arch) => format!("--gpu-architecture=compute_{arch}"),
+    };
+    // SAFETY: `program` is live; the log and image buffers are sized by NVRTC's own answers.
+    unsafe {
+        if let Err(e) = result::compile_program(program.0, &[arch]) {
+            let log = result::get_program_log(program.0).unwrap_or_default();
+            let log = CStr::from_ptr(log.as_ptr() as *const c_char)
+                .to_string_lossy()
+                .trim()
+                .to_string();
+            return Err(Error::Cuda(format!(
+                "NVRTC failed to compile the kernels ({e:?}): {log}"
+            )));
+        }
+        let bytes = match kind {
+            ImageKind::Cubin(_) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(program.0, &mut size)
+                    .result()
+                    .map_err(nvrtc_error)?;
+                let mut bytes = vec![0u8; size];
+                sys::nvrtcGetCUBIN(program.0, bytes.as_mut_ptr() as *mut c_char)
+                    .result()
+                    .map_err(nvrtc_error)?;
+                bytes
+            }
+            ImageKind::Ptx(_) => {
+                let text = result::get_ptx(program.0).map_err(nvrtc_error)?;
+                CStr::from_ptr(text.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+                    .into_bytes()
+            }
+        };
+        Ok(KernelImage { kind, bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_gpu_gets_a_cubin_unless_it_is_newer_than_nvrtc() {
+        let known = [50, 52, 60, 70, 75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(image_for(90, &known), Ok(ImageKind::Cubin(90)));
+        assert_eq!(image_for(80, &known), Ok(ImageKind::Cubin(80)));
+        // sm_87 runs sm_86 code (same major, not newer).
+        assert_eq!(image_for(87, &known), Ok(ImageKind::Cubin(86)));
+        // A GPU newer than this NVRTC knows gets PTX its (newer) driver can JIT.
+        assert_eq!(image_for(130, &known), Ok(ImageKind::Ptx(120)));
+        assert!(image_for(35, &known).unwrap_err().contains("sm_35"));
+    }
+}
