@@ -130,7 +130,15 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         );
         return;
     };
-    let env = [("LD_LIBRARY_PATH".to_string(), dir.display().to_string())];
+    // A cache of its own, so NVRTC compiles here, and runs once more to read what it wrote.
+    let cache = tempfile::tempdir().unwrap();
+    let env = [
+        ("LD_LIBRARY_PATH".to_string(), dir.display().to_string()),
+        (
+            "PIPECUT_KERNEL_CACHE".to_string(),
+            cache.path().display().to_string(),
+        ),
+    ];
     let (code, out, err) = pipecut(&["devices", "--json"], &env);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).expect("JSON report");
@@ -149,10 +157,24 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "gather_axis_f32",
         "softmax_rows_f32",
         "norm_rows_f32",
+        "reduce_rows_f32",
         "reduce_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
+    // A cached image cut short (a full disk, a killed run) is compiled again, not loaded.
+    let cached: Vec<PathBuf> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!cached.is_empty(), "NVRTC's output was cached");
+    for file in &cached {
+        std::fs::write(file, b"// cut").unwrap();
+    }
+    let (code, again, err) = pipecut(&["devices", "--json"], &env);
+    assert_eq!(code, 0, "{err}");
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["kernels"], report["kernels"]);
 }
 
 /// Asserts `.npy` outputs within `atol + rtol·|expected|` of onnxruntime's references.
@@ -560,4 +582,239 @@ fn shape_and_size_do_not_copy_device_tensors() {
             assert!(host_ops.get("Size").is_none(), "{name}: {host_ops}");
         }
     }
+}
+
+/// ONNX backend node cases (written by `fixtures/conformance.py`, the onnx package's own) of the
+/// ops the device runs: each model on the CUDA backend against the case's reference outputs.
+/// These are the per-op edge cases: transposed and broadcast GEMM operands, negative-step and
+/// clamped slices, reductions with and without keepdims or axes, uneven splits, negative axes.
+/// A case the CPU runtime itself fails is another test's business and is left out here.
+#[cfg(feature = "cuda")]
+#[test]
+fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
+    const DEVICE_OPS: &[&str] = &[
+        "matmul",
+        "gemm",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "pow",
+        "max",
+        "min",
+        "relu",
+        "sigmoid",
+        "tanh",
+        "erf",
+        "exp",
+        "log",
+        "sqrt",
+        "neg",
+        "abs",
+        "reciprocal",
+        "gelu",
+        "leakyrelu",
+        "clip",
+        "where",
+        "softmax",
+        "logsoftmax",
+        "layer_normalization",
+        "rms_normalization",
+        "reduce_sum",
+        "reduce_mean",
+        "reduce_max",
+        "reduce_min",
+        "reduce_sum_square",
+        "transpose",
+        "slice",
+        "split",
+        "concat",
+        "gather",
+        "expand",
+        "reshape",
+        "flatten",
+        "squeeze",
+        "unsqueeze",
+        "identity",
+        "shape",
+        "size",
+    ];
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the ONNX node cases cannot be written",
+        );
+        return;
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_node_cases");
+    if !cache.join("cases.json").exists() {
+        let status = Command::new(&python)
+            .arg(common::root().join("fixtures/conformance.py"))
+            .arg("--out")
+            .arg(&cache)
+            .status()
+            .expect("python starts");
+        assert!(status.success(), "fixtures/conformance.py failed");
+    }
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("cases.json")).unwrap()).unwrap();
+    let (mut passed, mut cpu_fails, mut failures) = (0, 0, Vec::new());
+    for case in manifest["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let op = name.trim_start_matches("test_");
+        let ours = DEVICE_OPS.iter().any(|o| {
+            op.strip_prefix(o)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+        });
+        let files = case["inputs"].as_array().unwrap();
+        if !ours || files.iter().any(|i| i["file"].as_str().is_none()) {
+            continue;
+        }
+        let dir = cache.join("cases").join(name);
+        let model = dir.join("model.onnx").display().to_string();
+        let work = tempfile::tempdir().unwrap();
+        let plan = work.path().join("plan.json");
+        let plan_args = [
+            "partition",
+            &model,
+            "--devices",
+            "H100-SXM",
+            "--stages",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ];
+        let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+        for input in files {
+            let path = dir.join(input["file"].as_str().unwrap());
+            extra.extend([
+                "--input".into(),
+                format!("{}={}", input["name"].as_str().unwrap(), path.display()),
+            ]);
+        }
+        let run = |backend: &str, env: &[(String, String)]| {
+            let out_dir = work.path().join(backend);
+            let mut args = vec![
+                "run",
+                plan.to_str().unwrap(),
+                &model,
+                "--backend",
+                backend,
+                "--output-dir",
+                out_dir.to_str().unwrap(),
+            ];
+            args.extend(extra.iter().map(String::as_str));
+            let (code, _, err) = pipecut(&args, env);
+            (code == 0 && !err.contains("fake lib"), err, out_dir)
+        };
+        let (code, _, _) = pipecut(&plan_args, &[]);
+        if code != 0 || !run("cpu", &[]).0 {
+            cpu_fails += 1;
+            continue;
+        }
+        let (ok, err, out_dir) = run("cuda", &env);
+        if !ok {
+            failures.push(format!("{name}: {}", err.trim()));
+            continue;
+        }
+        let (atol, rtol) = (
+            case["atol"].as_f64().unwrap_or(1e-7).max(1e-5) as f32,
+            case["rtol"].as_f64().unwrap_or(1e-3).max(1e-4) as f32,
+        );
+        for output in case["outputs"].as_array().unwrap() {
+            let Some(file) = output["file"].as_str() else {
+                continue;
+            };
+            let want = pipecut::runtime::read_npy(&dir.join(file)).unwrap().tensor;
+            let got_path = out_dir.join(format!("{}.npy", output["name"].as_str().unwrap()));
+            let Ok(got) = pipecut::runtime::read_npy(&got_path) else {
+                failures.push(format!("{name}: no output {}", got_path.display()));
+                continue;
+            };
+            let got = got.tensor;
+            let close = got.shape() == want.shape()
+                && got
+                    .to_f32_vec()
+                    .iter()
+                    .zip(want.to_f32_vec())
+                    .all(|(a, b)| {
+                        (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs()
+                    });
+            if !close {
+                failures.push(format!("{name}: output {file} differs from the reference"));
+            }
+        }
+        passed += 1;
+    }
+    eprintln!(
+        "ONNX node cases of device ops on the CUDA backend: {passed} ran, {} failed, {cpu_fails} \
+         left out (the CPU runtime fails them)",
+        failures.len()
+    );
+    assert!(passed > 200, "only {passed} cases ran");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `pipecut profile --backend cuda` times every node through the executor `run` uses, and
+/// `partition --profile` plans on the file.
+#[cfg(feature = "cuda")]
+#[test]
+fn profile_times_every_node_on_the_cuda_backend() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let times = dir.path().join("times.json");
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "profile",
+        model,
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=8",
+        "--backend",
+        "cuda",
+        "--device",
+        "H100-SXM",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--out",
+        times.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("fake lib"), "{err}");
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&times).unwrap()).unwrap();
+    assert_eq!(file["measured_with"]["backend"], "pipecut-cuda", "{file}");
+    let nodes = file["nodes"].as_array().unwrap();
+    assert!(
+        nodes.iter().any(|n| n["op"] == "MatMul"),
+        "the device's MatMuls are timed: {file}"
+    );
+    let plan = dir.path().join("plan.json");
+    let args = [
+        "partition",
+        model,
+        "--devices",
+        "H100-SXM,H100-SXM",
+        "--stages",
+        "2",
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=8",
+        "--profile",
+        times.to_str().unwrap(),
+        "--out",
+        plan.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &[]);
+    assert_eq!(code, 0, "{err}");
 }

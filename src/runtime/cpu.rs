@@ -356,6 +356,19 @@ impl Executor for CpuExecutor<'_> {
     }
 }
 
+impl super::NodeTimer for CpuExecutor<'_> {
+    const BACKEND: &'static str = "pipecut-cpu";
+
+    fn run_observed(
+        &self,
+        stage: &CpuStage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
+        CpuExecutor::run_observed(self, stage, inputs, observe)
+    }
+}
+
 impl CpuExecutor<'_> {
     /// Runs `stage` like [`Executor::run`], telling `observe` each node's kernel time in seconds
     /// and the bytes of its outputs, as each finishes (`pipecut profile`).

@@ -75,6 +75,21 @@ pub trait Executor: Sync {
     fn run(&self, stage: &Self::Stage, inputs: &Tensors) -> Result<Tensors, Error>;
 }
 
+/// An executor that can time each node of a stage (`pipecut profile`).
+pub trait NodeTimer: Executor {
+    /// The backend as the node-times file names it (`pipecut-cpu`, `pipecut-cuda`).
+    const BACKEND: &'static str;
+
+    /// Runs a stage like [`Executor::run`], calling `observe(node, seconds, output bytes)` after
+    /// each node.
+    fn run_observed(
+        &self,
+        stage: &Self::Stage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Tensors, Error>;
+}
+
 /// Boundary tensors of contiguous stages given as node lists in pipeline order (every node of
 /// the graph on exactly one stage, stages convex and ordered, as [`crate::plan::Plan::check`]
 /// guarantees for a plan).

@@ -220,6 +220,14 @@ fn asan_runtime() -> Result<String, String> {
     }
 }
 
+/// The compiled-kernel cache the tests' runs share (not the user's).
+pub fn kernel_cache() -> String {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("kernel_cache")
+        .display()
+        .to_string()
+}
+
 /// Environment variables for a child process that should see `gpu`, with `nvrtc` (the
 /// directory of `libnvrtc.so.12`) on the library path too.
 pub fn environment(gpu: &FakeGpu, nvrtc: &Path) -> Result<Vec<(String, String)>, String> {
@@ -233,6 +241,7 @@ pub fn environment(gpu: &FakeGpu, nvrtc: &Path) -> Result<Vec<(String, String)>,
         ("PC_FAKE_CUDA_DRIVER".to_string(), gpu.driver.to_string()),
         ("PC_FAKE_CUDA_DEVICES".to_string(), gpu.devices.to_string()),
         ("PC_FAKE_CUDA_ARCH".to_string(), gpu.arch.to_string()),
+        ("PIPECUT_KERNEL_CACHE".to_string(), kernel_cache()),
     ];
     if gpu.build == Build::Asan {
         env.push(("LD_PRELOAD".into(), asan_runtime()?));

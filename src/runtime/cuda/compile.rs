@@ -7,8 +7,11 @@
 //! every architecture this NVRTC knows, whose driver is then newer than this NVRTC.
 
 use std::ffi::{c_char, c_int, CStr, CString};
+use std::io::Write;
+use std::path::PathBuf;
 
 use cudarc::nvrtc::{result, sys, Ptx};
+use sha2::{Digest, Sha256};
 
 use super::KERNEL_SOURCE;
 use crate::Error;
@@ -118,6 +121,74 @@ impl Drop for Program {
         // SAFETY: created by `create_program`, destroyed once. A failure leaks the program.
         let _ = unsafe { result::destroy_program(self.0) };
     }
+}
+
+/// Where compiled kernels are kept between runs (compiling a CUBIN takes about a second):
+/// `PIPECUT_KERNEL_CACHE`, else `$XDG_CACHE_HOME/pipecut/kernels`, else
+/// `~/.cache/pipecut/kernels`; `PIPECUT_KERNEL_CACHE=off` (or empty) turns the cache off.
+fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("PIPECUT_KERNEL_CACHE") {
+        Some(dir) if dir.is_empty() || dir == "off" => None,
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("pipecut/kernels")),
+    }
+}
+
+/// The cache file of `kind`: named by the source, the NVRTC version and the target, so a
+/// changed kernel or another NVRTC never reads a stale image.
+fn cache_file(kind: ImageKind) -> Option<PathBuf> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the out-pointers are valid for the call's writes.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .ok()?;
+    let mut hash = Sha256::new();
+    hash.update(KERNEL_SOURCE.as_bytes());
+    hash.update(format!("nvrtc {major}.{minor} {kind:?}").as_bytes());
+    let hex: String = hash.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let extension = match kind {
+        ImageKind::Cubin(_) => "cubin",
+        ImageKind::Ptx(_) => "ptx",
+    };
+    Some(cache_dir()?.join(format!("{hex}.{extension}")))
+}
+
+/// Whether `bytes` look like an image of `kind` (a cut-short file is compiled again).
+fn looks_whole(kind: ImageKind, bytes: &[u8]) -> bool {
+    match kind {
+        ImageKind::Cubin(_) => bytes.starts_with(b"\x7fELF") && bytes.len() > 64,
+        ImageKind::Ptx(_) => bytes.windows(8).any(|w| w == b".version"),
+    }
+}
+
+/// [`compile`], through the on-disk cache. The cache is a convenience: when it cannot be read
+/// or written the kernels are compiled as if it were off.
+pub fn compile_cached(kind: ImageKind) -> Result<KernelImage, Error> {
+    need_nvrtc()?;
+    let Some(path) = cache_file(kind) else {
+        return compile(kind);
+    };
+    if let Ok(bytes) = std::fs::read(&path) {
+        if looks_whole(kind, &bytes) {
+            return Ok(KernelImage { kind, bytes });
+        }
+    }
+    let image = compile(kind)?;
+    // Written aside and renamed into place, so a concurrent run never reads half a file.
+    let stored = path.parent().and_then(|dir| {
+        std::fs::create_dir_all(dir).ok()?;
+        let mut file = tempfile::NamedTempFile::new_in(dir).ok()?;
+        file.write_all(&image.bytes).ok()?;
+        file.persist(&path).ok()
+    });
+    let _ = stored;
+    Ok(image)
 }
 
 /// Compiles the kernels to `kind`.

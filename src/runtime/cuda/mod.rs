@@ -30,7 +30,9 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
-pub use self::compile::{compile, image_for, supported_archs, ImageKind, KernelImage};
+pub use self::compile::{
+    compile, compile_cached, image_for, supported_archs, ImageKind, KernelImage,
+};
 
 use self::ops::{Functions, Gpu};
 use super::cpu::{plan_steps, Step};
@@ -73,7 +75,7 @@ pub fn check_kernels() -> Result<Vec<String>, Error> {
     let oldest = *supported_archs()?
         .first()
         .ok_or_else(|| Error::Cuda("NVRTC lists no architecture".into()))?;
-    let ptx = compile(ImageKind::Ptx(oldest))?;
+    let ptx = compile_cached(ImageKind::Ptx(oldest))?;
     Ok(String::from_utf8_lossy(&ptx.bytes)
         .lines()
         .filter_map(|line| {
@@ -137,7 +139,7 @@ impl ImageCache {
         if let Some(i) = self.images.iter().position(|image| image.kind == kind) {
             return Ok(&self.images[i]);
         }
-        self.images.push(compile(kind)?);
+        self.images.push(compile_cached(kind)?);
         Ok(self.images.last().expect("just pushed"))
     }
 }
@@ -170,6 +172,14 @@ impl Value {
         match self {
             Value::Host(t) => t.shape(),
             Value::Device(t) => &t.shape,
+        }
+    }
+
+    /// Bytes of the tensor, wherever it is.
+    fn byte_len(&self) -> u64 {
+        match self {
+            Value::Host(t) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
+            Value::Device(t) => t.data.len() as u64 * 4,
         }
     }
 
@@ -225,6 +235,11 @@ impl DeviceState {
         let fail = |e: String| (None, Error::Cuda(e));
         let context = CudaContext::new(ordinal)
             .map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
+        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here every
+        // buffer is made and used on one stage's one stream (tensors cross stages through the
+        // host, after the stream is synchronised), so the events would only cost two
+        // creations and a record per allocation.
+        unsafe { context.disable_event_tracking() };
         let attribute = |a| {
             context
                 .attribute(a)
@@ -402,6 +417,33 @@ impl Executor for CudaExecutor<'_> {
     }
 
     fn run(&self, stage: &CudaStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        self.run_nodes(stage, inputs, None)
+    }
+}
+
+impl super::NodeTimer for CudaExecutor<'_> {
+    const BACKEND: &'static str = "pipecut-cuda";
+
+    /// Runs the stage with each node timed to the end of its device work (the stream is
+    /// synchronised after every node, which a plain run does not do).
+    fn run_observed(
+        &self,
+        stage: &CudaStage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(crate::graph::NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
+        self.run_nodes(stage, inputs, Some(observe))
+    }
+}
+
+impl CudaExecutor<'_> {
+    /// Runs the stage's nodes in order; with `observe`, times each (see `run_observed`).
+    fn run_nodes(
+        &self,
+        stage: &CudaStage,
+        inputs: &Tensors,
+        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+    ) -> Result<Tensors, Error> {
         let graph = self.graph;
         let index = stage.spec.index;
         let gpu = Gpu {
@@ -453,7 +495,8 @@ impl Executor for CudaExecutor<'_> {
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
             };
-            let results = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
+            let began = std::time::Instant::now();
+            let results: Vec<Value> = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
                 Some(results) => results,
                 None => {
                     // Host-only work (shape arithmetic, constants) is by design; what is counted
@@ -479,6 +522,14 @@ impl Executor for CudaExecutor<'_> {
                 }
             };
             drop(args);
+            if let Some(observe) = observe.as_mut() {
+                stage
+                    .stream
+                    .synchronize()
+                    .map_err(|e| kernel_error(format!("stream failed: {e}")))?;
+                let bytes = results.iter().map(Value::byte_len).sum();
+                observe(step.node, began.elapsed().as_secs_f64(), bytes);
+            }
             let mut results = results.into_iter();
             for (position, slot) in node.outputs.iter().enumerate() {
                 let value = results.next();

@@ -50,6 +50,7 @@ pub(super) struct Functions {
     gather_axis: CudaFunction,
     softmax_rows: CudaFunction,
     norm_rows: CudaFunction,
+    reduce_rows: CudaFunction,
     reduce: CudaFunction,
 }
 
@@ -70,6 +71,7 @@ impl Functions {
             gather_axis: f("gather_axis_f32")?,
             softmax_rows: f("softmax_rows_f32")?,
             norm_rows: f("norm_rows_f32")?,
+            reduce_rows: f("reduce_rows_f32")?,
             reduce: f("reduce_f32")?,
         })
     }
@@ -853,22 +855,40 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
     let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
     let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
-    let kept = dims(&kept_shape, &[&kept_strides])?;
-    let reduced = dims(&red_shape, &[&red_strides])?;
     let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
     let mut out = gpu.alloc(n_out)?;
     let (n64, c64) = (n_out as i64, count as i64);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
-    launch
-        .arg(&*x.data)
-        .arg(&mut out)
-        .arg(&n64)
-        .arg(&kept)
-        .arg(&reduced)
-        .arg(&c64)
-        .arg(&code);
-    // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-    unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    let trailing = reduced_axes
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| a == rank - reduced_axes.len() + i);
+    if trailing {
+        // Rows of `count` contiguous values: one block each.
+        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce_rows);
+        launch
+            .arg(&*x.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&c64)
+            .arg(&code);
+        // SAFETY: argument types match `reduce_rows_f32`; x holds n_out rows of count floats;
+        // shared memory is one float per thread.
+        unsafe { launch.launch(Gpu::rows(n_out)) }.map_err(cuda_error("launch"))?;
+    } else {
+        let kept = dims(&kept_shape, &[&kept_strides])?;
+        let reduced = dims(&red_shape, &[&red_strides])?;
+        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
+        launch
+            .arg(&*x.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&kept)
+            .arg(&reduced)
+            .arg(&c64)
+            .arg(&code);
+        // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
+        unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    }
     let shape: Vec<usize> = if keep_dims {
         (0..rank)
             .map(|a| {
