@@ -818,3 +818,110 @@ fn profile_times_every_node_on_the_cuda_backend() {
     let (code, _, err) = pipecut(&args, &[]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// Device ops at their edges (models of `tests/fake_cuda/edge_models.py`): Concat parts whose
+/// trailing dims differ only at run time and an Expand to a negative dim are refused with the
+/// reason (the CPU runtime refuses them too); an Expand to rank 9, past the kernels' 8, runs on
+/// the host and matches the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_ops_refuse_bad_shapes_and_fall_back_past_rank_8() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the edge-case models cannot be written",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/edge_models.py"))
+        .arg(models)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "edge_models.py failed");
+    let plan_for = |name: &str, dims: &[&str]| {
+        let plan = models.join(format!("{name}.plan.json"));
+        let model = models.join(format!("{name}.onnx"));
+        let mut args = vec![
+            "partition",
+            model.to_str().unwrap(),
+            "--devices",
+            "H100-SXM",
+            "--stages",
+            "1",
+            "--microbatches",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ];
+        for d in dims {
+            args.extend(["--dim", d]);
+        }
+        let (code, _, err) = pipecut(&args, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        (plan, model)
+    };
+    let inputs = |name: &str, names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|input| {
+                let file = models.join(format!("{name}.{input}.npy"));
+                ["--input".to_string(), format!("{input}={}", file.display())]
+            })
+            .collect()
+    };
+    let refused = |name: &str, dims: &[&str], names: &[&str], reason: &str| {
+        let (plan, model) = plan_for(name, dims);
+        for (backend, env) in [("cpu", &[][..]), ("cuda", &env[..])] {
+            let out_dir = models.join(format!("{name}-{backend}"));
+            let mut args = vec![
+                "run",
+                plan.to_str().unwrap(),
+                model.to_str().unwrap(),
+                "--backend",
+                backend,
+                "--output-dir",
+                out_dir.to_str().unwrap(),
+            ];
+            let extra = inputs(name, names);
+            args.extend(extra.iter().map(String::as_str));
+            let (code, _, err) = pipecut(&args, env);
+            assert_eq!(code, 2, "{name} on {backend}: {err}");
+            assert!(
+                !err.contains("panicked") && !err.contains("fake lib"),
+                "{err}"
+            );
+            if backend == "cuda" {
+                assert!(err.contains(reason), "{name}: {err}");
+            }
+        }
+    };
+    refused(
+        "concat_trailing",
+        &["b.0=2", "b.1=3"],
+        &["a", "flat", "shape"],
+        "differ outside axis 0",
+    );
+    refused(
+        "expand_runtime_shape",
+        &[],
+        &["x", "shape"],
+        "negative entry -2",
+    );
+
+    let (plan, model) = plan_for("expand_rank9", &["batch=1"]);
+    let model = model.to_str().unwrap().to_string();
+    let (cuda, cpu) = (models.join("rank9-cuda"), models.join("rank9-cpu"));
+    let extra = ["--json".to_string()];
+    let out = run_plan(&plan, &model, "cuda", &extra, &cuda, &env);
+    run_plan(&plan, &model, "cpu", &[], &cpu, &[]);
+    assert_same_outputs("expand_rank9", &cuda, &cpu);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stages"][0]["host_ops"]["Expand"], 1, "{report}");
+}

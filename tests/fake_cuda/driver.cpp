@@ -525,6 +525,33 @@ std::string run_block(const fake::Kernel* kernel, void** params, bool barriers) 
 
 constexpr unsigned char kPoison = 0xff;  // every float made of these bytes is a NaN
 
+// Every allocation is followed by a red zone of poison that a kernel must leave alone: checked
+// after each launch for the buffers it was given (under ASan, poisoned for real instead).
+constexpr size_t kRedzone = 4096;
+
+size_t redzone_end(size_t bytes) { return (bytes + 255) / 256 * 256 + kRedzone; }
+
+// An error text when a write went past the allocation holding `ptr`.
+std::string check_redzone(uint64_t ptr) {
+#ifdef __SANITIZE_ADDRESS__
+    (void)ptr;
+    return "";
+#else
+    auto& live = driver().live;
+    auto it = live.upper_bound(ptr);
+    if (it == live.begin()) return "";
+    --it;
+    const auto* base = reinterpret_cast<const unsigned char*>(it->first);
+    for (size_t i = it->second.bytes; i < redzone_end(it->second.bytes); ++i) {
+        if (base[i] != kPoison) {
+            return "wrote into the red zone " + std::to_string(i - it->second.bytes) + " bytes past the end of " +
+                   describe(it->first);
+        }
+    }
+    return "";
+#endif
+}
+
 int launch(Function* f, dim3 grid, dim3 block, unsigned shared, void** params) {
     const fake::Kernel* k = f->kernel;
     Context* context = f->module->context;
@@ -602,6 +629,16 @@ int launch(Function* f, dim3 grid, dim3 block, unsigned shared, void** params) {
             }
         }
     }
+    for (size_t i = 0; i < k->args.size(); ++i) {
+        if (!k->args[i].pointer) continue;
+        uint64_t ptr;
+        std::memcpy(&ptr, params[i], sizeof ptr);
+        std::string error = check_redzone(ptr);
+        if (!error.empty()) {
+            fault(context, std::string(k->name) + ": argument " + std::to_string(i) + ": " + error);
+            return SUCCESS;
+        }
+    }
     return SUCCESS;
 }
 
@@ -614,8 +651,8 @@ void release(uint64_t ptr, Allocation a) {
 #endif
     // Freed memory stays poisoned and unused until 1 GiB more has been freed, so a kernel
     // reading a freed buffer reads NaNs rather than someone else's data.
-    d.quarantine.emplace_back(reinterpret_cast<void*>(ptr), a.bytes);
-    d.quarantined += a.bytes;
+    d.quarantine.emplace_back(reinterpret_cast<void*>(ptr), redzone_end(a.bytes));
+    d.quarantined += redzone_end(a.bytes);
     while (d.quarantined > (size_t(1) << 30)) {
         auto [p, n] = d.quarantine.front();
         d.quarantine.pop_front();
@@ -830,10 +867,13 @@ CUresult cuMemAllocAsync(CUdeviceptr* ptr, size_t bytes, void* stream) {
     if (bytes == 0) return INVALID_VALUE;
     Device* d = current->device;
     if (d->used + bytes > d->memory) return OUT_OF_MEMORY;
-    size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = std::aligned_alloc(256, rounded);
+    size_t span = redzone_end(bytes);
+    void* p = std::aligned_alloc(256, span);
     if (!p) return OUT_OF_MEMORY;
-    std::memset(p, kPoison, rounded);  // device memory starts as garbage, here NaNs
+    std::memset(p, kPoison, span);  // device memory starts as garbage, here NaNs
+#ifdef __SANITIZE_ADDRESS__
+    ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + bytes, span - bytes);
+#endif
     d->used += bytes;
     *ptr = reinterpret_cast<uint64_t>(p);
     driver().live[*ptr] = Allocation{bytes, d};
