@@ -925,3 +925,42 @@ fn device_ops_refuse_bad_shapes_and_fall_back_past_rank_8() {
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["stages"][0]["host_ops"]["Expand"], 1, "{report}");
 }
+
+/// ptxas's registers and spills for every kernel on sm_80 and sm_90 (what `.ci/run` prints):
+/// every kernel is listed, and none spills, so a change that makes one spill fails here.
+#[cfg(feature = "cuda")]
+#[test]
+fn no_kernel_spills_registers_on_sm80_or_sm90() {
+    let Some(dir) = venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`)",
+        );
+        return;
+    };
+    let env = [("LD_LIBRARY_PATH".to_string(), dir.display().to_string())];
+    let (code, out, err) = pipecut(
+        &["devices", "--json", "--ptxas", "80", "--ptxas", "90"],
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let names = report["kernels"].as_array().unwrap();
+    let ptxas = report["ptxas"].as_array().unwrap();
+    assert_eq!(ptxas.len(), 2, "{report}");
+    for arch in ptxas {
+        let kernels = arch["kernels"].as_array().unwrap();
+        assert_eq!(kernels.len(), names.len(), "{arch}");
+        for k in kernels {
+            eprintln!("sm_{} {}", arch["arch"], k);
+            assert!(names.contains(&k["kernel"]), "{k}");
+            assert!(k["registers"].as_u64().unwrap() > 0, "{k}");
+            assert_eq!(k["spill_store_bytes"], 0, "{k}");
+            assert_eq!(k["spill_load_bytes"], 0, "{k}");
+        }
+    }
+}

@@ -36,6 +36,26 @@ pub fn device_reports() -> Vec<DeviceReport> {
     Vec::new()
 }
 
+/// What ptxas reports for one kernel (never made in this build).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelResources {
+    /// The kernel's name.
+    pub kernel: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of local memory written for spilled registers, per thread.
+    pub spill_store_bytes: u32,
+    /// Bytes of local memory read back for spilled registers, per thread.
+    pub spill_load_bytes: u32,
+    /// Bytes of stack frame per thread.
+    pub stack_bytes: u32,
+}
+
+/// Always [`Error::CudaNotCompiled`] in this build.
+pub fn kernel_resources(_arch: u32) -> Result<Vec<KernelResources>, Error> {
+    Err(Error::CudaNotCompiled)
+}
+
 /// Always [`Error::CudaNotCompiled`] in this build.
 pub fn check_kernels() -> Result<Vec<String>, Error> {
     Err(Error::CudaNotCompiled)

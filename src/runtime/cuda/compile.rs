@@ -191,8 +191,68 @@ pub fn compile_cached(kind: ImageKind) -> Result<KernelImage, Error> {
     Ok(image)
 }
 
+/// What ptxas reports for one kernel compiled for an architecture.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelResources {
+    /// The kernel's name.
+    pub kernel: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of local memory written for spilled registers, per thread.
+    pub spill_store_bytes: u32,
+    /// Bytes of local memory read back for spilled registers, per thread.
+    pub spill_load_bytes: u32,
+    /// Bytes of stack frame per thread.
+    pub stack_bytes: u32,
+}
+
+/// Compiles a CUBIN for `sm_<arch>` with ptxas's report on (`-v`) and reads each kernel's
+/// registers and spills from it: what CI records for sm_80 and sm_90 (`pipecut devices
+/// --ptxas 80 --ptxas 90`), so a change that makes a kernel spill shows without a GPU.
+pub fn kernel_resources(arch: u32) -> Result<Vec<KernelResources>, Error> {
+    let (_, log) = compile_with(ImageKind::Cubin(arch), &["--ptxas-options=-v"])?;
+    Ok(parse_ptxas_log(&log))
+}
+
+/// The per-kernel figures of a `ptxas -v` log.
+fn parse_ptxas_log(log: &str) -> Vec<KernelResources> {
+    let number_before = |line: &str, unit: &str| -> u32 {
+        line.split(unit)
+            .next()
+            .and_then(|head| head.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut kernels: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            kernels.push(KernelResources {
+                kernel: rest.split('\'').next().unwrap_or_default().to_string(),
+                registers: 0,
+                spill_store_bytes: 0,
+                spill_load_bytes: 0,
+                stack_bytes: 0,
+            });
+        } else if let Some(k) = kernels.last_mut() {
+            if line.contains("bytes spill stores") {
+                k.stack_bytes = number_before(line, "bytes stack frame");
+                k.spill_store_bytes = number_before(line, "bytes spill stores");
+                k.spill_load_bytes = number_before(line, "bytes spill loads");
+            } else if line.contains("registers") {
+                k.registers = number_before(line, "registers");
+            }
+        }
+    }
+    kernels
+}
+
 /// Compiles the kernels to `kind`.
 pub fn compile(kind: ImageKind) -> Result<KernelImage, Error> {
+    compile_with(kind, &[]).map(|(image, _)| image)
+}
+
+/// Compiles the kernels to `kind` with `extra` NVRTC options; answers the image and the log.
+fn compile_with(kind: ImageKind, extra: &[&str]) -> Result<(KernelImage, String), Error> {
     need_nvrtc()?;
     let source = CString::new(KERNEL_SOURCE).expect("kernels.cu has no NUL byte");
     let name = CString::new("pipecut_kernels.cu").expect("no NUL byte");
@@ -201,14 +261,21 @@ pub fn compile(kind: ImageKind) -> Result<KernelImage, Error> {
         ImageKind::Cubin(arch) => format!("--gpu-architecture=sm_{arch}"),
         ImageKind::Ptx(arch) => format!("--gpu-architecture=compute_{arch}"),
     };
+    let mut options = vec![arch];
+    options.extend(extra.iter().map(|o| o.to_string()));
     // SAFETY: `program` is live; the log and image buffers are sized by NVRTC's own answers.
     unsafe {
-        if let Err(e) = result::compile_program(program.0, &[arch]) {
-            let log = result::get_program_log(program.0).unwrap_or_default();
-            let log = CStr::from_ptr(log.as_ptr() as *const c_char)
+        let compiled = result::compile_program(program.0, &options);
+        let log = result::get_program_log(program.0).unwrap_or_default();
+        let log = if log.is_empty() {
+            String::new()
+        } else {
+            CStr::from_ptr(log.as_ptr() as *const c_char)
                 .to_string_lossy()
                 .trim()
-                .to_string();
+                .to_string()
+        };
+        if let Err(e) = compiled {
             return Err(Error::Cuda(format!(
                 "NVRTC failed to compile the kernels ({e:?}): {log}"
             )));
@@ -233,13 +300,39 @@ pub fn compile(kind: ImageKind) -> Result<KernelImage, Error> {
                     .into_bytes()
             }
         };
-        Ok(KernelImage { kind, bytes })
+        Ok((KernelImage { kind, bytes }, log))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptxas_reports_are_read_per_kernel() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+            ptxas info    : Compiling entry function 'reduce_f32' for 'sm_80'\n\
+            ptxas info    : Function properties for reduce_f32\n\
+            ptxas         .     8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads\n\
+            ptxas info    : Used 38 registers, used 0 barriers, 916 bytes cmem[0]\n\
+            ptxas info    : Compiling entry function 'unary_f32' for 'sm_80'\n\
+            ptxas info    : Used 20 registers, 380 bytes cmem[0]";
+        let kernels = parse_ptxas_log(log);
+        assert_eq!(
+            kernels[0],
+            KernelResources {
+                kernel: "reduce_f32".into(),
+                registers: 38,
+                spill_store_bytes: 12,
+                spill_load_bytes: 4,
+                stack_bytes: 8,
+            }
+        );
+        assert_eq!(
+            (kernels[1].kernel.as_str(), kernels[1].registers),
+            ("unary_f32", 20)
+        );
+    }
 
     #[test]
     fn each_gpu_gets_a_cubin_unless_it_is_newer_than_nvrtc() {

@@ -31,7 +31,8 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use self::compile::{
-    compile, compile_cached, image_for, supported_archs, ImageKind, KernelImage,
+    compile, compile_cached, image_for, kernel_resources, supported_archs, ImageKind, KernelImage,
+    KernelResources,
 };
 
 use self::ops::{Functions, Gpu};
