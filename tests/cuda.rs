@@ -1,27 +1,26 @@
 //! The CUDA backend: refused clearly without the `cuda` feature; with it, its kernels compile
-//! under NVRTC (no GPU needed: the venv of `fixtures/pyenv.sh` carries libnvrtc), and where a GPU
-//! is present its outputs match onnxruntime's on every fixture, whole and in 2 to 4 stages.
+//! under NVRTC (no GPU needed: the venv of `fixtures/pyenv.sh` carries libnvrtc), and its runs are
+//! checked against onnxruntime and against the CPU runtime under a fake CUDA driver and cuBLAS
+//! (`tests/fake_cuda/`, built here with g++), which run the project's kernels on the CPU and
+//! check what a driver checks. Where a real GPU is present the fixtures run on it too.
 //! Tests that need what this machine lacks print why and return.
 
 mod common;
+#[cfg(feature = "cuda")]
+mod fake_cuda;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
-fn pipecut(args: &[&str], library_path: Option<&Path>) -> (i32, String, String) {
+/// Runs `pipecut` with `args`, and `env` added to its environment.
+fn pipecut(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pipecut"));
     command.args(args).current_dir(common::root());
-    if let Some(dir) = library_path {
-        // The dynamic loader reads LD_LIBRARY_PATH when a process starts, so the library
-        // directory is given to a child process rather than set in this one.
-        let joined = match std::env::var_os("LD_LIBRARY_PATH") {
-            Some(old) => format!("{}:{}", dir.display(), old.to_string_lossy()),
-            None => dir.display().to_string(),
-        };
-        command.env("LD_LIBRARY_PATH", joined);
-    }
+    // The dynamic loader reads LD_LIBRARY_PATH when a process starts, so the fake driver's
+    // directory is given to a child process rather than set in this one.
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     let out = command.output().expect("pipecut runs");
     (
         out.status.code().unwrap_or(-1),
@@ -49,14 +48,14 @@ fn partition(dir: &Path, model: &str, stages: usize, dims: &[&str]) -> PathBuf {
     }
     let out = plan.to_str().unwrap().to_string();
     args.extend(["--out", &out]);
-    let (code, _, err) = pipecut(&args, None);
+    let (code, _, err) = pipecut(&args, &[]);
     assert_eq!(code, 0, "{err}");
     plan
 }
 
 #[test]
 fn devices_reports_the_backend_and_why_no_gpu_is_usable() {
-    let (code, out, err) = pipecut(&["devices", "--json"], None);
+    let (code, out, err) = pipecut(&["devices", "--json"], &[]);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).expect("JSON report");
     assert_eq!(report["cuda_built"], cfg!(feature = "cuda"));
@@ -87,7 +86,7 @@ fn assert_cuda_run_refused(expected: &[&str]) {
             "--output-dir",
             out_dir.to_str().unwrap(),
         ],
-        None,
+        &[],
     );
     assert_eq!(code, 2, "{err}");
     for text in expected {
@@ -131,7 +130,16 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         );
         return;
     };
-    let (code, out, err) = pipecut(&["devices", "--json"], Some(&dir));
+    // A cache of its own, so NVRTC compiles here, and runs once more to read what it wrote.
+    let cache = tempfile::tempdir().unwrap();
+    let env = [
+        ("LD_LIBRARY_PATH".to_string(), dir.display().to_string()),
+        (
+            "PIPECUT_KERNEL_CACHE".to_string(),
+            cache.path().display().to_string(),
+        ),
+    ];
+    let (code, out, err) = pipecut(&["devices", "--json"], &env);
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).expect("JSON report");
     let kernels: Vec<&str> = report["kernels"]
@@ -149,10 +157,24 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "gather_axis_f32",
         "softmax_rows_f32",
         "norm_rows_f32",
+        "reduce_rows_f32",
         "reduce_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
+    // A cached image cut short (a full disk, a killed run) is compiled again, not loaded.
+    let cached: Vec<PathBuf> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!cached.is_empty(), "NVRTC's output was cached");
+    for file in &cached {
+        std::fs::write(file, b"// cut").unwrap();
+    }
+    let (code, again, err) = pipecut(&["devices", "--json"], &env);
+    assert_eq!(code, 0, "{err}");
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["kernels"], report["kernels"]);
 }
 
 /// Asserts `.npy` outputs within `atol + rtol·|expected|` of onnxruntime's references.
@@ -191,56 +213,112 @@ fn assert_close(what: &str, out_dir: &Path, reference: &Path) {
     }
 }
 
+/// The environment of a child process that sees `gpu` through the fake driver, or `None` (the
+/// skip recorded) where this machine cannot build it or has no NVRTC.
 #[cfg(feature = "cuda")]
-#[test]
-fn cuda_runs_match_onnxruntime_on_every_fixture_in_one_to_four_stages() {
-    if let Err(why) = pipecut::runtime::cuda::device_count() {
-        common::skip(common::Need::Gpu, why);
-        return;
+fn fake(gpu: fake_cuda::FakeGpu) -> Option<Vec<(String, String)>> {
+    let Some(nvrtc) = venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`), so the fake driver has no kernels",
+        );
+        return None;
+    };
+    match fake_cuda::environment(&gpu, &nvrtc) {
+        Ok(env) => Some(env),
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            None
+        }
     }
+}
+
+/// A fixture's dims and its reference inputs as `--input` arguments.
+#[cfg(feature = "cuda")]
+fn reference_run(name: &str) -> (PathBuf, Vec<String>, Vec<String>) {
+    let reference = common::root().join("fixtures/reference/outputs").join(name);
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference.join("manifest.json")).unwrap())
+            .unwrap();
+    let dims = manifest["dims"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let inputs = manifest["inputs"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, f)| format!("{k}={}", reference.join(f.as_str().unwrap()).display()))
+        .collect();
+    (reference, dims, inputs)
+}
+
+/// `pipecut run` of `model` on `backend` with `plan`, into `out_dir`; answers stdout.
+#[cfg(feature = "cuda")]
+fn run_plan(
+    plan: &Path,
+    model: &str,
+    backend: &str,
+    extra: &[String],
+    out_dir: &Path,
+    env: &[(String, String)],
+) -> String {
+    let mut args = vec![
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        backend,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    let (code, out, err) = pipecut(&args, env);
+    assert_eq!(code, 0, "{model} on {backend} with {extra:?}: {err}");
+    assert!(
+        !err.contains("fake lib"),
+        "{model}: the fake driver objected: {err}"
+    );
+    out
+}
+
+/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs.
+#[cfg(feature = "cuda")]
+fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) {
     for name in common::FIXTURES {
-        let reference = common::root().join("fixtures/reference/outputs").join(name);
-        let manifest: Value = serde_json::from_str(
-            &std::fs::read_to_string(reference.join("manifest.json")).unwrap(),
-        )
-        .unwrap();
-        let dims: Vec<String> = manifest["dims"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let (reference, dims, inputs) = reference_run(name);
         let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
-        let inputs: Vec<String> = manifest["inputs"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, f)| format!("{k}={}", reference.join(f.as_str().unwrap()).display()))
-            .collect();
         let model = format!("fixtures/models/{name}.onnx");
-        for stages in 1..=4 {
+        for &stages in stage_counts {
             let dir = tempfile::tempdir().unwrap();
             let plan = partition(dir.path(), &model, stages, &dims);
             let out_dir = dir.path().join("out");
-            let mut args = vec![
-                "run",
-                plan.to_str().unwrap(),
-                &model,
-                "--backend",
-                "cuda",
-                "--microbatches",
-                "1",
-                "--output-dir",
-                out_dir.to_str().unwrap(),
-            ];
+            let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
             for input in &inputs {
-                args.extend(["--input", input]);
+                extra.extend(["--input".to_string(), input.clone()]);
             }
-            let (code, out, err) = pipecut(&args, None);
-            assert_eq!(code, 0, "{name} K={stages}: {err}");
+            let out = run_plan(&plan, &model, "cuda", &extra, &out_dir, env);
             eprintln!("{name} K={stages}:\n{out}");
             assert_close(&format!("{name} K={stages}"), &out_dir, &reference);
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_match_onnxruntime_on_every_fixture_in_one_to_four_stages() {
+    if let Some(env) = fake(fake_cuda::FakeGpu::current()) {
+        fixtures_match_onnxruntime(&env, &[1, 2, 3, 4]);
+    }
+    match pipecut::runtime::cuda::device_count() {
+        Ok(_) => fixtures_match_onnxruntime(&[], &[1, 2, 3, 4]),
+        Err(why) => common::skip(common::Need::Gpu, format!("no real GPU: {why}")),
     }
 }
 
@@ -252,4 +330,637 @@ fn without_a_driver_the_cuda_backend_says_why() {
         return;
     };
     assert_cuda_run_refused(&[&why]);
+}
+
+/// `pipecut devices --json` under `env`.
+#[cfg(feature = "cuda")]
+fn devices_report(env: &[(String, String)]) -> Value {
+    let (code, out, err) = pipecut(&["devices", "--json"], env);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("JSON report")
+}
+
+/// NVRTC 12.8 writes PTX ISA 8.7, which an R535 driver (CUDA 12.2, ISA 8.2) refuses: the
+/// kernels go to the device as a CUBIN for its architecture, which `devices` loads and says.
+#[cfg(feature = "cuda")]
+#[test]
+fn kernels_load_and_run_under_an_r535_driver() {
+    for (gpu, cubin) in [
+        (fake_cuda::FakeGpu::r535(), "CUBIN for sm_90"),
+        (
+            fake_cuda::FakeGpu {
+                arch: 87,
+                ..fake_cuda::FakeGpu::r535()
+            },
+            "CUBIN for sm_87",
+        ),
+    ] {
+        let Some(env) = fake(gpu) else {
+            return;
+        };
+        let report = devices_report(&env);
+        let device = &report["devices"][0];
+        assert_eq!(device["kernels"], cubin, "{report}");
+        assert!(device["problem"].is_null(), "{report}");
+    }
+    let Some(env) = fake(fake_cuda::FakeGpu::r535()) else {
+        return;
+    };
+    fixtures_match_onnxruntime(&env, &[1, 2]);
+}
+
+/// Only a GPU newer than every architecture NVRTC knows gets PTX; under an old driver that
+/// PTX is refused, and `devices` says so before any run.
+#[cfg(feature = "cuda")]
+#[test]
+fn devices_reports_a_gpu_whose_kernels_cannot_load() {
+    let gpu = fake_cuda::FakeGpu {
+        arch: 130,
+        ..fake_cuda::FakeGpu::r535()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    let report = devices_report(&env);
+    let problem = report["devices"][0]["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains("PTX"), "{report}");
+    assert!(report["devices"][0]["kernels"].is_null(), "{report}");
+}
+
+/// A machine with a driver and no cuBLAS: `devices` says so, and a run fails with the reason
+/// (cudarc panics when it creates a handle without the library).
+#[cfg(feature = "cuda")]
+#[test]
+fn without_cublas_a_run_fails_with_the_reason() {
+    let Some(mut env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let fake_dir = fake_cuda::libraries(fake_cuda::Build::Plain).unwrap();
+    let driver_only = tempfile::tempdir().unwrap();
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        std::os::unix::fs::symlink(fake_dir.join("libcuda.so.1"), driver_only.path().join(name))
+            .unwrap();
+    }
+    let path = &mut env[0].1;
+    assert!(path.starts_with(fake_dir.to_str().unwrap()));
+    *path = path.replacen(
+        fake_dir.to_str().unwrap(),
+        driver_only.path().to_str().unwrap(),
+        1,
+    );
+    let report = devices_report(&env);
+    assert!(
+        report["cublas_problem"]
+            .as_str()
+            .is_some_and(|why| why.contains("cuBLAS")),
+        "{report}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/mlp.onnx";
+    let plan = partition(dir.path(), model, 1, &["batch=4"]);
+    let out_dir = dir.path().join("out");
+    let args = [
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        "cuda",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cuBLAS"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A kernel that faults leaves its context unusable (every later call fails): the run reports
+/// the fault, and tearing the stages down (cuBLAS handles included) does not panic over it.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_device_fault_is_reported_and_teardown_does_not_panic() {
+    let Some(mut env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    env.push(("PC_FAKE_CUDA_FAULT_AT_LAUNCH".into(), "5".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let plan = partition(dir.path(), model, 2, &["batch=2", "seq=8"]);
+    let out_dir = dir.path().join("out");
+    let args = [
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--backend",
+        "cuda",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("fault injected"), "{err}");
+    assert!(err.contains("ILLEGAL_ADDRESS"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Compares the `.npy` outputs of two runs of one model.
+#[cfg(feature = "cuda")]
+fn assert_same_outputs(what: &str, cuda: &Path, cpu: &Path) {
+    let mut compared = 0;
+    for entry in std::fs::read_dir(cpu).unwrap() {
+        let path = entry.unwrap().path();
+        let want = pipecut::runtime::read_npy(&path)
+            .expect("cpu output")
+            .tensor;
+        let got = pipecut::runtime::read_npy(&cuda.join(path.file_name().unwrap()))
+            .expect("cuda output")
+            .tensor;
+        assert_eq!(got.shape(), want.shape(), "{what}: {}", path.display());
+        for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 + 1e-3 * b.abs(),
+                "{what}: {}[{i}] is {a} on CUDA, {b} on the CPU",
+                path.display()
+            );
+        }
+        compared += 1;
+    }
+    assert!(compared > 0, "{what}: no outputs");
+}
+
+/// Runs every fixture on both backends from the same seeded inputs at `dims`, split into
+/// `stage_counts` stages, and compares.
+#[cfg(feature = "cuda")]
+fn cuda_matches_cpu(env: &[(String, String)], dims: &[&str], stage_counts: &[usize]) {
+    for name in common::FIXTURES {
+        let model = format!("fixtures/models/{name}.onnx");
+        let (_, fixture_dims, _) = reference_run(name);
+        let dims: Vec<&str> = dims
+            .iter()
+            .copied()
+            .filter(|d| {
+                let key = d.split('=').next().unwrap();
+                fixture_dims
+                    .iter()
+                    .any(|f| f.starts_with(&format!("{key}=")))
+            })
+            .collect();
+        for &stages in stage_counts {
+            let dir = tempfile::tempdir().unwrap();
+            let plan = partition(dir.path(), &model, stages, &dims);
+            let extra = ["--microbatches".to_string(), "2".to_string()];
+            let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+            let out = run_plan(&plan, &model, "cuda", &extra, &cuda, env);
+            run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
+            let what = format!("{name} K={stages} {dims:?}");
+            eprintln!("{what}:\n{out}");
+            assert_same_outputs(&what, &cuda, &cpu);
+        }
+    }
+}
+
+/// Shapes unlike the fixtures' (batch 3, sequence 11: odd, and unequal, so swapped strides or
+/// dims show), in 1 and 3 stages, against the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_matches_the_cpu_runtime_at_odd_shapes() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    cuda_matches_cpu(&env, &["batch=3", "seq=11"], &[1, 3]);
+}
+
+/// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
+/// stages moves between devices.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_across_two_gpus() {
+    let gpu = fake_cuda::FakeGpu {
+        devices: 2,
+        arch: 80,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    assert_eq!(devices_report(&env)["gpus"], 2);
+    cuda_matches_cpu(&env, &["batch=3", "seq=5"], &[2, 4]);
+}
+
+/// The fake driver built with AddressSanitizer: a kernel reading or writing outside its
+/// buffers, or past its dynamic shared memory, stops the run with a report.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_are_clean_under_address_sanitizer() {
+    let gpu = fake_cuda::FakeGpu {
+        build: fake_cuda::Build::Asan,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    cuda_matches_cpu(&env, &["batch=3", "seq=7"], &[2]);
+}
+
+/// Shape and Size answer from the shape; no fixture op copies a device tensor back for them.
+#[cfg(feature = "cuda")]
+#[test]
+fn shape_and_size_do_not_copy_device_tensors() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    for name in ["gpt2_tiny", "llama_tiny", "bert_tiny"] {
+        let model = format!("fixtures/models/{name}.onnx");
+        let dir = tempfile::tempdir().unwrap();
+        let plan = partition(dir.path(), &model, 2, &["batch=2", "seq=8"]);
+        let extra = ["--json".to_string()];
+        let out = run_plan(&plan, &model, "cuda", &extra, &dir.path().join("out"), &env);
+        let report: Value = serde_json::from_str(&out).expect("JSON report");
+        for stage in report["stages"].as_array().unwrap() {
+            let host_ops = &stage["host_ops"];
+            assert!(host_ops.get("Shape").is_none(), "{name}: {host_ops}");
+            assert!(host_ops.get("Size").is_none(), "{name}: {host_ops}");
+        }
+    }
+}
+
+/// ONNX backend node cases (written by `fixtures/conformance.py`, the onnx package's own) of the
+/// ops the device runs: each model on the CUDA backend against the case's reference outputs.
+/// These are the per-op edge cases: transposed and broadcast GEMM operands, negative-step and
+/// clamped slices, reductions with and without keepdims or axes, uneven splits, negative axes.
+/// A case the CPU runtime itself fails is another test's business and is left out here.
+#[cfg(feature = "cuda")]
+#[test]
+fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
+    const DEVICE_OPS: &[&str] = &[
+        "matmul",
+        "gemm",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "pow",
+        "max",
+        "min",
+        "relu",
+        "sigmoid",
+        "tanh",
+        "erf",
+        "exp",
+        "log",
+        "sqrt",
+        "neg",
+        "abs",
+        "reciprocal",
+        "gelu",
+        "leakyrelu",
+        "clip",
+        "where",
+        "softmax",
+        "logsoftmax",
+        "layer_normalization",
+        "rms_normalization",
+        "reduce_sum",
+        "reduce_mean",
+        "reduce_max",
+        "reduce_min",
+        "reduce_sum_square",
+        "transpose",
+        "slice",
+        "split",
+        "concat",
+        "gather",
+        "expand",
+        "reshape",
+        "flatten",
+        "squeeze",
+        "unsqueeze",
+        "identity",
+        "shape",
+        "size",
+    ];
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the ONNX node cases cannot be written",
+        );
+        return;
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_node_cases");
+    if !cache.join("cases.json").exists() {
+        let status = Command::new(&python)
+            .arg(common::root().join("fixtures/conformance.py"))
+            .arg("--out")
+            .arg(&cache)
+            .status()
+            .expect("python starts");
+        assert!(status.success(), "fixtures/conformance.py failed");
+    }
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("cases.json")).unwrap()).unwrap();
+    let (mut passed, mut cpu_fails, mut failures) = (0, 0, Vec::new());
+    for case in manifest["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let op = name.trim_start_matches("test_");
+        let ours = DEVICE_OPS.iter().any(|o| {
+            op.strip_prefix(o)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+        });
+        let files = case["inputs"].as_array().unwrap();
+        if !ours || files.iter().any(|i| i["file"].as_str().is_none()) {
+            continue;
+        }
+        let dir = cache.join("cases").join(name);
+        let model = dir.join("model.onnx").display().to_string();
+        let work = tempfile::tempdir().unwrap();
+        let plan = work.path().join("plan.json");
+        let plan_args = [
+            "partition",
+            &model,
+            "--devices",
+            "H100-SXM",
+            "--stages",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ];
+        let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+        for input in files {
+            let path = dir.join(input["file"].as_str().unwrap());
+            extra.extend([
+                "--input".into(),
+                format!("{}={}", input["name"].as_str().unwrap(), path.display()),
+            ]);
+        }
+        let run = |backend: &str, env: &[(String, String)]| {
+            let out_dir = work.path().join(backend);
+            let mut args = vec![
+                "run",
+                plan.to_str().unwrap(),
+                &model,
+                "--backend",
+                backend,
+                "--output-dir",
+                out_dir.to_str().unwrap(),
+            ];
+            args.extend(extra.iter().map(String::as_str));
+            let (code, _, err) = pipecut(&args, env);
+            (code == 0 && !err.contains("fake lib"), err, out_dir)
+        };
+        let (code, _, _) = pipecut(&plan_args, &[]);
+        if code != 0 || !run("cpu", &[]).0 {
+            cpu_fails += 1;
+            continue;
+        }
+        let (ok, err, out_dir) = run("cuda", &env);
+        if !ok {
+            failures.push(format!("{name}: {}", err.trim()));
+            continue;
+        }
+        let (atol, rtol) = (
+            case["atol"].as_f64().unwrap_or(1e-7).max(1e-5) as f32,
+            case["rtol"].as_f64().unwrap_or(1e-3).max(1e-4) as f32,
+        );
+        for output in case["outputs"].as_array().unwrap() {
+            let Some(file) = output["file"].as_str() else {
+                continue;
+            };
+            let want = pipecut::runtime::read_npy(&dir.join(file)).unwrap().tensor;
+            let got_path = out_dir.join(format!("{}.npy", output["name"].as_str().unwrap()));
+            let Ok(got) = pipecut::runtime::read_npy(&got_path) else {
+                failures.push(format!("{name}: no output {}", got_path.display()));
+                continue;
+            };
+            let got = got.tensor;
+            let close = got.shape() == want.shape()
+                && got
+                    .to_f32_vec()
+                    .iter()
+                    .zip(want.to_f32_vec())
+                    .all(|(a, b)| {
+                        (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs()
+                    });
+            if !close {
+                failures.push(format!("{name}: output {file} differs from the reference"));
+            }
+        }
+        passed += 1;
+    }
+    eprintln!(
+        "ONNX node cases of device ops on the CUDA backend: {passed} ran, {} failed, {cpu_fails} \
+         left out (the CPU runtime fails them)",
+        failures.len()
+    );
+    assert!(passed > 200, "only {passed} cases ran");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `pipecut profile --backend cuda` times every node through the executor `run` uses, and
+/// `partition --profile` plans on the file.
+#[cfg(feature = "cuda")]
+#[test]
+fn profile_times_every_node_on_the_cuda_backend() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let times = dir.path().join("times.json");
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "profile",
+        model,
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=8",
+        "--backend",
+        "cuda",
+        "--device",
+        "H100-SXM",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--out",
+        times.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("fake lib"), "{err}");
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&times).unwrap()).unwrap();
+    assert_eq!(file["measured_with"]["backend"], "pipecut-cuda", "{file}");
+    let nodes = file["nodes"].as_array().unwrap();
+    assert!(
+        nodes.iter().any(|n| n["op"] == "MatMul"),
+        "the device's MatMuls are timed: {file}"
+    );
+    let plan = dir.path().join("plan.json");
+    let args = [
+        "partition",
+        model,
+        "--devices",
+        "H100-SXM,H100-SXM",
+        "--stages",
+        "2",
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=8",
+        "--profile",
+        times.to_str().unwrap(),
+        "--out",
+        plan.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &[]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// Device ops at their edges (models of `tests/fake_cuda/edge_models.py`): Concat parts whose
+/// trailing dims differ only at run time and an Expand to a negative dim are refused with the
+/// reason (the CPU runtime refuses them too); an Expand to rank 9, past the kernels' 8, runs on
+/// the host and matches the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_ops_refuse_bad_shapes_and_fall_back_past_rank_8() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the edge-case models cannot be written",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/edge_models.py"))
+        .arg(models)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "edge_models.py failed");
+    let plan_for = |name: &str, dims: &[&str]| {
+        let plan = models.join(format!("{name}.plan.json"));
+        let model = models.join(format!("{name}.onnx"));
+        let mut args = vec![
+            "partition",
+            model.to_str().unwrap(),
+            "--devices",
+            "H100-SXM",
+            "--stages",
+            "1",
+            "--microbatches",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ];
+        for d in dims {
+            args.extend(["--dim", d]);
+        }
+        let (code, _, err) = pipecut(&args, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        (plan, model)
+    };
+    let inputs = |name: &str, names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|input| {
+                let file = models.join(format!("{name}.{input}.npy"));
+                ["--input".to_string(), format!("{input}={}", file.display())]
+            })
+            .collect()
+    };
+    let refused = |name: &str, dims: &[&str], names: &[&str], reason: &str| {
+        let (plan, model) = plan_for(name, dims);
+        for (backend, env) in [("cpu", &[][..]), ("cuda", &env[..])] {
+            let out_dir = models.join(format!("{name}-{backend}"));
+            let mut args = vec![
+                "run",
+                plan.to_str().unwrap(),
+                model.to_str().unwrap(),
+                "--backend",
+                backend,
+                "--output-dir",
+                out_dir.to_str().unwrap(),
+            ];
+            let extra = inputs(name, names);
+            args.extend(extra.iter().map(String::as_str));
+            let (code, _, err) = pipecut(&args, env);
+            assert_eq!(code, 2, "{name} on {backend}: {err}");
+            assert!(
+                !err.contains("panicked") && !err.contains("fake lib"),
+                "{err}"
+            );
+            if backend == "cuda" {
+                assert!(err.contains(reason), "{name}: {err}");
+            }
+        }
+    };
+    refused(
+        "concat_trailing",
+        &["b.0=2", "b.1=3"],
+        &["a", "flat", "shape"],
+        "differ outside axis 0",
+    );
+    refused(
+        "expand_runtime_shape",
+        &[],
+        &["x", "shape"],
+        "negative entry -2",
+    );
+
+    let (plan, model) = plan_for("expand_rank9", &["batch=1"]);
+    let model = model.to_str().unwrap().to_string();
+    let (cuda, cpu) = (models.join("rank9-cuda"), models.join("rank9-cpu"));
+    let extra = ["--json".to_string()];
+    let out = run_plan(&plan, &model, "cuda", &extra, &cuda, &env);
+    run_plan(&plan, &model, "cpu", &[], &cpu, &[]);
+    assert_same_outputs("expand_rank9", &cuda, &cpu);
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["stages"][0]["host_ops"]["Expand"], 1, "{report}");
+}
+
+/// ptxas's registers and spills for every kernel on sm_80 and sm_90 (what `.ci/run` prints):
+/// every kernel is listed, and none spills, so a change that makes one spill fails here.
+#[cfg(feature = "cuda")]
+#[test]
+fn no_kernel_spills_registers_on_sm80_or_sm90() {
+    let Some(dir) = venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`)",
+        );
+        return;
+    };
+    let env = [("LD_LIBRARY_PATH".to_string(), dir.display().to_string())];
+    let (code, out, err) = pipecut(
+        &["devices", "--json", "--ptxas", "80", "--ptxas", "90"],
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let names = report["kernels"].as_array().unwrap();
+    let ptxas = report["ptxas"].as_array().unwrap();
+    assert_eq!(ptxas.len(), 2, "{report}");
+    for arch in ptxas {
+        let kernels = arch["kernels"].as_array().unwrap();
+        assert_eq!(kernels.len(), names.len(), "{arch}");
+        for k in kernels {
+            eprintln!("sm_{} {}", arch["arch"], k);
+            assert!(names.contains(&k["kernel"]), "{k}");
+            assert!(k["registers"].as_u64().unwrap() > 0, "{k}");
+            assert_eq!(k["spill_store_bytes"], 0, "{k}");
+            assert_eq!(k["spill_load_bytes"], 0, "{k}");
+        }
+    }
 }

@@ -151,12 +151,12 @@ fn run_stages(case: &Case, stages: &[Vec<NodeId>], microbatches: usize) -> Tenso
     let graph = &case.model.graph;
     let executor = CpuExecutor::new(graph, &case.weights);
     let specs = stage_specs(graph, stages).expect("stage specs");
-    let prepared: Vec<_> = specs
+    let mut prepared: Vec<_> = specs
         .iter()
         .map(|s| executor.prepare(s).expect("prepare"))
         .collect();
     let report =
-        run_pipeline(&executor, &prepared, &case.inputs, microbatches).expect("pipeline runs");
+        run_pipeline(&executor, &mut prepared, &case.inputs, microbatches).expect("pipeline runs");
     assert_eq!(report.stages.len(), stages.len());
     let efficiency = report.efficiency();
     assert!(
@@ -322,7 +322,7 @@ fn bad_inputs_are_refused_with_clear_errors() {
     );
 
     // More micro-batches than rows.
-    let err = run_pipeline(&executor, &[], &case.inputs, 8)
+    let err = run_pipeline(&executor, &mut [], &case.inputs, 8)
         .unwrap_err()
         .to_string();
     assert!(err.contains("fewer than the 8 micro-batches"), "{err}");

@@ -107,7 +107,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", path.display()))?;
     let executor = CpuExecutor::new(graph, &weights);
-    let prepared = candidates
+    let mut prepared = candidates
         .iter()
         .map(|c| {
             stage_specs(graph, &c.stages)?
@@ -126,8 +126,13 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     for round in 0..=args.rounds {
         for offset in 0..candidates.len() {
             let c = (round + offset) % candidates.len();
-            let report =
-                run_pipeline_with(&executor, &prepared[c], &inputs, args.microbatches, options)?;
+            let report = run_pipeline_with(
+                &executor,
+                &mut prepared[c],
+                &inputs,
+                args.microbatches,
+                options,
+            )?;
             // Round 0 warms caches and thread pools for every plan alike; it is not counted.
             if round > 0 {
                 walls[c].push(report.wall_secs);

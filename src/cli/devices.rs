@@ -12,6 +12,17 @@ pub struct DevicesArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Also compile the kernels for this architecture (e.g. 80, 90; repeatable) and report
+    /// each kernel's registers and spills as ptxas gives them (needs NVRTC, not a GPU).
+    #[arg(long, value_name = "SM")]
+    ptxas: Vec<u32>,
+}
+
+/// ptxas's figures for the kernels on one architecture.
+#[derive(Debug, Serialize)]
+struct PtxasReport {
+    arch: u32,
+    kernels: Vec<pipecut::runtime::cuda::KernelResources>,
 }
 
 #[derive(Debug, Serialize)]
@@ -26,6 +37,13 @@ struct Report {
     kernels: Option<Vec<String>>,
     /// Why the kernels could not be compiled.
     kernels_problem: Option<String>,
+    /// Each GPU with the kernels compiled for its architecture and loaded on it.
+    devices: Vec<pipecut::runtime::cuda::DeviceReport>,
+    /// Why cuBLAS cannot be used (a run needs it), when it cannot.
+    cublas_problem: Option<String>,
+    /// Registers and spills per kernel for each `--ptxas` architecture.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ptxas: Vec<PtxasReport>,
 }
 
 pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
@@ -44,6 +62,18 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
         gpu_problem,
         kernels,
         kernels_problem,
+        devices: cuda::device_reports(),
+        cublas_problem: cuda::cublas_problem(),
+        ptxas: args
+            .ptxas
+            .iter()
+            .map(|&arch| {
+                Ok(PtxasReport {
+                    arch,
+                    kernels: cuda::kernel_resources(arch)?,
+                })
+            })
+            .collect::<Result<_, pipecut::Error>>()?,
     };
     if args.json {
         print_stdout(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
@@ -68,6 +98,33 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
         )),
         (None, Some(why)) => text.push_str(&format!("kernels: not compiled: {why}\n")),
         _ => {}
+    }
+    for d in &report.devices {
+        match (&d.kernels, &d.problem) {
+            (Some(image), _) => text.push_str(&format!(
+                "GPU {} (compute capability {}): kernels loaded ({image})\n",
+                d.ordinal, d.compute_capability
+            )),
+            (None, Some(why)) => text.push_str(&format!(
+                "GPU {} (compute capability {}): kernels not loaded: {why}\n",
+                d.ordinal, d.compute_capability
+            )),
+            _ => {}
+        }
+    }
+    if report.cuda_built {
+        if let Some(why) = &report.cublas_problem {
+            text.push_str(&format!("cuBLAS: {why}\n"));
+        }
+    }
+    for p in &report.ptxas {
+        text.push_str(&format!("sm_{} (ptxas):\n", p.arch));
+        for k in &p.kernels {
+            text.push_str(&format!(
+                "  {:<20} {:>3} registers, {} B spill stores, {} B spill loads, {} B stack\n",
+                k.kernel, k.registers, k.spill_store_bytes, k.spill_load_bytes, k.stack_bytes
+            ));
+        }
     }
     text.push_str("CPU backend: always built\n");
     print_stdout(&text)?;

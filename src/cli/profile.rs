@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use pipecut::cost::measured::{MeasuredModel, NodeTimes};
-use pipecut::runtime::profile::{profile_cpu, ProfileRuns, ProfileSubject};
-use pipecut::runtime::{check_inputs, seeded_inputs, CpuExecutor, Weights};
+use pipecut::runtime::profile::{profile, ProfileRuns, ProfileSubject};
+use pipecut::runtime::{check_inputs, cuda::CudaExecutor, seeded_inputs, CpuExecutor, Weights};
 
 use super::ModelArgs;
 
@@ -25,8 +25,9 @@ pub struct ProfileArgs {
     /// from them. A profile file (`cal.json`) names its device.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Where the nodes run. Only the CPU runtime times nodes today; for a GPU, profile with
-    /// onnxruntime and pass its trace with --from-onnxruntime.
+    /// Where the nodes run: the CPU runtime, or the CUDA runtime (a build with `--features
+    /// cuda`; each node timed to the end of its device work). A trace of onnxruntime's CUDA
+    /// provider can be converted with --from-onnxruntime instead.
     #[arg(long, value_enum, default_value_t = ProfileBackend::Cpu)]
     backend: ProfileBackend,
     /// Unmeasured runs before the measured ones.
@@ -55,7 +56,7 @@ pub struct ProfileArgs {
 pub enum ProfileBackend {
     /// The CPU reference runtime.
     Cpu,
-    /// The CUDA runtime: not timed per node yet (see --from-onnxruntime).
+    /// The CUDA runtime, as `run --backend cuda` runs it.
     Cuda,
 }
 
@@ -72,9 +73,6 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
     let times = match &args.from_onnxruntime {
         Some(trace) => from_onnxruntime(trace, &device, measured_model)?,
         None => {
-            if args.backend == ProfileBackend::Cuda {
-                anyhow::bail!("profile --backend cuda does not time nodes yet: profile with onnxruntime's CUDA provider (enable_profiling) and convert its trace with --from-onnxruntime");
-            }
             if let Some(threads) = args.threads {
                 if threads == 0 {
                     anyhow::bail!("--threads must be at least 1");
@@ -98,27 +96,36 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                     args.model.model.display()
                 )
             })?;
-            let executor = CpuExecutor::new(graph, &weights);
             eprintln!(
                 "profiling {} nodes: {} warm-up + {} measured runs ...",
                 graph.node_count(),
                 args.warmup,
                 args.repeats
             );
-            profile_cpu(
-                &executor,
-                graph,
-                &inputs,
-                ProfileRuns {
-                    warmup: args.warmup,
-                    repeats: args.repeats,
+            let runs = ProfileRuns {
+                warmup: args.warmup,
+                repeats: args.repeats,
+            };
+            let subject = ProfileSubject {
+                device,
+                model: measured_model,
+                threads: match args.backend {
+                    ProfileBackend::Cpu => args.threads.or_else(matmul_threads),
+                    ProfileBackend::Cuda => None,
                 },
-                ProfileSubject {
-                    device,
-                    model: measured_model,
-                    threads: args.threads.or_else(matmul_threads),
-                },
-            )?
+            };
+            match args.backend {
+                ProfileBackend::Cpu => {
+                    let executor = CpuExecutor::new(graph, &weights);
+                    profile(&executor, graph, &inputs, runs, subject)?
+                }
+                // The same executor `run --backend cuda` uses, each node timed to the end of
+                // its device work.
+                ProfileBackend::Cuda => {
+                    let executor = CudaExecutor::new(graph, &weights)?;
+                    profile(&executor, graph, &inputs, runs, subject)?
+                }
+            }
         }
     };
     super::write_atomically(&args.out, times.to_json().as_bytes(), &[&args.model.model])?;

@@ -205,20 +205,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (report, host_ops) = match args.backend {
         Backend::Cpu => {
             let executor = CpuExecutor::new(graph, &weights);
-            let prepared = specs
+            let mut prepared = specs
                 .iter()
                 .map(|s| executor.prepare(s))
                 .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
             (report, vec![BTreeMap::new(); prepared.len()])
         }
         Backend::Cuda => {
             let executor = CudaExecutor::new(graph, &weights)?;
-            let prepared = specs
+            let mut prepared = specs
                 .iter()
                 .map(|s| executor.prepare(s))
                 .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &prepared, &inputs, microbatches)?;
+            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
             let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
             (report, host_ops)
         }

@@ -356,6 +356,19 @@ impl Executor for CpuExecutor<'_> {
     }
 }
 
+impl super::NodeTimer for CpuExecutor<'_> {
+    const BACKEND: &'static str = "pipecut-cpu";
+
+    fn run_observed(
+        &self,
+        stage: &CpuStage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
+        CpuExecutor::run_observed(self, stage, inputs, observe)
+    }
+}
+
 impl CpuExecutor<'_> {
     /// Runs `stage` like [`Executor::run`], telling `observe` each node's kernel time in seconds
     /// and the bytes of its outputs, as each finishes (`pipecut profile`).
@@ -528,7 +541,7 @@ type Message = Result<(usize, Tensors), Error>;
 /// thread per stage; joins the outputs back along axis 0.
 pub fn run_pipeline<E: Executor>(
     executor: &E,
-    stages: &[E::Stage],
+    stages: &mut [E::Stage],
     inputs: &Tensors,
     microbatches: usize,
 ) -> Result<PipelineReport, Error> {
@@ -544,7 +557,7 @@ pub fn run_pipeline<E: Executor>(
 /// [`run_pipeline`] with options.
 pub fn run_pipeline_with<E: Executor>(
     executor: &E,
-    stages: &[E::Stage],
+    stages: &mut [E::Stage],
     inputs: &Tensors,
     microbatches: usize,
     options: PipelineOptions,
@@ -566,7 +579,8 @@ pub fn run_pipeline_with<E: Executor>(
     let start = Instant::now();
     let (collected, busy) = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(k);
-        for (index, (stage, tx)) in stages.iter().zip(senders).enumerate() {
+        // Each stage goes to its thread alone (`&mut`), so a stage need not be `Sync`.
+        for (index, (stage, tx)) in stages.iter_mut().zip(senders).enumerate() {
             let rx = receivers.next().expect("k + 1 channels");
             handles.push(scope.spawn(move || {
                 if options.pin_stages_to_cores {
@@ -579,7 +593,7 @@ pub fn run_pipeline_with<E: Executor>(
                         Ok((i, tensors)) => {
                             let began = Instant::now();
                             let cpu_began = thread_cpu_secs();
-                            let result = executor.run(stage, &tensors);
+                            let result = executor.run(&*stage, &tensors);
                             busy_secs += began.elapsed().as_secs_f64();
                             cpu_secs += thread_cpu_secs() - cpu_began;
                             result.map(|out| (i, out))
@@ -789,14 +803,14 @@ mod tests {
         let executor = CpuExecutor::new(&graph, &weights);
         let order = graph.topological_order().to_vec();
         let specs = stage_specs(&graph, &[order[..5].to_vec(), order[5..].to_vec()]).unwrap();
-        let stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
+        let mut stages: Vec<_> = specs.iter().map(|s| executor.prepare(s).unwrap()).collect();
         // Rows of the wrong width: the first Gemm refuses them.
         let mut inputs = Tensors::new();
         inputs.insert(
             "input".into(),
             Arc::new(HostTensor::f32(vec![4, 3], vec![0.0; 12])),
         );
-        let err = run_pipeline(&executor, &stages, &inputs, 4)
+        let err = run_pipeline(&executor, &mut stages, &inputs, 4)
             .unwrap_err()
             .to_string();
         assert!(err.contains("inner dims differ"), "{err}");

@@ -13,6 +13,49 @@ pub fn device_count() -> Result<usize, String> {
     Err("pipecut was built without the `cuda` feature".into())
 }
 
+/// Why cuBLAS cannot be used: this build has no CUDA backend.
+pub fn cublas_problem() -> Option<String> {
+    Some("pipecut was built without the `cuda` feature".into())
+}
+
+/// One GPU as `pipecut devices` reports it (none in this build).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceReport {
+    /// The driver's device number.
+    pub ordinal: usize,
+    /// Compute capability as `major.minor`.
+    pub compute_capability: String,
+    /// What was loaded.
+    pub kernels: Option<String>,
+    /// Why the kernels cannot be loaded on it.
+    pub problem: Option<String>,
+}
+
+/// No GPU is opened in this build.
+pub fn device_reports() -> Vec<DeviceReport> {
+    Vec::new()
+}
+
+/// What ptxas reports for one kernel (never made in this build).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelResources {
+    /// The kernel's name.
+    pub kernel: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of local memory written for spilled registers, per thread.
+    pub spill_store_bytes: u32,
+    /// Bytes of local memory read back for spilled registers, per thread.
+    pub spill_load_bytes: u32,
+    /// Bytes of stack frame per thread.
+    pub stack_bytes: u32,
+}
+
+/// Always [`Error::CudaNotCompiled`] in this build.
+pub fn kernel_resources(_arch: u32) -> Result<Vec<KernelResources>, Error> {
+    Err(Error::CudaNotCompiled)
+}
+
 /// Always [`Error::CudaNotCompiled`] in this build.
 pub fn check_kernels() -> Result<Vec<String>, Error> {
     Err(Error::CudaNotCompiled)
@@ -54,6 +97,19 @@ impl<'a> CudaExecutor<'a> {
 
     /// Number of GPUs the stages are spread over.
     pub fn device_count(&self) -> usize {
+        match self._never {}
+    }
+}
+
+impl super::NodeTimer for CudaExecutor<'_> {
+    const BACKEND: &'static str = "pipecut-cuda";
+
+    fn run_observed(
+        &self,
+        _stage: &CudaStage,
+        _inputs: &Tensors,
+        _observe: &mut dyn FnMut(crate::graph::NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
         match self._never {}
     }
 }

@@ -66,13 +66,29 @@ pub struct StageSpec {
 /// A backend that runs stages of a model.
 pub trait Executor: Sync {
     /// A stage made ready to run (kernels resolved, buffers planned, weights in place).
-    type Stage: Send + Sync;
+    /// Only `Send`: the pipeline gives each stage to one thread.
+    type Stage: Send;
 
     /// Prepares a stage; refuses an op the backend has no kernel for, naming op and node.
     fn prepare(&self, spec: &StageSpec) -> Result<Self::Stage, Error>;
 
     /// Runs a prepared stage on its received tensors (by name), giving the tensors it sends.
     fn run(&self, stage: &Self::Stage, inputs: &Tensors) -> Result<Tensors, Error>;
+}
+
+/// An executor that can time each node of a stage (`pipecut profile`).
+pub trait NodeTimer: Executor {
+    /// The backend as the node-times file names it (`pipecut-cpu`, `pipecut-cuda`).
+    const BACKEND: &'static str;
+
+    /// Runs a stage like [`Executor::run`], calling `observe(node, seconds, output bytes)` after
+    /// each node.
+    fn run_observed(
+        &self,
+        stage: &Self::Stage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(NodeId, f64, u64),
+    ) -> Result<Tensors, Error>;
 }
 
 /// Boundary tensors of contiguous stages given as node lists in pipeline order (every node of

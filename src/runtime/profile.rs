@@ -1,4 +1,4 @@
-//! `pipecut profile`: every node's time on the CPU runtime, for planning on measurements.
+//! `pipecut profile`: every node's time on the CPU or CUDA runtime, for planning on measurements.
 //!
 //! The whole model runs as one stage, `warmup` times unmeasured and then `repeats` times with
 //! each kernel call timed; a node's figure is the median of its repeats (a busy machine slows
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{stage_specs, CpuExecutor, Executor, Tensors};
+use super::{stage_specs, CpuExecutor, NodeTimer, Tensors};
 use crate::cost::measured::{
     MeasuredModel, MeasuredNode, Measurement, NodeTimes, NODE_TIMES_SCHEMA,
 };
@@ -42,6 +42,17 @@ pub struct ProfileSubject {
 /// Measures every node of `executor`'s graph on `inputs`.
 pub fn profile_cpu(
     executor: &CpuExecutor<'_>,
+    graph: &Graph,
+    inputs: &Tensors,
+    runs: ProfileRuns,
+    subject: ProfileSubject,
+) -> Result<NodeTimes, Error> {
+    profile(executor, graph, inputs, runs, subject)
+}
+
+/// Measures every node of `executor`'s graph on `inputs`, on whichever backend it is.
+pub fn profile<E: NodeTimer>(
+    executor: &E,
     graph: &Graph,
     inputs: &Tensors,
     runs: ProfileRuns,
@@ -83,12 +94,7 @@ pub fn profile_cpu(
     Ok(NodeTimes {
         schema: NODE_TIMES_SCHEMA.into(),
         device: subject.device,
-        measured_with: Measurement::from_totals(
-            "pipecut-cpu",
-            subject.threads,
-            runs.warmup,
-            &totals,
-        ),
+        measured_with: Measurement::from_totals(E::BACKEND, subject.threads, runs.warmup, &totals),
         model: subject.model,
         nodes,
     })

@@ -195,6 +195,29 @@ extern "C" __global__ void norm_rows_f32(const float* x, const float* scale, con
     }
 }
 
+// Reduction of each row of a [rows, cols] matrix (the reduced axes trailing and contiguous, the
+// common case): one block per row, the threads striding over it, so the reads are coalesced and
+// a long row is summed in parallel. Codes as in `reduce_f32`.
+extern "C" __global__ void reduce_rows_f32(const float* x, float* y, long long rows,
+                                           long long cols, int op) {
+    extern __shared__ float scratch[];
+    bool is_max = op == 2, is_min = op == 3;
+    float init = is_max ? -PC_INFINITY : is_min ? PC_INFINITY : 0.0f;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float acc = init;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float v = in[j];
+            acc = is_max ? fmaxf(acc, v) : is_min ? fminf(acc, v) : acc + (op == 4 ? v * v : v);
+        }
+        // The minimum is the negated maximum of the negated values.
+        float r = block_reduce(is_min ? -acc : acc, is_max || is_min, scratch);
+        if (threadIdx.x == 0) {
+            y[row] = is_min ? -r : (op == 1 ? r / (float)cols : r);
+        }
+    }
+}
+
 // Reduction over some axes. `kept` maps an output position to its input offset (shape = output
 // shape, a = input strides of the kept axes); `reduced` walks the reduced axes (shape, a).
 // Codes shared with ops.rs (`Reduce`).

@@ -17,14 +17,23 @@
 //! between devices without the host, a stage-sized memory pool, NCCL for several processes
 //! (see `docs/cuda.md`).
 
+mod compile;
 mod ops;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+
+pub use self::compile::{
+    compile, compile_cached, image_for, kernel_resources, supported_archs, ImageKind, KernelImage,
+    KernelResources,
+};
 
 use self::ops::{Functions, Gpu};
 use super::cpu::{plan_steps, Step};
@@ -51,39 +60,89 @@ pub fn device_count() -> Result<usize, String> {
     }
 }
 
-/// Compiles the kernels with NVRTC (no driver needed, only `libnvrtc`). Architecture-neutral
-/// PTX, JIT-compiled by the driver for the GPU it loads on.
-pub fn compile_kernels() -> Result<Ptx, Error> {
+/// Why cuBLAS cannot be used, or `None` when its library loads.
+pub fn cublas_problem() -> Option<String> {
     // SAFETY: only tries to open the shared library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Cuda(
-            "NVRTC (libnvrtc.so) is not installed: it compiles pipecut's CUDA kernels".into(),
-        ));
+    if unsafe { cudarc::cublas::sys::is_culib_present() } {
+        None
+    } else {
+        Some("no cuBLAS library (libcublas.so.12) on this machine: MatMul and Gemm need it".into())
     }
-    let options = CompileOptions {
-        name: Some("pipecut_kernels.cu".into()),
-        ..CompileOptions::default()
-    };
-    compile_ptx_with_opts(KERNEL_SOURCE, options).map_err(|e| {
-        let detail = match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().trim().to_string(),
-            other => format!("{other:?}"),
-        };
-        Error::Cuda(format!("NVRTC failed to compile the kernels: {detail}"))
-    })
 }
 
-/// Compiles the kernels and answers the names of the entry points NVRTC produced (a check that
-/// needs no GPU: `pipecut devices` runs it).
+/// Compiles the kernels (no driver needed, only `libnvrtc`) and answers the names of the entry
+/// points NVRTC produced: `pipecut devices` runs it.
 pub fn check_kernels() -> Result<Vec<String>, Error> {
-    let ptx = compile_kernels()?.to_src();
-    Ok(ptx
+    let oldest = *supported_archs()?
+        .first()
+        .ok_or_else(|| Error::Cuda("NVRTC lists no architecture".into()))?;
+    let ptx = compile_cached(ImageKind::Ptx(oldest))?;
+    Ok(String::from_utf8_lossy(&ptx.bytes)
         .lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix(".visible .entry ")?;
             Some(rest.split('(').next()?.trim().to_string())
         })
         .collect())
+}
+
+/// One GPU as `pipecut devices` reports it: the kernels are compiled for it and loaded on it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceReport {
+    /// The driver's device number.
+    pub ordinal: usize,
+    /// Compute capability as `major.minor`.
+    pub compute_capability: String,
+    /// What was loaded (a CUBIN for its architecture, or PTX).
+    pub kernels: Option<String>,
+    /// Why the kernels cannot be loaded on it.
+    pub problem: Option<String>,
+}
+
+/// Opens every GPU and loads the kernels on it, as a run would (empty without a driver).
+pub fn device_reports() -> Vec<DeviceReport> {
+    let Ok(count) = device_count() else {
+        return Vec::new();
+    };
+    let mut images = ImageCache::default();
+    (0..count)
+        .map(|ordinal| match DeviceState::open(ordinal, &mut images) {
+            Ok(state) => DeviceReport {
+                ordinal,
+                compute_capability: format!("{}.{}", state.arch / 10, state.arch % 10),
+                kernels: Some(state.image.to_string()),
+                problem: None,
+            },
+            Err((arch, e)) => DeviceReport {
+                ordinal,
+                compute_capability: arch.map_or("?".into(), |a| format!("{}.{}", a / 10, a % 10)),
+                kernels: None,
+                problem: Some(e.to_string()),
+            },
+        })
+        .collect()
+}
+
+/// Kernel images compiled so far, by kind (devices of one architecture share one).
+#[derive(Default)]
+struct ImageCache {
+    supported: Option<Vec<u32>>,
+    images: Vec<KernelImage>,
+}
+
+impl ImageCache {
+    fn for_arch(&mut self, arch: u32) -> Result<&KernelImage, Error> {
+        if self.supported.is_none() {
+            self.supported = Some(supported_archs()?);
+        }
+        let supported = self.supported.as_deref().unwrap_or_default();
+        let kind = image_for(arch, supported).map_err(Error::Cuda)?;
+        if let Some(i) = self.images.iter().position(|image| image.kind == kind) {
+            return Ok(&self.images[i]);
+        }
+        self.images.push(compile_cached(kind)?);
+        Ok(self.images.last().expect("just pushed"))
+    }
 }
 
 /// A float tensor in device memory. The buffer is shared, so reshapes and identities are free.
@@ -114,6 +173,14 @@ impl Value {
         match self {
             Value::Host(t) => t.shape(),
             Value::Device(t) => &t.shape,
+        }
+    }
+
+    /// Bytes of the tensor, wherever it is.
+    fn byte_len(&self) -> u64 {
+        match self {
+            Value::Host(t) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
+            Value::Device(t) => t.data.len() as u64 * 4,
         }
     }
 
@@ -157,6 +224,47 @@ impl Value {
 struct DeviceState {
     context: Arc<CudaContext>,
     functions: Functions,
+    /// Compute capability, major · 10 + minor.
+    arch: u32,
+    image: ImageKind,
+}
+
+impl DeviceState {
+    /// Opens GPU `ordinal` and loads the kernels compiled for its architecture; the error
+    /// comes with the architecture when it was read.
+    fn open(ordinal: usize, images: &mut ImageCache) -> Result<DeviceState, (Option<u32>, Error)> {
+        let fail = |e: String| (None, Error::Cuda(e));
+        let context = CudaContext::new(ordinal)
+            .map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
+        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here every
+        // buffer is made and used on one stage's one stream (tensors cross stages through the
+        // host, after the stream is synchronised), so the events would only cost two
+        // creations and a record per allocation.
+        unsafe { context.disable_event_tracking() };
+        let attribute = |a| {
+            context
+                .attribute(a)
+                .map_err(|e| fail(format!("GPU {ordinal}: cannot read its architecture: {e}")))
+        };
+        let major = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let arch = (major * 10 + minor) as u32;
+        let image = images.for_arch(arch).map_err(|e| (Some(arch), e))?;
+        let module = context.load_module(image.to_ptx()).map_err(|e| {
+            let e = format!(
+                "cannot load the kernels ({}) on GPU {ordinal}: {e}",
+                image.kind
+            );
+            (Some(arch), Error::Cuda(e))
+        })?;
+        let functions = Functions::load(&module).map_err(|e| (Some(arch), Error::Cuda(e)))?;
+        Ok(DeviceState {
+            context,
+            functions,
+            arch,
+            image: image.kind,
+        })
+    }
 }
 
 /// The CUDA backend over one graph and its weights.
@@ -166,16 +274,32 @@ pub struct CudaExecutor<'a> {
     devices: Vec<DeviceState>,
 }
 
-/// A stage prepared by [`CudaExecutor`]: its stream, cuBLAS handle and uploaded weights.
+/// A stage prepared by [`CudaExecutor`]: its stream, cuBLAS handle and uploaded weights. It is
+/// `Send` but not `Sync`: a cuBLAS handle must not be used by two threads at once, and the
+/// pipeline gives each stage to one thread.
 pub struct CudaStage {
     spec: StageSpec,
     steps: Vec<Step>,
     device: usize,
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// Dropped by hand: see `Drop`.
+    blas: ManuallyDrop<CudaBlas>,
     weights: HashMap<TensorId, DeviceTensor>,
     weight_bytes: u64,
     host_runs: Mutex<BTreeMap<String, usize>>,
+    not_sync: PhantomData<Cell<()>>,
+}
+
+impl Drop for CudaStage {
+    fn drop(&mut self) {
+        // After a device fault (a sticky error: every later call fails) cuBLAS cannot tear its
+        // handle down, and cudarc's drop of it panics, hiding the error the run reports. The
+        // context is lost by then anyway, so the handle is left to the process's exit.
+        if self.stream.synchronize().is_ok() {
+            // SAFETY: dropped once, here, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.blas) };
+        }
+    }
 }
 
 impl CudaStage {
@@ -207,17 +331,12 @@ impl<'a> CudaExecutor<'a> {
     /// kernels and loads them on each device (no compilation later).
     pub fn new(graph: &'a Graph, weights: &'a Weights) -> Result<CudaExecutor<'a>, Error> {
         let count = device_count().map_err(Error::Cuda)?;
-        let ptx = compile_kernels()?;
+        if let Some(why) = cublas_problem() {
+            return Err(Error::Cuda(why));
+        }
+        let mut images = ImageCache::default();
         let devices = (0..count)
-            .map(|ordinal| {
-                let context = CudaContext::new(ordinal)
-                    .map_err(|e| Error::Cuda(format!("cannot open GPU {ordinal}: {e}")))?;
-                let module = context.load_module(ptx.clone()).map_err(|e| {
-                    Error::Cuda(format!("cannot load the kernels on GPU {ordinal}: {e}"))
-                })?;
-                let functions = Functions::load(&module).map_err(Error::Cuda)?;
-                Ok(DeviceState { context, functions })
-            })
+            .map(|ordinal| DeviceState::open(ordinal, &mut images).map_err(|(_, e)| e))
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(CudaExecutor {
             graph,
@@ -247,6 +366,7 @@ impl Executor for CudaExecutor<'_> {
             .context
             .new_stream()
             .map_err(|e| Self::stage_error(spec.index, format!("cannot create a stream: {e}")))?;
+        // `devices` and `new` checked the library is there, so this does not panic.
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| {
             Self::stage_error(spec.index, format!("cannot create a cuBLAS handle: {e:?}"))
         })?;
@@ -289,14 +409,42 @@ impl Executor for CudaExecutor<'_> {
             steps,
             device,
             stream,
-            blas,
+            blas: ManuallyDrop::new(blas),
             weights,
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
+            not_sync: PhantomData,
         })
     }
 
     fn run(&self, stage: &CudaStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        self.run_nodes(stage, inputs, None)
+    }
+}
+
+impl super::NodeTimer for CudaExecutor<'_> {
+    const BACKEND: &'static str = "pipecut-cuda";
+
+    /// Runs the stage with each node timed to the end of its device work (the stream is
+    /// synchronised after every node, which a plain run does not do).
+    fn run_observed(
+        &self,
+        stage: &CudaStage,
+        inputs: &Tensors,
+        observe: &mut dyn FnMut(crate::graph::NodeId, f64, u64),
+    ) -> Result<Tensors, Error> {
+        self.run_nodes(stage, inputs, Some(observe))
+    }
+}
+
+impl CudaExecutor<'_> {
+    /// Runs the stage's nodes in order; with `observe`, times each (see `run_observed`).
+    fn run_nodes(
+        &self,
+        stage: &CudaStage,
+        inputs: &Tensors,
+        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+    ) -> Result<Tensors, Error> {
         let graph = self.graph;
         let index = stage.spec.index;
         let gpu = Gpu {
@@ -348,7 +496,8 @@ impl Executor for CudaExecutor<'_> {
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
             };
-            let results = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
+            let began = std::time::Instant::now();
+            let results: Vec<Value> = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
                 Some(results) => results,
                 None => {
                     // Host-only work (shape arithmetic, constants) is by design; what is counted
@@ -374,6 +523,14 @@ impl Executor for CudaExecutor<'_> {
                 }
             };
             drop(args);
+            if let Some(observe) = observe.as_mut() {
+                stage
+                    .stream
+                    .synchronize()
+                    .map_err(|e| kernel_error(format!("stream failed: {e}")))?;
+                let bytes = results.iter().map(Value::byte_len).sum();
+                observe(step.node, began.elapsed().as_secs_f64(), bytes);
+            }
             let mut results = results.into_iter();
             for (position, slot) in node.outputs.iter().enumerate() {
                 let value = results.next();
@@ -406,5 +563,31 @@ impl Executor for CudaExecutor<'_> {
             .synchronize()
             .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
         Ok(sends)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `IS_SYNC` is the inherent constant when `T: Sync` and the trait's otherwise: a probe that
+    /// compiles either way, so a stage that became `Sync` again fails here rather than nowhere.
+    struct Probe<T>(PhantomData<T>);
+    trait NotSync {
+        const IS_SYNC: bool = false;
+    }
+    impl<T> NotSync for Probe<T> {}
+    impl<T: Sync> Probe<T> {
+        #[allow(dead_code)]
+        const IS_SYNC: bool = true;
+    }
+
+    #[test]
+    fn a_stage_moves_to_its_thread_but_is_not_shared_between_threads() {
+        fn sendable<T: Send>() {}
+        sendable::<CudaStage>();
+        const { assert!(!Probe::<CudaStage>::IS_SYNC) };
+        // The probe tells Sync types apart.
+        const { assert!(Probe::<DeviceState>::IS_SYNC) };
     }
 }

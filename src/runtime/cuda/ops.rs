@@ -13,7 +13,9 @@ use cudarc::driver::{
 
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::{broadcast_shapes, normalize_axis, transpose_perm, view_shape, Ctx};
+use crate::runtime::kernels::{
+    broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
+};
 use crate::runtime::tensor::HostTensor;
 
 /// Largest rank the kernels' [`Dims`] carries.
@@ -48,6 +50,7 @@ pub(super) struct Functions {
     gather_axis: CudaFunction,
     softmax_rows: CudaFunction,
     norm_rows: CudaFunction,
+    reduce_rows: CudaFunction,
     reduce: CudaFunction,
 }
 
@@ -68,6 +71,7 @@ impl Functions {
             gather_axis: f("gather_axis_f32")?,
             softmax_rows: f("softmax_rows_f32")?,
             norm_rows: f("norm_rows_f32")?,
+            reduce_rows: f("reduce_rows_f32")?,
             reduce: f("reduce_f32")?,
         })
     }
@@ -190,6 +194,12 @@ impl Gpu<'_> {
             stride_b: stride_a as i64,
             stride_c: (m * n) as i64,
         };
+        // cuBLAS works in the calling thread's current context, which nothing else here
+        // guarantees is the stream's (cudarc binds it only in its own calls).
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_error("context"))?;
         // SAFETY: the buffers hold `batch` matrices of the sizes in `config` (or one, with a zero
         // stride), as the callers build them.
         unsafe { self.blas.gemm_strided_batched(config, b, a, c) }
@@ -296,16 +306,25 @@ fn extra_outputs(ctx: &Ctx) -> bool {
 
 /// Runs the node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let op = ctx.node.op_type.as_str();
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
+        return Ok(None);
+    }
+    // Shape and Size read only the shape: a device tensor is not copied for them.
+    if let (Some(Some(Value::Device(x))), "Shape" | "Size") = (args.first(), op) {
+        let out = if op == "Shape" {
+            shape_tensor(ctx, &x.shape)
+        } else {
+            HostTensor::i64(vec![], vec![numel(&x.shape) as i64])
+        };
+        return Ok(Some(vec![Value::Host(Arc::new(out))]));
+    }
     // Empty or over-ranked operands are left to the CPU kernels.
     for v in args.iter().flatten() {
         let shape = v.shape();
         if shape.len() > MAX_RANK || shape.contains(&0) {
             return Ok(None);
         }
-    }
-    let op = ctx.node.op_type.as_str();
-    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
-        return Ok(None);
     }
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
@@ -340,8 +359,18 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
                 return Ok(None);
             };
-            let target: Vec<usize> = target.to_i64_vec().iter().map(|&d| d as usize).collect();
+            let target = target
+                .to_i64_vec()
+                .into_iter()
+                .map(|d| {
+                    usize::try_from(d).map_err(|_| format!("Expand shape has a negative entry {d}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let shape = broadcast_shapes(&[&x.shape, &target])?;
+            checked_size(&shape)?;
+            if shape.len() > MAX_RANK {
+                return Ok(None);
+            }
             one(gpu.expand(&x, &shape)?)
         }
         "Concat" => concat(gpu, ctx, args),
@@ -536,6 +565,17 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     let first = &parts[0].shape;
     let axis = normalize_axis(ctx.int("axis", 0), first.len())?;
+    // Every dim but the axis must agree: a longer row would be written past its place.
+    for part in &parts {
+        let agrees = part.shape.len() == first.len()
+            && (0..first.len()).all(|i| i == axis || part.shape[i] == first[i]);
+        if !agrees {
+            return Err(format!(
+                "Concat parts {first:?} and {:?} differ outside axis {axis}",
+                part.shape
+            ));
+        }
+    }
     let mut shape = first.clone();
     shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
     let outer = numel(&first[..axis]);
@@ -543,12 +583,6 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let mut out = gpu.alloc(numel(&shape))?;
     let mut offset = 0usize;
     for part in &parts {
-        if part.shape.len() != first.len() || numel(&part.shape[..axis]) != outer {
-            return Err(format!(
-                "Concat parts {first:?} and {:?} differ",
-                part.shape
-            ));
-        }
         let in_inner = numel(&part.shape[axis..]);
         let (o, i, oi, off) = (
             outer as i64,
@@ -821,22 +855,40 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
     let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
     let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
-    let kept = dims(&kept_shape, &[&kept_strides])?;
-    let reduced = dims(&red_shape, &[&red_strides])?;
     let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
     let mut out = gpu.alloc(n_out)?;
     let (n64, c64) = (n_out as i64, count as i64);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
-    launch
-        .arg(&*x.data)
-        .arg(&mut out)
-        .arg(&n64)
-        .arg(&kept)
-        .arg(&reduced)
-        .arg(&c64)
-        .arg(&code);
-    // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-    unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    let trailing = reduced_axes
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| a == rank - reduced_axes.len() + i);
+    if trailing {
+        // Rows of `count` contiguous values: one block each.
+        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce_rows);
+        launch
+            .arg(&*x.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&c64)
+            .arg(&code);
+        // SAFETY: argument types match `reduce_rows_f32`; x holds n_out rows of count floats;
+        // shared memory is one float per thread.
+        unsafe { launch.launch(Gpu::rows(n_out)) }.map_err(cuda_error("launch"))?;
+    } else {
+        let kept = dims(&kept_shape, &[&kept_strides])?;
+        let reduced = dims(&red_shape, &[&red_strides])?;
+        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
+        launch
+            .arg(&*x.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&kept)
+            .arg(&reduced)
+            .arg(&c64)
+            .arg(&code);
+        // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
+        unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    }
     let shape: Vec<usize> = if keep_dims {
         (0..rank)
             .map(|a| {

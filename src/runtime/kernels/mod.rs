@@ -36,7 +36,7 @@ mod spectral;
 mod tensor_scatter;
 
 #[cfg(feature = "cuda")]
-pub(crate) use movement::{transpose_perm, view_shape};
+pub(crate) use movement::{shape_tensor, transpose_perm, view_shape};
 mod norm;
 mod pool_nd;
 mod quant;

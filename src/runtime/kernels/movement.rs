@@ -497,16 +497,21 @@ pub(crate) fn view_shape(
 }
 
 fn shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let rank = x.rank() as i64;
+    Ok(vec![shape_tensor(ctx, input(inputs, 0)?.shape())])
+}
+
+/// Shape's output for an input of `shape` (its `start` and `end` clamped as ONNX says). Shared
+/// with the CUDA backend, which answers it without copying a device tensor.
+pub(crate) fn shape_tensor(ctx: &Ctx, shape: &[usize]) -> HostTensor {
+    let rank = shape.len() as i64;
     let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
     let start = clamp(ctx.int("start", 0));
     let end = clamp(ctx.int("end", rank));
-    let dims: Vec<i64> = x.shape()[start..end.max(start)]
+    let dims: Vec<i64> = shape[start..end.max(start)]
         .iter()
         .map(|&d| d as i64)
         .collect();
-    Ok(vec![HostTensor::i64(vec![dims.len()], dims)])
+    HostTensor::i64(vec![dims.len()], dims)
 }
 
 fn size(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
