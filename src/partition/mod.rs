@@ -25,6 +25,7 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+pub mod tensor_parallel;
 pub mod torch_split;
 
 use std::collections::HashMap;

@@ -124,6 +124,9 @@ pub struct ParamUse {
     pub elements: u64,
     /// Positions of its readers, ascending, each once.
     pub uses: Vec<u32>,
+    /// GPUs of a tensor-parallel group it is split over (1: held whole); its footprint and
+    /// elements are one GPU's share.
+    pub shards: u32,
 }
 
 /// The partition problem for a fixed number of stages on fixed devices.
@@ -318,6 +321,7 @@ impl PartitionProblem {
                             .filter_map(|d| d.known())
                             .product(),
                         uses: consumers,
+                        shards: 1,
                     });
                 }
                 TensorOrigin::Node { node, .. } => {
