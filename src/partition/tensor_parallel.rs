@@ -480,6 +480,36 @@ impl TensorParallelism {
     }
 }
 
+/// Each node's kernel-launch time per device kind of `problem` (forward and, in training,
+/// backward launches): `[kind][position]`, zero where the cost model has no rule.
+fn launch_secs(
+    graph: &Graph,
+    problem: &PartitionProblem,
+    cluster: &crate::cost::Cluster,
+) -> Vec<Vec<f64>> {
+    let mode = problem.settings.mode;
+    (0..problem.node_secs.len())
+        .map(|kind| {
+            let Some(stage) = problem.stages.iter().find(|s| s.kind == kind) else {
+                return vec![0.0; problem.order.len()];
+            };
+            let spec = cluster.device(stage.device);
+            let model = crate::cost::CostModel::new(spec).with_mode(mode);
+            let launch =
+                spec.kernel_launch_overhead_secs.value * (1.0 + mode.backward_time_factor());
+            problem
+                .order
+                .iter()
+                .map(|&id| {
+                    model
+                        .work(graph, id)
+                        .map_or(0.0, |(work, _)| work.launches as f64 * launch)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// How many all-reduces of a block's output a micro-batch costs: one per forward (Megatron's
 /// `g`), one per backward (`f`), and one per forward run again under recomputation.
 fn block_collectives(mode: Mode) -> f64 {
@@ -492,19 +522,26 @@ fn block_collectives(mode: Mode) -> f64 {
 impl TensorParallelBlocks {
     /// Rewrites `problem` (built from `graph` for one GPU per stage) into the problem of one GPU
     /// of a tensor-parallel group of `tp.degree` (see the module doc for the model).
-    /// `all_reduce_secs` gives the group's ring all-reduce time for a number of bytes.
+    /// `all_reduce_secs` gives the group's ring all-reduce time for a number of bytes;
+    /// `launch_secs[kind][position]` the part of a node's time that splitting does not shorten
+    /// (its kernel launches), empty where none is known.
     pub fn shard(
         &self,
         graph: &Graph,
         problem: &mut PartitionProblem,
         tp: TensorParallelism,
         all_reduce_secs: &dyn Fn(u64) -> f64,
+        launch_secs: &[Vec<f64>],
     ) {
         let t = u64::from(tp.degree.max(1));
         if t == 1 {
             return;
         }
-        let split = |x: f64| x / t as f64;
+        // Each GPU launches every kernel of a split node; the rest of its time splits.
+        let split = |kind: usize, p: usize, secs: f64| {
+            let launch = launch_secs.get(kind).map_or(0.0, |l| l[p]).min(secs);
+            launch + (secs - launch) / t as f64
+        };
         let position: BTreeMap<NodeId, usize> = problem
             .order
             .iter()
@@ -559,8 +596,8 @@ impl TensorParallelBlocks {
             if !(is_split || tp.sequence_parallel) {
                 continue;
             }
-            for secs in &mut problem.node_secs {
-                secs[p] = split(secs[p]);
+            for (kind, secs) in problem.node_secs.iter_mut().enumerate() {
+                secs[p] = split(kind, p, secs[p]);
             }
             if !whole_output.contains(&p) || tp.sequence_parallel {
                 problem.activation_bytes[p] = problem.activation_bytes[p].div_ceil(t);
@@ -581,6 +618,32 @@ impl TensorParallelBlocks {
         for flow in &mut problem.flows {
             flow.bytes = flow.bytes.div_ceil(t);
         }
+    }
+
+    /// [`TensorParallelBlocks::shard`] for the group of `tp.degree` consecutive devices from
+    /// `first`, its collectives as ring all-reduces over them.
+    pub fn shard_on(
+        &self,
+        graph: &Graph,
+        problem: &mut PartitionProblem,
+        cluster: &crate::cost::Cluster,
+        tp: TensorParallelism,
+        first: crate::cost::DeviceId,
+    ) {
+        let group: Vec<crate::cost::DeviceId> = (0..tp.degree.max(1))
+            .map(|rank| crate::cost::DeviceId(first.0 + rank))
+            .collect();
+        if tp.is_none() {
+            return;
+        }
+        let launch_secs = launch_secs(graph, problem, cluster);
+        self.shard(
+            graph,
+            problem,
+            tp,
+            &|bytes| cluster.ring_all_reduce_secs(&group, bytes),
+            &launch_secs,
+        );
     }
 
     /// The weights a GPU of a group of `t` holds 1/t of: those only split nodes read.
