@@ -1,15 +1,23 @@
-//! How to use a whole cluster: pipeline depth K, data-parallel degree D (K·D ≤ GPUs), micro-batch
-//! size b and count m (D·m·b = global batch), schedule, and where the stages sit.
+//! How to use a whole cluster: pipeline depth K, tensor-parallel degree t, data-parallel degree
+//! D (K·t·D ≤ GPUs), micro-batch size b and count m (D·m·b = global batch), schedule,
+//! recomputation, ZeRO stage, and where the stages sit.
 //!
-//! Every candidate is a partition problem for one replica (the exact DP of [`super::dp`]), the
-//! schedule simulator for its step, and the data-parallel gradient all-reduce of each stage. The
-//! search is a best-first branch and bound: a candidate's throughput can be bounded before it
-//! is solved, because no K-stage pipeline beats `m · T / K` per step (T: one micro-batch's whole
-//! compute on the fastest device) nor `T` (one micro-batch passes every stage in turn), and
-//! because a stage must hold at least `1/K` of the weights. Candidates are solved in order of
-//! their bound, and the search stops when no unsolved bound beats the best solved one: the
-//! choice is then the best configuration of the space (up to the pruning of depths in
-//! [`stage_counts`]); the listed alternatives are the best of those solved on the way.
+//! Every candidate is a partition problem for one GPU of one replica (the exact DP of
+//! [`super::dp`], on the costs [`super::tensor_parallel`] gives a GPU of a t-GPU group), the
+//! schedule simulator for its step, and the data-parallel gradient all-reduce of each stage.
+//! The search is a branch and bound: a candidate's throughput can be bounded before it is
+//! solved, because no K-stage pipeline beats `m · T / K` per step (T: one micro-batch's whole
+//! compute on one GPU of a group of the fastest device, with the group's collectives) nor `T`
+//! (one micro-batch passes every stage in turn), and because a stage must hold at least `1/K`
+//! of the weights (one GPU's share of the split ones). Candidates are solved most promising
+//! first ([`solve_priority`]) and skipped when their bound does not beat the best solved one;
+//! when every candidate is solved or skipped, the choice is the best configuration of the
+//! space (up to the pruning of depths in [`stage_counts`]); the listed alternatives are the
+//! best of those solved on the way.
+//!
+//! **Tensor parallelism.** A group of t GPUs (t divides every node's GPU count, so a group
+//! never spans nodes) runs each stage: group g is devices g·t … g·t + t − 1, and the placements
+//! below place groups where they place single GPUs. Its all-reduces use the node's link.
 //!
 //! **All-reduce model.** Each stage's gradients are summed over its D replicas by a ring
 //! all-reduce over the slowest link the ring spans ([`Cluster::ring_all_reduce_secs`]), starting
@@ -417,9 +425,11 @@ pub fn search(
         check_microbatches(fewest)?;
     }
     let total_candidates = candidates.len() + pruned_by_memory;
-    // Best bound first; equal bounds in a fixed order of their keys, so plans are deterministic,
-    // the most memory-saving technique first: when it does not fit, the others are ruled out
-    // unsolved. The ranking does not depend on this order (ties go by key).
+    // Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
+    // keys, so plans are deterministic, the most memory-saving technique first: when it does
+    // not fit, the others are ruled out unsolved. The ranking does not depend on this order
+    // (ties go by key), nor does the proof: every candidate is either solved or has a bound
+    // no better than the best solved.
     let savings = |k: &ConfigurationKey| std::cmp::Reverse((k.recompute, k.zero_stage));
     candidates.sort_by(|a, b| {
         let shape = |k: &ConfigurationKey| ConfigurationKey {
@@ -427,7 +437,8 @@ pub fn search(
             zero_stage: 0,
             ..*k
         };
-        b.0.total_cmp(&a.0)
+        solve_priority(b.0, &b.1)
+            .total_cmp(&solve_priority(a.0, &a.1))
             .then(shape(&a.1).cmp(&shape(&b.1)))
             .then(savings(&a.1).cmp(&savings(&b.1)))
     });
@@ -438,13 +449,14 @@ pub fn search(
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
     for (bound, key) in candidates {
-        // Nothing left can beat the best: it is proven best over the space (the alternatives
-        // are the best of those solved on the way).
+        // It cannot beat the best: once every candidate is solved or skipped so, the best is
+        // proven best over the space (the alternatives are the best of those solved on the
+        // way).
         if ranked
             .first()
             .is_some_and(|best| bound <= best.samples_per_sec)
         {
-            break;
+            continue;
         }
         if started.elapsed() >= request.time_limit {
             complete = false;
@@ -730,6 +742,16 @@ fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u6
         Mode::Training { .. } => total_secs / (1.0 + mode.backward_time_factor()),
     };
     (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
+}
+
+/// The order candidates are solved in: the throughput bound scaled by the share of a step a
+/// balanced pipeline is busy, m / (m + K − 1). The bound alone cannot tell a deep pipeline with
+/// few micro-batches (a large bubble) from a shallow one with many, so many configurations tie
+/// on it; solving the likelier ones first finds a good configuration early, and then the bound
+/// skips the rest. Only the order depends on this estimate, never what is proven.
+fn solve_priority(bound: f64, key: &ConfigurationKey) -> f64 {
+    let m = key.microbatches as f64;
+    bound * m / (m + key.stages as f64 - 1.0)
 }
 
 /// Whether `a` ranks before `b`: more samples per second, then fewer GPUs, then the key order.

@@ -799,4 +799,94 @@ mod tests {
             "{in_split} of {total}"
         );
     }
+
+    fn gpt2_problem(graph: &Graph, mode: Mode) -> PartitionProblem {
+        let cluster =
+            crate::cost::Cluster::parse("1x4xA100-80GB", &crate::cost::Catalog::builtin()).unwrap();
+        let settings = crate::partition::CostSettings {
+            mode,
+            ..Default::default()
+        };
+        PartitionProblem::new(graph, &cluster, &[crate::cost::DeviceId(0)], settings).unwrap()
+    }
+
+    #[test]
+    fn a_split_stage_does_its_share_and_pays_its_collectives() {
+        let graph = typed("gpt2_tiny.onnx");
+        let found = TensorParallelBlocks::find(&graph);
+        let tp = TensorParallelism {
+            degree: 2,
+            sequence_parallel: false,
+        };
+        let split: BTreeSet<usize> = {
+            let problem = gpt2_problem(&graph, Mode::Inference);
+            let nodes: BTreeSet<NodeId> = found
+                .blocks
+                .iter()
+                .flat_map(|b| b.nodes.iter().copied())
+                .chain(found.vocab.iter().flat_map(|v| v.nodes.iter().copied()))
+                .collect();
+            (0..problem.order.len())
+                .filter(|&p| nodes.contains(&problem.order[p]))
+                .collect()
+        };
+        // Collectives at one second each: 8 blocks and the embedding all-reduce once in
+        // inference, the head gathers its logits (half an all-reduce); in training the blocks
+        // all-reduce twice and the head once.
+        for (mode, collective_secs) in [(Mode::Inference, 9.5), (Mode::training(), 18.0)] {
+            let whole = gpt2_problem(&graph, mode);
+            let mut problem = whole.clone();
+            found.shard(&graph, &mut problem, tp, &|_| 1.0, &[]);
+            let expected: f64 = (0..whole.order.len())
+                .map(|p| match split.contains(&p) {
+                    true => whole.node_secs[0][p] / 2.0,
+                    false => whole.node_secs[0][p],
+                })
+                .sum::<f64>()
+                + collective_secs;
+            let total: f64 = problem.node_secs[0].iter().sum();
+            assert!(
+                (total - expected).abs() < 1e-9,
+                "{mode:?}: {total} vs {expected}"
+            );
+            // Every weight but the normalizations' and the position embedding's is halved.
+            for (before, after) in whole.params.iter().zip(&problem.params) {
+                let only_split = before.uses.iter().all(|u| split.contains(&(*u as usize)));
+                let expected = match only_split {
+                    true => before.footprint_bytes.div_ceil(2),
+                    false => before.footprint_bytes,
+                };
+                assert_eq!(after.footprint_bytes, expected, "{}", before.name);
+            }
+            let halved: Vec<&str> = problem
+                .params
+                .iter()
+                .filter(|p| p.shards == 2)
+                .map(|p| p.name.as_str())
+                .collect();
+            for name in [
+                "transformer.wte.weight",
+                "transformer.h.0.attn.q_proj.weight",
+                "transformer.h.0.attn.q_proj.bias",
+                "transformer.h.0.attn.out_proj.weight",
+                "transformer.h.3.mlp.c_fc.weight",
+            ] {
+                assert!(halved.contains(&name), "{name} in {halved:?}");
+            }
+            // The row linear's bias is added after the sum: whole.
+            assert!(!halved.contains(&"transformer.h.0.attn.out_proj.bias"));
+        }
+        // Sequence parallelism splits the rest too: only the launches and collectives remain
+        // whole.
+        let whole = gpt2_problem(&graph, Mode::Inference);
+        let mut problem = whole.clone();
+        let sequence = TensorParallelism {
+            sequence_parallel: true,
+            ..tp
+        };
+        found.shard(&graph, &mut problem, sequence, &|_| 0.0, &[]);
+        let total: f64 = problem.node_secs[0].iter().sum();
+        let before: f64 = whole.node_secs[0].iter().sum();
+        assert!((total - before / 2.0).abs() < 1e-12);
+    }
 }
