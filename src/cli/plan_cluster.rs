@@ -55,7 +55,7 @@ pub struct PlanClusterArgs {
     #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
     dtype: Option<super::DtypeArg>,
     /// Activation recomputation choices to search, in training (default: none,full).
-    #[arg(long, value_delimiter = ',', value_name = "none|full")]
+    #[arg(long, value_delimiter = ',', value_name = "none|selective|full")]
     recompute: Vec<Recompute>,
     /// ZeRO stages to search, in training with several replicas (default: 0,1,2,3).
     #[arg(long, value_delimiter = ',', value_name = "0|1|2|3")]
@@ -126,7 +126,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.data_parallel = args.dp.clone();
     request.sequence_parallel = args.sequence_parallel;
     request.time_limit = args.time_limit;
-    let techniques = args.recompute.contains(&Recompute::Full) || args.zero.iter().any(|&z| z > 0);
+    let techniques =
+        args.recompute.iter().any(|r| !r.is_none()) || args.zero.iter().any(|&z| z > 0);
     if techniques && matches!(args.mode, ModeArg::Inference) {
         anyhow::bail!(
             "--recompute and --zero apply to training (add --mode training): inference keeps no \
@@ -284,6 +285,8 @@ fn memory_name(recompute: Recompute, zero_stage: u8) -> String {
     match (recompute, zero_stage) {
         (Recompute::None, 0) => "-".to_string(),
         (Recompute::Full, 0) => "recompute".to_string(),
+        (Recompute::Selective, 0) => "selective recompute".to_string(),
+        (Recompute::Selective, z) => format!("ZeRO-{z}+selective"),
         (Recompute::None, z) => format!("ZeRO-{z}"),
         (Recompute::Full, z) => format!("ZeRO-{z}+recompute"),
     }

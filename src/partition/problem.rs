@@ -340,6 +340,22 @@ impl PartitionProblem {
                 }
             }
         }
+        if let Mode::Training {
+            recompute: crate::cost::Recompute::Selective,
+            ..
+        } = settings.mode
+        {
+            // Attention's score tensors are not kept; the backward runs their nodes' forward
+            // again (a node's time is its forward times 1 + the backward factor).
+            let rerun = 1.0 + 1.0 / (1.0 + settings.mode.backward_time_factor());
+            for id in super::tensor_parallel::attention_score_nodes(graph) {
+                let p = position[&id] as usize;
+                activation_bytes[p] = 0;
+                for secs in &mut node_secs {
+                    secs[p] *= rerun;
+                }
+            }
+        }
         let node_names = order
             .iter()
             .map(|&id| graph.node(id).name.clone())

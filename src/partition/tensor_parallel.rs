@@ -439,6 +439,40 @@ fn embeddings(graph: &Graph) -> Vec<VocabShard> {
         .collect()
 }
 
+/// Attention's score nodes, which selective recomputation drops and recomputes: in each
+/// attention block, the first product of two activations (Q·Kᵀ) and every node after it up to,
+/// not including, the next such product (the scores times V).
+pub(crate) fn attention_score_nodes(graph: &Graph) -> Vec<NodeId> {
+    let mut scores = Vec::new();
+    for block in TensorParallelBlocks::find(graph).blocks {
+        if block.kind != BlockKind::Attention {
+            continue;
+        }
+        let region: BTreeSet<NodeId> = block.nodes.iter().copied().collect();
+        let is_product = |n: NodeId| {
+            graph.node(n).op_type == "MatMul" && linear(graph, n).is_none() && region.contains(&n)
+        };
+        // `nodes` is in topological order.
+        let Some(&first) = block.nodes.iter().find(|&&n| is_product(n)) else {
+            continue;
+        };
+        let mut seen = BTreeSet::from([first]);
+        let mut frontier = vec![first];
+        while let Some(node) = frontier.pop() {
+            for output in graph.node(node).outputs.iter().flatten() {
+                for &consumer in &graph.tensor(*output).consumers {
+                    if region.contains(&consumer) && !is_product(consumer) && seen.insert(consumer)
+                    {
+                        frontier.push(consumer);
+                    }
+                }
+            }
+        }
+        scores.extend(seen);
+    }
+    scores
+}
+
 /// A tensor-parallel layout of a stage: the degree t and whether the rest of the model is
 /// split along the sequence.
 #[derive(
@@ -888,5 +922,39 @@ mod tests {
         let total: f64 = problem.node_secs[0].iter().sum();
         let before: f64 = whole.node_secs[0].iter().sum();
         assert!((total - before / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn selective_recomputation_drops_the_scores_and_runs_their_forward_again() {
+        let graph = typed("gpt2_tiny.onnx");
+        let scores = attention_score_nodes(&graph);
+        let ops: Vec<&str> = scores
+            .iter()
+            .map(|&n| graph.node(n).op_type.as_str())
+            .collect();
+        // Per layer: Q·Kᵀ, its scaling, the causal mask, the softmax; 4 layers.
+        assert_eq!(ops.len(), 16, "{ops:?}");
+        assert_eq!(ops.iter().filter(|&&o| o == "Softmax").count(), 4);
+        assert_eq!(ops.iter().filter(|&&o| o == "MatMul").count(), 4);
+        let kept = gpt2_problem(&graph, Mode::training());
+        let selective = gpt2_problem(
+            &graph,
+            Mode::training().with_memory_techniques(
+                crate::cost::Recompute::Selective,
+                crate::cost::ZeroSharding::NONE,
+            ),
+        );
+        for p in 0..kept.order.len() {
+            let (secs, bytes) = (kept.node_secs[0][p], kept.activation_bytes[p]);
+            if scores.contains(&kept.order[p]) {
+                // Forward + backward (3 forwards' time) plus one forward again.
+                assert!((selective.node_secs[0][p] - secs * 4.0 / 3.0).abs() < 1e-15);
+                assert_eq!(selective.activation_bytes[p], 0);
+                assert!(bytes > 0);
+            } else {
+                assert_eq!(selective.node_secs[0][p], secs);
+                assert_eq!(selective.activation_bytes[p], bytes);
+            }
+        }
     }
 }
