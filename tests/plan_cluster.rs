@@ -10,6 +10,7 @@ use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::parallelism::{
     evaluate, search, ConfigurationKey, Placement, SearchRequest,
 };
+use pipecut::partition::tensor_parallel::TensorParallelism;
 
 fn pipecut(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pipecut"))
@@ -51,11 +52,16 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
             ShapeInference::new(request.bindings.clone().bind("batch", b))
                 .run(&mut graph)
                 .unwrap();
-            for d in 1..=4usize {
+            // Tensor parallelism inside the 2-GPU nodes too.
+            for (d, tp) in (1..=4usize).flat_map(|d| [1u32, 2].map(|t| (d, t))) {
                 if 16 % (d as u64 * b) != 0 {
                     continue;
                 }
-                for k in (1..=4usize).filter(|k| k * d <= 4) {
+                let tensor_parallel = TensorParallelism {
+                    degree: tp,
+                    sequence_parallel: false,
+                };
+                for k in (1..=4usize).filter(|k| k * d * tp as usize <= 4) {
                     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
                         let techniques = [Recompute::None, Recompute::Full]
                             .into_iter()
@@ -77,6 +83,7 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                                 placement,
                                 recompute,
                                 zero_stage,
+                                tensor_parallel,
                             };
                             if let Some(config) = evaluate(&graph, &cluster, &request, key).unwrap()
                             {
@@ -120,6 +127,7 @@ fn training_pays_for_the_all_reduce_and_inference_does_not() {
         placement: Placement::PipelineInsideNodes,
         recompute: Recompute::None,
         zero_stage: 0,
+        tensor_parallel: TensorParallelism::NONE,
     };
     let inference = evaluate(
         &graph,

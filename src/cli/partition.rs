@@ -194,8 +194,9 @@ pub struct PartitionArgs {
     mode: ModeArg,
     /// In training, recompute each micro-batch's activations in the backward (full) instead of
     /// keeping them (none): a stage keeps one micro-batch's activations and runs one more
-    /// forward. (`plan-cluster` also searches ZeRO stages over its replicas.)
-    #[arg(long, default_value = "none", value_name = "none|full")]
+    /// forward; or recompute only attention's score tensors (selective). (`plan-cluster` also
+    /// searches ZeRO stages over its replicas.)
+    #[arg(long, default_value = "none", value_name = "none|selective|full")]
     recompute: pipecut::cost::Recompute,
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
@@ -272,10 +273,8 @@ pub enum EmitArg {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
-    if args.recompute == pipecut::cost::Recompute::Full
-        && matches!(args.mode, super::cost::ModeArg::Inference)
-    {
-        anyhow::bail!("--recompute full applies to training (add --mode training): inference keeps no activations for a backward");
+    if !args.recompute.is_none() && matches!(args.mode, super::cost::ModeArg::Inference) {
+        anyhow::bail!("--recompute applies to training (add --mode training): inference keeps no activations for a backward");
     }
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;

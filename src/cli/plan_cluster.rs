@@ -12,6 +12,7 @@ use clap::Args;
 use pipecut::cost::{Recompute, Schedule};
 use pipecut::onnx::inspect::human_bytes;
 use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
+use pipecut::partition::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
@@ -54,11 +55,26 @@ pub struct PlanClusterArgs {
     #[arg(long, value_enum, value_name = "bf16|fp16|fp32")]
     dtype: Option<super::DtypeArg>,
     /// Activation recomputation choices to search, in training (default: none,full).
-    #[arg(long, value_delimiter = ',', value_name = "none|full")]
+    #[arg(long, value_delimiter = ',', value_name = "none|selective|full")]
     recompute: Vec<Recompute>,
     /// ZeRO stages to search, in training with several replicas (default: 0,1,2,3).
     #[arg(long, value_delimiter = ',', value_name = "0|1|2|3")]
     zero: Vec<u8>,
+    /// Tensor-parallel degrees to search, e.g. 1,8 (each must divide every node's GPU count);
+    /// default 1 and every such degree that splits a block of the model.
+    #[arg(long, value_delimiter = ',', value_name = "T")]
+    tp: Option<Vec<u32>>,
+    /// Pipeline depths to search, e.g. 16; default 1–16, powers of two and divisors of the
+    /// layer count (see --all-stage-counts).
+    #[arg(long, value_delimiter = ',', value_name = "K")]
+    pp: Option<Vec<usize>>,
+    /// Data-parallel degrees to search, e.g. 12; default every degree the devices allow.
+    #[arg(long, value_delimiter = ',', value_name = "D")]
+    dp: Option<Vec<usize>>,
+    /// Tensor-parallel groups also split the normalizations, dropouts and residual additions
+    /// along the sequence (Korthikanti et al. 2022).
+    #[arg(long)]
+    sequence_parallel: bool,
     /// How many of the best configurations to list.
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -109,8 +125,13 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.unknown_ops = args.unknown_op_cost.into();
     request.top = args.top;
     request.all_stage_counts = args.all_stage_counts;
+    request.tensor_parallel = args.tp.clone();
+    request.stage_counts = args.pp.clone();
+    request.data_parallel = args.dp.clone();
+    request.sequence_parallel = args.sequence_parallel;
     request.time_limit = args.time_limit;
-    let techniques = args.recompute.contains(&Recompute::Full) || args.zero.iter().any(|&z| z > 0);
+    let techniques =
+        args.recompute.iter().any(|r| !r.is_none()) || args.zero.iter().any(|&z| z > 0);
     if techniques && matches!(args.mode, ModeArg::Inference) {
         anyhow::bail!(
             "--recompute and --zero apply to training (add --mode training): inference keeps no \
@@ -175,6 +196,10 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     // The chosen configuration's partition, with its proof and baselines, for the plan.
     let best = outcome.best.key;
     let solution = Planner::new(&outcome.graph, &cluster)
+        .with_tensor_parallel(
+            TensorParallelBlocks::find(&outcome.graph),
+            best.tensor_parallel,
+        )
         .with_config(PartitionConfig {
             stages: StageCount::Fixed(best.stages),
             devices: outcome.replicas[0].clone(),
@@ -234,7 +259,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
                 sequence: super::efficiency::sequence_dim(&plan.model.dims),
                 step_secs: best.step_secs,
                 cluster: &cluster,
-                devices: outcome.replicas.iter().flatten().copied().collect(),
+                devices: best.key.devices(),
             },
         )?)?;
         if let Some(out) = &args.out {
@@ -264,8 +289,20 @@ fn memory_name(recompute: Recompute, zero_stage: u8) -> String {
     match (recompute, zero_stage) {
         (Recompute::None, 0) => "-".to_string(),
         (Recompute::Full, 0) => "recompute".to_string(),
+        (Recompute::Selective, 0) => "selective recompute".to_string(),
+        (Recompute::Selective, z) => format!("ZeRO-{z}+selective"),
         (Recompute::None, z) => format!("ZeRO-{z}"),
         (Recompute::Full, z) => format!("ZeRO-{z}+recompute"),
+    }
+}
+
+/// The tensor-parallel degree as a table cell: `8`, `8+SP` with sequence parallelism, `-` for
+/// none.
+fn tensor_name(tp: TensorParallelism) -> String {
+    match (tp.degree, tp.sequence_parallel) {
+        (0 | 1, _) => "-".to_string(),
+        (t, false) => t.to_string(),
+        (t, true) => format!("{t}+SP"),
     }
 }
 
@@ -276,13 +313,17 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
-        "{} on {} ({} devices), global batch {}: {} × {}, micro-batches of {} × {}, {}{}",
+        "{} on {} ({} devices), global batch {}: {} × {}{}, micro-batches of {} × {}, {}{}",
         plan.model.file_name,
         plan.cluster.description,
         outcome_devices(plan),
         plan.parallelism.as_ref().map_or(0, |p| p.global_batch),
         pipecut::onnx::inspect::count_of(k.stages, "stage"),
         pipecut::onnx::inspect::count_of(k.data_parallel, "replica"),
+        match tensor_name(k.tensor_parallel).as_str() {
+            "-" => String::new(),
+            name => format!(" × tensor-parallel {name}"),
+        },
         k.microbatch_size,
         k.microbatches,
         schedule_name(k.schedule),
@@ -296,9 +337,10 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     );
     let _ = writeln!(
         out,
-        "\n{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12} {:>9} {:>7} {:>11}",
+        "\n{:>4} {:>5} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12} {:>9} {:>7} {:>11}",
         "K",
         "D",
+        "TP",
         "b",
         "m",
         "schedule",
@@ -313,9 +355,10 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
         let key = c.key;
         let _ = writeln!(
             out,
-            "{:>4} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12.1} {:>9.3} {:>6.1}% {:>11}{}",
+            "{:>4} {:>5} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12.1} {:>9.3} {:>6.1}% {:>11}{}",
             key.stages,
             key.data_parallel,
+            tensor_name(key.tensor_parallel),
             key.microbatch_size,
             key.microbatches,
             schedule_name(key.schedule),

@@ -53,7 +53,11 @@ impl std::str::FromStr for Schedule {
 /// Activation recomputation (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
 /// Cost"; Megatron-LM's `--recompute-granularity full`): a stage keeps only the tensors it
 /// received for each micro-batch in flight and runs the forward again before the backward, so
-/// it holds one micro-batch's activations at a time for one more forward's compute.
+/// it holds one micro-batch's activations at a time for one more forward's compute. Selective
+/// recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+/// Transformer Models", § 4.2; `--recompute-granularity selective`) drops only attention's
+/// score tensors (the s × s products, their scaling, masking and softmax), the largest
+/// activations for the least compute, and recomputes them before the backward.
 #[derive(
     Debug,
     Clone,
@@ -73,6 +77,8 @@ pub enum Recompute {
     /// Keep every activation of every micro-batch in flight.
     #[default]
     None,
+    /// Keep all but attention's score tensors; recompute those in the backward.
+    Selective,
     /// Keep the stage's inputs; recompute the rest in the backward.
     Full,
 }
@@ -83,10 +89,11 @@ impl Recompute {
         *self == Recompute::None
     }
 
-    /// Forward passes run again per backward.
+    /// Whole forward passes run again per backward (selective recomputation reruns only some
+    /// nodes: the partition problem adds their time node by node).
     pub fn extra_forwards(self) -> f64 {
         match self {
-            Recompute::None => 0.0,
+            Recompute::None | Recompute::Selective => 0.0,
             Recompute::Full => 1.0,
         }
     }
@@ -94,7 +101,7 @@ impl Recompute {
     /// Micro-batches whose activations a stage holds when `in_flight` are in flight.
     pub fn activation_in_flight(self, in_flight: u64) -> u64 {
         match self {
-            Recompute::None => in_flight,
+            Recompute::None | Recompute::Selective => in_flight,
             Recompute::Full => in_flight.min(1),
         }
     }
@@ -105,9 +112,10 @@ impl std::str::FromStr for Recompute {
     fn from_str(s: &str) -> Result<Recompute, String> {
         match s {
             "none" => Ok(Recompute::None),
+            "selective" => Ok(Recompute::Selective),
             "full" => Ok(Recompute::Full),
             other => Err(format!(
-                "unknown recomputation '{other}' (expected none or full)"
+                "unknown recomputation '{other}' (expected none, selective or full)"
             )),
         }
     }
@@ -328,6 +336,10 @@ mod tests {
             Mode::Inference
         );
         assert_eq!("full".parse::<Recompute>(), Ok(Recompute::Full));
+        assert_eq!("selective".parse::<Recompute>(), Ok(Recompute::Selective));
+        // Selective recomputation keeps every micro-batch in flight, less its scores.
+        assert_eq!(Recompute::Selective.activation_in_flight(7), 7);
+        assert!(Recompute::None < Recompute::Selective && Recompute::Selective < Recompute::Full);
         assert!("some".parse::<Recompute>().is_err());
     }
 }

@@ -118,6 +118,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 footprint_bytes: param.footprint_bytes,
                 elements: param.elements,
                 uses,
+                shards: param.shards,
             }
         })
         .collect();

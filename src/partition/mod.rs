@@ -25,6 +25,7 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+pub mod tensor_parallel;
 pub mod torch_split;
 
 use std::collections::HashMap;
@@ -395,6 +396,10 @@ pub struct Planner<'a> {
     cluster: &'a Cluster,
     config: PartitionConfig,
     node_secs: HashMap<String, f64>,
+    tensor_parallel: Option<(
+        tensor_parallel::TensorParallelBlocks,
+        tensor_parallel::TensorParallelism,
+    )>,
     progress: Option<ProgressSink>,
     started: Instant,
 }
@@ -408,6 +413,7 @@ impl<'a> Planner<'a> {
             cluster,
             config: PartitionConfig::default(),
             node_secs: HashMap::new(),
+            tensor_parallel: None,
             progress: None,
             started: Instant::now(),
         }
@@ -507,6 +513,17 @@ impl<'a> Planner<'a> {
         self
     }
 
+    /// Every stage on a tensor-parallel group of `tp.degree` consecutive devices from its
+    /// device, with what `blocks` splits split (see [`tensor_parallel`]).
+    pub fn with_tensor_parallel(
+        mut self,
+        blocks: tensor_parallel::TensorParallelBlocks,
+        tp: tensor_parallel::TensorParallelism,
+    ) -> Self {
+        self.tensor_parallel = (!tp.is_none()).then_some((blocks, tp));
+        self
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PartitionConfig {
         &self.config
@@ -597,6 +614,9 @@ impl<'a> Planner<'a> {
         problem.pin_cuts(&self.config.cut_constraints.pin)?;
         if !self.node_secs.is_empty() {
             problem.override_node_secs(&self.node_secs)?;
+        }
+        if let (Some((blocks, tp)), Some(&first)) = (&self.tensor_parallel, devices.first()) {
+            blocks.shard_on(self.graph, &mut problem, self.cluster, *tp, first);
         }
         Ok(problem)
     }

@@ -1,15 +1,23 @@
-//! How to use a whole cluster: pipeline depth K, data-parallel degree D (K·D ≤ GPUs), micro-batch
-//! size b and count m (D·m·b = global batch), schedule, and where the stages sit.
+//! How to use a whole cluster: pipeline depth K, tensor-parallel degree t, data-parallel degree
+//! D (K·t·D ≤ GPUs), micro-batch size b and count m (D·m·b = global batch), schedule,
+//! recomputation, ZeRO stage, and where the stages sit.
 //!
-//! Every candidate is a partition problem for one replica (the exact DP of [`super::dp`]), the
-//! schedule simulator for its step, and the data-parallel gradient all-reduce of each stage. The
-//! search is a best-first branch and bound: a candidate's throughput can be bounded before it
-//! is solved, because no K-stage pipeline beats `m · T / K` per step (T: one micro-batch's whole
-//! compute on the fastest device) nor `T` (one micro-batch passes every stage in turn), and
-//! because a stage must hold at least `1/K` of the weights. Candidates are solved in order of
-//! their bound, and the search stops when no unsolved bound beats the best solved one: the
-//! choice is then the best configuration of the space (up to the pruning of depths in
-//! [`stage_counts`]); the listed alternatives are the best of those solved on the way.
+//! Every candidate is a partition problem for one GPU of one replica (the exact DP of
+//! [`super::dp`], on the costs [`super::tensor_parallel`] gives a GPU of a t-GPU group), the
+//! schedule simulator for its step, and the data-parallel gradient all-reduce of each stage.
+//! The search is a branch and bound: a candidate's throughput can be bounded before it is
+//! solved, because no K-stage pipeline beats `m · T / K` per step (T: one micro-batch's whole
+//! compute on one GPU of a group of the fastest device, with the group's collectives) nor `T`
+//! (one micro-batch passes every stage in turn), and because a stage must hold at least `1/K`
+//! of the weights (one GPU's share of the split ones). Candidates are solved most promising
+//! first ([`solve_priority`]) and skipped when their bound does not beat the best solved one;
+//! when every candidate is solved or skipped, the choice is the best configuration of the
+//! space (up to the pruning of depths in [`stage_counts`]); the listed alternatives are the
+//! best of those solved on the way.
+//!
+//! **Tensor parallelism.** A group of t GPUs (t divides every node's GPU count, so a group
+//! never spans nodes) runs each stage: group g is devices g·t … g·t + t − 1, and the placements
+//! below place groups where they place single GPUs. Its all-reduces use the node's link.
 //!
 //! **All-reduce model.** Each stage's gradients are summed over its D replicas by a ring
 //! all-reduce over the slowest link the ring spans ([`Cluster::ring_all_reduce_secs`]), starting
@@ -28,6 +36,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
 use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Recompute, Schedule, UnknownOpCost, ZeroSharding};
 use crate::graph::Graph;
@@ -35,7 +44,8 @@ use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::schedule::{check_microbatches, simulate};
 use crate::Error;
 
-/// Where replica r's stage s runs.
+/// Where replica r's stage s runs: the tensor-parallel group of that index (one device when
+/// the group has one), whose devices are consecutive inside a node.
 #[derive(
     Debug,
     Clone,
@@ -112,6 +122,15 @@ pub struct SearchRequest {
     /// The precision every floating-point tensor is costed at instead of the file's
     /// (`--dtype`), applied to each typed graph; `None`: the file's own dtypes.
     pub dtype_override: Option<crate::graph::DType>,
+    /// Tensor-parallel degrees to try; `None`: 1 and every degree that divides each node's
+    /// GPU count and splits at least one block of the model.
+    pub tensor_parallel: Option<Vec<u32>>,
+    /// Whether tensor-parallel groups also split the rest of the model along the sequence.
+    pub sequence_parallel: bool,
+    /// Pipeline depths to try; `None`: [`stage_counts`].
+    pub stage_counts: Option<Vec<usize>>,
+    /// Data-parallel degrees to try; `None`: every one the devices allow.
+    pub data_parallel: Option<Vec<usize>>,
 }
 
 impl SearchRequest {
@@ -132,6 +151,10 @@ impl SearchRequest {
             recompute: vec![Recompute::None, Recompute::Full],
             zero_stages: vec![0, 1, 2, 3],
             dtype_override: None,
+            tensor_parallel: None,
+            sequence_parallel: false,
+            stage_counts: None,
+            data_parallel: None,
         }
     }
 }
@@ -169,9 +192,43 @@ pub struct ConfigurationKey {
     /// ZeRO stage, 0–3, over the D replicas of each stage (training).
     #[serde(default)]
     pub zero_stage: u8,
+    /// Tensor parallelism: each stage of each replica on a group of this many GPUs.
+    #[serde(default, skip_serializing_if = "TensorParallelism::is_none")]
+    pub tensor_parallel: TensorParallelism,
 }
 
 impl ConfigurationKey {
+    /// GPUs of a tensor-parallel group.
+    pub fn tensor_degree(&self) -> usize {
+        self.tensor_parallel.degree.max(1) as usize
+    }
+
+    /// GPUs the configuration uses: K · D · t.
+    pub fn gpus(&self) -> usize {
+        self.stages * self.data_parallel * self.tensor_degree()
+    }
+
+    /// The first device of every replica's stage groups, `[replica][stage]`: group `g` is
+    /// devices `g·t .. (g+1)·t`, inside one node when t divides the node's GPU count.
+    pub fn replicas(&self) -> Vec<Vec<DeviceId>> {
+        let t = self.tensor_degree() as u32;
+        self.placement
+            .replicas(self.stages, self.data_parallel)
+            .into_iter()
+            .map(|r| r.into_iter().map(|g| DeviceId(g.0 * t)).collect())
+            .collect()
+    }
+
+    /// Every device the configuration uses, each group's devices in order.
+    pub fn devices(&self) -> Vec<DeviceId> {
+        let t = self.tensor_degree() as u32;
+        self.replicas()
+            .into_iter()
+            .flatten()
+            .flat_map(|first| (0..t).map(move |rank| DeviceId(first.0 + rank)))
+            .collect()
+    }
+
     /// The cost mode of this configuration: the request's, with its recomputation and its
     /// ZeRO stage over its D replicas.
     pub fn mode(&self, request_mode: Mode) -> Mode {
@@ -234,18 +291,27 @@ pub struct SearchOutcome {
     pub search_secs: f64,
 }
 
-/// One micro-batch size's typed graph and the bounds used for pruning.
+/// One micro-batch size's typed graph, what tensor parallelism can split in it, and the bounds
+/// used for pruning under each tensor-parallel layout tried.
 struct Typed {
     graph: Graph,
-    /// One micro-batch's compute over all nodes on the fastest device kind.
+    blocks: TensorParallelBlocks,
+    bounds: BTreeMap<TensorParallelism, Bounds>,
+}
+
+/// What one GPU of a stage group does at least, under one tensor-parallel layout.
+struct Bounds {
+    /// One micro-batch's compute over all nodes on the fastest device kind (split nodes at
+    /// 1/t with their collectives on the fastest intra-node link).
     total_secs: f64,
-    /// Every weight's footprint (with gradients and optimizer state in training).
+    /// Every weight's footprint (with gradients and optimizer state in training), one GPU's
+    /// share of the split ones.
     footprint_bytes: u64,
-    /// Every weight's bytes alone.
+    /// Every weight's bytes alone, one GPU's share of the split ones.
     weight_bytes: u64,
 }
 
-impl Typed {
+impl Bounds {
     /// The whole model's weight footprint on one replica under `mode`'s ZeRO sharding: a
     /// lower bound of what K stages hold together (per-weight rounding only adds).
     fn footprint_under(&self, mode: Mode) -> u64 {
@@ -280,7 +346,6 @@ pub fn search(
     if let Some(stage) = request.zero_stages.iter().find(|&&z| z > 3) {
         return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
     }
-    let training = matches!(request.mode, Mode::Training { .. });
     let sizes = microbatch_sizes(request)?;
     let max_capacity = cluster
         .devices()
@@ -288,7 +353,18 @@ pub fn search(
         .max()
         .unwrap_or(0);
 
-    let depths = stage_counts(graph, gpus, request.all_stage_counts);
+    let depths = match &request.stage_counts {
+        Some(depths) => depths.clone(),
+        None => stage_counts(graph, gpus, request.all_stage_counts),
+    };
+    if depths.contains(&0)
+        || request
+            .data_parallel
+            .as_ref()
+            .is_some_and(|d| d.contains(&0))
+    {
+        return bad("pipeline and data-parallel degrees start at 1".into());
+    }
     let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
     let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
     let mut pruned_by_memory = 0;
@@ -311,61 +387,34 @@ pub fn search(
         }
         let t = type_graph(graph, cluster, request, b)?;
         let nodes = t.graph.node_count();
-        for d in 1..=gpus {
-            if request.global_batch % (d as u64 * b) != 0 {
-                continue;
-            }
-            let m = request.global_batch / (d as u64 * b);
-            if check_microbatches(m).is_err() {
-                fewest_over_limit = Some(fewest_over_limit.map_or(m, |f| f.min(m)));
-                continue;
-            }
-            // Memory techniques exist for training; ZeRO needs replicas to shard over.
-            let recomputes: &[Recompute] = if training {
-                &request.recompute
-            } else {
-                &[Recompute::None]
-            };
-            let zero_stages: &[u8] = if training && d > 1 {
-                &request.zero_stages
-            } else {
-                &[0]
-            };
-            for &k in depths.iter().filter(|&&k| k * d <= gpus && k <= nodes) {
-                // The bound ignores recomputation's extra forward: it stays an upper bound.
-                let step_bound = step_lower_bound(request.mode, t.total_secs, k, m);
-                let bound = request.global_batch as f64 / step_bound;
-                // One stage has no schedule to choose, nor has inference (forwards only: the
-                // schedules coincide).
-                let schedules = if k == 1 || matches!(request.mode, Mode::Inference) {
-                    &request.schedules[..1]
-                } else {
-                    &request.schedules[..]
+        for (&layout, bounds) in &t.bounds {
+            let group = layout.degree.max(1) as usize;
+            for d in (1..=gpus / group).filter(|d| {
+                request
+                    .data_parallel
+                    .as_ref()
+                    .is_none_or(|wanted| wanted.contains(d))
+            }) {
+                if request.global_batch % (d as u64 * b) != 0 {
+                    continue;
+                }
+                let m = request.global_batch / (d as u64 * b);
+                if check_microbatches(m).is_err() {
+                    fewest_over_limit = Some(fewest_over_limit.map_or(m, |f| f.min(m)));
+                    continue;
+                }
+                let shapes = Shapes {
+                    microbatch_size: b,
+                    data_parallel: d,
+                    microbatches: m,
+                    tensor_parallel: layout,
                 };
-                for (&recompute, &zero_stage) in recomputes
+                for &k in depths
                     .iter()
-                    .flat_map(|r| zero_stages.iter().map(move |z| (r, z)))
+                    .filter(|&&k| k * d * group <= gpus && k <= nodes)
                 {
-                    let key = |schedule, placement| ConfigurationKey {
-                        stages: k,
-                        data_parallel: d,
-                        microbatch_size: b,
-                        microbatches: m,
-                        schedule,
-                        placement,
-                        recompute,
-                        zero_stage,
-                    };
-                    let mode = key(schedules[0], placements(k, d)[0]).mode(request.mode);
-                    if t.footprint_under(mode).div_ceil(k as u64) > max_capacity {
-                        pruned_by_memory += schedules.len() * placements(k, d).len();
-                        continue;
-                    }
-                    for &schedule in schedules {
-                        for &placement in placements(k, d) {
-                            candidates.push((bound, key(schedule, placement)));
-                        }
-                    }
+                    pruned_by_memory +=
+                        shapes.push_candidates(k, bounds, request, max_capacity, &mut candidates);
                 }
             }
         }
@@ -376,9 +425,11 @@ pub fn search(
         check_microbatches(fewest)?;
     }
     let total_candidates = candidates.len() + pruned_by_memory;
-    // Best bound first; equal bounds in a fixed order of their keys, so plans are deterministic,
-    // the most memory-saving technique first: when it does not fit, the others are ruled out
-    // unsolved. The ranking does not depend on this order (ties go by key).
+    // Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
+    // keys, so plans are deterministic, the most memory-saving technique first: when it does
+    // not fit, the others are ruled out unsolved. The ranking does not depend on this order
+    // (ties go by key), nor does the proof: every candidate is either solved or has a bound
+    // no better than the best solved.
     let savings = |k: &ConfigurationKey| std::cmp::Reverse((k.recompute, k.zero_stage));
     candidates.sort_by(|a, b| {
         let shape = |k: &ConfigurationKey| ConfigurationKey {
@@ -386,7 +437,8 @@ pub fn search(
             zero_stage: 0,
             ..*k
         };
-        b.0.total_cmp(&a.0)
+        solve_priority(b.0, &b.1)
+            .total_cmp(&solve_priority(a.0, &a.1))
             .then(shape(&a.1).cmp(&shape(&b.1)))
             .then(savings(&a.1).cmp(&savings(&b.1)))
     });
@@ -397,29 +449,27 @@ pub fn search(
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
     for (bound, key) in candidates {
-        // Nothing left can beat the best: it is proven best over the space (the alternatives
-        // are the best of those solved on the way).
+        // It cannot beat the best: once every candidate is solved or skipped so, the best is
+        // proven best over the space (the alternatives are the best of those solved on the
+        // way).
         if ranked
             .first()
             .is_some_and(|best| bound <= best.samples_per_sec)
         {
-            break;
+            continue;
         }
         if started.elapsed() >= request.time_limit {
             complete = false;
             break;
         }
-        let kinds = kinds_of(
-            cluster,
-            &key.placement.replicas(key.stages, key.data_parallel)[0],
-        );
+        let kinds = kinds_of(cluster, &key.replicas()[0]);
         if out_of_memory.rules_out(&key, request.mode, &kinds) {
             infeasible += 1;
             continue;
         }
         let t = &typed[&key.microbatch_size];
         solved += 1;
-        match evaluate_with(&t.graph, cluster, request, key, &mut pipelines)? {
+        match evaluate_with(&t.graph, &t.blocks, cluster, request, key, &mut pipelines)? {
             Some(config) => {
                 let at = ranked.partition_point(|c| better(c, &config));
                 ranked.insert(at, config);
@@ -442,9 +492,8 @@ pub fn search(
         return Err(Error::Infeasible(format!(
             "no configuration of {gpus} devices holds the model: every pipeline depth tried \
              ({} from {} to {}) runs out of memory for every micro-batch size tried ({sizes:?}) \
-             at this global batch, with the recomputation and ZeRO stages tried; a smaller \
-             global batch means fewer micro-batches in flight (tensor parallelism is not \
-             modelled)",
+             at this global batch, with the recomputation, ZeRO stages and tensor-parallel \
+             degrees tried; a smaller global batch means fewer micro-batches in flight",
             depths.len(),
             depths.first().copied().unwrap_or(0),
             depths.last().copied().unwrap_or(0),
@@ -456,7 +505,7 @@ pub fn search(
             .remove(&k.microbatch_size)
             .expect("the best size was typed")
             .graph,
-        replicas: k.placement.replicas(k.stages, k.data_parallel),
+        replicas: k.replicas(),
         best,
         ranked,
         candidates: total_candidates,
@@ -468,13 +517,88 @@ pub fn search(
     })
 }
 
+/// One (b, D, m, tensor-parallel layout) of the search, before its depths and techniques.
+struct Shapes {
+    microbatch_size: u64,
+    data_parallel: usize,
+    microbatches: u64,
+    tensor_parallel: TensorParallelism,
+}
+
+impl Shapes {
+    /// Queues this shape at depth `k` under every schedule, placement, recomputation and ZeRO
+    /// stage the request allows, with its throughput bound; returns how many configurations
+    /// the memory bound discarded instead.
+    fn push_candidates(
+        &self,
+        k: usize,
+        bounds: &Bounds,
+        request: &SearchRequest,
+        max_capacity: u64,
+        candidates: &mut Vec<(f64, ConfigurationKey)>,
+    ) -> usize {
+        let training = matches!(request.mode, Mode::Training { .. });
+        let d = self.data_parallel;
+        // Memory techniques exist for training; ZeRO needs replicas to shard over.
+        let recomputes: &[Recompute] = if training {
+            &request.recompute
+        } else {
+            &[Recompute::None]
+        };
+        let zero_stages: &[u8] = if training && d > 1 {
+            &request.zero_stages
+        } else {
+            &[0]
+        };
+        // The bound ignores recomputation's extra forward (and its extra collectives): it
+        // stays an upper bound.
+        let step_bound = step_lower_bound(request.mode, bounds.total_secs, k, self.microbatches);
+        let bound = request.global_batch as f64 / step_bound;
+        // One stage has no schedule to choose, nor has inference (forwards only: the
+        // schedules coincide).
+        let schedules = if k == 1 || matches!(request.mode, Mode::Inference) {
+            &request.schedules[..1]
+        } else {
+            &request.schedules[..]
+        };
+        let mut pruned = 0;
+        for (&recompute, &zero_stage) in recomputes
+            .iter()
+            .flat_map(|r| zero_stages.iter().map(move |z| (r, z)))
+        {
+            let key = |schedule, placement| ConfigurationKey {
+                stages: k,
+                data_parallel: d,
+                microbatch_size: self.microbatch_size,
+                microbatches: self.microbatches,
+                schedule,
+                placement,
+                recompute,
+                zero_stage,
+                tensor_parallel: self.tensor_parallel,
+            };
+            let mode = key(schedules[0], placements(k, d)[0]).mode(request.mode);
+            if bounds.footprint_under(mode).div_ceil(k as u64) > max_capacity {
+                pruned += schedules.len() * placements(k, d).len();
+                continue;
+            }
+            for &schedule in schedules {
+                for &placement in placements(k, d) {
+                    candidates.push((bound, key(schedule, placement)));
+                }
+            }
+        }
+        pruned
+    }
+}
+
 /// Configurations known not to fit. A stage's memory grows with the micro-batch size (its
 /// activations) and with the micro-batch count (the schedule's in-flight count never falls as
 /// m grows), and does not depend on which devices of the same kinds hold the stages. It falls
 /// with recomputation and with a higher ZeRO stage or a larger group to shard over. So when
 /// (K, kinds, schedule, b, m, technique) does not fit, no (K, kinds, schedule, b' ≥ b, m' ≥ m)
 /// with a technique that saves no more does: it is skipped without solving.
-type MemoryClass = (usize, Schedule, Vec<String>);
+type MemoryClass = (usize, Schedule, TensorParallelism, Vec<String>);
 
 /// A configuration that did not fit, by what its memory grows and falls with.
 #[derive(Debug, Clone, Copy)]
@@ -527,7 +651,7 @@ impl MemoryMemo {
             0
         };
         (
-            (key.stages, schedule, kinds),
+            (key.stages, schedule, key.tensor_parallel, kinds),
             OutOfMemory {
                 microbatch_size: key.microbatch_size,
                 in_flight,
@@ -620,9 +744,19 @@ fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u6
     (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
 }
 
+/// The order candidates are solved in: the throughput bound scaled by the share of a step a
+/// balanced pipeline is busy, m / (m + K − 1). The bound alone cannot tell a deep pipeline with
+/// few micro-batches (a large bubble) from a shallow one with many, so many configurations tie
+/// on it; solving the likelier ones first finds a good configuration early, and then the bound
+/// skips the rest. Only the order depends on this estimate, never what is proven.
+fn solve_priority(bound: f64, key: &ConfigurationKey) -> f64 {
+    let m = key.microbatches as f64;
+    bound * m / (m + key.stages as f64 - 1.0)
+}
+
 /// Whether `a` ranks before `b`: more samples per second, then fewer GPUs, then the key order.
 fn better(a: &Configuration, b: &Configuration) -> bool {
-    let gpus = |c: &Configuration| c.key.stages * c.key.data_parallel;
+    let gpus = |c: &Configuration| c.key.gpus();
     a.samples_per_sec
         .total_cmp(&b.samples_per_sec)
         .reverse()
@@ -689,7 +823,8 @@ fn settings(
     }
 }
 
-/// Binds the batch dim to `b`, infers shapes, and measures the pruning bounds.
+/// Binds the batch dim to `b`, infers shapes, finds what tensor parallelism splits, and
+/// measures the pruning bounds of every tensor-parallel layout tried.
 fn type_graph(
     graph: &Graph,
     cluster: &Cluster,
@@ -702,36 +837,116 @@ fn type_graph(
     if let Some(dtype) = request.dtype_override {
         typed.override_float_dtype(dtype);
     }
-    // The fastest kind: the one with the smallest whole-model time.
-    let mut total_secs = f64::INFINITY;
-    let (mut footprint_bytes, mut weight_bytes) = (0, 0);
+    let blocks = TensorParallelBlocks::find(&typed);
+    let layouts = tensor_layouts(request, cluster, &blocks)?;
+    let mut bounds: BTreeMap<TensorParallelism, Bounds> = BTreeMap::new();
     let mut kinds: Vec<&str> = Vec::new();
     for (id, spec) in cluster.devices() {
         if kinds.contains(&spec.name.as_str()) {
             continue;
         }
         kinds.push(&spec.name);
-        let problem = PartitionProblem::new(
+        let whole = PartitionProblem::new(
             &typed,
             cluster,
             &[id],
             settings(request.mode, request, Schedule::OneFOneB, 1),
         )?;
-        total_secs = total_secs.min(problem.lower_bound_secs());
-        footprint_bytes = problem.params().iter().map(|p| p.footprint_bytes).sum();
-        weight_bytes = problem
-            .params()
-            .iter()
-            .filter_map(|p| typed.tensor_id(&p.name))
-            .filter_map(|t| typed.tensor(t).param().map(|param| param.bytes))
-            .sum();
+        for &layout in &layouts {
+            // The fastest kind (the smallest whole-model time) on the fastest group link.
+            let mut total_secs = f64::INFINITY;
+            let mut split = whole.clone();
+            for first in group_firsts(cluster) {
+                let mut problem = whole.clone();
+                blocks.shard_on(&typed, &mut problem, cluster, layout, first);
+                total_secs = total_secs.min(problem.lower_bound_secs());
+                split = problem;
+            }
+            let footprint_bytes = split.params().iter().map(|p| p.footprint_bytes).sum();
+            let weight_bytes = split
+                .params()
+                .iter()
+                .filter_map(|p| {
+                    let tensor = typed.tensor(typed.tensor_id(&p.name)?);
+                    Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
+                })
+                .sum();
+            let entry = bounds.entry(layout).or_insert(Bounds {
+                total_secs,
+                footprint_bytes,
+                weight_bytes,
+            });
+            entry.total_secs = entry.total_secs.min(total_secs);
+        }
     }
     Ok(Typed {
         graph: typed,
-        total_secs,
-        footprint_bytes,
-        weight_bytes,
+        blocks,
+        bounds,
     })
+}
+
+/// The first device of each node whose intra-node link no earlier node has: where the
+/// tensor-parallel groups of every link kind can start.
+fn group_firsts(cluster: &Cluster) -> Vec<DeviceId> {
+    let mut seen: Vec<Option<&str>> = Vec::new();
+    let mut first = 0u32;
+    let mut firsts = Vec::new();
+    for node in cluster.nodes() {
+        let link = node.intra_node_link.as_ref().map(|l| l.name.as_str());
+        if !seen.contains(&link) {
+            seen.push(link);
+            firsts.push(DeviceId(first));
+        }
+        first += node.devices.len() as u32;
+    }
+    firsts
+}
+
+/// The tensor-parallel layouts to try: the requested degrees, or 1 and every degree that
+/// divides each node's GPU count and splits at least one block of the model.
+fn tensor_layouts(
+    request: &SearchRequest,
+    cluster: &Cluster,
+    blocks: &TensorParallelBlocks,
+) -> Result<Vec<TensorParallelism>, Error> {
+    let node_sizes: Vec<u32> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.devices.len() as u32)
+        .collect();
+    let smallest = node_sizes.iter().copied().min().unwrap_or(1);
+    let fits_nodes = |t: u32| node_sizes.iter().all(|&n| n % t == 0);
+    let degrees: Vec<u32> = match &request.tensor_parallel {
+        Some(degrees) => {
+            if let Some(&t) = degrees.iter().find(|&&t| t == 0 || !fits_nodes(t)) {
+                return Err(Error::PartitionConfig(format!(
+                    "a tensor-parallel group of {t} GPUs must sit inside one node: the degree \
+                     must divide every node's GPU count ({node_sizes:?})"
+                )));
+            }
+            degrees.clone()
+        }
+        None => std::iter::once(1)
+            .chain(
+                blocks
+                    .degrees(u64::from(smallest))
+                    .into_iter()
+                    .map(|t| t as u32)
+                    .filter(|&t| fits_nodes(t)),
+            )
+            .collect(),
+    };
+    let mut layouts: Vec<TensorParallelism> = degrees
+        .into_iter()
+        .map(|degree| TensorParallelism {
+            degree,
+            sequence_parallel: request.sequence_parallel && degree > 1,
+        })
+        .collect();
+    layouts.sort();
+    layouts.dedup();
+    Ok(layouts)
 }
 
 /// Costs one configuration on `graph` (typed with its micro-batch size): the DP's partition of
@@ -742,8 +957,13 @@ pub fn evaluate(
     request: &SearchRequest,
     key: ConfigurationKey,
 ) -> Result<Option<Configuration>, Error> {
+    let blocks = match key.tensor_parallel.is_none() {
+        true => TensorParallelBlocks::default(),
+        false => TensorParallelBlocks::find(graph),
+    };
     evaluate_with(
         graph,
+        &blocks,
         cluster,
         request,
         key,
@@ -779,7 +999,8 @@ impl Technique {
 
 #[derive(Default)]
 struct SolvedPipelines {
-    solved: BTreeMap<(u64, Technique, Vec<StageSignature>), Option<SolvedPipeline>>,
+    solved:
+        BTreeMap<(u64, Technique, TensorParallelism, Vec<StageSignature>), Option<SolvedPipeline>>,
 }
 
 impl SolvedPipelines {
@@ -803,6 +1024,7 @@ impl SolvedPipelines {
 
 fn evaluate_with(
     graph: &Graph,
+    blocks: &TensorParallelBlocks,
     cluster: &Cluster,
     request: &SearchRequest,
     key: ConfigurationKey,
@@ -813,28 +1035,36 @@ fn evaluate_with(
         data_parallel: d,
         microbatches: m,
         schedule,
-        placement,
         ..
     } = key;
-    if k * d > cluster.device_count() {
+    if key.gpus() > cluster.device_count() {
         return Err(Error::PartitionConfig(format!(
-            "{k} stages × {d} replicas need {} devices, the cluster has {}",
-            k * d,
+            "{k} stages × {d} replicas × {} tensor-parallel GPUs need {} devices, the cluster has {}",
+            key.tensor_degree(),
+            key.gpus(),
             cluster.device_count()
         )));
     }
-    let replicas = placement.replicas(k, d);
-    let problem = PartitionProblem::new(
+    let replicas = key.replicas();
+    let mut problem = PartitionProblem::new(
         graph,
         cluster,
         &replicas[0],
         settings(key.mode(request.mode), request, schedule, m),
     )?;
+    blocks.shard_on(
+        graph,
+        &mut problem,
+        cluster,
+        key.tensor_parallel,
+        replicas[0][0],
+    );
     let solved = cache
         .solved
         .entry((
             key.microbatch_size,
             Technique::of(&key),
+            key.tensor_parallel,
             SolvedPipelines::signature(&problem),
         ))
         .or_insert_with(|| {
@@ -953,8 +1183,10 @@ fn gradient_bytes(
                 .iter()
                 .any(|&u| stage_of[u as usize].index() == stage)
         })
-        .filter_map(|p| graph.tensor_id(&p.name))
-        .filter_map(|t| graph.tensor(t).param().map(|param| param.bytes))
+        .filter_map(|p| {
+            let param = graph.tensor(graph.tensor_id(&p.name)?).param()?;
+            Some(param.bytes.div_ceil(u64::from(p.shards.max(1))))
+        })
         .sum()
 }
 

@@ -124,6 +124,9 @@ pub struct ParamUse {
     pub elements: u64,
     /// Positions of its readers, ascending, each once.
     pub uses: Vec<u32>,
+    /// GPUs of a tensor-parallel group it is split over (1: held whole); its footprint and
+    /// elements are one GPU's share.
+    pub shards: u32,
 }
 
 /// The partition problem for a fixed number of stages on fixed devices.
@@ -318,6 +321,7 @@ impl PartitionProblem {
                             .filter_map(|d| d.known())
                             .product(),
                         uses: consumers,
+                        shards: 1,
                     });
                 }
                 TensorOrigin::Node { node, .. } => {
@@ -333,6 +337,22 @@ impl PartitionProblem {
                             pinned: false,
                         });
                     }
+                }
+            }
+        }
+        if let Mode::Training {
+            recompute: crate::cost::Recompute::Selective,
+            ..
+        } = settings.mode
+        {
+            // Attention's score tensors are not kept; the backward runs their nodes' forward
+            // again (a node's time is its forward times 1 + the backward factor).
+            let rerun = 1.0 + 1.0 / (1.0 + settings.mode.backward_time_factor());
+            for id in super::tensor_parallel::attention_score_nodes(graph) {
+                let p = position[&id] as usize;
+                activation_bytes[p] = 0;
+                for secs in &mut node_secs {
+                    secs[p] *= rerun;
                 }
             }
         }

@@ -31,6 +31,7 @@ use crate::cost::{
 use crate::graph::Graph;
 use crate::onnx::Digests;
 use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
+use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::{
     Baseline, CostSettings, CutConstraints, PartitionProblem, Solution, SolveStatus, SolverKind,
     StageCount, StageId,
@@ -43,7 +44,7 @@ use crate::Error;
 /// version 3 names the model by its graph and weights digests, see [`identity`]; version 4 names
 /// each baseline's peer release, the layers they cut and the `type:` regex) and refuses newer
 /// ones.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -85,7 +86,12 @@ pub struct PlanParallelism {
     /// Where the stages sit.
     pub placement: Placement,
     /// Device of every replica's stages, `[replica][stage]`; replica 0 is `stages[].device`.
+    /// Under tensor parallelism, the first device of the stage's group.
     pub replicas: Vec<Vec<u32>>,
+    /// Tensor parallelism: each stage on a group of `degree` consecutive devices from the one
+    /// listed, its stage figures those of one GPU of the group. Absent: one GPU per stage.
+    #[serde(default, skip_serializing_if = "TensorParallelism::is_none")]
+    pub tensor_parallel: TensorParallelism,
     /// Gradient all-reduce time of each stage over its replicas (zero in inference).
     pub allreduce_secs: Vec<f64>,
     /// The simulated pipeline step without the all-reduces.
@@ -130,6 +136,9 @@ pub struct PlanAlternative {
     /// ZeRO stage over the replicas (0: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub zero_stage: u8,
+    /// Tensor parallelism (absent: none).
+    #[serde(default, skip_serializing_if = "TensorParallelism::is_none")]
+    pub tensor_parallel: TensorParallelism,
     /// Step time.
     pub step_secs: f64,
     /// Throughput.
@@ -510,8 +519,17 @@ fn check_parallelism(
                     stage.device.name
                 ));
             }
-            if !used.insert(device) {
-                return bad(format!("device {device} is used by two replicas or stages"));
+            let group = p.tensor_parallel.degree.max(1);
+            if device as usize + group as usize > cluster.device_count() {
+                return bad(format!(
+                    "replica {r} puts stage {s} on the {group} devices from {device}, the cluster has {}",
+                    cluster.device_count()
+                ));
+            }
+            for member in device..device + group {
+                if !used.insert(member) {
+                    return bad(format!("device {member} is used by two replicas or stages"));
+                }
             }
         }
     }
@@ -625,6 +643,7 @@ impl Plan {
             data_parallel: best.key.data_parallel,
             microbatch_size: best.key.microbatch_size,
             placement: best.key.placement,
+            tensor_parallel: best.key.tensor_parallel,
             replicas: outcome
                 .replicas
                 .iter()
@@ -647,6 +666,7 @@ impl Plan {
                     placement: c.key.placement,
                     recompute: c.key.recompute,
                     zero_stage: c.key.zero_stage,
+                    tensor_parallel: c.key.tensor_parallel,
                     step_secs: c.step_secs,
                     samples_per_sec: c.samples_per_sec,
                     bubble_fraction: c.bubble_fraction,
@@ -805,6 +825,16 @@ impl Plan {
             }
         }
         let mut problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
+        let tensor_parallel = self.parallelism.as_ref().map(|p| p.tensor_parallel);
+        if let (Some(tp), Some(&first)) = (tensor_parallel, devices.first()) {
+            crate::partition::tensor_parallel::TensorParallelBlocks::find(graph).shard_on(
+                graph,
+                &mut problem,
+                cluster,
+                tp,
+                first,
+            );
+        }
         problem
             .pin_cuts(&self.config.cut_constraints.pin)
             .map_err(|e| Error::InvalidPlan(format!("config.cut_constraints: {e}")))?;
