@@ -97,53 +97,30 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A plan for `name` with K · D = 4 ranks and K ≥ 2, made by `plan-cluster` on four copies
-/// of a CPU profile whose memory holds less than the whole model, or `None` where no tried
-/// memory gives one. Returns the plan, its device profile, K and D.
-fn four_rank_plan(dir: &Path, name: &str) -> Option<(PathBuf, PathBuf, usize, usize)> {
+/// A plan for `name` of 2 stages × 2 replicas on four CPUs (`plan-cluster --pp 2 --dp 2`).
+fn two_by_two_plan(dir: &Path, name: &str) -> PathBuf {
     let model = common::fixture(name);
-    let dims = dims_without_batch(name);
-    let whole = dir.join(format!("{name}-k1.json"));
+    let out = dir.join(format!("{name}-2x2.json"));
     run_ok(
         pipecut()
-            .args(["partition", model.to_str().unwrap(), "--devices", "cpu"])
-            .args(["--stages", "1", "--dim", "batch=2"])
-            .args(&dims)
+            .args(["plan-cluster", model.to_str().unwrap()])
+            .args(["--devices", "cpu,cpu,cpu,cpu", "--global-batch", "8"])
+            .args(["--pp", "2", "--dp", "2"])
+            .args(dims_without_batch(name))
             .arg("--out")
-            .arg(&whole),
+            .arg(&out),
     );
-    let plan: Value = serde_json::from_slice(&std::fs::read(&whole).unwrap()).unwrap();
-    let peak = plan["stages"][0]["peak_memory_bytes"].as_f64().unwrap();
-    let cpu: Value = serde_json::from_slice(
-        &std::fs::read(common::root().join("cost-models/devices/cpu.json")).unwrap(),
-    )
-    .unwrap();
-    for fraction in [0.7, 0.5] {
-        let mut profile = cpu.clone();
-        profile["name"] = "small-cpu".into();
-        profile["aliases"] = Value::Array(Vec::new());
-        profile["memory_bytes"]["value"] = ((fraction * peak / 0.9) as u64).into();
-        let profile_path = dir.join(format!("{name}-small-cpu-{fraction}.json"));
-        std::fs::write(&profile_path, profile.to_string()).unwrap();
-        let p = profile_path.to_str().unwrap();
-        let out = dir.join(format!("{name}-4ranks.json"));
-        run_ok(
-            pipecut()
-                .args(["plan-cluster", model.to_str().unwrap(), "--devices"])
-                .arg(format!("{p},{p},{p},{p}"))
-                .args(["--global-batch", "8"])
-                .args(&dims)
-                .arg("--out")
-                .arg(&out),
-        );
-        let plan: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
-        let k = plan["stages"].as_array().unwrap().len();
-        let d = plan["parallelism"]["data_parallel"].as_u64().unwrap() as usize;
-        if k * d == 4 && k >= 2 {
-            return Some((out, profile_path, k, d));
-        }
-    }
-    None
+    let plan: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(plan["stages"].as_array().unwrap().len(), 2);
+    assert_eq!(plan["parallelism"]["data_parallel"], 2);
+    out
+}
+
+/// The micro-batches of the plan's whole step: per replica, times the replicas.
+fn step_microbatches(plan: &Path) -> usize {
+    let plan: Value = serde_json::from_slice(&std::fs::read(plan).unwrap()).unwrap();
+    let replicas = plan["parallelism"]["data_parallel"].as_u64().unwrap_or(1);
+    (plan["config"]["microbatches"].as_u64().unwrap() * replicas) as usize
 }
 
 /// Every output file of two runs is byte-for-byte the same.
@@ -168,44 +145,35 @@ fn assert_same_outputs(single: &Path, multi: &Path, what: &str) {
 #[test]
 fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
     let dir = tempfile::tempdir().unwrap();
-    let mut two_by_two = Vec::new();
     for name in common::FIXTURES {
-        let Some((plan, profile, k, d)) = four_rank_plan(dir.path(), name) else {
-            panic!("{name}: no memory tried gives a plan of 4 ranks");
-        };
-        if (k, d) == (2, 2) {
-            two_by_two.push(name);
-        }
+        let plan = two_by_two_plan(dir.path(), name);
+        let step = step_microbatches(&plan);
         let model = common::fixture(name);
-        let plan_text: Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
-        let step = plan_text["config"]["microbatches"].as_u64().unwrap() as usize * d;
-        let single = dir.path().join(format!("{name}-single"));
-        let common_args: Vec<String> = vec![
+        let args: Vec<String> = vec![
             plan.to_str().unwrap().into(),
             model.to_str().unwrap().into(),
-            "--device-profile".into(),
-            profile.to_str().unwrap().into(),
             "--seed".into(),
             "7".into(),
         ];
+        let single = dir.path().join(format!("{name}-single"));
         run_ok(
             pipecut()
                 .arg("run")
-                .args(&common_args)
+                .args(&args)
                 .args(["--microbatches", &step.to_string()])
                 .arg("--output-dir")
                 .arg(&single),
         );
         let multi = dir.path().join(format!("{name}-multi"));
-        let mut args = common_args.clone();
-        args.extend([
+        let mut rank_args = args.clone();
+        rank_args.extend([
             "--output-dir".into(),
             multi.to_str().unwrap().into(),
             "--json".into(),
         ]);
-        args.extend(["--peer-timeout".into(), "60s".into()]);
+        rank_args.extend(["--peer-timeout".into(), "60s".into()]);
         let ranks = wait_all(
-            start_ranks(4, &[0, 1, 2, 3], &args),
+            start_ranks(4, &[0, 1, 2, 3], &rank_args),
             Duration::from_secs(300),
         );
         for (rank, out) in &ranks {
@@ -213,31 +181,19 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
             let report: Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(report["transport"], "tcp");
             assert_eq!(report["rank"], *rank);
-            assert_eq!(report["stage"], rank % k);
-            let mine = report["microbatches_done"].as_u64().unwrap() as usize;
-            assert_eq!(
-                mine,
-                report["microbatches_total"].as_u64().unwrap() as usize
-            );
-            assert!(mine >= step / d, "{name} rank {rank} ran {mine} of {step}");
+            assert_eq!(report["stage"], rank % 2);
+            assert_eq!(report["replica"], rank / 2);
+            assert_eq!(report["microbatches_done"], step / 2, "{name} rank {rank}");
             assert!(report["busy_secs"].as_f64().unwrap() > 0.0);
-            if rank % k + 1 < k {
+            if rank % 2 == 0 {
                 assert!(
                     report["bytes_sent"].as_u64().unwrap() > 0,
                     "{name} rank {rank}"
                 );
             }
         }
-        assert_same_outputs(
-            &single,
-            &multi,
-            &format!("{name} ({k} stages x {d} replicas)"),
-        );
+        assert_same_outputs(&single, &multi, &format!("{name} (2 stages x 2 replicas)"));
     }
-    assert!(
-        two_by_two.len() >= 3,
-        "only {two_by_two:?} were planned as 2 stages x 2 replicas"
-    );
 }
 
 /// A two-stage gpt2_tiny plan and its arguments for a run of `microbatches`.
@@ -437,15 +393,12 @@ fn mpirun(world: usize, args: &[String]) -> Option<Command> {
 fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     for name in common::FIXTURES {
-        let (plan, profile, k, d) = four_rank_plan(dir.path(), name).expect("a 4-rank plan");
+        let plan = two_by_two_plan(dir.path(), name);
+        let step = step_microbatches(&plan);
         let model = common::fixture(name);
-        let plan_text: Value = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
-        let step = plan_text["config"]["microbatches"].as_u64().unwrap() as usize * d;
         let args: Vec<String> = vec![
             plan.to_str().unwrap().into(),
             model.to_str().unwrap().into(),
-            "--device-profile".into(),
-            profile.to_str().unwrap().into(),
         ];
         let single = dir.path().join(format!("{name}-single"));
         run_ok(
@@ -466,7 +419,7 @@ fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
         assert!(out.status.success(), "{name}: {}", stderr(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.matches("over mpi").count(), 4, "{text}");
-        assert_same_outputs(&single, &multi, &format!("{name} under mpirun ({k} x {d})"));
+        assert_same_outputs(&single, &multi, &format!("{name} under mpirun (2 x 2)"));
     }
 }
 
