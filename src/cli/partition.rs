@@ -413,6 +413,10 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
         report.proven,
         report.timed_out,
     ) {
+        _ if report.too_large => format!(
+            "not built: the model is too large for the MILP (more than {} node × boundary cells)",
+            pipecut::partition::milp::MAX_MODEL_CELLS
+        ),
         (Some(error), _, _, _) => format!("the solver failed ({error})"),
         (None, false, _, _) => "never started: the time limit left no room after coarsening".into(),
         (None, true, true, _) if report.coarsened => "optimal over the coarsened graph".into(),

@@ -25,6 +25,7 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+mod reach;
 pub mod torch_split;
 
 use std::collections::HashMap;
@@ -112,6 +113,9 @@ pub enum HeuristicReason {
     SolverError,
     /// The MILP stopped early without a proof for another reason.
     StoppedWithoutProof,
+    /// The model is too large to build the MILP (more than [`milp::MAX_MODEL_CELLS`] node ×
+    /// boundary cells) and no coarsened plan could start it: the DP's plan stands.
+    TooLarge,
     /// Written by a pipecut that did not record the reason.
     #[default]
     Unrecorded,
@@ -132,6 +136,7 @@ impl HeuristicReason {
             }
             HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
             HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
+            HeuristicReason::TooLarge => "the model is too large for the MILP; the DP's plan stands",
             HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
         }
     }
@@ -800,6 +805,8 @@ impl<'a> Planner<'a> {
 fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> SolveStatus {
     let reason = if proven_otherwise || (report.proven && !report.coarsened) {
         return SolveStatus::Optimal;
+    } else if report.too_large {
+        HeuristicReason::TooLarge
     } else if report.error.is_some() {
         HeuristicReason::SolverError
     } else if !report.started {
@@ -986,6 +993,7 @@ mod tests {
 
     fn report(started: bool, proven: bool, timed_out: bool, error: Option<&str>) -> MilpReport {
         MilpReport {
+            too_large: false,
             nodes: 10,
             coarsened: false,
             proven,
