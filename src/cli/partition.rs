@@ -201,8 +201,9 @@ pub struct PartitionArgs {
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
     /// Time budget for the whole solve (e.g. 10s, 500ms, 2m, 1h, 1m30s): the MILP stops at it with its best
-    /// plan and gap. A plan stopped by the limit depends on the machine's speed; a finished one
-    /// is the same on every run.
+    /// plan and gap. Loading the model and inferring its shapes come before and are not counted
+    /// (the table prints their time). A plan stopped by the limit depends on the machine's
+    /// speed; a finished one is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
     /// dp: the exact DP over one topological order (fast); milp: the DP, then the MILP over all

@@ -621,8 +621,15 @@ impl<'a> Planner<'a> {
         };
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
         // assignment exactly as the model does, so the figures, bound and status carry over.
-        let solution = self.solve_problem(grouped.problem.clone(), deadline)?;
-        let stage_of = grouped.expand(&solution.stage_of);
+        let coarsen::Coarsened {
+            problem: groups,
+            group_of,
+        } = grouped;
+        let solution = self.solve_problem(groups, deadline)?;
+        let stage_of: Vec<StageId> = group_of
+            .iter()
+            .map(|&g| solution.stage_of[g as usize])
+            .collect();
         let evaluation = fine.evaluate(&stage_of);
         Ok(Solution {
             stage_of,
