@@ -77,6 +77,15 @@ fn a_convex_plan_that_fits_is_found_where_no_contiguous_cut_does() {
         String::from_utf8_lossy(&checked.stderr)
     );
 
+    // `--stages auto` too: no count's contiguous cuts fit, so the exact solver decides at the
+    // largest count, as for a fixed one.
+    let auto = partition("auto", "0.9998099207938139");
+    let stderr = String::from_utf8_lossy(&auto.stderr);
+    assert!(auto.status.success(), "{stderr}");
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(written["stages"].as_array().unwrap().len(), 4);
+
     // Far below what any plan needs; two stages keep the proof quick in a debug build.
     let refused = partition("2", "0.99995");
     let stderr = String::from_utf8_lossy(&refused.stderr);

@@ -196,9 +196,13 @@ pub fn partition_uniform(items: usize, parts: usize) -> Vec<usize> {
 }
 
 /// Beyond this many inner steps (`n² · parts / 2`) DeepSpeed's dynamic programme is reported as
-/// failing rather than run: 2·10⁹ steps take seconds here and hours in DeepSpeed's Python loop,
-/// and only a model without module scopes, where every node is its own layer, gets near it.
-const MAX_BALANCED_STEPS: f64 = 2e9;
+/// failing rather than run: about 5 ns each here, so 5·10⁷ steps are a quarter of a second
+/// (minutes in DeepSpeed's Python loop), and a baseline must not eat the solve's time limit
+/// (it runs twice, for `parameters` and `type:`). A count of work, not a deadline, so that
+/// `pipecut check` re-derives the same answer. Reached by about 880 layers at 64 stages or
+/// 2,200 at 10 (a 100k-node transformer of 2,438 layers at K = 64 is refused), and by models
+/// without module scopes, where every node is its own layer.
+const MAX_BALANCED_STEPS: f64 = 5e7;
 
 /// DeepSpeed's `partition_balanced`: the `parts + 1` boundaries its dynamic programme picks.
 ///
@@ -261,6 +265,11 @@ pub fn partition_balanced(weights: &[f64], parts: usize) -> Result<Vec<usize>, S
 
 /// Beyond this many moves torchgpipe's `solve` is taken not to stop (its loop has no bound).
 const MAX_BLOCK_MOVES: usize = 1_000_000;
+
+/// Each move rescans every block (`O(n)`): past this many item visits the loop is also taken
+/// not to stop, so that a long model's baseline stays within a fraction of a second (a count
+/// of work, not a deadline, for the reason of [`MAX_BALANCED_STEPS`]).
+const MAX_BLOCK_VISITS: usize = 100_000_000;
 
 /// torchgpipe's `blockpartition.solve`: the `parts + 1` boundaries of its block partition of
 /// `costs`, or its error.
@@ -334,8 +343,9 @@ pub fn block_partition(costs: &[f64], parts: usize) -> Result<Vec<usize>, String
                 q + 1
             };
             moves += 1;
-            if moves > MAX_BLOCK_MOVES {
-                return Err(format!("it did not settle after {MAX_BLOCK_MOVES} moves"));
+            let limit = MAX_BLOCK_MOVES.min(MAX_BLOCK_VISITS / (n + parts));
+            if moves > limit {
+                return Err(format!("it did not settle after {limit} moves"));
             }
             if p == h {
                 break;

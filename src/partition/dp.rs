@@ -65,9 +65,12 @@ struct Tables {
     /// Flows and bytes live across each boundary `i` (produced before `i`, read at or after).
     cross_count: Vec<usize>,
     cross_bytes: Vec<u64>,
-    /// `reach[k][i]`: the furthest end of a stage-`k` segment starting at `i` that fits memory
-    /// (`i` itself when none does).
-    reach: Vec<Vec<usize>>,
+    /// `reach_by_key[reach_key[k]][i]`: the furthest end of a stage-`k` segment starting at
+    /// `i` that fits memory (`i` itself when none does), see [`Tables::reach`]. Stages with the
+    /// same capacity and in-flight counts share one row, and positions are `u32`, so that a
+    /// million-node model at K = 64 keeps 4 MB per distinct row, not 8 MB per stage.
+    reach_by_key: Vec<Vec<u32>>,
+    reach_key: Vec<usize>,
     training: bool,
 }
 
@@ -126,11 +129,17 @@ impl Tables {
             fastest_prefix,
             cross_count,
             cross_bytes,
-            reach: Vec::new(),
+            reach_by_key: Vec::new(),
+            reach_key: Vec::new(),
             training: matches!(problem.settings().mode, Mode::Training { .. }),
         };
-        tables.reach = memory_reaches(problem, &tables);
+        (tables.reach_by_key, tables.reach_key) = memory_reaches(problem, &tables);
         tables
+    }
+
+    /// The furthest end of a stage's segment starting at `i` that fits its memory.
+    fn reach(&self, stage: usize, i: usize) -> usize {
+        self.reach_by_key[self.reach_key[stage]][i] as usize
     }
 
     fn compute(&self, problem: &PartitionProblem, stage: usize, i: usize, j: usize) -> f64 {
@@ -202,8 +211,9 @@ impl Fenwick {
     }
 }
 
-/// For every stage and start, the furthest end that fits the stage's memory.
-fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>> {
+/// For every distinct stage memory (capacity and in-flight counts) and start, the furthest end
+/// that fits, and the row of each stage.
+fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>, Vec<usize>) {
     let n = problem.node_count();
     let mut activation_prefix = vec![0u64; n + 1];
     for p in 0..n {
@@ -234,13 +244,13 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
     let mut by_key = Vec::with_capacity(keys.len());
     for &(capacity, in_flight, activation_in_flight) in &keys {
         let mut tree = Fenwick(vec![0; n + 1]);
-        let mut reach = vec![0usize; n + 1];
+        let mut reach = vec![0u32; n + 1];
         for i in 0..=n {
             for &(u, bytes) in &activations_at[i] {
                 tree.add(u, bytes);
             }
             if i == n {
-                reach[i] = n;
+                reach[i] = n as u32;
                 continue;
             }
             let base = tree.prefix(i);
@@ -262,7 +272,7 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
                     hi = mid - 1;
                 }
             }
-            reach[i] = lo;
+            reach[i] = lo as u32;
         }
         by_key.push(reach);
     }
@@ -271,17 +281,16 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> Vec<Vec<usize>
     let pin_reach = problem.pin_reach();
     for reach in &mut by_key {
         for (r, &cap) in reach.iter_mut().zip(&pin_reach) {
-            *r = (*r).min(cap);
+            *r = (*r).min(cap as u32);
         }
     }
-    (0..problem.stage_count())
+    let key_of_stage = (0..problem.stage_count())
         .map(|s| {
-            let key = keys
-                .binary_search(&key_of(s))
-                .expect("every stage's key was collected");
-            by_key[key].clone()
+            keys.binary_search(&key_of(s))
+                .expect("every stage's key was collected")
         })
-        .collect()
+        .collect();
+    (by_key, key_of_stage)
 }
 
 /// A heap entry ordered by its key; ties by position so that runs are deterministic.
@@ -334,13 +343,13 @@ fn feasible(problem: &PartitionProblem, tables: &Tables, bound: f64) -> bool {
         heap.clear();
         for (j, reachable_end) in next.iter_mut().enumerate().skip(first + 1) {
             let i = j - 1;
-            if i <= last && reachable[i] && tables.reach[stage][i] >= j {
+            if i <= last && reachable[i] && tables.reach(stage, i) >= j {
                 let key = tables.start_key(problem, stage, i);
                 best_key = best_key.max(key);
                 heap.push(Start {
                     key,
                     position: i,
-                    reach: tables.reach[stage][i],
+                    reach: tables.reach(stage, i),
                 });
             }
             while heap.peek().is_some_and(|top| top.reach < j) {
@@ -383,7 +392,7 @@ fn fits_at_all(problem: &PartitionProblem, tables: &Tables) -> bool {
         let mut furthest = 0;
         for j in 1..=n {
             if reachable[j - 1] {
-                furthest = furthest.max(tables.reach[stage][j - 1]);
+                furthest = furthest.max(tables.reach(stage, j - 1));
             }
             next[j] = furthest >= j;
         }
@@ -449,7 +458,7 @@ fn fewest_bytes(problem: &PartitionProblem, tables: &Tables, bound: f64) -> Opti
     let mut next = vec![u64::MAX; n + 1];
     best[0] = 0;
     let (mut first, mut last) = (0usize, 0usize);
-    let mut parent = vec![vec![usize::MAX; n + 1]; k];
+    let mut parent = vec![vec![u32::MAX; n + 1]; k];
     for (stage, parent) in parent.iter_mut().enumerate() {
         let kind = problem.stages()[stage].kind;
         let stages_after = k - 1 - stage;
@@ -468,21 +477,21 @@ fn fewest_bytes(problem: &PartitionProblem, tables: &Tables, bound: f64) -> Opti
             rank_of[r] = rank;
         }
         let mut expiring: Vec<usize> = (0..starts.len()).collect();
-        expiring.sort_by_key(|&r| (tables.reach[stage][starts[r]], starts[r]));
+        expiring.sort_by_key(|&r| (tables.reach(stage, starts[r]), starts[r]));
         let (mut entered, mut expired, mut live) = (0usize, 0usize, 0usize);
         let mut tree = MinTree::new(starts.len());
         let (mut next_first, mut next_last) = (usize::MAX, 0usize);
         for j in first + 1..=n {
             let i = j - 1;
             if entered < starts.len() && starts[entered] == i {
-                if tables.reach[stage][i] >= j {
+                if tables.reach(stage, i) >= j {
                     let entering = if stage == 0 { 0 } else { tables.cross_bytes[i] };
                     tree.set(rank_of[entered], (best[i].saturating_add(entering), i));
                     live += 1;
                 }
                 entered += 1;
             }
-            while expired < starts.len() && tables.reach[stage][starts[expiring[expired]]] < j {
+            while expired < starts.len() && tables.reach(stage, starts[expiring[expired]]) < j {
                 let r = expiring[expired];
                 if tree.cells[rank_of[r] + tree.size] != EMPTY {
                     tree.set(rank_of[r], EMPTY);
@@ -502,7 +511,7 @@ fn fewest_bytes(problem: &PartitionProblem, tables: &Tables, bound: f64) -> Opti
             let (bytes, start) = tree.suffix_min(from);
             if bytes != u64::MAX {
                 next[j] = bytes;
-                parent[j] = start;
+                parent[j] = start as u32;
                 next_first = next_first.min(j);
                 next_last = j;
             }
@@ -520,7 +529,7 @@ fn fewest_bytes(problem: &PartitionProblem, tables: &Tables, bound: f64) -> Opti
     let mut starts = vec![0usize; k];
     let mut end = n;
     for stage in (0..k).rev() {
-        let start = parent[stage][end];
+        let start = parent[stage][end] as usize;
         starts[stage] = start;
         end = start;
     }
@@ -735,7 +744,7 @@ mod tests {
                 let mut choice = EMPTY;
                 for (i, &cover) in best.iter().enumerate().take(j) {
                     let fits_time = t.start_key(p, stage, i) >= t.end_key(p, stage, j) - bound;
-                    if cover != u64::MAX && t.reach[stage][i] >= j && fits_time {
+                    if cover != u64::MAX && t.reach(stage, i) >= j && fits_time {
                         let entering = if stage == 0 { 0 } else { t.cross_bytes[i] };
                         choice = choice.min((cover.saturating_add(entering), i));
                     }

@@ -165,9 +165,11 @@ fn on_stage_fixed(before: &[Before], stage: usize) -> Option<bool> {
 /// `bound_secs`: node `v` and all its ancestors need `⌈time / bound⌉` stages before and
 /// including `v`'s, and `v` with all its descendants as many from `v`'s on (times on the fastest
 /// device kind, so the windows hold on any device order). Returns `(earliest, latest)` stages.
+/// The times are those of `reach.rs`: exact, or on models too large for that, lower bounds
+/// (wider windows, never excluding a plan within the bound).
 ///
 /// # Complexity
-/// O(n² / 64 + n·E/64) with bit sets of ancestors and descendants.
+/// O(n) memory; O(min(n·E/64, [`super::reach::EXACT_WORK_LIMIT`]) + n·K) time.
 fn stage_windows(problem: &PartitionProblem, bound_secs: f64) -> Vec<(usize, usize)> {
     let n = problem.node_count();
     let k = problem.stage_count();
@@ -178,57 +180,8 @@ fn stage_windows(problem: &PartitionProblem, bound_secs: f64) -> Vec<(usize, usi
                 .fold(f64::INFINITY, f64::min)
         })
         .collect();
-    let words = n.div_ceil(64);
-    let mut preds: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for flow in problem.flows() {
-        for &c in &flow.consumers {
-            preds[c as usize].push(flow.producer);
-        }
-    }
-    let closure = |forward: bool| -> Vec<f64> {
-        // Ancestors (forward) or descendants, each a bit set including the node itself.
-        let mut sets = vec![vec![0u64; words]; n];
-        let positions: Vec<usize> = if forward {
-            (0..n).collect()
-        } else {
-            (0..n).rev().collect()
-        };
-        let mut succs: Vec<Vec<u32>> = vec![Vec::new(); n];
-        if !forward {
-            for (c, ps) in preds.iter().enumerate() {
-                for &p in ps {
-                    succs[p as usize].push(c as u32);
-                }
-            }
-        }
-        for v in positions {
-            let mut set = vec![0u64; words];
-            set[v / 64] |= 1 << (v % 64);
-            let linked = if forward { &preds[v] } else { &succs[v] };
-            for &u in linked {
-                for (w, bits) in set.iter_mut().zip(&sets[u as usize]) {
-                    *w |= bits;
-                }
-            }
-            sets[v] = set;
-        }
-        sets.iter()
-            .map(|set| {
-                let mut sum = 0.0;
-                for (w, &bits) in set.iter().enumerate() {
-                    let mut bits = bits;
-                    while bits != 0 {
-                        let b = bits.trailing_zeros() as usize;
-                        sum += fastest[w * 64 + b];
-                        bits &= bits - 1;
-                    }
-                }
-                sum
-            })
-            .collect()
-    };
-    let ancestors = closure(true);
-    let descendants = closure(false);
+    let ancestors = super::reach::closure_sums(problem, &fastest, true);
+    let descendants = super::reach::closure_sums(problem, &fastest, false);
     let stages_for = |secs: f64| -> usize {
         if bound_secs <= 0.0 {
             return 1;
@@ -948,8 +901,11 @@ pub fn fit_memory(
     }
     // Coarse first: a plan of super-nodes that fits is a plan of the model that fits, and the
     // coarse model has a third of the binaries; only a proof that nothing fits needs them all.
-    let coarse = super::coarsen::coarsen(problem, (n / 3).max(k));
-    if coarse.problem.node_count() < n {
+    // A model too large to build is coarsened as far as the MILP can take (a plan found there
+    // still fits), and never searched whole.
+    let target = (n / 3).min(MAX_MODEL_CELLS / k.saturating_sub(1).max(1));
+    let coarse = super::coarsen::coarsen(problem, target.max(k));
+    if coarse.problem.node_count() < n && small_enough_to_build(&coarse.problem) {
         let half = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
         if let MemoryFit::Fits(plan) = memory_milp(&coarse.problem, half) {
             let plan = coarse.expand(&plan);
@@ -957,6 +913,15 @@ pub fn fit_memory(
                 return MemoryFit::Fits(plan);
             }
         }
+    }
+    if !small_enough_to_build(problem) {
+        return MemoryFit::Undecided {
+            at_least: None,
+            reason: format!(
+                "the model is too large for the exact solver ({n} nodes × {} boundaries)",
+                k - 1
+            ),
+        };
     }
     memory_milp(problem, deadline)
 }
@@ -1058,6 +1023,22 @@ pub(crate) fn fit_or_explain(
 /// of a 2-core machine, while a tenfold larger model rarely gets past its root.
 pub const MAX_BINARIES: usize = 300;
 
+/// The MILP is built only for problems of at most this many `node × boundary` cells: building
+/// it allocates expressions for every cell whatever the stage windows fix (`build`), so its
+/// memory and time grow as `n·K` before the first LP. Measured on a 100k-node transformer at
+/// K = 64 (6.3M cells): 7 GB and about a minute of model building on the 2-core VM, against a
+/// 1 s limit. 2²⁰ cells keep GPT-3-175B's shape at K = 64 (250k cells) and every fixture and
+/// real model of the instance set whole; a 20k-node model at K = 64 is only solved coarsened.
+pub const MAX_MODEL_CELLS: usize = 1 << 20;
+
+/// Whether [`build`] may be run on `problem` (see [`MAX_MODEL_CELLS`]).
+fn small_enough_to_build(problem: &PartitionProblem) -> bool {
+    problem
+        .node_count()
+        .saturating_mul(problem.stage_count().saturating_sub(1))
+        <= MAX_MODEL_CELLS
+}
+
 /// Binaries left free by the stage windows of plans no slower than `bound_secs`.
 fn free_binaries(problem: &PartitionProblem, bound_secs: f64) -> usize {
     stage_windows(problem, bound_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE))
@@ -1083,6 +1064,23 @@ pub struct MilpReport {
     pub started: bool,
     /// The solver's error, when it failed (see [`MilpRun::error`]).
     pub error: Option<String>,
+    /// Whether it was not begun because the model is too large to build (more than
+    /// [`MAX_MODEL_CELLS`] cells) and no coarsened plan could start it.
+    pub too_large: bool,
+}
+
+/// The report of a MILP that was not begun because the model is too large to build.
+fn too_large_to_start(problem: &PartitionProblem) -> MilpReport {
+    MilpReport {
+        nodes: problem.node_count(),
+        coarsened: false,
+        proven: false,
+        timed_out: false,
+        improved: false,
+        started: false,
+        error: None,
+        too_large: true,
+    }
 }
 
 /// The MILP on the whole graph from `incumbent`, then the refinement DP when unproven.
@@ -1111,6 +1109,7 @@ fn solve_fine(
         improved,
         started: true,
         error: run.error,
+        too_large: false,
     };
     (run.stage_of, run.bound_secs, report)
 }
@@ -1141,13 +1140,14 @@ pub(crate) fn solve_model_reporting(
     let n = problem.node_count();
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     let free = free_binaries(problem, incumbent_secs);
-    if free <= MAX_BINARIES {
+    if free <= MAX_BINARIES && small_enough_to_build(problem) {
         return solve_fine(problem, incumbent, deadline, refine_reserve, progress);
     }
     // Fewer nodes leave proportionally fewer free binaries, about.
     let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
     let mut coarse = super::coarsen::coarsen(problem, target);
-    while free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
+    while (free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
+        || !small_enough_to_build(&coarse.problem))
         && coarse.problem.node_count() > problem.stage_count()
     {
         let smaller = coarse.problem.node_count() * 3 / 4;
@@ -1168,7 +1168,11 @@ pub(crate) fn solve_model_reporting(
         .or_else(|| super::dp::solve(&coarse.problem).map(|s| s.stage_of))
     else {
         // No plan of super-nodes fits memory (the incumbent came from the exact feasibility
-        // search and splits them): the whole graph is searched from the incumbent instead.
+        // search and splits them): the whole graph is searched from the incumbent instead,
+        // when it is small enough to build.
+        if !small_enough_to_build(problem) {
+            return (incumbent.to_vec(), None, too_large_to_start(problem));
+        }
         return solve_fine(problem, incumbent, deadline, refine_reserve, progress);
     };
     let start = Some(start);
@@ -1181,6 +1185,7 @@ pub(crate) fn solve_model_reporting(
         improved: false,
         started: false,
         error: None,
+        too_large: false,
     };
     // Coarsening and the start took time too: without room for the refinement after it, the
     // MILP is not begun.
@@ -1212,7 +1217,9 @@ pub(crate) fn solve_model_reporting(
     // Time left after the coarse search (it often proves its optimum within a second): the
     // whole graph from the refined plan, whose tighter bottleneck narrows the stage windows.
     // A proof there is a proof for the model; otherwise the coarse result stands.
-    if report.started && room(refine_reserve) {
+    // A model too large to build is not searched whole: the coarse result stands, and its
+    // status says so (coarsened, not a time limit), whatever the time left.
+    if report.started && room(refine_reserve) && small_enough_to_build(problem) {
         let (fine, bound, fine_report) =
             solve_fine(problem, &best, deadline, refine_reserve, progress);
         if fine_report.proven || fine_report.timed_out {
@@ -1229,7 +1236,7 @@ pub(crate) fn solve_model_reporting(
         if better(problem, &fine, &best) {
             best = fine;
         }
-    } else if report.started {
+    } else if report.started && small_enough_to_build(problem) {
         // The deadline left no room for the whole graph: that search was stopped by the time
         // limit too, as when it runs and is stopped (one status for both, whatever the load).
         report.timed_out = true;

@@ -25,6 +25,7 @@ pub mod layers;
 pub mod milp;
 pub mod parallelism;
 pub mod problem;
+mod reach;
 pub mod tensor_parallel;
 pub mod torch_split;
 
@@ -113,6 +114,9 @@ pub enum HeuristicReason {
     SolverError,
     /// The MILP stopped early without a proof for another reason.
     StoppedWithoutProof,
+    /// The model is too large to build the MILP (more than [`milp::MAX_MODEL_CELLS`] node ×
+    /// boundary cells) and no coarsened plan could start it: the DP's plan stands.
+    TooLarge,
     /// Written by a pipecut that did not record the reason.
     #[default]
     Unrecorded,
@@ -133,6 +137,7 @@ impl HeuristicReason {
             }
             HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
             HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
+            HeuristicReason::TooLarge => "the model is too large for the MILP; the DP's plan stands",
             HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
         }
     }
@@ -636,8 +641,15 @@ impl<'a> Planner<'a> {
         };
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
         // assignment exactly as the model does, so the figures, bound and status carry over.
-        let solution = self.solve_problem(grouped.problem.clone(), deadline)?;
-        let stage_of = grouped.expand(&solution.stage_of);
+        let coarsen::Coarsened {
+            problem: groups,
+            group_of,
+        } = grouped;
+        let solution = self.solve_problem(groups, deadline)?;
+        let stage_of: Vec<StageId> = group_of
+            .iter()
+            .map(|&g| solution.stage_of[g as usize])
+            .collect();
         let evaluation = fine.evaluate(&stage_of);
         Ok(Solution {
             stage_of,
@@ -665,7 +677,11 @@ impl<'a> Planner<'a> {
             })?,
         };
         let dp_secs = dp_started.elapsed();
-        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, deadline, None);
+        // The bound's cut-node search may take a quarter of what is left; past it the
+        // average-work bound stands and the rest goes to the MILP.
+        let bound_deadline =
+            Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4;
+        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, bound_deadline, None);
         let dp_evaluation = problem.evaluate(&incumbent);
         let k = problem.stage_count();
         self.report(
@@ -683,14 +699,17 @@ impl<'a> Planner<'a> {
             SolverChoice::Milp => true,
             SolverChoice::Auto => !dp_exact,
         };
-        let (stage_of, status, solver, milp) = if run_milp {
-            let (stage_of, bound, report) = milp::solve_model_reporting(
-                &problem,
-                &incumbent,
-                deadline,
-                dp_secs,
-                &|best, bound| self.report(SolverKind::Milp, k, best, bound),
-            );
+        // Without the time of one more DP left (the MILP's refinement needs it), coarsening a
+        // large model and building its MILP would only overrun the limit.
+        let milp_has_time = Instant::now() + dp_secs < deadline;
+        let (stage_of, status, solver, milp) = if run_milp && !milp_has_time {
+            let status = SolveStatus::Heuristic {
+                reason: HeuristicReason::MilpNotStarted,
+            };
+            (incumbent, status, SolverKind::Dp, None)
+        } else if run_milp {
+            let (stage_of, bound, report) =
+                self.milp_within_deadline(&problem, &incumbent, deadline, dp_secs);
             if let Some(bound) = bound {
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
@@ -737,6 +756,93 @@ impl<'a> Planner<'a> {
             problem,
             cut_constraints: self.config.cut_constraints.clone(),
         })
+    }
+
+    /// The MILP phase (coarsening, search, refinement) on a thread of its own, waited for
+    /// until `deadline` and a grace of 2% of the limit. microlp looks at its clock only between
+    /// branch-and-bound nodes, so the root LP of a large (even coarsened) model can run far past
+    /// any deadline: a 19,993-node stack at K = 64 took 17.8 s under a 10 s limit. Past the wait
+    /// the DP's plan stands, reported as stopped at the time limit (its gap is to the proven
+    /// lower bound), and the thread is left to end on its own: its search stops at its next
+    /// clock check, holding at most one model of [`milp::MAX_MODEL_CELLS`] cells meanwhile.
+    fn milp_within_deadline(
+        &self,
+        problem: &PartitionProblem,
+        incumbent: &[StageId],
+        deadline: Instant,
+        refine_reserve: Duration,
+    ) -> (Vec<StageId>, Option<f64>, MilpReport) {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let abandoned = std::sync::Arc::new(AtomicBool::new(false));
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let search = {
+            let problem = problem.clone();
+            let incumbent = incumbent.to_vec();
+            let progress = self.progress.clone();
+            let abandoned = std::sync::Arc::clone(&abandoned);
+            let started = self.started;
+            move || {
+                let stages = problem.stage_count();
+                // No progress once the Planner has moved on: its caller may be printing the plan.
+                let report = |best_secs: f64, bound_secs: Option<f64>| match &progress {
+                    Some(sink) if !abandoned.load(Ordering::Relaxed) => (sink.0)(&Progress {
+                        elapsed_secs: started.elapsed().as_secs_f64(),
+                        solver: SolverKind::Milp,
+                        stages,
+                        best_secs,
+                        bound_secs,
+                    }),
+                    _ => {}
+                };
+                let found = milp::solve_model_reporting(
+                    &problem,
+                    &incumbent,
+                    deadline,
+                    refine_reserve,
+                    &report,
+                );
+                // The receiver is gone when the wait ended first: nothing to do then.
+                let _ = sender.send(found);
+            }
+        };
+        if let Err(error) = std::thread::Builder::new()
+            .name("pipecut-milp".into())
+            .spawn(search)
+        {
+            return (
+                incumbent.to_vec(),
+                None,
+                MilpReport {
+                    nodes: problem.node_count(),
+                    coarsened: false,
+                    proven: false,
+                    timed_out: false,
+                    improved: false,
+                    started: false,
+                    error: Some(format!("could not start the MILP's thread: {error}")),
+                    too_large: false,
+                },
+            );
+        }
+        let grace = self.config.time_limit / 50;
+        let wait = deadline.saturating_duration_since(Instant::now()) + grace;
+        match receiver.recv_timeout(wait) {
+            Ok(found) => found,
+            Err(_) => {
+                abandoned.store(true, Ordering::Relaxed);
+                let report = MilpReport {
+                    nodes: problem.node_count(),
+                    coarsened: false,
+                    proven: false,
+                    timed_out: true,
+                    improved: false,
+                    started: true,
+                    error: None,
+                    too_large: false,
+                };
+                (incumbent.to_vec(), None, report)
+            }
+        }
     }
 
     /// Tries every stage count up to the devices (and nodes), simulates each best partition
@@ -799,11 +905,12 @@ impl<'a> Planner<'a> {
             }
         }
         let Some((_, problem, _)) = best else {
+            // No contiguous cut fits at any count: the exact solver decides over every convex
+            // partition at the largest count tried (the most memory), as for a fixed count,
+            // and either plans it or names the smallest memory that would fit.
             let problem = last_infeasible.expect("at least one stage count was tried");
-            return Err(Error::Infeasible(explain_infeasible(
-                &problem,
-                self.cluster,
-            )));
+            let devices: Vec<DeviceId> = problem.stages().iter().map(|s| s.device).collect();
+            return Ok((self.solve_fixed(&devices, deadline)?, candidates));
         };
         let devices = problem
             .stages()
@@ -820,6 +927,8 @@ impl<'a> Planner<'a> {
 fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> SolveStatus {
     let reason = if proven_otherwise || (report.proven && !report.coarsened) {
         return SolveStatus::Optimal;
+    } else if report.too_large {
+        HeuristicReason::TooLarge
     } else if report.error.is_some() {
         HeuristicReason::SolverError
     } else if !report.started {
@@ -1006,6 +1115,7 @@ mod tests {
 
     fn report(started: bool, proven: bool, timed_out: bool, error: Option<&str>) -> MilpReport {
         MilpReport {
+            too_large: false,
             nodes: 10,
             coarsened: false,
             proven,

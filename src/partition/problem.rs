@@ -15,7 +15,7 @@
 //! bytes over the link's per-direction bandwidth. Graph inputs come from the host and are free;
 //! graph outputs go to the host from the stage that makes them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
@@ -232,11 +232,13 @@ impl PartitionProblem {
         }
         crate::schedule::check_microbatches(settings.microbatches.into())?;
         let order = graph.topological_order().to_vec();
-        let position: BTreeMap<NodeId, u32> = order
-            .iter()
-            .enumerate()
-            .map(|(p, &id)| (id, p as u32))
-            .collect();
+        // Indexed by node index (the order nodes were added in), not a map: a million lookups.
+        let mut position_of_index =
+            vec![u32::MAX; order.iter().map(|id| id.index() + 1).max().unwrap_or(0)];
+        for (p, &id) in order.iter().enumerate() {
+            position_of_index[id.index()] = p as u32;
+        }
+        let position = |id: &NodeId| position_of_index[id.index()];
 
         // One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
         let mut kind_names: Vec<String> = Vec::new();
@@ -298,7 +300,7 @@ impl PartitionProblem {
         let mut params = Vec::new();
         let mut flows = Vec::new();
         for (tensor_id, tensor) in graph.tensors() {
-            let mut consumers: Vec<u32> = tensor.consumers.iter().map(|c| position[c]).collect();
+            let mut consumers: Vec<u32> = tensor.consumers.iter().map(position).collect();
             consumers.sort_unstable();
             consumers.dedup();
             match &tensor.origin {
@@ -325,7 +327,7 @@ impl PartitionProblem {
                     });
                 }
                 TensorOrigin::Node { node, .. } => {
-                    let producer = position[node];
+                    let producer = position(node);
                     let bytes = tensor_bytes(graph, tensor_id)?;
                     activation_bytes[producer as usize] += bytes;
                     if !consumers.is_empty() {
