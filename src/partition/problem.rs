@@ -351,7 +351,7 @@ impl PartitionProblem {
             // again (a node's time is its forward times 1 + the backward factor).
             let rerun = 1.0 + 1.0 / (1.0 + settings.mode.backward_time_factor());
             for id in super::tensor_parallel::attention_score_nodes(graph) {
-                let p = position[&id] as usize;
+                let p = position(&id) as usize;
                 activation_bytes[p] = 0;
                 for secs in &mut node_secs {
                     secs[p] *= rerun;
