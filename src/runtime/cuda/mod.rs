@@ -3,7 +3,8 @@
 //! executor is created.
 //!
 //! ```text
-//! CudaExecutor::new ── NVRTC compiles kernels.cu once ──▶ module loaded on every device
+//! CudaExecutor::new ── NVRTC compiles kernels.cu per GPU architecture ──▶ loaded on each GPU
+//!                      the stages use
 //! prepare(stage)    ── device = stage index mod devices, own stream and cuBLAS handle,
 //!                      the stage's float weights uploaded once
 //! run(stage)        ── nodes in order on the stage's stream: float tensors stay on the device,
@@ -330,7 +331,18 @@ impl<'a> CudaExecutor<'a> {
     /// A backend for `graph` with its loaded `weights` on every visible GPU: compiles the
     /// kernels and loads them on each device (no compilation later).
     pub fn new(graph: &'a Graph, weights: &'a Weights) -> Result<CudaExecutor<'a>, Error> {
-        let count = device_count().map_err(Error::Cuda)?;
+        Self::for_stages(graph, weights, usize::MAX)
+    }
+
+    /// [`CudaExecutor::new`] for a plan of `stages` stages: only the GPUs they run on are
+    /// opened (stage `k` on GPU `k mod count` uses the first `stages` GPUs), so a busy or broken
+    /// GPU the plan does not need neither fails the run nor gets a context.
+    pub fn for_stages(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        stages: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        let count = device_count().map_err(Error::Cuda)?.min(stages.max(1));
         if let Some(why) = cublas_problem() {
             return Err(Error::Cuda(why));
         }
