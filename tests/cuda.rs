@@ -964,3 +964,36 @@ fn no_kernel_spills_registers_on_sm80_or_sm90() {
         }
     }
 }
+
+/// A run opens only the GPUs its stages use: a busy second GPU (exclusive-process mode, taken by
+/// another job) does not fail a one-stage run, and fails a two-stage one with the reason.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_run_opens_only_the_gpus_its_stages_use() {
+    let gpu = fake_cuda::FakeGpu {
+        devices: 2,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(mut env) = fake(gpu) else {
+        return;
+    };
+    env.push(("PC_FAKE_CUDA_BUSY_DEVICE".into(), "1".into()));
+    let model = "fixtures/models/mlp.onnx";
+    let dir = tempfile::tempdir().unwrap();
+    let one = partition(dir.path(), model, 1, &["batch=4"]);
+    run_plan(&one, model, "cuda", &[], &dir.path().join("one"), &env);
+    let two = partition(dir.path(), model, 2, &["batch=4"]);
+    let out_dir = dir.path().join("two");
+    let args = [
+        "run",
+        two.to_str().unwrap(),
+        model,
+        "--backend",
+        "cuda",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ];
+    let (code, _, err) = pipecut(&args, &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("GPU 1") && err.contains("busy"), "{err}");
+}

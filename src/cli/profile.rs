@@ -122,7 +122,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 // The same executor `run --backend cuda` uses, each node timed to the end of
                 // its device work.
                 ProfileBackend::Cuda => {
-                    let executor = CudaExecutor::new(graph, &weights)?;
+                    let executor = CudaExecutor::for_stages(graph, &weights, 1)?;
                     profile(&executor, graph, &inputs, runs, subject)?
                 }
             }

@@ -213,7 +213,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             (report, vec![BTreeMap::new(); prepared.len()])
         }
         Backend::Cuda => {
-            let executor = CudaExecutor::new(graph, &weights)?;
+            let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
             let mut prepared = specs
                 .iter()
                 .map(|s| executor.prepare(s))

@@ -95,6 +95,15 @@ impl<'a> CudaExecutor<'a> {
         Err(Error::CudaNotCompiled)
     }
 
+    /// Always [`Error::CudaNotCompiled`] in this build.
+    pub fn for_stages(
+        _graph: &'a Graph,
+        _weights: &'a Weights,
+        _stages: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        Err(Error::CudaNotCompiled)
+    }
+
     /// Number of GPUs the stages are spread over.
     pub fn device_count(&self) -> usize {
         match self._never {}

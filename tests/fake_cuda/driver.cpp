@@ -18,7 +18,7 @@
 // Environment: PC_FAKE_CUDA_DRIVER (driver version, default 12080 = CUDA 12.8; 12020 = R535),
 // PC_FAKE_CUDA_DEVICES (count, default 1), PC_FAKE_CUDA_ARCH (compute capability as 80 or 90,
 // default 90), PC_FAKE_CUDA_MEMORY_MB (per device, default 16384), PC_FAKE_CUDA_FAULT_AT_LAUNCH
-// (make launch N fault).
+// (make launch N fault), PC_FAKE_CUDA_BUSY_DEVICE (a device whose context cannot be made).
 
 #include <ucontext.h>
 
@@ -61,6 +61,7 @@ enum Result : int {
     INVALID_VALUE = 1,
     OUT_OF_MEMORY = 2,
     NOT_INITIALIZED = 3,
+    DEVICE_UNAVAILABLE = 46,
     NO_DEVICE = 100,
     INVALID_DEVICE = 101,
     INVALID_IMAGE = 200,
@@ -137,6 +138,8 @@ struct Driver {
     std::recursive_mutex lock;
     bool initialised = false;
     int version = env_int("PC_FAKE_CUDA_DRIVER", 12080);
+    // A device whose context cannot be made (busy in exclusive-process mode); -1 for none.
+    int busy_device = env_int("PC_FAKE_CUDA_BUSY_DEVICE", -1);
     // A launch to fault on purpose (1-based; 0 for none), to test what follows a device fault.
     int fault_at_launch = env_int("PC_FAKE_CUDA_FAULT_AT_LAUNCH", 0);
     int launches = 0;
@@ -751,6 +754,7 @@ CUresult cuDevicePrimaryCtxRetain(void** context, CUdevice device) {
     Guard g(driver().lock);
     if (!driver().initialised) return NOT_INITIALIZED;
     if (device < 0 || device >= int(driver().devices.size())) return INVALID_DEVICE;
+    if (device == driver().busy_device) return DEVICE_UNAVAILABLE;
     Device* d = driver().devices[device].get();
     if (!d->primary) d->primary = std::make_unique<Context>(Context{d});
     ++d->retains;
@@ -1034,7 +1038,8 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
 CUresult cuGetErrorName(int error, const char** text) {
     static std::map<int, std::string> names = {
         {0, "CUDA_SUCCESS"}, {1, "CUDA_ERROR_INVALID_VALUE"}, {2, "CUDA_ERROR_OUT_OF_MEMORY"},
-        {3, "CUDA_ERROR_NOT_INITIALIZED"}, {100, "CUDA_ERROR_NO_DEVICE"},
+        {3, "CUDA_ERROR_NOT_INITIALIZED"}, {46, "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+        {100, "CUDA_ERROR_NO_DEVICE"},
         {101, "CUDA_ERROR_INVALID_DEVICE"}, {200, "CUDA_ERROR_INVALID_IMAGE"},
         {201, "CUDA_ERROR_INVALID_CONTEXT"}, {209, "CUDA_ERROR_NO_BINARY_FOR_GPU"},
         {218, "CUDA_ERROR_INVALID_PTX"}, {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"},
@@ -1050,7 +1055,9 @@ CUresult cuGetErrorName(int error, const char** text) {
 CUresult cuGetErrorString(int error, const char** text) {
     static std::map<int, std::string> texts = {
         {0, "no error"}, {1, "invalid argument"}, {2, "out of memory"},
-        {3, "initialization error"}, {100, "no CUDA-capable device is detected"},
+        {3, "initialization error"},
+        {46, "CUDA-capable device(s) is/are busy or unavailable"},
+        {100, "no CUDA-capable device is detected"},
         {101, "invalid device ordinal"}, {200, "device kernel image is invalid"},
         {201, "invalid device context"}, {209, "no kernel image is available for execution on the device"},
         {218, "a PTX JIT compilation failed"},

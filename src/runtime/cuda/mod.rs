@@ -3,7 +3,8 @@
 //! executor is created.
 //!
 //! ```text
-//! CudaExecutor::new ── NVRTC compiles kernels.cu once ──▶ module loaded on every device
+//! CudaExecutor::new ── NVRTC compiles kernels.cu per GPU architecture ──▶ loaded on each GPU
+//!                      the stages use
 //! prepare(stage)    ── device = stage index mod devices, own stream and cuBLAS handle,
 //!                      the stage's float weights uploaded once
 //! run(stage)        ── nodes in order on the stage's stream: float tensors stay on the device,
@@ -24,7 +25,7 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
@@ -161,17 +162,24 @@ impl DeviceTensor {
     }
 }
 
-/// A value during a stage's run: where it was made.
+/// A value during a stage's run: where it was made. A host float tensor keeps its device copy
+/// once a device op has needed it (shared by every clone of the value), so a stage input read by
+/// several ops is uploaded once.
 #[derive(Debug, Clone)]
 pub(crate) enum Value {
-    Host(Arc<HostTensor>),
+    Host(Arc<HostTensor>, Arc<OnceLock<DeviceTensor>>),
     Device(DeviceTensor),
 }
 
 impl Value {
+    /// A host value, not uploaded yet.
+    pub(crate) fn host(tensor: Arc<HostTensor>) -> Value {
+        Value::Host(tensor, Arc::default())
+    }
+
     fn shape(&self) -> &[usize] {
         match self {
-            Value::Host(t) => t.shape(),
+            Value::Host(t, _) => t.shape(),
             Value::Device(t) => &t.shape,
         }
     }
@@ -179,7 +187,7 @@ impl Value {
     /// Bytes of the tensor, wherever it is.
     fn byte_len(&self) -> u64 {
         match self {
-            Value::Host(t) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
+            Value::Host(t, _) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
             Value::Device(t) => t.data.len() as u64 * 4,
         }
     }
@@ -189,13 +197,17 @@ impl Value {
     fn to_device(&self, gpu: &Gpu) -> Result<Option<DeviceTensor>, String> {
         match self {
             Value::Device(t) => Ok(Some(t.clone())),
-            Value::Host(t) => match t.data() {
+            Value::Host(t, uploaded) => match t.data() {
                 TensorData::F32(v) if !v.is_empty() => {
+                    if let Some(copy) = uploaded.get() {
+                        return Ok(Some(copy.clone()));
+                    }
                     let data = gpu
                         .stream
                         .clone_htod(v)
                         .map_err(|e| format!("CUDA host-to-device copy: {e}"))?;
-                    Ok(Some(DeviceTensor::new(t.shape().to_vec(), data)))
+                    let copy = DeviceTensor::new(t.shape().to_vec(), data);
+                    Ok(Some(uploaded.get_or_init(|| copy).clone()))
                 }
                 _ => Ok(None),
             },
@@ -205,7 +217,7 @@ impl Value {
     /// The host form (downloaded from the device when needed; waits for the stream).
     fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Arc<HostTensor>, String> {
         match self {
-            Value::Host(t) => Ok(Arc::clone(t)),
+            Value::Host(t, _) => Ok(Arc::clone(t)),
             Value::Device(t) => {
                 let values = stream
                     .clone_dtoh(&*t.data)
@@ -330,7 +342,18 @@ impl<'a> CudaExecutor<'a> {
     /// A backend for `graph` with its loaded `weights` on every visible GPU: compiles the
     /// kernels and loads them on each device (no compilation later).
     pub fn new(graph: &'a Graph, weights: &'a Weights) -> Result<CudaExecutor<'a>, Error> {
-        let count = device_count().map_err(Error::Cuda)?;
+        Self::for_stages(graph, weights, usize::MAX)
+    }
+
+    /// [`CudaExecutor::new`] for a plan of `stages` stages: only the GPUs they run on are
+    /// opened (stage `k` on GPU `k mod count` uses the first `stages` GPUs), so a busy or broken
+    /// GPU the plan does not need neither fails the run nor gets a context.
+    pub fn for_stages(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        stages: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        let count = device_count().map_err(Error::Cuda)?.min(stages.max(1));
         if let Some(why) = cublas_problem() {
             return Err(Error::Cuda(why));
         }
@@ -463,13 +486,13 @@ impl CudaExecutor<'_> {
                     "stage {index} needs tensor '{name}', which was not given"
                 ))
             })?;
-            env.insert(id, Value::Host(Arc::clone(value)));
+            env.insert(id, Value::host(Arc::clone(value)));
         }
         let fetch = |env: &HashMap<TensorId, Value>, id: TensorId| -> Option<Value> {
             env.get(&id)
                 .cloned()
                 .or_else(|| stage.weights.get(&id).cloned().map(Value::Device))
-                .or_else(|| self.weights.get(id).cloned().map(Value::Host))
+                .or_else(|| self.weights.get(id).cloned().map(Value::host))
         };
         for step in &stage.steps {
             let node = graph.node(step.node);
@@ -518,7 +541,7 @@ impl CudaExecutor<'_> {
                     (step.kernel)(&ctx, &refs)
                         .map_err(kernel_error)?
                         .into_iter()
-                        .map(|t| Value::Host(Arc::new(t)))
+                        .map(|t| Value::host(Arc::new(t)))
                         .collect()
                 }
             };

@@ -317,7 +317,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         } else {
             HostTensor::i64(vec![], vec![numel(&x.shape) as i64])
         };
-        return Ok(Some(vec![Value::Host(Arc::new(out))]));
+        return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
     // Empty or over-ranked operands are left to the CPU kernels.
     for v in args.iter().flatten() {
