@@ -587,6 +587,9 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     let found_by = match (summary.solver, summary.status) {
         (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
         (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),
+        (SolverKind::IdealSearch, _) => {
+            "plan found by the ideal search (improving on the DP's)".to_string()
+        }
         (
             SolverKind::Dp,
             SolveStatus::Heuristic {

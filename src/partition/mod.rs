@@ -21,6 +21,7 @@ pub mod bounds;
 pub mod coarsen;
 pub mod constraints;
 pub mod dp;
+pub mod ideal_search;
 pub mod layers;
 pub mod milp;
 pub mod parallelism;
@@ -167,6 +168,8 @@ pub enum SolverKind {
     Dp,
     /// The MILP over all convex partitions (possibly of a coarsened graph), started from the DP.
     Milp,
+    /// The branch and bound over the graph's ideals (ideal_search.rs), started from the DP.
+    IdealSearch,
 }
 
 /// Which solvers a [`Planner`] runs.
@@ -663,14 +666,20 @@ impl<'a> Planner<'a> {
             SolverChoice::Milp => true,
             SolverChoice::Auto => !dp_exact,
         };
-        let (stage_of, status, solver, milp) = if run_milp {
-            let (stage_of, bound, report) = milp::solve_model_reporting(
-                &problem,
-                &incumbent,
-                deadline,
-                dp_secs,
-                &|best, bound| self.report(SolverKind::Milp, k, best, bound),
-            );
+        let searched = run_milp.then(|| self.search_ideals(&problem, &incumbent, deadline));
+        let (stage_of, status, solver, milp) = if let Some((plan, true)) = &searched {
+            let solver = if milp::better(&problem, plan, &incumbent) {
+                SolverKind::IdealSearch
+            } else {
+                SolverKind::Dp
+            };
+            (plan.clone(), SolveStatus::Optimal, solver, None)
+        } else if run_milp {
+            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
+            let (stage_of, bound, report) =
+                milp::solve_model_reporting(&problem, &start, deadline, dp_secs, &|best, bound| {
+                    self.report(SolverKind::Milp, k, best, bound)
+                });
             if let Some(bound) = bound {
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
@@ -717,6 +726,33 @@ impl<'a> Planner<'a> {
             problem,
             cut_constraints: self.config.cut_constraints.clone(),
         })
+    }
+
+    /// The ideal search (ideal_search.rs) from `incumbent`, for [`IDEAL_SEARCH_SHARE`] of the
+    /// time left: its best plan (refined for fewer bytes when proven) and whether it is proven.
+    fn search_ideals(
+        &self,
+        problem: &PartitionProblem,
+        incumbent: &[StageId],
+        deadline: Instant,
+    ) -> (Vec<StageId>, bool) {
+        let now = Instant::now();
+        let share = std::env::var("PIPECUT_SEARCH_SHARE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(IDEAL_SEARCH_SHARE);
+        let search_deadline = now + deadline.saturating_duration_since(now).mul_f64(share);
+        let run = ideal_search::solve(problem, incumbent, search_deadline, None);
+        let proven = run.end == ideal_search::SearchEnd::Proven;
+        let mut plan = run.stage_of;
+        if proven {
+            // The search minimises only the bottleneck; the DP along the plan's order moves its
+            // boundaries for fewer bytes at the same bottleneck.
+            if let Some(refined) = coarsen::refine(problem, &plan) {
+                plan = refined;
+            }
+        }
+        (plan, proven)
     }
 
     /// Tries every stage count up to the devices (and nodes), simulates each best partition
@@ -793,6 +829,10 @@ impl<'a> Planner<'a> {
         Ok((self.solve_fixed(&devices, deadline)?, candidates))
     }
 }
+
+/// The part of the time left that the ideal search gets before the MILP: measured on issue
+/// 17's instance set (docs/benchmarks.md).
+const IDEAL_SEARCH_SHARE: f64 = 0.5;
 
 /// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
 /// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof
