@@ -68,6 +68,10 @@ pub struct PlanClusterArgs {
     /// Time budget for the search and for the chosen configuration's partition (e.g. 10s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
+    /// Stop the chosen configuration's searches after this many units of their own work
+    /// instead of at the time limit (see `pipecut partition --work-budget`).
+    #[arg(long, value_name = "UNITS")]
+    work_budget: Option<u64>,
     /// Write the chosen configuration's plan JSON (with its replicas) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -185,6 +189,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             // stages are the ones its step, all-reduce and throughput figures describe.
             solver: SolverChoice::Dp,
             time_limit: args.time_limit,
+            work_budget: args.work_budget,
             // The search partitions without constraints; the plan keeps the stages it costed.
             cut_constraints: pipecut::partition::CutConstraints::none(),
             baseline_layer_type: pipecut::partition::baselines::DEFAULT_LAYER_TYPE.to_string(),

@@ -426,17 +426,20 @@ impl<'a> Search<'a> {
         if stage == k - 1 {
             return self.last_stage();
         }
+        let receive_secs = self
+            .problem
+            .receive_secs(stage, self.open_messages, self.open_bytes);
+        // What is left must fit in this stage after what it receives, and in the stages after.
         let remaining = self.shape.total_fastest - self.prefix_fastest;
-        if remaining > self.capacity_from[stage] * (1.0 + WINDOW_SLACK) {
+        let room = (self.bound - receive_secs).max(0.0) / self.shape.slowdown[stage]
+            + self.capacity_from[stage + 1];
+        if remaining > room * (1.0 + WINDOW_SLACK) {
             return Outcome::Exhausted;
         }
         let key = self.key(stage);
         if self.failed.get(&key).is_some_and(|&at| at >= self.bound) {
             return Outcome::Exhausted;
         }
-        let receive_secs = self
-            .problem
-            .receive_secs(stage, self.open_messages, self.open_bytes);
         let fill = StageFill {
             stage,
             receive_secs,
