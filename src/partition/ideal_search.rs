@@ -50,6 +50,10 @@ pub const MAX_NODES: usize = 6_000;
 /// so later failures are simply not remembered (the search stays exact, only slower).
 const MAX_FAILED: usize = 4_000_000;
 
+/// Rounds of windows and forced receive floors (each only narrows the windows; two or three
+/// usually settle them).
+const FLOOR_ROUNDS: usize = 4;
+
 /// Work units between two reads of the clock.
 const CLOCK_EVERY: u64 = 1 << 12;
 
@@ -345,12 +349,39 @@ impl<'a> Search<'a> {
         search
     }
 
-    /// Lowers the bound and recomputes the windows for it.
+    /// Lowers the bound and recomputes the windows for it: first from the floors of
+    /// bounds.rs, then again from the flows the windows force across each boundary (a flow whose
+    /// producer's latest stage is before `j` and some reader's earliest stage is `j` or later is
+    /// received by stage `j` in every plan within the bound), until the floors stop rising.
     fn set_bound(&mut self, bound: f64) {
-        let (n, k) = (self.problem.node_count(), self.problem.stage_count());
         self.bound = bound;
+        let mut floor = self.shape.receive_floor.clone();
+        for _ in 0..FLOOR_ROUNDS {
+            self.set_windows(&floor);
+            if !self.windows_feasible {
+                return;
+            }
+            let forced = self.forced_receive_secs();
+            let mut rose = false;
+            for (f, forced) in floor.iter_mut().zip(forced) {
+                if forced > *f {
+                    *f = forced;
+                    rose = true;
+                }
+            }
+            if !rose {
+                return;
+            }
+        }
+        self.set_windows(&floor);
+    }
+
+    /// The windows, the capacities and the regions at the current bound for these per-stage
+    /// receive floors.
+    fn set_windows(&mut self, floor: &[f64]) {
+        let (n, k) = (self.problem.node_count(), self.problem.stage_count());
         let capacity: Vec<f64> = (0..k)
-            .map(|s| (bound - self.shape.receive_floor[s]).max(0.0) / self.shape.slowdown[s])
+            .map(|s| (self.bound - floor[s]).max(0.0) / self.shape.slowdown[s])
             .collect();
         let mut before = vec![0.0; k];
         let mut sum = 0.0;
@@ -383,6 +414,38 @@ impl<'a> Search<'a> {
         for s in 1..k {
             self.region_end[s] = self.region_end[s].max(self.region_end[s - 1]);
         }
+    }
+
+    /// Per stage, the receive time (and in training the gradient receive) of the flows every
+    /// plan within the windows sends across its boundaries.
+    fn forced_receive_secs(&self) -> Vec<f64> {
+        let k = self.problem.stage_count();
+        let mut messages = vec![0usize; k];
+        let mut bytes = vec![0u64; k];
+        for flow in self.problem.flows() {
+            let made_by = self.latest[flow.producer as usize];
+            let read_from = flow
+                .consumers
+                .iter()
+                .map(|&c| self.earliest[c as usize])
+                .max()
+                .unwrap_or(0);
+            for j in made_by + 1..=read_from {
+                messages[j] += 1;
+                bytes[j] += flow.bytes;
+            }
+        }
+        let receive = |j: usize| self.problem.receive_secs(j, messages[j], bytes[j]);
+        (0..k)
+            .map(|j| {
+                let gradient = if self.training() && j + 1 < k {
+                    receive(j + 1)
+                } else {
+                    0.0
+                };
+                receive(j) + gradient
+            })
+            .collect()
     }
 
     fn tick(&mut self) -> Option<SearchEnd> {
@@ -737,12 +800,16 @@ mod tests {
 
     #[test]
     fn a_work_limit_stops_the_search_at_the_same_point_on_every_machine() {
-        let times: Vec<f64> = (0..12).map(|v| 1.0 + (v % 5) as f64).collect();
-        let edges: Vec<(u32, u32)> = (1..12u32).flat_map(|v| [(v / 2, v), (v - 1, v)]).collect();
-        let p = dag(&times, &edges, 3);
+        // A binary tree of 20 nodes (wide: many ideals) on 4 stages.
+        let times: Vec<f64> = (0..20).map(|v| 1.0 + (v % 5) as f64).collect();
+        let edges: Vec<(u32, u32)> = (1..20u32).map(|v| ((v - 1) / 2, v)).collect();
+        let p = dag(&times, &edges, 4);
         let start = crate::partition::dp::solve(&p).unwrap().stage_of;
-        let a = solve(&p, &start, far(), Some(5));
-        let b = solve(&p, &start, far(), Some(5));
+        let unlimited = solve(&p, &start, far(), None);
+        assert_eq!(unlimited.end, SearchEnd::Proven);
+        assert!(unlimited.work > 10, "{}", unlimited.work);
+        let a = solve(&p, &start, far(), Some(10));
+        let b = solve(&p, &start, far(), Some(10));
         assert_eq!(a.end, SearchEnd::WorkLimit);
         assert_eq!(a.stage_of, b.stage_of);
         assert_eq!(a.work, b.work);
