@@ -422,7 +422,7 @@ pub(crate) mod tests {
     }
 
     /// [`dag`] with the given settings (mode, schedule).
-    fn dag_in(
+    pub(crate) fn dag_in(
         times: &[f64],
         edges: &[(u32, u32)],
         stages: usize,

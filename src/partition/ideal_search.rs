@@ -105,20 +105,42 @@ pub fn solve(
         };
     }
     let shape = Shape::new(problem);
-    let mut search = Search::new(problem, &shape, incumbent, deadline, work_limit);
-    let end = loop {
-        match search.root() {
-            Outcome::Exhausted => break SearchEnd::Proven,
-            Outcome::Stopped(end) => break end,
-            Outcome::Found => continue,
+    let run = || {
+        let mut search = Search::new(problem, &shape, incumbent, deadline, work_limit);
+        let end = loop {
+            match search.root() {
+                Outcome::Exhausted => break SearchEnd::Proven,
+                Outcome::Stopped(end) => break end,
+                Outcome::Found => continue,
+            }
+        };
+        SearchRun {
+            stage_of: search.best,
+            end,
+            work: search.work,
         }
     };
-    SearchRun {
-        stage_of: search.best,
-        end,
-        work: search.work,
-    }
+    // The walk recurses once per node decided along a path (up to every node), deeper than the
+    // 2 MiB a caller's thread may have: it runs on a thread with room for it.
+    let stack_bytes = STACK_BYTES_PER_NODE * problem.node_count() + (1 << 20);
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("ideal-search".into())
+            .stack_size(stack_bytes)
+            .spawn_scoped(scope, run)
+        {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: the caller's own, which is enough for most graphs.
+            Err(_) => run(),
+        }
+    })
 }
+
+/// Stack for one level of the walk's recursion, with a wide margin over the frames of
+/// `extend`, `close_stage` and `enter_stage` in a debug build.
+const STACK_BYTES_PER_NODE: usize = 2048;
 
 /// What the search needs of the graph, computed once.
 struct Shape {
@@ -131,6 +153,13 @@ struct Shape {
     fastest: Vec<f64>,
     ancestors_secs: Vec<f64>,
     descendants_secs: Vec<f64>,
+    /// Per stage `s`, an index into `ancestors_on_kinds`: each node's ancestors' time, each at
+    /// the fastest of the device kinds of stages `0..=s` (exact when those share one kind).
+    prefix_kinds: Vec<usize>,
+    ancestors_on_kinds: Vec<Vec<f64>>,
+    /// Per stage `s`, an index into `descendants_on_kinds`: the same over stages `s..K`.
+    suffix_kinds: Vec<usize>,
+    descendants_on_kinds: Vec<Vec<f64>>,
     total_fastest: f64,
     /// The last stage's compute of every node, and of the whole graph.
     total_last_secs: f64,
@@ -167,7 +196,36 @@ impl Shape {
             list.dedup();
         }
         let fastest = super::bounds::fastest_secs(problem);
-        let (ancestors_secs, descendants_secs) = closure_secs(&preds, &fastest);
+        // The fastest time over the device kinds of each run of stages that starts at the first
+        // stage (prefixes) or ends at the last (suffixes), once per distinct set of kinds.
+        let kinds_of = |stages: &mut dyn Iterator<Item = usize>| -> (Vec<usize>, Vec<Vec<f64>>) {
+            let (mut index, mut weights) = (Vec::new(), Vec::new());
+            let mut seen: Vec<usize> = Vec::new();
+            let mut least = vec![f64::INFINITY; n];
+            for s in stages {
+                let kind = problem.stages()[s].kind;
+                if !seen.contains(&kind) {
+                    seen.push(kind);
+                    for (v, t) in least.iter_mut().enumerate() {
+                        *t = t.min(problem.node_secs(s, v));
+                    }
+                    weights.push(least.clone());
+                }
+                index.push(weights.len() - 1);
+            }
+            (index, weights)
+        };
+        let (prefix_kinds, prefix_weights) = kinds_of(&mut (0..k));
+        let (mut suffix_kinds, suffix_weights) = kinds_of(&mut (0..k).rev());
+        suffix_kinds.reverse();
+        let mut ancestor_weights = vec![fastest.clone()];
+        ancestor_weights.extend(prefix_weights);
+        let mut descendant_weights = vec![fastest.clone()];
+        descendant_weights.extend(suffix_weights);
+        let (mut ancestors_on_kinds, mut descendants_on_kinds) =
+            closure_secs(&preds, &ancestor_weights, &descendant_weights);
+        let ancestors_secs = ancestors_on_kinds.remove(0);
+        let descendants_secs = descendants_on_kinds.remove(0);
         Shape {
             total_fastest: fastest.iter().sum(),
             total_last_secs: (0..n).map(|v| problem.node_secs(k - 1, v)).sum(),
@@ -188,16 +246,25 @@ impl Shape {
             fastest,
             ancestors_secs,
             descendants_secs,
+            prefix_kinds,
+            ancestors_on_kinds,
+            suffix_kinds,
+            descendants_on_kinds,
         }
     }
 }
 
-/// Each node's fastest time summed over its ancestors (itself included), and over its
-/// descendants, from bit sets built in topological order.
+/// Each node's times (one vector per entry of `ancestor_weights`) summed over its ancestors
+/// (itself included), and likewise over its descendants, from bit sets built in topological
+/// order.
 ///
 /// # Complexity
-/// O(n²/64 + E·n/64) time, O(n²/64) memory.
-fn closure_secs(preds: &[Vec<u32>], fastest: &[f64]) -> (Vec<f64>, Vec<f64>) {
+/// O(n²/64 + E·n/64 + n²·w/64) time for `w` weight vectors, O(n²/64) memory.
+fn closure_secs(
+    preds: &[Vec<u32>],
+    ancestor_weights: &[Vec<f64>],
+    descendant_weights: &[Vec<f64>],
+) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let n = preds.len();
     let words = n.div_ceil(64);
     let mut succs = vec![Vec::new(); n];
@@ -206,14 +273,14 @@ fn closure_secs(preds: &[Vec<u32>], fastest: &[f64]) -> (Vec<f64>, Vec<f64>) {
             succs[p as usize].push(v as u32);
         }
     }
-    let sum_over = |linked: &[Vec<u32>], forward: bool| -> Vec<f64> {
+    let sum_over = |linked: &[Vec<u32>], forward: bool, weights: &[Vec<f64>]| -> Vec<Vec<f64>> {
         let mut sets = vec![0u64; n * words];
         let positions: Box<dyn Iterator<Item = usize>> = if forward {
             Box::new(0..n)
         } else {
             Box::new((0..n).rev())
         };
-        let mut secs = vec![0.0; n];
+        let mut secs = vec![vec![0.0; n]; weights.len()];
         for v in positions {
             let mut set = vec![0u64; words];
             set[v / 64] |= 1 << (v % 64);
@@ -223,20 +290,25 @@ fn closure_secs(preds: &[Vec<u32>], fastest: &[f64]) -> (Vec<f64>, Vec<f64>) {
                     *w |= bits;
                 }
             }
-            let mut sum = 0.0;
-            for (w, &bits) in set.iter().enumerate() {
-                let mut bits = bits;
-                while bits != 0 {
-                    sum += fastest[w * 64 + bits.trailing_zeros() as usize];
-                    bits &= bits - 1;
+            for (weight, sums) in weights.iter().zip(secs.iter_mut()) {
+                let mut sum = 0.0;
+                for (w, &bits) in set.iter().enumerate() {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        sum += weight[w * 64 + bits.trailing_zeros() as usize];
+                        bits &= bits - 1;
+                    }
                 }
+                sums[v] = sum;
             }
-            secs[v] = sum;
             sets[v * words..(v + 1) * words].copy_from_slice(&set);
         }
         secs
     };
-    (sum_over(preds, true), sum_over(&succs, false))
+    (
+        sum_over(preds, true, ancestor_weights),
+        sum_over(&succs, false, descendant_weights),
+    )
 }
 
 enum Outcome {
@@ -383,24 +455,35 @@ impl<'a> Search<'a> {
         let capacity: Vec<f64> = (0..k)
             .map(|s| (self.bound - floor[s]).max(0.0) / self.shape.slowdown[s])
             .collect();
-        let mut before = vec![0.0; k];
-        let mut sum = 0.0;
+        let room: Vec<f64> = (0..k).map(|s| (self.bound - floor[s]).max(0.0)).collect();
+        let (mut before, mut room_before) = (vec![0.0; k], vec![0.0; k]);
+        let (mut sum, mut room_sum) = (0.0, 0.0);
         for s in 0..k {
             sum += capacity[s];
+            room_sum += room[s];
             before[s] = sum * (1.0 + WINDOW_SLACK);
+            room_before[s] = room_sum * (1.0 + WINDOW_SLACK);
         }
         self.capacity_from = vec![0.0; k + 1];
+        let mut room_from = vec![0.0; k + 1];
         for s in (0..k).rev() {
             self.capacity_from[s] = self.capacity_from[s + 1] + capacity[s];
+            room_from[s] = room_from[s + 1] + room[s];
         }
+        let shape = self.shape;
         self.windows_feasible = true;
         self.region_end = vec![0; k];
         for v in 0..n {
-            let earliest = before
-                .iter()
-                .position(|&room| self.shape.ancestors_secs[v] <= room);
+            // Two necessary conditions: in fastest-kind time against the slowed-down
+            // capacities, and in the stages' own kinds' time against their plain room.
+            let earliest = (0..k).find(|&s| {
+                shape.ancestors_secs[v] <= before[s]
+                    && shape.ancestors_on_kinds[shape.prefix_kinds[s]][v] <= room_before[s]
+            });
             let latest = (0..k).rev().find(|&s| {
-                self.shape.descendants_secs[v] <= self.capacity_from[s] * (1.0 + WINDOW_SLACK)
+                shape.descendants_secs[v] <= self.capacity_from[s] * (1.0 + WINDOW_SLACK)
+                    && shape.descendants_on_kinds[shape.suffix_kinds[s]][v]
+                        <= room_from[s] * (1.0 + WINDOW_SLACK)
             });
             match (earliest, latest) {
                 (Some(e), Some(l)) if e <= l => {
@@ -818,8 +901,9 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
 
-        /// On random small DAGs (random times, flows and device kinds) the search proves the
-        /// optimum that enumerating every convex assignment finds.
+        /// On random small DAGs (random times and flows, one device kind or an A100 then L4s
+        /// with random per-node slowdowns, both modes) the search proves the optimum that
+        /// enumerating every convex assignment finds.
         #[test]
         fn the_search_proves_the_brute_force_optimum(
             n in 2usize..8,
@@ -828,6 +912,8 @@ mod tests {
             bytes in proptest::collection::vec(0u64..400_000_000, 28),
             edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 28),
             training in proptest::prelude::any::<bool>(),
+            mixed in proptest::prelude::any::<bool>(),
+            slowdown in proptest::collection::vec(0.5f64..3.0, 8),
         ) {
             proptest::prop_assume!(stages <= n);
             let mut edges = Vec::new();
@@ -840,9 +926,28 @@ mod tests {
                     bit += 1;
                 }
             }
-            let mut p = dag(&times[..n], &edges, stages);
-            if training {
-                p.settings.mode = crate::cost::Mode::training();
+            let settings = crate::partition::problem::CostSettings {
+                mode: if training {
+                    crate::cost::Mode::training()
+                } else {
+                    crate::cost::Mode::Inference
+                },
+                // GPipe makes the helper's cluster an A100 then L4s: two device kinds.
+                schedule: if mixed {
+                    crate::cost::Schedule::GPipe
+                } else {
+                    crate::partition::problem::CostSettings::default().schedule
+                },
+                ..Default::default()
+            };
+            let mut p = crate::partition::bounds::tests::dag_in(&times[..n], &edges, stages, settings);
+            let first_kind = p.stages[0].kind;
+            for (kind, secs) in p.node_secs.iter_mut().enumerate() {
+                if kind != first_kind {
+                    for (t, f) in secs.iter_mut().zip(&slowdown) {
+                        *t *= f;
+                    }
+                }
             }
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
                 flow.bytes = b;

@@ -789,13 +789,13 @@ impl<'a> Planner<'a> {
         deadline: Instant,
     ) -> (Vec<StageId>, ideal_search::SearchEnd) {
         let now = Instant::now();
-        let share = std::env::var("PIPECUT_SEARCH_SHARE")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(IDEAL_SEARCH_SHARE);
         let search_deadline = match self.config.work_budget {
             Some(_) => deadline,
-            None => now + deadline.saturating_duration_since(now).mul_f64(share),
+            None => {
+                now + deadline
+                    .saturating_duration_since(now)
+                    .mul_f64(IDEAL_SEARCH_SHARE)
+            }
         };
         let run = ideal_search::solve(problem, incumbent, search_deadline, self.config.work_budget);
         let proven = run.end == ideal_search::SearchEnd::Proven;
