@@ -572,6 +572,10 @@ impl<'a> Search<'a> {
         if stage == k - 1 {
             return self.last_stage();
         }
+        if self.prefix_nodes == self.problem.node_count() {
+            // Nothing left for this stage and the ones after it.
+            return Outcome::Exhausted;
+        }
         let receive_secs = self
             .problem
             .receive_secs(stage, self.open_messages, self.open_bytes);
@@ -841,10 +845,15 @@ impl<'a> Search<'a> {
                 }
             })
             .collect();
+        if problem.check_assignment(&plan).is_err() {
+            // Never expected (the walk builds only valid plans); not a plan, so not counted.
+            return Outcome::Exhausted;
+        }
         let evaluation = problem.evaluate(&plan);
-        let best_secs = problem.evaluate(&self.best).bottleneck_secs;
-        let valid = problem.check_assignment(&plan).is_ok() && evaluation.fits();
-        if valid && evaluation.bottleneck_secs < best_secs {
+        if !evaluation.fits() {
+            return Outcome::Exhausted;
+        }
+        if evaluation.bottleneck_secs < problem.evaluate(&self.best).bottleneck_secs {
             self.best = plan;
         }
         // Below the new incumbent, or (should the evaluation disagree with the search's sums by
