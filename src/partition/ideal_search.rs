@@ -907,8 +907,76 @@ mod tests {
         assert_eq!(a.work, b.work);
     }
 
+    /// The smallest bottleneck over every convex, ordered assignment that fits memory, by
+    /// enumeration of all `K^n` assignments.
+    fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
+        let (n, k) = (p.node_count(), p.stage_count());
+        let mut best = f64::INFINITY;
+        let mut stage_of = vec![StageId(0); n];
+        for code in 0..k.pow(n as u32) {
+            let mut c = code;
+            for s in stage_of.iter_mut() {
+                *s = StageId((c % k) as u32);
+                c /= k;
+            }
+            if p.check_assignment(&stage_of).is_ok() {
+                let evaluation = p.evaluate(&stage_of);
+                if evaluation.fits() {
+                    best = best.min(evaluation.bottleneck_secs);
+                }
+            }
+        }
+        best
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+
+        /// With memory binding (random activations, tensor sizes and capacities), the search's
+        /// node-by-node memory pruning never loses the best plan that fits.
+        #[test]
+        fn memory_pruning_keeps_the_best_plan_that_fits(
+            n in 3usize..7,
+            stages in 2usize..4,
+            times in proptest::collection::vec(0.1f64..4.0, 7),
+            activations in proptest::collection::vec(0u64..4_000, 7),
+            bytes in proptest::collection::vec(0u64..4_000, 21),
+            edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 21),
+            capacity in 2_000u64..12_000,
+        ) {
+            proptest::prop_assume!(stages <= n);
+            let mut edges = Vec::new();
+            let mut bit = 0;
+            for v in 1..n as u32 {
+                for u in 0..v {
+                    if edge_bits[bit] {
+                        edges.push((u, v));
+                    }
+                    bit += 1;
+                }
+            }
+            let mut p = dag(&times[..n], &edges, stages);
+            p.activation_bytes = activations[..n].to_vec();
+            for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
+                flow.bytes = b;
+            }
+            for stage in &mut p.stages {
+                stage.capacity_bytes = capacity;
+            }
+            let Some(start) = crate::partition::dp::solve(&p) else {
+                // No contiguous plan fits: the search needs a fitting start.
+                return Ok(());
+            };
+            let run = solve(&p, &start.stage_of, far(), None);
+            proptest::prop_assert_eq!(run.end, SearchEnd::Proven);
+            let found = p.evaluate(&run.stage_of);
+            proptest::prop_assert!(found.fits());
+            let optimum = brute_force_fitting_secs(&p);
+            proptest::prop_assert!(
+                found.bottleneck_secs <= optimum * (1.0 + 2e-9),
+                "found {} optimum {}", found.bottleneck_secs, optimum
+            );
+        }
 
         /// On random small DAGs (random times and flows, one device kind or an A100 then L4s
         /// with random per-node slowdowns, both modes) the search proves the optimum that
