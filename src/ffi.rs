@@ -94,6 +94,10 @@ pub struct PlanRequest {
     /// `"auto"` (default), `"dp"` or `"milp"`.
     #[serde(default)]
     pub solver: SolverChoice,
+    /// Work units instead of the time limit, for the same plan on every machine (default:
+    /// none; see `PartitionConfig::work_budget`).
+    #[serde(default)]
+    pub work_budget: Option<u64>,
     /// Tensors no cut may cross, as in the plan's `config.cut_constraints` (default: none
     /// forbidden, each MatMul kept with its bias Add).
     #[serde(default)]
@@ -271,6 +275,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
         },
         time_limit,
         solver: request.solver,
+        work_budget: request.work_budget,
         cut_constraints: request.cut_constraints.clone(),
         baseline_layer_type: request.baseline_layer_type.clone(),
     };

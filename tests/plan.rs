@@ -579,9 +579,12 @@ fn cut_constraints_are_kept_recorded_and_checked() {
     let mut free_args = args.to_vec();
     free_args.push("--cut-anywhere");
     let free = Plan::from_json(&partition_to(&free_path, gpt2, &free_args)).unwrap();
-    let bias_cut = "/transformer/h.2/attn/k_proj/MatMul_output_0";
+    // Which projection it cuts is a tie between optima (k_proj or q_proj of h.2): any MatMul
+    // output received by a stage is a cut between a MatMul and its bias Add.
     assert!(
-        cut_tensors(&free).iter().any(|t| t == bias_cut),
+        cut_tensors(&free)
+            .iter()
+            .any(|t| t.ends_with("_proj/MatMul_output_0")),
         "the unconstrained optimum cuts a MatMul from its bias here: {:?}",
         cut_tensors(&free)
     );

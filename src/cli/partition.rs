@@ -207,6 +207,11 @@ pub struct PartitionArgs {
     /// speed; a finished one is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
+    /// Stop each search after this many units of its own work (ideal-search nodes, bound edge
+    /// visits) instead of at the time limit, for the same plan on every machine; the MILP, which
+    /// has no such count, does not run.
+    #[arg(long, value_name = "UNITS")]
+    work_budget: Option<u64>,
     /// dp: the exact DP over one topological order (fast); milp: the DP, then the MILP over all
     /// convex partitions; auto: the MILP only where the DP's plan is not proven optimal.
     #[arg(long, value_enum, default_value = "auto")]
@@ -311,6 +316,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         },
         time_limit: args.time_limit,
         solver: args.solver.into(),
+        work_budget: args.work_budget,
         cut_constraints: CutConstraints {
             forbid: args.forbid_cut.clone(),
             bias_with_matmul: !args.cut_anywhere,
@@ -595,6 +601,9 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     let found_by = match (summary.solver, summary.status) {
         (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
         (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),
+        (SolverKind::IdealSearch, _) => {
+            "plan found by the ideal search (improving on the DP's)".to_string()
+        }
         (
             SolverKind::Dp,
             SolveStatus::Heuristic {
@@ -602,6 +611,12 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             },
         ) => "plan found by the DP".to_string(),
         (SolverKind::Dp, SolveStatus::Optimal) => "plan found by the DP".to_string(),
+        (
+            SolverKind::Dp,
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::WorkBudget | HeuristicReason::TooLargeToSearch,
+            },
+        ) => "plan found by the DP; the ideal search did not improve on it".to_string(),
         (SolverKind::Dp, _) => "plan found by the DP; the MILP did not improve on it".to_string(),
     };
     let _ = writeln!(

@@ -88,6 +88,10 @@ pub struct PlanClusterArgs {
     /// configuration's baselines, as `pipecut partition --baseline-layer-type` takes it.
     #[arg(long, value_name = "REGEX", default_value = pipecut::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = super::partition::parse_layer_type)]
     baseline_layer_type: String,
+    /// Stop the chosen configuration's searches after this many units of their own work
+    /// instead of at the time limit (see `pipecut partition --work-budget`).
+    #[arg(long, value_name = "UNITS")]
+    work_budget: Option<u64>,
     /// Write the chosen configuration's plan JSON (with its replicas) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -214,6 +218,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             // stages are the ones its step, all-reduce and throughput figures describe.
             solver: SolverChoice::Dp,
             time_limit: args.time_limit,
+            work_budget: args.work_budget,
             // The search partitions without constraints; the plan keeps the stages it costed.
             cut_constraints: pipecut::partition::CutConstraints::none(),
             baseline_layer_type: args.baseline_layer_type.clone(),

@@ -96,6 +96,7 @@ pub(crate) fn describe(progress: &Progress) -> String {
     let solver = match progress.solver {
         SolverKind::Dp => "DP",
         SolverKind::Milp => "MILP",
+        SolverKind::IdealSearch => "ideal search",
     };
     let stages = pipecut::onnx::inspect::count_of(progress.stages, "stage");
     let best = format!("best {:.3} ms", progress.best_secs * 1e3);

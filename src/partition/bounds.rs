@@ -45,7 +45,7 @@ pub fn lower_bound_secs(
 }
 
 /// Each position's time on its fastest device kind.
-fn fastest_secs(problem: &PartitionProblem) -> Vec<f64> {
+pub(crate) fn fastest_secs(problem: &PartitionProblem) -> Vec<f64> {
     (0..problem.node_count())
         .map(|v| {
             (0..problem.stage_count())
@@ -100,7 +100,7 @@ pub fn granularity_bound_secs(
 ///
 /// # Complexity
 /// O(n + E α(n)).
-fn least_receive_secs(problem: &PartitionProblem) -> Vec<f64> {
+pub(crate) fn least_receive_secs(problem: &PartitionProblem) -> Vec<f64> {
     let (n, k) = (problem.node_count(), problem.stage_count());
     let mut parent: Vec<u32> = (0..n as u32).collect();
     fn root(parent: &mut [u32], mut v: u32) -> u32 {
@@ -294,7 +294,11 @@ fn cut_nodes(
 /// the `heavy` nodes: a stage's compute is at least this factor times the fastest-kind time of
 /// the heavy nodes it holds. 1 on a homogeneous cluster. (Over all nodes it is often 1: a tiny
 /// op costs its launch latency on every kind.)
-fn least_slowdowns(problem: &PartitionProblem, fastest: &[f64], heavy: &[f64]) -> Vec<f64> {
+pub(crate) fn least_slowdowns(
+    problem: &PartitionProblem,
+    fastest: &[f64],
+    heavy: &[f64],
+) -> Vec<f64> {
     (0..problem.stage_count())
         .map(|s| {
             (0..problem.node_count())
@@ -418,7 +422,7 @@ pub(crate) mod tests {
     }
 
     /// [`dag`] with the given settings (mode, schedule).
-    fn dag_in(
+    pub(crate) fn dag_in(
         times: &[f64],
         edges: &[(u32, u32)],
         stages: usize,

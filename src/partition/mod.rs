@@ -21,6 +21,7 @@ pub mod bounds;
 pub mod coarsen;
 pub mod constraints;
 pub mod dp;
+pub mod ideal_search;
 pub mod layers;
 pub mod milp;
 pub mod parallelism;
@@ -117,6 +118,11 @@ pub enum HeuristicReason {
     /// The model is too large to build the MILP (more than [`milp::MAX_MODEL_CELLS`] node ×
     /// boundary cells) and no coarsened plan could start it: the DP's plan stands.
     TooLarge,
+    /// The work budget (`--work-budget`) ran out before the ideal search proved the plan.
+    WorkBudget,
+    /// Under a work budget the MILP does not run, and the graph is too large for the ideal
+    /// search (more than [`ideal_search::MAX_NODES`] nodes).
+    TooLargeToSearch,
     /// Written by a pipecut that did not record the reason.
     #[default]
     Unrecorded,
@@ -138,6 +144,12 @@ impl HeuristicReason {
             HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
             HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
             HeuristicReason::TooLarge => "the model is too large for the MILP; the DP's plan stands",
+            HeuristicReason::WorkBudget => {
+                "the work budget ran out before the ideal search proved the plan"
+            }
+            HeuristicReason::TooLargeToSearch => {
+                "under a work budget only the ideal search runs, and the graph is too large for it"
+            }
             HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
         }
     }
@@ -173,6 +185,8 @@ pub enum SolverKind {
     Dp,
     /// The MILP over all convex partitions (possibly of a coarsened graph), started from the DP.
     Milp,
+    /// The branch and bound over the graph's ideals (ideal_search.rs), started from the DP.
+    IdealSearch,
 }
 
 /// Which solvers a [`Planner`] runs.
@@ -215,6 +229,11 @@ pub struct PartitionConfig {
     pub time_limit: Duration,
     /// Which solvers run.
     pub solver: SolverChoice,
+    /// Work units instead of the wall clock (`--work-budget`): each searching solver (the
+    /// granularity bound, the ideal search, the exact feasibility search) stops after this
+    /// many units of its own work and the MILP, which has no such count, does not run, so the
+    /// same inputs give the same plan on any machine. The time limit no longer applies.
+    pub work_budget: Option<u64>,
     /// Tensors no cut may cross.
     pub cut_constraints: CutConstraints,
     /// The regex DeepSpeed's `type:` baseline is given (see [`baselines::DEFAULT_LAYER_TYPE`]).
@@ -233,6 +252,7 @@ impl Default for PartitionConfig {
             settings: CostSettings::default(),
             time_limit: Duration::from_secs(10),
             solver: SolverChoice::Auto,
+            work_budget: None,
             cut_constraints: CutConstraints::default(),
             baseline_layer_type: baselines::DEFAULT_LAYER_TYPE.to_string(),
         }
@@ -298,6 +318,8 @@ pub struct Solution {
     pub milp: Option<milp::MilpReport>,
     /// The constraints every partition searched respected (the bound and status hold under them).
     pub cut_constraints: CutConstraints,
+    /// The work budget the solve ran under, if any ([`PartitionConfig::work_budget`]).
+    pub work_budget: Option<u64>,
 }
 
 impl Solution {
@@ -479,6 +501,13 @@ impl<'a> Planner<'a> {
         self
     }
 
+    /// A work budget instead of the time limit ([`PartitionConfig::work_budget`]): the same
+    /// plan on every machine.
+    pub fn with_work_budget(mut self, units: Option<u64>) -> Self {
+        self.config.work_budget = units;
+        self
+    }
+
     /// Measured per-node times (seconds per micro-batch, by node name) used instead of the cost
     /// model's estimates on every device; see [`PartitionProblem::override_node_secs`]. A name
     /// that is not a node of the graph makes [`Self::solve`] fail with
@@ -568,7 +597,11 @@ impl<'a> Planner<'a> {
     }
 
     fn solve_from(&self, started: Instant) -> Result<Solution, Error> {
-        let deadline = started + self.config.time_limit;
+        // Under a work budget the clock stops nothing: every search ends by its own count.
+        let deadline = match self.config.work_budget {
+            Some(_) => started + UNLIMITED,
+            None => started + self.config.time_limit,
+        };
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
         let (mut solution, candidates) = match self.config.stages {
@@ -667,21 +700,25 @@ impl<'a> Planner<'a> {
         problem: PartitionProblem,
         deadline: Instant,
     ) -> Result<Solution, Error> {
+        let budget = self.config.work_budget;
         let dp_started = Instant::now();
         let incumbent = match dp::solve(&problem) {
             Some(order) => order.stage_of,
             // No contiguous cut of the order fits: the exact solver decides over every convex
             // partition before "does not fit".
-            None => milp::fit_or_explain(&problem, deadline, None).map_err(|why| {
+            None => milp::fit_or_explain(&problem, deadline, budget).map_err(|why| {
                 Error::Infeasible(explain_infeasible(&problem, self.cluster) + &why)
             })?,
         };
         let dp_secs = dp_started.elapsed();
-        // The bound's cut-node search may take a quarter of what is left; past it the
-        // average-work bound stands and the rest goes to the MILP.
-        let bound_deadline =
-            Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4;
-        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, bound_deadline, None);
+        // The bound's cut-node search may take a quarter of what is left (under a work budget
+        // its own work count stops it, so the plan does not depend on the clock); past it the
+        // average-work bound stands and the rest goes to the searches.
+        let bound_deadline = match budget {
+            Some(_) => deadline,
+            None => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4,
+        };
+        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, bound_deadline, budget);
         let dp_evaluation = problem.evaluate(&incumbent);
         let k = problem.stage_count();
         self.report(
@@ -694,22 +731,54 @@ impl<'a> Planner<'a> {
             dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
         // A chain has one topological order, so the DP saw every convex partition.
         let dp_exact = at_bound || is_chain(&problem);
+        let search = self.config.solver == SolverChoice::Auto && !dp_exact;
         let run_milp = match self.config.solver {
             SolverChoice::Dp => false,
             SolverChoice::Milp => true,
-            SolverChoice::Auto => !dp_exact,
+            // The MILP has no work count: under a budget the ideal search is the last word.
+            SolverChoice::Auto => !dp_exact && budget.is_none(),
         };
+        let searched = search.then(|| self.search_ideals(&problem, &incumbent, deadline));
         // Without the time of one more DP left (the MILP's refinement needs it), coarsening a
         // large model and building its MILP would only overrun the limit.
         let milp_has_time = Instant::now() + dp_secs < deadline;
-        let (stage_of, status, solver, milp) = if run_milp && !milp_has_time {
+        let (stage_of, status, solver, milp) = if let Some((plan, end)) = &searched
+            .as_ref()
+            .filter(|(_, end)| *end == ideal_search::SearchEnd::Proven || !run_milp)
+        {
+            let solver = if milp::better(&problem, plan, &incumbent) {
+                SolverKind::IdealSearch
+            } else {
+                SolverKind::Dp
+            };
+            let status = match end {
+                ideal_search::SearchEnd::Proven => SolveStatus::Optimal,
+                ideal_search::SearchEnd::WorkLimit => SolveStatus::Heuristic {
+                    reason: HeuristicReason::WorkBudget,
+                },
+                ideal_search::SearchEnd::Deadline => SolveStatus::TimeLimit {
+                    gap: relative_gap(problem.evaluate(plan).bottleneck_secs, lower_bound_secs),
+                },
+                ideal_search::SearchEnd::TooLarge => SolveStatus::Heuristic {
+                    reason: HeuristicReason::TooLargeToSearch,
+                },
+            };
+            (plan.clone(), status, solver, None)
+        } else if run_milp && !milp_has_time {
+            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
+            let solver = if milp::better(&problem, &start, &incumbent) {
+                SolverKind::IdealSearch
+            } else {
+                SolverKind::Dp
+            };
             let status = SolveStatus::Heuristic {
                 reason: HeuristicReason::MilpNotStarted,
             };
-            (incumbent, status, SolverKind::Dp, None)
+            (start, status, solver, None)
         } else if run_milp {
+            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
             let (stage_of, bound, report) =
-                self.milp_within_deadline(&problem, &incumbent, deadline, dp_secs);
+                self.milp_within_deadline(&problem, &start, deadline, dp_secs);
             if let Some(bound) = bound {
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
@@ -722,6 +791,8 @@ impl<'a> Planner<'a> {
             );
             let solver = if report.improved {
                 SolverKind::Milp
+            } else if milp::better(&problem, &start, &incumbent) {
+                SolverKind::IdealSearch
             } else {
                 SolverKind::Dp
             };
@@ -755,6 +826,7 @@ impl<'a> Planner<'a> {
             milp,
             problem,
             cut_constraints: self.config.cut_constraints.clone(),
+            work_budget: self.config.work_budget,
         })
     }
 
@@ -845,6 +917,37 @@ impl<'a> Planner<'a> {
         }
     }
 
+    /// The ideal search (ideal_search.rs) from `incumbent`, for [`IDEAL_SEARCH_SHARE`] of the
+    /// time left (all of it under a work budget, where the MILP does not run): its best plan
+    /// (refined for fewer bytes when proven) and how it ended.
+    fn search_ideals(
+        &self,
+        problem: &PartitionProblem,
+        incumbent: &[StageId],
+        deadline: Instant,
+    ) -> (Vec<StageId>, ideal_search::SearchEnd) {
+        let now = Instant::now();
+        let search_deadline = match self.config.work_budget {
+            Some(_) => deadline,
+            None => {
+                now + deadline
+                    .saturating_duration_since(now)
+                    .mul_f64(IDEAL_SEARCH_SHARE)
+            }
+        };
+        let run = ideal_search::solve(problem, incumbent, search_deadline, self.config.work_budget);
+        let proven = run.end == ideal_search::SearchEnd::Proven;
+        let mut plan = run.stage_of;
+        if proven {
+            // The search minimises only the bottleneck; the DP along the plan's order moves its
+            // boundaries for fewer bytes at the same bottleneck.
+            if let Some(refined) = coarsen::refine(problem, &plan) {
+                plan = refined;
+            }
+        }
+        (plan, run.end)
+    }
+
     /// Tries every stage count up to the devices (and nodes), simulates each best partition
     /// under the schedule, and keeps the one with the shortest step (fewer stages on ties).
     /// Stops early, with the best so far, once `deadline` has passed.
@@ -920,6 +1023,14 @@ impl<'a> Planner<'a> {
         Ok((self.solve_fixed(&devices, deadline)?, candidates))
     }
 }
+
+/// The deadline under a work budget: far enough never to be reached, near enough that
+/// `Instant` arithmetic cannot overflow.
+const UNLIMITED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The part of the time left that the ideal search gets before the MILP: measured on issue
+/// 17's instance set (docs/benchmarks.md).
+const IDEAL_SEARCH_SHARE: f64 = 0.5;
 
 /// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
 /// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof

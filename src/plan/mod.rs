@@ -202,6 +202,9 @@ pub struct PlanConfig {
     pub memory_headroom: f64,
     /// Time budget for searching solvers.
     pub time_limit_secs: f64,
+    /// The work budget that replaced the time limit (`--work-budget`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_budget: Option<u64>,
     /// How ops without a cost rule were costed.
     pub unknown_op_cost: UnknownOpCost,
     /// The precision every floating-point tensor was costed at (`--dtype`), when it overrode
@@ -597,6 +600,7 @@ impl Plan {
                 mode: settings.mode,
                 memory_headroom: settings.memory_headroom,
                 time_limit_secs: context.time_limit_secs,
+                work_budget: solution.work_budget,
                 unknown_op_cost: settings.unknown_ops,
                 dtype_override: context.dtype_override,
                 cut_constraints: solution.cut_constraints.clone(),
