@@ -219,6 +219,18 @@ pub(crate) fn max(v: &[f32]) -> f32 {
     lanes.iter().fold(rest, |m, &x| m.max(x))
 }
 
+/// Σ f(v) over a row in f64, in four partial sums so that the loop vectorises.
+pub(crate) fn sum_f64(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0f64; 4];
+    let mut chunks = row.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    chunks.remainder().iter().map(|&v| f(v)).sum::<f64>() + lanes.iter().sum::<f64>()
+}
+
 /// Replaces each element by `e^(x − shift)` and returns their sum (eight partial sums, so that
 /// the loop vectorises).
 pub(crate) fn exp_shifted_in_place(v: &mut [f32], shift: f32) -> f32 {

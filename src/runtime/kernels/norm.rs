@@ -156,21 +156,9 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 /// Mean and (population) variance of a row, in f64.
 fn moments(row: &[f32]) -> (f64, f64) {
     let n = row.len().max(1) as f64;
-    let mean = lanes_sum(row, f64::from) / n;
-    let var = lanes_sum(row, |v| (f64::from(v) - mean).powi(2)) / n;
+    let mean = fast_math::sum_f64(row, f64::from) / n;
+    let var = fast_math::sum_f64(row, |v| (f64::from(v) - mean).powi(2)) / n;
     (mean, var)
-}
-
-/// Σ f(v) over a row, in four partial sums so that the loop vectorises.
-fn lanes_sum(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut lanes = [0f64; 4];
-    let mut chunks = row.chunks_exact(4);
-    for chunk in &mut chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += f(v);
-        }
-    }
-    chunks.remainder().iter().map(|&v| f(v)).sum::<f64>() + lanes.iter().sum::<f64>()
 }
 
 fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
