@@ -191,6 +191,27 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         };
         return Ok(vec![HostTensor::f32(shape, out)]);
     }
+    let images_per_product = if n > 1 && 2 * rows * cols <= IM2COL_TILE_FLOATS {
+        IM2COL_TILE_FLOATS / (rows * cols).max(1)
+    } else {
+        1
+    };
+    if images_per_product > 1 {
+        let geometry = ConvGeometry {
+            n,
+            c,
+            hw: [h, wd],
+            groups: [group, cg, mg],
+            out_hw: [oh, ow],
+        };
+        let out = conv_image_batches(xv, wv, bias.as_deref(), &geometry, &win, images_per_product)?;
+        let shape = if one_d {
+            vec![n, m, ow]
+        } else {
+            vec![n, m, oh, ow]
+        };
+        return Ok(vec![HostTensor::f32(shape, out)]);
+    }
     let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
     let mut out = try_zeros_f32(&[n, m, cols])?;
     // Output rows per im2col tile: the tile's column matrix stays in cache for its product.
@@ -220,7 +241,15 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 let col_ref: &[f32] = if pointwise {
                     x_group
                 } else {
-                    im2col(x_group, cg, [h, wd], &win, [y0, y1], ow, &mut col);
+                    im2col(
+                        x_group,
+                        cg,
+                        [h, wd],
+                        &win,
+                        [y0, y1],
+                        ow,
+                        (&mut col, tile_cols),
+                    );
                     &col[..rows * tile_cols]
                 };
                 sgemm_rows(
@@ -252,6 +281,85 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 /// zeroing as much as it multiplied; a tile this size stays in a core's L2 cache while the
 /// product reads it.
 const IM2COL_TILE_FLOATS: usize = 64 * 1024;
+
+/// The sizes of a grouped convolution: batch, input channels, input plane, (groups, input
+/// channels per group, output channels per group), output plane.
+struct ConvGeometry {
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    groups: [usize; 3],
+    out_hw: [usize; 2],
+}
+
+/// A convolution of small images, several images per product: their column matrices side by
+/// side make one product `images` times wider, whose rows are then copied to each image's
+/// output (with the bias). One product per 32 × 32 image left the matrix kernel too little work
+/// per call on the small CNNs.
+fn conv_image_batches(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    geometry: &ConvGeometry,
+    win: &Window,
+    images: usize,
+) -> Result<Vec<f32>, String> {
+    let ConvGeometry {
+        n,
+        c,
+        hw: [h, wd],
+        groups: [group, cg, mg],
+        out_hw: [oh, ow],
+    } = *geometry;
+    let [kh, kw] = win.kernel;
+    let (rows, cols, m) = (cg * kh * kw, oh * ow, mg * group);
+    let mut out = try_zeros_f32(&[n, m, cols])?;
+    let mut col = vec![0.0f32; rows * images * cols];
+    let mut product = vec![0.0f32; mg * images * cols];
+    for g in 0..group {
+        let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+        for first in (0..n).step_by(images) {
+            let batch = first..(first + images).min(n);
+            let width = batch.len() * cols;
+            for (k, b) in batch.clone().enumerate() {
+                let x_group = &x[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
+                im2col(
+                    x_group,
+                    cg,
+                    [h, wd],
+                    win,
+                    [0, oh],
+                    ow,
+                    (&mut col[k * cols..], width),
+                );
+            }
+            sgemm(
+                mg,
+                rows,
+                width,
+                1.0,
+                wg,
+                (rows, 1),
+                &col[..rows * width],
+                (width, 1),
+                0.0,
+                &mut product[..mg * width],
+            );
+            for (k, b) in batch.enumerate() {
+                for j in 0..mg {
+                    let channel = g * mg + j;
+                    let add = bias.map_or(0.0, |bias| bias[channel]);
+                    let src = &product[j * width + k * cols..][..cols];
+                    let dst = &mut out[(b * m + channel) * cols..][..cols];
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = v + add;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// A depthwise convolution (one input and one output channel per group), directly: each tap of
 /// the kernel adds a shifted row of the input to a row of the output. Through im2col it would be
@@ -325,8 +433,9 @@ fn inside_columns(offset: isize, stride: isize, width: usize, out_width: usize) 
 }
 
 /// Lays out the input patches of output rows `y0..y1` as the columns of a `channels · kh · kw`
-/// × `(y1 − y0) · ow` matrix: row (channel, i, j) holds tap (i, j) of each of those output
-/// positions, zero where it falls in the padding. Each row segment is one slice copy at stride 1
+/// × `(y1 − y0) · ow` matrix whose rows start `col_row_stride` apart in `col`: row
+/// (channel, i, j) holds tap (i, j) of each of those output positions, zero where it falls in
+/// the padding. Each row segment is one slice copy at stride 1
 /// (a gather otherwise) between zeroed edges.
 fn im2col(
     x: &[f32],
@@ -335,7 +444,7 @@ fn im2col(
     win: &Window,
     [y0, y1]: [usize; 2],
     ow: usize,
-    col: &mut [f32],
+    (col, col_row_stride): (&mut [f32], usize),
 ) {
     let [kh, kw] = win.kernel;
     let stride = win.stride[1] as isize;
@@ -345,7 +454,7 @@ fn im2col(
         let plane = &x[ch * h * w..(ch + 1) * h * w];
         for i in 0..kh {
             for j in 0..kw {
-                let row = &mut col[r * tile_cols..(r + 1) * tile_cols];
+                let row = &mut col[r * col_row_stride..r * col_row_stride + tile_cols];
                 let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
                 let (first, end) = inside_columns(offset, stride, w, ow);
                 for (y, dst) in (y0..y1).zip(row.chunks_mut(ow)) {
@@ -493,6 +602,15 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let max = ctx.node.op_type == "MaxPool";
     let include_pad = ctx.int("count_include_pad", 0) != 0;
     let xv = x.as_f32()?;
+    if max {
+        let out = max_pool(xv, [n * c, h, w], &win, [oh, ow])?;
+        let shape = if one_d {
+            vec![n, c, ow]
+        } else {
+            vec![n, c, oh, ow]
+        };
+        return Ok(vec![HostTensor::f32(shape, out)]);
+    }
     let mut out = Vec::with_capacity(n * c * oh * ow);
     for plane in xv.chunks(h * w).take(n * c) {
         for y in 0..oh {
@@ -540,6 +658,40 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         vec![n, c, oh, ow]
     };
     Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// Max pooling of `planes` planes tap by tap, as [`depthwise`] convolves: each tap of the
+/// window takes the maximum of an output row and a shifted input row (taps in the padding are
+/// skipped; a window wholly in the padding gives −inf, as the per-window loop did).
+fn max_pool(
+    x: &[f32],
+    [planes, h, w]: [usize; 3],
+    win: &Window,
+    [oh, ow]: [usize; 2],
+) -> Result<Vec<f32>, String> {
+    let mut out = crate::runtime::tensor::try_filled(planes * oh * ow, f32::NEG_INFINITY)?;
+    let stride = win.stride[1] as isize;
+    for (plane, o) in x.chunks(h * w).zip(out.chunks_mut((oh * ow).max(1))) {
+        for i in 0..win.kernel[0] {
+            for j in 0..win.kernel[1] {
+                let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+                let (first, end) = inside_columns(offset, stride, w, ow);
+                for y in 0..oh {
+                    let iy =
+                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+                    if first >= end || iy < 0 || iy >= h as isize {
+                        continue;
+                    }
+                    let src = &plane[iy as usize * w..(iy as usize + 1) * w];
+                    let dst = &mut o[y * ow..(y + 1) * ow];
+                    for (xo, d) in dst.iter_mut().enumerate().take(end).skip(first) {
+                        *d = d.max(src[(xo as isize * stride + offset) as usize]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn global_pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -646,6 +798,33 @@ mod tests {
             }
         }
         assert_close(&out[0], &[n, c, oh, ow], &want);
+    }
+
+    #[test]
+    fn several_images_per_product_match_one_image_at_a_time() {
+        // Three 2-channel 5×4 images, 4 output channels in 2 groups, 3×3 taps, pad 1, bias:
+        // small enough that the batched path takes all three images in one product.
+        let values = |count: usize, scale: f32| -> Vec<f32> {
+            (0..count)
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) * scale)
+                .collect()
+        };
+        let x = values(3 * 2 * 5 * 4, 0.25);
+        let w = f(&[4, 1, 3, 3], &values(36, 0.5));
+        let b = f(&[4], &[0.5, -1.0, 2.0, 0.0]);
+        let attrs = || {
+            vec![
+                ("pads", Attribute::Ints(vec![1, 1, 1, 1])),
+                ("group", Attribute::Int(2)),
+            ]
+        };
+        let all = run("Conv", attrs(), &[&f(&[3, 2, 5, 4], &x), &w, &b]);
+        let mut one_by_one = Vec::new();
+        for image in x.chunks(2 * 5 * 4) {
+            let out = run("Conv", attrs(), &[&f(&[1, 2, 5, 4], image), &w, &b]);
+            one_by_one.extend(out[0].to_f32_vec());
+        }
+        assert_close(&all[0], &[3, 4, 5, 4], &one_by_one);
     }
 
     #[test]
