@@ -468,8 +468,16 @@ fn im2col(
         let plane = &x[ch * h * w..(ch + 1) * h * w];
         if stride > 1 {
             for iy in rows_read.clone() {
-                for (t, &v) in plane[iy * w..(iy + 1) * w].iter().enumerate() {
-                    phased[((t % stride) * h + iy) * phase_width + t / stride] = v;
+                let source_row = &plane[iy * w..(iy + 1) * w];
+                for phase in 0..stride {
+                    let at = (phase * h + iy) * phase_width;
+                    let phase_row = &mut phased[at..at + phase_width];
+                    for (d, &v) in phase_row
+                        .iter_mut()
+                        .zip(source_row.iter().skip(phase).step_by(stride))
+                    {
+                        *d = v;
+                    }
                 }
             }
         }
