@@ -233,10 +233,18 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 c.shape()
             ));
         }
-        let offsets = broadcast_offsets(c.shape(), &[m, n])?;
         let cv = c.to_f32_vec();
-        for (o, &i) in out.iter_mut().zip(&offsets) {
-            *o = cv[i];
+        let bias_row = matches!(c.shape(), [len] | [1, len] if *len == n);
+        if bias_row && n > 0 {
+            // A bias row (`[n]` or `[1, n]`), the usual C: copied row by row.
+            for row in out.chunks_mut(n) {
+                row.copy_from_slice(&cv);
+            }
+        } else {
+            let offsets = broadcast_offsets(c.shape(), &[m, n])?;
+            for (o, &i) in out.iter_mut().zip(&offsets) {
+                *o = cv[i];
+            }
         }
         c_beta = beta;
     }
