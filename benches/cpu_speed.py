@@ -5,7 +5,10 @@ onnxruntime session with one intra-op and one inter-op thread (median over the s
 runs), interleaved model by model so that both see the same machine load. Inputs: floats
 uniform in [0, 1), integers zero (a valid index for every table).
 
-    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY [MODEL_NAME_PART ...]] > speed.md
+    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY[,BEFORE_BINARY] [MODEL_NAME_PART ...]] > speed.md
+
+With a second binary (comma-separated), each model also runs on it, in the same interleaving,
+for a before/after table measured under the same load.
 """
 import json
 import os
@@ -18,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/pipecut")
+BINS = (sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/pipecut")).split(",")
 REPEATS = 15
 MODELS = [
     ("fixtures/models/mlp.onnx", {"batch": 64}),
@@ -38,10 +41,10 @@ TYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)"
          "tensor(bool)": np.bool_, "tensor(float16)": np.float16}
 
 
-def pipecut_secs(path, dims):
+def pipecut_secs(path, dims, binary):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
-        args = [BIN, "profile", path, "--threads", "1", "--repeats", str(REPEATS), "--out", out]
+        args = [binary, "profile", path, "--threads", "1", "--repeats", str(REPEATS), "--out", out]
         for name, value in dims.items():
             args += ["--dim", f"{name}={value}"]
         subprocess.run(args, check=True, capture_output=True, cwd=ROOT)
@@ -74,8 +77,13 @@ def onnxruntime_secs(path, dims):
     return float(np.median(times))
 
 
-print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
-print("| --- | ---: | ---: | ---: |")
+if len(BINS) == 1:
+    print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
+    print("| --- | ---: | ---: | ---: |")
+else:
+    print("| model | before ms | pipecut ms | onnxruntime ms | before / onnxruntime "
+          "| pipecut / onnxruntime |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
 only = sys.argv[2:]
 for path, dims in MODELS:
     if only and not any(o in path for o in only):
@@ -83,7 +91,13 @@ for path, dims in MODELS:
     if not os.path.exists(os.path.join(ROOT, path)):
         print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
         continue
-    ours = pipecut_secs(path, dims)
+    ours = [pipecut_secs(path, dims, binary) for binary in BINS]
     theirs = onnxruntime_secs(path, dims)
     name = os.path.basename(path)[:-5]
-    print(f"| {name} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours:.2f}× |", flush=True)
+    if len(BINS) == 1:
+        print(f"| {name} | {ours[0] * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours[0]:.2f}× |",
+              flush=True)
+    else:
+        now, before = ours[0], ours[1]
+        print(f"| {name} | {before * 1e3:.2f} | {now * 1e3:.2f} | {theirs * 1e3:.2f} "
+              f"| {theirs / before:.2f}× | {theirs / now:.2f}× |", flush=True)

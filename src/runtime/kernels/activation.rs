@@ -5,6 +5,7 @@
 //! opset 11, inputs after), PRelu, Softmax and LogSoftmax (2-D coercion before opset 13, one axis
 //! after)), opsets 7 to 23.
 
+use super::fast_math;
 use super::{input, normalize_axis, optional, zip_broadcast, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::{HostTensor, TensorData};
 
@@ -35,18 +36,14 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Softmax", "LogSoftmax"], softmax);
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let a = input(inputs, 0)?;
     let v = a.as_f32()?;
     let op = ctx.node.op_type.as_str();
     let out: Vec<f32> = match op {
-        "Relu" => v.iter().map(|&x| x.max(0.0)).collect(),
-        "Sigmoid" => v.iter().map(|&x| sigmoid(x)).collect(),
-        "Tanh" => v.iter().map(|&x| x.tanh()).collect(),
+        "Relu" => fast_math::map(v, |x| x.max(0.0)),
+        "Sigmoid" => fast_math::map(v, fast_math::sigmoid),
+        "Tanh" => fast_math::map(v, fast_math::tanh),
         "LeakyRelu" => {
             let alpha = ctx.float("alpha", 0.01);
             v.iter()
@@ -69,14 +66,9 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         "HardSigmoid" => {
             let alpha = ctx.float("alpha", 0.2);
             let beta = ctx.float("beta", 0.5);
-            v.iter()
-                .map(|&x| (alpha * x + beta).clamp(0.0, 1.0))
-                .collect()
+            fast_math::map(v, |x| (alpha * x + beta).clamp(0.0, 1.0))
         }
-        "HardSwish" => v
-            .iter()
-            .map(|&x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0))
-            .collect(),
+        "HardSwish" => fast_math::map(v, |x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
         "Softplus" => v
             .iter()
             .map(|&x| if x > 20.0 { x } else { x.exp().ln_1p() })
@@ -91,7 +83,7 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
         "Swish" => {
             let alpha = ctx.float("alpha", 1.0);
-            v.iter().map(|&x| x * sigmoid(alpha * x)).collect()
+            fast_math::map(v, |x| x * fast_math::sigmoid(alpha * x))
         }
         "ThresholdedRelu" => {
             let alpha = ctx.float("alpha", 1.0);
@@ -115,13 +107,13 @@ fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             // Gelu: exact (erf) or the tanh approximation.
             if ctx.string("approximate", "none") == "tanh" {
                 let c = (2.0f32 / std::f32::consts::PI).sqrt();
-                v.iter()
-                    .map(|&x| 0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh()))
-                    .collect()
+                fast_math::map(v, |x| {
+                    0.5 * x * (1.0 + fast_math::tanh(c * (x + 0.044_715 * x * x * x)))
+                })
             } else {
-                v.iter()
-                    .map(|&x| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)))
-                    .collect()
+                fast_math::map(v, |x| {
+                    0.5 * x * (1.0 + fast_math::erf(x * std::f32::consts::FRAC_1_SQRT_2))
+                })
             }
         }
     };
@@ -149,7 +141,7 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         TensorData::F32(v) => Ok(vec![HostTensor::f32(
             a.shape().to_vec(),
             // max then min, as onnxruntime does, so lo > hi gives hi.
-            v.iter().map(|&x| x.max(lo).min(hi)).collect(),
+            fast_math::map(v, |x| x.max(lo).min(hi)),
         )]),
         TensorData::I64(_) | TensorData::I32(_) => {
             let (lo, hi) = (
@@ -214,27 +206,42 @@ fn softmax(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         )
     };
     let log = ctx.node.op_type == "LogSoftmax";
-    let mut out = vec![0.0f32; v.len()];
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |k: usize| o * n * inner + k * inner + i;
-            let max = (0..n).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for k in 0..n {
-                let e = (v[at(k)] - max).exp();
-                out[at(k)] = e;
-                sum += e;
-            }
-            for k in 0..n {
-                out[at(k)] = if log {
-                    v[at(k)] - max - sum.ln()
-                } else {
-                    out[at(k)] / sum
-                };
+    let mut out = v.to_vec();
+    if inner == 1 {
+        for row in out.chunks_mut(n.max(1)) {
+            softmax_row(row, log);
+        }
+    } else {
+        // Over a non-last axis: gather each strided row, as the last-axis case lays it out.
+        let mut row = vec![0.0f32; n];
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |k: usize| o * n * inner + k * inner + i;
+                for (k, r) in row.iter_mut().enumerate() {
+                    *r = v[at(k)];
+                }
+                softmax_row(&mut row, log);
+                for (k, r) in row.iter().enumerate() {
+                    out[at(k)] = *r;
+                }
             }
         }
     }
     Ok(vec![HostTensor::f32(shape.to_vec(), out)])
+}
+
+/// Softmax (or its logarithm) of one contiguous row, in place: `e^(x − max) / Σ`, the maximum
+/// subtracted so that no exponential overflows.
+fn softmax_row(row: &mut [f32], log: bool) {
+    let max = fast_math::max(row);
+    if log {
+        let mut shifted = row.to_vec();
+        let log_sum = fast_math::exp_shifted_in_place(&mut shifted, max).ln();
+        row.iter_mut().for_each(|x| *x = *x - max - log_sum);
+    } else {
+        let scale = 1.0 / fast_math::exp_shifted_in_place(row, max);
+        row.iter_mut().for_each(|x| *x *= scale);
+    }
 }
 
 #[cfg(test)]

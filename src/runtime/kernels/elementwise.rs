@@ -287,13 +287,34 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         ($a:expr, $b:expr, $variant:ident) => {{
             let mut out = crate::runtime::tensor::try_with_capacity(total)?;
             super::for_each_broadcast_row(shapes, &shape, |[ic, ix, iy], [sc, sx, sy], len| {
-                out.extend((0..len).map(|k| {
-                    if c[ic + k * sc] {
-                        $a[ix + k * sx].clone()
-                    } else {
-                        $b[iy + k * sy].clone()
-                    }
-                }));
+                // Contiguous rows (a branch a scalar) as slice zips, which vectorise.
+                let pick =
+                    |c: bool, a: &_, b: &_| if c { Clone::clone(a) } else { Clone::clone(b) };
+                let conds = &c[ic..];
+                match (sc, sx, sy) {
+                    (1, 1, 1) => out.extend(
+                        conds[..len]
+                            .iter()
+                            .zip(&$a[ix..ix + len])
+                            .zip(&$b[iy..iy + len])
+                            .map(|((&c, a), b)| pick(c, a, b)),
+                    ),
+                    (1, 1, 0) => out.extend(
+                        conds[..len]
+                            .iter()
+                            .zip(&$a[ix..ix + len])
+                            .map(|(&c, a)| pick(c, a, &$b[iy])),
+                    ),
+                    (1, 0, 1) => out.extend(
+                        conds[..len]
+                            .iter()
+                            .zip(&$b[iy..iy + len])
+                            .map(|(&c, b)| pick(c, &$a[ix], b)),
+                    ),
+                    _ => out.extend(
+                        (0..len).map(|k| pick(conds[k * sc], &$a[ix + k * sx], &$b[iy + k * sy])),
+                    ),
+                }
             });
             TensorData::$variant(out)
         }};
@@ -314,30 +335,32 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let op = ctx.node.op_type.as_str();
     match a.data() {
         TensorData::F32(v) => {
-            let f: fn(f32) -> f32 = match op {
-                "Neg" => |x| -x,
-                "Abs" => f32::abs,
-                "Sqrt" => f32::sqrt,
-                "Reciprocal" => |x| 1.0 / x,
-                "Exp" => f32::exp,
-                "Log" => f32::ln,
-                "Erf" => libm::erff,
-                "Ceil" => f32::ceil,
-                "Floor" => f32::floor,
+            use super::fast_math::{self, map};
+            // A closure per op (not one function pointer) so that the simple ones vectorise.
+            let out = match op {
+                "Neg" => map(v, |x| -x),
+                "Abs" => map(v, f32::abs),
+                "Sqrt" => map(v, f32::sqrt),
+                "Reciprocal" => map(v, |x| 1.0 / x),
+                "Exp" => map(v, fast_math::exp),
+                "Log" => map(v, f32::ln),
+                "Erf" => map(v, fast_math::erf),
+                "Ceil" => map(v, f32::ceil),
+                "Floor" => map(v, f32::floor),
                 // Round half to even, as ONNX specifies.
-                "Round" => f32::round_ties_even,
-                "Sin" => f32::sin,
-                "Cos" => f32::cos,
-                "Tan" => f32::tan,
-                "Atan" => f32::atan,
-                "Asin" => f32::asin,
-                "Acos" => f32::acos,
-                "Sinh" => f32::sinh,
-                "Cosh" => f32::cosh,
-                "Asinh" => f32::asinh,
-                "Acosh" => f32::acosh,
-                "Atanh" => f32::atanh,
-                _ => |x| {
+                "Round" => map(v, f32::round_ties_even),
+                "Sin" => map(v, f32::sin),
+                "Cos" => map(v, f32::cos),
+                "Tan" => map(v, f32::tan),
+                "Atan" => map(v, f32::atan),
+                "Asin" => map(v, f32::asin),
+                "Acos" => map(v, f32::acos),
+                "Sinh" => map(v, f32::sinh),
+                "Cosh" => map(v, f32::cosh),
+                "Asinh" => map(v, f32::asinh),
+                "Acosh" => map(v, f32::acosh),
+                "Atanh" => map(v, f32::atanh),
+                _ => map(v, |x| {
                     if x > 0.0 {
                         1.0
                     } else if x < 0.0 {
@@ -345,12 +368,9 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     } else {
                         x
                     }
-                },
+                }),
             };
-            Ok(vec![HostTensor::f32(
-                a.shape().to_vec(),
-                v.iter().map(|&x| f(x)).collect(),
-            )])
+            Ok(vec![HostTensor::f32(a.shape().to_vec(), out)])
         }
         TensorData::I64(_) | TensorData::I32(_) => {
             let v = a.to_i64_vec();

@@ -19,9 +19,27 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Gemm"], gemm);
 }
 
-/// `c = alpha · a · b + beta · c` for row-major-with-strides operands.
+/// `c = alpha · a · b + beta · c` for row-major-with-strides operands, `c` row-major m × n.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+) {
+    sgemm_rows(m, k, n, alpha, a, a_strides, b, b_strides, beta, c, n);
+}
+
+/// [`sgemm`] into an m × n block of a wider row-major matrix: row `i` of the block starts at
+/// `c[i · c_row_stride]` (a convolution writes a tile of output columns this way).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_rows(
     m: usize,
     k: usize,
     n: usize,
@@ -32,6 +50,7 @@ pub(crate) fn sgemm(
     (rsb, csb): (usize, usize),
     beta: f32,
     c: &mut [f32],
+    c_row_stride: usize,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -44,9 +63,12 @@ pub(crate) fn sgemm(
         k == 0 || (k - 1) * rsb + (n - 1) * csb < b.len(),
         "B is too short"
     );
-    assert!(c.len() >= m * n, "C is too short");
+    assert!(
+        n <= c_row_stride && c.len() >= (m - 1) * c_row_stride + n,
+        "C is too short"
+    );
     // SAFETY: the asserts above bound every index sgemm reads from `a` and `b` and writes to `c`
-    // (row-major m×n with strides (n, 1)); the slices outlive the call and `c` is not aliased.
+    // (m rows of n at stride `c_row_stride`); the slices outlive the call and `c` is not aliased.
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -61,7 +83,7 @@ pub(crate) fn sgemm(
             csb as isize,
             beta,
             c.as_mut_ptr(),
-            n as isize,
+            c_row_stride as isize,
             1,
         );
     }
@@ -79,6 +101,27 @@ fn matmul(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         out_shape,
     } = matmul_layout(a.shape(), b.shape())?;
     let mut out = try_zeros_f32(&[a_index.len(), m, n])?;
+    // A stack of A matrices times one B (activations times a weight) is one product with the
+    // stack's rows as M: B is packed once, and the kernel sees one tall matrix, not many short.
+    let one_b = b_index.iter().all(|&ib| ib == b_index[0]);
+    let a_in_order = a_index.iter().enumerate().all(|(p, &ia)| p == ia);
+    if one_b && a_in_order && a_index.len() > 1 {
+        let ib = b_index[0];
+        let rows = a_index.len() * m;
+        sgemm(
+            rows,
+            k,
+            n,
+            1.0,
+            &av[..rows * k],
+            (k, 1),
+            &bv[ib * k * n..(ib + 1) * k * n],
+            (n, 1),
+            0.0,
+            &mut out,
+        );
+        return Ok(vec![HostTensor::f32(out_shape, out)]);
+    }
     for (p, (&ia, &ib)) in a_index.iter().zip(&b_index).enumerate() {
         sgemm(
             m,
@@ -190,10 +233,18 @@ fn gemm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 c.shape()
             ));
         }
-        let offsets = broadcast_offsets(c.shape(), &[m, n])?;
         let cv = c.to_f32_vec();
-        for (o, &i) in out.iter_mut().zip(&offsets) {
-            *o = cv[i];
+        let bias_row = matches!(c.shape(), [len] | [1, len] if *len == n);
+        if bias_row && n > 0 {
+            // A bias row (`[n]` or `[1, n]`), the usual C: copied row by row.
+            for row in out.chunks_mut(n) {
+                row.copy_from_slice(&cv);
+            }
+        } else {
+            let offsets = broadcast_offsets(c.shape(), &[m, n])?;
+            for (o, &i) in out.iter_mut().zip(&offsets) {
+                *o = cv[i];
+            }
         }
         c_beta = beta;
     }

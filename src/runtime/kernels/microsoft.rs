@@ -8,7 +8,7 @@
 //! kernel in onnxruntime; ours follows the document (`input + bias + skip`). Statistics
 //! accumulate in f64, as the standard normalisations here do.
 
-use super::{input, optional, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::{fast_math, input, optional, zip_broadcast, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -130,22 +130,17 @@ fn gelu_family(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let out: Vec<f32> = match ctx.node.op_type.as_str() {
         "FastGelu" => {
             let c = (2.0f32 / std::f32::consts::PI).sqrt();
-            values
-                .iter()
-                .map(|&v| 0.5 * v * (1.0 + (c * (v + 0.044_715 * v * v * v)).tanh()))
-                .collect()
+            fast_math::map(values, |v| {
+                0.5 * v * (1.0 + fast_math::tanh(c * (v + 0.044_715 * v * v * v)))
+            })
         }
         "QuickGelu" => {
             let alpha = ctx.float("alpha", 1.702);
-            values
-                .iter()
-                .map(|&v| v / (1.0 + (-alpha * v).exp()))
-                .collect()
+            fast_math::map(values, |v| v * fast_math::sigmoid(alpha * v))
         }
-        _ => values
-            .iter()
-            .map(|&v| 0.5 * v * (1.0 + libm::erff(v / std::f32::consts::SQRT_2)))
-            .collect(),
+        _ => fast_math::map(values, |v| {
+            0.5 * v * (1.0 + fast_math::erf(v * std::f32::consts::FRAC_1_SQRT_2))
+        }),
     };
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }

@@ -18,6 +18,7 @@ mod crop;
 mod detection;
 mod einsum;
 mod elementwise;
+mod fast_math;
 mod grid_sample;
 mod linalg;
 mod loss;
@@ -316,7 +317,7 @@ pub(crate) fn for_each_broadcast_row<const N: usize>(
     if out_shape.contains(&0) {
         return;
     }
-    let strides: [Vec<usize>; N] = std::array::from_fn(|n| {
+    let full_strides: [Vec<usize>; N] = std::array::from_fn(|n| {
         let shape = in_shapes[n];
         let own = super::tensor::strides_of(shape);
         let offset = rank - shape.len();
@@ -328,6 +329,27 @@ pub(crate) fn for_each_broadcast_row<const N: usize>(
         }
         s
     });
+    // Adjacent dims that every input walks the same way (contiguously, or broadcast along both)
+    // merge into one, so that rows are as long as they can be: `[8, 64, 384] + [1, 1, 384]`
+    // runs as 512 rows of 384, `[N, C, H, W] · [1, C, 1, 1]` as N · C rows of H · W.
+    let mut dims: Vec<usize> = Vec::with_capacity(rank);
+    let mut strides: [Vec<usize>; N] = std::array::from_fn(|_| Vec::with_capacity(rank));
+    for d in (0..rank).rev().filter(|&d| out_shape[d] != 1) {
+        let merges = dims.last().is_some_and(|&inner_size| {
+            (0..N).all(|n| full_strides[n][d] == strides[n][strides[n].len() - 1] * inner_size)
+        });
+        if merges {
+            *dims.last_mut().expect("merges needs a dim") *= out_shape[d];
+        } else {
+            dims.push(out_shape[d]);
+            for n in 0..N {
+                strides[n].push(full_strides[n][d]);
+            }
+        }
+    }
+    dims.reverse();
+    strides.iter_mut().for_each(|s| s.reverse());
+    let (out_shape, rank) = (dims.as_slice(), dims.len());
     let inner = out_shape.last().copied().unwrap_or(1);
     let steps: [usize; N] = std::array::from_fn(|n| strides[n].last().copied().unwrap_or(0));
     let outer_rank = rank.saturating_sub(1);
@@ -363,28 +385,102 @@ pub(crate) fn zip_broadcast<A: Copy, B: Copy, O>(
     a_shape: &[usize],
     b: &[B],
     b_shape: &[usize],
-    f: impl Fn(A, B) -> O,
+    f: impl Fn(A, B) -> O + Copy,
 ) -> Result<(Vec<usize>, Vec<O>), String> {
     let shape = broadcast_shapes(&[a_shape, b_shape])?;
     let total = super::tensor::checked_numel(&shape)
         .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
-    use super::tensor::try_collect;
-    let data = if a_shape == b_shape {
-        try_collect(total, a.iter().zip(b).map(|(&x, &y)| f(x, y)))?
-    } else if b.len() == 1 && a_shape == shape.as_slice() {
-        let y = b[0];
-        try_collect(total, a.iter().map(|&x| f(x, y)))?
-    } else if a.len() == 1 && b_shape == shape.as_slice() {
-        let x = a[0];
-        try_collect(total, b.iter().map(|&y| f(x, y)))?
+    let mut out = super::tensor::try_with_capacity(total)?;
+    if a_shape == b_shape {
+        fast_math::extend_zip(&mut out, a, 1, b, 1, total, f);
     } else {
-        let mut out = super::tensor::try_with_capacity(total)?;
         for_each_broadcast_row([a_shape, b_shape], &shape, |[i, j], [si, sj], len| {
-            out.extend((0..len).map(|k| f(a[i + k * si], b[j + k * sj])));
+            fast_math::extend_zip(&mut out, &a[i..], si, &b[j..], sj, len, f);
         });
-        out
-    };
-    Ok((shape, data))
+    }
+    Ok((shape, out))
+}
+
+/// Copies the strided view of `data` that starts at `base` and steps `strides[d]` elements per
+/// index of dim `d` (negative for a reversed Slice), row by row: a row whose step is 1 is one
+/// slice copy, and no per-element offset table is built. Slice and Transpose are such views.
+pub(crate) fn take_strided(
+    data: &TensorData,
+    base: isize,
+    shape: &[usize],
+    strides: &[isize],
+) -> Result<TensorData, String> {
+    fn copy<T: Clone>(
+        v: &[T],
+        base: isize,
+        shape: &[usize],
+        strides: &[isize],
+    ) -> Result<Vec<T>, String> {
+        let total = super::tensor::checked_numel(shape)
+            .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
+        let mut out = super::tensor::try_with_capacity(total)?;
+        let Some((&inner, outer_shape)) = shape.split_last() else {
+            out.push(v[base as usize].clone());
+            return Ok(out);
+        };
+        if total == 0 {
+            return Ok(out);
+        }
+        let step = strides[shape.len() - 1];
+        let mut index = vec![0usize; outer_shape.len()];
+        let mut at = base;
+        loop {
+            if step == 1 {
+                out.extend_from_slice(&v[at as usize..at as usize + inner]);
+            } else {
+                out.extend((0..inner as isize).map(|k| v[(at + k * step) as usize].clone()));
+            }
+            let mut d = outer_shape.len();
+            loop {
+                if d == 0 {
+                    return Ok(out);
+                }
+                d -= 1;
+                index[d] += 1;
+                at += strides[d];
+                if index[d] < outer_shape[d] {
+                    break;
+                }
+                at -= strides[d] * outer_shape[d] as isize;
+                index[d] = 0;
+            }
+        }
+    }
+    // Dims of size 1 drop out, and a dim merges into the next inner one where stepping it is
+    // stepping that one past its end: `[16, 512, 508, 1]` sliced whole is one row.
+    let mut dims: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut steps: Vec<isize> = Vec::with_capacity(shape.len());
+    for (&size, &stride) in shape
+        .iter()
+        .zip(strides)
+        .rev()
+        .filter(|(&size, _)| size != 1)
+    {
+        match (dims.last_mut(), steps.last()) {
+            (Some(inner), Some(&inner_stride)) if stride == inner_stride * *inner as isize => {
+                *inner *= size;
+            }
+            _ => {
+                dims.push(size);
+                steps.push(stride);
+            }
+        }
+    }
+    dims.reverse();
+    steps.reverse();
+    let (shape, strides) = (dims.as_slice(), steps.as_slice());
+    Ok(match data {
+        TensorData::F32(v) => TensorData::F32(copy(v, base, shape, strides)?),
+        TensorData::I64(v) => TensorData::I64(copy(v, base, shape, strides)?),
+        TensorData::I32(v) => TensorData::I32(copy(v, base, shape, strides)?),
+        TensorData::Bool(v) => TensorData::Bool(copy(v, base, shape, strides)?),
+        TensorData::String(v) => TensorData::String(copy(v, base, shape, strides)?),
+    })
 }
 
 /// Gathers the elements of any tensor at `offsets` (a permutation, slice or broadcast),

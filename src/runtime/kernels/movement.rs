@@ -6,7 +6,10 @@
 //! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
 //! attributes before.
 
-use super::{checked_size, input, normalize_axis, optional, take, Ctx, KernelResult, KernelTable};
+use super::{
+    checked_size, input, normalize_axis, optional, take, take_strided, Ctx, KernelResult,
+    KernelTable,
+};
 use crate::graph::Attribute;
 use crate::runtime::tensor::{
     checked_numel, strides_of, try_collect, try_filled, HostTensor, TensorData,
@@ -38,50 +41,15 @@ fn dims_from(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-/// Offsets of the elements of a permuted view, in output order.
-fn permute_offsets(shape: &[usize], perm: &[usize]) -> Vec<usize> {
-    let strides = strides_of(shape);
-    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    let out_strides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
-    // A broadcast over a view with custom strides: reuse the odometer with explicit strides.
-    let total: usize = out_shape.iter().product();
-    let mut offsets = Vec::with_capacity(total);
-    if total == 0 {
-        return offsets;
-    }
-    let rank = out_shape.len();
-    if rank == 0 {
-        return vec![0];
-    }
-    let inner = out_shape[rank - 1];
-    let inner_stride = out_strides[rank - 1];
-    let mut index = vec![0usize; rank - 1];
-    loop {
-        let base: usize = index.iter().zip(&out_strides).map(|(i, s)| i * s).sum();
-        offsets.extend((0..inner).map(|j| base + j * inner_stride));
-        let mut d = rank - 1;
-        loop {
-            if d == 0 {
-                return offsets;
-            }
-            d -= 1;
-            index[d] += 1;
-            if index[d] < out_shape[d] {
-                break;
-            }
-            index[d] = 0;
-        }
-    }
-}
-
 fn transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let perm = transpose_perm(ctx, x.rank())?;
-    let offsets = permute_offsets(x.shape(), &perm);
-    let shape = perm.iter().map(|&p| x.shape()[p]).collect();
+    let strides = strides_of(x.shape());
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    let view_strides: Vec<isize> = perm.iter().map(|&p| strides[p] as isize).collect();
     Ok(vec![HostTensor::with_data(
-        shape,
-        take(x.data(), &offsets)?,
+        shape.clone(),
+        take_strided(x.data(), 0, &shape, &view_strides)?,
     )])
 }
 
@@ -288,25 +256,23 @@ fn slice(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let strides = strides_of(x.shape());
     let shape: Vec<usize> = plan.iter().map(|p| p.2).collect();
-    let total: usize = shape.iter().product();
-    let mut offsets = Vec::with_capacity(total);
-    let mut index = vec![0usize; rank];
-    for _ in 0..total {
-        let off: i64 = (0..rank)
-            .map(|d| (plan[d].0 + plan[d].1 * index[d] as i64) * strides[d] as i64)
-            .sum();
-        offsets.push(off as usize);
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            if index[d] < shape[d] {
-                break;
-            }
-            index[d] = 0;
-        }
-    }
+    // An empty output may start past the end: any base will do.
+    let base: i64 = if shape.contains(&0) {
+        0
+    } else {
+        plan.iter()
+            .zip(&strides)
+            .map(|(p, &s)| p.0 * s as i64)
+            .sum()
+    };
+    let view_strides: Vec<isize> = plan
+        .iter()
+        .zip(&strides)
+        .map(|(p, &s)| p.1 as isize * s as isize)
+        .collect();
     Ok(vec![HostTensor::with_data(
-        shape,
-        take(x.data(), &offsets)?,
+        shape.clone(),
+        take_strided(x.data(), base as isize, &shape, &view_strides)?,
     )])
 }
 

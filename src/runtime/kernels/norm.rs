@@ -4,7 +4,7 @@
 //! InstanceNormalization, RMSNormalization (opset 23)), opsets 7 to 23. Statistics accumulate in f64: layer norms over a few
 //! hundred features then match onnxruntime to well under the tolerance the tests state.
 
-use super::{input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::{fast_math, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -45,11 +45,10 @@ fn batch_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut out = Vec::with_capacity(xv.len());
     for (p, plane) in xv.chunks(spatial.max(1)).enumerate() {
         let ch = p % c;
-        out.extend(
-            plane
-                .iter()
-                .map(|&v| (v - mean[ch]) * factor[ch] + bias[ch]),
-        );
+        let (m, f, b) = (mean[ch], factor[ch], bias[ch]);
+        fast_math::extend_zip(&mut out, plane, 1, &[()], 0, plane.len(), |v, ()| {
+            (v - m) * f + b
+        });
     }
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
@@ -131,16 +130,19 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut out = Vec::with_capacity(xv.len());
     let mut means = Vec::with_capacity(outer);
     let mut inv_stds = Vec::with_capacity(outer);
+    let beta = beta.unwrap_or_else(|| vec![0.0; gamma.len()]);
     for row in xv.chunks(inner.max(1)).take(outer) {
-        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / inner as f64;
-        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / inner as f64;
+        let (mean, var) = moments(row);
         let inv_std = 1.0 / (var + eps).sqrt();
-        for (k, &v) in row.iter().enumerate() {
-            let normalised = ((v as f64 - mean) * inv_std) as f32;
-            out.push(normalised * gamma[k] + beta.as_ref().map_or(0.0, |b| b[k]));
-        }
-        means.push(mean as f32);
-        inv_stds.push(inv_std as f32);
+        let (mean_f32, inv_std_f32) = (mean as f32, inv_std as f32);
+        out.extend(
+            row.iter()
+                .zip(&gamma)
+                .zip(&beta)
+                .map(|((&v, &g), &b)| (v - mean_f32) * inv_std_f32 * g + b),
+        );
+        means.push(mean_f32);
+        inv_stds.push(inv_std_f32);
     }
     let mut stat_shape = x.shape()[..axis].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, x.rank() - axis));
@@ -149,6 +151,14 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         HostTensor::f32(stat_shape.clone(), means),
         HostTensor::f32(stat_shape, inv_stds),
     ])
+}
+
+/// Mean and (population) variance of a row, in f64.
+fn moments(row: &[f32]) -> (f64, f64) {
+    let n = row.len().max(1) as f64;
+    let mean = fast_math::sum_f64(row, f64::from) / n;
+    let var = fast_math::sum_f64(row, |v| (f64::from(v) - mean).powi(2)) / n;
+    (mean, var)
 }
 
 fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

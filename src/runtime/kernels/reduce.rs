@@ -6,7 +6,9 @@
 //! from 18) and from the attribute before; `noop_with_empty_axes` is honoured. Sums accumulate in
 //! f64.
 
-use super::{broadcast_offsets, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::{
+    broadcast_offsets, fast_math, input, normalize_axis, optional, Ctx, KernelResult, KernelTable,
+};
 use crate::runtime::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -101,7 +103,14 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let mut acc = vec![init; out_len];
     let trailing = reduced.iter().rev().take_while(|r| **r).count();
-    if trailing == reduced.iter().filter(|r| **r).count() && trailing > 0 {
+    let first = reduced.iter().position(|r| *r).unwrap_or(rank);
+    let count = reduced.iter().filter(|r| **r).count();
+    let one_block = count > 0 && reduced[first..first + count].iter().all(|r| *r);
+    if matches!(op, "ReduceSum" | "ReduceMean") && one_block {
+        // Sums over one block of adjacent axes, the common case, as vectorised row sums or
+        // row additions (not a function call and an offset lookup per element).
+        sum_block(xv, &mut acc, &x.shape()[first + count..], group);
+    } else if trailing == count && trailing > 0 {
         // Only trailing axes are reduced: each output is a contiguous run.
         for (a, row) in acc.iter_mut().zip(xv.chunks(group.max(1))) {
             *a = row.iter().fold(init, |s, &v| step(s, v as f64));
@@ -122,6 +131,25 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         })
         .collect();
     Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// Adds each `[outer, reduced, inner]` block of `x` over its middle dim into `acc`
+/// (`[outer, inner]`, zeroed), in f64; `inner_shape` holds the dims after the reduced ones.
+fn sum_block(x: &[f32], acc: &mut [f64], inner_shape: &[usize], group: usize) {
+    let inner: usize = inner_shape.iter().product();
+    if inner == 1 {
+        for (a, row) in acc.iter_mut().zip(x.chunks(group.max(1))) {
+            *a = fast_math::sum_f64(row, f64::from);
+        }
+        return;
+    }
+    for (acc_row, block) in acc.chunks_mut(inner).zip(x.chunks((group * inner).max(1))) {
+        for row in block.chunks(inner) {
+            for (a, &v) in acc_row.iter_mut().zip(row) {
+                *a += f64::from(v);
+            }
+        }
+    }
 }
 
 fn arg_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

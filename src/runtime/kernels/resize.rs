@@ -63,52 +63,69 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .collect::<Result<_, _>>()
         })
         .collect::<Result<_, String>>()?;
-    let extrapolation = f64::from(ctx.float("extrapolation_value", 0.0));
-    let source = x.to_f32_vec();
-    let in_strides = strides_of(x.shape());
-    let total: usize = request.out_shape.iter().product();
-    let mut out = Vec::with_capacity(total);
-    let mut index = vec![0usize; rank];
-    for _ in 0..total {
-        let mut terms: Vec<(usize, f64)> = vec![(0, 1.0)];
-        let mut outside = false;
-        for axis in 0..rank {
-            match &taps[axis][index[axis]] {
-                None => {
-                    outside = true;
-                    break;
-                }
-                Some(axis_taps) => {
-                    let stride = in_strides[axis];
-                    terms = terms
-                        .iter()
-                        .flat_map(|&(at, w)| {
-                            axis_taps
-                                .iter()
-                                .filter(|tap| tap.1 != 0.0)
-                                .map(move |&(i, tw)| (at + i * stride, w * tw))
-                        })
-                        .collect();
-                }
-            }
-        }
-        out.push(if outside {
-            extrapolation as f32
-        } else {
-            terms
-                .iter()
-                .map(|&(at, w)| f64::from(source[at]) * w)
-                .sum::<f64>() as f32
-        });
-        for axis in (0..rank).rev() {
-            index[axis] += 1;
-            if index[axis] < request.out_shape[axis] {
-                break;
-            }
-            index[axis] = 0;
-        }
+    let extrapolation = ctx.float("extrapolation_value", 0.0);
+    let mut shape = x.shape().to_vec();
+    let mut values: Vec<f64> = x.to_f32_vec().into_iter().map(f64::from).collect();
+    for axis in (0..rank).filter(|&a| request.resized[a] && !is_identity(&taps[a], x.shape()[a])) {
+        values = resize_axis(&values, &shape, axis, &taps[axis]);
+        shape[axis] = request.out_shape[axis];
+    }
+    let mut out: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
+    if taps.iter().flatten().any(Option::is_none) {
+        fill_outside(&mut out, &request.out_shape, &taps, extrapolation);
     }
     Ok(vec![HostTensor::f32(request.out_shape, out)])
+}
+
+/// Resizes one axis of `values` (of `shape`): each output index along it is the weighted sum of
+/// the input rows its taps name. One axis at a time is the separable form of the reference's
+/// product of per-axis weights, and costs Σ taps per axis instead of Π taps per element. Taps
+/// of weight 0 are skipped, so that a nearest pick of a finite value next to an infinite one
+/// stays finite; an index outside the input (`None`) gives 0 here and
+/// [`fill_outside`] its value.
+fn resize_axis(values: &[f64], shape: &[usize], axis: usize, taps: &[Taps]) -> Vec<f64> {
+    let inner: usize = shape[axis + 1..].iter().product();
+    let width = shape[axis];
+    let outer: usize = shape[..axis].iter().product();
+    let mut out = vec![0.0f64; outer * taps.len() * inner];
+    for (source, target) in values
+        .chunks(width * inner)
+        .zip(out.chunks_mut(taps.len() * inner))
+    {
+        for (row, index_taps) in target.chunks_mut(inner).zip(taps) {
+            for &(i, weight) in index_taps.iter().flatten().filter(|tap| tap.1 != 0.0) {
+                let from = &source[i * inner..(i + 1) * inner];
+                for (o, &v) in row.iter_mut().zip(from) {
+                    *o += weight * v;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `taps` copy an axis of `width` unchanged (an axis "resized" by a scale of 1).
+fn is_identity(taps: &[Taps], width: usize) -> bool {
+    taps.len() == width
+        && taps.iter().enumerate().all(|(o, t)| {
+            t.as_ref().is_some_and(|t| {
+                let mut nonzero = t.iter().filter(|tap| tap.1 != 0.0);
+                nonzero.next() == Some(&(o, 1.0)) && nonzero.next().is_none()
+            })
+        })
+}
+
+/// Sets every element that some axis maps outside the input (tf_crop_and_resize) to
+/// `extrapolation_value`.
+fn fill_outside(out: &mut [f32], shape: &[usize], taps: &[Vec<Taps>], extrapolation: f32) {
+    let strides = strides_of(shape);
+    for (at, value) in out.iter_mut().enumerate() {
+        let outside =
+            (0..shape.len()).any(|axis| taps[axis][at / strides[axis] % shape[axis]].is_none());
+        if outside {
+            *value = extrapolation;
+        }
+    }
 }
 
 /// Output shape, scales and region of interest on every axis, from `sizes` or `scales` on the
