@@ -459,11 +459,10 @@ pub(crate) mod tests {
         p
     }
 
-    /// The smallest bottleneck over every convex, ordered assignment (memory ignored), by
-    /// enumeration of all `K^n` assignments.
-    pub(crate) fn brute_force_secs(p: &PartitionProblem) -> f64 {
+    /// Calls `visit` with every convex, ordered assignment of `p`'s nodes to its stages, found
+    /// by enumerating all `K^n` assignments (for the brute-force checks of small problems).
+    pub(crate) fn for_each_assignment(p: &PartitionProblem, mut visit: impl FnMut(&[StageId])) {
         let (n, k) = (p.node_count(), p.stage_count());
-        let mut best = f64::INFINITY;
         let mut stage_of = vec![StageId(0); n];
         for code in 0..k.pow(n as u32) {
             let mut c = code;
@@ -472,9 +471,28 @@ pub(crate) mod tests {
                 c /= k;
             }
             if p.check_assignment(&stage_of).is_ok() {
-                best = best.min(p.evaluate(&stage_of).bottleneck_secs);
+                visit(&stage_of);
             }
         }
+    }
+
+    /// The edges of a random DAG on `n` nodes: `u → v` for each pair `u < v` whose bit is set,
+    /// bits taken in the order (0, 1), (0, 2), (1, 2), (0, 3), …
+    pub(crate) fn edges_from_bits(n: usize, bits: &[bool]) -> Vec<(u32, u32)> {
+        let pairs = (1..n as u32).flat_map(|v| (0..v).map(move |u| (u, v)));
+        pairs
+            .zip(bits)
+            .filter(|(_, &b)| b)
+            .map(|(e, _)| e)
+            .collect()
+    }
+
+    /// The smallest bottleneck over every convex, ordered assignment (memory ignored).
+    pub(crate) fn brute_force_secs(p: &PartitionProblem) -> f64 {
+        let mut best = f64::INFINITY;
+        for_each_assignment(p, |stage_of| {
+            best = best.min(p.evaluate(stage_of).bottleneck_secs);
+        });
         best
     }
 
@@ -536,16 +554,7 @@ pub(crate) mod tests {
             slowdowns in proptest::collection::vec(1.0f64..4.0, 8),
         ) {
             prop_assume!(stages <= n);
-            let mut edges = Vec::new();
-            let mut bit = 0;
-            for v in 1..n as u32 {
-                for u in 0..v {
-                    if edge_bits[bit] {
-                        edges.push((u, v));
-                    }
-                    bit += 1;
-                }
-            }
+            let edges = edges_from_bits(n, &edge_bits);
             let settings = CostSettings {
                 mode: if training { crate::cost::Mode::training() } else { crate::cost::Mode::Inference },
                 // The test helper's switch to the mixed cluster.

@@ -907,25 +907,15 @@ mod tests {
         assert_eq!(a.work, b.work);
     }
 
-    /// The smallest bottleneck over every convex, ordered assignment that fits memory, by
-    /// enumeration of all `K^n` assignments.
+    /// The smallest bottleneck over every convex, ordered assignment that fits memory.
     fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
-        let (n, k) = (p.node_count(), p.stage_count());
         let mut best = f64::INFINITY;
-        let mut stage_of = vec![StageId(0); n];
-        for code in 0..k.pow(n as u32) {
-            let mut c = code;
-            for s in stage_of.iter_mut() {
-                *s = StageId((c % k) as u32);
-                c /= k;
+        crate::partition::bounds::tests::for_each_assignment(p, |stage_of| {
+            let evaluation = p.evaluate(stage_of);
+            if evaluation.fits() {
+                best = best.min(evaluation.bottleneck_secs);
             }
-            if p.check_assignment(&stage_of).is_ok() {
-                let evaluation = p.evaluate(&stage_of);
-                if evaluation.fits() {
-                    best = best.min(evaluation.bottleneck_secs);
-                }
-            }
-        }
+        });
         best
     }
 
@@ -945,16 +935,7 @@ mod tests {
             capacity in 2_000u64..12_000,
         ) {
             proptest::prop_assume!(stages <= n);
-            let mut edges = Vec::new();
-            let mut bit = 0;
-            for v in 1..n as u32 {
-                for u in 0..v {
-                    if edge_bits[bit] {
-                        edges.push((u, v));
-                    }
-                    bit += 1;
-                }
-            }
+            let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
             let mut p = dag(&times[..n], &edges, stages);
             p.activation_bytes = activations[..n].to_vec();
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
@@ -993,16 +974,7 @@ mod tests {
             slowdown in proptest::collection::vec(0.5f64..3.0, 8),
         ) {
             proptest::prop_assume!(stages <= n);
-            let mut edges = Vec::new();
-            let mut bit = 0;
-            for v in 1..n as u32 {
-                for u in 0..v {
-                    if edge_bits[bit] {
-                        edges.push((u, v));
-                    }
-                    bit += 1;
-                }
-            }
+            let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
             let settings = crate::partition::problem::CostSettings {
                 mode: if training {
                     crate::cost::Mode::training()

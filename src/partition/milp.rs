@@ -1307,22 +1307,13 @@ mod tests {
     }
 
     /// The smallest largest-stage memory factor over every convex, ordered assignment, and
-    /// whether some assignment fits, by enumeration of all `K^n` assignments.
+    /// whether some assignment fits.
     fn brute_force_memory(p: &PartitionProblem) -> (f64, bool) {
-        let (n, k) = (p.node_count(), p.stage_count());
         let (mut best, mut fits) = (f64::INFINITY, false);
-        let mut stage_of = vec![StageId(0); n];
-        for code in 0..k.pow(n as u32) {
-            let mut c = code;
-            for s in stage_of.iter_mut() {
-                *s = StageId((c % k) as u32);
-                c /= k;
-            }
-            if p.check_assignment(&stage_of).is_ok() {
-                best = best.min(memory_scale(p, &stage_of));
-                fits |= p.evaluate(&stage_of).fits();
-            }
-        }
+        crate::partition::bounds::tests::for_each_assignment(p, |stage_of| {
+            best = best.min(memory_scale(p, stage_of));
+            fits |= p.evaluate(stage_of).fits();
+        });
         (best, fits)
     }
 
@@ -1342,16 +1333,7 @@ mod tests {
             capacity in 1_000u64..12_000,
         ) {
             proptest::prop_assume!(stages <= n);
-            let mut edges = Vec::new();
-            let mut bit = 0;
-            for v in 1..n as u32 {
-                for u in 0..v {
-                    if edge_bits[bit] {
-                        edges.push((u, v));
-                    }
-                    bit += 1;
-                }
-            }
+            let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
             let mut p = crate::partition::bounds::tests::dag(&vec![1e-3; n], &edges, stages);
             p.activation_bytes = activations[..n].to_vec();
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
