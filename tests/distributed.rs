@@ -123,6 +123,20 @@ fn step_microbatches(plan: &Path) -> usize {
     (plan["config"]["microbatches"].as_u64().unwrap() * replicas) as usize
 }
 
+/// `pipecut run ARGS` in one process for the whole step of `step` micro-batches, writing the
+/// outputs into `out` (the reference the ranks' outputs must equal).
+fn one_process_run(args: &[String], step: usize, out: &Path) -> PathBuf {
+    run_ok(
+        pipecut()
+            .arg("run")
+            .args(args)
+            .args(["--microbatches", &step.to_string()])
+            .arg("--output-dir")
+            .arg(out),
+    );
+    out.to_path_buf()
+}
+
 /// Every output file of two runs is byte-for-byte the same.
 fn assert_same_outputs(single: &Path, multi: &Path, what: &str) {
     let mut names: Vec<_> = std::fs::read_dir(single)
@@ -155,15 +169,7 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
             "--seed".into(),
             "7".into(),
         ];
-        let single = dir.path().join(format!("{name}-single"));
-        run_ok(
-            pipecut()
-                .arg("run")
-                .args(&args)
-                .args(["--microbatches", &step.to_string()])
-                .arg("--output-dir")
-                .arg(&single),
-        );
+        let single = one_process_run(&args, step, &dir.path().join(format!("{name}-single")));
         let multi = dir.path().join(format!("{name}-multi"));
         let mut rank_args = args.clone();
         rank_args.extend([
@@ -400,15 +406,7 @@ fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
             plan.to_str().unwrap().into(),
             model.to_str().unwrap().into(),
         ];
-        let single = dir.path().join(format!("{name}-single"));
-        run_ok(
-            pipecut()
-                .arg("run")
-                .args(&args)
-                .args(["--microbatches", &step.to_string()])
-                .arg("--output-dir")
-                .arg(&single),
-        );
+        let single = one_process_run(&args, step, &dir.path().join(format!("{name}-single")));
         let multi = dir.path().join(format!("{name}-mpi"));
         let mut rank_args = args.clone();
         rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
