@@ -76,18 +76,7 @@ fn assert_cuda_run_refused(expected: &[&str]) {
     let model = "fixtures/models/mlp.onnx";
     let plan = partition(dir.path(), model, 2, &["batch=4"]);
     let out_dir = dir.path().join("out");
-    let (code, _, err) = pipecut(
-        &[
-            "run",
-            plan.to_str().unwrap(),
-            model,
-            "--backend",
-            "cuda",
-            "--output-dir",
-            out_dir.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (code, _, err) = try_run_plan(&plan, model, "cuda", &[], &out_dir, &[]);
     assert_eq!(code, 2, "{err}");
     for text in expected {
         assert!(err.contains(text), "'{text}' missing from: {err}");
@@ -259,16 +248,16 @@ fn reference_run(name: &str) -> (PathBuf, Vec<String>, Vec<String>) {
     (reference, dims, inputs)
 }
 
-/// `pipecut run` of `model` on `backend` with `plan`, into `out_dir`; answers stdout.
-#[cfg(feature = "cuda")]
-fn run_plan(
+/// `pipecut run PLAN MODEL --backend BACKEND --output-dir OUT_DIR EXTRA…`: exit code, stdout,
+/// stderr.
+fn try_run_plan(
     plan: &Path,
     model: &str,
     backend: &str,
     extra: &[String],
     out_dir: &Path,
     env: &[(String, String)],
-) -> String {
+) -> (i32, String, String) {
     let mut args = vec![
         "run",
         plan.to_str().unwrap(),
@@ -279,7 +268,20 @@ fn run_plan(
         out_dir.to_str().unwrap(),
     ];
     args.extend(extra.iter().map(String::as_str));
-    let (code, out, err) = pipecut(&args, env);
+    pipecut(&args, env)
+}
+
+/// `pipecut run` of `model` on `backend` with `plan`, into `out_dir`; answers stdout.
+#[cfg(feature = "cuda")]
+fn run_plan(
+    plan: &Path,
+    model: &str,
+    backend: &str,
+    extra: &[String],
+    out_dir: &Path,
+    env: &[(String, String)],
+) -> String {
+    let (code, out, err) = try_run_plan(plan, model, backend, extra, out_dir, env);
     assert_eq!(code, 0, "{model} on {backend} with {extra:?}: {err}");
     assert!(
         !err.contains("fake lib"),
@@ -419,16 +421,7 @@ fn without_cublas_a_run_fails_with_the_reason() {
     let model = "fixtures/models/mlp.onnx";
     let plan = partition(dir.path(), model, 1, &["batch=4"]);
     let out_dir = dir.path().join("out");
-    let args = [
-        "run",
-        plan.to_str().unwrap(),
-        model,
-        "--backend",
-        "cuda",
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ];
-    let (code, _, err) = pipecut(&args, &env);
+    let (code, _, err) = try_run_plan(&plan, model, "cuda", &[], &out_dir, &env);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cuBLAS"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -447,16 +440,7 @@ fn a_device_fault_is_reported_and_teardown_does_not_panic() {
     let model = "fixtures/models/gpt2_tiny.onnx";
     let plan = partition(dir.path(), model, 2, &["batch=2", "seq=8"]);
     let out_dir = dir.path().join("out");
-    let args = [
-        "run",
-        plan.to_str().unwrap(),
-        model,
-        "--backend",
-        "cuda",
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ];
-    let (code, _, err) = pipecut(&args, &env);
+    let (code, _, err) = try_run_plan(&plan, model, "cuda", &[], &out_dir, &env);
     assert_ne!(code, 0, "{err}");
     assert!(err.contains("fault injected"), "{err}");
     assert!(err.contains("ILLEGAL_ADDRESS"), "{err}");
@@ -984,16 +968,7 @@ fn a_run_opens_only_the_gpus_its_stages_use() {
     run_plan(&one, model, "cuda", &[], &dir.path().join("one"), &env);
     let two = partition(dir.path(), model, 2, &["batch=4"]);
     let out_dir = dir.path().join("two");
-    let args = [
-        "run",
-        two.to_str().unwrap(),
-        model,
-        "--backend",
-        "cuda",
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ];
-    let (code, _, err) = pipecut(&args, &env);
+    let (code, _, err) = try_run_plan(&two, model, "cuda", &[], &out_dir, &env);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("GPU 1") && err.contains("busy"), "{err}");
 }
