@@ -5,6 +5,9 @@
 # plan on the CPU runtime, one pinned core per stage, in paired rounds.
 #
 #   bash benches/plans.sh [ROUNDS] > plans.md      (docs/benchmarks.md, "Plans on real execution")
+#
+# "others" is how many cores other processes kept busy meanwhile ("busy" past a quarter of a
+# core): publish only runs on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 rounds="${1:-5}"
@@ -26,8 +29,8 @@ models=(
   "fixtures/real/cache/ppocr_v4_det.onnx --dim p2o.DynamicDimension.0=1 --dim p2o.DynamicDimension.1=256 --dim p2o.DynamicDimension.2=256"
   "fixtures/real/cache/ppocr_v4_rec.onnx --dim p2o.DynamicDimension.0=4 --dim p2o.DynamicDimension.1=320 --dim x.2=48"
 )
-echo "| model | plan | bottleneck ms | measured | wall | predicted | measured shares | predicted shares | Δ pts |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: |"
+echo "| model | plan | bottleneck ms | measured | rounds | wall | predicted | measured shares | predicted shares | Δ pts | others |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"
 for entry in "${models[@]}"; do
   read -r -a args <<<"$entry"
   model="${args[0]}"
@@ -46,8 +49,11 @@ report = json.load(open(path))
 for row in report["rows"]:
     pct = lambda v: "/".join(f"{s * 100:.1f}" for s in v)
     gap = max(abs(m - p) for m, p in zip(row["measured_shares"], row["predicted_shares"])) * 100
+    lo, hi = row["measured_ratio_range"]
+    others = report.get("other_cores")
+    others = "?" if others is None else f"{others:.2f}" + (" busy" if report["busy"] else "")
     print(f"| {name} | {row['plan']} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
-          f"| {row['wall_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
-          f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} |")
+          f"| {lo:.3f}–{hi:.3f} | {row['wall_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
+          f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} | {others} |")
 PY
 done

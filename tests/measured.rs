@@ -322,7 +322,19 @@ fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows[0]["plan"], "pipecut");
     assert_eq!(rows[0]["measured_ratio"], 1.0);
+    assert_eq!(
+        rows[0]["measured_ratio_range"],
+        serde_json::json!([1.0, 1.0])
+    );
     assert!(rows.len() >= 2, "{out}");
+    // How busy the rest of the machine was: a count of cores on Linux, and `busy` agrees with it.
+    if cfg!(target_os = "linux") {
+        let others = report["other_cores"]
+            .as_f64()
+            .expect("Linux reports other_cores");
+        assert!(others >= 0.0, "{out}");
+        assert_eq!(report["busy"].as_bool(), Some(others > 0.25), "{out}");
+    }
     for row in rows {
         for key in ["measured_shares", "predicted_shares"] {
             let shares: Vec<f64> = row[key]
@@ -334,6 +346,14 @@ fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
             assert_eq!(shares.len(), 2, "{row}");
             assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{row}");
         }
+        let range: Vec<f64> = row["measured_ratio_range"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let median = row["measured_ratio"].as_f64().unwrap();
+        assert!(range[0] <= median && median <= range[1], "{row}");
         // pipecut's predicted bottleneck is the smallest (it is proven optimal on these costs).
         assert!(
             row["predicted_ratio"].as_f64().unwrap() >= 1.0 - 1e-9,

@@ -9,7 +9,9 @@
 //! inflate the way it inflates wall time: with one core per stage and no other load, the
 //! pipeline's throughput is one micro-batch per bottleneck); its median over the rounds is
 //! reported, beside the ratio of wall times. Stage shares are each stage's CPU time over the
-//! stages' total, measured against the plan's predicted stage times.
+//! stages' total, measured against the plan's predicted stage times. The report says how busy
+//! the rest of the machine was meanwhile (`other_load`): figures from a busy machine are not
+//! worth publishing.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -25,6 +27,7 @@ use pipecut::runtime::{
 };
 use serde::Serialize;
 
+use super::other_load::{LoadProbe, BUSY_CORES};
 use super::{print_stdout, ModelArgs};
 
 #[derive(Debug, Args)]
@@ -62,6 +65,8 @@ struct Row {
     /// Median over rounds of (this plan's bottleneck / pipecut's), the bottleneck being the
     /// slowest stage's CPU time: above 1, pipecut is faster.
     measured_ratio: f64,
+    /// The smallest and largest of those per-round ratios.
+    measured_ratio_range: [f64; 2],
     /// Median over rounds of (this plan's wall time / pipecut's).
     wall_ratio: f64,
     /// The slowest stage's CPU time per micro-batch (median over rounds).
@@ -81,6 +86,11 @@ struct Report {
     microbatches: usize,
     rounds: usize,
     pinned: bool,
+    /// Cores other processes kept busy on average during the rounds (absent where the
+    /// platform does not say).
+    other_cores: Option<f64>,
+    /// Whether that exceeded a quarter of a core: the figures are then not trustworthy.
+    busy: bool,
     rows: Vec<Row>,
 }
 
@@ -123,6 +133,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     // walls[c][r], cpu[c][r][k]
     let mut walls = vec![Vec::new(); candidates.len()];
     let mut cpu = vec![Vec::new(); candidates.len()];
+    let probe = LoadProbe::start();
     for round in 0..=args.rounds {
         for offset in 0..candidates.len() {
             let c = (round + offset) % candidates.len();
@@ -142,6 +153,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         eprint!("\rround {round} of {} ", args.rounds);
     }
     eprintln!();
+    let other_cores = probe.and_then(LoadProbe::finish);
     let rows = rows(&candidates, &walls, &cpu, args.microbatches);
     let report = Report {
         model: super::model_file_name(path),
@@ -149,6 +161,8 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         microbatches: args.microbatches,
         rounds: args.rounds,
         pinned: cfg!(target_os = "linux"),
+        other_cores,
+        busy: other_cores.is_some_and(|c| c > BUSY_CORES),
         rows,
     };
     if args.json {
@@ -251,6 +265,10 @@ fn rows(
                 plan: candidate.name.clone(),
                 wall_secs: percentiles(&walls[c]).0,
                 measured_ratio: percentiles(&ratios).0,
+                measured_ratio_range: [
+                    ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                    ratios.iter().copied().fold(0.0, f64::max),
+                ],
                 wall_ratio: percentiles(&wall_ratios).0,
                 bottleneck_secs: percentiles(&slowest(c)).0 / microbatches as f64,
                 predicted_ratio: bottleneck(candidate) / bottleneck(&candidates[0]),
@@ -275,10 +293,11 @@ fn table(report: &Report) -> String {
         report.rounds
     );
     out += &format!(
-        "{:<34} {:>13} {:>9} {:>9} {:>9}  {:<12} {:<12} {:>5}\n",
+        "{:<34} {:>13} {:>9} {:>13} {:>9} {:>9}  {:<12} {:<12} {:>5}\n",
         "plan",
         "bottleneck ms",
         "measured",
+        "rounds",
         "wall",
         "predicted",
         "measured %",
@@ -299,10 +318,14 @@ fn table(report: &Report) -> String {
             .map(|(m, p)| (m - p).abs() * 100.0)
             .fold(0.0, f64::max);
         out += &format!(
-            "{:<34} {:>13.3} {:>8.3}× {:>8.3}× {:>8.3}×  {:<12} {:<12} {:>5.1}\n",
+            "{:<34} {:>13.3} {:>8.3}× {:>13} {:>8.3}× {:>8.3}×  {:<12} {:<12} {:>5.1}\n",
             row.plan,
             row.bottleneck_secs * 1e3,
             row.measured_ratio,
+            format!(
+                "{:.3}–{:.3}",
+                row.measured_ratio_range[0], row.measured_ratio_range[1]
+            ),
             row.wall_ratio,
             row.predicted_ratio,
             pct(&row.measured_shares),
@@ -310,6 +333,15 @@ fn table(report: &Report) -> String {
             worst
         );
     }
-    out += "\nbottleneck: the slowest stage's CPU time per micro-batch; measured, wall, predicted: each plan's bottleneck (CPU time, wall time of the run, plan) over pipecut's, above 1 pipecut is faster; shares: each stage's CPU time over the stages' total; Δ pts: the largest gap between a measured and a predicted share\n";
+    out += "\nbottleneck: the slowest stage's CPU time per micro-batch; measured, wall, predicted: each plan's bottleneck (CPU time, wall time of the run, plan) over pipecut's, above 1 pipecut is faster; rounds: the smallest and largest measured ratio of one round; shares: each stage's CPU time over the stages' total; Δ pts: the largest gap between a measured and a predicted share\n";
+    out += &match report.other_cores {
+        Some(cores) if report.busy => format!(
+            "\nthe machine was busy: other processes kept {cores:.2} cores busy on average during the rounds; these figures are not trustworthy\n"
+        ),
+        Some(cores) => format!(
+            "\nother processes kept {cores:.2} cores busy on average during the rounds\n"
+        ),
+        None => "\nhow busy the rest of the machine was is unknown on this platform\n".into(),
+    };
     out
 }

@@ -10,6 +10,7 @@ mod efficiency;
 mod export;
 mod inspect;
 mod measured;
+mod other_load;
 mod partition;
 mod plan_cluster;
 mod profile;
