@@ -63,6 +63,10 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .collect::<Result<_, _>>()
         })
         .collect::<Result<_, String>>()?;
+    if let Some(picks) = single_picks(&taps).filter(|_| rank > 0) {
+        let out = pick(&x.to_f32_vec(), x.shape(), &request.out_shape, &picks);
+        return Ok(vec![HostTensor::f32(request.out_shape, out)]);
+    }
     let extrapolation = ctx.float("extrapolation_value", 0.0);
     let mut shape = x.shape().to_vec();
     let mut values: Vec<f64> = x.to_f32_vec().into_iter().map(f64::from).collect();
@@ -99,6 +103,52 @@ fn resize_axis(values: &[f64], shape: &[usize], axis: usize, taps: &[Taps]) -> V
                     *o += weight * v;
                 }
             }
+        }
+    }
+    out
+}
+
+/// Per axis, the one input index each output index copies, when every output reads exactly
+/// one input element with weight 1 (nearest, or linear at integer coordinates); `None` when
+/// some output is a weighted sum or lies outside the input.
+fn single_picks(taps: &[Vec<Taps>]) -> Option<Vec<Vec<usize>>> {
+    taps.iter()
+        .map(|axis| {
+            axis.iter()
+                .map(|t| {
+                    let mut nonzero = t.as_ref()?.iter().filter(|tap| tap.1 != 0.0);
+                    match (nonzero.next(), nonzero.next()) {
+                        (Some(&(i, w)), None) if w == 1.0 => Some(i),
+                        _ => None,
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Nearest resizing as a gather: output element (o₀, …, oₙ) is input element
+/// (picks₀[o₀], …, picksₙ[oₙ]). The weighted sums of [`resize_axis`] give the same values, but
+/// through f64 copies of every intermediate, 50× slower on a detector's 2× upsampling.
+fn pick(x: &[f32], shape: &[usize], out_shape: &[usize], picks: &[Vec<usize>]) -> Vec<f32> {
+    let rank = shape.len();
+    let strides = strides_of(shape);
+    let last = picks[rank - 1].as_slice();
+    let row_len = out_shape[rank - 1];
+    let rows: usize = out_shape[..rank - 1].iter().product();
+    let mut out = Vec::with_capacity(rows * row_len);
+    let mut index = vec![0usize; rank - 1];
+    for _ in 0..rows {
+        let base: usize = (0..rank - 1).map(|a| picks[a][index[a]] * strides[a]).sum();
+        let source = &x[base..base + shape[rank - 1]];
+        out.extend(last.iter().map(|&i| source[i]));
+        // The next row: odometer over the outer axes, last fastest.
+        for a in (0..rank - 1).rev() {
+            index[a] += 1;
+            if index[a] < out_shape[a] {
+                break;
+            }
+            index[a] = 0;
         }
     }
     out
@@ -403,8 +453,35 @@ fn nearest_indices(x: f64, n: usize, width: usize) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{assert_close, f, i, run};
-    use super::nearest_indices;
+    use super::{nearest_indices, pick, resize_axis, single_picks, Taps};
     use crate::graph::Attribute;
+
+    #[test]
+    fn the_nearest_gather_equals_the_weighted_sums() {
+        // A 2 × 3 × 4 input, every axis resized by a different nearest mapping (up, down, and
+        // one that repeats and skips), computed both ways.
+        let shape = [2usize, 3, 4];
+        let x: Vec<f32> = (0..24).map(|v| v as f32 * 0.5 - 3.0).collect();
+        let maps: [Vec<usize>; 3] = [vec![1, 0, 0, 1], vec![2, 0], vec![0, 0, 1, 3, 3, 2, 1]];
+        let taps: Vec<Vec<Taps>> = maps
+            .iter()
+            .map(|m| m.iter().map(|&i| Some(vec![(i, 1.0), (0, 0.0)])).collect())
+            .collect();
+        let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
+        let picks = single_picks(&taps).expect("one weight-1 tap per output");
+        let gathered = pick(&x, &shape, &out_shape, &picks);
+        let mut values: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let mut current = shape.to_vec();
+        for axis in 0..3 {
+            values = resize_axis(&values, &current, axis, &taps[axis]);
+            current[axis] = out_shape[axis];
+        }
+        let summed: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
+        assert_eq!(gathered, summed);
+        // A weighted tap or an outside index is no single pick.
+        assert!(single_picks(&[vec![Some(vec![(0, 0.5), (1, 0.5)])]]).is_none());
+        assert!(single_picks(&[vec![None]]).is_none());
+    }
 
     #[test]
     fn neighbours_prefer_the_left_as_the_reference_does() {
