@@ -118,7 +118,7 @@ fn single_picks(taps: &[Vec<Taps>]) -> Option<Vec<Vec<usize>>> {
                 .map(|t| {
                     let mut nonzero = t.as_ref()?.iter().filter(|tap| tap.1 != 0.0);
                     match (nonzero.next(), nonzero.next()) {
-                        (Some(&(i, w)), None) if w == 1.0 => Some(i),
+                        (Some(&(i, 1.0)), None) => Some(i),
                         _ => None,
                     }
                 })
