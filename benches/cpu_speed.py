@@ -30,14 +30,7 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = sys.argv[1:]
-TRACT = None
-if ARGS and ARGS[0] == "--tract":
-    ARGS.pop(0)
-    TRACT = os.path.join(ROOT, "benches/tract_compare/target/release/tract_compare")
-    if ARGS and os.path.basename(ARGS[0]).startswith("tract_compare"):
-        TRACT = os.path.abspath(ARGS.pop(0))
-BINS = (ARGS[0] if ARGS else os.path.join(ROOT, "target/release/pipecut")).split(",")
+TRACT_DEFAULT = os.path.join(ROOT, "benches/tract_compare/target/release/tract_compare")
 REPEATS = 15
 MODELS = [
     ("fixtures/models/mlp.onnx", {"batch": 64}),
@@ -94,11 +87,11 @@ def onnxruntime_run(path, dims):
     return float(np.median(times)), feed, session.run(None, feed)
 
 
-def tract_run(path, feed):
+def tract_run(path, feed, tract=TRACT_DEFAULT):
     """tract's median time on `feed`, and the outputs it gave (None where it fails, with the
     reason on stderr)."""
     with tempfile.TemporaryDirectory() as tmp:
-        args = [TRACT, "bench", os.path.join(ROOT, path), "--repeats", str(REPEATS), "--out", tmp]
+        args = [tract, "bench", os.path.join(ROOT, path), "--repeats", str(REPEATS), "--out", tmp]
         for name, value in feed.items():
             file = os.path.join(tmp, f"input_{len(args)}.npy")
             np.save(file, value)
@@ -128,38 +121,51 @@ def largest_difference(got, want):
     return worst, scale
 
 
-if TRACT is not None:
-    print("| model | pipecut ms | tract ms | onnxruntime ms | pipecut / onnxruntime "
-          "| tract / onnxruntime | tract max abs Δ | ort max abs y |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-elif len(BINS) == 1:
-    print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
-    print("| --- | ---: | ---: | ---: |")
-else:
-    print("| model | before ms | pipecut ms | onnxruntime ms | before / onnxruntime "
-          "| pipecut / onnxruntime |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-only = ARGS[1:]
-for path, dims in MODELS:
-    if only and not any(o in path for o in only):
-        continue
-    if not os.path.exists(os.path.join(ROOT, path)):
-        print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
-        continue
-    ours = [pipecut_secs(path, dims, binary) for binary in BINS]
-    theirs, feed, reference = onnxruntime_run(path, dims)
-    name = os.path.basename(path)[:-5]
-    if TRACT is not None:
-        tract, outputs = tract_run(path, feed)
-        cells = ((f"{tract * 1e3:.2f}", f"{theirs / tract:.2f}×") if tract is not None
-                 else ("fails", "–"))
-        worst, scale = largest_difference(outputs, reference)
-        print(f"| {name} | {ours[0] * 1e3:.2f} | {cells[0]} | {theirs * 1e3:.2f} "
-              f"| {theirs / ours[0]:.2f}× | {cells[1]} | {worst:.1e} | {scale:.1e} |", flush=True)
-    elif len(BINS) == 1:
-        print(f"| {name} | {ours[0] * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours[0]:.2f}× |",
-              flush=True)
+def main():
+    args = sys.argv[1:]
+    tract = None
+    if args and args[0] == "--tract":
+        args.pop(0)
+        tract = TRACT_DEFAULT
+        if args and os.path.basename(args[0]).startswith("tract_compare"):
+            tract = os.path.abspath(args.pop(0))
+    binaries = (args[0] if args else os.path.join(ROOT, "target/release/pipecut")).split(",")
+    if tract is not None:
+        print("| model | pipecut ms | tract ms | onnxruntime ms | pipecut / onnxruntime "
+              "| tract / onnxruntime | tract max abs Δ | ort max abs y |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    elif len(binaries) == 1:
+        print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
+        print("| --- | ---: | ---: | ---: |")
     else:
-        now, before = ours[0], ours[1]
-        print(f"| {name} | {before * 1e3:.2f} | {now * 1e3:.2f} | {theirs * 1e3:.2f} "
-              f"| {theirs / before:.2f}× | {theirs / now:.2f}× |", flush=True)
+        print("| model | before ms | pipecut ms | onnxruntime ms | before / onnxruntime "
+              "| pipecut / onnxruntime |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    only = args[1:]
+    for path, dims in MODELS:
+        if only and not any(o in path for o in only):
+            continue
+        if not os.path.exists(os.path.join(ROOT, path)):
+            print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
+            continue
+        ours = [pipecut_secs(path, dims, binary) for binary in binaries]
+        theirs, feed, reference = onnxruntime_run(path, dims)
+        name = os.path.basename(path)[:-5]
+        if tract is not None:
+            secs, outputs = tract_run(path, feed, tract)
+            cells = ((f"{secs * 1e3:.2f}", f"{theirs / secs:.2f}×") if secs is not None
+                     else ("fails", "–"))
+            worst, scale = largest_difference(outputs, reference)
+            print(f"| {name} | {ours[0] * 1e3:.2f} | {cells[0]} | {theirs * 1e3:.2f} "
+                  f"| {theirs / ours[0]:.2f}× | {cells[1]} | {worst:.1e} | {scale:.1e} |", flush=True)
+        elif len(binaries) == 1:
+            print(f"| {name} | {ours[0] * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours[0]:.2f}× |",
+                  flush=True)
+        else:
+            now, before = ours[0], ours[1]
+            print(f"| {name} | {before * 1e3:.2f} | {now * 1e3:.2f} | {theirs * 1e3:.2f} "
+                  f"| {theirs / before:.2f}× | {theirs / now:.2f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
