@@ -32,6 +32,30 @@ def conv(cin, cout, size, hw, group=1):
             [weight("w", cout, cin // group, size, size), weight("b", cout)])
 
 
+def conv_hardswish(cin, cout, size, hw):
+    """The convolution followed by the element-wise chain PaddleOCR exports for HardSwish,
+    y · clip(y + 3, 0, 6) / 6, as five nodes: what a runtime that fuses saves over one that
+    does not."""
+    nodes, inputs, initializers = conv(cin, cout, size, hw)
+    nodes[0].output[0] = "c"
+    nodes += [
+        helper.make_node("Add", ["c", "three"], ["c3"]),
+        helper.make_node("Clip", ["c3", "zero", "six"], ["clipped"]),
+        helper.make_node("Div", ["clipped", "six"], ["scaled"]),
+        helper.make_node("Mul", ["c", "scaled"], ["y"]),
+    ]
+    initializers += [numpy_helper.from_array(np.array(v, np.float32), n)
+                     for n, v in (("three", 3.0), ("zero", 0.0), ("six", 6.0))]
+    return nodes, inputs, initializers
+
+
+def resize_nearest(channels, hw, **attributes):
+    """Nearest-neighbour 2× upsampling, as ppocr_v4_det's FPN does."""
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", **attributes)
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    return [node], [("x", [1, channels, hw, hw])], [scales]
+
+
 def unary(op, shape, **attributes):
     return [helper.make_node(op, ["x"], ["y"], **attributes)], [("x", shape)], []
 
@@ -42,6 +66,7 @@ FAMILIES = [
     ("Conv 3×3, 32→32 ch, 64×64", conv(32, 32, 3, 64)),
     ("Conv 3×3, 64→64 ch, 16×16 (resnet_tiny)", conv(64, 64, 3, 16)),
     ("Conv 1×1, 64→128 ch, 32×32", conv(64, 128, 1, 32)),
+    ("Conv 3×3, 32→32 ch, 64×64 + HardSwish as 4 nodes", conv_hardswish(32, 32, 3, 64)),
     ("Conv 3×3 depthwise, 96 ch, 64×64", conv(96, 96, 3, 64, group=96)),
     ("MatMul 512×256 · 256×1024", ([helper.make_node("MatMul", ["x", "w"], ["y"])],
                                    [("x", [8, 64, 256])], [weight("w", 256, 1024)])),
@@ -54,6 +79,9 @@ FAMILIES = [
         "LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
         [("x", [8, 64, 256])], [weight("g", 256), weight("b", 256)])),
     ("Erf 8×64×1024", unary("Erf", [8, 64, 1024])),
+    ("Resize nearest 2×, 96 ch, 64×64, asymmetric + floor (ppocr_v4_det's)", resize_nearest(
+        96, 64, coordinate_transformation_mode="asymmetric", nearest_mode="floor")),
+    ("Resize nearest 2×, 96 ch, 64×64, default attributes", resize_nearest(96, 64)),
     ("MaxPool 3×3 stride 2, 64 ch, 64×64", unary(
         "MaxPool", [1, 64, 64, 64], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
 ]
