@@ -5,10 +5,19 @@ onnxruntime session with one intra-op and one inter-op thread (median over the s
 runs), interleaved model by model so that both see the same machine load. Inputs: floats
 uniform in [0, 1), integers zero (a valid index for every table).
 
-    .venv/bin/python benches/cpu_speed.py [PIPECUT_BINARY[,BEFORE_BINARY] [MODEL_NAME_PART ...]] > speed.md
+    .venv/bin/python benches/cpu_speed.py [--tract [TRACT_COMPARE]] \
+        [PIPECUT_BINARY[,BEFORE_BINARY] [MODEL_NAME_PART ...]] > speed.md
 
 With a second binary (comma-separated), each model also runs on it, in the same interleaving,
 for a before/after table measured under the same load.
+
+With `--tract`, each model also runs through tract-onnx (`benches/tract_compare`, its own cargo
+project: `cd benches/tract_compare && cargo build --release`; the binary defaults to its
+target/release/tract_compare): on the same inputs as onnxruntime, 3 warm-up runs and the median
+of the same number of runs, one thread, interleaved between pipecut and onnxruntime. Its outputs
+are compared with onnxruntime's; the table gives the largest absolute difference over every
+output element (`tract max |Δ|`) and the largest onnxruntime output it compares with
+(`ort max |y|`: some outputs are small, ppocr_v4_det's probability map is about 1e-5 on noise).
 """
 import json
 import os
@@ -21,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BINS = (sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/pipecut")).split(",")
+TRACT_DEFAULT = os.path.join(ROOT, "benches/tract_compare/target/release/tract_compare")
 REPEATS = 15
 MODELS = [
     ("fixtures/models/mlp.onnx", {"batch": 64}),
@@ -52,7 +61,8 @@ def pipecut_secs(path, dims, binary):
             return json.load(f)["measured_with"]["total_secs"]
 
 
-def onnxruntime_secs(path, dims):
+def onnxruntime_run(path, dims):
+    """onnxruntime's median time, and the inputs it ran on and the outputs it gave."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
@@ -74,30 +84,88 @@ def onnxruntime_secs(path, dims):
         start = time.perf_counter()
         session.run(None, feed)
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.median(times)), feed, session.run(None, feed)
 
 
-if len(BINS) == 1:
-    print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
-    print("| --- | ---: | ---: | ---: |")
-else:
-    print("| model | before ms | pipecut ms | onnxruntime ms | before / onnxruntime "
-          "| pipecut / onnxruntime |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-only = sys.argv[2:]
-for path, dims in MODELS:
-    if only and not any(o in path for o in only):
-        continue
-    if not os.path.exists(os.path.join(ROOT, path)):
-        print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
-        continue
-    ours = [pipecut_secs(path, dims, binary) for binary in BINS]
-    theirs = onnxruntime_secs(path, dims)
-    name = os.path.basename(path)[:-5]
-    if len(BINS) == 1:
-        print(f"| {name} | {ours[0] * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours[0]:.2f}× |",
-              flush=True)
+def tract_run(path, feed, tract=TRACT_DEFAULT):
+    """tract's median time on `feed`, and the outputs it gave (None where it fails, with the
+    reason on stderr)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [tract, "bench", os.path.join(ROOT, path), "--repeats", str(REPEATS), "--out", tmp]
+        for name, value in feed.items():
+            file = os.path.join(tmp, f"input_{len(args)}.npy")
+            np.save(file, value)
+            args.append(f"{name}={file}")
+        done = subprocess.run(args, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"tract failed on {path}: {done.stderr.strip()}", file=sys.stderr)
+            return None, None
+        report = json.loads(done.stdout)
+        outputs = [np.load(os.path.join(tmp, f"output_{i}.npy")) for i in range(report["outputs"])]
+        return report["median_secs"], outputs
+
+
+def largest_difference(got, want):
+    """The largest |got − want| over every element of every output (NaN where tract failed,
+    infinity where a shape differs), and the largest |want|."""
+    if got is None or len(got) != len(want):
+        return float("nan"), float("nan")
+    worst = scale = 0.0
+    for g, w in zip(got, want):
+        if g.shape != w.shape:
+            return float("inf"), float("nan")
+        if w.size:
+            w = w.astype(np.float64)
+            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w))))
+            scale = max(scale, float(np.max(np.abs(w))))
+    return worst, scale
+
+
+def main():
+    args = sys.argv[1:]
+    tract = None
+    if args and args[0] == "--tract":
+        args.pop(0)
+        tract = TRACT_DEFAULT
+        if args and os.path.basename(args[0]).startswith("tract_compare"):
+            tract = os.path.abspath(args.pop(0))
+    binaries = (args[0] if args else os.path.join(ROOT, "target/release/pipecut")).split(",")
+    if tract is not None:
+        print("| model | pipecut ms | tract ms | onnxruntime ms | pipecut / onnxruntime "
+              "| tract / onnxruntime | tract max abs Δ | ort max abs y |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    elif len(binaries) == 1:
+        print("| model | pipecut ms | onnxruntime ms | pipecut speed / onnxruntime |")
+        print("| --- | ---: | ---: | ---: |")
     else:
-        now, before = ours[0], ours[1]
-        print(f"| {name} | {before * 1e3:.2f} | {now * 1e3:.2f} | {theirs * 1e3:.2f} "
-              f"| {theirs / before:.2f}× | {theirs / now:.2f}× |", flush=True)
+        print("| model | before ms | pipecut ms | onnxruntime ms | before / onnxruntime "
+              "| pipecut / onnxruntime |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    only = args[1:]
+    for path, dims in MODELS:
+        if only and not any(o in path for o in only):
+            continue
+        if not os.path.exists(os.path.join(ROOT, path)):
+            print(f"skipped {path}: absent (run fixtures/real/fetch.sh)", file=sys.stderr)
+            continue
+        ours = [pipecut_secs(path, dims, binary) for binary in binaries]
+        theirs, feed, reference = onnxruntime_run(path, dims)
+        name = os.path.basename(path)[:-5]
+        if tract is not None:
+            secs, outputs = tract_run(path, feed, tract)
+            cells = ((f"{secs * 1e3:.2f}", f"{theirs / secs:.2f}×") if secs is not None
+                     else ("fails", "–"))
+            worst, scale = largest_difference(outputs, reference)
+            print(f"| {name} | {ours[0] * 1e3:.2f} | {cells[0]} | {theirs * 1e3:.2f} "
+                  f"| {theirs / ours[0]:.2f}× | {cells[1]} | {worst:.1e} | {scale:.1e} |", flush=True)
+        elif len(binaries) == 1:
+            print(f"| {name} | {ours[0] * 1e3:.2f} | {theirs * 1e3:.2f} | {theirs / ours[0]:.2f}× |",
+                  flush=True)
+        else:
+            now, before = ours[0], ours[1]
+            print(f"| {name} | {before * 1e3:.2f} | {now * 1e3:.2f} | {theirs * 1e3:.2f} "
+                  f"| {theirs / before:.2f}× | {theirs / now:.2f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
