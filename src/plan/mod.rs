@@ -976,10 +976,19 @@ impl Plan {
             0.0
         };
         summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
-        let (baselines, baseline_layers) =
-            crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
-        summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
-        summary.baseline_layers = baseline_layers;
+        // Baselines the solve skipped for time stay skipped: re-deriving them would take the
+        // time the limit denied them, and a skipped comparison claims nothing.
+        let skipped = !summary.baselines.is_empty()
+            && summary
+                .baselines
+                .iter()
+                .all(|b| b.error.as_deref() == Some(crate::partition::BASELINES_SKIPPED));
+        if !skipped {
+            let (baselines, baseline_layers) =
+                crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
+            summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
+            summary.baseline_layers = baseline_layers;
+        }
         let k = plan.stages.len();
         if plan
             .summary
