@@ -328,6 +328,27 @@ fn check_rederives_every_figure_and_names_field_stage_and_both_values() {
     forced.summary.status = pipecut::partition::SolveStatus::Optimal;
     let err = check(&forced, "forced.json");
     assert!(err.contains("optimal"), "{err}");
+    // The recorded proofs are claims too: an LP bound above the bottleneck, and a lower bound
+    // that no recorded proof reaches.
+    let recorded = good.summary.bounds.expect("a new plan records its bounds");
+    let mut lifted = good.clone();
+    lifted.summary.bounds = Some(pipecut::partition::LowerBounds {
+        lp_relaxation_secs: Some(good.summary.bottleneck_secs * 1.5),
+        ..recorded
+    });
+    let err = check(&lifted, "lifted_lp.json");
+    assert!(err.contains("bounds.lp_relaxation_secs"), "{err}");
+    if good.summary.status != pipecut::partition::SolveStatus::Optimal {
+        let mut unproved = good.clone();
+        unproved.summary.bounds = Some(pipecut::partition::LowerBounds {
+            average_work_secs: recorded.average_work_secs,
+            ..Default::default()
+        });
+        if unproved.summary.lower_bound_secs > recorded.average_work_secs * (1.0 + 1e-6) {
+            let err = check(&unproved, "unproved.json");
+            assert!(err.contains("above every bound the plan records"), "{err}");
+        }
+    }
 }
 
 #[test]

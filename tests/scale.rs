@@ -9,65 +9,9 @@
 use std::time::Duration;
 
 use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::{DType, Dim, Graph, NodeSpec, Param, Storage};
-use pipecut::onnx::shape::ShapeInference;
 use pipecut::partition::{HeuristicReason, Planner, SolveStatus, SolverChoice, StageCount};
 
 mod common;
-
-/// `layers` pre-norm-free transformer blocks of `rows × width` fp16 tensors, 11 nodes each:
-/// three parallel projections joined, an output projection, a residual add, a two-layer MLP
-/// and a second residual add. Scopes `/layers.N/` as an exporter writes them.
-fn transformer(layers: usize, width: u64, rows: u64) -> Graph {
-    let mut b = Graph::builder("stack");
-    b.opset("", 17);
-    let shape = vec![Dim::Known(rows), Dim::Known(width)];
-    b.input("x", Some(DType::F16), Some(shape)).unwrap();
-    let mut x = "x".to_string();
-    for layer in 0..layers {
-        let scope = format!("/layers.{layer}");
-        let mut node = |op: &str, name: &str, inputs: &[&str]| -> String {
-            let out = format!("{scope}/{name}_out");
-            b.node(NodeSpec::new(
-                &format!("{scope}/{name}"),
-                op,
-                inputs,
-                &[&out],
-            ))
-            .unwrap();
-            out
-        };
-        let mut weights = Vec::new();
-        for w in ["q", "k", "v", "o", "up", "down"] {
-            weights.push(format!("layers.{layer}.{w}.weight"));
-        }
-        let q = node("MatMul", "q", &[&x, &weights[0]]);
-        let k = node("MatMul", "k", &[&x, &weights[1]]);
-        let v = node("MatMul", "v", &[&x, &weights[2]]);
-        let qk = node("Add", "qk", &[&q, &k]);
-        let attn = node("Add", "attn", &[&qk, &v]);
-        let o = node("MatMul", "o", &[&attn, &weights[3]]);
-        let x1 = node("Add", "residual_1", &[&x, &o]);
-        let up = node("MatMul", "up", &[&x1, &weights[4]]);
-        let act = node("Relu", "act", &[&up]);
-        let down = node("MatMul", "down", &[&act, &weights[5]]);
-        x = node("Add", "residual_2", &[&x1, &down]);
-        for w in &weights {
-            let param = Param {
-                bytes: width * width * 2,
-                storage: Storage::Embedded,
-            };
-            b.parameter(w, DType::F16, &[width, width], param, None)
-                .unwrap();
-        }
-    }
-    b.output(&x);
-    let mut graph = b.build().unwrap();
-    ShapeInference::new(Default::default())
-        .run(&mut graph)
-        .unwrap();
-    graph
-}
 
 /// The process's peak resident memory so far (`VmHWM`), in bytes, where Linux reports it.
 fn peak_resident_bytes() -> Option<u64> {
@@ -83,7 +27,7 @@ fn a_fifty_thousand_node_model_plans_in_bounded_memory_and_says_what_ran() {
         common::skip(common::Need::Platform, "no /proc/self/status VmHWM here");
         return;
     };
-    let graph = transformer(5_000, 64, 16);
+    let graph = common::transformer(5_000, 64, 16);
     assert_eq!(graph.node_count(), 55_000);
     let cluster = Cluster::parse("8x8xH100-SXM", &Catalog::builtin()).unwrap();
     let solution = Planner::new(&graph, &cluster)
@@ -113,11 +57,16 @@ fn a_fifty_thousand_node_model_plans_in_bounded_memory_and_says_what_ran() {
                 assert!(solution.evaluation.bottleneck_secs <= bound);
             }
         }
-        None => assert_eq!(
-            solution.status,
-            SolveStatus::Heuristic {
-                reason: HeuristicReason::MilpNotStarted
-            }
+        // No MILP: no time was left for it, or (on a slow debug build) not even for the DP.
+        None => assert!(
+            matches!(
+                solution.status,
+                SolveStatus::Heuristic {
+                    reason: HeuristicReason::MilpNotStarted | HeuristicReason::DpStopped
+                }
+            ),
+            "{:?}",
+            solution.status
         ),
     }
 }

@@ -598,6 +598,9 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         summary.microbatches_per_sec,
         ms(summary.lower_bound_secs),
     );
+    if let Some(bounds) = &summary.bounds {
+        let _ = writeln!(out, "lower bounds proved: {}", bounds.describe());
+    }
     let found_by = match (summary.solver, summary.status) {
         (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
         (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),

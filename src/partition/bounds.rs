@@ -69,6 +69,10 @@ pub fn granularity_bound_secs(
     deadline: Instant,
     work_limit: Option<u64>,
 ) -> Option<f64> {
+    // Its first pass is linear but not free (a second on a million nodes): not begun late.
+    if Instant::now() >= deadline {
+        return None;
+    }
     let fastest = fastest_secs(problem);
     let receive_secs = least_receive_secs(problem);
     let slowest = fastest.iter().copied().fold(0.0, f64::max);

@@ -35,6 +35,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::time::Instant;
 
 use super::problem::{PartitionProblem, StageId};
 use crate::cost::Mode;
@@ -54,6 +55,9 @@ pub struct OrderSolution {
     pub bottleneck_secs: f64,
     /// A bottleneck no contiguous partition of this order can beat (proven by infeasibility).
     pub order_lower_bound_secs: f64,
+    /// Whether the bisection closed, so the plan is optimal for the order; false when a
+    /// deadline stopped it ([`solve_until`]) or the plan is [`balanced_split`]'s.
+    pub complete: bool,
 }
 
 /// Per-stage tables shared by the feasibility sweep and the tie-break.
@@ -542,9 +546,60 @@ pub fn fits_memory(problem: &PartitionProblem) -> bool {
         && feasible(problem, &Tables::new(problem), f64::INFINITY)
 }
 
+/// A split of the order into stages of about equal compute (on the fastest device kind, by
+/// cumulative time), every stage at least one node: the plan that exists before any search, so
+/// that a time limit spent on the model's costs still returns one. `None` when it does not fit
+/// memory (or there are fewer nodes than stages); the DP is needed then.
+///
+/// # Complexity
+/// O(n·K) for the times, O(n + E) to evaluate the split.
+pub fn balanced_split(problem: &PartitionProblem) -> Option<OrderSolution> {
+    let n = problem.node_count();
+    let k = problem.stage_count();
+    if n < k || k == 0 {
+        return None;
+    }
+    let fastest = super::bounds::fastest_secs(problem);
+    let total: f64 = fastest.iter().sum();
+    let mut starts = Vec::with_capacity(k);
+    starts.push(0);
+    let mut done = 0.0;
+    for (v, secs) in fastest.iter().enumerate() {
+        let stage = starts.len();
+        // Leave at least one node for each stage still to come.
+        if stage < k && v > starts[stage - 1] {
+            let must_start = n - v <= k - stage;
+            if must_start || done >= total * stage as f64 / k as f64 {
+                starts.push(v);
+            }
+        }
+        done += secs;
+    }
+    if starts.len() < k {
+        return None;
+    }
+    let stage_of = problem.contiguous_assignment(&starts);
+    let evaluation = problem.evaluate(&stage_of);
+    evaluation.fits().then(|| OrderSolution {
+        starts,
+        stage_of,
+        bottleneck_secs: evaluation.bottleneck_secs,
+        order_lower_bound_secs: problem.lower_bound_secs().min(evaluation.bottleneck_secs),
+        complete: false,
+    })
+}
+
 /// Solves the problem exactly over its topological order. `None` when no contiguous partition
 /// into the problem's stages fits memory (or there are fewer nodes than stages).
 pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
+    solve_until(problem, None)
+}
+
+/// [`solve`], whose bisection stops at `deadline` (when given) with the best feasible bound
+/// found so far: the plan is then that bound's, `complete` is false, and the bracket's low end
+/// is still a proven bound for the order. The memory reaches and the first feasibility sweeps
+/// run whatever the deadline (without them there is no plan).
+pub fn solve_until(problem: &PartitionProblem, deadline: Option<Instant>) -> Option<OrderSolution> {
     let n = problem.node_count();
     let k = problem.stage_count();
     if n < k {
@@ -571,9 +626,15 @@ pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
     }
     // The optimum is usually within a few percent of the lower bound, and probes near it are
     // cheap (narrow windows), so the bracket is first closed from below with growing steps.
+    let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
+    let mut complete = true;
     let floor = low;
     let mut step = 1e-3;
     while floor > 0.0 && floor * (1.0 + step) < high {
+        if past_deadline() {
+            complete = false;
+            break;
+        }
         let probe = floor * (1.0 + step);
         if feasible(problem, &tables, probe) {
             high = probe;
@@ -582,7 +643,11 @@ pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
         low = probe;
         step *= 8.0;
     }
-    while high - low > RELATIVE_TOLERANCE * high {
+    while complete && high - low > RELATIVE_TOLERANCE * high {
+        if past_deadline() {
+            complete = false;
+            break;
+        }
         let mid = 0.5 * (low + high);
         if feasible(problem, &tables, mid) {
             high = mid;
@@ -598,6 +663,7 @@ pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
         stage_of,
         bottleneck_secs,
         order_lower_bound_secs: low.min(bottleneck_secs),
+        complete,
     })
 }
 
@@ -675,6 +741,24 @@ mod tests {
             solution.bottleneck_secs - solution.order_lower_bound_secs
                 <= 2.0 * RELATIVE_TOLERANCE * solution.bottleneck_secs
         );
+    }
+
+    #[test]
+    fn a_spent_deadline_stops_the_bisection_with_a_valid_plan() {
+        let graph = chain(40, 1024, 512);
+        let p = problem(&graph, "1x4xH100-SXM", CostSettings::default());
+        let exact = solve(&p).unwrap();
+        assert!(exact.complete);
+        let stopped = solve_until(&p, Some(Instant::now())).unwrap();
+        assert!(!stopped.complete);
+        p.check_assignment(&stopped.stage_of).unwrap();
+        assert!(stopped.bottleneck_secs >= exact.bottleneck_secs);
+        assert!(stopped.order_lower_bound_secs <= exact.bottleneck_secs);
+        // The balanced split of equal nodes is the equal cut, and it never claims completeness.
+        let split = balanced_split(&p).unwrap();
+        assert!(!split.complete);
+        assert_eq!(split.starts, vec![0, 10, 20, 30]);
+        p.check_assignment(&split.stage_of).unwrap();
     }
 
     #[test]

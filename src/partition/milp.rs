@@ -198,12 +198,20 @@ fn stage_windows(problem: &PartitionProblem, bound_secs: f64) -> Vec<(usize, usi
         .collect()
 }
 
+/// Whether `y` is binary (the MILP) or only in `[0, 1]` (its LP relaxation, a lower bound).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Integrality {
+    Binary,
+    Relaxed,
+}
+
 fn build(
     problem: &PartitionProblem,
     time_scale: f64,
     lower: f64,
     objective: Objective,
     windows: &[(usize, usize)],
+    integrality: Integrality,
 ) -> Model {
     let k = problem.stage_count();
     let boundaries = k - 1;
@@ -219,7 +227,11 @@ fn build(
                         Before::Fixed(true)
                     } else {
                         let index = vars.len();
-                        Before::Free(vars.add(variable().binary()), index)
+                        let y = match integrality {
+                            Integrality::Binary => variable().binary(),
+                            Integrality::Relaxed => variable().min(0.0).max(1.0),
+                        };
+                        Before::Free(vars.add(y), index)
                     }
                 })
                 .collect()
@@ -720,6 +732,7 @@ pub(crate) fn solve_reporting(
             scaled_lower,
             Objective::Bottleneck,
             &windows,
+            Integrality::Binary,
         );
         let start = hint(problem, &model, incumbent, 1.0);
         let objective = Expression::from(model.bottleneck);
@@ -774,6 +787,7 @@ pub(crate) fn solve_reporting(
             0.0,
             Objective::CutBytes { scaled_bound },
             &windows,
+            Integrality::Binary,
         );
         let start = hint(problem, &model, &best, optimum_secs * time_scale);
         let mut objective = Expression::from(0.0);
@@ -802,6 +816,68 @@ pub(crate) fn solve_reporting(
         timed_out,
         error: tie_break_error,
     }
+}
+
+/// The solver's feasibility tolerance, relative to the scaled bottleneck (about 1): the LP's
+/// optimum is lowered by it so that rounding never lifts the bound above the true optimum.
+const LP_TOLERANCE: f64 = 1e-6;
+
+/// The **LP-relaxation bound**: the optimum of the MILP's bottleneck model with every `y` in
+/// `[0, 1]` instead of binary, windowed as the MILP is by `incumbent_secs` (a plan faster than
+/// the incumbent lies inside the windows, so the relaxation's optimum is at most its
+/// bottleneck; otherwise the incumbent is optimal and the bound, capped at it, still holds).
+/// Unlike the granularity bound (bounds.rs) it counts communication, memory and the device
+/// kinds of each stage, but it lets a node be split between stages. `None` when the model is
+/// too large to build ([`MAX_MODEL_CELLS`]), the solver fails, or `deadline` passes first.
+///
+/// # Complexity
+/// One LP of the MILP's size: `O(n·K)` columns and rows before the windows fix most of them;
+/// the simplex is polynomial in practice, and microlp checks its clock every 1,000 pivots.
+pub(crate) fn lp_relaxation_bound_secs(
+    problem: &PartitionProblem,
+    incumbent_secs: f64,
+    deadline: Instant,
+) -> Option<f64> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if problem.stage_count() < 2
+        || incumbent_secs <= 0.0
+        || !small_enough_to_build(problem)
+        || left.is_zero()
+    {
+        return None;
+    }
+    let time_scale = 1.0 / incumbent_secs;
+    let windows = stage_windows(problem, incumbent_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE));
+    let model = build(
+        problem,
+        time_scale,
+        0.0,
+        Objective::Bottleneck,
+        &windows,
+        Integrality::Relaxed,
+    );
+    let Model {
+        vars,
+        bottleneck,
+        constraints,
+        ..
+    } = model;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return None;
+    }
+    let solution = vars
+        .minimise(bottleneck)
+        .using(microlp)
+        .with_all(constraints)
+        .with_time_limit(left.as_secs_f64())
+        .solve()
+        .ok()?;
+    let scaled = good_lp::Solution::value(&solution, bottleneck);
+    let bound = scaled * (1.0 - LP_TOLERANCE) / time_scale;
+    bound
+        .is_finite()
+        .then_some(bound.clamp(0.0, incumbent_secs))
 }
 
 /// The largest stage memory of `stage_of` as a fraction of that stage's capacity.
@@ -946,6 +1022,7 @@ fn memory_milp(problem: &PartitionProblem, deadline: Instant) -> MemoryFit {
         1.0,
         Objective::MemoryScale { upper },
         &windows,
+        Integrality::Binary,
     );
     let hint_values = hint(problem, &model, &start, start_scale);
     let objective = Expression::from(model.bottleneck);
@@ -1360,6 +1437,101 @@ mod tests {
                 other => proptest::prop_assert!(false, "undecided: {:?}", other),
             }
         }
+    }
+
+    /// The smallest bottleneck over every convex, ordered assignment that fits memory.
+    fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
+        let mut best = f64::INFINITY;
+        crate::partition::bounds::tests::for_each_assignment(p, |stage_of| {
+            let evaluation = p.evaluate(stage_of);
+            if evaluation.fits() {
+                best = best.min(evaluation.bottleneck_secs);
+            }
+        });
+        best
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 120, ..Default::default() })]
+
+        /// On random small DAGs (zero-time nodes, tensors up to 1 GiB, both modes, one or two
+        /// device kinds with per-node slowdowns, memory tight enough to bind) the LP-relaxation
+        /// bound never exceeds the optimum over every convex, ordered partition that fits.
+        #[test]
+        fn the_lp_relaxation_bound_is_never_above_the_brute_force_optimum(
+            n in 2usize..7,
+            stages in 2usize..4,
+            times in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(0.0), 0.1f64..5.0], 6),
+            edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 15),
+            bytes in proptest::collection::vec(0u64..1 << 30, 15),
+            activations in proptest::collection::vec(0u64..1 << 30, 6),
+            training in proptest::prelude::any::<bool>(),
+            mixed in proptest::prelude::any::<bool>(),
+            slowdowns in proptest::collection::vec(1.0f64..4.0, 6),
+            capacity in (1u64 << 30)..(4u64 << 30),
+        ) {
+            proptest::prop_assume!(stages <= n);
+            let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
+            let settings = CostSettings {
+                mode: if training { crate::cost::Mode::training() } else { crate::cost::Mode::Inference },
+                // The test helper's switch to the mixed cluster.
+                schedule: if mixed { crate::cost::Schedule::GPipe } else { crate::cost::Schedule::OneFOneB },
+                ..CostSettings::default()
+            };
+            let mut p = crate::partition::bounds::tests::dag_in(&times[..n], &edges, stages, settings);
+            for kind in p.node_secs.iter_mut().skip(1) {
+                for (t, f) in kind.iter_mut().zip(&slowdowns) {
+                    *t *= f;
+                }
+            }
+            for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
+                flow.bytes = b;
+            }
+            p.activation_bytes = activations[..n].to_vec();
+            for stage in &mut p.stages {
+                stage.capacity_bytes = capacity;
+            }
+            let Some(incumbent) = crate::partition::dp::solve(&p) else {
+                return Ok(());
+            };
+            let incumbent_secs = p.evaluate(&incumbent.stage_of).bottleneck_secs;
+            let far = Instant::now() + Duration::from_secs(60);
+            let bound = lp_relaxation_bound_secs(&p, incumbent_secs, far);
+            let optimum = brute_force_fitting_secs(&p);
+            if incumbent_secs > 0.0 {
+                proptest::prop_assert!(bound.is_some(), "the LP found no bound");
+            }
+            if let Some(bound) = bound {
+                proptest::prop_assert!(
+                    bound <= optimum * (1.0 + 1e-12),
+                    "LP bound {} optimum {}", bound, optimum
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_lp_relaxation_with_windows_rises_above_the_average_bound() {
+        // 0 → 1 → 2 on two stages, 1 GiB tensors: the windows of plans no slower than the DP's
+        // put node 0 on the first stage and node 2 on the second, so only node 1 is split; the
+        // second stage then receives a whole tensor's worth across its fractions, and the LP's
+        // optimum is the average (1.5 s) plus half a transfer.
+        let mut p = crate::partition::bounds::tests::dag(&[1.0, 1.0, 1.0], &[(0, 1), (1, 2)], 2);
+        for flow in &mut p.flows {
+            flow.bytes = 1 << 30;
+        }
+        let incumbent = crate::partition::dp::solve(&p).unwrap();
+        let incumbent_secs = p.evaluate(&incumbent.stage_of).bottleneck_secs;
+        let far = Instant::now() + Duration::from_secs(60);
+        let lp = lp_relaxation_bound_secs(&p, incumbent_secs, far).unwrap();
+        let optimum = brute_force_fitting_secs(&p);
+        assert!(lp <= optimum * (1.0 + 1e-12), "{lp} {optimum}");
+        assert!(lp > p.lower_bound_secs(), "{lp} {}", p.lower_bound_secs());
+        // No time: no bound.
+        assert_eq!(
+            lp_relaxation_bound_secs(&p, incumbent_secs, Instant::now()),
+            None
+        );
     }
 
     #[test]

@@ -110,6 +110,10 @@ pub enum HeuristicReason {
     Coarsened,
     /// The time limit left no room for the MILP after the DP and coarsening: it never started.
     MilpNotStarted,
+    /// The time limit was spent before the DP finished (on a model so large that its costs
+    /// took it): the plan is the DP's best when it stopped, or a split of the order into
+    /// stages of equal compute.
+    DpStopped,
     /// The MILP solver failed (e.g. a numerical error such as a singular basis); the best plan
     /// found before the failure stands.
     SolverError,
@@ -140,6 +144,9 @@ impl HeuristicReason {
             }
             HeuristicReason::MilpNotStarted => {
                 "the time limit left no room to start the MILP after the DP"
+            }
+            HeuristicReason::DpStopped => {
+                "the time limit was spent before the DP finished: its best cut of one topological order so far"
             }
             HeuristicReason::SolverError => "the MILP solver failed; the DP's plan stands",
             HeuristicReason::StoppedWithoutProof => "the MILP stopped without a proof",
@@ -276,6 +283,62 @@ pub struct BaselineResult {
     pub error: Option<String>,
 }
 
+/// The lower bounds a solve proved, each on its own: the plan's lower bound is the largest (or
+/// the bottleneck itself when proven optimal), and these say which proof gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LowerBounds {
+    /// The average work per stage, or the slowest node ([`PartitionProblem::lower_bound_secs`]).
+    pub average_work_secs: f64,
+    /// The granularity bound (indivisible node times, bounds.rs), when it was computed in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granularity_secs: Option<f64>,
+    /// The optimum of the MILP's LP relaxation (milp.rs), when it was solved in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lp_relaxation_secs: Option<f64>,
+    /// The bound the MILP's branch and bound proved on the whole model, when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_and_bound_secs: Option<f64>,
+}
+
+impl LowerBounds {
+    /// The largest bound and the name of its proof.
+    pub fn strongest(&self) -> (&'static str, f64) {
+        let mut best = ("average work", self.average_work_secs);
+        for (name, bound) in [
+            ("granularity", self.granularity_secs),
+            ("LP relaxation", self.lp_relaxation_secs),
+            ("branch and bound", self.branch_and_bound_secs),
+        ] {
+            if let Some(bound) = bound.filter(|&b| b > best.1) {
+                best = (name, bound);
+            }
+        }
+        best
+    }
+
+    /// Every bound computed, in milliseconds, strongest first named: `granularity 23.928 ms;
+    /// LP relaxation 22.5 ms, average work 22.216 ms`.
+    pub fn describe(&self) -> String {
+        let ms = |secs: f64| format!("{:.3} ms", secs * 1e3);
+        let (name, bound) = self.strongest();
+        let others: Vec<String> = [
+            ("average work", Some(self.average_work_secs)),
+            ("granularity", self.granularity_secs),
+            ("LP relaxation", self.lp_relaxation_secs),
+            ("branch and bound", self.branch_and_bound_secs),
+        ]
+        .into_iter()
+        .filter(|&(other, _)| other != name)
+        .filter_map(|(other, b)| b.map(|b| format!("{other} {}", ms(b))))
+        .collect();
+        match others.is_empty() {
+            true => format!("{name} {}", ms(bound)),
+            false => format!("{name} {}; {}", ms(bound), others.join(", ")),
+        }
+    }
+}
+
 /// One stage count tried by `auto`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StageCountCandidate {
@@ -302,6 +365,8 @@ pub struct Solution {
     pub status: SolveStatus,
     /// A bottleneck no convex partition on these devices can beat.
     pub lower_bound_secs: f64,
+    /// Each bound proved, and so which one gives `lower_bound_secs`.
+    pub bounds: LowerBounds,
     /// Which solver found it.
     pub solver: SolverKind,
     /// Wall-clock time spent solving (not part of the plan's bytes unless asked for).
@@ -663,8 +728,14 @@ impl<'a> Planner<'a> {
     /// baselines on the model's own nodes (the peers know nothing of pipecut's constraints).
     fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
         let fine = self.problem(devices)?;
-        let (baselines, baseline_layers) =
-            evaluate_baselines(&fine, &self.config.baseline_layer_type);
+        // The peers' plans are comparisons: when the model's costs took half the limit (a
+        // model of about a million nodes), they are skipped rather than delay pipecut's plan.
+        // Under a work budget the clock decides nothing (its deadline is never near).
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (baselines, baseline_layers) = match left >= self.config.time_limit / 2 {
+            true => evaluate_baselines(&fine, &self.config.baseline_layer_type),
+            false => skipped_baselines(&self.config.baseline_layer_type),
+        };
         let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
             return Ok(Solution {
                 baselines,
@@ -702,7 +773,26 @@ impl<'a> Planner<'a> {
     ) -> Result<Solution, Error> {
         let budget = self.config.work_budget;
         let dp_started = Instant::now();
-        let incumbent = match dp::solve(&problem) {
+        // A plan before any search: past the deadline (the model's costs took it all) it
+        // stands, and the DP runs only when it does not fit. Under a work budget the clock
+        // decides nothing, so the DP always runs to its end.
+        let balanced = dp::balanced_split(&problem);
+        let dp_deadline = budget.is_none().then_some(deadline);
+        let order = match &balanced {
+            Some(split) if dp_deadline.is_some_and(|d| Instant::now() >= d) => Some(split.clone()),
+            _ => dp::solve_until(&problem, dp_deadline),
+        };
+        let order = match (order, balanced) {
+            (Some(dp), Some(split))
+                if !dp.complete && milp::better(&problem, &split.stage_of, &dp.stage_of) =>
+            {
+                Some(split)
+            }
+            (Some(dp), _) => Some(dp),
+            (None, split) => split,
+        };
+        let dp_complete = order.as_ref().is_some_and(|o| o.complete);
+        let incumbent = match order {
             Some(order) => order.stage_of,
             // No contiguous cut of the order fits: the exact solver decides over every convex
             // partition before "does not fit".
@@ -718,8 +808,28 @@ impl<'a> Planner<'a> {
             Some(_) => deadline,
             None => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4,
         };
-        let mut lower_bound_secs = bounds::lower_bound_secs(&problem, bound_deadline, budget);
         let dp_evaluation = problem.evaluate(&incumbent);
+        let mut proved = LowerBounds {
+            average_work_secs: problem.lower_bound_secs(),
+            granularity_secs: bounds::granularity_bound_secs(&problem, bound_deadline, budget),
+            ..LowerBounds::default()
+        };
+        let mut lower_bound_secs = proved.strongest().1;
+        // The LP relaxation counts what the granularity bound does not (communication, memory,
+        // each stage's device), for an eighth of what is left. It has no work count, so under a
+        // work budget it does not run: the plan must not depend on the clock.
+        let gap_open =
+            dp_evaluation.bottleneck_secs > lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
+        if gap_open && budget.is_none() {
+            let lp_deadline =
+                Instant::now() + deadline.saturating_duration_since(Instant::now()) / 8;
+            proved.lp_relaxation_secs = milp::lp_relaxation_bound_secs(
+                &problem,
+                dp_evaluation.bottleneck_secs,
+                lp_deadline,
+            );
+            lower_bound_secs = proved.strongest().1;
+        }
         let k = problem.stage_count();
         self.report(
             SolverKind::Dp,
@@ -729,8 +839,8 @@ impl<'a> Planner<'a> {
         );
         let at_bound =
             dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-        // A chain has one topological order, so the DP saw every convex partition.
-        let dp_exact = at_bound || is_chain(&problem);
+        // A chain has one topological order, so a DP that finished saw every convex partition.
+        let dp_exact = at_bound || (dp_complete && is_chain(&problem));
         let search = self.config.solver == SolverChoice::Auto && !dp_exact;
         let run_milp = match self.config.solver {
             SolverChoice::Dp => false,
@@ -738,7 +848,8 @@ impl<'a> Planner<'a> {
             // The MILP has no work count: under a budget the ideal search is the last word.
             SolverChoice::Auto => !dp_exact && budget.is_none(),
         };
-        let searched = search.then(|| self.search_ideals(&problem, &incumbent, deadline));
+        let searched = (search && Instant::now() < deadline)
+            .then(|| self.search_ideals(&problem, &incumbent, deadline));
         // Without the time of one more DP left (the MILP's refinement needs it), coarsening a
         // large model and building its MILP would only overrun the limit.
         let milp_has_time = Instant::now() + dp_secs < deadline;
@@ -780,6 +891,7 @@ impl<'a> Planner<'a> {
             let (stage_of, bound, report) =
                 self.milp_within_deadline(&problem, &start, deadline, dp_secs);
             if let Some(bound) = bound {
+                proved.branch_and_bound_secs = Some(bound);
                 lower_bound_secs = lower_bound_secs.max(bound);
             }
             let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
@@ -807,6 +919,16 @@ impl<'a> Planner<'a> {
             };
             (incumbent, status, SolverKind::Dp, None)
         };
+        // The DP's plan, from a DP the deadline stopped (or never began): say so, rather than
+        // that only the MILP was missing.
+        let status = match status {
+            SolveStatus::Heuristic {
+                reason: HeuristicReason::MilpNotStarted | HeuristicReason::DpOnly,
+            } if !dp_complete && solver == SolverKind::Dp => SolveStatus::Heuristic {
+                reason: HeuristicReason::DpStopped,
+            },
+            other => other,
+        };
         let evaluation = problem.evaluate(&stage_of);
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
@@ -814,6 +936,7 @@ impl<'a> Planner<'a> {
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
+            bounds: proved,
             stage_of,
             evaluation,
             solver,
@@ -1112,6 +1235,29 @@ pub(crate) fn evaluate_baselines(
         })
         .collect();
     (results, detected.description())
+}
+
+/// Why a peer's plan is missing when the model's costs took half the time limit.
+pub const BASELINES_SKIPPED: &str =
+    "not computed: the model's costs took half the time limit, which goes to pipecut's plan";
+
+/// Every peer, not computed, for a solve whose costs took half the time limit.
+fn skipped_baselines(layer_type: &str) -> (Vec<BaselineResult>, String) {
+    let results = Baseline::ALL
+        .iter()
+        .map(|&baseline| BaselineResult {
+            baseline,
+            peer: baseline.peer(layer_type),
+            starts: None,
+            bottleneck_secs: None,
+            fits: None,
+            error: Some(BASELINES_SKIPPED.to_string()),
+        })
+        .collect();
+    (
+        results,
+        "layers not detected (baselines skipped)".to_string(),
+    )
 }
 
 /// Why nothing fits: the node that cannot fit even alone, or how many devices would be needed.

@@ -33,8 +33,8 @@ use crate::onnx::Digests;
 use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
 use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::{
-    Baseline, CostSettings, CutConstraints, PartitionProblem, Solution, SolveStatus, SolverKind,
-    StageCount, StageId,
+    Baseline, CostSettings, CutConstraints, LowerBounds, PartitionProblem, Solution, SolveStatus,
+    SolverKind, StageCount, StageId,
 };
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
@@ -395,6 +395,11 @@ pub struct PlanSummary {
     /// With `--stages auto`, every count tried.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_count_candidates: Vec<PlanCandidate>,
+    /// Each lower bound the solve proved (average work, granularity, LP relaxation, branch and
+    /// bound), so that the plan says which proof gives `lower_bound_secs`. Absent in plans from
+    /// before it was recorded and in hand-edited ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<LowerBounds>,
     /// Solver wall-clock time, only when asked for (it varies between runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub solve_secs: Option<f64>,
@@ -611,6 +616,7 @@ impl Plan {
             summary: PlanSummary {
                 bottleneck_secs: bottleneck,
                 lower_bound_secs: solution.lower_bound_secs,
+                bounds: Some(solution.bounds),
                 gap: solution.gap(),
                 status: solution.status,
                 solver: solution.solver,
@@ -970,10 +976,19 @@ impl Plan {
             0.0
         };
         summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
-        let (baselines, baseline_layers) =
-            crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
-        summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
-        summary.baseline_layers = baseline_layers;
+        // Baselines the solve skipped for time stay skipped: re-deriving them would take the
+        // time the limit denied them, and a skipped comparison claims nothing.
+        let skipped = !summary.baselines.is_empty()
+            && summary
+                .baselines
+                .iter()
+                .all(|b| b.error.as_deref() == Some(crate::partition::BASELINES_SKIPPED));
+        if !skipped {
+            let (baselines, baseline_layers) =
+                crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
+            summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
+            summary.baseline_layers = baseline_layers;
+        }
         let k = plan.stages.len();
         if plan
             .summary
@@ -1089,6 +1104,29 @@ impl Plan {
                 }
             }
         }
+        if let Some(bounds) = &summary.bounds {
+            // Each recorded proof is a claim too: none may exceed the plan's own bottleneck, and
+            // the lower bound needs one of them (or a proof of optimality) behind it.
+            let recorded = [
+                ("average_work_secs", Some(bounds.average_work_secs)),
+                ("granularity_secs", bounds.granularity_secs),
+                ("lp_relaxation_secs", bounds.lp_relaxation_secs),
+                ("branch_and_bound_secs", bounds.branch_and_bound_secs),
+            ];
+            for (field, value) in recorded {
+                if let Some(value) = value.filter(|&v| above(v, bottleneck)) {
+                    return bad(format!(
+                        "summary bounds.{field} {value} s exceeds the bottleneck {bottleneck} s"
+                    ));
+                }
+            }
+            let strongest = bounds.strongest().1;
+            if summary.status != SolveStatus::Optimal && above(bound, strongest) {
+                return bad(format!(
+                    "the lower bound {bound} s is above every bound the plan records (at most {strongest} s)"
+                ));
+            }
+        }
         match summary.status {
             SolveStatus::Optimal if above(bottleneck, bound) => bad(format!(
                 "the status says optimal but the plan's bottleneck {bottleneck} s is above its lower bound {bound} s (gap {:.4}%): nothing it records proves it optimal; `pipecut check --rewrite` records it as hand-edited",
@@ -1151,10 +1189,12 @@ impl Plan {
         plan.summary.status = SolveStatus::HandEdited;
         plan.summary.solve_secs = None;
         if plan.check_claims(&rederived.problem).is_err() {
-            plan.summary.lower_bound_secs = rederived
-                .problem
-                .lower_bound_secs()
-                .min(plan.summary.bottleneck_secs);
+            let average = rederived.problem.lower_bound_secs();
+            plan.summary.lower_bound_secs = average.min(plan.summary.bottleneck_secs);
+            plan.summary.bounds = Some(LowerBounds {
+                average_work_secs: plan.summary.lower_bound_secs,
+                ..LowerBounds::default()
+            });
         }
         plan.summary.gap =
             rederive::relative_gap(plan.summary.bottleneck_secs, plan.summary.lower_bound_secs);

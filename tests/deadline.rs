@@ -1,0 +1,60 @@
+//! Limits at any size (issue 17, item 4): every phase after loading watches the deadline, so a
+//! time limit spent before the search still returns a plan, with a status that says so. Not
+//! timed: a limit of one microsecond is spent by the model's costs on any machine, and the test
+//! asserts on what ran (statuses, skipped baselines, bounds not computed), not on wall time.
+
+use std::time::Duration;
+
+use pipecut::cost::{Catalog, Cluster};
+use pipecut::partition::{
+    HeuristicReason, Planner, SolveStatus, SolverChoice, SolverKind, StageCount, BASELINES_SKIPPED,
+};
+
+mod common;
+
+#[test]
+fn a_limit_spent_on_the_costs_still_returns_a_plan_that_says_what_ran() {
+    let graph = common::transformer(1_000, 64, 16);
+    let cluster = Cluster::parse("8x8xH100-SXM", &Catalog::builtin()).unwrap();
+    let planner = Planner::new(&graph, &cluster)
+        .with_stages(StageCount::Fixed(64))
+        .with_solver(SolverChoice::Auto);
+    let spent = planner
+        .clone()
+        .with_time_limit(Duration::from_micros(1))
+        .solve()
+        .unwrap();
+    assert_eq!(spent.stage_of.len(), graph.node_count());
+    spent.problem.check_assignment(&spent.stage_of).unwrap();
+    assert!(spent.evaluation.fits());
+    // The balanced split stands: no DP, search, MILP, bound or baseline began.
+    assert_eq!(
+        spent.status,
+        SolveStatus::Heuristic {
+            reason: HeuristicReason::DpStopped
+        }
+    );
+    assert_eq!(spent.solver, SolverKind::Dp);
+    assert!(spent.milp.is_none());
+    assert_eq!(spent.bounds.granularity_secs, None);
+    assert_eq!(spent.bounds.lp_relaxation_secs, None);
+    assert_eq!(spent.lower_bound_secs, spent.bounds.average_work_secs);
+    assert!(spent
+        .baselines
+        .iter()
+        .all(|b| b.error.as_deref() == Some(BASELINES_SKIPPED)));
+
+    // The same model with time: the DP finishes, is at least as good, and the baselines run.
+    let timed = planner.with_work_budget(Some(1_000_000)).solve().unwrap();
+    assert!(timed.evaluation.bottleneck_secs <= spent.evaluation.bottleneck_secs);
+    assert_ne!(
+        timed.status,
+        SolveStatus::Heuristic {
+            reason: HeuristicReason::DpStopped
+        }
+    );
+    assert!(timed
+        .baselines
+        .iter()
+        .all(|b| b.error.as_deref() != Some(BASELINES_SKIPPED)));
+}
