@@ -148,6 +148,10 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "norm_rows_f32",
         "reduce_rows_f32",
         "reduce_f32",
+        "im2col_f32",
+        "conv_direct_f32",
+        "pool_f32",
+        "batch_norm_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -290,7 +294,23 @@ fn run_plan(
     out
 }
 
-/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs.
+/// Asserts that no stage of a `pipecut run --json` report copied a device tensor back to run an
+/// op on the host: every float op of the run had a device kernel.
+#[cfg(feature = "cuda")]
+fn assert_no_host_fallbacks(what: &str, report: &str) {
+    let report: Value = serde_json::from_str(report).expect("JSON report");
+    for stage in report["stages"].as_array().unwrap() {
+        let host_ops = stage["host_ops"].as_object().expect("host_ops");
+        assert!(
+            host_ops.is_empty(),
+            "{what}: stage {} ran float ops on the host: {host_ops:?}",
+            stage["stage"]
+        );
+    }
+}
+
+/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs, every float op on
+/// the device.
 #[cfg(feature = "cuda")]
 fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) {
     for name in common::FIXTURES {
@@ -301,13 +321,18 @@ fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) 
             let dir = tempfile::tempdir().unwrap();
             let plan = partition(dir.path(), &model, stages, &dims);
             let out_dir = dir.path().join("out");
-            let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+            let mut extra = vec![
+                "--microbatches".to_string(),
+                "1".to_string(),
+                "--json".to_string(),
+            ];
             for input in &inputs {
                 extra.extend(["--input".to_string(), input.clone()]);
             }
             let out = run_plan(&plan, &model, "cuda", &extra, &out_dir, env);
-            eprintln!("{name} K={stages}:\n{out}");
-            assert_close(&format!("{name} K={stages}"), &out_dir, &reference);
+            let what = format!("{name} K={stages}");
+            assert_no_host_fallbacks(&what, &out);
+            assert_close(&what, &out_dir, &reference);
         }
     }
 }
@@ -494,10 +519,11 @@ fn cuda_matches_cpu(env: &[(String, String)], dims: &[&str], stage_counts: &[usi
             let plan = partition(dir.path(), &model, stages, &dims);
             let extra = ["--microbatches".to_string(), "2".to_string()];
             let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
-            let out = run_plan(&plan, &model, "cuda", &extra, &cuda, env);
+            let json = [&extra[..], &["--json".to_string()]].concat();
+            let out = run_plan(&plan, &model, "cuda", &json, &cuda, env);
             run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
             let what = format!("{name} K={stages} {dims:?}");
-            eprintln!("{what}:\n{out}");
+            assert_no_host_fallbacks(&what, &out);
             assert_same_outputs(&what, &cuda, &cpu);
         }
     }
@@ -512,6 +538,45 @@ fn cuda_matches_the_cpu_runtime_at_odd_shapes() {
         return;
     };
     cuda_matches_cpu(&env, &["batch=3", "seq=11"], &[1, 3]);
+}
+
+/// A real CNN (PaddleOCR's text-direction classifier: convolutions grouped, depthwise, strided
+/// and pointwise, batch normalisation, HardSigmoid, both poolings) in 2 stages runs every float
+/// op on the device and matches the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_real_cnn_runs_wholly_on_the_device() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some((name, path)) = common::real_models()
+        .into_iter()
+        .find(|(name, _)| name == "ppocr_mobile_v2_cls")
+    else {
+        return;
+    };
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::root().join(format!("fixtures/reference/real/{name}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let dims: Vec<String> = reference["dims"]
+        .as_object()
+        .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
+        .unwrap_or_default();
+    let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+    let model = path.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(dir.path(), model, 2, &dims);
+    let extra = ["--microbatches".to_string(), "2".to_string()];
+    let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+    let json = [&extra[..], &["--json".to_string()]].concat();
+    let out = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    assert_no_host_fallbacks(&name, &out);
+    assert_same_outputs(&name, &cuda, &cpu);
 }
 
 /// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
@@ -622,6 +687,14 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
         "identity",
         "shape",
         "size",
+        "conv",
+        "maxpool",
+        "averagepool",
+        "globalaveragepool",
+        "globalmaxpool",
+        "batchnorm",
+        "hardsigmoid",
+        "hardswish",
     ];
     let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
         return;

@@ -20,6 +20,7 @@
 
 mod compile;
 mod ops;
+mod window_ops;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
