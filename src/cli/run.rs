@@ -218,7 +218,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|s| executor.prepare(s))
                 .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
+            let report = executor.run_resident_pipeline(&mut prepared, &inputs, microbatches)?;
             let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
             (report, host_ops)
         }

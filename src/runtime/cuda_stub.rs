@@ -108,6 +108,16 @@ impl<'a> CudaExecutor<'a> {
     pub fn device_count(&self) -> usize {
         match self._never {}
     }
+
+    /// Runs a pipeline whose tensors stay on the device between stages.
+    pub fn run_resident_pipeline(
+        &self,
+        _stages: &mut [CudaStage],
+        _inputs: &Tensors,
+        _microbatches: usize,
+    ) -> Result<super::PipelineReport, Error> {
+        match self._never {}
+    }
 }
 
 impl super::NodeTimer for CudaExecutor<'_> {

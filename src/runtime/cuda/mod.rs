@@ -20,6 +20,7 @@
 
 mod compile;
 mod ops;
+mod resident;
 mod window_ops;
 
 use std::cell::Cell;
@@ -462,13 +463,42 @@ impl super::NodeTimer for CudaExecutor<'_> {
 }
 
 impl CudaExecutor<'_> {
-    /// Runs the stage's nodes in order; with `observe`, times each (see `run_observed`).
+    /// Runs the stage on host tensors and answers host tensors, its stream synchronised; with
+    /// `observe`, times each node (see `run_observed`).
     fn run_nodes(
         &self,
         stage: &CudaStage,
         inputs: &Tensors,
-        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+        observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
     ) -> Result<Tensors, Error> {
+        let index = stage.spec.index;
+        let values = inputs
+            .iter()
+            .map(|(name, t)| (name.clone(), Value::host(Arc::clone(t))))
+            .collect();
+        let mut sends = Tensors::new();
+        for (name, value) in self.run_values(stage, &values, observe)? {
+            let host = value
+                .to_host(&stage.stream)
+                .map_err(|e| Self::stage_error(index, e))?;
+            sends.insert(name, host);
+        }
+        stage
+            .stream
+            .synchronize()
+            .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
+        Ok(sends)
+    }
+
+    /// Runs the stage's nodes in order on its stream, from the values it receives (by name) to
+    /// the values it sends, wherever they are: nothing waits for the device here. A host value
+    /// is sent without its device copy, which belongs to this stage's stream.
+    fn run_values(
+        &self,
+        stage: &CudaStage,
+        inputs: &BTreeMap<String, Value>,
+        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+    ) -> Result<BTreeMap<String, Value>, Error> {
         let graph = self.graph;
         let index = stage.spec.index;
         let gpu = Gpu {
@@ -487,7 +517,7 @@ impl CudaExecutor<'_> {
                     "stage {index} needs tensor '{name}', which was not given"
                 ))
             })?;
-            env.insert(id, Value::host(Arc::clone(value)));
+            env.insert(id, value.clone());
         }
         let fetch = |env: &HashMap<TensorId, Value>, id: TensorId| -> Option<Value> {
             env.get(&id)
@@ -569,7 +599,7 @@ impl CudaExecutor<'_> {
                 env.remove(t);
             }
         }
-        let mut sends = Tensors::new();
+        let mut sends = BTreeMap::new();
         for &id in &stage.spec.sends {
             let name = graph.tensor(id).name.clone();
             let value = fetch(&env, id).ok_or_else(|| {
@@ -577,15 +607,12 @@ impl CudaExecutor<'_> {
                     "stage {index} should send '{name}' but does not have it"
                 ))
             })?;
-            let host = value
-                .to_host(&stage.stream)
-                .map_err(|e| Self::stage_error(index, e))?;
-            sends.insert(name, host);
+            let value = match value {
+                Value::Host(t, _) => Value::host(t),
+                device => device,
+            };
+            sends.insert(name, value);
         }
-        stage
-            .stream
-            .synchronize()
-            .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
         Ok(sends)
     }
 }
