@@ -583,7 +583,8 @@ fn a_real_cnn_runs_wholly_on_the_device() {
 /// (`PC_FAKE_CUDA_STATS`): a 3-stage run downloads exactly what a 1-stage run does, the outputs
 /// once per micro-batch, on one GPU and on two (where tensors cross by peer copies); and its
 /// stream-order checks (memory used or freed on one stream after another stream's use, with no
-/// event between) object to nothing. The outputs match the CPU runtime's.
+/// event between) object to nothing. The outputs match the CPU runtime's. Each GPU's memory pool
+/// keeps the plan's activation memory of its stages (peak less parameters).
 #[cfg(feature = "cuda")]
 #[test]
 fn tensors_cross_stages_on_the_device_without_the_host() {
@@ -624,6 +625,19 @@ fn tensors_cross_stages_on_the_device_without_the_host() {
                 );
                 if devices == 2 && stages > 1 {
                     assert!(copies["peer"].as_u64().unwrap() > 0, "{what}: {copies}");
+                }
+                let plan: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+                let mut pools = vec![0u64; devices.min(stages as u32) as usize];
+                for (k, stage) in plan["stages"].as_array().unwrap().iter().enumerate() {
+                    let peak = stage["peak_memory_bytes"].as_u64().unwrap();
+                    let params = stage["param_bytes"].as_u64().unwrap();
+                    let device = k % pools.len();
+                    pools[device] += peak - params;
+                }
+                let thresholds = copies["pool_release_threshold"].as_array().unwrap();
+                for (device, bytes) in pools.iter().enumerate() {
+                    assert_eq!(thresholds[device], *bytes, "{what}: pool of GPU {device}");
                 }
                 downloads.push(copies["device_to_host"].clone());
             }

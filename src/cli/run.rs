@@ -214,6 +214,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Backend::Cuda => {
             let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
+            let activation_bytes: Vec<u64> = plan
+                .stages
+                .iter()
+                .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
+                .collect();
+            executor.size_memory_pools(&activation_bytes)?;
             let mut prepared = specs
                 .iter()
                 .map(|s| executor.prepare(s))

@@ -99,6 +99,10 @@ struct Device {
     size_t used = 0;
     std::unique_ptr<Context> primary;
     int retains = 0;
+    // The default memory pool: what it keeps between synchronisations (its release threshold).
+    struct Pool {
+        uint64_t release_threshold = 0;
+    } pool;
 };
 
 struct Context {
@@ -274,11 +278,18 @@ void write_stats() {
     const char* path = std::getenv("PC_FAKE_CUDA_STATS");
     if (!path) return;
     Driver& d = driver();
+    std::string pools;
+    for (const auto& device : d.devices) {
+        if (!pools.empty()) pools += ", ";
+        pools += std::to_string(device->pool.release_threshold);
+    }
     if (FILE* f = std::fopen(path, "w")) {
         std::fprintf(f,
                      "{\"host_to_device\": %llu, \"device_to_host\": %llu, "
-                     "\"device_to_device\": %llu, \"peer\": %llu}\n",
-                     d.host_to_device, d.device_to_host, d.device_to_device, d.peer);
+                     "\"device_to_device\": %llu, \"peer\": %llu, "
+                     "\"pool_release_threshold\": [%s]}\n",
+                     d.host_to_device, d.device_to_host, d.device_to_device, d.peer,
+                     pools.c_str());
         std::fclose(f);
     }
 }
@@ -1043,6 +1054,33 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, vo
     ++driver().device_to_device;
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
     return SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(void** pool, CUdevice device) {
+    Guard g(driver().lock);
+    if (!driver().initialised) return NOT_INITIALIZED;
+    if (device < 0 || device >= int(driver().devices.size())) return INVALID_DEVICE;
+    *pool = &driver().devices[device]->pool;
+    return SUCCESS;
+}
+
+// Only the release threshold (attribute 4), a u64 no larger than the device's memory.
+CUresult cuMemPoolSetAttribute(void* pool, int attribute, void* value) {
+    Guard g(driver().lock);
+    for (const auto& device : driver().devices) {
+        if (pool != &device->pool) continue;
+        if (attribute != 4) return INVALID_VALUE;
+        uint64_t bytes;
+        std::memcpy(&bytes, value, sizeof bytes);
+        if (bytes > device->memory) {
+            say("a release threshold of %llu bytes for device %d, which has %zu",
+                (unsigned long long)bytes, device->ordinal, device->memory);
+            return INVALID_VALUE;
+        }
+        device->pool.release_threshold = bytes;
+        return SUCCESS;
+    }
+    return INVALID_HANDLE;
 }
 
 // A copy between two devices' memory, on a stream of the current context.

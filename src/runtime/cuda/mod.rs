@@ -375,6 +375,45 @@ impl<'a> CudaExecutor<'a> {
         self.devices.len()
     }
 
+    /// Sizes each GPU's memory pool from the plan: `stage_bytes[k]` is what stage `k` holds
+    /// beyond its weights (the plan's peak less its parameters), and a GPU's pool keeps the sum
+    /// over its stages between micro-batches rather than handing it back to the driver at each
+    /// synchronisation (the release threshold's default, 0, frees it every time).
+    pub fn size_memory_pools(&self, stage_bytes: &[u64]) -> Result<(), Error> {
+        let mut per_device = vec![0u64; self.devices.len()];
+        for (k, &bytes) in stage_bytes.iter().enumerate() {
+            let d = k % per_device.len().max(1);
+            per_device[d] = per_device[d].saturating_add(bytes);
+        }
+        for (ordinal, (state, bytes)) in self.devices.iter().zip(per_device).enumerate() {
+            if !state.context.has_async_alloc() {
+                continue;
+            }
+            let fail = |e: cudarc::driver::DriverError| {
+                Error::Cuda(format!("GPU {ordinal}: cannot size its memory pool: {e}"))
+            };
+            state.context.bind_to_thread().map_err(fail)?;
+            let mut pool = std::ptr::null_mut();
+            let mut threshold = bytes;
+            // SAFETY: `pool` receives the device's default pool, which the attribute call
+            // reads; the threshold is a u64, as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes.
+            unsafe {
+                use cudarc::driver::sys;
+                sys::cuDeviceGetDefaultMemPool(&mut pool, state.context.cu_device())
+                    .result()
+                    .map_err(fail)?;
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+                .result()
+                .map_err(fail)?;
+            }
+        }
+        Ok(())
+    }
+
     fn stage_error(stage: usize, detail: String) -> Error {
         Error::Cuda(format!("stage {stage}: {detail}"))
     }
