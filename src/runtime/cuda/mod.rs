@@ -12,11 +12,11 @@
 //!                      device ops do not take runs its CPU kernel on host copies (counted)
 //! ```
 //!
-//! Stages implement the same [`Executor`] trait as the CPU backend, so [`super::run_pipeline`]
-//! streams micro-batches through them, one thread per stage; several stages may share one GPU.
-//! Tensors cross stages through host memory (the trait's contract). Not built yet: transfers
-//! between devices without the host, a stage-sized memory pool, NCCL for several processes
-//! (see `docs/cuda.md`).
+//! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
+//! contract `profile` and embedding code use); `pipecut run` streams micro-batches through
+//! [`CudaExecutor::run_resident_pipeline`] instead, where tensors cross stages on the device
+//! (`resident.rs`), one thread per stage; several stages may share one GPU. Each GPU's memory
+//! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
 
 mod compile;
 mod ops;
@@ -250,10 +250,11 @@ impl DeviceState {
         let fail = |e: String| (None, Error::Cuda(e));
         let context = CudaContext::new(ordinal)
             .map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
-        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here every
-        // buffer is made and used on one stage's one stream (tensors cross stages through the
-        // host, after the stream is synchronised), so the events would only cost two
-        // creations and a record per allocation.
+        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here a buffer
+        // is made and written on one stage's one stream, and a tensor crossing to another
+        // stage is ordered explicitly (`resident.rs`: the reader waits for the writer's event,
+        // the buffer's own stream waits for the reader before freeing it), so per-allocation
+        // events would only cost two creations and a record per allocation.
         unsafe { context.disable_event_tracking() };
         let attribute = |a| {
             context
