@@ -150,6 +150,7 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "reduce_f32",
         "im2col_f32",
         "conv_direct_f32",
+        "conv_transpose_f32",
         "pool_f32",
         "batch_norm_f32",
     ] {
@@ -755,6 +756,7 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
         "shape",
         "size",
         "conv",
+        "convtranspose",
         "maxpool",
         "averagepool",
         "globalaveragepool",

@@ -302,6 +302,37 @@ extern "C" __global__ void conv_direct_f32(const float* x, const float* wt, cons
     }
 }
 
+// Transposed convolution, one thread per output value gathering the input taps that reach it
+// (no atomics): input [n, c, h, w], weights [c, m/groups, kh, kw], output [n, m, oh, ow], pads
+// (ph, pw) cut from the output's start. The bias (m values) is read only when has_bias.
+extern "C" __global__ void conv_transpose_f32(const float* x, const float* wt, const float* bias,
+                                              float* y, Window2d g, int has_bias) {
+    long long cg = g.c / g.groups, mg = g.m / g.groups;
+    GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
+        long long ox = i % g.ow, t = i / g.ow;
+        long long oy = t % g.oh;
+        t /= g.oh;
+        long long oc = t % g.m, b = t / g.m;
+        long long group = oc / mg, within = oc % mg;
+        float acc = has_bias ? bias[oc] : 0.0f;
+        for (long long ci = 0; ci < cg; ++ci) {
+            long long channel = group * cg + ci;
+            const float* plane = x + (b * g.c + channel) * g.h * g.w;
+            const float* taps = wt + (channel * mg + within) * g.kh * g.kw;
+            for (long long ky = 0; ky < g.kh; ++ky) {
+                long long sy = oy + g.ph - ky * g.dh;
+                if (sy < 0 || sy % g.sh != 0 || sy / g.sh >= g.h) continue;
+                for (long long kx = 0; kx < g.kw; ++kx) {
+                    long long sx = ox + g.pw - kx * g.dw;
+                    if (sx < 0 || sx % g.sw != 0 || sx / g.sw >= g.w) continue;
+                    acc += plane[(sy / g.sh) * g.w + sx / g.sw] * taps[ky * g.kw + kx];
+                }
+            }
+        }
+        y[i] = acc;
+    }
+}
+
 // MaxPool (is_max) or AveragePool of each [h, w] plane, one thread per output value. A max
 // window wholly in the padding gives -inf; the average counts the padding when
 // count_include_pad, except the part of a ceil-mode window past the end padding.

@@ -179,6 +179,14 @@ impl Value {
         Value::Host(tensor, Arc::default())
     }
 
+    /// Whether it is a float tensor (device tensors are).
+    fn is_float(&self) -> bool {
+        match self {
+            Value::Host(t, _) => t.dtype() == crate::graph::DType::F32,
+            Value::Device(_) => true,
+        }
+    }
+
     fn shape(&self) -> &[usize] {
         match self {
             Value::Host(t, _) => t.shape(),
@@ -333,9 +341,9 @@ impl CudaStage {
         self.weight_bytes
     }
 
-    /// How many times each op copied device tensors to the host to run its CPU kernel, over
-    /// every run so far (ops that only ever see host tensors, like shape arithmetic, are not
-    /// counted).
+    /// How many times each op with a float operand ran its CPU kernel because no device op took
+    /// it, over every run so far (ops on integer and boolean tensors only, like shape
+    /// arithmetic, run on the host by design and are not counted).
     pub fn host_runs(&self) -> BTreeMap<String, usize> {
         self.host_runs.lock().map(|m| m.clone()).unwrap_or_default()
     }
@@ -594,10 +602,10 @@ impl CudaExecutor<'_> {
             let results: Vec<Value> = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
                 Some(results) => results,
                 None => {
-                    // Host-only work (shape arithmetic, constants) is by design; what is counted
-                    // is a device tensor copied back because no device op took the node.
-                    let copies_back = args.iter().flatten().any(|v| matches!(v, Value::Device(_)));
-                    if copies_back {
+                    // Host-only integer work (shape arithmetic, indices) is by design; what is
+                    // counted is a float op no device op took: its float operands (on the
+                    // device, or graph inputs and constants on the host) are computed on the CPU.
+                    if args.iter().flatten().any(Value::is_float) {
                         if let Ok(mut counts) = stage.host_runs.lock() {
                             *counts.entry(node.op_type.clone()).or_default() += 1;
                         }

@@ -55,6 +55,7 @@ pub(super) struct Functions {
     reduce: CudaFunction,
     pub(super) im2col: CudaFunction,
     pub(super) conv_direct: CudaFunction,
+    pub(super) conv_transpose: CudaFunction,
     pub(super) pool: CudaFunction,
     pub(super) batch_norm: CudaFunction,
 }
@@ -80,6 +81,7 @@ impl Functions {
             reduce: f("reduce_f32")?,
             im2col: f("im2col_f32")?,
             conv_direct: f("conv_direct_f32")?,
+            conv_transpose: f("conv_transpose_f32")?,
             pool: f("pool_f32")?,
             batch_norm: f("batch_norm_f32")?,
         })
@@ -431,6 +433,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             reduce(gpu, ctx, args)
         }
         "Conv" => window_ops::conv(gpu, ctx, args),
+        "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "MaxPool" | "AveragePool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
         "BatchNormalization" if !extra_outputs(ctx) && ctx.int("training_mode", 0) == 0 => {

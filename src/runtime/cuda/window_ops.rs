@@ -1,4 +1,4 @@
-//! The CNN ops on the device: Conv, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and
+//! The CNN ops on the device: Conv, ConvTranspose, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and
 //! inference BatchNormalization, over 1-D and 2-D spatial inputs (as the CPU runtime's
 //! `kernels/conv.rs`, whose window geometry they share; 3-D inputs are left to the CPU).
 //!
@@ -222,6 +222,79 @@ fn conv_gemm(
         }
     }
     Ok(out)
+}
+
+/// ConvTranspose with explicit pads (or none); an `output_shape` or SAME padding is left to the
+/// CPU kernel, which derives the pads.
+pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(w)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let bias = match args.get(2) {
+        Some(Some(_)) => match device(gpu, args, 2)? {
+            Some(b) => Some(b),
+            None => return Ok(None),
+        },
+        _ => None,
+    };
+    let auto_pad = ctx.string("auto_pad", "NOTSET");
+    let explicit = auto_pad == "NOTSET" || auto_pad == "VALID";
+    if x.shape.len() != w.shape.len()
+        || !(3..=4).contains(&x.shape.len())
+        || ctx.ints("output_shape").is_some()
+        || !explicit
+    {
+        return Ok(None);
+    }
+    let ([n, c, h, wd], one_d) = nchw_of(&x.shape)?;
+    let ([wc, mg, kh, kw], _) = nchw_of(&w.shape)?;
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
+    if wc != c || c % group != 0 {
+        return Err(format!(
+            "input has {c} channels, weight {:?} with group {group}",
+            w.shape
+        ));
+    }
+    let m = mg * group;
+    if bias.as_ref().is_some_and(|b| numel(&b.shape) != m) {
+        return Err(format!("bias does not have {m} entries"));
+    }
+    let win = window(ctx, one_d, [kh, kw], [h, wd])?;
+    let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
+    let mut out_hw = [0usize; 2];
+    for axis in 0..2 {
+        let full = win.stride[axis] * ([h, wd][axis] - 1)
+            + out_pad[axis]
+            + (win.kernel[axis] - 1) * win.dilation[axis]
+            + 1;
+        out_hw[axis] = full
+            .checked_sub(win.pad[axis][0] + win.pad[axis][1])
+            .ok_or("pads exceed the output")?;
+    }
+    let geometry = Window2d::new([n, c, h, wd], (m, out_hw), &win, group);
+    let total = n * m * out_hw[0] * out_hw[1];
+    let mut out = gpu.alloc(total)?;
+    let has_bias = bias.is_some() as i32;
+    // Without a bias the kernel never reads its bias argument; the weights stand in.
+    let bias_data = bias.as_ref().map_or(&*w.data, |b| &*b.data);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.conv_transpose);
+    launch
+        .arg(&*x.data)
+        .arg(&*w.data)
+        .arg(bias_data)
+        .arg(&mut out)
+        .arg(&geometry)
+        .arg(&has_bias);
+    // SAFETY: argument types match `conv_transpose_f32`; every input index it reads is checked
+    // against the input plane.
+    unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(
+        window_output_shape(n, m, out_hw, one_d),
+        out,
+    ))
 }
 
 pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
