@@ -307,7 +307,10 @@ pub struct CudaStage {
     stream: Arc<CudaStream>,
     /// Dropped by hand: see `Drop`.
     blas: ManuallyDrop<CudaBlas>,
-    weights: HashMap<TensorId, DeviceTensor>,
+    /// Float weights as host values whose device copy is already made: device ops read the
+    /// copy, and a host fallback or an op's host-side operand (Clip's bounds, Resize's scales)
+    /// the host tensor, with no download.
+    weights: HashMap<TensorId, Value>,
     weight_bytes: u64,
     host_runs: Mutex<BTreeMap<String, usize>>,
     not_sync: PhantomData<Cell<()>>,
@@ -474,7 +477,8 @@ impl Executor for CudaExecutor<'_> {
                     )
                 })?;
                 weight_bytes += values.len() as u64 * 4;
-                weights.insert(id, DeviceTensor::new(host.shape().to_vec(), data));
+                let uploaded = OnceLock::from(DeviceTensor::new(host.shape().to_vec(), data));
+                weights.insert(id, Value::Host(Arc::clone(host), Arc::new(uploaded)));
             }
         }
         Ok(CudaStage {
@@ -570,7 +574,7 @@ impl CudaExecutor<'_> {
         let fetch = |env: &HashMap<TensorId, Value>, id: TensorId| -> Option<Value> {
             env.get(&id)
                 .cloned()
-                .or_else(|| stage.weights.get(&id).cloned().map(Value::Device))
+                .or_else(|| stage.weights.get(&id).cloned())
                 .or_else(|| self.weights.get(id).cloned().map(Value::host))
         };
         for step in &stage.steps {

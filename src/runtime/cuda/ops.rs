@@ -360,11 +360,11 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     }
     // Shape and Size read only the shape: a device tensor is not copied for them.
-    if let (Some(Some(Value::Device(x))), "Shape" | "Size") = (args.first(), op) {
+    if let (Some(Some(x)), "Shape" | "Size") = (args.first(), op) {
         let out = if op == "Shape" {
-            shape_tensor(ctx, &x.shape)
+            shape_tensor(ctx, x.shape())
         } else {
-            HostTensor::i64(vec![], vec![numel(&x.shape) as i64])
+            HostTensor::i64(vec![], vec![numel(x.shape()) as i64])
         };
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
