@@ -148,6 +148,11 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "norm_rows_f32",
         "reduce_rows_f32",
         "reduce_f32",
+        "im2col_f32",
+        "conv_direct_f32",
+        "conv_transpose_f32",
+        "pool_f32",
+        "batch_norm_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -290,7 +295,23 @@ fn run_plan(
     out
 }
 
-/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs.
+/// Asserts that no stage of a `pipecut run --json` report copied a device tensor back to run an
+/// op on the host: every float op of the run had a device kernel.
+#[cfg(feature = "cuda")]
+fn assert_no_host_fallbacks(what: &str, report: &str) {
+    let report: Value = serde_json::from_str(report).expect("JSON report");
+    for stage in report["stages"].as_array().unwrap() {
+        let host_ops = stage["host_ops"].as_object().expect("host_ops");
+        assert!(
+            host_ops.is_empty(),
+            "{what}: stage {} ran float ops on the host: {host_ops:?}",
+            stage["stage"]
+        );
+    }
+}
+
+/// Every fixture, whole and in 2 to 4 stages, against onnxruntime's outputs, every float op on
+/// the device.
 #[cfg(feature = "cuda")]
 fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) {
     for name in common::FIXTURES {
@@ -301,13 +322,18 @@ fn fixtures_match_onnxruntime(env: &[(String, String)], stage_counts: &[usize]) 
             let dir = tempfile::tempdir().unwrap();
             let plan = partition(dir.path(), &model, stages, &dims);
             let out_dir = dir.path().join("out");
-            let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+            let mut extra = vec![
+                "--microbatches".to_string(),
+                "1".to_string(),
+                "--json".to_string(),
+            ];
             for input in &inputs {
                 extra.extend(["--input".to_string(), input.clone()]);
             }
             let out = run_plan(&plan, &model, "cuda", &extra, &out_dir, env);
-            eprintln!("{name} K={stages}:\n{out}");
-            assert_close(&format!("{name} K={stages}"), &out_dir, &reference);
+            let what = format!("{name} K={stages}");
+            assert_no_host_fallbacks(&what, &out);
+            assert_close(&what, &out_dir, &reference);
         }
     }
 }
@@ -494,10 +520,11 @@ fn cuda_matches_cpu(env: &[(String, String)], dims: &[&str], stage_counts: &[usi
             let plan = partition(dir.path(), &model, stages, &dims);
             let extra = ["--microbatches".to_string(), "2".to_string()];
             let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
-            let out = run_plan(&plan, &model, "cuda", &extra, &cuda, env);
+            let json = [&extra[..], &["--json".to_string()]].concat();
+            let out = run_plan(&plan, &model, "cuda", &json, &cuda, env);
             run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
             let what = format!("{name} K={stages} {dims:?}");
-            eprintln!("{what}:\n{out}");
+            assert_no_host_fallbacks(&what, &out);
             assert_same_outputs(&what, &cuda, &cpu);
         }
     }
@@ -512,6 +539,112 @@ fn cuda_matches_the_cpu_runtime_at_odd_shapes() {
         return;
     };
     cuda_matches_cpu(&env, &["batch=3", "seq=11"], &[1, 3]);
+}
+
+/// A real CNN (PaddleOCR's text-direction classifier: convolutions grouped, depthwise, strided
+/// and pointwise, batch normalisation, HardSigmoid, both poolings) in 2 stages runs every float
+/// op on the device and matches the CPU runtime.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_real_cnn_runs_wholly_on_the_device() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some((name, path)) = common::real_models()
+        .into_iter()
+        .find(|(name, _)| name == "ppocr_mobile_v2_cls")
+    else {
+        return;
+    };
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::root().join(format!("fixtures/reference/real/{name}.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let dims: Vec<String> = reference["dims"]
+        .as_object()
+        .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
+        .unwrap_or_default();
+    let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+    let model = path.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(dir.path(), model, 2, &dims);
+    let extra = ["--microbatches".to_string(), "2".to_string()];
+    let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+    let json = [&extra[..], &["--json".to_string()]].concat();
+    let out = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    assert_no_host_fallbacks(&name, &out);
+    assert_same_outputs(&name, &cuda, &cpu);
+}
+
+/// Tensors crossing stages stay on the device. The fake driver counts copies by direction
+/// (`PC_FAKE_CUDA_STATS`): a 3-stage run downloads exactly what a 1-stage run does, the outputs
+/// once per micro-batch, on one GPU and on two (where tensors cross by peer copies); and its
+/// stream-order checks (memory used or freed on one stream after another stream's use, with no
+/// event between) object to nothing. The outputs match the CPU runtime's. Each GPU's memory pool
+/// keeps the plan's activation memory of its stages (peak less parameters).
+#[cfg(feature = "cuda")]
+#[test]
+fn tensors_cross_stages_on_the_device_without_the_host() {
+    const MICROBATCHES: usize = 4;
+    for devices in [1, 2] {
+        let gpu = fake_cuda::FakeGpu {
+            devices,
+            ..fake_cuda::FakeGpu::current()
+        };
+        let Some(env) = fake(gpu) else {
+            return;
+        };
+        for name in ["gpt2_tiny", "resnet_tiny"] {
+            let model = format!("fixtures/models/{name}.onnx");
+            let (_, dims, _) = reference_run(name);
+            let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+            let mut downloads = Vec::new();
+            for stages in [1, 3] {
+                let dir = tempfile::tempdir().unwrap();
+                let plan = partition(dir.path(), &model, stages, &dims);
+                let stats = dir.path().join("stats.json");
+                let mut env = env.clone();
+                env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+                let extra = ["--microbatches".to_string(), MICROBATCHES.to_string()];
+                let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+                run_plan(&plan, &model, "cuda", &extra, &cuda, &env);
+                run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
+                let what = format!("{name} K={stages} on {devices} GPU(s)");
+                assert_same_outputs(&what, &cuda, &cpu);
+                let copies: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+                eprintln!("{what}: copies {copies}");
+                let outputs = std::fs::read_dir(&cuda).unwrap().count();
+                assert_eq!(
+                    copies["device_to_host"],
+                    (outputs * MICROBATCHES) as u64,
+                    "{what}: only the outputs come back to the host: {copies}"
+                );
+                if devices == 2 && stages > 1 {
+                    assert!(copies["peer"].as_u64().unwrap() > 0, "{what}: {copies}");
+                }
+                let plan: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+                let mut pools = vec![0u64; devices.min(stages as u32) as usize];
+                for (k, stage) in plan["stages"].as_array().unwrap().iter().enumerate() {
+                    let peak = stage["peak_memory_bytes"].as_u64().unwrap();
+                    let params = stage["param_bytes"].as_u64().unwrap();
+                    let device = k % pools.len();
+                    pools[device] += peak - params;
+                }
+                let thresholds = copies["pool_release_threshold"].as_array().unwrap();
+                for (device, bytes) in pools.iter().enumerate() {
+                    assert_eq!(thresholds[device], *bytes, "{what}: pool of GPU {device}");
+                }
+                downloads.push(copies["device_to_host"].clone());
+            }
+            assert_eq!(downloads[0], downloads[1], "{name} on {devices} GPU(s)");
+        }
+    }
 }
 
 /// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
@@ -622,6 +755,15 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
         "identity",
         "shape",
         "size",
+        "conv",
+        "convtranspose",
+        "maxpool",
+        "averagepool",
+        "globalaveragepool",
+        "globalmaxpool",
+        "batchnorm",
+        "hardsigmoid",
+        "hardswish",
     ];
     let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
         return;

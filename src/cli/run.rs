@@ -214,11 +214,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Backend::Cuda => {
             let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
+            let activation_bytes: Vec<u64> = plan
+                .stages
+                .iter()
+                .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
+                .collect();
+            executor.size_memory_pools(&activation_bytes)?;
             let mut prepared = specs
                 .iter()
                 .map(|s| executor.prepare(s))
                 .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
+            let report = executor.run_resident_pipeline(&mut prepared, &inputs, microbatches)?;
             let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
             (report, host_ops)
         }

@@ -535,7 +535,7 @@ pub fn join_microbatches(parts: &[Tensors]) -> Result<Tensors, Error> {
     Ok(joined)
 }
 
-type Message = Result<(usize, Tensors), Error>;
+type Message<M> = Result<(usize, M), Error>;
 
 /// Streams `inputs`, split into `microbatches` along axis 0, through the prepared `stages`, one
 /// thread per stage; joins the outputs back along axis 0.
@@ -563,21 +563,68 @@ pub fn run_pipeline_with<E: Executor>(
     options: PipelineOptions,
 ) -> Result<PipelineReport, Error> {
     let batches = split_microbatches(inputs, microbatches)?;
+    let start = Instant::now();
+    let run = |stage: &E::Stage, tensors: Tensors| executor.run(stage, &tensors);
+    let (collected, busy) = stream_through(stages, batches, &run, options)?;
+    let wall_secs = start.elapsed().as_secs_f64();
+    let collected = collected?;
+    pipeline_report(&collected, &busy, wall_secs)
+}
+
+/// The report of a pipeline run from its micro-batches' outputs and each stage's (busy, CPU)
+/// seconds.
+pub(crate) fn pipeline_report(
+    collected: &[Tensors],
+    busy: &[(f64, f64)],
+    wall_secs: f64,
+) -> Result<PipelineReport, Error> {
+    let outputs = join_microbatches(collected)?;
+    let stage_timings = busy
+        .iter()
+        .enumerate()
+        .map(|(s, &(b, cpu))| StageTiming {
+            stage: s,
+            busy_secs: b,
+            cpu_secs: cpu,
+            idle_secs: (wall_secs - b).max(0.0),
+        })
+        .collect();
+    Ok(PipelineReport {
+        outputs,
+        stages: stage_timings,
+        wall_secs,
+        microbatches: collected.len(),
+    })
+}
+
+/// The outcome of [`stream_through`]: the last stage's outputs in micro-batch order (or the
+/// first error), and each stage's (busy, CPU) seconds.
+pub(crate) type Streamed<M> = (Result<Vec<M>, Error>, Vec<(f64, f64)>);
+
+/// Streams `batches` through `stages`, one thread per stage, stage `k`'s output being stage
+/// `k + 1`'s input: the pipeline of every backend, whatever its micro-batches carry between
+/// stages (host tensors on the CPU, device tensors on CUDA).
+pub(crate) fn stream_through<S: Send, M: Send>(
+    stages: &mut [S],
+    batches: Vec<M>,
+    run: &(dyn Fn(&S, M) -> Result<M, Error> + Sync),
+    options: PipelineOptions,
+) -> Result<Streamed<M>, Error> {
     let k = stages.len();
     if k == 0 {
         return Err(Error::InvalidPlan("the pipeline has no stages".into()));
     }
+    let microbatches = batches.len();
     let mut senders = Vec::with_capacity(k + 1);
     let mut receivers = Vec::with_capacity(k + 1);
     for _ in 0..=k {
-        let (tx, rx) = mpsc::channel::<Message>();
+        let (tx, rx) = mpsc::channel::<Message<M>>();
         senders.push(tx);
         receivers.push(rx);
     }
     let mut receivers = receivers.into_iter();
     let feed = senders.remove(0);
-    let start = Instant::now();
-    let (collected, busy) = std::thread::scope(|scope| {
+    Ok(std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(k);
         // Each stage goes to its thread alone (`&mut`), so a stage need not be `Sync`.
         for (index, (stage, tx)) in stages.iter_mut().zip(senders).enumerate() {
@@ -590,10 +637,10 @@ pub fn run_pipeline_with<E: Executor>(
                 let mut cpu_secs = 0.0;
                 for message in rx {
                     let forward = match message {
-                        Ok((i, tensors)) => {
+                        Ok((i, batch)) => {
                             let began = Instant::now();
                             let cpu_began = thread_cpu_secs();
-                            let result = executor.run(&*stage, &tensors);
+                            let result = run(&*stage, batch);
                             busy_secs += began.elapsed().as_secs_f64();
                             cpu_secs += thread_cpu_secs() - cpu_began;
                             result.map(|out| (i, out))
@@ -616,7 +663,7 @@ pub fn run_pipeline_with<E: Executor>(
             }
         }
         drop(feed);
-        let mut collected: Vec<Option<Tensors>> = vec![None; microbatches];
+        let mut collected: Vec<Option<M>> = (0..microbatches).map(|_| None).collect();
         let mut outcome = Ok(());
         for _ in 0..microbatches {
             match results.recv() {
@@ -636,27 +683,11 @@ pub fn run_pipeline_with<E: Executor>(
             .into_iter()
             .map(|h| h.join().unwrap_or((0.0, 0.0)))
             .collect();
-        (outcome.map(|()| collected), busy)
-    });
-    let wall_secs = start.elapsed().as_secs_f64();
-    let collected: Vec<Tensors> = collected?.into_iter().flatten().collect();
-    let outputs = join_microbatches(&collected)?;
-    let stage_timings = busy
-        .iter()
-        .enumerate()
-        .map(|(s, &(b, cpu))| StageTiming {
-            stage: s,
-            busy_secs: b,
-            cpu_secs: cpu,
-            idle_secs: (wall_secs - b).max(0.0),
-        })
-        .collect();
-    Ok(PipelineReport {
-        outputs,
-        stages: stage_timings,
-        wall_secs,
-        microbatches,
-    })
+        (
+            outcome.map(|()| collected.into_iter().flatten().collect()),
+            busy,
+        )
+    }))
 }
 
 /// Pins the calling thread to core `index` modulo the cores it may run on (Linux); elsewhere a

@@ -108,6 +108,21 @@ impl<'a> CudaExecutor<'a> {
     pub fn device_count(&self) -> usize {
         match self._never {}
     }
+
+    /// Sizes each GPU's memory pool from the plan's per-stage activation bytes.
+    pub fn size_memory_pools(&self, _stage_bytes: &[u64]) -> Result<(), Error> {
+        match self._never {}
+    }
+
+    /// Runs a pipeline whose tensors stay on the device between stages.
+    pub fn run_resident_pipeline(
+        &self,
+        _stages: &mut [CudaStage],
+        _inputs: &Tensors,
+        _microbatches: usize,
+    ) -> Result<super::PipelineReport, Error> {
+        match self._never {}
+    }
 }
 
 impl super::NodeTimer for CudaExecutor<'_> {

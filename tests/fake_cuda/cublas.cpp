@@ -81,7 +81,8 @@ int gemm_batched(Handle* h, int transa, int transb, int m, int n, int k, const f
         float* cp = c + p * stride_c;
         auto check = [&](const void* ptr, size_t bytes, const char* what) {
             return bytes == 0 ||
-                   pc_fake_check_range(h->context, reinterpret_cast<uint64_t>(ptr), bytes, what);
+                   pc_fake_check_range(h->context, h->stream,
+                                       reinterpret_cast<uint64_t>(ptr), bytes, what);
         };
         bool reads_a = k > 0 && *alpha != 0.0f;
         if ((reads_a && !check(ap, extent(ta ? k : m, ta ? m : k, lda), "matrix A")) ||

@@ -99,6 +99,10 @@ struct Device {
     size_t used = 0;
     std::unique_ptr<Context> primary;
     int retains = 0;
+    // The default memory pool: what it keeps between synchronisations (its release threshold).
+    struct Pool {
+        uint64_t release_threshold = 0;
+    } pool;
 };
 
 struct Context {
@@ -106,12 +110,23 @@ struct Context {
     int sticky = SUCCESS;
 };
 
+// Stream order, checked: each stream counts its operations (`clock`) and knows how far it has
+// waited for every other stream (`seen`, through events); an allocation remembers the last
+// operation of each stream that touched it. An access or a free on one stream of memory that
+// another stream touched later than the first has waited for (or the host has synchronised
+// with) is a race on a GPU, where streams run concurrently; here it is an error.
+using Clocks = std::map<uint64_t, uint64_t>;  // stream id -> operation count
+
 struct Stream {
     Context* context;
+    uint64_t id = 0;  // 0: the legacy default stream, not checked
+    uint64_t clock = 0;
+    Clocks seen;
 };
 
 struct Event {
     Context* context;
+    Clocks snapshot;  // what the recording stream had done and seen
 };
 
 struct Function;
@@ -132,7 +147,10 @@ struct Function {
 struct Allocation {
     size_t bytes;
     Device* device;
+    Clocks uses;  // the last operation of each stream on it
 };
+
+void write_stats();
 
 struct Driver {
     std::recursive_mutex lock;
@@ -150,6 +168,10 @@ struct Driver {
     std::map<uint64_t, Allocation> live;  // by start address
     std::deque<std::pair<void*, size_t>> quarantine;
     size_t quarantined = 0;
+    uint64_t next_stream = 1;
+    Clocks completed;  // per stream, the operations the host has synchronised with
+    // Copies by direction, written to PC_FAKE_CUDA_STATS at exit for the tests.
+    unsigned long long host_to_device = 0, device_to_host = 0, device_to_device = 0, peer = 0;
 
     Driver() {
         int count = env_int("PC_FAKE_CUDA_DEVICES", 1);
@@ -158,6 +180,7 @@ struct Driver {
         for (int i = 0; i < count; ++i) {
             devices.push_back(std::make_unique<Device>(Device{i, arch, memory}));
         }
+        std::atexit(write_stats);
     }
 };
 
@@ -203,7 +226,7 @@ void fault(Context* context, const std::string& why) {
 }
 
 // The live allocation holding [ptr, ptr + bytes) on `device`, or null.
-const Allocation* find_range(Device* device, uint64_t ptr, size_t bytes) {
+Allocation* find_range(Device* device, uint64_t ptr, size_t bytes) {
     auto& live = driver().live;
     auto it = live.upper_bound(ptr);
     if (it == live.begin()) return nullptr;
@@ -211,6 +234,64 @@ const Allocation* find_range(Device* device, uint64_t ptr, size_t bytes) {
     if (ptr + bytes > it->first + it->second.bytes || ptr + bytes < ptr) return nullptr;
     if (it->second.device != device) return nullptr;
     return &it->second;
+}
+
+uint64_t get(const Clocks& clocks, uint64_t id) {
+    auto it = clocks.find(id);
+    return it == clocks.end() ? 0 : it->second;
+}
+
+void merge(Clocks& into, const Clocks& from) {
+    for (auto [id, c] : from) into[id] = std::max(into[id], c);
+}
+
+// Why stream `s` may not `what` allocation `a` yet (empty when it may), and the use recorded.
+std::string order(Stream* s, Allocation* a, const char* what) {
+    if (!s || s->id == 0) return "";
+    for (auto [other, c] : a->uses) {
+        if (other == s->id) continue;
+        if (get(s->seen, other) < c && get(driver().completed, other) < c) {
+            return std::string(what) + " on stream " + std::to_string(s->id) +
+                   " of memory that stream " + std::to_string(other) +
+                   " used without an event or a synchronisation ordering them";
+        }
+    }
+    a->uses[s->id] = ++s->clock;
+    return "";
+}
+
+// Marks everything stream `s` has done as complete, as the host has waited for it.
+void synchronised(Stream* s) {
+    if (s && s->id) driver().completed[s->id] = std::max(get(driver().completed, s->id), s->clock);
+}
+
+// `order` for a copy's device operand at `ptr` on `device` (already checked to be live).
+int order_copy(Stream* s, Device* device, uint64_t ptr, size_t bytes, const char* what) {
+    if (bytes == 0) return SUCCESS;
+    std::string why = order(s, find_range(device, ptr, bytes), what);
+    if (why.empty()) return SUCCESS;
+    say("%s", why.c_str());
+    return INVALID_VALUE;
+}
+
+void write_stats() {
+    const char* path = std::getenv("PC_FAKE_CUDA_STATS");
+    if (!path) return;
+    Driver& d = driver();
+    std::string pools;
+    for (const auto& device : d.devices) {
+        if (!pools.empty()) pools += ", ";
+        pools += std::to_string(device->pool.release_threshold);
+    }
+    if (FILE* f = std::fopen(path, "w")) {
+        std::fprintf(f,
+                     "{\"host_to_device\": %llu, \"device_to_host\": %llu, "
+                     "\"device_to_device\": %llu, \"peer\": %llu, "
+                     "\"pool_release_threshold\": [%s]}\n",
+                     d.host_to_device, d.device_to_host, d.device_to_device, d.peer,
+                     pools.c_str());
+        std::fclose(f);
+    }
 }
 
 std::string describe(uint64_t ptr) {
@@ -555,7 +636,8 @@ std::string check_redzone(uint64_t ptr) {
 #endif
 }
 
-int launch(Function* f, dim3 grid, dim3 block, unsigned shared, void** params) {
+int launch(Function* f, Stream* launch_stream, dim3 grid, dim3 block, unsigned shared,
+           void** params) {
     const fake::Kernel* k = f->kernel;
     Context* context = f->module->context;
     unsigned long long threads = 1ull * block.x * block.y * block.z;
@@ -588,11 +670,17 @@ int launch(Function* f, dim3 grid, dim3 block, unsigned shared, void** params) {
         if (!k->args[i].pointer) continue;
         uint64_t ptr;
         std::memcpy(&ptr, params[i], sizeof ptr);
-        if (!find_range(context->device, ptr, 1)) {
+        Allocation* a = find_range(context->device, ptr, 1);
+        if (!a) {
             fault(context, std::string(k->name) + ": pointer argument " + std::to_string(i) + " is " +
                                describe(ptr) + ", not memory of device " +
                                std::to_string(context->device->ordinal));
             return SUCCESS;  // reported by the next call, as a GPU does
+        }
+        std::string why = order(launch_stream, a, k->name);
+        if (!why.empty()) {
+            fault(context, why);
+            return SUCCESS;
         }
     }
     gridDim = grid;
@@ -797,7 +885,7 @@ CUresult cuStreamCreate(void** stream, unsigned flags) {
     Guard g(driver().lock);
     if (int r = need_context()) return r;
     (void)flags;
-    auto* s = new Stream{current};
+    auto* s = new Stream{current, driver().next_stream++};
     driver().streams.insert(s);
     *stream = s;
     return SUCCESS;
@@ -808,6 +896,7 @@ CUresult cuStreamDestroy_v2(void* stream) {
     Stream* s;
     if (int r = need_stream(stream, &s)) return r;
     if (!stream) return INVALID_HANDLE;
+    synchronised(s);  // its work finishes before its resources go
     driver().streams.erase(s);
     delete s;
     return SUCCESS;
@@ -816,7 +905,9 @@ CUresult cuStreamDestroy_v2(void* stream) {
 CUresult cuStreamSynchronize(void* stream) {
     Guard g(driver().lock);
     Stream* s;
-    return need_stream(stream, &s);
+    if (int r = need_stream(stream, &s)) return r;
+    synchronised(s);
+    return SUCCESS;
 }
 
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
@@ -824,7 +915,9 @@ CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     Stream* s;
     if (int r = need_stream(stream, &s)) return r;
     (void)flags;
-    if (!driver().events.count(static_cast<Event*>(event))) return INVALID_HANDLE;
+    auto* e = static_cast<Event*>(event);
+    if (!driver().events.count(e)) return INVALID_HANDLE;
+    merge(s->seen, e->snapshot);
     return SUCCESS;
 }
 
@@ -845,13 +938,17 @@ CUresult cuEventRecord(void* event, void* stream) {
     auto* e = static_cast<Event*>(event);
     if (!driver().events.count(e)) return INVALID_HANDLE;
     if (e->context != s->context) return INVALID_CONTEXT;
+    e->snapshot = s->seen;
+    if (s->id) e->snapshot[s->id] = s->clock;
     return SUCCESS;
 }
 
 CUresult cuEventSynchronize(void* event) {
     Guard g(driver().lock);
-    if (!driver().events.count(static_cast<Event*>(event))) return INVALID_HANDLE;
-    return static_cast<Event*>(event)->context->sticky;
+    auto* e = static_cast<Event*>(event);
+    if (!driver().events.count(e)) return INVALID_HANDLE;
+    merge(driver().completed, e->snapshot);
+    return e->context->sticky;
 }
 
 CUresult cuEventQuery(void* event) { return cuEventSynchronize(event); }
@@ -903,6 +1000,11 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, void* stream) {
             current->device->ordinal);
         return INVALID_VALUE;
     }
+    std::string why = order(s, &it->second, "free");
+    if (!why.empty()) {
+        say("%s", why.c_str());
+        return INVALID_VALUE;
+    }
     Allocation a = it->second;
     driver().live.erase(it);
     release(ptr, a);
@@ -916,6 +1018,8 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, vo
     Stream* s;
     if (int r = need_stream(stream, &s)) return r;
     if (int r = copy_check(dst, bytes, "host-to-device copy")) return r;
+    if (int r = order_copy(s, current->device, dst, bytes, "host-to-device copy")) return r;
+    ++driver().host_to_device;
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     return SUCCESS;
 }
@@ -929,6 +1033,8 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* st
     Stream* s;
     if (int r = need_stream(stream, &s)) return r;
     if (int r = copy_check(src, bytes, "device-to-host copy")) return r;
+    if (int r = order_copy(s, current->device, src, bytes, "device-to-host copy")) return r;
+    ++driver().device_to_host;
     std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
     return SUCCESS;
 }
@@ -943,6 +1049,60 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, vo
     if (int r = need_stream(stream, &s)) return r;
     if (int r = copy_check(src, bytes, "device-to-device copy source")) return r;
     if (int r = copy_check(dst, bytes, "device-to-device copy destination")) return r;
+    if (int r = order_copy(s, current->device, src, bytes, "device-to-device copy")) return r;
+    if (int r = order_copy(s, current->device, dst, bytes, "device-to-device copy")) return r;
+    ++driver().device_to_device;
+    std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
+    return SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(void** pool, CUdevice device) {
+    Guard g(driver().lock);
+    if (!driver().initialised) return NOT_INITIALIZED;
+    if (device < 0 || device >= int(driver().devices.size())) return INVALID_DEVICE;
+    *pool = &driver().devices[device]->pool;
+    return SUCCESS;
+}
+
+// Only the release threshold (attribute 4), a u64 no larger than the device's memory.
+CUresult cuMemPoolSetAttribute(void* pool, int attribute, void* value) {
+    Guard g(driver().lock);
+    for (const auto& device : driver().devices) {
+        if (pool != &device->pool) continue;
+        if (attribute != 4) return INVALID_VALUE;
+        uint64_t bytes;
+        std::memcpy(&bytes, value, sizeof bytes);
+        if (bytes > device->memory) {
+            say("a release threshold of %llu bytes for device %d, which has %zu",
+                (unsigned long long)bytes, device->ordinal, device->memory);
+            return INVALID_VALUE;
+        }
+        device->pool.release_threshold = bytes;
+        return SUCCESS;
+    }
+    return INVALID_HANDLE;
+}
+
+// A copy between two devices' memory, on a stream of the current context.
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void* dst_context, CUdeviceptr src, void* src_context,
+                           size_t bytes, void* stream) {
+    Guard g(driver().lock);
+    Stream* s;
+    if (int r = need_stream(stream, &s)) return r;
+    auto* to = static_cast<Context*>(dst_context);
+    auto* from = static_cast<Context*>(src_context);
+    if (!to || !from) return INVALID_CONTEXT;
+    if (bytes == 0) return SUCCESS;
+    if (!find_range(from->device, src, bytes) || !find_range(to->device, dst, bytes)) {
+        say("peer copy of %zu bytes from %s (device %d) to %s (device %d) is outside the live "
+            "allocations",
+            bytes, describe(src).c_str(), from->device->ordinal, describe(dst).c_str(),
+            to->device->ordinal);
+        return INVALID_VALUE;
+    }
+    if (int r = order_copy(s, from->device, src, bytes, "peer copy")) return r;
+    if (int r = order_copy(s, to->device, dst, bytes, "peer copy")) return r;
+    ++driver().peer;
     std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), bytes);
     return SUCCESS;
 }
@@ -952,6 +1112,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes, voi
     Stream* s;
     if (int r = need_stream(stream, &s)) return r;
     if (int r = copy_check(dst, bytes, "memset")) return r;
+    if (int r = order_copy(s, current->device, dst, bytes, "memset")) return r;
     std::memset(reinterpret_cast<void*>(dst), value, bytes);
     return SUCCESS;
 }
@@ -1032,7 +1193,7 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
                            std::to_string(driver().launches) + " (PC_FAKE_CUDA_FAULT_AT_LAUNCH)");
         return SUCCESS;
     }
-    return launch(f, dim3{gx, gy, gz}, dim3{bx, by, bz}, shared, params);
+    return launch(f, s, dim3{gx, gy, gz}, dim3{bx, by, bz}, shared, params);
 }
 
 CUresult cuGetErrorName(int error, const char** text) {
@@ -1087,10 +1248,17 @@ int pc_fake_context_error(void* context) {
     return context ? static_cast<Context*>(context)->sticky : SUCCESS;
 }
 
-bool pc_fake_check_range(void* context, uint64_t ptr, size_t bytes, const char* what) {
+bool pc_fake_check_range(void* context, void* stream, uint64_t ptr, size_t bytes,
+                         const char* what) {
     Guard g(driver().lock);
     auto* c = static_cast<Context*>(context);
-    if (find_range(c->device, ptr, bytes)) return true;
+    if (Allocation* a = find_range(c->device, ptr, bytes)) {
+        auto* s = static_cast<Stream*>(stream);
+        std::string why = driver().streams.count(s) ? order(s, a, what) : "";
+        if (why.empty()) return true;
+        fault(c, "cuBLAS: " + why);
+        return false;
+    }
     fault(c, std::string("cuBLAS: ") + what + " of " + std::to_string(bytes) + " bytes at " +
                  describe(ptr) + " is outside every live allocation of device " +
                  std::to_string(c->device->ordinal));

@@ -49,5 +49,6 @@ void* pc_fake_stream_context(void* stream);
 int pc_fake_context_error(void* context);
 // Whether [ptr, ptr + bytes) lies inside one live allocation on the context's device; when not,
 // the context takes the sticky error CUDA_ERROR_ILLEGAL_ADDRESS and the reason is printed.
-bool pc_fake_check_range(void* context, uint64_t ptr, size_t bytes, const char* what);
+bool pc_fake_check_range(void* context, void* stream, uint64_t ptr, size_t bytes,
+                         const char* what);
 }

@@ -61,6 +61,8 @@ extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int 
             case 12: r = v >= 0.0f ? v : alpha * v; break;                      // LeakyRelu
             case 13: r = fminf(fmaxf(v, alpha), beta); break;                   // Clip
             case 14: r = v * (1.0f / (1.0f + expf(-alpha * v))); break;         // Swish
+            case 15: r = fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f); break;    // HardSigmoid
+            case 16: r = v * fminf(fmaxf(v / 6.0f + 0.5f, 0.0f), 1.0f); break; // HardSwish
             default: r = v; break;                                              // Identity
         }
         y[i] = r;
@@ -239,5 +241,134 @@ extern "C" __global__ void reduce_f32(const float* x, float* y, long long n_out,
             }
         }
         y[i] = (op == 1) ? acc / (float)count : acc;
+    }
+}
+
+// The geometry of a 2-D window op (a 1-D one has h = kh = 1): input [n, c, h, w], output
+// [n, m, oh, ow] (m = c for pooling), kernel, strides, dilations, begin pads (ph, pw) and end
+// pads (ph1, pw1), groups. Shared with ops.rs (`Window2d`).
+struct Window2d {
+    long long n, c, h, w;
+    long long m, oh, ow;
+    long long kh, kw, sh, sw, dh, dw, ph, pw, ph1, pw1;
+    long long groups;
+};
+
+// im2col of `images` images from image `first` on: for image b, group g, row r = (ci, ky, kx)
+// of the group's kernel and output position p, col[((b · groups + g) · rows + r) · cols + p]
+// is the input under that tap (0 in the padding). A GEMM per group then convolves.
+extern "C" __global__ void im2col_f32(const float* x, float* col, Window2d g, long long first,
+                                      long long images) {
+    long long cg = g.c / g.groups, rows = cg * g.kh * g.kw, cols = g.oh * g.ow;
+    GRID_STRIDE(i, images * g.groups * rows * cols) {
+        long long p = i % cols, t = i / cols;
+        long long r = t % rows;
+        t /= rows;
+        long long grp = t % g.groups, b = first + t / g.groups;
+        long long kx = r % g.kw, ky = (r / g.kw) % g.kh, ci = r / (g.kw * g.kh);
+        long long iy = (p / g.ow) * g.sh + ky * g.dh - g.ph;
+        long long ix = (p % g.ow) * g.sw + kx * g.dw - g.pw;
+        bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+        col[i] = inside ? x[((b * g.c + grp * cg + ci) * g.h + iy) * g.w + ix] : 0.0f;
+    }
+}
+
+// Direct convolution, one thread per output value: for convolutions with one input channel
+// per group (depthwise), where im2col would need a GEMM per channel. Weights [m, c/groups,
+// kh, kw]; the bias (m values) is read only when has_bias.
+extern "C" __global__ void conv_direct_f32(const float* x, const float* wt, const float* bias,
+                                           float* y, Window2d g, int has_bias) {
+    long long cg = g.c / g.groups, mg = g.m / g.groups;
+    GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
+        long long ox = i % g.ow, t = i / g.ow;
+        long long oy = t % g.oh;
+        t /= g.oh;
+        long long oc = t % g.m, b = t / g.m;
+        long long first_channel = (oc / mg) * cg;
+        float acc = has_bias ? bias[oc] : 0.0f;
+        for (long long ci = 0; ci < cg; ++ci) {
+            const float* plane = x + (b * g.c + first_channel + ci) * g.h * g.w;
+            const float* taps = wt + (oc * cg + ci) * g.kh * g.kw;
+            for (long long ky = 0; ky < g.kh; ++ky) {
+                long long iy = oy * g.sh + ky * g.dh - g.ph;
+                if (iy < 0 || iy >= g.h) continue;
+                for (long long kx = 0; kx < g.kw; ++kx) {
+                    long long ix = ox * g.sw + kx * g.dw - g.pw;
+                    if (ix >= 0 && ix < g.w) acc += plane[iy * g.w + ix] * taps[ky * g.kw + kx];
+                }
+            }
+        }
+        y[i] = acc;
+    }
+}
+
+// Transposed convolution, one thread per output value gathering the input taps that reach it
+// (no atomics): input [n, c, h, w], weights [c, m/groups, kh, kw], output [n, m, oh, ow], pads
+// (ph, pw) cut from the output's start. The bias (m values) is read only when has_bias.
+extern "C" __global__ void conv_transpose_f32(const float* x, const float* wt, const float* bias,
+                                              float* y, Window2d g, int has_bias) {
+    long long cg = g.c / g.groups, mg = g.m / g.groups;
+    GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
+        long long ox = i % g.ow, t = i / g.ow;
+        long long oy = t % g.oh;
+        t /= g.oh;
+        long long oc = t % g.m, b = t / g.m;
+        long long group = oc / mg, within = oc % mg;
+        float acc = has_bias ? bias[oc] : 0.0f;
+        for (long long ci = 0; ci < cg; ++ci) {
+            long long channel = group * cg + ci;
+            const float* plane = x + (b * g.c + channel) * g.h * g.w;
+            const float* taps = wt + (channel * mg + within) * g.kh * g.kw;
+            for (long long ky = 0; ky < g.kh; ++ky) {
+                long long sy = oy + g.ph - ky * g.dh;
+                if (sy < 0 || sy % g.sh != 0 || sy / g.sh >= g.h) continue;
+                for (long long kx = 0; kx < g.kw; ++kx) {
+                    long long sx = ox + g.pw - kx * g.dw;
+                    if (sx < 0 || sx % g.sw != 0 || sx / g.sw >= g.w) continue;
+                    acc += plane[(sy / g.sh) * g.w + sx / g.sw] * taps[ky * g.kw + kx];
+                }
+            }
+        }
+        y[i] = acc;
+    }
+}
+
+// MaxPool (is_max) or AveragePool of each [h, w] plane, one thread per output value. A max
+// window wholly in the padding gives -inf; the average counts the padding when
+// count_include_pad, except the part of a ceil-mode window past the end padding.
+extern "C" __global__ void pool_f32(const float* x, float* y, Window2d g, int is_max,
+                                    int count_include_pad) {
+    GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
+        long long ox = i % g.ow, oy = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
+        const float* in = x + plane * g.h * g.w;
+        float acc = is_max ? -PC_INFINITY : 0.0f;
+        long long count = 0;
+        for (long long ky = 0; ky < g.kh; ++ky) {
+            long long iy = oy * g.sh + ky * g.dh - g.ph;
+            for (long long kx = 0; kx < g.kw; ++kx) {
+                long long ix = ox * g.sw + kx * g.dw - g.pw;
+                if (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) {
+                    float v = in[iy * g.w + ix];
+                    acc = is_max ? fmaxf(acc, v) : acc + v;
+                    ++count;
+                } else if (count_include_pad && iy < g.h + g.ph1 && ix < g.w + g.pw1) {
+                    ++count;
+                }
+            }
+        }
+        y[i] = is_max ? acc : (count == 0 ? 0.0f : acc / (float)count);
+    }
+}
+
+// Inference BatchNormalization of x [n, c, inner...] (n counts every value): per channel,
+// (x - mean) · scale / sqrt(var + epsilon) + bias.
+extern "C" __global__ void batch_norm_f32(const float* x, const float* scale, const float* bias,
+                                          const float* mean, const float* var, float* y,
+                                          long long n, long long channels, long long inner,
+                                          float epsilon) {
+    GRID_STRIDE(i, n) {
+        long long ch = (i / inner) % channels;
+        float factor = scale[ch] / sqrtf(var[ch] + epsilon);
+        y[i] = (x[i] - mean[ch]) * factor + bias[ch];
     }
 }

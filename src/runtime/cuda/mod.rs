@@ -12,14 +12,16 @@
 //!                      device ops do not take runs its CPU kernel on host copies (counted)
 //! ```
 //!
-//! Stages implement the same [`Executor`] trait as the CPU backend, so [`super::run_pipeline`]
-//! streams micro-batches through them, one thread per stage; several stages may share one GPU.
-//! Tensors cross stages through host memory (the trait's contract). Not built yet: transfers
-//! between devices without the host, a stage-sized memory pool, NCCL for several processes
-//! (see `docs/cuda.md`).
+//! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
+//! contract `profile` and embedding code use); `pipecut run` streams micro-batches through
+//! [`CudaExecutor::run_resident_pipeline`] instead, where tensors cross stages on the device
+//! (`resident.rs`), one thread per stage; several stages may share one GPU. Each GPU's memory
+//! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
 
 mod compile;
 mod ops;
+mod resident;
+mod window_ops;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -177,6 +179,14 @@ impl Value {
         Value::Host(tensor, Arc::default())
     }
 
+    /// Whether it is a float tensor (device tensors are).
+    fn is_float(&self) -> bool {
+        match self {
+            Value::Host(t, _) => t.dtype() == crate::graph::DType::F32,
+            Value::Device(_) => true,
+        }
+    }
+
     fn shape(&self) -> &[usize] {
         match self {
             Value::Host(t, _) => t.shape(),
@@ -248,10 +258,11 @@ impl DeviceState {
         let fail = |e: String| (None, Error::Cuda(e));
         let context = CudaContext::new(ordinal)
             .map_err(|e| fail(format!("cannot open GPU {ordinal}: {e}")))?;
-        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here every
-        // buffer is made and used on one stage's one stream (tensors cross stages through the
-        // host, after the stream is synchronised), so the events would only cost two
-        // creations and a record per allocation.
+        // SAFETY: cudarc's event tracking orders a buffer's use across streams; here a buffer
+        // is made and written on one stage's one stream, and a tensor crossing to another
+        // stage is ordered explicitly (`resident.rs`: the reader waits for the writer's event,
+        // the buffer's own stream waits for the reader before freeing it), so per-allocation
+        // events would only cost two creations and a record per allocation.
         unsafe { context.disable_event_tracking() };
         let attribute = |a| {
             context
@@ -296,7 +307,10 @@ pub struct CudaStage {
     stream: Arc<CudaStream>,
     /// Dropped by hand: see `Drop`.
     blas: ManuallyDrop<CudaBlas>,
-    weights: HashMap<TensorId, DeviceTensor>,
+    /// Float weights as host values whose device copy is already made: device ops read the
+    /// copy, and a host fallback or an op's host-side operand (Clip's bounds, Resize's scales)
+    /// the host tensor, with no download.
+    weights: HashMap<TensorId, Value>,
     weight_bytes: u64,
     host_runs: Mutex<BTreeMap<String, usize>>,
     not_sync: PhantomData<Cell<()>>,
@@ -330,9 +344,9 @@ impl CudaStage {
         self.weight_bytes
     }
 
-    /// How many times each op copied device tensors to the host to run its CPU kernel, over
-    /// every run so far (ops that only ever see host tensors, like shape arithmetic, are not
-    /// counted).
+    /// How many times each op with a float operand ran its CPU kernel because no device op took
+    /// it, over every run so far (ops on integer and boolean tensors only, like shape
+    /// arithmetic, run on the host by design and are not counted).
     pub fn host_runs(&self) -> BTreeMap<String, usize> {
         self.host_runs.lock().map(|m| m.clone()).unwrap_or_default()
     }
@@ -371,6 +385,45 @@ impl<'a> CudaExecutor<'a> {
     /// Number of GPUs the stages are spread over (stage `k` on GPU `k mod count`).
     pub fn device_count(&self) -> usize {
         self.devices.len()
+    }
+
+    /// Sizes each GPU's memory pool from the plan: `stage_bytes[k]` is what stage `k` holds
+    /// beyond its weights (the plan's peak less its parameters), and a GPU's pool keeps the sum
+    /// over its stages between micro-batches rather than handing it back to the driver at each
+    /// synchronisation (the release threshold's default, 0, frees it every time).
+    pub fn size_memory_pools(&self, stage_bytes: &[u64]) -> Result<(), Error> {
+        let mut per_device = vec![0u64; self.devices.len()];
+        for (k, &bytes) in stage_bytes.iter().enumerate() {
+            let d = k % per_device.len().max(1);
+            per_device[d] = per_device[d].saturating_add(bytes);
+        }
+        for (ordinal, (state, bytes)) in self.devices.iter().zip(per_device).enumerate() {
+            if !state.context.has_async_alloc() {
+                continue;
+            }
+            let fail = |e: cudarc::driver::DriverError| {
+                Error::Cuda(format!("GPU {ordinal}: cannot size its memory pool: {e}"))
+            };
+            state.context.bind_to_thread().map_err(fail)?;
+            let mut pool = std::ptr::null_mut();
+            let mut threshold = bytes;
+            // SAFETY: `pool` receives the device's default pool, which the attribute call
+            // reads; the threshold is a u64, as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes.
+            unsafe {
+                use cudarc::driver::sys;
+                sys::cuDeviceGetDefaultMemPool(&mut pool, state.context.cu_device())
+                    .result()
+                    .map_err(fail)?;
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+                .result()
+                .map_err(fail)?;
+            }
+        }
+        Ok(())
     }
 
     fn stage_error(stage: usize, detail: String) -> Error {
@@ -424,7 +477,8 @@ impl Executor for CudaExecutor<'_> {
                     )
                 })?;
                 weight_bytes += values.len() as u64 * 4;
-                weights.insert(id, DeviceTensor::new(host.shape().to_vec(), data));
+                let uploaded = OnceLock::from(DeviceTensor::new(host.shape().to_vec(), data));
+                weights.insert(id, Value::Host(Arc::clone(host), Arc::new(uploaded)));
             }
         }
         Ok(CudaStage {
@@ -461,13 +515,42 @@ impl super::NodeTimer for CudaExecutor<'_> {
 }
 
 impl CudaExecutor<'_> {
-    /// Runs the stage's nodes in order; with `observe`, times each (see `run_observed`).
+    /// Runs the stage on host tensors and answers host tensors, its stream synchronised; with
+    /// `observe`, times each node (see `run_observed`).
     fn run_nodes(
         &self,
         stage: &CudaStage,
         inputs: &Tensors,
-        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+        observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
     ) -> Result<Tensors, Error> {
+        let index = stage.spec.index;
+        let values = inputs
+            .iter()
+            .map(|(name, t)| (name.clone(), Value::host(Arc::clone(t))))
+            .collect();
+        let mut sends = Tensors::new();
+        for (name, value) in self.run_values(stage, &values, observe)? {
+            let host = value
+                .to_host(&stage.stream)
+                .map_err(|e| Self::stage_error(index, e))?;
+            sends.insert(name, host);
+        }
+        stage
+            .stream
+            .synchronize()
+            .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
+        Ok(sends)
+    }
+
+    /// Runs the stage's nodes in order on its stream, from the values it receives (by name) to
+    /// the values it sends, wherever they are: nothing waits for the device here. A host value
+    /// is sent without its device copy, which belongs to this stage's stream.
+    fn run_values(
+        &self,
+        stage: &CudaStage,
+        inputs: &BTreeMap<String, Value>,
+        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+    ) -> Result<BTreeMap<String, Value>, Error> {
         let graph = self.graph;
         let index = stage.spec.index;
         let gpu = Gpu {
@@ -486,12 +569,12 @@ impl CudaExecutor<'_> {
                     "stage {index} needs tensor '{name}', which was not given"
                 ))
             })?;
-            env.insert(id, Value::host(Arc::clone(value)));
+            env.insert(id, value.clone());
         }
         let fetch = |env: &HashMap<TensorId, Value>, id: TensorId| -> Option<Value> {
             env.get(&id)
                 .cloned()
-                .or_else(|| stage.weights.get(&id).cloned().map(Value::Device))
+                .or_else(|| stage.weights.get(&id).cloned())
                 .or_else(|| self.weights.get(id).cloned().map(Value::host))
         };
         for step in &stage.steps {
@@ -523,10 +606,10 @@ impl CudaExecutor<'_> {
             let results: Vec<Value> = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
                 Some(results) => results,
                 None => {
-                    // Host-only work (shape arithmetic, constants) is by design; what is counted
-                    // is a device tensor copied back because no device op took the node.
-                    let copies_back = args.iter().flatten().any(|v| matches!(v, Value::Device(_)));
-                    if copies_back {
+                    // Host-only integer work (shape arithmetic, indices) is by design; what is
+                    // counted is a float op no device op took: its float operands (on the
+                    // device, or graph inputs and constants on the host) are computed on the CPU.
+                    if args.iter().flatten().any(Value::is_float) {
                         if let Ok(mut counts) = stage.host_runs.lock() {
                             *counts.entry(node.op_type.clone()).or_default() += 1;
                         }
@@ -568,7 +651,7 @@ impl CudaExecutor<'_> {
                 env.remove(t);
             }
         }
-        let mut sends = Tensors::new();
+        let mut sends = BTreeMap::new();
         for &id in &stage.spec.sends {
             let name = graph.tensor(id).name.clone();
             let value = fetch(&env, id).ok_or_else(|| {
@@ -576,15 +659,12 @@ impl CudaExecutor<'_> {
                     "stage {index} should send '{name}' but does not have it"
                 ))
             })?;
-            let host = value
-                .to_host(&stage.stream)
-                .map_err(|e| Self::stage_error(index, e))?;
-            sends.insert(name, host);
+            let value = match value {
+                Value::Host(t, _) => Value::host(t),
+                device => device,
+            };
+            sends.insert(name, value);
         }
-        stage
-            .stream
-            .synchronize()
-            .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
         Ok(sends)
     }
 }

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
+    LaunchConfig, PushKernelArg,
 };
 
-use super::{DeviceTensor, Value};
+use super::{window_ops, DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{
     broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
@@ -52,6 +53,11 @@ pub(super) struct Functions {
     norm_rows: CudaFunction,
     reduce_rows: CudaFunction,
     reduce: CudaFunction,
+    pub(super) im2col: CudaFunction,
+    pub(super) conv_direct: CudaFunction,
+    pub(super) conv_transpose: CudaFunction,
+    pub(super) pool: CudaFunction,
+    pub(super) batch_norm: CudaFunction,
 }
 
 impl Functions {
@@ -73,6 +79,11 @@ impl Functions {
             norm_rows: f("norm_rows_f32")?,
             reduce_rows: f("reduce_rows_f32")?,
             reduce: f("reduce_f32")?,
+            im2col: f("im2col_f32")?,
+            conv_direct: f("conv_direct_f32")?,
+            conv_transpose: f("conv_transpose_f32")?,
+            pool: f("pool_f32")?,
+            batch_norm: f("batch_norm_f32")?,
         })
     }
 }
@@ -85,14 +96,14 @@ pub(super) struct Gpu<'a> {
 }
 
 /// A device result, or `None` when the op is left to the CPU kernel.
-type OpResult = Result<Option<Vec<Value>>, String>;
+pub(super) type OpResult = Result<Option<Vec<Value>>, String>;
 
-fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
+pub(super) fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
     move |e| format!("CUDA {what}: {e}")
 }
 
 impl Gpu<'_> {
-    fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, String> {
+    pub(super) fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, String> {
         // SAFETY: every kernel writing into the buffer writes each of its `n` elements.
         unsafe { self.stream.alloc::<f32>(n) }.map_err(cuda_error("allocation"))
     }
@@ -104,7 +115,7 @@ impl Gpu<'_> {
     }
 
     /// An element-wise launch over `n` items.
-    fn grid(n: usize) -> LaunchConfig {
+    pub(super) fn grid(n: usize) -> LaunchConfig {
         let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
         LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -123,7 +134,7 @@ impl Gpu<'_> {
     }
 
     /// `out` filled with `x[base + Σ idx_k · strides_k]` over `out_shape`.
-    fn gather_strided(
+    pub(super) fn gather_strided(
         &self,
         x: &CudaSlice<f32>,
         out_shape: &[usize],
@@ -140,6 +151,24 @@ impl Gpu<'_> {
         // strides and base come from a valid view of it.
         unsafe { launch.launch(Self::grid(n)) }.map_err(cuda_error("launch"))?;
         Ok(out)
+    }
+
+    /// Reduces each of `rows` rows of `cols` contiguous values of `x` into `out` (codes of
+    /// `reduce_rows_f32`): one block per row.
+    pub(super) fn reduce_rows(
+        &self,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        (rows, cols): (usize, usize),
+        code: i32,
+    ) -> Result<(), String> {
+        let (r, c) = (rows as i64, cols as i64);
+        let mut launch = self.stream.launch_builder(&self.functions.reduce_rows);
+        launch.arg(x).arg(out).arg(&r).arg(&c).arg(&code);
+        // SAFETY: argument types match `reduce_rows_f32`; the callers give `x` rows × cols
+        // floats and `out` rows; shared memory is one float per thread.
+        unsafe { launch.launch(Self::rows(rows)) }.map_err(cuda_error("launch"))?;
+        Ok(())
     }
 
     /// `x` broadcast to `out_shape` as a contiguous buffer (`x` itself when already that shape).
@@ -165,6 +194,22 @@ impl Gpu<'_> {
         c: &mut CudaSlice<f32>,
         (alpha, beta): (f32, f32),
         (batch, stride_a, stride_b): (usize, usize, usize),
+    ) -> Result<(), String> {
+        let operands = (a, trans_a, b, trans_b);
+        let strides = (batch, stride_a, stride_b, m * n);
+        self.gemm_views((m, n, k), operands, c, (alpha, beta), strides)
+    }
+
+    /// [`Gpu::gemm`] on views, with C's batch stride given (`batch, stride_a, stride_b,
+    /// stride_c`): C's matrices need not be contiguous, as a group's rows of a convolution's
+    /// output are not.
+    pub(super) fn gemm_views<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        (a, trans_a, b, trans_b): (&A, bool, &B, bool),
+        c: &mut C,
+        (alpha, beta): (f32, f32),
+        (batch, stride_a, stride_b, stride_c): (usize, usize, usize, usize),
     ) -> Result<(), String> {
         let int = |v: usize, what: &str| {
             i32::try_from(v).map_err(|_| format!("{what} {v} exceeds cuBLAS's 32-bit sizes"))
@@ -192,7 +237,7 @@ impl Gpu<'_> {
             batch_size: int(batch, "batch")?,
             stride_a: stride_b as i64,
             stride_b: stride_a as i64,
-            stride_c: (m * n) as i64,
+            stride_c: stride_c as i64,
         };
         // cuBLAS works in the calling thread's current context, which nothing else here
         // guarantees is the stream's (cudarc binds it only in its own calls).
@@ -208,12 +253,12 @@ impl Gpu<'_> {
 }
 
 /// Number of elements of a shape.
-fn numel(shape: &[usize]) -> usize {
+pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
 /// Row-major strides of `shape`, with 0 on the axes broadcast to `out_shape` (right-aligned).
-fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<i64> {
+pub(super) fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![0i64; out_shape.len()];
     let offset = out_shape.len() - shape.len();
     let mut stride = 1i64;
@@ -264,7 +309,11 @@ fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
 }
 
 /// The device operand `i`, or `None` when it is absent or not float.
-fn device(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<DeviceTensor>, String> {
+pub(super) fn device(
+    gpu: &Gpu,
+    args: &[Option<Value>],
+    i: usize,
+) -> Result<Option<DeviceTensor>, String> {
     match args.get(i).and_then(|a| a.as_ref()) {
         Some(v) => v.to_device(gpu),
         None => Ok(None),
@@ -295,12 +344,12 @@ fn all_device(
     Ok(Some(out))
 }
 
-fn one(t: DeviceTensor) -> OpResult {
+pub(super) fn one(t: DeviceTensor) -> OpResult {
     Ok(Some(vec![Value::Device(t)]))
 }
 
 /// Whether the node asks for outputs beyond the first (statistics, masks): left to the CPU.
-fn extra_outputs(ctx: &Ctx) -> bool {
+pub(super) fn extra_outputs(ctx: &Ctx) -> bool {
     ctx.node.outputs.iter().skip(1).any(|o| o.is_some())
 }
 
@@ -311,11 +360,11 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     }
     // Shape and Size read only the shape: a device tensor is not copied for them.
-    if let (Some(Some(Value::Device(x))), "Shape" | "Size") = (args.first(), op) {
+    if let (Some(Some(x)), "Shape" | "Size") = (args.first(), op) {
         let out = if op == "Shape" {
-            shape_tensor(ctx, &x.shape)
+            shape_tensor(ctx, x.shape())
         } else {
-            HostTensor::i64(vec![], vec![numel(&x.shape) as i64])
+            HostTensor::i64(vec![], vec![numel(x.shape()) as i64])
         };
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
@@ -383,6 +432,13 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => {
             reduce(gpu, ctx, args)
         }
+        "Conv" => window_ops::conv(gpu, ctx, args),
+        "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
+        "MaxPool" | "AveragePool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
+        "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
+        "BatchNormalization" if !extra_outputs(ctx) && ctx.int("training_mode", 0) == 0 => {
+            window_ops::batch_norm(gpu, ctx, args)
+        }
         _ => Ok(None),
     }
 }
@@ -405,6 +461,8 @@ fn unary_code(ctx: &Ctx, op: &str) -> Option<i32> {
         "LeakyRelu" => 12,
         "Clip" => 13,
         "Swish" => 14,
+        "HardSigmoid" => 15,
+        "HardSwish" => 16,
         _ => return None,
     })
 }
@@ -416,6 +474,7 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
     let (alpha, beta) = match code {
         12 => (ctx.float("alpha", 0.01), 0.0),
         14 => (ctx.float("alpha", 1.0), 0.0),
+        15 => (ctx.float("alpha", 0.2), ctx.float("beta", 0.5)),
         13 if ctx.opset < 11 => (
             ctx.float("min", f32::NEG_INFINITY),
             ctx.float("max", f32::INFINITY),
@@ -863,17 +922,7 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         .enumerate()
         .all(|(i, &a)| a == rank - reduced_axes.len() + i);
     if trailing {
-        // Rows of `count` contiguous values: one block each.
-        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce_rows);
-        launch
-            .arg(&*x.data)
-            .arg(&mut out)
-            .arg(&n64)
-            .arg(&c64)
-            .arg(&code);
-        // SAFETY: argument types match `reduce_rows_f32`; x holds n_out rows of count floats;
-        // shared memory is one float per thread.
-        unsafe { launch.launch(Gpu::rows(n_out)) }.map_err(cuda_error("launch"))?;
+        gpu.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
     } else {
         let kept = dims(&kept_shape, &[&kept_strides])?;
         let reduced = dims(&red_shape, &[&red_strides])?;

@@ -19,30 +19,39 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["GlobalAveragePool", "GlobalMaxPool"], global_pool);
 }
 
-/// Spatial geometry of a window op, in 2-D.
+/// Spatial geometry of a window op, in 2-D (the CUDA backend's window ops read it too).
 #[derive(Debug, Clone, Copy)]
-struct Window {
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    dilation: [usize; 2],
+pub(crate) struct Window {
+    pub(crate) kernel: [usize; 2],
+    pub(crate) stride: [usize; 2],
+    pub(crate) dilation: [usize; 2],
     /// begin, end per axis
-    pad: [[usize; 2]; 2],
+    pub(crate) pad: [[usize; 2]; 2],
 }
 
 /// `[N, C, H, W]` of an input of rank 3 or 4, and whether it was 1-D.
 fn nchw(x: &HostTensor) -> Result<([usize; 4], bool), String> {
-    match *x.shape() {
+    nchw_of(x.shape())
+}
+
+/// [`nchw`] of a shape.
+pub(crate) fn nchw_of(shape: &[usize]) -> Result<([usize; 4], bool), String> {
+    match *shape {
         [n, c, l] => Ok(([n, c, 1, l], true)),
         [n, c, h, w] => Ok(([n, c, h, w], false)),
         _ => Err(format!(
-            "only 1-D and 2-D spatial inputs are supported, got shape {:?}",
-            x.shape()
+            "only 1-D and 2-D spatial inputs are supported, got shape {shape:?}"
         )),
     }
 }
 
 /// Reads a per-axis attribute given for 1 or 2 spatial axes, as 2-D values.
-fn spatial(ctx: &Ctx, name: &str, one_d: bool, default: usize) -> Result<[usize; 2], String> {
+pub(crate) fn spatial(
+    ctx: &Ctx,
+    name: &str,
+    one_d: bool,
+    default: usize,
+) -> Result<[usize; 2], String> {
     let Some(v) = ctx.ints(name) else {
         return Ok([default; 2]);
     };
@@ -61,7 +70,12 @@ fn spatial(ctx: &Ctx, name: &str, one_d: bool, default: usize) -> Result<[usize;
     }
 }
 
-fn window(ctx: &Ctx, one_d: bool, kernel: [usize; 2], in_hw: [usize; 2]) -> Result<Window, String> {
+pub(crate) fn window(
+    ctx: &Ctx,
+    one_d: bool,
+    kernel: [usize; 2],
+    in_hw: [usize; 2],
+) -> Result<Window, String> {
     let stride = spatial(ctx, "strides", one_d, 1)?;
     let dilation = spatial(ctx, "dilations", one_d, 1)?;
     if stride.contains(&0) || dilation.contains(&0) {
@@ -114,7 +128,8 @@ fn window(ctx: &Ctx, one_d: bool, kernel: [usize; 2], in_hw: [usize; 2]) -> Resu
 }
 
 impl Window {
-    fn output(&self, in_hw: [usize; 2], ceil: bool) -> Result<[usize; 2], String> {
+    /// The output plane of the window over an `in_hw` input (`ceil`: ceil_mode).
+    pub(crate) fn output(&self, in_hw: [usize; 2], ceil: bool) -> Result<[usize; 2], String> {
         let mut out = [0; 2];
         for axis in 0..2 {
             // Pads, kernel and dilation are attributes of the model: checked, not wrapped.

@@ -1,0 +1,182 @@
+//! Device-resident pipelines: micro-batches cross CUDA stages as device tensors, ordered by
+//! events, never through the host.
+//!
+//! ```text
+//! stage k:   run on stream k ── record `ready` ──▶ (values, ready) ──▶ stage k + 1
+//! stage k+1: stream k+1 waits for `ready` (no host wait) ── a tensor of another GPU is copied
+//!            peer to peer on stream k+1 ── run ── each received buffer's own stream waits for
+//!            stream k+1 before the buffer is released (it is freed on the stream that made it)
+//! last stage: its sends come back to the host (the one synchronisation per micro-batch)
+//! ```
+//!
+//! Integer and boolean tensors (shapes, masks) were on the host all along and cross as they are.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{result, CudaEvent, DevicePtr};
+
+use super::{CudaExecutor, CudaStage, DeviceTensor, Value};
+use crate::runtime::cpu::{pipeline_report, split_microbatches, stream_through};
+use crate::runtime::{PipelineOptions, PipelineReport, Tensors};
+use crate::Error;
+
+/// A micro-batch between stages: its tensors wherever they are, and an event recorded on the
+/// producing stage's stream after its work (none for the pipeline's host inputs).
+pub(super) struct Resident {
+    values: BTreeMap<String, Value>,
+    ready: Option<CudaEvent>,
+}
+
+impl CudaExecutor<'_> {
+    /// Streams `inputs`, split into `microbatches` along axis 0, through the prepared `stages`
+    /// (one thread each), keeping the tensors that cross stages on the device: only the
+    /// pipeline's inputs are uploaded and only its outputs downloaded.
+    pub fn run_resident_pipeline(
+        &self,
+        stages: &mut [CudaStage],
+        inputs: &Tensors,
+        microbatches: usize,
+    ) -> Result<PipelineReport, Error> {
+        let batches: Vec<Resident> = split_microbatches(inputs, microbatches)?
+            .into_iter()
+            .map(|tensors| Resident {
+                values: tensors
+                    .into_iter()
+                    .map(|(name, t)| (name, Value::host(t)))
+                    .collect(),
+                ready: None,
+            })
+            .collect();
+        let last = stages.len().saturating_sub(1);
+        let start = std::time::Instant::now();
+        let run = |stage: &CudaStage, batch: Resident| {
+            self.run_resident(stage, batch, stage.spec.index == last)
+        };
+        let (collected, busy) = stream_through(stages, batches, &run, PipelineOptions::default())?;
+        let wall_secs = start.elapsed().as_secs_f64();
+        let collected: Vec<Tensors> = collected?
+            .into_iter()
+            .map(|batch| {
+                batch
+                    .values
+                    .into_iter()
+                    .map(|(name, value)| match value {
+                        Value::Host(t, _) => Ok((name, t)),
+                        Value::Device(_) => Err(Error::Cuda(format!(
+                            "the last stage sent '{name}' without bringing it to the host"
+                        ))),
+                    })
+                    .collect()
+            })
+            .collect::<Result<_, Error>>()?;
+        pipeline_report(&collected, &busy, wall_secs)
+    }
+
+    /// Runs one micro-batch on `stage` after the stage that made it, without waiting on the
+    /// host; the `last` stage brings its sends to the host.
+    fn run_resident(
+        &self,
+        stage: &CudaStage,
+        inbound: Resident,
+        last: bool,
+    ) -> Result<Resident, Error> {
+        let index = stage.spec.index;
+        let fail = |what: &str, e: cudarc::driver::DriverError| {
+            Self::stage_error(index, format!("{what}: {e}"))
+        };
+        if let Some(ready) = &inbound.ready {
+            stage
+                .stream
+                .wait(ready)
+                .map_err(|e| fail("cannot wait for the previous stage", e))?;
+        }
+        let mut inputs = BTreeMap::new();
+        for (name, value) in &inbound.values {
+            let here = match value {
+                Value::Device(t) if t.data.stream().context().ordinal() != stage.device => {
+                    Value::Device(peer_copy(stage, t).map_err(|e| fail("peer copy", e))?)
+                }
+                other => other.clone(),
+            };
+            inputs.insert(name.clone(), here);
+        }
+        let sends = self.run_values(stage, &inputs, None)?;
+        drop(inputs);
+        release(stage, inbound.values).map_err(|e| fail("cannot order a release", e))?;
+        if last {
+            let mut host = BTreeMap::new();
+            for (name, value) in sends {
+                let t = value
+                    .to_host(&stage.stream)
+                    .map_err(|e| Self::stage_error(index, e))?;
+                host.insert(name, Value::host(t));
+            }
+            return Ok(Resident {
+                values: host,
+                ready: None,
+            });
+        }
+        let ready = stage
+            .stream
+            .record_event(None)
+            .map_err(|e| fail("cannot record an event", e))?;
+        Ok(Resident {
+            values: sends,
+            ready: Some(ready),
+        })
+    }
+}
+
+/// A copy of another GPU's tensor on `stage`'s GPU, made on the stage's stream (which has
+/// waited for the tensor's producer).
+fn peer_copy(
+    stage: &CudaStage,
+    t: &DeviceTensor,
+) -> Result<DeviceTensor, cudarc::driver::DriverError> {
+    let stream = &stage.stream;
+    stream.context().bind_to_thread()?;
+    // SAFETY: the copy below writes every element.
+    let mut copy = unsafe { stream.alloc::<f32>(t.data.len()) }?;
+    let source_stream = t.data.stream();
+    {
+        let (src, _src_sync) = t.data.device_ptr(source_stream);
+        let (dst, _dst_sync) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut copy, stream);
+        // SAFETY: both buffers hold `len` floats and are alive; the copy is ordered on the
+        // stage's stream after the producer's `ready` event.
+        unsafe {
+            result::memcpy_peer_async(
+                stream.context().cu_ctx(),
+                dst,
+                source_stream.context().cu_ctx(),
+                src,
+                t.data.len() * std::mem::size_of::<f32>(),
+                stream.cu_stream(),
+            )
+        }?;
+    }
+    Ok(DeviceTensor {
+        shape: t.shape.clone(),
+        data: Arc::new(copy),
+    })
+}
+
+/// Lets go of the tensors a stage received. A buffer is freed on the stream that made it when
+/// its last holder drops it, and that stream knows nothing of this stage's reads: it first
+/// waits for this stage's stream. The free needs its own GPU's context current.
+fn release(
+    stage: &CudaStage,
+    values: BTreeMap<String, Value>,
+) -> Result<(), cudarc::driver::DriverError> {
+    for value in values.into_values() {
+        if let Value::Device(t) = value {
+            let owner = t.data.stream();
+            if !Arc::ptr_eq(owner, &stage.stream) {
+                owner.join(&stage.stream)?;
+                owner.context().bind_to_thread()?;
+            }
+            drop(t);
+        }
+    }
+    stage.stream.context().bind_to_thread()
+}
