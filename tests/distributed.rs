@@ -1,9 +1,13 @@
 //! Multi-process runs (`pipecut run --distributed`): ranks started as a launcher starts them
 //! give outputs bit-for-bit equal to the one-process run, a killed or missing rank ends the
 //! job with an error naming it, and a rank's metrics can be scraped while it runs. Ranks talk
-//! over TCP here (the default build); with `--features mpi` the same job runs under `mpirun`.
+//! over TCP here (the default build); with `--features mpi` the same job runs under `mpirun`,
+//! and with `--features cuda` GPU ranks run over NCCL on a fake 4-GPU machine (the fake driver,
+//! cuBLAS and NCCL of `tests/fake_cuda/`, built with g++).
 
 mod common;
+#[cfg(feature = "cuda")]
+mod fake_cuda;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -49,11 +53,22 @@ fn dims_without_batch(name: &str) -> Vec<String> {
 /// Starts `world` ranks of `pipecut run PLAN MODEL --distributed ARGS` the way torchrun
 /// does (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 fn start_ranks(world: usize, ranks: &[usize], args: &[String]) -> Vec<(usize, Child)> {
+    start_ranks_with(world, ranks, args, &[])
+}
+
+/// [`start_ranks`] with `env` added to every rank's environment.
+fn start_ranks_with(
+    world: usize,
+    ranks: &[usize],
+    args: &[String],
+    env: &[(String, String)],
+) -> Vec<(usize, Child)> {
     let port = free_port().to_string();
     ranks
         .iter()
         .map(|&rank| {
             let child = pipecut()
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .args(["run"])
                 .args(args)
                 .arg("--distributed")
@@ -126,8 +141,19 @@ fn step_microbatches(plan: &Path) -> usize {
 /// `pipecut run ARGS` in one process for the whole step of `step` micro-batches, writing the
 /// outputs into `out` (the reference the ranks' outputs must equal).
 fn one_process_run(args: &[String], step: usize, out: &Path) -> PathBuf {
+    one_process_run_with(args, step, out, &[])
+}
+
+/// [`one_process_run`] with `env` added to its environment.
+fn one_process_run_with(
+    args: &[String],
+    step: usize,
+    out: &Path,
+    env: &[(String, String)],
+) -> PathBuf {
     run_ok(
         pipecut()
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("run")
             .args(args)
             .args(["--microbatches", &step.to_string()])
@@ -446,4 +472,129 @@ fn under_mpirun_a_rank_that_fails_ends_the_job() {
     );
     let message = stderr(&out);
     assert!(message.contains("rank-1"), "{message}");
+}
+
+/// The environment of a rank that sees a fake machine of `gpus` GPUs with NCCL, or `None` (the
+/// skip recorded) where this machine has no NVRTC or cannot build the fakes.
+#[cfg(feature = "cuda")]
+fn fake_gpus(gpus: u32) -> Option<Vec<(String, String)>> {
+    let Some(nvrtc) = fake_cuda::venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`), so the fake driver has no kernels",
+        );
+        return None;
+    };
+    let gpu = fake_cuda::FakeGpu {
+        devices: gpus,
+        ..fake_cuda::FakeGpu::current()
+    };
+    match fake_cuda::environment(&gpu, &nvrtc) {
+        Ok(env) => Some(env),
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            None
+        }
+    }
+}
+
+/// `pipecut run` arguments of `name`'s 2 × 2 plan on the CUDA backend with seeded inputs.
+#[cfg(feature = "cuda")]
+fn cuda_job(dir: &Path, name: &str) -> (Vec<String>, usize) {
+    let plan = two_by_two_plan(dir, name);
+    let step = step_microbatches(&plan);
+    let args = vec![
+        plan.to_str().unwrap().into(),
+        common::fixture(name).to_str().unwrap().into(),
+        "--backend".into(),
+        "cuda".into(),
+        "--seed".into(),
+        "7".into(),
+    ];
+    (args, step)
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
+    let Some(env) = fake_gpus(4) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for name in common::FIXTURES {
+        let (args, step) = cuda_job(dir.path(), name);
+        let single = dir.path().join(format!("{name}-single"));
+        one_process_run_with(&args, step, &single, &env);
+        let multi = dir.path().join(format!("{name}-nccl"));
+        let mut rank_args = args.clone();
+        rank_args.extend([
+            "--output-dir".into(),
+            multi.to_str().unwrap().into(),
+            "--json".into(),
+            "--peer-timeout".into(),
+            "60s".into(),
+        ]);
+        let ranks = wait_all(
+            start_ranks_with(4, &[0, 1, 2, 3], &rank_args, &env),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            let err = stderr(out);
+            assert!(out.status.success(), "{name} rank {rank}: {err}");
+            assert!(!err.contains("fake lib"), "{name} rank {rank}: {err}");
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report["transport"], "nccl", "{name} rank {rank}");
+            // LOCAL_RANK r takes GPU r of the four.
+            assert_eq!(report["gpu"], *rank, "{name} rank {rank}");
+            assert_eq!(report["microbatches_done"], step / 2, "{name} rank {rank}");
+            if rank % 2 == 0 {
+                assert!(report["bytes_sent"].as_u64().unwrap() > 0);
+            }
+        }
+        assert_same_outputs(&single, &multi, &format!("{name} over NCCL (2 x 2 GPUs)"));
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn a_killed_gpu_rank_ends_the_nccl_job_with_an_error_naming_it() {
+    let Some(env) = fake_gpus(2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = two_stage_job(dir.path(), 512, "5s");
+    args.extend(["--backend".into(), "cuda".into()]);
+    let mut ranks = start_ranks_with(2, &[0, 1], &args, &env);
+    std::thread::sleep(Duration::from_millis(3000));
+    let (_, victim) = &mut ranks[1];
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the job ended before the kill"
+    );
+    victim.kill().unwrap();
+    let began = Instant::now();
+    let outputs = wait_all(ranks, Duration::from_secs(60));
+    let (_, survivor) = &outputs[0];
+    assert!(!survivor.status.success());
+    let message = stderr(survivor);
+    eprintln!("the survivor said: {message}");
+    let last = message
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("rank 1 (stage 1 of replica 0)"),
+        "the error names the lost rank and its stage: {message}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
 }

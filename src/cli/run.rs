@@ -186,11 +186,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
     if args.distributed.distributed {
-        if args.backend != Backend::Cpu {
-            bail!("--distributed runs the CPU backend only: GPU ranks over NCCL are not built yet");
-        }
         let setup = super::run_distributed::RankSetup {
             plan: &plan,
+            backend: args.backend,
             graph,
             weights: &weights,
             specs: &specs,

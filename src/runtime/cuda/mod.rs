@@ -368,6 +368,30 @@ impl<'a> CudaExecutor<'a> {
         })
     }
 
+    /// A backend whose every stage runs on GPU `ordinal` alone: a rank of a multi-process run
+    /// (`run --distributed`) opens only the GPU its launcher's local rank names.
+    pub fn on_device(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        ordinal: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        let count = device_count().map_err(Error::Cuda)?;
+        if ordinal >= count {
+            return Err(Error::Cuda(format!(
+                "GPU {ordinal} was asked for, but the driver sees {count}"
+            )));
+        }
+        if let Some(why) = cublas_problem() {
+            return Err(Error::Cuda(why));
+        }
+        let state = DeviceState::open(ordinal, &mut ImageCache::default()).map_err(|(_, e)| e)?;
+        Ok(CudaExecutor {
+            graph,
+            weights,
+            devices: vec![state],
+        })
+    }
+
     /// Number of GPUs the stages are spread over (stage `k` on GPU `k mod count`).
     pub fn device_count(&self) -> usize {
         self.devices.len()

@@ -1,7 +1,7 @@
 //! Running a plan as many processes: one rank per (replica, stage), messages between them.
 //!
 //! ```text
-//! launcher env ─▶ Launch ─▶ Transport (MPI or TCP) ─┐
+//! launcher env ─▶ Launch ─▶ Transport (MPI, TCP or NCCL) ─┐
 //! plan + model ─▶ StageSpec of this rank's stage ───┴▶ run_rank ─▶ outputs on the collector
 //! ```
 //!
@@ -18,6 +18,8 @@ pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
+#[cfg(feature = "cuda")]
+pub mod nccl_transport;
 pub mod tcp;
 pub mod transport;
 pub mod wire;

@@ -22,7 +22,7 @@ use crate::Error;
 const MAGIC: &[u8; 4] = b"PCUT";
 /// The largest message accepted: a stage boundary of 64 GiB is beyond any CPU stage's memory,
 /// and a corrupt length must not become an allocation.
-const MAX_MESSAGE_BYTES: u64 = 64 << 30;
+pub(super) const MAX_MESSAGE_BYTES: u64 = 64 << 30;
 
 enum Frame {
     Data { tag: u32, bytes: Vec<u8> },
