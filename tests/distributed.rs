@@ -228,6 +228,103 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
     }
 }
 
+/// A plan for `name` in four stages on four CPUs: tensors then skip stages, so ranks relay.
+fn four_stage_plan(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}-4.json"));
+    run_ok(
+        pipecut()
+            .arg("partition")
+            .arg(common::fixture(name))
+            .args(["--devices", "cpu,cpu,cpu,cpu", "--stages", "4"])
+            .args(["--dim", "batch=2", "--microbatches", "4"])
+            .args(dims_without_batch(name))
+            .arg("--out")
+            .arg(&out),
+    );
+    out
+}
+
+#[test]
+fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let two_by_two = common::FIXTURES.map(|name| (name, two_by_two_plan(dir.path(), name), 2));
+    let four_stages = ["gpt2_tiny", "llama_tiny"].map(|n| (n, four_stage_plan(dir.path(), n), 4));
+    for (name, plan, stages) in two_by_two.into_iter().chain(four_stages) {
+        let step = step_microbatches(&plan);
+        let model = common::fixture(name);
+        let export = dir.path().join(format!("{name}-{stages}-stages"));
+        run_ok(
+            pipecut()
+                .arg("export")
+                .args([&plan, &model])
+                .arg("--out-dir")
+                .arg(&export),
+        );
+        let seed = ["--seed".to_string(), "5".to_string()];
+        let whole: Vec<String> = [plan.to_str().unwrap(), model.to_str().unwrap()]
+            .map(String::from)
+            .into_iter()
+            .chain(seed.clone())
+            .collect();
+        let single = one_process_run(
+            &whole,
+            step,
+            &dir.path().join(format!("{name}-{stages}-whole")),
+        );
+        let multi = dir.path().join(format!("{name}-{stages}-exported"));
+        let mut rank_args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            export.to_str().unwrap().into(),
+            "--output-dir".into(),
+            multi.to_str().unwrap().into(),
+            "--json".into(),
+        ];
+        rank_args.extend(seed);
+        let ranks = wait_all(
+            start_ranks(4, &[0, 1, 2, 3], &rank_args),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            assert!(out.status.success(), "{name} rank {rank}: {}", stderr(out));
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let loaded = report["model"].as_str().unwrap();
+            assert!(
+                loaded.ends_with(&format!("stage_{}.onnx", rank % stages)),
+                "{name} rank {rank} loaded {loaded}"
+            );
+        }
+        assert_same_outputs(
+            &single,
+            &multi,
+            &format!("{name} from its export, {stages} ranks"),
+        );
+    }
+    // Without --distributed, or from an export of another plan, the directory is refused.
+    let plan = two_by_two_plan(dir.path(), "mlp");
+    let export = dir.path().join("gpt2_tiny-2-stages");
+    let out = pipecut()
+        .arg("run")
+        .args([&plan, &export])
+        .output()
+        .unwrap();
+    let message = stderr(&out);
+    assert!(message.contains("--distributed"), "{message}");
+    let wrong = wait_all(
+        start_ranks(
+            4,
+            &[0],
+            &[
+                plan.to_str().unwrap().into(),
+                export.to_str().unwrap().into(),
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    let message = stderr(&wrong[0].1);
+    assert!(!wrong[0].1.status.success());
+    assert!(message.contains("another model file"), "{message}");
+}
+
 /// A two-stage gpt2_tiny plan and its arguments for a run of `microbatches`.
 fn two_stage_job(dir: &Path, microbatches: usize, timeout: &str) -> Vec<String> {
     let plan = dir.join("gpt2-2.json");

@@ -67,6 +67,8 @@ struct RankReport {
     /// The GPU this rank's stage ran on (`--backend cuda`).
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<usize>,
+    /// The model file the rank loaded (an exported stage file, or the whole model).
+    model: String,
     #[serde(flatten)]
     figures: RankFigures,
     /// The plan's compute time for this stage, per micro-batch.
@@ -80,13 +82,34 @@ struct RankReport {
 pub struct RankSetup<'a> {
     pub plan: &'a Plan,
     pub backend: Backend,
+    /// Who this process is ([`place_in_job`]).
+    pub launch: Launch,
+    /// The model file this rank loaded: the whole model, or its stage's exported file.
+    pub model_file: &'a Path,
     pub graph: &'a pipecut::graph::Graph,
     pub weights: &'a Weights,
-    pub specs: &'a [StageSpec],
+    /// This rank's stage.
+    pub spec: &'a StageSpec,
+    /// Tensors this rank passes on from what it receives without reading them (an exported
+    /// stage file holds only what its own nodes read; empty for the whole model).
+    pub relay: Vec<String>,
     pub microbatches: usize,
     pub output_dir: &'a Path,
     pub protected: Vec<&'a Path>,
     pub json: bool,
+}
+
+/// Who this process is in the job its launcher started, checked against the plan's layout
+/// for a step of `microbatches`: the launch and this rank's stage.
+pub fn place_in_job(plan: &Plan, microbatches: usize) -> anyhow::Result<(Launch, usize)> {
+    let launch = Launch::from_env()?;
+    let layout = RankLayout {
+        stages: plan.stages.len(),
+        replicas: replicas(plan),
+    };
+    layout.check_world(&launch, microbatches)?;
+    let stage = layout.place(launch.rank).stage;
+    Ok((launch, stage))
 }
 
 /// Runs this process's rank; `make_inputs` is called only on stage 0.
@@ -95,12 +118,11 @@ pub fn run(
     setup: RankSetup<'_>,
     make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
 ) -> anyhow::Result<ExitCode> {
-    let launch = Launch::from_env()?;
+    let launch = &setup.launch;
     let layout = RankLayout {
         stages: setup.plan.stages.len(),
         replicas: replicas(setup.plan),
     };
-    layout.check_world(&launch, setup.microbatches)?;
     let place = layout.place(launch.rank);
     // Labelled before anything is published, so that a scrape during the rendezvous already
     // says which rank, stage and replica answers.
@@ -113,18 +135,18 @@ pub fn run(
             .len(),
         ..RankFigures::default()
     }));
-    publish(args, &launch, &figures)?;
+    publish(args, launch, &figures)?;
 
     let rank = Rank {
         args,
         setup: &setup,
-        launch: &launch,
+        launch,
         figures: &figures,
     };
     let (transport, gpu, outputs) = match setup.backend {
         Backend::Cpu => {
             let executor = CpuExecutor::new(setup.graph, setup.weights);
-            let transport = || connect(args, &launch, None);
+            let transport = || connect(args, launch, None);
             rank.run(&executor, transport, make_inputs, None)?
         }
         Backend::Cuda => run_on_gpu(&rank, make_inputs)?,
@@ -135,6 +157,7 @@ pub fn run(
         transport,
         launcher: launch.launcher,
         gpu,
+        model: setup.model_file.display().to_string(),
         figures: last,
         predicted_busy_secs_per_microbatch: planned.stage_secs,
         predicted_transfer_secs_per_microbatch: planned
@@ -183,7 +206,7 @@ impl Rank<'_> {
             replicas: replicas(setup.plan),
         };
         let place = layout.place(launch.rank);
-        let stage = executor.prepare(&setup.specs[place.stage])?;
+        let stage = executor.prepare(setup.spec)?;
         let inputs = if place.stage == 0 {
             split_microbatches(&make_inputs()?, setup.microbatches)?
         } else {
@@ -194,6 +217,7 @@ impl Rank<'_> {
             layout,
             microbatches: setup.microbatches,
             peer_timeout: args.peer_timeout,
+            relay: setup.relay.clone(),
         };
         let outcome = run_rank(executor, &stage, transport.as_mut(), &job, &inputs, figures);
         if let Some(path) = &args.metrics_file {
