@@ -571,10 +571,11 @@ fn under_mpirun_a_rank_that_fails_ends_the_job() {
     assert!(message.contains("rank-1"), "{message}");
 }
 
-/// The environment of a rank that sees a fake machine of `gpus` GPUs with NCCL, or `None` (the
-/// skip recorded) where this machine has no NVRTC or cannot build the fakes.
+/// The environment of a rank that sees a fake machine of `gpus` GPUs with NCCL (whose unique
+/// ids name directories made in `scratch`), or `None` (the skip recorded) where this machine
+/// has no NVRTC or cannot build the fakes.
 #[cfg(feature = "cuda")]
-fn fake_gpus(gpus: u32) -> Option<Vec<(String, String)>> {
+fn fake_gpus(gpus: u32, scratch: &Path) -> Option<Vec<(String, String)>> {
     let Some(nvrtc) = fake_cuda::venv_nvrtc() else {
         common::skip(
             if cfg!(target_os = "linux") {
@@ -591,7 +592,10 @@ fn fake_gpus(gpus: u32) -> Option<Vec<(String, String)>> {
         ..fake_cuda::FakeGpu::current()
     };
     match fake_cuda::environment(&gpu, &nvrtc) {
-        Ok(env) => Some(env),
+        Ok(mut env) => {
+            env.push(("PC_FAKE_NCCL_DIR".into(), scratch.display().to_string()));
+            Some(env)
+        }
         Err(why) => {
             common::skip(common::Need::Toolchain, why);
             None
@@ -618,10 +622,10 @@ fn cuda_job(dir: &Path, name: &str) -> (Vec<String>, usize) {
 #[cfg(feature = "cuda")]
 #[test]
 fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
-    let Some(env) = fake_gpus(4) else {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(env) = fake_gpus(4, dir.path()) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     for name in common::FIXTURES {
         let (args, step) = cuda_job(dir.path(), name);
         let single = dir.path().join(format!("{name}-single"));
@@ -659,10 +663,10 @@ fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
 #[cfg(feature = "cuda")]
 #[test]
 fn a_killed_gpu_rank_ends_the_nccl_job_with_an_error_naming_it() {
-    let Some(env) = fake_gpus(2) else {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(env) = fake_gpus(2, dir.path()) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let mut args = two_stage_job(dir.path(), 512, "5s");
     args.extend(["--backend".into(), "cuda".into()]);
     let mut ranks = start_ranks_with(2, &[0, 1], &args, &env);
@@ -693,5 +697,49 @@ fn a_killed_gpu_rank_ends_the_nccl_job_with_an_error_naming_it() {
         began.elapsed() < Duration::from_secs(30),
         "{:?}",
         began.elapsed()
+    );
+}
+
+/// The fake NCCL is only worth its tests if it refuses what NCCL and a GPU would: a C++
+/// program (`tests/fake_cuda/nccl_checks.cpp`) misuses it from two processes on a fake 2-GPU
+/// machine and checks every answer.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_fake_nccl_refuses_what_nccl_and_a_gpu_would() {
+    let libraries = match fake_cuda::libraries(fake_cuda::Build::Plain) {
+        Ok(dir) => dir,
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("nccl_checks");
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let built = Command::new(compiler)
+        .args(["-std=c++17", "-O1", "-Wall", "-Werror"])
+        .arg(common::root().join("tests/fake_cuda/nccl_checks.cpp"))
+        .arg(format!("-L{}", libraries.display()))
+        .args(["-l:libcuda.so.1", "-l:libnccl.so.2"])
+        .arg(format!("-Wl,-rpath,{}", libraries.display()))
+        .arg("-o")
+        .arg(&program)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", stderr(&built));
+    let checks = Command::new(&program)
+        .env("PC_FAKE_CUDA_DEVICES", "2")
+        .env("PC_FAKE_NCCL_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_, out) = wait_all(vec![(0, checks)], Duration::from_secs(60)).remove(0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok ")).count(),
+        15,
+        "{text}"
     );
 }

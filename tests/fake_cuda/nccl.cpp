@@ -10,7 +10,9 @@
 // exactly the bytes sent, with the same datatype; ranks and counts are in range. A peer that
 // exits is `ncclRemoteError`, kept as the communicator's asynchronous error as NCCL keeps it.
 //
-// Work runs when it is called (the fake driver runs streams synchronously too). A non-blocking
+// Work runs when it is called (the fake driver runs streams synchronously too). The unique id's
+// directory is made under PC_FAKE_NCCL_DIR, else TMPDIR, else /tmp, and left there (it holds
+// each rank's mark that it joined). A non-blocking
 // communicator (`config.blocking = 0`) answers `ncclInProgress` from its initialisation, so the
 // caller's polling of `ncclCommGetAsyncError` is exercised.
 
@@ -133,6 +135,13 @@ std::string socket_path(const std::string& dir, int rank) {
     return dir + "/rank-" + std::to_string(rank) + ".sock";
 }
 
+// A rank's mark that it joined: it outlives the rank's socket, so a rank that joins late still
+// sees that a quick peer joined, used and destroyed its communicator (initialisation is
+// collective in NCCL).
+std::string joined_path(const std::string& dir, int rank) {
+    return dir + "/rank-" + std::to_string(rank) + ".joined";
+}
+
 bool fill_address(sockaddr_un* address, const std::string& path) {
     std::memset(address, 0, sizeof *address);
     address->sun_family = AF_UNIX;
@@ -171,7 +180,7 @@ int env_int(const char* name, int fallback) {
     return v ? std::atoi(v) : fallback;
 }
 
-// Every rank's socket exists (the communicator is complete), or the wait ran out.
+// Every rank has joined (the communicator is complete), or the wait ran out.
 bool wait_for_ranks(const Comm* c) {
     auto deadline = std::chrono::steady_clock::now() +
                     std::chrono::seconds(env_int("PC_FAKE_NCCL_INIT_SECS", 60));
@@ -179,7 +188,7 @@ bool wait_for_ranks(const Comm* c) {
         bool all = true;
         for (int r = 0; r < c->nranks && all; ++r) {
             struct stat st;
-            all = ::stat(socket_path(c->dir, r).c_str(), &st) == 0;
+            all = ::stat(joined_path(c->dir, r).c_str(), &st) == 0;
         }
         if (all) return true;
         if (std::chrono::steady_clock::now() > deadline) return false;
@@ -290,8 +299,8 @@ void close_comm(Comm* c) {
         ::close(c->listener);
         ::unlink(socket_path(c->dir, c->rank).c_str());
     }
-    // The last rank to leave removes the directory (rmdir fails while sockets remain).
-    ::rmdir(c->dir.c_str());
+    // The `.joined` marks stay: a peer may still be waiting to see them. The directory is made
+    // under PC_FAKE_NCCL_DIR (or TMPDIR), which the tests point at a folder of their own.
     comms.erase(c);
     delete c;
 }
@@ -395,6 +404,15 @@ int ncclCommInitRankConfig(void** comm, int nranks, ncclUniqueId id, int rank, v
         delete c;
         return SYSTEM_ERROR;
     }
+    int mark = ::open(joined_path(c->dir, rank).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (mark < 0) {
+        say("ncclCommInitRankConfig: rank %d cannot mark itself joined in %s: %s", rank,
+            c->dir.c_str(), std::strerror(errno));
+        ::close(c->listener);
+        delete c;
+        return SYSTEM_ERROR;
+    }
+    ::close(mark);
     comms.insert(c);
     if (!wait_for_ranks(c)) {
         fail(c, SYSTEM_ERROR, "not every one of %d ranks joined the communicator", nranks);
