@@ -658,6 +658,37 @@ fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
         }
         assert_same_outputs(&single, &multi, &format!("{name} over NCCL (2 x 2 GPUs)"));
     }
+    // GPU ranks may also talk over TCP (tensors through the host), and NCCL needs GPUs.
+    let (mut args, _) = cuda_job(dir.path(), "mlp");
+    let over_tcp = dir.path().join("mlp-gpu-tcp");
+    args.extend(["--output-dir".into(), over_tcp.to_str().unwrap().into()]);
+    args.extend(["--transport".into(), "tcp".into()]);
+    let ranks = wait_all(
+        start_ranks_with(4, &[0, 1, 2, 3], &args, &env),
+        Duration::from_secs(300),
+    );
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("over tcp"));
+    }
+    assert_same_outputs(
+        &dir.path().join("mlp-single"),
+        &over_tcp,
+        "mlp, GPU ranks over TCP",
+    );
+    let plan = dir.path().join("mlp-2x2.json");
+    let model = common::fixture("mlp");
+    let cpu = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .arg("run")
+        .args([&plan, &model])
+        .args(["--distributed", "--transport", "nccl"])
+        .envs([("RANK", "0"), ("WORLD_SIZE", "4")])
+        .envs([("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")])
+        .output()
+        .unwrap();
+    let message = stderr(&cpu);
+    assert!(message.contains("needs --backend cuda"), "{message}");
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
 }
 
 #[cfg(feature = "cuda")]

@@ -143,7 +143,7 @@ pub fn run(
         launch,
         figures: &figures,
     };
-    let (transport, gpu, outputs) = match setup.backend {
+    let ran = match setup.backend {
         Backend::Cpu => {
             let executor = CpuExecutor::new(setup.graph, setup.weights);
             let transport = || connect(args, launch, None);
@@ -154,9 +154,9 @@ pub fn run(
     let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let planned = &setup.plan.stages[place.stage];
     let report = RankReport {
-        transport,
+        transport: ran.transport,
         launcher: launch.launcher,
-        gpu,
+        gpu: ran.gpu,
         model: setup.model_file.display().to_string(),
         figures: last,
         predicted_busy_secs_per_microbatch: planned.stage_secs,
@@ -164,7 +164,7 @@ pub fn run(
             .received
             .iter()
             .fold(0.0, |sum, r| sum + r.transfer_secs),
-        outputs,
+        outputs: ran.outputs,
     };
     let text = if setup.json {
         format!("{}\n", serde_json::to_string(&report)?)
@@ -175,12 +175,15 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a rank ran: its transport's name, its GPU, the outputs written (on the collector).
-type Ran = (
-    &'static str,
-    Option<usize>,
-    std::collections::BTreeMap<String, String>,
-);
+/// What a rank ran.
+struct Ran {
+    /// Its transport's name.
+    transport: &'static str,
+    /// Its GPU, on `--backend cuda`.
+    gpu: Option<usize>,
+    /// The output files written (on the collector only).
+    outputs: std::collections::BTreeMap<String, String>,
+}
 
 /// This process's rank with what it was given.
 struct Rank<'a> {
@@ -230,7 +233,11 @@ impl Rank<'_> {
             }
             None => Default::default(),
         };
-        Ok((transport.name(), gpu, outputs))
+        Ok(Ran {
+            transport: transport.name(),
+            gpu,
+            outputs,
+        })
     }
 }
 
