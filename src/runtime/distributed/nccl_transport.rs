@@ -12,9 +12,13 @@
 //! First version: the stage hands the [`Transport`] host bytes, so a message is uploaded, sent
 //! over NCCL and downloaded at the other end (the GPUs' link carries it, the host still
 //! stages it). NCCL calls can block forever on a peer that died, so the communicator is
-//! non-blocking (`blocking = 0`): every call and its completion are polled, with
-//! `ncclCommGetAsyncError`, until the peer timeout, and a communicator that outlives it is
-//! aborted (`ncclCommAbort`) rather than waited on.
+//! non-blocking (`blocking = 0`) and every call and its completion are polled
+//! (`ncclCommGetAsyncError`, a CUDA event): its initialisation and a receive (whose sender
+//! has already announced it) until the peer timeout; a send, which completes only when the
+//! receiver takes it, for as long as the receiver lives (its end of the TCP connection is
+//! open), since a receiver may be busy for long (the collector finishes its own micro-batches
+//! before it takes the other replicas'). A communicator that failed is aborted
+//! (`ncclCommAbort`) rather than waited on.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -38,7 +42,6 @@ const UNDEF_INT: i32 = i32::MIN;
 pub struct NcclTransport {
     control: TcpTransport,
     comm: Communicator,
-    timeout: Duration,
 }
 
 /// An NCCL communicator on one GPU's stream; aborted when dropped after a failure, finalized
@@ -70,11 +73,7 @@ impl NcclTransport {
         })?;
         let id = share_unique_id(&mut control, timeout)?;
         let comm = Communicator::init(context, stream, rank, world, id, timeout)?;
-        Ok(NcclTransport {
-            control,
-            comm,
-            timeout,
-        })
+        Ok(NcclTransport { control, comm })
     }
 }
 
@@ -174,38 +173,57 @@ impl Communicator {
                 describe(started)
             )));
         }
-        comm.settle(Instant::now() + timeout).map_err(|e| {
-            fail(format!(
-                "the communicator of {world} ranks did not form: {e}"
-            ))
-        })?;
+        comm.settle(Instant::now() + timeout, timeout)
+            .map_err(|e| {
+                fail(format!(
+                    "the communicator of {world} ranks did not form: {e}"
+                ))
+            })?;
         comm.healthy = true;
         Ok(comm)
     }
 
-    /// Waits until the communicator's last call is done (no longer `ncclInProgress`).
-    fn settle(&self, deadline: Instant) -> Result<(), TransportError> {
+    /// Waits until the communicator's last call is done (no longer `ncclInProgress`), at most
+    /// until `deadline`.
+    fn settle(&self, deadline: Instant, timeout: Duration) -> Result<(), TransportError> {
+        self.enqueued(&mut || until_timeout(deadline, timeout))
+    }
+
+    /// Waits until the last call is enqueued (no longer `ncclInProgress`), polling while
+    /// `waiting()` allows.
+    fn enqueued(
+        &self,
+        waiting: &mut impl FnMut() -> Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
         let mut pause = Duration::from_micros(10);
-        loop {
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: `raw` is a live communicator.
-            let asked = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
-            if asked != sys::ncclResult_t::ncclSuccess {
-                return Err(TransportError::Failed(format!(
-                    "ncclCommGetAsyncError: {}",
-                    describe(asked)
-                )));
-            }
-            match state {
-                sys::ncclResult_t::ncclSuccess => return Ok(()),
-                sys::ncclResult_t::ncclInProgress => {}
-                failed => return Err(self.failure(failed)),
-            }
-            if Instant::now() >= deadline {
-                return Err(TransportError::Failed("NCCL did not finish in time".into()));
-            }
+        while self.in_progress()? {
+            waiting()?;
             thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// The communicator's asynchronous error, if any.
+    fn failed(&self) -> Result<(), TransportError> {
+        self.in_progress().map(|_| ())
+    }
+
+    /// Whether the last call is still in progress; `Err` when the communicator failed.
+    fn in_progress(&self) -> Result<bool, TransportError> {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `raw` is a live communicator.
+        let asked = unsafe { sys::ncclCommGetAsyncError(self.raw, &mut state) };
+        if asked != sys::ncclResult_t::ncclSuccess {
+            return Err(TransportError::Failed(format!(
+                "ncclCommGetAsyncError: {}",
+                describe(asked)
+            )));
+        }
+        match state {
+            sys::ncclResult_t::ncclSuccess => Ok(false),
+            sys::ncclResult_t::ncclInProgress => Ok(true),
+            failed => Err(self.failure(failed)),
         }
     }
 
@@ -228,12 +246,11 @@ impl Communicator {
     }
 
     /// Runs one point-to-point call and waits for its transfer to complete on the stream,
-    /// polling until `deadline`.
+    /// polling while `waiting()` says the wait may go on.
     fn transfer(
         &mut self,
         call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
-        deadline: Instant,
-        timeout: Duration,
+        mut waiting: impl FnMut() -> Result<(), TransportError>,
     ) -> Result<(), TransportError> {
         let cuda = |e: cudarc::driver::DriverError| TransportError::Failed(format!("CUDA: {e}"));
         self.context.bind_to_thread().map_err(cuda)?;
@@ -245,15 +262,13 @@ impl Communicator {
             self.healthy = false;
             return Err(self.failure(result));
         }
-        let outcome = self.settle(deadline).and_then(|()| {
+        let outcome = self.enqueued(&mut waiting).and_then(|()| {
             let done = self.context.new_event(None).map_err(cuda)?;
             done.record(&self.stream).map_err(cuda)?;
             let mut pause = Duration::from_micros(10);
             while !done.try_is_complete().map_err(cuda)? {
-                self.settle(deadline)?;
-                if Instant::now() >= deadline {
-                    return Err(TransportError::Timeout(timeout));
-                }
+                self.failed()?;
+                waiting()?;
                 thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(1));
             }
@@ -278,7 +293,10 @@ impl Drop for Communicator {
                     sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress
                 )
                 && self
-                    .settle(Instant::now() + Duration::from_secs(10))
+                    .settle(
+                        Instant::now() + Duration::from_secs(10),
+                        Duration::from_secs(10),
+                    )
                     .is_ok()
             {
                 sys::ncclCommDestroy(self.raw);
@@ -286,6 +304,15 @@ impl Drop for Communicator {
                 sys::ncclCommAbort(self.raw);
             }
         }
+    }
+}
+
+/// `Ok` until `deadline`, then the timeout error.
+fn until_timeout(deadline: Instant, timeout: Duration) -> Result<(), TransportError> {
+    if Instant::now() < deadline {
+        Ok(())
+    } else {
+        Err(TransportError::Timeout(timeout))
     }
 }
 
@@ -336,12 +363,21 @@ impl Transport for NcclTransport {
         if bytes.is_empty() {
             return Ok(());
         }
-        let deadline = Instant::now() + self.timeout;
         let stream = Arc::clone(&self.comm.stream);
         let cuda = |e: cudarc::driver::DriverError| TransportError::Failed(format!("CUDA: {e}"));
         let buffer = stream.clone_htod(bytes).map_err(cuda)?;
         let (ptr, _sync) = buffer.device_ptr(&stream);
-        let timeout = self.timeout;
+        // A send completes when the receiver takes it, which may be long after a busy receiver
+        // (the collector finishing its own micro-batches first): no deadline, only the
+        // receiver's life (its end of the connection the header went over).
+        let control = &self.control;
+        let receiver_alive = || {
+            if control.peer_alive(to) {
+                Ok(())
+            } else {
+                Err(TransportError::Closed("while NCCL sent to it".into()))
+            }
+        };
         self.comm.transfer(
             // SAFETY: the buffer holds `bytes.len()` bytes on this stream's device and lives
             // until the transfer completed (or the communicator is aborted).
@@ -355,8 +391,7 @@ impl Transport for NcclTransport {
                     s,
                 )
             },
-            deadline,
-            timeout,
+            receiver_alive,
         )
     }
 
@@ -404,8 +439,8 @@ impl Transport for NcclTransport {
                         s,
                     )
                 },
-                deadline,
-                timeout,
+                // The sender posts its send right after the header that came.
+                || until_timeout(deadline, timeout),
             )?;
         }
         stream.clone_dtoh(&buffer).map_err(cuda)
