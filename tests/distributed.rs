@@ -658,6 +658,30 @@ fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
         }
         assert_same_outputs(&single, &multi, &format!("{name} over NCCL (2 x 2 GPUs)"));
     }
+    // GPU ranks that load only their exported stage file, over NCCL.
+    let (mut args, _) = cuda_job(dir.path(), "gpt2_tiny");
+    let export = dir.path().join("gpt2_tiny-stages");
+    run_ok(
+        pipecut()
+            .arg("export")
+            .args([&args[0], &args[1]])
+            .arg("--out-dir")
+            .arg(&export),
+    );
+    args[1] = export.to_str().unwrap().into();
+    let from_export = dir.path().join("gpt2_tiny-nccl-exported");
+    args.extend(["--output-dir".into(), from_export.to_str().unwrap().into()]);
+    let ranks = wait_all(
+        start_ranks_with(4, &[0, 1, 2, 3], &args, &env),
+        Duration::from_secs(300),
+    );
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("over nccl"), "{text}");
+    }
+    let whole = dir.path().join("gpt2_tiny-single");
+    assert_same_outputs(&whole, &from_export, "gpt2_tiny's export over NCCL");
     // GPU ranks may also talk over TCP (tensors through the host), and NCCL needs GPUs.
     let (mut args, _) = cuda_job(dir.path(), "mlp");
     let over_tcp = dir.path().join("mlp-gpu-tcp");
