@@ -798,3 +798,46 @@ fn the_fake_nccl_refuses_what_nccl_and_a_gpu_would() {
         "{text}"
     );
 }
+
+/// A peer alive but whose NCCL never delivers (the fake's `PC_FAKE_NCCL_SILENT_RANK`: a wedged
+/// link) must not hang the job inside NCCL: the receiver gives up after the peer timeout and
+/// aborts its communicator, and the sender, waiting on a receiver that is gone, ends too.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_gpu_rank_whose_nccl_never_delivers_ends_the_job_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut env) = fake_gpus(2, dir.path()) else {
+        return;
+    };
+    env.push(("PC_FAKE_NCCL_SILENT_RANK".into(), "0".into()));
+    let mut args = two_stage_job(dir.path(), 4, "2s");
+    args.extend(["--backend".into(), "cuda".into()]);
+    let began = Instant::now();
+    let ranks = wait_all(
+        start_ranks_with(2, &[0, 1], &args, &env),
+        Duration::from_secs(120),
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    let last_line = |out: &Output| stderr(out).trim().lines().last().unwrap_or("").to_string();
+    let (receiver, sender) = (&ranks[1].1, &ranks[0].1);
+    eprintln!("receiver: {}\nsender: {}", stderr(receiver), stderr(sender));
+    assert!(!receiver.status.success() && !sender.status.success());
+    let message = last_line(receiver);
+    assert!(
+        message.contains(
+            "rank 1 (stage 1 of replica 0): rank 0 (stage 0 of replica 0) sent nothing for 2 s"
+        ),
+        "{}",
+        stderr(receiver)
+    );
+    let message = last_line(sender);
+    assert!(
+        message.contains("rank 0 (stage 0 of replica 0): rank 1 (stage 1 of replica 0)"),
+        "{}",
+        stderr(sender)
+    );
+}

@@ -10,11 +10,13 @@
 // exactly the bytes sent, with the same datatype; ranks and counts are in range. A peer that
 // exits is `ncclRemoteError`, kept as the communicator's asynchronous error as NCCL keeps it.
 //
-// Work runs when it is called (the fake driver runs streams synchronously too). The unique id's
+// Work runs when it is called on a blocking communicator (the fake driver runs streams
+// synchronously too); on a non-blocking one it runs on a thread of the communicator and the
+// call answers ncclInProgress until ncclCommGetAsyncError sees it done. The unique id's
 // directory is made under PC_FAKE_NCCL_DIR, else TMPDIR, else /tmp, and left there (it holds
 // each rank's mark that it joined). A non-blocking
-// communicator (`config.blocking = 0`) answers `ncclInProgress` from its initialisation, so the
-// caller's polling of `ncclCommGetAsyncError` is exercised.
+// communicator (`config.blocking = 0`) answers `ncclInProgress` from its initialisation and its
+// sends and receives, so the caller's polling of `ncclCommGetAsyncError` is exercised.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -74,9 +77,15 @@ struct Comm {
     int listener = -1;
     std::map<int, int> to;    // peer -> socket this rank writes to
     std::map<int, int> from;  // peer -> socket this rank reads from
-    int async = SUCCESS;      // the asynchronous error ncclCommGetAsyncError reports
+    std::atomic<int> async{SUCCESS};  // the asynchronous error ncclCommGetAsyncError reports
     bool in_progress = false;
+    bool blocking = true;
     std::string last_error;
+    // A non-blocking communicator's operation runs on `worker`; `busy` until it is done (its
+    // writes to `async` and `last_error` are then visible). `aborting` asks it to give up.
+    std::thread worker;
+    std::atomic<bool> busy{false};
+    std::atomic<bool> aborting{false};
 };
 
 struct Op {
@@ -259,9 +268,20 @@ int check_call(const char* name, const void* buf, size_t count, int datatype, in
     return SUCCESS;
 }
 
+// PC_FAKE_NCCL_SILENT_RANK: this rank's sends never leave (a wedged NCCL or link), so that a
+// receiver's timeout, and an abort of a communicator with work in flight, can be tested. Only
+// on a non-blocking communicator, whose caller can give up.
+bool silent(const Comm* c) {
+    return !c->blocking && env_int("PC_FAKE_NCCL_SILENT_RANK", -1) == c->rank;
+}
+
 int run(const Op& op) {
     Comm* c = op.comm;
     size_t bytes = op.count * type_size(op.datatype);
+    if (op.send && silent(c)) {
+        while (!c->aborting) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return fail(c, SYSTEM_ERROR, "ncclSend to rank %d: aborted before it left", op.peer);
+    }
     if (op.send) {
         int fd = writer(c, op.peer);
         Header h{bytes, op.datatype, 0};
@@ -272,7 +292,10 @@ int run(const Op& op) {
     }
     int fd = reader(c, op.peer);
     Header h{};
-    if (fd < 0 || !read_all(fd, &h, sizeof h))
+    bool came = fd >= 0 && read_all(fd, &h, sizeof h);
+    if (!came && c->aborting)
+        return fail(c, SYSTEM_ERROR, "ncclRecv from rank %d: aborted before it came", op.peer);
+    if (!came)
         return fail(c, REMOTE_ERROR, "ncclRecv from rank %d: the peer closed its connection", op.peer);
     if (h.bytes != bytes || h.datatype != op.datatype)
         return fail(c, INVALID_USAGE,
@@ -284,15 +307,41 @@ int run(const Op& op) {
     return SUCCESS;
 }
 
+// Waits for a non-blocking communicator's operation in flight.
+void finish_work(Comm* c) {
+    if (c->worker.joinable()) c->worker.join();
+}
+
+// Runs `op` now on a blocking communicator; on a non-blocking one, on its worker thread
+// (after the operation before it), answering ncclInProgress, as NCCL does while it enqueues.
 int submit(const Op& op) {
     if (group_depth > 0) {
         grouped.push_back(op);
         return SUCCESS;
     }
-    return run(op);
+    Comm* c = op.comm;
+    if (c->blocking) return run(op);
+    finish_work(c);
+    if (c->async != SUCCESS) return c->async;
+    c->busy = true;
+    c->worker = std::thread([c, op] {
+        int result = run(op);
+        if (result != SUCCESS && c->async == SUCCESS) c->async = result;
+        c->busy = false;
+    });
+    return IN_PROGRESS;
+}
+
+// Unblocks the worker's reads, writes and accepts, so that an abort ends work in flight.
+void interrupt(Comm* c) {
+    c->aborting = true;
+    for (auto& [peer, fd] : c->to) ::shutdown(fd, SHUT_RDWR);
+    for (auto& [peer, fd] : c->from) ::shutdown(fd, SHUT_RDWR);
+    if (c->listener >= 0) ::shutdown(c->listener, SHUT_RDWR);
 }
 
 void close_comm(Comm* c) {
+    finish_work(c);
     for (auto& [peer, fd] : c->to) ::close(fd);
     for (auto& [peer, fd] : c->from) ::close(fd);
     if (c->listener >= 0) {
@@ -393,6 +442,7 @@ int ncclCommInitRankConfig(void** comm, int nranks, ncclUniqueId id, int rank, v
     c->rank = rank;
     c->nranks = nranks;
     c->context = context;
+    c->blocking = blocking;
     sockaddr_un address;
     c->listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->listener < 0 || !fill_address(&address, socket_path(c->dir, rank)) ||
@@ -439,7 +489,7 @@ int ncclCommGetAsyncError(void* comm, int* error) {
         *error = IN_PROGRESS;
         return SUCCESS;
     }
-    *error = c->async;
+    *error = c->busy ? int(IN_PROGRESS) : c->async.load();
     return SUCCESS;
 }
 
@@ -493,7 +543,14 @@ int ncclCommDestroy(void* comm) {
     return SUCCESS;
 }
 
-int ncclCommAbort(void* comm) { return ncclCommDestroy(comm); }
+int ncclCommAbort(void* comm) {
+    std::lock_guard<std::recursive_mutex> g(lock);
+    auto* c = static_cast<Comm*>(comm);
+    if (!comms.count(c)) return INVALID_ARGUMENT;
+    interrupt(c);
+    close_comm(c);
+    return SUCCESS;
+}
 
 int ncclCommCount(void* comm, int* count) {
     std::lock_guard<std::recursive_mutex> g(lock);
