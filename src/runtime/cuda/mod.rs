@@ -234,6 +234,8 @@ impl Value {
 /// One device's context and compiled kernels.
 #[derive(Debug)]
 struct DeviceState {
+    /// The driver's device number (a rank's executor holds one GPU, whatever its number).
+    ordinal: usize,
     context: Arc<CudaContext>,
     functions: Functions,
     /// Compute capability, major · 10 + minor.
@@ -271,6 +273,7 @@ impl DeviceState {
         })?;
         let functions = Functions::load(&module).map_err(|e| (Some(arch), Error::Cuda(e)))?;
         Ok(DeviceState {
+            ordinal,
             context,
             functions,
             arch,
@@ -523,7 +526,10 @@ impl CudaExecutor<'_> {
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
                 op: node.op_type.clone(),
-                detail: format!("stage {index} on GPU {}: {detail}", stage.device),
+                detail: format!(
+                    "stage {index} on GPU {}: {detail}",
+                    self.devices[stage.device].ordinal
+                ),
             };
             let args: Vec<Option<Value>> = node
                 .inputs
