@@ -1,9 +1,13 @@
 //! Multi-process runs (`pipecut run --distributed`): ranks started as a launcher starts them
 //! give outputs bit-for-bit equal to the one-process run, a killed or missing rank ends the
 //! job with an error naming it, and a rank's metrics can be scraped while it runs. Ranks talk
-//! over TCP here (the default build); with `--features mpi` the same job runs under `mpirun`.
+//! over TCP here (the default build); with `--features mpi` the same job runs under `mpirun`,
+//! and with `--features cuda` GPU ranks run over NCCL on a fake 4-GPU machine (the fake driver,
+//! cuBLAS and NCCL of `tests/fake_cuda/`, built with g++).
 
 mod common;
+#[cfg(feature = "cuda")]
+mod fake_cuda;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -49,11 +53,22 @@ fn dims_without_batch(name: &str) -> Vec<String> {
 /// Starts `world` ranks of `pipecut run PLAN MODEL --distributed ARGS` the way torchrun
 /// does (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 fn start_ranks(world: usize, ranks: &[usize], args: &[String]) -> Vec<(usize, Child)> {
+    start_ranks_with(world, ranks, args, &[])
+}
+
+/// [`start_ranks`] with `env` added to every rank's environment.
+fn start_ranks_with(
+    world: usize,
+    ranks: &[usize],
+    args: &[String],
+    env: &[(String, String)],
+) -> Vec<(usize, Child)> {
     let port = free_port().to_string();
     ranks
         .iter()
         .map(|&rank| {
             let child = pipecut()
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .args(["run"])
                 .args(args)
                 .arg("--distributed")
@@ -126,8 +141,19 @@ fn step_microbatches(plan: &Path) -> usize {
 /// `pipecut run ARGS` in one process for the whole step of `step` micro-batches, writing the
 /// outputs into `out` (the reference the ranks' outputs must equal).
 fn one_process_run(args: &[String], step: usize, out: &Path) -> PathBuf {
+    one_process_run_with(args, step, out, &[])
+}
+
+/// [`one_process_run`] with `env` added to its environment.
+fn one_process_run_with(
+    args: &[String],
+    step: usize,
+    out: &Path,
+    env: &[(String, String)],
+) -> PathBuf {
     run_ok(
         pipecut()
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("run")
             .args(args)
             .args(["--microbatches", &step.to_string()])
@@ -200,6 +226,103 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
         }
         assert_same_outputs(&single, &multi, &format!("{name} (2 stages x 2 replicas)"));
     }
+}
+
+/// A plan for `name` in four stages on four CPUs: tensors then skip stages, so ranks relay.
+fn four_stage_plan(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}-4.json"));
+    run_ok(
+        pipecut()
+            .arg("partition")
+            .arg(common::fixture(name))
+            .args(["--devices", "cpu,cpu,cpu,cpu", "--stages", "4"])
+            .args(["--dim", "batch=2", "--microbatches", "4"])
+            .args(dims_without_batch(name))
+            .arg("--out")
+            .arg(&out),
+    );
+    out
+}
+
+#[test]
+fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let two_by_two = common::FIXTURES.map(|name| (name, two_by_two_plan(dir.path(), name), 2));
+    let four_stages = ["gpt2_tiny", "llama_tiny"].map(|n| (n, four_stage_plan(dir.path(), n), 4));
+    for (name, plan, stages) in two_by_two.into_iter().chain(four_stages) {
+        let step = step_microbatches(&plan);
+        let model = common::fixture(name);
+        let export = dir.path().join(format!("{name}-{stages}-stages"));
+        run_ok(
+            pipecut()
+                .arg("export")
+                .args([&plan, &model])
+                .arg("--out-dir")
+                .arg(&export),
+        );
+        let seed = ["--seed".to_string(), "5".to_string()];
+        let whole: Vec<String> = [plan.to_str().unwrap(), model.to_str().unwrap()]
+            .map(String::from)
+            .into_iter()
+            .chain(seed.clone())
+            .collect();
+        let single = one_process_run(
+            &whole,
+            step,
+            &dir.path().join(format!("{name}-{stages}-whole")),
+        );
+        let multi = dir.path().join(format!("{name}-{stages}-exported"));
+        let mut rank_args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            export.to_str().unwrap().into(),
+            "--output-dir".into(),
+            multi.to_str().unwrap().into(),
+            "--json".into(),
+        ];
+        rank_args.extend(seed);
+        let ranks = wait_all(
+            start_ranks(4, &[0, 1, 2, 3], &rank_args),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            assert!(out.status.success(), "{name} rank {rank}: {}", stderr(out));
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let loaded = report["model"].as_str().unwrap();
+            assert!(
+                loaded.ends_with(&format!("stage_{}.onnx", rank % stages)),
+                "{name} rank {rank} loaded {loaded}"
+            );
+        }
+        assert_same_outputs(
+            &single,
+            &multi,
+            &format!("{name} from its export, {stages} ranks"),
+        );
+    }
+    // Without --distributed, or from an export of another plan, the directory is refused.
+    let plan = two_by_two_plan(dir.path(), "mlp");
+    let export = dir.path().join("gpt2_tiny-2-stages");
+    let out = pipecut()
+        .arg("run")
+        .args([&plan, &export])
+        .output()
+        .unwrap();
+    let message = stderr(&out);
+    assert!(message.contains("--distributed"), "{message}");
+    let wrong = wait_all(
+        start_ranks(
+            4,
+            &[0],
+            &[
+                plan.to_str().unwrap().into(),
+                export.to_str().unwrap().into(),
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    let message = stderr(&wrong[0].1);
+    assert!(!wrong[0].1.status.success());
+    assert!(message.contains("another model file"), "{message}");
 }
 
 /// A two-stage gpt2_tiny plan and its arguments for a run of `microbatches`.
@@ -446,4 +569,275 @@ fn under_mpirun_a_rank_that_fails_ends_the_job() {
     );
     let message = stderr(&out);
     assert!(message.contains("rank-1"), "{message}");
+}
+
+/// The environment of a rank that sees a fake machine of `gpus` GPUs with NCCL (whose unique
+/// ids name directories made in `scratch`), or `None` (the skip recorded) where this machine
+/// has no NVRTC or cannot build the fakes.
+#[cfg(feature = "cuda")]
+fn fake_gpus(gpus: u32, scratch: &Path) -> Option<Vec<(String, String)>> {
+    let Some(nvrtc) = fake_cuda::venv_nvrtc() else {
+        common::skip(
+            if cfg!(target_os = "linux") {
+                common::Need::Nvrtc
+            } else {
+                common::Need::Platform
+            },
+            "no libnvrtc in .venv (run `bash fixtures/pyenv.sh`), so the fake driver has no kernels",
+        );
+        return None;
+    };
+    let gpu = fake_cuda::FakeGpu {
+        devices: gpus,
+        ..fake_cuda::FakeGpu::current()
+    };
+    match fake_cuda::environment(&gpu, &nvrtc) {
+        Ok(mut env) => {
+            env.push(("PC_FAKE_NCCL_DIR".into(), scratch.display().to_string()));
+            Some(env)
+        }
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            None
+        }
+    }
+}
+
+/// `pipecut run` arguments of `name`'s 2 × 2 plan on the CUDA backend with seeded inputs.
+#[cfg(feature = "cuda")]
+fn cuda_job(dir: &Path, name: &str) -> (Vec<String>, usize) {
+    let plan = two_by_two_plan(dir, name);
+    let step = step_microbatches(&plan);
+    let args = vec![
+        plan.to_str().unwrap().into(),
+        common::fixture(name).to_str().unwrap().into(),
+        "--backend".into(),
+        "cuda".into(),
+        "--seed".into(),
+        "7".into(),
+    ];
+    (args, step)
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(env) = fake_gpus(4, dir.path()) else {
+        return;
+    };
+    for name in common::FIXTURES {
+        let (args, step) = cuda_job(dir.path(), name);
+        let single = dir.path().join(format!("{name}-single"));
+        one_process_run_with(&args, step, &single, &env);
+        let multi = dir.path().join(format!("{name}-nccl"));
+        let mut rank_args = args.clone();
+        rank_args.extend([
+            "--output-dir".into(),
+            multi.to_str().unwrap().into(),
+            "--json".into(),
+            "--peer-timeout".into(),
+            "60s".into(),
+        ]);
+        let ranks = wait_all(
+            start_ranks_with(4, &[0, 1, 2, 3], &rank_args, &env),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            let err = stderr(out);
+            assert!(out.status.success(), "{name} rank {rank}: {err}");
+            assert!(!err.contains("fake lib"), "{name} rank {rank}: {err}");
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report["transport"], "nccl", "{name} rank {rank}");
+            // LOCAL_RANK r takes GPU r of the four.
+            assert_eq!(report["gpu"], *rank, "{name} rank {rank}");
+            assert_eq!(report["microbatches_done"], step / 2, "{name} rank {rank}");
+            if rank % 2 == 0 {
+                assert!(report["bytes_sent"].as_u64().unwrap() > 0);
+            }
+        }
+        assert_same_outputs(&single, &multi, &format!("{name} over NCCL (2 x 2 GPUs)"));
+    }
+    // GPU ranks that load only their exported stage file, over NCCL.
+    let (mut args, _) = cuda_job(dir.path(), "gpt2_tiny");
+    let export = dir.path().join("gpt2_tiny-stages");
+    run_ok(
+        pipecut()
+            .arg("export")
+            .args([&args[0], &args[1]])
+            .arg("--out-dir")
+            .arg(&export),
+    );
+    args[1] = export.to_str().unwrap().into();
+    let from_export = dir.path().join("gpt2_tiny-nccl-exported");
+    args.extend(["--output-dir".into(), from_export.to_str().unwrap().into()]);
+    let ranks = wait_all(
+        start_ranks_with(4, &[0, 1, 2, 3], &args, &env),
+        Duration::from_secs(300),
+    );
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("over nccl"), "{text}");
+    }
+    let whole = dir.path().join("gpt2_tiny-single");
+    assert_same_outputs(&whole, &from_export, "gpt2_tiny's export over NCCL");
+    // GPU ranks may also talk over TCP (tensors through the host), and NCCL needs GPUs.
+    let (mut args, _) = cuda_job(dir.path(), "mlp");
+    let over_tcp = dir.path().join("mlp-gpu-tcp");
+    args.extend(["--output-dir".into(), over_tcp.to_str().unwrap().into()]);
+    args.extend(["--transport".into(), "tcp".into()]);
+    let ranks = wait_all(
+        start_ranks_with(4, &[0, 1, 2, 3], &args, &env),
+        Duration::from_secs(300),
+    );
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("over tcp"));
+    }
+    assert_same_outputs(
+        &dir.path().join("mlp-single"),
+        &over_tcp,
+        "mlp, GPU ranks over TCP",
+    );
+    let plan = dir.path().join("mlp-2x2.json");
+    let model = common::fixture("mlp");
+    let cpu = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .arg("run")
+        .args([&plan, &model])
+        .args(["--distributed", "--transport", "nccl"])
+        .envs([("RANK", "0"), ("WORLD_SIZE", "4")])
+        .envs([("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")])
+        .output()
+        .unwrap();
+    let message = stderr(&cpu);
+    assert!(message.contains("needs --backend cuda"), "{message}");
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn a_killed_gpu_rank_ends_the_nccl_job_with_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(env) = fake_gpus(2, dir.path()) else {
+        return;
+    };
+    let mut args = two_stage_job(dir.path(), 512, "5s");
+    args.extend(["--backend".into(), "cuda".into()]);
+    let mut ranks = start_ranks_with(2, &[0, 1], &args, &env);
+    std::thread::sleep(Duration::from_millis(3000));
+    let (_, victim) = &mut ranks[1];
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the job ended before the kill"
+    );
+    victim.kill().unwrap();
+    let began = Instant::now();
+    let outputs = wait_all(ranks, Duration::from_secs(60));
+    let (_, survivor) = &outputs[0];
+    assert!(!survivor.status.success());
+    let message = stderr(survivor);
+    eprintln!("the survivor said: {message}");
+    let last = message
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("rank 1 (stage 1 of replica 0)"),
+        "the error names the lost rank and its stage: {message}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+/// The fake NCCL is only worth its tests if it refuses what NCCL and a GPU would: a C++
+/// program (`tests/fake_cuda/nccl_checks.cpp`) misuses it from two processes on a fake 2-GPU
+/// machine and checks every answer.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_fake_nccl_refuses_what_nccl_and_a_gpu_would() {
+    let libraries = match fake_cuda::libraries(fake_cuda::Build::Plain) {
+        Ok(dir) => dir,
+        Err(why) => {
+            common::skip(common::Need::Toolchain, why);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("nccl_checks");
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let built = Command::new(compiler)
+        .args(["-std=c++17", "-O1", "-Wall", "-Werror"])
+        .arg(common::root().join("tests/fake_cuda/nccl_checks.cpp"))
+        .arg(format!("-L{}", libraries.display()))
+        .args(["-l:libcuda.so.1", "-l:libnccl.so.2"])
+        .arg(format!("-Wl,-rpath,{}", libraries.display()))
+        .arg("-o")
+        .arg(&program)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{}", stderr(&built));
+    let checks = Command::new(&program)
+        .env("PC_FAKE_CUDA_DEVICES", "2")
+        .env("PC_FAKE_NCCL_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_, out) = wait_all(vec![(0, checks)], Duration::from_secs(60)).remove(0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("ok ")).count(),
+        15,
+        "{text}"
+    );
+}
+
+/// A peer alive but whose NCCL never delivers (the fake's `PC_FAKE_NCCL_SILENT_RANK`: a wedged
+/// link) must not hang the job inside NCCL: the receiver gives up after the peer timeout and
+/// aborts its communicator, and the sender, waiting on a receiver that is gone, ends too.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_gpu_rank_whose_nccl_never_delivers_ends_the_job_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut env) = fake_gpus(2, dir.path()) else {
+        return;
+    };
+    env.push(("PC_FAKE_NCCL_SILENT_RANK".into(), "0".into()));
+    let mut args = two_stage_job(dir.path(), 4, "2s");
+    args.extend(["--backend".into(), "cuda".into()]);
+    let began = Instant::now();
+    let ranks = wait_all(
+        start_ranks_with(2, &[0, 1], &args, &env),
+        Duration::from_secs(120),
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
+    let last_line = |out: &Output| stderr(out).trim().lines().last().unwrap_or("").to_string();
+    let (receiver, sender) = (&ranks[1].1, &ranks[0].1);
+    eprintln!("receiver: {}\nsender: {}", stderr(receiver), stderr(sender));
+    assert!(!receiver.status.success() && !sender.status.success());
+    let message = last_line(receiver);
+    assert!(
+        message.contains(
+            "rank 1 (stage 1 of replica 0): rank 0 (stage 0 of replica 0) sent nothing for 2 s"
+        ),
+        "{}",
+        stderr(receiver)
+    );
+    let message = last_line(sender);
+    assert!(
+        message.contains("rank 0 (stage 0 of replica 0): rank 1 (stage 1 of replica 0)"),
+        "{}",
+        stderr(sender)
+    );
 }

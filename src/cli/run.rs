@@ -20,6 +20,9 @@ use serde::Serialize;
 
 use super::print_stdout;
 
+#[path = "run_exported.rs"]
+mod exported;
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The plan JSON written by `pipecut partition`.
@@ -96,6 +99,9 @@ struct Report {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plan = super::check::read_plan(&args.plan)?;
+    if args.model.is_dir() {
+        return exported::run(&args, &plan);
+    }
     let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
         let mut model = super::load_model(&args.model, super::Weights::Read)?;
         // Refuse another model before binding the plan's dims, which it may not even have.
@@ -186,14 +192,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
     if args.distributed.distributed {
-        if args.backend != Backend::Cpu {
-            bail!("--distributed runs the CPU backend only: GPU ranks over NCCL are not built yet");
-        }
+        let (launch, stage) = super::run_distributed::place_in_job(&plan, microbatches)?;
         let setup = super::run_distributed::RankSetup {
             plan: &plan,
+            backend: args.backend,
+            launch,
+            model_file: &args.model,
             graph,
             weights: &weights,
-            specs: &specs,
+            spec: &specs[stage],
+            relay: Vec::new(),
             microbatches,
             output_dir: &args.output_dir,
             protected: run_inputs(&args),

@@ -21,6 +21,7 @@ use pipecut::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
 use serde::Serialize;
 
 use super::print_stdout;
+use super::run::Backend;
 
 /// The options of a multi-process run.
 #[derive(Debug, Args)]
@@ -31,8 +32,9 @@ pub struct DistributedArgs {
     #[arg(long)]
     pub distributed: bool,
     /// How ranks exchange tensors: `mpi` (a build with `--features mpi`, started by an MPI
-    /// launcher), `tcp` (rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun sets), or `auto`
-    /// (MPI when both apply).
+    /// launcher), `tcp` (rendezvous at MASTER_ADDR:MASTER_PORT, as torchrun sets), `nccl`
+    /// (GPU ranks, `--backend cuda`, a build with `--features cuda`; NCCL meets at the same
+    /// rendezvous), or `auto` (`nccl` with `--backend cuda`, else MPI when both apply).
     #[arg(long, value_enum, default_value_t = TransportKind::Auto, requires = "distributed")]
     transport: TransportKind,
     /// How long a rank waits for a peer (to join, or to send its next message) before it ends
@@ -54,6 +56,7 @@ enum TransportKind {
     Auto,
     Mpi,
     Tcp,
+    Nccl,
 }
 
 /// What a rank ran, for `--json` and the one-line report.
@@ -61,6 +64,11 @@ enum TransportKind {
 struct RankReport {
     transport: &'static str,
     launcher: &'static str,
+    /// The GPU this rank's stage ran on (`--backend cuda`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<usize>,
+    /// The model file the rank loaded (an exported stage file, or the whole model).
+    model: String,
     #[serde(flatten)]
     figures: RankFigures,
     /// The plan's compute time for this stage, per micro-batch.
@@ -73,13 +81,35 @@ struct RankReport {
 /// Everything `run` has prepared that a rank needs.
 pub struct RankSetup<'a> {
     pub plan: &'a Plan,
+    pub backend: Backend,
+    /// Who this process is ([`place_in_job`]).
+    pub launch: Launch,
+    /// The model file this rank loaded: the whole model, or its stage's exported file.
+    pub model_file: &'a Path,
     pub graph: &'a pipecut::graph::Graph,
     pub weights: &'a Weights,
-    pub specs: &'a [StageSpec],
+    /// This rank's stage.
+    pub spec: &'a StageSpec,
+    /// Tensors this rank passes on from what it receives without reading them (an exported
+    /// stage file holds only what its own nodes read; empty for the whole model).
+    pub relay: Vec<String>,
     pub microbatches: usize,
     pub output_dir: &'a Path,
     pub protected: Vec<&'a Path>,
     pub json: bool,
+}
+
+/// Who this process is in the job its launcher started, checked against the plan's layout
+/// for a step of `microbatches`: the launch and this rank's stage.
+pub fn place_in_job(plan: &Plan, microbatches: usize) -> anyhow::Result<(Launch, usize)> {
+    let launch = Launch::from_env()?;
+    let layout = RankLayout {
+        stages: plan.stages.len(),
+        replicas: replicas(plan),
+    };
+    layout.check_world(&launch, microbatches)?;
+    let stage = layout.place(launch.rank).stage;
+    Ok((launch, stage))
 }
 
 /// Runs this process's rank; `make_inputs` is called only on stage 0.
@@ -88,12 +118,11 @@ pub fn run(
     setup: RankSetup<'_>,
     make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
 ) -> anyhow::Result<ExitCode> {
-    let launch = Launch::from_env()?;
+    let launch = &setup.launch;
     let layout = RankLayout {
         stages: setup.plan.stages.len(),
         replicas: replicas(setup.plan),
     };
-    layout.check_world(&launch, setup.microbatches)?;
     let place = layout.place(launch.rank);
     // Labelled before anything is published, so that a scrape during the rendezvous already
     // says which rank, stage and replica answers.
@@ -106,48 +135,36 @@ pub fn run(
             .len(),
         ..RankFigures::default()
     }));
-    publish(args, &launch, &figures)?;
+    publish(args, launch, &figures)?;
 
-    let executor = CpuExecutor::new(setup.graph, setup.weights);
-    let stage = executor.prepare(&setup.specs[place.stage])?;
-    let inputs = if place.stage == 0 {
-        split_microbatches(&make_inputs()?, setup.microbatches)?
-    } else {
-        Vec::new()
+    let rank = Rank {
+        args,
+        setup: &setup,
+        launch,
+        figures: &figures,
     };
-    let mut transport = connect(args, &launch)?;
-    let job = RankJob {
-        layout,
-        microbatches: setup.microbatches,
-        peer_timeout: args.peer_timeout,
+    let ran = match setup.backend {
+        Backend::Cpu => {
+            let executor = CpuExecutor::new(setup.graph, setup.weights);
+            let transport = || connect(args, launch, None);
+            rank.run(&executor, transport, make_inputs, None)?
+        }
+        Backend::Cuda => run_on_gpu(&rank, make_inputs)?,
     };
-    let outcome = run_rank(
-        &executor,
-        &stage,
-        transport.as_mut(),
-        &job,
-        &inputs,
-        &figures,
-    );
     let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if let Some(path) = &args.metrics_file {
-        metrics::write_file(&rank_path(path, place.rank), &last)?;
-    }
-    let outputs = match outcome? {
-        Some(outputs) => super::run::write_outputs(setup.output_dir, &outputs, &setup.protected)?,
-        None => Default::default(),
-    };
     let planned = &setup.plan.stages[place.stage];
     let report = RankReport {
-        transport: transport.name(),
+        transport: ran.transport,
         launcher: launch.launcher,
+        gpu: ran.gpu,
+        model: setup.model_file.display().to_string(),
         figures: last,
         predicted_busy_secs_per_microbatch: planned.stage_secs,
         predicted_transfer_secs_per_microbatch: planned
             .received
             .iter()
             .fold(0.0, |sum, r| sum + r.transfer_secs),
-        outputs,
+        outputs: ran.outputs,
     };
     let text = if setup.json {
         format!("{}\n", serde_json::to_string(&report)?)
@@ -156,6 +173,96 @@ pub fn run(
     };
     print_stdout(&text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a rank ran.
+struct Ran {
+    /// Its transport's name.
+    transport: &'static str,
+    /// Its GPU, on `--backend cuda`.
+    gpu: Option<usize>,
+    /// The output files written (on the collector only).
+    outputs: std::collections::BTreeMap<String, String>,
+}
+
+/// This process's rank with what it was given.
+struct Rank<'a> {
+    args: &'a DistributedArgs,
+    setup: &'a RankSetup<'a>,
+    launch: &'a Launch,
+    figures: &'a SharedFigures,
+}
+
+impl Rank<'_> {
+    /// Prepares this rank's stage on `executor`, joins the job through `transport`, runs its
+    /// micro-batches and writes the outputs on the collector.
+    fn run<E: Executor>(
+        &self,
+        executor: &E,
+        transport: impl FnOnce() -> anyhow::Result<Box<dyn Transport>>,
+        make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+        gpu: Option<usize>,
+    ) -> anyhow::Result<Ran> {
+        let (args, setup, launch, figures) = (self.args, self.setup, self.launch, self.figures);
+        let layout = RankLayout {
+            stages: setup.plan.stages.len(),
+            replicas: replicas(setup.plan),
+        };
+        let place = layout.place(launch.rank);
+        let stage = executor.prepare(setup.spec)?;
+        let inputs = if place.stage == 0 {
+            split_microbatches(&make_inputs()?, setup.microbatches)?
+        } else {
+            Vec::new()
+        };
+        let mut transport = transport()?;
+        let job = RankJob {
+            layout,
+            microbatches: setup.microbatches,
+            peer_timeout: args.peer_timeout,
+            relay: setup.relay.clone(),
+        };
+        let outcome = run_rank(executor, &stage, transport.as_mut(), &job, &inputs, figures);
+        if let Some(path) = &args.metrics_file {
+            let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            metrics::write_file(&rank_path(path, place.rank), &last)?;
+        }
+        let outputs = match outcome? {
+            Some(outputs) => {
+                super::run::write_outputs(setup.output_dir, &outputs, &setup.protected)?
+            }
+            None => Default::default(),
+        };
+        Ok(Ran {
+            transport: transport.name(),
+            gpu,
+            outputs,
+        })
+    }
+}
+
+/// A GPU rank: its stage on GPU `local rank mod GPUs`, so the ranks a launcher starts on one
+/// machine take its GPUs in turn.
+#[cfg(feature = "cuda")]
+fn run_on_gpu(
+    rank: &Rank<'_>,
+    make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+) -> anyhow::Result<Ran> {
+    let gpus = pipecut::runtime::cuda::device_count().map_err(pipecut::Error::Cuda)?;
+    let gpu = rank.launch.local_rank % gpus;
+    let setup = rank.setup;
+    let executor =
+        pipecut::runtime::cuda::CudaExecutor::on_device(setup.graph, setup.weights, gpu)?;
+    let transport = || connect(rank.args, rank.launch, Some(gpu));
+    rank.run(&executor, transport, make_inputs, Some(gpu))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_on_gpu(
+    _rank: &Rank<'_>,
+    _make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+) -> anyhow::Result<Ran> {
+    bail!("this pipecut was built without CUDA support: rebuild with `cargo build --features cuda`")
 }
 
 /// The plan's data-parallel replicas (1 for a plan without a `parallelism` section).
@@ -193,28 +300,72 @@ fn rank_path(path: &Path, rank: usize) -> PathBuf {
     PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()))
 }
 
-fn connect(args: &DistributedArgs, launch: &Launch) -> anyhow::Result<Box<dyn Transport>> {
-    let use_mpi = match args.transport {
-        TransportKind::Mpi => true,
-        TransportKind::Tcp => false,
-        TransportKind::Auto => cfg!(feature = "mpi") && launch.by_mpi,
+/// Joins the job over the transport asked for; `gpu` is the rank's GPU on `--backend cuda`.
+fn connect(
+    args: &DistributedArgs,
+    launch: &Launch,
+    gpu: Option<usize>,
+) -> anyhow::Result<Box<dyn Transport>> {
+    let kind = match args.transport {
+        TransportKind::Auto if gpu.is_some() => TransportKind::Nccl,
+        TransportKind::Auto if cfg!(feature = "mpi") && launch.by_mpi => TransportKind::Mpi,
+        TransportKind::Auto => TransportKind::Tcp,
+        chosen => chosen,
     };
-    if use_mpi {
+    if kind == TransportKind::Mpi {
         return mpi_transport(launch);
     }
     let Some(master) = &launch.master else {
         bail!(
-            "--transport tcp needs MASTER_ADDR and MASTER_PORT (torchrun sets them; under {} \
+            "--transport {} needs MASTER_ADDR and MASTER_PORT (torchrun sets them; under {} \
              export them, e.g. the first node's address and a free port)",
+            if kind == TransportKind::Nccl {
+                "nccl"
+            } else {
+                "tcp"
+            },
             launch.launcher
         );
     };
+    if kind == TransportKind::Nccl {
+        let Some(gpu) = gpu else {
+            bail!("--transport nccl moves tensors between GPUs: it needs --backend cuda");
+        };
+        return nccl_transport(launch, master, gpu, args.peer_timeout);
+    }
     Ok(Box::new(TcpTransport::join(
         launch.rank,
         launch.world,
         master,
         args.peer_timeout,
     )?))
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_transport(
+    launch: &Launch,
+    master: &str,
+    gpu: usize,
+    timeout: Duration,
+) -> anyhow::Result<Box<dyn Transport>> {
+    use pipecut::runtime::distributed::nccl_transport::NcclTransport;
+    Ok(Box::new(NcclTransport::join(
+        launch.rank,
+        launch.world,
+        master,
+        gpu,
+        timeout,
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_transport(
+    _launch: &Launch,
+    _master: &str,
+    _gpu: usize,
+    _timeout: Duration,
+) -> anyhow::Result<Box<dyn Transport>> {
+    bail!("this pipecut was built without CUDA support: rebuild with `cargo build --features cuda`")
 }
 
 #[cfg(feature = "mpi")]

@@ -1,7 +1,7 @@
-//! Builds the fake CUDA driver and cuBLAS of this directory (C++, see `driver.cpp`) into
-//! `target/tmp/fake_cuda/`, and describes the environment a `pipecut` child process needs to
-//! load them: `LD_LIBRARY_PATH` (cudarc finds `libcuda.so` and `libcublas.so` by name) and the
-//! emulated driver version, device count and architecture.
+//! Builds the fake CUDA driver, cuBLAS and NCCL of this directory (C++, see `driver.cpp` and
+//! `nccl.cpp`) into `target/tmp/fake_cuda/`, and describes the environment a `pipecut` child
+//! process needs to load them: `LD_LIBRARY_PATH` (cudarc finds `libcuda.so`, `libcublas.so` and
+//! `libnccl.so` by name) and the emulated driver version, device count and architecture.
 //!
 //! The kernel list and the `extern __shared__` arrays are read from `kernels.cu` into
 //! `registry.inc`, so a new kernel needs no change here. A build is named by a hash of its
@@ -16,12 +16,13 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 /// The sources, relative to the repository root.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     "tests/fake_cuda/device.h",
     "tests/fake_cuda/fake.h",
     "tests/fake_cuda/kernels.cpp",
     "tests/fake_cuda/driver.cpp",
     "tests/fake_cuda/cublas.cpp",
+    "tests/fake_cuda/nccl.cpp",
     "src/runtime/cuda/kernels.cu",
 ];
 
@@ -152,9 +153,17 @@ fn compile(root: &Path, dir: &Path, build: Build) -> Result<(), String> {
         .arg(format!("-L{}", dir.display()))
         .args(["-l:libcuda.so.1", "-Wl,-soname,libcublas.so.12", "-o"])
         .arg(dir.join("libcublas.so.12")))?;
+    // NCCL (nccl.cpp): cudarc opens `libnccl.so`, the name NCCL's -dev package links.
+    run(Command::new(compiler())
+        .args(&flags)
+        .arg(here.join("nccl.cpp"))
+        .arg(format!("-L{}", dir.display()))
+        .args(["-l:libcuda.so.1", "-Wl,-soname,libnccl.so.2", "-o"])
+        .arg(dir.join("libnccl.so.2")))?;
     for (link, target) in [
         ("libcuda.so", "libcuda.so.1"),
         ("libcublas.so", "libcublas.so.12"),
+        ("libnccl.so", "libnccl.so.2"),
     ] {
         std::os::unix::fs::symlink(target, dir.join(link)).map_err(|e| e.to_string())?;
     }
@@ -192,7 +201,7 @@ fn build_once(build: Build) -> Result<PathBuf, String> {
     }
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake_cuda");
     let dir = base.join(format!("{build:?}-{:016x}", hasher.finish()).to_lowercase());
-    if dir.join("libcublas.so").exists() {
+    if dir.join("libnccl.so").exists() {
         return Ok(dir);
     }
     // Built aside and renamed into place, so a concurrent test binary never sees half a build.
@@ -218,6 +227,19 @@ fn asan_runtime() -> Result<String, String> {
     } else {
         Err("the C++ compiler has no AddressSanitizer runtime".into())
     }
+}
+
+/// The directory of the venv's `libnvrtc.so.12` (pip package nvidia-cuda-nvrtc-cu12), which
+/// the fake driver needs for the kernels.
+pub fn venv_nvrtc() -> Option<PathBuf> {
+    let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/lib");
+    std::fs::read_dir(lib).ok()?.find_map(|python| {
+        let dir = python
+            .ok()?
+            .path()
+            .join("site-packages/nvidia/cuda_nvrtc/lib");
+        dir.join("libnvrtc.so.12").exists().then_some(dir)
+    })
 }
 
 /// The compiled-kernel cache the tests' runs share (not the user's).

@@ -244,6 +244,8 @@ impl Value {
 /// One device's context and compiled kernels.
 #[derive(Debug)]
 struct DeviceState {
+    /// The driver's device number (a rank's executor holds one GPU, whatever its number).
+    ordinal: usize,
     context: Arc<CudaContext>,
     functions: Functions,
     /// Compute capability, major · 10 + minor.
@@ -282,6 +284,7 @@ impl DeviceState {
         })?;
         let functions = Functions::load(&module).map_err(|e| (Some(arch), Error::Cuda(e)))?;
         Ok(DeviceState {
+            ordinal,
             context,
             functions,
             arch,
@@ -379,6 +382,30 @@ impl<'a> CudaExecutor<'a> {
             graph,
             weights,
             devices,
+        })
+    }
+
+    /// A backend whose every stage runs on GPU `ordinal` alone: a rank of a multi-process run
+    /// (`run --distributed`) opens only the GPU its launcher's local rank names.
+    pub fn on_device(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        ordinal: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        let count = device_count().map_err(Error::Cuda)?;
+        if ordinal >= count {
+            return Err(Error::Cuda(format!(
+                "GPU {ordinal} was asked for, but the driver sees {count}"
+            )));
+        }
+        if let Some(why) = cublas_problem() {
+            return Err(Error::Cuda(why));
+        }
+        let state = DeviceState::open(ordinal, &mut ImageCache::default()).map_err(|(_, e)| e)?;
+        Ok(CudaExecutor {
+            graph,
+            weights,
+            devices: vec![state],
         })
     }
 
@@ -582,7 +609,10 @@ impl CudaExecutor<'_> {
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
                 op: node.op_type.clone(),
-                detail: format!("stage {index} on GPU {}: {detail}", stage.device),
+                detail: format!(
+                    "stage {index} on GPU {}: {detail}",
+                    self.devices[stage.device].ordinal
+                ),
             };
             let args: Vec<Option<Value>> = node
                 .inputs

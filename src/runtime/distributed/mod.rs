@@ -1,7 +1,7 @@
 //! Running a plan as many processes: one rank per (replica, stage), messages between them.
 //!
 //! ```text
-//! launcher env ─▶ Launch ─▶ Transport (MPI or TCP) ─┐
+//! launcher env ─▶ Launch ─▶ Transport (MPI, TCP or NCCL) ─┐
 //! plan + model ─▶ StageSpec of this rank's stage ───┴▶ run_rank ─▶ outputs on the collector
 //! ```
 //!
@@ -18,6 +18,8 @@ pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 pub mod mpi_transport;
+#[cfg(feature = "cuda")]
+pub mod nccl_transport;
 pub mod tcp;
 pub mod transport;
 pub mod wire;
@@ -128,6 +130,9 @@ pub struct RankJob {
     pub microbatches: usize,
     /// How long a receive waits before the peer is declared lost.
     pub peer_timeout: Duration,
+    /// Received tensors this rank passes on unread: a stage loaded from an exported stage file
+    /// (which holds only what its nodes read) relays what later stages need from earlier ones.
+    pub relay: Vec<String>,
 }
 
 /// Runs this rank's stage for its replica's micro-batches. `inputs` are the step's
@@ -191,9 +196,10 @@ impl RankLoop<'_> {
             };
             let began = Instant::now();
             let cpu_began = thread_cpu_secs();
-            let sent = executor.run(stage, &received).map_err(|e| {
+            let mut sent = executor.run(stage, &received).map_err(|e| {
                 Error::Distributed(format!("{}: {e}", layout.describe(self.place.rank)))
             })?;
+            self.relay(&received, &mut sent)?;
             let busy = began.elapsed().as_secs_f64();
             let cpu = thread_cpu_secs() - cpu_began;
             self.update(|f| {
@@ -236,6 +242,20 @@ impl RankLoop<'_> {
             self.send_bytes(rank, ACK, &[])?;
         }
         Ok(Some(joined))
+    }
+
+    /// Adds the tensors to relay from `received` to `sent`.
+    fn relay(&self, received: &Tensors, sent: &mut Tensors) -> Result<(), Error> {
+        for name in &self.job.relay {
+            let tensor = received.get(name).ok_or_else(|| {
+                Error::Distributed(format!(
+                    "{}: tensor '{name}', which a later stage needs, was not received",
+                    self.job.layout.describe(self.place.rank)
+                ))
+            })?;
+            sent.insert(name.clone(), std::sync::Arc::clone(tensor));
+        }
+        Ok(())
     }
 
     fn send(&mut self, to: usize, tag: u32, tensors: &Tensors) -> Result<(), Error> {

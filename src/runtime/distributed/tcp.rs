@@ -22,7 +22,7 @@ use crate::Error;
 const MAGIC: &[u8; 4] = b"PCUT";
 /// The largest message accepted: a stage boundary of 64 GiB is beyond any CPU stage's memory,
 /// and a corrupt length must not become an allocation.
-const MAX_MESSAGE_BYTES: u64 = 64 << 30;
+pub(super) const MAX_MESSAGE_BYTES: u64 = 64 << 30;
 
 enum Frame {
     Data { tag: u32, bytes: Vec<u8> },
@@ -86,6 +86,24 @@ impl TcpTransport {
             inboxes,
             connect_timeout: timeout,
         })
+    }
+
+    /// Whether rank `to` still holds the connection this rank opened to it (by sending to it):
+    /// a peer that exited has closed it, which a read sees at once as its end. True where no
+    /// connection was opened yet.
+    pub fn peer_alive(&self, to: usize) -> bool {
+        let Some(stream) = self.outgoing.get(&to) else {
+            return true;
+        };
+        if stream.set_nonblocking(true).is_err() {
+            return false;
+        }
+        // Peers never write on a connection they accepted: anything readable is its end.
+        let ended = match stream.peek(&mut [0u8; 1]) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        stream.set_nonblocking(false).is_ok() && !ended
     }
 
     fn connection(&mut self, to: usize) -> Result<&mut TcpStream, TransportError> {

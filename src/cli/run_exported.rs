@@ -1,0 +1,227 @@
+//! `pipecut run PLAN EXPORT_DIR --distributed`: each rank loads only its stage's file from
+//! what `pipecut export` wrote (`stage_<k>.onnx` and `manifest.json`), not the whole model.
+//!
+//! A stage file holds only what its own nodes read, while the ranks pass tensors along the
+//! chain (stage k sends only to stage k + 1): so each rank also relays, from what it receives,
+//! the tensors that a later stage (or the model's outputs) needs from an earlier one. The
+//! manifest's routes say which.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use pipecut::onnx::export::{Manifest, TensorSource};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::plan::Plan;
+use pipecut::runtime::{check_inputs, seeded_inputs, stage_specs, Tensors, Weights};
+
+use super::RunArgs;
+
+/// Runs this process's rank from the export directory `args.model`.
+pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
+    let dir = &args.model;
+    if !args.distributed.distributed {
+        bail!(
+            "'{}' is a directory: an export's stage files run with --distributed, one rank per \
+             stage (give the model file for a one-process run)",
+            dir.display()
+        );
+    }
+    let manifest = read_manifest(dir)?;
+    check_manifest(&manifest, plan, dir)?;
+    let replicas = super::super::run_distributed::replicas(plan);
+    let microbatches = args
+        .microbatches
+        .unwrap_or(plan.config.microbatches as usize * replicas);
+    if microbatches == 0 {
+        bail!("--microbatches must be at least 1");
+    }
+    pipecut::schedule::check_microbatches(microbatches as u64)?;
+    let (launch, stage) = super::super::run_distributed::place_in_job(plan, microbatches)?;
+
+    let file = stage_file(&manifest, stage, dir)?;
+    let model = load_stage(&file, plan, &args.dims)?;
+    let graph = &model.graph;
+    let weights = Weights::load(&file, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", file.display()))?;
+    let all_nodes: Vec<_> = graph.topological_order().to_vec();
+    let mut spec = stage_specs(graph, &[all_nodes])?
+        .pop()
+        .context("a stage file makes one stage")?;
+    spec.index = stage;
+    // Only what crosses to the next stage leaves (not an output kept only so that a stage
+    // whose results nobody reads is still a runnable model).
+    let crossing = crossing(&manifest, stage);
+    spec.sends
+        .retain(|&t| crossing.contains(&graph.tensor(t).name));
+    let relay = relayed(&manifest, stage, &crossing)?;
+
+    let random_inputs = args.inputs.is_empty();
+    let make_inputs = || -> anyhow::Result<Tensors> {
+        let inputs = if random_inputs {
+            seeded_inputs(graph, microbatches, args.seed)?
+        } else {
+            super::read_inputs(&args.inputs, graph)?
+        };
+        check_inputs(graph, &inputs, microbatches)?;
+        Ok(inputs)
+    };
+    let mut protected = super::run_inputs(args);
+    protected.push(&file);
+    let setup = super::super::run_distributed::RankSetup {
+        plan,
+        backend: args.backend,
+        launch,
+        model_file: &file,
+        graph,
+        weights: &weights,
+        spec: &spec,
+        relay,
+        microbatches,
+        output_dir: &args.output_dir,
+        protected,
+        json: args.json,
+    };
+    super::super::run_distributed::run(&args.distributed, setup, make_inputs)
+}
+
+fn read_manifest(dir: &Path) -> anyhow::Result<Manifest> {
+    let path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "'{}' has no readable manifest.json: is it a directory `pipecut export` wrote?",
+            dir.display()
+        )
+    })?;
+    Manifest::from_json(&text).with_context(|| format!("'{}'", path.display()))
+}
+
+/// The export was cut from the plan's model file along the plan's stages.
+fn check_manifest(manifest: &Manifest, plan: &Plan, dir: &Path) -> anyhow::Result<()> {
+    if manifest.model.sha256 != plan.model.sha256 {
+        bail!(
+            "'{}' was exported from another model file ('{}') than the plan's ('{}'): export \
+             this plan again",
+            dir.display(),
+            manifest.model.file_name,
+            plan.model.file_name
+        );
+    }
+    if manifest.stages.len() != plan.stages.len() {
+        bail!(
+            "'{}' holds {} stage(s), the plan {}: export this plan again",
+            dir.display(),
+            manifest.stages.len(),
+            plan.stages.len()
+        );
+    }
+    for (k, (exported, planned)) in manifest.stages.iter().zip(&plan.stages).enumerate() {
+        let ends_in_stage = [&exported.first_node, &exported.last_node]
+            .iter()
+            .all(|n| planned.nodes.contains(n));
+        if exported.stage != k || !ends_in_stage {
+            bail!(
+                "stage {k} of '{}' is not the plan's stage {k}: export this plan again",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The path of `stage`'s file, a plain name inside `dir`.
+fn stage_file(manifest: &Manifest, stage: usize, dir: &Path) -> anyhow::Result<PathBuf> {
+    let name = &manifest.stages[stage].file;
+    let plain = Path::new(name)
+        .file_name()
+        .is_some_and(|f| f == name.as_str());
+    if !plain {
+        bail!("the manifest names stage {stage}'s file '{name}', which is not a file name in the export");
+    }
+    Ok(dir.join(name))
+}
+
+/// The stage file, typed at the plan's dims with `--dim` overrides laid over them.
+fn load_stage(
+    file: &Path,
+    plan: &Plan,
+    overrides: &[String],
+) -> anyhow::Result<pipecut::onnx::Model> {
+    let mut dims = plan.model.dims.clone();
+    let mut parsed = DimBindings::new();
+    for arg in overrides {
+        parsed.parse_arg(arg)?;
+    }
+    for (name, value) in parsed.iter() {
+        dims.insert(name.to_string(), value);
+    }
+    let mut model = super::super::load_model(file, super::super::Weights::Read)?;
+    let mut bindings = DimBindings::new();
+    for (name, value) in &dims {
+        bindings = bindings.bind(name, *value);
+    }
+    ShapeInference::new(bindings)
+        .run(&mut model.graph)
+        .with_context(|| format!("'{}'", file.display()))?;
+    Ok(model)
+}
+
+/// Whether a tensor from `source` exists by the end of `stage` (a model input always does).
+fn made_by(source: &TensorSource, stage: usize) -> bool {
+    match source {
+        TensorSource::ModelInput => true,
+        TensorSource::Stage { stage: from } => *from <= stage,
+    }
+}
+
+/// The tensors that cross the boundary after `stage`: read by a later stage, or a model
+/// output, and made by then.
+fn crossing(manifest: &Manifest, stage: usize) -> BTreeSet<String> {
+    let later_inputs = manifest.stages[stage + 1..]
+        .iter()
+        .flat_map(|s| &s.inputs)
+        .filter(|i| made_by(&i.from, stage))
+        .map(|i| i.tensor.tensor.clone());
+    let outputs = manifest
+        .outputs
+        .iter()
+        .filter(|o| made_by(&o.from, stage))
+        .map(|o| o.tensor.clone());
+    later_inputs.chain(outputs).collect()
+}
+
+/// The tensors `stage` passes on without making them: those of `crossing` that its own file
+/// does not output.
+fn relayed(
+    manifest: &Manifest,
+    stage: usize,
+    crossing: &BTreeSet<String>,
+) -> anyhow::Result<Vec<String>> {
+    let own: BTreeSet<&String> = manifest.stages[stage]
+        .outputs
+        .iter()
+        .map(|o| &o.tensor.tensor)
+        .collect();
+    let relay: Vec<String> = crossing
+        .iter()
+        .filter(|t| !own.contains(t))
+        .cloned()
+        .collect();
+    // Stage 0 has only the model inputs its own file declares: one that only later stages
+    // read was never generated or read from --input here.
+    if stage == 0 {
+        let declared: BTreeSet<&String> = manifest.stages[0]
+            .inputs
+            .iter()
+            .map(|i| &i.tensor.tensor)
+            .collect();
+        if let Some(missing) = relay.iter().find(|t| !declared.contains(t)) {
+            bail!(
+                "model input '{missing}' is read only by later stages, which the export's stage 0 \
+                 cannot hand on: run the whole model file instead of the export"
+            );
+        }
+    }
+    Ok(relay)
+}
