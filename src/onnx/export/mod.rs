@@ -64,6 +64,7 @@
 mod files;
 mod manifest;
 mod routes;
+pub mod shard;
 mod stage;
 
 use std::fs::File;

@@ -1,0 +1,297 @@
+//! One tensor-parallel rank of a model as a `ModelProto`: the model as it is, except that each
+//! block of a [`ShardLayout`] reads rank r's slices of its weights (new initializers named
+//! `<weight>.tp<t>`, the whole weight dropped when nothing else reads it), its Reshape / Expand
+//! targets and Split sizes become constants for the split shapes, and the row linear's partial
+//! output goes through an `ai.pipecut` `AllReduce` (attribute `group_size`) that sums it over
+//! the group before the rest of the model (the row's bias Add included) reads it. See
+//! `docs/export.md` for the custom domain.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::{
+    AttributeProto, Message, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto,
+};
+
+use crate::graph::{DType, Graph, TensorId};
+use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
+use crate::runtime::{HostTensor, TensorData, Weights};
+use crate::Error;
+
+/// The custom domain of pipecut's collective ops.
+pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
+/// Sums its input over the ranks of the group (attribute `group_size`); every rank gets the sum.
+pub const ALL_REDUCE: &str = "AllReduce";
+
+/// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
+/// layout was made for) and `weights` were loaded from.
+///
+/// # Errors
+/// [`Error::Export`] when the file does not match the graph or a weight cannot be read.
+pub fn shard_model(
+    proto: &ModelProto,
+    graph: &Graph,
+    weights: &Weights,
+    layout: &ShardLayout,
+    rank: u64,
+) -> Result<ModelProto, Error> {
+    let t = layout.degree;
+    let mut model = proto.clone();
+    let g = model
+        .graph
+        .as_mut()
+        .ok_or_else(|| Error::Export("the model file has no graph".into()))?;
+    // Nodes are found by their first output, unique in a graph.
+    let position: HashMap<String, usize> = g
+        .node
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| n.output.first().map(|o| (o.clone(), i)))
+        .collect();
+    let node_position = |node: crate::graph::NodeId| -> Result<usize, Error> {
+        let first = graph.node(node).outputs.first().copied().flatten();
+        first
+            .and_then(|o| position.get(&graph.tensor(o).name).copied())
+            .ok_or_else(|| {
+                Error::Export(format!(
+                    "node '{}' is not in the model file",
+                    graph.node(node).name
+                ))
+            })
+    };
+    let mut renamed: Vec<(usize, usize, String)> = Vec::new();
+    let mut initializers: Vec<TensorProto> = Vec::new();
+    let mut sliced: BTreeSet<TensorId> = BTreeSet::new();
+    let mut reshaped: BTreeSet<String> = BTreeSet::new();
+    let mut reductions: Vec<(usize, String, String)> = Vec::new();
+    for block in &layout.split {
+        for w in &block.weights {
+            let param = graph.tensor(w.param);
+            let whole = weights
+                .get(w.param)
+                .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+            let name = format!("{}.tp{t}", param.name);
+            let slice = slice_tensor(whole, w.split, t, rank)
+                .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+            initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+            for &(node, slot) in &w.readers {
+                renamed.push((node_position(node)?, slot, name.clone()));
+            }
+            sliced.insert(w.param);
+        }
+        for s in &block.shapes {
+            let node = graph.node(s.node);
+            let name = format!("{}.tp{t}.input{}", node.name, s.slot);
+            let values = HostTensor::new(vec![s.values.len()], TensorData::I64(s.values.clone()))
+                .map_err(Error::Export)?;
+            initializers.push(tensor_proto(&name, &values, Some(DType::I64))?);
+            renamed.push((node_position(s.node)?, s.slot, name));
+        }
+        reshaped.extend(
+            block
+                .tensors
+                .keys()
+                .map(|&id| graph.tensor(id).name.clone()),
+        );
+        let reduced = graph.tensor(block.reduced).name.clone();
+        reductions.push((
+            node_position(block.row)?,
+            reduced.clone(),
+            format!("{reduced}.partial"),
+        ));
+    }
+    for (position, slot, name) in renamed {
+        g.node[position].input[slot] = name;
+    }
+    // The sliced weights nothing reads whole any more are dropped.
+    let still_read: BTreeSet<&str> = g
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .collect();
+    let dropped: BTreeSet<String> = sliced
+        .iter()
+        .map(|&id| graph.tensor(id).name.clone())
+        .filter(|name| !still_read.contains(name.as_str()))
+        .collect();
+    g.initializer.retain(|i| !dropped.contains(&i.name));
+    g.input.retain(|i| !dropped.contains(&i.name));
+    g.node.retain(|n| {
+        !(n.op_type == "Constant" && n.output.len() == 1 && dropped.contains(&n.output[0]))
+    });
+    g.initializer.extend(initializers);
+    g.value_info.retain(|v| !reshaped.contains(&v.name));
+    // After each row linear, in file order: the all-reduce of its partial output.
+    let by_output: BTreeMap<String, String> = reductions
+        .into_iter()
+        .map(|(_, reduced, partial)| (reduced, partial))
+        .collect();
+    let mut nodes = Vec::with_capacity(g.node.len() + by_output.len());
+    for mut node in std::mem::take(&mut g.node) {
+        let partial = node.output.first().and_then(|o| by_output.get(o)).cloned();
+        match partial {
+            Some(partial) => {
+                let reduced = std::mem::replace(&mut node.output[0], partial.clone());
+                let name = format!("{}/AllReduce", node.name);
+                nodes.push(node);
+                nodes.push(all_reduce(&name, &partial, &reduced, t));
+            }
+            None => nodes.push(node),
+        }
+    }
+    g.node = nodes;
+    if !layout.split.is_empty()
+        && !model
+            .opset_import
+            .iter()
+            .any(|o| o.domain == COLLECTIVE_DOMAIN)
+    {
+        let mut opset = OperatorSetIdProto::new();
+        opset.domain = COLLECTIVE_DOMAIN.into();
+        opset.version = 1;
+        model.opset_import.push(opset);
+    }
+    let mut entry = StringStringEntryProto::new();
+    entry.key = "pipecut_tensor_parallel".into();
+    entry.value = format!("rank {rank} of {t}");
+    model.metadata_props.push(entry);
+    Ok(model)
+}
+
+/// Rank `rank`'s share of a model as protobuf bytes.
+///
+/// # Errors
+/// As [`shard_model`], and [`Error::Export`] when the rank is too large for one protobuf.
+pub fn shard_model_bytes(
+    proto: &ModelProto,
+    graph: &Graph,
+    weights: &Weights,
+    layout: &ShardLayout,
+    rank: u64,
+) -> Result<Vec<u8>, Error> {
+    shard_model(proto, graph, weights, layout, rank)?
+        .write_to_bytes()
+        .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
+}
+
+fn all_reduce(name: &str, input: &str, output: &str, group_size: u64) -> NodeProto {
+    let mut node = NodeProto::new();
+    node.name = name.into();
+    node.op_type = ALL_REDUCE.into();
+    node.domain = COLLECTIVE_DOMAIN.into();
+    node.input.push(input.into());
+    node.output.push(output.into());
+    let mut attribute = AttributeProto::new();
+    attribute.name = "group_size".into();
+    attribute.type_ = AttributeType::INT.into();
+    attribute.i = group_size as i64;
+    node.attribute.push(attribute);
+    node
+}
+
+/// The elements of `whole` that rank `rank` of `degree` holds under `split`.
+pub fn slice_tensor(
+    whole: &HostTensor,
+    split: AxisSplit,
+    degree: u64,
+    rank: u64,
+) -> Result<HostTensor, String> {
+    let shape = whole.shape().to_vec();
+    let axis = split.axis;
+    let size = *shape.get(axis).ok_or("axis out of range")? as u64;
+    if split.groups == 0 || size % (split.groups * degree) != 0 {
+        return Err(format!(
+            "axis {axis} of size {size} does not split {degree} ways"
+        ));
+    }
+    let ranges = split.ranges(size, degree, rank);
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let pick = |len: usize| -> Vec<usize> {
+        let mut index = Vec::with_capacity(len / degree as usize);
+        for o in 0..outer {
+            for r in &ranges {
+                for i in r.clone() {
+                    let start = (o * shape[axis] + i as usize) * inner;
+                    index.extend(start..start + inner);
+                }
+            }
+        }
+        index
+    };
+    let mut out_shape = shape.clone();
+    out_shape[axis] /= degree as usize;
+    let data = match whole.data() {
+        TensorData::F32(v) => TensorData::F32(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::I64(v) => TensorData::I64(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::I32(v) => TensorData::I32(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::Bool(v) => TensorData::Bool(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::String(_) => return Err("a string tensor is not sliced".into()),
+    };
+    HostTensor::new(out_shape, data)
+}
+
+/// `tensor` as an initializer of element type `dtype` (the weight's own: the runtime holds
+/// float32, int64, int32 and bool as they are).
+fn tensor_proto(
+    name: &str,
+    tensor: &HostTensor,
+    dtype: Option<DType>,
+) -> Result<TensorProto, Error> {
+    let mut proto = TensorProto::new();
+    proto.name = name.into();
+    proto.dims = tensor.shape().iter().map(|&d| d as i64).collect();
+    let raw: Vec<u8> = match tensor.data() {
+        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        TensorData::String(_) => return Err(Error::Export(format!("'{name}' is a string tensor"))),
+    };
+    let held = tensor.dtype();
+    if dtype.is_some_and(|d| d != held) {
+        return Err(Error::Export(format!(
+            "'{name}' is {dtype:?} in the model but {held:?} in memory"
+        )));
+    }
+    proto.data_type = held.onnx_code();
+    proto.raw_data = raw;
+    Ok(proto)
+}
+
+/// A model split for a tensor-parallel group: what each rank holds, and each rank's file.
+#[derive(Debug, Clone)]
+pub struct ShardedModel {
+    /// The blocks split and those left whole.
+    pub layout: ShardLayout,
+    /// Rank r's model, protobuf bytes.
+    pub ranks: Vec<Vec<u8>>,
+}
+
+/// Splits the model in `model_path` (loaded as `graph`, its dims bound and shapes inferred)
+/// `degree` ways.
+///
+/// # Errors
+/// An unreadable model or weight, or a model file that does not match the graph.
+pub fn shard_file(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    degree: u64,
+) -> Result<ShardedModel, Error> {
+    let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
+        path: model_path.to_path_buf(),
+        source,
+    })?;
+    let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
+        origin: model_path.display().to_string(),
+        detail: format!("protobuf decoding failed: {e}"),
+    })?;
+    let weights = Weights::load(model_path, graph)?;
+    let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
+    let layout = ShardLayout::new(graph, &blocks, degree);
+    let ranks = (0..degree)
+        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank))
+        .collect::<Result<_, _>>()?;
+    Ok(ShardedModel { layout, ranks })
+}
