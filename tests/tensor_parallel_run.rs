@@ -208,3 +208,151 @@ fn minilm_split_two_ways_equals_the_whole_model() {
     };
     reproduces(&path, 2, 6);
 }
+
+fn pipecut(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .expect("the pipecut binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pipecut {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A plan of 2 stages of `degree` GPUs for `name`, exported: the rank files, run stage after
+/// stage with each stage's ranks as threads, make the whole model's outputs.
+fn exported_ranks_reproduce(name: &str, degree: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture(name);
+    let model_arg = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let out_dir = dir.path().join("stages");
+    let tp = degree.to_string();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "2",
+        "--microbatch-sizes",
+        "2",
+        "--tp",
+        &tp,
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    let table = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        model_arg,
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(table.contains("stage_1.rank_1.onnx"), "{table}");
+
+    let graph = typed(&model);
+    let weights = Weights::load(&model, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 3).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+
+    let files: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|stage| {
+            (0..degree as usize)
+                .map(|rank| {
+                    let file = out_dir.join(pipecut::onnx::export::rank_file_name(stage, rank));
+                    std::fs::read(file).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let ranks =
+        pipecut::runtime::tensor_parallel::LoadedRanks::load(&files, &out_dir, &bindings(&graph))
+            .unwrap();
+    let mut tensors = inputs.clone();
+    for stage in ranks.executors() {
+        let outputs = run_ranks(&stage, &tensors).unwrap();
+        tensors.extend(outputs);
+    }
+    let split: Tensors = whole
+        .keys()
+        .map(|k| (k.clone(), tensors[k].clone()))
+        .collect();
+    assert_close(&whole, &split, &format!("{name} exported at t = {degree}"));
+}
+
+#[test]
+fn exported_rank_files_of_gpt2_and_llama_run_together_as_the_whole_model() {
+    exported_ranks_reproduce("gpt2_tiny", 2);
+    exported_ranks_reproduce("llama_tiny", 2);
+}
+
+#[test]
+fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    let model_arg = model.to_str().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "8",
+        "--microbatch-sizes",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        &path("tp.json"),
+    ]);
+    pipecut(&[
+        "partition",
+        model_arg,
+        "--dim",
+        "batch=4",
+        "--dim",
+        "seq=16",
+        "--cluster",
+        "1x2xA100-80GB",
+        "--stages",
+        "2",
+        "--out",
+        &path("plain.json"),
+    ]);
+    for plan in ["tp", "plain"] {
+        pipecut(&[
+            "run",
+            &path(&format!("{plan}.json")),
+            model_arg,
+            "--microbatches",
+            "2",
+            "--output-dir",
+            &path(plan),
+        ]);
+    }
+    let read = |plan: &str| {
+        let file = std::path::PathBuf::from(format!("{}/logits.npy", path(plan)));
+        pipecut::runtime::read_npy(&file).unwrap().tensor
+    };
+    let (tp, plain) = (read("tp"), read("plain"));
+    let whole: Tensors = [("logits".to_string(), std::sync::Arc::new(plain))].into();
+    let split: Tensors = [("logits".to_string(), std::sync::Arc::new(tp))].into();
+    assert_close(&whole, &split, "pipecut run at t = 2");
+}

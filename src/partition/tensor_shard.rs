@@ -81,6 +81,8 @@ pub struct ShapeConstant {
 /// A block every rank runs its share of.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitBlock {
+    /// Every node of the block (columns, the nodes between, the row).
+    pub nodes: Vec<NodeId>,
     /// The row linear.
     pub row: NodeId,
     /// The row linear's output, all-reduced.
@@ -153,6 +155,36 @@ impl ShardLayout {
                 }),
             }
         }
+        layout
+    }
+}
+
+impl ShardLayout {
+    /// The blocks that lie wholly inside `stage` (its nodes); a block cut between two stages
+    /// stays whole, and so do the blocks of other stages, which this one does not run.
+    pub fn within(&self, stage: &BTreeSet<NodeId>) -> ShardLayout {
+        let mut layout = ShardLayout {
+            degree: self.degree,
+            split: Vec::new(),
+            replicated: Vec::new(),
+        };
+        for block in &self.split {
+            let inside = block.nodes.iter().filter(|n| stage.contains(n)).count();
+            if inside == block.nodes.len() {
+                layout.split.push(block.clone());
+            } else if inside > 0 {
+                layout.replicated.push(ReplicatedBlock {
+                    row: block.row,
+                    reason: "it is cut between two pipeline stages".into(),
+                });
+            }
+        }
+        layout.replicated.extend(
+            self.replicated
+                .iter()
+                .filter(|b| stage.contains(&b.row))
+                .cloned(),
+        );
         layout
     }
 }
@@ -319,6 +351,7 @@ impl<'a> Walk<'a> {
             ));
         }
         Ok(SplitBlock {
+            nodes: self.block.nodes.clone(),
             row: self.block.row,
             reduced: self.block.reduced,
             weights: self.weights.into_values().collect(),

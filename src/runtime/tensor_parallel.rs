@@ -5,10 +5,13 @@
 //! error instead of leaving them waiting.
 
 use std::cell::RefCell;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::tensor::{HostTensor, TensorData};
-use super::{CpuExecutor, Tensors};
+use super::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
+use crate::graph::Graph;
+use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::Error;
 
 /// The shared state of one group's all-reduces.
@@ -200,5 +203,138 @@ pub fn run_ranks(ranks: &[CpuExecutor<'_>], inputs: &Tensors) -> Result<Tensors,
         (Some(e), _) => Err(e),
         (None, Some(o)) => Ok(o),
         (None, None) => Err(Error::Export("no ranks to run".into())),
+    }
+}
+
+/// Every stage's rank models, loaded: `graphs[stage][rank]` and their weights.
+pub struct LoadedRanks {
+    graphs: Vec<Vec<Graph>>,
+    weights: Vec<Vec<Weights>>,
+}
+
+impl LoadedRanks {
+    /// Loads `ranks[stage][rank]` (model bytes whose external data lies in `dir`), typed with
+    /// `dims`, the dims their split shapes were made for.
+    ///
+    /// # Errors
+    /// A rank that does not load, type or read its weights.
+    pub fn load(
+        ranks: &[Vec<Vec<u8>>],
+        dir: &Path,
+        dims: &DimBindings,
+    ) -> Result<LoadedRanks, Error> {
+        let mut graphs = Vec::with_capacity(ranks.len());
+        let mut weights = Vec::with_capacity(ranks.len());
+        for stage in ranks {
+            let mut stage_graphs = Vec::with_capacity(stage.len());
+            let mut stage_weights = Vec::with_capacity(stage.len());
+            for bytes in stage {
+                let mut model = crate::onnx::load_model_from_bytes(bytes, Some(dir))?;
+                let bindings = dims_named_in(&model.graph, dims);
+                ShapeInference::new(bindings).run(&mut model.graph)?;
+                stage_weights.push(Weights::from_model_bytes(bytes, &model.graph)?);
+                stage_graphs.push(model.graph);
+            }
+            graphs.push(stage_graphs);
+            weights.push(stage_weights);
+        }
+        Ok(LoadedRanks { graphs, weights })
+    }
+
+    /// An executor per rank, per stage.
+    pub fn executors(&self) -> Vec<Vec<CpuExecutor<'_>>> {
+        self.graphs
+            .iter()
+            .zip(&self.weights)
+            .map(|(g, w)| {
+                g.iter()
+                    .zip(w)
+                    .map(|(g, w)| CpuExecutor::new(g, w))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The bindings of `dims` whose symbols `graph` declares: a later stage's file carries the
+/// sizes of its boundary tensors, not the model's symbols.
+fn dims_named_in(graph: &Graph, dims: &DimBindings) -> DimBindings {
+    let declared: std::collections::BTreeSet<&str> = graph
+        .tensors()
+        .flat_map(|(_, t)| t.shape.iter().flatten())
+        .flat_map(|d| match d {
+            crate::graph::Dim::Sym(s) => s.symbols().collect::<Vec<_>>(),
+            crate::graph::Dim::Known(_) => Vec::new(),
+        })
+        .collect();
+    dims.iter()
+        .filter(|(name, _)| declared.contains(name))
+        .fold(DimBindings::new(), |b, (name, value)| b.bind(name, value))
+}
+
+/// A pipeline backend whose stages each run as a tensor-parallel group of CPU threads.
+pub struct TensorParallelExecutor<'a> {
+    whole: &'a Graph,
+    stages: Vec<Vec<CpuExecutor<'a>>>,
+}
+
+/// A stage ready to run: its position and the tensors it hands on.
+#[derive(Debug)]
+pub struct TensorParallelStage {
+    index: usize,
+    sends: Vec<String>,
+}
+
+impl<'a> TensorParallelExecutor<'a> {
+    /// The executor of the stages of `whole` split into `ranks`.
+    pub fn new(whole: &'a Graph, ranks: &'a LoadedRanks) -> TensorParallelExecutor<'a> {
+        let stages = ranks
+            .graphs
+            .iter()
+            .zip(&ranks.weights)
+            .map(|(g, w)| {
+                g.iter()
+                    .zip(w)
+                    .map(|(g, w)| CpuExecutor::new(g, w))
+                    .collect()
+            })
+            .collect();
+        TensorParallelExecutor { whole, stages }
+    }
+}
+
+impl Executor for TensorParallelExecutor<'_> {
+    type Stage = TensorParallelStage;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<TensorParallelStage, Error> {
+        if self.stages.get(spec.index).is_none_or(Vec::is_empty) {
+            return Err(Error::Export(format!(
+                "stage {} has no tensor-parallel ranks",
+                spec.index
+            )));
+        }
+        Ok(TensorParallelStage {
+            index: spec.index,
+            sends: spec
+                .sends
+                .iter()
+                .map(|&t| self.whole.tensor(t).name.clone())
+                .collect(),
+        })
+    }
+
+    fn run(&self, stage: &TensorParallelStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let ranks = &self.stages[stage.index];
+        let mut outputs = run_ranks(ranks, inputs)?;
+        // Stages relay what later stages need: a tensor the ranks do not make passes through.
+        for name in &stage.sends {
+            if !outputs.contains_key(name) {
+                if let Some(t) = inputs.get(name) {
+                    outputs.insert(name.clone(), t.clone());
+                }
+            }
+        }
+        outputs.retain(|name, _| stage.sends.contains(name));
+        Ok(outputs)
     }
 }

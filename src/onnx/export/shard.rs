@@ -295,3 +295,44 @@ pub fn shard_file(
         .collect::<Result<_, _>>()?;
     Ok(ShardedModel { layout, ranks })
 }
+
+/// A pipeline's stages split for tensor parallelism: `ranks[stage][rank]` is that rank's model
+/// file (bytes), external data resolved against the model's directory.
+#[derive(Debug, Clone)]
+pub struct ShardedStages {
+    /// Per stage, the blocks split and those left whole.
+    pub layouts: Vec<ShardLayout>,
+    /// Per stage, per rank, the model bytes.
+    pub ranks: Vec<Vec<Vec<u8>>>,
+}
+
+/// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
+/// bound and shapes inferred, its weights `weights`) `degree` ways.
+///
+/// # Errors
+/// As [`crate::onnx::export::stage_models`] and [`shard_model`].
+pub fn shard_stages(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    weights: &Weights,
+    stages: &[Vec<crate::graph::NodeId>],
+    degree: u64,
+) -> Result<ShardedStages, Error> {
+    let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
+    let whole = ShardLayout::new(graph, &blocks, degree);
+    let files = super::stage_models(model_path, graph, stages)?;
+    let mut layouts = Vec::with_capacity(stages.len());
+    let mut ranks = Vec::with_capacity(stages.len());
+    for (nodes, file) in stages.iter().zip(files) {
+        let layout = whole.within(&nodes.iter().copied().collect());
+        let proto = ModelProto::parse_from_bytes(&file)
+            .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
+        ranks.push(
+            (0..degree)
+                .map(|rank| shard_model_bytes(&proto, graph, weights, &layout, rank))
+                .collect::<Result<Vec<_>, _>>()?,
+        );
+        layouts.push(layout);
+    }
+    Ok(ShardedStages { layouts, ranks })
+}
