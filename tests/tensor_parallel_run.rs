@@ -356,3 +356,60 @@ fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
     let split: Tensors = [("logits".to_string(), std::sync::Arc::new(tp))].into();
     assert_close(&whole, &split, "pipecut run at t = 2");
 }
+
+#[test]
+fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    let model_arg = model.to_str().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    let plan_arg = plan_path.to_str().unwrap();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "2x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "16",
+        "--tp",
+        "4",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--out",
+        plan_arg,
+    ]);
+    let text = std::fs::read_to_string(&plan_path).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["schema_version"], 6);
+    let shards = &plan["parallelism"]["shards"][0];
+    assert_eq!(shards["split_blocks"].as_array().unwrap().len(), 8);
+    let ranks = shards["ranks"].as_array().unwrap();
+    // Rank r of the one stage sits on GPU r of each replica's group (GPUs 0–3 and 4–7).
+    for (r, rank) in ranks.iter().enumerate() {
+        assert_eq!(rank["tp_rank"], r);
+        assert_eq!(rank["devices"], serde_json::json!([r, r + 4]));
+        // The first query weight, 64 × 64 split by columns: 16 columns each.
+        let query = &rank["weights"][0];
+        assert_eq!(query["axis"], 1);
+        assert_eq!(query["ranges"], serde_json::json!([[16 * r, 16 * (r + 1)]]));
+    }
+    // A hand-edited slice is a figure `check` re-derives and refuses.
+    let mut edited = plan.clone();
+    edited["parallelism"]["shards"][0]["ranks"][1]["weights"][0]["ranges"][0][0] = 0.into();
+    let edited = serde_json::to_string_pretty(&edited).unwrap();
+    let edited_path = dir.path().join("edited.json");
+    std::fs::write(&edited_path, edited).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(["check", edited_path.to_str().unwrap(), model_arg])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("shards"),
+        "{stderr}"
+    );
+}

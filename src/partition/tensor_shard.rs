@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use super::tensor_parallel::{ShardableBlock, TensorParallelBlocks};
-use crate::graph::{Attribute, DType, Graph, NodeId, TensorId, TensorOrigin};
+use crate::graph::{Attribute, Graph, NodeId, TensorId, TensorOrigin};
 
 /// How a tensor is split over the ranks: along `axis`, seen as `groups` equal runs, each cut
 /// into t pieces; rank r holds piece r of every run.
@@ -286,14 +286,6 @@ fn elementwise(op: &str) -> bool {
     )
 }
 
-/// Element types whose slices the export writes as they are.
-fn sliceable(dtype: Option<DType>) -> bool {
-    matches!(
-        dtype,
-        Some(DType::F32 | DType::I64 | DType::I32 | DType::Bool)
-    )
-}
-
 impl<'a> Walk<'a> {
     fn new(graph: &'a Graph, block: &'a ShardableBlock, degree: u64) -> Walk<'a> {
         let mut region: BTreeSet<NodeId> = block.nodes.iter().copied().collect();
@@ -401,12 +393,6 @@ impl<'a> Walk<'a> {
             return Err(format!(
                 "'{}' reads its weight through another node",
                 graph.node(node).name
-            ));
-        }
-        if !sliceable(tensor.dtype) {
-            return Err(format!(
-                "weight '{}' is {:?}: only float32 and integer weights are sliced",
-                tensor.name, tensor.dtype
             ));
         }
         let split = AxisSplit { axis, ..split };
