@@ -761,3 +761,87 @@ fn reshape_axis(input: &[u64], out: &[u64], axis: usize) -> Option<usize> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::shape::{DimBindings, ShapeInference};
+
+    fn typed(name: &str) -> Graph {
+        let path = format!("{}/fixtures/models/{name}", env!("CARGO_MANIFEST_DIR"));
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        model.graph
+    }
+
+    #[test]
+    fn a_fused_weight_split_part_by_part_is_a_union_of_ranges() {
+        let qkv = AxisSplit { axis: 1, groups: 3 };
+        assert_eq!(qkv.ranges(192, 2, 1), vec![32..64, 96..128, 160..192]);
+        let plain = AxisSplit { axis: 0, groups: 1 };
+        assert_eq!(plain.ranges(128, 4, 2), vec![64..96]);
+    }
+
+    #[test]
+    fn reshapes_map_a_head_split_to_the_axis_that_holds_it() {
+        // width → (heads, head size), and back.
+        assert_eq!(reshape_axis(&[2, 16, 64], &[2, 16, 4, 16], 2), Some(2));
+        assert_eq!(reshape_axis(&[2, 16, 4, 16], &[2, 16, 64], 2), Some(2));
+        // (key/value heads, repeats) → heads.
+        assert_eq!(
+            reshape_axis(&[2, 2, 2, 16, 16], &[2, 4, 16, 16], 1),
+            Some(1)
+        );
+        // A reshape that scatters the axis: not a split of any input axis.
+        assert_eq!(reshape_axis(&[2, 16, 64], &[2, 64, 16], 1), None);
+    }
+
+    #[test]
+    fn a_block_the_degree_does_not_divide_stays_whole_with_its_reason() {
+        let graph = typed("llama_tiny.onnx");
+        let blocks = TensorParallelBlocks::find(&graph);
+        let layout = ShardLayout::new(&graph, &blocks, 4);
+        assert_eq!(layout.split.len(), 2, "the two MLPs");
+        assert_eq!(layout.replicated.len(), 2, "the two attentions");
+        for whole in &layout.replicated {
+            assert!(
+                whole.reason.contains("do not split 4 ways"),
+                "{}",
+                whole.reason
+            );
+        }
+        // At 2 the attention splits: its grouped key/value heads and its rotary halves too.
+        let layout = ShardLayout::new(&graph, &blocks, 2);
+        assert!(layout.replicated.is_empty(), "{:?}", layout.replicated);
+        let attention = &layout.split[0];
+        let k_proj = attention
+            .weights
+            .iter()
+            .find(|w| graph.tensor(w.param).name.contains("k_proj"))
+            .unwrap();
+        assert_eq!(k_proj.split, AxisSplit { axis: 1, groups: 1 });
+    }
+
+    #[test]
+    fn a_block_cut_between_stages_stays_whole() {
+        let graph = typed("gpt2_tiny.onnx");
+        let blocks = TensorParallelBlocks::find(&graph);
+        let layout = ShardLayout::new(&graph, &blocks, 2);
+        let first = &layout.split[0];
+        // A stage holding the block's columns but not its row.
+        let stage: BTreeSet<NodeId> = first
+            .nodes
+            .iter()
+            .copied()
+            .filter(|&n| n != first.row)
+            .collect();
+        let within = layout.within(&stage);
+        assert!(within.split.is_empty());
+        assert_eq!(within.replicated.len(), 1);
+        assert!(within.replicated[0]
+            .reason
+            .contains("cut between two pipeline stages"));
+    }
+}

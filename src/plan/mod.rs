@@ -1037,7 +1037,10 @@ impl Plan {
                 &plan.simulate()?,
                 parallelism.global_batch,
             );
-            plan = plan.with_tensor_parallel_shards(graph)?;
+            // Plans from before version 6 do not list the shards; they check without them.
+            if self.schema_version >= 6 {
+                plan = plan.with_tensor_parallel_shards(graph)?;
+            }
             let parallelism = plan.parallelism.as_mut().expect("checked above");
             parallelism.allreduce_secs = step.allreduce_secs;
             parallelism.pipeline_secs = step.pipeline_secs;
