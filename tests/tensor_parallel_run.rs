@@ -86,7 +86,7 @@ fn assert_close(whole: &Tensors, split: &Tensors, what: &str) {
 }
 
 /// Splits `path` t ways, checks the blocks it expects are split, and compares the runs.
-fn reproduces(path: &Path, degree: u64, split_blocks: usize) {
+fn reproduces(path: &Path, degree: u64, split_blocks: usize, vocab: usize) {
     let graph = typed(path);
     let weights = Weights::load(path, &graph).unwrap();
     let inputs = seeded_inputs(&graph, 1, 7).unwrap();
@@ -106,6 +106,12 @@ fn reproduces(path: &Path, degree: u64, split_blocks: usize) {
         "{} at {degree}: left whole: {reasons:?}",
         path.display()
     );
+    assert_eq!(
+        sharded.layout.vocab.len(),
+        vocab,
+        "{} at {degree}: vocabulary splits",
+        path.display()
+    );
     let split = run_sharded(path, &sharded, &inputs);
     assert_close(
         &whole,
@@ -117,23 +123,24 @@ fn reproduces(path: &Path, degree: u64, split_blocks: usize) {
 #[test]
 fn gpt2_split_two_and_four_ways_equals_the_whole_model() {
     let path = common::fixture("gpt2_tiny");
-    reproduces(&path, 2, 8);
-    reproduces(&path, 4, 8);
+    reproduces(&path, 2, 8, 2);
+    reproduces(&path, 4, 8, 2);
 }
 
 #[test]
 fn llama_split_two_ways_equals_the_whole_model_and_its_attention_stays_whole_at_four() {
     let path = common::fixture("llama_tiny");
-    reproduces(&path, 2, 4);
+    reproduces(&path, 2, 4, 2);
     // 2 key/value heads cannot be split 4 ways: the MLPs are, the attention stays whole.
-    reproduces(&path, 4, 2);
+    reproduces(&path, 4, 2, 2);
 }
 
 #[test]
 fn bert_split_two_and_four_ways_equals_the_whole_model() {
     let path = common::fixture("bert_tiny");
-    reproduces(&path, 2, 4);
-    reproduces(&path, 4, 4);
+    reproduces(&path, 2, 4, 2);
+    // Its 2 token types do not split 4 ways: only the word embedding is.
+    reproduces(&path, 4, 4, 1);
 }
 
 #[test]
@@ -169,11 +176,28 @@ fn a_rank_holds_a_quarter_of_the_block_weights_at_four() {
                 "rank {rank} still holds all of {name}"
             );
         }
-        let all_reduces = g
-            .nodes()
-            .filter(|(_, n)| n.domain == "ai.pipecut" && n.op_type == "AllReduce")
-            .count();
-        assert_eq!(all_reduces, 8, "one per block");
+        let collectives = |op: &str| {
+            g.nodes()
+                .filter(|(_, n)| n.domain == "ai.pipecut" && n.op_type == op)
+                .count()
+        };
+        assert_eq!(
+            collectives("AllReduce"),
+            8 + 1,
+            "one per block and the embedding's"
+        );
+        assert_eq!(collectives("AllGather"), 1, "the logits");
+        // The tied vocabulary table: a quarter of its rows for the embedding (and a zero
+        // row), the same quarter as the head's columns; the whole table is gone.
+        assert!(g.tensor_id("transformer.wte.weight").is_none());
+        assert_eq!(
+            elements(&g, "transformer.wte.weight.tp4.rows"),
+            (512 / 4 + 1) * 64
+        );
+        assert_eq!(
+            elements(&g, "transformer.wte.weight.tp4.columns"),
+            512 / 4 * 64
+        );
     }
     // Each rank holds a different quarter of the first query weight.
     let query = &sharded.layout.split[0].weights[0];
@@ -206,7 +230,7 @@ fn minilm_split_two_ways_equals_the_whole_model() {
         );
         return;
     };
-    reproduces(&path, 2, 6);
+    reproduces(&path, 2, 6, 1);
 }
 
 fn pipecut(args: &[&str]) -> String {

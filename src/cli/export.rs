@@ -135,17 +135,18 @@ fn write_ranks(
             )
         })?;
     let mut text = format!(
-        "\ntensor parallelism: each stage split over {degree} ranks (ai.pipecut AllReduce after each split block)\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>10}\n",
-        "stage", "rank", "file", "split", "whole", "file size"
+        "\ntensor parallelism: each stage split over {degree} ranks (ai.pipecut AllReduce after each split block and embedding, AllGather after a split head)\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
+        "stage", "rank", "file", "split", "whole", "vocab", "file size"
     );
     for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {
         for (rank, bytes) in ranks.iter().enumerate() {
             let name = rank_file_name(stage, rank);
             pipecut::onnx::export::write_atomically(&out_dir.join(&name), bytes)?;
             text.push_str(&format!(
-                "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>10}\n",
+                "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
                 layout.split.len(),
                 layout.replicated.len(),
+                layout.vocab.len(),
                 human_bytes(bytes.len() as u64)
             ));
         }

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use super::tensor_parallel::{ShardableBlock, TensorParallelBlocks};
+use super::tensor_parallel::{ShardableBlock, TensorParallelBlocks, VocabRole, VocabShard};
 use crate::graph::{Attribute, Graph, NodeId, TensorId, TensorOrigin};
 
 /// How a tensor is split over the ranks: along `axis`, seen as `groups` equal runs, each cut
@@ -113,6 +113,38 @@ pub struct ShardLayout {
     pub split: Vec<SplitBlock>,
     /// Blocks left whole.
     pub replicated: Vec<ReplicatedBlock>,
+    /// Embeddings split by rows and language-model heads split by columns.
+    pub vocab: Vec<VocabSlice>,
+}
+
+/// An embedding or head split by its vocabulary: rank r holds entries `[r·V/t, (r+1)·V/t)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VocabSlice {
+    /// Embedding (a Gather of rows, summed by an all-reduce: a rank contributes zeros for ids
+    /// outside its rows) or head (a MatMul whose logits columns are gathered).
+    pub role: VocabRole,
+    /// The Gather or MatMul.
+    pub node: NodeId,
+    /// The weight, and the node and slot that read it (the head's Transpose of a tied table).
+    pub param: TensorId,
+    /// The reader of the weight.
+    pub reader: (NodeId, usize),
+    /// The weight's vocabulary axis.
+    pub axis: usize,
+    /// Vocabulary size V.
+    pub vocab: u64,
+    /// The output the collective completes.
+    pub output: TensorId,
+}
+
+impl VocabSlice {
+    /// The weight's split.
+    pub fn split(&self) -> AxisSplit {
+        AxisSplit {
+            axis: self.axis,
+            groups: 1,
+        }
+    }
 }
 
 impl ShardLayout {
@@ -122,6 +154,11 @@ impl ShardLayout {
             degree,
             split: Vec::new(),
             replicated: Vec::new(),
+            vocab: blocks
+                .vocab
+                .iter()
+                .filter_map(|v| vocab_slice(graph, v, degree))
+                .collect(),
         };
         let mut sliced: BTreeSet<TensorId> = BTreeSet::new();
         for block in &blocks.blocks {
@@ -167,6 +204,12 @@ impl ShardLayout {
             degree: self.degree,
             split: Vec::new(),
             replicated: Vec::new(),
+            vocab: self
+                .vocab
+                .iter()
+                .filter(|v| stage.contains(&v.node) && stage.contains(&v.reader.0))
+                .cloned()
+                .collect(),
         };
         for block in &self.split {
             let inside = block.nodes.iter().filter(|n| stage.contains(n)).count();
@@ -187,6 +230,53 @@ impl ShardLayout {
         );
         layout
     }
+}
+
+/// `shard` as a vocabulary split at `degree`, when it is one this rewrite makes: a vocabulary
+/// `degree` divides (no padding), an embedding reading its table directly, a MatMul head
+/// reading its weight directly or through one Transpose that nothing else reads.
+fn vocab_slice(graph: &Graph, shard: &VocabShard, degree: u64) -> Option<VocabSlice> {
+    if degree < 2 || shard.vocab % degree != 0 {
+        return None;
+    }
+    let node = shard.nodes[0];
+    let n = graph.node(node);
+    let output = n.outputs.first().copied().flatten()?;
+    let weight = n
+        .inputs
+        .get(if shard.role == VocabRole::Embedding {
+            0
+        } else {
+            1
+        })?
+        .to_owned()?;
+    let is_param = |t: TensorId| graph.tensor(t).param().is_some();
+    let (param, reader, axis) = match shard.role {
+        VocabRole::Embedding => (weight, (node, 0), 0),
+        VocabRole::Head if n.op_type != "MatMul" => return None,
+        VocabRole::Head if is_param(weight) => (weight, (node, 1), 1),
+        VocabRole::Head => {
+            let transpose = graph.tensor(weight).producer()?;
+            let t = graph.node(transpose);
+            let perm = ints_attr(graph, transpose, "perm").unwrap_or_else(|| vec![1, 0]);
+            let source = t.inputs.first().copied().flatten()?;
+            let single_reader = graph.tensor(weight).consumers == [node];
+            if t.op_type != "Transpose" || perm != [1, 0] || !is_param(source) || !single_reader {
+                return None;
+            }
+            (source, (transpose, 0), 0)
+        }
+    };
+    let shape = shape_of(graph, param).ok()?;
+    (shape.len() == 2 && shape[axis] == shard.vocab).then_some(VocabSlice {
+        role: shard.role,
+        node,
+        param,
+        reader,
+        axis,
+        vocab: shard.vocab,
+        output,
+    })
 }
 
 /// What a node needs of one input.

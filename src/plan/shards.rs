@@ -106,14 +106,15 @@ pub(crate) fn tensor_parallel_shards(
                         .split
                         .iter()
                         .flat_map(|b| &b.weights)
-                        .map(|w| {
-                            let shape = graph.concrete_shape(w.param).unwrap_or_default();
-                            let size = shape.get(w.split.axis).copied().unwrap_or(0);
+                        .map(|w| (w.param, w.split))
+                        .chain(layout.vocab.iter().map(|v| (v.param, v.split())))
+                        .map(|(param, split)| {
+                            let shape = graph.concrete_shape(param).unwrap_or_default();
+                            let size = shape.get(split.axis).copied().unwrap_or(0);
                             WeightSliceEntry {
-                                name: graph.tensor(w.param).name.clone(),
-                                axis: w.split.axis as u32,
-                                ranges: w
-                                    .split
+                                name: graph.tensor(param).name.clone(),
+                                axis: split.axis as u32,
+                                ranges: split
                                     .ranges(size, degree as u64, rank as u64)
                                     .into_iter()
                                     .map(|r| [r.start, r.end])

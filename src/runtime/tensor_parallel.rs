@@ -50,8 +50,15 @@ impl Group {
         })
     }
 
-    /// Adds rank `rank`'s tensor to the current all-reduce and waits for the sum.
-    fn contribute(&self, rank: usize, x: &HostTensor) -> Result<Arc<HostTensor>, String> {
+    /// Adds rank `rank`'s tensor to the current collective and waits for the last rank to
+    /// `combine` every rank's, in rank order (all ranks reach the same collectives in the same
+    /// order: their graphs are one graph split).
+    fn contribute(
+        &self,
+        rank: usize,
+        x: &HostTensor,
+        combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+    ) -> Result<Arc<HostTensor>, String> {
         let mut round = self.state.lock().map_err(|_| "a rank panicked")?;
         if let Some(reason) = &round.aborted {
             return Err(reason.clone());
@@ -65,7 +72,7 @@ impl Group {
                 .iter_mut()
                 .flat_map(Option::take)
                 .collect();
-            round.result = Some(sum(&parts).map(Arc::new));
+            round.result = Some(combine(&parts).map(Arc::new));
             round.arrived = 0;
             round.generation += 1;
             self.done.notify_all();
@@ -130,20 +137,68 @@ fn sum(parts: &[HostTensor]) -> Result<HostTensor, String> {
 
 /// The `AllReduce` kernel's work: the sum of `x` over the running thread's group.
 pub(crate) fn all_reduce(x: &HostTensor, group_size: usize) -> Result<HostTensor, String> {
+    collective(x, group_size, "AllReduce", &sum)
+}
+
+/// The `AllGather` kernel's work: the ranks' `x` concatenated along `axis`, in rank order.
+pub(crate) fn all_gather(
+    x: &HostTensor,
+    group_size: usize,
+    axis: i64,
+) -> Result<HostTensor, String> {
+    let rank = x.rank() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&axis) {
+        return Err(format!(
+            "AllGather axis {axis} out of range for rank {rank}"
+        ));
+    }
+    collective(x, group_size, "AllGather", &|parts| {
+        concat(parts, axis as usize)
+    })
+}
+
+fn collective(
+    x: &HostTensor,
+    group_size: usize,
+    op: &str,
+    combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+) -> Result<HostTensor, String> {
     MEMBERSHIP.with(|m| match &*m.borrow() {
         Some((group, rank)) if group.size == group_size => {
-            group.contribute(*rank, x).map(|s| (*s).clone())
+            group.contribute(*rank, x, combine).map(|s| (*s).clone())
         }
         Some((group, _)) => Err(format!(
-            "AllReduce of a group of {group_size} in a run of {} ranks",
+            "{op} of a group of {group_size} in a run of {} ranks",
             group.size
         )),
         None if group_size == 1 => Ok(x.clone()),
         None => Err(format!(
-            "AllReduce of a group of {group_size} outside a tensor-parallel run \
+            "{op} of a group of {group_size} outside a tensor-parallel run \
              (run the ranks together: pipecut::runtime::tensor_parallel::run_ranks)"
         )),
     })
+}
+
+/// `parts` (float32, equal shapes) concatenated along `axis`.
+fn concat(parts: &[HostTensor], axis: usize) -> Result<HostTensor, String> {
+    let first = parts.first().ok_or("an all-gather of no tensors")?;
+    let shape = first.shape().to_vec();
+    if parts.iter().any(|p| p.shape() != shape.as_slice()) {
+        return Err("ranks all-gather different shapes".into());
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let chunk: usize = shape[axis..].iter().product();
+    let values: Vec<&[f32]> = parts.iter().map(|p| p.as_f32()).collect::<Result<_, _>>()?;
+    let mut out = Vec::with_capacity(chunk * outer * parts.len());
+    for o in 0..outer {
+        for v in &values {
+            out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    let mut out_shape = shape;
+    out_shape[axis] *= parts.len();
+    HostTensor::new(out_shape, TensorData::F32(out))
 }
 
 /// Runs rank `rank` of `group` on this thread: its all-reduces join the group's.

@@ -15,6 +15,7 @@ use onnx_protobuf::{
 };
 
 use crate::graph::{DType, Graph, TensorId};
+use crate::partition::tensor_parallel::VocabRole;
 use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
 use crate::runtime::{HostTensor, TensorData, Weights};
 use crate::Error;
@@ -23,6 +24,8 @@ use crate::Error;
 pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
 /// Sums its input over the ranks of the group (attribute `group_size`); every rank gets the sum.
 pub const ALL_REDUCE: &str = "AllReduce";
+/// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
+pub const ALL_GATHER: &str = "AllGather";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
 /// layout was made for) and `weights` were loaded from.
@@ -64,7 +67,10 @@ pub fn shard_model(
     let mut initializers: Vec<TensorProto> = Vec::new();
     let mut sliced: BTreeSet<TensorId> = BTreeSet::new();
     let mut reshaped: BTreeSet<String> = BTreeSet::new();
-    let mut reductions: Vec<(usize, String, String)> = Vec::new();
+    // Collectives by the output they complete (the producer writes `<output>.partial`), and
+    // nodes to insert before a node, by its first output.
+    let mut collectives: BTreeMap<String, NodeProto> = BTreeMap::new();
+    let mut before: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
     for block in &layout.split {
         for w in &block.weights {
             let param = graph.tensor(w.param);
@@ -95,11 +101,76 @@ pub fn shard_model(
                 .map(|&id| graph.tensor(id).name.clone()),
         );
         let reduced = graph.tensor(block.reduced).name.clone();
-        reductions.push((
-            node_position(block.row)?,
+        let name = format!("{}/AllReduce", graph.node(block.row).name);
+        let partial = format!("{reduced}.partial");
+        collectives.insert(
             reduced.clone(),
-            format!("{reduced}.partial"),
-        ));
+            collective(&name, ALL_REDUCE, &partial, &reduced, t, None),
+        );
+    }
+    for v in &layout.vocab {
+        let param = graph.tensor(v.param);
+        let whole = weights
+            .get(v.param)
+            .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+        let mut slice = slice_tensor(whole, v.split(), t, rank)
+            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+        let output = graph.tensor(v.output).name.clone();
+        let partial = format!("{output}.partial");
+        let node_name = graph.node(v.node).name.clone();
+        let suffix = match v.role {
+            VocabRole::Embedding => {
+                // A zero row past the rank's rows: ids outside them read it, so that the
+                // all-reduce of the ranks' rows gives every id its one row.
+                slice = append_zero_row(&slice).map_err(Error::Export)?;
+                let position = node_position(v.node)?;
+                let ids = g.node[position].input[1].clone();
+                let ids_type = graph
+                    .node(v.node)
+                    .inputs
+                    .get(1)
+                    .copied()
+                    .flatten()
+                    .and_then(|i| graph.tensor(i).dtype)
+                    .unwrap_or(DType::I64);
+                let rows = v.vocab / t;
+                let (nodes, consts, row) =
+                    embedding_rows(&node_name, &ids, ids_type, rank * rows, rows, t)?;
+                initializers.extend(consts);
+                before.insert(output.clone(), nodes);
+                renamed.push((position, 1, row));
+                collectives.insert(
+                    output.clone(),
+                    collective(
+                        &format!("{node_name}/AllReduce"),
+                        ALL_REDUCE,
+                        &partial,
+                        &output,
+                        t,
+                        None,
+                    ),
+                );
+                "rows"
+            }
+            VocabRole::Head => {
+                collectives.insert(
+                    output.clone(),
+                    collective(
+                        &format!("{node_name}/AllGather"),
+                        ALL_GATHER,
+                        &partial,
+                        &output,
+                        t,
+                        Some(-1),
+                    ),
+                );
+                "columns"
+            }
+        };
+        let name = format!("{}.tp{t}.{suffix}", param.name);
+        initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+        renamed.push((node_position(v.reader.0)?, v.reader.1, name));
+        sliced.insert(v.param);
     }
     for (position, slot, name) in renamed {
         g.node[position].input[slot] = name;
@@ -122,20 +193,18 @@ pub fn shard_model(
     });
     g.initializer.extend(initializers);
     g.value_info.retain(|v| !reshaped.contains(&v.name));
-    // After each row linear, in file order: the all-reduce of its partial output.
-    let by_output: BTreeMap<String, String> = reductions
-        .into_iter()
-        .map(|(_, reduced, partial)| (reduced, partial))
-        .collect();
-    let mut nodes = Vec::with_capacity(g.node.len() + by_output.len());
+    // Each collective right after the node whose output it completes, in file order.
+    let mut nodes = Vec::with_capacity(g.node.len() + 7 * collectives.len());
     for mut node in std::mem::take(&mut g.node) {
-        let partial = node.output.first().and_then(|o| by_output.get(o)).cloned();
-        match partial {
-            Some(partial) => {
-                let reduced = std::mem::replace(&mut node.output[0], partial.clone());
-                let name = format!("{}/AllReduce", node.name);
+        let first = node.output.first().cloned().unwrap_or_default();
+        if let Some(inserted) = before.remove(&first) {
+            nodes.extend(inserted);
+        }
+        match collectives.remove(&first) {
+            Some(collective) => {
+                node.output[0] = collective.input[0].clone();
                 nodes.push(node);
-                nodes.push(all_reduce(&name, &partial, &reduced, t));
+                nodes.push(collective);
             }
             None => nodes.push(node),
         }
@@ -175,19 +244,98 @@ pub fn shard_model_bytes(
         .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
 }
 
-fn all_reduce(name: &str, input: &str, output: &str, group_size: u64) -> NodeProto {
+/// A collective node of the `ai.pipecut` domain.
+fn collective(
+    name: &str,
+    op: &str,
+    input: &str,
+    output: &str,
+    group_size: u64,
+    axis: Option<i64>,
+) -> NodeProto {
     let mut node = NodeProto::new();
     node.name = name.into();
-    node.op_type = ALL_REDUCE.into();
+    node.op_type = op.into();
     node.domain = COLLECTIVE_DOMAIN.into();
     node.input.push(input.into());
     node.output.push(output.into());
-    let mut attribute = AttributeProto::new();
-    attribute.name = "group_size".into();
-    attribute.type_ = AttributeType::INT.into();
-    attribute.i = group_size as i64;
-    node.attribute.push(attribute);
+    let int = |name: &str, value: i64| {
+        let mut attribute = AttributeProto::new();
+        attribute.name = name.into();
+        attribute.type_ = AttributeType::INT.into();
+        attribute.i = value;
+        attribute
+    };
+    node.attribute.push(int("group_size", group_size as i64));
+    if let Some(axis) = axis {
+        node.attribute.push(int("axis", axis));
+    }
     node
+}
+
+fn plain_node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {
+    let mut node = NodeProto::new();
+    node.name = name.into();
+    node.op_type = op.into();
+    node.input = inputs.iter().map(|i| i.to_string()).collect();
+    node.output.push(output.into());
+    node
+}
+
+/// The nodes that turn the token ids into rows of a rank's slice of an embedding table holding
+/// rows `[first, first + rows)` plus a zero row at `rows`: `Where(first <= id < first + rows,
+/// id − first, rows)`; with the constants they read and the name of the row indices.
+fn embedding_rows(
+    node: &str,
+    ids: &str,
+    ids_type: DType,
+    first: u64,
+    rows: u64,
+    t: u64,
+) -> Result<(Vec<NodeProto>, Vec<TensorProto>, String), Error> {
+    let scalar = |name: String, value: u64| -> Result<TensorProto, Error> {
+        let data = match ids_type {
+            DType::I32 => TensorData::I32(vec![value as i32]),
+            _ => TensorData::I64(vec![value as i64]),
+        };
+        let held = HostTensor::new(Vec::new(), data).map_err(Error::Export)?;
+        tensor_proto(&name, &held, Some(held.dtype()))
+    };
+    let at = |what: &str| format!("{node}.tp{t}.{what}");
+    let consts = vec![
+        scalar(at("first"), first)?,
+        scalar(at("end"), first + rows)?,
+        scalar(at("zero_row"), rows)?,
+    ];
+    let nodes = vec![
+        plain_node(&at("Less"), "Less", &[ids, &at("first")], &at("below")),
+        plain_node(&at("Not"), "Not", &[&at("below")], &at("from_first")),
+        plain_node(&at("Less_1"), "Less", &[ids, &at("end")], &at("before_end")),
+        plain_node(
+            &at("And"),
+            "And",
+            &[&at("from_first"), &at("before_end")],
+            &at("held"),
+        ),
+        plain_node(&at("Sub"), "Sub", &[ids, &at("first")], &at("local")),
+        plain_node(
+            &at("Where"),
+            "Where",
+            &[&at("held"), &at("local"), &at("zero_row")],
+            &at("row"),
+        ),
+    ];
+    Ok((nodes, consts, at("row")))
+}
+
+/// `table` with one more row of zeros.
+fn append_zero_row(table: &HostTensor) -> Result<HostTensor, String> {
+    let mut shape = table.shape().to_vec();
+    let width: usize = shape[1..].iter().product();
+    shape[0] += 1;
+    let mut values = table.as_f32()?.to_vec();
+    values.extend(std::iter::repeat_n(0.0, width));
+    HostTensor::new(shape, TensorData::F32(values))
 }
 
 /// The elements of `whole` that rank `rank` of `degree` holds under `split`.
