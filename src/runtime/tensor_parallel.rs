@@ -30,6 +30,8 @@ struct Round {
     generation: u64,
     result: Option<Result<Arc<HostTensor>, String>>,
     aborted: Option<String>,
+    /// The rank whose failure woke the others.
+    failed_rank: Option<usize>,
 }
 
 thread_local! {
@@ -87,12 +89,20 @@ impl Group {
         }
     }
 
-    /// Wakes every waiting rank with `reason`: one rank failed, the others cannot finish.
-    fn abort(&self, reason: String) {
+    /// Wakes every waiting rank with `reason`: rank `rank` failed, the others cannot finish.
+    fn abort(&self, rank: usize, reason: String) {
         if let Ok(mut round) = self.state.lock() {
-            round.aborted.get_or_insert(reason);
+            if round.aborted.is_none() {
+                round.aborted = Some(reason);
+                round.failed_rank = Some(rank);
+            }
             self.done.notify_all();
         }
+    }
+
+    /// The rank that failed first, if one did.
+    fn failed_rank(&self) -> Option<usize> {
+        self.state.lock().ok().and_then(|round| round.failed_rank)
     }
 }
 
@@ -208,12 +218,20 @@ pub fn as_rank<T>(
     run: impl FnOnce() -> Result<T, Error>,
 ) -> Result<T, Error> {
     MEMBERSHIP.with(|m| *m.borrow_mut() = Some((group.clone(), rank)));
-    let result = run();
+    // A rank that panics must still wake the others, or they would wait for it forever.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
     MEMBERSHIP.with(|m| *m.borrow_mut() = None);
-    if let Err(e) = &result {
-        group.abort(format!("rank {rank} failed: {e}"));
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            group.abort(rank, format!("rank {rank} failed: {e}"));
+            Err(e)
+        }
+        Err(panic) => {
+            group.abort(rank, format!("rank {rank} panicked"));
+            std::panic::resume_unwind(panic)
+        }
     }
-    result
 }
 
 /// Runs the rank models of one tensor-parallel group on the same inputs, one thread each, and
@@ -240,24 +258,18 @@ pub fn run_ranks(ranks: &[CpuExecutor<'_>], inputs: &Tensors) -> Result<Tensors,
             })
             .collect()
     });
-    // A rank woken by another's failure reports that one: the root cause comes first.
-    let mut outputs = None;
-    let mut first_error = None;
-    for result in results {
-        match result {
-            Ok(o) => {
-                outputs.get_or_insert(o);
-            }
-            Err(e) if first_error.is_none() || !e.to_string().contains("failed: ") => {
-                first_error = Some(e)
-            }
-            Err(_) => {}
-        }
-    }
-    match (first_error, outputs) {
-        (Some(e), _) => Err(e),
-        (None, Some(o)) => Ok(o),
-        (None, None) => Err(Error::Export("no ranks to run".into())),
+    // The ranks woken by another's failure report that one: give the failing rank's own error.
+    let failed = group.failed_rank();
+    let mut results = results;
+    match failed {
+        Some(rank) => match results.swap_remove(rank) {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::Export(format!("rank {rank} stopped its group"))),
+        },
+        None => results
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(Error::Export("no ranks to run".into()))),
     }
 }
 
@@ -391,5 +403,75 @@ impl Executor for TensorParallelExecutor<'_> {
         }
         outputs.retain(|name, _| stage.sends.contains(name));
         Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vector(values: &[f32]) -> HostTensor {
+        HostTensor::new(vec![values.len()], TensorData::F32(values.to_vec())).unwrap()
+    }
+
+    /// Runs `work(rank)` as each rank of a group of 3.
+    fn on_three<T: Send>(work: impl Fn(usize) -> Result<T, Error> + Sync) -> Vec<Result<T, Error>> {
+        let group = Group::new(3);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let (group, work) = (group.clone(), &work);
+                    scope.spawn(move || as_rank(&group, rank, || work(rank)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn every_rank_gets_the_same_sum_and_the_same_gathered_whole() {
+        let results = on_three(|rank| {
+            let x = vector(&[rank as f32, 0.5]);
+            let sum = all_reduce(&x, 3).map_err(Error::Export)?;
+            let gathered = all_gather(&x, 3, -1).map_err(Error::Export)?;
+            // A second round reuses the group.
+            let again = all_reduce(&sum, 3).map_err(Error::Export)?;
+            Ok((sum.to_f32_vec(), gathered.to_f32_vec(), again.to_f32_vec()))
+        });
+        for result in results {
+            let (sum, gathered, again) = result.unwrap();
+            assert_eq!(sum, [3.0, 1.5]);
+            assert_eq!(gathered, [0.0, 0.5, 1.0, 0.5, 2.0, 0.5]);
+            assert_eq!(again, [9.0, 4.5]);
+        }
+    }
+
+    #[test]
+    fn a_failing_rank_wakes_the_others_with_its_error() {
+        let results = on_three(|rank| {
+            if rank == 1 {
+                return Err(Error::Export("no weights".into()));
+            }
+            all_reduce(&vector(&[1.0]), 3).map_err(Error::Export)
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let message = result.unwrap_err().to_string();
+            match rank {
+                1 => assert!(message.contains("no weights"), "{message}"),
+                _ => assert!(
+                    message.contains("rank 1 failed") && message.contains("no weights"),
+                    "{message}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn a_collective_outside_a_group_is_refused_unless_the_group_is_one() {
+        let x = vector(&[2.0]);
+        assert_eq!(all_reduce(&x, 1).unwrap().to_f32_vec(), [2.0]);
+        assert!(all_reduce(&x, 2)
+            .unwrap_err()
+            .contains("outside a tensor-parallel run"));
     }
 }
