@@ -211,3 +211,48 @@ fn the_graph_keeps_layer_indices_and_stands_stages_side_by_side() {
         .expect("the SVG states its height in pt");
     assert!(height_pt < 3000.0, "the graph is {height_pt} pt tall");
 }
+
+#[test]
+fn show_names_each_stages_tensor_parallel_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.json");
+    let plan = path.to_str().unwrap();
+    let (code, _, err) = pipecut(&[
+        "plan-cluster",
+        MODEL,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--sequence-parallel",
+        "--out",
+        plan,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = pipecut(&["show", plan]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("each stage split over 2 GPUs, with sequence parallelism"),
+        "{out}"
+    );
+    assert!(
+        out.contains("stage 0: GPUs 0–1") && out.contains("stage 1: GPUs 2–3"),
+        "{out}"
+    );
+    let (code, out, err) = pipecut(&["show", plan, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["tensor_parallel"]["degree"], 2);
+    // A plan without tensor parallelism says nothing of it.
+    let plain = self::plan(dir.path());
+    let (_, out, _) = pipecut(&["show", &plain]);
+    assert!(!out.contains("tensor parallelism"), "{out}");
+}

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::onnx::export::{export_stages, Manifest, TensorSource};
+use pipecut::onnx::export::shard::shard_stages;
+use pipecut::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
 use pipecut::onnx::inspect::human_bytes;
 
 use super::{print_stdout, ModelArgs};
@@ -58,6 +59,25 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         &args.profiles.catalog(&[])?,
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
+    // Rank files rewrite Reshape targets as constants: they are made for the plan's dims.
+    let degree = plan
+        .parallelism
+        .as_ref()
+        .map(|p| p.tensor_parallel.degree as usize)
+        .unwrap_or(1);
+    let for_ranks = if degree > 1 {
+        let mut model = loaded.clone();
+        let mut bindings = pipecut::onnx::shape::DimBindings::new();
+        for (name, value) in &plan.model.dims {
+            bindings = bindings.bind(name, *value);
+        }
+        pipecut::onnx::shape::ShapeInference::new(bindings)
+            .run(&mut model.graph)
+            .with_context(|| format!("'{}'", model_path.display()))?;
+        Some(model.graph)
+    } else {
+        None
+    };
     let model = args.model.type_loaded(loaded)?;
     let stages = plan
         .stage_nodes(model.digests(), &model.graph)
@@ -74,14 +94,71 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         &args.out_dir.join(pipecut::onnx::export::MANIFEST_FILE),
         &inputs,
     )?;
+    if degree > 1 {
+        for stage in 0..stages.len() {
+            for rank in 0..degree {
+                refuse_replacing(&args.out_dir.join(rank_file_name(stage, rank)), &inputs)?;
+            }
+        }
+    }
     let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
         .with_context(|| format!("cannot export '{}'", model_path.display()))?;
+    let ranks = match &for_ranks {
+        Some(graph) => write_ranks(model_path, graph, &stages, degree, &args.out_dir)?,
+        None => String::new(),
+    };
     if args.json {
         print_stdout(&manifest.to_json())?;
     } else {
         print_stdout(&table(&manifest, &args.out_dir))?;
+        print_stdout(&ranks)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `stage_<k>.rank_<r>.onnx` for every stage and tensor-parallel rank, beside the
+/// stage files (whose external data they share); gives the lines that list them.
+fn write_ranks(
+    model_path: &std::path::Path,
+    graph: &pipecut::graph::Graph,
+    stages: &[Vec<pipecut::graph::NodeId>],
+    degree: usize,
+    out_dir: &std::path::Path,
+) -> anyhow::Result<String> {
+    let weights = pipecut::runtime::Weights::load(model_path, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
+    let sharded =
+        shard_stages(model_path, graph, &weights, stages, degree as u64).with_context(|| {
+            format!(
+                "cannot split '{}' for tensor parallelism",
+                model_path.display()
+            )
+        })?;
+    let mut text = format!(
+        "\ntensor parallelism: each stage split over {degree} ranks (ai.pipecut AllReduce after each split block and embedding, AllGather after a split head)\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
+        "stage", "rank", "file", "split", "whole", "vocab", "file size"
+    );
+    for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {
+        for (rank, bytes) in ranks.iter().enumerate() {
+            let name = rank_file_name(stage, rank);
+            pipecut::onnx::export::write_atomically(&out_dir.join(&name), bytes)?;
+            text.push_str(&format!(
+                "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
+                layout.split.len(),
+                layout.replicated.len(),
+                layout.vocab.len(),
+                human_bytes(bytes.len() as u64)
+            ));
+        }
+        for whole in &layout.replicated {
+            text.push_str(&format!(
+                "  stage {stage}: block ending in '{}' stays whole: {}\n",
+                graph.node(whole.row).name,
+                whole.reason
+            ));
+        }
+    }
+    Ok(text)
 }
 
 fn table(manifest: &Manifest, out_dir: &std::path::Path) -> String {

@@ -243,7 +243,9 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         },
         PlanOptions::default(),
     )
-    .with_parallelism(&outcome, args.global_batch);
+    .with_parallelism(&outcome, args.global_batch)
+    .with_tensor_parallel_shards(&outcome.graph)
+    .with_context(|| format!("'{}'", path.display()))?;
     let json = plan.to_json();
     if let Some(out) = &args.out {
         write_atomically(out, json.as_bytes(), &[&args.model.model])?;

@@ -60,6 +60,56 @@ pub struct RunArgs {
     distributed: super::run_distributed::DistributedArgs,
 }
 
+/// Runs the plan's stages each as `degree` tensor-parallel ranks on threads, the ranks built by
+/// the sharding rewrite for the run's dims.
+#[allow(clippy::too_many_arguments)]
+fn run_tensor_parallel(
+    model_path: &std::path::Path,
+    graph: &pipecut::graph::Graph,
+    weights: &Weights,
+    stages: &[Vec<NodeId>],
+    specs: &[pipecut::runtime::StageSpec],
+    dims: &BTreeMap<String, u64>,
+    degree: u32,
+    inputs: &Tensors,
+    microbatches: usize,
+) -> anyhow::Result<pipecut::runtime::PipelineReport> {
+    use pipecut::runtime::tensor_parallel::{LoadedRanks, TensorParallelExecutor};
+    let sharded = pipecut::onnx::export::shard::shard_stages(
+        model_path,
+        graph,
+        weights,
+        stages,
+        degree as u64,
+    )
+    .with_context(|| {
+        format!(
+            "cannot split '{}' for tensor parallelism",
+            model_path.display()
+        )
+    })?;
+    let mut bindings = DimBindings::new();
+    for (name, value) in dims {
+        bindings = bindings.bind(name, *value);
+    }
+    let dir = match model_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let ranks = LoadedRanks::load(&sharded.ranks, dir, &bindings)?;
+    let executor = TensorParallelExecutor::new(graph, &ranks);
+    let mut prepared = specs
+        .iter()
+        .map(|s| executor.prepare(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(run_pipeline(
+        &executor,
+        &mut prepared,
+        inputs,
+        microbatches,
+    )?)
+}
+
 /// The runtime a plan executes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -210,8 +260,31 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return super::run_distributed::run(&args.distributed, setup, make_inputs);
     }
     let inputs = make_inputs()?;
-    let (report, host_ops) = match args.backend {
-        Backend::Cpu => {
+    let tensor_parallel = plan
+        .parallelism
+        .as_ref()
+        .map(|p| p.tensor_parallel.degree)
+        .filter(|&t| t > 1);
+    let (report, host_ops) = match (args.backend, tensor_parallel) {
+        (Backend::Cpu, Some(degree)) => {
+            let report = run_tensor_parallel(
+                &args.model,
+                graph,
+                &weights,
+                &stages,
+                &specs,
+                &dims,
+                degree,
+                &inputs,
+                microbatches,
+            )?;
+            (report, vec![BTreeMap::new(); specs.len()])
+        }
+        (Backend::Cuda, Some(_)) => bail!(
+            "the plan splits each stage over a tensor-parallel group, which the CUDA backend \
+             does not run yet: run it with --backend cpu (ranks as threads)"
+        ),
+        (Backend::Cpu, None) => {
             let executor = CpuExecutor::new(graph, &weights);
             let mut prepared = specs
                 .iter()
@@ -220,7 +293,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
             (report, vec![BTreeMap::new(); prepared.len()])
         }
-        Backend::Cuda => {
+        (Backend::Cuda, None) => {
             let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
             let activation_bytes: Vec<u64> = plan
                 .stages

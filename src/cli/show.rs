@@ -7,6 +7,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use pipecut::partition::tensor_parallel::TensorParallelism;
 use pipecut::plan::plan_dot;
 use pipecut::schedule::timeline_svg;
 
@@ -117,10 +118,14 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
                 "bubble_fraction": simulation.bubble_fraction,
                 "peak_in_flight": simulation.peak_in_flight,
                 "bottleneck_secs": plan.summary.bottleneck_secs,
+                "tensor_parallel": tensor_parallel(&plan),
             })
         ))?;
     } else {
         print_stdout(&super::partition::table(&plan, plan.summary.solve_secs))?;
+        if let Some(line) = tensor_parallel_line(&plan) {
+            print_stdout(&line)?;
+        }
         print_stdout(&format!(
             "\nsimulated step: {:.3} ms for {} micro-batches, bubble {:.1}%\n",
             simulation.step_secs * 1e3,
@@ -132,6 +137,36 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The tensor-parallel layout of a plan that has one: degree, sequence parallelism.
+fn tensor_parallel(plan: &pipecut::plan::Plan) -> Option<TensorParallelism> {
+    let tp = plan.parallelism.as_ref()?.tensor_parallel;
+    (!tp.is_none()).then_some(tp)
+}
+
+/// One line per stage under tensor parallelism: the group of GPUs it runs on.
+fn tensor_parallel_line(plan: &pipecut::plan::Plan) -> Option<String> {
+    let tp = tensor_parallel(plan)?;
+    let sequence = match tp.sequence_parallel {
+        true => ", with sequence parallelism",
+        false => "",
+    };
+    let mut text = format!(
+        "\ntensor parallelism: each stage split over {} GPUs{sequence}\n",
+        tp.degree
+    );
+    for s in &plan.stages {
+        let first = s.device.id;
+        text.push_str(&format!(
+            "  stage {}: GPUs {}–{} (TP ranks 0–{})\n",
+            s.stage,
+            first,
+            first + tp.degree - 1,
+            tp.degree - 1
+        ));
+    }
+    Some(text)
 }
 
 /// Whether `path` ends in one of `extensions` (any case).

@@ -299,6 +299,10 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "TfIdfVectorizer",
         ) => movement,
         ("ai.onnx.ml", "LabelEncoder" | "ArrayFeatureExtractor") => movement,
+        // pipecut's tensor-parallel collectives, in rank files: their device side is a copy;
+        // the link time of a group's collectives is the tensor-parallel cost of the stage
+        // (`partition::tensor_parallel`), not of a node.
+        ("ai.pipecut", "AllReduce" | "AllGather") => movement,
         // Decoding an image: the encoded bytes read and the pixels written (entropy decoding
         // is not modelled; a profile measures it).
         ("", "ImageDecoder") => movement,

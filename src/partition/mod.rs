@@ -28,6 +28,7 @@ pub mod parallelism;
 pub mod problem;
 mod reach;
 pub mod tensor_parallel;
+pub mod tensor_shard;
 pub mod torch_split;
 
 use std::collections::HashMap;

@@ -16,9 +16,11 @@
 mod dot;
 mod identity;
 mod rederive;
+mod shards;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
+pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
 
 use std::collections::BTreeMap;
 
@@ -42,9 +44,10 @@ use crate::Error;
 /// The plan format version this build writes. It reads every version up to this one (version 2
 /// added the optional `parallelism` section; a version-1 plan is a version-2 plan without it;
 /// version 3 names the model by its graph and weights digests, see [`identity`]; version 4 names
-/// each baseline's peer release, the layers they cut and the `type:` regex) and refuses newer
-/// ones.
-pub const SCHEMA_VERSION: u32 = 5;
+/// each baseline's peer release, the layers they cut and the `type:` regex; version 5 records
+/// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
+/// GPUs and weight slices, see [`shards`]) and refuses newer ones.
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -92,6 +95,10 @@ pub struct PlanParallelism {
     /// listed, its stage figures those of one GPU of the group. Absent: one GPU per stage.
     #[serde(default, skip_serializing_if = "TensorParallelism::is_none")]
     pub tensor_parallel: TensorParallelism,
+    /// Under tensor parallelism, per stage: each rank's GPUs and the weight slices it holds
+    /// (absent in plans before version 6, and without tensor parallelism).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<PlanStageShards>,
     /// Gradient all-reduce time of each stage over its replicas (zero in inference).
     pub allreduce_secs: Vec<f64>,
     /// The simulated pipeline step without the all-reduces.
@@ -654,6 +661,7 @@ impl Plan {
             microbatch_size: best.key.microbatch_size,
             placement: best.key.placement,
             tensor_parallel: best.key.tensor_parallel,
+            shards: Vec::new(),
             replicas: outcome
                 .replicas
                 .iter()
@@ -687,6 +695,27 @@ impl Plan {
             solved: outcome.solved,
         });
         self
+    }
+
+    /// Lists, under tensor parallelism, each stage's ranks with their GPUs and weight slices,
+    /// derived from `graph` (typed with the plan's dims).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPlan`] when a stage names a node the graph lacks.
+    pub fn with_tensor_parallel_shards(mut self, graph: &Graph) -> Result<Plan, Error> {
+        let stages: Vec<Vec<String>> = self.stages.iter().map(|s| s.nodes.clone()).collect();
+        if let Some(p) = self.parallelism.as_mut() {
+            p.shards = match p.tensor_parallel.is_none() {
+                true => Vec::new(),
+                false => shards::tensor_parallel_shards(
+                    graph,
+                    &stages,
+                    &p.replicas,
+                    p.tensor_parallel.degree,
+                )?,
+            };
+        }
+        Ok(self)
     }
 
     /// The plan as pretty JSON with a trailing newline.
@@ -1023,6 +1052,10 @@ impl Plan {
                 &plan.simulate()?,
                 parallelism.global_batch,
             );
+            // Plans from before version 6 do not list the shards; they check without them.
+            if self.schema_version >= 6 {
+                plan = plan.with_tensor_parallel_shards(graph)?;
+            }
             let parallelism = plan.parallelism.as_mut().expect("checked above");
             parallelism.allreduce_secs = step.allreduce_secs;
             parallelism.pipeline_secs = step.pipeline_secs;

@@ -25,6 +25,7 @@ pub mod narrow;
 pub mod npy;
 pub mod profile;
 pub mod tensor;
+pub mod tensor_parallel;
 pub mod value;
 pub mod weights;
 

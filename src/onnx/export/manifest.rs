@@ -259,6 +259,11 @@ pub fn stage_file_name(stage: usize) -> String {
     format!("stage_{stage}.onnx")
 }
 
+/// File name of tensor-parallel rank `rank` of stage `stage`, beside the stage's own file.
+pub fn rank_file_name(stage: usize, rank: usize) -> String {
+    format!("stage_{stage}.rank_{rank}.onnx")
+}
+
 fn node_name(graph: &Graph, node: Option<&crate::graph::NodeId>) -> String {
     node.map(|&n| graph.node(n).name.clone())
         .unwrap_or_default()

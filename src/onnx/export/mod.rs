@@ -64,6 +64,7 @@
 mod files;
 mod manifest;
 mod routes;
+pub mod shard;
 mod stage;
 
 use std::fs::File;
@@ -73,7 +74,7 @@ use memmap2::Mmap;
 use onnx_protobuf::{Message, ModelProto};
 
 pub use files::{write_atomically, Placement};
-pub use manifest::stage_file_name;
+pub use manifest::{rank_file_name, stage_file_name};
 pub use manifest::{
     ExternalDataFile, Manifest, ManifestDim, ManifestModel, ManifestStage, ManifestTensor,
     ModelOutput, StageInput, StageOutput, TensorDestination, TensorSource, MANIFEST_VERSION,
@@ -133,6 +134,36 @@ pub fn export_stages(
     crate::io::remove_stale_temporaries(out_dir);
     let staged = stage_all(model_path, graph, &routes, &index, model, out_dir)?;
     staged.commit(out_dir)
+}
+
+/// Each stage of `stages` as a model file's bytes, built in memory as [`export_stages`] builds
+/// them (external data stays where the model's is: load them against the model's directory).
+///
+/// # Errors
+/// As [`export_stages`], less the output directory's.
+pub fn stage_models(
+    model_path: &Path,
+    graph: &Graph,
+    stages: &[Vec<NodeId>],
+) -> Result<Vec<Vec<u8>>, Error> {
+    let routes = Routes::new(graph, stages)?;
+    let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
+        path: model_path.to_path_buf(),
+        source,
+    })?;
+    let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
+        origin: model_path.display().to_string(),
+        detail: format!("protobuf decoding failed: {e}"),
+    })?;
+    let index = ProtoIndex::new(&proto, graph)?;
+    let model_dir = match model_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut external = ExternalFiles::new(Some(model_dir.to_path_buf()));
+    (0..routes.stages.len())
+        .map(|stage| Ok(build_stage(&index, graph, &routes, stage, &mut external)?.bytes))
+        .collect()
 }
 
 /// Every file of an export, complete under temporary names in the output directory.

@@ -7,6 +7,7 @@
 //! op, its node and opset, never a guess.
 
 mod attention;
+mod collective;
 mod context;
 mod control;
 mod crop;

@@ -36,6 +36,7 @@ fn registry() -> &'static Registry {
         super::control::register(&mut r);
         super::sequence::register(&mut r);
         super::microsoft::register(&mut r);
+        super::collective::register(&mut r);
         super::quant::register(&mut r);
         super::attention::register(&mut r);
         super::loss::register(&mut r);

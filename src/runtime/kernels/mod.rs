@@ -10,6 +10,7 @@ mod attention;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
+mod collective;
 mod constant;
 mod control;
 mod conv;
@@ -120,6 +121,7 @@ fn table() -> &'static KernelTable {
         movement::register(&mut t);
         scatter::register(&mut t);
         microsoft::register(&mut t);
+        collective::register(&mut t);
         ms_attention::register(&mut t);
         quant::register(&mut t);
         axis_ops::register(&mut t);

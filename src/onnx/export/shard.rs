@@ -1,0 +1,486 @@
+//! One tensor-parallel rank of a model as a `ModelProto`: the model as it is, except that each
+//! block of a [`ShardLayout`] reads rank r's slices of its weights (new initializers named
+//! `<weight>.tp<t>`, the whole weight dropped when nothing else reads it), its Reshape / Expand
+//! targets and Split sizes become constants for the split shapes, and the row linear's partial
+//! output goes through an `ai.pipecut` `AllReduce` (attribute `group_size`) that sums it over
+//! the group before the rest of the model (the row's bias Add included) reads it. See
+//! `docs/export.md` for the custom domain.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::{
+    AttributeProto, Message, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto,
+};
+
+use crate::graph::{DType, Graph, TensorId};
+use crate::partition::tensor_parallel::VocabRole;
+use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
+use crate::runtime::{HostTensor, TensorData, Weights};
+use crate::Error;
+
+/// The custom domain of pipecut's collective ops.
+pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
+/// Sums its input over the ranks of the group (attribute `group_size`); every rank gets the sum.
+pub const ALL_REDUCE: &str = "AllReduce";
+/// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
+pub const ALL_GATHER: &str = "AllGather";
+
+/// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
+/// layout was made for) and `weights` were loaded from.
+///
+/// # Errors
+/// [`Error::Export`] when the file does not match the graph or a weight cannot be read.
+pub fn shard_model(
+    proto: &ModelProto,
+    graph: &Graph,
+    weights: &Weights,
+    layout: &ShardLayout,
+    rank: u64,
+) -> Result<ModelProto, Error> {
+    let t = layout.degree;
+    let mut model = proto.clone();
+    let g = model
+        .graph
+        .as_mut()
+        .ok_or_else(|| Error::Export("the model file has no graph".into()))?;
+    // Nodes are found by their first output, unique in a graph.
+    let position: HashMap<String, usize> = g
+        .node
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| n.output.first().map(|o| (o.clone(), i)))
+        .collect();
+    let node_position = |node: crate::graph::NodeId| -> Result<usize, Error> {
+        let first = graph.node(node).outputs.first().copied().flatten();
+        first
+            .and_then(|o| position.get(&graph.tensor(o).name).copied())
+            .ok_or_else(|| {
+                Error::Export(format!(
+                    "node '{}' is not in the model file",
+                    graph.node(node).name
+                ))
+            })
+    };
+    let mut renamed: Vec<(usize, usize, String)> = Vec::new();
+    let mut initializers: Vec<TensorProto> = Vec::new();
+    let mut sliced: BTreeSet<TensorId> = BTreeSet::new();
+    let mut reshaped: BTreeSet<String> = BTreeSet::new();
+    // Collectives by the output they complete (the producer writes `<output>.partial`), and
+    // nodes to insert before a node, by its first output.
+    let mut collectives: BTreeMap<String, NodeProto> = BTreeMap::new();
+    let mut before: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
+    for block in &layout.split {
+        for w in &block.weights {
+            let param = graph.tensor(w.param);
+            let whole = weights
+                .get(w.param)
+                .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+            let name = format!("{}.tp{t}", param.name);
+            let slice = slice_tensor(whole, w.split, t, rank)
+                .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+            initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+            for &(node, slot) in &w.readers {
+                renamed.push((node_position(node)?, slot, name.clone()));
+            }
+            sliced.insert(w.param);
+        }
+        for s in &block.shapes {
+            let node = graph.node(s.node);
+            let name = format!("{}.tp{t}.input{}", node.name, s.slot);
+            let values = HostTensor::new(vec![s.values.len()], TensorData::I64(s.values.clone()))
+                .map_err(Error::Export)?;
+            initializers.push(tensor_proto(&name, &values, Some(DType::I64))?);
+            renamed.push((node_position(s.node)?, s.slot, name));
+        }
+        reshaped.extend(
+            block
+                .tensors
+                .keys()
+                .map(|&id| graph.tensor(id).name.clone()),
+        );
+        let reduced = graph.tensor(block.reduced).name.clone();
+        let name = format!("{}/AllReduce", graph.node(block.row).name);
+        let partial = format!("{reduced}.partial");
+        collectives.insert(
+            reduced.clone(),
+            collective(&name, ALL_REDUCE, &partial, &reduced, t, None),
+        );
+    }
+    for v in &layout.vocab {
+        let param = graph.tensor(v.param);
+        let whole = weights
+            .get(v.param)
+            .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+        let mut slice = slice_tensor(whole, v.split(), t, rank)
+            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+        let output = graph.tensor(v.output).name.clone();
+        let partial = format!("{output}.partial");
+        let node_name = graph.node(v.node).name.clone();
+        let suffix = match v.role {
+            VocabRole::Embedding => {
+                // A zero row past the rank's rows: ids outside them read it, so that the
+                // all-reduce of the ranks' rows gives every id its one row.
+                slice = append_zero_row(&slice).map_err(Error::Export)?;
+                let position = node_position(v.node)?;
+                let ids = g.node[position].input[1].clone();
+                let ids_type = graph
+                    .node(v.node)
+                    .inputs
+                    .get(1)
+                    .copied()
+                    .flatten()
+                    .and_then(|i| graph.tensor(i).dtype)
+                    .unwrap_or(DType::I64);
+                let rows = v.vocab / t;
+                let (nodes, consts, row) =
+                    embedding_rows(&node_name, &ids, ids_type, rank * rows, rows, t)?;
+                initializers.extend(consts);
+                before.insert(output.clone(), nodes);
+                renamed.push((position, 1, row));
+                collectives.insert(
+                    output.clone(),
+                    collective(
+                        &format!("{node_name}/AllReduce"),
+                        ALL_REDUCE,
+                        &partial,
+                        &output,
+                        t,
+                        None,
+                    ),
+                );
+                "rows"
+            }
+            VocabRole::Head => {
+                collectives.insert(
+                    output.clone(),
+                    collective(
+                        &format!("{node_name}/AllGather"),
+                        ALL_GATHER,
+                        &partial,
+                        &output,
+                        t,
+                        Some(-1),
+                    ),
+                );
+                "columns"
+            }
+        };
+        let name = format!("{}.tp{t}.{suffix}", param.name);
+        initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+        renamed.push((node_position(v.reader.0)?, v.reader.1, name));
+        sliced.insert(v.param);
+    }
+    for (position, slot, name) in renamed {
+        g.node[position].input[slot] = name;
+    }
+    // The sliced weights nothing reads whole any more are dropped.
+    let still_read: BTreeSet<&str> = g
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .collect();
+    let dropped: BTreeSet<String> = sliced
+        .iter()
+        .map(|&id| graph.tensor(id).name.clone())
+        .filter(|name| !still_read.contains(name.as_str()))
+        .collect();
+    g.initializer.retain(|i| !dropped.contains(&i.name));
+    g.input.retain(|i| !dropped.contains(&i.name));
+    g.node.retain(|n| {
+        !(n.op_type == "Constant" && n.output.len() == 1 && dropped.contains(&n.output[0]))
+    });
+    g.initializer.extend(initializers);
+    g.value_info.retain(|v| !reshaped.contains(&v.name));
+    // Each collective right after the node whose output it completes, in file order.
+    let mut nodes = Vec::with_capacity(g.node.len() + 7 * collectives.len());
+    for mut node in std::mem::take(&mut g.node) {
+        let first = node.output.first().cloned().unwrap_or_default();
+        if let Some(inserted) = before.remove(&first) {
+            nodes.extend(inserted);
+        }
+        match collectives.remove(&first) {
+            Some(collective) => {
+                node.output[0] = collective.input[0].clone();
+                nodes.push(node);
+                nodes.push(collective);
+            }
+            None => nodes.push(node),
+        }
+    }
+    g.node = nodes;
+    if !layout.split.is_empty()
+        && !model
+            .opset_import
+            .iter()
+            .any(|o| o.domain == COLLECTIVE_DOMAIN)
+    {
+        let mut opset = OperatorSetIdProto::new();
+        opset.domain = COLLECTIVE_DOMAIN.into();
+        opset.version = 1;
+        model.opset_import.push(opset);
+    }
+    let mut entry = StringStringEntryProto::new();
+    entry.key = "pipecut_tensor_parallel".into();
+    entry.value = format!("rank {rank} of {t}");
+    model.metadata_props.push(entry);
+    Ok(model)
+}
+
+/// Rank `rank`'s share of a model as protobuf bytes.
+///
+/// # Errors
+/// As [`shard_model`], and [`Error::Export`] when the rank is too large for one protobuf.
+pub fn shard_model_bytes(
+    proto: &ModelProto,
+    graph: &Graph,
+    weights: &Weights,
+    layout: &ShardLayout,
+    rank: u64,
+) -> Result<Vec<u8>, Error> {
+    shard_model(proto, graph, weights, layout, rank)?
+        .write_to_bytes()
+        .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
+}
+
+/// A collective node of the `ai.pipecut` domain.
+fn collective(
+    name: &str,
+    op: &str,
+    input: &str,
+    output: &str,
+    group_size: u64,
+    axis: Option<i64>,
+) -> NodeProto {
+    let mut node = NodeProto::new();
+    node.name = name.into();
+    node.op_type = op.into();
+    node.domain = COLLECTIVE_DOMAIN.into();
+    node.input.push(input.into());
+    node.output.push(output.into());
+    let int = |name: &str, value: i64| {
+        let mut attribute = AttributeProto::new();
+        attribute.name = name.into();
+        attribute.type_ = AttributeType::INT.into();
+        attribute.i = value;
+        attribute
+    };
+    node.attribute.push(int("group_size", group_size as i64));
+    if let Some(axis) = axis {
+        node.attribute.push(int("axis", axis));
+    }
+    node
+}
+
+fn plain_node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {
+    let mut node = NodeProto::new();
+    node.name = name.into();
+    node.op_type = op.into();
+    node.input = inputs.iter().map(|i| i.to_string()).collect();
+    node.output.push(output.into());
+    node
+}
+
+/// The nodes that turn the token ids into rows of a rank's slice of an embedding table holding
+/// rows `[first, first + rows)` plus a zero row at `rows`: `Where(first <= id < first + rows,
+/// id − first, rows)`; with the constants they read and the name of the row indices.
+fn embedding_rows(
+    node: &str,
+    ids: &str,
+    ids_type: DType,
+    first: u64,
+    rows: u64,
+    t: u64,
+) -> Result<(Vec<NodeProto>, Vec<TensorProto>, String), Error> {
+    let scalar = |name: String, value: u64| -> Result<TensorProto, Error> {
+        let data = match ids_type {
+            DType::I32 => TensorData::I32(vec![value as i32]),
+            _ => TensorData::I64(vec![value as i64]),
+        };
+        let held = HostTensor::new(Vec::new(), data).map_err(Error::Export)?;
+        tensor_proto(&name, &held, Some(held.dtype()))
+    };
+    let at = |what: &str| format!("{node}.tp{t}.{what}");
+    let consts = vec![
+        scalar(at("first"), first)?,
+        scalar(at("end"), first + rows)?,
+        scalar(at("zero_row"), rows)?,
+    ];
+    let nodes = vec![
+        plain_node(&at("Less"), "Less", &[ids, &at("first")], &at("below")),
+        plain_node(&at("Not"), "Not", &[&at("below")], &at("from_first")),
+        plain_node(&at("Less_1"), "Less", &[ids, &at("end")], &at("before_end")),
+        plain_node(
+            &at("And"),
+            "And",
+            &[&at("from_first"), &at("before_end")],
+            &at("held"),
+        ),
+        plain_node(&at("Sub"), "Sub", &[ids, &at("first")], &at("local")),
+        plain_node(
+            &at("Where"),
+            "Where",
+            &[&at("held"), &at("local"), &at("zero_row")],
+            &at("row"),
+        ),
+    ];
+    Ok((nodes, consts, at("row")))
+}
+
+/// `table` with one more row of zeros.
+fn append_zero_row(table: &HostTensor) -> Result<HostTensor, String> {
+    let mut shape = table.shape().to_vec();
+    let width: usize = shape[1..].iter().product();
+    shape[0] += 1;
+    let mut values = table.as_f32()?.to_vec();
+    values.extend(std::iter::repeat_n(0.0, width));
+    HostTensor::new(shape, TensorData::F32(values))
+}
+
+/// The elements of `whole` that rank `rank` of `degree` holds under `split`.
+pub fn slice_tensor(
+    whole: &HostTensor,
+    split: AxisSplit,
+    degree: u64,
+    rank: u64,
+) -> Result<HostTensor, String> {
+    let shape = whole.shape().to_vec();
+    let axis = split.axis;
+    let size = *shape.get(axis).ok_or("axis out of range")? as u64;
+    if split.groups == 0 || size % (split.groups * degree) != 0 {
+        return Err(format!(
+            "axis {axis} of size {size} does not split {degree} ways"
+        ));
+    }
+    let ranges = split.ranges(size, degree, rank);
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let pick = |len: usize| -> Vec<usize> {
+        let mut index = Vec::with_capacity(len / degree as usize);
+        for o in 0..outer {
+            for r in &ranges {
+                for i in r.clone() {
+                    let start = (o * shape[axis] + i as usize) * inner;
+                    index.extend(start..start + inner);
+                }
+            }
+        }
+        index
+    };
+    let mut out_shape = shape.clone();
+    out_shape[axis] /= degree as usize;
+    let data = match whole.data() {
+        TensorData::F32(v) => TensorData::F32(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::I64(v) => TensorData::I64(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::I32(v) => TensorData::I32(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::Bool(v) => TensorData::Bool(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::String(_) => return Err("a string tensor is not sliced".into()),
+    };
+    HostTensor::new(out_shape, data)
+}
+
+/// `tensor` as an initializer of element type `dtype` (the weight's own: the runtime holds
+/// float32, int64, int32 and bool as they are).
+fn tensor_proto(
+    name: &str,
+    tensor: &HostTensor,
+    dtype: Option<DType>,
+) -> Result<TensorProto, Error> {
+    let mut proto = TensorProto::new();
+    proto.name = name.into();
+    proto.dims = tensor.shape().iter().map(|&d| d as i64).collect();
+    let raw: Vec<u8> = match tensor.data() {
+        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        TensorData::String(_) => return Err(Error::Export(format!("'{name}' is a string tensor"))),
+    };
+    let held = tensor.dtype();
+    if dtype.is_some_and(|d| d != held) {
+        return Err(Error::Export(format!(
+            "'{name}' is {dtype:?} in the model but {held:?} in memory"
+        )));
+    }
+    proto.data_type = held.onnx_code();
+    proto.raw_data = raw;
+    Ok(proto)
+}
+
+/// A model split for a tensor-parallel group: what each rank holds, and each rank's file.
+#[derive(Debug, Clone)]
+pub struct ShardedModel {
+    /// The blocks split and those left whole.
+    pub layout: ShardLayout,
+    /// Rank r's model, protobuf bytes.
+    pub ranks: Vec<Vec<u8>>,
+}
+
+/// Splits the model in `model_path` (loaded as `graph`, its dims bound and shapes inferred)
+/// `degree` ways.
+///
+/// # Errors
+/// An unreadable model or weight, or a model file that does not match the graph.
+pub fn shard_file(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    degree: u64,
+) -> Result<ShardedModel, Error> {
+    let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
+        path: model_path.to_path_buf(),
+        source,
+    })?;
+    let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
+        origin: model_path.display().to_string(),
+        detail: format!("protobuf decoding failed: {e}"),
+    })?;
+    let weights = Weights::load(model_path, graph)?;
+    let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
+    let layout = ShardLayout::new(graph, &blocks, degree);
+    let ranks = (0..degree)
+        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank))
+        .collect::<Result<_, _>>()?;
+    Ok(ShardedModel { layout, ranks })
+}
+
+/// A pipeline's stages split for tensor parallelism: `ranks[stage][rank]` is that rank's model
+/// file (bytes), external data resolved against the model's directory.
+#[derive(Debug, Clone)]
+pub struct ShardedStages {
+    /// Per stage, the blocks split and those left whole.
+    pub layouts: Vec<ShardLayout>,
+    /// Per stage, per rank, the model bytes.
+    pub ranks: Vec<Vec<Vec<u8>>>,
+}
+
+/// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
+/// bound and shapes inferred, its weights `weights`) `degree` ways.
+///
+/// # Errors
+/// As [`crate::onnx::export::stage_models`] and [`shard_model`].
+pub fn shard_stages(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    weights: &Weights,
+    stages: &[Vec<crate::graph::NodeId>],
+    degree: u64,
+) -> Result<ShardedStages, Error> {
+    let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
+    let whole = ShardLayout::new(graph, &blocks, degree);
+    let files = super::stage_models(model_path, graph, stages)?;
+    let mut layouts = Vec::with_capacity(stages.len());
+    let mut ranks = Vec::with_capacity(stages.len());
+    for (nodes, file) in stages.iter().zip(files) {
+        let layout = whole.within(&nodes.iter().copied().collect());
+        let proto = ModelProto::parse_from_bytes(&file)
+            .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
+        ranks.push(
+            (0..degree)
+                .map(|rank| shard_model_bytes(&proto, graph, weights, &layout, rank))
+                .collect::<Result<Vec<_>, _>>()?,
+        );
+        layouts.push(layout);
+    }
+    Ok(ShardedStages { layouts, ranks })
+}

@@ -1,0 +1,43 @@
+//! `ai.pipecut` `AllReduce` (the sum of a tensor over the ranks of a tensor-parallel group) and
+//! `AllGather` (their tensors concatenated along an axis),
+//! each rank a thread of [`crate::runtime::tensor_parallel`]; the group the running thread
+//! belongs to is found there.
+
+use super::{Ctx, KernelResult, KernelTable};
+use crate::runtime::tensor::HostTensor;
+use crate::runtime::tensor_parallel;
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add_in("ai.pipecut", &["AllReduce"], all_reduce);
+    t.add_in("ai.pipecut", &["AllGather"], all_gather);
+}
+
+fn all_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, group_size) = input_and_group(ctx, inputs)?;
+    Ok(vec![tensor_parallel::all_reduce(x, group_size)?])
+}
+
+fn all_gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, group_size) = input_and_group(ctx, inputs)?;
+    let axis = match ctx.node.attributes.get("axis") {
+        Some(crate::graph::Attribute::Int(a)) => *a,
+        _ => -1,
+    };
+    Ok(vec![tensor_parallel::all_gather(x, group_size, axis)?])
+}
+
+fn input_and_group<'a>(
+    ctx: &Ctx,
+    inputs: &[Option<&'a HostTensor>],
+) -> Result<(&'a HostTensor, usize), String> {
+    let op = &ctx.node.op_type;
+    let x = inputs
+        .first()
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("{op} needs its input"))?;
+    match ctx.node.attributes.get("group_size") {
+        Some(crate::graph::Attribute::Int(n)) if *n >= 1 => Ok((x, *n as usize)),
+        _ => Err(format!("{op} needs a group_size attribute of at least 1")),
+    }
+}

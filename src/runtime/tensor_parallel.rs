@@ -1,0 +1,477 @@
+//! Tensor-parallel ranks as threads: the t rank models of a stage (see
+//! [`crate::onnx::export::shard`]) run on t threads, and each `ai.pipecut` `AllReduce` they
+//! reach sums its input over the group. The sum is taken once, by the last rank to arrive, in
+//! rank order, so every rank gets the same bits; a rank that fails wakes the others with its
+//! error instead of leaving them waiting.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::tensor::{HostTensor, TensorData};
+use super::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
+use crate::graph::Graph;
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::Error;
+
+/// The shared state of one group's all-reduces.
+#[derive(Debug)]
+pub struct Group {
+    size: usize,
+    state: Mutex<Round>,
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Round {
+    contributions: Vec<Option<HostTensor>>,
+    arrived: usize,
+    /// Completed all-reduces; a rank waits for it to move past the one it joined.
+    generation: u64,
+    result: Option<Result<Arc<HostTensor>, String>>,
+    aborted: Option<String>,
+    /// The rank whose failure woke the others.
+    failed_rank: Option<usize>,
+}
+
+thread_local! {
+    /// The group and rank of the running thread, while it runs a rank.
+    static MEMBERSHIP: RefCell<Option<(Arc<Group>, usize)>> = const { RefCell::new(None) };
+}
+
+impl Group {
+    /// A group of `size` ranks.
+    pub fn new(size: usize) -> Arc<Group> {
+        Arc::new(Group {
+            size,
+            state: Mutex::new(Round {
+                contributions: vec![None; size],
+                ..Round::default()
+            }),
+            done: Condvar::new(),
+        })
+    }
+
+    /// Adds rank `rank`'s tensor to the current collective and waits for the last rank to
+    /// `combine` every rank's, in rank order (all ranks reach the same collectives in the same
+    /// order: their graphs are one graph split).
+    fn contribute(
+        &self,
+        rank: usize,
+        x: &HostTensor,
+        combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+    ) -> Result<Arc<HostTensor>, String> {
+        let mut round = self.state.lock().map_err(|_| "a rank panicked")?;
+        if let Some(reason) = &round.aborted {
+            return Err(reason.clone());
+        }
+        round.contributions[rank] = Some(x.clone());
+        round.arrived += 1;
+        let joined = round.generation;
+        if round.arrived == self.size {
+            let parts: Vec<HostTensor> = round
+                .contributions
+                .iter_mut()
+                .flat_map(Option::take)
+                .collect();
+            round.result = Some(combine(&parts).map(Arc::new));
+            round.arrived = 0;
+            round.generation += 1;
+            self.done.notify_all();
+        }
+        while round.generation == joined && round.aborted.is_none() {
+            round = self.done.wait(round).map_err(|_| "a rank panicked")?;
+        }
+        match (&round.aborted, &round.result) {
+            (Some(reason), _) => Err(reason.clone()),
+            (None, Some(result)) => result.clone(),
+            (None, None) => Err("an all-reduce ended without a result".into()),
+        }
+    }
+
+    /// Wakes every waiting rank with `reason`: rank `rank` failed, the others cannot finish.
+    fn abort(&self, rank: usize, reason: String) {
+        if let Ok(mut round) = self.state.lock() {
+            if round.aborted.is_none() {
+                round.aborted = Some(reason);
+                round.failed_rank = Some(rank);
+            }
+            self.done.notify_all();
+        }
+    }
+
+    /// The rank that failed first, if one did.
+    fn failed_rank(&self) -> Option<usize> {
+        self.state.lock().ok().and_then(|round| round.failed_rank)
+    }
+}
+
+/// The element-wise sum of `parts`, in order.
+fn sum(parts: &[HostTensor]) -> Result<HostTensor, String> {
+    let first = parts.first().ok_or("an all-reduce of no tensors")?;
+    if let Some(other) = parts.iter().find(|p| p.shape() != first.shape()) {
+        return Err(format!(
+            "ranks all-reduce different shapes: {:?} and {:?}",
+            first.shape(),
+            other.shape()
+        ));
+    }
+    let data = match first.data() {
+        TensorData::F32(_) => {
+            let mut total = first.to_f32_vec();
+            for p in &parts[1..] {
+                for (t, x) in total.iter_mut().zip(p.as_f32()?) {
+                    *t += x;
+                }
+            }
+            TensorData::F32(total)
+        }
+        TensorData::I64(_) => {
+            let mut total = first.to_i64_vec();
+            for p in &parts[1..] {
+                for (t, x) in total.iter_mut().zip(p.to_i64_vec()) {
+                    *t = t.wrapping_add(x);
+                }
+            }
+            TensorData::I64(total)
+        }
+        _ => {
+            return Err(format!(
+                "AllReduce sums float32 or int64, not {}",
+                first.dtype()
+            ))
+        }
+    };
+    HostTensor::new(first.shape().to_vec(), data)
+}
+
+/// The `AllReduce` kernel's work: the sum of `x` over the running thread's group.
+pub(crate) fn all_reduce(x: &HostTensor, group_size: usize) -> Result<HostTensor, String> {
+    collective(x, group_size, "AllReduce", &sum)
+}
+
+/// The `AllGather` kernel's work: the ranks' `x` concatenated along `axis`, in rank order.
+pub(crate) fn all_gather(
+    x: &HostTensor,
+    group_size: usize,
+    axis: i64,
+) -> Result<HostTensor, String> {
+    let rank = x.rank() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&axis) {
+        return Err(format!(
+            "AllGather axis {axis} out of range for rank {rank}"
+        ));
+    }
+    collective(x, group_size, "AllGather", &|parts| {
+        concat(parts, axis as usize)
+    })
+}
+
+fn collective(
+    x: &HostTensor,
+    group_size: usize,
+    op: &str,
+    combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+) -> Result<HostTensor, String> {
+    MEMBERSHIP.with(|m| match &*m.borrow() {
+        Some((group, rank)) if group.size == group_size => {
+            group.contribute(*rank, x, combine).map(|s| (*s).clone())
+        }
+        Some((group, _)) => Err(format!(
+            "{op} of a group of {group_size} in a run of {} ranks",
+            group.size
+        )),
+        None if group_size == 1 => Ok(x.clone()),
+        None => Err(format!(
+            "{op} of a group of {group_size} outside a tensor-parallel run \
+             (run the ranks together: pipecut::runtime::tensor_parallel::run_ranks)"
+        )),
+    })
+}
+
+/// `parts` (float32, equal shapes) concatenated along `axis`.
+fn concat(parts: &[HostTensor], axis: usize) -> Result<HostTensor, String> {
+    let first = parts.first().ok_or("an all-gather of no tensors")?;
+    let shape = first.shape().to_vec();
+    if parts.iter().any(|p| p.shape() != shape.as_slice()) {
+        return Err("ranks all-gather different shapes".into());
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let chunk: usize = shape[axis..].iter().product();
+    let values: Vec<&[f32]> = parts.iter().map(|p| p.as_f32()).collect::<Result<_, _>>()?;
+    let mut out = Vec::with_capacity(chunk * outer * parts.len());
+    for o in 0..outer {
+        for v in &values {
+            out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    let mut out_shape = shape;
+    out_shape[axis] *= parts.len();
+    HostTensor::new(out_shape, TensorData::F32(out))
+}
+
+/// Runs rank `rank` of `group` on this thread: its all-reduces join the group's.
+pub fn as_rank<T>(
+    group: &Arc<Group>,
+    rank: usize,
+    run: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    MEMBERSHIP.with(|m| *m.borrow_mut() = Some((group.clone(), rank)));
+    // A rank that panics must still wake the others, or they would wait for it forever.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+    MEMBERSHIP.with(|m| *m.borrow_mut() = None);
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            group.abort(rank, format!("rank {rank} failed: {e}"));
+            Err(e)
+        }
+        Err(panic) => {
+            group.abort(rank, format!("rank {rank} panicked"));
+            std::panic::resume_unwind(panic)
+        }
+    }
+}
+
+/// Runs the rank models of one tensor-parallel group on the same inputs, one thread each, and
+/// gives rank 0's outputs (every rank's are the same after the last all-reduce).
+///
+/// # Errors
+/// The first rank's error, by rank order.
+pub fn run_ranks(ranks: &[CpuExecutor<'_>], inputs: &Tensors) -> Result<Tensors, Error> {
+    let group = Group::new(ranks.len());
+    let results: Vec<Result<Tensors, Error>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, executor)| {
+                let group = group.clone();
+                scope.spawn(move || as_rank(&group, rank, || executor.run_model(inputs)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Export("a rank panicked".into())))
+            })
+            .collect()
+    });
+    // The ranks woken by another's failure report that one: give the failing rank's own error.
+    let failed = group.failed_rank();
+    let mut results = results;
+    match failed {
+        Some(rank) => match results.swap_remove(rank) {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::Export(format!("rank {rank} stopped its group"))),
+        },
+        None => results
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(Error::Export("no ranks to run".into()))),
+    }
+}
+
+/// Every stage's rank models, loaded: `graphs[stage][rank]` and their weights.
+pub struct LoadedRanks {
+    graphs: Vec<Vec<Graph>>,
+    weights: Vec<Vec<Weights>>,
+}
+
+impl LoadedRanks {
+    /// Loads `ranks[stage][rank]` (model bytes whose external data lies in `dir`), typed with
+    /// `dims`, the dims their split shapes were made for.
+    ///
+    /// # Errors
+    /// A rank that does not load, type or read its weights.
+    pub fn load(
+        ranks: &[Vec<Vec<u8>>],
+        dir: &Path,
+        dims: &DimBindings,
+    ) -> Result<LoadedRanks, Error> {
+        let mut graphs = Vec::with_capacity(ranks.len());
+        let mut weights = Vec::with_capacity(ranks.len());
+        for stage in ranks {
+            let mut stage_graphs = Vec::with_capacity(stage.len());
+            let mut stage_weights = Vec::with_capacity(stage.len());
+            for bytes in stage {
+                let mut model = crate::onnx::load_model_from_bytes(bytes, Some(dir))?;
+                let bindings = dims_named_in(&model.graph, dims);
+                ShapeInference::new(bindings).run(&mut model.graph)?;
+                stage_weights.push(Weights::from_model_bytes(bytes, &model.graph)?);
+                stage_graphs.push(model.graph);
+            }
+            graphs.push(stage_graphs);
+            weights.push(stage_weights);
+        }
+        Ok(LoadedRanks { graphs, weights })
+    }
+
+    /// An executor per rank, per stage.
+    pub fn executors(&self) -> Vec<Vec<CpuExecutor<'_>>> {
+        self.graphs
+            .iter()
+            .zip(&self.weights)
+            .map(|(g, w)| {
+                g.iter()
+                    .zip(w)
+                    .map(|(g, w)| CpuExecutor::new(g, w))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The bindings of `dims` whose symbols `graph` declares: a later stage's file carries the
+/// sizes of its boundary tensors, not the model's symbols.
+fn dims_named_in(graph: &Graph, dims: &DimBindings) -> DimBindings {
+    let declared: std::collections::BTreeSet<&str> = graph
+        .tensors()
+        .flat_map(|(_, t)| t.shape.iter().flatten())
+        .flat_map(|d| match d {
+            crate::graph::Dim::Sym(s) => s.symbols().collect::<Vec<_>>(),
+            crate::graph::Dim::Known(_) => Vec::new(),
+        })
+        .collect();
+    dims.iter()
+        .filter(|(name, _)| declared.contains(name))
+        .fold(DimBindings::new(), |b, (name, value)| b.bind(name, value))
+}
+
+/// A pipeline backend whose stages each run as a tensor-parallel group of CPU threads.
+pub struct TensorParallelExecutor<'a> {
+    whole: &'a Graph,
+    stages: Vec<Vec<CpuExecutor<'a>>>,
+}
+
+/// A stage ready to run: its position and the tensors it hands on.
+#[derive(Debug)]
+pub struct TensorParallelStage {
+    index: usize,
+    sends: Vec<String>,
+}
+
+impl<'a> TensorParallelExecutor<'a> {
+    /// The executor of the stages of `whole` split into `ranks`.
+    pub fn new(whole: &'a Graph, ranks: &'a LoadedRanks) -> TensorParallelExecutor<'a> {
+        let stages = ranks
+            .graphs
+            .iter()
+            .zip(&ranks.weights)
+            .map(|(g, w)| {
+                g.iter()
+                    .zip(w)
+                    .map(|(g, w)| CpuExecutor::new(g, w))
+                    .collect()
+            })
+            .collect();
+        TensorParallelExecutor { whole, stages }
+    }
+}
+
+impl Executor for TensorParallelExecutor<'_> {
+    type Stage = TensorParallelStage;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<TensorParallelStage, Error> {
+        if self.stages.get(spec.index).is_none_or(Vec::is_empty) {
+            return Err(Error::Export(format!(
+                "stage {} has no tensor-parallel ranks",
+                spec.index
+            )));
+        }
+        Ok(TensorParallelStage {
+            index: spec.index,
+            sends: spec
+                .sends
+                .iter()
+                .map(|&t| self.whole.tensor(t).name.clone())
+                .collect(),
+        })
+    }
+
+    fn run(&self, stage: &TensorParallelStage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let ranks = &self.stages[stage.index];
+        let mut outputs = run_ranks(ranks, inputs)?;
+        // Stages relay what later stages need: a tensor the ranks do not make passes through.
+        for name in &stage.sends {
+            if !outputs.contains_key(name) {
+                if let Some(t) = inputs.get(name) {
+                    outputs.insert(name.clone(), t.clone());
+                }
+            }
+        }
+        outputs.retain(|name, _| stage.sends.contains(name));
+        Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vector(values: &[f32]) -> HostTensor {
+        HostTensor::new(vec![values.len()], TensorData::F32(values.to_vec())).unwrap()
+    }
+
+    /// Runs `work(rank)` as each rank of a group of 3.
+    fn on_three<T: Send>(work: impl Fn(usize) -> Result<T, Error> + Sync) -> Vec<Result<T, Error>> {
+        let group = Group::new(3);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let (group, work) = (group.clone(), &work);
+                    scope.spawn(move || as_rank(&group, rank, || work(rank)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn every_rank_gets_the_same_sum_and_the_same_gathered_whole() {
+        let results = on_three(|rank| {
+            let x = vector(&[rank as f32, 0.5]);
+            let sum = all_reduce(&x, 3).map_err(Error::Export)?;
+            let gathered = all_gather(&x, 3, -1).map_err(Error::Export)?;
+            // A second round reuses the group.
+            let again = all_reduce(&sum, 3).map_err(Error::Export)?;
+            Ok((sum.to_f32_vec(), gathered.to_f32_vec(), again.to_f32_vec()))
+        });
+        for result in results {
+            let (sum, gathered, again) = result.unwrap();
+            assert_eq!(sum, [3.0, 1.5]);
+            assert_eq!(gathered, [0.0, 0.5, 1.0, 0.5, 2.0, 0.5]);
+            assert_eq!(again, [9.0, 4.5]);
+        }
+    }
+
+    #[test]
+    fn a_failing_rank_wakes_the_others_with_its_error() {
+        let results = on_three(|rank| {
+            if rank == 1 {
+                return Err(Error::Export("no weights".into()));
+            }
+            all_reduce(&vector(&[1.0]), 3).map_err(Error::Export)
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let message = result.unwrap_err().to_string();
+            match rank {
+                1 => assert!(message.contains("no weights"), "{message}"),
+                _ => assert!(
+                    message.contains("rank 1 failed") && message.contains("no weights"),
+                    "{message}"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn a_collective_outside_a_group_is_refused_unless_the_group_is_one() {
+        let x = vector(&[2.0]);
+        assert_eq!(all_reduce(&x, 1).unwrap().to_f32_vec(), [2.0]);
+        assert!(all_reduce(&x, 2)
+            .unwrap_err()
+            .contains("outside a tensor-parallel run"));
+    }
+}

@@ -1,0 +1,439 @@
+//! Tensor-parallel ranks run as threads with `ai.pipecut` `AllReduce` reproduce the whole model:
+//! each fixture split 2 and 4 ways, every rank's graph built by the library's sharding rewrite,
+//! the ranks run together by the CPU runtime, their outputs compared with the unsplit run's.
+
+mod common;
+
+use std::path::Path;
+
+use pipecut::graph::Graph;
+use pipecut::onnx::export::shard::{shard_file, ShardedModel};
+use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::runtime::tensor_parallel::run_ranks;
+use pipecut::runtime::{seeded_inputs, CpuExecutor, Tensors, Weights};
+
+fn bindings(graph: &Graph) -> DimBindings {
+    let mut dims = DimBindings::new();
+    for input in graph.inputs() {
+        for d in graph.tensor(*input).shape.iter().flatten() {
+            let pipecut::graph::Dim::Sym(sym) = d else {
+                continue;
+            };
+            for symbol in sym.symbols() {
+                let size = if symbol.contains("batch") { 2 } else { 16 };
+                dims = dims.bind(symbol, size);
+            }
+        }
+    }
+    dims
+}
+
+fn typed(path: &Path) -> Graph {
+    let mut model = pipecut::onnx::load_model(path).unwrap();
+    let dims = bindings(&model.graph);
+    ShapeInference::new(dims).run(&mut model.graph).unwrap();
+    model.graph
+}
+
+/// Rank `bytes` loaded and typed as its model was.
+fn rank_graph(bytes: &[u8], dir: &Path, dims: DimBindings) -> Graph {
+    let mut model = pipecut::onnx::load_model_from_bytes(bytes, Some(dir)).unwrap();
+    ShapeInference::new(dims).run(&mut model.graph).unwrap();
+    model.graph
+}
+
+fn run_sharded(path: &Path, sharded: &ShardedModel, inputs: &Tensors) -> Tensors {
+    let whole = typed(path);
+    let dir = path.parent().unwrap();
+    let graphs: Vec<Graph> = sharded
+        .ranks
+        .iter()
+        .map(|b| rank_graph(b, dir, bindings(&whole)))
+        .collect();
+    let weights: Vec<Weights> = sharded
+        .ranks
+        .iter()
+        .zip(&graphs)
+        .map(|(b, g)| Weights::from_model_bytes(b, g).unwrap())
+        .collect();
+    let executors: Vec<CpuExecutor> = graphs
+        .iter()
+        .zip(&weights)
+        .map(|(g, w)| CpuExecutor::new(g, w))
+        .collect();
+    run_ranks(&executors, inputs).unwrap()
+}
+
+fn assert_close(whole: &Tensors, split: &Tensors, what: &str) {
+    assert_eq!(
+        whole.keys().collect::<Vec<_>>(),
+        split.keys().collect::<Vec<_>>()
+    );
+    for (name, expected) in whole {
+        let (a, b) = (expected.to_f32_vec(), split[name].to_f32_vec());
+        assert_eq!(expected.shape(), split[name].shape(), "{what} {name}");
+        let scale = a.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-4 * scale,
+            "{what} {name}: off by {worst} (scale {scale})"
+        );
+    }
+}
+
+/// Splits `path` t ways, checks the blocks it expects are split, and compares the runs.
+fn reproduces(path: &Path, degree: u64, split_blocks: usize, vocab: usize) {
+    let graph = typed(path);
+    let weights = Weights::load(path, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 7).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    let sharded = shard_file(path, &graph, degree).unwrap();
+    let reasons: Vec<&str> = sharded
+        .layout
+        .replicated
+        .iter()
+        .map(|r| r.reason.as_str())
+        .collect();
+    assert_eq!(
+        sharded.layout.split.len(),
+        split_blocks,
+        "{} at {degree}: left whole: {reasons:?}",
+        path.display()
+    );
+    assert_eq!(
+        sharded.layout.vocab.len(),
+        vocab,
+        "{} at {degree}: vocabulary splits",
+        path.display()
+    );
+    let split = run_sharded(path, &sharded, &inputs);
+    assert_close(
+        &whole,
+        &split,
+        &format!("{} at t = {degree}", path.display()),
+    );
+}
+
+#[test]
+fn gpt2_split_two_and_four_ways_equals_the_whole_model() {
+    let path = common::fixture("gpt2_tiny");
+    reproduces(&path, 2, 8, 2);
+    reproduces(&path, 4, 8, 2);
+}
+
+#[test]
+fn llama_split_two_ways_equals_the_whole_model_and_its_attention_stays_whole_at_four() {
+    let path = common::fixture("llama_tiny");
+    reproduces(&path, 2, 4, 2);
+    // 2 key/value heads cannot be split 4 ways: the MLPs are, the attention stays whole.
+    reproduces(&path, 4, 2, 2);
+}
+
+#[test]
+fn bert_split_two_and_four_ways_equals_the_whole_model() {
+    let path = common::fixture("bert_tiny");
+    reproduces(&path, 2, 4, 2);
+    // Its 2 token types do not split 4 ways: only the word embedding is.
+    reproduces(&path, 4, 4, 1);
+}
+
+#[test]
+fn a_rank_holds_a_quarter_of_the_block_weights_at_four() {
+    let path = common::fixture("gpt2_tiny");
+    let graph = typed(&path);
+    let sharded = shard_file(&path, &graph, 4).unwrap();
+    let elements = |g: &Graph, name: &str| -> u64 {
+        let id = g.tensor_id(name).unwrap_or_else(|| panic!("{name}"));
+        g.concrete_shape(id).unwrap().iter().product()
+    };
+    let sliced: Vec<String> = sharded
+        .layout
+        .split
+        .iter()
+        .flat_map(|b| &b.weights)
+        .map(|w| graph.tensor(w.param).name.clone())
+        .collect();
+    // Q, K, V, their biases and the output projection per attention; two linears and the
+    // first bias per MLP; 4 layers.
+    assert_eq!(sliced.len(), 4 * (7 + 3), "{sliced:?}");
+    let whole: u64 = sliced.iter().map(|n| elements(&graph, n)).sum();
+    for (rank, bytes) in sharded.ranks.iter().enumerate() {
+        let g = rank_graph(bytes, path.parent().unwrap(), bindings(&graph));
+        let held: u64 = sliced
+            .iter()
+            .map(|n| elements(&g, &format!("{n}.tp4")))
+            .sum();
+        assert_eq!(held * 4, whole, "rank {rank}");
+        for name in &sliced {
+            assert!(
+                g.tensor_id(name).is_none(),
+                "rank {rank} still holds all of {name}"
+            );
+        }
+        let collectives = |op: &str| {
+            g.nodes()
+                .filter(|(_, n)| n.domain == "ai.pipecut" && n.op_type == op)
+                .count()
+        };
+        assert_eq!(
+            collectives("AllReduce"),
+            8 + 1,
+            "one per block and the embedding's"
+        );
+        assert_eq!(collectives("AllGather"), 1, "the logits");
+        // The tied vocabulary table: a quarter of its rows for the embedding (and a zero
+        // row), the same quarter as the head's columns; the whole table is gone.
+        assert!(g.tensor_id("transformer.wte.weight").is_none());
+        assert_eq!(
+            elements(&g, "transformer.wte.weight.tp4.rows"),
+            (512 / 4 + 1) * 64
+        );
+        assert_eq!(
+            elements(&g, "transformer.wte.weight.tp4.columns"),
+            512 / 4 * 64
+        );
+    }
+    // Each rank holds a different quarter of the first query weight.
+    let query = &sharded.layout.split[0].weights[0];
+    let slices: Vec<Vec<f32>> = sharded
+        .ranks
+        .iter()
+        .map(|bytes| {
+            let g = rank_graph(bytes, path.parent().unwrap(), bindings(&graph));
+            let w = Weights::from_model_bytes(bytes, &g).unwrap();
+            let name = format!("{}.tp4", graph.tensor(query.param).name);
+            w.get(g.tensor_id(&name).unwrap()).unwrap().to_f32_vec()
+        })
+        .collect();
+    for (i, a) in slices.iter().enumerate() {
+        for b in &slices[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+}
+
+#[test]
+fn minilm_split_two_ways_equals_the_whole_model() {
+    let Some((_, path)) = common::real_models()
+        .into_iter()
+        .find(|(name, _)| name.contains("minilm"))
+    else {
+        common::skip(
+            common::Need::RealModels,
+            "MiniLM is not in fixtures/real/cache",
+        );
+        return;
+    };
+    reproduces(&path, 2, 6, 1);
+}
+
+fn pipecut(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .expect("the pipecut binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "pipecut {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A plan of 2 stages of `degree` GPUs for `name`, exported: the rank files, run stage after
+/// stage with each stage's ranks as threads, make the whole model's outputs.
+fn exported_ranks_reproduce(name: &str, degree: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture(name);
+    let model_arg = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let out_dir = dir.path().join("stages");
+    let tp = degree.to_string();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "2",
+        "--microbatch-sizes",
+        "2",
+        "--tp",
+        &tp,
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    let table = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        model_arg,
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(table.contains("stage_1.rank_1.onnx"), "{table}");
+
+    let graph = typed(&model);
+    let weights = Weights::load(&model, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 3).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+
+    let files: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|stage| {
+            (0..degree as usize)
+                .map(|rank| {
+                    let file = out_dir.join(pipecut::onnx::export::rank_file_name(stage, rank));
+                    std::fs::read(file).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    let ranks =
+        pipecut::runtime::tensor_parallel::LoadedRanks::load(&files, &out_dir, &bindings(&graph))
+            .unwrap();
+    let mut tensors = inputs.clone();
+    for stage in ranks.executors() {
+        let outputs = run_ranks(&stage, &tensors).unwrap();
+        tensors.extend(outputs);
+    }
+    let split: Tensors = whole
+        .keys()
+        .map(|k| (k.clone(), tensors[k].clone()))
+        .collect();
+    assert_close(&whole, &split, &format!("{name} exported at t = {degree}"));
+}
+
+#[test]
+fn exported_rank_files_of_gpt2_and_llama_run_together_as_the_whole_model() {
+    exported_ranks_reproduce("gpt2_tiny", 2);
+    exported_ranks_reproduce("llama_tiny", 2);
+}
+
+#[test]
+fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    let model_arg = model.to_str().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "8",
+        "--microbatch-sizes",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        &path("tp.json"),
+    ]);
+    pipecut(&[
+        "partition",
+        model_arg,
+        "--dim",
+        "batch=4",
+        "--dim",
+        "seq=16",
+        "--cluster",
+        "1x2xA100-80GB",
+        "--stages",
+        "2",
+        "--out",
+        &path("plain.json"),
+    ]);
+    for plan in ["tp", "plain"] {
+        pipecut(&[
+            "run",
+            &path(&format!("{plan}.json")),
+            model_arg,
+            "--microbatches",
+            "2",
+            "--output-dir",
+            &path(plan),
+        ]);
+    }
+    let read = |plan: &str| {
+        let file = std::path::PathBuf::from(format!("{}/logits.npy", path(plan)));
+        pipecut::runtime::read_npy(&file).unwrap().tensor
+    };
+    let (tp, plain) = (read("tp"), read("plain"));
+    let whole: Tensors = [("logits".to_string(), std::sync::Arc::new(plain))].into();
+    let split: Tensors = [("logits".to_string(), std::sync::Arc::new(tp))].into();
+    assert_close(&whole, &split, "pipecut run at t = 2");
+}
+
+#[test]
+fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    let model_arg = model.to_str().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    let plan_arg = plan_path.to_str().unwrap();
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "2x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "16",
+        "--tp",
+        "4",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--out",
+        plan_arg,
+    ]);
+    let text = std::fs::read_to_string(&plan_path).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["schema_version"], 6);
+    let shards = &plan["parallelism"]["shards"][0];
+    assert_eq!(shards["split_blocks"].as_array().unwrap().len(), 8);
+    let ranks = shards["ranks"].as_array().unwrap();
+    // Rank r of the one stage sits on GPU r of each replica's group (GPUs 0–3 and 4–7).
+    for (r, rank) in ranks.iter().enumerate() {
+        assert_eq!(rank["tp_rank"], r);
+        assert_eq!(rank["devices"], serde_json::json!([r, r + 4]));
+        // The first query weight, 64 × 64 split by columns: 16 columns each.
+        let query = &rank["weights"][0];
+        assert_eq!(query["axis"], 1);
+        assert_eq!(query["ranges"], serde_json::json!([[16 * r, 16 * (r + 1)]]));
+    }
+    // A hand-edited slice is a figure `check` re-derives and refuses.
+    let mut edited = plan.clone();
+    edited["parallelism"]["shards"][0]["ranks"][1]["weights"][0]["ranges"][0][0] = 0.into();
+    let edited = serde_json::to_string_pretty(&edited).unwrap();
+    let edited_path = dir.path().join("edited.json");
+    std::fs::write(&edited_path, edited).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(["check", edited_path.to_str().unwrap(), model_arg])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("shards"),
+        "{stderr}"
+    );
+}
