@@ -35,7 +35,57 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if x.is_empty() {
         return Err(format!("cannot resize an empty tensor {:?}", x.shape()));
     }
-    let request = request(ctx, inputs, x.shape())?;
+    let (request, taps) = request_and_taps(ctx, inputs, x.shape())?;
+    let rank = x.shape().len();
+    let extrapolation = ctx.float("extrapolation_value", 0.0);
+    let mut shape = x.shape().to_vec();
+    let mut values: Vec<f64> = x.to_f32_vec().into_iter().map(f64::from).collect();
+    for axis in (0..rank).filter(|&a| request.resized[a] && !is_identity(&taps[a], x.shape()[a])) {
+        values = resize_axis(&values, &shape, axis, &taps[axis]);
+        shape[axis] = request.out_shape[axis];
+    }
+    let mut out: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
+    if taps.iter().flatten().any(Option::is_none) {
+        fill_outside(&mut out, &request.out_shape, &taps, extrapolation);
+    }
+    Ok(vec![HostTensor::f32(request.out_shape, out)])
+}
+
+/// A Resize as the CUDA backend runs it: the output shape and, per axis that changes, its
+/// (input index, weight) taps for each output index, to be applied one axis after another.
+/// `None` when an output coordinate falls outside the input (tf_crop_and_resize's
+/// extrapolation), which is left to the CPU kernel. `inputs[0]` is not read, only `shape`.
+#[cfg(feature = "cuda")]
+pub(crate) fn resize_plan(
+    ctx: &Ctx,
+    inputs: &[Option<&HostTensor>],
+    shape: &[usize],
+) -> Result<Option<ResizePlan>, String> {
+    let (request, taps) = request_and_taps(ctx, inputs, shape)?;
+    let mut axes = Vec::new();
+    for (axis, axis_taps) in taps.into_iter().enumerate() {
+        if !request.resized[axis] || is_identity(&axis_taps, shape[axis]) {
+            continue;
+        }
+        let Some(axis_taps) = axis_taps.into_iter().collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
+        axes.push((axis, axis_taps));
+    }
+    Ok(Some((request.out_shape, axes)))
+}
+
+/// The output shape, and per resized axis its taps for each output index.
+#[cfg(feature = "cuda")]
+pub(crate) type ResizePlan = (Vec<usize>, Vec<(usize, Vec<Vec<(usize, f64)>>)>);
+
+/// The request of a Resize on `shape` and the taps of every output index on every axis.
+fn request_and_taps(
+    ctx: &Ctx,
+    inputs: &[Option<&HostTensor>],
+    shape: &[usize],
+) -> Result<(Request, Vec<Vec<Taps>>), String> {
+    let request = request(ctx, inputs, shape)?;
     checked_size(&request.out_shape)?;
     let legacy = ctx.node.op_type == "Upsample" || ctx.opset < 11;
     // Upsample and Resize-10 map output i to input i / scale and take the floor.
@@ -52,29 +102,17 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         exclude_outside: ctx.int("exclude_outside", 0) != 0,
         coordinates: ctx.string("coordinate_transformation_mode", coord_default),
     };
-    let rank = x.shape().len();
-    let taps: Vec<Vec<Taps>> = (0..rank)
+    let taps: Vec<Vec<Taps>> = (0..shape.len())
         .map(|axis| {
             (0..request.out_shape[axis])
                 .map(|o| match request.resized[axis] {
-                    true => method.taps(o, axis, x.shape()[axis], &request),
+                    true => method.taps(o, axis, shape[axis], &request),
                     false => Ok(Some(vec![(o, 1.0)])),
                 })
                 .collect::<Result<_, _>>()
         })
         .collect::<Result<_, String>>()?;
-    let extrapolation = ctx.float("extrapolation_value", 0.0);
-    let mut shape = x.shape().to_vec();
-    let mut values: Vec<f64> = x.to_f32_vec().into_iter().map(f64::from).collect();
-    for axis in (0..rank).filter(|&a| request.resized[a] && !is_identity(&taps[a], x.shape()[a])) {
-        values = resize_axis(&values, &shape, axis, &taps[axis]);
-        shape[axis] = request.out_shape[axis];
-    }
-    let mut out: Vec<f32> = values.into_iter().map(|v| v as f32).collect();
-    if taps.iter().flatten().any(Option::is_none) {
-        fill_outside(&mut out, &request.out_shape, &taps, extrapolation);
-    }
-    Ok(vec![HostTensor::f32(request.out_shape, out)])
+    Ok((request, taps))
 }
 
 /// Resizes one axis of `values` (of `shape`): each output index along it is the weighted sum of
