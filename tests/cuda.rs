@@ -153,6 +153,7 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "conv_transpose_f32",
         "pool_f32",
         "batch_norm_f32",
+        "resize_axis_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -764,6 +765,8 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
         "batchnorm",
         "hardsigmoid",
         "hardswish",
+        "resize",
+        "upsample",
     ];
     let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
         return;
@@ -776,16 +779,7 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
         );
         return;
     }
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_node_cases");
-    if !cache.join("cases.json").exists() {
-        let status = Command::new(&python)
-            .arg(common::root().join("fixtures/conformance.py"))
-            .arg("--out")
-            .arg(&cache)
-            .status()
-            .expect("python starts");
-        assert!(status.success(), "fixtures/conformance.py failed");
-    }
+    let cache = node_cases(&python);
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(cache.join("cases.json")).unwrap()).unwrap();
     let (mut passed, mut cpu_fails, mut failures) = (0, 0, Vec::new());
@@ -883,6 +877,131 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
     );
     assert!(passed > 200, "only {passed} cases ran");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The ONNX backend node cases, written once by `fixtures/conformance.py` with `python`.
+#[cfg(feature = "cuda")]
+fn node_cases(python: &Path) -> PathBuf {
+    static WRITTEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_node_cases");
+    if !cache.join("cases.json").exists() {
+        let status = Command::new(python)
+            .arg(common::root().join("fixtures/conformance.py"))
+            .arg("--out")
+            .arg(&cache)
+            .status()
+            .expect("python starts");
+        assert!(status.success(), "fixtures/conformance.py failed");
+    }
+    cache
+}
+
+/// The ONNX backend cases of Resize and Upsample (nearest, linear, cubic, antialiased, every
+/// coordinate mode, up and down), with their scales, sizes and roi made constants
+/// (`tests/fake_cuda/resize_cases.py`) so that a plan can be made: on the CUDA backend each
+/// matches the case's reference and runs on the device, except tf_crop_and_resize's
+/// extrapolation, which the device leaves to the host.
+#[cfg(feature = "cuda")]
+#[test]
+fn resize_cases_match_their_references_on_the_device() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the Resize cases cannot be written",
+        );
+        return;
+    }
+    let cases = node_cases(&python);
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/resize_cases.py"))
+        .arg(&cases)
+        .arg(dir.path())
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "resize_cases.py failed");
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cases.json")).unwrap())
+            .unwrap();
+    let (mut on_device, mut failures) = (0, Vec::new());
+    let list = manifest["cases"].as_array().unwrap();
+    for case in list {
+        let name = case["name"].as_str().unwrap();
+        let case_dir = dir.path().join(name);
+        let model = case_dir.join("model.onnx").display().to_string();
+        let plan = case_dir.join("plan.json");
+        let plan_args = [
+            "partition",
+            &model,
+            "--devices",
+            "H100-SXM",
+            "--stages",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ];
+        let (code, _, err) = pipecut(&plan_args, &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let input = format!(
+            "{}={}",
+            case["input"].as_str().unwrap(),
+            case_dir.join("x.npy").display()
+        );
+        let extra = [
+            "--microbatches".to_string(),
+            "1".to_string(),
+            "--json".to_string(),
+            "--input".to_string(),
+            input,
+        ];
+        let out_dir = case_dir.join("out");
+        let report = run_plan(&plan, &model, "cuda", &extra, &out_dir, &env);
+        let report: Value = serde_json::from_str(&report).unwrap();
+        if report["stages"][0]["host_ops"]
+            .as_object()
+            .is_some_and(|ops| ops.is_empty())
+        {
+            on_device += 1;
+        }
+        let want = pipecut::runtime::read_npy(&case_dir.join("expected.npy"))
+            .unwrap()
+            .tensor;
+        let output = out_dir.join(format!("{}.npy", case["output"].as_str().unwrap()));
+        let got = pipecut::runtime::read_npy(&output).unwrap().tensor;
+        let (atol, rtol) = (
+            case["atol"].as_f64().unwrap_or(1e-7).max(1e-5) as f32,
+            case["rtol"].as_f64().unwrap_or(1e-3).max(1e-4) as f32,
+        );
+        let close = got.shape() == want.shape()
+            && got
+                .to_f32_vec()
+                .iter()
+                .zip(want.to_f32_vec())
+                .all(|(a, b)| (a - b).abs() <= atol + rtol * b.abs());
+        if !close {
+            failures.push(name.to_string());
+        }
+    }
+    eprintln!(
+        "Resize cases: {} ran, {on_device} wholly on the device, {} differ",
+        list.len(),
+        failures.len()
+    );
+    assert!(list.len() >= 30, "only {} Resize cases", list.len());
+    assert!(
+        failures.is_empty(),
+        "differ from the reference: {failures:?}"
+    );
+    assert!(
+        on_device + 1 >= list.len(),
+        "{on_device} of {} on the device",
+        list.len()
+    );
 }
 
 /// `pipecut profile --backend cuda` times every node through the executor `run` uses, and

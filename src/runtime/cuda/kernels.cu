@@ -372,3 +372,20 @@ extern "C" __global__ void batch_norm_f32(const float* x, const float* scale, co
         y[i] = (x[i] - mean[ch]) * factor + bias[ch];
     }
 }
+
+// One axis of a Resize: x is [outer, width, inner], y is [outer, out_width, inner]; output index o
+// along the axis is Σ_t weight[o · taps + t] · x[., index[o · taps + t], .] (a weight of 0 is
+// skipped, so that a nearest pick next to an infinity stays finite, as on the CPU).
+extern "C" __global__ void resize_axis_f32(const float* x, float* y, const long long* index,
+                                           const float* weight, long long outer, long long width,
+                                           long long out_width, long long inner, long long taps) {
+    GRID_STRIDE(i, outer * out_width * inner) {
+        long long j = i % inner, o = (i / inner) % out_width, b = i / (inner * out_width);
+        float acc = 0.0f;
+        for (long long t = 0; t < taps; ++t) {
+            float w = weight[o * taps + t];
+            if (w != 0.0f) acc += w * x[(b * width + index[o * taps + t]) * inner + j];
+        }
+        y[i] = acc;
+    }
+}

@@ -21,6 +21,7 @@
 mod compile;
 mod ops;
 mod resident;
+mod resize;
 mod window_ops;
 
 use std::cell::Cell;

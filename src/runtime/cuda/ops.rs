@@ -58,6 +58,7 @@ pub(super) struct Functions {
     pub(super) conv_transpose: CudaFunction,
     pub(super) pool: CudaFunction,
     pub(super) batch_norm: CudaFunction,
+    pub(super) resize_axis: CudaFunction,
 }
 
 impl Functions {
@@ -84,6 +85,7 @@ impl Functions {
             conv_transpose: f("conv_transpose_f32")?,
             pool: f("pool_f32")?,
             batch_norm: f("batch_norm_f32")?,
+            resize_axis: f("resize_axis_f32")?,
         })
     }
 }
@@ -108,7 +110,7 @@ impl Gpu<'_> {
         unsafe { self.stream.alloc::<f32>(n) }.map_err(cuda_error("allocation"))
     }
 
-    fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>, String> {
+    pub(super) fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>, String> {
         self.stream
             .clone_htod(values)
             .map_err(cuda_error("host-to-device copy"))
@@ -321,7 +323,11 @@ pub(super) fn device(
 }
 
 /// The host copy of operand `i` (small: shapes, axes, indices, scalars).
-fn host(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<Arc<HostTensor>>, String> {
+pub(super) fn host(
+    gpu: &Gpu,
+    args: &[Option<Value>],
+    i: usize,
+) -> Result<Option<Arc<HostTensor>>, String> {
     match args.get(i).and_then(|a| a.as_ref()) {
         Some(v) => v.to_host(gpu.stream).map(Some),
         None => Ok(None),
@@ -368,8 +374,14 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         };
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
-    // Empty or over-ranked operands are left to the CPU kernels.
-    for v in args.iter().flatten() {
+    // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
+    // are read on the host, where an empty one means "not given").
+    let tensors = if matches!(op, "Resize" | "Upsample") {
+        &args[..args.len().min(1)]
+    } else {
+        args
+    };
+    for v in tensors.iter().flatten() {
         let shape = v.shape();
         if shape.len() > MAX_RANK || shape.contains(&0) {
             return Ok(None);
@@ -434,6 +446,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
+        "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
         "MaxPool" | "AveragePool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
         "BatchNormalization" if !extra_outputs(ctx) && ctx.int("training_mode", 0) == 0 => {

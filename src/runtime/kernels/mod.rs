@@ -50,6 +50,8 @@ mod rearrange;
 mod recurrent;
 mod reduce;
 mod resize;
+#[cfg(feature = "cuda")]
+pub(crate) use resize::resize_plan;
 mod scatter;
 mod select;
 mod topk;

@@ -35,34 +35,8 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if x.is_empty() {
         return Err(format!("cannot resize an empty tensor {:?}", x.shape()));
     }
-    let request = request(ctx, inputs, x.shape())?;
-    checked_size(&request.out_shape)?;
-    let legacy = ctx.node.op_type == "Upsample" || ctx.opset < 11;
-    // Upsample and Resize-10 map output i to input i / scale and take the floor.
-    let (coord_default, nearest_default) = if legacy {
-        ("asymmetric", "floor")
-    } else {
-        ("half_pixel", "round_prefer_floor")
-    };
-    let method = Method {
-        mode: ctx.string("mode", "nearest"),
-        nearest_mode: ctx.string("nearest_mode", nearest_default),
-        cubic_a: f64::from(ctx.float("cubic_coeff_a", -0.75)),
-        antialias: ctx.int("antialias", 0) != 0,
-        exclude_outside: ctx.int("exclude_outside", 0) != 0,
-        coordinates: ctx.string("coordinate_transformation_mode", coord_default),
-    };
+    let (request, taps) = request_and_taps(ctx, inputs, x.shape())?;
     let rank = x.shape().len();
-    let taps: Vec<Vec<Taps>> = (0..rank)
-        .map(|axis| {
-            (0..request.out_shape[axis])
-                .map(|o| match request.resized[axis] {
-                    true => method.taps(o, axis, x.shape()[axis], &request),
-                    false => Ok(Some(vec![(o, 1.0)])),
-                })
-                .collect::<Result<_, _>>()
-        })
-        .collect::<Result<_, String>>()?;
     if let Some(picks) = single_picks(&taps).filter(|_| rank > 0) {
         let out = pick(&x.to_f32_vec(), x.shape(), &request.out_shape, &picks);
         return Ok(vec![HostTensor::f32(request.out_shape, out)]);
@@ -79,6 +53,70 @@ fn resize(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         fill_outside(&mut out, &request.out_shape, &taps, extrapolation);
     }
     Ok(vec![HostTensor::f32(request.out_shape, out)])
+}
+
+/// A Resize as the CUDA backend runs it: the output shape and, per axis that changes, its
+/// (input index, weight) taps for each output index, to be applied one axis after another.
+/// `None` when an output coordinate falls outside the input (tf_crop_and_resize's
+/// extrapolation), which is left to the CPU kernel. `inputs[0]` is not read, only `shape`.
+#[cfg(feature = "cuda")]
+pub(crate) fn resize_plan(
+    ctx: &Ctx,
+    inputs: &[Option<&HostTensor>],
+    shape: &[usize],
+) -> Result<Option<ResizePlan>, String> {
+    let (request, taps) = request_and_taps(ctx, inputs, shape)?;
+    let mut axes = Vec::new();
+    for (axis, axis_taps) in taps.into_iter().enumerate() {
+        if !request.resized[axis] || is_identity(&axis_taps, shape[axis]) {
+            continue;
+        }
+        let Some(axis_taps) = axis_taps.into_iter().collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
+        axes.push((axis, axis_taps));
+    }
+    Ok(Some((request.out_shape, axes)))
+}
+
+/// The output shape, and per resized axis its taps for each output index.
+#[cfg(feature = "cuda")]
+pub(crate) type ResizePlan = (Vec<usize>, Vec<(usize, Vec<Vec<(usize, f64)>>)>);
+
+/// The request of a Resize on `shape` and the taps of every output index on every axis.
+fn request_and_taps(
+    ctx: &Ctx,
+    inputs: &[Option<&HostTensor>],
+    shape: &[usize],
+) -> Result<(Request, Vec<Vec<Taps>>), String> {
+    let request = request(ctx, inputs, shape)?;
+    checked_size(&request.out_shape)?;
+    let legacy = ctx.node.op_type == "Upsample" || ctx.opset < 11;
+    // Upsample and Resize-10 map output i to input i / scale and take the floor.
+    let (coord_default, nearest_default) = if legacy {
+        ("asymmetric", "floor")
+    } else {
+        ("half_pixel", "round_prefer_floor")
+    };
+    let method = Method {
+        mode: ctx.string("mode", "nearest"),
+        nearest_mode: ctx.string("nearest_mode", nearest_default),
+        cubic_a: f64::from(ctx.float("cubic_coeff_a", -0.75)),
+        antialias: ctx.int("antialias", 0) != 0,
+        exclude_outside: ctx.int("exclude_outside", 0) != 0,
+        coordinates: ctx.string("coordinate_transformation_mode", coord_default),
+    };
+    let taps: Vec<Vec<Taps>> = (0..shape.len())
+        .map(|axis| {
+            (0..request.out_shape[axis])
+                .map(|o| match request.resized[axis] {
+                    true => method.taps(o, axis, shape[axis], &request),
+                    false => Ok(Some(vec![(o, 1.0)])),
+                })
+                .collect::<Result<_, _>>()
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((request, taps))
 }
 
 /// Resizes one axis of `values` (of `shape`): each output index along it is the weighted sum of
