@@ -390,20 +390,35 @@ fn tensor_proto(
     let mut proto = TensorProto::new();
     proto.name = name.into();
     proto.dims = tensor.shape().iter().map(|&d| d as i64).collect();
-    let raw: Vec<u8> = match tensor.data() {
-        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
-        TensorData::String(_) => return Err(Error::Export(format!("'{name}' is a string tensor"))),
-    };
     let held = tensor.dtype();
-    if dtype.is_some_and(|d| d != held) {
-        return Err(Error::Export(format!(
-            "'{name}' is {dtype:?} in the model but {held:?} in memory"
-        )));
-    }
-    proto.data_type = held.onnx_code();
+    let written = dtype.unwrap_or(held);
+    // The runtime holds half-precision weights as float32, exactly: written back, they are the
+    // model's own bits.
+    let raw: Vec<u8> = match (tensor.data(), written) {
+        (TensorData::F32(v), DType::F16) => v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        (TensorData::F32(v), DType::BF16) => v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        (data, written) if written == held => match data {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            TensorData::String(_) => {
+                return Err(Error::Export(format!("'{name}' is a string tensor")))
+            }
+        },
+        _ => {
+            return Err(Error::Export(format!(
+                "'{name}' is {written:?} in the model but {held:?} in memory: its slices are not written"
+            )))
+        }
+    };
+    proto.data_type = written.onnx_code();
     proto.raw_data = raw;
     Ok(proto)
 }
@@ -483,4 +498,41 @@ pub fn shard_stages(
         layouts.push(layout);
     }
     Ok(ShardedStages { layouts, ranks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_half_precision_weight_is_written_back_in_its_own_type() {
+        let held = HostTensor::from_f16(
+            vec![2],
+            &[half::f16::from_f32(0.5), half::f16::from_f32(-3.25)],
+        )
+        .unwrap();
+        let proto = tensor_proto("w", &held, Some(DType::F16)).unwrap();
+        assert_eq!(proto.data_type, DType::F16.onnx_code());
+        let values: Vec<f32> = proto
+            .raw_data
+            .chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect();
+        assert_eq!(values, [0.5, -3.25]);
+        // A type the runtime does not hold exactly is refused, not written wrong.
+        assert!(tensor_proto("w", &held, Some(DType::F64)).is_err());
+    }
+
+    #[test]
+    fn a_slice_keeps_every_run_of_a_fused_weight() {
+        // 2 × 6: three parts of 2 columns, split 2 ways: rank 1 keeps column 1 of each part.
+        let whole = HostTensor::new(
+            vec![2, 6],
+            TensorData::F32((0..12).map(|v| v as f32).collect()),
+        )
+        .unwrap();
+        let slice = slice_tensor(&whole, AxisSplit { axis: 1, groups: 3 }, 2, 1).unwrap();
+        assert_eq!(slice.shape(), [2, 3]);
+        assert_eq!(slice.to_f32_vec(), [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+    }
 }
