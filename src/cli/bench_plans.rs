@@ -98,7 +98,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     if args.stages == 0 || args.rounds == 0 || args.microbatches == 0 {
         anyhow::bail!("--stages, --rounds and --microbatches must be at least 1");
     }
-    // One core per stage: matrixmultiply reads this when its pool first starts, below.
+    // One core per stage: the matrix kernels read this at their first product, below.
     std::env::set_var("MATMUL_NUM_THREADS", "1");
     let path = &args.model.model;
     let mut model = args

@@ -77,7 +77,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
                 if threads == 0 {
                     anyhow::bail!("--threads must be at least 1");
                 }
-                // matrixmultiply reads it when its thread pool first starts, which is below.
+                // The matrix kernels read it at their first product, which is below.
                 std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
             }
             let model = args
@@ -161,7 +161,7 @@ fn from_onnxruntime(
     Ok(times)
 }
 
-/// The thread count matrixmultiply will use: MATMUL_NUM_THREADS, else the physical cores (its
+/// The thread count the matrix kernels will use: MATMUL_NUM_THREADS, else the cores (their
 /// own rule), which the standard library approximates by the available parallelism.
 fn matmul_threads() -> Option<usize> {
     std::env::var("MATMUL_NUM_THREADS")

@@ -8,7 +8,7 @@
 //! and the efficiency is 1.0, so that predicted times stay equal to measured ones.
 //!
 //! Only the CPU can be calibrated until the CUDA runtime exists: GPU kernels must be timed on the
-//! GPU. Matrix products use `matrixmultiply` (the same kernels as the CPU reference runtime will),
+//! GPU. Matrix products use the CPU runtime's own (the `gemm` crate),
 //! with threads on every core, as the profile's peak counts every core.
 
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ struct Timing {
 
 /// Runs `f` until `budget` has passed (at least 5 times) after one warm-up run.
 fn time_runs(budget: Duration, mut f: impl FnMut()) -> Timing {
-    f(); // warm caches, page in buffers, start matrixmultiply's threads
+    f(); // warm caches, page in buffers, start the matrix kernels' threads
     let start = Instant::now();
     let mut runs = Vec::new();
     while runs.len() < 5 || start.elapsed() < budget {
@@ -71,25 +71,7 @@ fn parallel_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
 }
 
 fn sgemm(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
-    // SAFETY: the slices hold m·k, k·n and m·n elements, row-major with the strides given.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    crate::runtime::sgemm(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, c);
 }
 
 /// Problem sizes of the microbenchmarks.

@@ -35,6 +35,7 @@ use std::sync::Arc;
 pub use cpu::{
     run_pipeline, run_pipeline_with, CpuExecutor, PipelineOptions, PipelineReport, StageTiming,
 };
+pub(crate) use kernels::sgemm;
 pub use kernels::supported_ops;
 pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
 pub use tensor::{HostTensor, TensorData};

@@ -206,19 +206,31 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         };
         return Ok(vec![HostTensor::f32(shape, out)]);
     }
+    let geometry = ConvGeometry {
+        n,
+        c,
+        hw: [h, wd],
+        groups: [group, cg, mg],
+        out_hw: [oh, ow],
+    };
+    let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
+    if !pointwise {
+        if let Some(planes) = PhasePlanes::fit(&geometry, &win) {
+            let out = conv_shifted_rows(xv, wv, bias.as_deref(), &geometry, &win, &planes)?;
+            let shape = if one_d {
+                vec![n, m, ow]
+            } else {
+                vec![n, m, oh, ow]
+            };
+            return Ok(vec![HostTensor::f32(shape, out)]);
+        }
+    }
     let images_per_product = if n > 1 && 2 * rows * cols <= IM2COL_TILE_FLOATS {
         IM2COL_TILE_FLOATS / (rows * cols).max(1)
     } else {
         1
     };
     if images_per_product > 1 {
-        let geometry = ConvGeometry {
-            n,
-            c,
-            hw: [h, wd],
-            groups: [group, cg, mg],
-            out_hw: [oh, ow],
-        };
         let out = conv_image_batches(xv, wv, bias.as_deref(), &geometry, &win, images_per_product)?;
         let shape = if one_d {
             vec![n, m, ow]
@@ -227,7 +239,6 @@ pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         };
         return Ok(vec![HostTensor::f32(shape, out)]);
     }
-    let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
     let mut out = try_zeros_f32(&[n, m, cols])?;
     // Output rows per im2col tile: the tile's column matrix stays in cache for its product.
     let tile_rows = if pointwise {
@@ -376,6 +387,207 @@ fn conv_image_batches(
     Ok(out)
 }
 
+/// The input of one image and group laid out so that every tap of a convolution reads one
+/// contiguous run: padded, then split into its `stride` phases per axis (padded rows ≡ p mod
+/// s_y, columns ≡ q mod s_x), each phase a plane of `height` × `width`. Output position
+/// (y, x) under tap (i, j) reads phase ((i·d_y) mod s_y, (j·d_x) mod s_x) at row
+/// y + (i·d_y) div s_y and column x + (j·d_x) div s_x, so the tap's values for output rows
+/// y0..y1 are one slice of that phase, `width` columns per output row of which the first `ow`
+/// are real and the rest (the padding's width) are computed and dropped.
+struct PhasePlanes {
+    height: usize,
+    width: usize,
+}
+
+impl PhasePlanes {
+    /// The layout for a convolution, or None where the dropped columns would be more than a
+    /// third of the work (a kernel nearly as wide as the input), which im2col does better. On
+    /// small images (8 × 8 at pad 2) a third is still cheaper than im2col's 8-float copies.
+    fn fit(geometry: &ConvGeometry, win: &Window) -> Option<PhasePlanes> {
+        let [h, w] = geometry.hw;
+        let [_, ow] = geometry.out_hw;
+        let padded = [
+            h + win.pad[0][0] + win.pad[0][1],
+            w + win.pad[1][0] + win.pad[1][1],
+        ];
+        let height = padded[0].div_ceil(win.stride[0]);
+        let width = padded[1].div_ceil(win.stride[1]);
+        (ow > 0 && 2 * width <= 3 * ow).then_some(PhasePlanes { height, width })
+    }
+
+    /// Floats of one channel's phases.
+    fn channel_len(&self, win: &Window) -> usize {
+        win.stride[0] * win.stride[1] * self.height * self.width
+    }
+
+    /// Writes `channels` input planes of `[h, w]` into `planes` (whose padding stays zero: every
+    /// image writes the same positions).
+    fn fill(
+        &self,
+        x: &[f32],
+        channels: usize,
+        [h, w]: [usize; 2],
+        win: &Window,
+        planes: &mut [f32],
+    ) {
+        let [sy, sx] = win.stride;
+        let [pad_top, pad_left] = [win.pad[0][0], win.pad[1][0]];
+        for ch in 0..channels {
+            let phases = &mut planes[ch * self.channel_len(win)..][..self.channel_len(win)];
+            for (iy, source_row) in x[ch * h * w..(ch + 1) * h * w].chunks(w.max(1)).enumerate() {
+                let (phase_y, row) = ((iy + pad_top) % sy, (iy + pad_top) / sy);
+                for phase_x in 0..sx {
+                    // The first input column of this phase, and where it lands in the phase.
+                    let first = (phase_x + sx - pad_left % sx) % sx;
+                    if first >= w {
+                        continue;
+                    }
+                    let column = (first + pad_left) / sx;
+                    let plane = (phase_y * sx + phase_x) * self.height * self.width;
+                    let dst = &mut phases[plane + row * self.width + column..];
+                    if sx == 1 {
+                        dst[..w].copy_from_slice(source_row);
+                    } else {
+                        every_nth(&source_row[first..], sx, dst);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies tap rows for output rows `y0..y1` into `col` (row r = (channel, i, j) at
+    /// `r · col_row_stride`): `(y1 − y0 − 1) · width + ow` floats each, one slice copy.
+    #[allow(clippy::too_many_arguments)]
+    fn columns(
+        &self,
+        planes: &[f32],
+        channels: usize,
+        win: &Window,
+        [y0, y1]: [usize; 2],
+        ow: usize,
+        (col, col_row_stride): (&mut [f32], usize),
+    ) {
+        let [kh, kw] = win.kernel;
+        let [sy, sx] = win.stride;
+        let len = (y1 - y0 - 1) * self.width + ow;
+        let mut r = 0;
+        for ch in 0..channels {
+            let phases = &planes[ch * self.channel_len(win)..];
+            for i in 0..kh {
+                let (phase_y, down) = ((i * win.dilation[0]) % sy, (i * win.dilation[0]) / sy);
+                for j in 0..kw {
+                    let (phase_x, right) = ((j * win.dilation[1]) % sx, (j * win.dilation[1]) / sx);
+                    let plane = (phase_y * sx + phase_x) * self.height * self.width;
+                    let start = plane + (y0 + down) * self.width + right;
+                    col[r * col_row_stride..][..len].copy_from_slice(&phases[start..start + len]);
+                    r += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Copies `row[0]`, `row[stride]`, `row[2 · stride]`, … to the start of `dst` (as many as
+/// both hold). Stride 2, the usual one, in pairs the compiler vectorises as a shuffle.
+fn every_nth(row: &[f32], stride: usize, dst: &mut [f32]) {
+    if stride == 2 {
+        let pairs = row.chunks_exact(2);
+        let odd_tail = pairs.remainder().first().copied();
+        let count = pairs.len().min(dst.len());
+        for (d, pair) in dst.iter_mut().zip(pairs) {
+            *d = pair[0];
+        }
+        if let (Some(v), Some(d)) = (odd_tail, dst.get_mut(count)) {
+            *d = v;
+        }
+    } else {
+        for (d, every) in dst.iter_mut().zip(row.chunks(stride)) {
+            *d = every[0];
+        }
+    }
+}
+
+/// A convolution through [`PhasePlanes`]: per image and group the input is padded and split
+/// into phases once, then each tap's column-matrix row is one slice copy (im2col copied one
+/// output row at a time, between zero-filled edges: 40% of a small CNN's time). Small images
+/// go several to one product, large ones a tile of output rows at a time, as in im2col.
+fn conv_shifted_rows(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    geometry: &ConvGeometry,
+    win: &Window,
+    planes: &PhasePlanes,
+) -> Result<Vec<f32>, String> {
+    let ConvGeometry {
+        n,
+        c,
+        hw: [h, wd],
+        groups: [group, cg, mg],
+        out_hw: [oh, ow],
+    } = *geometry;
+    let [kh, kw] = win.kernel;
+    let (rows, m) = (cg * kh * kw, mg * group);
+    // Columns per image: every output row `planes.width` wide (the last one's tail unused).
+    let image_cols = oh * planes.width;
+    let (images, tile_rows) = if n > 1 && 2 * rows * image_cols <= IM2COL_TILE_FLOATS {
+        (IM2COL_TILE_FLOATS / (rows * image_cols).max(1), oh)
+    } else {
+        let tile_rows = IM2COL_TILE_FLOATS / (rows * planes.width).max(1);
+        (1, tile_rows.clamp(1, oh.max(1)))
+    };
+    let segment = tile_rows * planes.width;
+    let mut out = try_zeros_f32(&[n, m, oh * ow])?;
+    let mut phases = vec![0.0f32; cg * planes.channel_len(win)];
+    let mut col = vec![0.0f32; rows * images * segment];
+    let mut product = vec![0.0f32; mg * images * segment];
+    for g in 0..group {
+        let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+        for first in (0..n).step_by(images) {
+            let batch = first..(first + images).min(n);
+            let width = batch.len() * segment;
+            for y0 in (0..oh).step_by(tile_rows) {
+                let y1 = (y0 + tile_rows).min(oh);
+                for (k, b) in batch.clone().enumerate() {
+                    if y0 == 0 {
+                        let x_group = &x[(b * c + g * cg) * h * wd..][..cg * h * wd];
+                        planes.fill(x_group, cg, [h, wd], win, &mut phases);
+                    }
+                    let tile = (&mut col[k * segment..], width);
+                    planes.columns(&phases, cg, win, [y0, y1], ow, tile);
+                }
+                sgemm(
+                    mg,
+                    rows,
+                    width,
+                    1.0,
+                    wg,
+                    (rows, 1),
+                    &col[..rows * width],
+                    (width, 1),
+                    0.0,
+                    &mut product[..mg * width],
+                );
+                for (k, b) in batch.clone().enumerate() {
+                    for j in 0..mg {
+                        let channel = g * mg + j;
+                        let add = bias.map_or(0.0, |bias| bias[channel]);
+                        let plane = &mut out[(b * m + channel) * oh * ow..][..oh * ow];
+                        let src = &product[j * width + k * segment..][..segment];
+                        for (y, dst) in (y0..y1).zip(plane[y0 * ow..].chunks_mut(ow)) {
+                            let row = &src[(y - y0) * planes.width..][..ow];
+                            for (d, &v) in dst.iter_mut().zip(row) {
+                                *d = v + add;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A depthwise convolution (one input and one output channel per group), directly: each tap of
 /// the kernel adds a shifted row of the input to a row of the output. Through im2col it would be
 /// one 1 × taps GEMM per channel on a column matrix `taps` times the plane's size, which is where
@@ -391,38 +603,23 @@ fn depthwise(
 ) -> Result<Vec<f32>, String> {
     let [kh, kw] = win.kernel;
     let mut out = try_zeros_f32(&[n, c, oh * ow])?;
+    let mut phases = ColumnPhases::new([h, wd], win.stride[1]);
+    let tap_columns: Vec<TapColumns> = (0..kw).map(|j| phases.tap(win, j, ow)).collect();
     for (plane_index, o) in out.chunks_mut(oh * ow).enumerate() {
         let ch = plane_index % c;
         o.fill(bias.map_or(0.0, |b| b[ch]));
-        let plane = &x[plane_index * h * wd..(plane_index + 1) * h * wd];
+        let plane = phases.split(&x[plane_index * h * wd..(plane_index + 1) * h * wd]);
         let taps = &w[ch * kh * kw..(ch + 1) * kh * kw];
         for i in 0..kh {
             for j in 0..kw {
                 let weight = taps[i * kw + j];
-                let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
-                let stride = win.stride[1] as isize;
-                let (first, end) = inside_columns(offset, stride, wd, ow);
-                if first >= end {
-                    continue;
-                }
+                let tap = &tap_columns[j];
                 for y in 0..oh {
-                    let iy =
-                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
-                    if iy < 0 || iy >= h as isize {
+                    let Some(src) = tap.source(plane, win, [y, i]) else {
                         continue;
-                    }
-                    let src = &plane[iy as usize * wd..(iy as usize + 1) * wd];
-                    let dst = &mut o[y * ow..(y + 1) * ow];
-                    if stride == 1 {
-                        let start = (first as isize + offset) as usize;
-                        let len = end - first;
-                        for (d, &v) in dst[first..end].iter_mut().zip(&src[start..start + len]) {
-                            *d += weight * v;
-                        }
-                    } else {
-                        for (xo, d) in dst.iter_mut().enumerate().take(end).skip(first) {
-                            *d += weight * src[(xo as isize * stride + offset) as usize];
-                        }
+                    };
+                    for (d, &v) in o[y * ow..][tap.first..tap.end].iter_mut().zip(src) {
+                        *d += weight * v;
                     }
                 }
             }
@@ -431,20 +628,93 @@ fn depthwise(
     Ok(out)
 }
 
-/// The output columns `first..end` whose input column `xo · stride + offset` lies inside a row
-/// of `width`, for an output row of `out_width`.
-fn inside_columns(offset: isize, stride: isize, width: usize, out_width: usize) -> (usize, usize) {
-    let first = if offset >= 0 {
-        0
-    } else {
-        ((-offset + stride - 1) / stride) as usize
-    };
-    let end = if (width as isize) - offset <= 0 {
-        0
-    } else {
-        ((((width as isize) - offset + stride - 1) / stride) as usize).min(out_width)
-    };
-    (first.min(end), end)
+/// The input rows of a plane split into their column phases for a window op of column stride
+/// s (row `(phase, iy)` holds columns ≡ phase mod s), so that each tap of the window reads a
+/// contiguous run of one phase: a vectorised slice loop, where gathering every s-th element
+/// took most of a strided depthwise convolution's or max pool's time. At stride 1 the plane
+/// is used as it is.
+struct ColumnPhases {
+    hw: [usize; 2],
+    stride: usize,
+    width: usize,
+    rows: Vec<f32>,
+}
+
+/// Where tap column j of a window reads: phase `phase` shifted by `shift` columns, for the
+/// output columns `first..end` that fall inside the input.
+struct TapColumns {
+    phase: usize,
+    shift: isize,
+    first: usize,
+    end: usize,
+    row_len: usize,
+    height: usize,
+}
+
+impl ColumnPhases {
+    fn new([h, w]: [usize; 2], stride: usize) -> ColumnPhases {
+        let width = w.div_ceil(stride);
+        let rows = if stride > 1 {
+            vec![0.0; stride * h * width]
+        } else {
+            Vec::new()
+        };
+        ColumnPhases {
+            hw: [h, w],
+            stride,
+            width,
+            rows,
+        }
+    }
+
+    /// The plane as the taps read it: its phases, or itself at stride 1.
+    fn split<'a>(&'a mut self, plane: &'a [f32]) -> &'a [f32] {
+        let ([h, w], s) = (self.hw, self.stride);
+        if s == 1 {
+            return plane;
+        }
+        for (iy, row) in plane.chunks(w.max(1)).enumerate() {
+            for phase in 0..s.min(w) {
+                let dst = &mut self.rows[(phase * h + iy) * self.width..][..self.width];
+                every_nth(&row[phase..], s, dst);
+            }
+        }
+        &self.rows
+    }
+
+    fn tap(&self, win: &Window, j: usize, ow: usize) -> TapColumns {
+        let (s, w) = (self.stride, self.hw[1]);
+        let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+        let phase = offset.rem_euclid(s as isize) as usize;
+        let shift = offset.div_euclid(s as isize);
+        let columns = w.saturating_sub(phase).div_ceil(s);
+        let first = (-shift).clamp(0, ow as isize) as usize;
+        let end = (columns as isize - shift).clamp(first as isize, ow as isize) as usize;
+        let row_len = if s > 1 { self.width } else { w };
+        TapColumns {
+            phase,
+            shift,
+            first,
+            end,
+            row_len,
+            height: self.hw[0],
+        }
+    }
+}
+
+impl TapColumns {
+    /// The input values output row y's columns `first..end` read under tap row i, or None
+    /// where that input row is padding.
+    fn source<'a>(&self, plane: &'a [f32], win: &Window, [y, i]: [usize; 2]) -> Option<&'a [f32]> {
+        let h = self.height;
+        let iy = (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+        if iy < 0 || iy >= h as isize || self.first >= self.end {
+            return None;
+        }
+        let row = &plane[(self.phase * h + iy as usize) * self.row_len..][..self.row_len];
+        let start = (self.first as isize + self.shift) as usize;
+        Some(&row[start..start + (self.end - self.first)])
+    }
 }
 
 /// Lays out the input patches of output rows `y0..y1` as the columns of a `channels · kh · kw`
@@ -721,22 +991,18 @@ fn max_pool(
     [oh, ow]: [usize; 2],
 ) -> Result<Vec<f32>, String> {
     let mut out = crate::runtime::tensor::try_filled(planes * oh * ow, f32::NEG_INFINITY)?;
-    let stride = win.stride[1] as isize;
+    let mut phases = ColumnPhases::new([h, w], win.stride[1]);
+    let tap_columns: Vec<TapColumns> = (0..win.kernel[1]).map(|j| phases.tap(win, j, ow)).collect();
     for (plane, o) in x.chunks(h * w).zip(out.chunks_mut((oh * ow).max(1))) {
+        let plane = phases.split(plane);
         for i in 0..win.kernel[0] {
-            for j in 0..win.kernel[1] {
-                let offset = (j * win.dilation[1]) as isize - win.pad[1][0] as isize;
-                let (first, end) = inside_columns(offset, stride, w, ow);
+            for tap in &tap_columns {
                 for y in 0..oh {
-                    let iy =
-                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
-                    if first >= end || iy < 0 || iy >= h as isize {
+                    let Some(src) = tap.source(plane, win, [y, i]) else {
                         continue;
-                    }
-                    let src = &plane[iy as usize * w..(iy as usize + 1) * w];
-                    let dst = &mut o[y * ow..(y + 1) * ow];
-                    for (xo, d) in dst.iter_mut().enumerate().take(end).skip(first) {
-                        *d = d.max(src[(xo as isize * stride + offset) as usize]);
+                    };
+                    for (d, &v) in o[y * ow..][tap.first..tap.end].iter_mut().zip(src) {
+                        *d = d.max(v);
                     }
                 }
             }
@@ -849,6 +1115,77 @@ mod tests {
             }
         }
         assert_close(&out[0], &[n, c, oh, ow], &want);
+    }
+
+    #[test]
+    fn strided_dilated_padded_grouped_conv_matches_the_definition() {
+        // Through the phase planes: 2 images × 4 channels of 11×13, 6 output channels in 2
+        // groups, 3×2 taps, stride [2, 3], dilation [2, 1], pads [1, 2, 2, 0] (top, left,
+        // bottom, right), bias; and a large image (200 × 40) whose output rows go in tiles.
+        let check = |[n, c, h, w]: [usize; 4], m: usize, group: usize, strides: [usize; 2]| {
+            let (cg, mg, kh, kw) = (c / group, m / group, 3usize, 2usize);
+            let (dilation, pad) = ([2usize, 1], [1usize, 2, 2, 0]);
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let ws: Vec<f32> = (0..m * cg * kh * kw)
+                .map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0)
+                .collect();
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 - 2.0).collect();
+            let out = run(
+                "Conv",
+                vec![
+                    ("group", Attribute::Int(group as i64)),
+                    (
+                        "strides",
+                        Attribute::Ints(strides.map(|s| s as i64).to_vec()),
+                    ),
+                    ("dilations", Attribute::Ints(vec![2, 1])),
+                    ("pads", Attribute::Ints(vec![1, 2, 2, 0])),
+                ],
+                &[
+                    &f(&[n, c, h, w], &xs),
+                    &f(&[m, cg, kh, kw], &ws),
+                    &f(&[m], &bias),
+                ],
+            );
+            let oh = (h + pad[0] + pad[2] - (dilation[0] * (kh - 1) + 1)) / strides[0] + 1;
+            let ow = (w + pad[1] + pad[3] - (dilation[1] * (kw - 1) + 1)) / strides[1] + 1;
+            let mut want = Vec::new();
+            for img in 0..n {
+                for oc in 0..m {
+                    let g = oc / mg;
+                    for y in 0..oh {
+                        for xo in 0..ow {
+                            let mut sum = bias[oc];
+                            for ci in 0..cg {
+                                for i in 0..kh {
+                                    for j in 0..kw {
+                                        let iy = (y * strides[0] + i * dilation[0]) as isize
+                                            - pad[0] as isize;
+                                        let ix = (xo * strides[1] + j * dilation[1]) as isize
+                                            - pad[1] as isize;
+                                        if iy < 0 || ix < 0 || iy as usize >= h || ix as usize >= w
+                                        {
+                                            continue;
+                                        }
+                                        let channel = g * cg + ci;
+                                        let at = ((img * c + channel) * h + iy as usize) * w
+                                            + ix as usize;
+                                        sum += ws[((oc * cg + ci) * kh + i) * kw + j] * xs[at];
+                                    }
+                                }
+                            }
+                            want.push(sum);
+                        }
+                    }
+                }
+            }
+            assert_close(&out[0], &[n, m, oh, ow], &want);
+        };
+        check([2, 4, 11, 13], 6, 2, [2, 3]);
+        check([1, 4, 200, 40], 6, 2, [1, 1]);
+        check([3, 2, 9, 7], 4, 1, [2, 2]);
     }
 
     #[test]

@@ -3,12 +3,11 @@
 //! Specs: <https://onnx.ai/onnx/operators/onnx__MatMul.html>,
 //! <https://onnx.ai/onnx/operators/onnx__Gemm.html>, opsets 7 to 23.
 //!
-//! The inner product is `matrixmultiply::sgemm`: a pure-Rust, dependency-free BLIS-style kernel
-//! with runtime-detected AVX/FMA/NEON paths and arbitrary row and column strides, so transposed
-//! operands (`Gemm` with `transA`/`transB`, `MatMul` against a transposed view) need no copy. It
-//! reaches a large share of peak on one core for the small-to-medium matrices a reference runtime
-//! sees. `gemm` is faster on large matrices but pulls in a much larger dependency tree; the
-//! reference runtime wants correctness and a small build first.
+//! The inner product is the `gemm` crate's (faer's kernels): BLIS-style packing with
+//! microkernels for SSE, AVX2/FMA and AVX-512 picked at run time, and arbitrary row and column
+//! strides, so transposed operands (`Gemm` with `transA`/`transB`, `MatMul` against a transposed
+//! view) need no copy. It replaced `matrixmultiply`, 1.2–1.8× slower on the products the
+//! benchmark models make (docs/benchmarks.md, "Matrix products through the gemm crate").
 
 use super::{broadcast_offsets, broadcast_shapes, input, optional, Ctx, KernelResult, KernelTable};
 use crate::runtime::tensor::try_zeros_f32;
@@ -67,25 +66,60 @@ pub(crate) fn sgemm_rows(
         n <= c_row_stride && c.len() >= (m - 1) * c_row_stride + n,
         "C is too short"
     );
-    // SAFETY: the asserts above bound every index sgemm reads from `a` and `b` and writes to `c`
+    if k == 0 {
+        // No terms: gemm would leave `c` as it was, ONNX wants beta · c.
+        for row in c.chunks_mut(c_row_stride).take(m) {
+            for v in &mut row[..n] {
+                *v = if beta == 0.0 { 0.0 } else { beta * *v };
+            }
+        }
+        return;
+    }
+    // SAFETY: the asserts above bound every index gemm reads from `a` and `b` and writes to `c`
     // (m rows of n at stride `c_row_stride`); the slices outlive the call and `c` is not aliased.
+    // gemm's `alpha` scales the destination and its `beta` the product; with `read_dst` false
+    // the destination is only written (a `c` of garbage with beta 0 stays out of the result).
     unsafe {
-        matrixmultiply::sgemm(
+        gemm::gemm(
             m,
-            k,
             n,
-            alpha,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            beta,
+            k,
             c.as_mut_ptr(),
-            c_row_stride as isize,
             1,
+            c_row_stride as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            csa as isize,
+            rsa as isize,
+            b.as_ptr(),
+            csb as isize,
+            rsb as isize,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            product_parallelism(),
         );
+    }
+}
+
+/// How many threads one product may use: `MATMUL_NUM_THREADS` (the variable `pipecut profile
+/// --threads` and the stage benchmarks set, the name matrixmultiply read before), else every
+/// core. Read once: a product in the middle of a run does not change its threading.
+fn product_parallelism() -> gemm::Parallelism {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads = *THREADS.get_or_init(|| {
+        std::env::var("MATMUL_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+            .unwrap_or(1)
+    });
+    if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
     }
 }
 

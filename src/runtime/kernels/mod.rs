@@ -27,6 +27,7 @@ mod grid_sample;
 mod linalg;
 mod loss;
 mod matmul;
+pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
 mod movement;
