@@ -262,7 +262,7 @@ int check_call(const char* name, const void* buf, size_t count, int datatype, in
     if (pc_fake_stream_context(stream) != c->context)
         return fail(c, INVALID_ARGUMENT, "%s on a stream of another context (device)", name);
     if (pc_fake_context_error(c->context)) return UNHANDLED_CUDA_ERROR;
-    if (count > 0 && !pc_fake_check_range(c->context, uint64_t(uintptr_t(buf)), count * size, name))
+    if (count > 0 && !pc_fake_check_range(c->context, stream, uint64_t(uintptr_t(buf)), count * size, name))
         return fail(c, INVALID_ARGUMENT, "%s: the buffer of %zu bytes is not live device memory", name,
                     count * size);
     return SUCCESS;
