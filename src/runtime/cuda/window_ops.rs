@@ -12,7 +12,7 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::ops::{broadcast_strides, cuda_error, device, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
-use crate::runtime::kernels::{nchw_of, spatial, window, Ctx, Window};
+use crate::runtime::kernels::{conv_group, nchw_of, spatial, window, Ctx, Window};
 
 /// `struct Window2d` of `kernels.cu`, field for field.
 #[repr(C)]
@@ -98,16 +98,7 @@ pub(super) fn conv(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     }
     let ([n, c, h, wd], one_d) = nchw_of(&x.shape)?;
     let ([m, cg, kh, kw], _) = nchw_of(&w.shape)?;
-    let group = usize::try_from(ctx.int("group", 1))
-        .ok()
-        .filter(|g| *g > 0)
-        .ok_or("bad group")?;
-    if c != cg * group || m % group != 0 {
-        return Err(format!(
-            "input has {c} channels, weight {:?} with group {group}",
-            w.shape
-        ));
-    }
+    let group = conv_group(ctx, c, &w.shape)?;
     if let Some(b) = &bias {
         if numel(&b.shape) != m {
             return Err(format!(

@@ -169,21 +169,28 @@ impl Window {
     }
 }
 
+/// The `group` attribute of a convolution of `c` input channels by a weight of `weight`'s shape
+/// (M × C/group × kernel): at least 1, and dividing both channel counts as the weight says.
+pub(crate) fn conv_group(ctx: &Ctx, c: usize, weight: &[usize]) -> Result<usize, String> {
+    let group = usize::try_from(ctx.int("group", 1))
+        .ok()
+        .filter(|g| *g > 0)
+        .ok_or("bad group")?;
+    let (m, cg) = (weight[0], weight[1]);
+    if c != cg * group || m % group != 0 {
+        return Err(format!(
+            "input has {c} channels, weight {weight:?} with group {group}"
+        ));
+    }
+    Ok(group)
+}
+
 pub(super) fn conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
     let ([n, c, h, wd], one_d) = nchw(x)?;
     let (w4, _) = nchw(w)?;
     let [m, cg, kh, kw] = w4;
-    let group = usize::try_from(ctx.int("group", 1))
-        .ok()
-        .filter(|g| *g > 0)
-        .ok_or("bad group")?;
-    if c != cg * group || m % group != 0 {
-        return Err(format!(
-            "input has {c} channels, weight {:?} with group {group}",
-            w.shape()
-        ));
-    }
+    let group = conv_group(ctx, c, w.shape())?;
     let win = window(ctx, one_d, [kh, kw], [h, wd])?;
     let [oh, ow] = win.output([h, wd], false)?;
     let (xv, wv) = (x.as_f32()?, w.as_f32()?);

@@ -16,7 +16,7 @@ mod control;
 mod conv;
 // The CUDA backend's window ops share the CPU kernels' window geometry.
 #[cfg(feature = "cuda")]
-pub(crate) use conv::{nchw_of, spatial, window, Window};
+pub(crate) use conv::{conv_group, nchw_of, spatial, window, Window};
 mod conv_transpose_nd;
 mod crop;
 mod detection;
