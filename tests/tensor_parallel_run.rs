@@ -379,6 +379,29 @@ fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
     let whole: Tensors = [("logits".to_string(), std::sync::Arc::new(plain))].into();
     let split: Tensors = [("logits".to_string(), std::sync::Arc::new(tp))].into();
     assert_close(&whole, &split, "pipecut run at t = 2");
+
+    // Across processes, a tensor-parallel plan is refused in one line rather than run with
+    // every block whole (as a rank of a 4-process torchrun job would be started).
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(["run", &path("tp.json"), model_arg, "--distributed"])
+        .args(["--output-dir", &path("refused")])
+        .envs([
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29999"),
+        ])
+        .current_dir(common::root())
+        .output()
+        .expect("the pipecut binary runs");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tensor-parallel group of 2 GPUs") && err.contains("--distributed"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 #[test]

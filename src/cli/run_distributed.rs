@@ -102,6 +102,21 @@ pub struct RankSetup<'a> {
 /// Who this process is in the job its launcher started, checked against the plan's layout
 /// for a step of `microbatches`: the launch and this rank's stage.
 pub fn place_in_job(plan: &Plan, microbatches: usize) -> anyhow::Result<(Launch, usize)> {
+    // A tensor-parallel plan has t GPUs per stage and replica; one rank per stage would run
+    // every block whole, which is not the plan. Said before the launcher's variables are read,
+    // so every rank of such a job stops with the same line.
+    if let Some(t) = plan
+        .parallelism
+        .as_ref()
+        .map(|p| p.tensor_parallel.degree)
+        .filter(|&t| t > 1)
+    {
+        anyhow::bail!(
+            "the plan splits each stage over a tensor-parallel group of {t} GPUs, which \
+             --distributed does not run yet: run it in one process (`pipecut run`, the ranks \
+             as threads)"
+        );
+    }
     let launch = Launch::from_env()?;
     let layout = RankLayout {
         stages: plan.stages.len(),
