@@ -459,6 +459,45 @@ impl<'a> CudaExecutor<'a> {
     }
 }
 
+/// Ops whose device kernels call cuBLAS.
+fn runs_gemm(op_type: &str) -> bool {
+    matches!(op_type, "MatMul" | "Gemm" | "Conv" | "ConvTranspose")
+}
+
+/// One 8 × 8 product on `blas`, waited for. A process's first cuBLAS product costs 70–120 ms
+/// on an H200 (the library loading its kernels: `benches/gpu/cold_start.sh`), which would
+/// otherwise land in the first micro-batch of the first stage that multiplies and make the
+/// pipeline's start look like a slow stage.
+fn warm_up_cublas(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
+    use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
+    const N: i32 = 8;
+    let a = stream
+        .alloc_zeros::<f32>((N * N) as usize)
+        .map_err(|e| e.to_string())?;
+    let mut c = stream
+        .alloc_zeros::<f32>((N * N) as usize)
+        .map_err(|e| e.to_string())?;
+    let config = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_N,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: N,
+        n: N,
+        k: N,
+        alpha: 1.0f32,
+        lda: N,
+        ldb: N,
+        beta: 0.0,
+        ldc: N,
+    };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| e.to_string())?;
+    // SAFETY: three 8 × 8 matrices, as `config` says.
+    unsafe { blas.gemm(config, &a, &a, &mut c) }.map_err(|e| format!("{e:?}"))?;
+    stream.synchronize().map_err(|e| e.to_string())
+}
+
 impl Executor for CudaExecutor<'_> {
     type Stage = CudaStage;
 
@@ -474,6 +513,14 @@ impl Executor for CudaExecutor<'_> {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| {
             Self::stage_error(spec.index, format!("cannot create a cuBLAS handle: {e:?}"))
         })?;
+        if spec
+            .nodes
+            .iter()
+            .any(|&n| runs_gemm(&graph.node(n).op_type))
+        {
+            warm_up_cublas(&stream, &blas)
+                .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS warm-up: {e}")))?;
+        }
         let steps = plan_steps(graph, spec)?;
         let mut read_weights: Vec<TensorId> = spec
             .nodes
