@@ -45,8 +45,8 @@ for m in mlp gpt2_tiny bert_tiny llama_tiny resnet_tiny magika_standard_v3_3 ppo
     python3 $G/compare.py $m $k $W/$m.$k
   done
 done
-echo "== stage times vs plan, gpt2_tiny and bert_tiny, 2 stages, m = 1, 4, 16"
-for m in gpt2_tiny bert_tiny; do for mb in 1 4 16; do
+echo "== stage times vs plan, gpt2_tiny, bert_tiny and resnet_tiny, 2 stages, m = 1, 4, 16"
+for m in gpt2_tiny bert_tiny resnet_tiny; do for mb in 1 4 16; do
   timeout 60 $P partition $F/$m.onnx --devices H200-SXM,H200-SXM --stages 2 ${DIMS[$m]} --microbatches $mb --out $W/t.json >/dev/null 2>&1
   timeout 120 $P run $W/t.json $F/$m.onnx --backend cuda --json --output-dir $W/t.out > $W/t.run.json 2>/dev/null
   python3 $G/stages.py $m $mb $W/t.run.json

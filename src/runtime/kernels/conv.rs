@@ -366,18 +366,7 @@ fn conv_image_batches(
                     (&mut col[k * cols..], width),
                 );
             }
-            sgemm(
-                mg,
-                rows,
-                width,
-                1.0,
-                wg,
-                (rows, 1),
-                &col[..rows * width],
-                (width, 1),
-                0.0,
-                &mut product[..mg * width],
-            );
+            multiply_columns(wg, &col, &mut product, [mg, rows, width]);
             for (k, b) in batch.enumerate() {
                 for j in 0..mg {
                     let channel = g * mg + j;
@@ -392,6 +381,23 @@ fn conv_image_batches(
         }
     }
     Ok(out)
+}
+
+/// `product` = a group's weights (`mg` × `rows`) times the first `width` columns of a column
+/// tile (`rows` × `width`), both convolution paths' one matrix product.
+fn multiply_columns(wg: &[f32], col: &[f32], product: &mut [f32], [mg, rows, width]: [usize; 3]) {
+    sgemm(
+        mg,
+        rows,
+        width,
+        1.0,
+        wg,
+        (rows, 1),
+        &col[..rows * width],
+        (width, 1),
+        0.0,
+        &mut product[..mg * width],
+    );
 }
 
 /// The input of one image and group laid out so that every tap of a convolution reads one
@@ -563,18 +569,7 @@ fn conv_shifted_rows(
                     let tile = (&mut col[k * segment..], width);
                     planes.columns(&phases, cg, win, [y0, y1], ow, tile);
                 }
-                sgemm(
-                    mg,
-                    rows,
-                    width,
-                    1.0,
-                    wg,
-                    (rows, 1),
-                    &col[..rows * width],
-                    (width, 1),
-                    0.0,
-                    &mut product[..mg * width],
-                );
+                multiply_columns(wg, &col, &mut product, [mg, rows, width]);
                 for (k, b) in batch.clone().enumerate() {
                     for j in 0..mg {
                         let channel = g * mg + j;
