@@ -128,6 +128,15 @@ fn gpt2_split_two_and_four_ways_equals_the_whole_model() {
 }
 
 #[test]
+fn an_mlp_of_gemm_linears_split_two_and_four_ways_equals_the_whole_model() {
+    // torch.onnx's Linear on a 2-D input is a Gemm with transB = 1 and its bias inside: the
+    // column Gemm's bias is sliced with its weight, the row Gemm's added once after the sum.
+    let path = common::fixture("mlp");
+    reproduces(&path, 2, 2, 0);
+    reproduces(&path, 4, 2, 0);
+}
+
+#[test]
 fn llama_split_two_ways_equals_the_whole_model_and_its_attention_stays_whole_at_four() {
     let path = common::fixture("llama_tiny");
     reproduces(&path, 2, 4, 2);
@@ -459,4 +468,104 @@ fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
         !out.status.success() && stderr.contains("shards"),
         "{stderr}"
     );
+}
+
+/// A Gemm MLP as older exporters write it (opset 9, where a Gemm's bias is required): a column
+/// Gemm with its weight untransposed and a row Gemm with `transB = 1` and `beta = 0.5`, whose
+/// bias each rank must leave out and the sum get once, scaled.
+#[test]
+fn an_opset_9_gemm_mlp_with_a_scaled_bias_split_two_ways_equals_the_whole_model() {
+    use onnx_protobuf::attribute_proto::AttributeType;
+    use onnx_protobuf::{
+        tensor_shape_proto, type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str, dims: &[i64]| ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    };
+    let weight = |name: &str, dims: &[i64], seed: f32| TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: (0..dims.iter().product::<i64>())
+            .map(|i| ((i as f32 * 0.37 + seed).sin()) * 0.5)
+            .collect(),
+        ..Default::default()
+    };
+    let attr = |name: &str, i: i64, f: f32, float: bool| AttributeProto {
+        name: name.into(),
+        i,
+        f,
+        type_: if float {
+            AttributeType::FLOAT
+        } else {
+            AttributeType::INT
+        }
+        .into(),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, inputs: &[&str], output: &str, attribute| NodeProto {
+        name: name.into(),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        attribute,
+        ..Default::default()
+    };
+    let graph = GraphProto {
+        name: "mlp9".into(),
+        node: vec![
+            node("up", "Gemm", &["x", "w1", "b1"], "h", vec![]),
+            node("act", "Relu", &["h"], "a", vec![]),
+            node(
+                "down",
+                "Gemm",
+                &["a", "w2", "b2"],
+                "y",
+                vec![attr("transB", 1, 0.0, false), attr("beta", 0, 0.5, true)],
+            ),
+        ],
+        initializer: vec![
+            weight("w1", &[6, 8], 0.1),
+            weight("b1", &[8], 0.2),
+            weight("w2", &[5, 8], 0.3),
+            weight("b2", &[1, 5], 0.4),
+        ],
+        input: vec![value_info("x", &[3, 6])],
+        output: vec![value_info("y", &[3, 5])],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: 4,
+        opset_import: vec![OperatorSetIdProto {
+            version: 9,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp9.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    reproduces(&path, 2, 1, 0);
 }

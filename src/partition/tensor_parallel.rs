@@ -331,6 +331,17 @@ impl TensorParallelBlocks {
             })
             .collect();
         blocks.sort_by_key(|b| position[&b.row]);
+        // In a chain of linears with nothing between that needs whole rows (a plain MLP), each
+        // linear is the row of one pair and a column of the next; Megatron alternates column
+        // and row, so in graph order a block that shares a node with an earlier one is no block.
+        let mut taken: BTreeSet<NodeId> = BTreeSet::new();
+        blocks.retain(|b| {
+            let free = b.nodes.iter().all(|n| !taken.contains(n));
+            if free {
+                taken.extend(b.nodes.iter().copied());
+            }
+            free
+        });
 
         let in_blocks: BTreeSet<NodeId> = blocks
             .iter()
@@ -770,6 +781,38 @@ mod tests {
                 .iter()
                 .all(|&n| !mixes_columns(&graph.node(n).op_type)));
         }
+    }
+
+    #[test]
+    fn a_chain_of_gemm_linears_alternates_column_and_row() {
+        // mlp: five Gemms with a Relu between each: (0, 2) and (4, 6) are blocks; 2 → 4 and
+        // 6 → head would make a linear both the row of one block and a column of the next.
+        let path = format!("{}/fixtures/models/mlp.onnx", env!("CARGO_MANIFEST_DIR"));
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2))
+            .run(&mut model.graph)
+            .unwrap();
+        let graph = model.graph;
+        let found = TensorParallelBlocks::find(&graph);
+        let name = |n: NodeId| graph.node(n).name.clone();
+        let pairs: Vec<(Vec<String>, String)> = found
+            .blocks
+            .iter()
+            .map(|b| (b.columns.iter().map(|&c| name(c)).collect(), name(b.row)))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                (
+                    vec!["/layers/layers.0/Gemm".to_string()],
+                    "/layers/layers.2/Gemm".to_string()
+                ),
+                (
+                    vec!["/layers/layers.4/Gemm".to_string()],
+                    "/layers/layers.6/Gemm".to_string()
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -324,6 +324,11 @@ fn ints_attr(graph: &Graph, node: NodeId, name: &str) -> Option<Vec<i64>> {
     }
 }
 
+/// A Gemm's `transA` / `transB`: whether that operand is read transposed.
+pub(crate) fn gemm_flag(graph: &Graph, node: NodeId, name: &str) -> bool {
+    int_attr(graph, node, name).unwrap_or(0) != 0
+}
+
 fn normalize(axis: i64, rank: usize) -> Outcome<usize> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };
     (0..rank as i64)
@@ -408,20 +413,25 @@ impl<'a> Walk<'a> {
     fn run(mut self) -> Outcome<SplitBlock> {
         let graph = self.graph;
         let row = graph.node(self.block.row);
-        if row.op_type != "MatMul" {
-            return Err(format!(
-                "its row linear is a {} (only MatMul rows are split)",
-                row.op_type
-            ));
-        }
         let input = row.inputs[0].ok_or("the row linear has no input")?;
         let rank = shape_of(graph, input)?.len();
+        // Rank r holds a share of the inner (reduced) axis: the input's last axis and the
+        // weight's first (a Gemm's transposed operands swap them; its bias, added once after
+        // the all-reduce, stays whole).
+        let (input_axis, weight_axis) = match row.op_type.as_str() {
+            "MatMul" => (rank - 1, 0),
+            "Gemm" => (
+                usize::from(!gemm_flag(graph, self.block.row, "transA")),
+                usize::from(gemm_flag(graph, self.block.row, "transB")),
+            ),
+            op => return Err(format!("its row linear is a {op} (not a MatMul or Gemm)")),
+        };
         let split = AxisSplit {
-            axis: rank - 1,
+            axis: input_axis,
             groups: 1,
         };
         self.require(input, split)?;
-        self.slice_weight(self.block.row, 1, 0, split)?;
+        self.slice_weight(self.block.row, 1, weight_axis, split)?;
         while let Some(tensor) = self.pending.pop() {
             self.backward(tensor)?;
         }
@@ -545,9 +555,34 @@ impl<'a> Walk<'a> {
         }
         match n.op_type.as_str() {
             "MatMul" => self.slice_weight(node, 1, 1, split),
+            "Gemm" => {
+                let b_axis = usize::from(!gemm_flag(graph, node, "transB"));
+                self.slice_weight(node, 1, b_axis, split)?;
+                self.gemm_bias(node, split)
+            }
             _ => Err(format!(
-                "its column linear '{}' is a {} (only MatMul columns are split)",
+                "its column linear '{}' is a {} (not a MatMul or Gemm)",
                 n.name, n.op_type
+            )),
+        }
+    }
+
+    /// A column Gemm's bias C, broadcast to its [M, N] output: sliced along N unless it is
+    /// broadcast along it (a scalar, [M, 1]).
+    fn gemm_bias(&mut self, node: NodeId, split: AxisSplit) -> Outcome<()> {
+        let graph = self.graph;
+        let Some(bias) = graph.node(node).inputs.get(2).copied().flatten() else {
+            return Ok(());
+        };
+        let out = shape_of(graph, graph.node(node).outputs[0].ok_or("no output")?)?;
+        match self.broadcast(bias, &out, split)? {
+            Need::Whole => Ok(()),
+            Need::Split(s) if graph.tensor(bias).param().is_some() => {
+                self.slice_weight(node, 2, s.axis, s)
+            }
+            Need::Split(_) => Err(format!(
+                "the bias of '{}' is computed, not a weight",
+                graph.node(node).name
             )),
         }
     }

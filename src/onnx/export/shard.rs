@@ -3,7 +3,8 @@
 //! `<weight>.tp<t>`, the whole weight dropped when nothing else reads it), its Reshape / Expand
 //! targets and Split sizes become constants for the split shapes, and the row linear's partial
 //! output goes through an `ai.pipecut` `AllReduce` (attribute `group_size`) that sums it over
-//! the group before the rest of the model (the row's bias Add included) reads it. See
+//! the group before the rest of the model (the row's bias Add included) reads it; a row Gemm's
+//! own bias is moved after that sum, so that it is added once. See
 //! `docs/export.md` for the custom domain.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -69,7 +70,8 @@ pub fn shard_model(
     let mut reshaped: BTreeSet<String> = BTreeSet::new();
     // Collectives by the output they complete (the producer writes `<output>.partial`), and
     // nodes to insert before a node, by its first output.
-    let mut collectives: BTreeMap<String, NodeProto> = BTreeMap::new();
+    // (the collective first, then any node that completes the output after it).
+    let mut collectives: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
     let mut before: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
     for block in &layout.split {
         for w in &block.weights {
@@ -103,10 +105,19 @@ pub fn shard_model(
         let reduced = graph.tensor(block.reduced).name.clone();
         let name = format!("{}/AllReduce", graph.node(block.row).name);
         let partial = format!("{reduced}.partial");
-        collectives.insert(
-            reduced.clone(),
-            collective(&name, ALL_REDUCE, &partial, &reduced, t, None),
-        );
+        let position = node_position(block.row)?;
+        let bias = row_gemm_bias(graph, block.row, &mut g.node[position], &model.opset_import)?;
+        let after = match bias {
+            None => vec![collective(&name, ALL_REDUCE, &partial, &reduced, t, None)],
+            Some(bias) => {
+                let summed = format!("{reduced}.summed");
+                let mut nodes = vec![collective(&name, ALL_REDUCE, &partial, &summed, t, None)];
+                nodes.extend(bias.after_sum(&graph.node(block.row).name, &summed, &reduced));
+                initializers.extend(bias.constants);
+                nodes
+            }
+        };
+        collectives.insert(reduced.clone(), after);
     }
     for v in &layout.vocab {
         let param = graph.tensor(v.param);
@@ -141,28 +152,28 @@ pub fn shard_model(
                 renamed.push((position, 1, row));
                 collectives.insert(
                     output.clone(),
-                    collective(
+                    vec![collective(
                         &format!("{node_name}/AllReduce"),
                         ALL_REDUCE,
                         &partial,
                         &output,
                         t,
                         None,
-                    ),
+                    )],
                 );
                 "rows"
             }
             VocabRole::Head => {
                 collectives.insert(
                     output.clone(),
-                    collective(
+                    vec![collective(
                         &format!("{node_name}/AllGather"),
                         ALL_GATHER,
                         &partial,
                         &output,
                         t,
                         Some(-1),
-                    ),
+                    )],
                 );
                 "columns"
             }
@@ -201,10 +212,10 @@ pub fn shard_model(
             nodes.extend(inserted);
         }
         match collectives.remove(&first) {
-            Some(collective) => {
-                node.output[0] = collective.input[0].clone();
+            Some(after) => {
+                node.output[0] = after[0].input[0].clone();
                 nodes.push(node);
-                nodes.push(collective);
+                nodes.extend(after);
             }
             None => nodes.push(node),
         }
@@ -242,6 +253,94 @@ pub fn shard_model_bytes(
     shard_model(proto, graph, weights, layout, rank)?
         .write_to_bytes()
         .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
+}
+
+/// A row-parallel Gemm's bias, moved after the all-reduce so that it is added once.
+struct MovedBias {
+    /// The bias tensor's name.
+    bias: String,
+    /// The Gemm's `beta`, when not 1.
+    beta: Option<String>,
+    /// Initializers the moved bias needs (`beta`, the zero left in an opset < 11 Gemm).
+    constants: Vec<TensorProto>,
+}
+
+impl MovedBias {
+    /// `Add(summed, beta · C)` writing `output`.
+    fn after_sum(&self, row: &str, summed: &str, output: &str) -> Vec<NodeProto> {
+        match &self.beta {
+            None => vec![plain_node(
+                &format!("{row}/AddBias"),
+                "Add",
+                &[summed, &self.bias],
+                output,
+            )],
+            Some(beta) => {
+                let scaled = format!("{output}.bias");
+                vec![
+                    plain_node(
+                        &format!("{row}/ScaleBias"),
+                        "Mul",
+                        &[&self.bias, beta],
+                        &scaled,
+                    ),
+                    plain_node(&format!("{row}/AddBias"), "Add", &[summed, &scaled], output),
+                ]
+            }
+        }
+    }
+}
+
+/// When the row linear `row` is a Gemm with a bias C: takes C out of the file's `node` (so that
+/// each rank's partial product leaves it out; an opset-10 Gemm, which requires C, gets a zero)
+/// and says how to add it after the sum.
+fn row_gemm_bias(
+    graph: &Graph,
+    row: crate::graph::NodeId,
+    node: &mut NodeProto,
+    opsets: &[OperatorSetIdProto],
+) -> Result<Option<MovedBias>, Error> {
+    let n = graph.node(row);
+    if n.op_type != "Gemm" || node.input.get(2).is_none_or(String::is_empty) {
+        return Ok(None);
+    }
+    let dtype = n
+        .outputs
+        .first()
+        .copied()
+        .flatten()
+        .and_then(|o| graph.tensor(o).dtype)
+        .unwrap_or(DType::F32);
+    let scalar = |name: String, value: f32| -> Result<TensorProto, Error> {
+        let held = HostTensor::new(vec![], TensorData::F32(vec![value])).map_err(Error::Export)?;
+        tensor_proto(&name, &held, Some(dtype))
+    };
+    let mut constants = Vec::new();
+    let beta = match n.attributes.get("beta") {
+        Some(crate::graph::Attribute::Float(b)) if *b != 1.0 => {
+            let name = format!("{}.beta", n.name);
+            constants.push(scalar(name.clone(), *b)?);
+            Some(name)
+        }
+        _ => None,
+    };
+    let bias = node.input[2].clone();
+    let opset = opsets
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version);
+    if opset < 11 {
+        let zero = format!("{}.zero", n.name);
+        constants.push(scalar(zero.clone(), 0.0)?);
+        node.input[2] = zero;
+    } else {
+        node.input.truncate(2);
+    }
+    Ok(Some(MovedBias {
+        bias,
+        beta,
+        constants,
+    }))
 }
 
 /// A collective node of the `ai.pipecut` domain.
