@@ -10,7 +10,7 @@
 # core): publish only runs on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-rounds="${1:-5}"
+rounds="${1:-6}"
 bin="${PIPECUT_BIN:-target/release/pipecut}"
 [[ -n "${PIPECUT_BIN:-}" ]] || cargo build --release -q
 out=$(mktemp -d)

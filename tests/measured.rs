@@ -327,6 +327,14 @@ fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
         serde_json::json!([1.0, 1.0])
     );
     assert!(rows.len() >= 2, "{out}");
+    // Each counted round's stage times, one per stage, all of them measured.
+    for row in rows {
+        let rounds = row["stage_secs_by_round"].as_array().unwrap();
+        assert_eq!(rounds.len(), 1, "{out}");
+        let stages = rounds[0].as_array().unwrap();
+        assert_eq!(stages.len(), 2, "{out}");
+        assert!(stages.iter().all(|s| s.as_f64().unwrap() > 0.0), "{out}");
+    }
     // How busy the rest of the machine was: a count of cores on Linux, and `busy` agrees with it.
     if cfg!(target_os = "linux") {
         let others = report["other_cores"]

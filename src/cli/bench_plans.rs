@@ -9,7 +9,11 @@
 //! inflate the way it inflates wall time: with one core per stage and no other load, the
 //! pipeline's throughput is one micro-batch per bottleneck); its median over the rounds is
 //! reported, beside the ratio of wall times. Stage shares are each stage's CPU time over the
-//! stages' total, measured against the plan's predicted stage times. The report says how busy
+//! stages' total, measured against the plan's predicted stage times. Round r pins stage k to
+//! core k + r (modulo the stages), so that over rounds that are a multiple of the stages every
+//! plan's stages run equally on every core: the cores of a virtual machine are not equally fast
+//! (interrupts, the host's other tenants), and a fixed assignment would credit a plan for
+//! where its heaviest stage happened to land. The report says how busy
 //! the rest of the machine was meanwhile (`other_load`): figures from a busy machine are not
 //! worth publishing.
 
@@ -42,8 +46,9 @@ pub struct BenchPlansArgs {
     /// Micro-batches per run (the batch dim bound with --dim is one micro-batch).
     #[arg(long, default_value_t = 16)]
     microbatches: usize,
-    /// Paired rounds: each runs every plan once.
-    #[arg(long, default_value_t = 5)]
+    /// Paired rounds: each runs every plan once, the stages' cores rotated from round to
+    /// round (a multiple of --stages gives every core the same share).
+    #[arg(long, default_value_t = 6)]
     rounds: usize,
     /// Print the report as JSON.
     #[arg(long)]
@@ -77,6 +82,10 @@ struct Row {
     measured_shares: Vec<f64>,
     /// Each stage's share of the predicted stage times.
     predicted_shares: Vec<f64>,
+    /// Per counted round, each stage's CPU time per micro-batch; entry i is round i + 1, which
+    /// pinned stage k to core k + i + 1 (modulo the stages): what a difference between the
+    /// cores looks like.
+    stage_secs_by_round: Vec<Vec<f64>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -127,14 +136,15 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let inputs = seeded_inputs(graph, args.microbatches, 0)?;
-    let options = PipelineOptions {
-        pin_stages_to_cores: true,
-    };
     // walls[c][r], cpu[c][r][k]
     let mut walls = vec![Vec::new(); candidates.len()];
     let mut cpu = vec![Vec::new(); candidates.len()];
     let probe = LoadProbe::start();
     for round in 0..=args.rounds {
+        let options = PipelineOptions {
+            pin_stages_to_cores: true,
+            first_core: round % args.stages,
+        };
         for offset in 0..candidates.len() {
             let c = (round + offset) % candidates.len();
             let report = run_pipeline_with(
@@ -274,6 +284,10 @@ fn rows(
                 predicted_ratio: bottleneck(candidate) / bottleneck(&candidates[0]),
                 measured_shares: shares(&stage_medians),
                 predicted_shares: shares(&candidate.predicted_stage_secs),
+                stage_secs_by_round: cpu[c]
+                    .iter()
+                    .map(|r| r.iter().map(|s| s / microbatches as f64).collect())
+                    .collect(),
             }
         })
         .collect()

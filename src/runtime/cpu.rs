@@ -438,9 +438,13 @@ pub struct StageTiming {
 /// How [`run_pipeline_with`] runs the stages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PipelineOptions {
-    /// Pin stage k's thread to core k (modulo the cores; Linux only), so that stages do not
-    /// share or trade cores: what a benchmark of one core per stage needs.
+    /// Pin stage k's thread to core k + `first_core` (modulo the cores; Linux only), so that
+    /// stages do not share or trade cores: what a benchmark of one core per stage needs.
     pub pin_stages_to_cores: bool,
+    /// The core stage 0 is pinned to: a benchmark rotates it between rounds so that no plan's
+    /// heaviest stage always gets the same core (cores of one machine differ: interrupts, a
+    /// virtual machine's neighbours on the host).
+    pub first_core: usize,
 }
 
 /// What a pipelined run produced and measured.
@@ -631,7 +635,7 @@ pub(crate) fn stream_through<S: Send, M: Send>(
             let rx = receivers.next().expect("k + 1 channels");
             handles.push(scope.spawn(move || {
                 if options.pin_stages_to_cores {
-                    pin_current_thread(index);
+                    pin_current_thread(index + options.first_core);
                 }
                 let mut busy_secs = 0.0;
                 let mut cpu_secs = 0.0;
@@ -736,6 +740,32 @@ pub(crate) fn thread_cpu_secs() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pinned_thread_runs_only_on_the_core_its_index_names_modulo_the_cores() {
+        let allowed = |size: usize| -> Vec<usize> {
+            // SAFETY: as in `pin_current_thread`.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                assert_eq!(libc::sched_getaffinity(0, size, &mut set), 0);
+                (0..libc::CPU_SETSIZE as usize)
+                    .filter(|&c| libc::CPU_ISSET(c, &set))
+                    .collect()
+            }
+        };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let cores = allowed(size);
+        for index in 0..cores.len() + 1 {
+            let pinned = std::thread::spawn(move || {
+                pin_current_thread(index);
+                allowed(size)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(pinned, [cores[index % cores.len()]]);
+        }
+    }
     use crate::onnx::shape::{DimBindings, ShapeInference};
 
     fn mlp() -> (Graph, Weights) {
