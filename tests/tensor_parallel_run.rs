@@ -128,6 +128,20 @@ fn gpt2_split_two_and_four_ways_equals_the_whole_model() {
 }
 
 #[test]
+fn a_vocabulary_the_degree_does_not_divide_is_padded_and_the_outputs_are_the_models_own() {
+    // gpt2_tiny's 512 tokens at t = 3: 171 rows and logits columns per rank, the last rank's
+    // last one padding; its 4 heads do not split 3 ways, so the blocks stay whole.
+    let path = common::fixture("gpt2_tiny");
+    reproduces(&path, 3, 0, 2);
+    let graph = typed(&path);
+    let sharded = shard_file(&path, &graph, 3).unwrap();
+    for v in &sharded.layout.vocab {
+        assert_eq!((v.vocab, v.padded), (512, 513));
+        assert_eq!(v.held(3, 2), 342..512);
+    }
+}
+
+#[test]
 fn an_mlp_of_gemm_linears_split_two_and_four_ways_equals_the_whole_model() {
     // torch.onnx's Linear on a 2-D input is a Gemm with transB = 1 and its bias inside: the
     // column Gemm's bias is sliced with its weight, the row Gemm's added once after the sum.
@@ -148,8 +162,8 @@ fn llama_split_two_ways_equals_the_whole_model_and_its_attention_stays_whole_at_
 fn bert_split_two_and_four_ways_equals_the_whole_model() {
     let path = common::fixture("bert_tiny");
     reproduces(&path, 2, 4, 2);
-    // Its 2 token types do not split 4 ways: only the word embedding is.
-    reproduces(&path, 4, 4, 1);
+    // Its 2 token types padded to 4: ranks 2 and 3 hold only zero rows.
+    reproduces(&path, 4, 4, 2);
 }
 
 #[test]

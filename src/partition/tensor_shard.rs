@@ -133,17 +133,28 @@ pub struct VocabSlice {
     pub axis: usize,
     /// Vocabulary size V.
     pub vocab: u64,
+    /// V padded to a multiple of t, as Megatron-LM pads it: each rank holds `padded / t`
+    /// entries, the last ranks' past V zeros.
+    pub padded: u64,
     /// The output the collective completes.
     pub output: TensorId,
 }
 
 impl VocabSlice {
-    /// The weight's split.
+    /// The weight's split (of the padded weight).
     pub fn split(&self) -> AxisSplit {
         AxisSplit {
             axis: self.axis,
             groups: 1,
         }
+    }
+
+    /// The entries of the model's own V that rank `rank` of `degree` holds (empty for a rank
+    /// that holds only padding).
+    pub fn held(&self, degree: u64, rank: u64) -> Range<u64> {
+        let per_rank = self.padded / degree;
+        let start = (rank * per_rank).min(self.vocab);
+        start..((rank + 1) * per_rank).min(self.vocab)
     }
 }
 
@@ -232,11 +243,11 @@ impl ShardLayout {
     }
 }
 
-/// `shard` as a vocabulary split at `degree`, when it is one this rewrite makes: a vocabulary
-/// `degree` divides (no padding), an embedding reading its table directly, a MatMul head
-/// reading its weight directly or through one Transpose that nothing else reads.
+/// `shard` as a vocabulary split at `degree`, when it is one this rewrite makes: an embedding
+/// reading its table directly, a MatMul head reading its weight directly or through one
+/// Transpose that nothing else reads. A vocabulary `degree` does not divide is padded.
 fn vocab_slice(graph: &Graph, shard: &VocabShard, degree: u64) -> Option<VocabSlice> {
-    if degree < 2 || shard.vocab % degree != 0 {
+    if degree < 2 {
         return None;
     }
     let node = shard.nodes[0];
@@ -275,6 +286,7 @@ fn vocab_slice(graph: &Graph, shard: &VocabShard, degree: u64) -> Option<VocabSl
         reader,
         axis,
         vocab: shard.vocab,
+        padded: shard.vocab.div_ceil(degree) * degree,
         output,
     })
 }

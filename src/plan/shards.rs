@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Graph, NodeId, TensorId};
 use crate::partition::tensor_parallel::TensorParallelBlocks;
 use crate::partition::tensor_shard::ShardLayout;
 use crate::Error;
@@ -66,6 +66,21 @@ pub struct WeightSliceEntry {
     pub ranges: Vec<[u64; 2]>,
 }
 
+/// The entry of `param`, of which a rank holds `ranges` along `axis`.
+fn slice_entry(
+    graph: &Graph,
+    param: TensorId,
+    axis: usize,
+    ranges: Vec<std::ops::Range<u64>>,
+) -> WeightSliceEntry {
+    WeightSliceEntry {
+        name: graph.tensor(param).name.clone(),
+        axis: axis as u32,
+        ranges: ranges.into_iter().map(|r| [r.start, r.end]).collect(),
+        shape: graph.concrete_shape(param).unwrap_or_default(),
+    }
+}
+
 /// The shards of each stage of a plan whose stages are `stages` (node names), split `degree`
 /// ways, with `replicas[replica][stage]` the first GPU of each stage's group.
 pub(crate) fn tensor_parallel_shards(
@@ -106,22 +121,16 @@ pub(crate) fn tensor_parallel_shards(
                         .split
                         .iter()
                         .flat_map(|b| &b.weights)
-                        .map(|w| (w.param, w.split))
-                        .chain(layout.vocab.iter().map(|v| (v.param, v.split())))
-                        .map(|(param, split)| {
-                            let shape = graph.concrete_shape(param).unwrap_or_default();
-                            let size = shape.get(split.axis).copied().unwrap_or(0);
-                            WeightSliceEntry {
-                                name: graph.tensor(param).name.clone(),
-                                axis: split.axis as u32,
-                                ranges: split
-                                    .ranges(size, degree as u64, rank as u64)
-                                    .into_iter()
-                                    .map(|r| [r.start, r.end])
-                                    .collect(),
-                                shape,
-                            }
+                        .map(|w| {
+                            let shape = graph.concrete_shape(w.param).unwrap_or_default();
+                            let size = shape.get(w.split.axis).copied().unwrap_or(0);
+                            let ranges = w.split.ranges(size, degree as u64, rank as u64);
+                            slice_entry(graph, w.param, w.split.axis, ranges)
                         })
+                        .chain(layout.vocab.iter().map(|v| {
+                            let held = v.held(degree as u64, rank as u64);
+                            slice_entry(graph, v.param, v.axis, vec![held])
+                        }))
                         .collect(),
                 })
                 .collect();

@@ -124,7 +124,8 @@ pub fn shard_model(
         let whole = weights
             .get(v.param)
             .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
-        let mut slice = slice_tensor(whole, v.split(), t, rank)
+        let mut slice = pad_axis(whole, v.axis, v.padded)
+            .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
             .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
         let output = graph.tensor(v.output).name.clone();
         let partial = format!("{output}.partial");
@@ -144,7 +145,7 @@ pub fn shard_model(
                     .flatten()
                     .and_then(|i| graph.tensor(i).dtype)
                     .unwrap_or(DType::I64);
-                let rows = v.vocab / t;
+                let rows = v.padded / t;
                 let (nodes, consts, row) =
                     embedding_rows(&node_name, &ids, ids_type, rank * rows, rows, t)?;
                 initializers.extend(consts);
@@ -164,17 +165,34 @@ pub fn shard_model(
                 "rows"
             }
             VocabRole::Head => {
-                collectives.insert(
-                    output.clone(),
-                    vec![collective(
+                let gather = |to: &str| {
+                    collective(
                         &format!("{node_name}/AllGather"),
                         ALL_GATHER,
                         &partial,
-                        &output,
+                        to,
                         t,
                         Some(-1),
-                    )],
-                );
+                    )
+                };
+                let after = if v.padded == v.vocab {
+                    vec![gather(&output)]
+                } else {
+                    // The padding's logits are cut off again: the output is the model's own.
+                    let gathered = format!("{output}.gathered");
+                    let rank_of_output = graph.tensor(v.output).shape.as_ref().map_or(0, Vec::len);
+                    let (slice, consts) = drop_padding(
+                        &node_name,
+                        &gathered,
+                        &output,
+                        rank_of_output,
+                        v.vocab,
+                        ai_onnx_opset(&model.opset_import),
+                    )?;
+                    initializers.extend(consts);
+                    vec![gather(&gathered), slice]
+                };
+                collectives.insert(output.clone(), after);
                 "columns"
             }
         };
@@ -325,11 +343,7 @@ fn row_gemm_bias(
         _ => None,
     };
     let bias = node.input[2].clone();
-    let opset = opsets
-        .iter()
-        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map_or(1, |o| o.version);
-    if opset < 11 {
+    if ai_onnx_opset(opsets) < 11 {
         let zero = format!("{}.zero", n.name);
         constants.push(scalar(zero.clone(), 0.0)?);
         node.input[2] = zero;
@@ -425,6 +439,78 @@ fn embedding_rows(
         ),
     ];
     Ok((nodes, consts, at("row")))
+}
+
+/// The model's ai.onnx opset.
+fn ai_onnx_opset(opsets: &[OperatorSetIdProto]) -> i64 {
+    opsets
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version)
+}
+
+/// A Slice of the first `vocab` entries of the last axis of `input` (of rank `rank`) into
+/// `output`, with the constants it reads (attributes before opset 10).
+fn drop_padding(
+    node: &str,
+    input: &str,
+    output: &str,
+    rank: usize,
+    vocab: u64,
+    opset: i64,
+) -> Result<(NodeProto, Vec<TensorProto>), Error> {
+    let axis = rank.checked_sub(1).ok_or_else(|| {
+        Error::Export(format!("the output of '{node}' has no known rank to unpad"))
+    })? as i64;
+    let name = format!("{node}/DropPadding");
+    if opset < 10 {
+        let mut slice = plain_node(&name, "Slice", &[input], output);
+        for (key, value) in [("starts", 0), ("ends", vocab as i64), ("axes", axis)] {
+            let mut attribute = AttributeProto::new();
+            attribute.name = key.into();
+            attribute.type_ = AttributeType::INTS.into();
+            attribute.ints = vec![value];
+            slice.attribute.push(attribute);
+        }
+        return Ok((slice, Vec::new()));
+    }
+    let at = |what: &str| format!("{node}.unpad.{what}");
+    let consts = [("starts", 0), ("ends", vocab as i64), ("axes", axis)]
+        .into_iter()
+        .map(|(what, value)| {
+            let held =
+                HostTensor::new(vec![1], TensorData::I64(vec![value])).map_err(Error::Export)?;
+            tensor_proto(&at(what), &held, Some(DType::I64))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let slice = plain_node(
+        &name,
+        "Slice",
+        &[input, &at("starts"), &at("ends"), &at("axes")],
+        output,
+    );
+    Ok((slice, consts))
+}
+
+/// `tensor` grown to `size` along `axis` with zeros (Megatron-LM's vocabulary padding).
+fn pad_axis(tensor: &HostTensor, axis: usize, size: u64) -> Result<HostTensor, String> {
+    let shape = tensor.shape().to_vec();
+    let have = *shape.get(axis).ok_or("axis out of range")?;
+    if have as u64 >= size {
+        return Ok(tensor.clone());
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let values = tensor.as_f32()?;
+    let grown = size as usize;
+    let mut padded = vec![0.0f32; outer * grown * inner];
+    for o in 0..outer {
+        let from = &values[o * have * inner..(o + 1) * have * inner];
+        padded[o * grown * inner..o * grown * inner + have * inner].copy_from_slice(from);
+    }
+    let mut out_shape = shape;
+    out_shape[axis] = grown;
+    HostTensor::new(out_shape, TensorData::F32(padded))
 }
 
 /// `table` with one more row of zeros.
@@ -620,6 +706,37 @@ mod tests {
         assert_eq!(values, [0.5, -3.25]);
         // A type the runtime does not hold exactly is refused, not written wrong.
         assert!(tensor_proto("w", &held, Some(DType::F64)).is_err());
+    }
+
+    #[test]
+    fn padded_logits_are_cut_back_by_a_slice_in_the_models_opset_form() {
+        // Opset 9: starts, ends and axes are attributes.
+        let (node, consts) = drop_padding("head", "g", "y", 3, 512, 9).unwrap();
+        assert!(consts.is_empty());
+        let ints: Vec<(String, Vec<i64>)> = node
+            .attribute
+            .iter()
+            .map(|a| (a.name.clone(), a.ints.clone()))
+            .collect();
+        assert_eq!(
+            ints,
+            [
+                ("starts".to_string(), vec![0]),
+                ("ends".to_string(), vec![512]),
+                ("axes".to_string(), vec![2])
+            ]
+        );
+        // Opset 10 on: inputs.
+        let (node, consts) = drop_padding("head", "g", "y", 3, 512, 13).unwrap();
+        assert_eq!(node.input.len(), 4);
+        assert_eq!(consts.len(), 3);
+        assert!(drop_padding("head", "g", "y", 0, 512, 13).is_err());
+        // Zeros past the vocabulary, along the axis asked for.
+        let table = HostTensor::new(vec![2, 2], TensorData::F32(vec![1.0, 2.0, 3.0, 4.0])).unwrap();
+        let wide = pad_axis(&table, 1, 3).unwrap();
+        assert_eq!(wide.to_f32_vec(), [1.0, 2.0, 0.0, 3.0, 4.0, 0.0]);
+        let tall = pad_axis(&table, 0, 3).unwrap();
+        assert_eq!(tall.to_f32_vec(), [1.0, 2.0, 3.0, 4.0, 0.0, 0.0]);
     }
 
     #[test]
