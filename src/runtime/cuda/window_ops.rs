@@ -1,6 +1,7 @@
-//! The CNN ops on the device: Conv, ConvTranspose, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and
-//! inference BatchNormalization, over 1-D and 2-D spatial inputs (as the CPU runtime's
-//! `kernels/conv.rs`, whose window geometry they share; 3-D inputs are left to the CPU).
+//! The CNN ops on the device: Conv, ConvTranspose, MaxPool, AveragePool, LpPool,
+//! GlobalAveragePool, GlobalMaxPool and inference BatchNormalization. Conv, ConvTranspose and
+//! the 1-D and 2-D pools share the window geometry of the CPU runtime's `kernels/conv.rs`
+//! (3-D convolutions are left to the CPU); 3-D pools and LpPool share `kernels/pool_nd.rs`'s.
 //!
 //! A convolution with several input channels per group is im2col (`im2col_f32`) followed by one
 //! strided-batched cuBLAS GEMM per group over a chunk of images, the bias written into the
@@ -12,7 +13,7 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::ops::{broadcast_strides, cuda_error, device, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
-use crate::runtime::kernels::{conv_group, nchw_of, spatial, window, Ctx, Window};
+use crate::runtime::kernels::{conv_group, nchw_of, pool_geometry, spatial, window, Ctx, Window};
 
 /// `struct Window2d` of `kernels.cu`, field for field.
 #[repr(C)]
@@ -292,6 +293,9 @@ pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
         return Ok(None);
     };
+    if x.shape.len() == 5 || ctx.node.op_type == "LpPool" {
+        return pool_nd(gpu, ctx, &x);
+    }
     if !(3..=4).contains(&x.shape.len()) {
         return Ok(None);
     }
@@ -320,6 +324,79 @@ pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         window_output_shape(n, c, out_hw, one_d),
         out,
     ))
+}
+
+/// `struct PoolNd` of `kernels.cu`: three spatial axes, fewer padded in front with size 1.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PoolNd {
+    planes: i64,
+    input: [i64; 3],
+    output: [i64; 3],
+    kernel: [i64; 3],
+    stride: [i64; 3],
+    dilation: [i64; 3],
+    pad_begin: [i64; 3],
+    pad_end: [i64; 3],
+}
+
+// SAFETY: `PoolNd` is `repr(C)` plain data matching the CUDA struct.
+unsafe impl DeviceRepr for PoolNd {}
+
+/// MaxPool and AveragePool over three spatial axes, and LpPool over one to three: the window
+/// geometry of the CPU's `kernels/pool_nd.rs` (its output sizes, `auto_pad` and ceil-mode
+/// rules), one thread per output value.
+fn pool_nd(gpu: &Gpu, ctx: &Ctx, x: &DeviceTensor) -> OpResult {
+    let rank = x.shape.len();
+    if !(3..=5).contains(&rank) {
+        return Ok(None);
+    }
+    let axes = pool_geometry(ctx, &x.shape[2..])?;
+    let pad = 5 - rank;
+    let i = |v: usize| v as i64;
+    let mut g = PoolNd {
+        planes: i(x.shape[0] * x.shape[1]),
+        input: [1; 3],
+        output: [1; 3],
+        kernel: [1; 3],
+        stride: [1; 3],
+        dilation: [1; 3],
+        pad_begin: [0; 3],
+        pad_end: [0; 3],
+    };
+    for (d, a) in axes.iter().enumerate() {
+        let at = pad + d;
+        g.input[at] = i(a.input);
+        g.output[at] = i(a.output);
+        g.kernel[at] = i(a.kernel);
+        g.stride[at] = i(a.stride);
+        g.dilation[at] = i(a.dilation);
+        g.pad_begin[at] = i(a.pad_begin);
+        g.pad_end[at] = i(a.pad_end);
+    }
+    let mut shape = x.shape[..2].to_vec();
+    shape.extend(axes.iter().map(|a| a.output));
+    let total = numel(&shape);
+    let mut out = gpu.alloc(total)?;
+    let kind: i32 = match ctx.node.op_type.as_str() {
+        "AveragePool" => 0,
+        "MaxPool" => 1,
+        _ => 2,
+    };
+    let include_pad = (ctx.int("count_include_pad", 0) != 0) as i32;
+    let p = ctx.int("p", 2) as f32;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.pool_nd);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&g)
+        .arg(&kind)
+        .arg(&include_pad)
+        .arg(&p);
+    // SAFETY: argument types match `pool_nd_f32`; every input coordinate it reads is checked
+    // against the plane.
+    unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(shape, out))
 }
 
 /// GlobalAveragePool and GlobalMaxPool: a reduction of each channel's plane (a row).
