@@ -161,6 +161,7 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "pool_nd_f32",
         "gather_rows_f32",
         "scatter_rows_f32",
+        "einsum_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }

@@ -669,3 +669,25 @@ extern "C" __global__ void scatter_rows_f32(float* y, const float* updates,
         }
     }
 }
+
+// Einsum of one to three operands: for output position i (over `out`, whose a/b/c are the
+// operands' strides along the output labels) the sum over the summed labels (`summed`, `count`
+// combinations) of the operands' product. One thread per output value.
+extern "C" __global__ void einsum_f32(const float* a, const float* b, const float* c, float* y,
+                                      long long n_out, Dims out, Dims summed, long long count,
+                                      int operands) {
+    GRID_STRIDE(i, n_out) {
+        long long oa, ob, oc;
+        offsets(out, i, &oa, &ob, &oc);
+        float acc = 0.0f;
+        for (long long s = 0; s < count; ++s) {
+            long long sa, sb, sc;
+            offsets(summed, s, &sa, &sb, &sc);
+            float p = a[oa + sa];
+            if (operands > 1) p *= b[ob + sb];
+            if (operands > 2) p *= c[oc + sc];
+            acc += p;
+        }
+        y[i] = acc;
+    }
+}

@@ -60,6 +60,7 @@ pub(super) struct Functions {
     pub(super) pool: CudaFunction,
     pub(super) pool_nd: CudaFunction,
     pub(super) gather_rows: CudaFunction,
+    einsum: CudaFunction,
     pub(super) scatter_rows: CudaFunction,
     pub(super) batch_norm: CudaFunction,
     pub(super) resize_axis: CudaFunction,
@@ -94,6 +95,7 @@ impl Functions {
             pool: f("pool_f32")?,
             pool_nd: f("pool_nd_f32")?,
             gather_rows: f("gather_rows_f32")?,
+            einsum: f("einsum_f32")?,
             scatter_rows: f("scatter_rows_f32")?,
             batch_norm: f("batch_norm_f32")?,
             resize_axis: f("resize_axis_f32")?,
@@ -468,6 +470,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "CumSum" => row_ops::cumsum(gpu, ctx, args),
         "LRN" => row_ops::lrn(gpu, ctx, args),
         "DepthToSpace" | "SpaceToDepth" => depth_space(gpu, ctx, args),
+        "Einsum" => einsum(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
@@ -1234,6 +1237,55 @@ fn gemm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         (1, 0, 0),
     )?;
     one(DeviceTensor::new(vec![m, n], out))
+}
+
+/// Borrowed views of each vector, as [`dims`] takes them.
+fn slices(vectors: &[Vec<i64>]) -> Vec<&[i64]> {
+    vectors.iter().map(Vec::as_slice).collect()
+}
+
+/// Einsum of one to three float operands: the CPU kernel's loops (`kernels/einsum.rs`), one
+/// thread per output value summing over the contracted labels. A contraction that is a matrix
+/// product would be faster as transposes and a cuBLAS batched GEMM; exporters write those as
+/// MatMul, and the Einsums left are small.
+fn einsum(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    if !(1..=3).contains(&args.len()) {
+        return Ok(None);
+    }
+    let Some(operands) = all_device(gpu, args, args.len())? else {
+        return Ok(None);
+    };
+    let shapes: Vec<&[usize]> = operands.iter().map(|t| t.shape.as_slice()).collect();
+    let loops = crate::runtime::kernels::einsum_loops(ctx, &shapes)?;
+    if loops.out_shape.len() > MAX_RANK || loops.summed_shape.len() > MAX_RANK {
+        return Ok(None);
+    }
+    let as_i64 = |v: &[usize]| v.iter().map(|&s| s as i64).collect::<Vec<_>>();
+    let out_strides: Vec<Vec<i64>> = loops.out_strides.iter().map(|s| as_i64(s)).collect();
+    let summed_strides: Vec<Vec<i64>> = loops.summed_strides.iter().map(|s| as_i64(s)).collect();
+    let out_dims = dims(&loops.out_shape, &slices(&out_strides))?;
+    let summed_dims = dims(&loops.summed_shape, &slices(&summed_strides))?;
+    let n = numel(&loops.out_shape);
+    let count = numel(&loops.summed_shape) as i64;
+    let mut out = gpu.alloc(n)?;
+    let (n64, used) = (n as i64, operands.len() as i32);
+    // Operands past the last are never read; the first stands in for them.
+    let operand = |k: usize| &*operands[k.min(operands.len() - 1)].data;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.einsum);
+    launch
+        .arg(operand(0))
+        .arg(operand(1))
+        .arg(operand(2))
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&out_dims)
+        .arg(&summed_dims)
+        .arg(&count)
+        .arg(&used);
+    // SAFETY: argument types match `einsum_f32`; the strides are the operands' own, checked
+    // against their shapes by `einsum_loops`.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(loops.out_shape, out))
 }
 
 #[cfg(test)]
