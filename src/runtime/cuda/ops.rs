@@ -471,6 +471,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "LRN" => row_ops::lrn(gpu, ctx, args),
         "DepthToSpace" | "SpaceToDepth" => depth_space(gpu, ctx, args),
         "Einsum" => einsum(gpu, ctx, args),
+        "LpNormalization" => lp_normalization(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
@@ -1052,52 +1053,84 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     reduced_axes.sort_unstable();
     reduced_axes.dedup();
-    let strides = contiguous_strides(&x.shape);
-    let kept_axes: Vec<usize> = (0..rank)
-        .filter(|a| reduced_axes.binary_search(a).is_err())
-        .collect();
-    let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
-    let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
-    let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
-    let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
-    let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
-    let mut out = gpu.alloc(n_out)?;
-    let (n64, c64) = (n_out as i64, count as i64);
-    let trailing = reduced_axes
-        .iter()
-        .enumerate()
-        .all(|(i, &a)| a == rank - reduced_axes.len() + i);
-    if trailing {
-        gpu.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
-    } else {
-        let kept = dims(&kept_shape, &[&kept_strides])?;
-        let reduced = dims(&red_shape, &[&red_strides])?;
-        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
-        launch
-            .arg(&*x.data)
-            .arg(&mut out)
-            .arg(&n64)
-            .arg(&kept)
-            .arg(&reduced)
-            .arg(&c64)
-            .arg(&code);
-        // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-        unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    one(gpu.reduce_axes(&x, &reduced_axes, code, keep_dims)?)
+}
+
+impl Gpu<'_> {
+    /// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
+    /// one block per row when they are the trailing axes, else a thread per output.
+    fn reduce_axes(
+        &self,
+        x: &DeviceTensor,
+        reduced_axes: &[usize],
+        code: i32,
+        keep_dims: bool,
+    ) -> Result<DeviceTensor, String> {
+        let rank = x.shape.len();
+        let strides = contiguous_strides(&x.shape);
+        let kept_axes: Vec<usize> = (0..rank)
+            .filter(|a| reduced_axes.binary_search(a).is_err())
+            .collect();
+        let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
+        let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
+        let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
+        let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
+        let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
+        let mut out = self.alloc(n_out)?;
+        let (n64, c64) = (n_out as i64, count as i64);
+        let trailing = reduced_axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == rank - reduced_axes.len() + i);
+        if trailing {
+            self.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
+        } else {
+            let kept = dims(&kept_shape, &[&kept_strides])?;
+            let reduced = dims(&red_shape, &[&red_strides])?;
+            let mut launch = self.stream.launch_builder(&self.functions.reduce);
+            launch
+                .arg(&*x.data)
+                .arg(&mut out)
+                .arg(&n64)
+                .arg(&kept)
+                .arg(&reduced)
+                .arg(&c64)
+                .arg(&code);
+            // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
+            unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+        }
+        let shape: Vec<usize> = if keep_dims {
+            (0..rank)
+                .map(|a| {
+                    if reduced_axes.binary_search(&a).is_ok() {
+                        1
+                    } else {
+                        x.shape[a]
+                    }
+                })
+                .collect()
+        } else {
+            kept_shape
+        };
+        Ok(DeviceTensor::new(shape, out))
     }
-    let shape: Vec<usize> = if keep_dims {
-        (0..rank)
-            .map(|a| {
-                if reduced_axes.binary_search(&a).is_ok() {
-                    1
-                } else {
-                    x.shape[a]
-                }
-            })
-            .collect()
-    } else {
-        kept_shape
+}
+
+/// LpNormalization: `x` divided by its L1 or L2 norm along `axis` (a reduction kept as a
+/// size-1 axis, then a broadcast division).
+fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
     };
-    one(DeviceTensor::new(shape, out))
+    let code = match ctx.int("p", 2) {
+        1 => 5,
+        2 => 6,
+        // Another p: the CPU kernel refuses it with the reason.
+        _ => return Ok(None),
+    };
+    let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
+    let norm = gpu.reduce_axes(&x, &[axis], code, true)?;
+    one(gpu.binary(&x, &norm, 3)?)
 }
 
 fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {

@@ -13,7 +13,9 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 use super::ops::{broadcast_strides, cuda_error, device, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
-use crate::runtime::kernels::{conv_group, nchw_of, pool_geometry, spatial, window, Ctx, Window};
+use crate::runtime::kernels::{
+    conv_group, conv_transpose_geometry, nchw_of, pool_geometry, spatial, window, Ctx, Window,
+};
 
 /// `struct Window2d` of `kernels.cu`, field for field.
 #[repr(C)]
@@ -216,8 +218,59 @@ fn conv_gemm(
     Ok(out)
 }
 
-/// ConvTranspose with explicit pads (or none); an `output_shape` or SAME padding is left to the
-/// CPU kernel, which derives the pads.
+/// ConvTranspose's window over `[n, c, h, w]` (h = kh = 1 in 1-D): the output size and leading
+/// pads of the CPU's `kernels/conv_transpose_nd.rs` (explicit pads, `output_shape`, SAME
+/// padding; a leading pad may be negative, which the kernel's bounds checks take).
+fn conv_transpose_window(
+    [n, c, h, w]: [usize; 4],
+    (m, groups): (usize, usize),
+    [kh, kw]: [usize; 2],
+    one_d: bool,
+    ctx: &Ctx,
+) -> Result<Window2d, String> {
+    let (spatial_in, kernel) = if one_d {
+        (vec![w], vec![kw])
+    } else {
+        (vec![h, w], vec![kh, kw])
+    };
+    let geo = conv_transpose_geometry(ctx, &spatial_in, &kernel)?;
+    // The position in the CPU geometry's per-axis lists of axis 0 (h) or 1 (w); none for h in
+    // 1-D, whose height is 1 with a one-tap kernel.
+    let index = |axis: usize| {
+        if one_d {
+            axis.checked_sub(1)
+        } else {
+            Some(axis)
+        }
+    };
+    let pick = |v: &[usize], axis: usize| index(axis).map_or(1, |k| v[k]) as i64;
+    let pad = |axis: usize| index(axis).map_or(0, |k| geo.pad_begin[k]);
+    let i = |v: usize| v as i64;
+    Ok(Window2d {
+        n: i(n),
+        c: i(c),
+        h: i(h),
+        w: i(w),
+        m: i(m),
+        oh: pick(&geo.output, 0),
+        ow: pick(&geo.output, 1),
+        kh: i(kh),
+        kw: i(kw),
+        sh: pick(&geo.strides, 0),
+        sw: pick(&geo.strides, 1),
+        dh: pick(&geo.dilations, 0),
+        dw: pick(&geo.dilations, 1),
+        ph: pad(0),
+        pw: pad(1),
+        // End pads only bound pooling windows; the transposed convolution's output size is
+        // already the geometry's.
+        ph1: 0,
+        pw1: 0,
+        groups: i(groups),
+    })
+}
+
+/// ConvTranspose over 1-D and 2-D inputs (3-D is left to the CPU kernel).
 pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let (Some(x), Some(w)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
         return Ok(None);
@@ -229,13 +282,7 @@ pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> Op
         },
         _ => None,
     };
-    let auto_pad = ctx.string("auto_pad", "NOTSET");
-    let explicit = auto_pad == "NOTSET" || auto_pad == "VALID";
-    if x.shape.len() != w.shape.len()
-        || !(3..=4).contains(&x.shape.len())
-        || ctx.ints("output_shape").is_some()
-        || !explicit
-    {
+    if x.shape.len() != w.shape.len() || !(3..=4).contains(&x.shape.len()) {
         return Ok(None);
     }
     let ([n, c, h, wd], one_d) = nchw_of(&x.shape)?;
@@ -254,19 +301,8 @@ pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> Op
     if bias.as_ref().is_some_and(|b| numel(&b.shape) != m) {
         return Err(format!("bias does not have {m} entries"));
     }
-    let win = window(ctx, one_d, [kh, kw], [h, wd])?;
-    let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
-    let mut out_hw = [0usize; 2];
-    for axis in 0..2 {
-        let full = win.stride[axis] * ([h, wd][axis] - 1)
-            + out_pad[axis]
-            + (win.kernel[axis] - 1) * win.dilation[axis]
-            + 1;
-        out_hw[axis] = full
-            .checked_sub(win.pad[axis][0] + win.pad[axis][1])
-            .ok_or("pads exceed the output")?;
-    }
-    let geometry = Window2d::new([n, c, h, wd], (m, out_hw), &win, group);
+    let geometry = conv_transpose_window([n, c, h, wd], (m, group), [kh, kw], one_d, ctx)?;
+    let out_hw = [geometry.oh as usize, geometry.ow as usize];
     let total = n * m * out_hw[0] * out_hw[1];
     let mut out = gpu.alloc(total)?;
     let has_bias = bias.is_some() as i32;

@@ -19,6 +19,8 @@ mod conv;
 pub(crate) use conv::{conv_group, nchw_of, spatial, window, Window};
 // The CUDA backend's ops share these index and window computations with the CPU kernels.
 #[cfg(feature = "cuda")]
+pub(crate) use conv_transpose_nd::geometry as conv_transpose_geometry;
+#[cfg(feature = "cuda")]
 pub(crate) use einsum::einsum_loops;
 #[cfg(feature = "cuda")]
 pub(crate) use movement::gather_elements_offsets;
