@@ -784,6 +784,7 @@ enum NodeCase {
     NotFloat,
     /// The CPU runtime cannot plan or run it either.
     LeftOut,
+    /// The CPU backend runs it; the CUDA backend fails or differs from the reference: why.
     Failed(String),
     /// The CPU backend runs it, the CUDA backend has no host kernel for one of its ops (control
     /// flow, which the CPU executor runs itself).

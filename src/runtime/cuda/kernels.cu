@@ -596,8 +596,12 @@ struct PoolNd {
 // Pooling of each plane over up to three spatial axes, one thread per output value: kind 0
 // average (counting the padding when count_include_pad, except past the end padding), 1 max
 // (-inf for a window wholly in the padding), 2 Lp ((Σ |v|^p)^(1/p) over the values inside).
+// With `with_indices`, a max also writes MaxPool's Indices: the first maximum's position in the
+// whole input, row-major or (column_major) column-major within its plane; 0 when no value
+// beats -inf, as on the CPU.
 extern "C" __global__ void pool_nd_f32(const float* x, float* y, PoolNd g, int kind,
-                                       int count_include_pad, float p) {
+                                       int count_include_pad, float p, long long* indices,
+                                       int with_indices, int column_major) {
     long long in_plane = g.in[0] * g.in[1] * g.in[2];
     long long out_plane = g.out[0] * g.out[1] * g.out[2];
     GRID_STRIDE(i, g.planes * out_plane) {
@@ -605,7 +609,7 @@ extern "C" __global__ void pool_nd_f32(const float* x, float* y, PoolNd g, int k
         long long o0 = (i / (g.out[2] * g.out[1])) % g.out[0];
         const float* in = x + (i / out_plane) * in_plane;
         float acc = kind == 1 ? -PC_INFINITY : 0.0f;
-        long long count = 0;
+        long long count = 0, best = 0;
         for (long long k0 = 0; k0 < g.kernel[0]; ++k0) {
             long long c0 = o0 * g.stride[0] + k0 * g.dilation[0] - g.pad_begin[0];
             bool in0 = c0 >= 0 && c0 < g.in[0], pad0 = c0 < g.in[0] + g.pad_end[0];
@@ -617,8 +621,14 @@ extern "C" __global__ void pool_nd_f32(const float* x, float* y, PoolNd g, int k
                     bool in2 = c2 >= 0 && c2 < g.in[2], pad2 = c2 < g.in[2] + g.pad_end[2];
                     if (in0 && in1 && in2) {
                         float v = in[(c0 * g.in[1] + c1) * g.in[2] + c2];
-                        acc = kind == 1 ? fmaxf(acc, v)
-                                        : acc + (kind == 2 ? powf(fabsf(v), p) : v);
+                        if (kind != 1) {
+                            acc += kind == 2 ? powf(fabsf(v), p) : v;
+                        } else if (v > acc) {
+                            acc = v;
+                            best = column_major ? c0 + c1 * g.in[0] + c2 * g.in[0] * g.in[1]
+                                                : (c0 * g.in[1] + c1) * g.in[2] + c2;
+                            best += (i / out_plane) * in_plane;
+                        }
                         ++count;
                     } else if (count_include_pad && pad0 && pad1 && pad2) {
                         ++count;
@@ -629,6 +639,7 @@ extern "C" __global__ void pool_nd_f32(const float* x, float* y, PoolNd g, int k
         y[i] = kind == 1 ? acc
              : kind == 2 ? powf(acc, 1.0f / p)
                          : (count == 0 ? 0.0f : acc / (float)count);
+        if (with_indices) indices[i] = best;
     }
 }
 

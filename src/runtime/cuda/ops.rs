@@ -476,9 +476,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
-        "MaxPool" | "AveragePool" | "LpPool" if !extra_outputs(ctx) => {
-            window_ops::pool(gpu, ctx, args)
-        }
+        "MaxPool" => window_ops::pool(gpu, ctx, args),
+        "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
         "BatchNormalization" if !extra_outputs(ctx) && ctx.int("training_mode", 0) == 0 => {
             window_ops::batch_norm(gpu, ctx, args)

@@ -9,13 +9,16 @@
 //! One input channel per group (depthwise) runs `conv_direct_f32`, a thread per output value:
 //! im2col would leave a GEMM of one row per channel.
 
+use std::sync::Arc;
+
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::ops::{broadcast_strides, cuda_error, device, numel, one, Gpu, OpResult};
+use super::ops::{broadcast_strides, cuda_error, device, extra_outputs, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::{
     conv_group, conv_transpose_geometry, nchw_of, pool_geometry, spatial, window, Ctx, Window,
 };
+use crate::runtime::tensor::HostTensor;
 
 /// `struct Window2d` of `kernels.cu`, field for field.
 #[repr(C)]
@@ -329,7 +332,7 @@ pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
         return Ok(None);
     };
-    if x.shape.len() == 5 || ctx.node.op_type == "LpPool" {
+    if x.shape.len() == 5 || ctx.node.op_type == "LpPool" || extra_outputs(ctx) {
         return pool_nd(gpu, ctx, &x);
     }
     if !(3..=4).contains(&x.shape.len()) {
@@ -421,6 +424,16 @@ fn pool_nd(gpu: &Gpu, ctx: &Ctx, x: &DeviceTensor) -> OpResult {
     };
     let include_pad = (ctx.int("count_include_pad", 0) != 0) as i32;
     let p = ctx.int("p", 2) as f32;
+    // MaxPool's Indices, when the node asks for them (a stand-in of one index otherwise).
+    let with_indices = kind == 1 && extra_outputs(ctx);
+    let index_count = if with_indices { total } else { 1 };
+    // SAFETY: the kernel writes every index when `with_indices`, and none otherwise.
+    let mut indices =
+        unsafe { gpu.stream.alloc::<i64>(index_count) }.map_err(cuda_error("allocation"))?;
+    let (flag, column_major) = (
+        with_indices as i32,
+        (ctx.int("storage_order", 0) != 0) as i32,
+    );
     let mut launch = gpu.stream.launch_builder(&gpu.functions.pool_nd);
     launch
         .arg(&*x.data)
@@ -428,11 +441,23 @@ fn pool_nd(gpu: &Gpu, ctx: &Ctx, x: &DeviceTensor) -> OpResult {
         .arg(&g)
         .arg(&kind)
         .arg(&include_pad)
-        .arg(&p);
+        .arg(&p)
+        .arg(&mut indices)
+        .arg(&flag)
+        .arg(&column_major);
     // SAFETY: argument types match `pool_nd_f32`; every input coordinate it reads is checked
-    // against the plane.
+    // against the plane, and `indices` holds an index per output when they are written.
     unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(shape, out))
+    let mut results = vec![Value::Device(DeviceTensor::new(shape.clone(), out))];
+    if with_indices {
+        // Indices are integers, which live on the host.
+        let values = gpu
+            .stream
+            .clone_dtoh(&indices)
+            .map_err(cuda_error("device-to-host copy"))?;
+        results.push(Value::host(Arc::new(HostTensor::i64(shape, values))));
+    }
+    Ok(Some(results))
 }
 
 /// GlobalAveragePool and GlobalMaxPool: a reduction of each channel's plane (a row).
