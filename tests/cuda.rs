@@ -154,6 +154,14 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "pool_f32",
         "batch_norm_f32",
         "resize_axis_f32",
+        "norm_channels_f32",
+        "arg_reduce_f32",
+        "cumsum_f32",
+        "lrn_f32",
+        "pool_nd_f32",
+        "gather_rows_f32",
+        "scatter_rows_f32",
+        "einsum_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -702,72 +710,20 @@ fn shape_and_size_do_not_copy_device_tensors() {
     }
 }
 
-/// ONNX backend node cases (written by `fixtures/conformance.py`, the onnx package's own) of the
-/// ops the device runs: each model on the CUDA backend against the case's reference outputs.
-/// These are the per-op edge cases: transposed and broadcast GEMM operands, negative-step and
-/// clamped slices, reductions with and without keepdims or axes, uneven splits, negative axes.
-/// A case the CPU runtime itself fails is another test's business and is left out here.
+/// ONNX backend node cases (written by `fixtures/conformance.py`, the onnx package's own) that
+/// take or make float tensors, each on the CUDA backend against the case's reference outputs:
+/// the per-op edge cases (transposed and broadcast GEMM operands, negative-step slices,
+/// reductions with and without keepdims, uneven splits, 1-D and 3-D windows, …) of every op a
+/// float model can hold, whether the device runs it or leaves it to the host. A case the CPU
+/// runtime itself cannot plan or run (a data-dependent shape, an unsupported dtype) is another
+/// test's business and is left out here.
+///
+/// The same runs are the op-coverage census of `docs/cuda.md`: per op, how many of these cases
+/// hold it and in how many it ran on the host (`host_ops`). The test fails when the table there
+/// is not the one it measures; `PIPECUT_CENSUS_BLESS=1` rewrites it.
 #[cfg(feature = "cuda")]
 #[test]
-fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
-    const DEVICE_OPS: &[&str] = &[
-        "matmul",
-        "gemm",
-        "add",
-        "sub",
-        "mul",
-        "div",
-        "pow",
-        "max",
-        "min",
-        "relu",
-        "sigmoid",
-        "tanh",
-        "erf",
-        "exp",
-        "log",
-        "sqrt",
-        "neg",
-        "abs",
-        "reciprocal",
-        "gelu",
-        "leakyrelu",
-        "clip",
-        "where",
-        "softmax",
-        "logsoftmax",
-        "layer_normalization",
-        "rms_normalization",
-        "reduce_sum",
-        "reduce_mean",
-        "reduce_max",
-        "reduce_min",
-        "reduce_sum_square",
-        "transpose",
-        "slice",
-        "split",
-        "concat",
-        "gather",
-        "expand",
-        "reshape",
-        "flatten",
-        "squeeze",
-        "unsqueeze",
-        "identity",
-        "shape",
-        "size",
-        "conv",
-        "convtranspose",
-        "maxpool",
-        "averagepool",
-        "globalaveragepool",
-        "globalmaxpool",
-        "batchnorm",
-        "hardsigmoid",
-        "hardswish",
-        "resize",
-        "upsample",
-    ];
+fn onnx_node_cases_with_float_tensors_pass_on_the_cuda_backend() {
     let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
         return;
     };
@@ -782,101 +738,275 @@ fn onnx_node_cases_of_device_ops_pass_on_the_cuda_backend() {
     let cache = node_cases(&python);
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(cache.join("cases.json")).unwrap()).unwrap();
-    let (mut passed, mut cpu_fails, mut failures) = (0, 0, Vec::new());
-    for case in manifest["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let op = name.trim_start_matches("test_");
-        let ours = DEVICE_OPS.iter().any(|o| {
-            op.strip_prefix(o)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
-        });
-        let files = case["inputs"].as_array().unwrap();
-        if !ours || files.iter().any(|i| i["file"].as_str().is_none()) {
-            continue;
+    let cases: Vec<&Value> = manifest["cases"].as_array().unwrap().iter().collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    // Three workers: each case is two short child processes, mostly waiting on start-up.
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(case) = cases.get(i) else { break };
+                let outcome = run_node_case(&cache, case, &env);
+                outcomes.lock().unwrap().push(outcome);
+            });
         }
-        let dir = cache.join("cases").join(name);
-        let model = dir.join("model.onnx").display().to_string();
-        let work = tempfile::tempdir().unwrap();
-        let plan = work.path().join("plan.json");
-        let plan_args = [
-            "partition",
-            &model,
-            "--devices",
-            "H100-SXM",
-            "--stages",
-            "1",
-            "--out",
-            plan.to_str().unwrap(),
-        ];
-        let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
-        for input in files {
-            let path = dir.join(input["file"].as_str().unwrap());
-            extra.extend([
-                "--input".into(),
-                format!("{}={}", input["name"].as_str().unwrap(), path.display()),
-            ]);
-        }
-        let run = |backend: &str, env: &[(String, String)]| {
-            let out_dir = work.path().join(backend);
-            let mut args = vec![
-                "run",
-                plan.to_str().unwrap(),
-                &model,
-                "--backend",
-                backend,
-                "--output-dir",
-                out_dir.to_str().unwrap(),
-            ];
-            args.extend(extra.iter().map(String::as_str));
-            let (code, _, err) = pipecut(&args, env);
-            (code == 0 && !err.contains("fake lib"), err, out_dir)
-        };
-        let (code, _, _) = pipecut(&plan_args, &[]);
-        if code != 0 || !run("cpu", &[]).0 {
-            cpu_fails += 1;
-            continue;
-        }
-        let (ok, err, out_dir) = run("cuda", &env);
-        if !ok {
-            failures.push(format!("{name}: {}", err.trim()));
-            continue;
-        }
-        let (atol, rtol) = (
-            case["atol"].as_f64().unwrap_or(1e-7).max(1e-5) as f32,
-            case["rtol"].as_f64().unwrap_or(1e-3).max(1e-4) as f32,
-        );
-        for output in case["outputs"].as_array().unwrap() {
-            let Some(file) = output["file"].as_str() else {
-                continue;
-            };
-            let want = pipecut::runtime::read_npy(&dir.join(file)).unwrap().tensor;
-            let got_path = out_dir.join(format!("{}.npy", output["name"].as_str().unwrap()));
-            let Ok(got) = pipecut::runtime::read_npy(&got_path) else {
-                failures.push(format!("{name}: no output {}", got_path.display()));
-                continue;
-            };
-            let got = got.tensor;
-            let close = got.shape() == want.shape()
-                && got
-                    .to_f32_vec()
-                    .iter()
-                    .zip(want.to_f32_vec())
-                    .all(|(a, b)| {
-                        (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs()
-                    });
-            if !close {
-                failures.push(format!("{name}: output {file} differs from the reference"));
+    });
+    let outcomes = outcomes.into_inner().unwrap();
+    let mut census = OpCensus::default();
+    let (mut passed, mut left_out, mut failures) = (0, 0, Vec::new());
+    for outcome in outcomes {
+        match outcome {
+            NodeCase::NotFloat => {}
+            NodeCase::LeftOut => left_out += 1,
+            NodeCase::Failed(why) => failures.push(why),
+            NodeCase::NotOnCuda(name) => census.not_on_cuda.push(name),
+            NodeCase::Passed { ops, host_ops } => {
+                passed += 1;
+                census.add(&ops, &host_ops);
             }
         }
-        passed += 1;
     }
     eprintln!(
-        "ONNX node cases of device ops on the CUDA backend: {passed} ran, {} failed, {cpu_fails} \
-         left out (the CPU runtime fails them)",
+        "ONNX node cases with float tensors on the CUDA backend: {passed} ran, {} failed, \
+         {left_out} left out (the CPU runtime cannot plan or run them)",
         failures.len()
     );
-    assert!(passed > 200, "only {passed} cases ran");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(passed > 800, "only {passed} cases ran");
+    census.check_against_docs(passed);
+}
+
+/// What one node case gave on the CUDA backend.
+#[cfg(feature = "cuda")]
+enum NodeCase {
+    /// No float input or output (or an input the case does not store).
+    NotFloat,
+    /// The CPU runtime cannot plan or run it either.
+    LeftOut,
+    /// The CPU backend runs it; the CUDA backend fails or differs from the reference: why.
+    Failed(String),
+    /// The CPU backend runs it, the CUDA backend has no host kernel for one of its ops (control
+    /// flow, which the CPU executor runs itself).
+    NotOnCuda(String),
+    /// Matched its reference; the model's ops and those that ran on the host.
+    Passed {
+        ops: std::collections::BTreeSet<String>,
+        host_ops: std::collections::BTreeSet<String>,
+    },
+}
+
+#[cfg(feature = "cuda")]
+fn run_node_case(cache: &Path, case: &Value, env: &[(String, String)]) -> NodeCase {
+    let name = case["name"].as_str().unwrap();
+    let dir = cache.join("cases").join(name);
+    let files = case["inputs"].as_array().unwrap();
+    let outputs = case["outputs"].as_array().unwrap();
+    if files.iter().any(|i| i["file"].as_str().is_none()) {
+        return NodeCase::NotFloat;
+    }
+    let is_float = |v: &Value| {
+        v["file"].as_str().is_some_and(|f| {
+            pipecut::runtime::read_npy(&dir.join(f)).is_ok_and(|a| {
+                matches!(
+                    a.stored,
+                    pipecut::graph::DType::F32
+                        | pipecut::graph::DType::F16
+                        | pipecut::graph::DType::BF16
+                        | pipecut::graph::DType::F64
+                )
+            })
+        })
+    };
+    if !files.iter().chain(outputs).any(is_float) {
+        return NodeCase::NotFloat;
+    }
+    let model_path = dir.join("model.onnx");
+    let Ok(model) = pipecut::onnx::load_model(&model_path) else {
+        return NodeCase::LeftOut;
+    };
+    let ops = model
+        .graph
+        .nodes()
+        .map(|(_, n)| n.op_type.clone())
+        .collect();
+    let model = model_path.display().to_string();
+    let work = tempfile::tempdir().unwrap();
+    let plan = work.path().join("plan.json");
+    let plan_args = [
+        "partition",
+        &model,
+        "--devices",
+        "H100-SXM",
+        "--stages",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ];
+    if pipecut(&plan_args, &[]).0 != 0 {
+        return NodeCase::LeftOut;
+    }
+    let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+    for input in files {
+        let path = dir.join(input["file"].as_str().unwrap());
+        extra.extend([
+            "--input".into(),
+            format!("{}={}", input["name"].as_str().unwrap(), path.display()),
+        ]);
+    }
+    let run = |backend: &str, env: &[(String, String)]| {
+        let out_dir = work.path().join(backend);
+        let mut args = vec![
+            "run",
+            plan.to_str().unwrap(),
+            &model,
+            "--backend",
+            backend,
+            "--json",
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        let (code, out, err) = pipecut(&args, env);
+        (code == 0 && !err.contains("fake lib"), out, err, out_dir)
+    };
+    let (ok, report, err, out_dir) = run("cuda", env);
+    if !ok {
+        if !run("cpu", &[]).0 {
+            return NodeCase::LeftOut;
+        }
+        if err.contains("no CPU kernel for op") {
+            return NodeCase::NotOnCuda(name.to_string());
+        }
+        return NodeCase::Failed(format!("{name}: {}", err.trim()));
+    }
+    let (atol, rtol) = (
+        case["atol"].as_f64().unwrap_or(1e-7).max(1e-5) as f32,
+        case["rtol"].as_f64().unwrap_or(1e-3).max(1e-4) as f32,
+    );
+    for output in outputs {
+        let Some(file) = output["file"].as_str() else {
+            continue;
+        };
+        if !output_matches(&dir, output, &out_dir, (atol, rtol)) {
+            // A reference the CPU runtime does not meet either is the CPU's business
+            // (tests/conformance.rs lists those cases).
+            let cpu_dir = work.path().join("cpu");
+            if !run("cpu", &[]).0 || !output_matches(&dir, output, &cpu_dir, (atol, rtol)) {
+                return NodeCase::LeftOut;
+            }
+            return NodeCase::Failed(format!("{name}: output {file} differs from the reference"));
+        }
+    }
+    let report: Value = serde_json::from_str(&report).unwrap();
+    let host_ops = report["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["host_ops"].as_object().unwrap().keys().cloned())
+        .collect();
+    NodeCase::Passed { ops, host_ops }
+}
+
+/// Whether the output `output` of the case in `dir`, written to `out_dir`, meets its reference
+/// within the case's tolerances (`np.testing.assert_allclose`, NaN equal to NaN).
+#[cfg(feature = "cuda")]
+fn output_matches(dir: &Path, output: &Value, out_dir: &Path, (atol, rtol): (f32, f32)) -> bool {
+    let want = pipecut::runtime::read_npy(&dir.join(output["file"].as_str().unwrap()))
+        .unwrap()
+        .tensor;
+    let got_path = out_dir.join(format!("{}.npy", output["name"].as_str().unwrap()));
+    let Ok(got) = pipecut::runtime::read_npy(&got_path) else {
+        return false;
+    };
+    got.tensor.shape() == want.shape()
+        && got
+            .tensor
+            .to_f32_vec()
+            .iter()
+            .zip(want.to_f32_vec())
+            .all(|(a, b)| (a.is_nan() && b.is_nan()) || (a - b).abs() <= atol + rtol * b.abs())
+}
+
+/// Per op: the float node cases that hold it, and those in which it ran on the host.
+#[cfg(feature = "cuda")]
+#[derive(Default)]
+struct OpCensus {
+    ops: std::collections::BTreeMap<String, (usize, usize)>,
+    not_on_cuda: Vec<String>,
+}
+
+#[cfg(feature = "cuda")]
+impl OpCensus {
+    const DOC: &'static str = "docs/cuda.md";
+    const BEGIN: &'static str = "<!-- census:begin -->";
+    const END: &'static str = "<!-- census:end -->";
+
+    fn add(
+        &mut self,
+        ops: &std::collections::BTreeSet<String>,
+        host_ops: &std::collections::BTreeSet<String>,
+    ) {
+        for op in ops.iter().filter(|op| op.as_str() != "Constant") {
+            let entry = self.ops.entry(op.clone()).or_default();
+            entry.0 += 1;
+            entry.1 += host_ops.contains(op) as usize;
+        }
+    }
+
+    /// The Markdown table: ops run wholly on the device first, then by host cases.
+    fn table(&self, cases: usize) -> String {
+        let mut rows: Vec<_> = self.ops.iter().collect();
+        rows.sort_by_key(|(op, (_, host))| (*host > 0, op.to_string()));
+        let device = rows.iter().filter(|(_, (_, host))| *host == 0).count();
+        let mut out = format!(
+            "{cases} cases, {} ops: {device} ran on the device in every case that holds them, {} \
+             ran on the host in some.\n\n| op | cases | on the host in |\n|---|---:|---:|\n",
+            rows.len(),
+            rows.len() - device
+        );
+        for (op, (count, host)) in rows {
+            out.push_str(&format!("| {op} | {count} | {host} |\n"));
+        }
+        let mut missing = self.not_on_cuda.clone();
+        missing.sort();
+        out.push_str(&format!(
+            "\nThe CUDA backend cannot run {} cases the CPU backend runs (their control-flow and \
+             optional ops have no host kernel there): {}.\n",
+            missing.len(),
+            missing.join(", ")
+        ));
+        out
+    }
+
+    /// Fails when the table in `docs/cuda.md` is not this one (rewrites it under
+    /// `PIPECUT_CENSUS_BLESS=1`).
+    fn check_against_docs(&self, cases: usize) {
+        let path = common::root().join(Self::DOC);
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (Some(begin), Some(end)) = (doc.find(Self::BEGIN), doc.find(Self::END)) else {
+            panic!("{} lacks the census markers", Self::DOC);
+        };
+        let table = self.table(cases);
+        let current = &doc[begin + Self::BEGIN.len()..end];
+        if current.trim() == table.trim() {
+            return;
+        }
+        if std::env::var_os("PIPECUT_CENSUS_BLESS").is_some() {
+            let updated = format!(
+                "{}\n{table}{}",
+                &doc[..begin + Self::BEGIN.len()],
+                &doc[end..]
+            );
+            std::fs::write(&path, updated).unwrap();
+            return;
+        }
+        panic!(
+            "the op census in {} is stale; rerun with PIPECUT_CENSUS_BLESS=1 and review the \
+             diff. Measured:\n{table}",
+            Self::DOC
+        );
+    }
 }
 
 /// The ONNX backend node cases, written once by `fixtures/conformance.py` with `python`.

@@ -63,6 +63,32 @@ extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int 
             case 14: r = v * (1.0f / (1.0f + expf(-alpha * v))); break;         // Swish
             case 15: r = fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f); break;    // HardSigmoid
             case 16: r = v * fminf(fmaxf(v / 6.0f + 0.5f, 0.0f), 1.0f); break; // HardSwish
+            case 17: r = v < 0.0f ? alpha * (expf(v) - 1.0f) : v; break;        // Elu
+            case 18: r = beta * (v <= 0.0f ? alpha * (expf(v) - 1.0f) : v); break;  // Selu
+            case 19:                                                            // Celu
+                r = fmaxf(v, 0.0f) + fminf(alpha * (expf(v / alpha) - 1.0f), 0.0f);
+                break;
+            case 20: r = v * tanhf(log1pf(expf(v))); break;                     // Mish
+            case 21: r = v > 20.0f ? v : log1pf(expf(v)); break;                // Softplus
+            case 22: r = v / (1.0f + fabsf(v)); break;                          // Softsign
+            case 23: r = v > alpha ? v : 0.0f; break;                           // ThresholdedRelu
+            case 24: r = v < -beta ? v + alpha : (v > beta ? v - alpha : 0.0f); break;  // Shrink
+            case 25: r = floorf(v); break;                                      // Floor
+            case 26: r = ceilf(v); break;                                       // Ceil
+            case 27: r = rintf(v); break;                      // Round (half to even)
+            case 28: r = v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); break;       // Sign
+            case 29: r = sinf(v); break;
+            case 30: r = cosf(v); break;
+            case 31: r = tanf(v); break;
+            case 32: r = asinf(v); break;
+            case 33: r = acosf(v); break;
+            case 34: r = atanf(v); break;
+            case 35: r = sinhf(v); break;
+            case 36: r = coshf(v); break;
+            case 37: r = asinhf(v); break;
+            case 38: r = acoshf(v); break;
+            case 39: r = atanhf(v); break;
+            case 40: r = alpha * v; break;                                      // Mean's scale
             default: r = v; break;                                              // Identity
         }
         y[i] = r;
@@ -84,7 +110,10 @@ extern "C" __global__ void binary_f32(const float* a, const float* b, float* y, 
             case 3: r = u / v; break;
             case 4: r = powf(u, v); break;
             case 5: r = fmaxf(u, v); break;
-            default: r = fminf(u, v); break;
+            case 6: r = fminf(u, v); break;
+            case 7: r = u < 0.0f ? u * v : u; break;  // PRelu (v the slope)
+            default: r = fmodf(u, v); break;          // Mod with fmod = 1
+
         }
         y[i] = r;
     }
@@ -133,15 +162,29 @@ extern "C" __global__ void gather_axis_f32(const float* x, const long long* idx,
     }
 }
 
-// Block-wide sum or max of one value per thread (blockDim.x a power of two, at most 1024).
-__device__ float block_reduce(float v, bool is_max, float* scratch) {
+// How `block_reduce` combines the threads' values.
+#define COMBINE_SUM 0
+#define COMBINE_MAX 1
+#define COMBINE_MIN 2
+#define COMBINE_PROD 3
+
+__device__ __forceinline__ float combine(float a, float b, int how) {
+    switch (how) {
+        case COMBINE_MAX: return fmaxf(a, b);
+        case COMBINE_MIN: return fminf(a, b);
+        case COMBINE_PROD: return a * b;
+        default: return a + b;
+    }
+}
+
+// Block-wide sum, max, min or product of one value per thread (blockDim.x a power of two, at
+// most 1024).
+__device__ float block_reduce(float v, int how, float* scratch) {
     scratch[threadIdx.x] = v;
     __syncthreads();
     for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
         if (threadIdx.x < s) {
-            float o = scratch[threadIdx.x + s];
-            scratch[threadIdx.x] = is_max ? fmaxf(scratch[threadIdx.x], o)
-                                          : scratch[threadIdx.x] + o;
+            scratch[threadIdx.x] = combine(scratch[threadIdx.x], scratch[threadIdx.x + s], how);
         }
         __syncthreads();
     }
@@ -150,30 +193,46 @@ __device__ float block_reduce(float v, bool is_max, float* scratch) {
     return r;
 }
 
-// Softmax or log-softmax of each row of a [rows, cols] matrix; one block per row.
+// Softmax (mode 0), log-softmax (1) or hardmax (2: 1 at the row's first maximum, 0 elsewhere)
+// of each row of a [rows, cols] matrix; one block per row.
 extern "C" __global__ void softmax_rows_f32(const float* x, float* y, long long rows,
-                                            long long cols, int log_softmax) {
+                                            long long cols, int mode) {
     extern __shared__ float scratch[];
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* in = x + row * cols;
         float* out = y + row * cols;
         float m = -PC_INFINITY;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, in[j]);
-        m = block_reduce(m, true, scratch);
+        m = block_reduce(m, COMBINE_MAX, scratch);
+        if (mode == 2) {
+            // The first index holding the maximum (exact as a float below 2^24 columns).
+            float first = PC_INFINITY;
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+                if (in[j] == m) first = fminf(first, (float)j);
+            }
+            first = block_reduce(first, COMBINE_MIN, scratch);
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+                out[j] = (float)j == first ? 1.0f : 0.0f;
+            }
+            continue;
+        }
         float s = 0.0f;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += expf(in[j] - m);
-        s = block_reduce(s, false, scratch);
+        s = block_reduce(s, COMBINE_SUM, scratch);
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-            out[j] = log_softmax ? in[j] - m - logf(s) : expf(in[j] - m) / s;
+            out[j] = mode == 1 ? in[j] - m - logf(s) : expf(in[j] - m) / s;
         }
     }
 }
 
 // Layer normalisation (rms = 0) or RMS normalisation (rms = 1) of each row; scale and bias hold
-// `cols` values (bias is read only when has_bias). One block per row.
+// `cols` values (bias is read only when has_bias). Each row's mean and inverse standard
+// deviation go to mean_out[row] and inv_out[row] (LayerNormalization's optional outputs).
+// One block per row.
 extern "C" __global__ void norm_rows_f32(const float* x, const float* scale, const float* bias,
                                          float* y, long long rows, long long cols, float epsilon,
-                                         int rms, int has_bias) {
+                                         int rms, int has_bias, float* mean_out,
+                                         float* inv_out) {
     extern __shared__ float scratch[];
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* in = x + row * cols;
@@ -182,65 +241,200 @@ extern "C" __global__ void norm_rows_f32(const float* x, const float* scale, con
         if (!rms) {
             float s = 0.0f;
             for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += in[j];
-            mean = block_reduce(s, false, scratch) / (float)cols;
+            mean = block_reduce(s, COMBINE_SUM, scratch) / (float)cols;
         }
         float q = 0.0f;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
             float c = in[j] - mean;
             q += c * c;
         }
-        float inv = rsqrtf(block_reduce(q, false, scratch) / (float)cols + epsilon);
+        float inv = rsqrtf(block_reduce(q, COMBINE_SUM, scratch) / (float)cols + epsilon);
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
             float v = (in[j] - mean) * inv * scale[j];
             out[j] = has_bias ? v + bias[j] : v;
         }
+        if (threadIdx.x == 0) {
+            mean_out[row] = mean;
+            inv_out[row] = inv;
+        }
     }
+}
+
+// Normalisation of each row of [rows, cols] by its own mean and variance, with a scale and bias
+// per channel: element j of row r has channel ((r · cols + j) / inner) % channels.
+// InstanceNormalization (a row per image and channel, inner = the plane) and
+// GroupNormalization (a row per image and group; scale per channel, inner = the plane, or per
+// group before opset 21, inner = cols). One block per row.
+extern "C" __global__ void norm_channels_f32(const float* x, const float* scale,
+                                             const float* bias, float* y, long long rows,
+                                             long long cols, long long channels,
+                                             long long inner, float epsilon) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float* out = y + row * cols;
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += in[j];
+        float mean = block_reduce(s, COMBINE_SUM, scratch) / (float)cols;
+        float q = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float c = in[j] - mean;
+            q += c * c;
+        }
+        float inv = rsqrtf(block_reduce(q, COMBINE_SUM, scratch) / (float)cols + epsilon);
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            long long ch = ((row * cols + j) / inner) % channels;
+            out[j] = (in[j] - mean) * inv * scale[ch] + bias[ch];
+        }
+    }
+}
+
+// Reductions, codes shared with ops.rs (`reduce_code`): 0 sum, 1 mean, 2 max, 3 min, 4 sum of
+// squares, 5 L1, 6 L2, 7 log-sum, 8 log-sum-exp, 9 product.
+__device__ __forceinline__ int reduce_combine(int op) {
+    return op == 2 ? COMBINE_MAX : op == 3 ? COMBINE_MIN : op == 9 ? COMBINE_PROD : COMBINE_SUM;
+}
+
+__device__ __forceinline__ float reduce_init(int op) {
+    return op == 2 ? -PC_INFINITY : op == 3 ? PC_INFINITY : op == 9 ? 1.0f : 0.0f;
+}
+
+// The term value v adds (`shift` is log-sum-exp's maximum, subtracted before the exponential).
+__device__ __forceinline__ float reduce_term(int op, float v, float shift) {
+    switch (op) {
+        case 4: case 6: return v * v;
+        case 5: return fabsf(v);
+        case 8: return expf(v - shift);
+        default: return v;
+    }
+}
+
+__device__ __forceinline__ float reduce_finish(int op, float r, float shift, long long count) {
+    switch (op) {
+        case 1: return r / (float)count;
+        case 6: return sqrtf(r);
+        case 7: return logf(r);
+        case 8: return logf(r) + shift;
+        default: return r;
+    }
+}
+
+// Log-sum-exp's shift: the maximum, or 0 when it is infinite (so that an all -inf row gives
+// -inf, not NaN).
+__device__ __forceinline__ float finite_shift(float m) {
+    return fabsf(m) == PC_INFINITY ? 0.0f : m;
 }
 
 // Reduction of each row of a [rows, cols] matrix (the reduced axes trailing and contiguous, the
 // common case): one block per row, the threads striding over it, so the reads are coalesced and
-// a long row is summed in parallel. Codes as in `reduce_f32`.
+// a long row is reduced in parallel.
 extern "C" __global__ void reduce_rows_f32(const float* x, float* y, long long rows,
                                            long long cols, int op) {
     extern __shared__ float scratch[];
-    bool is_max = op == 2, is_min = op == 3;
-    float init = is_max ? -PC_INFINITY : is_min ? PC_INFINITY : 0.0f;
+    int how = reduce_combine(op);
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* in = x + row * cols;
-        float acc = init;
+        float shift = 0.0f;
+        if (op == 8) {
+            float m = -PC_INFINITY;
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, in[j]);
+            shift = finite_shift(block_reduce(m, COMBINE_MAX, scratch));
+        }
+        float acc = reduce_init(op);
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-            float v = in[j];
-            acc = is_max ? fmaxf(acc, v) : is_min ? fminf(acc, v) : acc + (op == 4 ? v * v : v);
+            acc = combine(acc, reduce_term(op, in[j], shift), how);
         }
-        // The minimum is the negated maximum of the negated values.
-        float r = block_reduce(is_min ? -acc : acc, is_max || is_min, scratch);
-        if (threadIdx.x == 0) {
-            y[row] = is_min ? -r : (op == 1 ? r / (float)cols : r);
-        }
+        float r = block_reduce(acc, how, scratch);
+        if (threadIdx.x == 0) y[row] = reduce_finish(op, r, shift, cols);
     }
 }
 
 // Reduction over some axes. `kept` maps an output position to its input offset (shape = output
 // shape, a = input strides of the kept axes); `reduced` walks the reduced axes (shape, a).
-// Codes shared with ops.rs (`Reduce`).
 extern "C" __global__ void reduce_f32(const float* x, float* y, long long n_out, Dims kept,
                                       Dims reduced, long long count, int op) {
+    int how = reduce_combine(op);
     GRID_STRIDE(i, n_out) {
         long long base, unused_b, unused_c;
         offsets(kept, i, &base, &unused_b, &unused_c);
-        float acc = (op == 2) ? -PC_INFINITY : (op == 3) ? PC_INFINITY : 0.0f;
+        float shift = 0.0f;
+        if (op == 8) {
+            float m = -PC_INFINITY;
+            for (long long r = 0; r < count; ++r) {
+                long long off, ub, uc;
+                offsets(reduced, r, &off, &ub, &uc);
+                m = fmaxf(m, x[base + off]);
+            }
+            shift = finite_shift(m);
+        }
+        float acc = reduce_init(op);
         for (long long r = 0; r < count; ++r) {
             long long off, ub, uc;
             offsets(reduced, r, &off, &ub, &uc);
-            float v = x[base + off];
-            switch (op) {
-                case 2: acc = fmaxf(acc, v); break;
-                case 3: acc = fminf(acc, v); break;
-                case 4: acc += v * v; break;
-                default: acc += v; break;
+            acc = combine(acc, reduce_term(op, x[base + off], shift), how);
+        }
+        y[i] = reduce_finish(op, acc, shift, count);
+    }
+}
+
+// Index of the maximum (is_min = 0) or minimum along the middle axis of x [outer, len, inner],
+// the first one unless `last`: one thread per output.
+extern "C" __global__ void arg_reduce_f32(const float* x, long long* y, long long outer,
+                                          long long len, long long inner, int is_min, int last) {
+    GRID_STRIDE(i, outer * inner) {
+        long long o = i / inner, j = i % inner;
+        const float* in = x + o * len * inner + j;
+        long long best = 0;
+        float best_value = in[0];
+        for (long long k = 1; k < len; ++k) {
+            float v = in[k * inner];
+            bool better = is_min ? (last ? v <= best_value : v < best_value)
+                                 : (last ? v >= best_value : v > best_value);
+            if (better) {
+                best = k;
+                best_value = v;
             }
         }
-        y[i] = (op == 1) ? acc / (float)count : acc;
+        y[i] = best;
+    }
+}
+
+// Cumulative sum along the middle axis of x [outer, len, inner], one thread per line;
+// `exclusive` leaves out the element itself, `reverse` sums from the end.
+extern "C" __global__ void cumsum_f32(const float* x, float* y, long long outer, long long len,
+                                      long long inner, int exclusive, int reverse) {
+    GRID_STRIDE(i, outer * inner) {
+        long long base = (i / inner) * len * inner + i % inner;
+        float acc = 0.0f;
+        for (long long t = 0; t < len; ++t) {
+            long long k = reverse ? len - 1 - t : t;
+            float v = x[base + k * inner];
+            if (exclusive) {
+                y[base + k * inner] = acc;
+                acc += v;
+            } else {
+                acc += v;
+                y[base + k * inner] = acc;
+            }
+        }
+    }
+}
+
+// Local response normalisation across channels of x [n, channels, inner], one thread per value:
+// y = x / (bias + alpha / size · Σ x²)^beta over channels c − ⌊(size−1)/2⌋ … c + ⌈(size−1)/2⌉.
+extern "C" __global__ void lrn_f32(const float* x, float* y, long long n, long long channels,
+                                   long long inner, long long size, float alpha, float beta,
+                                   float bias) {
+    GRID_STRIDE(i, n) {
+        long long c = (i / inner) % channels;
+        long long plane = i - c * inner;
+        long long lo = c - (size - 1) / 2, hi = c + size / 2;
+        float sum = 0.0f;
+        for (long long k = lo < 0 ? 0 : lo; k <= hi && k < channels; ++k) {
+            float v = x[plane + k * inner];
+            sum += v * v;
+        }
+        y[i] = x[i] / powf(bias + alpha / (float)size * sum, beta);
     }
 }
 
@@ -385,6 +579,125 @@ extern "C" __global__ void resize_axis_f32(const float* x, float* y, const long 
         for (long long t = 0; t < taps; ++t) {
             float w = weight[o * taps + t];
             if (w != 0.0f) acc += w * x[(b * width + index[o * taps + t]) * inner + j];
+        }
+        y[i] = acc;
+    }
+}
+
+// The geometry of MaxPool, AveragePool or LpPool over up to three spatial axes (fewer are
+// padded in front with axes of size 1): `planes` = n · c planes of in[0] × in[1] × in[2]
+// values, out[] the output sizes, and per axis the kernel, stride, dilation, begin and end
+// pads. Shared with window_ops.rs (`PoolNd`).
+struct PoolNd {
+    long long planes;
+    long long in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3], pad_end[3];
+};
+
+// Pooling of each plane over up to three spatial axes, one thread per output value: kind 0
+// average (counting the padding when count_include_pad, except past the end padding), 1 max
+// (-inf for a window wholly in the padding), 2 Lp ((Σ |v|^p)^(1/p) over the values inside).
+// With `with_indices`, a max also writes MaxPool's Indices: the first maximum's position in the
+// whole input, row-major or (column_major) column-major within its plane; 0 when no value
+// beats -inf, as on the CPU.
+extern "C" __global__ void pool_nd_f32(const float* x, float* y, PoolNd g, int kind,
+                                       int count_include_pad, float p, long long* indices,
+                                       int with_indices, int column_major) {
+    long long in_plane = g.in[0] * g.in[1] * g.in[2];
+    long long out_plane = g.out[0] * g.out[1] * g.out[2];
+    GRID_STRIDE(i, g.planes * out_plane) {
+        long long o2 = i % g.out[2], o1 = (i / g.out[2]) % g.out[1];
+        long long o0 = (i / (g.out[2] * g.out[1])) % g.out[0];
+        const float* in = x + (i / out_plane) * in_plane;
+        float acc = kind == 1 ? -PC_INFINITY : 0.0f;
+        long long count = 0, best = 0;
+        for (long long k0 = 0; k0 < g.kernel[0]; ++k0) {
+            long long c0 = o0 * g.stride[0] + k0 * g.dilation[0] - g.pad_begin[0];
+            bool in0 = c0 >= 0 && c0 < g.in[0], pad0 = c0 < g.in[0] + g.pad_end[0];
+            for (long long k1 = 0; k1 < g.kernel[1]; ++k1) {
+                long long c1 = o1 * g.stride[1] + k1 * g.dilation[1] - g.pad_begin[1];
+                bool in1 = c1 >= 0 && c1 < g.in[1], pad1 = c1 < g.in[1] + g.pad_end[1];
+                for (long long k2 = 0; k2 < g.kernel[2]; ++k2) {
+                    long long c2 = o2 * g.stride[2] + k2 * g.dilation[2] - g.pad_begin[2];
+                    bool in2 = c2 >= 0 && c2 < g.in[2], pad2 = c2 < g.in[2] + g.pad_end[2];
+                    if (in0 && in1 && in2) {
+                        float v = in[(c0 * g.in[1] + c1) * g.in[2] + c2];
+                        if (kind != 1) {
+                            acc += kind == 2 ? powf(fabsf(v), p) : v;
+                        } else if (v > acc) {
+                            acc = v;
+                            best = column_major ? c0 + c1 * g.in[0] + c2 * g.in[0] * g.in[1]
+                                                : (c0 * g.in[1] + c1) * g.in[2] + c2;
+                            best += (i / out_plane) * in_plane;
+                        }
+                        ++count;
+                    } else if (count_include_pad && pad0 && pad1 && pad2) {
+                        ++count;
+                    }
+                }
+            }
+        }
+        y[i] = kind == 1 ? acc
+             : kind == 2 ? powf(acc, 1.0f / p)
+                         : (count == 0 ? 0.0f : acc / (float)count);
+        if (with_indices) indices[i] = best;
+    }
+}
+
+// y[t · inner + j] = x[offset[t] + j]: GatherND (a row per index tuple) and GatherElements
+// (inner = 1), the offsets worked out on the host, where the indices are.
+extern "C" __global__ void gather_rows_f32(const float* x, const long long* offset, float* y,
+                                           long long rows, long long inner) {
+    GRID_STRIDE(i, rows * inner) {
+        y[i] = x[offset[i / inner] + i % inner];
+    }
+}
+
+// Writes the rows of `updates` at y[offset[t] + j] (y already holds the data): ScatterND (a row
+// per index tuple) and ScatterElements (inner = 1). With distinct offsets and no reduction (0)
+// every value is its own thread; otherwise (1 add, 2 mul, 3 max, 4 min, 5 the last write wins)
+// a thread takes column j of every row in order, so repeated offsets combine in the order the
+// CPU applies them.
+extern "C" __global__ void scatter_rows_f32(float* y, const float* updates,
+                                            const long long* offset, long long rows,
+                                            long long inner, int reduction) {
+    if (reduction == 0) {
+        GRID_STRIDE(i, rows * inner) {
+            y[offset[i / inner] + i % inner] = updates[i];
+        }
+        return;
+    }
+    GRID_STRIDE(j, inner) {
+        for (long long t = 0; t < rows; ++t) {
+            float* at = y + offset[t] + j;
+            float u = updates[t * inner + j];
+            switch (reduction) {
+                case 1: *at += u; break;
+                case 2: *at *= u; break;
+                case 3: *at = fmaxf(*at, u); break;
+                case 4: *at = fminf(*at, u); break;
+                default: *at = u; break;
+            }
+        }
+    }
+}
+
+// Einsum of one to three operands: for output position i (over `out`, whose a/b/c are the
+// operands' strides along the output labels) the sum over the summed labels (`summed`, `count`
+// combinations) of the operands' product. One thread per output value.
+extern "C" __global__ void einsum_f32(const float* a, const float* b, const float* c, float* y,
+                                      long long n_out, Dims out, Dims summed, long long count,
+                                      int operands) {
+    GRID_STRIDE(i, n_out) {
+        long long oa, ob, oc;
+        offsets(out, i, &oa, &ob, &oc);
+        float acc = 0.0f;
+        for (long long s = 0; s < count; ++s) {
+            long long sa, sb, sc;
+            offsets(summed, s, &sa, &sb, &sc);
+            float p = a[oa + sa];
+            if (operands > 1) p *= b[ob + sb];
+            if (operands > 2) p *= c[oc + sc];
+            acc += p;
         }
         y[i] = acc;
     }

@@ -19,9 +19,11 @@
 //! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
 
 mod compile;
+mod index_ops;
 mod ops;
 mod resident;
 mod resize;
+mod row_ops;
 mod window_ops;
 
 use std::cell::Cell;

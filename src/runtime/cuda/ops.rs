@@ -12,7 +12,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 
-use super::{window_ops, DeviceTensor, Value};
+use super::{index_ops, row_ops, window_ops, DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{
     broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
@@ -49,16 +49,24 @@ pub(super) struct Functions {
     gather_strided: CudaFunction,
     copy_block: CudaFunction,
     gather_axis: CudaFunction,
-    softmax_rows: CudaFunction,
-    norm_rows: CudaFunction,
+    pub(super) softmax_rows: CudaFunction,
+    pub(super) norm_rows: CudaFunction,
+    pub(super) norm_channels: CudaFunction,
     reduce_rows: CudaFunction,
     reduce: CudaFunction,
     pub(super) im2col: CudaFunction,
     pub(super) conv_direct: CudaFunction,
     pub(super) conv_transpose: CudaFunction,
     pub(super) pool: CudaFunction,
+    pub(super) pool_nd: CudaFunction,
+    pub(super) gather_rows: CudaFunction,
+    einsum: CudaFunction,
+    pub(super) scatter_rows: CudaFunction,
     pub(super) batch_norm: CudaFunction,
     pub(super) resize_axis: CudaFunction,
+    pub(super) arg_reduce: CudaFunction,
+    pub(super) cumsum: CudaFunction,
+    pub(super) lrn: CudaFunction,
 }
 
 impl Functions {
@@ -78,14 +86,22 @@ impl Functions {
             gather_axis: f("gather_axis_f32")?,
             softmax_rows: f("softmax_rows_f32")?,
             norm_rows: f("norm_rows_f32")?,
+            norm_channels: f("norm_channels_f32")?,
             reduce_rows: f("reduce_rows_f32")?,
             reduce: f("reduce_f32")?,
             im2col: f("im2col_f32")?,
             conv_direct: f("conv_direct_f32")?,
             conv_transpose: f("conv_transpose_f32")?,
             pool: f("pool_f32")?,
+            pool_nd: f("pool_nd_f32")?,
+            gather_rows: f("gather_rows_f32")?,
+            einsum: f("einsum_f32")?,
+            scatter_rows: f("scatter_rows_f32")?,
             batch_norm: f("batch_norm_f32")?,
             resize_axis: f("resize_axis_f32")?,
+            arg_reduce: f("arg_reduce_f32")?,
+            cumsum: f("cumsum_f32")?,
+            lrn: f("lrn_f32")?,
         })
     }
 }
@@ -127,7 +143,7 @@ impl Gpu<'_> {
     }
 
     /// One block per row (up to the cap), with a float of shared memory per thread.
-    fn rows(rows: usize) -> LaunchConfig {
+    pub(super) fn rows(rows: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: ((rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1),
             block_dim: (BLOCK, 1, 1),
@@ -174,7 +190,11 @@ impl Gpu<'_> {
     }
 
     /// `x` broadcast to `out_shape` as a contiguous buffer (`x` itself when already that shape).
-    fn expand(&self, x: &DeviceTensor, out_shape: &[usize]) -> Result<DeviceTensor, String> {
+    pub(super) fn expand(
+        &self,
+        x: &DeviceTensor,
+        out_shape: &[usize],
+    ) -> Result<DeviceTensor, String> {
         if x.shape == out_shape {
             return Ok(x.clone());
         }
@@ -276,7 +296,7 @@ pub(super) fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<i64
 }
 
 /// Contiguous row-major strides.
-fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+pub(super) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1] as i64;
@@ -390,7 +410,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
     }
-    if let Some(code) = binary_code(op) {
+    if let Some(code) = binary_code(ctx, op).filter(|_| args.len() == 2) {
         return binary(gpu, args, code);
     }
     match op {
@@ -398,7 +418,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Gemm" => gemm(gpu, ctx, args),
         "Where" => where_op(gpu, args),
         "Identity" => alias(gpu, args, None),
-        "Dropout" if !extra_outputs(ctx) => alias(gpu, args, None),
+        "Dropout" => dropout(gpu, ctx, args),
         "Cast" => {
             let float = [1, 10, 11, 16].contains(&ctx.int("to", 0));
             if float {
@@ -438,16 +458,26 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Slice" => slice(gpu, ctx, args),
         "Split" => split(gpu, ctx, args),
         "Gather" => gather(gpu, ctx, args),
-        "Softmax" | "LogSoftmax" => softmax(gpu, ctx, args, op == "LogSoftmax"),
-        "LayerNormalization" if !extra_outputs(ctx) => norm(gpu, ctx, args, false),
-        "RMSNormalization" => norm(gpu, ctx, args, true),
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" => {
-            reduce(gpu, ctx, args)
-        }
+        "GatherElements" => index_ops::gather_elements(gpu, ctx, args),
+        "GatherND" => index_ops::gather_nd(gpu, ctx, args),
+        "ScatterND" | "ScatterElements" | "Scatter" => index_ops::scatter(gpu, ctx, args),
+        "Sum" | "Mean" | "Max" | "Min" => variadic(gpu, op, args),
+        "Softmax" | "LogSoftmax" | "Hardmax" => row_ops::softmax(gpu, ctx, args),
+        "LayerNormalization" => row_ops::norm(gpu, ctx, args, false),
+        "RMSNormalization" => row_ops::norm(gpu, ctx, args, true),
+        "InstanceNormalization" | "GroupNormalization" => row_ops::channel_norm(gpu, ctx, args),
+        "ArgMax" | "ArgMin" => row_ops::arg_reduce(gpu, ctx, args),
+        "CumSum" => row_ops::cumsum(gpu, ctx, args),
+        "LRN" => row_ops::lrn(gpu, ctx, args),
+        "DepthToSpace" | "SpaceToDepth" => depth_space(gpu, ctx, args),
+        "Einsum" => einsum(gpu, ctx, args),
+        "LpNormalization" => lp_normalization(gpu, ctx, args),
+        _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
-        "MaxPool" | "AveragePool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
+        "MaxPool" => window_ops::pool(gpu, ctx, args),
+        "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
         "BatchNormalization" if !extra_outputs(ctx) && ctx.int("training_mode", 0) == 0 => {
             window_ops::batch_norm(gpu, ctx, args)
@@ -476,9 +506,35 @@ fn unary_code(ctx: &Ctx, op: &str) -> Option<i32> {
         "Swish" => 14,
         "HardSigmoid" => 15,
         "HardSwish" => 16,
+        "Elu" => 17,
+        "Selu" => 18,
+        "Celu" => 19,
+        "Mish" => 20,
+        "Softplus" => 21,
+        "Softsign" => 22,
+        "ThresholdedRelu" => 23,
+        "Shrink" => 24,
+        "Floor" => 25,
+        "Ceil" => 26,
+        "Round" => 27,
+        "Sign" => 28,
+        "Sin" => 29,
+        "Cos" => 30,
+        "Tan" => 31,
+        "Asin" => 32,
+        "Acos" => 33,
+        "Atan" => 34,
+        "Sinh" => 35,
+        "Cosh" => 36,
+        "Asinh" => 37,
+        "Acosh" => 38,
+        "Atanh" => 39,
         _ => return None,
     })
 }
+
+/// `unary_f32`'s code that multiplies by its `alpha` (Mean's division by the input count).
+const SCALE_CODE: i32 = 40;
 
 fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
@@ -486,7 +542,14 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
     };
     let (alpha, beta) = match code {
         12 => (ctx.float("alpha", 0.01), 0.0),
-        14 => (ctx.float("alpha", 1.0), 0.0),
+        14 | 17 | 19 | 23 => (ctx.float("alpha", 1.0), 0.0),
+        // Defaults from the ONNX spec (Selu's are 1.67326319217681884765625 and
+        // 1.05070102214813232421875).
+        18 => (
+            ctx.float("alpha", 1.673_263_2),
+            ctx.float("gamma", 1.050_701),
+        ),
+        24 => (ctx.float("bias", 0.0), ctx.float("lambd", 0.5)),
         15 => (ctx.float("alpha", 0.2), ctx.float("beta", 0.5)),
         13 if ctx.opset < 11 => (
             ctx.float("min", f32::NEG_INFINITY),
@@ -503,24 +566,67 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
         }
         _ => (0.0, 0.0),
     };
-    let n = numel(&x.shape);
-    let mut out = gpu.alloc(n)?;
-    let n64 = n as i64;
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.unary);
-    launch
-        .arg(&*x.data)
-        .arg(&mut out)
-        .arg(&n64)
-        .arg(&code)
-        .arg(&alpha)
-        .arg(&beta);
-    // SAFETY: argument types match `unary_f32`; both buffers hold `n` floats.
-    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(x.shape.clone(), out))
+    one(gpu.unary(&x, code, (alpha, beta))?)
 }
 
-/// Codes of `binary_f32` (two-input forms only; more inputs go to the CPU).
-fn binary_code(op: &str) -> Option<i32> {
+impl Gpu<'_> {
+    /// `unary_f32` with `code` and its two parameters over every element of `x`.
+    fn unary(
+        &self,
+        x: &DeviceTensor,
+        code: i32,
+        (alpha, beta): (f32, f32),
+    ) -> Result<DeviceTensor, String> {
+        let n = numel(&x.shape);
+        let mut out = self.alloc(n)?;
+        let n64 = n as i64;
+        let mut launch = self.stream.launch_builder(&self.functions.unary);
+        launch
+            .arg(&*x.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&code)
+            .arg(&alpha)
+            .arg(&beta);
+        // SAFETY: argument types match `unary_f32`; both buffers hold `n` floats.
+        unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+        Ok(DeviceTensor::new(x.shape.clone(), out))
+    }
+
+    /// `binary_f32` with `code` over `a` and `b` broadcast together.
+    fn binary(
+        &self,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        code: i32,
+    ) -> Result<DeviceTensor, String> {
+        let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+        let dims = dims(
+            &shape,
+            &[
+                &broadcast_strides(&a.shape, &shape),
+                &broadcast_strides(&b.shape, &shape),
+            ],
+        )?;
+        let n = numel(&shape);
+        let mut out = self.alloc(n)?;
+        let n64 = n as i64;
+        let mut launch = self.stream.launch_builder(&self.functions.binary);
+        launch
+            .arg(&*a.data)
+            .arg(&*b.data)
+            .arg(&mut out)
+            .arg(&n64)
+            .arg(&dims)
+            .arg(&code);
+        // SAFETY: argument types match `binary_f32`; broadcast strides keep offsets in bounds.
+        unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+        Ok(DeviceTensor::new(shape, out))
+    }
+}
+
+/// Codes of `binary_f32` (two-input forms only; more inputs go to [`variadic`]).
+fn binary_code(ctx: &Ctx, op: &str) -> Option<i32> {
     Some(match op {
         "Add" => 0,
         "Sub" => 1,
@@ -529,6 +635,9 @@ fn binary_code(op: &str) -> Option<i32> {
         "Pow" => 4,
         "Max" => 5,
         "Min" => 6,
+        "PRelu" => 7,
+        // Float Mod must be C's fmod (the spec requires fmod = 1 for floats).
+        "Mod" if ctx.int("fmod", 0) != 0 => 8,
         _ => return None,
     })
 }
@@ -537,31 +646,100 @@ fn binary(gpu: &Gpu, args: &[Option<Value>], code: i32) -> OpResult {
     if args.len() != 2 {
         return Ok(None);
     }
-    let Some(v) = all_device(gpu, args, 2)? else {
+    let Some(a) = device(gpu, args, 0)? else {
         return Ok(None);
     };
-    let shape = broadcast_shapes(&[&v[0].shape, &v[1].shape])?;
-    let dims = dims(
-        &shape,
-        &[
-            &broadcast_strides(&v[0].shape, &shape),
-            &broadcast_strides(&v[1].shape, &shape),
-        ],
-    )?;
-    let n = numel(&shape);
-    let mut out = gpu.alloc(n)?;
-    let n64 = n as i64;
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.binary);
-    launch
-        .arg(&*v[0].data)
-        .arg(&*v[1].data)
-        .arg(&mut out)
-        .arg(&n64)
-        .arg(&dims)
-        .arg(&code);
-    // SAFETY: argument types match `binary_f32`; broadcast strides keep offsets in bounds.
-    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(shape, out))
+    let b = match device(gpu, args, 1)? {
+        Some(b) => b,
+        // Pow's exponent may be an integer tensor (small, on the host): raised as floats.
+        None if code == 4 => match host(gpu, args, 1)? {
+            Some(e) if matches!(e.dtype(), DType::I64 | DType::I32) => {
+                let values = e.to_f32_vec();
+                DeviceTensor::new(e.shape().to_vec(), gpu.upload(&values)?)
+            }
+            _ => return Ok(None),
+        },
+        None => return Ok(None),
+    };
+    one(gpu.binary(&a, &b, code)?)
+}
+
+/// Sum, Mean, Max and Min of any number of float inputs, folded pairwise with broadcasting
+/// (Mean scaled by 1/count at the end); one input is itself.
+fn variadic(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
+    let Some(inputs) = all_device(gpu, args, args.len())? else {
+        return Ok(None);
+    };
+    let Some((first, rest)) = inputs.split_first() else {
+        return Ok(None);
+    };
+    let code = match op {
+        "Max" => 5,
+        "Min" => 6,
+        _ => 0,
+    };
+    let mut acc = first.clone();
+    for next in rest {
+        acc = gpu.binary(&acc, next, code)?;
+    }
+    if op == "Mean" && !rest.is_empty() {
+        acc = gpu.unary(&acc, SCALE_CODE, (1.0 / inputs.len() as f32, 0.0))?;
+    }
+    one(acc)
+}
+
+/// Dropout at inference: the input itself and, when asked for, a mask of ones (as the CPU
+/// kernel, which never drops).
+fn dropout(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let mut results = vec![Value::Device(x.clone())];
+    if extra_outputs(ctx) {
+        let mask = crate::runtime::TensorData::Bool(vec![true; numel(&x.shape)]);
+        results.push(Value::host(Arc::new(HostTensor::with_data(
+            x.shape.clone(),
+            mask,
+        ))));
+    }
+    Ok(Some(results))
+}
+
+/// DepthToSpace and SpaceToDepth: one strided copy through a rank-6 view.
+fn depth_space(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
+    };
+    let &[n, c, h, w] = x.shape.as_slice() else {
+        return Ok(None);
+    };
+    let b = usize::try_from(ctx.int("blocksize", 0))
+        .ok()
+        .filter(|&b| b > 0)
+        .ok_or("blocksize must be positive")?;
+    let (view, perm, out_shape) = if ctx.node.op_type == "DepthToSpace" {
+        if c % (b * b) != 0 {
+            return Err(format!("{c} channels do not divide into blocks of {b}×{b}"));
+        }
+        let cb = c / (b * b);
+        let out = vec![n, cb, h * b, w * b];
+        if ctx.string("mode", "DCR") == "CRD" {
+            (vec![n, cb, b, b, h, w], [0, 1, 4, 2, 5, 3], out)
+        } else {
+            (vec![n, b, b, cb, h, w], [0, 3, 4, 1, 5, 2], out)
+        }
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return Err(format!("{h}×{w} does not divide into blocks of {b}"));
+        }
+        let out = vec![n, c * b * b, h / b, w / b];
+        (vec![n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], out)
+    };
+    let strides = contiguous_strides(&view);
+    let moved_shape: Vec<usize> = perm.iter().map(|&p| view[p]).collect();
+    let moved_strides: Vec<i64> = perm.iter().map(|&p| strides[p]).collect();
+    let data = gpu.gather_strided(&x.data, &moved_shape, &moved_strides, 0)?;
+    one(DeviceTensor::new(out_shape, data))
 }
 
 fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
@@ -832,74 +1010,29 @@ fn gather(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     one(DeviceTensor::new(shape, out))
 }
 
-fn softmax(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], log: bool) -> OpResult {
-    let Some(x) = device(gpu, args, 0)? else {
-        return Ok(None);
-    };
-    let rank = x.shape.len();
-    let axis = normalize_axis(ctx.int("axis", if ctx.opset >= 13 { -1 } else { 1 }), rank)?;
-    // Before opset 13 the input is flattened at `axis` into rows; from 13 on only the last axis
-    // is a row (other axes are left to the CPU).
-    if ctx.opset >= 13 && axis + 1 != rank {
-        return Ok(None);
-    }
-    let (rows, cols) = (numel(&x.shape[..axis]), numel(&x.shape[axis..]));
-    let mut out = gpu.alloc(rows * cols)?;
-    let (r, c, flag) = (rows as i64, cols as i64, log as i32);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.softmax_rows);
-    launch
-        .arg(&*x.data)
-        .arg(&mut out)
-        .arg(&r)
-        .arg(&c)
-        .arg(&flag);
-    // SAFETY: argument types match `softmax_rows_f32`; shared memory is one float per thread.
-    unsafe { launch.launch(Gpu::rows(rows)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(x.shape.clone(), out))
-}
-
-fn norm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], rms: bool) -> OpResult {
-    let (Some(x), Some(scale)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
-        return Ok(None);
-    };
-    let bias = if rms { None } else { device(gpu, args, 2)? };
-    let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
-    let (rows, cols) = (numel(&x.shape[..axis]), numel(&x.shape[axis..]));
-    if numel(&scale.shape) != cols || bias.as_ref().is_some_and(|b| numel(&b.shape) != cols) {
-        return Ok(None);
-    }
-    let epsilon = ctx.float("epsilon", 1e-5);
-    let mut out = gpu.alloc(rows * cols)?;
-    let (r, c, flag) = (rows as i64, cols as i64, rms as i32);
-    let has_bias = bias.is_some() as i32;
-    // Without a bias the kernel never reads its bias argument; the scale stands in.
-    let bias_data = bias.as_ref().map_or(&*scale.data, |b| &*b.data);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.norm_rows);
-    launch
-        .arg(&*x.data)
-        .arg(&*scale.data)
-        .arg(bias_data)
-        .arg(&mut out)
-        .arg(&r)
-        .arg(&c)
-        .arg(&epsilon)
-        .arg(&flag)
-        .arg(&has_bias);
-    // SAFETY: argument types match `norm_rows_f32`; scale and bias hold `cols` floats.
-    unsafe { launch.launch(Gpu::rows(rows)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(x.shape.clone(), out))
+/// Codes of `reduce_rows_f32` and `reduce_f32`.
+fn reduce_code(op: &str) -> Option<i32> {
+    Some(match op {
+        "ReduceSum" => 0,
+        "ReduceMean" => 1,
+        "ReduceMax" => 2,
+        "ReduceMin" => 3,
+        "ReduceSumSquare" => 4,
+        "ReduceL1" => 5,
+        "ReduceL2" => 6,
+        "ReduceLogSum" => 7,
+        "ReduceLogSumExp" => 8,
+        "ReduceProd" => 9,
+        _ => return None,
+    })
 }
 
 fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
         return Ok(None);
     };
-    let code = match ctx.node.op_type.as_str() {
-        "ReduceSum" => 0,
-        "ReduceMean" => 1,
-        "ReduceMax" => 2,
-        "ReduceMin" => 3,
-        _ => 4,
+    let Some(code) = reduce_code(&ctx.node.op_type) else {
+        return Ok(None);
     };
     let rank = x.shape.len();
     let axes: Vec<i64> = match host(gpu, args, 1)? {
@@ -919,52 +1052,84 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     reduced_axes.sort_unstable();
     reduced_axes.dedup();
-    let strides = contiguous_strides(&x.shape);
-    let kept_axes: Vec<usize> = (0..rank)
-        .filter(|a| reduced_axes.binary_search(a).is_err())
-        .collect();
-    let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
-    let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
-    let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
-    let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
-    let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
-    let mut out = gpu.alloc(n_out)?;
-    let (n64, c64) = (n_out as i64, count as i64);
-    let trailing = reduced_axes
-        .iter()
-        .enumerate()
-        .all(|(i, &a)| a == rank - reduced_axes.len() + i);
-    if trailing {
-        gpu.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
-    } else {
-        let kept = dims(&kept_shape, &[&kept_strides])?;
-        let reduced = dims(&red_shape, &[&red_strides])?;
-        let mut launch = gpu.stream.launch_builder(&gpu.functions.reduce);
-        launch
-            .arg(&*x.data)
-            .arg(&mut out)
-            .arg(&n64)
-            .arg(&kept)
-            .arg(&reduced)
-            .arg(&c64)
-            .arg(&code);
-        // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-        unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+    one(gpu.reduce_axes(&x, &reduced_axes, code, keep_dims)?)
+}
+
+impl Gpu<'_> {
+    /// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
+    /// one block per row when they are the trailing axes, else a thread per output.
+    fn reduce_axes(
+        &self,
+        x: &DeviceTensor,
+        reduced_axes: &[usize],
+        code: i32,
+        keep_dims: bool,
+    ) -> Result<DeviceTensor, String> {
+        let rank = x.shape.len();
+        let strides = contiguous_strides(&x.shape);
+        let kept_axes: Vec<usize> = (0..rank)
+            .filter(|a| reduced_axes.binary_search(a).is_err())
+            .collect();
+        let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
+        let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
+        let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
+        let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
+        let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
+        let mut out = self.alloc(n_out)?;
+        let (n64, c64) = (n_out as i64, count as i64);
+        let trailing = reduced_axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == rank - reduced_axes.len() + i);
+        if trailing {
+            self.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
+        } else {
+            let kept = dims(&kept_shape, &[&kept_strides])?;
+            let reduced = dims(&red_shape, &[&red_strides])?;
+            let mut launch = self.stream.launch_builder(&self.functions.reduce);
+            launch
+                .arg(&*x.data)
+                .arg(&mut out)
+                .arg(&n64)
+                .arg(&kept)
+                .arg(&reduced)
+                .arg(&c64)
+                .arg(&code);
+            // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
+            unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+        }
+        let shape: Vec<usize> = if keep_dims {
+            (0..rank)
+                .map(|a| {
+                    if reduced_axes.binary_search(&a).is_ok() {
+                        1
+                    } else {
+                        x.shape[a]
+                    }
+                })
+                .collect()
+        } else {
+            kept_shape
+        };
+        Ok(DeviceTensor::new(shape, out))
     }
-    let shape: Vec<usize> = if keep_dims {
-        (0..rank)
-            .map(|a| {
-                if reduced_axes.binary_search(&a).is_ok() {
-                    1
-                } else {
-                    x.shape[a]
-                }
-            })
-            .collect()
-    } else {
-        kept_shape
+}
+
+/// LpNormalization: `x` divided by its L1 or L2 norm along `axis` (a reduction kept as a
+/// size-1 axis, then a broadcast division).
+fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = device(gpu, args, 0)? else {
+        return Ok(None);
     };
-    one(DeviceTensor::new(shape, out))
+    let code = match ctx.int("p", 2) {
+        1 => 5,
+        2 => 6,
+        // Another p: the CPU kernel refuses it with the reason.
+        _ => return Ok(None),
+    };
+    let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
+    let norm = gpu.reduce_axes(&x, &[axis], code, true)?;
+    one(gpu.binary(&x, &norm, 3)?)
 }
 
 fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
@@ -1104,6 +1269,55 @@ fn gemm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         (1, 0, 0),
     )?;
     one(DeviceTensor::new(vec![m, n], out))
+}
+
+/// Borrowed views of each vector, as [`dims`] takes them.
+fn slices(vectors: &[Vec<i64>]) -> Vec<&[i64]> {
+    vectors.iter().map(Vec::as_slice).collect()
+}
+
+/// Einsum of one to three float operands: the CPU kernel's loops (`kernels/einsum.rs`), one
+/// thread per output value summing over the contracted labels. A contraction that is a matrix
+/// product would be faster as transposes and a cuBLAS batched GEMM; exporters write those as
+/// MatMul, and the Einsums left are small.
+fn einsum(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    if !(1..=3).contains(&args.len()) {
+        return Ok(None);
+    }
+    let Some(operands) = all_device(gpu, args, args.len())? else {
+        return Ok(None);
+    };
+    let shapes: Vec<&[usize]> = operands.iter().map(|t| t.shape.as_slice()).collect();
+    let loops = crate::runtime::kernels::einsum_loops(ctx, &shapes)?;
+    if loops.out_shape.len() > MAX_RANK || loops.summed_shape.len() > MAX_RANK {
+        return Ok(None);
+    }
+    let as_i64 = |v: &[usize]| v.iter().map(|&s| s as i64).collect::<Vec<_>>();
+    let out_strides: Vec<Vec<i64>> = loops.out_strides.iter().map(|s| as_i64(s)).collect();
+    let summed_strides: Vec<Vec<i64>> = loops.summed_strides.iter().map(|s| as_i64(s)).collect();
+    let out_dims = dims(&loops.out_shape, &slices(&out_strides))?;
+    let summed_dims = dims(&loops.summed_shape, &slices(&summed_strides))?;
+    let n = numel(&loops.out_shape);
+    let count = numel(&loops.summed_shape) as i64;
+    let mut out = gpu.alloc(n)?;
+    let (n64, used) = (n as i64, operands.len() as i32);
+    // Operands past the last are never read; the first stands in for them.
+    let operand = |k: usize| &*operands[k.min(operands.len() - 1)].data;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.einsum);
+    launch
+        .arg(operand(0))
+        .arg(operand(1))
+        .arg(operand(2))
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&out_dims)
+        .arg(&summed_dims)
+        .arg(&count)
+        .arg(&used);
+    // SAFETY: argument types match `einsum_f32`; the strides are the operands' own, checked
+    // against their shapes by `einsum_loops`.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(loops.out_shape, out))
 }
 
 #[cfg(test)]

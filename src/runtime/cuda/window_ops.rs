@@ -1,6 +1,7 @@
-//! The CNN ops on the device: Conv, ConvTranspose, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and
-//! inference BatchNormalization, over 1-D and 2-D spatial inputs (as the CPU runtime's
-//! `kernels/conv.rs`, whose window geometry they share; 3-D inputs are left to the CPU).
+//! The CNN ops on the device: Conv, ConvTranspose, MaxPool, AveragePool, LpPool,
+//! GlobalAveragePool, GlobalMaxPool and inference BatchNormalization. Conv, ConvTranspose and
+//! the 1-D and 2-D pools share the window geometry of the CPU runtime's `kernels/conv.rs`
+//! (3-D convolutions are left to the CPU); 3-D pools and LpPool share `kernels/pool_nd.rs`'s.
 //!
 //! A convolution with several input channels per group is im2col (`im2col_f32`) followed by one
 //! strided-batched cuBLAS GEMM per group over a chunk of images, the bias written into the
@@ -8,11 +9,16 @@
 //! One input channel per group (depthwise) runs `conv_direct_f32`, a thread per output value:
 //! im2col would leave a GEMM of one row per channel.
 
+use std::sync::Arc;
+
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::ops::{broadcast_strides, cuda_error, device, numel, one, Gpu, OpResult};
+use super::ops::{broadcast_strides, cuda_error, device, extra_outputs, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
-use crate::runtime::kernels::{conv_group, nchw_of, spatial, window, Ctx, Window};
+use crate::runtime::kernels::{
+    conv_group, conv_transpose_geometry, nchw_of, pool_geometry, spatial, window, Ctx, Window,
+};
+use crate::runtime::tensor::HostTensor;
 
 /// `struct Window2d` of `kernels.cu`, field for field.
 #[repr(C)]
@@ -215,8 +221,59 @@ fn conv_gemm(
     Ok(out)
 }
 
-/// ConvTranspose with explicit pads (or none); an `output_shape` or SAME padding is left to the
-/// CPU kernel, which derives the pads.
+/// ConvTranspose's window over `[n, c, h, w]` (h = kh = 1 in 1-D): the output size and leading
+/// pads of the CPU's `kernels/conv_transpose_nd.rs` (explicit pads, `output_shape`, SAME
+/// padding; a leading pad may be negative, which the kernel's bounds checks take).
+fn conv_transpose_window(
+    [n, c, h, w]: [usize; 4],
+    (m, groups): (usize, usize),
+    [kh, kw]: [usize; 2],
+    one_d: bool,
+    ctx: &Ctx,
+) -> Result<Window2d, String> {
+    let (spatial_in, kernel) = if one_d {
+        (vec![w], vec![kw])
+    } else {
+        (vec![h, w], vec![kh, kw])
+    };
+    let geo = conv_transpose_geometry(ctx, &spatial_in, &kernel)?;
+    // The position in the CPU geometry's per-axis lists of axis 0 (h) or 1 (w); none for h in
+    // 1-D, whose height is 1 with a one-tap kernel.
+    let index = |axis: usize| {
+        if one_d {
+            axis.checked_sub(1)
+        } else {
+            Some(axis)
+        }
+    };
+    let pick = |v: &[usize], axis: usize| index(axis).map_or(1, |k| v[k]) as i64;
+    let pad = |axis: usize| index(axis).map_or(0, |k| geo.pad_begin[k]);
+    let i = |v: usize| v as i64;
+    Ok(Window2d {
+        n: i(n),
+        c: i(c),
+        h: i(h),
+        w: i(w),
+        m: i(m),
+        oh: pick(&geo.output, 0),
+        ow: pick(&geo.output, 1),
+        kh: i(kh),
+        kw: i(kw),
+        sh: pick(&geo.strides, 0),
+        sw: pick(&geo.strides, 1),
+        dh: pick(&geo.dilations, 0),
+        dw: pick(&geo.dilations, 1),
+        ph: pad(0),
+        pw: pad(1),
+        // End pads only bound pooling windows; the transposed convolution's output size is
+        // already the geometry's.
+        ph1: 0,
+        pw1: 0,
+        groups: i(groups),
+    })
+}
+
+/// ConvTranspose over 1-D and 2-D inputs (3-D is left to the CPU kernel).
 pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let (Some(x), Some(w)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
         return Ok(None);
@@ -228,13 +285,7 @@ pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> Op
         },
         _ => None,
     };
-    let auto_pad = ctx.string("auto_pad", "NOTSET");
-    let explicit = auto_pad == "NOTSET" || auto_pad == "VALID";
-    if x.shape.len() != w.shape.len()
-        || !(3..=4).contains(&x.shape.len())
-        || ctx.ints("output_shape").is_some()
-        || !explicit
-    {
+    if x.shape.len() != w.shape.len() || !(3..=4).contains(&x.shape.len()) {
         return Ok(None);
     }
     let ([n, c, h, wd], one_d) = nchw_of(&x.shape)?;
@@ -253,19 +304,8 @@ pub(super) fn conv_transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> Op
     if bias.as_ref().is_some_and(|b| numel(&b.shape) != m) {
         return Err(format!("bias does not have {m} entries"));
     }
-    let win = window(ctx, one_d, [kh, kw], [h, wd])?;
-    let out_pad = spatial(ctx, "output_padding", one_d, 0)?;
-    let mut out_hw = [0usize; 2];
-    for axis in 0..2 {
-        let full = win.stride[axis] * ([h, wd][axis] - 1)
-            + out_pad[axis]
-            + (win.kernel[axis] - 1) * win.dilation[axis]
-            + 1;
-        out_hw[axis] = full
-            .checked_sub(win.pad[axis][0] + win.pad[axis][1])
-            .ok_or("pads exceed the output")?;
-    }
-    let geometry = Window2d::new([n, c, h, wd], (m, out_hw), &win, group);
+    let geometry = conv_transpose_window([n, c, h, wd], (m, group), [kh, kw], one_d, ctx)?;
+    let out_hw = [geometry.oh as usize, geometry.ow as usize];
     let total = n * m * out_hw[0] * out_hw[1];
     let mut out = gpu.alloc(total)?;
     let has_bias = bias.is_some() as i32;
@@ -292,6 +332,9 @@ pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
         return Ok(None);
     };
+    if x.shape.len() == 5 || ctx.node.op_type == "LpPool" || extra_outputs(ctx) {
+        return pool_nd(gpu, ctx, &x);
+    }
     if !(3..=4).contains(&x.shape.len()) {
         return Ok(None);
     }
@@ -320,6 +363,101 @@ pub(super) fn pool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         window_output_shape(n, c, out_hw, one_d),
         out,
     ))
+}
+
+/// `struct PoolNd` of `kernels.cu`: three spatial axes, fewer padded in front with size 1.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct PoolNd {
+    planes: i64,
+    input: [i64; 3],
+    output: [i64; 3],
+    kernel: [i64; 3],
+    stride: [i64; 3],
+    dilation: [i64; 3],
+    pad_begin: [i64; 3],
+    pad_end: [i64; 3],
+}
+
+// SAFETY: `PoolNd` is `repr(C)` plain data matching the CUDA struct.
+unsafe impl DeviceRepr for PoolNd {}
+
+/// MaxPool and AveragePool over three spatial axes, and LpPool over one to three: the window
+/// geometry of the CPU's `kernels/pool_nd.rs` (its output sizes, `auto_pad` and ceil-mode
+/// rules), one thread per output value.
+fn pool_nd(gpu: &Gpu, ctx: &Ctx, x: &DeviceTensor) -> OpResult {
+    let rank = x.shape.len();
+    if !(3..=5).contains(&rank) {
+        return Ok(None);
+    }
+    let axes = pool_geometry(ctx, &x.shape[2..])?;
+    let pad = 5 - rank;
+    let i = |v: usize| v as i64;
+    let mut g = PoolNd {
+        planes: i(x.shape[0] * x.shape[1]),
+        input: [1; 3],
+        output: [1; 3],
+        kernel: [1; 3],
+        stride: [1; 3],
+        dilation: [1; 3],
+        pad_begin: [0; 3],
+        pad_end: [0; 3],
+    };
+    for (d, a) in axes.iter().enumerate() {
+        let at = pad + d;
+        g.input[at] = i(a.input);
+        g.output[at] = i(a.output);
+        g.kernel[at] = i(a.kernel);
+        g.stride[at] = i(a.stride);
+        g.dilation[at] = i(a.dilation);
+        g.pad_begin[at] = i(a.pad_begin);
+        g.pad_end[at] = i(a.pad_end);
+    }
+    let mut shape = x.shape[..2].to_vec();
+    shape.extend(axes.iter().map(|a| a.output));
+    let total = numel(&shape);
+    let mut out = gpu.alloc(total)?;
+    let kind: i32 = match ctx.node.op_type.as_str() {
+        "AveragePool" => 0,
+        "MaxPool" => 1,
+        _ => 2,
+    };
+    let include_pad = (ctx.int("count_include_pad", 0) != 0) as i32;
+    let p = ctx.int("p", 2) as f32;
+    // MaxPool's Indices, when the node asks for them (a stand-in of one index otherwise).
+    let with_indices = kind == 1 && extra_outputs(ctx);
+    let index_count = if with_indices { total } else { 1 };
+    // SAFETY: the kernel writes every index when `with_indices`, and none otherwise.
+    let mut indices =
+        unsafe { gpu.stream.alloc::<i64>(index_count) }.map_err(cuda_error("allocation"))?;
+    let (flag, column_major) = (
+        with_indices as i32,
+        (ctx.int("storage_order", 0) != 0) as i32,
+    );
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.pool_nd);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&g)
+        .arg(&kind)
+        .arg(&include_pad)
+        .arg(&p)
+        .arg(&mut indices)
+        .arg(&flag)
+        .arg(&column_major);
+    // SAFETY: argument types match `pool_nd_f32`; every input coordinate it reads is checked
+    // against the plane, and `indices` holds an index per output when they are written.
+    unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
+    let mut results = vec![Value::Device(DeviceTensor::new(shape.clone(), out))];
+    if with_indices {
+        // Indices are integers, which live on the host.
+        let values = gpu
+            .stream
+            .clone_dtoh(&indices)
+            .map_err(cuda_error("device-to-host copy"))?;
+        results.push(Value::host(Arc::new(HostTensor::i64(shape, values))));
+    }
+    Ok(Some(results))
 }
 
 /// GlobalAveragePool and GlobalMaxPool: a reduction of each channel's plane (a row).

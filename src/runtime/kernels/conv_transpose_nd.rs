@@ -12,12 +12,12 @@ use super::{checked_size, input, optional, Ctx, KernelResult};
 use crate::runtime::tensor::{strides_of, try_zeros_f32, HostTensor};
 
 /// The spatial geometry: kernel, strides, dilations, leading pads and output size per axis.
-struct Geometry {
-    kernel: Vec<usize>,
-    strides: Vec<usize>,
-    dilations: Vec<usize>,
-    pad_begin: Vec<i64>,
-    output: Vec<usize>,
+pub(crate) struct Geometry {
+    pub(crate) kernel: Vec<usize>,
+    pub(crate) strides: Vec<usize>,
+    pub(crate) dilations: Vec<usize>,
+    pub(crate) pad_begin: Vec<i64>,
+    pub(crate) output: Vec<usize>,
 }
 
 fn positive(ctx: &Ctx, name: &str, n: usize) -> Result<Vec<usize>, String> {
@@ -30,7 +30,9 @@ fn positive(ctx: &Ctx, name: &str, n: usize) -> Result<Vec<usize>, String> {
     }
 }
 
-fn geometry(ctx: &Ctx, input: &[usize], kernel: &[usize]) -> Result<Geometry, String> {
+/// The output geometry of the node over spatial `input` sizes and `kernel` sizes, checked; the
+/// CUDA backend's ConvTranspose takes the same.
+pub(crate) fn geometry(ctx: &Ctx, input: &[usize], kernel: &[usize]) -> Result<Geometry, String> {
     let n = input.len();
     let strides = positive(ctx, "strides", n)?;
     let dilations = positive(ctx, "dilations", n)?;

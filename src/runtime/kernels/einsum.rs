@@ -21,11 +21,61 @@ fn einsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .iter()
         .map(|t| t.ok_or("Einsum's inputs cannot be omitted"))
         .collect::<Result<_, _>>()?;
+    let shapes: Vec<&[usize]> = operands.iter().map(|t| t.shape()).collect();
+    let loops = einsum_loops(ctx, &shapes)?;
+    let total = checked_size(&loops.out_shape)?;
+    let summed_count: usize = loops.summed_shape.iter().product();
+    let values: Vec<Vec<f32>> = operands.iter().map(|t| t.to_f32_vec()).collect();
+    let offset = |index: usize, shape: &[usize], strides: &[usize]| {
+        let mut rest = index;
+        let mut at = 0;
+        for axis in (0..shape.len()).rev() {
+            at += rest % shape[axis] * strides[axis];
+            rest /= shape[axis];
+        }
+        at
+    };
+    let mut out = Vec::with_capacity(total);
+    for o in 0..total {
+        let bases: Vec<usize> = loops
+            .out_strides
+            .iter()
+            .map(|strides| offset(o, &loops.out_shape, strides))
+            .collect();
+        let mut sum = 0.0f64;
+        for s in 0..summed_count {
+            let mut product = 1.0f64;
+            for (k, strides) in loops.summed_strides.iter().enumerate() {
+                let at = bases[k] + offset(s, &loops.summed_shape, strides);
+                product *= f64::from(values[k][at]);
+            }
+            sum += product;
+        }
+        out.push(sum as f32);
+    }
+    Ok(vec![HostTensor::f32(loops.out_shape, out)])
+}
+
+/// An Einsum as two nested loops: over the output's labels, then over the summed labels, with
+/// each operand's element stride along every label of both (the sum of its axes' strides for a
+/// label repeated in it, a diagonal; 0 where it broadcasts). The CUDA backend runs the same
+/// loops.
+pub(crate) struct EinsumLoops {
+    pub(crate) out_shape: Vec<usize>,
+    pub(crate) summed_shape: Vec<usize>,
+    /// Per operand, its stride along each output label.
+    pub(crate) out_strides: Vec<Vec<usize>>,
+    /// Per operand, its stride along each summed label.
+    pub(crate) summed_strides: Vec<Vec<usize>>,
+}
+
+/// The loops of the node's equation over operands of `shapes`, checked.
+pub(crate) fn einsum_loops(ctx: &Ctx, shapes: &[&[usize]]) -> Result<EinsumLoops, String> {
     let equation: String = ctx.string("equation", "").split_whitespace().collect();
-    let spec = Spec::parse(&equation, &operands)?;
+    let spec = Spec::parse(&equation, shapes)?;
     let mut sizes: BTreeMap<char, usize> = BTreeMap::new();
-    for (labels, operand) in spec.inputs.iter().zip(&operands) {
-        for (&label, &size) in labels.iter().zip(operand.shape()) {
+    for (labels, shape) in spec.inputs.iter().zip(shapes) {
+        for (&label, &size) in labels.iter().zip(shape.iter()) {
             let known = sizes.entry(label).or_insert(size);
             if *known == 1 {
                 *known = size;
@@ -34,22 +84,16 @@ fn einsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
         }
     }
-    let out_shape: Vec<usize> = spec.output.iter().map(|l| sizes[l]).collect();
     let summed: Vec<char> = sizes
         .keys()
         .copied()
         .filter(|l| !spec.output.contains(l))
         .collect();
-    let total = checked_size(&out_shape)?;
-    let summed_count: usize = summed.iter().map(|l| sizes[l]).product();
-    // For each operand, the stride of every label (0 for a broadcast size-1 dim; repeated
-    // labels add their strides, which walks the diagonal).
-    let strides: Vec<BTreeMap<char, usize>> = spec
+    let label_strides: Vec<BTreeMap<char, usize>> = spec
         .inputs
         .iter()
-        .zip(&operands)
-        .map(|(labels, operand)| {
-            let shape = operand.shape();
+        .zip(shapes)
+        .map(|(labels, shape)| {
             let mut strides = BTreeMap::new();
             let mut stride = 1;
             for axis in (0..labels.len()).rev() {
@@ -61,46 +105,32 @@ fn einsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             strides
         })
         .collect();
-    let values: Vec<Vec<f32>> = operands.iter().map(|t| t.to_f32_vec()).collect();
-    let mut out = Vec::with_capacity(total);
-    let mut label_value: BTreeMap<char, usize> = sizes.keys().map(|&l| (l, 0)).collect();
-    for o in 0..total {
-        let mut rest = o;
-        for (axis, label) in spec.output.iter().enumerate().rev() {
-            label_value.insert(*label, rest % out_shape[axis]);
-            rest /= out_shape[axis];
-        }
-        let mut sum = 0.0f64;
-        for s in 0..summed_count {
-            let mut rest = s;
-            for label in summed.iter().rev() {
-                label_value.insert(*label, rest % sizes[label]);
-                rest /= sizes[label];
-            }
-            let mut product = 1.0f64;
-            for (k, operand_strides) in strides.iter().enumerate() {
-                let at: usize = operand_strides
+    let along = |labels: &[char]| -> Vec<Vec<usize>> {
+        label_strides
+            .iter()
+            .map(|strides| {
+                labels
                     .iter()
-                    .map(|(label, stride)| label_value[label] * stride)
-                    .sum();
-                product *= f64::from(values[k][at]);
-            }
-            sum += product;
-        }
-        out.push(sum as f32);
-    }
-    Ok(vec![HostTensor::f32(out_shape, out)])
+                    .map(|l| strides.get(l).copied().unwrap_or(0))
+                    .collect()
+            })
+            .collect()
+    };
+    Ok(EinsumLoops {
+        out_shape: spec.output.iter().map(|l| sizes[l]).collect(),
+        summed_shape: summed.iter().map(|l| sizes[l]).collect(),
+        out_strides: along(&spec.output),
+        summed_strides: along(&summed),
+    })
 }
 
-/// The equation with every `...` expanded into labels of its own (`0`, `1`, … for the
-/// broadcast dims, aligned from the right).
 struct Spec {
     inputs: Vec<Vec<char>>,
     output: Vec<char>,
 }
 
 impl Spec {
-    fn parse(equation: &str, operands: &[&HostTensor]) -> Result<Spec, String> {
+    fn parse(equation: &str, operands: &[&[usize]]) -> Result<Spec, String> {
         let (lhs, rhs) = match equation.split_once("->") {
             Some((lhs, rhs)) => (lhs, Some(rhs)),
             None => (equation, None),
@@ -117,7 +147,7 @@ impl Spec {
             .iter()
             .zip(operands)
             .filter(|(t, _)| t.contains("..."))
-            .map(|(t, o)| o.rank().saturating_sub(t.replace("...", "").len()))
+            .map(|(t, o)| o.len().saturating_sub(t.replace("...", "").len()))
             .max()
             .unwrap_or(0);
         let broadcast: Vec<char> = (0..ellipsis_rank)
@@ -150,7 +180,7 @@ impl Spec {
         let inputs = terms
             .iter()
             .zip(operands)
-            .map(|(t, o)| expand(t, o.rank()))
+            .map(|(t, o)| expand(t, o.len()))
             .collect::<Result<Vec<_>, _>>()?;
         let output = match rhs {
             Some(rhs) => {

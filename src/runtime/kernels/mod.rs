@@ -17,6 +17,17 @@ mod conv;
 // The CUDA backend's window ops share the CPU kernels' window geometry.
 #[cfg(feature = "cuda")]
 pub(crate) use conv::{conv_group, nchw_of, spatial, window, Window};
+// The CUDA backend's ops share these index and window computations with the CPU kernels.
+#[cfg(feature = "cuda")]
+pub(crate) use conv_transpose_nd::geometry as conv_transpose_geometry;
+#[cfg(feature = "cuda")]
+pub(crate) use einsum::einsum_loops;
+#[cfg(feature = "cuda")]
+pub(crate) use movement::gather_elements_offsets;
+#[cfg(feature = "cuda")]
+pub(crate) use pool_nd::geometry as pool_geometry;
+#[cfg(feature = "cuda")]
+pub(crate) use scatter::{gather_nd_rows, scatter_elements_offsets, scatter_nd_rows};
 mod conv_transpose_nd;
 mod crop;
 mod detection;

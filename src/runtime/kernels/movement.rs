@@ -314,15 +314,29 @@ fn gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, idx) = (input(inputs, 0)?, input(inputs, 1)?);
-    let axis = normalize_axis(ctx.int("axis", 0), x.rank())?;
-    if idx.rank() != x.rank() {
+    let offsets = gather_elements_offsets(ctx, x.shape(), idx)?;
+    Ok(vec![HostTensor::with_data(
+        idx.shape().to_vec(),
+        take(x.data(), &offsets)?,
+    )])
+}
+
+/// GatherElements' source offset in the data (of `shape`) of every index, checked; the CUDA
+/// backend gathers by the same offsets.
+pub(crate) fn gather_elements_offsets(
+    ctx: &Ctx,
+    shape: &[usize],
+    idx: &HostTensor,
+) -> Result<Vec<usize>, String> {
+    let rank = shape.len();
+    let axis = normalize_axis(ctx.int("axis", 0), rank)?;
+    if idx.rank() != rank {
         return Err("indices and data differ in rank".into());
     }
-    let xs = strides_of(x.shape());
+    let xs = strides_of(shape);
     let is = strides_of(idx.shape());
-    let n = x.shape()[axis] as i64;
-    let offsets = idx
-        .to_i64_vec()
+    let n = shape[axis] as i64;
+    idx.to_i64_vec()
         .iter()
         .enumerate()
         .map(|(flat, &i)| {
@@ -333,7 +347,7 @@ fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 ));
             }
             let mut off = 0;
-            for d in 0..x.rank() {
+            for d in 0..rank {
                 let coord = if d == axis {
                     j as usize
                 } else {
@@ -343,11 +357,7 @@ fn gather_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
             Ok(off)
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(vec![HostTensor::with_data(
-        idx.shape().to_vec(),
-        take(x.data(), &offsets)?,
-    )])
+        .collect()
 }
 
 fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

@@ -13,14 +13,14 @@ use crate::runtime::tensor::{strides_of, HostTensor};
 
 /// Window geometry along one spatial axis.
 #[derive(Debug, Clone, Copy)]
-struct Axis {
-    input: usize,
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
-    pad_begin: usize,
-    pad_end: usize,
-    output: usize,
+pub(crate) struct Axis {
+    pub(crate) input: usize,
+    pub(crate) kernel: usize,
+    pub(crate) stride: usize,
+    pub(crate) dilation: usize,
+    pub(crate) pad_begin: usize,
+    pub(crate) pad_end: usize,
+    pub(crate) output: usize,
 }
 
 fn attr_list(ctx: &Ctx, name: &str, rank: usize, default: usize) -> Result<Vec<usize>, String> {
@@ -37,8 +37,9 @@ fn attr_list(ctx: &Ctx, name: &str, rank: usize, default: usize) -> Result<Vec<u
     }
 }
 
-/// The geometry of every spatial axis of `input` (`[N, C, spatial...]`).
-fn geometry(ctx: &Ctx, spatial: &[usize]) -> Result<Vec<Axis>, String> {
+/// The geometry of every spatial axis of `input` (`[N, C, spatial...]`); the CUDA backend's
+/// pools share it.
+pub(crate) fn geometry(ctx: &Ctx, spatial: &[usize]) -> Result<Vec<Axis>, String> {
     let rank = spatial.len();
     let kernel = attr_list(ctx, "kernel_shape", rank, 0)?;
     if ctx.ints("kernel_shape").is_none() || kernel.contains(&0) {

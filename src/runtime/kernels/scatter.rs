@@ -35,9 +35,35 @@ fn resolve_index(index: i64, size: usize, what: &str) -> Result<usize, String> {
 /// GatherND: `indices[..., :k]` picks a slice of `data[batch..]` for each index tuple.
 fn gather_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (data, indices) = (input(inputs, 0)?, input(inputs, 1)?);
+    let rows = gather_nd_rows(ctx, data.shape(), indices)?;
+    let mut offsets = Vec::with_capacity(rows.starts.len() * rows.len);
+    for &start in &rows.starts {
+        offsets.extend(start..start + rows.len);
+    }
+    Ok(vec![HostTensor::with_data(
+        rows.shape,
+        take(data.data(), &offsets)?,
+    )])
+}
+
+/// Where a gather reads or a scatter writes: rows of `len` contiguous elements of the data,
+/// starting at `starts`, and (for a gather) the output's shape.
+pub(crate) struct IndexRows {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) starts: Vec<usize>,
+    pub(crate) len: usize,
+}
+
+/// GatherND's rows of data (of `ds`), one per index tuple, checked; the CUDA backend gathers
+/// the same rows.
+pub(crate) fn gather_nd_rows(
+    ctx: &Ctx,
+    ds: &[usize],
+    indices: &HostTensor,
+) -> Result<IndexRows, String> {
     let batch_dims = usize::try_from(ctx.int("batch_dims", 0))
         .map_err(|_| "batch_dims must not be negative".to_string())?;
-    let (ds, is) = (data.shape(), indices.shape());
+    let is = indices.shape();
     let Some((&tuple_len, index_outer)) = is.split_last() else {
         return Err("indices must have rank ≥ 1".into());
     };
@@ -53,14 +79,14 @@ fn gather_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let batches: usize = ds[..batch_dims].iter().product();
     let tuples_per_batch: usize = index_outer[batch_dims..].iter().product();
-    let slice_len: usize = ds[batch_dims + tuple_len..].iter().product();
+    let len: usize = ds[batch_dims + tuple_len..].iter().product();
     let batch_stride: usize = ds[batch_dims..].iter().product();
     let strides = strides_of(ds);
     let mut shape = index_outer.to_vec();
     shape.extend_from_slice(&ds[batch_dims + tuple_len..]);
     checked_size(&shape)?;
     let flat_indices = indices.to_i64_vec();
-    let mut offsets = Vec::with_capacity(batches * tuples_per_batch * slice_len);
+    let mut starts = Vec::with_capacity(batches * tuples_per_batch);
     for batch in 0..batches {
         for t in 0..tuples_per_batch {
             let tuple_start = (batch * tuples_per_batch + t) * tuple_len;
@@ -72,13 +98,10 @@ fn gather_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 let axis = batch_dims + j;
                 base += resolve_index(index, ds[axis], "GatherND")? * strides[axis];
             }
-            offsets.extend(base..base + slice_len);
+            starts.push(base);
         }
     }
-    Ok(vec![HostTensor::with_data(
-        shape,
-        take(data.data(), &offsets)?,
-    )])
+    Ok(IndexRows { shape, starts, len })
 }
 
 /// How a scatter combines an update with the element already there.
@@ -184,7 +207,24 @@ fn apply_updates(
 fn scatter_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (data, indices, updates) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
     let reduction = reduction(ctx)?;
-    let (ds, is) = (data.shape(), indices.shape());
+    let rows = scatter_nd_rows(data.shape(), indices, updates.shape())?;
+    let mut pairs = Vec::with_capacity(rows.starts.len() * rows.len);
+    for (t, &base) in rows.starts.iter().enumerate() {
+        pairs.extend((0..rows.len).map(|k| (base + k, t * rows.len + k)));
+    }
+    let (shape, mut out) = data.clone().into_parts();
+    apply_updates(&mut out, updates.data(), &pairs, reduction)?;
+    Ok(vec![HostTensor::with_data(shape, out)])
+}
+
+/// ScatterND's rows of data (of `ds`), one per index tuple in the order of the updates (of
+/// shape `us`), checked; the CUDA backend writes the same rows.
+pub(crate) fn scatter_nd_rows(
+    ds: &[usize],
+    indices: &HostTensor,
+    us: &[usize],
+) -> Result<IndexRows, String> {
+    let is = indices.shape();
     let Some((&tuple_len, index_outer)) = is.split_last() else {
         return Err("indices must have rank ≥ 1".into());
     };
@@ -196,17 +236,16 @@ fn scatter_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let mut updates_shape = index_outer.to_vec();
     updates_shape.extend_from_slice(&ds[tuple_len..]);
-    if updates.shape() != updates_shape.as_slice() {
+    if us != updates_shape.as_slice() {
         return Err(format!(
-            "updates are {:?} but data {ds:?} and indices {is:?} need {updates_shape:?}",
-            updates.shape()
+            "updates are {us:?} but data {ds:?} and indices {is:?} need {updates_shape:?}"
         ));
     }
     let strides = strides_of(ds);
-    let slice_len: usize = ds[tuple_len..].iter().product();
+    let len: usize = ds[tuple_len..].iter().product();
     let tuples: usize = index_outer.iter().product();
     let flat_indices = indices.to_i64_vec();
-    let mut pairs = Vec::with_capacity(tuples * slice_len);
+    let mut starts = Vec::with_capacity(tuples);
     for t in 0..tuples {
         let mut base = 0;
         for (axis, &index) in flat_indices[t * tuple_len..(t + 1) * tuple_len]
@@ -215,24 +254,43 @@ fn scatter_nd(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         {
             base += resolve_index(index, ds[axis], "ScatterND")? * strides[axis];
         }
-        pairs.extend((0..slice_len).map(|k| (base + k, t * slice_len + k)));
+        starts.push(base);
     }
-    let (shape, mut out) = data.clone().into_parts();
-    apply_updates(&mut out, updates.data(), &pairs, reduction)?;
-    Ok(vec![HostTensor::with_data(shape, out)])
+    Ok(IndexRows {
+        shape: ds.to_vec(),
+        starts,
+        len,
+    })
 }
 
 /// ScatterElements (and Scatter): `out[i with i[axis] = indices[i]] = updates[i]`.
 fn scatter_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (data, indices, updates) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
     let reduction = reduction(ctx)?;
-    let ds = data.shape();
+    let offsets = scatter_elements_offsets(ctx, data.shape(), indices, updates.shape())?;
+    let pairs: Vec<(usize, usize)> = offsets
+        .into_iter()
+        .enumerate()
+        .map(|(u, o)| (o, u))
+        .collect();
+    let (shape, mut out) = data.clone().into_parts();
+    apply_updates(&mut out, updates.data(), &pairs, reduction)?;
+    Ok(vec![HostTensor::with_data(shape, out)])
+}
+
+/// ScatterElements' target offset in the data (of `ds`) of every update (of shape `us`), in
+/// the updates' order, checked; the CUDA backend writes the same offsets.
+pub(crate) fn scatter_elements_offsets(
+    ctx: &Ctx,
+    ds: &[usize],
+    indices: &HostTensor,
+    us: &[usize],
+) -> Result<Vec<usize>, String> {
     let axis = normalize_axis(ctx.int("axis", 0), ds.len())?;
     let is = indices.shape();
-    if is != updates.shape() || is.len() != ds.len() {
+    if is != us || is.len() != ds.len() {
         return Err(format!(
-            "indices {is:?} and updates {:?} must have one shape of data's rank ({})",
-            updates.shape(),
+            "indices {is:?} and updates {us:?} must have one shape of data's rank ({})",
             ds.len()
         ));
     }
@@ -241,7 +299,7 @@ fn scatter_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let data_strides = strides_of(ds);
     let index_strides = strides_of(is);
-    let pairs = indices
+    indices
         .to_i64_vec()
         .iter()
         .enumerate()
@@ -255,12 +313,9 @@ fn scatter_elements(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 };
                 offset += coord * data_strides[d];
             }
-            Ok((offset, flat))
+            Ok(offset)
         })
-        .collect::<Result<Vec<_>, String>>()?;
-    let (shape, mut out) = data.clone().into_parts();
-    apply_updates(&mut out, updates.data(), &pairs, reduction)?;
-    Ok(vec![HostTensor::with_data(shape, out)])
+        .collect()
 }
 
 #[cfg(test)]
