@@ -348,6 +348,59 @@ mod tests {
         }
     }
 
+    /// One 32 × 32 checkerboard as onnx's ImageDecoder cases encode it (fixtures/images/).
+    const PNG: &[u8] = include_bytes!("../../fixtures/images/checkerboard.png");
+    const JPEG: &[u8] = include_bytes!("../../fixtures/images/checkerboard.jpg");
+    const JPEG2000: &[u8] = include_bytes!("../../fixtures/images/checkerboard.jp2");
+
+    #[test]
+    fn every_cut_and_corruption_of_real_streams_is_a_one_line_error() {
+        let mut state = 0x9e37_79b9_u32;
+        for stream in [PNG, JPEG, JPEG2000, PPM] {
+            for cut in 0..stream.len() {
+                if let Err(err) = decode(&stream[..cut], PixelFormat::Rgb) {
+                    assert!(!err.contains('\n'), "{err}");
+                }
+            }
+            for _ in 0..200 {
+                let mut corrupted = stream.to_vec();
+                for _ in 0..4 {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    let at = state as usize % corrupted.len();
+                    corrupted[at] = (state >> 8) as u8;
+                }
+                if let Err(err) = decode(&corrupted, PixelFormat::Rgb) {
+                    assert!(!err.contains('\n'), "{err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn jpeg_decodes_to_the_header_size() {
+        assert_eq!(dimensions(JPEG).unwrap(), (32, 32));
+        let image = decode(JPEG, PixelFormat::Bgr).unwrap();
+        assert_eq!((image.height, image.width, image.channels), (32, 32, 3));
+        assert_eq!(image.pixels.len(), 32 * 32 * 3);
+    }
+
+    #[cfg(feature = "jpeg2000")]
+    #[test]
+    fn lossless_jpeg2000_decodes_to_the_pngs_pixels() {
+        assert_eq!(dimensions(JPEG2000).unwrap(), (32, 32));
+        let png = decode(PNG, PixelFormat::Rgb).unwrap();
+        assert_eq!(decode(JPEG2000, PixelFormat::Rgb).unwrap(), png);
+    }
+
+    #[cfg(not(feature = "jpeg2000"))]
+    #[test]
+    fn jpeg2000_names_the_feature_it_needs() {
+        let err = decode(JPEG2000, PixelFormat::Rgb).unwrap_err();
+        assert!(err.contains("feature `jpeg2000`"), "{err}");
+    }
+
     #[test]
     fn unsupported_formats_are_named() {
         let err = decode(b"GIF89a\x01\x00\x01\x00\x00\x00\x00", PixelFormat::Rgb).unwrap_err();
