@@ -268,8 +268,20 @@ fn compare(
             }
         }
         _ => {
-            if got.to_i64_vec() != want.to_i64_vec() {
-                return Err(format!("output '{name}' differs from the reference"));
+            let (got, want) = (got.to_i64_vec(), want.to_i64_vec());
+            let differing: Vec<i64> = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| (a - b).abs())
+                .collect();
+            if !differing.is_empty() {
+                return Err(format!(
+                    "output '{name}' differs from the reference in {} of {} elements, by at most {}",
+                    differing.len(),
+                    want.len(),
+                    differing.iter().max().unwrap_or(&0)
+                ));
             }
         }
     }

@@ -303,9 +303,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         // the link time of a group's collectives is the tensor-parallel cost of the stage
         // (`partition::tensor_parallel`), not of a node.
         ("ai.pipecut", "AllReduce" | "AllGather") => movement,
-        // Decoding an image: the encoded bytes read and the pixels written (entropy decoding
-        // is not modelled; a profile measures it).
-        ("", "ImageDecoder") => movement,
+        ("", "ImageDecoder") => image_decoder,
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
         ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
         ("", "Det") => det,
@@ -631,6 +629,21 @@ fn pool(ctx: &CostCtx) -> Result<OpWork, String> {
 fn movement(ctx: &CostCtx) -> Result<OpWork, String> {
     let written = ctx.output_bytes();
     Ok(ctx.work(0.0, written * 2.0, OpClass::DataMovement))
+}
+
+/// [ImageDecoder](https://onnx.ai/onnx/operators/onnx__ImageDecoder.html) (20): the encoded
+/// bytes read and the pixels written, and per output sample the arithmetic of a JPEG decode,
+/// the costliest codec the op takes: ~11 operations for the 8×8 integer inverse DCT (libjpeg's
+/// `jidctint`: 2 × 8 one-dimensional passes of 12 multiplications and 32 additions per 64
+/// samples), ~5 for chroma upsampling and the YCbCr → RGB conversion. Entropy decoding, which
+/// is branchy rather than arithmetic, is not modelled; a measured profile replaces the estimate.
+fn image_decoder(ctx: &CostCtx) -> Result<OpWork, String> {
+    const OPS_PER_SAMPLE: f64 = 16.0;
+    Ok(ctx.work(
+        OPS_PER_SAMPLE * ctx.output_elements(),
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Elementwise,
+    ))
 }
 
 /// Gather reads only the rows it picks (plus the indices), not the whole table: an embedding

@@ -6,6 +6,7 @@
 //! so a model with hundreds of gigabytes of weights loads in the time its protobuf takes.
 
 pub mod export;
+pub(crate) mod image_stream;
 pub mod inspect;
 mod load;
 pub mod opset;

@@ -12,6 +12,7 @@
 use super::context::{normalize_axis, Inferred, OpCtx, RuleResult};
 use super::registry::Registry;
 use crate::graph::{element_count, ConstValue, DType, Dim, SymInt};
+use crate::onnx::image_stream::{self, PixelFormat};
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["NonZero"], non_zero);
@@ -22,26 +23,28 @@ pub(super) fn register(r: &mut Registry) {
 }
 
 /// [ImageDecoder](https://onnx.ai/onnx/operators/onnx__ImageDecoder.html) (20): uint8
-/// `[height, width, channels]`, the size read from the encoded bytes at run time (two symbols),
-/// the channels from `pixel_format` (RGB and BGR 3, Grayscale 1).
+/// `[height, width, channels]`, the channels from `pixel_format` (RGB and BGR 3, Grayscale 1).
+/// When the encoded bytes are known at plan time (a constant, an initializer, a sample value;
+/// up to [`crate::graph::MAX_TRACKED_ELEMENTS`] bytes) and their header reads, the height and
+/// width are the header's; otherwise they are two symbols that `--dim` binds. A stream whose
+/// header does not read (corrupt, or a codec this build leaves out) is not refused here, as
+/// onnx's shape inference does not refuse it: the run reports it.
 fn image_decoder(ctx: &OpCtx) -> RuleResult {
-    ctx.input(0)?;
-    let channels = match ctx.string_attr("pixel_format")?.unwrap_or("RGB") {
-        "RGB" | "BGR" => 3,
-        "Grayscale" => 1,
-        other => {
-            return Err(format!(
-                "pixel_format '{other}' is not RGB, BGR or Grayscale"
-            ))
-        }
+    let encoded = ctx.input(0)?;
+    let pixel_format = PixelFormat::parse(ctx.string_attr("pixel_format")?)?;
+    let channels = Dim::Known(pixel_format.channels() as u64);
+    let header = encoded
+        .value
+        .and_then(ConstValue::as_i64s)
+        .map(|bytes| bytes.iter().map(|&b| b as u8).collect::<Vec<u8>>())
+        .and_then(|bytes| image_stream::dimensions(&bytes).ok());
+    let (height, width) = match header {
+        Some((height, width)) => (Dim::Known(height.into()), Dim::Known(width.into())),
+        None => (ctx.data_dependent_dim(0, 0), ctx.data_dependent_dim(0, 1)),
     };
     Ok(vec![Inferred::new(
         DType::U8,
-        vec![
-            ctx.data_dependent_dim(0, 0),
-            ctx.data_dependent_dim(0, 1),
-            Dim::Known(channels),
-        ],
+        vec![height, width, channels],
     )])
 }
 

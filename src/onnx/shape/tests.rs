@@ -486,6 +486,53 @@ fn a_data_dependent_dim_is_a_symbol_that_dim_binds_or_exact_from_a_known_value()
 }
 
 #[test]
+fn image_decoder_reads_a_known_streams_header_and_leaves_others_to_dim() {
+    // A 2 × 3 binary PPM (pixel values are not read at plan time).
+    let ppm: Vec<i64> = b"P6\n3 2\n255\n"
+        .iter()
+        .map(|&b| i64::from(b))
+        .chain(std::iter::repeat_n(0, 18))
+        .collect();
+    let graph = |stream: Option<&[i64]>, pixel_format: &str| {
+        let mut b = builder(&[]);
+        match stream {
+            Some(bytes) => {
+                let param = Param {
+                    bytes: bytes.len() as u64,
+                    storage: Storage::Declared,
+                };
+                b.parameter("data", DType::U8, &[bytes.len() as u64], param, ints(bytes))
+                    .unwrap();
+            }
+            None => {
+                b.input("data", Some(DType::U8), Some(vec![k(100)]))
+                    .unwrap();
+            }
+        }
+        b.node(
+            NodeSpec::new("dec", "ImageDecoder", &["data"], &["pixels"])
+                .attr("pixel_format", Attribute::String(pixel_format.into())),
+        )
+        .unwrap();
+        b.output("pixels");
+        b.opset("", 20);
+        b
+    };
+    let g = infer(graph(Some(&ppm), "RGB"), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "pixels"), "[2, 3, 3]");
+    let g = infer(graph(Some(&ppm), "Grayscale"), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "pixels"), "[2, 3, 1]");
+    let g = infer(graph(None, "BGR"), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "pixels"), "[pixels.0, pixels.1, 3]");
+    // A known stream whose header does not read is left to the run, as onnx's inference does.
+    let garbage: Vec<i64> = (0..40).collect();
+    let g = infer(graph(Some(&garbage), "RGB"), DimBindings::new()).unwrap();
+    assert_eq!(shape_of(&g, "pixels"), "[pixels.0, pixels.1, 3]");
+    let err = infer(graph(None, "CMYK"), DimBindings::new()).unwrap_err();
+    assert!(err.to_string().contains("CMYK"), "{err}");
+}
+
+#[test]
 fn signal_and_spatial_rules_follow_the_spec_formulas() {
     let mut b = builder(&[
         ("cols", DType::F32, vec![k(1), k(10), k(12)]),

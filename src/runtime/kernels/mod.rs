@@ -35,6 +35,7 @@ mod einsum;
 mod elementwise;
 mod fast_math;
 mod grid_sample;
+mod image_decoder;
 mod linalg;
 mod loss;
 mod matmul;
@@ -158,6 +159,7 @@ fn table() -> &'static KernelTable {
         spectral::register(&mut t);
         tensor_scatter::register(&mut t);
         random::register(&mut t);
+        image_decoder::register(&mut t);
         t
     })
 }
