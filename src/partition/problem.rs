@@ -205,6 +205,41 @@ impl Evaluation {
     }
 }
 
+/// Below this many nodes a device kind is costed on one thread: starting threads costs more.
+const NODES_PER_COSTING_THREAD: usize = 16_384;
+
+/// Every node's time on one device kind, in `order`, the order split between the machine's
+/// cores (at most 8): costing is the largest phase a solve cannot skip (about 3 s of a
+/// million-node model on one core, all before any plan exists). Each part is costed as the
+/// whole would be, and the first error in the order is the one returned, so the result does
+/// not depend on the number of threads.
+fn node_times(model: &CostModel, graph: &Graph, order: &[NodeId]) -> Result<Vec<f64>, Error> {
+    let cost = |part: &[NodeId]| -> Result<Vec<f64>, Error> {
+        part.iter()
+            .map(|&id| model.node_cost(graph, id).map(|c| c.time_secs))
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let per_thread = order.len().div_ceil(threads).max(NODES_PER_COSTING_THREAD);
+    if order.len() <= per_thread {
+        return cost(order);
+    }
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = order
+            .chunks(per_thread)
+            .map(|part| scope.spawn(move || cost(part)))
+            .collect();
+        let mut secs = Vec::with_capacity(order.len());
+        for part in parts {
+            match part.join() {
+                Ok(times) => secs.extend(times?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        Ok(secs)
+    })
+}
+
 impl PartitionProblem {
     /// Builds the problem for `graph` (shapes inferred, dims bound) on `devices` of `cluster`,
     /// one stage per device, in pipeline order.
@@ -259,10 +294,7 @@ impl PartitionProblem {
                     let model = CostModel::new(spec)
                         .with_mode(settings.mode)
                         .with_unknown_ops(settings.unknown_ops);
-                    let secs = order
-                        .iter()
-                        .map(|&id| model.node_cost(graph, id).map(|c| c.time_secs))
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let secs = node_times(&model, graph, &order)?;
                     kind_names.push(spec.name.clone());
                     node_secs.push(secs);
                     kind_names.len() - 1
