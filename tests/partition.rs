@@ -521,8 +521,14 @@ fn the_175b_shaped_model_is_coarsened_for_the_milp_within_the_time_limit() {
     // The baselines and the final evaluation come after the deadline.
     assert!(wall < limit + Duration::from_millis(1500), "took {wall:?}");
     let report = solution.milp.as_ref().unwrap();
-    assert!(report.coarsened, "{report:?}");
-    assert!(report.nodes < model.graph.node_count() / 2, "{report:?}");
+    // The coarsened search comes first; when it ends with time left (a fast machine, or a root
+    // LP given all of its slice), the rest goes to the whole graph, whose report stands then.
+    assert!(report.started, "{report:?}");
+    if report.coarsened {
+        assert!(report.nodes < model.graph.node_count() / 2, "{report:?}");
+    } else {
+        assert!(report.proven || report.stopped.is_some(), "{report:?}");
+    }
     solution
         .problem
         .check_assignment(&solution.stage_of)

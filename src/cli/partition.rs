@@ -715,6 +715,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_output_of_a_large_plan_is_kept_out_of_the_solves_share_of_the_limit() {
+        use std::time::Duration;
+        let second = Duration::from_secs(1);
+        // 1 µs a node: nothing to keep for a small model, 0.1 s of a second for 100k nodes.
+        assert_eq!(solve_share(second, 0), second);
+        let share = solve_share(second, 100_000).as_secs_f64();
+        assert!((share - 0.9).abs() < 1e-6, "{share}");
+        // Never more than half the limit, whatever the model.
+        assert_eq!(solve_share(second, 10_000_000), Duration::from_millis(500));
+    }
+
+    #[test]
     fn a_tie_with_a_baseline_is_said_as_one() {
         assert_eq!(speedup_text(1.002), "tie (within 0.5%)");
         assert_eq!(speedup_text(0.998), "tie (within 0.5%)");

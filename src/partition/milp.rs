@@ -104,8 +104,9 @@ pub enum MilpStop {
     /// branch-and-bound nodes, and its last slice overran by so much (a loaded machine) that
     /// the next would have carried it past the limit ([`Pacer`]).
     Paced,
-    /// The root LP did not finish within its slice, half the time left (an unfinished root
-    /// leaves nothing to resume): the search never branched.
+    /// The root LP did not finish within its slice (an unfinished root leaves nothing to
+    /// resume): the search never branched. Its slice is all the time left, so this is rare:
+    /// the root stopped at the pacer's margin before the deadline.
     RootUnfinished,
     /// The time left after the coarsened search left no room to search the whole graph.
     NoRoomForWholeGraph,
@@ -126,7 +127,7 @@ impl MilpStop {
                 "the MILP stopped before the time limit: its last slice overran by more than was left (a loaded machine)"
             }
             MilpStop::RootUnfinished => {
-                "the MILP's root LP did not finish in its share of the time limit (half of what was left)"
+                "the MILP's root LP did not finish before the time limit (less the pacer's margin)"
             }
             MilpStop::NoRoomForWholeGraph => {
                 "the time limit left no room for the MILP on the whole graph after the coarsened one"
@@ -621,8 +622,10 @@ impl Pacer {
         }
         let slice = if self.at_root {
             // The root LP must finish inside the first slice for the search to go on (an
-            // interrupted root leaves no state to resume), so it gets half of what is left.
-            left.mul_f64(0.5).max(self.slice.min(left))
+            // interrupted root leaves no state to resume), so it gets all that is left: with
+            // half, a root that needed 60% of the time ended the search at 50%, seconds early
+            // under load (issue 17), and the planner's wait bounds a root that overruns.
+            left
         } else {
             let slice = self.slice.min(left);
             self.slice = self.slice.saturating_mul(2);
@@ -643,7 +646,7 @@ impl Pacer {
     }
 
     /// Why the root LP ended at its slice without a solution: the slice reached the deadline
-    /// (a time limit), or it was only its half of what was left.
+    /// (a time limit), or the pacer's margin before it.
     fn root_stop_reason(&self) -> MilpStop {
         match self.deadline.saturating_duration_since(Instant::now()) > UNLOADED_MARGIN {
             true => MilpStop::RootUnfinished,

@@ -1457,7 +1457,7 @@ mod tests {
             (Some(MilpStop::Deadline), "the MILP stopped at the time limit, within 1.23% of optimal"),
             (Some(MilpStop::Share), "the MILP stopped at its share of the time limit (the rest kept for refining its plan), within 1.23% of optimal"),
             (Some(MilpStop::Paced), "the MILP stopped before the time limit: its last slice overran by more than was left (a loaded machine), within 1.23% of optimal"),
-            (Some(MilpStop::RootUnfinished), "the MILP's root LP did not finish in its share of the time limit (half of what was left), within 1.23% of optimal"),
+            (Some(MilpStop::RootUnfinished), "the MILP's root LP did not finish before the time limit (less the pacer's margin), within 1.23% of optimal"),
             (Some(MilpStop::NoRoomForWholeGraph), "the time limit left no room for the MILP on the whole graph after the coarsened one, within 1.23% of optimal"),
             (Some(MilpStop::NotAnswered), "the MILP had not answered by the time limit and its grace; the plan before it stands, within 1.23% of optimal"),
             (None, "not proven optimal (the MILP stopped without a proof); within 1.23% of the lower bound"),

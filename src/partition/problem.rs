@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::cost::cluster::DeviceId;
 use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
-use crate::cost::model::tensor_bytes;
+use crate::cost::model::{per_node_on_threads, tensor_bytes};
 use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use crate::graph::{Graph, NodeId, TensorOrigin};
 use crate::Error;
@@ -205,41 +205,6 @@ impl Evaluation {
     }
 }
 
-/// Below this many nodes a device kind is costed on one thread: starting threads costs more.
-const NODES_PER_COSTING_THREAD: usize = 16_384;
-
-/// Every node's time on one device kind, in `order`, the order split between the machine's
-/// cores (at most 8): costing is the largest phase a solve cannot skip (about 3 s of a
-/// million-node model on one core, all before any plan exists). Each part is costed as the
-/// whole would be, and the first error in the order is the one returned, so the result does
-/// not depend on the number of threads.
-fn node_times(model: &CostModel, graph: &Graph, order: &[NodeId]) -> Result<Vec<f64>, Error> {
-    let cost = |part: &[NodeId]| -> Result<Vec<f64>, Error> {
-        part.iter()
-            .map(|&id| model.node_cost(graph, id).map(|c| c.time_secs))
-            .collect()
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let per_thread = order.len().div_ceil(threads).max(NODES_PER_COSTING_THREAD);
-    if order.len() <= per_thread {
-        return cost(order);
-    }
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = order
-            .chunks(per_thread)
-            .map(|part| scope.spawn(move || cost(part)))
-            .collect();
-        let mut secs = Vec::with_capacity(order.len());
-        for part in parts {
-            match part.join() {
-                Ok(times) => secs.extend(times?),
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        }
-        Ok(secs)
-    })
-}
-
 impl PartitionProblem {
     /// Builds the problem for `graph` (shapes inferred, dims bound) on `devices` of `cluster`,
     /// one stage per device, in pipeline order.
@@ -294,7 +259,7 @@ impl PartitionProblem {
                     let model = CostModel::new(spec)
                         .with_mode(settings.mode)
                         .with_unknown_ops(settings.unknown_ops);
-                    let secs = node_times(&model, graph, &order)?;
+                    let secs = per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?;
                     kind_names.push(spec.name.clone());
                     node_secs.push(secs);
                     kind_names.len() - 1
@@ -833,6 +798,26 @@ pub(crate) mod tests {
             .run(&mut g)
             .unwrap();
         g
+    }
+
+    #[test]
+    fn costing_in_parts_on_threads_gives_the_times_of_one_pass() {
+        use crate::cost::model::per_node_in_parts;
+        let graph = chain(23, 256, 64);
+        let cluster = Cluster::parse("1x1xH100-SXM", &Catalog::builtin()).unwrap();
+        let model = CostModel::new(cluster.device(DeviceId(0)));
+        let order = graph.topological_order().to_vec();
+        let time = |id| model.node_time_secs(&graph, id);
+        let whole = per_node_in_parts(&order, order.len(), time).unwrap();
+        let one_by_one: Vec<f64> = order
+            .iter()
+            .map(|&id| model.node_cost(&graph, id).unwrap().time_secs)
+            .collect();
+        assert_eq!(whole, one_by_one);
+        for per_thread in [1, 4, 7, 22] {
+            let parts = per_node_in_parts(&order, per_thread, time).unwrap();
+            assert_eq!(parts, whole, "{per_thread} nodes a thread");
+        }
     }
 
     #[test]
