@@ -110,8 +110,8 @@ pub enum MilpStop {
     RootUnfinished,
     /// The time left after the coarsened search left no room to search the whole graph.
     NoRoomForWholeGraph,
-    /// The planner stopped waiting for it at the time limit plus its grace (a root LP that
-    /// looks at no clock): its plan, if any, was not used.
+    /// The planner stopped waiting for it at the time limit, its search having aimed 2% of the
+    /// limit before it (a root LP looks at no clock): its plan, if any, was not used.
     NotAnswered,
 }
 
@@ -133,7 +133,7 @@ impl MilpStop {
                 "the time limit left no room for the MILP on the whole graph after the coarsened one"
             }
             MilpStop::NotAnswered => {
-                "the MILP had not answered by the time limit and its grace; the plan before it stands"
+                "the MILP had not answered by the time limit (its search aimed 2% before it); the plan before it stands"
             }
         }
     }
