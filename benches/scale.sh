@@ -4,7 +4,8 @@
 # default, so that a million nodes still fit 64 H100s), 8x8xH100-SXM, K = 64, with
 # --time-limit 1s, 2s and 10s. Reports the wall time of the whole command, the part spent
 # loading and typing the model (which the limit does not cover; printed by pipecut), the
-# solve's overshoot of its limit, and the peak resident memory (/usr/bin/time -v).
+# solve's overshoot of its limit, the peak resident memory (/usr/bin/time -v) and the machine's
+# 1-minute load average when the run began (/proc/loadavg: other work on a shared machine).
 #
 #   bash benches/scale.sh [NODES...] > scale.md      (docs/benchmarks.md, "Limits at any size")
 #
@@ -34,14 +35,15 @@ secs() { # 10s, 500ms, 2m -> seconds
   esac
 }
 
-echo "| nodes | limit | wall s | load + types s | solve s | overshoot | peak RSS MiB | status |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+echo "| nodes | limit | wall s | load + types s | solve s | overshoot | peak RSS MiB | load avg | status |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 for nodes in "${sizes[@]}"; do
   model="$models/stack_${nodes}_d$width/model.onnx"
   [[ -f "$model" ]] || "$python" fixtures/generate_stack.py --nodes "$nodes" --width "$width" \
     --heads $((width / 128)) --out "$model" >&2
   count=$("$python" -c "import onnx,sys; print(len(onnx.load('$model', load_external_data=False).graph.node))")
   for limit in "${limits[@]}"; do
+    busy=$(cut -d' ' -f1 /proc/loadavg)
     /usr/bin/time -v -o "$out/time" "$bin" partition "$model" --dim batch=1 --dim seq="$seq" \
       --cluster 8x8xH100-SXM --stages "$stages" --time-limit "$limit" --out "$out/plan.json" \
       >"$out/stdout" 2>"$out/stderr" || { cat "$out/stderr" >&2; echo "| $count | $limit | failed |"; continue; }
@@ -53,6 +55,6 @@ for nodes in "${sizes[@]}"; do
     status=$(sed -n 's/^bottleneck [^:]*: //p' "$out/stdout" | head -1)
     over=$(awk -v w="$wall" -v l="${load:-0}" -v lim="$(secs "$limit")" \
       'BEGIN { printf "%+.1f%%", ((w - l) / lim - 1) * 100 }')
-    echo "| $count | $limit | $wall | ${load:-?} | ${solve:-?} | $over | $rss | ${status:-?} |"
+    echo "| $count | $limit | $wall | ${load:-?} | ${solve:-?} | $over | $rss | $busy | ${status:-?} |"
   done
 done

@@ -264,7 +264,7 @@ fn on_a_chain_the_dp_and_the_milp_are_both_optimal_and_agree() {
     assert_eq!(by_milp.status, SolveStatus::Optimal);
     let report = by_milp.milp.as_ref().expect("the MILP ran");
     assert!(
-        report.proven && !report.coarsened && !report.timed_out,
+        report.proven && !report.coarsened && report.stopped.is_none(),
         "{report:?}"
     );
     assert!(by_dp.evaluation.bottleneck_secs > by_dp.problem.lower_bound_secs() * 1.01);
@@ -338,11 +338,11 @@ fn a_hard_milp_stops_at_its_time_limit_with_the_best_plan_and_its_gap() {
         solution.status
     );
     assert!(wall < Duration::from_millis(2500), "took {wall:?}");
-    let SolveStatus::TimeLimit { gap } = solution.status else {
+    let SolveStatus::TimeLimit { gap, .. } = solution.status else {
         panic!("expected the time limit, got {:?}", solution.status);
     };
     let report = solution.milp.as_ref().unwrap();
-    assert!(report.timed_out && !report.proven, "{report:?}");
+    assert!(report.stopped.is_some() && !report.proven, "{report:?}");
     // The gap is the plan's distance to a proven lower bound.
     let bottleneck = solution.evaluation.bottleneck_secs;
     assert!(gap > 0.0 && gap < 1.0, "gap {gap}");
@@ -521,8 +521,14 @@ fn the_175b_shaped_model_is_coarsened_for_the_milp_within_the_time_limit() {
     // The baselines and the final evaluation come after the deadline.
     assert!(wall < limit + Duration::from_millis(1500), "took {wall:?}");
     let report = solution.milp.as_ref().unwrap();
-    assert!(report.coarsened, "{report:?}");
-    assert!(report.nodes < model.graph.node_count() / 2, "{report:?}");
+    // The coarsened search comes first; when it ends with time left (a fast machine, or a root
+    // LP given all of its slice), the rest goes to the whole graph, whose report stands then.
+    assert!(report.started, "{report:?}");
+    if report.coarsened {
+        assert!(report.nodes < model.graph.node_count() / 2, "{report:?}");
+    } else {
+        assert!(report.proven || report.stopped.is_some(), "{report:?}");
+    }
     solution
         .problem
         .check_assignment(&solution.stage_of)

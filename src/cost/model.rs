@@ -252,20 +252,9 @@ impl<'a> CostModel<'a> {
 
     /// The cost of one node.
     pub fn node_cost(&self, graph: &Graph, id: NodeId) -> Result<NodeCost, Error> {
-        let measured = graph.measured_secs(&self.device.name, id);
-        let (work, fallback) = match (self.work(graph, id), measured) {
-            (Ok(work), _) => work,
-            // A measured op needs no rule for its time; its FLOPs stay unknown (zero).
-            (Err(_), Some(_)) => (OpWork::NONE, false),
-            (Err(error), None) => return Err(error),
-        };
+        let timed = self.timed_work(graph, id)?;
+        let (work, fallback, measured, time_secs) = timed;
         let node = graph.node(id);
-        let forward = measured.unwrap_or_else(|| self.time_secs(&work));
-        let time_secs = match self.mode {
-            Mode::Inference => forward,
-            // Launch overhead is paid again by the backward kernels; compute scales by the factor.
-            Mode::Training { .. } => forward * (1.0 + self.mode.backward_time_factor()),
-        };
         let param_bytes = node
             .inputs
             .iter()
@@ -293,6 +282,39 @@ impl<'a> CostModel<'a> {
         })
     }
 
+    /// The node's time on the device ([`NodeCost::time_secs`]) without the rest of its
+    /// [`NodeCost`]: no names copied, for the partition problem's million-node tables. Fails
+    /// where [`Self::node_cost`] fails.
+    pub fn node_time_secs(&self, graph: &Graph, id: NodeId) -> Result<f64, Error> {
+        let (_, _, _, time_secs) = self.timed_work(graph, id)?;
+        for &t in graph.node(id).outputs.iter().flatten() {
+            tensor_bytes(graph, t)?;
+        }
+        Ok(time_secs)
+    }
+
+    /// The node's work, whether it is a fallback guess, its measured time if any, and its time.
+    fn timed_work(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+    ) -> Result<(OpWork, bool, Option<f64>, f64), Error> {
+        let measured = graph.measured_secs(&self.device.name, id);
+        let (work, fallback) = match (self.work(graph, id), measured) {
+            (Ok(work), _) => work,
+            // A measured op needs no rule for its time; its FLOPs stay unknown (zero).
+            (Err(_), Some(_)) => (OpWork::NONE, false),
+            (Err(error), None) => return Err(error),
+        };
+        let forward = measured.unwrap_or_else(|| self.time_secs(&work));
+        let time_secs = match self.mode {
+            Mode::Inference => forward,
+            // Launch overhead is paid again by the backward kernels; compute scales by the factor.
+            Mode::Training { .. } => forward * (1.0 + self.mode.backward_time_factor()),
+        };
+        Ok((work, fallback, measured, time_secs))
+    }
+
     /// Costs every node, in topological order.
     pub fn node_costs(&self, graph: &Graph) -> Result<Vec<(NodeId, NodeCost)>, Error> {
         graph
@@ -306,10 +328,11 @@ impl<'a> CostModel<'a> {
     /// times `1 + backward_factor` in training (the backward pass computes about twice the
     /// forward's FLOPs). The numerator of MFU; independent of the device.
     pub fn model_flops(&self, graph: &Graph) -> Result<f64, Error> {
-        let mut forward = 0.0;
-        for &id in graph.topological_order() {
-            forward += self.work(graph, id)?.0.flops;
-        }
+        let flops = per_node_on_threads(graph.topological_order(), |id| {
+            self.work(graph, id).map(|(work, _)| work.flops)
+        })?;
+        // Summed in the order, as one pass would.
+        let forward: f64 = flops.iter().sum();
         Ok(match self.mode {
             Mode::Inference => forward,
             Mode::Training {
@@ -322,6 +345,51 @@ impl<'a> CostModel<'a> {
     pub fn mode(&self) -> Mode {
         self.mode
     }
+}
+
+/// Below this many nodes a per-node pass runs on one thread: starting threads costs more.
+const NODES_PER_THREAD: usize = 16_384;
+
+/// `per_node` of every node of `order`, in order, the order split between the machine's cores
+/// (at most 8): costing is the largest phase a solve cannot skip (about 3 s for a million
+/// nodes on one core, all before any plan exists), and the MFU line costs the model again
+/// after it. Each part runs as the whole would, and the first error in the order is the one
+/// returned, so the result does not depend on the number of threads.
+pub(crate) fn per_node_on_threads<T: Send>(
+    order: &[NodeId],
+    per_node: impl Fn(NodeId) -> Result<T, Error> + Sync,
+) -> Result<Vec<T>, Error> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let per_thread = order.len().div_ceil(threads).max(NODES_PER_THREAD);
+    per_node_in_parts(order, per_thread, per_node)
+}
+
+/// [`per_node_on_threads`] with `order` cut into parts of `per_thread` nodes, one thread each.
+pub(crate) fn per_node_in_parts<T: Send>(
+    order: &[NodeId],
+    per_thread: usize,
+    per_node: impl Fn(NodeId) -> Result<T, Error> + Sync,
+) -> Result<Vec<T>, Error> {
+    let run = |part: &[NodeId]| -> Result<Vec<T>, Error> {
+        part.iter().map(|&id| per_node(id)).collect()
+    };
+    if order.len() <= per_thread {
+        return run(order);
+    }
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = order
+            .chunks(per_thread)
+            .map(|part| scope.spawn(move || run(part)))
+            .collect();
+        let mut all = Vec::with_capacity(order.len());
+        for part in parts {
+            match part.join() {
+                Ok(values) => all.extend(values?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        Ok(all)
+    })
 }
 
 impl CostModel<'_> {

@@ -26,6 +26,7 @@
 //!    contraction is acyclic.
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::time::Instant;
 
 use super::layers::find_layers;
 use super::problem::{Flow, ParamUse, PartitionProblem, StageId};
@@ -281,6 +282,18 @@ impl Groups {
 /// O(n log n) for the structural merges and O(n log n) per round of neighbour merges, each round
 /// removing up to half of the excess.
 pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
+    coarsen_until(problem, target, None).expect("no deadline to stop it")
+}
+
+/// [`coarsen`], given up (`None`) once `deadline` has passed: on a million nodes coarsening
+/// takes about as long as a DP, and a MILP thread the planner stopped waiting for must not go
+/// on with it while the plan is written. The clock is read every [`CLOCK_EVERY`] merges.
+pub(crate) fn coarsen_until(
+    problem: &PartitionProblem,
+    target: usize,
+    deadline: Option<Instant>,
+) -> Option<Coarsened> {
+    let passed = || deadline.is_some_and(|d| Instant::now() >= d);
     let n = problem.node_count();
     let target = target.max(problem.stage_count()).max(1);
     let (succ, pred) = adjacency(problem);
@@ -316,6 +329,9 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
     while changed && groups.count > target {
         changed = false;
         for p in 0..n as u32 {
+            if p as usize % CLOCK_EVERY == 0 && passed() {
+                return None;
+            }
             if groups.parent[p as usize] != p {
                 continue;
             }
@@ -352,6 +368,9 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
         layer_of
     };
     while groups.count > target {
+        if passed() {
+            return None;
+        }
         let order = groups.topological();
         let mut pairs: Vec<(bool, f64, usize)> = order
             .windows(2)
@@ -394,8 +413,16 @@ pub fn coarsen(problem: &PartitionProblem, target: usize) -> Coarsened {
         .map(|p| index_of_root[&groups.root(p)])
         .collect();
     let order: Vec<u32> = (0..order_roots.len() as u32).collect();
-    quotient(problem, &group_of, &order)
+    if passed() {
+        return None;
+    }
+    Some(quotient(problem, &group_of, &order))
 }
+
+/// How many positions [`coarsen_until`] visits between two looks at the clock: a look costs
+/// about 25 ns, a visit a few, so the clock adds about 1% while the deadline is seen within a
+/// millisecond or so.
+const CLOCK_EVERY: usize = 4096;
 
 /// The fine problem with its positions listed in a new topological order: `order[i]` is the
 /// fine position put at new position `i`. The returned map sends old positions to new ones.
@@ -459,6 +486,18 @@ mod tests {
         assert!((a.bottleneck_secs - b.bottleneck_secs).abs() <= 1e-12 * b.bottleneck_secs);
         assert_eq!(a.cut_bytes, b.cut_bytes);
         assert_eq!(coarse.restrict(&fine_plan), Some(coarse_plan));
+    }
+
+    #[test]
+    fn coarsening_past_its_deadline_gives_up_and_before_it_changes_nothing() {
+        // Issue 17: a MILP thread the planner stopped waiting for must not coarsen on.
+        let fine = fixture_problem("gpt2_tiny", 3);
+        let past = Instant::now();
+        assert!(coarsen_until(&fine, 24, Some(past)).is_none());
+        let far = Instant::now() + std::time::Duration::from_secs(3600);
+        let timed = coarsen_until(&fine, 24, Some(far)).expect("an hour is enough");
+        let free = coarsen(&fine, 24);
+        assert_eq!(timed.group_of, free.group_of);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, BinaryHeap};
 
 use serde::{Deserialize, Serialize};
 
-use super::coarsen::{adjacency, quotient, Coarsened};
+use super::coarsen::{quotient, Coarsened};
 use super::problem::{PartitionProblem, StageId};
 use crate::graph::Graph;
 use crate::Error;
@@ -220,7 +220,14 @@ fn bias_add(graph: &Graph, problem: &PartitionProblem, flow: &super::problem::Fl
 /// belongs to it, and the contracted graph has no cycle.
 fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, Joined)]) -> (Vec<u32>, Vec<u32>) {
     let n = problem.node_count();
-    let (succ, pred) = adjacency(problem);
+    let edges: Vec<(u32, u32)> = problem
+        .flows()
+        .iter()
+        .flat_map(|flow| flow.consumers.iter().map(|&c| (flow.producer, c)))
+        .filter(|(a, b)| a != b)
+        .collect();
+    let succ = Adjacency::new(n, edges.iter().copied());
+    let pred = Adjacency::new(n, edges.iter().map(|&(a, b)| (b, a)));
     let mut sets = UnionFind::new(n);
     for (a, b, _) in pairs {
         sets.union(*a, *b);
@@ -254,17 +261,23 @@ fn convex_groups(problem: &PartitionProblem, pairs: &[(u32, u32, Joined)]) -> (V
 
 /// Adds to every group of several positions the positions on paths between its members.
 /// Returns whether any group grew.
-fn close_over_paths(sets: &mut UnionFind, succ: &[BTreeSet<u32>], pred: &[BTreeSet<u32>]) -> bool {
+fn close_over_paths(sets: &mut UnionFind, succ: &Adjacency, pred: &Adjacency) -> bool {
     let n = succ.len();
-    let mut members: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for p in 0..n as u32 {
-        let root = sets.root(p);
-        members[root as usize].push(p);
-    }
+    // The members of every group, ascending, in one table: a group's members follow its
+    // root's entry (roots are their group's smallest position).
+    let roots: Vec<u32> = (0..n as u32).map(|p| sets.root(p)).collect();
+    let groups = Adjacency::new(n, (0..n as u32).map(|p| (roots[p as usize], p)));
     let mut grew = false;
-    for group in members.iter().filter(|m| m.len() > 1) {
-        // Positions follow a topological order, so paths between members stay inside their span.
-        let (lo, hi) = (group[0], *group.last().expect("several members"));
+    for root in 0..n {
+        let group = groups.of(root as u32);
+        // Positions follow a topological order, so paths between members stay inside their
+        // span; a span of members only (a MatMul and the Add next to it) has nothing to add.
+        let (Some(&lo), Some(&hi)) = (group.first(), group.last()) else {
+            continue;
+        };
+        if (hi - lo) as usize + 1 == group.len() {
+            continue;
+        }
         let below = reach(group, succ, |p| p <= hi);
         let above = reach(group, pred, |p| p >= lo);
         for p in below.intersection(&above) {
@@ -278,11 +291,11 @@ fn close_over_paths(sets: &mut UnionFind, succ: &[BTreeSet<u32>], pred: &[BTreeS
 }
 
 /// Positions reachable from `from` along `edges`, staying where `within` holds.
-fn reach(from: &[u32], edges: &[BTreeSet<u32>], within: impl Fn(u32) -> bool) -> BTreeSet<u32> {
+fn reach(from: &[u32], edges: &Adjacency, within: impl Fn(u32) -> bool) -> BTreeSet<u32> {
     let mut seen: BTreeSet<u32> = from.iter().copied().collect();
     let mut stack: Vec<u32> = from.to_vec();
     while let Some(p) = stack.pop() {
-        for &q in &edges[p as usize] {
+        for &q in edges.of(p) {
             if within(q) && seen.insert(q) {
                 stack.push(q);
             }
@@ -293,21 +306,19 @@ fn reach(from: &[u32], edges: &[BTreeSet<u32>], within: impl Fn(u32) -> bool) ->
 
 /// The group roots in a topological order of the contracted graph (smallest root first among
 /// the ready ones, so the order is deterministic), or the roots of a cycle.
-fn group_order(sets: &mut UnionFind, succ: &[BTreeSet<u32>]) -> Result<Vec<u32>, Vec<u32>> {
+fn group_order(sets: &mut UnionFind, succ: &Adjacency) -> Result<Vec<u32>, Vec<u32>> {
     let n = succ.len();
     let roots: Vec<u32> = (0..n as u32).map(|p| sets.root(p)).collect();
-    let mut group_succ: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); n];
-    for (p, next) in succ.iter().enumerate() {
-        for &q in next {
-            let (a, b) = (roots[p], roots[q as usize]);
-            if a != b {
-                group_succ[a as usize].insert(b);
-            }
-        }
-    }
+    let group_succ = Adjacency::new(
+        n,
+        (0..n as u32)
+            .flat_map(|p| succ.of(p).iter().map(move |&q| (p, q)))
+            .map(|(p, q)| (roots[p as usize], roots[q as usize]))
+            .filter(|(a, b)| a != b),
+    );
     let mut indegree = vec![0usize; n];
-    for next in &group_succ {
-        for &b in next {
+    for a in 0..n as u32 {
+        for &b in group_succ.of(a) {
             indegree[b as usize] += 1;
         }
     }
@@ -319,7 +330,7 @@ fn group_order(sets: &mut UnionFind, succ: &[BTreeSet<u32>]) -> Result<Vec<u32>,
     let mut order = Vec::new();
     while let Some(Reverse(g)) = ready.pop() {
         order.push(g);
-        for &s in &group_succ[g as usize] {
+        for &s in group_succ.of(g) {
             indegree[s as usize] -= 1;
             if indegree[s as usize] == 0 {
                 ready.push(Reverse(s));
@@ -333,10 +344,10 @@ fn group_order(sets: &mut UnionFind, succ: &[BTreeSet<u32>]) -> Result<Vec<u32>,
     // Every group left has a predecessor left: walk back until a group repeats.
     let left: Vec<bool> = (0..n).map(|p| is_root[p] && indegree[p] > 0).collect();
     let mut group_pred: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (a, next) in group_succ.iter().enumerate() {
-        for &b in next {
-            if left[a] {
-                group_pred[b as usize].push(a as u32);
+    for a in 0..n as u32 {
+        for &b in group_succ.of(a) {
+            if left[a as usize] {
+                group_pred[b as usize].push(a);
             }
         }
     }
@@ -356,6 +367,40 @@ fn group_order(sets: &mut UnionFind, succ: &[BTreeSet<u32>]) -> Result<Vec<u32>,
             return Err(walk[from..].to_vec());
         }
         walk.push(back);
+    }
+}
+
+/// Each position's neighbours, ascending and each once, in one table (compressed rows): a
+/// million positions' sets in two allocations instead of a tree each.
+struct Adjacency {
+    /// `targets[starts[p]..starts[p + 1]]` are `p`'s neighbours.
+    starts: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Adjacency {
+    /// The table of `edges` (`(from, to)` positions below `n`, repeats allowed).
+    fn new(n: usize, edges: impl Iterator<Item = (u32, u32)>) -> Adjacency {
+        let mut edges: Vec<(u32, u32)> = edges.collect();
+        edges.sort_unstable();
+        edges.dedup();
+        let mut starts = vec![0u32; n + 1];
+        for &(from, _) in &edges {
+            starts[from as usize + 1] += 1;
+        }
+        for p in 0..n {
+            starts[p + 1] += starts[p];
+        }
+        let targets = edges.into_iter().map(|(_, to)| to).collect();
+        Adjacency { starts, targets }
+    }
+
+    fn len(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    fn of(&self, p: u32) -> &[u32] {
+        &self.targets[self.starts[p as usize] as usize..self.starts[p as usize + 1] as usize]
     }
 }
 

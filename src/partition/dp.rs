@@ -249,6 +249,7 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
     for &(capacity, in_flight, activation_in_flight) in &keys {
         let mut tree = Fenwick(vec![0; n + 1]);
         let mut reach = vec![0u32; n + 1];
+        let mut previous_reach = 0;
         for i in 0..=n {
             for &(u, bytes) in &activations_at[i] {
                 tree.add(u, bytes);
@@ -266,8 +267,35 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
                     .saturating_add(activation_in_flight.saturating_mul(activations))
                     <= capacity
             };
-            // Memory grows with the end, so the fitting ends are i+1..=reach.
-            let (mut lo, mut hi) = (i, n);
+            // Memory grows with the end, so the fitting ends are i+1..=reach. Neighbouring
+            // starts reach about as far: the search gallops from the previous reach to bracket
+            // this one (a few probes instead of log n), then bisects the bracket.
+            let guess = i.max(previous_reach);
+            let (mut lo, mut hi) = if fits(guess) {
+                let (mut lo, mut step) = (guess, 1);
+                while lo < n && fits((lo + step).min(n)) {
+                    lo = (lo + step).min(n);
+                    step *= 2;
+                }
+                (lo, (lo + step).min(n))
+            } else if guess == i {
+                // Not even an empty segment fits (memory only grows with the end).
+                (i, i)
+            } else {
+                // The reach is below `guess`: gallop down until an end fits or `i` is met.
+                let (mut hi, mut step) = (guess - 1, 1);
+                loop {
+                    let probe = hi.saturating_sub(step).max(i);
+                    if probe == i {
+                        break (i, hi);
+                    }
+                    if fits(probe) {
+                        break (probe, hi);
+                    }
+                    hi = probe - 1;
+                    step *= 2;
+                }
+            };
             while lo < hi {
                 let mid = lo + (hi - lo).div_ceil(2);
                 if fits(mid) {
@@ -277,6 +305,7 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
                 }
             }
             reach[i] = lo as u32;
+            previous_reach = lo;
         }
         by_key.push(reach);
     }

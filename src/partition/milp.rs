@@ -80,11 +80,63 @@ pub struct MilpRun {
     /// A bottleneck no convex partition of this problem can beat, when the solver proved one
     /// (the lower bound of branch and bound at the deadline, or the optimum).
     pub bound_secs: Option<f64>,
-    /// Whether the deadline stopped the search.
-    pub timed_out: bool,
+    /// What stopped the search before it finished, when something did (not an error).
+    pub stopped: Option<MilpStop>,
     /// The solver's error, when it failed rather than finished or ran out of time (microlp's
     /// "Singular matrix", for one): the best plan found before it stands, nothing is proven.
     pub error: Option<String>,
+}
+
+/// What stopped a MILP before it finished its search, each a different use of the clock: the
+/// status and the CLI say which, so that a search that ended with seconds left is never
+/// reported as stopped at the time limit.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MilpStop {
+    /// It searched until the time limit.
+    Deadline,
+    /// A coarsened search ran until its share of the limit: the rest was kept back for the
+    /// refinement DP on the whole graph.
+    Share,
+    /// It stopped before its deadline: the solver looks at its clock only between
+    /// branch-and-bound nodes, and its last slice overran by so much (a loaded machine) that
+    /// the next would have carried it past the limit ([`Pacer`]).
+    Paced,
+    /// The root LP did not finish within its slice (an unfinished root leaves nothing to
+    /// resume): the search never branched. Its slice is all the time left, so this is rare:
+    /// the root stopped at the pacer's margin before the deadline.
+    RootUnfinished,
+    /// The time left after the coarsened search left no room to search the whole graph.
+    NoRoomForWholeGraph,
+    /// The planner stopped waiting for it at the time limit, its search having aimed 2% of the
+    /// limit before it (a root LP looks at no clock): its plan, if any, was not used.
+    NotAnswered,
+}
+
+impl MilpStop {
+    /// What happened, in words, for the status line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MilpStop::Deadline => "the MILP stopped at the time limit",
+            MilpStop::Share => {
+                "the MILP stopped at its share of the time limit (the rest kept for refining its plan)"
+            }
+            MilpStop::Paced => {
+                "the MILP stopped before the time limit: its last slice overran by more than was left (a loaded machine)"
+            }
+            MilpStop::RootUnfinished => {
+                "the MILP's root LP did not finish before the time limit (less the pacer's margin)"
+            }
+            MilpStop::NoRoomForWholeGraph => {
+                "the time limit left no room for the MILP on the whole graph after the coarsened one"
+            }
+            MilpStop::NotAnswered => {
+                "the MILP had not answered by the time limit (its search aimed 2% before it); the plan before it stands"
+            }
+        }
+    }
 }
 
 /// `y[v][b]`: a binary variable, or a value fixed before solving (see [`stage_windows`]).
@@ -526,7 +578,7 @@ struct Solved {
     stage_of: Option<Vec<StageId>>,
     proven: bool,
     bound: Option<f64>,
-    timed_out: bool,
+    stopped: Option<MilpStop>,
     error: Option<String>,
 }
 
@@ -541,37 +593,65 @@ struct Pacer {
     at_root: bool,
 }
 
+/// What the pacer keeps back before any overshoot is measured (1.5 times its first estimate):
+/// a search that ends with no more than this left ended at its deadline.
+const UNLOADED_MARGIN: Duration = Duration::from_millis(30);
+
 impl Pacer {
     fn new(deadline: Instant) -> Pacer {
         Pacer {
             deadline,
             slice: Duration::from_millis(50),
             // Until a node slice is measured: a few node re-solves on a loaded debug build.
+            // 1.5 times this is `UNLOADED_MARGIN`.
             overshoot: Duration::from_millis(20),
             at_root: true,
         }
     }
 
-    /// The next slice, or `None` when what is left would be spent overshooting.
-    fn next_slice(&mut self) -> Option<Duration> {
+    /// The next slice, or why there is none: the deadline has come ([`MilpStop::Deadline`]),
+    /// or what is left would be spent overshooting ([`MilpStop::Paced`]).
+    fn next_slice(&mut self) -> Result<Duration, MilpStop> {
         let margin = self.overshoot.mul_f64(1.5);
         let left = self
             .deadline
             .saturating_duration_since(Instant::now())
             .saturating_sub(margin);
         if left < Duration::from_millis(1) {
-            return None;
+            return Err(self.stop_reason());
         }
         let slice = if self.at_root {
             // The root LP must finish inside the first slice for the search to go on (an
-            // interrupted root leaves no state to resume), so it gets half of what is left.
-            left.mul_f64(0.5).max(self.slice.min(left))
+            // interrupted root leaves no state to resume), so it gets all that is left: with
+            // half, a root that needed 60% of the time ended the search at 50%, seconds early
+            // under load (issue 17), and the planner's wait bounds a root that overruns.
+            left
         } else {
             let slice = self.slice.min(left);
             self.slice = self.slice.saturating_mul(2);
             slice
         };
-        Some(slice)
+        Ok(slice)
+    }
+
+    /// Why the search ends now without a slice: at its deadline, or before it by more than
+    /// an unloaded machine's margin ([`Pacer::new`]'s first estimate), which only a measured
+    /// overshoot makes the pacer keep back.
+    fn stop_reason(&self) -> MilpStop {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match left > UNLOADED_MARGIN {
+            true => MilpStop::Paced,
+            false => MilpStop::Deadline,
+        }
+    }
+
+    /// Why the root LP ended at its slice without a solution: the slice reached the deadline
+    /// (a time limit), or the pacer's margin before it.
+    fn root_stop_reason(&self) -> MilpStop {
+        match self.deadline.saturating_duration_since(Instant::now()) > UNLOADED_MARGIN {
+            true => MilpStop::RootUnfinished,
+            false => MilpStop::Deadline,
+        }
     }
 
     fn observe(&mut self, asked: Duration, took: Duration) {
@@ -602,11 +682,11 @@ fn run_model(
         constraints,
         ..
     } = model;
-    let not_run = Solved {
+    let not_run = |stopped: MilpStop| Solved {
         stage_of: None,
         proven: false,
         bound: None,
-        timed_out: true,
+        stopped: Some(stopped),
         error: None,
     };
     let loaded = vars
@@ -616,8 +696,9 @@ fn run_model(
         .with_initial_solution(hint);
     // The slices count from here: loading the model took part of the budget already.
     let mut pacer = Pacer::new(deadline);
-    let Some(first) = pacer.next_slice() else {
-        return not_run;
+    let first = match pacer.next_slice() {
+        Ok(first) => first,
+        Err(stop) => return not_run(stop),
     };
     let started = Instant::now();
     let solved = loaded.with_time_limit(first.as_secs_f64()).solve();
@@ -628,13 +709,13 @@ fn run_model(
     let solution = match solved {
         Ok(solution) => solution,
         Err(good_lp::ResolutionError::Other(message)) if message.starts_with("Time limit") => {
-            return not_run
+            return not_run(pacer.root_stop_reason())
         }
         Err(error) => {
             return Solved {
-                timed_out: false,
+                stopped: None,
                 error: Some(error.to_string()),
-                ..not_run
+                ..not_run(MilpStop::Deadline)
             }
         }
     };
@@ -646,9 +727,14 @@ fn run_model(
             .map(|s| s.iter().map(|(var, _)| s.var_value_raw(var)).collect())
     };
     let mut last_values = values(&outcome);
+    let mut stopped = None;
     while !outcome.is_optimal() {
-        let Some(slice) = pacer.next_slice() else {
-            break;
+        let slice = match pacer.next_slice() {
+            Ok(slice) => slice,
+            Err(stop) => {
+                stopped = Some(stop);
+                break;
+            }
         };
         let mut options = outcome.last_resume_options();
         options.time_limit = Some(slice);
@@ -660,7 +746,7 @@ fn run_model(
                     stage_of: last_values.map(|v| decode(&before, &v)),
                     proven: false,
                     bound: None,
-                    timed_out: false,
+                    stopped: None,
                     error: Some(error.to_string()),
                 }
             }
@@ -675,7 +761,7 @@ fn run_model(
         stage_of: last_values.map(|v| decode(&before, &v)),
         proven,
         bound: outcome.stats().best_bound,
-        timed_out: !proven,
+        stopped: stopped.filter(|_| !proven),
         error: None,
     }
 }
@@ -704,7 +790,7 @@ pub(crate) fn solve_reporting(
             stage_of: incumbent.to_vec(),
             proven: true,
             bound_secs: Some(incumbent_secs),
-            timed_out: false,
+            stopped: None,
             error: None,
         };
     }
@@ -720,7 +806,7 @@ pub(crate) fn solve_reporting(
                 stage_of: best,
                 proven: false,
                 bound_secs: None,
-                timed_out: true,
+                stopped: Some(MilpStop::Deadline),
                 error: None,
             };
         }
@@ -766,7 +852,7 @@ pub(crate) fn solve_reporting(
                     .map(|b| b.min(best_secs)),
                 stage_of: best,
                 proven: false,
-                timed_out: first.timed_out,
+                stopped: first.stopped,
                 error: first.error,
             };
         }
@@ -776,7 +862,7 @@ pub(crate) fn solve_reporting(
     let optimum_secs = problem.evaluate(&best).bottleneck_secs;
     let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
     let left = remaining();
-    let mut timed_out = false;
+    let mut stopped = None;
     let mut tie_break_error = None;
     if total_bytes > 0.0 && !left.is_zero() {
         let scaled_bound = optimum_secs * time_scale * (1.0 + RELATIVE_TOLERANCE);
@@ -797,7 +883,7 @@ pub(crate) fn solve_reporting(
             }
         }
         let second = run_model(model, objective, start, deadline, &|_, _| {});
-        timed_out = second.timed_out;
+        stopped = second.stopped;
         // The bottleneck is proven already; a failed tie-break only leaves bytes unminimised.
         tie_break_error = second.error;
         if let Some(found) = &second.stage_of {
@@ -806,14 +892,14 @@ pub(crate) fn solve_reporting(
             }
         }
     } else if total_bytes > 0.0 {
-        timed_out = true;
+        stopped = Some(MilpStop::Deadline);
     }
     let best_secs = problem.evaluate(&best).bottleneck_secs;
     MilpRun {
         bound_secs: Some(best_secs.min(optimum_secs)),
         stage_of: best,
         proven: true,
-        timed_out,
+        stopped,
         error: tie_break_error,
     }
 }
@@ -1133,8 +1219,8 @@ pub struct MilpReport {
     pub coarsened: bool,
     /// Whether it proved its plan optimal over the graph it solved.
     pub proven: bool,
-    /// Whether the deadline stopped it.
-    pub timed_out: bool,
+    /// What stopped it before it finished, when something did (not an error).
+    pub stopped: Option<MilpStop>,
     /// Whether its plan is better than the DP's (bottleneck, then bytes).
     pub improved: bool,
     /// Whether the solver began at all (false when coarsening left no time for it).
@@ -1152,7 +1238,7 @@ fn too_large_to_start(problem: &PartitionProblem) -> MilpReport {
         nodes: problem.node_count(),
         coarsened: false,
         proven: false,
-        timed_out: false,
+        stopped: None,
         improved: false,
         started: false,
         error: None,
@@ -1182,7 +1268,7 @@ fn solve_fine(
         nodes: n,
         coarsened: false,
         proven: run.proven,
-        timed_out: run.timed_out,
+        stopped: run.stopped,
         improved,
         started: true,
         error: run.error,
@@ -1222,13 +1308,30 @@ pub(crate) fn solve_model_reporting(
     }
     // Fewer nodes leave proportionally fewer free binaries, about.
     let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
-    let mut coarse = super::coarsen::coarsen(problem, target);
+    // Coarsening stops at the deadline: the MILP could not start after it, and the planner may
+    // have stopped waiting for this thread and be writing the plan.
+    let not_started = MilpReport {
+        nodes: n,
+        coarsened: true,
+        proven: false,
+        stopped: Some(MilpStop::Deadline),
+        improved: false,
+        started: false,
+        error: None,
+        too_large: false,
+    };
+    let Some(mut coarse) = super::coarsen::coarsen_until(problem, target, Some(deadline)) else {
+        return (incumbent.to_vec(), None, not_started);
+    };
     while (free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
         || !small_enough_to_build(&coarse.problem))
         && coarse.problem.node_count() > problem.stage_count()
     {
         let smaller = coarse.problem.node_count() * 3 / 4;
-        let again = super::coarsen::coarsen(&coarse.problem, smaller);
+        let Some(again) = super::coarsen::coarsen_until(&coarse.problem, smaller, Some(deadline))
+        else {
+            return (incumbent.to_vec(), None, not_started);
+        };
         coarse = super::coarsen::Coarsened {
             group_of: coarse
                 .group_of
@@ -1258,7 +1361,7 @@ pub(crate) fn solve_model_reporting(
         nodes: coarse.problem.node_count(),
         coarsened: true,
         proven: false,
-        timed_out: false,
+        stopped: None,
         improved: false,
         started: false,
         error: None,
@@ -1267,7 +1370,7 @@ pub(crate) fn solve_model_reporting(
     // Coarsening and the start took time too: without room for the refinement after it, the
     // MILP is not begun.
     let room = |reserve: Duration| Instant::now() + reserve <= deadline;
-    report.timed_out = true;
+    report.stopped = Some(MilpStop::Deadline);
     if let Some(start) = start.filter(|_| room(refine_reserve)) {
         let milp_deadline = deadline
             .checked_sub(refine_reserve)
@@ -1278,7 +1381,11 @@ pub(crate) fn solve_model_reporting(
         });
         report.started = true;
         report.proven = run.proven;
-        report.timed_out = run.timed_out;
+        // Its deadline was the limit less the refinement's reserve.
+        report.stopped = match run.stopped {
+            Some(MilpStop::Deadline) if !refine_reserve.is_zero() => Some(MilpStop::Share),
+            other => other,
+        };
         report.error = run.error;
         let found = coarse.expand(&run.stage_of);
         if better(problem, &found, &best) {
@@ -1299,7 +1406,7 @@ pub(crate) fn solve_model_reporting(
     if report.started && room(refine_reserve) && small_enough_to_build(problem) {
         let (fine, bound, fine_report) =
             solve_fine(problem, &best, deadline, refine_reserve, progress);
-        if fine_report.proven || fine_report.timed_out {
+        if fine_report.proven || fine_report.stopped.is_some() {
             let improved = better(problem, &fine, incumbent);
             return (
                 fine,
@@ -1316,7 +1423,7 @@ pub(crate) fn solve_model_reporting(
     } else if report.started && small_enough_to_build(problem) {
         // The deadline left no room for the whole graph: that search was stopped by the time
         // limit too, as when it runs and is stopped (one status for both, whatever the load).
-        report.timed_out = true;
+        report.stopped = Some(MilpStop::NoRoomForWholeGraph);
     }
     report.improved = better(problem, &best, incumbent);
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
@@ -1362,6 +1469,23 @@ mod tests {
     }
 
     #[test]
+    fn the_pacer_says_whether_it_stopped_at_the_deadline_or_before_it() {
+        let now = Instant::now();
+        let mut at_deadline = Pacer::new(now);
+        assert_eq!(at_deadline.next_slice(), Err(MilpStop::Deadline));
+        assert_eq!(at_deadline.root_stop_reason(), MilpStop::Deadline);
+        // Two seconds left, but the last slice overran by two seconds (a loaded machine): the
+        // next would end past the limit, so the search stops early and says so.
+        let mut paced = Pacer::new(now + Duration::from_secs(2));
+        paced.observe(Duration::from_millis(100), Duration::from_millis(100));
+        paced.observe(Duration::from_millis(50), Duration::from_secs(2));
+        assert_eq!(paced.next_slice(), Err(MilpStop::Paced));
+        // A root LP that used its half of the time left ended before the deadline.
+        let root = Pacer::new(now + Duration::from_secs(2));
+        assert_eq!(root.root_stop_reason(), MilpStop::RootUnfinished);
+    }
+
+    #[test]
     fn the_milp_starts_from_and_never_loses_to_its_incumbent() {
         let problem = llama(3);
         let plan = crate::partition::dp::solve(&problem).unwrap();
@@ -1380,7 +1504,7 @@ mod tests {
         // With no time at all, the incumbent comes back unproven.
         let none = solve(&problem, &plan.stage_of, Instant::now());
         assert_eq!(none.stage_of, plan.stage_of);
-        assert!(!none.proven && none.timed_out);
+        assert!(!none.proven && none.stopped == Some(MilpStop::Deadline));
     }
 
     /// The smallest largest-stage memory factor over every convex, ordered assignment, and

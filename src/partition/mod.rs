@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 pub use baselines::Baseline;
 pub use constraints::CutConstraints;
-pub use milp::MilpReport;
+pub use milp::{MilpReport, MilpStop};
 pub use problem::{
     CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId, MAX_TOTAL_SECS,
 };
@@ -83,6 +83,10 @@ pub enum SolveStatus {
     TimeLimit {
         /// `(bottleneck − lower bound) / bottleneck`.
         gap: f64,
+        /// What ended the search: the limit itself, its share of it, or a stop before it
+        /// ([`MilpStop`]). Plans written before this field existed read as the limit.
+        #[serde(default = "at_the_limit")]
+        stop: MilpStop,
     },
     /// Not proven over all convex partitions; `reason` says why. The plan's gap to the lower
     /// bound still bounds the loss.
@@ -163,15 +167,19 @@ impl HeuristicReason {
     }
 }
 
+/// The stop of a `time_limit` status written before the stop was recorded.
+fn at_the_limit() -> MilpStop {
+    MilpStop::Deadline
+}
+
 impl SolveStatus {
     /// What the status says, in words (the gap is the plan's, to its lower bound).
     pub fn describe(self, gap: f64) -> String {
         match self {
             SolveStatus::Optimal => "proven optimal".to_string(),
-            SolveStatus::TimeLimit { gap } => format!(
-                "the MILP stopped at the time limit, within {:.2}% of optimal",
-                gap * 100.0
-            ),
+            SolveStatus::TimeLimit { gap, stop } => {
+                format!("{}, within {:.2}% of optimal", stop.describe(), gap * 100.0)
+            }
             SolveStatus::Heuristic { reason } => format!(
                 "not proven optimal ({}); within {:.2}% of the lower bound",
                 reason.describe(),
@@ -873,6 +881,7 @@ impl<'a> Planner<'a> {
                 },
                 ideal_search::SearchEnd::Deadline => SolveStatus::TimeLimit {
                     gap: relative_gap(problem.evaluate(plan).bottleneck_secs, lower_bound_secs),
+                    stop: MilpStop::Deadline,
                 },
                 ideal_search::SearchEnd::TooLarge => SolveStatus::Heuristic {
                     reason: HeuristicReason::TooLargeToSearch,
@@ -957,8 +966,10 @@ impl<'a> Planner<'a> {
         })
     }
 
-    /// The MILP phase (coarsening, search, refinement) on a thread of its own, waited for
-    /// until `deadline` and a grace of 2% of the limit. microlp looks at its clock only between
+    /// The MILP phase (coarsening, search, refinement) on a thread of its own, which aims at
+    /// `deadline` less a grace of 2% of the limit and is waited for until `deadline` (the grace
+    /// came after the deadline before, and overran every loaded run by it). microlp looks at
+    /// its clock only between
     /// branch-and-bound nodes, so the root LP of a large (even coarsened) model can run far past
     /// any deadline: a 19,993-node stack at K = 64 took 17.8 s under a 10 s limit. Past the wait
     /// the DP's plan stands, reported as stopped at the time limit (its gap is to the proven
@@ -972,6 +983,9 @@ impl<'a> Planner<'a> {
         refine_reserve: Duration,
     ) -> (Vec<StageId>, Option<f64>, MilpReport) {
         use std::sync::atomic::{AtomicBool, Ordering};
+        let grace = self.config.time_limit / 50;
+        let wait_until = deadline;
+        let deadline = deadline.checked_sub(grace).unwrap_or(deadline);
         let abandoned = std::sync::Arc::new(AtomicBool::new(false));
         let (sender, receiver) = std::sync::mpsc::channel();
         let search = {
@@ -1015,7 +1029,7 @@ impl<'a> Planner<'a> {
                     nodes: problem.node_count(),
                     coarsened: false,
                     proven: false,
-                    timed_out: false,
+                    stopped: None,
                     improved: false,
                     started: false,
                     error: Some(format!("could not start the MILP's thread: {error}")),
@@ -1023,8 +1037,7 @@ impl<'a> Planner<'a> {
                 },
             );
         }
-        let grace = self.config.time_limit / 50;
-        let wait = deadline.saturating_duration_since(Instant::now()) + grace;
+        let wait = wait_until.saturating_duration_since(Instant::now());
         match receiver.recv_timeout(wait) {
             Ok(found) => found,
             Err(_) => {
@@ -1033,7 +1046,7 @@ impl<'a> Planner<'a> {
                     nodes: problem.node_count(),
                     coarsened: false,
                     proven: false,
-                    timed_out: true,
+                    stopped: Some(MilpStop::NotAnswered),
                     improved: false,
                     started: true,
                     error: None,
@@ -1171,8 +1184,8 @@ fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> S
         HeuristicReason::SolverError
     } else if !report.started {
         HeuristicReason::MilpNotStarted
-    } else if report.timed_out {
-        return SolveStatus::TimeLimit { gap };
+    } else if let Some(stop) = report.stopped {
+        return SolveStatus::TimeLimit { gap, stop };
     } else if report.coarsened {
         HeuristicReason::Coarsened
     } else {
@@ -1380,7 +1393,7 @@ mod tests {
             nodes: 10,
             coarsened: false,
             proven,
-            timed_out,
+            stopped: timed_out.then_some(MilpStop::Deadline),
             improved: false,
             started,
             error: error.map(str::to_string),
@@ -1411,7 +1424,10 @@ mod tests {
         );
         assert_eq!(
             status(&report(true, false, true, None)),
-            SolveStatus::TimeLimit { gap: 0.05 }
+            SolveStatus::TimeLimit {
+                gap: 0.05,
+                stop: MilpStop::Deadline
+            }
         );
         assert_eq!(
             status(&report(true, true, false, None)),
@@ -1429,6 +1445,56 @@ mod tests {
         );
         // A proof without the MILP (a chain, or the plan meets the bound) stands.
         assert_eq!(milp_status(&failed, true, 0.0), SolveStatus::Optimal);
+    }
+
+    #[test]
+    fn each_way_the_milp_stops_has_its_own_status_text() {
+        // Issue 17, item 3: under load the MILP ended seconds early and said "time limit".
+        let text = |stopped: Option<MilpStop>, error: Option<&str>| {
+            let report = MilpReport {
+                stopped,
+                ..report(true, false, false, error)
+            };
+            milp_status(&report, false, 0.0123).describe(0.0123)
+        };
+        let cases = [
+            (Some(MilpStop::Deadline), "the MILP stopped at the time limit, within 1.23% of optimal"),
+            (Some(MilpStop::Share), "the MILP stopped at its share of the time limit (the rest kept for refining its plan), within 1.23% of optimal"),
+            (Some(MilpStop::Paced), "the MILP stopped before the time limit: its last slice overran by more than was left (a loaded machine), within 1.23% of optimal"),
+            (Some(MilpStop::RootUnfinished), "the MILP's root LP did not finish before the time limit (less the pacer's margin), within 1.23% of optimal"),
+            (Some(MilpStop::NoRoomForWholeGraph), "the time limit left no room for the MILP on the whole graph after the coarsened one, within 1.23% of optimal"),
+            (Some(MilpStop::NotAnswered), "the MILP had not answered by the time limit (its search aimed 2% before it); the plan before it stands, within 1.23% of optimal"),
+            (None, "not proven optimal (the MILP stopped without a proof); within 1.23% of the lower bound"),
+        ];
+        for (stopped, expected) in cases {
+            assert_eq!(text(stopped, None), expected, "{stopped:?}");
+        }
+        // A solver error says so, whatever else stopped the search.
+        assert_eq!(
+            text(Some(MilpStop::Deadline), Some("Singular matrix")),
+            "not proven optimal (the MILP solver failed; the DP's plan stands); within 1.23% of the lower bound"
+        );
+        let not_started = MilpReport {
+            started: false,
+            ..report(false, false, true, None)
+        };
+        assert_eq!(
+            milp_status(&not_started, false, 0.0123).describe(0.0123),
+            "not proven optimal (the time limit left no room to start the MILP after the DP); within 1.23% of the lower bound"
+        );
+    }
+
+    #[test]
+    fn a_time_limit_status_from_before_its_stop_reads_as_the_limit() {
+        let old: SolveStatus = serde_json::from_str(r#"{"kind":"time_limit","gap":0.01}"#).unwrap();
+        let stop = MilpStop::Deadline;
+        assert_eq!(old, SolveStatus::TimeLimit { gap: 0.01, stop });
+        let paced = SolveStatus::TimeLimit {
+            gap: 0.01,
+            stop: MilpStop::Paced,
+        };
+        let json = serde_json::to_string(&paced).unwrap();
+        assert_eq!(json, r#"{"kind":"time_limit","gap":0.01,"stop":"paced"}"#);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::cost::cluster::DeviceId;
 use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
-use crate::cost::model::tensor_bytes;
+use crate::cost::model::{per_node_on_threads, tensor_bytes};
 use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use crate::graph::{Graph, NodeId, TensorOrigin};
 use crate::Error;
@@ -259,10 +259,7 @@ impl PartitionProblem {
                     let model = CostModel::new(spec)
                         .with_mode(settings.mode)
                         .with_unknown_ops(settings.unknown_ops);
-                    let secs = order
-                        .iter()
-                        .map(|&id| model.node_cost(graph, id).map(|c| c.time_secs))
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let secs = per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?;
                     kind_names.push(spec.name.clone());
                     node_secs.push(secs);
                     kind_names.len() - 1
@@ -801,6 +798,26 @@ pub(crate) mod tests {
             .run(&mut g)
             .unwrap();
         g
+    }
+
+    #[test]
+    fn costing_in_parts_on_threads_gives_the_times_of_one_pass() {
+        use crate::cost::model::per_node_in_parts;
+        let graph = chain(23, 256, 64);
+        let cluster = Cluster::parse("1x1xH100-SXM", &Catalog::builtin()).unwrap();
+        let model = CostModel::new(cluster.device(DeviceId(0)));
+        let order = graph.topological_order().to_vec();
+        let time = |id| model.node_time_secs(&graph, id);
+        let whole = per_node_in_parts(&order, order.len(), time).unwrap();
+        let one_by_one: Vec<f64> = order
+            .iter()
+            .map(|&id| model.node_cost(&graph, id).unwrap().time_secs)
+            .collect();
+        assert_eq!(whole, one_by_one);
+        for per_thread in [1, 4, 7, 22] {
+            let parts = per_node_in_parts(&order, per_thread, time).unwrap();
+            assert_eq!(parts, whole, "{per_thread} nodes a thread");
+        }
     }
 
     #[test]

@@ -1165,7 +1165,7 @@ impl Plan {
                 "the status says optimal but the plan's bottleneck {bottleneck} s is above its lower bound {bound} s (gap {:.4}%): nothing it records proves it optimal; `pipecut check --rewrite` records it as hand-edited",
                 summary.gap * 100.0
             )),
-            SolveStatus::TimeLimit { gap } if (gap - summary.gap).abs() > 1e-9 => bad(format!(
+            SolveStatus::TimeLimit { gap, .. } if (gap - summary.gap).abs() > 1e-9 => bad(format!(
                 "the status records a gap of {gap} but the summary's is {}",
                 summary.gap
             )),
