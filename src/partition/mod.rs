@@ -688,7 +688,8 @@ impl<'a> Planner<'a> {
                         "--pin-cut needs at least 2 stages".to_string(),
                     ));
                 }
-                (self.solve_fixed(&devices[..k], deadline)?, Vec::new())
+                let chunks = self.config.settings.schedule.chunk_devices(&devices[..k]);
+                (self.solve_fixed(&chunks, deadline)?, Vec::new())
             }
             StageCount::Auto => self.solve_auto(&devices, deadline)?,
         };
@@ -1084,10 +1085,7 @@ impl<'a> Planner<'a> {
         deadline: Instant,
     ) -> Result<(Solution, Vec<StageCountCandidate>), Error> {
         let max_stages = devices.len().min(self.graph.node_count()).max(1);
-        let schedule = match self.config.settings.schedule {
-            crate::cost::Schedule::GPipe => PipelineSchedule::GPipe,
-            crate::cost::Schedule::OneFOneB => PipelineSchedule::OneFOneB,
-        };
+        let schedule: PipelineSchedule = self.config.settings.schedule.into();
         let microbatches = self.config.settings.microbatches.max(1) as usize;
         let mut candidates = Vec::new();
         let mut best: Option<(f64, PartitionProblem, dp::OrderSolution)> = None;
@@ -1098,7 +1096,7 @@ impl<'a> Planner<'a> {
             if best.is_some() && Instant::now() >= deadline {
                 break;
             }
-            let fine = self.problem(&devices[..k])?;
+            let fine = self.problem(&self.config.settings.schedule.chunk_devices(&devices[..k]))?;
             let problem = match self.config.cut_constraints.apply(self.graph, &fine)? {
                 Some(grouped) => grouped.problem,
                 None => fine,

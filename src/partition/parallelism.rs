@@ -251,7 +251,7 @@ pub struct Configuration {
     pub bottleneck_secs: f64,
     /// The simulated pipeline step without the all-reduce.
     pub pipeline_secs: f64,
-    /// All-reduce time of each stage (zero in inference or with D = 1).
+    /// All-reduce time of each pipeline device (zero in inference or with D = 1).
     pub allreduce_secs: Vec<f64>,
     /// The step: pipeline plus the exposed part of the all-reduces.
     pub step_secs: f64,
@@ -552,8 +552,16 @@ impl Shapes {
         };
         // The bound ignores recomputation's extra forward (and its extra collectives): it
         // stays an upper bound.
-        let step_bound = step_lower_bound(request.mode, bounds.total_secs, k, self.microbatches);
-        let bound = request.global_batch as f64 / step_bound;
+        let bound = |schedule| {
+            request.global_batch as f64
+                / step_lower_bound(
+                    request.mode,
+                    schedule,
+                    bounds.total_secs,
+                    k,
+                    self.microbatches,
+                )
+        };
         // One stage has no schedule to choose, nor has inference (forwards only: the
         // schedules coincide).
         let schedules = if k == 1 || matches!(request.mode, Mode::Inference) {
@@ -583,8 +591,12 @@ impl Shapes {
                 continue;
             }
             for &schedule in schedules {
+                // Megatron's interleaved order needs whole rounds of K micro-batches.
+                if schedule.chunks() > 1 && self.microbatches % k as u64 != 0 {
+                    continue;
+                }
                 for &placement in placements(k, d) {
-                    candidates.push((bound, key(schedule, placement)));
+                    candidates.push((bound(schedule), key(schedule, placement)));
                 }
             }
         }
@@ -640,6 +652,12 @@ impl MemoryMemo {
             (_, Schedule::OneFOneB) => {
                 (Schedule::OneFOneB, key.microbatches.min(key.stages as u64))
             }
+            (_, Schedule::ZeroBubble) => (
+                Schedule::ZeroBubble,
+                key.microbatches.min(key.stages as u64),
+            ),
+            // A chunk's count never falls as m grows (the warm-up only lengthens).
+            (_, Schedule::Interleaved { .. }) => (key.schedule, key.microbatches),
         }
     }
 
@@ -734,14 +752,27 @@ pub fn stage_counts(graph: &Graph, gpus: usize, all: bool) -> Vec<usize> {
 /// still has to pass every other stage's forward and every backward after its turn on s*,
 /// while micro-batch 1 had to reach s* first: step ≥ T + (m − 1)·f* ≥ T + (m − 1)·F/K, with
 /// f* the largest stage forward (F = T in inference).
-fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u64) -> f64 {
+///
+/// Under interleaving a device's forwards are of different chunks, out of micro-batch order,
+/// so only the work bound and `T` (one micro-batch through every chunk) hold.
+fn step_lower_bound(
+    mode: Mode,
+    schedule: Schedule,
+    total_secs: f64,
+    stages: usize,
+    microbatches: u64,
+) -> f64 {
     let k = stages as f64;
     let m = microbatches as f64;
     let forward_secs = match mode {
         Mode::Inference => total_secs,
         Mode::Training { .. } => total_secs / (1.0 + mode.backward_time_factor()),
     };
-    (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
+    let work = (m * total_secs / k).max(total_secs);
+    if schedule.chunks() > 1 && matches!(mode, Mode::Training { .. }) {
+        return work;
+    }
+    work.max(total_secs + (m - 1.0) * forward_secs / k)
 }
 
 /// The order candidates are solved in: the throughput bound scaled by the share of a step a
@@ -749,9 +780,17 @@ fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u6
 /// few micro-batches (a large bubble) from a shallow one with many, so many configurations tie
 /// on it; solving the likelier ones first finds a good configuration early, and then the bound
 /// skips the rest. Only the order depends on this estimate, never what is proven.
+/// The bubble's K − 1 slots shrink to (K − 1)/v under interleaving and to about a third under
+/// zero-bubble (the papers' figures for equal stage times).
 fn solve_priority(bound: f64, key: &ConfigurationKey) -> f64 {
     let m = key.microbatches as f64;
-    bound * m / (m + key.stages as f64 - 1.0)
+    let slots = (key.stages as f64 - 1.0)
+        * match key.schedule {
+            Schedule::Interleaved { chunks } => 1.0 / chunks.max(1) as f64,
+            Schedule::ZeroBubble => 1.0 / 3.0,
+            Schedule::GPipe | Schedule::OneFOneB => 1.0,
+        };
+    bound * m / (m + slots)
 }
 
 /// Whether `a` ranks before `b`: more samples per second, then fewer GPUs, then the key order.
@@ -1049,7 +1088,7 @@ fn evaluate_with(
     let mut problem = PartitionProblem::new(
         graph,
         cluster,
-        &replicas[0],
+        &schedule.chunk_devices(&replicas[0]),
         settings(key.mode(request.mode), request, schedule, m),
     )?;
     blocks.shard_on(
@@ -1138,16 +1177,24 @@ impl StepFigures {
         simulation: &crate::schedule::Simulation,
         global_batch: u64,
     ) -> StepFigures {
-        let k = problem.stage_count();
+        // Per pipeline device: under interleaving a device's chunks share its all-reduce,
+        // which starts when the device's last operation ends.
+        let k = replicas
+            .first()
+            .map_or(problem.stage_count(), Vec::len)
+            .max(1);
         let mut last_end = vec![0.0f64; k];
         for op in &simulation.ops {
-            last_end[op.stage] = last_end[op.stage].max(op.end_secs);
+            last_end[op.device] = last_end[op.device].max(op.end_secs);
         }
         let allreduce_secs: Vec<f64> = match problem.settings().mode {
             Mode::Training { zero, .. } if replicas.len() > 1 => (0..k)
-                .map(|s| {
-                    let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
-                    let bytes = gradient_bytes(graph, problem, stage_of, s);
+                .map(|d| {
+                    let ring: Vec<DeviceId> = replicas.iter().map(|r| r[d]).collect();
+                    let bytes = (d..problem.stage_count())
+                        .step_by(k)
+                        .map(|s| gradient_bytes(graph, problem, stage_of, s))
+                        .sum();
                     cluster.ring_all_reduce_secs(&ring, bytes) * zero.communication_factor()
                 })
                 .collect(),

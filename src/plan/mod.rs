@@ -46,8 +46,10 @@ use crate::Error;
 /// version 3 names the model by its graph and weights digests, see [`identity`]; version 4 names
 /// each baseline's peer release, the layers they cut and the `type:` regex; version 5 records
 /// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
-/// GPUs and weight slices, see [`shards`]) and refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 6;
+/// GPUs and weight slices, see [`shards`]; version 7 adds the interleaved and zero-bubble
+/// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d) and
+/// refuses newer ones.
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -844,6 +846,13 @@ impl Plan {
             }
         }
         let devices: Vec<DeviceId> = self.stages.iter().map(|s| DeviceId(s.device.id)).collect();
+        let chunks = self.config.schedule.chunks();
+        if devices.len() % chunks != 0 {
+            return bad(format!(
+                "{} stages cannot be {chunks} chunks on each device of an interleaved pipeline",
+                devices.len()
+            ));
+        }
         for (s, stage) in self.stages.iter().enumerate() {
             let id = stage.device.id as usize;
             if id >= cluster.device_count() {
@@ -859,7 +868,18 @@ impl Plan {
                     stage.device.name
                 ));
             }
-            if devices[..s].contains(&devices[s]) {
+            // Under interleaving stage c·K + d is chunk c of device d: the first K stages are
+            // on K different devices, and each later one on its chunk's device.
+            let pipeline = devices.len() / chunks;
+            if s >= pipeline && devices[s] != devices[s % pipeline] {
+                return bad(format!(
+                    "stage {s} is chunk {} of the device of stage {}, device {}, but is on device {id}",
+                    s / pipeline,
+                    s % pipeline,
+                    devices[s % pipeline].0
+                ));
+            }
+            if s < pipeline && devices[..s].contains(&devices[s]) {
                 return bad(format!("device {id} hosts two stages"));
             }
         }
