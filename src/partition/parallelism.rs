@@ -309,18 +309,85 @@ struct Bounds {
     footprint_bytes: u64,
     /// Every weight's bytes alone, one GPU's share of the split ones.
     weight_bytes: u64,
+    /// Every node's activations per micro-batch, one GPU's share of the split ones.
+    activation_bytes: u64,
+    /// The part of those that selective recomputation drops (attention's scores).
+    score_activation_bytes: u64,
+    /// The weight with the largest footprint: (its bytes, its footprint), one GPU's share if
+    /// split. Whichever stage reads it holds it whole: no cut divides a weight.
+    largest_param: (u64, u64),
 }
 
 impl Bounds {
     /// The whole model's weight footprint on one replica under `mode`'s ZeRO sharding: a
     /// lower bound of what K stages hold together (per-weight rounding only adds).
     fn footprint_under(&self, mode: Mode) -> u64 {
-        match mode {
-            Mode::Inference => self.footprint_bytes,
-            Mode::Training { zero, .. } => {
-                let optimizer = self.footprint_bytes.saturating_sub(2 * self.weight_bytes);
-                zero.held_bytes(self.weight_bytes, optimizer)
+        held_under(self.weight_bytes, self.footprint_bytes, mode)
+    }
+
+    /// A lower bound of the fullest stage's (or, interleaved, device's) peak bytes under
+    /// `key`, whatever the partition, by the memory model of [`PartitionProblem::evaluate`]:
+    /// stage s holds its weights P_s (together at least the model's P) and a_s micro-batches
+    /// of its activations A_s (together exactly the model's A), a_s being the schedule's
+    /// in-flight count under the recomputation mode; received tensors only add. For any
+    /// weights λ_s ≥ 0 summing to 1, max_s (P_s + a_s·A_s) ≥ Σ λ_s (P_s + a_s·A_s): uniform λ
+    /// gives (P + min a · A)/K, λ_s ∝ 1/a_s gives (P / max a + A)/H with H = Σ 1/a_s. The
+    /// stage that reads the largest weight holds at least that weight's footprint.
+    ///
+    /// # Complexity
+    /// O(K) for K stages.
+    fn peak_lower_bound(&self, key: &ConfigurationKey, mode: Mode) -> u64 {
+        let k = key.stages.max(1);
+        let weights = self.footprint_under(mode) as f64;
+        let (activations, recompute) = match mode {
+            Mode::Training { recompute, .. } => {
+                let kept = match recompute {
+                    Recompute::Selective => self
+                        .activation_bytes
+                        .saturating_sub(self.score_activation_bytes),
+                    _ => self.activation_bytes,
+                };
+                (kept as f64, recompute)
             }
+            Mode::Inference => (self.activation_bytes as f64, Recompute::None),
+        };
+        let in_flight: Vec<f64> = (0..k)
+            .map(|s| {
+                // A device's interleaved chunks each hold at least one micro-batch: counted
+                // as one stage holding one.
+                let count = match key.schedule {
+                    Schedule::Interleaved { .. } => 1,
+                    schedule => crate::cost::memory::in_flight_microbatches(
+                        mode,
+                        schedule,
+                        s,
+                        k,
+                        key.microbatches.min(u32::MAX as u64) as u32,
+                    ),
+                };
+                recompute.activation_in_flight(count).max(1) as f64
+            })
+            .collect();
+        let fewest = in_flight.iter().copied().fold(f64::INFINITY, f64::min);
+        let most = in_flight.iter().copied().fold(0.0, f64::max);
+        let harmonic: f64 = in_flight.iter().map(|a| 1.0 / a).sum();
+        let uniform = (weights + fewest * activations) / k as f64;
+        let weighted = (weights / most + activations) / harmonic;
+        let (weight, footprint) = self.largest_param;
+        let largest = held_under(weight, footprint, mode) as f64;
+        // Rounded down, and a relative hair below, so that float error never overstates.
+        (uniform.max(weighted).max(largest) * (1.0 - 1e-9)) as u64
+    }
+}
+
+/// Bytes one replica holds of weights of `weight` bytes whose footprint without sharding is
+/// `footprint` (weights, gradients and optimizer state in training), under `mode`'s ZeRO.
+fn held_under(weight: u64, footprint: u64, mode: Mode) -> u64 {
+    match mode {
+        Mode::Inference => footprint,
+        Mode::Training { zero, .. } => {
+            let optimizer = footprint.saturating_sub(2 * weight);
+            zero.held_bytes(weight, optimizer)
         }
     }
 }
@@ -347,11 +414,7 @@ pub fn search(
         return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
     }
     let sizes = microbatch_sizes(request)?;
-    let max_capacity = cluster
-        .devices()
-        .map(|(_, d)| capacity_bytes(d.memory_bytes.value as f64, request.memory_headroom))
-        .max()
-        .unwrap_or(0);
+    let max_capacity = largest_capacity(cluster, request);
 
     let depths = match &request.stage_counts {
         Some(depths) => depths.clone(),
@@ -517,6 +580,36 @@ pub fn search(
     })
 }
 
+/// Whether the search rules `key` out for memory before solving it: a lower bound of its
+/// fullest stage's peak ([`Bounds::peak_lower_bound`]) over the largest device's capacity.
+/// `graph` is as loaded, before shape inference. Public so that tests can check the bound
+/// against solving: no configuration it rules out fits.
+pub fn ruled_out_by_memory(
+    graph: &Graph,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+) -> Result<bool, Error> {
+    let typed = type_graph(graph, cluster, request, key.microbatch_size)?;
+    let bounds = typed.bounds.get(&key.tensor_parallel).ok_or_else(|| {
+        Error::PartitionConfig(format!(
+            "tensor-parallel degree {} is not searched for this model and cluster",
+            key.tensor_parallel.degree
+        ))
+    })?;
+    Ok(bounds.peak_lower_bound(&key, key.mode(request.mode)) > largest_capacity(cluster, request))
+}
+
+/// What the largest device may use: the memory bound's yardstick, which holds for every
+/// placement on a cluster of mixed devices.
+fn largest_capacity(cluster: &Cluster, request: &SearchRequest) -> u64 {
+    cluster
+        .devices()
+        .map(|(_, d)| capacity_bytes(d.memory_bytes.value as f64, request.memory_headroom))
+        .max()
+        .unwrap_or(0)
+}
+
 /// One (b, D, m, tensor-parallel layout) of the search, before its depths and techniques.
 struct Shapes {
     microbatch_size: u64,
@@ -585,14 +678,14 @@ impl Shapes {
                 zero_stage,
                 tensor_parallel: self.tensor_parallel,
             };
-            let mode = key(schedules[0], placements(k, d)[0]).mode(request.mode);
-            if bounds.footprint_under(mode).div_ceil(k as u64) > max_capacity {
-                pruned += schedules.len() * placements(k, d).len();
-                continue;
-            }
             for &schedule in schedules {
                 // Megatron's interleaved order needs whole rounds of K micro-batches.
                 if schedule.chunks() > 1 && self.microbatches % k as u64 != 0 {
+                    continue;
+                }
+                let probe = key(schedule, placements(k, d)[0]);
+                if bounds.peak_lower_bound(&probe, probe.mode(request.mode)) > max_capacity {
+                    pruned += placements(k, d).len();
                     continue;
                 }
                 for &placement in placements(k, d) {
@@ -754,7 +847,8 @@ pub fn stage_counts(graph: &Graph, gpus: usize, all: bool) -> Vec<usize> {
 /// f* the largest stage forward (F = T in inference).
 ///
 /// Under interleaving a device's forwards are of different chunks, out of micro-batch order,
-/// so only the work bound and `T` (one micro-batch through every chunk) hold.
+/// so only the work bound and `T` (one micro-batch through every chunk) hold. Under
+/// zero-bubble the chain is `T` less the weight gradients, which leave it.
 fn step_lower_bound(
     mode: Mode,
     schedule: Schedule,
@@ -768,11 +862,19 @@ fn step_lower_bound(
         Mode::Inference => total_secs,
         Mode::Training { .. } => total_secs / (1.0 + mode.backward_time_factor()),
     };
-    let work = (m * total_secs / k).max(total_secs);
+    // Zero-bubble's weight gradients (half of each backward) leave the chain: the last
+    // micro-batch's W passes run side by side on their devices.
+    let chain_secs = match (mode, schedule) {
+        (Mode::Training { .. }, Schedule::ZeroBubble) => {
+            total_secs - (total_secs - forward_secs) / 2.0
+        }
+        _ => total_secs,
+    };
+    let work = (m * total_secs / k).max(chain_secs);
     if schedule.chunks() > 1 && matches!(mode, Mode::Training { .. }) {
         return work;
     }
-    work.max(total_secs + (m - 1.0) * forward_secs / k)
+    work.max(chain_secs + (m - 1.0) * forward_secs / k)
 }
 
 /// The order candidates are solved in: the throughput bound scaled by the share of a step a
@@ -910,10 +1012,37 @@ fn type_graph(
                     Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
                 })
                 .sum();
+            let activation_bytes = (0..split.node_count())
+                .map(|p| split.activation_bytes(p))
+                .sum();
+            let position: BTreeMap<_, usize> = split
+                .order()
+                .iter()
+                .enumerate()
+                .map(|(p, &id)| (id, p))
+                .collect();
+            let score_activation_bytes = super::tensor_parallel::attention_score_nodes(&typed)
+                .iter()
+                .filter_map(|id| position.get(id))
+                .map(|&p| split.activation_bytes(p))
+                .sum();
+            let largest_param = split
+                .params()
+                .iter()
+                .max_by_key(|p| p.footprint_bytes)
+                .and_then(|p| {
+                    let tensor = typed.tensor(typed.tensor_id(&p.name)?);
+                    let weight = tensor.param()?.bytes.div_ceil(u64::from(p.shards.max(1)));
+                    Some((weight, p.footprint_bytes))
+                })
+                .unwrap_or((0, 0));
             let entry = bounds.entry(layout).or_insert(Bounds {
                 total_secs,
                 footprint_bytes,
                 weight_bytes,
+                activation_bytes,
+                score_activation_bytes,
+                largest_param,
             });
             entry.total_secs = entry.total_secs.min(total_secs);
         }
