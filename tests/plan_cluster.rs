@@ -429,3 +429,65 @@ fn plan_cluster_costs_at_the_dtype_asked_for_and_check_agrees() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("activation_bytes is"), "{err}");
 }
+
+/// `--schedule interleaved:2` and `--schedule zero-bubble` reach the plan: an interleaved plan
+/// lists v·K stages (chunk c of device d at stage c·K + d) that `check` accepts, and a device
+/// reused outside its chunk position is refused.
+#[test]
+fn plan_cluster_plans_the_new_schedules_and_check_accepts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    let plan_arg = plan_path.to_str().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    for (schedule, stages) in [("interleaved:2", 4), ("zero-bubble", 2)] {
+        let (code, out, err) = pipecut(&[
+            "plan-cluster",
+            model,
+            "--cluster",
+            "2x2xA100-80GB",
+            "--global-batch",
+            "16",
+            "--dim",
+            "seq=32",
+            "--mode",
+            "training",
+            "--pp",
+            "2",
+            "--schedule",
+            schedule,
+            "--out",
+            plan_arg,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let name = if stages == 4 {
+            "interleaved 1F1B ×2"
+        } else {
+            "zero-bubble (ZB-H1)"
+        };
+        assert!(out.contains(name), "{out}");
+        let text = std::fs::read_to_string(&plan_path).unwrap();
+        let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            plan["stages"].as_array().unwrap().len(),
+            stages,
+            "{schedule}"
+        );
+        let (code, _, err) = pipecut(&["check", plan_arg, model]);
+        assert_eq!(code, 0, "{schedule}: {err}");
+        if stages == 4 {
+            assert_eq!(
+                plan["config"]["schedule"],
+                serde_json::json!({"interleaved": {"chunks": 2}})
+            );
+            // Stage 2 is chunk 1 of stage 0's device; moving it to stage 1's is refused.
+            let device_1 = plan["stages"][1]["device"].clone();
+            plan["stages"][2]["device"] = device_1;
+            std::fs::write(&plan_path, plan.to_string()).unwrap();
+            let (code, _, err) = pipecut(&["check", plan_arg, model]);
+            assert_eq!(code, 1, "{err}");
+            assert!(err.contains("stage 2 is chunk 1"), "{err}");
+        } else {
+            assert_eq!(plan["config"]["schedule"], "zero-bubble");
+        }
+    }
+}

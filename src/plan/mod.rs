@@ -471,13 +471,16 @@ fn stages_requested(stages: StageCount) -> String {
 
 /// The replicas must be copies of the stages: replica 0 on the stages' devices, every replica on
 /// devices of the same kinds, no device used twice, the global batch split evenly.
+/// Under interleaving the replicas list the K pipeline devices, the devices of the first K of
+/// the v·K stages.
 fn check_parallelism(
     parallelism: &PlanParallelism,
     stages: &[PlanStage],
     cluster: &Cluster,
-    mode: Mode,
+    (mode, chunks): (Mode, usize),
 ) -> Result<(), Error> {
     let bad = |detail: String| Err(Error::InvalidPlan(detail));
+    let stages = &stages[..stages.len() / chunks.max(1)];
     let p = parallelism;
     if let Mode::Training { zero, .. } = mode {
         if zero.stage > 3 {
@@ -990,9 +993,12 @@ impl Plan {
             ));
         }
         match (&self.parallelism, self.config.mode) {
-            (Some(parallelism), mode) => {
-                check_parallelism(parallelism, &self.stages, &cluster, mode)?
-            }
+            (Some(parallelism), mode) => check_parallelism(
+                parallelism,
+                &self.stages,
+                &cluster,
+                (mode, self.config.schedule.chunks()),
+            )?,
             (None, Mode::Training { zero, .. }) if !zero.is_none() => {
                 return bad(format!(
                     "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",
