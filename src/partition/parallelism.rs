@@ -259,9 +259,10 @@ pub struct Configuration {
     pub samples_per_sec: f64,
     /// Idle share of the pipeline's devices during the pipeline step.
     pub bubble_fraction: f64,
-    /// The fullest stage's memory.
+    /// The fullest stage's memory (under interleaving, the fullest device's: its chunks'
+    /// sum).
     pub peak_memory_bytes: u64,
-    /// What that stage may use.
+    /// What that stage (device) may use.
     pub capacity_bytes: u64,
 }
 
@@ -1286,14 +1287,22 @@ fn evaluate_with(
         &simulation,
         request.global_batch,
     );
-    let fullest = evaluation
-        .stages
-        .iter()
-        .max_by(|a, b| {
-            (a.peak_memory_bytes as f64 / a.capacity_bytes.max(1) as f64)
-                .total_cmp(&(b.peak_memory_bytes as f64 / b.capacity_bytes.max(1) as f64))
+    // Per pipeline device: under interleaving a device holds its chunks together.
+    let devices = replicas[0].len().max(1);
+    let (peak_memory_bytes, capacity_bytes) = (0..devices)
+        .map(|d| {
+            let chunks = evaluation.stages.iter().skip(d).step_by(devices);
+            chunks.fold((0u64, 0u64), |(peak, capacity), stage| {
+                (
+                    peak.saturating_add(stage.peak_memory_bytes),
+                    capacity.saturating_add(stage.capacity_bytes),
+                )
+            })
         })
-        .expect("at least one stage");
+        .max_by(|a, b| {
+            (a.0 as f64 / a.1.max(1) as f64).total_cmp(&(b.0 as f64 / b.1.max(1) as f64))
+        })
+        .expect("at least one device");
     Ok(Some(Configuration {
         key,
         bottleneck_secs: evaluation.bottleneck_secs,
@@ -1302,8 +1311,8 @@ fn evaluate_with(
         step_secs: step.step_secs,
         samples_per_sec: step.samples_per_sec,
         bubble_fraction: step.bubble_fraction,
-        peak_memory_bytes: fullest.peak_memory_bytes,
-        capacity_bytes: fullest.capacity_bytes,
+        peak_memory_bytes,
+        capacity_bytes,
     }))
 }
 
