@@ -61,6 +61,18 @@ impl Schedule {
         }
     }
 
+    /// Refuses what the command line refuses but a JSON file or a C caller can still say: an
+    /// interleaved schedule of fewer than 2 or more than 64 chunks per device (64: a chunk
+    /// per layer of the deepest published models' stages, and a bound on the stages it makes).
+    pub fn validate(self) -> Result<(), String> {
+        match self {
+            Schedule::Interleaved { chunks } if !(2..=64).contains(&chunks) => Err(format!(
+                "an interleaved schedule needs 2 to 64 chunks per device, not {chunks}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The device of each stage when `devices` are the pipeline's K devices: the devices
     /// themselves, or under interleaving v rounds of them (stage c·K + d on device d).
     pub fn chunk_devices<T: Copy>(self, devices: &[T]) -> Vec<T> {
@@ -108,7 +120,9 @@ impl std::str::FromStr for Schedule {
             // Megatron's examples use 2 chunks per device when none is given.
             ("interleaved", None) => Ok(Schedule::Interleaved { chunks: 2 }),
             ("interleaved", Some(chunks)) => match chunks.parse::<u32>() {
-                Ok(chunks) if (2..=64).contains(&chunks) => Ok(Schedule::Interleaved { chunks }),
+                Ok(chunks) if Schedule::Interleaved { chunks }.validate().is_ok() => {
+                    Ok(Schedule::Interleaved { chunks })
+                }
                 _ => Err(format!(
                     "interleaved:{chunks}: the chunks per device must be a number from 2 to 64"
                 )),
@@ -422,6 +436,12 @@ mod tests {
             vec![5, 6, 7, 5, 6, 7]
         );
         assert_eq!(Schedule::ZeroBubble.chunk_devices(&[5, 6]), vec![5, 6]);
+        assert!(Schedule::Interleaved { chunks: 0 }.validate().is_err());
+        assert!(Schedule::Interleaved {
+            chunks: 4_000_000_000
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]

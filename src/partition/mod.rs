@@ -668,6 +668,11 @@ impl<'a> Planner<'a> {
             Some(_) => started + UNLIMITED,
             None => started + self.config.time_limit,
         };
+        self.config
+            .settings
+            .schedule
+            .validate()
+            .map_err(Error::PartitionConfig)?;
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
         let (mut solution, candidates) = match self.config.stages {

@@ -408,6 +408,9 @@ pub fn search(
     if request.schedules.is_empty() {
         return bad("no schedule to try".into());
     }
+    if let Some(message) = request.schedules.iter().find_map(|s| s.validate().err()) {
+        return bad(message);
+    }
     if request.recompute.is_empty() || request.zero_stages.is_empty() {
         return bad("no recomputation choice or ZeRO stage to try".into());
     }

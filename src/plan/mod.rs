@@ -849,6 +849,10 @@ impl Plan {
             }
         }
         let devices: Vec<DeviceId> = self.stages.iter().map(|s| DeviceId(s.device.id)).collect();
+        self.config
+            .schedule
+            .validate()
+            .map_err(Error::InvalidPlan)?;
         let chunks = self.config.schedule.chunks();
         if devices.len() % chunks != 0 {
             return bad(format!(
