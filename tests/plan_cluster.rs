@@ -8,7 +8,7 @@ use std::process::Command;
 use pipecut::cost::{Catalog, Cluster, Mode, Recompute, Schedule};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::parallelism::{
-    evaluate, search, ConfigurationKey, Placement, SearchRequest,
+    evaluate, ruled_out_by_memory, search, ConfigurationKey, Placement, SearchRequest,
 };
 use pipecut::partition::tensor_parallel::TensorParallelism;
 
@@ -25,10 +25,19 @@ fn pipecut(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The schedules the exhaustive test enumerates (and the search searches), GPipe first.
+const SCHEDULES: [Schedule; 4] = [
+    Schedule::GPipe,
+    Schedule::OneFOneB,
+    Schedule::Interleaved { chunks: 2 },
+    Schedule::ZeroBubble,
+];
+
 /// Every configuration of a small cluster, solved one by one: the search's choice is at least
 /// as fast as each (it may skip them, never beat itself with one it skipped). Also at a
 /// memory headroom that leaves about 4 MiB per GPU, where training fits only with ZeRO or
-/// recomputation for some configurations and the memo rules many out unsolved.
+/// recomputation for some configurations and the memo rules many out unsolved. Every
+/// configuration the memory bound rules out before solving is checked not to fit.
 #[test]
 fn search_is_never_worse_than_any_enumerated_configuration() {
     let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
@@ -42,11 +51,12 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
         let mut request = SearchRequest::new(16, mode);
         request.bindings = DimBindings::new().bind("seq", 32);
         request.memory_headroom = headroom;
+        request.schedules = SCHEDULES.to_vec();
         let outcome = search(&model.graph, &cluster, &request).unwrap();
         assert!(outcome.complete);
         let best = outcome.best.samples_per_sec;
 
-        let mut enumerated = 0;
+        let (mut enumerated, mut ruled_out_count) = (0, 0);
         for b in [1u64, 2, 4, 8, 16] {
             let mut graph = model.graph.clone();
             ShapeInference::new(request.bindings.clone().bind("batch", b))
@@ -62,7 +72,15 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                     sequence_parallel: false,
                 };
                 for k in (1..=4usize).filter(|k| k * d * tp as usize <= 4) {
-                    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+                    for schedule in SCHEDULES {
+                        let m = 16 / (d as u64 * b);
+                        // Interleaving needs whole rounds of K micro-batches; one stage or
+                        // inference has one schedule (the search's first).
+                        if (schedule.chunks() > 1 && m % k as u64 != 0)
+                            || ((k == 1 || mode == Mode::Inference) && schedule != SCHEDULES[0])
+                        {
+                            continue;
+                        }
                         let techniques = [Recompute::None, Recompute::Full]
                             .into_iter()
                             .flat_map(|r| (0..=3u8).map(move |z| (r, z)));
@@ -85,8 +103,16 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                                 zero_stage,
                                 tensor_parallel,
                             };
-                            if let Some(config) = evaluate(&graph, &cluster, &request, key).unwrap()
-                            {
+                            let solved = evaluate(&graph, &cluster, &request, key).unwrap();
+                            let ruled_out =
+                                ruled_out_by_memory(&model.graph, &cluster, &request, key).unwrap();
+                            // The memory bound is sound: what it rules out does not fit.
+                            assert!(
+                                !(ruled_out && solved.is_some()),
+                                "{headroom}: {key:?} fits but the memory bound ruled it out"
+                            );
+                            ruled_out_count += usize::from(ruled_out);
+                            if let Some(config) = solved {
                                 enumerated += 1;
                                 assert!(
                                     best >= config.samples_per_sec * (1.0 - 1e-12),
@@ -101,6 +127,9 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
             }
         }
         assert!(enumerated > 50, "{headroom}: {enumerated}");
+        if headroom > 0.5 {
+            assert!(ruled_out_count > 20, "{headroom}: {ruled_out_count}");
+        }
         // The ranked list starts with the choice and is sorted.
         assert_eq!(outcome.ranked[0], outcome.best);
         assert!(outcome
@@ -399,4 +428,66 @@ fn plan_cluster_costs_at_the_dtype_asked_for_and_check_agrees() {
     let (code, _, err) = pipecut(&["check", edited.to_str().unwrap(), model]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("activation_bytes is"), "{err}");
+}
+
+/// `--schedule interleaved:2` and `--schedule zero-bubble` reach the plan: an interleaved plan
+/// lists v·K stages (chunk c of device d at stage c·K + d) that `check` accepts, and a device
+/// reused outside its chunk position is refused.
+#[test]
+fn plan_cluster_plans_the_new_schedules_and_check_accepts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    let plan_arg = plan_path.to_str().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    for (schedule, stages) in [("interleaved:2", 4), ("zero-bubble", 2)] {
+        let (code, out, err) = pipecut(&[
+            "plan-cluster",
+            model,
+            "--cluster",
+            "2x2xA100-80GB",
+            "--global-batch",
+            "16",
+            "--dim",
+            "seq=32",
+            "--mode",
+            "training",
+            "--pp",
+            "2",
+            "--schedule",
+            schedule,
+            "--out",
+            plan_arg,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let name = if stages == 4 {
+            "interleaved 1F1B ×2"
+        } else {
+            "zero-bubble (ZB-H1)"
+        };
+        assert!(out.contains(name), "{out}");
+        let text = std::fs::read_to_string(&plan_path).unwrap();
+        let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            plan["stages"].as_array().unwrap().len(),
+            stages,
+            "{schedule}"
+        );
+        let (code, _, err) = pipecut(&["check", plan_arg, model]);
+        assert_eq!(code, 0, "{schedule}: {err}");
+        if stages == 4 {
+            assert_eq!(
+                plan["config"]["schedule"],
+                serde_json::json!({"interleaved": {"chunks": 2}})
+            );
+            // Stage 2 is chunk 1 of stage 0's device; moving it to stage 1's is refused.
+            let device_1 = plan["stages"][1]["device"].clone();
+            plan["stages"][2]["device"] = device_1;
+            std::fs::write(&plan_path, plan.to_string()).unwrap();
+            let (code, _, err) = pipecut(&["check", plan_arg, model]);
+            assert_eq!(code, 1, "{err}");
+            assert!(err.contains("stage 2 is chunk 1"), "{err}");
+        } else {
+            assert_eq!(plan["config"]["schedule"], "zero-bubble");
+        }
+    }
 }

@@ -454,7 +454,7 @@ fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
     ]);
     let text = std::fs::read_to_string(&plan_path).unwrap();
     let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(plan["schema_version"], 6);
+    assert_eq!(plan["schema_version"], pipecut::plan::SCHEMA_VERSION);
     let shards = &plan["parallelism"]["shards"][0];
     assert_eq!(shards["split_blocks"].as_array().unwrap().len(), 8);
     let ranks = shards["ranks"].as_array().unwrap();

@@ -92,20 +92,9 @@ impl ClusterArgs {
     }
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ScheduleArg {
-    Gpipe,
-    #[value(name = "1f1b")]
-    OneFOneB,
-}
-
-impl From<ScheduleArg> for Schedule {
-    fn from(s: ScheduleArg) -> Schedule {
-        match s {
-            ScheduleArg::Gpipe => Schedule::GPipe,
-            ScheduleArg::OneFOneB => Schedule::OneFOneB,
-        }
-    }
+/// `--schedule gpipe|1f1b|interleaved[:v]|zero-bubble`.
+pub fn parse_schedule(text: &str) -> Result<Schedule, String> {
+    text.parse()
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -186,9 +175,10 @@ pub struct PartitionArgs {
     /// --dim).
     #[arg(long, default_value_t = 8)]
     microbatches: u32,
-    /// Pipeline schedule (decides activation memory in training).
-    #[arg(long, value_enum, default_value = "1f1b")]
-    schedule: ScheduleArg,
+    /// Pipeline schedule: gpipe, 1f1b, interleaved[:v] (v chunks per device, default 2; the
+    /// stages are v·K chunks, chunk c·K + d on device d) or zero-bubble (ZB-H1).
+    #[arg(long, default_value = "1f1b", value_parser = parse_schedule)]
+    schedule: Schedule,
     /// Inference (forward only) or training (forward, backward, optimizer state).
     #[arg(long, value_enum, default_value = "inference")]
     mode: ModeArg,
@@ -309,7 +299,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         settings: CostSettings {
             mode: pipecut::cost::Mode::from(args.mode)
                 .with_memory_techniques(args.recompute, pipecut::cost::ZeroSharding::NONE),
-            schedule: args.schedule.into(),
+            schedule: args.schedule,
             microbatches: args.microbatches,
             memory_headroom: args.memory_headroom,
             unknown_ops: args.unknown_op_cost.into(),
@@ -536,16 +526,20 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         plan.model.file_name,
         count_of(plan.model.nodes, "node"),
         plan.cluster.description,
-        count_of(plan.stages.len(), "stage"),
+        match c.schedule.chunks() {
+            1 => count_of(plan.stages.len(), "stage"),
+            v => format!(
+                "{} ({v} chunks on each of {})",
+                count_of(plan.stages.len(), "stage"),
+                count_of(plan.stages.len() / v, "device")
+            ),
+        },
         match c.mode {
             pipecut::cost::Mode::Inference => "inference",
             pipecut::cost::Mode::Training { .. } => "training",
         },
         count_of(c.microbatches as usize, "micro-batch"),
-        match c.schedule {
-            Schedule::GPipe => "GPipe",
-            Schedule::OneFOneB => "1F1B",
-        }
+        c.schedule
     );
     // As wide as the longest device name, so that A100-SXM-80GB does not push its row over.
     let device_width = plan

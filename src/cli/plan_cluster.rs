@@ -17,7 +17,7 @@ use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, S
 use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
-use super::partition::{parse_duration, ClusterArgs, ScheduleArg};
+use super::partition::{parse_duration, parse_schedule, ClusterArgs};
 use super::{print_stdout, write_atomically, ModelArgs};
 
 #[derive(Debug, Args)]
@@ -37,9 +37,10 @@ pub struct PlanClusterArgs {
     /// Inference (forward only) or training (forward, backward, optimizer state, all-reduce).
     #[arg(long, value_enum, default_value = "inference")]
     mode: ModeArg,
-    /// Schedules to try (repeatable); default both GPipe and 1F1B.
-    #[arg(long, value_enum)]
-    schedule: Vec<ScheduleArg>,
+    /// Schedules to try (repeatable): gpipe, 1f1b, interleaved[:v], zero-bubble; default both
+    /// GPipe and 1F1B.
+    #[arg(long, value_parser = parse_schedule)]
+    schedule: Vec<Schedule>,
     /// Micro-batch sizes to try, e.g. 1,2,4; default every power of two dividing the global batch.
     #[arg(long, value_delimiter = ',')]
     microbatch_sizes: Option<Vec<u64>>,
@@ -120,7 +121,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     request.batch_dim = args.batch_dim.clone();
     request.bindings = bindings.clone();
     if !args.schedule.is_empty() {
-        request.schedules = args.schedule.iter().map(|&s| s.into()).collect();
+        request.schedules = args.schedule.clone();
         request.schedules.sort();
         request.schedules.dedup();
     }
@@ -276,11 +277,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn schedule_name(schedule: Schedule) -> &'static str {
-    match schedule {
-        Schedule::GPipe => "GPipe",
-        Schedule::OneFOneB => "1F1B",
-    }
+fn schedule_name(schedule: Schedule) -> String {
+    schedule.to_string()
 }
 
 fn placement_name(placement: Placement, stages: usize, replicas: usize) -> &'static str {

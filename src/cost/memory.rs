@@ -35,16 +35,100 @@ pub enum Schedule {
     #[default]
     #[serde(rename = "1f1b")]
     OneFOneB,
+    /// Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): each device runs `chunks`
+    /// non-adjacent model chunks (virtual stages), chunk c of device d being stage c·K + d of
+    /// v·K. The bubble shrinks to (K − 1)/(v·m) of the step at more in-flight activations
+    /// (the first device holds (1 + (K − 1)/(v·K))·K stages' worth) and v times the
+    /// point-to-point messages. The micro-batch count must be a multiple of K.
+    Interleaved {
+        /// Model chunks per device, v ≥ 2.
+        chunks: u32,
+    },
+    /// ZB-H1 (Qi et al., "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024, § 2.1): each
+    /// backward split into the input gradient B, which the previous stage waits for, and the
+    /// weight gradient W, which fills the bubble; about a third of 1F1B's bubble, every
+    /// device holding at most K micro-batches (1F1B's first-stage peak).
+    #[serde(rename = "zero-bubble")]
+    ZeroBubble,
+}
+
+impl Schedule {
+    /// Model chunks per device: v for interleaved 1F1B, 1 otherwise.
+    pub fn chunks(self) -> usize {
+        match self {
+            Schedule::Interleaved { chunks } => chunks.max(1) as usize,
+            _ => 1,
+        }
+    }
+
+    /// Refuses what the command line refuses but a JSON file or a C caller can still say: an
+    /// interleaved schedule of fewer than 2 or more than 64 chunks per device (64: a chunk
+    /// per layer of the deepest published models' stages, and a bound on the stages it makes).
+    pub fn validate(self) -> Result<(), String> {
+        match self {
+            Schedule::Interleaved { chunks } if !(2..=64).contains(&chunks) => Err(format!(
+                "an interleaved schedule needs 2 to 64 chunks per device, not {chunks}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The device of each stage when `devices` are the pipeline's K devices: the devices
+    /// themselves, or under interleaving v rounds of them (stage c·K + d on device d).
+    pub fn chunk_devices<T: Copy>(self, devices: &[T]) -> Vec<T> {
+        (0..self.chunks())
+            .flat_map(|_| devices.iter().copied())
+            .collect()
+    }
+
+    /// The name `--schedule` takes and prints: `gpipe`, `1f1b`, `interleaved:v`,
+    /// `zero-bubble`.
+    pub fn name(self) -> String {
+        match self {
+            Schedule::GPipe => "gpipe".into(),
+            Schedule::OneFOneB => "1f1b".into(),
+            Schedule::Interleaved { chunks } => format!("interleaved:{chunks}"),
+            Schedule::ZeroBubble => "zero-bubble".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Schedule {
+    /// As tables print it: `GPipe`, `1F1B`, `interleaved 1F1B ×v`, `zero-bubble (ZB-H1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::GPipe => write!(f, "GPipe"),
+            Schedule::OneFOneB => write!(f, "1F1B"),
+            Schedule::Interleaved { chunks } => write!(f, "interleaved 1F1B ×{chunks}"),
+            Schedule::ZeroBubble => write!(f, "zero-bubble (ZB-H1)"),
+        }
+    }
 }
 
 impl std::str::FromStr for Schedule {
     type Err = String;
     fn from_str(s: &str) -> Result<Schedule, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "gpipe" => Ok(Schedule::GPipe),
-            "1f1b" | "onefoneb" => Ok(Schedule::OneFOneB),
-            other => Err(format!(
-                "unknown schedule '{other}' (expected gpipe or 1f1b)"
+        let lower = s.to_ascii_lowercase();
+        let (name, chunks) = match lower.split_once(':') {
+            Some((name, chunks)) => (name, Some(chunks)),
+            None => (lower.as_str(), None),
+        };
+        match (name, chunks) {
+            ("gpipe", None) => Ok(Schedule::GPipe),
+            ("1f1b" | "onefoneb", None) => Ok(Schedule::OneFOneB),
+            ("zero-bubble" | "zb" | "zb-h1", None) => Ok(Schedule::ZeroBubble),
+            // Megatron's examples use 2 chunks per device when none is given.
+            ("interleaved", None) => Ok(Schedule::Interleaved { chunks: 2 }),
+            ("interleaved", Some(chunks)) => match chunks.parse::<u32>() {
+                Ok(chunks) if Schedule::Interleaved { chunks }.validate().is_ok() => {
+                    Ok(Schedule::Interleaved { chunks })
+                }
+                _ => Err(format!(
+                    "interleaved:{chunks}: the chunks per device must be a number from 2 to 64"
+                )),
+            },
+            _ => Err(format!(
+                "unknown schedule '{s}' (expected gpipe, 1f1b, interleaved[:v] or zero-bubble)"
             )),
         }
     }
@@ -188,6 +272,8 @@ impl ZeroSharding {
 
 /// Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak.
 /// Inference keeps none for a backward pass: one micro-batch is being computed at a time.
+/// Under interleaving a stage is a chunk (stage c·K + d is chunk c of device d), and its count
+/// is that chunk's own peak in Megatron's order.
 pub fn in_flight_microbatches(
     mode: Mode,
     schedule: Schedule,
@@ -201,6 +287,22 @@ pub fn in_flight_microbatches(
         (Mode::Training { .. }, Schedule::GPipe) => m,
         (Mode::Training { .. }, Schedule::OneFOneB) => {
             (stages.saturating_sub(stage) as u64).clamp(1, m)
+        }
+        // Every device keeps K micro-batches between a forward and its deferred W; the paper
+        // counts the later devices' as smaller (W needs only its inputs), pipecut counts them
+        // whole, which can only overstate.
+        (Mode::Training { .. }, Schedule::ZeroBubble) => (stages as u64).clamp(1, m),
+        (Mode::Training { .. }, Schedule::Interleaved { chunks }) => {
+            let chunks = chunks.max(1) as usize;
+            let devices = (stages / chunks).max(1);
+            crate::schedule::interleaved_chunk_in_flight(
+                devices,
+                chunks,
+                stage % devices,
+                stage / devices,
+                m as usize,
+            )
+            .max(1)
         }
     }
 }
@@ -294,6 +396,52 @@ mod tests {
             workspace_bytes: 50 * mib,
         };
         assert_eq!(stage_peak_bytes(&memory, 3), (8192 + 330 + 50) * mib);
+    }
+
+    #[test]
+    fn schedules_parse_print_and_serialize() {
+        for (text, schedule) in [
+            ("gpipe", Schedule::GPipe),
+            ("1f1b", Schedule::OneFOneB),
+            ("interleaved", Schedule::Interleaved { chunks: 2 }),
+            ("interleaved:4", Schedule::Interleaved { chunks: 4 }),
+            ("zero-bubble", Schedule::ZeroBubble),
+        ] {
+            let parsed: Schedule = text.parse().unwrap();
+            assert_eq!(parsed, schedule);
+            assert_eq!(parsed.name().parse::<Schedule>(), Ok(schedule));
+            let json = serde_json::to_string(&schedule).unwrap();
+            assert_eq!(serde_json::from_str::<Schedule>(&json).unwrap(), schedule);
+        }
+        // Plans written before the new schedules read as before.
+        assert_eq!(
+            serde_json::to_string(&Schedule::OneFOneB).unwrap(),
+            "\"1f1b\""
+        );
+        assert_eq!(
+            serde_json::to_string(&Schedule::ZeroBubble).unwrap(),
+            "\"zero-bubble\""
+        );
+        for bad in [
+            "interleaved:1",
+            "interleaved:x",
+            "interleaved:",
+            "gpipe:2",
+            "zb2",
+        ] {
+            assert!(bad.parse::<Schedule>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            Schedule::Interleaved { chunks: 2 }.chunk_devices(&[5, 6, 7]),
+            vec![5, 6, 7, 5, 6, 7]
+        );
+        assert_eq!(Schedule::ZeroBubble.chunk_devices(&[5, 6]), vec![5, 6]);
+        assert!(Schedule::Interleaved { chunks: 0 }.validate().is_err());
+        assert!(Schedule::Interleaved {
+            chunks: 4_000_000_000
+        }
+        .validate()
+        .is_err());
     }
 
     #[test]

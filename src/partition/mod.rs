@@ -676,6 +676,11 @@ impl<'a> Planner<'a> {
             Some(_) => started + UNLIMITED,
             None => started + self.config.time_limit,
         };
+        self.config
+            .settings
+            .schedule
+            .validate()
+            .map_err(Error::PartitionConfig)?;
         let devices = self.devices()?;
         let nodes = self.graph.node_count();
         let (mut solution, candidates) = match self.config.stages {
@@ -696,7 +701,8 @@ impl<'a> Planner<'a> {
                         "--pin-cut needs at least 2 stages".to_string(),
                     ));
                 }
-                (self.solve_fixed(&devices[..k], deadline)?, Vec::new())
+                let chunks = self.config.settings.schedule.chunk_devices(&devices[..k]);
+                (self.solve_fixed(&chunks, deadline)?, Vec::new())
             }
             StageCount::Auto => self.solve_auto(&devices, deadline)?,
         };
@@ -1097,10 +1103,7 @@ impl<'a> Planner<'a> {
         deadline: Instant,
     ) -> Result<(Solution, Vec<StageCountCandidate>), Error> {
         let max_stages = devices.len().min(self.graph.node_count()).max(1);
-        let schedule = match self.config.settings.schedule {
-            crate::cost::Schedule::GPipe => PipelineSchedule::GPipe,
-            crate::cost::Schedule::OneFOneB => PipelineSchedule::OneFOneB,
-        };
+        let schedule: PipelineSchedule = self.config.settings.schedule.into();
         let microbatches = self.config.settings.microbatches.max(1) as usize;
         let mut candidates = Vec::new();
         let mut best: Option<(f64, PartitionProblem, dp::OrderSolution)> = None;
@@ -1111,7 +1114,7 @@ impl<'a> Planner<'a> {
             if best.is_some() && Instant::now() >= deadline {
                 break;
             }
-            let fine = self.problem(&devices[..k])?;
+            let fine = self.problem(&self.config.settings.schedule.chunk_devices(&devices[..k]))?;
             let problem = match self.config.cut_constraints.apply(self.graph, &fine)? {
                 Some(grouped) => grouped.problem,
                 None => fine,

@@ -251,7 +251,7 @@ pub struct Configuration {
     pub bottleneck_secs: f64,
     /// The simulated pipeline step without the all-reduce.
     pub pipeline_secs: f64,
-    /// All-reduce time of each stage (zero in inference or with D = 1).
+    /// All-reduce time of each pipeline device (zero in inference or with D = 1).
     pub allreduce_secs: Vec<f64>,
     /// The step: pipeline plus the exposed part of the all-reduces.
     pub step_secs: f64,
@@ -259,9 +259,10 @@ pub struct Configuration {
     pub samples_per_sec: f64,
     /// Idle share of the pipeline's devices during the pipeline step.
     pub bubble_fraction: f64,
-    /// The fullest stage's memory.
+    /// The fullest stage's memory (under interleaving, the fullest device's: its chunks'
+    /// sum).
     pub peak_memory_bytes: u64,
-    /// What that stage may use.
+    /// What that stage (device) may use.
     pub capacity_bytes: u64,
 }
 
@@ -309,18 +310,85 @@ struct Bounds {
     footprint_bytes: u64,
     /// Every weight's bytes alone, one GPU's share of the split ones.
     weight_bytes: u64,
+    /// Every node's activations per micro-batch, one GPU's share of the split ones.
+    activation_bytes: u64,
+    /// The part of those that selective recomputation drops (attention's scores).
+    score_activation_bytes: u64,
+    /// The weight with the largest footprint: (its bytes, its footprint), one GPU's share if
+    /// split. Whichever stage reads it holds it whole: no cut divides a weight.
+    largest_param: (u64, u64),
 }
 
 impl Bounds {
     /// The whole model's weight footprint on one replica under `mode`'s ZeRO sharding: a
     /// lower bound of what K stages hold together (per-weight rounding only adds).
     fn footprint_under(&self, mode: Mode) -> u64 {
-        match mode {
-            Mode::Inference => self.footprint_bytes,
-            Mode::Training { zero, .. } => {
-                let optimizer = self.footprint_bytes.saturating_sub(2 * self.weight_bytes);
-                zero.held_bytes(self.weight_bytes, optimizer)
+        held_under(self.weight_bytes, self.footprint_bytes, mode)
+    }
+
+    /// A lower bound of the fullest stage's (or, interleaved, device's) peak bytes under
+    /// `key`, whatever the partition, by the memory model of [`PartitionProblem::evaluate`]:
+    /// stage s holds its weights P_s (together at least the model's P) and a_s micro-batches
+    /// of its activations A_s (together exactly the model's A), a_s being the schedule's
+    /// in-flight count under the recomputation mode; received tensors only add. For any
+    /// weights λ_s ≥ 0 summing to 1, max_s (P_s + a_s·A_s) ≥ Σ λ_s (P_s + a_s·A_s): uniform λ
+    /// gives (P + min a · A)/K, λ_s ∝ 1/a_s gives (P / max a + A)/H with H = Σ 1/a_s. The
+    /// stage that reads the largest weight holds at least that weight's footprint.
+    ///
+    /// # Complexity
+    /// O(K) for K stages.
+    fn peak_lower_bound(&self, key: &ConfigurationKey, mode: Mode) -> u64 {
+        let k = key.stages.max(1);
+        let weights = self.footprint_under(mode) as f64;
+        let (activations, recompute) = match mode {
+            Mode::Training { recompute, .. } => {
+                let kept = match recompute {
+                    Recompute::Selective => self
+                        .activation_bytes
+                        .saturating_sub(self.score_activation_bytes),
+                    _ => self.activation_bytes,
+                };
+                (kept as f64, recompute)
             }
+            Mode::Inference => (self.activation_bytes as f64, Recompute::None),
+        };
+        let in_flight: Vec<f64> = (0..k)
+            .map(|s| {
+                // A device's interleaved chunks each hold at least one micro-batch: counted
+                // as one stage holding one.
+                let count = match key.schedule {
+                    Schedule::Interleaved { .. } => 1,
+                    schedule => crate::cost::memory::in_flight_microbatches(
+                        mode,
+                        schedule,
+                        s,
+                        k,
+                        key.microbatches.min(u32::MAX as u64) as u32,
+                    ),
+                };
+                recompute.activation_in_flight(count).max(1) as f64
+            })
+            .collect();
+        let fewest = in_flight.iter().copied().fold(f64::INFINITY, f64::min);
+        let most = in_flight.iter().copied().fold(0.0, f64::max);
+        let harmonic: f64 = in_flight.iter().map(|a| 1.0 / a).sum();
+        let uniform = (weights + fewest * activations) / k as f64;
+        let weighted = (weights / most + activations) / harmonic;
+        let (weight, footprint) = self.largest_param;
+        let largest = held_under(weight, footprint, mode) as f64;
+        // Rounded down, and a relative hair below, so that float error never overstates.
+        (uniform.max(weighted).max(largest) * (1.0 - 1e-9)) as u64
+    }
+}
+
+/// Bytes one replica holds of weights of `weight` bytes whose footprint without sharding is
+/// `footprint` (weights, gradients and optimizer state in training), under `mode`'s ZeRO.
+fn held_under(weight: u64, footprint: u64, mode: Mode) -> u64 {
+    match mode {
+        Mode::Inference => footprint,
+        Mode::Training { zero, .. } => {
+            let optimizer = footprint.saturating_sub(2 * weight);
+            zero.held_bytes(weight, optimizer)
         }
     }
 }
@@ -340,6 +408,9 @@ pub fn search(
     if request.schedules.is_empty() {
         return bad("no schedule to try".into());
     }
+    if let Some(message) = request.schedules.iter().find_map(|s| s.validate().err()) {
+        return bad(message);
+    }
     if request.recompute.is_empty() || request.zero_stages.is_empty() {
         return bad("no recomputation choice or ZeRO stage to try".into());
     }
@@ -347,11 +418,7 @@ pub fn search(
         return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
     }
     let sizes = microbatch_sizes(request)?;
-    let max_capacity = cluster
-        .devices()
-        .map(|(_, d)| capacity_bytes(d.memory_bytes.value as f64, request.memory_headroom))
-        .max()
-        .unwrap_or(0);
+    let max_capacity = largest_capacity(cluster, request);
 
     let depths = match &request.stage_counts {
         Some(depths) => depths.clone(),
@@ -517,6 +584,36 @@ pub fn search(
     })
 }
 
+/// Whether the search rules `key` out for memory before solving it: a lower bound of its
+/// fullest stage's peak ([`Bounds::peak_lower_bound`]) over the largest device's capacity.
+/// `graph` is as loaded, before shape inference. Public so that tests can check the bound
+/// against solving: no configuration it rules out fits.
+pub fn ruled_out_by_memory(
+    graph: &Graph,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+) -> Result<bool, Error> {
+    let typed = type_graph(graph, cluster, request, key.microbatch_size)?;
+    let bounds = typed.bounds.get(&key.tensor_parallel).ok_or_else(|| {
+        Error::PartitionConfig(format!(
+            "tensor-parallel degree {} is not searched for this model and cluster",
+            key.tensor_parallel.degree
+        ))
+    })?;
+    Ok(bounds.peak_lower_bound(&key, key.mode(request.mode)) > largest_capacity(cluster, request))
+}
+
+/// What the largest device may use: the memory bound's yardstick, which holds for every
+/// placement on a cluster of mixed devices.
+fn largest_capacity(cluster: &Cluster, request: &SearchRequest) -> u64 {
+    cluster
+        .devices()
+        .map(|(_, d)| capacity_bytes(d.memory_bytes.value as f64, request.memory_headroom))
+        .max()
+        .unwrap_or(0)
+}
+
 /// One (b, D, m, tensor-parallel layout) of the search, before its depths and techniques.
 struct Shapes {
     microbatch_size: u64,
@@ -552,8 +649,16 @@ impl Shapes {
         };
         // The bound ignores recomputation's extra forward (and its extra collectives): it
         // stays an upper bound.
-        let step_bound = step_lower_bound(request.mode, bounds.total_secs, k, self.microbatches);
-        let bound = request.global_batch as f64 / step_bound;
+        let bound = |schedule| {
+            request.global_batch as f64
+                / step_lower_bound(
+                    request.mode,
+                    schedule,
+                    bounds.total_secs,
+                    k,
+                    self.microbatches,
+                )
+        };
         // One stage has no schedule to choose, nor has inference (forwards only: the
         // schedules coincide).
         let schedules = if k == 1 || matches!(request.mode, Mode::Inference) {
@@ -577,14 +682,18 @@ impl Shapes {
                 zero_stage,
                 tensor_parallel: self.tensor_parallel,
             };
-            let mode = key(schedules[0], placements(k, d)[0]).mode(request.mode);
-            if bounds.footprint_under(mode).div_ceil(k as u64) > max_capacity {
-                pruned += schedules.len() * placements(k, d).len();
-                continue;
-            }
             for &schedule in schedules {
+                // Megatron's interleaved order needs whole rounds of K micro-batches.
+                if schedule.chunks() > 1 && self.microbatches % k as u64 != 0 {
+                    continue;
+                }
+                let probe = key(schedule, placements(k, d)[0]);
+                if bounds.peak_lower_bound(&probe, probe.mode(request.mode)) > max_capacity {
+                    pruned += placements(k, d).len();
+                    continue;
+                }
                 for &placement in placements(k, d) {
-                    candidates.push((bound, key(schedule, placement)));
+                    candidates.push((bound(schedule), key(schedule, placement)));
                 }
             }
         }
@@ -640,6 +749,12 @@ impl MemoryMemo {
             (_, Schedule::OneFOneB) => {
                 (Schedule::OneFOneB, key.microbatches.min(key.stages as u64))
             }
+            (_, Schedule::ZeroBubble) => (
+                Schedule::ZeroBubble,
+                key.microbatches.min(key.stages as u64),
+            ),
+            // A chunk's count never falls as m grows (the warm-up only lengthens).
+            (_, Schedule::Interleaved { .. }) => (key.schedule, key.microbatches),
         }
     }
 
@@ -734,14 +849,65 @@ pub fn stage_counts(graph: &Graph, gpus: usize, all: bool) -> Vec<usize> {
 /// still has to pass every other stage's forward and every backward after its turn on s*,
 /// while micro-batch 1 had to reach s* first: step ≥ T + (m − 1)·f* ≥ T + (m − 1)·F/K, with
 /// f* the largest stage forward (F = T in inference).
-fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u64) -> f64 {
+///
+/// Under interleaving a device's forwards are of different chunks, out of micro-batch order,
+/// so only the work bound and `T` (one micro-batch through every chunk) hold. Under
+/// zero-bubble the chain is `T` less the weight gradients, which leave it.
+fn step_lower_bound(
+    mode: Mode,
+    schedule: Schedule,
+    total_secs: f64,
+    stages: usize,
+    microbatches: u64,
+) -> f64 {
     let k = stages as f64;
     let m = microbatches as f64;
     let forward_secs = match mode {
         Mode::Inference => total_secs,
         Mode::Training { .. } => total_secs / (1.0 + mode.backward_time_factor()),
     };
-    (m * total_secs / k).max(total_secs + (m - 1.0) * forward_secs / k)
+    // Zero-bubble's weight gradients (half of each backward) leave the chain: the last
+    // micro-batch's W passes run side by side on their devices.
+    let chain_secs = match (mode, schedule) {
+        (Mode::Training { .. }, Schedule::ZeroBubble) => {
+            total_secs - (total_secs - forward_secs) / 2.0
+        }
+        _ => total_secs,
+    };
+    let work = (m * total_secs / k).max(chain_secs);
+    if schedule.chunks() > 1 && matches!(mode, Mode::Training { .. }) {
+        return work;
+    }
+    // What must run before a stage's first operation, as a share of the stages before it:
+    // their forwards and (after its last backward) their backwards, or only the forwards
+    // under zero-bubble, whose last operation on a stage may be a W that nothing waits for.
+    let prefix_share = match (mode, schedule) {
+        (Mode::Training { .. }, Schedule::ZeroBubble) => forward_secs / total_secs,
+        _ => 1.0,
+    };
+    work.max(chain_secs + (m - 1.0) * forward_secs / k)
+        .max(prefix_bound(total_secs, prefix_share, stages, m))
+}
+
+/// No K-stage pipeline of m micro-batches with T of work per micro-batch takes less than
+/// `α·T / (1 − (1 − α/m)^K)`. Stage j, with c_j of work per micro-batch, starts only after
+/// micro-batch 1 has passed the stages before it and is busy m·c_j, and in training the last
+/// micro-batch's backward must pass those stages again after it: step ≥ m·c_j + α·Σ_{s<j} c_s
+/// for every j, α = 1 (α = F/T when only the forwards are certain, as under zero-bubble).
+/// Were all these below L, induction on j gives Σ_{s<j} c_s < L·(1 − r^j)/α with
+/// r = 1 − α/m, so T ≤ Σ c_s < L·(1 − r^K)/α: the bound is that L. Against the work bound
+/// m·T/K it adds up to about half the bubble of a balanced pipeline (6.49 T against 6 T and
+/// 1F1B's 6.94 T at K = 16, m = 96).
+fn prefix_bound(total_secs: f64, share: f64, stages: usize, microbatches: f64) -> f64 {
+    if share <= 0.0 || microbatches < 1.0 {
+        return 0.0;
+    }
+    let ratio = 1.0 - share / microbatches;
+    let reached = 1.0 - ratio.powi(stages.min(i32::MAX as usize) as i32);
+    if reached <= 0.0 {
+        return 0.0;
+    }
+    share * total_secs / reached * (1.0 - 1e-9)
 }
 
 /// The order candidates are solved in: the throughput bound scaled by the share of a step a
@@ -749,9 +915,17 @@ fn step_lower_bound(mode: Mode, total_secs: f64, stages: usize, microbatches: u6
 /// few micro-batches (a large bubble) from a shallow one with many, so many configurations tie
 /// on it; solving the likelier ones first finds a good configuration early, and then the bound
 /// skips the rest. Only the order depends on this estimate, never what is proven.
+/// The bubble's K − 1 slots shrink to (K − 1)/v under interleaving and to about a third under
+/// zero-bubble (the papers' figures for equal stage times).
 fn solve_priority(bound: f64, key: &ConfigurationKey) -> f64 {
     let m = key.microbatches as f64;
-    bound * m / (m + key.stages as f64 - 1.0)
+    let slots = (key.stages as f64 - 1.0)
+        * match key.schedule {
+            Schedule::Interleaved { chunks } => 1.0 / chunks.max(1) as f64,
+            Schedule::ZeroBubble => 1.0 / 3.0,
+            Schedule::GPipe | Schedule::OneFOneB => 1.0,
+        };
+    bound * m / (m + slots)
 }
 
 /// Whether `a` ranks before `b`: more samples per second, then fewer GPUs, then the key order.
@@ -871,10 +1045,37 @@ fn type_graph(
                     Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
                 })
                 .sum();
+            let activation_bytes = (0..split.node_count())
+                .map(|p| split.activation_bytes(p))
+                .sum();
+            let position: BTreeMap<_, usize> = split
+                .order()
+                .iter()
+                .enumerate()
+                .map(|(p, &id)| (id, p))
+                .collect();
+            let score_activation_bytes = super::tensor_parallel::attention_score_nodes(&typed)
+                .iter()
+                .filter_map(|id| position.get(id))
+                .map(|&p| split.activation_bytes(p))
+                .sum();
+            let largest_param = split
+                .params()
+                .iter()
+                .max_by_key(|p| p.footprint_bytes)
+                .and_then(|p| {
+                    let tensor = typed.tensor(typed.tensor_id(&p.name)?);
+                    let weight = tensor.param()?.bytes.div_ceil(u64::from(p.shards.max(1)));
+                    Some((weight, p.footprint_bytes))
+                })
+                .unwrap_or((0, 0));
             let entry = bounds.entry(layout).or_insert(Bounds {
                 total_secs,
                 footprint_bytes,
                 weight_bytes,
+                activation_bytes,
+                score_activation_bytes,
+                largest_param,
             });
             entry.total_secs = entry.total_secs.min(total_secs);
         }
@@ -1049,7 +1250,7 @@ fn evaluate_with(
     let mut problem = PartitionProblem::new(
         graph,
         cluster,
-        &replicas[0],
+        &schedule.chunk_devices(&replicas[0]),
         settings(key.mode(request.mode), request, schedule, m),
     )?;
     blocks.shard_on(
@@ -1089,14 +1290,22 @@ fn evaluate_with(
         &simulation,
         request.global_batch,
     );
-    let fullest = evaluation
-        .stages
-        .iter()
-        .max_by(|a, b| {
-            (a.peak_memory_bytes as f64 / a.capacity_bytes.max(1) as f64)
-                .total_cmp(&(b.peak_memory_bytes as f64 / b.capacity_bytes.max(1) as f64))
+    // Per pipeline device: under interleaving a device holds its chunks together.
+    let devices = replicas[0].len().max(1);
+    let (peak_memory_bytes, capacity_bytes) = (0..devices)
+        .map(|d| {
+            let chunks = evaluation.stages.iter().skip(d).step_by(devices);
+            chunks.fold((0u64, 0u64), |(peak, capacity), stage| {
+                (
+                    peak.saturating_add(stage.peak_memory_bytes),
+                    capacity.saturating_add(stage.capacity_bytes),
+                )
+            })
         })
-        .expect("at least one stage");
+        .max_by(|a, b| {
+            (a.0 as f64 / a.1.max(1) as f64).total_cmp(&(b.0 as f64 / b.1.max(1) as f64))
+        })
+        .expect("at least one device");
     Ok(Some(Configuration {
         key,
         bottleneck_secs: evaluation.bottleneck_secs,
@@ -1105,8 +1314,8 @@ fn evaluate_with(
         step_secs: step.step_secs,
         samples_per_sec: step.samples_per_sec,
         bubble_fraction: step.bubble_fraction,
-        peak_memory_bytes: fullest.peak_memory_bytes,
-        capacity_bytes: fullest.capacity_bytes,
+        peak_memory_bytes,
+        capacity_bytes,
     }))
 }
 
@@ -1138,16 +1347,24 @@ impl StepFigures {
         simulation: &crate::schedule::Simulation,
         global_batch: u64,
     ) -> StepFigures {
-        let k = problem.stage_count();
+        // Per pipeline device: under interleaving a device's chunks share its all-reduce,
+        // which starts when the device's last operation ends.
+        let k = replicas
+            .first()
+            .map_or(problem.stage_count(), Vec::len)
+            .max(1);
         let mut last_end = vec![0.0f64; k];
         for op in &simulation.ops {
-            last_end[op.stage] = last_end[op.stage].max(op.end_secs);
+            last_end[op.device] = last_end[op.device].max(op.end_secs);
         }
         let allreduce_secs: Vec<f64> = match problem.settings().mode {
             Mode::Training { zero, .. } if replicas.len() > 1 => (0..k)
-                .map(|s| {
-                    let ring: Vec<DeviceId> = replicas.iter().map(|r| r[s]).collect();
-                    let bytes = gradient_bytes(graph, problem, stage_of, s);
+                .map(|d| {
+                    let ring: Vec<DeviceId> = replicas.iter().map(|r| r[d]).collect();
+                    let bytes = (d..problem.stage_count())
+                        .step_by(k)
+                        .map(|s| gradient_bytes(graph, problem, stage_of, s))
+                        .sum();
                     cluster.ring_all_reduce_secs(&ring, bytes) * zero.communication_factor()
                 })
                 .collect(),
@@ -1228,6 +1445,29 @@ mod tests {
             ..failed
         };
         assert!(!plain.rules_out(&failed), "recomputation saves memory");
+    }
+
+    #[test]
+    fn the_prefix_bound_is_tight_for_its_geometric_stages_and_below_a_balanced_pipeline() {
+        // K = 16, m = 96, T = 1: about 6.49, between the work bound 6 and a balanced 1F1B's
+        // (m + K − 1)/K = 6.94.
+        let bound = prefix_bound(1.0, 1.0, 16, 96.0);
+        assert!((6.48..6.49).contains(&bound), "{bound}");
+        // The stages it is built from, c_j = L/m · (1 − 1/m)^j scaled to sum to T, give every
+        // stage's m·c_j + Σ_{s<j} c_s equal to the bound: it cannot be raised.
+        let (k, m) = (5usize, 7.0);
+        let bound = prefix_bound(1.0, 1.0, k, m);
+        let stages: Vec<f64> = (0..k)
+            .map(|j| bound / m * (1.0 - 1.0 / m).powi(j as i32))
+            .collect();
+        assert!((stages.iter().sum::<f64>() - 1.0).abs() < 1e-6);
+        for j in 0..k {
+            let reach = m * stages[j] + stages[..j].iter().sum::<f64>();
+            assert!((reach - bound).abs() < 1e-6, "{j}: {reach} vs {bound}");
+        }
+        // One stage: m·T; no micro-batches: nothing.
+        assert!((prefix_bound(2.0, 1.0, 1, 8.0) - 16.0).abs() < 1e-6);
+        assert_eq!(prefix_bound(1.0, 1.0, 4, 0.0), 0.0);
     }
 
     #[test]

@@ -205,9 +205,20 @@ impl Evaluation {
     }
 }
 
+/// What one stage may use of a device of `memory_bytes`: the memory less the headroom, and
+/// under interleaving a 1/v share of it. Each of a device's v chunks is then a stage of its
+/// own, and the DP and the MILP, which cost stages one at a time, keep the device's sum within
+/// its capacity. The share is conservative (a device whose chunks are unequal may fit where
+/// this refuses), and chunks of balanced layers are nearly equal.
+fn chunk_capacity_bytes(memory_bytes: u64, settings: &CostSettings) -> u64 {
+    let capacity = (memory_bytes as f64 * (1.0 - settings.memory_headroom)) as u64;
+    capacity / settings.schedule.chunks() as u64
+}
+
 impl PartitionProblem {
     /// Builds the problem for `graph` (shapes inferred, dims bound) on `devices` of `cluster`,
-    /// one stage per device, in pipeline order.
+    /// one stage per device, in pipeline order. Under interleaving a device appears once per
+    /// chunk ([`Schedule::chunk_devices`]).
     pub fn new(
         graph: &Graph,
         cluster: &Cluster,
@@ -266,7 +277,7 @@ impl PartitionProblem {
                 }
             };
             let memory_bytes = spec.memory_bytes.value;
-            let capacity_bytes = (memory_bytes as f64 * (1.0 - settings.memory_headroom)) as u64;
+            let capacity_bytes = chunk_capacity_bytes(memory_bytes, &settings);
             let link_in = match k {
                 0 => None,
                 _ => Some(
@@ -401,8 +412,7 @@ impl PartitionProblem {
                 device_name: spec.name.clone(),
                 kind,
                 memory_bytes,
-                capacity_bytes: (memory_bytes as f64 * (1.0 - self.settings.memory_headroom))
-                    as u64,
+                capacity_bytes: chunk_capacity_bytes(memory_bytes, &self.settings),
                 in_flight: in_flight_microbatches(
                     self.settings.mode,
                     self.settings.schedule,

@@ -46,8 +46,10 @@ use crate::Error;
 /// version 3 names the model by its graph and weights digests, see [`identity`]; version 4 names
 /// each baseline's peer release, the layers they cut and the `type:` regex; version 5 records
 /// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
-/// GPUs and weight slices, see [`shards`]) and refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 6;
+/// GPUs and weight slices, see [`shards`]; version 7 adds the interleaved and zero-bubble
+/// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d) and
+/// refuses newer ones.
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -469,13 +471,16 @@ fn stages_requested(stages: StageCount) -> String {
 
 /// The replicas must be copies of the stages: replica 0 on the stages' devices, every replica on
 /// devices of the same kinds, no device used twice, the global batch split evenly.
+/// Under interleaving the replicas list the K pipeline devices, the devices of the first K of
+/// the v·K stages.
 fn check_parallelism(
     parallelism: &PlanParallelism,
     stages: &[PlanStage],
     cluster: &Cluster,
-    mode: Mode,
+    (mode, chunks): (Mode, usize),
 ) -> Result<(), Error> {
     let bad = |detail: String| Err(Error::InvalidPlan(detail));
+    let stages = &stages[..stages.len() / chunks.max(1)];
     let p = parallelism;
     if let Mode::Training { zero, .. } = mode {
         if zero.stage > 3 {
@@ -844,6 +849,17 @@ impl Plan {
             }
         }
         let devices: Vec<DeviceId> = self.stages.iter().map(|s| DeviceId(s.device.id)).collect();
+        self.config
+            .schedule
+            .validate()
+            .map_err(Error::InvalidPlan)?;
+        let chunks = self.config.schedule.chunks();
+        if devices.len() % chunks != 0 {
+            return bad(format!(
+                "{} stages cannot be {chunks} chunks on each device of an interleaved pipeline",
+                devices.len()
+            ));
+        }
         for (s, stage) in self.stages.iter().enumerate() {
             let id = stage.device.id as usize;
             if id >= cluster.device_count() {
@@ -859,7 +875,18 @@ impl Plan {
                     stage.device.name
                 ));
             }
-            if devices[..s].contains(&devices[s]) {
+            // Under interleaving stage c·K + d is chunk c of device d: the first K stages are
+            // on K different devices, and each later one on its chunk's device.
+            let pipeline = devices.len() / chunks;
+            if s >= pipeline && devices[s] != devices[s % pipeline] {
+                return bad(format!(
+                    "stage {s} is chunk {} of the device of stage {}, device {}, but is on device {id}",
+                    s / pipeline,
+                    s % pipeline,
+                    devices[s % pipeline].0
+                ));
+            }
+            if s < pipeline && devices[..s].contains(&devices[s]) {
                 return bad(format!("device {id} hosts two stages"));
             }
         }
@@ -970,9 +997,12 @@ impl Plan {
             ));
         }
         match (&self.parallelism, self.config.mode) {
-            (Some(parallelism), mode) => {
-                check_parallelism(parallelism, &self.stages, &cluster, mode)?
-            }
+            (Some(parallelism), mode) => check_parallelism(
+                parallelism,
+                &self.stages,
+                &cluster,
+                (mode, self.config.schedule.chunks()),
+            )?,
             (None, Mode::Training { zero, .. }) if !zero.is_none() => {
                 return bad(format!(
                     "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",

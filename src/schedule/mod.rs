@@ -4,11 +4,13 @@
 //!
 //! Schedules: GPipe (all forwards, then all backwards; Huang et al. 2019), 1F1B (PipeDream-Flush;
 //! Narayanan et al. 2019) and interleaved 1F1B with `v` model chunks per device (Narayanan et al.
-//! 2021, Megatron-LM). Inference runs forwards only; the schedules then coincide.
+//! 2021, Megatron-LM) and the zero-bubble ZB-H1 (Qi et al., ICLR'24), which splits each
+//! backward into an input gradient and a weight gradient. Inference runs forwards only; the schedules then coincide.
 
 mod simulate;
 mod timeline;
 
+pub(crate) use simulate::interleaved_chunk_in_flight;
 pub use simulate::{
     check_microbatches, simulate, Op, OpKind, Simulation, StageFiguresSecs, StageTimes,
     MAX_MICROBATCHES, MAX_SIMULATED_OPS,
@@ -30,6 +32,8 @@ pub enum PipelineSchedule {
         /// Model chunks per device (≥ 2).
         chunks: usize,
     },
+    /// ZB-H1 (Qi et al., ICLR'24): backwards split into input and weight gradients.
+    ZeroBubble,
 }
 
 impl From<crate::cost::Schedule> for PipelineSchedule {
@@ -37,6 +41,10 @@ impl From<crate::cost::Schedule> for PipelineSchedule {
         match schedule {
             crate::cost::Schedule::GPipe => PipelineSchedule::GPipe,
             crate::cost::Schedule::OneFOneB => PipelineSchedule::OneFOneB,
+            crate::cost::Schedule::Interleaved { chunks } => PipelineSchedule::Interleaved {
+                chunks: chunks as usize,
+            },
+            crate::cost::Schedule::ZeroBubble => PipelineSchedule::ZeroBubble,
         }
     }
 }

@@ -17,6 +17,8 @@ const AXIS_HEIGHT: f64 = 30.0;
 const TARGET_TICKS: f64 = 8.0;
 const FORWARD_COLOUR: &str = "#4e79a7";
 const BACKWARD_COLOUR: &str = "#59a14f";
+/// Zero-bubble's weight-gradient passes: a lighter green, being the other half of a backward.
+const WEIGHT_GRADIENT_COLOUR: &str = "#8cd17d";
 const IDLE_COLOUR: &str = "#eeeeee";
 
 /// Text for SVG (XML 1.0) content and attributes: markup characters as entities, and the control
@@ -113,6 +115,7 @@ pub fn timeline_svg(sim: &Simulation, title: &str, row_labels: &[String]) -> Str
             let (colour, letter) = match op.kind {
                 OpKind::Forward => (FORWARD_COLOUR, 'F'),
                 OpKind::Backward => (BACKWARD_COLOUR, 'B'),
+                OpKind::WeightGradient => (WEIGHT_GRADIENT_COLOUR, 'W'),
             };
             let _ = write!(
                 svg,
@@ -144,7 +147,7 @@ pub fn timeline_svg(sim: &Simulation, title: &str, row_labels: &[String]) -> Str
     let legend_y = height - 10.0;
     let _ = writeln!(
         svg,
-        r##"<text x="4" y="{legend_y}"><tspan fill="{FORWARD_COLOUR}">■ forward</tspan>  <tspan fill="{BACKWARD_COLOUR}">■ backward</tspan>  <tspan fill="#999">■ idle (waiting for a transfer or a dependency)</tspan></text>"##
+        r##"<text x="4" y="{legend_y}"><tspan fill="{FORWARD_COLOUR}">■ forward</tspan>  <tspan fill="{BACKWARD_COLOUR}">■ backward</tspan>  <tspan fill="{WEIGHT_GRADIENT_COLOUR}">■ weight gradient (zero-bubble)</tspan>  <tspan fill="#999">■ idle (waiting for a transfer or a dependency)</tspan></text>"##
     );
     svg.push_str("</svg>\n");
     svg
