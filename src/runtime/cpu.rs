@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
 use super::tensor::HostTensor;
 use super::value::{Value, Values};
@@ -48,10 +49,12 @@ pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, E
 
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum CpuKernel {
     Tensor(Kernel),
     Value(ValueKernel),
+    /// A Conv with the nodes after it folded in when the stage was prepared (`fuse`).
+    Folded(Arc<FoldedConv>),
 }
 
 /// [`plan_steps`] with the kernels on values that only the CPU runtime has (an op with both,
@@ -231,13 +234,17 @@ impl<'a> CpuExecutor<'a> {
             };
             let began = Instant::now();
             let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
-            let results: Vec<Value> = match step.kernel {
-                CpuKernel::Tensor(kernel) if all_tensors => {
-                    let tensors: Vec<Option<&HostTensor>> = args
-                        .iter()
-                        .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
-                        .collect::<Result<_, String>>()
-                        .map_err(kernel_error)?;
+            let results: Vec<Value> = match &step.kernel {
+                CpuKernel::Folded(fold) => {
+                    let tensors = tensor_args(&args).map_err(kernel_error)?;
+                    kernels::conv_then(&ctx, &tensors, &fold.epilogue)
+                        .map_err(kernel_error)?
+                        .into_iter()
+                        .map(|t| Value::Tensor(Arc::new(t)))
+                        .collect()
+                }
+                &CpuKernel::Tensor(kernel) if all_tensors => {
+                    let tensors = tensor_args(&args).map_err(kernel_error)?;
                     kernel(&ctx, &tensors)
                         .map_err(kernel_error)?
                         .into_iter()
@@ -247,7 +254,7 @@ impl<'a> CpuExecutor<'a> {
                 CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
                     let kernel = match step.kernel {
                         CpuKernel::Value(kernel) => Some(kernel),
-                        CpuKernel::Tensor(_) => kernels::lookup_value(&node.domain, &node.op_type),
+                        _ => kernels::lookup_value(&node.domain, &node.op_type),
                     }
                     .ok_or_else(|| {
                         kernel_error(
@@ -273,10 +280,20 @@ impl<'a> CpuExecutor<'a> {
                 }
             };
             let secs = began.elapsed().as_secs_f64();
-            observe(step.node, secs, results.iter().map(Value::byte_len).sum());
+            let output_bytes = results.iter().map(Value::byte_len).sum();
+            observe(step.node, secs, output_bytes);
             drop(args);
+            let output_slots = match &step.kernel {
+                CpuKernel::Folded(fold) => {
+                    for &folded in &fold.folded {
+                        observe(folded, 0.0, output_bytes);
+                    }
+                    &fold.output[..]
+                }
+                _ => &node.outputs[..],
+            };
             let mut results = results.into_iter();
-            for (position, slot) in node.outputs.iter().enumerate() {
+            for (position, slot) in output_slots.iter().enumerate() {
                 let value = results.next();
                 if let Some(id) = slot {
                     let value = value.ok_or_else(|| {
@@ -345,9 +362,10 @@ impl Executor for CpuExecutor<'_> {
     type Stage = CpuStage;
 
     fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
+        let steps = plan_cpu_steps(self.graph, spec)?;
         Ok(CpuStage {
             spec: spec.clone(),
-            steps: plan_cpu_steps(self.graph, spec)?,
+            steps: fold_conv_chains(self.graph, self.weights, spec, steps),
         })
     }
 
@@ -417,6 +435,14 @@ impl CpuExecutor<'_> {
             })
             .collect()
     }
+}
+
+/// A node's arguments as the tensors a tensor kernel takes (an error where one is a sequence
+/// or optional).
+fn tensor_args(args: &[Option<Value>]) -> Result<Vec<Option<&HostTensor>>, String> {
+    args.iter()
+        .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
+        .collect()
 }
 
 /// Time one stage spent working and waiting during a pipelined run.
@@ -845,6 +871,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("inner dims differ"), "{err}");
+    }
+
+    #[test]
+    fn folded_conv_chains_give_the_unfolded_outputs_bitwise() {
+        // resnet_tiny: each of its 9 Conv has a BatchNormalization to fold, and 4 of those a
+        // Relu that reads only it (the others follow a residual Add).
+        let path = std::path::Path::new("fixtures/models/resnet_tiny.onnx");
+        let mut model = crate::onnx::load_model(path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2))
+            .run(&mut model.graph)
+            .unwrap();
+        let (graph, weights) = (&model.graph, Weights::load(path, &model.graph).unwrap());
+        let executor = CpuExecutor::new(graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let spec = stage_specs(graph, std::slice::from_ref(&order))
+            .unwrap()
+            .remove(0);
+        let folded = executor.prepare(&spec).unwrap();
+        let unfolded = CpuStage {
+            steps: plan_cpu_steps(graph, &spec).unwrap(),
+            spec,
+        };
+        assert_eq!(folded.steps.len(), order.len() - 9 - 4);
+        let input: Vec<f32> = (0..2 * 3 * 64 * 64)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let mut inputs = Tensors::new();
+        inputs.insert(
+            "input".into(),
+            Arc::new(HostTensor::f32(vec![2, 3, 64, 64], input)),
+        );
+        // Bitwise: the folded nodes keep their own arithmetic.
+        let want = executor.run(&unfolded, &inputs).unwrap();
+        let got = executor.run(&folded, &inputs).unwrap();
+        assert_eq!(got["logits"], want["logits"]);
     }
 
     #[test]

@@ -1,0 +1,183 @@
+//! Folds the CPU backend does when it prepares a stage: a BatchNormalization with constant
+//! statistics that only reads a Conv's output, and a Relu that only reads the result, run as
+//! the convolution writes its output (onnxruntime fuses the same chains, for the same reason:
+//! on resnet_tiny the separate BatchNormalization and Relu passes read and wrote every
+//! activation twice more, for a tenth of the model's time).
+//!
+//! The folded nodes keep their own arithmetic (`kernels::Epilogue`): the statistics are not
+//! folded into the Conv's weights, which would round differently, so a run's outputs do not
+//! depend on whether a stage boundary kept a fold from happening. A fold needs the
+//! BatchNormalization's scale, bias, mean and variance to be parameters of the model, in
+//! inference mode (no `training_mode`, `spatial` 1), and each intermediate tensor to have that
+//! one reader in the stage and not to leave it. The folded step makes the last node's output;
+//! the nodes folded into it report no time of their own to `pipecut profile` (the Conv's time
+//! covers them).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::cpu::{CpuKernel, Step};
+use super::kernels::Epilogue;
+use super::{StageSpec, Weights};
+use crate::graph::{Attribute, Graph, Node, NodeId, TensorId};
+
+/// A Conv step with the nodes after it folded in.
+#[derive(Debug)]
+pub(crate) struct FoldedConv {
+    /// What the folded nodes do to each output.
+    pub epilogue: Epilogue,
+    /// Where the step's output goes: the output slot of the last folded node.
+    pub output: [Option<TensorId>; 1],
+    /// The nodes the step runs besides the Conv, in order.
+    pub folded: Vec<NodeId>,
+}
+
+/// `steps` with every foldable Conv chain run as one step (see the module doc).
+pub(super) fn fold_conv_chains(
+    graph: &Graph,
+    weights: &Weights,
+    spec: &StageSpec,
+    steps: Vec<Step<CpuKernel>>,
+) -> Vec<Step<CpuKernel>> {
+    let leaves: HashSet<TensorId> = spec.sends.iter().chain(graph.outputs()).copied().collect();
+    let position: HashMap<NodeId, usize> =
+        steps.iter().enumerate().map(|(i, s)| (s.node, i)).collect();
+    let chains = Chains {
+        graph,
+        weights,
+        leaves: &leaves,
+        position: &position,
+    };
+    let mut folds: HashMap<usize, FoldedConv> = HashMap::new();
+    let mut absorbed: HashSet<usize> = HashSet::new();
+    for (i, step) in steps.iter().enumerate() {
+        if let Some(fold) = chains.fold_from(step.node, i) {
+            absorbed.extend(fold.folded.iter().map(|n| position[n]));
+            folds.insert(i, fold);
+        }
+    }
+    let mut frees_of_absorbed: HashMap<usize, Vec<TensorId>> = HashMap::new();
+    for (&i, fold) in &folds {
+        let frees = fold
+            .folded
+            .iter()
+            .flat_map(|n| steps[position[n]].frees.iter().copied())
+            .collect();
+        frees_of_absorbed.insert(i, frees);
+    }
+    steps
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !absorbed.contains(i))
+        .map(|(i, mut step)| {
+            if let Some(fold) = folds.remove(&i) {
+                step.kernel = CpuKernel::Folded(Arc::new(fold));
+                step.frees
+                    .extend(frees_of_absorbed.remove(&i).unwrap_or_default());
+            }
+            step
+        })
+        .collect()
+}
+
+/// What a fold looks at: the graph, its weights, the tensors that leave the stage and each
+/// node's step.
+struct Chains<'a> {
+    graph: &'a Graph,
+    weights: &'a Weights,
+    leaves: &'a HashSet<TensorId>,
+    position: &'a HashMap<NodeId, usize>,
+}
+
+impl Chains<'_> {
+    /// The fold starting at the node of step `at`, if it is a Conv with something to fold.
+    fn fold_from(&self, conv_id: NodeId, at: usize) -> Option<FoldedConv> {
+        let conv = self.graph.node(conv_id);
+        if !is_default_op(conv, "Conv") || conv.outputs.len() != 1 {
+            return None;
+        }
+        let weight = self.graph.tensor(conv.inputs.get(1).copied().flatten()?);
+        let channels = usize::try_from(weight.shape.as_ref()?.first()?.known()?).ok()?;
+        let mut fold = FoldedConv {
+            epilogue: Epilogue::default(),
+            output: [conv.outputs[0]],
+            folded: Vec::new(),
+        };
+        let mut last = at;
+        if let Some((norm_id, norm)) = self.sole_reader(fold.output[0]?, last) {
+            if let Some(per_channel) = self.batch_norm_statistics(norm, channels) {
+                fold.epilogue.norm = Some(per_channel);
+                fold.output = [norm.outputs[0]];
+                fold.folded.push(norm_id);
+                last = self.position[&norm_id];
+            }
+        }
+        if let Some((relu_id, relu)) = self.sole_reader(fold.output[0]?, last) {
+            if is_default_op(relu, "Relu") && relu.outputs.len() == 1 {
+                fold.epilogue.relu = true;
+                fold.output = [relu.outputs[0]];
+                fold.folded.push(relu_id);
+            }
+        }
+        (!fold.folded.is_empty()).then_some(fold)
+    }
+
+    /// The one node of the stage, after step `after`, that reads `tensor`, where `tensor` does
+    /// not leave the stage.
+    fn sole_reader(&self, tensor: TensorId, after: usize) -> Option<(NodeId, &Node)> {
+        let readers = &self.graph.tensor(tensor).consumers;
+        if self.leaves.contains(&tensor) || readers.len() != 1 {
+            return None;
+        }
+        let reader = readers[0];
+        let node = self.graph.node(reader);
+        let reads_once = node.inputs.iter().filter(|t| **t == Some(tensor)).count() == 1;
+        let later = self.position.get(&reader).is_some_and(|&p| p > after);
+        (reads_once && later && node.inputs.first() == Some(&Some(tensor)))
+            .then_some((reader, node))
+    }
+
+    /// `[mean, factor, shift]` per channel of `norm`, a BatchNormalization in inference mode
+    /// over `channels` channels whose statistics are parameters, factor = scale / √(var + ε)
+    /// computed as its kernel computes it.
+    fn batch_norm_statistics(&self, norm: &Node, channels: usize) -> Option<Vec<[f32; 3]>> {
+        // Absent, or the inference-mode value.
+        let inference = |name: &str, value: i64| match norm.attributes.get(name) {
+            None => true,
+            Some(Attribute::Int(v)) => *v == value,
+            Some(_) => false,
+        };
+        if !is_default_op(norm, "BatchNormalization")
+            || norm.inputs.len() != 5
+            || norm.outputs.iter().skip(1).any(Option::is_some)
+            || !inference("training_mode", 0)
+            || !inference("spatial", 1)
+        {
+            return None;
+        }
+        let per_channel = |i: usize| -> Option<Vec<f32>> {
+            let tensor = norm.inputs[i]?;
+            self.graph.tensor(tensor).param()?;
+            let values = self.weights.get(tensor)?.as_f32().ok()?;
+            (values.len() == channels).then(|| values.to_vec())
+        };
+        let [scale, shift, mean, var] = [1, 2, 3, 4].map(per_channel);
+        let (scale, shift, mean, var) = (scale?, shift?, mean?, var?);
+        let epsilon = match norm.attributes.get("epsilon") {
+            Some(Attribute::Float(e)) => *e,
+            Some(Attribute::Int(e)) => *e as f32,
+            None => 1e-5,
+            Some(_) => return None,
+        };
+        Some(
+            (0..channels)
+                .map(|m| [mean[m], scale[m] / (var[m] + epsilon).sqrt(), shift[m]])
+                .collect(),
+        )
+    }
+}
+
+/// Whether `node` is the standard ONNX op `op`.
+fn is_default_op(node: &Node, op: &str) -> bool {
+    node.op_type == op && (node.domain.is_empty() || node.domain == "ai.onnx")
+}
