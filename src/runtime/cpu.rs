@@ -873,39 +873,86 @@ mod tests {
         assert!(err.contains("inner dims differ"), "{err}");
     }
 
+    /// A model's whole-graph stage prepared with folds and without, and the number of nodes.
+    struct FoldCase {
+        graph: Graph,
+        weights: Weights,
+        nodes: usize,
+    }
+
+    impl FoldCase {
+        fn load(path: &str, dims: &[(&str, u64)]) -> FoldCase {
+            let path = std::path::Path::new(path);
+            let mut model = crate::onnx::load_model(path).unwrap();
+            let bindings = dims
+                .iter()
+                .fold(DimBindings::new(), |b, &(name, v)| b.bind(name, v));
+            ShapeInference::new(bindings).run(&mut model.graph).unwrap();
+            let weights = Weights::load(path, &model.graph).unwrap();
+            let nodes = model.graph.topological_order().len();
+            FoldCase {
+                graph: model.graph,
+                weights,
+                nodes,
+            }
+        }
+
+        /// (folded, unfolded) outputs of one run on `input`, and the folded stage's steps.
+        fn run(&self, input: (&str, Vec<usize>)) -> (Tensors, Tensors, Vec<Step<CpuKernel>>) {
+            let executor = CpuExecutor::new(&self.graph, &self.weights);
+            let order = self.graph.topological_order().to_vec();
+            let spec = stage_specs(&self.graph, std::slice::from_ref(&order))
+                .unwrap()
+                .remove(0);
+            let folded = executor.prepare(&spec).unwrap();
+            let unfolded = CpuStage {
+                steps: plan_cpu_steps(&self.graph, &spec).unwrap(),
+                spec,
+            };
+            let (name, shape) = input;
+            let len = shape.iter().product::<usize>();
+            let values = (0..len)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let mut inputs = Tensors::new();
+            inputs.insert(name.into(), Arc::new(HostTensor::f32(shape, values)));
+            let got = executor.run(&folded, &inputs).unwrap();
+            let want = executor.run(&unfolded, &inputs).unwrap();
+            (got, want, folded.steps)
+        }
+    }
+
     #[test]
     fn folded_conv_chains_give_the_unfolded_outputs_bitwise() {
         // resnet_tiny: each of its 9 Conv has a BatchNormalization to fold, and 4 of those a
-        // Relu that reads only it (the others follow a residual Add).
-        let path = std::path::Path::new("fixtures/models/resnet_tiny.onnx");
-        let mut model = crate::onnx::load_model(path).unwrap();
-        ShapeInference::new(DimBindings::new().bind("batch", 2))
-            .run(&mut model.graph)
-            .unwrap();
-        let (graph, weights) = (&model.graph, Weights::load(path, &model.graph).unwrap());
-        let executor = CpuExecutor::new(graph, &weights);
-        let order = graph.topological_order().to_vec();
-        let spec = stage_specs(graph, std::slice::from_ref(&order))
-            .unwrap()
-            .remove(0);
-        let folded = executor.prepare(&spec).unwrap();
-        let unfolded = CpuStage {
-            steps: plan_cpu_steps(graph, &spec).unwrap(),
-            spec,
-        };
-        assert_eq!(folded.steps.len(), order.len() - 9 - 4);
-        let input: Vec<f32> = (0..2 * 3 * 64 * 64)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-            .collect();
-        let mut inputs = Tensors::new();
-        inputs.insert(
-            "input".into(),
-            Arc::new(HostTensor::f32(vec![2, 3, 64, 64], input)),
-        );
-        // Bitwise: the folded nodes keep their own arithmetic.
-        let want = executor.run(&unfolded, &inputs).unwrap();
-        let got = executor.run(&folded, &inputs).unwrap();
+        // Relu that reads only it (the others follow a residual Add). Bitwise: the folded
+        // nodes keep their own arithmetic.
+        let case = FoldCase::load("fixtures/models/resnet_tiny.onnx", &[("batch", 2)]);
+        let (got, want, steps) = case.run(("input", vec![2, 3, 64, 64]));
+        assert_eq!(steps.len(), case.nodes - 9 - 4);
         assert_eq!(got["logits"], want["logits"]);
+    }
+
+    #[test]
+    fn folded_hard_swish_chains_give_the_unfolded_outputs_bitwise() {
+        // ppocr_mobile_v2_cls writes hard-swish out (Add 3, Clip 0..6, Mul, Div 6) after a
+        // Conv and BatchNormalization: those fold too.
+        let path = "fixtures/real/cache/ppocr_mobile_v2_cls.onnx";
+        if !std::path::Path::new(path).exists() {
+            eprintln!("skipping the hard-swish fold check: {path} is absent");
+            return;
+        }
+        let dims = [("x.0", 2), ("x.2", 48), ("x.3", 192)];
+        let case = FoldCase::load(path, &dims);
+        let (got, want, steps) = case.run(("x", vec![2, 3, 48, 192]));
+        let hard_swish = steps
+            .iter()
+            .filter(
+                |s| matches!(&s.kernel, CpuKernel::Folded(f) if f.epilogue.hard_swish.is_some()),
+            )
+            .count();
+        assert!(hard_swish > 0, "no hard-swish folded");
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Folds the CPU backend does when it prepares a stage: a BatchNormalization with constant
-//! statistics that only reads a Conv's output, and a Relu that only reads the result, run as
-//! the convolution writes its output (onnxruntime fuses the same chains, for the same reason:
+//! statistics that only reads a Conv's output, and a Relu or a written-out hard-swish (Add,
+//! Clip, Mul, Div of scalars) after the result, run as the convolution writes its output (onnxruntime fuses the same chains, for the same reason:
 //! on resnet_tiny the separate BatchNormalization and Relu passes read and wrote every
 //! activation twice more, for a tenth of the model's time).
 //!
@@ -118,8 +118,86 @@ impl Chains<'_> {
                 fold.output = [relu.outputs[0]];
                 fold.folded.push(relu_id);
             }
+        } else if let Some((nodes, constants, output)) = self.hard_swish(fold.output[0]?, last) {
+            fold.epilogue.hard_swish = Some(constants);
+            fold.output = [Some(output)];
+            fold.folded.extend(nodes);
         }
         (!fold.folded.is_empty()).then_some(fold)
+    }
+
+    /// The hard-swish `t · clip(t + add, lo, hi) / div` written out as Add, Clip, Mul and Div
+    /// of scalar parameters after step `after` (t read by the Add and the Mul only, each
+    /// intermediate by the next node only): the four nodes, `[add, lo, hi, div]` and the Div's
+    /// output.
+    fn hard_swish(&self, t: TensorId, after: usize) -> Option<([NodeId; 4], [f32; 4], TensorId)> {
+        let readers = &self.graph.tensor(t).consumers;
+        if self.leaves.contains(&t) || readers.len() != 2 {
+            return None;
+        }
+        let node = |op: &str| {
+            readers
+                .iter()
+                .map(|&id| (id, self.graph.node(id)))
+                .find(|(_, n)| is_default_op(n, op) && n.inputs.len() == 2 && n.outputs.len() == 1)
+        };
+        let ((add_id, add), (mul_id, mul)) = (node("Add")?, node("Mul")?);
+        let other = |n: &Node, known: TensorId| match n.inputs.as_slice() {
+            [Some(a), Some(b)] if *a == known => Some(*b),
+            [Some(a), Some(b)] if *b == known => Some(*a),
+            _ => None,
+        };
+        let shift = self.scalar(other(add, t)?)?;
+        let (clip_id, clip) = self.sole_reader(add.outputs[0]?, self.position[&add_id])?;
+        if !is_default_op(clip, "Clip") || clip.outputs.len() != 1 {
+            return None;
+        }
+        let [lo, hi] = self.clip_bounds(clip)?;
+        let clipped = clip.outputs[0]?;
+        if other(mul, t)? != clipped || self.graph.tensor(clipped).consumers != [mul_id] {
+            return None;
+        }
+        let (div_id, div) = self.sole_reader(mul.outputs[0]?, self.position[&mul_id])?;
+        if !is_default_op(div, "Div") || div.inputs.len() != 2 || div.outputs.len() != 1 {
+            return None;
+        }
+        let divisor = self.scalar(div.inputs[1]?)?;
+        let later = |id: NodeId| self.position.get(&id).is_some_and(|&p| p > after);
+        (later(add_id) && later(mul_id) && !self.leaves.contains(&clipped)).then_some((
+            [add_id, clip_id, mul_id, div_id],
+            [shift, lo, hi, divisor],
+            div.outputs[0]?,
+        ))
+    }
+
+    /// The bounds of a Clip whose bounds are scalar parameters (inputs from opset 11,
+    /// attributes before), ±inf where absent.
+    fn clip_bounds(&self, clip: &Node) -> Option<[f32; 2]> {
+        if self.graph.opset(&clip.domain).unwrap_or(0) < 11 {
+            let bound = |name: &str, default: f32| match clip.attributes.get(name) {
+                None => Some(default),
+                Some(Attribute::Float(v)) => Some(*v),
+                Some(_) => None,
+            };
+            return Some([
+                bound("min", f32::NEG_INFINITY)?,
+                bound("max", f32::INFINITY)?,
+            ]);
+        }
+        let bound = |i: usize, default: f32| match clip.inputs.get(i).copied().flatten() {
+            None => Some(default),
+            Some(t) => self.scalar(t),
+        };
+        Some([bound(1, f32::NEG_INFINITY)?, bound(2, f32::INFINITY)?])
+    }
+
+    /// The value of a one-element f32 parameter.
+    fn scalar(&self, tensor: TensorId) -> Option<f32> {
+        self.graph.tensor(tensor).param()?;
+        match self.weights.get(tensor)?.as_f32().ok()? {
+            [v] => Some(*v),
+            _ => None,
+        }
     }
 
     /// The one node of the stage, after step `after`, that reads `tensor`, where `tensor` does

@@ -201,11 +201,15 @@ pub(crate) struct Epilogue {
     pub(crate) norm: Option<Vec<[f32; 3]>>,
     /// A Relu after it (`f32::max(v, 0)`, as the Relu kernel: NaN gives 0).
     pub(crate) relu: bool,
+    /// A hard-swish written out after it, `v · clip(v + add, lo, hi) / div` (Add, Clip, Mul,
+    /// Div of scalars, as the PaddleOCR exports have it): `[add, lo, hi, div]`, applied in
+    /// those kernels' order (Clip: max, then min).
+    pub(crate) hard_swish: Option<[f32; 4]>,
 }
 
 impl Epilogue {
     fn is_identity(&self) -> bool {
-        self.norm.is_none() && !self.relu
+        self.norm.is_none() && !self.relu && self.hard_swish.is_none()
     }
 
     /// The map of output channel `channel`.
@@ -213,6 +217,7 @@ impl Epilogue {
         ChannelMap {
             norm: self.norm.as_ref().map(|n| n[channel]),
             relu: self.relu,
+            hard_swish: self.hard_swish,
         }
     }
 }
@@ -222,6 +227,7 @@ impl Epilogue {
 struct ChannelMap {
     norm: Option<[f32; 3]>,
     relu: bool,
+    hard_swish: Option<[f32; 4]>,
 }
 
 impl ChannelMap {
@@ -229,6 +235,10 @@ impl ChannelMap {
     fn apply(self, v: f32) -> f32 {
         let v = match self.norm {
             Some([mean, factor, shift]) => (v - mean) * factor + shift,
+            None => v,
+        };
+        let v = match self.hard_swish {
+            Some([add, lo, hi, div]) => v * (v + add).max(lo).min(hi) / div,
             None => v,
         };
         if self.relu {
@@ -1581,8 +1591,8 @@ mod tests {
             };
             let refs = [Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2])];
             let epilogue = super::Epilogue {
-                norm: None,
                 relu: true,
+                ..Default::default()
             };
             let relu = super::conv_then(&ctx, &refs, &epilogue).unwrap();
             let want_relu: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
