@@ -956,6 +956,30 @@ mod tests {
     }
 
     #[test]
+    fn folded_scalar_affine_chains_give_the_unfolded_outputs_bitwise() {
+        // ppocr_v4_det: Conv, Mul and Add of scalars (PP-LCNet's learnable affine), then a
+        // written-out hard-swish.
+        let path = "fixtures/real/cache/ppocr_v4_det.onnx";
+        if !std::path::Path::new(path).exists() {
+            eprintln!("skipping the affine fold check: {path} is absent");
+            return;
+        }
+        let dims = [
+            ("p2o.DynamicDimension.0", 1),
+            ("p2o.DynamicDimension.1", 64),
+            ("p2o.DynamicDimension.2", 64),
+        ];
+        let case = FoldCase::load(path, &dims);
+        let (got, want, steps) = case.run(("x", vec![1, 3, 64, 64]));
+        let affine = steps
+            .iter()
+            .filter(|s| matches!(&s.kernel, CpuKernel::Folded(f) if f.epilogue.affine.is_some()))
+            .count();
+        assert!(affine > 0, "no affine folded");
+        assert_eq!(got, want);
+    }
+
+    #[test]
     fn micro_batches_split_unevenly_and_join_back() {
         let mut inputs = Tensors::new();
         inputs.insert(

@@ -1,6 +1,6 @@
 //! Folds the CPU backend does when it prepares a stage: a BatchNormalization with constant
-//! statistics that only reads a Conv's output, and a Relu or a written-out hard-swish (Add,
-//! Clip, Mul, Div of scalars) after the result, run as the convolution writes its output (onnxruntime fuses the same chains, for the same reason:
+//! statistics that only reads a Conv's output, a Mul and an Add of scalars after it, and a
+//! Relu or a written-out hard-swish (Add, Clip, Mul, Div of scalars) after the result, run as the convolution writes its output (onnxruntime fuses the same chains, for the same reason:
 //! on resnet_tiny the separate BatchNormalization and Relu passes read and wrote every
 //! activation twice more, for a tenth of the model's time).
 //!
@@ -112,6 +112,12 @@ impl Chains<'_> {
                 last = self.position[&norm_id];
             }
         }
+        if let Some((nodes, constants, output)) = self.scalar_affine(fold.output[0]?, last) {
+            fold.epilogue.affine = Some(constants);
+            fold.output = [Some(output)];
+            fold.folded.extend(nodes);
+            last = self.position[&nodes[1]];
+        }
         if let Some((relu_id, relu)) = self.sole_reader(fold.output[0]?, last) {
             if is_default_op(relu, "Relu") && relu.outputs.len() == 1 {
                 fold.epilogue.relu = true;
@@ -168,6 +174,43 @@ impl Chains<'_> {
             [shift, lo, hi, divisor],
             div.outputs[0]?,
         ))
+    }
+
+    /// A Mul by a scalar parameter alone reading `t` after step `after`, then an Add of one
+    /// alone reading the product: the two nodes, `[scale, shift]` and the Add's output.
+    fn scalar_affine(
+        &self,
+        t: TensorId,
+        after: usize,
+    ) -> Option<([NodeId; 2], [f32; 2], TensorId)> {
+        let operand = |n: &Node, known: TensorId| match n.inputs.as_slice() {
+            [Some(a), Some(b)] if *a == known && b != a => self.scalar(*b),
+            [Some(a), Some(b)] if *b == known && b != a => self.scalar(*a),
+            _ => None,
+        };
+        let (mul_id, mul) = self.sole_reader_anywhere(t, after)?;
+        if !is_default_op(mul, "Mul") || mul.outputs.len() != 1 {
+            return None;
+        }
+        let scale = operand(mul, t)?;
+        let product = mul.outputs[0]?;
+        let (add_id, add) = self.sole_reader_anywhere(product, self.position[&mul_id])?;
+        if !is_default_op(add, "Add") || add.outputs.len() != 1 {
+            return None;
+        }
+        let shift = operand(add, product)?;
+        Some(([mul_id, add_id], [scale, shift], add.outputs[0]?))
+    }
+
+    /// [`Chains::sole_reader`] where `tensor` may be either input of the reader.
+    fn sole_reader_anywhere(&self, tensor: TensorId, after: usize) -> Option<(NodeId, &Node)> {
+        let readers = &self.graph.tensor(tensor).consumers;
+        if self.leaves.contains(&tensor) || readers.len() != 1 {
+            return None;
+        }
+        let node = self.graph.node(readers[0]);
+        let later = self.position.get(&readers[0]).is_some_and(|&p| p > after);
+        later.then_some((readers[0], node))
     }
 
     /// The bounds of a Clip whose bounds are scalar parameters (inputs from opset 11,

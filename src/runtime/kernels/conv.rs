@@ -199,6 +199,9 @@ pub(crate) struct Epilogue {
     /// A BatchNormalization's `[mean, factor, shift]` per output channel, applied as its
     /// kernel does: `(v − mean) · factor + shift`, factor = scale / √(var + ε).
     pub(crate) norm: Option<Vec<[f32; 3]>>,
+    /// A Mul, then an Add, of scalars after it (`v · scale + shift`, two roundings, as the two
+    /// nodes): `[scale, shift]`, PP-LCNet's learnable affine.
+    pub(crate) affine: Option<[f32; 2]>,
     /// A Relu after it (`f32::max(v, 0)`, as the Relu kernel: NaN gives 0).
     pub(crate) relu: bool,
     /// A hard-swish written out after it, `v · clip(v + add, lo, hi) / div` (Add, Clip, Mul,
@@ -209,13 +212,14 @@ pub(crate) struct Epilogue {
 
 impl Epilogue {
     fn is_identity(&self) -> bool {
-        self.norm.is_none() && !self.relu && self.hard_swish.is_none()
+        self.norm.is_none() && self.affine.is_none() && !self.relu && self.hard_swish.is_none()
     }
 
     /// The map of output channel `channel`.
     fn channel(&self, channel: usize) -> ChannelMap {
         ChannelMap {
             norm: self.norm.as_ref().map(|n| n[channel]),
+            affine: self.affine,
             relu: self.relu,
             hard_swish: self.hard_swish,
         }
@@ -226,6 +230,7 @@ impl Epilogue {
 #[derive(Debug, Clone, Copy)]
 struct ChannelMap {
     norm: Option<[f32; 3]>,
+    affine: Option<[f32; 2]>,
     relu: bool,
     hard_swish: Option<[f32; 4]>,
 }
@@ -235,6 +240,10 @@ impl ChannelMap {
     fn apply(self, v: f32) -> f32 {
         let v = match self.norm {
             Some([mean, factor, shift]) => (v - mean) * factor + shift,
+            None => v,
+        };
+        let v = match self.affine {
+            Some([scale, shift]) => v * scale + shift,
             None => v,
         };
         let v = match self.hard_swish {
