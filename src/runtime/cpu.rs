@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
 use super::tensor::HostTensor;
 use super::value::{Value, Values};
@@ -48,10 +49,12 @@ pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, E
 
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum CpuKernel {
     Tensor(Kernel),
     Value(ValueKernel),
+    /// A Conv with the nodes after it folded in when the stage was prepared (`fuse`).
+    Folded(Arc<FoldedConv>),
 }
 
 /// [`plan_steps`] with the kernels on values that only the CPU runtime has (an op with both,
@@ -231,13 +234,17 @@ impl<'a> CpuExecutor<'a> {
             };
             let began = Instant::now();
             let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
-            let results: Vec<Value> = match step.kernel {
-                CpuKernel::Tensor(kernel) if all_tensors => {
-                    let tensors: Vec<Option<&HostTensor>> = args
-                        .iter()
-                        .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
-                        .collect::<Result<_, String>>()
-                        .map_err(kernel_error)?;
+            let results: Vec<Value> = match &step.kernel {
+                CpuKernel::Folded(fold) => {
+                    let tensors = tensor_args(&args).map_err(kernel_error)?;
+                    kernels::conv_then(&ctx, &tensors, &fold.epilogue)
+                        .map_err(kernel_error)?
+                        .into_iter()
+                        .map(|t| Value::Tensor(Arc::new(t)))
+                        .collect()
+                }
+                &CpuKernel::Tensor(kernel) if all_tensors => {
+                    let tensors = tensor_args(&args).map_err(kernel_error)?;
                     kernel(&ctx, &tensors)
                         .map_err(kernel_error)?
                         .into_iter()
@@ -247,7 +254,7 @@ impl<'a> CpuExecutor<'a> {
                 CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
                     let kernel = match step.kernel {
                         CpuKernel::Value(kernel) => Some(kernel),
-                        CpuKernel::Tensor(_) => kernels::lookup_value(&node.domain, &node.op_type),
+                        _ => kernels::lookup_value(&node.domain, &node.op_type),
                     }
                     .ok_or_else(|| {
                         kernel_error(
@@ -273,10 +280,20 @@ impl<'a> CpuExecutor<'a> {
                 }
             };
             let secs = began.elapsed().as_secs_f64();
-            observe(step.node, secs, results.iter().map(Value::byte_len).sum());
+            let output_bytes = results.iter().map(Value::byte_len).sum();
+            observe(step.node, secs, output_bytes);
             drop(args);
+            let output_slots = match &step.kernel {
+                CpuKernel::Folded(fold) => {
+                    for &folded in &fold.folded {
+                        observe(folded, 0.0, output_bytes);
+                    }
+                    &fold.output[..]
+                }
+                _ => &node.outputs[..],
+            };
             let mut results = results.into_iter();
-            for (position, slot) in node.outputs.iter().enumerate() {
+            for (position, slot) in output_slots.iter().enumerate() {
                 let value = results.next();
                 if let Some(id) = slot {
                     let value = value.ok_or_else(|| {
@@ -345,9 +362,10 @@ impl Executor for CpuExecutor<'_> {
     type Stage = CpuStage;
 
     fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
+        let steps = plan_cpu_steps(self.graph, spec)?;
         Ok(CpuStage {
             spec: spec.clone(),
-            steps: plan_cpu_steps(self.graph, spec)?,
+            steps: fold_conv_chains(self.graph, self.weights, spec, steps),
         })
     }
 
@@ -417,6 +435,14 @@ impl CpuExecutor<'_> {
             })
             .collect()
     }
+}
+
+/// A node's arguments as the tensors a tensor kernel takes (an error where one is a sequence
+/// or optional).
+fn tensor_args(args: &[Option<Value>]) -> Result<Vec<Option<&HostTensor>>, String> {
+    args.iter()
+        .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
+        .collect()
 }
 
 /// Time one stage spent working and waiting during a pipelined run.
@@ -875,6 +901,112 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("inner dims differ"), "{err}");
+    }
+
+    /// A model's whole-graph stage prepared with folds and without, and the number of nodes.
+    struct FoldCase {
+        graph: Graph,
+        weights: Weights,
+        nodes: usize,
+    }
+
+    impl FoldCase {
+        fn load(path: &str, dims: &[(&str, u64)]) -> FoldCase {
+            let path = std::path::Path::new(path);
+            let mut model = crate::onnx::load_model(path).unwrap();
+            let bindings = dims
+                .iter()
+                .fold(DimBindings::new(), |b, &(name, v)| b.bind(name, v));
+            ShapeInference::new(bindings).run(&mut model.graph).unwrap();
+            let weights = Weights::load(path, &model.graph).unwrap();
+            let nodes = model.graph.topological_order().len();
+            FoldCase {
+                graph: model.graph,
+                weights,
+                nodes,
+            }
+        }
+
+        /// (folded, unfolded) outputs of one run on `input`, and the folded stage's steps.
+        fn run(&self, input: (&str, Vec<usize>)) -> (Tensors, Tensors, Vec<Step<CpuKernel>>) {
+            let executor = CpuExecutor::new(&self.graph, &self.weights);
+            let order = self.graph.topological_order().to_vec();
+            let spec = stage_specs(&self.graph, std::slice::from_ref(&order))
+                .unwrap()
+                .remove(0);
+            let folded = executor.prepare(&spec).unwrap();
+            let unfolded = CpuStage {
+                steps: plan_cpu_steps(&self.graph, &spec).unwrap(),
+                spec,
+            };
+            let (name, shape) = input;
+            let len = shape.iter().product::<usize>();
+            let values = (0..len)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect();
+            let mut inputs = Tensors::new();
+            inputs.insert(name.into(), Arc::new(HostTensor::f32(shape, values)));
+            let got = executor.run(&folded, &inputs).unwrap();
+            let want = executor.run(&unfolded, &inputs).unwrap();
+            (got, want, folded.steps)
+        }
+    }
+
+    #[test]
+    fn folded_conv_chains_give_the_unfolded_outputs_bitwise() {
+        // resnet_tiny: each of its 9 Conv has a BatchNormalization to fold, and 4 of those a
+        // Relu that reads only it (the others follow a residual Add). Bitwise: the folded
+        // nodes keep their own arithmetic.
+        let case = FoldCase::load("fixtures/models/resnet_tiny.onnx", &[("batch", 2)]);
+        let (got, want, steps) = case.run(("input", vec![2, 3, 64, 64]));
+        assert_eq!(steps.len(), case.nodes - 9 - 4);
+        assert_eq!(got["logits"], want["logits"]);
+    }
+
+    #[test]
+    fn folded_hard_swish_chains_give_the_unfolded_outputs_bitwise() {
+        // ppocr_mobile_v2_cls writes hard-swish out (Add 3, Clip 0..6, Mul, Div 6) after a
+        // Conv and BatchNormalization: those fold too.
+        let path = "fixtures/real/cache/ppocr_mobile_v2_cls.onnx";
+        if !std::path::Path::new(path).exists() {
+            eprintln!("skipping the hard-swish fold check: {path} is absent");
+            return;
+        }
+        let dims = [("x.0", 2), ("x.2", 48), ("x.3", 192)];
+        let case = FoldCase::load(path, &dims);
+        let (got, want, steps) = case.run(("x", vec![2, 3, 48, 192]));
+        let hard_swish = steps
+            .iter()
+            .filter(
+                |s| matches!(&s.kernel, CpuKernel::Folded(f) if f.epilogue.hard_swish.is_some()),
+            )
+            .count();
+        assert!(hard_swish > 0, "no hard-swish folded");
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn folded_scalar_affine_chains_give_the_unfolded_outputs_bitwise() {
+        // ppocr_v4_det: Conv, Mul and Add of scalars (PP-LCNet's learnable affine), then a
+        // written-out hard-swish.
+        let path = "fixtures/real/cache/ppocr_v4_det.onnx";
+        if !std::path::Path::new(path).exists() {
+            eprintln!("skipping the affine fold check: {path} is absent");
+            return;
+        }
+        let dims = [
+            ("p2o.DynamicDimension.0", 1),
+            ("p2o.DynamicDimension.1", 64),
+            ("p2o.DynamicDimension.2", 64),
+        ];
+        let case = FoldCase::load(path, &dims);
+        let (got, want, steps) = case.run(("x", vec![1, 3, 64, 64]));
+        let affine = steps
+            .iter()
+            .filter(|s| matches!(&s.kernel, CpuKernel::Folded(f) if f.epilogue.affine.is_some()))
+            .count();
+        assert!(affine > 0, "no affine folded");
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod cuda;
 #[path = "cuda_stub.rs"]
 pub mod cuda;
 pub mod distributed;
+mod fuse;
 mod kernels;
 pub mod narrow;
 pub mod npy;

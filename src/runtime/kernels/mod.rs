@@ -14,6 +14,7 @@ mod collective;
 mod constant;
 mod control;
 mod conv;
+pub(crate) use conv::{conv_then, Epilogue};
 // The CUDA backend's window ops share the CPU kernels' window geometry.
 #[cfg(feature = "cuda")]
 pub(crate) use conv::{conv_group, nchw_of, spatial, window, Window};
@@ -51,6 +52,7 @@ mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 mod spatial;
 mod spectral;
+mod tap_product;
 mod tensor_scatter;
 
 #[cfg(feature = "cuda")]
