@@ -76,7 +76,7 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                         let m = 16 / (d as u64 * b);
                         // Interleaving needs whole rounds of K micro-batches; one stage or
                         // inference has one schedule (the search's first).
-                        if (schedule.chunks() > 1 && m % k as u64 != 0)
+                        if (schedule.chunks() > 1 && !m.is_multiple_of(k as u64))
                             || ((k == 1 || mode == Mode::Inference) && schedule != SCHEDULES[0])
                         {
                             continue;

@@ -329,7 +329,7 @@ pub(crate) fn coarsen_until(
     while changed && groups.count > target {
         changed = false;
         for p in 0..n as u32 {
-            if p as usize % CLOCK_EVERY == 0 && passed() {
+            if (p as usize).is_multiple_of(CLOCK_EVERY) && passed() {
                 return None;
             }
             if groups.parent[p as usize] != p {

@@ -536,7 +536,7 @@ impl<'a> Search<'a> {
         if self.work_limit.is_some_and(|limit| self.work > limit) {
             return Some(SearchEnd::WorkLimit);
         }
-        if self.work % CLOCK_EVERY == 0 && Instant::now() >= self.deadline {
+        if self.work.is_multiple_of(CLOCK_EVERY) && Instant::now() >= self.deadline {
             return Some(SearchEnd::Deadline);
         }
         None

@@ -462,7 +462,7 @@ pub fn search(
                     .as_ref()
                     .is_none_or(|wanted| wanted.contains(d))
             }) {
-                if request.global_batch % (d as u64 * b) != 0 {
+                if !request.global_batch.is_multiple_of(d as u64 * b) {
                     continue;
                 }
                 let m = request.global_batch / (d as u64 * b);
@@ -684,7 +684,7 @@ impl Shapes {
             };
             for &schedule in schedules {
                 // Megatron's interleaved order needs whole rounds of K micro-batches.
-                if schedule.chunks() > 1 && self.microbatches % k as u64 != 0 {
+                if schedule.chunks() > 1 && !self.microbatches.is_multiple_of(k as u64) {
                     continue;
                 }
                 let probe = key(schedule, placements(k, d)[0]);
@@ -959,7 +959,7 @@ fn microbatch_sizes(request: &SearchRequest) -> Result<Vec<u64>, Error> {
         Some(sizes) => {
             if let Some(&b) = sizes
                 .iter()
-                .find(|&&b| b == 0 || request.global_batch % b != 0)
+                .find(|&&b| b == 0 || !request.global_batch.is_multiple_of(b))
             {
                 return Err(Error::PartitionConfig(format!(
                     "micro-batch size {b} does not divide the global batch {}",
@@ -970,7 +970,7 @@ fn microbatch_sizes(request: &SearchRequest) -> Result<Vec<u64>, Error> {
         }
         None => std::iter::successors(Some(1u64), |b| b.checked_mul(2))
             .take_while(|&b| b <= request.global_batch)
-            .filter(|&b| request.global_batch % b == 0)
+            .filter(|&b| request.global_batch.is_multiple_of(b))
             .collect(),
     };
     let mut sizes = sizes;

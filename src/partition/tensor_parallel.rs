@@ -85,7 +85,7 @@ pub struct ShardableBlock {
 impl ShardableBlock {
     /// Whether degree `t` splits this block evenly.
     pub fn splits_at(&self, t: u64) -> bool {
-        t >= 1 && self.widest_degree % t == 0
+        t >= 1 && self.widest_degree.is_multiple_of(t)
     }
 }
 

@@ -51,7 +51,7 @@ impl AxisSplit {
 
     /// Whether an axis of `size` splits evenly.
     fn divides(&self, size: u64, degree: u64) -> bool {
-        self.groups > 0 && size % (self.groups * degree) == 0
+        self.groups > 0 && size.is_multiple_of(self.groups * degree)
     }
 }
 

@@ -504,7 +504,7 @@ fn check_parallelism(
     let per_replica = (p.data_parallel as u64)
         .checked_mul(p.microbatch_size)
         .unwrap_or(0);
-    if per_replica == 0 || p.global_batch % per_replica != 0 {
+    if per_replica == 0 || !p.global_batch.is_multiple_of(per_replica) {
         return bad(format!(
             "a global batch of {} does not split into {} replicas of micro-batches of {}",
             p.global_batch, p.data_parallel, p.microbatch_size
@@ -854,7 +854,7 @@ impl Plan {
             .validate()
             .map_err(Error::InvalidPlan)?;
         let chunks = self.config.schedule.chunks();
-        if devices.len() % chunks != 0 {
+        if !devices.len().is_multiple_of(chunks) {
             return bad(format!(
                 "{} stages cannot be {chunks} chunks on each device of an interleaved pipeline",
                 devices.len()

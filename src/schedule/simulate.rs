@@ -313,7 +313,7 @@ pub fn simulate(
     if stages == 0 || microbatches == 0 {
         return Err(bad("it needs at least one stage and one micro-batch".into()));
     }
-    if chunks == 0 || stages % chunks != 0 {
+    if chunks == 0 || !stages.is_multiple_of(chunks) {
         return Err(bad(format!(
             "{stages} stages cannot be split into {chunks} chunks per device"
         )));
@@ -348,7 +348,7 @@ pub fn simulate(
         });
     }
     let devices = stages / chunks;
-    if chunks > 1 && training && microbatches % devices != 0 {
+    if chunks > 1 && training && !microbatches.is_multiple_of(devices) {
         return Err(bad(format!("interleaving needs the micro-batches ({microbatches}) to be a multiple of the devices ({devices})")));
     }
     let orders: Vec<Vec<(OpKind, usize, usize)>> = (0..devices)

@@ -533,7 +533,7 @@ pub fn slice_tensor(
     let shape = whole.shape().to_vec();
     let axis = split.axis;
     let size = *shape.get(axis).ok_or("axis out of range")? as u64;
-    if split.groups == 0 || size % (split.groups * degree) != 0 {
+    if split.groups == 0 || !size.is_multiple_of(split.groups * degree) {
         return Err(format!(
             "axis {axis} of size {size} does not split {degree} ways"
         ));

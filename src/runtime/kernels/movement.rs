@@ -415,7 +415,7 @@ pub(crate) fn view_shape(
             if let Some(i) = infer {
                 let known: usize = shape.iter().product();
                 let total: usize = input.iter().product();
-                if known == 0 || total % known != 0 {
+                if known == 0 || !total.is_multiple_of(known) {
                     return Err(format!("cannot reshape {input:?} to {target:?}"));
                 }
                 shape[i] = total / known;

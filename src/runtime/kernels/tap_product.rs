@@ -207,10 +207,7 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU has AVX-512F; reads and writes as [`super::tile_portable`]'s, `VECS` · 16 wide.
-    // AVX-512 intrinsics are stable since Rust 1.89, above the declared `rust-version` (1.85);
-    // the build already needs 1.89 (gemm's `x86-v4` feature turns on bytemuck's `avx512_simd`,
-    // which names the same types).
-    #[allow(clippy::incompatible_msrv)]
+    // AVX-512 intrinsics are stable since Rust 1.89, the crate's `rust-version`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn tile_avx512<const VECS: usize>(
         weights: &TapWeights,
