@@ -312,32 +312,10 @@ fn a_newer_opset_loads_with_a_warning_naming_the_assumed_ops() {
 #[test]
 fn a_sample_value_resolves_a_shape_input() {
     use onnx_protobuf::{
-        tensor_shape_proto, type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
-        OperatorSetIdProto, TensorShapeProto, TypeProto, ValueInfoProto,
+        AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
+        ValueInfoProto,
     };
-    let value_info = |name: &str, elem_type: i32, dims: &[i64]| ValueInfoProto {
-        name: name.into(),
-        type_: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| tensor_shape_proto::Dimension {
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                })
-                .into(),
-                ..Default::default()
-            })),
-            ..Default::default()
-        })
-        .into(),
-        ..Default::default()
-    };
+    let value_info = common::tensor_value_info;
     let graph = GraphProto {
         name: "reduce".into(),
         node: vec![NodeProto {

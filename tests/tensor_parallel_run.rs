@@ -491,32 +491,9 @@ fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
 fn an_opset_9_gemm_mlp_with_a_scaled_bias_split_two_ways_equals_the_whole_model() {
     use onnx_protobuf::attribute_proto::AttributeType;
     use onnx_protobuf::{
-        tensor_shape_proto, type_proto, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
-        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+        AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     };
-    let value_info = |name: &str, dims: &[i64]| ValueInfoProto {
-        name: name.into(),
-        type_: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| tensor_shape_proto::Dimension {
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                })
-                .into(),
-                ..Default::default()
-            })),
-            ..Default::default()
-        })
-        .into(),
-        ..Default::default()
-    };
+    let value_info = |name: &str, dims: &[i64]| common::tensor_value_info(name, 1, dims);
     let weight = |name: &str, dims: &[i64], seed: f32| TensorProto {
         name: name.into(),
         dims: dims.to_vec(),

@@ -268,3 +268,36 @@ pub fn transformer(layers: usize, width: u64, rows: u64) -> pipecut::graph::Grap
         .unwrap();
     graph
 }
+
+/// A graph input or output of element type `elem_type` (ONNX's code: 1 is float32) and fixed
+/// `dims`, for models the tests write themselves.
+pub fn tensor_value_info(
+    name: &str,
+    elem_type: i32,
+    dims: &[i64],
+) -> onnx_protobuf::ValueInfoProto {
+    use onnx_protobuf::{tensor_shape_proto, type_proto, TensorShapeProto, TypeProto};
+    onnx_protobuf::ValueInfoProto {
+        name: name.into(),
+        type_: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .into(),
+        ..Default::default()
+    }
+}
