@@ -473,6 +473,19 @@ pub(crate) mod tests {
         p
     }
 
+    /// The smallest bottleneck over every convex, ordered assignment that fits memory (the
+    /// brute-force optimum the exact solvers' tests compare with).
+    pub(crate) fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
+        let mut best = f64::INFINITY;
+        for_each_assignment(p, |stage_of| {
+            let evaluation = p.evaluate(stage_of);
+            if evaluation.fits() {
+                best = best.min(evaluation.bottleneck_secs);
+            }
+        });
+        best
+    }
+
     /// Calls `visit` with every convex, ordered assignment of `p`'s nodes to its stages, found
     /// by enumerating all `K^n` assignments (for the brute-force checks of small problems).
     pub(crate) fn for_each_assignment(p: &PartitionProblem, mut visit: impl FnMut(&[StageId])) {

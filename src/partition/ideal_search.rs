@@ -907,18 +907,6 @@ mod tests {
         assert_eq!(a.work, b.work);
     }
 
-    /// The smallest bottleneck over every convex, ordered assignment that fits memory.
-    fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
-        let mut best = f64::INFINITY;
-        crate::partition::bounds::tests::for_each_assignment(p, |stage_of| {
-            let evaluation = p.evaluate(stage_of);
-            if evaluation.fits() {
-                best = best.min(evaluation.bottleneck_secs);
-            }
-        });
-        best
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
 
@@ -952,7 +940,7 @@ mod tests {
             proptest::prop_assert_eq!(run.end, SearchEnd::Proven);
             let found = p.evaluate(&run.stage_of);
             proptest::prop_assert!(found.fits());
-            let optimum = brute_force_fitting_secs(&p);
+            let optimum = crate::partition::bounds::tests::brute_force_fitting_secs(&p);
             proptest::prop_assert!(
                 found.bottleneck_secs <= optimum * (1.0 + 2e-9),
                 "found {} optimum {}", found.bottleneck_secs, optimum

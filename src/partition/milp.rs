@@ -1563,18 +1563,6 @@ mod tests {
         }
     }
 
-    /// The smallest bottleneck over every convex, ordered assignment that fits memory.
-    fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {
-        let mut best = f64::INFINITY;
-        crate::partition::bounds::tests::for_each_assignment(p, |stage_of| {
-            let evaluation = p.evaluate(stage_of);
-            if evaluation.fits() {
-                best = best.min(evaluation.bottleneck_secs);
-            }
-        });
-        best
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 120, ..Default::default() })]
 
@@ -1621,7 +1609,7 @@ mod tests {
             let incumbent_secs = p.evaluate(&incumbent.stage_of).bottleneck_secs;
             let far = Instant::now() + Duration::from_secs(60);
             let bound = lp_relaxation_bound_secs(&p, incumbent_secs, far);
-            let optimum = brute_force_fitting_secs(&p);
+            let optimum = crate::partition::bounds::tests::brute_force_fitting_secs(&p);
             if incumbent_secs > 0.0 {
                 proptest::prop_assert!(bound.is_some(), "the LP found no bound");
             }
@@ -1648,7 +1636,7 @@ mod tests {
         let incumbent_secs = p.evaluate(&incumbent.stage_of).bottleneck_secs;
         let far = Instant::now() + Duration::from_secs(60);
         let lp = lp_relaxation_bound_secs(&p, incumbent_secs, far).unwrap();
-        let optimum = brute_force_fitting_secs(&p);
+        let optimum = crate::partition::bounds::tests::brute_force_fitting_secs(&p);
         assert!(lp <= optimum * (1.0 + 1e-12), "{lp} {optimum}");
         assert!(lp > p.lower_bound_secs(), "{lp} {}", p.lower_bound_secs());
         // No time: no bound.
