@@ -124,7 +124,12 @@ pub fn shard_model(
         let whole = weights
             .get(v.param)
             .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
-        let mut slice = pad_axis(whole, v.axis, v.padded)
+        // Padded only when t does not divide V: a vocabulary table is the largest weight.
+        let padded = match v.padded == v.vocab {
+            true => Ok(std::borrow::Cow::Borrowed(&**whole)),
+            false => pad_axis(whole, v.axis, v.padded).map(std::borrow::Cow::Owned),
+        };
+        let mut slice = padded
             .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
             .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
         let output = graph.tensor(v.output).name.clone();
