@@ -6,11 +6,17 @@
 #
 #   bash benches/plans.sh [ROUNDS] > plans.md      (docs/benchmarks.md, "Plans on real execution")
 #
+# SELECT=N (default 6) gives the optimiser `--select-by-running N`: its optimum and nearest rivals
+# run first and a rival measured faster in every round replaces it (docs/cost-model.md); SELECT=0
+# benchmarks the cost model's optimum alone. mlp streams 256 micro-batches a run instead of 16:
+# its 0.3 ms micro-batches made 5 ms runs, where a scheduler tick is a tenth of a round.
+#
 # "others" is how many cores other processes kept busy meanwhile ("busy" past a quarter of a
 # core): publish only runs on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 rounds="${1:-6}"
+select="${SELECT:-6}"
 bin="${PIPECUT_BIN:-target/release/pipecut}"
 [[ -n "${PIPECUT_BIN:-}" ]] || cargo build --release -q
 out=$(mktemp -d)
@@ -18,7 +24,7 @@ trap 'rm -rf "$out"' EXIT
 
 # model path, then its dims (one micro-batch)
 models=(
-  "fixtures/models/mlp.onnx --dim batch=512"
+  "fixtures/models/mlp.onnx --dim batch=512 --microbatches 256"
   "fixtures/models/gpt2_tiny.onnx --dim batch=8 --dim seq=64"
   "fixtures/models/bert_tiny.onnx --dim batch=8 --dim seq=64"
   "fixtures/models/llama_tiny.onnx --dim batch=8 --dim seq=64"
@@ -39,9 +45,15 @@ for entry in "${models[@]}"; do
     continue
   fi
   name=$(basename "$model" .onnx)
-  "$bin" profile "${args[@]}" --threads 1 --out "$out/$name.json" >&2
-  "$bin" bench-plans "${args[@]}" --profile "$out/$name.json" --rounds "$rounds" --json \
-    >"$out/$name.bench.json"
+  dims=()
+  for ((i = 1; i < ${#args[@]}; i += 2)); do
+    if [[ "${args[i]}" == --dim ]]; then dims+=("${args[i]}" "${args[i + 1]}"); fi
+  done
+  selecting=()
+  if [[ "$select" != 0 ]]; then selecting=(--select-by-running "$select"); fi
+  "$bin" profile "$model" "${dims[@]}" --threads 1 --out "$out/$name.json" >&2
+  "$bin" bench-plans "${args[@]}" --profile "$out/$name.json" --rounds "$rounds" "${selecting[@]}" \
+    --json >"$out/$name.bench.json"
   python3 - "$name" "$out/$name.bench.json" <<'PY'
 import json, sys
 name, path = sys.argv[1], sys.argv[2]

@@ -412,3 +412,136 @@ fn plan_cluster_keeps_to_the_measured_micro_batch_size() {
     assert_eq!(code, 2);
     assert!(err.contains("measured at batch=2"), "{err}");
 }
+
+/// mlp's node times with every Gemm at 1 ms and every other node at 1 µs: its five Gemms split
+/// 3 | 2 or 2 | 3 with the same bottleneck, so the optimum has a rival to run against.
+fn tied_mlp_times(dir: &Path) -> String {
+    let measured = path(dir, "measured.json");
+    let (code, _, err) = pipecut(&[
+        "profile",
+        "fixtures/models/mlp.onnx",
+        "--dim",
+        "batch=64",
+        "--threads",
+        "1",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        &measured,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&measured).unwrap()).unwrap();
+    for node in json["nodes"].as_array_mut().unwrap() {
+        let secs = if node["op"] == "Gemm" { 1e-3 } else { 1e-6 };
+        for field in ["secs", "p10_secs", "p90_secs"] {
+            node[field] = serde_json::json!(secs);
+        }
+    }
+    let tied = path(dir, "tied.json");
+    std::fs::write(&tied, serde_json::to_string(&json).unwrap()).unwrap();
+    tied
+}
+
+#[test]
+fn select_by_running_runs_the_optimum_and_its_rivals_and_check_audits_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let times = tied_mlp_times(dir.path());
+    let plan = path(dir.path(), "plan.json");
+    let (code, out, err) = pipecut(&[
+        "partition",
+        "fixtures/models/mlp.onnx",
+        "--dim",
+        "batch=64",
+        "--devices",
+        "cpu,cpu",
+        "--stages",
+        "2",
+        "--profile",
+        &times,
+        "--select-by-running",
+        "2",
+        "--out",
+        &plan,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("selected by running"), "{out}");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let selection = &json["summary"]["measured_selection"];
+    let candidates = selection["candidates"].as_array().unwrap();
+    assert!(candidates.len() >= 2, "{selection}");
+    assert_eq!(candidates[0]["origin"], "cost model's optimum");
+    assert_eq!(candidates.iter().filter(|c| c["chosen"] == true).count(), 1);
+    // Each candidate is written as the plan with some nodes moved: none for the chosen one.
+    for c in candidates {
+        let moves = c["moved"].as_array().map_or(0, Vec::len);
+        assert_eq!(moves == 0, c["chosen"] == true, "{c}");
+    }
+    let rival = &candidates[1];
+    // The rival's prediction is a tie: both put three Gemms on one stage.
+    let predicted = |c: &serde_json::Value| c["predicted_bottleneck_secs"].as_f64().unwrap();
+    assert!((predicted(rival) / predicted(&candidates[0]) - 1.0).abs() < 0.01);
+    let status = &json["summary"]["status"];
+    if candidates[0]["chosen"] == true {
+        assert_ne!(status["reason"], "selected_by_running", "{status}");
+    } else {
+        assert_eq!(status["reason"], "selected_by_running", "{status}");
+    }
+    let check = |plan: &str| {
+        pipecut(&[
+            "check",
+            plan,
+            "fixtures/models/mlp.onnx",
+            "--profile",
+            &times,
+        ])
+    };
+    let (code, _, err) = check(&plan);
+    assert_eq!(code, 0, "{err}");
+
+    // A rival's prediction edited, or a status that hides the choice: refused.
+    let edited = path(dir.path(), "edited.json");
+    let mut wrong = json.clone();
+    wrong["summary"]["measured_selection"]["candidates"][1]["predicted_bottleneck_secs"] =
+        serde_json::json!(1.0);
+    std::fs::write(&edited, serde_json::to_string(&wrong).unwrap()).unwrap();
+    let (code, _, err) = check(&edited);
+    assert_ne!(code, 0);
+    assert!(err.contains("measured_selection"), "{err}");
+    let mut wrong = json.clone();
+    let optimum_chosen = candidates[0]["chosen"] == true;
+    wrong["summary"]["status"] = if optimum_chosen {
+        serde_json::json!({"kind": "heuristic", "reason": "selected_by_running"})
+    } else {
+        serde_json::json!({"kind": "heuristic", "reason": "dp_only"})
+    };
+    std::fs::write(&edited, serde_json::to_string(&wrong).unwrap()).unwrap();
+    let (code, _, err) = check(&edited);
+    assert_ne!(code, 0);
+    assert!(err.contains("measured_selection"), "{err}");
+}
+
+#[test]
+fn select_by_running_refuses_stages_it_cannot_run_here() {
+    let (code, _, err) = pipecut(&[
+        "partition",
+        "fixtures/models/mlp.onnx",
+        "--dim",
+        "batch=64",
+        "--cluster",
+        "1x2xH100-SXM",
+        "--stages",
+        "2",
+        "--select-by-running",
+        "2",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--select-by-running") && err.contains("not a CPU"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

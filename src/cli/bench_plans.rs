@@ -1,19 +1,14 @@
 //! `pipecut bench-plans MODEL`: the optimiser's plan and every baseline's, run for real on the
 //! CPU runtime, side by side.
 //!
-//! One core per stage: each stage's thread is pinned to its own core and matrix products run on
-//! that thread alone (`MATMUL_NUM_THREADS=1`), so stage k's time is what its nodes cost and not
-//! what it won from a neighbour. Rounds are paired: every round runs every plan once, in a
-//! rotated order. The figure compared is each round's ratio of measured bottlenecks, the
-//! slowest stage's thread CPU time (the scheduler's account, which a busy machine does not
-//! inflate the way it inflates wall time: with one core per stage and no other load, the
-//! pipeline's throughput is one micro-batch per bottleneck); its median over the rounds is
-//! reported, beside the ratio of wall times. Stage shares are each stage's CPU time over the
-//! stages' total, measured against the plan's predicted stage times. Round r pins stage k to
-//! core k + r (modulo the stages), so that over rounds that are a multiple of the stages every
-//! plan's stages run equally on every core: the cores of a virtual machine are not equally fast
-//! (interrupts, the host's other tenants), and a fixed assignment would credit a plan for
-//! where its heaviest stage happened to land. The report says how busy
+//! The plans run in paired rounds, one pinned core per stage, the cores rotated from round to
+//! round ([`run_paired_rounds`], whose doc says why); matrix products run on the stage's thread
+//! alone (`MATMUL_NUM_THREADS=1`). The figure compared is each round's ratio of measured
+//! bottlenecks, the slowest stage's thread CPU time; its median over the rounds is reported,
+//! beside the ratio of wall times. Stage shares are each stage's CPU time over the stages'
+//! total, measured against the plan's predicted stage times. With `--select-by-running` the
+//! optimiser's plan is the one `partition --select-by-running` would write (`select.rs`).
+//! The report says how busy
 //! the rest of the machine was meanwhile (`other_load`): figures from a busy machine are not
 //! worth publishing.
 
@@ -26,9 +21,8 @@ use pipecut::cost::measured::percentiles;
 use pipecut::cost::{Catalog, Cluster};
 use pipecut::graph::NodeId;
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount, StageId};
-use pipecut::runtime::{
-    run_pipeline_with, seeded_inputs, stage_specs, CpuExecutor, Executor, PipelineOptions, Weights,
-};
+use pipecut::runtime::paired::run_paired_rounds;
+use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 use serde::Serialize;
 
 use super::other_load::{LoadProbe, BUSY_CORES};
@@ -40,6 +34,8 @@ pub struct BenchPlansArgs {
     model: ModelArgs,
     #[command(flatten)]
     measured: super::measured::MeasuredArgs,
+    #[command(flatten)]
+    select: super::select::SelectArgs,
     /// Pipeline stages, one CPU core each.
     #[arg(long, default_value_t = 2)]
     stages: usize,
@@ -121,7 +117,13 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         &dims,
         &super::measured::device_names(&cluster),
     )?;
-    let candidates = candidates(&model.graph, &cluster, args.stages, args.microbatches)?;
+    let candidates = candidates(
+        &model.graph,
+        path,
+        &cluster,
+        (args.stages, args.microbatches),
+        args.select.select_by_running,
+    )?;
     let graph = &model.graph;
     let weights = Weights::load(path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", path.display()))?;
@@ -136,35 +138,23 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let inputs = seeded_inputs(graph, args.microbatches, 0)?;
-    // walls[c][r], cpu[c][r][k]
-    let mut walls = vec![Vec::new(); candidates.len()];
-    let mut cpu = vec![Vec::new(); candidates.len()];
     let probe = LoadProbe::start();
-    for round in 0..=args.rounds {
-        let options = PipelineOptions {
-            pin_stages_to_cores: true,
-            first_core: round % args.stages,
-        };
-        for offset in 0..candidates.len() {
-            let c = (round + offset) % candidates.len();
-            let report = run_pipeline_with(
-                &executor,
-                &mut prepared[c],
-                &inputs,
-                args.microbatches,
-                options,
-            )?;
-            // Round 0 warms caches and thread pools for every plan alike; it is not counted.
-            if round > 0 {
-                walls[c].push(report.wall_secs);
-                cpu[c].push(report.stages.iter().map(|s| s.cpu_secs).collect::<Vec<_>>());
-            }
-        }
-        eprint!("\rround {round} of {} ", args.rounds);
-    }
+    let runs = run_paired_rounds(
+        &executor,
+        &mut prepared,
+        &inputs,
+        args.microbatches,
+        args.rounds,
+        |round| eprint!("\rround {round} of {} ", args.rounds),
+    )?;
     eprintln!();
     let other_cores = probe.and_then(LoadProbe::finish);
-    let rows = rows(&candidates, &walls, &cpu, args.microbatches);
+    let rows = rows(
+        &candidates,
+        &runs.wall_secs,
+        &runs.stage_cpu_secs,
+        args.microbatches,
+    );
     let report = Report {
         model: super::model_file_name(path),
         stages: args.stages,
@@ -183,12 +173,14 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The optimiser's plan, then each baseline that could make the stages.
+/// The optimiser's plan (chosen by running its rivals with `select_rounds`), the cost model's
+/// optimum where that is another, then each baseline that could make the stages.
 fn candidates(
     graph: &pipecut::graph::Graph,
+    model_path: &std::path::Path,
     cluster: &Cluster,
-    stages: usize,
-    microbatches: usize,
+    (stages, microbatches): (usize, usize),
+    select_rounds: Option<u32>,
 ) -> anyhow::Result<Vec<Candidate>> {
     let config = PartitionConfig {
         stages: StageCount::Fixed(stages),
@@ -198,35 +190,33 @@ fn candidates(
         },
         ..PartitionConfig::default()
     };
-    let solution = Planner::new(graph, cluster).with_config(config).solve()?;
+    let mut solution = Planner::new(graph, cluster).with_config(config).solve()?;
+    let optimum = solution.stage_of.clone();
+    if let Some(rounds) = select_rounds {
+        super::select::select(graph, model_path, cluster, &mut solution, rounds)?;
+    }
     let problem = &solution.problem;
-    let split = |stage_of: &[StageId]| -> (Vec<Vec<NodeId>>, Vec<f64>) {
-        let mut nodes = vec![Vec::new(); stages];
-        for (p, s) in stage_of.iter().enumerate() {
-            nodes[s.0 as usize].push(problem.order()[p]);
-        }
-        let times = problem
+    let candidate = |name: &str, stage_of: &[StageId]| Candidate {
+        name: name.to_string(),
+        stages: super::select::stage_nodes(problem, stage_of),
+        predicted_stage_secs: problem
             .evaluate(stage_of)
             .stages
             .iter()
             .map(|s| s.stage_secs)
-            .collect();
-        (nodes, times)
+            .collect(),
     };
-    let (nodes, times) = split(&solution.stage_of);
-    let mut out = vec![Candidate {
-        name: "pipecut".into(),
-        stages: nodes,
-        predicted_stage_secs: times,
-    }];
+    let mut out = vec![candidate("pipecut", &solution.stage_of)];
+    if solution.stage_of != optimum {
+        out[0].name = "pipecut (selected by running)".into();
+        out.push(candidate("pipecut (cost model's optimum)", &optimum));
+    }
     for baseline in &solution.baselines {
         if let Some(starts) = &baseline.starts {
-            let (nodes, times) = split(&problem.contiguous_assignment(starts));
-            out.push(Candidate {
-                name: baseline.peer.clone(),
-                stages: nodes,
-                predicted_stage_secs: times,
-            });
+            out.push(candidate(
+                &baseline.peer,
+                &problem.contiguous_assignment(starts),
+            ));
         }
     }
     Ok(out)

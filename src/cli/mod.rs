@@ -17,6 +17,7 @@ mod profile;
 mod progress;
 mod run;
 mod run_distributed;
+mod select;
 mod show;
 
 use std::collections::BTreeMap;

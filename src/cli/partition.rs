@@ -168,6 +168,8 @@ pub struct PartitionArgs {
     cluster: ClusterArgs,
     #[command(flatten)]
     measured: super::measured::MeasuredArgs,
+    #[command(flatten)]
+    select: super::select::SelectArgs,
     /// Number of pipeline stages, or `auto` for the count with the best simulated throughput.
     #[arg(long, default_value = "auto")]
     stages: StageCount,
@@ -327,9 +329,19 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         .with_progress(move |progress| reporter.report(progress))
         .solve();
     display.finish();
-    let solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
+    let mut solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
+    let selection = match args.select.select_by_running {
+        Some(rounds) => super::select::select(
+            &model.graph,
+            &args.model.model,
+            &cluster,
+            &mut solution,
+            rounds,
+        )?,
+        None => None,
+    };
     let file_name = super::model_file_name(&args.model.model);
-    let plan = Plan::from_solution(
+    let mut plan = Plan::from_solution(
         &solution,
         PlanContext {
             model: model.digests(),
@@ -345,6 +357,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             record_solve_time: args.record_solve_time,
         },
     );
+    plan.summary.measured_selection = selection;
     let json = plan.to_json();
     if let Some(out) = &args.out {
         write_atomically(out, json.as_bytes(), &[&args.model.model])?;
@@ -392,6 +405,9 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         )?)?;
         if let Some(report) = &solution.milp {
             print_stdout(&milp_line(report))?;
+        }
+        if let Some(selection) = &plan.summary.measured_selection {
+            print_stdout(&super::select::selection_text(selection))?;
         }
         if let Some(split) = &split {
             print_stdout(&torch_split_text(split))?;

@@ -24,6 +24,7 @@ pub mod dp;
 pub mod ideal_search;
 pub mod layers;
 pub mod milp;
+pub mod neighbours;
 pub mod parallelism;
 pub mod problem;
 mod reach;
@@ -132,6 +133,10 @@ pub enum HeuristicReason {
     /// Under a work budget the MILP does not run, and the graph is too large for the ideal
     /// search (more than [`ideal_search::MAX_NODES`] nodes).
     TooLargeToSearch,
+    /// `--select-by-running` ran the cost model's optimum and its nearest rivals on this
+    /// machine, and a rival was faster in every round: the plan is that rival
+    /// (`summary.measured_selection` has the figures).
+    SelectedByRunning,
     /// Written by a pipecut that did not record the reason.
     #[default]
     Unrecorded,
@@ -161,6 +166,9 @@ impl HeuristicReason {
             }
             HeuristicReason::TooLargeToSearch => {
                 "under a work budget only the ideal search runs, and the graph is too large for it"
+            }
+            HeuristicReason::SelectedByRunning => {
+                "a rival of the cost model's optimum, measured faster in every round on this machine"
             }
             HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
         }

@@ -16,10 +16,12 @@
 mod dot;
 mod identity;
 mod rederive;
+mod selection;
 mod shards;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
+pub use selection::{MeasuredSelection, MovedNode, SelectionCandidate};
 pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
 
 use std::collections::BTreeMap;
@@ -47,9 +49,10 @@ use crate::Error;
 /// each baseline's peer release, the layers they cut and the `type:` regex; version 5 records
 /// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
 /// GPUs and weight slices, see [`shards`]; version 7 adds the interleaved and zero-bubble
-/// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d) and
-/// refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 7;
+/// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d;
+/// version 8 records the plans `--select-by-running` measured, see [`selection`]) and refuses
+/// newer ones.
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -412,6 +415,9 @@ pub struct PlanSummary {
     /// Solver wall-clock time, only when asked for (it varies between runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub solve_secs: Option<f64>,
+    /// With `--select-by-running`: the plans run on this machine and which one this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_selection: Option<MeasuredSelection>,
 }
 
 /// Choices about what a plan records.
@@ -651,6 +657,7 @@ impl Plan {
                     })
                     .collect(),
                 solve_secs: options.record_solve_time.then_some(solution.solve_secs),
+                measured_selection: None,
             },
             parallelism: None,
         }
@@ -1035,6 +1042,9 @@ impl Plan {
             0.0
         };
         summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
+        if let Some(selection) = &mut summary.measured_selection {
+            selection.rederive(&problem, &assignment)?;
+        }
         // Baselines the solve skipped for time stay skipped: re-deriving them would take the
         // time the limit denied them, and a skipped comparison claims nothing.
         let skipped = !summary.baselines.is_empty()
@@ -1141,6 +1151,20 @@ impl Plan {
         let summary = &self.summary;
         let bottleneck = summary.bottleneck_secs;
         let bound = summary.lower_bound_secs;
+        match &summary.measured_selection {
+            Some(selection) => selection.check_status(summary.status)?,
+            None if summary.status
+                == (SolveStatus::Heuristic {
+                    reason: crate::partition::HeuristicReason::SelectedByRunning,
+                }) =>
+            {
+                return bad(
+                    "the status says selected by running but the plan records no measured_selection"
+                        .into(),
+                )
+            }
+            None => {}
+        }
         let above = |a: f64, b: f64| a > b * (1.0 + 1e-9);
         if above(bound, bottleneck) {
             return bad(format!(
@@ -1183,7 +1207,12 @@ impl Plan {
                     ));
                 }
             }
-            let strongest = bounds.strongest().1;
+            let mut strongest = bounds.strongest().1;
+            // A rival chosen by running keeps the proof that the cost model's optimum (its
+            // first candidate, whose prediction check re-derived) is optimal: its bound.
+            if let Some(selection) = &summary.measured_selection {
+                strongest = strongest.max(selection.proven_optimum_secs());
+            }
             if summary.status != SolveStatus::Optimal && above(bound, strongest) {
                 return bad(format!(
                     "the lower bound {bound} s is above every bound the plan records (at most {strongest} s)"

@@ -24,6 +24,7 @@ mod fuse;
 mod kernels;
 pub mod narrow;
 pub mod npy;
+pub mod paired;
 pub mod profile;
 pub mod tensor;
 pub mod tensor_parallel;

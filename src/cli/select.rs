@@ -1,0 +1,271 @@
+//! `--select-by-running ROUNDS` (`partition`, `bench-plans`): run the cost model's optimum and
+//! its nearest rivals on this machine, and keep a rival that is measured faster.
+//!
+//! Per-node times add up to stage times only as far as a node costs the same in every context;
+//! where plans differ by less than that context (a convolution 6% slower after a layer that
+//! streams 25 MB through the cache, docs/benchmarks.md), the cost model cannot choose and a run
+//! can. The rivals are the optimum with one stage boundary moved across the nodes beside it
+//! ([`boundary_moves`]) among those the model predicts within [`RIVAL_SLACK`] of it; a rival
+//! replaces the optimum only when it was faster in every paired round and by [`WIN_MARGIN`] in
+//! the median round, so noise keeps the proven plan. The plan then says so in its status and
+//! records every candidate's figures (`summary.measured_selection`).
+
+use std::path::Path;
+
+use anyhow::Context;
+use clap::Args;
+use pipecut::cost::measured::percentiles;
+use pipecut::cost::{Cluster, Mode};
+use pipecut::graph::{Graph, NodeId};
+use pipecut::partition::neighbours::{boundary_moves, Direction};
+use pipecut::partition::{HeuristicReason, PartitionProblem, Solution, SolveStatus, StageId};
+use pipecut::plan::{MeasuredSelection, MovedNode, SelectionCandidate};
+use pipecut::runtime::paired::{run_paired_rounds, PairedRuns};
+use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
+
+/// Rivals predicted slower than the optimum by more than this are not run: the stage shares the
+/// profile predicts were within 3.6 points of the measured ones on every model benchmarked.
+pub const RIVAL_SLACK: f64 = 0.05;
+/// A move carries at least this share of the bottleneck, so that it changes what a stage does.
+pub const MIN_MOVED_SHARE: f64 = 0.02;
+/// A rival must beat the optimum by this much in the median round.
+pub const WIN_MARGIN: f64 = 0.01;
+
+#[derive(Debug, Args, Default)]
+pub struct SelectArgs {
+    /// Run the cost model's optimum and its nearest rivals (each stage boundary moved across
+    /// the nodes beside it, either way, far enough to carry 2% of the bottleneck; those
+    /// predicted within 5% of it) on this machine's CPU runtime, one pinned core per stage, in
+    /// this many paired rounds, and keep a rival faster in every round and by 1% in the median.
+    /// Needs the model's weights, CPU stages and no more stages than cores.
+    #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub select_by_running: Option<u32>,
+}
+
+/// Runs the candidates of `solution` (solved on `graph` of the model at `model_path`, over
+/// `cluster`) for `rounds` paired rounds and makes `solution` the fastest clear winner.
+/// Returns what was measured, or `None` when the optimum has no rival to run against.
+pub fn select(
+    graph: &Graph,
+    model_path: &Path,
+    cluster: &Cluster,
+    solution: &mut Solution,
+    rounds: u32,
+) -> anyhow::Result<Option<MeasuredSelection>> {
+    runnable_here(&solution.problem, cluster)?;
+    let candidates = candidates(graph, solution)?;
+    if candidates.len() < 2 {
+        eprintln!(
+            "note: --select-by-running: no rival of the optimum within {:.0}% of its bottleneck; nothing to run",
+            RIVAL_SLACK * 100.0
+        );
+        return Ok(None);
+    }
+    let microbatches = solution.problem.settings().microbatches as usize;
+    let runs = run_candidates(graph, model_path, &solution.problem, &candidates, rounds)?;
+    let winner = runs.clear_winner_over(0, WIN_MARGIN).unwrap_or(0);
+    let problem = &solution.problem;
+    let chosen = candidates[winner].1.clone();
+    let selection = MeasuredSelection {
+        rounds,
+        microbatches: microbatches as u32,
+        measured_on: "cpu runtime, one pinned core per stage".into(),
+        candidates: candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (origin, stage_of))| {
+                let ratios = runs.ratios(i, 0);
+                SelectionCandidate {
+                    origin: origin.clone(),
+                    chosen: i == winner,
+                    moved: moved_from(problem, &chosen, stage_of),
+                    predicted_bottleneck_secs: problem.evaluate(stage_of).bottleneck_secs,
+                    measured_bottleneck_secs: percentiles(&runs.bottlenecks(i)).0
+                        / microbatches as f64,
+                    measured_ratio: percentiles(&ratios).0,
+                    measured_ratio_range: [
+                        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                        ratios.iter().copied().fold(0.0, f64::max),
+                    ],
+                }
+            })
+            .collect(),
+    };
+    if winner != 0 {
+        solution.evaluation = solution.problem.evaluate(&chosen);
+        solution.stage_of = chosen;
+        solution.status = SolveStatus::Heuristic {
+            reason: HeuristicReason::SelectedByRunning,
+        };
+    }
+    Ok(Some(selection))
+}
+
+/// Refuses what the CPU runtime cannot measure as the plan would run.
+fn runnable_here(problem: &PartitionProblem, cluster: &Cluster) -> anyhow::Result<()> {
+    let refuse = |why: String| {
+        anyhow::bail!("--select-by-running runs the plans on this machine's CPU runtime, one core per stage: {why}")
+    };
+    if let Some(stage) = problem
+        .stages()
+        .iter()
+        .find(|s| cluster.device(s.device).kind != "cpu")
+    {
+        return refuse(format!(
+            "the stages are on '{}', not a CPU (plan with --devices cpu,cpu or --cluster 1xKxcpu, or a calibrated CPU profile)",
+            stage.device_name
+        ));
+    }
+    if matches!(problem.settings().mode, Mode::Training { .. }) {
+        return refuse("the runtime runs inference, and this plan is for training".into());
+    }
+    if problem.settings().schedule.chunks() > 1 {
+        return refuse("an interleaved schedule puts several stages on one core".into());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if problem.stage_count() > cores {
+        return refuse(format!(
+            "{} stages but {cores} cores",
+            problem.stage_count()
+        ));
+    }
+    Ok(())
+}
+
+/// The optimum, then each distinct rival within [`RIVAL_SLACK`] that fits and keeps the cut
+/// constraints, each with where it came from.
+fn candidates(graph: &Graph, solution: &Solution) -> anyhow::Result<Vec<(String, Vec<StageId>)>> {
+    let problem = &solution.problem;
+    let bottleneck = solution.evaluation.bottleneck_secs;
+    let keeps_constraints = |stage_of: &[StageId]| {
+        problem.check_assignment(stage_of).is_ok()
+            && matches!(
+                solution.cut_constraints.violation(graph, problem, stage_of),
+                Ok(None)
+            )
+    };
+    let mut out = vec![(
+        "cost model's optimum".to_string(),
+        solution.stage_of.clone(),
+    )];
+    for rival in boundary_moves(
+        problem,
+        &solution.stage_of,
+        MIN_MOVED_SHARE * bottleneck,
+        &keeps_constraints,
+    ) {
+        let evaluation = problem.evaluate(&rival.stage_of);
+        if !evaluation.fits()
+            || evaluation.bottleneck_secs > bottleneck * (1.0 + RIVAL_SLACK)
+            || out.iter().any(|(_, s)| *s == rival.stage_of)
+        {
+            continue;
+        }
+        let way = match rival.direction {
+            Direction::Earlier => "earlier",
+            Direction::Later => "later",
+        };
+        let origin = format!(
+            "boundary {} moved {way} across {} node(s) from '{}'",
+            rival.boundary,
+            rival.moved.len(),
+            problem.node_names()[rival.moved[0]]
+        );
+        out.push((origin, rival.stage_of));
+    }
+    Ok(out)
+}
+
+/// Each candidate's stages run in paired rounds, one pinned core per stage.
+fn run_candidates(
+    graph: &Graph,
+    model_path: &Path,
+    problem: &PartitionProblem,
+    candidates: &[(String, Vec<StageId>)],
+    rounds: u32,
+) -> anyhow::Result<PairedRuns> {
+    // One core per stage: the matrix kernels read this at their first product.
+    std::env::set_var("MATMUL_NUM_THREADS", "1");
+    let weights = Weights::load(model_path, graph).with_context(|| {
+        format!(
+            "--select-by-running needs the weights of '{}'",
+            model_path.display()
+        )
+    })?;
+    let executor = CpuExecutor::new(graph, &weights);
+    let mut prepared = candidates
+        .iter()
+        .map(|(_, stage_of)| {
+            stage_specs(graph, &stage_nodes(problem, stage_of))?
+                .iter()
+                .map(|s| executor.prepare(s))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let microbatches = problem.settings().microbatches as usize;
+    let inputs = seeded_inputs(graph, microbatches, 0)?;
+    eprintln!(
+        "--select-by-running: {} plans, {rounds} paired rounds",
+        candidates.len()
+    );
+    let runs = run_paired_rounds(
+        &executor,
+        &mut prepared,
+        &inputs,
+        microbatches,
+        rounds as usize,
+        |round| eprint!("\rround {round} of {rounds} "),
+    )?;
+    eprintln!();
+    Ok(runs)
+}
+
+/// The nodes of each stage, in the problem's order.
+pub fn stage_nodes(problem: &PartitionProblem, stage_of: &[StageId]) -> Vec<Vec<NodeId>> {
+    let mut nodes = vec![Vec::new(); problem.stage_count()];
+    for (p, s) in stage_of.iter().enumerate() {
+        nodes[s.index()].push(problem.order()[p]);
+    }
+    nodes
+}
+
+/// The nodes `candidate` puts on another stage than `plan`, with their stage in `candidate`.
+fn moved_from(
+    problem: &PartitionProblem,
+    plan: &[StageId],
+    candidate: &[StageId],
+) -> Vec<MovedNode> {
+    plan.iter()
+        .zip(candidate)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(p, (_, b))| MovedNode {
+            node: problem.node_names()[p].clone(),
+            stage: b.0,
+        })
+        .collect()
+}
+
+/// The candidates and their figures, one line each, for the table.
+pub fn selection_text(selection: &MeasuredSelection) -> String {
+    let mut out = format!(
+        "selected by running {} plans on the {} ({} paired rounds of {} micro-batches):\n",
+        selection.candidates.len(),
+        selection.measured_on,
+        selection.rounds,
+        selection.microbatches
+    );
+    for c in &selection.candidates {
+        out += &format!(
+            "  {} predicted {:>9.3} ms  measured {:>9.3} ms  {:.3}× the optimum (rounds {:.3}–{:.3})  {}\n",
+            if c.chosen { "*" } else { " " },
+            c.predicted_bottleneck_secs * 1e3,
+            c.measured_bottleneck_secs * 1e3,
+            c.measured_ratio,
+            c.measured_ratio_range[0],
+            c.measured_ratio_range[1],
+            c.origin,
+        );
+    }
+    out
+}

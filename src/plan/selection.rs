@@ -1,0 +1,126 @@
+//! `summary.measured_selection`: the plans `partition --select-by-running` ran, what each
+//! measured, and which one the plan is (schema version 8).
+//!
+//! Every candidate is written as the plan's own assignment with some nodes on other stages, so
+//! `check` re-derives each candidate's predicted bottleneck; the measured figures are a record
+//! of one run on one machine, which nothing can re-derive.
+
+use serde::{Deserialize, Serialize};
+
+use crate::partition::{HeuristicReason, PartitionProblem, SolveStatus, StageId};
+use crate::Error;
+
+/// The candidates run and the one chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredSelection {
+    /// Counted paired rounds (after one warm-up round).
+    pub rounds: u32,
+    /// Micro-batches each run streamed.
+    pub microbatches: u32,
+    /// What chose: `"cpu runtime, one pinned core per stage"`.
+    pub measured_on: String,
+    /// The cost model's optimum first, then its rivals.
+    pub candidates: Vec<SelectionCandidate>,
+}
+
+/// One plan that was run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionCandidate {
+    /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier`.
+    pub origin: String,
+    /// Whether the plan is this candidate.
+    pub chosen: bool,
+    /// Nodes on another stage than in the plan (empty for the chosen candidate).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<MovedNode>,
+    /// Its bottleneck on the cost model.
+    pub predicted_bottleneck_secs: f64,
+    /// Its slowest stage's CPU time per micro-batch, median over the rounds.
+    pub measured_bottleneck_secs: f64,
+    /// Median over the rounds of its bottleneck over the cost model optimum's (below 1:
+    /// faster), and the smallest and largest round's.
+    pub measured_ratio: f64,
+    /// The smallest and largest per-round ratio.
+    pub measured_ratio_range: [f64; 2],
+}
+
+/// A node on another stage in a candidate than in the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MovedNode {
+    /// Its name.
+    pub node: String,
+    /// Its stage in the candidate.
+    pub stage: u32,
+}
+
+impl MeasuredSelection {
+    /// Re-derives each candidate's predicted bottleneck on `problem` from `assignment` (the
+    /// plan's), and checks that the plan is the one candidate marked chosen and that the status
+    /// says so when that is not the cost model's optimum.
+    pub(crate) fn rederive(
+        &mut self,
+        problem: &PartitionProblem,
+        assignment: &[StageId],
+    ) -> Result<(), Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(format!("measured_selection: {detail}")));
+        let position: std::collections::HashMap<&str, usize> = problem
+            .node_names()
+            .iter()
+            .enumerate()
+            .map(|(p, n)| (n.as_str(), p))
+            .collect();
+        if self.candidates.iter().filter(|c| c.chosen).count() != 1 {
+            return bad("exactly one candidate must be chosen".into());
+        }
+        for (i, candidate) in self.candidates.iter_mut().enumerate() {
+            if candidate.chosen && !candidate.moved.is_empty() {
+                return bad(format!("candidate {i} is chosen but moves nodes"));
+            }
+            let mut stage_of = assignment.to_vec();
+            for moved in &candidate.moved {
+                let Some(&p) = position.get(moved.node.as_str()) else {
+                    return bad(format!("candidate {i} moves '{}', not a node", moved.node));
+                };
+                stage_of[p] = StageId(moved.stage);
+            }
+            problem
+                .check_assignment(&stage_of)
+                .or_else(|e| bad(format!("candidate {i}: {e}")))?;
+            candidate.predicted_bottleneck_secs = problem.evaluate(&stage_of).bottleneck_secs;
+        }
+        Ok(())
+    }
+
+    /// The cost model's optimum's predicted bottleneck where a rival was chosen, else 0: the
+    /// lower bound a plan chosen by running keeps from the optimum's proof.
+    pub(crate) fn proven_optimum_secs(&self) -> f64 {
+        match self.candidates.first() {
+            Some(optimum) if !optimum.chosen => optimum.predicted_bottleneck_secs,
+            _ => 0.0,
+        }
+    }
+
+    /// Whether `status` fits the choice: a plan other than the cost model's optimum is not
+    /// proven optimal on it, and says why.
+    pub(crate) fn check_status(&self, status: SolveStatus) -> Result<(), Error> {
+        let optimum_chosen = self.candidates.first().is_some_and(|c| c.chosen);
+        let says_selected = status
+            == SolveStatus::Heuristic {
+                reason: HeuristicReason::SelectedByRunning,
+            };
+        if optimum_chosen == says_selected {
+            return Err(Error::InvalidPlan(format!(
+                "measured_selection: the {} was chosen but the status is {status:?}",
+                if optimum_chosen {
+                    "cost model's optimum"
+                } else {
+                    "rival of the cost model's optimum"
+                }
+            )));
+        }
+        Ok(())
+    }
+}
