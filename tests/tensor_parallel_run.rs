@@ -9,10 +9,24 @@ use std::path::Path;
 use pipecut::graph::Graph;
 use pipecut::onnx::export::shard::{shard_file, ShardedModel};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::partition::tensor_parallel::TensorParallelism;
 use pipecut::runtime::tensor_parallel::run_ranks;
 use pipecut::runtime::{seeded_inputs, CpuExecutor, Tensors, Weights};
 
+/// Tensor parallelism of `degree`, without sequence parallelism.
+fn tp(degree: u64) -> TensorParallelism {
+    TensorParallelism {
+        degree: degree as u32,
+        sequence_parallel: false,
+    }
+}
+
 fn bindings(graph: &Graph) -> DimBindings {
+    bindings_with(graph, 16)
+}
+
+/// Batch 2 and every other dim `seq`.
+fn bindings_with(graph: &Graph, seq: u64) -> DimBindings {
     let mut dims = DimBindings::new();
     for input in graph.inputs() {
         for d in graph.tensor(*input).shape.iter().flatten() {
@@ -20,7 +34,7 @@ fn bindings(graph: &Graph) -> DimBindings {
                 continue;
             };
             for symbol in sym.symbols() {
-                let size = if symbol.contains("batch") { 2 } else { 16 };
+                let size = if symbol.contains("batch") { 2 } else { seq };
                 dims = dims.bind(symbol, size);
             }
         }
@@ -29,8 +43,12 @@ fn bindings(graph: &Graph) -> DimBindings {
 }
 
 fn typed(path: &Path) -> Graph {
+    typed_with(path, 16)
+}
+
+fn typed_with(path: &Path, seq: u64) -> Graph {
     let mut model = pipecut::onnx::load_model(path).unwrap();
-    let dims = bindings(&model.graph);
+    let dims = bindings_with(&model.graph, seq);
     ShapeInference::new(dims).run(&mut model.graph).unwrap();
     model.graph
 }
@@ -93,7 +111,7 @@ fn reproduces(path: &Path, degree: u64, split_blocks: usize, vocab: usize) {
     let whole = CpuExecutor::new(&graph, &weights)
         .run_model(&inputs)
         .unwrap();
-    let sharded = shard_file(path, &graph, degree).unwrap();
+    let sharded = shard_file(path, &graph, tp(degree)).unwrap();
     let reasons: Vec<&str> = sharded
         .layout
         .replicated
@@ -134,7 +152,7 @@ fn a_vocabulary_the_degree_does_not_divide_is_padded_and_the_outputs_are_the_mod
     let path = common::fixture("gpt2_tiny");
     reproduces(&path, 3, 0, 2);
     let graph = typed(&path);
-    let sharded = shard_file(&path, &graph, 3).unwrap();
+    let sharded = shard_file(&path, &graph, tp(3)).unwrap();
     for v in &sharded.layout.vocab {
         assert_eq!((v.vocab, v.padded), (512, 513));
         assert_eq!(v.held(3, 2), 342..512);
@@ -166,11 +184,111 @@ fn bert_split_two_and_four_ways_equals_the_whole_model() {
     reproduces(&path, 4, 4, 2);
 }
 
+/// The `ai.pipecut` collectives of kind `op` in rank `bytes`.
+fn collectives(bytes: &[u8], op: &str) -> usize {
+    use onnx_protobuf::Message;
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(bytes).unwrap();
+    model
+        .graph
+        .node
+        .iter()
+        .filter(|n| n.domain == "ai.pipecut" && n.op_type == op)
+        .count()
+}
+
+/// Splits `path` `degree` ways with sequence parallelism: every all-reduce of the plain split
+/// becomes a reduce-scatter along the sequence, each split block and head reads a gathered
+/// whole, and the ranks together give the whole model's outputs.
+fn reproduces_sequence_parallel(path: &Path, degree: u64) {
+    let graph = typed(path);
+    let weights = Weights::load(path, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 11).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    let plain = shard_file(path, &graph, tp(degree)).unwrap();
+    let sequence = TensorParallelism {
+        degree: degree as u32,
+        sequence_parallel: true,
+    };
+    let sharded = shard_file(path, &graph, sequence).unwrap();
+    let what = format!(
+        "{} at t = {degree} with sequence parallelism",
+        path.display()
+    );
+    for (plain_rank, rank) in plain.ranks.iter().zip(&sharded.ranks) {
+        assert_eq!(collectives(rank, "AllReduce"), 0, "{what}");
+        assert_eq!(
+            collectives(rank, "ReduceScatter"),
+            collectives(plain_rank, "AllReduce"),
+            "{what}: one reduce-scatter for each all-reduce"
+        );
+        // A gather before each split block at least (several blocks may read one tensor).
+        assert!(
+            collectives(rank, "AllGather") > collectives(plain_rank, "AllGather"),
+            "{what}"
+        );
+    }
+    let split = run_sharded(path, &sharded, &inputs);
+    assert_close(&whole, &split, &what);
+}
+
+#[test]
+fn sequence_parallel_ranks_of_gpt2_llama_and_bert_equal_the_whole_model() {
+    for name in ["gpt2_tiny", "llama_tiny", "bert_tiny"] {
+        let path = common::fixture(name);
+        reproduces_sequence_parallel(&path, 2);
+        reproduces_sequence_parallel(&path, 4);
+    }
+}
+
+#[test]
+fn a_normalization_between_blocks_runs_on_a_quarter_of_the_sequence() {
+    let path = common::fixture("gpt2_tiny");
+    let graph = typed(&path);
+    let sequence = TensorParallelism {
+        degree: 4,
+        sequence_parallel: true,
+    };
+    let sharded = shard_file(&path, &graph, sequence).unwrap();
+    let declared = pipecut::onnx::load_model(&path).unwrap().graph;
+    let g = rank_graph(
+        &sharded.ranks[1],
+        path.parent().unwrap(),
+        bindings(&declared),
+    );
+    let norms: Vec<Vec<u64>> = g
+        .nodes()
+        .filter(|(_, n)| n.op_type == "LayerNormalization")
+        .map(|(_, n)| g.concrete_shape(n.outputs[0].unwrap()).unwrap())
+        .collect();
+    // 4 layers × 2 and the final one, each on 16 / 4 positions of batch 2.
+    assert_eq!(norms, vec![vec![2, 4, 64]; 9]);
+}
+
+#[test]
+fn a_sequence_the_degree_does_not_divide_is_refused_in_one_line() {
+    let path = common::fixture("gpt2_tiny");
+    let graph = typed_with(&path, 15);
+    let sequence = TensorParallelism {
+        degree: 2,
+        sequence_parallel: true,
+    };
+    let err = shard_file(&path, &graph, sequence).unwrap_err().to_string();
+    assert!(
+        err.contains("15 positions") && err.contains("2 ways"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // Without sequence parallelism the same length splits.
+    assert!(shard_file(&path, &graph, tp(2)).is_ok());
+}
+
 #[test]
 fn a_rank_holds_a_quarter_of_the_block_weights_at_four() {
     let path = common::fixture("gpt2_tiny");
     let graph = typed(&path);
-    let sharded = shard_file(&path, &graph, 4).unwrap();
+    let sharded = shard_file(&path, &graph, tp(4)).unwrap();
     let elements = |g: &Graph, name: &str| -> u64 {
         let id = g.tensor_id(name).unwrap_or_else(|| panic!("{name}"));
         g.concrete_shape(id).unwrap().iter().product()
@@ -269,14 +387,14 @@ fn pipecut(args: &[&str]) -> String {
 
 /// A plan of 2 stages of `degree` GPUs for `name`, exported: the rank files, run stage after
 /// stage with each stage's ranks as threads, make the whole model's outputs.
-fn exported_ranks_reproduce(name: &str, degree: u32) {
+fn exported_ranks_reproduce(name: &str, degree: u32, sequence_parallel: bool) {
     let dir = tempfile::tempdir().unwrap();
     let model = common::fixture(name);
     let model_arg = model.to_str().unwrap();
     let plan = dir.path().join("plan.json");
     let out_dir = dir.path().join("stages");
     let tp = degree.to_string();
-    pipecut(&[
+    let mut args = vec![
         "plan-cluster",
         model_arg,
         "--cluster",
@@ -295,7 +413,11 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
         "1",
         "--out",
         plan.to_str().unwrap(),
-    ]);
+    ];
+    if sequence_parallel {
+        args.push("--sequence-parallel");
+    }
+    pipecut(&args);
     let table = pipecut(&[
         "export",
         plan.to_str().unwrap(),
@@ -304,6 +426,11 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
         out_dir.to_str().unwrap(),
     ]);
     assert!(table.contains("stage_1.rank_1.onnx"), "{table}");
+    assert_eq!(
+        table.contains("ReduceScatter"),
+        sequence_parallel,
+        "{table}"
+    );
 
     let graph = typed(&model);
     let weights = Weights::load(&model, &graph).unwrap();
@@ -339,8 +466,14 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
 
 #[test]
 fn exported_rank_files_of_gpt2_and_llama_run_together_as_the_whole_model() {
-    exported_ranks_reproduce("gpt2_tiny", 2);
-    exported_ranks_reproduce("llama_tiny", 2);
+    exported_ranks_reproduce("gpt2_tiny", 2, false);
+    exported_ranks_reproduce("llama_tiny", 2, false);
+}
+
+#[test]
+fn exported_sequence_parallel_rank_files_run_together_as_the_whole_model() {
+    exported_ranks_reproduce("gpt2_tiny", 2, true);
+    exported_ranks_reproduce("bert_tiny", 2, true);
 }
 
 #[test]

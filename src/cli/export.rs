@@ -60,11 +60,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
     // Rank files rewrite Reshape targets as constants: they are made for the plan's dims.
-    let degree = plan
+    let tp = plan
         .parallelism
         .as_ref()
-        .map(|p| p.tensor_parallel.degree as usize)
-        .unwrap_or(1);
+        .map(|p| p.tensor_parallel)
+        .unwrap_or_default();
+    let degree = tp.degree as usize;
     let for_ranks = if degree > 1 {
         let mut model = loaded.clone();
         let mut bindings = pipecut::onnx::shape::DimBindings::new();
@@ -104,7 +105,7 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
         .with_context(|| format!("cannot export '{}'", model_path.display()))?;
     let ranks = match &for_ranks {
-        Some(graph) => write_ranks(model_path, graph, &stages, degree, &args.out_dir)?,
+        Some(graph) => write_ranks(model_path, graph, &stages, tp, &args.out_dir)?,
         None => String::new(),
     };
     if args.json {
@@ -122,20 +123,24 @@ fn write_ranks(
     model_path: &std::path::Path,
     graph: &pipecut::graph::Graph,
     stages: &[Vec<pipecut::graph::NodeId>],
-    degree: usize,
+    tp: pipecut::partition::tensor_parallel::TensorParallelism,
     out_dir: &std::path::Path,
 ) -> anyhow::Result<String> {
+    let degree = tp.degree;
     let weights = pipecut::runtime::Weights::load(model_path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
-    let sharded =
-        shard_stages(model_path, graph, &weights, stages, degree as u64).with_context(|| {
-            format!(
-                "cannot split '{}' for tensor parallelism",
-                model_path.display()
-            )
-        })?;
+    let sharded = shard_stages(model_path, graph, &weights, stages, tp).with_context(|| {
+        format!(
+            "cannot split '{}' for tensor parallelism",
+            model_path.display()
+        )
+    })?;
+    let collectives = match tp.sequence_parallel {
+        false => "ai.pipecut AllReduce after each split block and embedding, AllGather after a split head",
+        true => "sequence parallel: ai.pipecut ReduceScatter along the sequence after each split block and embedding, AllGather before each block and head",
+    };
     let mut text = format!(
-        "\ntensor parallelism: each stage split over {degree} ranks (ai.pipecut AllReduce after each split block and embedding, AllGather after a split head)\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
+        "\ntensor parallelism: each stage split over {degree} ranks ({collectives})\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
         "stage", "rank", "file", "split", "whole", "vocab", "file size"
     );
     for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {

@@ -70,24 +70,19 @@ fn run_tensor_parallel(
     stages: &[Vec<NodeId>],
     specs: &[pipecut::runtime::StageSpec],
     dims: &BTreeMap<String, u64>,
-    degree: u32,
+    tp: pipecut::partition::tensor_parallel::TensorParallelism,
     inputs: &Tensors,
     microbatches: usize,
 ) -> anyhow::Result<pipecut::runtime::PipelineReport> {
     use pipecut::runtime::tensor_parallel::{LoadedRanks, TensorParallelExecutor};
-    let sharded = pipecut::onnx::export::shard::shard_stages(
-        model_path,
-        graph,
-        weights,
-        stages,
-        degree as u64,
-    )
-    .with_context(|| {
-        format!(
-            "cannot split '{}' for tensor parallelism",
-            model_path.display()
-        )
-    })?;
+    let sharded =
+        pipecut::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp)
+            .with_context(|| {
+                format!(
+                    "cannot split '{}' for tensor parallelism",
+                    model_path.display()
+                )
+            })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
@@ -263,10 +258,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let tensor_parallel = plan
         .parallelism
         .as_ref()
-        .map(|p| p.tensor_parallel.degree)
-        .filter(|&t| t > 1);
+        .map(|p| p.tensor_parallel)
+        .filter(|tp| tp.degree > 1);
     let (report, host_ops) = match (args.backend, tensor_parallel) {
-        (Backend::Cpu, Some(degree)) => {
+        (Backend::Cpu, Some(tp)) => {
             let report = run_tensor_parallel(
                 &args.model,
                 graph,
@@ -274,7 +269,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 &stages,
                 &specs,
                 &dims,
-                degree,
+                tp,
                 &inputs,
                 microbatches,
             )?;

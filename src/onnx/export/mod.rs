@@ -64,6 +64,7 @@
 mod files;
 mod manifest;
 mod routes;
+pub mod sequence;
 pub mod shard;
 mod stage;
 

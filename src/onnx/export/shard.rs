@@ -16,7 +16,7 @@ use onnx_protobuf::{
 };
 
 use crate::graph::{DType, Graph, TensorId};
-use crate::partition::tensor_parallel::VocabRole;
+use crate::partition::tensor_parallel::{TensorParallelism, VocabRole};
 use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
 use crate::runtime::{HostTensor, TensorData, Weights};
 use crate::Error;
@@ -27,6 +27,8 @@ pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
 pub const ALL_REDUCE: &str = "AllReduce";
 /// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
 pub const ALL_GATHER: &str = "AllGather";
+/// Sums its input over the group and cuts the sum along `axis`; rank r gets piece r.
+pub const REDUCE_SCATTER: &str = "ReduceScatter";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
 /// layout was made for) and `weights` were loaded from.
@@ -262,18 +264,25 @@ pub fn shard_model(
     Ok(model)
 }
 
-/// Rank `rank`'s share of a model as protobuf bytes.
+/// Rank `rank`'s share of a model as protobuf bytes; with `sequence_parallel`, the regions
+/// between blocks hold the rank's share of the sequence ([`super::sequence`]).
 ///
 /// # Errors
-/// As [`shard_model`], and [`Error::Export`] when the rank is too large for one protobuf.
+/// As [`shard_model`] and [`super::sequence::split_sequence`], and [`Error::Export`] when the
+/// rank is too large for one protobuf.
 pub fn shard_model_bytes(
     proto: &ModelProto,
     graph: &Graph,
     weights: &Weights,
     layout: &ShardLayout,
     rank: u64,
+    sequence_parallel: bool,
 ) -> Result<Vec<u8>, Error> {
-    shard_model(proto, graph, weights, layout, rank)?
+    let mut model = shard_model(proto, graph, weights, layout, rank)?;
+    if sequence_parallel && layout.degree > 1 {
+        super::sequence::split_sequence(&mut model, graph, layout, rank)?;
+    }
+    model
         .write_to_bytes()
         .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
 }
@@ -623,15 +632,17 @@ pub struct ShardedModel {
 }
 
 /// Splits the model in `model_path` (loaded as `graph`, its dims bound and shapes inferred)
-/// `degree` ways.
+/// `tp.degree` ways, with sequence parallelism if `tp` asks for it.
 ///
 /// # Errors
-/// An unreadable model or weight, or a model file that does not match the graph.
+/// An unreadable model or weight, a model file that does not match the graph, or a sequence
+/// the degree does not divide under sequence parallelism.
 pub fn shard_file(
     model_path: &std::path::Path,
     graph: &Graph,
-    degree: u64,
+    tp: TensorParallelism,
 ) -> Result<ShardedModel, Error> {
+    let degree = u64::from(tp.degree);
     let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
         path: model_path.to_path_buf(),
         source,
@@ -644,7 +655,7 @@ pub fn shard_file(
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let layout = ShardLayout::new(graph, &blocks, degree);
     let ranks = (0..degree)
-        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank))
+        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank, tp.sequence_parallel))
         .collect::<Result<_, _>>()?;
     Ok(ShardedModel { layout, ranks })
 }
@@ -660,17 +671,19 @@ pub struct ShardedStages {
 }
 
 /// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
-/// bound and shapes inferred, its weights `weights`) `degree` ways.
+/// bound and shapes inferred, its weights `weights`) `tp.degree` ways, with sequence
+/// parallelism if `tp` asks for it.
 ///
 /// # Errors
-/// As [`crate::onnx::export::stage_models`] and [`shard_model`].
+/// As [`crate::onnx::export::stage_models`] and [`shard_model_bytes`].
 pub fn shard_stages(
     model_path: &std::path::Path,
     graph: &Graph,
     weights: &Weights,
     stages: &[Vec<crate::graph::NodeId>],
-    degree: u64,
+    tp: TensorParallelism,
 ) -> Result<ShardedStages, Error> {
+    let degree = u64::from(tp.degree);
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let whole = ShardLayout::new(graph, &blocks, degree);
     let files = super::stage_models(model_path, graph, stages)?;
@@ -682,7 +695,9 @@ pub fn shard_stages(
             .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
         ranks.push(
             (0..degree)
-                .map(|rank| shard_model_bytes(&proto, graph, weights, &layout, rank))
+                .map(|rank| {
+                    shard_model_bytes(&proto, graph, weights, &layout, rank, tp.sequence_parallel)
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         );
         layouts.push(layout);
