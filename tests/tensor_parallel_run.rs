@@ -693,3 +693,174 @@ fn an_opset_9_gemm_mlp_with_a_scaled_bias_split_two_ways_equals_the_whole_model(
     std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
     reproduces(&path, 2, 1, 0);
 }
+
+/// gpt2_tiny copied into `dir` with every initializer of 1 KiB or more moved to `model.data`
+/// (as `onnx.save_model(..., save_as_external_data=True)` writes it).
+fn with_external_weights(dir: &Path) -> std::path::PathBuf {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::{Message, ModelProto, StringStringEntryProto};
+    let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let mut model = ModelProto::parse_from_bytes(&bytes).unwrap();
+    let mut data = Vec::new();
+    for init in &mut model.graph.as_mut().unwrap().initializer {
+        if init.raw_data.len() < 1024 {
+            continue;
+        }
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+            ..Default::default()
+        };
+        init.external_data = vec![
+            entry("location", "model.data".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", init.raw_data.len().to_string()),
+        ];
+        data.extend(std::mem::take(&mut init.raw_data));
+        init.data_location = DataLocation::EXTERNAL.into();
+    }
+    assert!(data.len() > 100_000, "gpt2_tiny's weights are raw data");
+    std::fs::write(dir.join("model.data"), data).unwrap();
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn rank_files_of_a_model_with_external_weights_keep_their_slices_external_and_equal_the_whole_model(
+) {
+    use onnx_protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let model = with_external_weights(dir.path());
+    let model_arg = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let out_dir = dir.path().join("stages");
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "2",
+        "--microbatch-sizes",
+        "2",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        model_arg,
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    let mut files = Vec::new();
+    for stage in 0..2 {
+        let mut ranks = Vec::new();
+        for rank in 0..2u64 {
+            let name = pipecut::onnx::export::rank_file_name(stage, rank as usize);
+            let bytes = std::fs::read(out_dir.join(&name)).unwrap();
+            let proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+            // Every weight is external: the slices in the rank's own file, the rest in the
+            // model's (copied beside the stages); the rank file holds only small constants.
+            let data_name = pipecut::onnx::export::shard::rank_data_name(stage, rank);
+            let sliced: Vec<_> = proto
+                .graph
+                .initializer
+                .iter()
+                .filter(|i| i.name.contains(".tp2"))
+                .filter(|i| i.dims.iter().product::<i64>() >= 256)
+                .collect();
+            assert!(!sliced.is_empty(), "{name}");
+            for init in sliced {
+                assert!(init.raw_data.is_empty(), "{name}: {} inline", init.name);
+                assert_eq!(init.external_data[0].value, data_name, "{}", init.name);
+            }
+            assert!(out_dir.join(&data_name).exists(), "{data_name}");
+            assert!(bytes.len() < 40_000, "{name} is {} bytes", bytes.len());
+            ranks.push(bytes);
+        }
+        files.push(ranks);
+    }
+
+    // pipecut's runtime: the ranks, stage after stage, give the whole model's outputs.
+    let graph = typed(&model);
+    let weights = Weights::load(&model, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 5).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    let declared = pipecut::onnx::load_model(&model).unwrap().graph;
+    let ranks = pipecut::runtime::tensor_parallel::LoadedRanks::load(
+        &files,
+        &out_dir,
+        &bindings(&declared),
+    )
+    .unwrap();
+    let mut tensors = inputs.clone();
+    for stage in ranks.executors() {
+        tensors.extend(run_ranks(&stage, &tensors).unwrap());
+    }
+    let split: Tensors = whole
+        .keys()
+        .map(|k| (k.clone(), tensors[k].clone()))
+        .collect();
+    assert_close(&whole, &split, "gpt2_tiny with external weights at t = 2");
+
+    // onnx and onnxruntime read the rank files with their external data: onnx.checker passes
+    // on the file, onnx's loaded slices are the model's, and onnxruntime opens a session on
+    // each rank (its collectives made Identity, which onnxruntime can run) beside its data.
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(common::Need::Venv, "onnxruntime loading the rank files");
+        return;
+    }
+    let script = r#"
+import sys, numpy as np, onnx, onnx.numpy_helper as nh, onnxruntime as ort
+out_dir, model_path = sys.argv[1], sys.argv[2]
+whole = {t.name: nh.to_array(t) for t in onnx.load(model_path).graph.initializer}
+checked = 0
+for stage in range(2):
+    for rank in range(2):
+        path = f"{out_dir}/stage_{stage}.rank_{rank}.onnx"
+        onnx.checker.check_model(path)
+        m = onnx.load(path)
+        for t in m.graph.initializer:
+            base, _, kind = t.name.partition(".tp2")
+            if kind == "" and base in whole and whole[base].ndim == 2 and whole[base].shape[1] % 2 == 0:
+                w = whole[base]
+                half = w.shape[1] // 2
+                got = nh.to_array(t)
+                if got.shape == (w.shape[0], half):
+                    assert np.array_equal(got, w[:, rank * half:(rank + 1) * half]), t.name
+                    checked += 1
+        bare = onnx.load(path, load_external_data=False)
+        for n in bare.graph.node:
+            if n.domain == "ai.pipecut":
+                n.op_type, n.domain = "Identity", ""
+                del n.attribute[:]
+        del bare.opset_import[[o.domain for o in bare.opset_import].index("ai.pipecut")]
+        del bare.graph.value_info[:]
+        probe = f"{out_dir}/probe_{stage}_{rank}.onnx"
+        onnx.save(bare, probe)
+        ort.InferenceSession(probe, providers=["CPUExecutionProvider"])
+print("ok" if checked >= 8 else f"only {checked} column slices compared")
+"#;
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(&out_dir)
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}

@@ -99,6 +99,8 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         for stage in 0..stages.len() {
             for rank in 0..degree {
                 refuse_replacing(&args.out_dir.join(rank_file_name(stage, rank)), &inputs)?;
+                let data = pipecut::onnx::export::shard::rank_data_name(stage, rank as u64);
+                refuse_replacing(&args.out_dir.join(data), &inputs)?;
             }
         }
     }
@@ -127,14 +129,16 @@ fn write_ranks(
     out_dir: &std::path::Path,
 ) -> anyhow::Result<String> {
     let degree = tp.degree;
-    let weights = pipecut::runtime::Weights::load(model_path, graph)
+    // Weights in external data are read a rank's slice at a time, never whole.
+    let weights = pipecut::runtime::Weights::load_embedded(model_path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
-    let sharded = shard_stages(model_path, graph, &weights, stages, tp).with_context(|| {
-        format!(
-            "cannot split '{}' for tensor parallelism",
-            model_path.display()
-        )
-    })?;
+    let sharded =
+        shard_stages(model_path, graph, &weights, stages, tp, true).with_context(|| {
+            format!(
+                "cannot split '{}' for tensor parallelism",
+                model_path.display()
+            )
+        })?;
     let collectives = match tp.sequence_parallel {
         false => "ai.pipecut AllReduce after each split block and embedding, AllGather after a split head",
         true => "sequence parallel: ai.pipecut ReduceScatter along the sequence after each split block and embedding, AllGather before each block and head",
@@ -146,6 +150,12 @@ fn write_ranks(
     for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {
         for (rank, bytes) in ranks.iter().enumerate() {
             let name = rank_file_name(stage, rank);
+            if let Some(data) = &sharded.data[stage][rank] {
+                pipecut::onnx::export::write_atomically(
+                    &out_dir.join(&data.location),
+                    &data.bytes,
+                )?;
+            }
             pipecut::onnx::export::write_atomically(&out_dir.join(&name), bytes)?;
             text.push_str(&format!(
                 "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",

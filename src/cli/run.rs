@@ -76,13 +76,13 @@ fn run_tensor_parallel(
 ) -> anyhow::Result<pipecut::runtime::PipelineReport> {
     use pipecut::runtime::tensor_parallel::{LoadedRanks, TensorParallelExecutor};
     let sharded =
-        pipecut::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp)
+        pipecut::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
             .with_context(|| {
-                format!(
-                    "cannot split '{}' for tensor parallelism",
-                    model_path.display()
-                )
-            })?;
+            format!(
+                "cannot split '{}' for tensor parallelism",
+                model_path.display()
+            )
+        })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);

@@ -63,6 +63,7 @@
 
 mod files;
 mod manifest;
+pub mod rank_data;
 mod routes;
 pub mod sequence;
 pub mod shard;

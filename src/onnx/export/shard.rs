@@ -15,6 +15,7 @@ use onnx_protobuf::{
     TensorProto,
 };
 
+use super::rank_data::{Cut, ExternalWeights, RankData};
 use crate::graph::{DType, Graph, TensorId};
 use crate::partition::tensor_parallel::{TensorParallelism, VocabRole};
 use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
@@ -31,7 +32,9 @@ pub const ALL_GATHER: &str = "AllGather";
 pub const REDUCE_SCATTER: &str = "ReduceScatter";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
-/// layout was made for) and `weights` were loaded from.
+/// layout was made for) and `weights` were loaded from. A slice of a weight stored as external
+/// data is read from its file (only the rank's bytes, [`super::rank_data`]) and written to
+/// `data` when given, inline otherwise; `weights` need hold only the others.
 ///
 /// # Errors
 /// [`Error::Export`] when the file does not match the graph or a weight cannot be read.
@@ -41,8 +44,10 @@ pub fn shard_model(
     weights: &Weights,
     layout: &ShardLayout,
     rank: u64,
+    mut data: Option<&mut RankData>,
 ) -> Result<ModelProto, Error> {
     let t = layout.degree;
+    let mut external = ExternalWeights::default();
     let mut model = proto.clone();
     let g = model
         .graph
@@ -78,13 +83,27 @@ pub fn shard_model(
     for block in &layout.split {
         for w in &block.weights {
             let param = graph.tensor(w.param);
-            let whole = weights
-                .get(w.param)
-                .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
             let name = format!("{}.tp{t}", param.name);
-            let slice = slice_tensor(whole, w.split, t, rank)
-                .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
-            initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+            let cut = Cut {
+                split: w.split,
+                size: None,
+                degree: t,
+                rank,
+                zero_row: false,
+            };
+            let slice_proto =
+                match external.slice(graph, w.param, cut, &name, data.as_deref_mut())? {
+                    Some(slice_proto) => slice_proto,
+                    None => {
+                        let whole = weights.get(w.param).ok_or_else(|| {
+                            Error::Export(format!("weight '{}' has no data", param.name))
+                        })?;
+                        let slice = slice_tensor(whole, w.split, t, rank)
+                            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+                        tensor_proto(&name, &slice, param.dtype)?
+                    }
+                };
+            initializers.push(slice_proto);
             for &(node, slot) in &w.readers {
                 renamed.push((node_position(node)?, slot, name.clone()));
             }
@@ -123,25 +142,28 @@ pub fn shard_model(
     }
     for v in &layout.vocab {
         let param = graph.tensor(v.param);
-        let whole = weights
-            .get(v.param)
-            .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
-        // Padded only when t does not divide V: a vocabulary table is the largest weight.
-        let padded = match v.padded == v.vocab {
-            true => Ok(std::borrow::Cow::Borrowed(&**whole)),
-            false => pad_axis(whole, v.axis, v.padded).map(std::borrow::Cow::Owned),
+        let suffix = match v.role {
+            VocabRole::Embedding => "rows",
+            VocabRole::Head => "columns",
         };
-        let mut slice = padded
-            .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
-            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+        let name = format!("{}.tp{t}.{suffix}", param.name);
+        let cut = Cut {
+            split: v.split(),
+            size: Some(v.padded),
+            degree: t,
+            rank,
+            zero_row: v.role == VocabRole::Embedding,
+        };
+        let slice_proto = match external.slice(graph, v.param, cut, &name, data.as_deref_mut())? {
+            Some(slice_proto) => slice_proto,
+            None => vocab_slice_inline(weights, graph, v, t, rank, &name)?,
+        };
+        initializers.push(slice_proto);
         let output = graph.tensor(v.output).name.clone();
         let partial = format!("{output}.partial");
         let node_name = graph.node(v.node).name.clone();
-        let suffix = match v.role {
+        match v.role {
             VocabRole::Embedding => {
-                // A zero row past the rank's rows: ids outside them read it, so that the
-                // all-reduce of the ranks' rows gives every id its one row.
-                slice = append_zero_row(&slice).map_err(Error::Export)?;
                 let position = node_position(v.node)?;
                 let ids = g.node[position].input[1].clone();
                 let ids_type = graph
@@ -169,7 +191,6 @@ pub fn shard_model(
                         None,
                     )],
                 );
-                "rows"
             }
             VocabRole::Head => {
                 let gather = |to: &str| {
@@ -200,11 +221,8 @@ pub fn shard_model(
                     vec![gather(&gathered), slice]
                 };
                 collectives.insert(output.clone(), after);
-                "columns"
             }
-        };
-        let name = format!("{}.tp{t}.{suffix}", param.name);
-        initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+        }
         renamed.push((node_position(v.reader.0)?, v.reader.1, name));
         sliced.insert(v.param);
     }
@@ -277,14 +295,44 @@ pub fn shard_model_bytes(
     layout: &ShardLayout,
     rank: u64,
     sequence_parallel: bool,
+    data: Option<&mut RankData>,
 ) -> Result<Vec<u8>, Error> {
-    let mut model = shard_model(proto, graph, weights, layout, rank)?;
+    let mut model = shard_model(proto, graph, weights, layout, rank, data)?;
     if sequence_parallel && layout.degree > 1 {
         super::sequence::split_sequence(&mut model, graph, layout, rank)?;
     }
     model
         .write_to_bytes()
         .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
+}
+
+/// Rank `rank`'s slice of a vocabulary weight held in `weights`, padded to `v.padded` entries
+/// when t does not divide V, with the embedding's zero row: ids outside the rank's rows read
+/// it, so that the all-reduce of the ranks' rows gives every id its one row.
+fn vocab_slice_inline(
+    weights: &Weights,
+    graph: &Graph,
+    v: &crate::partition::tensor_shard::VocabSlice,
+    t: u64,
+    rank: u64,
+    name: &str,
+) -> Result<TensorProto, Error> {
+    let param = graph.tensor(v.param);
+    let whole = weights
+        .get(v.param)
+        .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+    // Padded only when t does not divide V: a vocabulary table is the largest weight.
+    let padded = match v.padded == v.vocab {
+        true => Ok(std::borrow::Cow::Borrowed(&**whole)),
+        false => pad_axis(whole, v.axis, v.padded).map(std::borrow::Cow::Owned),
+    };
+    let mut slice = padded
+        .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
+        .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+    if v.role == VocabRole::Embedding {
+        slice = append_zero_row(&slice).map_err(Error::Export)?;
+    }
+    tensor_proto(name, &slice, param.dtype)
 }
 
 /// A row-parallel Gemm's bias, moved after the all-reduce so that it is added once.
@@ -655,24 +703,41 @@ pub fn shard_file(
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let layout = ShardLayout::new(graph, &blocks, degree);
     let ranks = (0..degree)
-        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank, tp.sequence_parallel))
+        .map(|rank| {
+            shard_model_bytes(
+                &proto,
+                graph,
+                &weights,
+                &layout,
+                rank,
+                tp.sequence_parallel,
+                None,
+            )
+        })
         .collect::<Result<_, _>>()?;
     Ok(ShardedModel { layout, ranks })
 }
 
 /// A pipeline's stages split for tensor parallelism: `ranks[stage][rank]` is that rank's model
-/// file (bytes), external data resolved against the model's directory.
+/// file (bytes), external data resolved against the model's directory, and `data[stage][rank]`
+/// the external data file of its weight slices, when it has one.
 #[derive(Debug, Clone)]
 pub struct ShardedStages {
     /// Per stage, the blocks split and those left whole.
     pub layouts: Vec<ShardLayout>,
     /// Per stage, per rank, the model bytes.
     pub ranks: Vec<Vec<Vec<u8>>>,
+    /// Per stage, per rank, the slices' external data (named as the rank file's tensors name
+    /// it, beside the rank file); `None` when every slice is inline.
+    pub data: Vec<Vec<Option<RankData>>>,
 }
 
 /// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
 /// bound and shapes inferred, its weights `weights`) `tp.degree` ways, with sequence
-/// parallelism if `tp` asks for it.
+/// parallelism if `tp` asks for it. With `external_data`, the slices of weights the model
+/// stores externally go to `stage_<k>.rank_<r>.data` (see [`ShardedStages::data`]), read from
+/// the model's data file a rank's bytes at a time; `weights` then need not hold them
+/// ([`Weights::load_embedded`]).
 ///
 /// # Errors
 /// As [`crate::onnx::export::stage_models`] and [`shard_model_bytes`].
@@ -682,6 +747,7 @@ pub fn shard_stages(
     weights: &Weights,
     stages: &[Vec<crate::graph::NodeId>],
     tp: TensorParallelism,
+    external_data: bool,
 ) -> Result<ShardedStages, Error> {
     let degree = u64::from(tp.degree);
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
@@ -689,20 +755,41 @@ pub fn shard_stages(
     let files = super::stage_models(model_path, graph, stages)?;
     let mut layouts = Vec::with_capacity(stages.len());
     let mut ranks = Vec::with_capacity(stages.len());
-    for (nodes, file) in stages.iter().zip(files) {
+    let mut data = Vec::with_capacity(stages.len());
+    for (stage, (nodes, file)) in stages.iter().zip(files).enumerate() {
         let layout = whole.within(&nodes.iter().copied().collect());
         let proto = ModelProto::parse_from_bytes(&file)
             .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
-        ranks.push(
-            (0..degree)
-                .map(|rank| {
-                    shard_model_bytes(&proto, graph, weights, &layout, rank, tp.sequence_parallel)
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        );
+        let mut stage_ranks = Vec::with_capacity(degree as usize);
+        let mut stage_data = Vec::with_capacity(degree as usize);
+        for rank in 0..degree {
+            let mut rank_data = external_data.then(|| RankData::new(rank_data_name(stage, rank)));
+            stage_ranks.push(shard_model_bytes(
+                &proto,
+                graph,
+                weights,
+                &layout,
+                rank,
+                tp.sequence_parallel,
+                rank_data.as_mut(),
+            )?);
+            stage_data.push(rank_data.filter(|d| !d.bytes.is_empty()));
+        }
+        ranks.push(stage_ranks);
+        data.push(stage_data);
         layouts.push(layout);
     }
-    Ok(ShardedStages { layouts, ranks })
+    Ok(ShardedStages {
+        layouts,
+        ranks,
+        data,
+    })
+}
+
+/// The external data file of rank `rank` of stage `stage`: its file name, `.onnx` made `.data`.
+pub fn rank_data_name(stage: usize, rank: u64) -> String {
+    let file = super::rank_file_name(stage, rank as usize);
+    format!("{}.data", file.strip_suffix(".onnx").unwrap_or(&file))
 }
 
 #[cfg(test)]
