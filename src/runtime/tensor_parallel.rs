@@ -301,14 +301,24 @@ pub fn as_rank<T>(
 /// # Errors
 /// The first rank's error, by rank order.
 pub fn run_ranks(ranks: &[CpuExecutor<'_>], inputs: &Tensors) -> Result<Tensors, Error> {
+    run_group(ranks, |executor| executor.run_model(inputs))
+}
+
+/// Runs `run` on each of `ranks` on its own thread, as that rank of one group, and gives rank
+/// 0's result; a failing rank's own error rather than the others' "stopped" ones.
+fn run_group<T: Sync>(
+    ranks: &[T],
+    run: impl Fn(&T) -> Result<Tensors, Error> + Sync,
+) -> Result<Tensors, Error> {
     let group = Group::new(ranks.len());
+    let run = &run;
     let results: Vec<Result<Tensors, Error>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
             .iter()
             .enumerate()
-            .map(|(rank, executor)| {
+            .map(|(rank, item)| {
                 let group = group.clone();
-                scope.spawn(move || as_rank(&group, rank, || executor.run_model(inputs)))
+                scope.spawn(move || as_rank(&group, rank, || run(item)))
             })
             .collect();
         handles
@@ -367,6 +377,15 @@ impl LoadedRanks {
             weights.push(stage_weights);
         }
         Ok(LoadedRanks { graphs, weights })
+    }
+
+    /// Per stage, each rank's graph and weights.
+    pub fn stages(&self) -> Vec<Vec<(&Graph, &Weights)>> {
+        self.graphs
+            .iter()
+            .zip(&self.weights)
+            .map(|(g, w)| g.iter().zip(w).collect())
+            .collect()
     }
 
     /// An executor per rank, per stage.
@@ -453,17 +472,106 @@ impl Executor for TensorParallelExecutor<'_> {
 
     fn run(&self, stage: &TensorParallelStage, inputs: &Tensors) -> Result<Tensors, Error> {
         let ranks = &self.stages[stage.index];
-        let mut outputs = run_ranks(ranks, inputs)?;
-        // Stages relay what later stages need: a tensor the ranks do not make passes through.
-        for name in &stage.sends {
-            if !outputs.contains_key(name) {
-                if let Some(t) = inputs.get(name) {
-                    outputs.insert(name.clone(), t.clone());
-                }
+        let outputs = run_ranks(ranks, inputs)?;
+        Ok(relay(&stage.sends, inputs, outputs))
+    }
+}
+
+/// A stage's sends from its ranks' `outputs`: a tensor the ranks do not make (one a later
+/// stage needs from an earlier one) passes through from `inputs`.
+fn relay(sends: &[String], inputs: &Tensors, mut outputs: Tensors) -> Tensors {
+    for name in sends {
+        if !outputs.contains_key(name) {
+            if let Some(t) = inputs.get(name) {
+                outputs.insert(name.clone(), t.clone());
             }
         }
-        outputs.retain(|name, _| stage.sends.contains(name));
-        Ok(outputs)
+    }
+    outputs.retain(|name, _| sends.contains(name));
+    outputs
+}
+
+/// The nodes of a rank graph as one stage: a rank runs its whole graph.
+///
+/// # Errors
+/// As [`super::stage_specs`].
+pub fn whole_rank_spec(graph: &Graph) -> Result<StageSpec, Error> {
+    let nodes = graph.topological_order().to_vec();
+    super::stage_specs(graph, &[nodes])?
+        .pop()
+        .ok_or_else(|| Error::Export("a rank graph gave no stage".into()))
+}
+
+/// A pipeline backend whose stages each run as a tensor-parallel group of executors of any
+/// backend `E` (the CUDA one: `run --backend cuda`), one per rank, each running its rank graph
+/// whole on its own thread; the group's collectives are the CPU kernels', which that backend
+/// runs on host copies of their operands (staged through the host).
+pub struct RankGroupExecutor<'a, E: Executor> {
+    whole: &'a Graph,
+    /// Per stage, per rank: the rank's executor and its graph as one stage.
+    stages: Vec<Vec<(E, StageSpec)>>,
+}
+
+/// A stage of a [`RankGroupExecutor`]: each rank's prepared stage, used by its thread alone.
+pub struct RankGroupStage<S> {
+    index: usize,
+    sends: Vec<String>,
+    ranks: Vec<Mutex<S>>,
+}
+
+impl<S> RankGroupStage<S> {
+    /// Each rank's prepared stage.
+    pub fn ranks(&self) -> &[Mutex<S>] {
+        &self.ranks
+    }
+}
+
+impl<'a, E: Executor> RankGroupExecutor<'a, E> {
+    /// The stages of `whole` run by `stages[k][r]`: rank r of stage k's executor and the
+    /// rank graph it runs, as one stage ([`whole_rank_spec`]).
+    pub fn new(whole: &'a Graph, stages: Vec<Vec<(E, StageSpec)>>) -> RankGroupExecutor<'a, E> {
+        RankGroupExecutor { whole, stages }
+    }
+}
+
+impl<E: Executor> Executor for RankGroupExecutor<'_, E> {
+    type Stage = RankGroupStage<E::Stage>;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<Self::Stage, Error> {
+        let ranks = self
+            .stages
+            .get(spec.index)
+            .filter(|r| !r.is_empty())
+            .ok_or_else(|| {
+                Error::Export(format!("stage {} has no tensor-parallel ranks", spec.index))
+            })?;
+        Ok(RankGroupStage {
+            index: spec.index,
+            sends: spec
+                .sends
+                .iter()
+                .map(|&t| self.whole.tensor(t).name.clone())
+                .collect(),
+            ranks: ranks
+                .iter()
+                .map(|(executor, rank_spec)| executor.prepare(rank_spec).map(Mutex::new))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn run(&self, stage: &Self::Stage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let ranks: Vec<(&E, &Mutex<E::Stage>)> = self.stages[stage.index]
+            .iter()
+            .map(|(executor, _)| executor)
+            .zip(&stage.ranks)
+            .collect();
+        let outputs = run_group(&ranks, |(executor, prepared)| {
+            let prepared = prepared
+                .lock()
+                .map_err(|_| Error::Export("a rank's stage was poisoned".into()))?;
+            executor.run(&prepared, inputs)
+        })?;
+        Ok(relay(&stage.sends, inputs, outputs))
     }
 }
 
