@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::onnx::export::shard::shard_stages;
+use pipecut::onnx::export::shard::shard_stages_each;
 use pipecut::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
 use pipecut::onnx::inspect::human_bytes;
 
@@ -132,13 +132,34 @@ fn write_ranks(
     // Weights in external data are read a rank's slice at a time, never whole.
     let weights = pipecut::runtime::Weights::load_embedded(model_path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
-    let sharded =
-        shard_stages(model_path, graph, &weights, stages, tp, true).with_context(|| {
-            format!(
-                "cannot split '{}' for tensor parallelism",
-                model_path.display()
-            )
-        })?;
+    // Each rank is written as soon as it is made: one rank's slices in memory at a time.
+    let mut sizes: Vec<Vec<u64>> = vec![Vec::new(); stages.len()];
+    let layouts = shard_stages_each(
+        model_path,
+        graph,
+        &weights,
+        stages,
+        tp,
+        true,
+        |stage, rank, bytes, data| {
+            if let Some(data) = data {
+                pipecut::onnx::export::write_atomically(
+                    &out_dir.join(&data.location),
+                    &data.bytes,
+                )?;
+            }
+            let name = rank_file_name(stage, rank as usize);
+            pipecut::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;
+            sizes[stage].push(bytes.len() as u64);
+            Ok(())
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot split '{}' for tensor parallelism",
+            model_path.display()
+        )
+    })?;
     let collectives = match tp.sequence_parallel {
         false => "ai.pipecut AllReduce after each split block and embedding, AllGather after a split head",
         true => "sequence parallel: ai.pipecut ReduceScatter along the sequence after each split block and embedding, AllGather before each block and head",
@@ -147,22 +168,15 @@ fn write_ranks(
         "\ntensor parallelism: each stage split over {degree} ranks ({collectives})\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
         "stage", "rank", "file", "split", "whole", "vocab", "file size"
     );
-    for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {
-        for (rank, bytes) in ranks.iter().enumerate() {
+    for (stage, (layout, sizes)) in layouts.iter().zip(&sizes).enumerate() {
+        for (rank, size) in sizes.iter().enumerate() {
             let name = rank_file_name(stage, rank);
-            if let Some(data) = &sharded.data[stage][rank] {
-                pipecut::onnx::export::write_atomically(
-                    &out_dir.join(&data.location),
-                    &data.bytes,
-                )?;
-            }
-            pipecut::onnx::export::write_atomically(&out_dir.join(&name), bytes)?;
             text.push_str(&format!(
                 "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
                 layout.split.len(),
                 layout.replicated.len(),
                 layout.vocab.len(),
-                human_bytes(bytes.len() as u64)
+                human_bytes(*size)
             ));
         }
         for whole in &layout.replicated {

@@ -734,13 +734,10 @@ pub struct ShardedStages {
 
 /// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
 /// bound and shapes inferred, its weights `weights`) `tp.degree` ways, with sequence
-/// parallelism if `tp` asks for it. With `external_data`, the slices of weights the model
-/// stores externally go to `stage_<k>.rank_<r>.data` (see [`ShardedStages::data`]), read from
-/// the model's data file a rank's bytes at a time; `weights` then need not hold them
-/// ([`Weights::load_embedded`]).
+/// parallelism if `tp` asks for it, every rank in memory (see [`shard_stages_each`]).
 ///
 /// # Errors
-/// As [`crate::onnx::export::stage_models`] and [`shard_model_bytes`].
+/// As [`shard_stages_each`].
 pub fn shard_stages(
     model_path: &std::path::Path,
     graph: &Graph,
@@ -749,22 +746,57 @@ pub fn shard_stages(
     tp: TensorParallelism,
     external_data: bool,
 ) -> Result<ShardedStages, Error> {
+    let mut ranks: Vec<Vec<Vec<u8>>> = vec![Vec::new(); stages.len()];
+    let mut data: Vec<Vec<Option<RankData>>> = vec![Vec::new(); stages.len()];
+    let layouts = shard_stages_each(
+        model_path,
+        graph,
+        weights,
+        stages,
+        tp,
+        external_data,
+        |stage, _, bytes, rank_data| {
+            ranks[stage].push(bytes);
+            data[stage].push(rank_data);
+            Ok(())
+        },
+    )?;
+    Ok(ShardedStages {
+        layouts,
+        ranks,
+        data,
+    })
+}
+
+/// [`shard_stages`] handing each rank to `emit(stage, rank, model bytes, external data)` as
+/// soon as it is made, so that a writer holds one rank at a time. With `external_data`, the
+/// slices of weights the model stores externally go to `stage_<k>.rank_<r>.data`
+/// ([`rank_data_name`]), read from the model's data file a rank's bytes at a time; `weights`
+/// then need not hold them ([`Weights::load_embedded`]). Gives each stage's layout.
+///
+/// # Errors
+/// As [`crate::onnx::export::stage_models`], [`shard_model_bytes`] and `emit`.
+pub fn shard_stages_each(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    weights: &Weights,
+    stages: &[Vec<crate::graph::NodeId>],
+    tp: TensorParallelism,
+    external_data: bool,
+    mut emit: impl FnMut(usize, u64, Vec<u8>, Option<RankData>) -> Result<(), Error>,
+) -> Result<Vec<ShardLayout>, Error> {
     let degree = u64::from(tp.degree);
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let whole = ShardLayout::new(graph, &blocks, degree);
     let files = super::stage_models(model_path, graph, stages)?;
     let mut layouts = Vec::with_capacity(stages.len());
-    let mut ranks = Vec::with_capacity(stages.len());
-    let mut data = Vec::with_capacity(stages.len());
     for (stage, (nodes, file)) in stages.iter().zip(files).enumerate() {
         let layout = whole.within(&nodes.iter().copied().collect());
         let proto = ModelProto::parse_from_bytes(&file)
             .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
-        let mut stage_ranks = Vec::with_capacity(degree as usize);
-        let mut stage_data = Vec::with_capacity(degree as usize);
         for rank in 0..degree {
             let mut rank_data = external_data.then(|| RankData::new(rank_data_name(stage, rank)));
-            stage_ranks.push(shard_model_bytes(
+            let bytes = shard_model_bytes(
                 &proto,
                 graph,
                 weights,
@@ -772,18 +804,17 @@ pub fn shard_stages(
                 rank,
                 tp.sequence_parallel,
                 rank_data.as_mut(),
-            )?);
-            stage_data.push(rank_data.filter(|d| !d.bytes.is_empty()));
+            )?;
+            emit(
+                stage,
+                rank,
+                bytes,
+                rank_data.filter(|d| !d.bytes.is_empty()),
+            )?;
         }
-        ranks.push(stage_ranks);
-        data.push(stage_data);
         layouts.push(layout);
     }
-    Ok(ShardedStages {
-        layouts,
-        ranks,
-        data,
-    })
+    Ok(layouts)
 }
 
 /// The external data file of rank `rank` of stage `stage`: its file name, `.onnx` made `.data`.
