@@ -372,6 +372,7 @@ fn minilm_split_two_ways_equals_the_whole_model() {
         return;
     };
     reproduces(&path, 2, 6, 1);
+    reproduces_sequence_parallel(&path, 2);
 }
 
 fn pipecut(args: &[&str]) -> String {
