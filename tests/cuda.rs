@@ -1363,3 +1363,84 @@ fn a_run_opens_only_the_gpus_its_stages_use() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("GPU 1") && err.contains("busy"), "{err}");
 }
+
+/// A tensor-parallel plan (t = 2 × 2 stages) on the CUDA backend: each rank a thread on its own
+/// GPU (4 fake GPUs) or all on one, the collectives run on host copies of their operands; the
+/// outputs match the CPU runtime's ranks-as-threads run of the same plan, with and without
+/// sequence parallelism, and nothing but the collectives runs on the host.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_tensor_parallel_plan_runs_its_ranks_on_gpus() {
+    for devices in [4, 1] {
+        let gpu = fake_cuda::FakeGpu {
+            devices,
+            ..fake_cuda::FakeGpu::current()
+        };
+        let Some(env) = fake(gpu) else {
+            return;
+        };
+        for sequence_parallel in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let model = "fixtures/models/gpt2_tiny.onnx";
+            let plan = dir.path().join("tp.json");
+            let plan_arg = plan.to_str().unwrap().to_string();
+            let mut args = vec![
+                "plan-cluster",
+                model,
+                "--cluster",
+                "1x4xA100-80GB",
+                "--dim",
+                "seq=16",
+                "--global-batch",
+                "4",
+                "--microbatch-sizes",
+                "2",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--dp",
+                "1",
+                "--out",
+                &plan_arg,
+            ];
+            if sequence_parallel {
+                args.push("--sequence-parallel");
+            }
+            let (code, _, err) = pipecut(&args, &[]);
+            assert_eq!(code, 0, "{err}");
+            let extra = ["--microbatches".to_string(), "2".to_string()];
+            let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+            let json = [&extra[..], &["--json".to_string()]].concat();
+            let out = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+            run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+            let what = format!("gpt2_tiny t = 2 on {devices} GPUs, SP {sequence_parallel}");
+            assert_same_outputs(&what, &cuda, &cpu);
+            let report: Value = serde_json::from_str(&out).expect("JSON report");
+            let staged = |op: &str| -> u64 {
+                report["stages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|s| s["host_ops"][op].as_u64())
+                    .sum()
+            };
+            // 2 micro-batches × 2 ranks × (8 blocks' reductions and the embedding's).
+            let reductions = match sequence_parallel {
+                false => staged("AllReduce"),
+                true => staged("ReduceScatter"),
+            };
+            assert_eq!(reductions, 2 * 2 * 9, "{what}: {out}");
+            assert!(staged("AllGather") >= 2 * 2, "{what}: {out}");
+            for stage in report["stages"].as_array().unwrap() {
+                let host_ops = stage["host_ops"].as_object().expect("host_ops");
+                assert!(
+                    host_ops.keys().all(
+                        |op| ["AllReduce", "AllGather", "ReduceScatter"].contains(&op.as_str())
+                    ),
+                    "{what}: {host_ops:?}"
+                );
+            }
+        }
+    }
+}

@@ -9,10 +9,24 @@ use std::path::Path;
 use pipecut::graph::Graph;
 use pipecut::onnx::export::shard::{shard_file, ShardedModel};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::partition::tensor_parallel::TensorParallelism;
 use pipecut::runtime::tensor_parallel::run_ranks;
 use pipecut::runtime::{seeded_inputs, CpuExecutor, Tensors, Weights};
 
+/// Tensor parallelism of `degree`, without sequence parallelism.
+fn tp(degree: u64) -> TensorParallelism {
+    TensorParallelism {
+        degree: degree as u32,
+        sequence_parallel: false,
+    }
+}
+
 fn bindings(graph: &Graph) -> DimBindings {
+    bindings_with(graph, 16)
+}
+
+/// Batch 2 and every other dim `seq`.
+fn bindings_with(graph: &Graph, seq: u64) -> DimBindings {
     let mut dims = DimBindings::new();
     for input in graph.inputs() {
         for d in graph.tensor(*input).shape.iter().flatten() {
@@ -20,7 +34,7 @@ fn bindings(graph: &Graph) -> DimBindings {
                 continue;
             };
             for symbol in sym.symbols() {
-                let size = if symbol.contains("batch") { 2 } else { 16 };
+                let size = if symbol.contains("batch") { 2 } else { seq };
                 dims = dims.bind(symbol, size);
             }
         }
@@ -29,8 +43,12 @@ fn bindings(graph: &Graph) -> DimBindings {
 }
 
 fn typed(path: &Path) -> Graph {
+    typed_with(path, 16)
+}
+
+fn typed_with(path: &Path, seq: u64) -> Graph {
     let mut model = pipecut::onnx::load_model(path).unwrap();
-    let dims = bindings(&model.graph);
+    let dims = bindings_with(&model.graph, seq);
     ShapeInference::new(dims).run(&mut model.graph).unwrap();
     model.graph
 }
@@ -93,7 +111,7 @@ fn reproduces(path: &Path, degree: u64, split_blocks: usize, vocab: usize) {
     let whole = CpuExecutor::new(&graph, &weights)
         .run_model(&inputs)
         .unwrap();
-    let sharded = shard_file(path, &graph, degree).unwrap();
+    let sharded = shard_file(path, &graph, tp(degree)).unwrap();
     let reasons: Vec<&str> = sharded
         .layout
         .replicated
@@ -134,7 +152,7 @@ fn a_vocabulary_the_degree_does_not_divide_is_padded_and_the_outputs_are_the_mod
     let path = common::fixture("gpt2_tiny");
     reproduces(&path, 3, 0, 2);
     let graph = typed(&path);
-    let sharded = shard_file(&path, &graph, 3).unwrap();
+    let sharded = shard_file(&path, &graph, tp(3)).unwrap();
     for v in &sharded.layout.vocab {
         assert_eq!((v.vocab, v.padded), (512, 513));
         assert_eq!(v.held(3, 2), 342..512);
@@ -166,11 +184,111 @@ fn bert_split_two_and_four_ways_equals_the_whole_model() {
     reproduces(&path, 4, 4, 2);
 }
 
+/// The `ai.pipecut` collectives of kind `op` in rank `bytes`.
+fn collectives(bytes: &[u8], op: &str) -> usize {
+    use onnx_protobuf::Message;
+    let model = onnx_protobuf::ModelProto::parse_from_bytes(bytes).unwrap();
+    model
+        .graph
+        .node
+        .iter()
+        .filter(|n| n.domain == "ai.pipecut" && n.op_type == op)
+        .count()
+}
+
+/// Splits `path` `degree` ways with sequence parallelism: every all-reduce of the plain split
+/// becomes a reduce-scatter along the sequence, each split block and head reads a gathered
+/// whole, and the ranks together give the whole model's outputs.
+fn reproduces_sequence_parallel(path: &Path, degree: u64) {
+    let graph = typed(path);
+    let weights = Weights::load(path, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 11).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    let plain = shard_file(path, &graph, tp(degree)).unwrap();
+    let sequence = TensorParallelism {
+        degree: degree as u32,
+        sequence_parallel: true,
+    };
+    let sharded = shard_file(path, &graph, sequence).unwrap();
+    let what = format!(
+        "{} at t = {degree} with sequence parallelism",
+        path.display()
+    );
+    for (plain_rank, rank) in plain.ranks.iter().zip(&sharded.ranks) {
+        assert_eq!(collectives(rank, "AllReduce"), 0, "{what}");
+        assert_eq!(
+            collectives(rank, "ReduceScatter"),
+            collectives(plain_rank, "AllReduce"),
+            "{what}: one reduce-scatter for each all-reduce"
+        );
+        // A gather before each split block at least (several blocks may read one tensor).
+        assert!(
+            collectives(rank, "AllGather") > collectives(plain_rank, "AllGather"),
+            "{what}"
+        );
+    }
+    let split = run_sharded(path, &sharded, &inputs);
+    assert_close(&whole, &split, &what);
+}
+
+#[test]
+fn sequence_parallel_ranks_of_gpt2_llama_and_bert_equal_the_whole_model() {
+    for name in ["gpt2_tiny", "llama_tiny", "bert_tiny"] {
+        let path = common::fixture(name);
+        reproduces_sequence_parallel(&path, 2);
+        reproduces_sequence_parallel(&path, 4);
+    }
+}
+
+#[test]
+fn a_normalization_between_blocks_runs_on_a_quarter_of_the_sequence() {
+    let path = common::fixture("gpt2_tiny");
+    let graph = typed(&path);
+    let sequence = TensorParallelism {
+        degree: 4,
+        sequence_parallel: true,
+    };
+    let sharded = shard_file(&path, &graph, sequence).unwrap();
+    let declared = pipecut::onnx::load_model(&path).unwrap().graph;
+    let g = rank_graph(
+        &sharded.ranks[1],
+        path.parent().unwrap(),
+        bindings(&declared),
+    );
+    let norms: Vec<Vec<u64>> = g
+        .nodes()
+        .filter(|(_, n)| n.op_type == "LayerNormalization")
+        .map(|(_, n)| g.concrete_shape(n.outputs[0].unwrap()).unwrap())
+        .collect();
+    // 4 layers × 2 and the final one, each on 16 / 4 positions of batch 2.
+    assert_eq!(norms, vec![vec![2, 4, 64]; 9]);
+}
+
+#[test]
+fn a_sequence_the_degree_does_not_divide_is_refused_in_one_line() {
+    let path = common::fixture("gpt2_tiny");
+    let graph = typed_with(&path, 15);
+    let sequence = TensorParallelism {
+        degree: 2,
+        sequence_parallel: true,
+    };
+    let err = shard_file(&path, &graph, sequence).unwrap_err().to_string();
+    assert!(
+        err.contains("15 positions") && err.contains("2 ways"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // Without sequence parallelism the same length splits.
+    assert!(shard_file(&path, &graph, tp(2)).is_ok());
+}
+
 #[test]
 fn a_rank_holds_a_quarter_of_the_block_weights_at_four() {
     let path = common::fixture("gpt2_tiny");
     let graph = typed(&path);
-    let sharded = shard_file(&path, &graph, 4).unwrap();
+    let sharded = shard_file(&path, &graph, tp(4)).unwrap();
     let elements = |g: &Graph, name: &str| -> u64 {
         let id = g.tensor_id(name).unwrap_or_else(|| panic!("{name}"));
         g.concrete_shape(id).unwrap().iter().product()
@@ -254,6 +372,7 @@ fn minilm_split_two_ways_equals_the_whole_model() {
         return;
     };
     reproduces(&path, 2, 6, 1);
+    reproduces_sequence_parallel(&path, 2);
 }
 
 fn pipecut(args: &[&str]) -> String {
@@ -269,14 +388,14 @@ fn pipecut(args: &[&str]) -> String {
 
 /// A plan of 2 stages of `degree` GPUs for `name`, exported: the rank files, run stage after
 /// stage with each stage's ranks as threads, make the whole model's outputs.
-fn exported_ranks_reproduce(name: &str, degree: u32) {
+fn exported_ranks_reproduce(name: &str, degree: u32, sequence_parallel: bool) {
     let dir = tempfile::tempdir().unwrap();
     let model = common::fixture(name);
     let model_arg = model.to_str().unwrap();
     let plan = dir.path().join("plan.json");
     let out_dir = dir.path().join("stages");
     let tp = degree.to_string();
-    pipecut(&[
+    let mut args = vec![
         "plan-cluster",
         model_arg,
         "--cluster",
@@ -295,7 +414,11 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
         "1",
         "--out",
         plan.to_str().unwrap(),
-    ]);
+    ];
+    if sequence_parallel {
+        args.push("--sequence-parallel");
+    }
+    pipecut(&args);
     let table = pipecut(&[
         "export",
         plan.to_str().unwrap(),
@@ -304,6 +427,11 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
         out_dir.to_str().unwrap(),
     ]);
     assert!(table.contains("stage_1.rank_1.onnx"), "{table}");
+    assert_eq!(
+        table.contains("ReduceScatter"),
+        sequence_parallel,
+        "{table}"
+    );
 
     let graph = typed(&model);
     let weights = Weights::load(&model, &graph).unwrap();
@@ -339,8 +467,14 @@ fn exported_ranks_reproduce(name: &str, degree: u32) {
 
 #[test]
 fn exported_rank_files_of_gpt2_and_llama_run_together_as_the_whole_model() {
-    exported_ranks_reproduce("gpt2_tiny", 2);
-    exported_ranks_reproduce("llama_tiny", 2);
+    exported_ranks_reproduce("gpt2_tiny", 2, false);
+    exported_ranks_reproduce("llama_tiny", 2, false);
+}
+
+#[test]
+fn exported_sequence_parallel_rank_files_run_together_as_the_whole_model() {
+    exported_ranks_reproduce("gpt2_tiny", 2, true);
+    exported_ranks_reproduce("bert_tiny", 2, true);
 }
 
 #[test]
@@ -559,4 +693,175 @@ fn an_opset_9_gemm_mlp_with_a_scaled_bias_split_two_ways_equals_the_whole_model(
     let path = dir.path().join("mlp9.onnx");
     std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
     reproduces(&path, 2, 1, 0);
+}
+
+/// gpt2_tiny copied into `dir` with every initializer of 1 KiB or more moved to `model.data`
+/// (as `onnx.save_model(..., save_as_external_data=True)` writes it).
+fn with_external_weights(dir: &Path) -> std::path::PathBuf {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::{Message, ModelProto, StringStringEntryProto};
+    let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let mut model = ModelProto::parse_from_bytes(&bytes).unwrap();
+    let mut data = Vec::new();
+    for init in &mut model.graph.as_mut().unwrap().initializer {
+        if init.raw_data.len() < 1024 {
+            continue;
+        }
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+            ..Default::default()
+        };
+        init.external_data = vec![
+            entry("location", "model.data".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", init.raw_data.len().to_string()),
+        ];
+        data.extend(std::mem::take(&mut init.raw_data));
+        init.data_location = DataLocation::EXTERNAL.into();
+    }
+    assert!(data.len() > 100_000, "gpt2_tiny's weights are raw data");
+    std::fs::write(dir.join("model.data"), data).unwrap();
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn rank_files_of_a_model_with_external_weights_keep_their_slices_external_and_equal_the_whole_model(
+) {
+    use onnx_protobuf::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let model = with_external_weights(dir.path());
+    let model_arg = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let out_dir = dir.path().join("stages");
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "2",
+        "--microbatch-sizes",
+        "2",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        model_arg,
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    let mut files = Vec::new();
+    for stage in 0..2 {
+        let mut ranks = Vec::new();
+        for rank in 0..2u64 {
+            let name = pipecut::onnx::export::rank_file_name(stage, rank as usize);
+            let bytes = std::fs::read(out_dir.join(&name)).unwrap();
+            let proto = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+            // Every weight is external: the slices in the rank's own file, the rest in the
+            // model's (copied beside the stages); the rank file holds only small constants.
+            let data_name = pipecut::onnx::export::shard::rank_data_name(stage, rank);
+            let sliced: Vec<_> = proto
+                .graph
+                .initializer
+                .iter()
+                .filter(|i| i.name.contains(".tp2"))
+                .filter(|i| i.dims.iter().product::<i64>() >= 256)
+                .collect();
+            assert!(!sliced.is_empty(), "{name}");
+            for init in sliced {
+                assert!(init.raw_data.is_empty(), "{name}: {} inline", init.name);
+                assert_eq!(init.external_data[0].value, data_name, "{}", init.name);
+            }
+            assert!(out_dir.join(&data_name).exists(), "{data_name}");
+            assert!(bytes.len() < 40_000, "{name} is {} bytes", bytes.len());
+            ranks.push(bytes);
+        }
+        files.push(ranks);
+    }
+
+    // pipecut's runtime: the ranks, stage after stage, give the whole model's outputs.
+    let graph = typed(&model);
+    let weights = Weights::load(&model, &graph).unwrap();
+    let inputs = seeded_inputs(&graph, 1, 5).unwrap();
+    let whole = CpuExecutor::new(&graph, &weights)
+        .run_model(&inputs)
+        .unwrap();
+    let declared = pipecut::onnx::load_model(&model).unwrap().graph;
+    let ranks = pipecut::runtime::tensor_parallel::LoadedRanks::load(
+        &files,
+        &out_dir,
+        &bindings(&declared),
+    )
+    .unwrap();
+    let mut tensors = inputs.clone();
+    for stage in ranks.executors() {
+        tensors.extend(run_ranks(&stage, &tensors).unwrap());
+    }
+    let split: Tensors = whole
+        .keys()
+        .map(|k| (k.clone(), tensors[k].clone()))
+        .collect();
+    assert_close(&whole, &split, "gpt2_tiny with external weights at t = 2");
+
+    // onnx and onnxruntime read the rank files with their external data: onnx.checker passes
+    // on the file, onnx's loaded slices are the model's, and onnxruntime opens a session on
+    // each rank (its collectives made Identity, which onnxruntime can run) beside its data.
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(common::Need::Venv, "onnxruntime loading the rank files");
+        return;
+    }
+    let script = r#"
+import sys, numpy as np, onnx, onnx.numpy_helper as nh, onnxruntime as ort
+out_dir, model_path = sys.argv[1], sys.argv[2]
+whole = {t.name: nh.to_array(t) for t in onnx.load(model_path).graph.initializer}
+checked = 0
+for stage in range(2):
+    for rank in range(2):
+        path = f"{out_dir}/stage_{stage}.rank_{rank}.onnx"
+        onnx.checker.check_model(path)
+        m = onnx.load(path)
+        for t in m.graph.initializer:
+            base, _, kind = t.name.partition(".tp2")
+            if kind == "" and base in whole and whole[base].ndim == 2 and whole[base].shape[1] % 2 == 0:
+                w = whole[base]
+                half = w.shape[1] // 2
+                got = nh.to_array(t)
+                if got.shape == (w.shape[0], half):
+                    assert np.array_equal(got, w[:, rank * half:(rank + 1) * half]), t.name
+                    checked += 1
+        bare = onnx.load(path, load_external_data=False)
+        for n in bare.graph.node:
+            if n.domain == "ai.pipecut":
+                n.op_type, n.domain = "Identity", ""
+                del n.attribute[:]
+        del bare.opset_import[[o.domain for o in bare.opset_import].index("ai.pipecut")]
+        del bare.graph.value_info[:]
+        probe = f"{out_dir}/probe_{stage}_{rank}.onnx"
+        onnx.save(bare, probe)
+        ort.InferenceSession(probe, providers=["CPUExecutionProvider"])
+print("ok" if checked >= 8 else f"only {checked} column slices compared")
+"#;
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(&out_dir)
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use pipecut::onnx::export::shard::shard_stages;
+use pipecut::onnx::export::shard::shard_stages_each;
 use pipecut::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
 use pipecut::onnx::inspect::human_bytes;
 
@@ -60,11 +60,12 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     )
     .with_context(|| format!("'{}'", args.plan.display()))?;
     // Rank files rewrite Reshape targets as constants: they are made for the plan's dims.
-    let degree = plan
+    let tp = plan
         .parallelism
         .as_ref()
-        .map(|p| p.tensor_parallel.degree as usize)
-        .unwrap_or(1);
+        .map(|p| p.tensor_parallel)
+        .unwrap_or_default();
+    let degree = tp.degree as usize;
     let for_ranks = if degree > 1 {
         let mut model = loaded.clone();
         let mut bindings = pipecut::onnx::shape::DimBindings::new();
@@ -98,13 +99,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
         for stage in 0..stages.len() {
             for rank in 0..degree {
                 refuse_replacing(&args.out_dir.join(rank_file_name(stage, rank)), &inputs)?;
+                let data = pipecut::onnx::export::shard::rank_data_name(stage, rank as u64);
+                refuse_replacing(&args.out_dir.join(data), &inputs)?;
             }
         }
     }
     let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
         .with_context(|| format!("cannot export '{}'", model_path.display()))?;
     let ranks = match &for_ranks {
-        Some(graph) => write_ranks(model_path, graph, &stages, degree, &args.out_dir)?,
+        Some(graph) => write_ranks(model_path, graph, &stages, tp, &args.out_dir)?,
         None => String::new(),
     };
     if args.json {
@@ -122,32 +125,58 @@ fn write_ranks(
     model_path: &std::path::Path,
     graph: &pipecut::graph::Graph,
     stages: &[Vec<pipecut::graph::NodeId>],
-    degree: usize,
+    tp: pipecut::partition::tensor_parallel::TensorParallelism,
     out_dir: &std::path::Path,
 ) -> anyhow::Result<String> {
-    let weights = pipecut::runtime::Weights::load(model_path, graph)
+    let degree = tp.degree;
+    // Weights in external data are read a rank's slice at a time, never whole.
+    let weights = pipecut::runtime::Weights::load_embedded(model_path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
-    let sharded =
-        shard_stages(model_path, graph, &weights, stages, degree as u64).with_context(|| {
-            format!(
-                "cannot split '{}' for tensor parallelism",
-                model_path.display()
-            )
-        })?;
+    // Each rank is written as soon as it is made: one rank's slices in memory at a time.
+    let mut sizes: Vec<Vec<u64>> = vec![Vec::new(); stages.len()];
+    let layouts = shard_stages_each(
+        model_path,
+        graph,
+        &weights,
+        stages,
+        tp,
+        true,
+        |stage, rank, bytes, data| {
+            if let Some(data) = data {
+                pipecut::onnx::export::write_atomically(
+                    &out_dir.join(&data.location),
+                    &data.bytes,
+                )?;
+            }
+            let name = rank_file_name(stage, rank as usize);
+            pipecut::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;
+            sizes[stage].push(bytes.len() as u64);
+            Ok(())
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot split '{}' for tensor parallelism",
+            model_path.display()
+        )
+    })?;
+    let collectives = match tp.sequence_parallel {
+        false => "ai.pipecut AllReduce after each split block and embedding, AllGather after a split head",
+        true => "sequence parallel: ai.pipecut ReduceScatter along the sequence after each split block and embedding, AllGather before each block and head",
+    };
     let mut text = format!(
-        "\ntensor parallelism: each stage split over {degree} ranks (ai.pipecut AllReduce after each split block and embedding, AllGather after a split head)\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
+        "\ntensor parallelism: each stage split over {degree} ranks ({collectives})\n\n{:>5}  {:>4}  {:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
         "stage", "rank", "file", "split", "whole", "vocab", "file size"
     );
-    for (stage, (layout, ranks)) in sharded.layouts.iter().zip(&sharded.ranks).enumerate() {
-        for (rank, bytes) in ranks.iter().enumerate() {
+    for (stage, (layout, sizes)) in layouts.iter().zip(&sizes).enumerate() {
+        for (rank, size) in sizes.iter().enumerate() {
             let name = rank_file_name(stage, rank);
-            pipecut::onnx::export::write_atomically(&out_dir.join(&name), bytes)?;
             text.push_str(&format!(
                 "{stage:>5}  {rank:>4}  {name:<22}  {:>6}  {:>6}  {:>5}  {:>10}\n",
                 layout.split.len(),
                 layout.replicated.len(),
                 layout.vocab.len(),
-                human_bytes(bytes.len() as u64)
+                human_bytes(*size)
             ));
         }
         for whole in &layout.replicated {

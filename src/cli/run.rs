@@ -60,34 +60,24 @@ pub struct RunArgs {
     distributed: super::run_distributed::DistributedArgs,
 }
 
-/// Runs the plan's stages each as `degree` tensor-parallel ranks on threads, the ranks built by
-/// the sharding rewrite for the run's dims.
-#[allow(clippy::too_many_arguments)]
-fn run_tensor_parallel(
+/// The plan's stages split into their tensor-parallel ranks (built by the sharding rewrite
+/// for the run's dims, in memory), loaded.
+fn load_ranks(
     model_path: &std::path::Path,
     graph: &pipecut::graph::Graph,
     weights: &Weights,
     stages: &[Vec<NodeId>],
-    specs: &[pipecut::runtime::StageSpec],
     dims: &BTreeMap<String, u64>,
-    degree: u32,
-    inputs: &Tensors,
-    microbatches: usize,
-) -> anyhow::Result<pipecut::runtime::PipelineReport> {
-    use pipecut::runtime::tensor_parallel::{LoadedRanks, TensorParallelExecutor};
-    let sharded = pipecut::onnx::export::shard::shard_stages(
-        model_path,
-        graph,
-        weights,
-        stages,
-        degree as u64,
-    )
-    .with_context(|| {
-        format!(
-            "cannot split '{}' for tensor parallelism",
-            model_path.display()
-        )
-    })?;
+    tp: pipecut::partition::tensor_parallel::TensorParallelism,
+) -> anyhow::Result<pipecut::runtime::tensor_parallel::LoadedRanks> {
+    let sharded =
+        pipecut::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
+            .with_context(|| {
+            format!(
+                "cannot split '{}' for tensor parallelism",
+                model_path.display()
+            )
+        })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
@@ -96,8 +86,23 @@ fn run_tensor_parallel(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
     };
-    let ranks = LoadedRanks::load(&sharded.ranks, dir, &bindings)?;
-    let executor = TensorParallelExecutor::new(graph, &ranks);
+    Ok(pipecut::runtime::tensor_parallel::LoadedRanks::load(
+        &sharded.ranks,
+        dir,
+        &bindings,
+    )?)
+}
+
+/// Runs the plan's stages each as tensor-parallel ranks on threads.
+fn run_tensor_parallel(
+    graph: &pipecut::graph::Graph,
+    ranks: &pipecut::runtime::tensor_parallel::LoadedRanks,
+    specs: &[pipecut::runtime::StageSpec],
+    inputs: &Tensors,
+    microbatches: usize,
+) -> anyhow::Result<pipecut::runtime::PipelineReport> {
+    use pipecut::runtime::tensor_parallel::TensorParallelExecutor;
+    let executor = TensorParallelExecutor::new(graph, ranks);
     let mut prepared = specs
         .iter()
         .map(|s| executor.prepare(s))
@@ -108,6 +113,55 @@ fn run_tensor_parallel(
         inputs,
         microbatches,
     )?)
+}
+
+/// Runs the plan's stages each as tensor-parallel ranks on threads, each rank on a GPU (rank r
+/// of stage k on GPU (k·t + r) mod the GPUs the driver sees, as the plan places a replica's
+/// groups), its collectives staged through the host; gives the report and, per stage, the ops
+/// that ran on the host summed over its ranks.
+fn run_tensor_parallel_cuda(
+    graph: &pipecut::graph::Graph,
+    ranks: &pipecut::runtime::tensor_parallel::LoadedRanks,
+    specs: &[pipecut::runtime::StageSpec],
+    inputs: &Tensors,
+    microbatches: usize,
+) -> anyhow::Result<(
+    pipecut::runtime::PipelineReport,
+    Vec<BTreeMap<String, usize>>,
+)> {
+    use pipecut::runtime::tensor_parallel::{whole_rank_spec, RankGroupExecutor};
+    let gpus = pipecut::runtime::cuda::device_count().map_err(pipecut::Error::Cuda)?;
+    let mut groups = Vec::new();
+    for (k, stage) in ranks.stages().into_iter().enumerate() {
+        let t = stage.len();
+        let mut group = Vec::with_capacity(t);
+        for (r, (rank_graph, rank_weights)) in stage.into_iter().enumerate() {
+            let gpu = (k * t + r) % gpus.max(1);
+            let executor = CudaExecutor::on_device(rank_graph, rank_weights, gpu)?;
+            group.push((executor, whole_rank_spec(rank_graph)?));
+        }
+        groups.push(group);
+    }
+    let executor = RankGroupExecutor::new(graph, groups);
+    let mut prepared = specs
+        .iter()
+        .map(|s| executor.prepare(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let report = run_pipeline(&executor, &mut prepared, inputs, microbatches)?;
+    let host_ops = prepared
+        .iter()
+        .map(|stage| {
+            let mut total = BTreeMap::new();
+            for rank in stage.ranks() {
+                let runs = rank.lock().map(|r| r.host_runs()).unwrap_or_default();
+                for (op, count) in runs {
+                    *total.entry(op).or_insert(0) += count;
+                }
+            }
+            total
+        })
+        .collect();
+    Ok((report, host_ops))
 }
 
 /// The runtime a plan executes on.
@@ -263,27 +317,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let tensor_parallel = plan
         .parallelism
         .as_ref()
-        .map(|p| p.tensor_parallel.degree)
-        .filter(|&t| t > 1);
+        .map(|p| p.tensor_parallel)
+        .filter(|tp| tp.degree > 1);
     let (report, host_ops) = match (args.backend, tensor_parallel) {
-        (Backend::Cpu, Some(degree)) => {
-            let report = run_tensor_parallel(
-                &args.model,
-                graph,
-                &weights,
-                &stages,
-                &specs,
-                &dims,
-                degree,
-                &inputs,
-                microbatches,
-            )?;
+        (Backend::Cpu, Some(tp)) => {
+            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
+            let report = run_tensor_parallel(graph, &ranks, &specs, &inputs, microbatches)?;
             (report, vec![BTreeMap::new(); specs.len()])
         }
-        (Backend::Cuda, Some(_)) => bail!(
-            "the plan splits each stage over a tensor-parallel group, which the CUDA backend \
-             does not run yet: run it with --backend cpu (ranks as threads)"
-        ),
+        (Backend::Cuda, Some(tp)) => {
+            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
+            run_tensor_parallel_cuda(graph, &ranks, &specs, &inputs, microbatches)?
+        }
         (Backend::Cpu, None) => {
             let executor = CpuExecutor::new(graph, &weights);
             let mut prepared = specs

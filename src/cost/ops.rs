@@ -302,7 +302,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         // pipecut's tensor-parallel collectives, in rank files: their device side is a copy;
         // the link time of a group's collectives is the tensor-parallel cost of the stage
         // (`partition::tensor_parallel`), not of a node.
-        ("ai.pipecut", "AllReduce" | "AllGather") => movement,
+        ("ai.pipecut", "AllReduce" | "AllGather" | "ReduceScatter") => movement,
         ("", "ImageDecoder") => image_decoder,
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
         ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,

@@ -104,6 +104,15 @@ impl<'a> CudaExecutor<'a> {
         Err(Error::CudaNotCompiled)
     }
 
+    /// Always [`Error::CudaNotCompiled`] in this build.
+    pub fn on_device(
+        _graph: &'a Graph,
+        _weights: &'a Weights,
+        _ordinal: usize,
+    ) -> Result<CudaExecutor<'a>, Error> {
+        Err(Error::CudaNotCompiled)
+    }
+
     /// Number of GPUs the stages are spread over.
     pub fn device_count(&self) -> usize {
         match self._never {}

@@ -1,6 +1,7 @@
 //! Tensor-parallel ranks as threads: the t rank models of a stage (see
 //! [`crate::onnx::export::shard`]) run on t threads, and each `ai.pipecut` `AllReduce` they
-//! reach sums its input over the group. The sum is taken once, by the last rank to arrive, in
+//! reach sums its input over the group (a `ReduceScatter` sums it and keeps the rank's share of
+//! one axis, an `AllGather` concatenates the ranks' shares). The sum is taken once, by the last rank to arrive, in
 //! rank order, so every rank gets the same bits; a rank that fails wakes the others with its
 //! error instead of leaving them waiting.
 
@@ -168,21 +169,81 @@ pub(crate) fn all_gather(
     })
 }
 
+/// The `ReduceScatter` kernel's work: the sum of `x` over the running thread's group, cut in
+/// `group_size` equal pieces along `axis`, of which rank r keeps piece r (Megatron's
+/// sequence-parallel `reduce_scatter_to_sequence_parallel_region`).
+pub(crate) fn reduce_scatter(
+    x: &HostTensor,
+    group_size: usize,
+    axis: i64,
+) -> Result<HostTensor, String> {
+    let axis = normalized_axis(x, axis, "ReduceScatter")?;
+    let size = x.shape()[axis];
+    if !size.is_multiple_of(group_size) {
+        return Err(format!(
+            "ReduceScatter: axis {axis} of size {size} does not split {group_size} ways"
+        ));
+    }
+    let (total, rank) = collective_with_rank(x, group_size, "ReduceScatter", &sum)?;
+    piece(&total, axis, rank, group_size)
+}
+
+/// `axis` (negative from the end) as an index of `x`'s dims.
+fn normalized_axis(x: &HostTensor, axis: i64, op: &str) -> Result<usize, String> {
+    let rank = x.rank() as i64;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    match (0..rank).contains(&axis) {
+        true => Ok(axis as usize),
+        false => Err(format!("{op} axis {axis} out of range for rank {rank}")),
+    }
+}
+
+/// Piece `index` of `pieces` equal pieces of `x` along `axis`.
+fn piece(x: &HostTensor, axis: usize, index: usize, pieces: usize) -> Result<HostTensor, String> {
+    let shape = x.shape();
+    let outer: usize = shape[..axis].iter().product();
+    let chunk: usize = shape[axis..].iter().product();
+    let part = chunk / pieces;
+    let pick = |o: usize| o * chunk + index * part..o * chunk + (index + 1) * part;
+    let data = match x.data() {
+        TensorData::F32(v) => {
+            TensorData::F32((0..outer).flat_map(|o| v[pick(o)].to_vec()).collect())
+        }
+        TensorData::I64(v) => {
+            TensorData::I64((0..outer).flat_map(|o| v[pick(o)].to_vec()).collect())
+        }
+        other => return Err(format!("a piece of a {} tensor", other.dtype())),
+    };
+    let mut out_shape = shape.to_vec();
+    out_shape[axis] /= pieces;
+    HostTensor::new(out_shape, data)
+}
+
 fn collective(
     x: &HostTensor,
     group_size: usize,
     op: &str,
     combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
 ) -> Result<HostTensor, String> {
+    collective_with_rank(x, group_size, op, combine).map(|(result, _)| result)
+}
+
+/// As [`collective`], with the running thread's rank (0 outside a run, in a group of one).
+fn collective_with_rank(
+    x: &HostTensor,
+    group_size: usize,
+    op: &str,
+    combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+) -> Result<(HostTensor, usize), String> {
     MEMBERSHIP.with(|m| match &*m.borrow() {
-        Some((group, rank)) if group.size == group_size => {
-            group.contribute(*rank, x, combine).map(|s| (*s).clone())
-        }
+        Some((group, rank)) if group.size == group_size => group
+            .contribute(*rank, x, combine)
+            .map(|s| ((*s).clone(), *rank)),
         Some((group, _)) => Err(format!(
             "{op} of a group of {group_size} in a run of {} ranks",
             group.size
         )),
-        None if group_size == 1 => Ok(x.clone()),
+        None if group_size == 1 => Ok((x.clone(), 0)),
         None => Err(format!(
             "{op} of a group of {group_size} outside a tensor-parallel run \
              (run the ranks together: pipecut::runtime::tensor_parallel::run_ranks)"
@@ -240,14 +301,24 @@ pub fn as_rank<T>(
 /// # Errors
 /// The first rank's error, by rank order.
 pub fn run_ranks(ranks: &[CpuExecutor<'_>], inputs: &Tensors) -> Result<Tensors, Error> {
+    run_group(ranks, |executor| executor.run_model(inputs))
+}
+
+/// Runs `run` on each of `ranks` on its own thread, as that rank of one group, and gives rank
+/// 0's result; a failing rank's own error rather than the others' "stopped" ones.
+fn run_group<T: Sync>(
+    ranks: &[T],
+    run: impl Fn(&T) -> Result<Tensors, Error> + Sync,
+) -> Result<Tensors, Error> {
     let group = Group::new(ranks.len());
+    let run = &run;
     let results: Vec<Result<Tensors, Error>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ranks
             .iter()
             .enumerate()
-            .map(|(rank, executor)| {
+            .map(|(rank, item)| {
                 let group = group.clone();
-                scope.spawn(move || as_rank(&group, rank, || executor.run_model(inputs)))
+                scope.spawn(move || as_rank(&group, rank, || run(item)))
             })
             .collect();
         handles
@@ -306,6 +377,15 @@ impl LoadedRanks {
             weights.push(stage_weights);
         }
         Ok(LoadedRanks { graphs, weights })
+    }
+
+    /// Per stage, each rank's graph and weights.
+    pub fn stages(&self) -> Vec<Vec<(&Graph, &Weights)>> {
+        self.graphs
+            .iter()
+            .zip(&self.weights)
+            .map(|(g, w)| g.iter().zip(w).collect())
+            .collect()
     }
 
     /// An executor per rank, per stage.
@@ -392,17 +472,106 @@ impl Executor for TensorParallelExecutor<'_> {
 
     fn run(&self, stage: &TensorParallelStage, inputs: &Tensors) -> Result<Tensors, Error> {
         let ranks = &self.stages[stage.index];
-        let mut outputs = run_ranks(ranks, inputs)?;
-        // Stages relay what later stages need: a tensor the ranks do not make passes through.
-        for name in &stage.sends {
-            if !outputs.contains_key(name) {
-                if let Some(t) = inputs.get(name) {
-                    outputs.insert(name.clone(), t.clone());
-                }
+        let outputs = run_ranks(ranks, inputs)?;
+        Ok(relay(&stage.sends, inputs, outputs))
+    }
+}
+
+/// A stage's sends from its ranks' `outputs`: a tensor the ranks do not make (one a later
+/// stage needs from an earlier one) passes through from `inputs`.
+fn relay(sends: &[String], inputs: &Tensors, mut outputs: Tensors) -> Tensors {
+    for name in sends {
+        if !outputs.contains_key(name) {
+            if let Some(t) = inputs.get(name) {
+                outputs.insert(name.clone(), t.clone());
             }
         }
-        outputs.retain(|name, _| stage.sends.contains(name));
-        Ok(outputs)
+    }
+    outputs.retain(|name, _| sends.contains(name));
+    outputs
+}
+
+/// The nodes of a rank graph as one stage: a rank runs its whole graph.
+///
+/// # Errors
+/// As [`super::stage_specs`].
+pub fn whole_rank_spec(graph: &Graph) -> Result<StageSpec, Error> {
+    let nodes = graph.topological_order().to_vec();
+    super::stage_specs(graph, &[nodes])?
+        .pop()
+        .ok_or_else(|| Error::Export("a rank graph gave no stage".into()))
+}
+
+/// A pipeline backend whose stages each run as a tensor-parallel group of executors of any
+/// backend `E` (the CUDA one: `run --backend cuda`), one per rank, each running its rank graph
+/// whole on its own thread; the group's collectives are the CPU kernels', which that backend
+/// runs on host copies of their operands (staged through the host).
+pub struct RankGroupExecutor<'a, E: Executor> {
+    whole: &'a Graph,
+    /// Per stage, per rank: the rank's executor and its graph as one stage.
+    stages: Vec<Vec<(E, StageSpec)>>,
+}
+
+/// A stage of a [`RankGroupExecutor`]: each rank's prepared stage, used by its thread alone.
+pub struct RankGroupStage<S> {
+    index: usize,
+    sends: Vec<String>,
+    ranks: Vec<Mutex<S>>,
+}
+
+impl<S> RankGroupStage<S> {
+    /// Each rank's prepared stage.
+    pub fn ranks(&self) -> &[Mutex<S>] {
+        &self.ranks
+    }
+}
+
+impl<'a, E: Executor> RankGroupExecutor<'a, E> {
+    /// The stages of `whole` run by `stages[k][r]`: rank r of stage k's executor and the
+    /// rank graph it runs, as one stage ([`whole_rank_spec`]).
+    pub fn new(whole: &'a Graph, stages: Vec<Vec<(E, StageSpec)>>) -> RankGroupExecutor<'a, E> {
+        RankGroupExecutor { whole, stages }
+    }
+}
+
+impl<E: Executor> Executor for RankGroupExecutor<'_, E> {
+    type Stage = RankGroupStage<E::Stage>;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<Self::Stage, Error> {
+        let ranks = self
+            .stages
+            .get(spec.index)
+            .filter(|r| !r.is_empty())
+            .ok_or_else(|| {
+                Error::Export(format!("stage {} has no tensor-parallel ranks", spec.index))
+            })?;
+        Ok(RankGroupStage {
+            index: spec.index,
+            sends: spec
+                .sends
+                .iter()
+                .map(|&t| self.whole.tensor(t).name.clone())
+                .collect(),
+            ranks: ranks
+                .iter()
+                .map(|(executor, rank_spec)| executor.prepare(rank_spec).map(Mutex::new))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn run(&self, stage: &Self::Stage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let ranks: Vec<(&E, &Mutex<E::Stage>)> = self.stages[stage.index]
+            .iter()
+            .map(|(executor, _)| executor)
+            .zip(&stage.ranks)
+            .collect();
+        let outputs = run_group(&ranks, |(executor, prepared)| {
+            let prepared = prepared
+                .lock()
+                .map_err(|_| Error::Export("a rank's stage was poisoned".into()))?;
+            executor.run(&prepared, inputs)
+        })?;
+        Ok(relay(&stage.sends, inputs, outputs))
     }
 }
 
@@ -444,6 +613,36 @@ mod tests {
             assert_eq!(gathered, [0.0, 0.5, 1.0, 0.5, 2.0, 0.5]);
             assert_eq!(again, [9.0, 4.5]);
         }
+    }
+
+    #[test]
+    fn each_rank_keeps_its_piece_of_the_sum_along_the_axis() {
+        // 2 × 6 on each rank, the sum cut in three along axis 1: rank r keeps columns 2r, 2r+1.
+        let results = on_three(|rank| {
+            let x = HostTensor::new(
+                vec![2, 6],
+                TensorData::F32((0..12).map(|v| (v + rank) as f32).collect()),
+            )
+            .map_err(Error::Export)?;
+            let piece = reduce_scatter(&x, 3, 1).map_err(Error::Export)?;
+            Ok((piece.shape().to_vec(), piece.to_f32_vec()))
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let (shape, values) = result.unwrap();
+            assert_eq!(shape, [2, 2]);
+            // Σ over ranks of (v + rank) = 3v + 3.
+            let column = 2.0 * rank as f32;
+            let expected: Vec<f32> = [column, column + 1.0, column + 6.0, column + 7.0]
+                .iter()
+                .map(|v| 3.0 * v + 3.0)
+                .collect();
+            assert_eq!(values, expected, "rank {rank}");
+        }
+        // An axis the group does not divide is refused before anyone waits.
+        let x = vector(&[1.0, 2.0]);
+        assert!(reduce_scatter(&x, 3, 0)
+            .unwrap_err()
+            .contains("does not split"));
     }
 
     #[test]

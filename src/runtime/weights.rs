@@ -42,8 +42,28 @@ impl Weights {
         Weights::from_model_bytes(&map, graph)
     }
 
+    /// Reads the parameters of `graph` stored inside the model file (`model_path`), leaving out
+    /// those in external data: for a rewrite that reads only parts of those
+    /// ([`crate::onnx::export::rank_data`]).
+    pub fn load_embedded(model_path: &Path, graph: &Graph) -> Result<Weights, Error> {
+        let io = |source| Error::Io {
+            path: model_path.to_path_buf(),
+            source,
+        };
+        let file = File::open(model_path).map_err(io)?;
+        // SAFETY: as in `load`.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Weights::decode(&map, graph, false)
+    }
+
     /// Reads every parameter of `graph` from the model's protobuf bytes.
     pub fn from_model_bytes(bytes: &[u8], graph: &Graph) -> Result<Weights, Error> {
+        Weights::decode(bytes, graph, true)
+    }
+
+    /// The parameters of `graph` from the model's bytes, those in external data only if
+    /// `external`.
+    fn decode(bytes: &[u8], graph: &Graph, external: bool) -> Result<Weights, Error> {
         let proto = ModelProto::parse_from_bytes(bytes).map_err(|e| Error::NotOnnx {
             origin: "<weights>".into(),
             detail: format!("protobuf decoding failed: {e}"),
@@ -70,6 +90,9 @@ impl Weights {
             let Some(param) = tensor.param() else {
                 continue;
             };
+            if !external && matches!(param.storage, Storage::External { .. }) {
+                continue;
+            }
             let proto = sources.get(tensor.name.as_str()).ok_or_else(|| {
                 Error::InvalidModel(format!(
                     "parameter '{}' has no initializer or Constant in the model file",

@@ -63,7 +63,9 @@
 
 mod files;
 mod manifest;
+pub mod rank_data;
 mod routes;
+pub mod sequence;
 pub mod shard;
 mod stage;
 

@@ -15,8 +15,9 @@ use onnx_protobuf::{
     TensorProto,
 };
 
+use super::rank_data::{Cut, ExternalWeights, RankData};
 use crate::graph::{DType, Graph, TensorId};
-use crate::partition::tensor_parallel::VocabRole;
+use crate::partition::tensor_parallel::{TensorParallelism, VocabRole};
 use crate::partition::tensor_shard::{AxisSplit, ShardLayout};
 use crate::runtime::{HostTensor, TensorData, Weights};
 use crate::Error;
@@ -27,9 +28,13 @@ pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
 pub const ALL_REDUCE: &str = "AllReduce";
 /// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
 pub const ALL_GATHER: &str = "AllGather";
+/// Sums its input over the group and cuts the sum along `axis`; rank r gets piece r.
+pub const REDUCE_SCATTER: &str = "ReduceScatter";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
-/// layout was made for) and `weights` were loaded from.
+/// layout was made for) and `weights` were loaded from. A slice of a weight stored as external
+/// data is read from its file (only the rank's bytes, [`super::rank_data`]) and written to
+/// `data` when given, inline otherwise; `weights` need hold only the others.
 ///
 /// # Errors
 /// [`Error::Export`] when the file does not match the graph or a weight cannot be read.
@@ -39,8 +44,10 @@ pub fn shard_model(
     weights: &Weights,
     layout: &ShardLayout,
     rank: u64,
+    mut data: Option<&mut RankData>,
 ) -> Result<ModelProto, Error> {
     let t = layout.degree;
+    let mut external = ExternalWeights::default();
     let mut model = proto.clone();
     let g = model
         .graph
@@ -76,13 +83,27 @@ pub fn shard_model(
     for block in &layout.split {
         for w in &block.weights {
             let param = graph.tensor(w.param);
-            let whole = weights
-                .get(w.param)
-                .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
             let name = format!("{}.tp{t}", param.name);
-            let slice = slice_tensor(whole, w.split, t, rank)
-                .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
-            initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+            let cut = Cut {
+                split: w.split,
+                size: None,
+                degree: t,
+                rank,
+                zero_row: false,
+            };
+            let slice_proto =
+                match external.slice(graph, w.param, cut, &name, data.as_deref_mut())? {
+                    Some(slice_proto) => slice_proto,
+                    None => {
+                        let whole = weights.get(w.param).ok_or_else(|| {
+                            Error::Export(format!("weight '{}' has no data", param.name))
+                        })?;
+                        let slice = slice_tensor(whole, w.split, t, rank)
+                            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+                        tensor_proto(&name, &slice, param.dtype)?
+                    }
+                };
+            initializers.push(slice_proto);
             for &(node, slot) in &w.readers {
                 renamed.push((node_position(node)?, slot, name.clone()));
             }
@@ -121,25 +142,28 @@ pub fn shard_model(
     }
     for v in &layout.vocab {
         let param = graph.tensor(v.param);
-        let whole = weights
-            .get(v.param)
-            .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
-        // Padded only when t does not divide V: a vocabulary table is the largest weight.
-        let padded = match v.padded == v.vocab {
-            true => Ok(std::borrow::Cow::Borrowed(&**whole)),
-            false => pad_axis(whole, v.axis, v.padded).map(std::borrow::Cow::Owned),
+        let suffix = match v.role {
+            VocabRole::Embedding => "rows",
+            VocabRole::Head => "columns",
         };
-        let mut slice = padded
-            .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
-            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+        let name = format!("{}.tp{t}.{suffix}", param.name);
+        let cut = Cut {
+            split: v.split(),
+            size: Some(v.padded),
+            degree: t,
+            rank,
+            zero_row: v.role == VocabRole::Embedding,
+        };
+        let slice_proto = match external.slice(graph, v.param, cut, &name, data.as_deref_mut())? {
+            Some(slice_proto) => slice_proto,
+            None => vocab_slice_inline(weights, graph, v, t, rank, &name)?,
+        };
+        initializers.push(slice_proto);
         let output = graph.tensor(v.output).name.clone();
         let partial = format!("{output}.partial");
         let node_name = graph.node(v.node).name.clone();
-        let suffix = match v.role {
+        match v.role {
             VocabRole::Embedding => {
-                // A zero row past the rank's rows: ids outside them read it, so that the
-                // all-reduce of the ranks' rows gives every id its one row.
-                slice = append_zero_row(&slice).map_err(Error::Export)?;
                 let position = node_position(v.node)?;
                 let ids = g.node[position].input[1].clone();
                 let ids_type = graph
@@ -167,7 +191,6 @@ pub fn shard_model(
                         None,
                     )],
                 );
-                "rows"
             }
             VocabRole::Head => {
                 let gather = |to: &str| {
@@ -198,11 +221,8 @@ pub fn shard_model(
                     vec![gather(&gathered), slice]
                 };
                 collectives.insert(output.clone(), after);
-                "columns"
             }
-        };
-        let name = format!("{}.tp{t}.{suffix}", param.name);
-        initializers.push(tensor_proto(&name, &slice, param.dtype)?);
+        }
         renamed.push((node_position(v.reader.0)?, v.reader.1, name));
         sliced.insert(v.param);
     }
@@ -262,20 +282,57 @@ pub fn shard_model(
     Ok(model)
 }
 
-/// Rank `rank`'s share of a model as protobuf bytes.
+/// Rank `rank`'s share of a model as protobuf bytes; with `sequence_parallel`, the regions
+/// between blocks hold the rank's share of the sequence ([`super::sequence`]).
 ///
 /// # Errors
-/// As [`shard_model`], and [`Error::Export`] when the rank is too large for one protobuf.
+/// As [`shard_model`] and [`super::sequence::split_sequence`], and [`Error::Export`] when the
+/// rank is too large for one protobuf.
 pub fn shard_model_bytes(
     proto: &ModelProto,
     graph: &Graph,
     weights: &Weights,
     layout: &ShardLayout,
     rank: u64,
+    sequence_parallel: bool,
+    data: Option<&mut RankData>,
 ) -> Result<Vec<u8>, Error> {
-    shard_model(proto, graph, weights, layout, rank)?
+    let mut model = shard_model(proto, graph, weights, layout, rank, data)?;
+    if sequence_parallel && layout.degree > 1 {
+        super::sequence::split_sequence(&mut model, graph, layout, rank)?;
+    }
+    model
         .write_to_bytes()
         .map_err(|e| Error::Export(format!("cannot encode rank {rank}: {e}")))
+}
+
+/// Rank `rank`'s slice of a vocabulary weight held in `weights`, padded to `v.padded` entries
+/// when t does not divide V, with the embedding's zero row: ids outside the rank's rows read
+/// it, so that the all-reduce of the ranks' rows gives every id its one row.
+fn vocab_slice_inline(
+    weights: &Weights,
+    graph: &Graph,
+    v: &crate::partition::tensor_shard::VocabSlice,
+    t: u64,
+    rank: u64,
+    name: &str,
+) -> Result<TensorProto, Error> {
+    let param = graph.tensor(v.param);
+    let whole = weights
+        .get(v.param)
+        .ok_or_else(|| Error::Export(format!("weight '{}' has no data", param.name)))?;
+    // Padded only when t does not divide V: a vocabulary table is the largest weight.
+    let padded = match v.padded == v.vocab {
+        true => Ok(std::borrow::Cow::Borrowed(&**whole)),
+        false => pad_axis(whole, v.axis, v.padded).map(std::borrow::Cow::Owned),
+    };
+    let mut slice = padded
+        .and_then(|padded| slice_tensor(&padded, v.split(), t, rank))
+        .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+    if v.role == VocabRole::Embedding {
+        slice = append_zero_row(&slice).map_err(Error::Export)?;
+    }
+    tensor_proto(name, &slice, param.dtype)
 }
 
 /// A row-parallel Gemm's bias, moved after the all-reduce so that it is added once.
@@ -623,15 +680,17 @@ pub struct ShardedModel {
 }
 
 /// Splits the model in `model_path` (loaded as `graph`, its dims bound and shapes inferred)
-/// `degree` ways.
+/// `tp.degree` ways, with sequence parallelism if `tp` asks for it.
 ///
 /// # Errors
-/// An unreadable model or weight, or a model file that does not match the graph.
+/// An unreadable model or weight, a model file that does not match the graph, or a sequence
+/// the degree does not divide under sequence parallelism.
 pub fn shard_file(
     model_path: &std::path::Path,
     graph: &Graph,
-    degree: u64,
+    tp: TensorParallelism,
 ) -> Result<ShardedModel, Error> {
+    let degree = u64::from(tp.degree);
     let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
         path: model_path.to_path_buf(),
         source,
@@ -644,50 +703,124 @@ pub fn shard_file(
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let layout = ShardLayout::new(graph, &blocks, degree);
     let ranks = (0..degree)
-        .map(|rank| shard_model_bytes(&proto, graph, &weights, &layout, rank))
+        .map(|rank| {
+            shard_model_bytes(
+                &proto,
+                graph,
+                &weights,
+                &layout,
+                rank,
+                tp.sequence_parallel,
+                None,
+            )
+        })
         .collect::<Result<_, _>>()?;
     Ok(ShardedModel { layout, ranks })
 }
 
 /// A pipeline's stages split for tensor parallelism: `ranks[stage][rank]` is that rank's model
-/// file (bytes), external data resolved against the model's directory.
+/// file (bytes), external data resolved against the model's directory, and `data[stage][rank]`
+/// the external data file of its weight slices, when it has one.
 #[derive(Debug, Clone)]
 pub struct ShardedStages {
     /// Per stage, the blocks split and those left whole.
     pub layouts: Vec<ShardLayout>,
     /// Per stage, per rank, the model bytes.
     pub ranks: Vec<Vec<Vec<u8>>>,
+    /// Per stage, per rank, the slices' external data (named as the rank file's tensors name
+    /// it, beside the rank file); `None` when every slice is inline.
+    pub data: Vec<Vec<Option<RankData>>>,
 }
 
 /// Splits each stage of `stages` of the model in `model_path` (loaded as `graph`, its dims
-/// bound and shapes inferred, its weights `weights`) `degree` ways.
+/// bound and shapes inferred, its weights `weights`) `tp.degree` ways, with sequence
+/// parallelism if `tp` asks for it, every rank in memory (see [`shard_stages_each`]).
 ///
 /// # Errors
-/// As [`crate::onnx::export::stage_models`] and [`shard_model`].
+/// As [`shard_stages_each`].
 pub fn shard_stages(
     model_path: &std::path::Path,
     graph: &Graph,
     weights: &Weights,
     stages: &[Vec<crate::graph::NodeId>],
-    degree: u64,
+    tp: TensorParallelism,
+    external_data: bool,
 ) -> Result<ShardedStages, Error> {
+    let mut ranks: Vec<Vec<Vec<u8>>> = vec![Vec::new(); stages.len()];
+    let mut data: Vec<Vec<Option<RankData>>> = vec![Vec::new(); stages.len()];
+    let layouts = shard_stages_each(
+        model_path,
+        graph,
+        weights,
+        stages,
+        tp,
+        external_data,
+        |stage, _, bytes, rank_data| {
+            ranks[stage].push(bytes);
+            data[stage].push(rank_data);
+            Ok(())
+        },
+    )?;
+    Ok(ShardedStages {
+        layouts,
+        ranks,
+        data,
+    })
+}
+
+/// [`shard_stages`] handing each rank to `emit(stage, rank, model bytes, external data)` as
+/// soon as it is made, so that a writer holds one rank at a time. With `external_data`, the
+/// slices of weights the model stores externally go to `stage_<k>.rank_<r>.data`
+/// ([`rank_data_name`]), read from the model's data file a rank's bytes at a time; `weights`
+/// then need not hold them ([`Weights::load_embedded`]). Gives each stage's layout.
+///
+/// # Errors
+/// As [`crate::onnx::export::stage_models`], [`shard_model_bytes`] and `emit`.
+pub fn shard_stages_each(
+    model_path: &std::path::Path,
+    graph: &Graph,
+    weights: &Weights,
+    stages: &[Vec<crate::graph::NodeId>],
+    tp: TensorParallelism,
+    external_data: bool,
+    mut emit: impl FnMut(usize, u64, Vec<u8>, Option<RankData>) -> Result<(), Error>,
+) -> Result<Vec<ShardLayout>, Error> {
+    let degree = u64::from(tp.degree);
     let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(graph);
     let whole = ShardLayout::new(graph, &blocks, degree);
     let files = super::stage_models(model_path, graph, stages)?;
     let mut layouts = Vec::with_capacity(stages.len());
-    let mut ranks = Vec::with_capacity(stages.len());
-    for (nodes, file) in stages.iter().zip(files) {
+    for (stage, (nodes, file)) in stages.iter().zip(files).enumerate() {
         let layout = whole.within(&nodes.iter().copied().collect());
         let proto = ModelProto::parse_from_bytes(&file)
             .map_err(|e| Error::Export(format!("cannot decode a stage: {e}")))?;
-        ranks.push(
-            (0..degree)
-                .map(|rank| shard_model_bytes(&proto, graph, weights, &layout, rank))
-                .collect::<Result<Vec<_>, _>>()?,
-        );
+        for rank in 0..degree {
+            let mut rank_data = external_data.then(|| RankData::new(rank_data_name(stage, rank)));
+            let bytes = shard_model_bytes(
+                &proto,
+                graph,
+                weights,
+                &layout,
+                rank,
+                tp.sequence_parallel,
+                rank_data.as_mut(),
+            )?;
+            emit(
+                stage,
+                rank,
+                bytes,
+                rank_data.filter(|d| !d.bytes.is_empty()),
+            )?;
+        }
         layouts.push(layout);
     }
-    Ok(ShardedStages { layouts, ranks })
+    Ok(layouts)
+}
+
+/// The external data file of rank `rank` of stage `stage`: its file name, `.onnx` made `.data`.
+pub fn rank_data_name(stage: usize, rank: u64) -> String {
+    let file = super::rank_file_name(stage, rank as usize);
+    format!("{}.data", file.strip_suffix(".onnx").unwrap_or(&file))
 }
 
 #[cfg(test)]

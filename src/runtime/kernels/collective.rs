@@ -1,5 +1,6 @@
 //! `ai.pipecut` `AllReduce` (the sum of a tensor over the ranks of a tensor-parallel group) and
-//! `AllGather` (their tensors concatenated along an axis),
+//! `AllGather` (their tensors concatenated along an axis) and `ReduceScatter` (the sum, each rank
+//! keeping its piece of an axis),
 //! each rank a thread of [`crate::runtime::tensor_parallel`]; the group the running thread
 //! belongs to is found there.
 
@@ -10,6 +11,7 @@ use crate::runtime::tensor_parallel;
 pub(super) fn register(t: &mut KernelTable) {
     t.add_in("ai.pipecut", &["AllReduce"], all_reduce);
     t.add_in("ai.pipecut", &["AllGather"], all_gather);
+    t.add_in("ai.pipecut", &["ReduceScatter"], reduce_scatter);
 }
 
 fn all_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -19,11 +21,24 @@ fn all_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 
 fn all_gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, group_size) = input_and_group(ctx, inputs)?;
-    let axis = match ctx.node.attributes.get("axis") {
+    Ok(vec![tensor_parallel::all_gather(x, group_size, axis(ctx))?])
+}
+
+fn reduce_scatter(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, group_size) = input_and_group(ctx, inputs)?;
+    Ok(vec![tensor_parallel::reduce_scatter(
+        x,
+        group_size,
+        axis(ctx),
+    )?])
+}
+
+/// The `axis` attribute, −1 when absent.
+fn axis(ctx: &Ctx) -> i64 {
+    match ctx.node.attributes.get("axis") {
         Some(crate::graph::Attribute::Int(a)) => *a,
         _ => -1,
-    };
-    Ok(vec![tensor_parallel::all_gather(x, group_size, axis)?])
+    }
 }
 
 fn input_and_group<'a>(
