@@ -702,3 +702,85 @@ extern "C" __global__ void einsum_f32(const float* a, const float* b, const floa
         y[i] = acc;
     }
 }
+
+// ---- Attention and RotaryEmbedding (src/runtime/cuda/attention.rs) ----
+
+// The row-wise middle of ONNX Attention on scores[rows, cols] = scale · Q·Kᵀ (rows are
+// (batch, q_head, query) in that order): the additive mask (mask[b·mask_b + h·mask_h + i·mask_i
+// + j] for j < mask_cols, masked beyond, when has_mask), the causal mask (key j > query i +
+// past_len), the padding mask (j ≥ lengths[b], when has_lengths), the soft cap c·tanh(x/c),
+// then the softmax over the row, in place. When want_qk, qk gets the row at the stage `mode`
+// names (0 scaled, 1 masked, 2 capped, 3 softmaxed), as the CPU kernel's
+// qk_matmul_output_mode. One block per row.
+extern "C" __global__ void attention_softmax_f32(
+    float* scores, float* qk, const float* mask, const float* lengths, long long rows,
+    long long cols, long long q_heads, long long q_seq, long long past_len, long long mask_b,
+    long long mask_h, long long mask_i, long long mask_cols, int has_mask, int causal,
+    int has_lengths, float softcap, int mode, int want_qk) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        long long i = row % q_seq, h = (row / q_seq) % q_heads, b = row / (q_seq * q_heads);
+        float* s = scores + row * cols;
+        float* out = qk + row * cols;
+        const float* mask_row = mask + b * mask_b + h * mask_h + i * mask_i;
+        float m = -PC_INFINITY;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float x = s[j];
+            if (want_qk && mode == 0) out[j] = x;
+            float bias = 0.0f;
+            if (has_mask) bias = j < mask_cols ? mask_row[j] : -PC_INFINITY;
+            if (causal && j > i + past_len) bias = -PC_INFINITY;
+            if (has_lengths && (float)j >= lengths[b]) bias = -PC_INFINITY;
+            x += bias;
+            if (softcap > 0.0f) {
+                if (want_qk && mode == 1) out[j] = x;
+                x = softcap * tanhf(x / softcap);
+            }
+            if (want_qk && ((mode == 1 && softcap <= 0.0f) || mode == 2)) out[j] = x;
+            s[j] = x;
+            m = fmaxf(m, x);
+        }
+        m = block_reduce(m, COMBINE_MAX, scratch);
+        float sum = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) sum += expf(s[j] - m);
+        sum = block_reduce(sum, COMBINE_SUM, scratch);
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float p = expf(s[j] - m) / sum;
+            s[j] = p;
+            if (want_qk && mode == 3) out[j] = p;
+        }
+    }
+}
+
+// RotaryEmbedding, one thread per element of x: x is [batch, heads, seq, size] (rank4) or
+// [batch, seq, heads·size]; the first `rotary` elements of each head turn by the cache row
+// rows[b·seq + s] of cos/sin ([positions, rotary/2]), pairing the two halves or, when
+// interleaved, neighbours; the rest is copied.
+extern "C" __global__ void rotary_f32(const float* x, const float* cos_cache,
+                                      const float* sin_cache, const long long* rows, float* y,
+                                      long long n, long long seq, long long heads, long long size,
+                                      long long rotary, int rank4, int interleaved) {
+    long long half = rotary / 2;
+    GRID_STRIDE(e, n) {
+        long long d = e % size, s, b;
+        if (rank4) {
+            s = (e / size) % seq;
+            b = e / (size * seq * heads);
+        } else {
+            s = (e / (size * heads)) % seq;
+            b = e / (size * heads * seq);
+        }
+        if (d >= rotary) {
+            y[e] = x[e];
+            continue;
+        }
+        long long base = e - d;
+        long long pair = interleaved ? d / 2 : d % half;
+        bool first = interleaved ? d % 2 == 0 : d < half;
+        float x1 = x[base + (interleaved ? 2 * pair : pair)];
+        float x2 = x[base + (interleaved ? 2 * pair + 1 : half + pair)];
+        long long row = rows[b * seq + s];
+        float c = cos_cache[row * half + pair], sn = sin_cache[row * half + pair];
+        y[e] = first ? c * x1 - sn * x2 : sn * x1 + c * x2;
+    }
+}

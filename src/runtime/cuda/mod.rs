@@ -18,6 +18,7 @@
 //! (`resident.rs`), one thread per stage; several stages may share one GPU. Each GPU's memory
 //! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
 
+mod attention;
 mod compile;
 mod index_ops;
 mod ops;

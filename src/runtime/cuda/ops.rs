@@ -47,7 +47,7 @@ pub(super) struct Functions {
     binary: CudaFunction,
     where_: CudaFunction,
     gather_strided: CudaFunction,
-    copy_block: CudaFunction,
+    pub(super) copy_block: CudaFunction,
     gather_axis: CudaFunction,
     pub(super) softmax_rows: CudaFunction,
     pub(super) norm_rows: CudaFunction,
@@ -67,6 +67,8 @@ pub(super) struct Functions {
     pub(super) arg_reduce: CudaFunction,
     pub(super) cumsum: CudaFunction,
     pub(super) lrn: CudaFunction,
+    /// Attention and RotaryEmbedding (`attention.rs`).
+    pub(super) attention: super::attention::Kernels,
 }
 
 impl Functions {
@@ -102,6 +104,7 @@ impl Functions {
             arg_reduce: f("arg_reduce_f32")?,
             cumsum: f("cumsum_f32")?,
             lrn: f("lrn_f32")?,
+            attention: super::attention::Kernels::load(module)?,
         })
     }
 }
@@ -476,6 +479,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
+        "Attention" => super::attention::attention(gpu, ctx, args),
+        "RotaryEmbedding" => super::attention::rotary_embedding(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),

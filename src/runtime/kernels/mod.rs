@@ -7,6 +7,7 @@
 
 mod activation;
 mod attention;
+pub(crate) use attention::CacheRows as RotaryCacheRows;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
