@@ -784,3 +784,119 @@ extern "C" __global__ void rotary_f32(const float* x, const float* cos_cache,
         y[e] = first ? c * x1 - sn * x2 : sn * x1 + c * x2;
     }
 }
+
+// ---- GridSample (src/runtime/cuda/grid_sample.rs) ----
+
+// Spatial sizes of GridSample's input, by value (at most 6 spatial axes: rank 8 in all).
+struct GridDims {
+    int rank;
+    long long dims[6];
+};
+
+// `x` reflected into [low, high], repeatedly, as a pair of mirrors would.
+__device__ float grid_reflect(float x, float low, float high) {
+    float range = high - low;
+    if (range <= 0.0f) return low;
+    float outside;
+    bool from_low;
+    if (x < low) {
+        outside = low - x;
+        from_low = true;
+    } else if (x > high) {
+        outside = x - high;
+        from_low = false;
+    } else {
+        return x;
+    }
+    float flips = floorf(outside / range);
+    float rest = outside - flips * range;
+    bool even = (long long)flips % 2 == 0;
+    return from_low == even ? low + rest : high - rest;
+}
+
+// The pixel of `plane` at integer coordinates `at`, with the padding rule (0 zeros, 1 border,
+// 2 reflection) for those outside.
+__device__ float grid_pixel(const float* plane, const GridDims& d, const long long* at,
+                            int padding, int align_corners) {
+    long long offset = 0;
+    for (int k = 0; k < d.rank; ++k) {
+        long long n = d.dims[k], c = at[k];
+        if (padding == 0 && (c < 0 || c >= n)) return 0.0f;
+        if (padding == 2) {
+            float low = align_corners ? 0.0f : -0.5f;
+            float high = align_corners ? (float)n - 1.0f : (float)n - 0.5f;
+            c = (long long)grid_reflect((float)c, low, high);
+        }
+        c = c < 0 ? 0 : (c > n - 1 ? n - 1 : c);
+        offset = offset * n + c;
+    }
+    return plane[offset];
+}
+
+// The spec's cubic weights (A = -0.75) of the four taps around fraction t.
+__device__ void grid_cubic_weights(float t, float* w) {
+    const float A = -0.75f;
+    float x = t + 1.0f;
+    w[0] = ((A * x - 5.0f * A) * x + 8.0f * A) * x - 4.0f * A;
+    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
+    x = 1.0f - t;
+    w[2] = ((A + 2.0f) * x - (A + 3.0f)) * x * x + 1.0f;
+    x = 2.0f - t;
+    w[3] = ((A * x - 5.0f * A) * x + 8.0f * A) * x - 4.0f * A;
+}
+
+// GridSample as the CPU kernel (kernels/grid_sample.rs): y[n, c, p] samples x[n, c] at grid
+// point p of batch row n (grid[..., 0] indexes the last axis); mode 0 nearest (half to even),
+// 1 linear, 2 cubic (2-D). One thread per output.
+extern "C" __global__ void grid_sample_f32(const float* x, const float* grid, float* y,
+                                           long long n_out, long long channels, long long points,
+                                           GridDims d, int mode, int padding, int align_corners) {
+    long long plane_len = 1;
+    for (int k = 0; k < d.rank; ++k) plane_len *= d.dims[k];
+    GRID_STRIDE(i, n_out) {
+        long long p = i % points, plane_index = i / points, batch = plane_index / channels;
+        const float* plane = x + plane_index * plane_len;
+        const float* g = grid + (batch * points + p) * d.rank;
+        float coords[6];
+        long long at[6];
+        for (int k = 0; k < d.rank; ++k) {
+            float size = (float)d.dims[k], normalised = g[d.rank - 1 - k];
+            float v = align_corners ? (normalised + 1.0f) / 2.0f * (size - 1.0f)
+                                    : ((normalised + 1.0f) * size - 1.0f) / 2.0f;
+            if (padding == 1) v = fminf(fmaxf(v, 0.0f), size - 1.0f);
+            if (padding == 2) {
+                v = grid_reflect(v, align_corners ? 0.0f : -0.5f,
+                                 align_corners ? size - 1.0f : size - 0.5f);
+            }
+            coords[k] = v;
+        }
+        float value = 0.0f;
+        if (mode == 0) {
+            for (int k = 0; k < d.rank; ++k) at[k] = (long long)rintf(coords[k]);
+            value = grid_pixel(plane, d, at, padding, align_corners);
+        } else if (mode == 1) {
+            for (int bits = 0; bits < (1 << d.rank); ++bits) {
+                float weight = 1.0f;
+                for (int k = 0; k < d.rank; ++k) {
+                    float base = floorf(coords[k]), t = coords[k] - base;
+                    bool upper = (bits >> k) & 1;
+                    at[k] = (long long)base + (upper ? 1 : 0);
+                    weight *= upper ? t : 1.0f - t;
+                }
+                if (weight != 0.0f) value += weight * grid_pixel(plane, d, at, padding, align_corners);
+            }
+        } else {
+            float y0 = floorf(coords[0]), x0 = floorf(coords[1]), wy[4], wx[4];
+            grid_cubic_weights(coords[0] - y0, wy);
+            grid_cubic_weights(coords[1] - x0, wx);
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    at[0] = (long long)y0 - 1 + a;
+                    at[1] = (long long)x0 - 1 + b;
+                    value += wy[a] * wx[b] * grid_pixel(plane, d, at, padding, align_corners);
+                }
+            }
+        }
+        y[i] = value;
+    }
+}

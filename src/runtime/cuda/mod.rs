@@ -20,6 +20,7 @@
 
 mod attention;
 mod compile;
+mod grid_sample;
 mod index_ops;
 mod ops;
 mod resident;

@@ -69,6 +69,7 @@ pub(super) struct Functions {
     pub(super) lrn: CudaFunction,
     /// Attention and RotaryEmbedding (`attention.rs`).
     pub(super) attention: super::attention::Kernels,
+    pub(super) grid_sample: CudaFunction,
 }
 
 impl Functions {
@@ -105,6 +106,7 @@ impl Functions {
             cumsum: f("cumsum_f32")?,
             lrn: f("lrn_f32")?,
             attention: super::attention::Kernels::load(module)?,
+            grid_sample: f("grid_sample_f32")?,
         })
     }
 }
@@ -481,6 +483,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
         "Attention" => super::attention::attention(gpu, ctx, args),
         "RotaryEmbedding" => super::attention::rotary_embedding(gpu, ctx, args),
+        "GridSample" => super::grid_sample::grid_sample(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
