@@ -900,3 +900,103 @@ extern "C" __global__ void grid_sample_f32(const float* x, const float* grid, fl
         y[i] = value;
     }
 }
+
+// ---- RNN, GRU and LSTM (src/runtime/cuda/recurrent.rs) ----
+
+// A direction's activations (codes of `recurrent_act`), with their alphas and betas.
+struct RecurrentActs {
+    int code[3];
+    float alpha[3];
+    float beta[3];
+};
+
+// Activation `k` of the direction on `v`, after the clip (clip > 0), as the CPU kernel's
+// `Activation::apply`: 0 Relu, 1 Tanh, 2 Sigmoid, 3 Affine, 4 LeakyRelu, 5 ThresholdedRelu,
+// 6 ScaledTanh, 7 HardSigmoid, 8 Elu, 9 Softsign, 10 Softplus.
+__device__ float recurrent_act(const RecurrentActs& acts, int k, float v, float clip) {
+    if (clip > 0.0f) v = fminf(fmaxf(v, -clip), clip);
+    float a = acts.alpha[k], b = acts.beta[k];
+    switch (acts.code[k]) {
+        case 0: return fmaxf(v, 0.0f);
+        case 1: return tanhf(v);
+        case 2: return 1.0f / (1.0f + expf(-v));
+        case 3: return a * v + b;
+        case 4: return v >= 0.0f ? v : a * v;
+        case 5: return v > a ? v : 0.0f;
+        case 6: return a * tanhf(b * v);
+        case 7: return fminf(fmaxf(a * v + b, 0.0f), 1.0f);
+        case 8: return v >= 0.0f ? v : a * (expf(v) - 1.0f);
+        case 9: return v / (1.0f + fabsf(v));
+        default: return logf(1.0f + expf(v));
+    }
+}
+
+// One time step t of one direction `dir` of an RNN (cell 0), GRU (1) or LSTM (2), a thread per
+// (batch row, hidden unit). xw is the direction's X·Wᵀ ([seq, batch, gates·hidden]); rh the
+// step's h·Rᵀ ([batch, rh_cols]); bias the [directions, 2·gates·hidden] Wb then Rb; peep LSTM's
+// [directions, 3·hidden]; h, c the [directions, batch, hidden] states, updated in place; y the
+// [seq, directions, batch, hidden] output. A row whose sequence (lens, as floats) has ended
+// keeps its state and writes 0 to y. GRU without linear_before_reset takes two phases: 0 writes
+// gated = r ⊙ h (the host then computes rh_candidate = gated·R_hᵀ), 1 finishes the step.
+extern "C" __global__ void recurrent_step_f32(
+    const float* xw, const float* rh, const float* rh_candidate, const float* bias,
+    const float* peep, const float* lens, float* h, float* c, float* gated, float* y,
+    long long batch, long long hidden, long long directions, long long dir, long long t,
+    long long rh_cols, int cell, int phase, int has_bias, int has_peep, int input_forget,
+    int linear_before_reset, RecurrentActs acts, float clip) {
+    long long gates = cell == 0 ? 1 : (cell == 1 ? 3 : 4);
+    GRID_STRIDE(i, batch * hidden) {
+        long long b = i / hidden, j = i % hidden;
+        long long at = (dir * batch + b) * hidden + j;
+        long long y_at = ((t * directions + dir) * batch + b) * hidden + j;
+        bool active = (float)t < lens[b];
+        if (!active) {
+            if (phase == 0) gated[i] = 0.0f;
+            else y[y_at] = 0.0f;
+            continue;
+        }
+        const float* x_row = xw + (t * batch + b) * gates * hidden;
+        const float* r_row = rh + b * rh_cols;
+        const float* wb = bias + dir * 2 * gates * hidden;
+        const float* rb = wb + gates * hidden;
+#define PRE_W(g) (x_row[(g) * hidden + j] + (has_bias ? wb[(g) * hidden + j] : 0.0f))
+#define PRE_R(g) (r_row[(g) * hidden + j] + (has_bias ? rb[(g) * hidden + j] : 0.0f))
+        float state = h[at], next;
+        if (cell == 0) {
+            next = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0), clip);
+        } else if (cell == 1) {
+            if (phase == 0) {
+                gated[i] = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1), clip) * state;
+                continue;
+            }
+            float z = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0), clip);
+            float candidate;
+            if (linear_before_reset) {
+                float r = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1), clip);
+                candidate = recurrent_act(acts, 1, PRE_W(2) + r * PRE_R(2), clip);
+            } else {
+                float rc = rh_candidate[i] + (has_bias ? rb[2 * hidden + j] : 0.0f);
+                candidate = recurrent_act(acts, 1, PRE_W(2) + rc, clip);
+            }
+            next = (1.0f - z) * candidate + z * state;
+        } else {
+            const float* p = peep + dir * 3 * hidden;
+            float cell_state = c[at];
+            float pi = has_peep ? p[j] : 0.0f, po = has_peep ? p[hidden + j] : 0.0f,
+                  pf = has_peep ? p[2 * hidden + j] : 0.0f;
+            float in = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0) + pi * cell_state, clip);
+            float forget = input_forget
+                               ? 1.0f - in
+                               : recurrent_act(acts, 0, PRE_W(2) + PRE_R(2) + pf * cell_state, clip);
+            float candidate = recurrent_act(acts, 1, PRE_W(3) + PRE_R(3), clip);
+            float next_c = forget * cell_state + in * candidate;
+            float out = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1) + po * next_c, clip);
+            c[at] = next_c;
+            next = out * recurrent_act(acts, 2, next_c, clip);
+        }
+#undef PRE_W
+#undef PRE_R
+        h[at] = next;
+        y[y_at] = next;
+    }
+}

@@ -23,6 +23,7 @@ mod compile;
 mod grid_sample;
 mod index_ops;
 mod ops;
+mod recurrent;
 mod resident;
 mod resize;
 mod row_ops;

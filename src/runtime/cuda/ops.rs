@@ -70,6 +70,7 @@ pub(super) struct Functions {
     /// Attention and RotaryEmbedding (`attention.rs`).
     pub(super) attention: super::attention::Kernels,
     pub(super) grid_sample: CudaFunction,
+    pub(super) recurrent_step: CudaFunction,
 }
 
 impl Functions {
@@ -107,6 +108,7 @@ impl Functions {
             lrn: f("lrn_f32")?,
             attention: super::attention::Kernels::load(module)?,
             grid_sample: f("grid_sample_f32")?,
+            recurrent_step: f("recurrent_step_f32")?,
         })
     }
 }
@@ -484,6 +486,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Attention" => super::attention::attention(gpu, ctx, args),
         "RotaryEmbedding" => super::attention::rotary_embedding(gpu, ctx, args),
         "GridSample" => super::grid_sample::grid_sample(gpu, ctx, args),
+        "RNN" | "GRU" | "LSTM" => super::recurrent::recurrent(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
