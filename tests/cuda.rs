@@ -1391,3 +1391,57 @@ fn a_run_opens_only_the_gpus_its_stages_use() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("GPU 1") && err.contains("busy"), "{err}");
 }
+
+/// RNN, GRU and LSTM where the ONNX node cases do not reach (`tests/fake_cuda/recurrent_models.py`:
+/// both directions and reverse, layout 1, sequence_lens, initial states, peepholes, clip,
+/// input_forget, linear_before_reset 0 and 1, activations with alphas and betas): on the device,
+/// every output equal to the CPU runtime's.
+#[cfg(feature = "cuda")]
+#[test]
+fn recurrent_layers_match_the_cpu_runtime_in_every_direction_and_layout() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the recurrent models cannot be written",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/recurrent_models.py"))
+        .arg(models)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "recurrent_models.py failed");
+    for name in [
+        "lstm_bidirectional",
+        "lstm_reverse_layout1",
+        "gru_bidirectional",
+        "gru_reverse_linear_before_reset_layout1",
+        "rnn_bidirectional_layout1",
+    ] {
+        let model = models.join(format!("{name}.onnx"));
+        let model = model.to_str().unwrap();
+        let work = models.join(name);
+        let plan = partition(
+            &std::fs::create_dir_all(&work)
+                .map(|_| work.clone())
+                .unwrap(),
+            model,
+            1,
+            &[],
+        );
+        let input = format!("X={}", models.join(format!("{name}.X.npy")).display());
+        let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
+        let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+        let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+        assert_same_outputs(name, &cuda, &cpu);
+        assert_no_host_fallbacks(name, &report);
+    }
+}

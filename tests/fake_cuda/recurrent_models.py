@@ -1,0 +1,89 @@
+"""Writes the recurrent layers tests/cuda.rs runs on both backends (the venv's onnx and numpy,
+seeded): what the ONNX node cases leave out of RNN, GRU and LSTM — both directions and reverse,
+layout 1, sequence_lens, initial states, LSTM's peepholes, clip and input_forget, GRU with and
+without linear_before_reset, and activations with alphas and betas.
+
+Usage: .venv/bin/python tests/fake_cuda/recurrent_models.py OUT_DIR
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 3
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def write(out, name, op, directions, layout, attrs, extras):
+    """One `op` node with random weights; `extras` names the optional inputs it gets."""
+    rng = np.random.default_rng(len(name))
+    gates = GATES[op]
+
+    def weights(*shape):
+        return (rng.standard_normal(shape) * 0.5).astype(np.float32)
+
+    initializers = {
+        "W": weights(directions, gates * HIDDEN, INPUT),
+        "R": weights(directions, gates * HIDDEN, HIDDEN),
+    }
+    state = [BATCH, directions, HIDDEN] if layout else [directions, BATCH, HIDDEN]
+    optional = {
+        "B": lambda: weights(directions, 2 * gates * HIDDEN),
+        "sequence_lens": lambda: np.array([5, 2, 4][:BATCH], np.int32),
+        "initial_h": lambda: weights(*state),
+        "initial_c": lambda: weights(*state),
+        "P": lambda: weights(directions, 3 * HIDDEN),
+    }
+    order = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+    order = order[: {"RNN": 6, "GRU": 6, "LSTM": 8}[op]]
+    for extra in extras:
+        initializers[extra] = optional[extra]()
+    inputs = [n if n in initializers or n == "X" else "" for n in order]
+    while inputs[-1] == "":
+        inputs.pop()
+    outputs = ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else [])
+    node = helper.make_node(op, inputs, outputs, hidden_size=HIDDEN, layout=layout, **attrs)
+    x_shape = [BATCH, SEQ, INPUT] if layout else [SEQ, BATCH, INPUT]
+    y_shape = (
+        [BATCH, SEQ, directions, HIDDEN] if layout else [SEQ, directions, BATCH, HIDDEN]
+    )
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node],
+        name,
+        [helper.make_tensor_value_info("X", f32, x_shape)],
+        [helper.make_tensor_value_info("Y", f32, y_shape)]
+        + [helper.make_tensor_value_info(o, f32, state) for o in outputs[1:]],
+        [numpy_helper.from_array(v, k) for k, v in initializers.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(x_shape).astype(np.float32))
+
+
+def main(out):
+    out.mkdir(parents=True, exist_ok=True)
+    everything = ["B", "sequence_lens", "initial_h", "initial_c", "P"]
+    write(out, "lstm_bidirectional", "LSTM", 2, 0,
+          {"direction": "bidirectional", "clip": 1.5}, everything)
+    write(out, "lstm_reverse_layout1", "LSTM", 1, 1,
+          {"direction": "reverse", "input_forget": 1,
+           "activations": ["HardSigmoid", "Tanh", "Softsign"],
+           "activation_alpha": [0.3], "activation_beta": [0.4]},
+          ["B", "sequence_lens", "initial_h"])
+    write(out, "gru_bidirectional", "GRU", 2, 0,
+          {"direction": "bidirectional"}, ["B", "sequence_lens", "initial_h"])
+    write(out, "gru_reverse_linear_before_reset_layout1", "GRU", 1, 1,
+          {"direction": "reverse", "linear_before_reset": 1}, ["B", "initial_h"])
+    write(out, "rnn_bidirectional_layout1", "RNN", 2, 1,
+          {"direction": "bidirectional", "activations": ["Relu", "LeakyRelu"],
+           "activation_alpha": [0.1]},
+          ["B", "sequence_lens", "initial_h"])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
