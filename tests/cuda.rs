@@ -1392,13 +1392,14 @@ fn a_run_opens_only_the_gpus_its_stages_use() {
     assert!(err.contains("GPU 1") && err.contains("busy"), "{err}");
 }
 
-/// RNN, GRU and LSTM where the ONNX node cases do not reach (`tests/fake_cuda/recurrent_models.py`:
-/// both directions and reverse, layout 1, sequence_lens, initial states, peepholes, clip,
-/// input_forget, linear_before_reset 0 and 1, activations with alphas and betas): on the device,
-/// every output equal to the CPU runtime's.
+/// Device ops where the ONNX node cases do not reach (`tests/fake_cuda/differential_models.py`):
+/// RNN, GRU and LSTM in both directions and reverse, layout 1, with sequence_lens, initial
+/// states, peepholes, clip, input_forget, linear_before_reset 0 and 1, activations with alphas
+/// and betas; Pad in every mode, with crops and axes. Every output on the device, equal to the
+/// CPU runtime's.
 #[cfg(feature = "cuda")]
 #[test]
-fn recurrent_layers_match_the_cpu_runtime_in_every_direction_and_layout() {
+fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
         return;
     };
@@ -1406,25 +1407,21 @@ fn recurrent_layers_match_the_cpu_runtime_in_every_direction_and_layout() {
     if !python.exists() {
         common::skip(
             common::Need::Venv,
-            "no .venv: the recurrent models cannot be written",
+            "no .venv: the differential models cannot be written",
         );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path();
     let status = Command::new(&python)
-        .arg(common::root().join("tests/fake_cuda/recurrent_models.py"))
+        .arg(common::root().join("tests/fake_cuda/differential_models.py"))
         .arg(models)
         .status()
         .expect("python starts");
-    assert!(status.success(), "recurrent_models.py failed");
-    for name in [
-        "lstm_bidirectional",
-        "lstm_reverse_layout1",
-        "gru_bidirectional",
-        "gru_reverse_linear_before_reset_layout1",
-        "rnn_bidirectional_layout1",
-    ] {
+    assert!(status.success(), "differential_models.py failed");
+    let names = std::fs::read_to_string(models.join("models.txt")).unwrap();
+    assert!(names.lines().count() >= 9, "{names}");
+    for name in names.lines() {
         let model = models.join(format!("{name}.onnx"));
         let model = model.to_str().unwrap();
         let work = models.join(name);

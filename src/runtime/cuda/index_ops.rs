@@ -17,7 +17,7 @@ use crate::runtime::kernels::{
 };
 
 /// `rows` rows of `len` floats of `x` starting at `starts`, as one tensor of `shape`.
-fn gather_rows(
+pub(super) fn gather_rows(
     gpu: &Gpu,
     x: &DeviceTensor,
     starts: &[usize],

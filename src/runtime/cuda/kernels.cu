@@ -1000,3 +1000,38 @@ extern "C" __global__ void recurrent_step_f32(
         y[y_at] = next;
     }
 }
+
+// ---- Pad (src/runtime/cuda/movement_ops.rs) ----
+
+// Pad as the CPU kernel (kernels/movement.rs): over the output shape d.shape, with the input's
+// strides in d.a, the leading pads in d.b (negative crops) and the input's shape in d.c; a
+// coordinate outside the input reads `value` (mode 0), the nearest edge (1), the mirror image
+// without repeating the edge (2, reflect) or the periodic image (3, wrap).
+extern "C" __global__ void pad_f32(const float* x, float* y, long long n, Dims d, int mode,
+                                   float value) {
+    GRID_STRIDE(i, n) {
+        long long rest = i, offset = 0;
+        bool constant = false;
+        for (int k = d.rank - 1; k >= 0; --k) {
+            long long c = rest % d.shape[k] - d.b[k], size = d.c[k];
+            rest /= d.shape[k];
+            if (c < 0 || c >= size) {
+                if (mode == 0) {
+                    constant = true;
+                    break;
+                } else if (mode == 1) {
+                    c = c < 0 ? 0 : size - 1;
+                } else if (mode == 3) {
+                    c = ((c % size) + size) % size;
+                } else if (size == 1) {
+                    c = 0;
+                } else {
+                    long long period = 2 * (size - 1), m = ((c % period) + period) % period;
+                    c = m < size ? m : period - m;
+                }
+            }
+            offset += c * d.a[k];
+        }
+        y[i] = constant ? value : x[offset];
+    }
+}

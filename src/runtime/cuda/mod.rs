@@ -22,6 +22,7 @@ mod attention;
 mod compile;
 mod grid_sample;
 mod index_ops;
+mod movement_ops;
 mod ops;
 mod recurrent;
 mod resident;

@@ -29,7 +29,7 @@ const MAX_BLOCKS: u64 = 65_535;
 /// Shapes and strides passed by value, laid out as `struct Dims` in `kernels.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Dims {
+pub(super) struct Dims {
     rank: i32,
     shape: [i64; MAX_RANK],
     a: [i64; MAX_RANK],
@@ -71,6 +71,7 @@ pub(super) struct Functions {
     pub(super) attention: super::attention::Kernels,
     pub(super) grid_sample: CudaFunction,
     pub(super) recurrent_step: CudaFunction,
+    pub(super) pad: CudaFunction,
 }
 
 impl Functions {
@@ -109,6 +110,7 @@ impl Functions {
             attention: super::attention::Kernels::load(module)?,
             grid_sample: f("grid_sample_f32")?,
             recurrent_step: f("recurrent_step_f32")?,
+            pad: f("pad_f32")?,
         })
     }
 }
@@ -312,7 +314,7 @@ pub(super) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
 }
 
 /// [`Dims`] for an output shape and up to three operands' strides.
-fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
+pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
     if out_shape.len() > MAX_RANK {
         return Err(format!(
             "rank {} above the kernels' {MAX_RANK}",
@@ -487,6 +489,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "RotaryEmbedding" => super::attention::rotary_embedding(gpu, ctx, args),
         "GridSample" => super::grid_sample::grid_sample(gpu, ctx, args),
         "RNN" | "GRU" | "LSTM" => super::recurrent::recurrent(gpu, ctx, args),
+        "Pad" => super::movement_ops::pad(gpu, ctx, args),
+        "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),

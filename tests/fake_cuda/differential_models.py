@@ -1,9 +1,14 @@
-"""Writes the recurrent layers tests/cuda.rs runs on both backends (the venv's onnx and numpy,
-seeded): what the ONNX node cases leave out of RNN, GRU and LSTM — both directions and reverse,
-layout 1, sequence_lens, initial states, LSTM's peepholes, clip and input_forget, GRU with and
-without linear_before_reset, and activations with alphas and betas.
+"""Writes the models tests/cuda.rs runs on both backends to compare (the venv's onnx and
+numpy, seeded), one `NAME.onnx` and `NAME.X.npy` each, their names in `models.txt`: what the
+ONNX node cases leave out of the device ops —
 
-Usage: .venv/bin/python tests/fake_cuda/recurrent_models.py OUT_DIR
+- RNN, GRU and LSTM: both directions and reverse, layout 1, sequence_lens, initial states,
+  LSTM's peepholes, clip and input_forget, GRU with and without linear_before_reset, and
+  activations with alphas and betas;
+- Pad in every mode, with negative pads (crops), axes and a constant value (the node cases give
+  pads as inputs, which a plan cannot be made for).
+
+Usage: .venv/bin/python tests/fake_cuda/differential_models.py OUT_DIR
 """
 
 import sys
@@ -65,8 +70,42 @@ def write(out, name, op, directions, layout, attrs, extras):
     np.save(out / f"{name}.X.npy", rng.standard_normal(x_shape).astype(np.float32))
 
 
+def write_pad(out, name, mode, pads, axes=None, value=None):
+    """A Pad of a [2, 3, 4, 5] input by constant pads (and axes, value) in `mode`."""
+    f32 = TensorProto.FLOAT
+    constants = [numpy_helper.from_array(np.array(pads, np.int64), "pads")]
+    inputs = ["X", "pads"]
+    if value is not None or axes is not None:
+        constants.append(numpy_helper.from_array(np.array(value or 0.0, np.float32), "value"))
+        inputs.append("value")
+    if axes is not None:
+        constants.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        inputs.append("axes")
+    shape = [2, 3, 4, 5]
+    padded = list(shape)
+    axes_list = axes if axes is not None else list(range(4))
+    for k, axis in enumerate(axes_list):
+        padded[axis] += pads[k] + pads[k + len(axes_list)]
+    graph = helper.make_graph(
+        [helper.make_node("Pad", inputs, ["Y"], mode=mode)],
+        name,
+        [helper.make_tensor_value_info("X", f32, shape)],
+        [helper.make_tensor_value_info("Y", f32, padded)],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    rng = np.random.default_rng(len(name))
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
 def main(out):
     out.mkdir(parents=True, exist_ok=True)
+    write_pad(out, "pad_constant_crop", "constant", [0, 1, -1, 2, 1, 0, 2, -2], value=1.5)
+    write_pad(out, "pad_edge", "edge", [0, 0, 2, 3, 0, 1, 1, 2])
+    write_pad(out, "pad_reflect_axes", "reflect", [3, 2, 1, 4], axes=[2, -1])
+    write_pad(out, "pad_wrap", "wrap", [1, 0, 5, 7, 0, 2, 3, 6])
     everything = ["B", "sequence_lens", "initial_h", "initial_c", "P"]
     write(out, "lstm_bidirectional", "LSTM", 2, 0,
           {"direction": "bidirectional", "clip": 1.5}, everything)
@@ -83,6 +122,8 @@ def main(out):
           {"direction": "bidirectional", "activations": ["Relu", "LeakyRelu"],
            "activation_alpha": [0.1]},
           ["B", "sequence_lens", "initial_h"])
+    names = sorted(p.stem for p in out.glob("*.onnx"))
+    (out / "models.txt").write_text("\n".join(names) + "\n")
 
 
 if __name__ == "__main__":
