@@ -404,15 +404,17 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
     // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
-    // are read on the host, where an empty one means "not given").
+    // are read on the host, where an empty one means "not given"; Concat skips empty parts and
+    // Split makes them on the host, where an empty tensor costs nothing).
     let tensors = if matches!(op, "Resize" | "Upsample") {
         &args[..args.len().min(1)]
     } else {
         args
     };
+    let empty_allowed = matches!(op, "Concat" | "Split");
     for v in tensors.iter().flatten() {
         let shape = v.shape();
-        if shape.len() > MAX_RANK || shape.contains(&0) {
+        if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
             return Ok(None);
         }
     }
@@ -825,7 +827,16 @@ fn transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
-    let Some(parts) = all_device(gpu, args, args.len())? else {
+    // Empty parts add nothing; the CPU kernel checks them (and an all-empty output) itself.
+    let filled: Vec<Option<Value>> = args
+        .iter()
+        .filter(|a| a.as_ref().is_none_or(|v| !v.shape().contains(&0)))
+        .cloned()
+        .collect();
+    if filled.is_empty() || filled.len() < args.len() && !empty_parts_agree(ctx, args)? {
+        return Ok(None);
+    }
+    let Some(parts) = all_device(gpu, &filled, filled.len())? else {
         return Ok(None);
     };
     let first = &parts[0].shape;
@@ -868,6 +879,19 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         offset += in_inner;
     }
     one(DeviceTensor::new(shape, out))
+}
+
+/// Whether Concat's empty parts have the rank of the others and agree with them outside the
+/// axis (else the CPU kernel reports the mismatch).
+fn empty_parts_agree(ctx: &Ctx, args: &[Option<Value>]) -> Result<bool, String> {
+    let shapes: Vec<&[usize]> = args.iter().flatten().map(Value::shape).collect();
+    let Some(first) = shapes.first() else {
+        return Ok(false);
+    };
+    let axis = normalize_axis(ctx.int("axis", 0), first.len())?;
+    Ok(shapes
+        .iter()
+        .all(|s| s.len() == first.len() && (0..first.len()).all(|i| i == axis || s[i] == first[i])))
 }
 
 /// First index, step and length of a slice of an axis of `dim` elements (ONNX's clamping).
@@ -957,7 +981,7 @@ fn split(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
                 .collect()
         }
     };
-    if sizes.len() != outputs || sizes.iter().sum::<usize>() != dim || sizes.contains(&0) {
+    if sizes.len() != outputs || sizes.iter().sum::<usize>() != dim {
         return Ok(None);
     }
     let strides = contiguous_strides(&x.shape);
@@ -966,6 +990,12 @@ fn split(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     for size in sizes {
         let mut shape = x.shape.clone();
         shape[axis] = size;
+        if size == 0 {
+            // An empty part holds no data: a host tensor, with no device allocation.
+            let empty = HostTensor::f32(shape, Vec::new());
+            results.push(Value::host(Arc::new(empty)));
+            continue;
+        }
         let base = start as i64 * strides[axis];
         let data = gpu.gather_strided(&x.data, &shape, &strides, base)?;
         results.push(Value::Device(DeviceTensor::new(shape, data)));
