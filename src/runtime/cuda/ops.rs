@@ -493,6 +493,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "RNN" | "GRU" | "LSTM" => super::recurrent::recurrent(gpu, ctx, args),
         "Pad" => super::movement_ops::pad(gpu, ctx, args),
         "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
+        "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),

@@ -55,6 +55,7 @@ mod spatial;
 mod spectral;
 mod tap_product;
 mod tensor_scatter;
+pub(crate) use tensor_scatter::tensor_scatter_rows;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{shape_tensor, transpose_perm, view_shape};
