@@ -1035,3 +1035,76 @@ extern "C" __global__ void pad_f32(const float* x, float* y, long long n, Dims d
         y[i] = constant ? value : x[offset];
     }
 }
+
+// ---- RoiAlign (src/runtime/cuda/roi_align.rs) ----
+
+// One bilinear tap of RoiAlign at (y, x) of an height × width plane, weighted as the CPU
+// kernel's `sample_corners` (nothing outside the [-1, size] margin; max_mode takes the largest
+// weighted corner, else their sum).
+__device__ float roi_tap(const float* plane, float y, float x, long long height, long long width,
+                         int max_mode) {
+    long long y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+    float ly = 0.0f, lx = 0.0f, hy = 0.0f, hx = 0.0f;
+    if (!(y < -1.0f || y > (float)height || x < -1.0f || x > (float)width)) {
+        float vy = fmaxf(y, 0.0f), vx = fmaxf(x, 0.0f);
+        y0 = (long long)vy;
+        x0 = (long long)vx;
+        if (y0 >= height - 1) {
+            y0 = y1 = height - 1;
+        } else {
+            y1 = y0 + 1;
+            ly = vy - (float)y0;
+        }
+        if (x0 >= width - 1) {
+            x0 = x1 = width - 1;
+        } else {
+            x1 = x0 + 1;
+            lx = vx - (float)x0;
+        }
+        hy = 1.0f - ly;
+        hx = 1.0f - lx;
+    }
+    float a = hy * hx * plane[y0 * width + x0], b = hy * lx * plane[y0 * width + x1];
+    float c = ly * hx * plane[y1 * width + x0], d = ly * lx * plane[y1 * width + x1];
+    if (max_mode) return fmaxf(fmaxf(fmaxf(fmaxf(-PC_INFINITY, a), b), c), d);
+    return a + b + c + d;
+}
+
+// RoiAlign as the CPU kernel (kernels/detection.rs), one thread per output [roi, c, ph, pw]:
+// rois [count, 4] as (x0, y0, x1, y1), batch_of the (checked) image of each.
+extern "C" __global__ void roi_align_f32(const float* x, const float* rois,
+                                         const long long* batch_of, float* y, long long n_out,
+                                         long long channels, long long height, long long width,
+                                         long long out_h, long long out_w, long long sampling,
+                                         float scale, int half_pixel, int max_mode) {
+    GRID_STRIDE(i, n_out) {
+        long long pw = i % out_w, ph = (i / out_w) % out_h;
+        long long c = (i / (out_w * out_h)) % channels, r = i / (out_w * out_h * channels);
+        float offset = half_pixel ? 0.5f : 0.0f;
+        float x0 = rois[r * 4] * scale - offset, y0 = rois[r * 4 + 1] * scale - offset;
+        float x1 = rois[r * 4 + 2] * scale - offset, y1 = rois[r * 4 + 3] * scale - offset;
+        float roi_w = x1 - x0, roi_h = y1 - y0;
+        if (!half_pixel) {
+            roi_w = fmaxf(roi_w, 1.0f);
+            roi_h = fmaxf(roi_h, 1.0f);
+        }
+        float bin_h = roi_h / (float)out_h, bin_w = roi_w / (float)out_w;
+        long long grid_h = sampling > 0 ? sampling : (long long)fmaxf(ceilf(roi_h / (float)out_h), 0.0f);
+        long long grid_w = sampling > 0 ? sampling : (long long)fmaxf(ceilf(roi_w / (float)out_w), 0.0f);
+        long long samples = grid_h * grid_w > 1 ? grid_h * grid_w : 1;
+        const float* plane = x + (batch_of[r] * channels + c) * height * width;
+        float acc = 0.0f;
+        bool any = false;
+        for (long long iy = 0; iy < grid_h; ++iy) {
+            float sy = y0 + (float)ph * bin_h + ((float)iy + 0.5f) * bin_h / (float)grid_h;
+            for (long long ix = 0; ix < grid_w; ++ix) {
+                float sx = x0 + (float)pw * bin_w + ((float)ix + 0.5f) * bin_w / (float)grid_w;
+                float v = roi_tap(plane, sy, sx, height, width, max_mode);
+                if (max_mode) acc = any ? fmaxf(acc, v) : v;
+                else acc += v;
+                any = true;
+            }
+        }
+        y[i] = max_mode ? acc : acc / (float)samples;
+    }
+}

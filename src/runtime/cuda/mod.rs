@@ -27,6 +27,7 @@ mod ops;
 mod recurrent;
 mod resident;
 mod resize;
+mod roi_align;
 mod row_ops;
 mod window_ops;
 

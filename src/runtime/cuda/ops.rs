@@ -72,6 +72,7 @@ pub(super) struct Functions {
     pub(super) grid_sample: CudaFunction,
     pub(super) recurrent_step: CudaFunction,
     pub(super) pad: CudaFunction,
+    pub(super) roi_align: CudaFunction,
 }
 
 impl Functions {
@@ -111,6 +112,7 @@ impl Functions {
             grid_sample: f("grid_sample_f32")?,
             recurrent_step: f("recurrent_step_f32")?,
             pad: f("pad_f32")?,
+            roi_align: f("roi_align_f32")?,
         })
     }
 }
@@ -494,6 +496,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Pad" => super::movement_ops::pad(gpu, ctx, args),
         "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
         "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
+        "RoiAlign" => super::roi_align::roi_align(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
