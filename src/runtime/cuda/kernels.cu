@@ -1108,3 +1108,58 @@ extern "C" __global__ void roi_align_f32(const float* x, const float* rois,
         y[i] = max_mode ? acc : acc / (float)samples;
     }
 }
+
+// ---- DeformConv (src/runtime/cuda/deform_conv.rs) ----
+
+// DeformConv's sizes: input [n, ic, ih, iw], weights [oc, icg, kh, kw], output [n, oc, oh, ow],
+// offset groups, strides, leading pads and dilations (height, width).
+struct DeformGeometry {
+    long long ic, ih, iw, oc, icg, kh, kw, oh, ow, offset_group, sh, sw, ph, pw, dh, dw;
+};
+
+// The CPU kernel's bilinear sample of an height × width plane at (y, x): corners outside read 0.
+__device__ float deform_bilinear(const float* plane, long long height, long long width, float y,
+                                 float x) {
+    float y0 = floorf(y), x0 = floorf(x), dy = y - y0, dx = x - x0, sum = 0.0f;
+    for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) {
+            float yy = y0 + (float)a, xx = x0 + (float)b;
+            float w = (a ? dy : 1.0f - dy) * (b ? dx : 1.0f - dx);
+            if (yy >= 0.0f && xx >= 0.0f && (long long)yy < height && (long long)xx < width) {
+                sum += w * plane[(long long)yy * width + (long long)xx];
+            }
+        }
+    }
+    return sum;
+}
+
+// DeformConv (2-D) as the CPU kernel (kernels/spatial.rs), one thread per output value: every
+// tap samples its input channel at the tap's position moved by the offset
+// ([n, 2·offset_group·taps, oh, ow]), times the mask when has_mask; the bias when has_bias.
+extern "C" __global__ void deform_conv_f32(const float* x, const float* wt, const float* offset,
+                                           const float* bias, const float* mask, float* y,
+                                           long long n_out, DeformGeometry g, int has_bias,
+                                           int has_mask) {
+    long long taps = g.kh * g.kw, points = g.oh * g.ow;
+    long long ocg = g.oc / (g.ic / g.icg), per_offset_group = g.ic / g.offset_group;
+    GRID_STRIDE(i, n_out) {
+        long long p = i % points, o = (i / points) % g.oc, b = i / (points * g.oc);
+        long long oi = p / g.ow, oj = p % g.ow, group = o / ocg;
+        float acc = 0.0f;
+        for (long long ci = 0; ci < g.icg; ++ci) {
+            long long c = group * g.icg + ci, og = c / per_offset_group;
+            const float* plane = x + (b * g.ic + c) * g.ih * g.iw;
+            const float* off = offset + (b * g.offset_group + og) * 2 * taps * points + p;
+            for (long long t = 0; t < taps; ++t) {
+                long long ki = t / g.kw, kj = t % g.kw;
+                float sy = (float)(oi * g.sh - g.ph + ki * g.dh) + off[(2 * t) * points];
+                float sx = (float)(oj * g.sw - g.pw + kj * g.dw) + off[(2 * t + 1) * points];
+                float m = has_mask ? mask[((b * g.offset_group + og) * taps + t) * points + p]
+                                   : 1.0f;
+                float sampled = deform_bilinear(plane, g.ih, g.iw, sy, sx) * m;
+                acc += wt[(o * g.icg + ci) * taps + t] * sampled;
+            }
+        }
+        y[i] = has_bias ? acc + bias[o] : acc;
+    }
+}

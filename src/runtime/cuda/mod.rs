@@ -20,6 +20,7 @@
 
 mod attention;
 mod compile;
+mod deform_conv;
 mod grid_sample;
 mod index_ops;
 mod movement_ops;

@@ -73,6 +73,7 @@ pub(super) struct Functions {
     pub(super) recurrent_step: CudaFunction,
     pub(super) pad: CudaFunction,
     pub(super) roi_align: CudaFunction,
+    pub(super) deform_conv: CudaFunction,
 }
 
 impl Functions {
@@ -113,6 +114,7 @@ impl Functions {
             recurrent_step: f("recurrent_step_f32")?,
             pad: f("pad_f32")?,
             roi_align: f("roi_align_f32")?,
+            deform_conv: f("deform_conv_f32")?,
         })
     }
 }
@@ -497,6 +499,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
         "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
         "RoiAlign" => super::roi_align::roi_align(gpu, ctx, args),
+        "DeformConv" => super::deform_conv::deform_conv(gpu, ctx, args),
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
