@@ -6,7 +6,8 @@ ONNX node cases leave out of the device ops —
   LSTM's peepholes, clip and input_forget, GRU with and without linear_before_reset, and
   activations with alphas and betas;
 - Pad in every mode, with negative pads (crops), axes and a constant value (the node cases give
-  pads as inputs, which a plan cannot be made for).
+  pads as inputs, which a plan cannot be made for);
+- MeanVarianceNormalization over trailing and inner axes (the node case has the default only).
 
 Usage: .venv/bin/python tests/fake_cuda/differential_models.py OUT_DIR
 """
@@ -100,8 +101,27 @@ def write_pad(out, name, mode, pads, axes=None, value=None):
     np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
 
 
+def write_mvn(out, name, axes):
+    """MeanVarianceNormalization of a [2, 3, 4, 5] input over `axes`."""
+    f32 = TensorProto.FLOAT
+    shape = [2, 3, 4, 5]
+    graph = helper.make_graph(
+        [helper.make_node("MeanVarianceNormalization", ["X"], ["Y"], axes=axes)],
+        name,
+        [helper.make_tensor_value_info("X", f32, shape)],
+        [helper.make_tensor_value_info("Y", f32, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    rng = np.random.default_rng(len(name))
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32) * 3 + 1)
+
+
 def main(out):
     out.mkdir(parents=True, exist_ok=True)
+    write_mvn(out, "mvn_trailing_axes", [2, 3])
+    write_mvn(out, "mvn_inner_axis", [1])
     write_pad(out, "pad_constant_crop", "constant", [0, 1, -1, 2, 1, 0, 2, -2], value=1.5)
     write_pad(out, "pad_edge", "edge", [0, 0, 2, 3, 0, 1, 1, 2])
     write_pad(out, "pad_reflect_axes", "reflect", [3, 2, 1, 4], axes=[2, -1])

@@ -1163,3 +1163,37 @@ extern "C" __global__ void deform_conv_f32(const float* x, const float* wt, cons
         y[i] = has_bias ? acc + bias[o] : acc;
     }
 }
+
+// ---- Batch statistics: MeanVarianceNormalization, training BatchNormalization
+// (src/runtime/cuda/moments.rs) ----
+
+// The mean and population variance of each row of a [rows, cols] matrix (two passes, as the
+// CPU kernels), into mean[row] and var[row]; when normalize, y = (x − mean) / (√var + 1e-9)
+// (MeanVarianceNormalization). One block per row.
+extern "C" __global__ void moments_rows_f32(const float* x, float* y, float* mean, float* var,
+                                            long long rows, long long cols, int normalize) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += in[j];
+        float m = block_reduce(s, COMBINE_SUM, scratch) / (float)cols;
+        float q = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) q += (in[j] - m) * (in[j] - m);
+        float v = block_reduce(q, COMBINE_SUM, scratch) / (float)cols;
+        if (threadIdx.x == 0) {
+            mean[row] = m;
+            var[row] = v;
+        }
+        if (normalize) {
+            float d = sqrtf(v) + 1e-9f;
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) y[row * cols + j] = (in[j] - m) / d;
+        }
+    }
+}
+
+// Training BatchNormalization's running statistics: old · momentum + batch · (1 − momentum).
+extern "C" __global__ void running_stats_f32(const float* old, const float* batch, float* y,
+                                             long long n, float momentum) {
+    GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
+}

@@ -23,6 +23,7 @@ mod compile;
 mod deform_conv;
 mod grid_sample;
 mod index_ops;
+mod moments;
 mod movement_ops;
 mod ops;
 mod recurrent;

@@ -74,6 +74,8 @@ pub(super) struct Functions {
     pub(super) pad: CudaFunction,
     pub(super) roi_align: CudaFunction,
     pub(super) deform_conv: CudaFunction,
+    pub(super) moments_rows: CudaFunction,
+    pub(super) running_stats: CudaFunction,
 }
 
 impl Functions {
@@ -115,6 +117,8 @@ impl Functions {
             pad: f("pad_f32")?,
             roi_align: f("roi_align_f32")?,
             deform_conv: f("deform_conv_f32")?,
+            moments_rows: f("moments_rows_f32")?,
+            running_stats: f("running_stats_f32")?,
         })
     }
 }
@@ -500,6 +504,10 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
         "RoiAlign" => super::roi_align::roi_align(gpu, ctx, args),
         "DeformConv" => super::deform_conv::deform_conv(gpu, ctx, args),
+        "MeanVarianceNormalization" => super::moments::mean_variance_normalization(gpu, ctx, args),
+        "BatchNormalization" if ctx.int("training_mode", 0) != 0 => {
+            super::moments::batch_norm_training(gpu, ctx, args)
+        }
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
