@@ -7,7 +7,10 @@ ONNX node cases leave out of the device ops —
   activations with alphas and betas;
 - Pad in every mode, with negative pads (crops), axes and a constant value (the node cases give
   pads as inputs, which a plan cannot be made for);
-- MeanVarianceNormalization over trailing and inner axes (the node case has the default only).
+- MeanVarianceNormalization over trailing and inner axes (the node case has the default only);
+- 3-D Conv (groups, strides, pads, dilations, SAME padding) and ConvTranspose (groups,
+  strides, output padding), with biases. The CPU runtime has no 3-D Conv, so these are
+  compared with onnxruntime's outputs, written to `NAME.reference/`.
 
 Usage: .venv/bin/python tests/fake_cuda/differential_models.py OUT_DIR
 """
@@ -118,8 +121,50 @@ def write_mvn(out, name, axes):
     np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32) * 3 + 1)
 
 
+def write_conv3d(out, name, op, weight_shape, attrs):
+    """A 3-D `op` of a [2, 4, 5, 6, 7] input with seeded weights and a bias."""
+    rng = np.random.default_rng(len(name))
+    f32 = TensorProto.FLOAT
+    shape = [2, 4, 5, 6, 7]
+    weights = rng.standard_normal(weight_shape).astype(np.float32) * 0.3
+    groups = attrs.get("group", 1)
+    m = weight_shape[0] if op == "Conv" else weight_shape[1] * groups
+    bias = rng.standard_normal([m]).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node(op, ["X", "W", "B"], ["Y"], **attrs)],
+        name,
+        [helper.make_tensor_value_info("X", f32, shape)],
+        [helper.make_tensor_value_info("Y", f32, None)],
+        [numpy_helper.from_array(weights, "W"), numpy_helper.from_array(bias, "B")],
+    )
+    # IR version 10: the venv's onnxruntime reads up to 11, its onnx writes 12.
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10
+    )
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    x = rng.standard_normal(shape).astype(np.float32)
+    np.save(out / f"{name}.X.npy", x)
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        str(out / f"{name}.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (out / f"{name}.reference").mkdir(exist_ok=True)
+    np.save(out / f"{name}.reference" / "Y.npy", session.run(None, {"X": x})[0])
+
+
 def main(out):
     out.mkdir(parents=True, exist_ok=True)
+    write_conv3d(out, "conv3d_groups_strides", "Conv", [6, 2, 3, 2, 3],
+                 {"group": 2, "strides": [2, 1, 2], "pads": [1, 0, 1, 0, 1, 1],
+                  "dilations": [1, 2, 1]})
+    write_conv3d(out, "conv3d_same_upper", "Conv", [3, 4, 3, 3, 2],
+                 {"auto_pad": "SAME_UPPER", "strides": [2, 2, 1]})
+    write_conv3d(out, "conv_transpose3d_groups", "ConvTranspose", [4, 3, 2, 3, 2],
+                 {"group": 2, "strides": [2, 1, 3], "output_padding": [1, 0, 2],
+                  "pads": [0, 1, 0, 1, 0, 1]})
     write_mvn(out, "mvn_trailing_axes", [2, 3])
     write_mvn(out, "mvn_inner_axis", [1])
     write_pad(out, "pad_constant_crop", "constant", [0, 1, -1, 2, 1, 0, 2, -2], value=1.5)

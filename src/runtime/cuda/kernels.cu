@@ -1197,3 +1197,58 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
                                              long long n, float momentum) {
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
+
+// ---- 3-D Conv and ConvTranspose (src/runtime/cuda/conv3d.rs) ----
+
+// The geometry of a 3-D convolution: input [n, c, d, h, w], output [n, m, od, oh, ow], kernel,
+// strides, leading pads and dilations per spatial axis (depth, height, width).
+struct Window3d {
+    long long n, c, m, groups;
+    long long in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
+};
+
+// 3-D Conv (transposed = 0; weights [m, c/groups, kd, kh, kw]) or ConvTranspose (transposed =
+// 1; weights [c, m/groups, kd, kh, kw], pads cut from the output's start), one thread per
+// output value gathering the taps that reach it. The bias (m values) is read only when has_bias.
+extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const float* bias,
+                                      float* y, Window3d g, int transposed, int has_bias) {
+    long long cg = g.c / g.groups, mg = g.m / g.groups;
+    long long taps = g.kernel[0] * g.kernel[1] * g.kernel[2];
+    long long volume = g.in[0] * g.in[1] * g.in[2];
+    long long total = g.n * g.m * g.out[0] * g.out[1] * g.out[2];
+    GRID_STRIDE(i, total) {
+        long long o[3];
+        long long t = i;
+        for (int a = 2; a >= 0; --a) {
+            o[a] = t % g.out[a];
+            t /= g.out[a];
+        }
+        long long oc = t % g.m, b = t / g.m, group = oc / mg, within = oc % mg;
+        float acc = has_bias ? bias[oc] : 0.0f;
+        for (long long ci = 0; ci < cg; ++ci) {
+            long long channel = group * cg + ci;
+            const float* plane = x + (b * g.c + channel) * volume;
+            const float* w = wt + (transposed ? channel * mg + within : oc * cg + ci) * taps;
+            for (long long k = 0; k < taps; ++k) {
+                long long kk[3] = {k / (g.kernel[1] * g.kernel[2]), (k / g.kernel[2]) % g.kernel[1],
+                                   k % g.kernel[2]};
+                long long at = 0;
+                bool inside = true;
+                for (int a = 0; a < 3 && inside; ++a) {
+                    long long p;
+                    if (transposed) {
+                        long long s = o[a] + g.pad[a] - kk[a] * g.dilation[a];
+                        inside = s >= 0 && s % g.stride[a] == 0 && s / g.stride[a] < g.in[a];
+                        p = s / g.stride[a];
+                    } else {
+                        p = o[a] * g.stride[a] + kk[a] * g.dilation[a] - g.pad[a];
+                        inside = p >= 0 && p < g.in[a];
+                    }
+                    at = at * g.in[a] + p;
+                }
+                if (inside) acc += plane[at] * w[k];
+            }
+        }
+        y[i] = acc;
+    }
+}

@@ -20,6 +20,7 @@
 
 mod attention;
 mod compile;
+mod conv3d;
 mod deform_conv;
 mod grid_sample;
 mod index_ops;

@@ -76,6 +76,7 @@ pub(super) struct Functions {
     pub(super) deform_conv: CudaFunction,
     pub(super) moments_rows: CudaFunction,
     pub(super) running_stats: CudaFunction,
+    pub(super) conv3d: CudaFunction,
 }
 
 impl Functions {
@@ -119,6 +120,7 @@ impl Functions {
             deform_conv: f("deform_conv_f32")?,
             moments_rows: f("moments_rows_f32")?,
             running_stats: f("running_stats_f32")?,
+            conv3d: f("conv3d_f32")?,
         })
     }
 }
@@ -492,6 +494,13 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Einsum" => einsum(gpu, ctx, args),
         "LpNormalization" => lp_normalization(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
+        "Conv" | "ConvTranspose"
+            if args
+                .first()
+                .is_some_and(|x| x.as_ref().is_some_and(|x| x.shape().len() == 5)) =>
+        {
+            super::conv3d::conv3d(gpu, ctx, args)
+        }
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
