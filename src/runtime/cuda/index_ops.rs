@@ -13,8 +13,8 @@ use cudarc::driver::PushKernelArg;
 use super::ops::{contiguous_strides, cuda_error, device, host, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::{
-    gather_elements_offsets, gather_nd_rows, normalize_axis, scatter_elements_offsets,
-    scatter_nd_rows, tensor_scatter_rows, Ctx,
+    gather_elements_offsets, gather_nd_rows, max_unpool_targets, normalize_axis,
+    scatter_elements_offsets, scatter_nd_rows, tensor_scatter_rows, Ctx,
 };
 
 /// `rows` rows of `len` floats of `x` starting at `starts`, as one tensor of `shape`.
@@ -158,4 +158,30 @@ pub(super) fn tensor_scatter(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> Op
         5
     };
     scatter_rows(gpu, &cache, (&starts, inner), &update, reduction)
+}
+
+/// [MaxUnpool](https://onnx.ai/onnx/operators/onnx__MaxUnpool.html) (opsets 9–22): zeros with
+/// each input value written where its index (checked by the CPU kernel's
+/// `max_unpool_targets`) puts it; a repeated target keeps the last, as on the CPU.
+pub(super) fn max_unpool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(indices)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let output_shape = host(gpu, args, 2)?;
+    let (targets, shape) = max_unpool_targets(ctx, &x.shape, &indices, output_shape.as_deref())?;
+    let total: usize = shape.iter().product();
+    if targets.len() != x.shape.iter().product::<usize>() || total == 0 {
+        return Ok(None);
+    }
+    let zeros = gpu
+        .stream
+        .alloc_zeros::<f32>(total)
+        .map_err(cuda_error("allocation"))?;
+    let zeros = DeviceTensor::new(shape, zeros);
+    let reduction = if targets.iter().collect::<HashSet<_>>().len() == targets.len() {
+        0
+    } else {
+        5
+    };
+    scatter_rows(gpu, &zeros, (&targets, 1), &x, reduction)
 }

@@ -511,6 +511,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Pad" => super::movement_ops::pad(gpu, ctx, args),
         "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
         "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
+        "MaxUnpool" => index_ops::max_unpool(gpu, ctx, args),
         "RoiAlign" => super::roi_align::roi_align(gpu, ctx, args),
         "DeformConv" => super::deform_conv::deform_conv(gpu, ctx, args),
         "MeanVarianceNormalization" => super::moments::mean_variance_normalization(gpu, ctx, args),

@@ -7,6 +7,7 @@
 
 mod activation;
 mod attention;
+#[cfg(feature = "cuda")]
 pub(crate) use attention::CacheRows as RotaryCacheRows;
 mod axis_ops;
 mod bitwise;
@@ -52,9 +53,12 @@ mod strings;
 mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 mod spatial;
+#[cfg(feature = "cuda")]
+pub(crate) use spatial::max_unpool_targets;
 mod spectral;
 mod tap_product;
 mod tensor_scatter;
+#[cfg(feature = "cuda")]
 pub(crate) use tensor_scatter::tensor_scatter_rows;
 
 #[cfg(feature = "cuda")]
