@@ -16,13 +16,17 @@ use super::ops::{contiguous_strides, cuda_error, device, numel, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::{normalize_axis, Ctx};
 
-/// `x` with the axes not in `reduced` first and `reduced` last, as rows × cols, and the
-/// permutation used (output axis i is input axis perm[i]).
-fn rows_of(
-    gpu: &Gpu,
-    x: &DeviceTensor,
-    reduced: &[usize],
-) -> Result<(Arc<CudaSlice<f32>>, Vec<usize>, usize, usize), String> {
+/// A tensor's values as rows of the sets to reduce.
+struct Rows {
+    data: Arc<CudaSlice<f32>>,
+    /// Output axis i of the move is input axis perm[i].
+    perm: Vec<usize>,
+    rows: usize,
+    cols: usize,
+}
+
+/// `x` with the axes not in `reduced` first and `reduced` last, as rows × cols.
+fn rows_of(gpu: &Gpu, x: &DeviceTensor, reduced: &[usize]) -> Result<Rows, String> {
     let rank = x.shape.len();
     let perm: Vec<usize> = (0..rank)
         .filter(|a| !reduced.contains(a))
@@ -31,13 +35,24 @@ fn rows_of(
     let cols: usize = reduced.iter().map(|&a| x.shape[a]).product();
     let rows = numel(&x.shape) / cols.max(1);
     if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        return Ok((Arc::clone(&x.data), perm, rows, cols));
+        let data = Arc::clone(&x.data);
+        return Ok(Rows {
+            data,
+            perm,
+            rows,
+            cols,
+        });
     }
     let strides = contiguous_strides(&x.shape);
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let moved: Vec<i64> = perm.iter().map(|&p| strides[p]).collect();
     let data = gpu.gather_strided(&x.data, &shape, &moved, 0)?;
-    Ok((Arc::new(data), perm, rows, cols))
+    Ok(Rows {
+        data: Arc::new(data),
+        perm,
+        rows,
+        cols,
+    })
 }
 
 /// Launches `moments_rows_f32`: each row's mean and variance, and the normalised rows into
@@ -90,7 +105,12 @@ pub(super) fn mean_variance_normalization(
     };
     reduced.sort_unstable();
     reduced.dedup();
-    let (data, perm, rows, cols) = rows_of(gpu, &x, &reduced)?;
+    let Rows {
+        data,
+        perm,
+        rows,
+        cols,
+    } = rows_of(gpu, &x, &reduced)?;
     let mut out = gpu.alloc(rows * cols)?;
     moments(gpu, &data, (rows, cols), Some(&mut out))?;
     if perm.iter().enumerate().all(|(i, &p)| i == p) {
@@ -131,7 +151,9 @@ pub(super) fn batch_norm_training(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) 
         }
     }
     let reduced: Vec<usize> = (0..x.shape.len()).filter(|&a| a != 1).collect();
-    let (data, _, rows, cols) = rows_of(gpu, &x, &reduced)?;
+    let Rows {
+        data, rows, cols, ..
+    } = rows_of(gpu, &x, &reduced)?;
     let (mean, var) = moments(gpu, &data, (rows, cols), None)?;
     let n = numel(&x.shape);
     let mut out = gpu.alloc(n)?;

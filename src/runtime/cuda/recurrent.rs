@@ -355,17 +355,16 @@ impl Layer<'_> {
         let state = d * batch * hidden..(d + 1) * batch * hidden;
         for step in 0..seq {
             let t = if reverse { seq - 1 - step } else { step };
-            let h_dir = h.slice(state.clone());
+            // The view of this direction's state ends with the GEMM, before the step writes it.
             let one = (1, 0, 0, batch * rh_cols);
             let shape = (batch, rh_cols, hidden);
             gpu.gemm_views(
                 shape,
-                (&h_dir, false, &r_gates, true),
+                (&h.slice(state.clone()), false, &r_gates, true),
                 &mut rh,
                 (1.0, 0.0),
                 one,
             )?;
-            drop(h_dir);
             let mut launch_phase =
                 |phase: i32, rh_candidate: &CudaSlice<f32>, gated: &mut CudaSlice<f32>| {
                     self.step(
