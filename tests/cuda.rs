@@ -1398,11 +1398,17 @@ fn a_run_opens_only_the_gpus_its_stages_use() {
 /// and betas; Pad in every mode, with crops and axes; MeanVarianceNormalization over trailing and
 /// inner axes; 3-D Conv and ConvTranspose. Every output on the device, equal to the CPU
 /// runtime's, or to onnxruntime's where the script wrote them (3-D Conv, which the CPU runtime
-/// lacks).
+/// lacks), under the AddressSanitizer build of the fake driver.
 #[cfg(feature = "cuda")]
 #[test]
 fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+    // Under the AddressSanitizer build: the fake driver's checks and the sanitizer's, for a few
+    // seconds more on these small models.
+    let gpu = fake_cuda::FakeGpu {
+        build: fake_cuda::Build::Asan,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
         return;
     };
     let python = common::root().join(".venv/bin/python");
