@@ -721,10 +721,25 @@ fn shape_and_size_do_not_copy_device_tensors() {
 /// The same runs are the op-coverage census of `docs/cuda.md`: per op, how many of these cases
 /// hold it and in how many it ran on the host (`host_ops`). The test fails when the table there
 /// is not the one it measures; `PIPECUT_CENSUS_BLESS=1` rewrites it.
+///
+/// While an op is being built, `PIPECUT_CENSUS_OPS=Attention,RotaryEmbedding` runs only the
+/// cases holding one of the named ops (and prints their table instead of checking the docs),
+/// and `PIPECUT_CENSUS_ASAN=1` runs them under the AddressSanitizer build of the fake driver.
 #[cfg(feature = "cuda")]
 #[test]
 fn onnx_node_cases_with_float_tensors_pass_on_the_cuda_backend() {
-    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+    let only_ops: Option<std::collections::BTreeSet<String>> = std::env::var("PIPECUT_CENSUS_OPS")
+        .ok()
+        .map(|ops| ops.split(',').map(|op| op.trim().to_string()).collect());
+    let gpu = if std::env::var_os("PIPECUT_CENSUS_ASAN").is_some() {
+        fake_cuda::FakeGpu {
+            build: fake_cuda::Build::Asan,
+            ..fake_cuda::FakeGpu::current()
+        }
+    } else {
+        fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
         return;
     };
     let python = common::root().join(".venv/bin/python");
@@ -747,7 +762,7 @@ fn onnx_node_cases_with_float_tensors_pass_on_the_cuda_backend() {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(case) = cases.get(i) else { break };
-                let outcome = run_node_case(&cache, case, &env);
+                let outcome = run_node_case(&cache, case, &env, only_ops.as_ref());
                 outcomes.lock().unwrap().push(outcome);
             });
         }
@@ -773,6 +788,10 @@ fn onnx_node_cases_with_float_tensors_pass_on_the_cuda_backend() {
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    if only_ops.is_some() {
+        eprintln!("{}", census.table(passed));
+        return;
+    }
     assert!(passed > 800, "only {passed} cases ran");
     census.check_against_docs(passed);
 }
@@ -780,7 +799,8 @@ fn onnx_node_cases_with_float_tensors_pass_on_the_cuda_backend() {
 /// What one node case gave on the CUDA backend.
 #[cfg(feature = "cuda")]
 enum NodeCase {
-    /// No float input or output (or an input the case does not store).
+    /// No float input or output (or an input the case does not store), or none of the ops
+    /// `PIPECUT_CENSUS_OPS` names.
     NotFloat,
     /// The CPU runtime cannot plan or run it either.
     LeftOut,
@@ -797,7 +817,12 @@ enum NodeCase {
 }
 
 #[cfg(feature = "cuda")]
-fn run_node_case(cache: &Path, case: &Value, env: &[(String, String)]) -> NodeCase {
+fn run_node_case(
+    cache: &Path,
+    case: &Value,
+    env: &[(String, String)],
+    only_ops: Option<&std::collections::BTreeSet<String>>,
+) -> NodeCase {
     let name = case["name"].as_str().unwrap();
     let dir = cache.join("cases").join(name);
     let files = case["inputs"].as_array().unwrap();
@@ -825,11 +850,14 @@ fn run_node_case(cache: &Path, case: &Value, env: &[(String, String)]) -> NodeCa
     let Ok(model) = pipecut::onnx::load_model(&model_path) else {
         return NodeCase::LeftOut;
     };
-    let ops = model
+    let ops: std::collections::BTreeSet<String> = model
         .graph
         .nodes()
         .map(|(_, n)| n.op_type.clone())
         .collect();
+    if only_ops.is_some_and(|only| ops.is_disjoint(only)) {
+        return NodeCase::NotFloat;
+    }
     let model = model_path.display().to_string();
     let work = tempfile::tempdir().unwrap();
     let plan = work.path().join("plan.json");
@@ -1442,5 +1470,69 @@ fn a_tensor_parallel_plan_runs_its_ranks_on_gpus() {
                 );
             }
         }
+    }
+}
+
+/// Device ops where the ONNX node cases do not reach (`tests/fake_cuda/differential_models.py`):
+/// RNN, GRU and LSTM in both directions and reverse, layout 1, with sequence_lens, initial
+/// states, peepholes, clip, input_forget, linear_before_reset 0 and 1, activations with alphas
+/// and betas; Pad in every mode, with crops and axes; MeanVarianceNormalization over trailing and
+/// inner axes; 3-D Conv and ConvTranspose. Every output on the device, equal to the CPU
+/// runtime's, or to onnxruntime's where the script wrote them (3-D Conv, which the CPU runtime
+/// lacks), under the AddressSanitizer build of the fake driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
+    // Under the AddressSanitizer build: the fake driver's checks and the sanitizer's, for a few
+    // seconds more on these small models.
+    let gpu = fake_cuda::FakeGpu {
+        build: fake_cuda::Build::Asan,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "no .venv: the differential models cannot be written",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/differential_models.py"))
+        .arg(models)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "differential_models.py failed");
+    let names = std::fs::read_to_string(models.join("models.txt")).unwrap();
+    assert!(names.lines().count() >= 14, "{names}");
+    for name in names.lines() {
+        let model = models.join(format!("{name}.onnx"));
+        let model = model.to_str().unwrap();
+        let work = models.join(name);
+        let plan = partition(
+            &std::fs::create_dir_all(&work)
+                .map(|_| work.clone())
+                .unwrap(),
+            model,
+            1,
+            &[],
+        );
+        let input = format!("X={}", models.join(format!("{name}.X.npy")).display());
+        let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
+        let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+        let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        let reference = models.join(format!("{name}.reference"));
+        if reference.is_dir() {
+            assert_same_outputs(name, &cuda, &reference);
+        } else {
+            run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+            assert_same_outputs(name, &cuda, &cpu);
+        }
+        assert_no_host_fallbacks(name, &report);
     }
 }

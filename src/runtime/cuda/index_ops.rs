@@ -13,11 +13,12 @@ use cudarc::driver::PushKernelArg;
 use super::ops::{contiguous_strides, cuda_error, device, host, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::{
-    gather_elements_offsets, gather_nd_rows, scatter_elements_offsets, scatter_nd_rows, Ctx,
+    gather_elements_offsets, gather_nd_rows, max_unpool_targets, normalize_axis,
+    scatter_elements_offsets, scatter_nd_rows, tensor_scatter_rows, Ctx,
 };
 
 /// `rows` rows of `len` floats of `x` starting at `starts`, as one tensor of `shape`.
-fn gather_rows(
+pub(super) fn gather_rows(
     gpu: &Gpu,
     x: &DeviceTensor,
     starts: &[usize],
@@ -91,6 +92,18 @@ pub(super) fn scatter(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult 
     if reduction == 0 && starts.iter().collect::<HashSet<_>>().len() != starts.len() {
         reduction = 5;
     }
+    scatter_rows(gpu, &data, (&starts, len), &updates, reduction)
+}
+
+/// A copy of `data` with row t of `len` floats of `updates` written at `starts[t]`, combined by
+/// `reduction` (the codes of `scatter_rows_f32`).
+fn scatter_rows(
+    gpu: &Gpu,
+    data: &DeviceTensor,
+    (starts, len): (&[usize], usize),
+    updates: &DeviceTensor,
+    reduction: i32,
+) -> OpResult {
     let strides = contiguous_strides(&data.shape);
     let mut out = gpu.gather_strided(&data.data, &data.shape, &strides, 0)?;
     if starts.is_empty() || len == 0 {
@@ -116,4 +129,59 @@ pub(super) fn scatter(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult 
     // data's shape and the updates hold rows · inner floats (checked with the offsets).
     unsafe { launch.launch(Gpu::grid(threads)) }.map_err(cuda_error("launch"))?;
     one(DeviceTensor::new(data.shape.clone(), out))
+}
+
+/// [TensorScatter](https://onnx.ai/onnx/operators/onnx__TensorScatter.html) (opset 24): the
+/// cache copied, each batch entry's update rows written over it where the CPU kernel's
+/// `tensor_scatter_rows` puts them (checked there).
+pub(super) fn tensor_scatter(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(cache), Some(update)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let write_indices = host(gpu, args, 2)?.map(|w| w.to_i64_vec());
+    let (rows, inner) = tensor_scatter_rows(ctx, &cache.shape, &update.shape, write_indices)?;
+    // The update's rows are read in order; the kernel takes row t from t · inner.
+    let in_order = rows
+        .iter()
+        .enumerate()
+        .all(|(t, &(_, from))| from == t * inner);
+    let axis = normalize_axis(ctx.int("axis", -2), cache.shape.len())?;
+    if !in_order || inner == 0 || cache.shape[axis] == 0 {
+        return Ok(None);
+    }
+    let starts: Vec<usize> = rows.iter().map(|&(to, _)| to).collect();
+    // Circular writes longer than the cache revisit positions: the last write wins, as on the
+    // CPU.
+    let reduction = if starts.iter().collect::<HashSet<_>>().len() == starts.len() {
+        0
+    } else {
+        5
+    };
+    scatter_rows(gpu, &cache, (&starts, inner), &update, reduction)
+}
+
+/// [MaxUnpool](https://onnx.ai/onnx/operators/onnx__MaxUnpool.html) (opsets 9–22): zeros with
+/// each input value written where its index (checked by the CPU kernel's
+/// `max_unpool_targets`) puts it; a repeated target keeps the last, as on the CPU.
+pub(super) fn max_unpool(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(indices)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let output_shape = host(gpu, args, 2)?;
+    let (targets, shape) = max_unpool_targets(ctx, &x.shape, &indices, output_shape.as_deref())?;
+    let total: usize = shape.iter().product();
+    if targets.len() != x.shape.iter().product::<usize>() || total == 0 {
+        return Ok(None);
+    }
+    let zeros = gpu
+        .stream
+        .alloc_zeros::<f32>(total)
+        .map_err(cuda_error("allocation"))?;
+    let zeros = DeviceTensor::new(shape, zeros);
+    let reduction = if targets.iter().collect::<HashSet<_>>().len() == targets.len() {
+        0
+    } else {
+        5
+    };
+    scatter_rows(gpu, &zeros, (&targets, 1), &x, reduction)
 }

@@ -702,3 +702,553 @@ extern "C" __global__ void einsum_f32(const float* a, const float* b, const floa
         y[i] = acc;
     }
 }
+
+// ---- Attention and RotaryEmbedding (src/runtime/cuda/attention.rs) ----
+
+// The row-wise middle of ONNX Attention on scores[rows, cols] = scale · Q·Kᵀ (rows are
+// (batch, q_head, query) in that order): the additive mask (mask[b·mask_b + h·mask_h + i·mask_i
+// + j] for j < mask_cols, masked beyond, when has_mask), the causal mask (key j > query i +
+// past_len), the padding mask (j ≥ lengths[b], when has_lengths), the soft cap c·tanh(x/c),
+// then the softmax over the row, in place. When want_qk, qk gets the row at the stage `mode`
+// names (0 scaled, 1 masked, 2 capped, 3 softmaxed), as the CPU kernel's
+// qk_matmul_output_mode. One block per row.
+extern "C" __global__ void attention_softmax_f32(
+    float* scores, float* qk, const float* mask, const float* lengths, long long rows,
+    long long cols, long long q_heads, long long q_seq, long long past_len, long long mask_b,
+    long long mask_h, long long mask_i, long long mask_cols, int has_mask, int causal,
+    int has_lengths, float softcap, int mode, int want_qk) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        long long i = row % q_seq, h = (row / q_seq) % q_heads, b = row / (q_seq * q_heads);
+        float* s = scores + row * cols;
+        float* out = qk + row * cols;
+        const float* mask_row = mask + b * mask_b + h * mask_h + i * mask_i;
+        float m = -PC_INFINITY;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float x = s[j];
+            if (want_qk && mode == 0) out[j] = x;
+            float bias = 0.0f;
+            if (has_mask) bias = j < mask_cols ? mask_row[j] : -PC_INFINITY;
+            if (causal && j > i + past_len) bias = -PC_INFINITY;
+            if (has_lengths && (float)j >= lengths[b]) bias = -PC_INFINITY;
+            x += bias;
+            if (softcap > 0.0f) {
+                if (want_qk && mode == 1) out[j] = x;
+                x = softcap * tanhf(x / softcap);
+            }
+            if (want_qk && ((mode == 1 && softcap <= 0.0f) || mode == 2)) out[j] = x;
+            s[j] = x;
+            m = fmaxf(m, x);
+        }
+        m = block_reduce(m, COMBINE_MAX, scratch);
+        float sum = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) sum += expf(s[j] - m);
+        sum = block_reduce(sum, COMBINE_SUM, scratch);
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+            float p = expf(s[j] - m) / sum;
+            s[j] = p;
+            if (want_qk && mode == 3) out[j] = p;
+        }
+    }
+}
+
+// RotaryEmbedding, one thread per element of x: x is [batch, heads, seq, size] (rank4) or
+// [batch, seq, heads·size]; the first `rotary` elements of each head turn by the cache row
+// rows[b·seq + s] of cos/sin ([positions, rotary/2]), pairing the two halves or, when
+// interleaved, neighbours; the rest is copied.
+extern "C" __global__ void rotary_f32(const float* x, const float* cos_cache,
+                                      const float* sin_cache, const long long* rows, float* y,
+                                      long long n, long long seq, long long heads, long long size,
+                                      long long rotary, int rank4, int interleaved) {
+    long long half = rotary / 2;
+    GRID_STRIDE(e, n) {
+        long long d = e % size, s, b;
+        if (rank4) {
+            s = (e / size) % seq;
+            b = e / (size * seq * heads);
+        } else {
+            s = (e / (size * heads)) % seq;
+            b = e / (size * heads * seq);
+        }
+        if (d >= rotary) {
+            y[e] = x[e];
+            continue;
+        }
+        long long base = e - d;
+        long long pair = interleaved ? d / 2 : d % half;
+        bool first = interleaved ? d % 2 == 0 : d < half;
+        float x1 = x[base + (interleaved ? 2 * pair : pair)];
+        float x2 = x[base + (interleaved ? 2 * pair + 1 : half + pair)];
+        long long row = rows[b * seq + s];
+        float c = cos_cache[row * half + pair], sn = sin_cache[row * half + pair];
+        y[e] = first ? c * x1 - sn * x2 : sn * x1 + c * x2;
+    }
+}
+
+// ---- GridSample (src/runtime/cuda/grid_sample.rs) ----
+
+// Spatial sizes of GridSample's input, by value (at most 6 spatial axes: rank 8 in all).
+struct GridDims {
+    int rank;
+    long long dims[6];
+};
+
+// `x` reflected into [low, high], repeatedly, as a pair of mirrors would.
+__device__ float grid_reflect(float x, float low, float high) {
+    float range = high - low;
+    if (range <= 0.0f) return low;
+    float outside;
+    bool from_low;
+    if (x < low) {
+        outside = low - x;
+        from_low = true;
+    } else if (x > high) {
+        outside = x - high;
+        from_low = false;
+    } else {
+        return x;
+    }
+    float flips = floorf(outside / range);
+    float rest = outside - flips * range;
+    bool even = (long long)flips % 2 == 0;
+    return from_low == even ? low + rest : high - rest;
+}
+
+// The pixel of `plane` at integer coordinates `at`, with the padding rule (0 zeros, 1 border,
+// 2 reflection) for those outside.
+__device__ float grid_pixel(const float* plane, const GridDims& d, const long long* at,
+                            int padding, int align_corners) {
+    long long offset = 0;
+    for (int k = 0; k < d.rank; ++k) {
+        long long n = d.dims[k], c = at[k];
+        if (padding == 0 && (c < 0 || c >= n)) return 0.0f;
+        if (padding == 2) {
+            float low = align_corners ? 0.0f : -0.5f;
+            float high = align_corners ? (float)n - 1.0f : (float)n - 0.5f;
+            c = (long long)grid_reflect((float)c, low, high);
+        }
+        c = c < 0 ? 0 : (c > n - 1 ? n - 1 : c);
+        offset = offset * n + c;
+    }
+    return plane[offset];
+}
+
+// The spec's cubic weights (A = -0.75) of the four taps around fraction t.
+__device__ void grid_cubic_weights(float t, float* w) {
+    const float A = -0.75f;
+    float x = t + 1.0f;
+    w[0] = ((A * x - 5.0f * A) * x + 8.0f * A) * x - 4.0f * A;
+    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
+    x = 1.0f - t;
+    w[2] = ((A + 2.0f) * x - (A + 3.0f)) * x * x + 1.0f;
+    x = 2.0f - t;
+    w[3] = ((A * x - 5.0f * A) * x + 8.0f * A) * x - 4.0f * A;
+}
+
+// GridSample as the CPU kernel (kernels/grid_sample.rs): y[n, c, p] samples x[n, c] at grid
+// point p of batch row n (grid[..., 0] indexes the last axis); mode 0 nearest (half to even),
+// 1 linear, 2 cubic (2-D). One thread per output.
+extern "C" __global__ void grid_sample_f32(const float* x, const float* grid, float* y,
+                                           long long n_out, long long channels, long long points,
+                                           GridDims d, int mode, int padding, int align_corners) {
+    long long plane_len = 1;
+    for (int k = 0; k < d.rank; ++k) plane_len *= d.dims[k];
+    GRID_STRIDE(i, n_out) {
+        long long p = i % points, plane_index = i / points, batch = plane_index / channels;
+        const float* plane = x + plane_index * plane_len;
+        const float* g = grid + (batch * points + p) * d.rank;
+        float coords[6];
+        long long at[6];
+        for (int k = 0; k < d.rank; ++k) {
+            float size = (float)d.dims[k], normalised = g[d.rank - 1 - k];
+            float v = align_corners ? (normalised + 1.0f) / 2.0f * (size - 1.0f)
+                                    : ((normalised + 1.0f) * size - 1.0f) / 2.0f;
+            if (padding == 1) v = fminf(fmaxf(v, 0.0f), size - 1.0f);
+            if (padding == 2) {
+                v = grid_reflect(v, align_corners ? 0.0f : -0.5f,
+                                 align_corners ? size - 1.0f : size - 0.5f);
+            }
+            coords[k] = v;
+        }
+        float value = 0.0f;
+        if (mode == 0) {
+            for (int k = 0; k < d.rank; ++k) at[k] = (long long)rintf(coords[k]);
+            value = grid_pixel(plane, d, at, padding, align_corners);
+        } else if (mode == 1) {
+            for (int bits = 0; bits < (1 << d.rank); ++bits) {
+                float weight = 1.0f;
+                for (int k = 0; k < d.rank; ++k) {
+                    float base = floorf(coords[k]), t = coords[k] - base;
+                    bool upper = (bits >> k) & 1;
+                    at[k] = (long long)base + (upper ? 1 : 0);
+                    weight *= upper ? t : 1.0f - t;
+                }
+                if (weight != 0.0f) value += weight * grid_pixel(plane, d, at, padding, align_corners);
+            }
+        } else {
+            float y0 = floorf(coords[0]), x0 = floorf(coords[1]), wy[4], wx[4];
+            grid_cubic_weights(coords[0] - y0, wy);
+            grid_cubic_weights(coords[1] - x0, wx);
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    at[0] = (long long)y0 - 1 + a;
+                    at[1] = (long long)x0 - 1 + b;
+                    value += wy[a] * wx[b] * grid_pixel(plane, d, at, padding, align_corners);
+                }
+            }
+        }
+        y[i] = value;
+    }
+}
+
+// ---- RNN, GRU and LSTM (src/runtime/cuda/recurrent.rs) ----
+
+// A direction's activations (codes of `recurrent_act`), with their alphas and betas.
+struct RecurrentActs {
+    int code[3];
+    float alpha[3];
+    float beta[3];
+};
+
+// Activation `k` of the direction on `v`, after the clip (clip > 0), as the CPU kernel's
+// `Activation::apply`: 0 Relu, 1 Tanh, 2 Sigmoid, 3 Affine, 4 LeakyRelu, 5 ThresholdedRelu,
+// 6 ScaledTanh, 7 HardSigmoid, 8 Elu, 9 Softsign, 10 Softplus.
+__device__ float recurrent_act(const RecurrentActs& acts, int k, float v, float clip) {
+    if (clip > 0.0f) v = fminf(fmaxf(v, -clip), clip);
+    float a = acts.alpha[k], b = acts.beta[k];
+    switch (acts.code[k]) {
+        case 0: return fmaxf(v, 0.0f);
+        case 1: return tanhf(v);
+        case 2: return 1.0f / (1.0f + expf(-v));
+        case 3: return a * v + b;
+        case 4: return v >= 0.0f ? v : a * v;
+        case 5: return v > a ? v : 0.0f;
+        case 6: return a * tanhf(b * v);
+        case 7: return fminf(fmaxf(a * v + b, 0.0f), 1.0f);
+        case 8: return v >= 0.0f ? v : a * (expf(v) - 1.0f);
+        case 9: return v / (1.0f + fabsf(v));
+        default: return logf(1.0f + expf(v));
+    }
+}
+
+// One time step t of one direction `dir` of an RNN (cell 0), GRU (1) or LSTM (2), a thread per
+// (batch row, hidden unit). xw is the direction's X·Wᵀ ([seq, batch, gates·hidden]); rh the
+// step's h·Rᵀ ([batch, rh_cols]); bias the [directions, 2·gates·hidden] Wb then Rb; peep LSTM's
+// [directions, 3·hidden]; h, c the [directions, batch, hidden] states, updated in place; y the
+// [seq, directions, batch, hidden] output. A row whose sequence (lens, as floats) has ended
+// keeps its state and writes 0 to y. GRU without linear_before_reset takes two phases: 0 writes
+// gated = r ⊙ h (the host then computes rh_candidate = gated·R_hᵀ), 1 finishes the step.
+extern "C" __global__ void recurrent_step_f32(
+    const float* xw, const float* rh, const float* rh_candidate, const float* bias,
+    const float* peep, const float* lens, float* h, float* c, float* gated, float* y,
+    long long batch, long long hidden, long long directions, long long dir, long long t,
+    long long rh_cols, int cell, int phase, int has_bias, int has_peep, int input_forget,
+    int linear_before_reset, RecurrentActs acts, float clip) {
+    long long gates = cell == 0 ? 1 : (cell == 1 ? 3 : 4);
+    GRID_STRIDE(i, batch * hidden) {
+        long long b = i / hidden, j = i % hidden;
+        long long at = (dir * batch + b) * hidden + j;
+        long long y_at = ((t * directions + dir) * batch + b) * hidden + j;
+        bool active = (float)t < lens[b];
+        if (!active) {
+            if (phase == 0) gated[i] = 0.0f;
+            else y[y_at] = 0.0f;
+            continue;
+        }
+        const float* x_row = xw + (t * batch + b) * gates * hidden;
+        const float* r_row = rh + b * rh_cols;
+        const float* wb = bias + dir * 2 * gates * hidden;
+        const float* rb = wb + gates * hidden;
+#define PRE_W(g) (x_row[(g) * hidden + j] + (has_bias ? wb[(g) * hidden + j] : 0.0f))
+#define PRE_R(g) (r_row[(g) * hidden + j] + (has_bias ? rb[(g) * hidden + j] : 0.0f))
+        float state = h[at], next;
+        if (cell == 0) {
+            next = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0), clip);
+        } else if (cell == 1) {
+            if (phase == 0) {
+                gated[i] = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1), clip) * state;
+                continue;
+            }
+            float z = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0), clip);
+            float candidate;
+            if (linear_before_reset) {
+                float r = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1), clip);
+                candidate = recurrent_act(acts, 1, PRE_W(2) + r * PRE_R(2), clip);
+            } else {
+                float rc = rh_candidate[i] + (has_bias ? rb[2 * hidden + j] : 0.0f);
+                candidate = recurrent_act(acts, 1, PRE_W(2) + rc, clip);
+            }
+            next = (1.0f - z) * candidate + z * state;
+        } else {
+            const float* p = peep + dir * 3 * hidden;
+            float cell_state = c[at];
+            float pi = has_peep ? p[j] : 0.0f, po = has_peep ? p[hidden + j] : 0.0f,
+                  pf = has_peep ? p[2 * hidden + j] : 0.0f;
+            float in = recurrent_act(acts, 0, PRE_W(0) + PRE_R(0) + pi * cell_state, clip);
+            float forget = input_forget
+                               ? 1.0f - in
+                               : recurrent_act(acts, 0, PRE_W(2) + PRE_R(2) + pf * cell_state, clip);
+            float candidate = recurrent_act(acts, 1, PRE_W(3) + PRE_R(3), clip);
+            float next_c = forget * cell_state + in * candidate;
+            float out = recurrent_act(acts, 0, PRE_W(1) + PRE_R(1) + po * next_c, clip);
+            c[at] = next_c;
+            next = out * recurrent_act(acts, 2, next_c, clip);
+        }
+#undef PRE_W
+#undef PRE_R
+        h[at] = next;
+        y[y_at] = next;
+    }
+}
+
+// ---- Pad (src/runtime/cuda/movement_ops.rs) ----
+
+// Pad as the CPU kernel (kernels/movement.rs): over the output shape d.shape, with the input's
+// strides in d.a, the leading pads in d.b (negative crops) and the input's shape in d.c; a
+// coordinate outside the input reads `value` (mode 0), the nearest edge (1), the mirror image
+// without repeating the edge (2, reflect) or the periodic image (3, wrap).
+extern "C" __global__ void pad_f32(const float* x, float* y, long long n, Dims d, int mode,
+                                   float value) {
+    GRID_STRIDE(i, n) {
+        long long rest = i, offset = 0;
+        bool constant = false;
+        for (int k = d.rank - 1; k >= 0; --k) {
+            long long c = rest % d.shape[k] - d.b[k], size = d.c[k];
+            rest /= d.shape[k];
+            if (c < 0 || c >= size) {
+                if (mode == 0) {
+                    constant = true;
+                    break;
+                } else if (mode == 1) {
+                    c = c < 0 ? 0 : size - 1;
+                } else if (mode == 3) {
+                    c = ((c % size) + size) % size;
+                } else if (size == 1) {
+                    c = 0;
+                } else {
+                    long long period = 2 * (size - 1), m = ((c % period) + period) % period;
+                    c = m < size ? m : period - m;
+                }
+            }
+            offset += c * d.a[k];
+        }
+        y[i] = constant ? value : x[offset];
+    }
+}
+
+// ---- RoiAlign (src/runtime/cuda/roi_align.rs) ----
+
+// One bilinear tap of RoiAlign at (y, x) of an height × width plane, weighted as the CPU
+// kernel's `sample_corners` (nothing outside the [-1, size] margin; max_mode takes the largest
+// weighted corner, else their sum).
+__device__ float roi_tap(const float* plane, float y, float x, long long height, long long width,
+                         int max_mode) {
+    long long y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+    float ly = 0.0f, lx = 0.0f, hy = 0.0f, hx = 0.0f;
+    if (!(y < -1.0f || y > (float)height || x < -1.0f || x > (float)width)) {
+        float vy = fmaxf(y, 0.0f), vx = fmaxf(x, 0.0f);
+        y0 = (long long)vy;
+        x0 = (long long)vx;
+        if (y0 >= height - 1) {
+            y0 = y1 = height - 1;
+        } else {
+            y1 = y0 + 1;
+            ly = vy - (float)y0;
+        }
+        if (x0 >= width - 1) {
+            x0 = x1 = width - 1;
+        } else {
+            x1 = x0 + 1;
+            lx = vx - (float)x0;
+        }
+        hy = 1.0f - ly;
+        hx = 1.0f - lx;
+    }
+    float a = hy * hx * plane[y0 * width + x0], b = hy * lx * plane[y0 * width + x1];
+    float c = ly * hx * plane[y1 * width + x0], d = ly * lx * plane[y1 * width + x1];
+    if (max_mode) return fmaxf(fmaxf(fmaxf(fmaxf(-PC_INFINITY, a), b), c), d);
+    return a + b + c + d;
+}
+
+// RoiAlign as the CPU kernel (kernels/detection.rs), one thread per output [roi, c, ph, pw]:
+// rois [count, 4] as (x0, y0, x1, y1), batch_of the (checked) image of each.
+extern "C" __global__ void roi_align_f32(const float* x, const float* rois,
+                                         const long long* batch_of, float* y, long long n_out,
+                                         long long channels, long long height, long long width,
+                                         long long out_h, long long out_w, long long sampling,
+                                         float scale, int half_pixel, int max_mode) {
+    GRID_STRIDE(i, n_out) {
+        long long pw = i % out_w, ph = (i / out_w) % out_h;
+        long long c = (i / (out_w * out_h)) % channels, r = i / (out_w * out_h * channels);
+        float offset = half_pixel ? 0.5f : 0.0f;
+        float x0 = rois[r * 4] * scale - offset, y0 = rois[r * 4 + 1] * scale - offset;
+        float x1 = rois[r * 4 + 2] * scale - offset, y1 = rois[r * 4 + 3] * scale - offset;
+        float roi_w = x1 - x0, roi_h = y1 - y0;
+        if (!half_pixel) {
+            roi_w = fmaxf(roi_w, 1.0f);
+            roi_h = fmaxf(roi_h, 1.0f);
+        }
+        float bin_h = roi_h / (float)out_h, bin_w = roi_w / (float)out_w;
+        long long grid_h = sampling > 0 ? sampling : (long long)fmaxf(ceilf(roi_h / (float)out_h), 0.0f);
+        long long grid_w = sampling > 0 ? sampling : (long long)fmaxf(ceilf(roi_w / (float)out_w), 0.0f);
+        long long samples = grid_h * grid_w > 1 ? grid_h * grid_w : 1;
+        const float* plane = x + (batch_of[r] * channels + c) * height * width;
+        float acc = 0.0f;
+        bool any = false;
+        for (long long iy = 0; iy < grid_h; ++iy) {
+            float sy = y0 + (float)ph * bin_h + ((float)iy + 0.5f) * bin_h / (float)grid_h;
+            for (long long ix = 0; ix < grid_w; ++ix) {
+                float sx = x0 + (float)pw * bin_w + ((float)ix + 0.5f) * bin_w / (float)grid_w;
+                float v = roi_tap(plane, sy, sx, height, width, max_mode);
+                if (max_mode) acc = any ? fmaxf(acc, v) : v;
+                else acc += v;
+                any = true;
+            }
+        }
+        y[i] = max_mode ? acc : acc / (float)samples;
+    }
+}
+
+// ---- DeformConv (src/runtime/cuda/deform_conv.rs) ----
+
+// DeformConv's sizes: input [n, ic, ih, iw], weights [oc, icg, kh, kw], output [n, oc, oh, ow],
+// offset groups, strides, leading pads and dilations (height, width).
+struct DeformGeometry {
+    long long ic, ih, iw, oc, icg, kh, kw, oh, ow, offset_group, sh, sw, ph, pw, dh, dw;
+};
+
+// The CPU kernel's bilinear sample of an height × width plane at (y, x): corners outside read 0.
+__device__ float deform_bilinear(const float* plane, long long height, long long width, float y,
+                                 float x) {
+    float y0 = floorf(y), x0 = floorf(x), dy = y - y0, dx = x - x0, sum = 0.0f;
+    for (int a = 0; a < 2; ++a) {
+        for (int b = 0; b < 2; ++b) {
+            float yy = y0 + (float)a, xx = x0 + (float)b;
+            float w = (a ? dy : 1.0f - dy) * (b ? dx : 1.0f - dx);
+            if (yy >= 0.0f && xx >= 0.0f && (long long)yy < height && (long long)xx < width) {
+                sum += w * plane[(long long)yy * width + (long long)xx];
+            }
+        }
+    }
+    return sum;
+}
+
+// DeformConv (2-D) as the CPU kernel (kernels/spatial.rs), one thread per output value: every
+// tap samples its input channel at the tap's position moved by the offset
+// ([n, 2·offset_group·taps, oh, ow]), times the mask when has_mask; the bias when has_bias.
+extern "C" __global__ void deform_conv_f32(const float* x, const float* wt, const float* offset,
+                                           const float* bias, const float* mask, float* y,
+                                           long long n_out, DeformGeometry g, int has_bias,
+                                           int has_mask) {
+    long long taps = g.kh * g.kw, points = g.oh * g.ow;
+    long long ocg = g.oc / (g.ic / g.icg), per_offset_group = g.ic / g.offset_group;
+    GRID_STRIDE(i, n_out) {
+        long long p = i % points, o = (i / points) % g.oc, b = i / (points * g.oc);
+        long long oi = p / g.ow, oj = p % g.ow, group = o / ocg;
+        float acc = 0.0f;
+        for (long long ci = 0; ci < g.icg; ++ci) {
+            long long c = group * g.icg + ci, og = c / per_offset_group;
+            const float* plane = x + (b * g.ic + c) * g.ih * g.iw;
+            const float* off = offset + (b * g.offset_group + og) * 2 * taps * points + p;
+            for (long long t = 0; t < taps; ++t) {
+                long long ki = t / g.kw, kj = t % g.kw;
+                float sy = (float)(oi * g.sh - g.ph + ki * g.dh) + off[(2 * t) * points];
+                float sx = (float)(oj * g.sw - g.pw + kj * g.dw) + off[(2 * t + 1) * points];
+                float m = has_mask ? mask[((b * g.offset_group + og) * taps + t) * points + p]
+                                   : 1.0f;
+                float sampled = deform_bilinear(plane, g.ih, g.iw, sy, sx) * m;
+                acc += wt[(o * g.icg + ci) * taps + t] * sampled;
+            }
+        }
+        y[i] = has_bias ? acc + bias[o] : acc;
+    }
+}
+
+// ---- Batch statistics: MeanVarianceNormalization, training BatchNormalization
+// (src/runtime/cuda/moments.rs) ----
+
+// The mean and population variance of each row of a [rows, cols] matrix (two passes, as the
+// CPU kernels), into mean[row] and var[row]; when normalize, y = (x − mean) / (√var + 1e-9)
+// (MeanVarianceNormalization). One block per row.
+extern "C" __global__ void moments_rows_f32(const float* x, float* y, float* mean, float* var,
+                                            long long rows, long long cols, int normalize) {
+    extern __shared__ float scratch[];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float* in = x + row * cols;
+        float s = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) s += in[j];
+        float m = block_reduce(s, COMBINE_SUM, scratch) / (float)cols;
+        float q = 0.0f;
+        for (long long j = threadIdx.x; j < cols; j += blockDim.x) q += (in[j] - m) * (in[j] - m);
+        float v = block_reduce(q, COMBINE_SUM, scratch) / (float)cols;
+        if (threadIdx.x == 0) {
+            mean[row] = m;
+            var[row] = v;
+        }
+        if (normalize) {
+            float d = sqrtf(v) + 1e-9f;
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) y[row * cols + j] = (in[j] - m) / d;
+        }
+    }
+}
+
+// Training BatchNormalization's running statistics: old · momentum + batch · (1 − momentum).
+extern "C" __global__ void running_stats_f32(const float* old, const float* batch, float* y,
+                                             long long n, float momentum) {
+    GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
+}
+
+// ---- 3-D Conv and ConvTranspose (src/runtime/cuda/conv3d.rs) ----
+
+// The geometry of a 3-D convolution: input [n, c, d, h, w], output [n, m, od, oh, ow], kernel,
+// strides, leading pads and dilations per spatial axis (depth, height, width).
+struct Window3d {
+    long long n, c, m, groups;
+    long long in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
+};
+
+// 3-D Conv (transposed = 0; weights [m, c/groups, kd, kh, kw]) or ConvTranspose (transposed =
+// 1; weights [c, m/groups, kd, kh, kw], pads cut from the output's start), one thread per
+// output value gathering the taps that reach it. The bias (m values) is read only when has_bias.
+extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const float* bias,
+                                      float* y, Window3d g, int transposed, int has_bias) {
+    long long cg = g.c / g.groups, mg = g.m / g.groups;
+    long long taps = g.kernel[0] * g.kernel[1] * g.kernel[2];
+    long long volume = g.in[0] * g.in[1] * g.in[2];
+    long long total = g.n * g.m * g.out[0] * g.out[1] * g.out[2];
+    GRID_STRIDE(i, total) {
+        long long o[3];
+        long long t = i;
+        for (int a = 2; a >= 0; --a) {
+            o[a] = t % g.out[a];
+            t /= g.out[a];
+        }
+        long long oc = t % g.m, b = t / g.m, group = oc / mg, within = oc % mg;
+        float acc = has_bias ? bias[oc] : 0.0f;
+        for (long long ci = 0; ci < cg; ++ci) {
+            long long channel = group * cg + ci;
+            const float* plane = x + (b * g.c + channel) * volume;
+            const float* w = wt + (transposed ? channel * mg + within : oc * cg + ci) * taps;
+            for (long long k = 0; k < taps; ++k) {
+                long long kk[3] = {k / (g.kernel[1] * g.kernel[2]), (k / g.kernel[2]) % g.kernel[1],
+                                   k % g.kernel[2]};
+                long long at = 0;
+                bool inside = true;
+                for (int a = 0; a < 3 && inside; ++a) {
+                    long long p;
+                    if (transposed) {
+                        long long s = o[a] + g.pad[a] - kk[a] * g.dilation[a];
+                        inside = s >= 0 && s % g.stride[a] == 0 && s / g.stride[a] < g.in[a];
+                        p = s / g.stride[a];
+                    } else {
+                        p = o[a] * g.stride[a] + kk[a] * g.dilation[a] - g.pad[a];
+                        inside = p >= 0 && p < g.in[a];
+                    }
+                    at = at * g.in[a] + p;
+                }
+                if (inside) acc += plane[at] * w[k];
+            }
+        }
+        y[i] = acc;
+    }
+}

@@ -18,11 +18,19 @@
 //! (`resident.rs`), one thread per stage; several stages may share one GPU. Each GPU's memory
 //! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
 
+mod attention;
 mod compile;
+mod conv3d;
+mod deform_conv;
+mod grid_sample;
 mod index_ops;
+mod moments;
+mod movement_ops;
 mod ops;
+mod recurrent;
 mod resident;
 mod resize;
+mod roi_align;
 mod row_ops;
 mod window_ops;
 

@@ -29,7 +29,7 @@ const MAX_BLOCKS: u64 = 65_535;
 /// Shapes and strides passed by value, laid out as `struct Dims` in `kernels.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Dims {
+pub(super) struct Dims {
     rank: i32,
     shape: [i64; MAX_RANK],
     a: [i64; MAX_RANK],
@@ -47,7 +47,7 @@ pub(super) struct Functions {
     binary: CudaFunction,
     where_: CudaFunction,
     gather_strided: CudaFunction,
-    copy_block: CudaFunction,
+    pub(super) copy_block: CudaFunction,
     gather_axis: CudaFunction,
     pub(super) softmax_rows: CudaFunction,
     pub(super) norm_rows: CudaFunction,
@@ -67,6 +67,16 @@ pub(super) struct Functions {
     pub(super) arg_reduce: CudaFunction,
     pub(super) cumsum: CudaFunction,
     pub(super) lrn: CudaFunction,
+    /// Attention and RotaryEmbedding (`attention.rs`).
+    pub(super) attention: super::attention::Kernels,
+    pub(super) grid_sample: CudaFunction,
+    pub(super) recurrent_step: CudaFunction,
+    pub(super) pad: CudaFunction,
+    pub(super) roi_align: CudaFunction,
+    pub(super) deform_conv: CudaFunction,
+    pub(super) moments_rows: CudaFunction,
+    pub(super) running_stats: CudaFunction,
+    pub(super) conv3d: CudaFunction,
 }
 
 impl Functions {
@@ -102,6 +112,15 @@ impl Functions {
             arg_reduce: f("arg_reduce_f32")?,
             cumsum: f("cumsum_f32")?,
             lrn: f("lrn_f32")?,
+            attention: super::attention::Kernels::load(module)?,
+            grid_sample: f("grid_sample_f32")?,
+            recurrent_step: f("recurrent_step_f32")?,
+            pad: f("pad_f32")?,
+            roi_align: f("roi_align_f32")?,
+            deform_conv: f("deform_conv_f32")?,
+            moments_rows: f("moments_rows_f32")?,
+            running_stats: f("running_stats_f32")?,
+            conv3d: f("conv3d_f32")?,
         })
     }
 }
@@ -305,7 +324,7 @@ pub(super) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
 }
 
 /// [`Dims`] for an output shape and up to three operands' strides.
-fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
+pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
     if out_shape.len() > MAX_RANK {
         return Err(format!(
             "rank {} above the kernels' {MAX_RANK}",
@@ -395,15 +414,17 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
     // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
-    // are read on the host, where an empty one means "not given").
+    // are read on the host, where an empty one means "not given"; Concat skips empty parts and
+    // Split makes them on the host, where an empty tensor costs nothing).
     let tensors = if matches!(op, "Resize" | "Upsample") {
         &args[..args.len().min(1)]
     } else {
         args
     };
+    let empty_allowed = matches!(op, "Concat" | "Split");
     for v in tensors.iter().flatten() {
         let shape = v.shape();
-        if shape.len() > MAX_RANK || shape.contains(&0) {
+        if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
             return Ok(None);
         }
     }
@@ -473,9 +494,30 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Einsum" => einsum(gpu, ctx, args),
         "LpNormalization" => lp_normalization(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
+        "Conv" | "ConvTranspose"
+            if args
+                .first()
+                .is_some_and(|x| x.as_ref().is_some_and(|x| x.shape().len() == 5)) =>
+        {
+            super::conv3d::conv3d(gpu, ctx, args)
+        }
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
         "Resize" | "Upsample" => super::resize::resize(gpu, ctx, args),
+        "Attention" => super::attention::attention(gpu, ctx, args),
+        "RotaryEmbedding" => super::attention::rotary_embedding(gpu, ctx, args),
+        "GridSample" => super::grid_sample::grid_sample(gpu, ctx, args),
+        "RNN" | "GRU" | "LSTM" => super::recurrent::recurrent(gpu, ctx, args),
+        "Pad" => super::movement_ops::pad(gpu, ctx, args),
+        "ReverseSequence" => super::movement_ops::reverse_sequence(gpu, ctx, args),
+        "TensorScatter" => index_ops::tensor_scatter(gpu, ctx, args),
+        "MaxUnpool" => index_ops::max_unpool(gpu, ctx, args),
+        "RoiAlign" => super::roi_align::roi_align(gpu, ctx, args),
+        "DeformConv" => super::deform_conv::deform_conv(gpu, ctx, args),
+        "MeanVarianceNormalization" => super::moments::mean_variance_normalization(gpu, ctx, args),
+        "BatchNormalization" if ctx.int("training_mode", 0) != 0 => {
+            super::moments::batch_norm_training(gpu, ctx, args)
+        }
         "MaxPool" => window_ops::pool(gpu, ctx, args),
         "AveragePool" | "LpPool" if !extra_outputs(ctx) => window_ops::pool(gpu, ctx, args),
         "GlobalAveragePool" | "GlobalMaxPool" => window_ops::global_pool(gpu, ctx, args),
@@ -810,7 +852,16 @@ fn transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
-    let Some(parts) = all_device(gpu, args, args.len())? else {
+    // Empty parts add nothing; the CPU kernel checks them (and an all-empty output) itself.
+    let filled: Vec<Option<Value>> = args
+        .iter()
+        .filter(|a| a.as_ref().is_none_or(|v| !v.shape().contains(&0)))
+        .cloned()
+        .collect();
+    if filled.is_empty() || filled.len() < args.len() && !empty_parts_agree(ctx, args)? {
+        return Ok(None);
+    }
+    let Some(parts) = all_device(gpu, &filled, filled.len())? else {
         return Ok(None);
     };
     let first = &parts[0].shape;
@@ -853,6 +904,19 @@ fn concat(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         offset += in_inner;
     }
     one(DeviceTensor::new(shape, out))
+}
+
+/// Whether Concat's empty parts have the rank of the others and agree with them outside the
+/// axis (else the CPU kernel reports the mismatch).
+fn empty_parts_agree(ctx: &Ctx, args: &[Option<Value>]) -> Result<bool, String> {
+    let shapes: Vec<&[usize]> = args.iter().flatten().map(Value::shape).collect();
+    let Some(first) = shapes.first() else {
+        return Ok(false);
+    };
+    let axis = normalize_axis(ctx.int("axis", 0), first.len())?;
+    Ok(shapes
+        .iter()
+        .all(|s| s.len() == first.len() && (0..first.len()).all(|i| i == axis || s[i] == first[i])))
 }
 
 /// First index, step and length of a slice of an axis of `dim` elements (ONNX's clamping).
@@ -942,7 +1006,7 @@ fn split(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
                 .collect()
         }
     };
-    if sizes.len() != outputs || sizes.iter().sum::<usize>() != dim || sizes.contains(&0) {
+    if sizes.len() != outputs || sizes.iter().sum::<usize>() != dim {
         return Ok(None);
     }
     let strides = contiguous_strides(&x.shape);
@@ -951,6 +1015,12 @@ fn split(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     for size in sizes {
         let mut shape = x.shape.clone();
         shape[axis] = size;
+        if size == 0 {
+            // An empty part holds no data: a host tensor, with no device allocation.
+            let empty = HostTensor::f32(shape, Vec::new());
+            results.push(Value::host(Arc::new(empty)));
+            continue;
+        }
         let base = start as i64 * strides[axis];
         let data = gpu.gather_strided(&x.data, &shape, &strides, base)?;
         results.push(Value::Device(DeviceTensor::new(shape, data)));

@@ -115,13 +115,13 @@ fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 /// caches are `[batch, seq, dim/2]`, where a batch or seq axis of 1 broadcasts, as numpy does in
 /// the ONNX reference implementation. torch.onnx's dynamo exporter (opset 23) writes Llama's
 /// caches with a batch axis of 1, computed once for every row.
-struct CacheRows {
+pub(crate) struct CacheRows {
     batch_stride: usize,
     seq_stride: usize,
 }
 
 impl CacheRows {
-    fn new(cache_shape: &[usize], batch: usize, seq: usize) -> CacheRows {
+    pub(crate) fn new(cache_shape: &[usize], batch: usize, seq: usize) -> CacheRows {
         match *cache_shape {
             [cache_batch, cache_seq, _] if cache_batch <= 1 || cache_seq <= 1 => CacheRows {
                 batch_stride: if cache_batch == 1 && batch > 1 {
@@ -138,7 +138,7 @@ impl CacheRows {
         }
     }
 
-    fn of(&self, b: usize, s: usize) -> usize {
+    pub(crate) fn of(&self, b: usize, s: usize) -> usize {
         b * self.batch_stride + s * self.seq_stride
     }
 }

@@ -7,6 +7,8 @@
 
 mod activation;
 mod attention;
+#[cfg(feature = "cuda")]
+pub(crate) use attention::CacheRows as RotaryCacheRows;
 mod axis_ops;
 mod bitwise;
 mod channel_norm;
@@ -51,9 +53,13 @@ mod strings;
 mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 mod spatial;
+#[cfg(feature = "cuda")]
+pub(crate) use spatial::max_unpool_targets;
 mod spectral;
 mod tap_product;
 mod tensor_scatter;
+#[cfg(feature = "cuda")]
+pub(crate) use tensor_scatter::tensor_scatter_rows;
 
 #[cfg(feature = "cuda")]
 pub(crate) use movement::{shape_tensor, transpose_perm, view_shape};

@@ -36,8 +36,24 @@ fn sizes(t: &HostTensor, what: &str) -> Result<Vec<usize>, String> {
 /// an `output_shape` one when given (zeros elsewhere).
 fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, indices) = (input(inputs, 0)?, input(inputs, 1)?);
-    let axes = x
-        .rank()
+    let (targets, out_shape) = max_unpool_targets(ctx, x.shape(), indices, optional(inputs, 2))?;
+    let mut out = try_zeros_f32(&out_shape)?;
+    for (&value, &flat) in x.to_f32_vec().iter().zip(&targets) {
+        out[flat] = value;
+    }
+    Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// Where MaxUnpool writes each input value (flat positions in the output, checked) and the
+/// output's shape (`output_shape` when given). The CUDA backend scatters by these.
+pub(crate) fn max_unpool_targets(
+    ctx: &Ctx,
+    x_shape: &[usize],
+    indices: &HostTensor,
+    output_shape: Option<&HostTensor>,
+) -> Result<(Vec<usize>, Vec<usize>), String> {
+    let axes = x_shape
+        .len()
         .checked_sub(2)
         .ok_or("the input must be [N, C, ...]")?;
     let kernel = ctx
@@ -47,10 +63,10 @@ fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         per_axis(ctx, "strides", axes, 1)?,
         per_axis(ctx, "pads", 2 * axes, 0)?,
     );
-    let mut unpooled = x.shape()[..2].to_vec();
+    let mut unpooled = x_shape[..2].to_vec();
     for a in 0..axes {
         let k = kernel.get(a).copied().ok_or("kernel_shape is too short")?;
-        let size = (x.shape()[a + 2] as i64 - 1)
+        let size = (x_shape[a + 2] as i64 - 1)
             .checked_mul(strides[a])
             .and_then(|v| {
                 v.checked_sub(pads[a])?
@@ -61,7 +77,7 @@ fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             .ok_or_else(|| format!("unpooled axis {a} is negative or overflows"))?;
         unpooled.push(size);
     }
-    let out_shape = match optional(inputs, 2) {
+    let out_shape = match output_shape {
         Some(shape) => sizes(shape, "output_shape")?,
         None => unpooled.clone(),
     };
@@ -70,10 +86,11 @@ fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             "output_shape {out_shape:?} is smaller than the unpooled {unpooled:?}"
         ));
     }
-    let mut out = try_zeros_f32(&out_shape)?;
+    checked_size(&out_shape)?;
     let (from, to) = (strides_of(&unpooled), strides_of(&out_shape));
     let total = checked_size(&unpooled)?;
-    for (&value, &at) in x.to_f32_vec().iter().zip(&indices.to_i64_vec()) {
+    let mut targets = Vec::with_capacity(indices.len());
+    for &at in indices.to_i64_vec().iter().take(x_shape.iter().product()) {
         let at = usize::try_from(at)
             .ok()
             .filter(|&i| i < total)
@@ -84,9 +101,9 @@ fn max_unpool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             .zip(&to)
             .map(|((&f, &d), &t)| (at / f) % d * t)
             .sum();
-        out[flat] = value;
+        targets.push(flat);
     }
-    Ok(vec![HostTensor::f32(out_shape, out)])
+    Ok((targets, out_shape))
 }
 
 /// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
