@@ -12,7 +12,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 
-use super::{index_ops, row_ops, window_ops, DeviceTensor, Value};
+use super::{index_ops, losses, masks, row_ops, window_ops, DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{
     broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
@@ -29,7 +29,7 @@ const MAX_BLOCKS: u64 = 65_535;
 /// Shapes and strides passed by value, laid out as `struct Dims` in `kernels.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Dims {
+pub(super) struct Dims {
     rank: i32,
     shape: [i64; MAX_RANK],
     a: [i64; MAX_RANK],
@@ -67,6 +67,7 @@ pub(super) struct Functions {
     pub(super) arg_reduce: CudaFunction,
     pub(super) cumsum: CudaFunction,
     pub(super) lrn: CudaFunction,
+    pub(super) masks: masks::Kernels,
 }
 
 impl Functions {
@@ -102,6 +103,7 @@ impl Functions {
             arg_reduce: f("arg_reduce_f32")?,
             cumsum: f("cumsum_f32")?,
             lrn: f("lrn_f32")?,
+            masks: masks::Kernels::load(module)?,
         })
     }
 }
@@ -305,7 +307,7 @@ pub(super) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
 }
 
 /// [`Dims`] for an output shape and up to three operands' strides.
-fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
+pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
     if out_shape.len() > MAX_RANK {
         return Err(format!(
             "rank {} above the kernels' {MAX_RANK}",
@@ -330,16 +332,14 @@ fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
     Ok(d)
 }
 
-/// The device operand `i`, or `None` when it is absent or not float.
+/// The device operand `i`, or `None` when it is absent or not float (a boolean mask on the
+/// device is not: only the ops of `masks.rs` and views take one).
 pub(super) fn device(
     gpu: &Gpu,
     args: &[Option<Value>],
     i: usize,
 ) -> Result<Option<DeviceTensor>, String> {
-    match args.get(i).and_then(|a| a.as_ref()) {
-        Some(v) => v.to_device(gpu),
-        None => Ok(None),
-    }
+    Ok(masks::device_or_mask(gpu, args, i)?.filter(|t| !t.mask))
 }
 
 /// The host copy of operand `i` (small: shapes, axes, indices, scalars).
@@ -396,7 +396,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     }
     // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
     // are read on the host, where an empty one means "not given").
-    let tensors = if matches!(op, "Resize" | "Upsample") {
+    // CastLike's second input gives only its type (often an empty tensor).
+    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
         &args[..args.len().min(1)]
     } else {
         args
@@ -419,16 +420,13 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Where" => where_op(gpu, args),
         "Identity" => alias(gpu, args, None),
         "Dropout" => dropout(gpu, ctx, args),
-        "Cast" => {
-            let float = [1, 10, 11, 16].contains(&ctx.int("to", 0));
-            if float {
-                alias(gpu, args, None)
-            } else {
-                Ok(None)
-            }
+        "Cast" | "CastLike" => masks::cast(gpu, ctx, args),
+        "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Equal" | "And" | "Or" | "Xor" => {
+            masks::compare(gpu, op, args)
         }
+        "IsNaN" | "IsInf" | "Not" => masks::test(gpu, ctx, op, args),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let Some(x) = device(gpu, args, 0)? else {
+            let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
                 return Ok(None);
             };
             let second = host(gpu, args, 1)?;
@@ -472,6 +470,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "DepthToSpace" | "SpaceToDepth" => depth_space(gpu, ctx, args),
         "Einsum" => einsum(gpu, ctx, args),
         "LpNormalization" => lp_normalization(gpu, ctx, args),
+        "NegativeLogLikelihoodLoss" => losses::loss(gpu, ctx, args, false),
+        "SoftmaxCrossEntropyLoss" => losses::loss(gpu, ctx, args, true),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
@@ -571,7 +571,7 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
 
 impl Gpu<'_> {
     /// `unary_f32` with `code` and its two parameters over every element of `x`.
-    fn unary(
+    pub(super) fn unary(
         &self,
         x: &DeviceTensor,
         code: i32,
@@ -594,7 +594,7 @@ impl Gpu<'_> {
     }
 
     /// `binary_f32` with `code` over `a` and `b` broadcast together.
-    fn binary(
+    pub(super) fn binary(
         &self,
         a: &DeviceTensor,
         b: &DeviceTensor,
@@ -743,6 +743,9 @@ fn depth_space(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    if let Some(cond) = masks::device_mask(args, 0) {
+        return masks::where_mask(gpu, &cond, args);
+    }
     let Some(cond) = host(gpu, args, 0)? else {
         return Ok(None);
     };
@@ -781,7 +784,7 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
 
 /// The input itself (shared, not copied), optionally under a new shape.
 fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResult {
-    let Some(x) = device(gpu, args, 0)? else {
+    let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
         return Ok(None);
     };
     let shape = shape.unwrap_or_else(|| x.shape.clone());
@@ -794,6 +797,7 @@ fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResu
     one(DeviceTensor {
         shape,
         data: x.data,
+        mask: x.mask,
     })
 }
 
@@ -1190,6 +1194,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
                 let view = DeviceTensor {
                     shape: shape.to_vec(),
                     data: t.data.clone(),
+                    mask: false,
                 };
                 gpu.expand(&view, &full).map(|e| (e.data, rows * cols))
             }
