@@ -7,9 +7,10 @@
 //!                      the stages use
 //! prepare(stage)    ── device = stage index mod devices, own stream and cuBLAS handle,
 //!                      the stage's float weights uploaded once
-//! run(stage)        ── nodes in order on the stage's stream: float tensors stay on the device,
-//!                      integer and boolean ones (shapes, indices, masks) on the host; a node the
-//!                      device ops do not take runs its CPU kernel on host copies (counted)
+//! run(stage)        ── nodes in order on the stage's stream: float tensors and the masks device
+//!                      ops make stay on the device, integer ones (shapes, indices) on the host;
+//!                      a node the device ops do not take runs its CPU kernel on host copies
+//!                      (counted)
 //! ```
 //!
 //! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
