@@ -34,6 +34,7 @@ pub(crate) struct MiniFloat {
 /// same way (`round_float_f32`): the float8 and float4 formats, and float16 and bfloat16 (which
 /// [`round_float`] leaves to the `half` crate, and which the same rule gives, as a test here
 /// checks); `None` for f32, f64 and E8M0 (not a layout of this kind).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn layout(dtype: DType) -> Option<MiniFloat> {
     let ieee = |mantissa_bits, bias, max| MiniFloat {
         mantissa_bits,
