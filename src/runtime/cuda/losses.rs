@@ -26,7 +26,7 @@ const SUM: i32 = 0;
 const LOG_SOFTMAX: i32 = 1;
 
 /// `x[offsets[i]]` for every position, as a tensor of `shape`.
-fn pick(
+pub(super) fn pick(
     gpu: &Gpu,
     x: &DeviceTensor,
     offsets: &[i64],

@@ -24,6 +24,7 @@ mod index_ops;
 mod losses;
 mod masks;
 mod ops;
+mod quant;
 mod resident;
 mod resize;
 mod row_ops;

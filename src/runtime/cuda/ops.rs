@@ -472,6 +472,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "LpNormalization" => lp_normalization(gpu, ctx, args),
         "NegativeLogLikelihoodLoss" => losses::loss(gpu, ctx, args, false),
         "SoftmaxCrossEntropyLoss" => losses::loss(gpu, ctx, args, true),
+        "DequantizeLinear" => super::quant::dequantize_linear(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" => window_ops::conv(gpu, ctx, args),
         "ConvTranspose" => window_ops::conv_transpose(gpu, ctx, args),
