@@ -1473,6 +1473,100 @@ fn a_tensor_parallel_plan_runs_its_ranks_on_gpus() {
     }
 }
 
+/// The venv's python, or `None` (the skip recorded) without the venv.
+#[cfg(feature = "cuda")]
+fn venv_python(what: &str) -> Option<PathBuf> {
+    let python = common::root().join(".venv/bin/python");
+    if python.exists() {
+        Some(python)
+    } else {
+        common::skip(common::Need::Venv, format!("no .venv: {what}"));
+        None
+    }
+}
+
+/// Half-precision models (`fixtures/models/half/`, made by onnxconverter-common's float16
+/// converter: fp16 weights, activations, and resnet_tiny's fp16 input and output) run every
+/// float op on the device in 1 and 2 stages, give the CPU runtime's numbers, and match
+/// onnxruntime running the same fp16 model on the CPU.
+///
+/// Tolerance against onnxruntime: its CPU kernels round every op's result to float16, where
+/// pipecut computes in fp32 and rounds only at the model's Casts (as its CPU runtime does), so the
+/// two differ by a few float16 roundings: |Δ| ≤ 2⁻¹⁰ + 2⁻⁸·|ref| (a float16 ULP is 2⁻¹⁰·|x|).
+/// Measured: 3.2e-4 on gpt2_tiny's logits (|logits| ≤ 0.74), 2e-7 on resnet_tiny's (≤ 8e-4).
+#[cfg(feature = "cuda")]
+#[test]
+fn half_precision_models_run_on_the_device_and_match_onnxruntime() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("no onnxruntime to run the fp16 models") else {
+        return;
+    };
+    for (name, fixture) in [
+        ("gpt2_tiny_fp16", "gpt2_tiny"),
+        ("resnet_tiny_fp16", "resnet_tiny"),
+    ] {
+        let model = format!("fixtures/models/half/{name}.onnx");
+        let (_, dims, inputs) = reference_run(fixture);
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let ort = dir.path().join("ort");
+        let status = Command::new(&python)
+            .arg(common::root().join("tests/fake_cuda/ort_outputs.py"))
+            .arg(common::root().join(&model))
+            .arg(&ort)
+            .args(&inputs)
+            .status()
+            .expect("python starts");
+        assert!(status.success(), "ort_outputs.py failed on {name}");
+        let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+        for input in &inputs {
+            let input_name = input.split('=').next().unwrap();
+            let file = ort.join("inputs").join(format!("{input_name}.npy"));
+            extra.extend(["--input".into(), format!("{input_name}={}", file.display())]);
+        }
+        for stages in [1, 2] {
+            let what = format!("{name} K={stages}");
+            let plan = partition(dir.path(), &model, stages, &dims);
+            let (cuda, cpu) = (
+                dir.path().join(format!("cuda{stages}")),
+                dir.path().join(format!("cpu{stages}")),
+            );
+            let json = [&extra[..], &["--json".to_string()]].concat();
+            let report = run_plan(&plan, &model, "cuda", &json, &cuda, &env);
+            assert_no_host_fallbacks(&what, &report);
+            run_plan(&plan, &model, "cpu", &extra, &cpu, &[]);
+            assert_same_outputs(&what, &cuda, &cpu);
+            for entry in std::fs::read_dir(&ort).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    continue;
+                }
+                let want = pipecut::runtime::read_npy(&path).unwrap().tensor;
+                let got = pipecut::runtime::read_npy(&cuda.join(path.file_name().unwrap()))
+                    .unwrap()
+                    .tensor;
+                assert_eq!(got.shape(), want.shape(), "{what}: {}", path.display());
+                let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+                let max_abs = g
+                    .iter()
+                    .zip(&w)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                eprintln!("{what}: max |CUDA − onnxruntime fp16| {max_abs:.2e}");
+                for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 2f32.powi(-10) + 2f32.powi(-8) * b.abs(),
+                        "{what}: {}[{i}] is {a} on CUDA, onnxruntime's fp16 run gives {b}",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Device ops where the ONNX node cases do not reach (`tests/fake_cuda/differential_models.py`):
 /// RNN, GRU and LSTM in both directions and reverse, layout 1, with sequence_lens, initial
 /// states, peepholes, clip, input_forget, linear_before_reset 0 and 1, activations with alphas
@@ -1535,4 +1629,64 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
         }
         assert_no_host_fallbacks(name, &report);
     }
+}
+
+/// Casts to float16, bfloat16, float8 (saturating and not) and float4 round on the device to
+/// the very bits the CPU runtime gives (ties to even, subnormals, overflow, NaN, infinities,
+/// negative zero: `tests/fake_cuda/cast_models.py`), and a mask made by IsNaN, Less, Not and Or
+/// stays on the device for the Where and the Cast that read it.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_casts_and_masks_give_the_cpu_runtimes_bits() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the cast model cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/cast_models.py"))
+        .arg(dir.path())
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "cast_models.py failed");
+    let x = dir.path().join("x.npy");
+    let count = pipecut::runtime::read_npy(&x).unwrap().tensor.len();
+    let model = dir.path().join("casts.onnx");
+    let model = model.to_str().unwrap();
+    let plan = partition(dir.path(), model, 1, &[&format!("n={count}")]);
+    let extra = vec![
+        "--microbatches".to_string(),
+        "1".to_string(),
+        "--input".to_string(),
+        format!("x={}", x.display()),
+    ];
+    let (cuda, cpu) = (dir.path().join("cuda"), dir.path().join("cpu"));
+    let json = [&extra[..], &["--json".to_string()]].concat();
+    let report = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+    assert_no_host_fallbacks("casts", &report);
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    let mut compared = 0;
+    for entry in std::fs::read_dir(&cpu).unwrap() {
+        let path = entry.unwrap().path();
+        let want = pipecut::runtime::read_npy(&path)
+            .unwrap()
+            .tensor
+            .to_f32_vec();
+        let got = pipecut::runtime::read_npy(&cuda.join(path.file_name().unwrap()))
+            .unwrap()
+            .tensor
+            .to_f32_vec();
+        assert_eq!(got.len(), want.len());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{}[{i}]: {a:e} on CUDA, {b:e} on the CPU",
+                path.display()
+            );
+        }
+        compared += 1;
+    }
+    assert_eq!(compared, 7, "one file per output");
 }

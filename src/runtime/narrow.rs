@@ -16,18 +16,39 @@ use crate::graph::DType;
 
 /// A floating-point format narrower than f32, by its bit layout.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct MiniFloat {
-    mantissa_bits: i32,
+pub(crate) struct MiniFloat {
+    pub(crate) mantissa_bits: i32,
     /// Exponent bias: the smallest normal exponent is `1 − bias`.
-    bias: i32,
+    pub(crate) bias: i32,
     /// Largest finite value.
-    max: f64,
-    /// Has an infinity (E5M2 only among the narrow ones handled here).
-    has_infinity: bool,
+    pub(crate) max: f64,
+    /// Has an infinity (E5M2 only among the float8 formats).
+    pub(crate) has_infinity: bool,
     /// No negative zero (the FNUZ formats).
-    unsigned_zero: bool,
+    pub(crate) unsigned_zero: bool,
     /// Out-of-range values clamp whatever `saturate` says (float4 E2M1).
-    always_saturates: bool,
+    pub(crate) always_saturates: bool,
+}
+
+/// The layout [`round_float`] rounds `dtype` to, for the CUDA backend's kernel that rounds the
+/// same way (`round_float_f32`): the float8 and float4 formats, and float16 and bfloat16 (which
+/// [`round_float`] leaves to the `half` crate, and which the same rule gives, as a test here
+/// checks); `None` for f32, f64 and E8M0 (not a layout of this kind).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn layout(dtype: DType) -> Option<MiniFloat> {
+    let ieee = |mantissa_bits, bias, max| MiniFloat {
+        mantissa_bits,
+        bias,
+        max,
+        has_infinity: true,
+        unsigned_zero: false,
+        always_saturates: false,
+    };
+    match dtype {
+        DType::F16 => Some(ieee(10, 15, 65504.0)),
+        DType::BF16 => Some(ieee(7, 127, f64::from(half::bf16::MAX.to_f32()))),
+        other => MiniFloat::of(other),
+    }
 }
 
 impl MiniFloat {
@@ -54,7 +75,7 @@ impl MiniFloat {
     }
 
     /// `x` rounded to this format, as f32 (exact: every value of these formats is an f32).
-    fn round(self, x: f32, saturate: bool) -> f32 {
+    pub(crate) fn round(self, x: f32, saturate: bool) -> f32 {
         let saturate = saturate || self.always_saturates;
         if x.is_nan() {
             // float4 E2M1 has no NaN: ml_dtypes (and so the ONNX reference) gives the pattern
@@ -197,6 +218,35 @@ pub fn wrap_4bit(x: i64, signed: bool) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout rule the device kernel follows gives what `half` gives for float16 and
+    /// bfloat16, over f32 bit patterns spread across the whole range (subnormals, the overflow
+    /// edge, infinities and NaN included) and near every binade's halfway points.
+    #[test]
+    fn layout_rounding_matches_half_for_float16_and_bfloat16() {
+        let mut patterns: Vec<u32> = (0..=u32::MAX).step_by(65_521).collect();
+        for exponent in 0..255u32 {
+            for low in [
+                0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0x17fff, 0x18000,
+            ] {
+                patterns.push((exponent << 23) | low);
+                patterns.push((exponent << 23) | 0x7f_0000 | low);
+            }
+        }
+        patterns.extend([65504f32, 65519.0, 65520.0, 3.4e38, f32::MAX].map(f32::to_bits));
+        for dtype in [DType::F16, DType::BF16] {
+            let format = layout(dtype).unwrap();
+            for &bits in &patterns {
+                for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                    let (want, got) = (round_float(dtype, x, false), format.round(x, false));
+                    assert!(
+                        want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                        "{dtype:?} of {x:e}: half gives {want:e}, the layout rule {got:e}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Every value of an 8-bit format, decoded from its bit pattern by the format's definition
     /// (independently of the rounding code), with NaN patterns left out.

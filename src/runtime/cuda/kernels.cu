@@ -1250,5 +1250,115 @@ extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const flo
             }
         }
         y[i] = acc;
+// ---- Masks and narrow floats (src/runtime/cuda/masks.rs) ----
+// A boolean tensor on the device is held as floats, 0 or 1 (exact, and every float kernel can
+// read it); these kernels make and combine such masks, choose by one, and round floats to the
+// narrow formats a Cast names.
+
+// Codes shared with masks.rs (`compare_code`): y = a OP b as 0 or 1, both broadcast.
+extern "C" __global__ void mask_binary_f32(const float* a, const float* b, float* y, long long n,
+                                           Dims d, int op) {
+    GRID_STRIDE(i, n) {
+        long long oa, ob, oc;
+        offsets(d, i, &oa, &ob, &oc);
+        float u = a[oa], v = b[ob];
+        bool r;
+        switch (op) {
+            case 0: r = u < v; break;                          // Less
+            case 1: r = u <= v; break;                         // LessOrEqual
+            case 2: r = u > v; break;                          // Greater
+            case 3: r = u >= v; break;                         // GreaterOrEqual
+            case 4: r = u == v; break;                         // Equal
+            case 5: r = u != 0.0f && v != 0.0f; break;         // And
+            case 6: r = u != 0.0f || v != 0.0f; break;         // Or
+            default: r = (u != 0.0f) != (v != 0.0f); break;   // Xor
+        }
+        y[i] = r ? 1.0f : 0.0f;
+    }
+}
+
+// Codes shared with masks.rs (`mask_unary_code`): y = a test of x, as 0 or 1.
+extern "C" __global__ void mask_unary_f32(const float* x, float* y, long long n, int op) {
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        bool r;
+        switch (op) {
+            case 0: r = v != v; break;                         // IsNaN
+            case 1: r = fabsf(v) == PC_INFINITY; break;        // IsInf, both signs
+            case 2: r = v == PC_INFINITY; break;               // IsInf, positive only
+            case 3: r = v == -PC_INFINITY; break;              // IsInf, negative only
+            case 4: r = v == 0.0f; break;                      // Not
+            default: r = v != 0.0f; break;                     // Cast to bool
+        }
+        y[i] = r ? 1.0f : 0.0f;
+    }
+}
+
+// y = cond != 0 ? a : b, all three broadcast (strides a, b, c = cond), cond a device mask.
+extern "C" __global__ void where_mask_f32(const float* cond, const float* a, const float* b,
+                                          float* y, long long n, Dims d) {
+    GRID_STRIDE(i, n) {
+        long long oa, ob, oc;
+        offsets(d, i, &oa, &ob, &oc);
+        y[i] = cond[oc] != 0.0f ? a[oa] : b[ob];
+    }
+}
+
+// Flags of `round_float_f32` (masks.rs, `NarrowFloat`).
+#define PC_HAS_INFINITY 1
+#define PC_UNSIGNED_ZERO 2
+#define PC_ALWAYS_SATURATES 4
+#define PC_SATURATE 8
+
+// x rounded to a float format of `mantissa` bits, exponent `bias` and largest finite value
+// `max`, kept as float: round to nearest, ties to even, as src/runtime/narrow.rs (`MiniFloat`)
+// does on the host, in double so every step is exact.
+extern "C" __global__ void round_float_f32(const float* x, float* y, long long n, int mantissa,
+                                           int bias, float max, int flags) {
+    bool saturate = (flags & (PC_SATURATE | PC_ALWAYS_SATURATES)) != 0;
+    bool has_infinity = (flags & PC_HAS_INFINITY) != 0;
+    bool unsigned_zero = (flags & PC_UNSIGNED_ZERO) != 0;
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        if (v != v) {
+            // float4 E2M1 has no NaN: ml_dtypes gives its pattern for negative zero.
+            y[i] = (flags & PC_ALWAYS_SATURATES) ? -0.0f : v;
+            continue;
+        }
+        bool negative = __float_as_int(v) < 0;
+        double magnitude = fabs((double)v);
+        double rounded;
+        bool overflow = false;
+        if (magnitude == (double)PC_INFINITY) {
+            overflow = true;
+            rounded = 0.0;
+        } else if (magnitude == 0.0) {
+            rounded = 0.0;
+        } else {
+            int e2;
+            frexp(magnitude, &e2);
+            int exponent = e2 - 1;
+            int lowest = 1 - bias;
+            int spacing = (exponent > lowest ? exponent : lowest) - mantissa;
+            double quantum = ldexp(1.0, spacing);
+            rounded = rint(magnitude / quantum) * quantum;
+            overflow = rounded > (double)max;
+        }
+        float r;
+        if (overflow) {
+            if (saturate) {
+                r = max;
+            } else if (has_infinity) {
+                r = PC_INFINITY;
+            } else {
+                y[i] = __int_as_float(0x7fc00000);
+                continue;
+            }
+        } else {
+            r = (float)rounded;
+        }
+        if (negative) r = -r;
+        if (r == 0.0f && unsigned_zero) r = 0.0f;
+        y[i] = r;
     }
 }

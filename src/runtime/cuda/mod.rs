@@ -7,9 +7,10 @@
 //!                      the stages use
 //! prepare(stage)    ── device = stage index mod devices, own stream and cuBLAS handle,
 //!                      the stage's float weights uploaded once
-//! run(stage)        ── nodes in order on the stage's stream: float tensors stay on the device,
-//!                      integer and boolean ones (shapes, indices, masks) on the host; a node the
-//!                      device ops do not take runs its CPU kernel on host copies (counted)
+//! run(stage)        ── nodes in order on the stage's stream: float tensors and the masks device
+//!                      ops make stay on the device, integer ones (shapes, indices) on the host;
+//!                      a node the device ops do not take runs its CPU kernel on host copies
+//!                      (counted)
 //! ```
 //!
 //! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
@@ -24,9 +25,12 @@ mod conv3d;
 mod deform_conv;
 mod grid_sample;
 mod index_ops;
+mod losses;
+mod masks;
 mod moments;
 mod movement_ops;
 mod ops;
+mod quant;
 mod recurrent;
 mod resident;
 mod resize;
@@ -159,11 +163,14 @@ impl ImageCache {
     }
 }
 
-/// A float tensor in device memory. The buffer is shared, so reshapes and identities are free.
+/// A float tensor in device memory, or a boolean one (`mask`) held as floats 0 and 1
+/// (`masks.rs`): a comparison's result stays on the device for the Where that reads it. The
+/// buffer is shared, so reshapes and identities are free.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceTensor {
     shape: Vec<usize>,
     data: Arc<CudaSlice<f32>>,
+    mask: bool,
 }
 
 impl DeviceTensor {
@@ -171,6 +178,15 @@ impl DeviceTensor {
         DeviceTensor {
             shape,
             data: Arc::new(data),
+            mask: false,
+        }
+    }
+
+    /// A boolean tensor whose elements are the floats 0 and 1 of `data`.
+    fn mask(shape: Vec<usize>, data: CudaSlice<f32>) -> DeviceTensor {
+        DeviceTensor {
+            mask: true,
+            ..DeviceTensor::new(shape, data)
         }
     }
 }
@@ -190,7 +206,8 @@ impl Value {
         Value::Host(tensor, Arc::default())
     }
 
-    /// Whether it is a float tensor (device tensors are).
+    /// Whether it is a float tensor, or any device tensor (a mask on the device is copied back
+    /// as a float tensor would be).
     fn is_float(&self) -> bool {
         match self {
             Value::Host(t, _) => t.dtype() == crate::graph::DType::F32,
@@ -243,10 +260,12 @@ impl Value {
                 let values = stream
                     .clone_dtoh(&*t.data)
                     .map_err(|e| format!("CUDA device-to-host copy: {e}"))?;
-                Ok(Arc::new(HostTensor::new(
-                    t.shape.clone(),
-                    TensorData::F32(values),
-                )?))
+                let data = if t.mask {
+                    TensorData::Bool(values.into_iter().map(|v| v != 0.0).collect())
+                } else {
+                    TensorData::F32(values)
+                };
+                Ok(Arc::new(HostTensor::new(t.shape.clone(), data)?))
             }
         }
     }

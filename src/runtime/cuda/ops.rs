@@ -12,7 +12,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 
-use super::{index_ops, row_ops, window_ops, DeviceTensor, Value};
+use super::{index_ops, losses, masks, row_ops, window_ops, DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{
     broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
@@ -77,6 +77,7 @@ pub(super) struct Functions {
     pub(super) moments_rows: CudaFunction,
     pub(super) running_stats: CudaFunction,
     pub(super) conv3d: CudaFunction,
+    pub(super) masks: masks::Kernels,
 }
 
 impl Functions {
@@ -121,6 +122,7 @@ impl Functions {
             moments_rows: f("moments_rows_f32")?,
             running_stats: f("running_stats_f32")?,
             conv3d: f("conv3d_f32")?,
+            masks: masks::Kernels::load(module)?,
         })
     }
 }
@@ -349,16 +351,14 @@ pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, Stri
     Ok(d)
 }
 
-/// The device operand `i`, or `None` when it is absent or not float.
+/// The device operand `i`, or `None` when it is absent or not float (a boolean mask on the
+/// device is not: only the ops of `masks.rs` and views take one).
 pub(super) fn device(
     gpu: &Gpu,
     args: &[Option<Value>],
     i: usize,
 ) -> Result<Option<DeviceTensor>, String> {
-    match args.get(i).and_then(|a| a.as_ref()) {
-        Some(v) => v.to_device(gpu),
-        None => Ok(None),
-    }
+    Ok(masks::device_or_mask(gpu, args, i)?.filter(|t| !t.mask))
 }
 
 /// The host copy of operand `i` (small: shapes, axes, indices, scalars).
@@ -416,7 +416,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
     // are read on the host, where an empty one means "not given"; Concat skips empty parts and
     // Split makes them on the host, where an empty tensor costs nothing).
-    let tensors = if matches!(op, "Resize" | "Upsample") {
+    // CastLike's second input gives only its type (often an empty tensor).
+    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
         &args[..args.len().min(1)]
     } else {
         args
@@ -440,16 +441,13 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Where" => where_op(gpu, args),
         "Identity" => alias(gpu, args, None),
         "Dropout" => dropout(gpu, ctx, args),
-        "Cast" => {
-            let float = [1, 10, 11, 16].contains(&ctx.int("to", 0));
-            if float {
-                alias(gpu, args, None)
-            } else {
-                Ok(None)
-            }
+        "Cast" | "CastLike" => masks::cast(gpu, ctx, args),
+        "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "Equal" | "And" | "Or" | "Xor" => {
+            masks::compare(gpu, op, args)
         }
+        "IsNaN" | "IsInf" | "Not" => masks::test(gpu, ctx, op, args),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let Some(x) = device(gpu, args, 0)? else {
+            let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
                 return Ok(None);
             };
             let second = host(gpu, args, 1)?;
@@ -493,6 +491,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "DepthToSpace" | "SpaceToDepth" => depth_space(gpu, ctx, args),
         "Einsum" => einsum(gpu, ctx, args),
         "LpNormalization" => lp_normalization(gpu, ctx, args),
+        "NegativeLogLikelihoodLoss" => losses::loss(gpu, ctx, args, false),
+        "SoftmaxCrossEntropyLoss" => losses::loss(gpu, ctx, args, true),
+        "DequantizeLinear" => super::quant::dequantize_linear(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args
@@ -613,7 +614,7 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
 
 impl Gpu<'_> {
     /// `unary_f32` with `code` and its two parameters over every element of `x`.
-    fn unary(
+    pub(super) fn unary(
         &self,
         x: &DeviceTensor,
         code: i32,
@@ -636,7 +637,7 @@ impl Gpu<'_> {
     }
 
     /// `binary_f32` with `code` over `a` and `b` broadcast together.
-    fn binary(
+    pub(super) fn binary(
         &self,
         a: &DeviceTensor,
         b: &DeviceTensor,
@@ -785,6 +786,9 @@ fn depth_space(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    if let Some(cond) = masks::device_mask(args, 0) {
+        return masks::where_mask(gpu, &cond, args);
+    }
     let Some(cond) = host(gpu, args, 0)? else {
         return Ok(None);
     };
@@ -823,7 +827,7 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
 
 /// The input itself (shared, not copied), optionally under a new shape.
 fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResult {
-    let Some(x) = device(gpu, args, 0)? else {
+    let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
         return Ok(None);
     };
     let shape = shape.unwrap_or_else(|| x.shape.clone());
@@ -836,6 +840,7 @@ fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResu
     one(DeviceTensor {
         shape,
         data: x.data,
+        mask: x.mask,
     })
 }
 
@@ -1260,6 +1265,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
                 let view = DeviceTensor {
                     shape: shape.to_vec(),
                     data: t.data.clone(),
+                    mask: false,
                 };
                 gpu.expand(&view, &full).map(|e| (e.data, rows * cols))
             }

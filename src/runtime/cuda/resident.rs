@@ -158,6 +158,7 @@ fn peer_copy(
     Ok(DeviceTensor {
         shape: t.shape.clone(),
         data: Arc::new(copy),
+        mask: t.mask,
     })
 }
 

@@ -57,11 +57,22 @@ pub(super) fn softmax(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult 
         let out = softmax_rows(gpu, &x, cols, mode)?;
         return one(DeviceTensor::new(x.shape.clone(), out));
     }
-    let moved = axis_last(gpu, &x, axis)?;
+    one(softmax_axis(gpu, &x, axis, mode)?)
+}
+
+/// Softmax (`mode` 0), LogSoftmax (1) or Hardmax (2) of `x` over `axis`.
+pub(super) fn softmax_axis(
+    gpu: &Gpu,
+    x: &DeviceTensor,
+    axis: usize,
+    mode: i32,
+) -> Result<DeviceTensor, String> {
+    let rank = x.shape.len();
+    let moved = axis_last(gpu, x, axis)?;
     let out = softmax_rows(gpu, &moved, x.shape[axis], mode)?;
     let out = DeviceTensor::new(moved.shape.clone(), out);
     if axis + 1 == rank {
-        return one(out);
+        return Ok(out);
     }
     // Back: the last axis returns to `axis`.
     let perm: Vec<usize> = (0..rank)
@@ -71,7 +82,7 @@ pub(super) fn softmax(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult 
             std::cmp::Ordering::Greater => a - 1,
         })
         .collect();
-    one(permute(gpu, &out, &perm)?)
+    permute(gpu, &out, &perm)
 }
 
 fn softmax_rows(

@@ -181,7 +181,7 @@ fn int_tensor(shape: Vec<usize>, values: Vec<i64>, dtype: DType) -> HostTensor {
 /// For each element of a tensor of `shape`, the offset of its quantization parameter in
 /// `param`: one value (per tensor), a 1-D tensor along `axis` (per axis), or a tensor of the
 /// same rank whose `axis` dim is `ceil(shape[axis] / block_size)` (blocked).
-fn param_offsets(
+pub(crate) fn param_offsets(
     shape: &[usize],
     param: &HostTensor,
     axis: i64,
@@ -230,7 +230,7 @@ fn param_offsets(
         .collect())
 }
 
-fn block_size(ctx: &Ctx) -> Result<usize, String> {
+pub(crate) fn block_size(ctx: &Ctx) -> Result<usize, String> {
     usize::try_from(ctx.int("block_size", 0))
         .map_err(|_| "block_size must not be negative".to_string())
 }
