@@ -1250,6 +1250,9 @@ extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const flo
             }
         }
         y[i] = acc;
+    }
+}
+
 // ---- Masks and narrow floats (src/runtime/cuda/masks.rs) ----
 // A boolean tensor on the device is held as floats, 0 or 1 (exact, and every float kernel can
 // read it); these kernels make and combine such masks, choose by one, and round floats to the
