@@ -228,6 +228,79 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
     }
 }
 
+/// A plan for gpt2_tiny of 2 tensor-parallel ranks × 2 stages × `replicas` replicas, with
+/// sequence parallelism if asked (`plan-cluster --tp 2 --pp 2`), micro-batches of 2 rows.
+fn tensor_parallel_plan(dir: &Path, replicas: usize, sequence_parallel: bool) -> PathBuf {
+    let model = common::fixture("gpt2_tiny");
+    let out = dir.join(format!("tp-{replicas}-{sequence_parallel}.json"));
+    let mut command = pipecut();
+    command
+        .args(["plan-cluster", model.to_str().unwrap()])
+        .args(["--cluster", "2x4xA100-80GB", "--dim", "seq=16"])
+        .args(["--global-batch", &(4 * replicas).to_string()])
+        .args(["--microbatch-sizes", "2", "--tp", "2", "--pp", "2"])
+        .args(["--dp", &replicas.to_string()])
+        .arg("--out")
+        .arg(&out);
+    if sequence_parallel {
+        command.arg("--sequence-parallel");
+    }
+    run_ok(&mut command);
+    let plan: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let tp = &plan["parallelism"]["tensor_parallel"];
+    assert_eq!(tp["degree"], 2);
+    assert_eq!(tp["sequence_parallel"], sequence_parallel);
+    assert_eq!(plan["stages"].as_array().unwrap().len(), 2);
+    out
+}
+
+#[test]
+fn tensor_parallel_ranks_as_processes_give_the_one_process_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    for (replicas, sequence_parallel) in [(1, false), (2, true)] {
+        let what =
+            format!("gpt2_tiny, t = 2 x 2 stages x {replicas} replica(s), sp {sequence_parallel}");
+        let plan = tensor_parallel_plan(dir.path(), replicas, sequence_parallel);
+        let step = step_microbatches(&plan);
+        let args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            model.to_str().unwrap().into(),
+            "--seed".into(),
+            "7".into(),
+        ];
+        let name = format!("tp-{replicas}");
+        let single = one_process_run(&args, step, &dir.path().join(format!("{name}-single")));
+        let multi = dir.path().join(format!("{name}-multi"));
+        let mut rank_args = args.clone();
+        rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
+        rank_args.extend(["--json".into(), "--peer-timeout".into(), "60s".into()]);
+        let world = 4 * replicas;
+        let all: Vec<usize> = (0..world).collect();
+        let ranks = wait_all(
+            start_ranks(world, &all, &rank_args),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            assert!(out.status.success(), "{what} rank {rank}: {}", stderr(out));
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            // The TP rank varies fastest, then the stage, then the replica.
+            assert_eq!(report["tp_rank"], rank % 2, "{what} rank {rank}");
+            assert_eq!(report["stage"], (rank / 2) % 2, "{what} rank {rank}");
+            assert_eq!(report["replica"], rank / 4, "{what} rank {rank}");
+            assert_eq!(
+                report["microbatches_done"],
+                step / replicas,
+                "{what} rank {rank}"
+            );
+            // Only TP rank 0 of the last stage of replica 0 writes the outputs.
+            let writes = report["outputs"].as_object().is_some_and(|o| !o.is_empty());
+            assert_eq!(writes, *rank == 2, "{what} rank {rank}");
+        }
+        assert_same_outputs(&single, &multi, &what);
+    }
+}
+
 /// A plan for `name` in four stages on four CPUs: tensors then skip stages, so ranks relay.
 fn four_stage_plan(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(format!("{name}-4.json"));
