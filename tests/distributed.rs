@@ -301,6 +301,49 @@ fn tensor_parallel_ranks_as_processes_give_the_one_process_outputs_bit_for_bit()
     }
 }
 
+#[test]
+fn a_killed_tensor_parallel_rank_ends_the_job_with_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = tensor_parallel_plan(dir.path(), 1, false);
+    let model = common::fixture("gpt2_tiny");
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+        "--microbatches".into(),
+        "1000".into(),
+        "--peer-timeout".into(),
+        "60s".into(),
+        "--output-dir".into(),
+        dir.path().join("out").to_str().unwrap().into(),
+    ];
+    let mut ranks = start_ranks(4, &[0, 1, 2, 3], &args);
+    // Rank 3 is TP rank 1 of the last stage: killed mid-job, its TP peer (rank 2) is waiting
+    // for it in a collective or soon will be.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        ranks[3].1.try_wait().unwrap().is_none(),
+        "the job ended before rank 3 could be killed mid-way"
+    );
+    ranks[3].1.kill().unwrap();
+    let began = Instant::now();
+    let ended = wait_all(ranks, Duration::from_secs(120));
+    // Seen at once as a closed connection, not after the 60 s peer timeout.
+    assert!(
+        began.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        began.elapsed()
+    );
+    for (rank, out) in &ended {
+        assert!(!out.status.success(), "rank {rank} succeeded");
+    }
+    let message = stderr(&ended[2].1);
+    assert!(
+        message.contains("rank 3 (TP rank 1 of stage 1 of replica 0) closed its connection"),
+        "{message}"
+    );
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+}
+
 /// A plan for `name` in four stages on four CPUs: tensors then skip stages, so ranks relay.
 fn four_stage_plan(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(format!("{name}-4.json"));

@@ -255,12 +255,7 @@ impl Rank<'_> {
             relay: setup.relay.clone(),
         };
         // The shard's collectives meet the other ranks of its stage group over the transport.
-        let group = TransportGroup::new(
-            transport.clone(),
-            layout.group_of(place),
-            place.tp_rank,
-            args.peer_timeout,
-        );
+        let group = TransportGroup::new(transport.clone(), &layout, place, args.peer_timeout);
         let outcome = as_member(std::rc::Rc::new(group), || {
             run_rank(executor, &stage, &mut transport, &job, &inputs, figures)
         });

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::transport::{Transport, TransportError};
-use super::wire;
+use super::{wire, Place, RankLayout};
 use crate::runtime::tensor::HostTensor;
 use crate::runtime::tensor_parallel::Collectives;
 use crate::runtime::Tensors;
@@ -76,6 +76,8 @@ pub struct TransportGroup {
     transport: SharedTransport,
     /// The job ranks of the group, in TP rank order.
     members: Vec<usize>,
+    /// How errors name each member ("rank 3 (TP rank 1 of stage 1 of replica 0)").
+    names: Vec<String>,
     /// This process's TP rank (its index in `members`).
     me: usize,
     /// Collectives completed, numbering the next one's messages.
@@ -84,18 +86,20 @@ pub struct TransportGroup {
 }
 
 impl TransportGroup {
-    /// TP rank `me` of the group of job ranks `members`, talking over `transport`, waiting at
-    /// most `timeout` for a peer's contribution.
+    /// The rank at `place` of `layout`, in its stage group, talking over `transport`, waiting
+    /// at most `timeout` for a peer's contribution.
     pub fn new(
         transport: SharedTransport,
-        members: Vec<usize>,
-        me: usize,
+        layout: &RankLayout,
+        place: Place,
         timeout: Duration,
     ) -> TransportGroup {
+        let members = layout.group_of(place);
         TransportGroup {
             transport,
+            names: members.iter().map(|&r| layout.describe(r)).collect(),
             members,
-            me,
+            me: place.tp_rank,
             done: Cell::new(0),
             timeout,
         }
@@ -103,9 +107,10 @@ impl TransportGroup {
 
     /// Sends `bytes` to `peer` and receives its bytes, the lower job rank sending first (which
     /// keeps a transport whose sends wait for the receive, as MPI's may, from deadlocking).
-    fn swap(&self, peer: usize, tag: u32, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    fn swap(&self, tp_rank: usize, tag: u32, bytes: &[u8]) -> Result<Vec<u8>, String> {
         let mut transport = self.transport.clone();
-        let lost = |e: TransportError| format!("TP peer rank {peer} {e}");
+        let peer = self.members[tp_rank];
+        let lost = |e: TransportError| format!("{} {e}", self.names[tp_rank]);
         let own = self.members[self.me];
         if own < peer {
             transport.send(peer, tag, bytes).map_err(lost)?;
@@ -137,17 +142,17 @@ impl Collectives for TransportGroup {
         let own: Tensors = [("x".to_string(), Arc::new(x.clone()))].into();
         let bytes = wire::encode(&own);
         let mut parts = Vec::with_capacity(self.members.len());
-        for (tp_rank, &peer) in self.members.iter().enumerate() {
+        for tp_rank in 0..self.members.len() {
             if tp_rank == self.me {
                 parts.push(x.clone());
                 continue;
             }
-            let received = self.swap(peer, tag, &bytes)?;
-            let tensors = wire::decode(&received, &format!("TP peer rank {peer}"))
-                .map_err(|e| e.to_string())?;
+            let received = self.swap(tp_rank, tag, &bytes)?;
+            let name = &self.names[tp_rank];
+            let tensors = wire::decode(&received, name).map_err(|e| e.to_string())?;
             let part = tensors
                 .get("x")
-                .ok_or_else(|| format!("TP peer rank {peer} sent no tensor"))?;
+                .ok_or_else(|| format!("{name} sent no tensor to a collective"))?;
             parts.push((**part).clone());
         }
         combine(&parts)
