@@ -667,6 +667,35 @@ fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
 
 #[cfg(feature = "mpi")]
 #[test]
+fn tensor_parallel_ranks_under_mpirun_give_the_one_process_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = tensor_parallel_plan(dir.path(), 1, false);
+    let step = step_microbatches(&plan);
+    let model = common::fixture("gpt2_tiny");
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+    ];
+    let single = one_process_run(&args, step, &dir.path().join("single"));
+    let multi = dir.path().join("mpi");
+    let mut rank_args = args.clone();
+    rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
+    let Some(mut command) = mpirun(4, &rank_args) else {
+        return;
+    };
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("over mpi").count(), 4, "{text}");
+    assert_same_outputs(
+        &single,
+        &multi,
+        "gpt2_tiny at t = 2 x 2 stages under mpirun",
+    );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
 fn under_mpirun_a_rank_that_fails_ends_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let mut args = two_stage_job(dir.path(), 4, "5s");
