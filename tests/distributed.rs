@@ -228,6 +228,122 @@ fn ranks_give_the_one_process_outputs_bit_for_bit_on_every_fixture() {
     }
 }
 
+/// A plan for gpt2_tiny of 2 tensor-parallel ranks × 2 stages × `replicas` replicas, with
+/// sequence parallelism if asked (`plan-cluster --tp 2 --pp 2`), micro-batches of 2 rows.
+fn tensor_parallel_plan(dir: &Path, replicas: usize, sequence_parallel: bool) -> PathBuf {
+    let model = common::fixture("gpt2_tiny");
+    let out = dir.join(format!("tp-{replicas}-{sequence_parallel}.json"));
+    let mut command = pipecut();
+    command
+        .args(["plan-cluster", model.to_str().unwrap()])
+        .args(["--cluster", "2x4xA100-80GB", "--dim", "seq=16"])
+        .args(["--global-batch", &(4 * replicas).to_string()])
+        .args(["--microbatch-sizes", "2", "--tp", "2", "--pp", "2"])
+        .args(["--dp", &replicas.to_string()])
+        .arg("--out")
+        .arg(&out);
+    if sequence_parallel {
+        command.arg("--sequence-parallel");
+    }
+    run_ok(&mut command);
+    let plan: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let tp = &plan["parallelism"]["tensor_parallel"];
+    assert_eq!(tp["degree"], 2);
+    assert_eq!(tp["sequence_parallel"], sequence_parallel);
+    assert_eq!(plan["stages"].as_array().unwrap().len(), 2);
+    out
+}
+
+#[test]
+fn tensor_parallel_ranks_as_processes_give_the_one_process_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    for (replicas, sequence_parallel) in [(1, false), (2, true)] {
+        let what =
+            format!("gpt2_tiny, t = 2 x 2 stages x {replicas} replica(s), sp {sequence_parallel}");
+        let plan = tensor_parallel_plan(dir.path(), replicas, sequence_parallel);
+        let step = step_microbatches(&plan);
+        let args: Vec<String> = vec![
+            plan.to_str().unwrap().into(),
+            model.to_str().unwrap().into(),
+            "--seed".into(),
+            "7".into(),
+        ];
+        let name = format!("tp-{replicas}");
+        let single = one_process_run(&args, step, &dir.path().join(format!("{name}-single")));
+        let multi = dir.path().join(format!("{name}-multi"));
+        let mut rank_args = args.clone();
+        rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
+        rank_args.extend(["--json".into(), "--peer-timeout".into(), "60s".into()]);
+        let world = 4 * replicas;
+        let all: Vec<usize> = (0..world).collect();
+        let ranks = wait_all(
+            start_ranks(world, &all, &rank_args),
+            Duration::from_secs(300),
+        );
+        for (rank, out) in &ranks {
+            assert!(out.status.success(), "{what} rank {rank}: {}", stderr(out));
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            // The TP rank varies fastest, then the stage, then the replica.
+            assert_eq!(report["tp_rank"], rank % 2, "{what} rank {rank}");
+            assert_eq!(report["stage"], (rank / 2) % 2, "{what} rank {rank}");
+            assert_eq!(report["replica"], rank / 4, "{what} rank {rank}");
+            assert_eq!(
+                report["microbatches_done"],
+                step / replicas,
+                "{what} rank {rank}"
+            );
+            // Only TP rank 0 of the last stage of replica 0 writes the outputs.
+            let writes = report["outputs"].as_object().is_some_and(|o| !o.is_empty());
+            assert_eq!(writes, *rank == 2, "{what} rank {rank}");
+        }
+        assert_same_outputs(&single, &multi, &what);
+    }
+}
+
+#[test]
+fn a_killed_tensor_parallel_rank_ends_the_job_with_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = tensor_parallel_plan(dir.path(), 1, false);
+    let model = common::fixture("gpt2_tiny");
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+        "--microbatches".into(),
+        "1000".into(),
+        "--peer-timeout".into(),
+        "60s".into(),
+        "--output-dir".into(),
+        dir.path().join("out").to_str().unwrap().into(),
+    ];
+    let mut ranks = start_ranks(4, &[0, 1, 2, 3], &args);
+    // Rank 3 is TP rank 1 of the last stage: killed mid-job, its TP peer (rank 2) is waiting
+    // for it in a collective or soon will be.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        ranks[3].1.try_wait().unwrap().is_none(),
+        "the job ended before rank 3 could be killed mid-way"
+    );
+    ranks[3].1.kill().unwrap();
+    let began = Instant::now();
+    let ended = wait_all(ranks, Duration::from_secs(120));
+    // Seen at once as a closed connection, not after the 60 s peer timeout.
+    assert!(
+        began.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        began.elapsed()
+    );
+    for (rank, out) in &ended {
+        assert!(!out.status.success(), "rank {rank} succeeded");
+    }
+    let message = stderr(&ended[2].1);
+    assert!(
+        message.contains("rank 3 (TP rank 1 of stage 1 of replica 0) closed its connection"),
+        "{message}"
+    );
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+}
+
 /// A plan for `name` in four stages on four CPUs: tensors then skip stages, so ranks relay.
 fn four_stage_plan(dir: &Path, name: &str) -> PathBuf {
     let out = dir.join(format!("{name}-4.json"));
@@ -547,6 +663,35 @@ fn mpirun_ranks_give_the_one_process_outputs_bit_for_bit() {
         assert_eq!(text.matches("over mpi").count(), 4, "{text}");
         assert_same_outputs(&single, &multi, &format!("{name} under mpirun (2 x 2)"));
     }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn tensor_parallel_ranks_under_mpirun_give_the_one_process_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = tensor_parallel_plan(dir.path(), 1, false);
+    let step = step_microbatches(&plan);
+    let model = common::fixture("gpt2_tiny");
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+    ];
+    let single = one_process_run(&args, step, &dir.path().join("single"));
+    let multi = dir.path().join("mpi");
+    let mut rank_args = args.clone();
+    rank_args.extend(["--output-dir".into(), multi.to_str().unwrap().into()]);
+    let Some(mut command) = mpirun(4, &rank_args) else {
+        return;
+    };
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("over mpi").count(), 4, "{text}");
+    assert_same_outputs(
+        &single,
+        &multi,
+        "gpt2_tiny at t = 2 x 2 stages under mpirun",
+    );
 }
 
 #[cfg(feature = "mpi")]

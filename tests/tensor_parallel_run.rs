@@ -537,14 +537,15 @@ fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
     let split: Tensors = [("logits".to_string(), std::sync::Arc::new(tp))].into();
     assert_close(&whole, &split, "pipecut run at t = 2");
 
-    // Across processes, a tensor-parallel plan is refused in one line rather than run with
-    // every block whole (as a rank of a 4-process torchrun job would be started).
+    // Across processes the plan takes t · K · D = 4 ranks (tests/distributed.rs runs them): a
+    // job of 2, one rank per stage as a plan without tensor parallelism would have, is refused
+    // in one line rather than run with every block whole.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
         .args(["run", &path("tp.json"), model_arg, "--distributed"])
         .args(["--output-dir", &path("refused")])
         .envs([
             ("RANK", "0"),
-            ("WORLD_SIZE", "4"),
+            ("WORLD_SIZE", "2"),
             ("LOCAL_RANK", "0"),
             ("MASTER_ADDR", "127.0.0.1"),
             ("MASTER_PORT", "29999"),
@@ -555,7 +556,8 @@ fn run_on_a_tensor_parallel_plan_gives_the_unsplit_runs_outputs() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("tensor-parallel group of 2 GPUs") && err.contains("--distributed"),
+        err.contains("2 tensor-parallel rank(s) × 2 stage(s) × 1 replica(s) = 4 ranks")
+            && err.contains("started 2"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");

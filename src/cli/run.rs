@@ -82,15 +82,63 @@ fn load_ranks(
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
     }
-    let dir = match model_path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => std::path::Path::new("."),
-    };
     Ok(pipecut::runtime::tensor_parallel::LoadedRanks::load(
         &sharded.ranks,
-        dir,
+        model_dir(model_path),
         &bindings,
     )?)
+}
+
+/// The shard of one rank of a distributed job (`place`: its stage and TP rank), made by the
+/// sharding rewrite as [`load_ranks`] makes every one, and loaded alone.
+fn load_rank(
+    model_path: &std::path::Path,
+    graph: &pipecut::graph::Graph,
+    weights: &Weights,
+    stages: &[Vec<NodeId>],
+    dims: &BTreeMap<String, u64>,
+    tp: pipecut::partition::tensor_parallel::TensorParallelism,
+    place: pipecut::runtime::distributed::Place,
+) -> anyhow::Result<pipecut::runtime::tensor_parallel::LoadedRanks> {
+    let mut mine = None;
+    pipecut::onnx::export::shard::shard_stages_each(
+        model_path,
+        graph,
+        weights,
+        stages,
+        tp,
+        false,
+        |stage, rank, bytes, _| {
+            if stage == place.stage && rank as usize == place.tp_rank {
+                mine = Some(bytes);
+            }
+            Ok(())
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot split '{}' for tensor parallelism",
+            model_path.display()
+        )
+    })?;
+    let mine = mine.context("the sharding rewrite made no model for this rank")?;
+    let mut bindings = DimBindings::new();
+    for (name, value) in dims {
+        bindings = bindings.bind(name, *value);
+    }
+    Ok(pipecut::runtime::tensor_parallel::LoadedRanks::load(
+        &[vec![mine]],
+        model_dir(model_path),
+        &bindings,
+    )?)
+}
+
+/// The directory a model's external data lies in.
+fn model_dir(model_path: &std::path::Path) -> &std::path::Path {
+    match model_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    }
 }
 
 /// Runs the plan's stages each as tensor-parallel ranks on threads.
@@ -295,8 +343,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let weights = Weights::load(&args.model, graph)
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
+    let tensor_parallel = plan
+        .parallelism
+        .as_ref()
+        .map(|p| p.tensor_parallel)
+        .filter(|tp| tp.degree > 1);
     if args.distributed.distributed {
-        let (launch, stage) = super::run_distributed::place_in_job(&plan, microbatches)?;
+        let (launch, place) = super::run_distributed::place_in_job(&plan, microbatches)?;
+        let shard = match tensor_parallel {
+            Some(tp) => Some(load_rank(
+                &args.model,
+                graph,
+                &weights,
+                &stages,
+                &dims,
+                tp,
+                place,
+            )?),
+            None => None,
+        };
         let setup = super::run_distributed::RankSetup {
             plan: &plan,
             backend: args.backend,
@@ -304,7 +369,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             model_file: &args.model,
             graph,
             weights: &weights,
-            spec: &specs[stage],
+            spec: &specs[place.stage],
+            shard: shard.as_ref().map(|ranks| ranks.stages()[0][0]),
             relay: Vec::new(),
             microbatches,
             output_dir: &args.output_dir,
@@ -314,11 +380,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return super::run_distributed::run(&args.distributed, setup, make_inputs);
     }
     let inputs = make_inputs()?;
-    let tensor_parallel = plan
-        .parallelism
-        .as_ref()
-        .map(|p| p.tensor_parallel)
-        .filter(|tp| tp.degree > 1);
     let (report, host_ops) = match (args.backend, tensor_parallel) {
         (Backend::Cpu, Some(tp)) => {
             let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;

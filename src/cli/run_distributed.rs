@@ -1,7 +1,8 @@
 //! `pipecut run PLAN MODEL --distributed`: this process is one rank of a job that a launcher
-//! (`torchrun`, `mpirun`, `srun`) started; it runs its stage of its replica and talks to the
-//! others over MPI or TCP (`pipecut::runtime::distributed`). The collector (last stage of
-//! replica 0) writes the outputs; every rank prints its own figures.
+//! (`torchrun`, `mpirun`, `srun`) started; it runs its stage of its replica (its TP rank's shard
+//! of it, on a tensor-parallel plan) and talks to the others over MPI or TCP
+//! (`pipecut::runtime::distributed`). The collector (last stage of replica 0) writes the
+//! outputs; every rank prints its own figures.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,9 +15,12 @@ use clap::Args;
 use pipecut::plan::Plan;
 use pipecut::runtime::cpu::split_microbatches;
 use pipecut::runtime::distributed::{
-    metrics, run_rank, tcp::TcpTransport, Launch, RankFigures, RankJob, RankLayout, SharedFigures,
-    Transport,
+    collectives::{SharedTransport, TransportGroup},
+    metrics, run_rank,
+    tcp::TcpTransport,
+    Launch, Place, RankFigures, RankJob, RankLayout, SharedFigures, Transport,
 };
+use pipecut::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExecutor};
 use pipecut::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
 use serde::Serialize;
 
@@ -26,9 +30,10 @@ use super::run::Backend;
 /// The options of a multi-process run.
 #[derive(Debug, Args)]
 pub struct DistributedArgs {
-    /// Run as one rank of a job started by torchrun, mpirun or srun: rank r runs stage r mod K
-    /// of replica r / K (K stages, as many replicas as the plan's data parallelism), and the
-    /// last stage of replica 0 writes the outputs.
+    /// Run as one rank of a job started by torchrun, mpirun or srun: rank r runs TP rank
+    /// r mod t of stage (r / t) mod K of replica r / (t·K) (t GPUs per stage, K stages, as many
+    /// replicas as the plan's data parallelism), and the last stage of replica 0 writes the
+    /// outputs.
     #[arg(long)]
     pub distributed: bool,
     /// How ranks exchange tensors: `mpi` (a build with `--features mpi`, started by an MPI
@@ -71,6 +76,10 @@ struct RankReport {
     model: String,
     #[serde(flatten)]
     figures: RankFigures,
+    /// The rank's place in its stage's tensor-parallel group (absent without tensor
+    /// parallelism).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tp_rank: Option<usize>,
     /// The plan's compute time for this stage, per micro-batch.
     predicted_busy_secs_per_microbatch: f64,
     /// The plan's transfer time into this stage, per micro-batch.
@@ -90,6 +99,9 @@ pub struct RankSetup<'a> {
     pub weights: &'a Weights,
     /// This rank's stage.
     pub spec: &'a StageSpec,
+    /// On a tensor-parallel plan, this rank's shard of its stage (graph and weights), which it
+    /// runs in place of the stage of `graph`.
+    pub shard: Option<(&'a pipecut::graph::Graph, &'a Weights)>,
     /// Tensors this rank passes on from what it receives without reading them (an exported
     /// stage file holds only what its own nodes read; empty for the whole model).
     pub relay: Vec<String>,
@@ -100,31 +112,29 @@ pub struct RankSetup<'a> {
 }
 
 /// Who this process is in the job its launcher started, checked against the plan's layout
-/// for a step of `microbatches`: the launch and this rank's stage.
-pub fn place_in_job(plan: &Plan, microbatches: usize) -> anyhow::Result<(Launch, usize)> {
-    // A tensor-parallel plan has t GPUs per stage and replica; one rank per stage would run
-    // every block whole, which is not the plan. Said before the launcher's variables are read,
-    // so every rank of such a job stops with the same line.
-    if let Some(t) = plan
-        .parallelism
-        .as_ref()
-        .map(|p| p.tensor_parallel.degree)
-        .filter(|&t| t > 1)
-    {
-        anyhow::bail!(
-            "the plan splits each stage over a tensor-parallel group of {t} GPUs, which \
-             --distributed does not run yet: run it in one process (`pipecut run`, the ranks \
-             as threads)"
-        );
-    }
+/// for a step of `microbatches`: the launch and this rank's place (stage, TP rank, replica).
+pub fn place_in_job(plan: &Plan, microbatches: usize) -> anyhow::Result<(Launch, Place)> {
     let launch = Launch::from_env()?;
-    let layout = RankLayout {
+    let layout = layout(plan);
+    layout.check_world(&launch, microbatches)?;
+    let place = layout.place(launch.rank);
+    Ok((launch, place))
+}
+
+/// The plan's t (1 without tensor parallelism).
+pub fn tensor_parallel_degree(plan: &Plan) -> usize {
+    plan.parallelism
+        .as_ref()
+        .map_or(1, |p| (p.tensor_parallel.degree as usize).max(1))
+}
+
+/// How the plan's ranks sit in the job.
+fn layout(plan: &Plan) -> RankLayout {
+    RankLayout {
         stages: plan.stages.len(),
         replicas: replicas(plan),
-    };
-    layout.check_world(&launch, microbatches)?;
-    let stage = layout.place(launch.rank).stage;
-    Ok((launch, stage))
+        tensor_parallel: tensor_parallel_degree(plan),
+    }
 }
 
 /// Runs this process's rank; `make_inputs` is called only on stage 0.
@@ -134,10 +144,7 @@ pub fn run(
     make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
 ) -> anyhow::Result<ExitCode> {
     let launch = &setup.launch;
-    let layout = RankLayout {
-        stages: setup.plan.stages.len(),
-        replicas: replicas(setup.plan),
-    };
+    let layout = layout(setup.plan);
     let place = layout.place(launch.rank);
     // Labelled before anything is published, so that a scrape during the rendezvous already
     // says which rank, stage and replica answers.
@@ -158,13 +165,25 @@ pub fn run(
         launch,
         figures: &figures,
     };
-    let ran = match setup.backend {
-        Backend::Cpu => {
+    let transport = || connect(args, launch, None);
+    let ran = match (setup.backend, setup.shard) {
+        (Backend::Cpu, None) => {
             let executor = CpuExecutor::new(setup.graph, setup.weights);
-            let transport = || connect(args, launch, None);
             rank.run(&executor, transport, make_inputs, None)?
         }
-        Backend::Cuda => run_on_gpu(&rank, make_inputs)?,
+        (Backend::Cpu, Some((shard, weights))) => {
+            let executor = RankShardExecutor::new(
+                setup.graph,
+                CpuExecutor::new(shard, weights),
+                whole_rank_spec(shard)?,
+            );
+            rank.run(&executor, transport, make_inputs, None)?
+        }
+        (Backend::Cuda, None) => run_on_gpu(&rank, make_inputs)?,
+        (Backend::Cuda, Some(_)) => bail!(
+            "--distributed runs a tensor-parallel plan's ranks on the CPU backend only: \
+             run it in one process (`pipecut run --backend cuda`, the ranks as threads)"
+        ),
     };
     let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let planned = &setup.plan.stages[place.stage];
@@ -174,6 +193,7 @@ pub fn run(
         gpu: ran.gpu,
         model: setup.model_file.display().to_string(),
         figures: last,
+        tp_rank: (layout.tensor_parallel > 1).then_some(place.tp_rank),
         predicted_busy_secs_per_microbatch: planned.stage_secs,
         predicted_transfer_secs_per_microbatch: planned
             .received
@@ -219,10 +239,7 @@ impl Rank<'_> {
         gpu: Option<usize>,
     ) -> anyhow::Result<Ran> {
         let (args, setup, launch, figures) = (self.args, self.setup, self.launch, self.figures);
-        let layout = RankLayout {
-            stages: setup.plan.stages.len(),
-            replicas: replicas(setup.plan),
-        };
+        let layout = layout(setup.plan);
         let place = layout.place(launch.rank);
         let stage = executor.prepare(setup.spec)?;
         let inputs = if place.stage == 0 {
@@ -230,14 +247,18 @@ impl Rank<'_> {
         } else {
             Vec::new()
         };
-        let mut transport = transport()?;
+        let mut transport = SharedTransport::new(transport()?);
         let job = RankJob {
             layout,
             microbatches: setup.microbatches,
             peer_timeout: args.peer_timeout,
             relay: setup.relay.clone(),
         };
-        let outcome = run_rank(executor, &stage, transport.as_mut(), &job, &inputs, figures);
+        // The shard's collectives meet the other ranks of its stage group over the transport.
+        let group = TransportGroup::new(transport.clone(), &layout, place, args.peer_timeout);
+        let outcome = as_member(std::rc::Rc::new(group), || {
+            run_rank(executor, &stage, &mut transport, &job, &inputs, figures)
+        });
         if let Some(path) = &args.metrics_file {
             let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
             metrics::write_file(&rank_path(path, place.rank), &last)?;
@@ -408,9 +429,11 @@ fn line(r: &RankReport) -> String {
     let f = &r.figures;
     let per = |secs: f64| 1e3 * secs / f.microbatches_done.max(1) as f64;
     let mut out = format!(
-        "rank {} (stage {} of replica {}, {} over {}): {} micro-batch(es), busy {:.3} ms each \
+        "rank {} ({}stage {} of replica {}, {} over {}): {} micro-batch(es), busy {:.3} ms each \
          (predicted {:.3}), transfer {:.3} ms each (predicted {:.3}), bubble {:.0}%, {} B sent\n",
         f.rank,
+        r.tp_rank
+            .map_or(String::new(), |t| format!("TP rank {t} of ")),
         f.stage,
         f.replica,
         r.launcher,

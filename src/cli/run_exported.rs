@@ -38,7 +38,14 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         bail!("--microbatches must be at least 1");
     }
     pipecut::schedule::check_microbatches(microbatches as u64)?;
-    let (launch, stage) = super::super::run_distributed::place_in_job(plan, microbatches)?;
+    if super::super::run_distributed::tensor_parallel_degree(plan) > 1 {
+        bail!(
+            "--distributed runs a tensor-parallel plan's ranks from the model file, not yet \
+             from an export's rank files: give the model file"
+        );
+    }
+    let (launch, place) = super::super::run_distributed::place_in_job(plan, microbatches)?;
+    let stage = place.stage;
 
     let file = stage_file(&manifest, stage, dir)?;
     let model = load_stage(&file, plan, &args.dims)?;
@@ -77,6 +84,7 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         graph,
         weights: &weights,
         spec: &spec,
+        shard: None,
         relay,
         microbatches,
         output_dir: &args.output_dir,

@@ -3,10 +3,14 @@
 //! reach sums its input over the group (a `ReduceScatter` sums it and keeps the rank's share of
 //! one axis, an `AllGather` concatenates the ranks' shares). The sum is taken once, by the last rank to arrive, in
 //! rank order, so every rank gets the same bits; a rank that fails wakes the others with its
-//! error instead of leaving them waiting.
+//! error instead of leaving them waiting. The same kernels serve ranks that are processes
+//! (`run --distributed`): there a [`Collectives`] other than the thread group exchanges the
+//! contributions (`runtime::distributed::collectives`), and each rank combines them in rank
+//! order, so it gets the bits the threads would.
 
 use std::cell::RefCell;
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::tensor::{HostTensor, TensorData};
@@ -35,9 +39,68 @@ struct Round {
     failed_rank: Option<usize>,
 }
 
+/// How the running rank meets the other ranks of its group at a collective.
+pub trait Collectives {
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+
+    /// This rank's place in the group.
+    fn rank(&self) -> usize;
+
+    /// Gives `x` to the current collective and returns `combine` of every rank's
+    /// contribution in rank order (all ranks reach the same collectives in the same order:
+    /// their graphs are one graph split).
+    fn contribute(
+        &self,
+        x: &HostTensor,
+        combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+    ) -> Result<HostTensor, String>;
+}
+
+/// A rank of a [`Group`] of threads.
+struct ThreadMember {
+    group: Arc<Group>,
+    rank: usize,
+}
+
+impl Collectives for ThreadMember {
+    fn size(&self) -> usize {
+        self.group.size
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn contribute(
+        &self,
+        x: &HostTensor,
+        combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
+    ) -> Result<HostTensor, String> {
+        self.group
+            .contribute(self.rank, x, combine)
+            .map(|s| (*s).clone())
+    }
+}
+
 thread_local! {
-    /// The group and rank of the running thread, while it runs a rank.
-    static MEMBERSHIP: RefCell<Option<(Arc<Group>, usize)>> = const { RefCell::new(None) };
+    /// How the running thread meets its group, while it runs a rank.
+    static MEMBERSHIP: RefCell<Option<Rc<dyn Collectives>>> = const { RefCell::new(None) };
+}
+
+/// Runs `run` on this thread as a rank whose collectives go through `member` (a process of a
+/// distributed job: `runtime::distributed::collectives::TransportGroup`).
+pub fn as_member<T>(member: Rc<dyn Collectives>, run: impl FnOnce() -> T) -> T {
+    MEMBERSHIP.with(|m| *m.borrow_mut() = Some(member));
+    // Cleared even if `run` panics, so that the thread is not left a member.
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            MEMBERSHIP.with(|m| *m.borrow_mut() = None);
+        }
+    }
+    let _leave = Leave;
+    run()
 }
 
 impl Group {
@@ -235,20 +298,21 @@ fn collective_with_rank(
     op: &str,
     combine: &dyn Fn(&[HostTensor]) -> Result<HostTensor, String>,
 ) -> Result<(HostTensor, usize), String> {
-    MEMBERSHIP.with(|m| match &*m.borrow() {
-        Some((group, rank)) if group.size == group_size => group
-            .contribute(*rank, x, combine)
-            .map(|s| ((*s).clone(), *rank)),
-        Some((group, _)) => Err(format!(
+    let member = MEMBERSHIP.with(|m| m.borrow().clone());
+    match member {
+        Some(member) if member.size() == group_size => member
+            .contribute(x, combine)
+            .map(|result| (result, member.rank())),
+        Some(member) => Err(format!(
             "{op} of a group of {group_size} in a run of {} ranks",
-            group.size
+            member.size()
         )),
         None if group_size == 1 => Ok((x.clone(), 0)),
         None => Err(format!(
             "{op} of a group of {group_size} outside a tensor-parallel run \
              (run the ranks together: pipecut::runtime::tensor_parallel::run_ranks)"
         )),
-    })
+    }
 }
 
 /// `parts` (float32, equal shapes) concatenated along `axis`.
@@ -278,10 +342,14 @@ pub fn as_rank<T>(
     rank: usize,
     run: impl FnOnce() -> Result<T, Error>,
 ) -> Result<T, Error> {
-    MEMBERSHIP.with(|m| *m.borrow_mut() = Some((group.clone(), rank)));
+    let member = Rc::new(ThreadMember {
+        group: group.clone(),
+        rank,
+    });
     // A rank that panics must still wake the others, or they would wait for it forever.
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
-    MEMBERSHIP.with(|m| *m.borrow_mut() = None);
+    let result = as_member(member, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+    });
     match result {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => {
@@ -571,6 +639,53 @@ impl<E: Executor> Executor for RankGroupExecutor<'_, E> {
                 .map_err(|_| Error::Export("a rank's stage was poisoned".into()))?;
             executor.run(&prepared, inputs)
         })?;
+        Ok(relay(&stage.sends, inputs, outputs))
+    }
+}
+
+/// One rank of a stage's tensor-parallel group, alone in its process (`run --distributed`):
+/// the pipeline's stage of `whole` is run as this rank's graph, whole, on `E`, its collectives
+/// going wherever the thread's [`Collectives`] sends them ([`as_member`]).
+pub struct RankShardExecutor<'a, E: Executor> {
+    whole: &'a Graph,
+    executor: E,
+    /// The rank graph as one stage ([`whole_rank_spec`]).
+    rank_spec: StageSpec,
+}
+
+/// A stage of a [`RankShardExecutor`]: the rank's prepared graph and the stage's sends.
+pub struct RankShardStage<S> {
+    rank: S,
+    sends: Vec<String>,
+}
+
+impl<'a, E: Executor> RankShardExecutor<'a, E> {
+    /// The executor of one rank of a stage of `whole`, running `rank_spec` on `executor`.
+    pub fn new(whole: &'a Graph, executor: E, rank_spec: StageSpec) -> RankShardExecutor<'a, E> {
+        RankShardExecutor {
+            whole,
+            executor,
+            rank_spec,
+        }
+    }
+}
+
+impl<E: Executor> Executor for RankShardExecutor<'_, E> {
+    type Stage = RankShardStage<E::Stage>;
+
+    fn prepare(&self, spec: &StageSpec) -> Result<Self::Stage, Error> {
+        Ok(RankShardStage {
+            rank: self.executor.prepare(&self.rank_spec)?,
+            sends: spec
+                .sends
+                .iter()
+                .map(|&t| self.whole.tensor(t).name.clone())
+                .collect(),
+        })
+    }
+
+    fn run(&self, stage: &Self::Stage, inputs: &Tensors) -> Result<Tensors, Error> {
+        let outputs = self.executor.run(&stage.rank, inputs)?;
         Ok(relay(&stage.sends, inputs, outputs))
     }
 }

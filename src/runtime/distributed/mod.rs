@@ -5,7 +5,9 @@
 //! plan + model ─▶ StageSpec of this rank's stage ───┴▶ run_rank ─▶ outputs on the collector
 //! ```
 //!
-//! Rank `r` runs stage `r mod K` of replica `r / K` (K stages, D replicas, `K·D` ranks). The
+//! Rank `r` runs tensor-parallel rank `r mod t` of stage `(r / t) mod K` of replica `r / (t·K)`
+//! (t ranks per stage group, K stages, D replicas, `t·K·D` ranks; t = 1 without tensor
+//! parallelism, where rank `r` is stage `r mod K` of replica `r / K`). The
 //! step's micro-batches are split into D contiguous blocks, one per replica, exactly as the
 //! one-process run numbers them, so every micro-batch sees the same rows and kernels as there
 //! and the outputs are bit-for-bit the same. Stage 0 of a replica splits the inputs; stage k
@@ -13,7 +15,15 @@
 //! every replica sends its outputs to the *collector* (the last stage of replica 0), which
 //! joins them in micro-batch order. At the end every rank reports to the collector and waits
 //! for its acknowledgement, so a rank that failed anywhere ends every rank with an error.
+//!
+//! With tensor parallelism every rank of a stage group receives the same micro-batch from the
+//! rank of the same TP rank in the group before it, runs its shard of the stage (its
+//! `ai.pipecut` collectives exchanged with its group over the same transport:
+//! [`collectives::TransportGroup`]) and sends on to the same TP rank of the next group; the
+//! ranks of a group hold the same boundary tensors after their last collective, so only TP
+//! rank 0 of the last stage hands outputs to the collector.
 
+pub mod collectives;
 pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
@@ -40,13 +50,17 @@ const DONE: u32 = u32::MAX;
 /// Tag of the collector's reply once the outputs are complete.
 const ACK: u32 = u32::MAX - 1;
 
-/// How the job's ranks map onto the plan: `stages` per replica, `replicas` copies.
+/// How the job's ranks map onto the plan: `tensor_parallel` ranks per stage group, `stages`
+/// groups per replica, `replicas` copies; the TP rank varies fastest (as Megatron-LM numbers
+/// ranks), then the stage, then the replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RankLayout {
     /// Pipeline stages (K).
     pub stages: usize,
     /// Data-parallel replicas (D).
     pub replicas: usize,
+    /// Ranks per stage group (t; 1 without tensor parallelism).
+    pub tensor_parallel: usize,
 }
 
 /// Where one rank sits in the layout.
@@ -58,31 +72,42 @@ pub struct Place {
     pub stage: usize,
     /// Its replica.
     pub replica: usize,
+    /// Its rank within its stage's tensor-parallel group.
+    pub tp_rank: usize,
 }
 
 impl RankLayout {
     /// Ranks the job needs.
     pub fn world(&self) -> usize {
-        self.stages * self.replicas
+        self.tensor_parallel * self.stages * self.replicas
     }
 
     /// The place of `rank`.
     pub fn place(&self, rank: usize) -> Place {
+        let group = rank / self.tensor_parallel;
         Place {
             rank,
-            stage: rank % self.stages,
-            replica: rank / self.stages,
+            stage: group % self.stages,
+            replica: group / self.stages,
+            tp_rank: rank % self.tensor_parallel,
         }
     }
 
-    /// The rank running `stage` of `replica`.
-    pub fn rank_of(&self, replica: usize, stage: usize) -> usize {
-        replica * self.stages + stage
+    /// The rank running TP rank `tp_rank` of `stage` of `replica`.
+    pub fn rank_of(&self, replica: usize, stage: usize, tp_rank: usize) -> usize {
+        (replica * self.stages + stage) * self.tensor_parallel + tp_rank
     }
 
-    /// The rank that gathers and writes the outputs: the last stage of replica 0.
+    /// The ranks of the tensor-parallel group that `place` belongs to, in TP rank order.
+    pub fn group_of(&self, place: Place) -> Vec<usize> {
+        (0..self.tensor_parallel)
+            .map(|r| self.rank_of(place.replica, place.stage, r))
+            .collect()
+    }
+
+    /// The rank that gathers and writes the outputs: TP rank 0 of the last stage of replica 0.
     pub fn collector(&self) -> usize {
-        self.rank_of(0, self.stages - 1)
+        self.rank_of(0, self.stages - 1, 0)
     }
 
     /// The micro-batches (of `microbatches` in the step) that `replica` runs: contiguous blocks,
@@ -96,8 +121,12 @@ impl RankLayout {
     /// Checks the launcher started the job this layout needs.
     pub fn check_world(&self, launch: &Launch, microbatches: usize) -> Result<(), Error> {
         if launch.world != self.world() {
+            let tp = match self.tensor_parallel {
+                1 => String::new(),
+                t => format!("{t} tensor-parallel rank(s) × "),
+            };
             return Err(Error::Distributed(format!(
-                "the plan has {} stage(s) × {} replica(s) = {} ranks, but {} started {}",
+                "the plan has {tp}{} stage(s) × {} replica(s) = {} ranks, but {} started {}",
                 self.stages,
                 self.replicas,
                 self.world(),
@@ -114,10 +143,17 @@ impl RankLayout {
         Ok(())
     }
 
-    /// "rank 3 (stage 1 of replica 1)".
+    /// "rank 3 (stage 1 of replica 1)", "rank 3 (TP rank 1 of stage 1 of replica 0)".
     pub fn describe(&self, rank: usize) -> String {
         let p = self.place(rank);
-        format!("rank {rank} (stage {} of replica {})", p.stage, p.replica)
+        let tp = match self.tensor_parallel {
+            1 => String::new(),
+            _ => format!("TP rank {} of ", p.tp_rank),
+        };
+        format!(
+            "rank {rank} ({tp}stage {} of replica {})",
+            p.stage, p.replica
+        )
     }
 }
 
@@ -191,7 +227,8 @@ impl RankLoop<'_> {
                     Error::Distributed(format!("micro-batch {i} has no inputs on stage 0"))
                 })?
             } else {
-                let from = self.place.rank - 1;
+                let p = self.place;
+                let from = layout.rank_of(p.replica, p.stage - 1, p.tp_rank);
                 self.receive(from, i as u32)?
             };
             let began = Instant::now();
@@ -206,9 +243,13 @@ impl RankLoop<'_> {
                 f.busy_secs += busy;
                 f.cpu_secs += cpu;
             });
+            let p = self.place;
             if !last {
-                self.send(self.place.rank + 1, i as u32, &sent)?;
-            } else if self.place.rank != layout.collector() {
+                let to = layout.rank_of(p.replica, p.stage + 1, p.tp_rank);
+                self.send(to, i as u32, &sent)?;
+            } else if p.tp_rank != 0 {
+                // Its group's TP rank 0 holds the same outputs and hands them on.
+            } else if p.rank != layout.collector() {
                 self.send(layout.collector(), i as u32, &sent)?;
             } else {
                 outputs.push(sent);
@@ -229,7 +270,7 @@ impl RankLoop<'_> {
             return Ok(None);
         }
         for replica in 1..layout.replicas {
-            let from = layout.rank_of(replica, layout.stages - 1);
+            let from = layout.rank_of(replica, layout.stages - 1, 0);
             for i in layout.microbatches_of(replica, self.job.microbatches) {
                 outputs.push(self.receive(from, i as u32)?);
             }
@@ -326,6 +367,7 @@ mod tests {
         let layout = RankLayout {
             stages: 2,
             replicas: 3,
+            tensor_parallel: 1,
         };
         assert_eq!(layout.world(), 6);
         assert_eq!(
@@ -333,12 +375,39 @@ mod tests {
             Place {
                 rank: 3,
                 stage: 1,
-                replica: 1
+                replica: 1,
+                tp_rank: 0,
             }
         );
-        assert_eq!(layout.rank_of(2, 0), 4);
+        assert_eq!(layout.rank_of(2, 0, 0), 4);
         assert_eq!(layout.collector(), 1);
         assert_eq!(layout.describe(5), "rank 5 (stage 1 of replica 2)");
+    }
+
+    #[test]
+    fn tensor_parallel_ranks_vary_fastest_then_stages_then_replicas() {
+        let layout = RankLayout {
+            stages: 2,
+            replicas: 2,
+            tensor_parallel: 2,
+        };
+        assert_eq!(layout.world(), 8);
+        assert_eq!(
+            layout.place(5),
+            Place {
+                rank: 5,
+                stage: 0,
+                replica: 1,
+                tp_rank: 1,
+            }
+        );
+        assert_eq!(layout.rank_of(1, 1, 0), 6);
+        assert_eq!(layout.group_of(layout.place(3)), [2, 3]);
+        assert_eq!(layout.collector(), 2);
+        assert_eq!(
+            layout.describe(3),
+            "rank 3 (TP rank 1 of stage 1 of replica 0)"
+        );
     }
 
     #[test]
@@ -346,12 +415,14 @@ mod tests {
         let layout = RankLayout {
             stages: 1,
             replicas: 3,
+            tensor_parallel: 1,
         };
         let blocks: Vec<Range<usize>> = (0..3).map(|r| layout.microbatches_of(r, 8)).collect();
         assert_eq!(blocks, vec![0..3, 3..6, 6..8]);
         let one = RankLayout {
             stages: 4,
             replicas: 1,
+            tensor_parallel: 1,
         };
         assert_eq!(one.microbatches_of(0, 5), 0..5);
     }
