@@ -220,8 +220,11 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             solver: SolverChoice::Dp,
             time_limit: args.time_limit,
             work_budget: args.work_budget,
-            // The search partitions without constraints; the plan keeps the stages it costed.
-            cut_constraints: pipecut::partition::CutConstraints::none(),
+            // The search keeps each block that splits at the chosen degree on one stage (what
+            // it costs split is what the export splits); the plan keeps the stages it costed.
+            cut_constraints: pipecut::partition::CutConstraints::tensor_parallel(
+                best.tensor_parallel.degree,
+            ),
             baseline_layer_type: args.baseline_layer_type.clone(),
         })
         .solve()

@@ -36,8 +36,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::constraints::JoinedGroups;
 use super::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
-use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
+use super::{dp, CostSettings, CutConstraints, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Recompute, Schedule, UnknownOpCost, ZeroSharding};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
@@ -298,6 +299,9 @@ struct Typed {
     graph: Graph,
     blocks: TensorParallelBlocks,
     bounds: BTreeMap<TensorParallelism, Bounds>,
+    /// Per tensor-parallel degree above 1, the groups that keep each split block on one stage
+    /// (see [`CutConstraints::tensor_parallel`]); `None` when the degree splits nothing.
+    joined: BTreeMap<u32, Option<JoinedGroups>>,
 }
 
 /// What one GPU of a stage group does at least, under one tensor-parallel layout.
@@ -536,7 +540,18 @@ pub fn search(
         }
         let t = &typed[&key.microbatch_size];
         solved += 1;
-        match evaluate_with(&t.graph, &t.blocks, cluster, request, key, &mut pipelines)? {
+        let joined = t
+            .joined
+            .get(&key.tensor_parallel.degree)
+            .and_then(Option::as_ref);
+        match evaluate_with(
+            &t.graph,
+            (&t.blocks, joined),
+            cluster,
+            request,
+            key,
+            &mut pipelines,
+        )? {
             Some(config) => {
                 let at = ranked.partition_point(|c| better(c, &config));
                 ranked.insert(at, config);
@@ -1015,6 +1030,7 @@ fn type_graph(
     let layouts = tensor_layouts(request, cluster, &blocks)?;
     let mut bounds: BTreeMap<TensorParallelism, Bounds> = BTreeMap::new();
     let mut kinds: Vec<&str> = Vec::new();
+    let mut joined = BTreeMap::new();
     for (id, spec) in cluster.devices() {
         if kinds.contains(&spec.name.as_str()) {
             continue;
@@ -1026,6 +1042,11 @@ fn type_graph(
             &[id],
             settings(request.mode, request, Schedule::OneFOneB, 1),
         )?;
+        for layout in layouts.iter().filter(|l| !l.is_none()) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = joined.entry(layout.degree) {
+                slot.insert(CutConstraints::tensor_parallel(layout.degree).groups(&typed, &whole)?);
+            }
+        }
         for &layout in &layouts {
             // The fastest kind (the smallest whole-model time) on the fastest group link.
             let mut total_secs = f64::INFINITY;
@@ -1084,6 +1105,7 @@ fn type_graph(
         graph: typed,
         blocks,
         bounds,
+        joined,
     })
 }
 
@@ -1162,9 +1184,21 @@ pub fn evaluate(
         true => TensorParallelBlocks::default(),
         false => TensorParallelBlocks::find(graph),
     };
+    let joined = match key.tensor_parallel.is_none() {
+        true => None,
+        false => {
+            let problem = PartitionProblem::new(
+                graph,
+                cluster,
+                &[DeviceId(0)],
+                settings(request.mode, request, Schedule::OneFOneB, 1),
+            )?;
+            CutConstraints::tensor_parallel(key.tensor_parallel.degree).groups(graph, &problem)?
+        }
+    };
     evaluate_with(
         graph,
-        &blocks,
+        (&blocks, joined.as_ref()),
         cluster,
         request,
         key,
@@ -1223,9 +1257,11 @@ impl SolvedPipelines {
     }
 }
 
+/// [`evaluate`] with what tensor parallelism splits in `graph` and the groups that keep each
+/// split block on one stage already found.
 fn evaluate_with(
     graph: &Graph,
-    blocks: &TensorParallelBlocks,
+    (blocks, joined): (&TensorParallelBlocks, Option<&JoinedGroups>),
     cluster: &Cluster,
     request: &SearchRequest,
     key: ConfigurationKey,
@@ -1268,12 +1304,7 @@ fn evaluate_with(
             key.tensor_parallel,
             SolvedPipelines::signature(&problem),
         ))
-        .or_insert_with(|| {
-            dp::solve(&problem).map(|order| {
-                let evaluation = problem.evaluate(&order.stage_of);
-                (order.stage_of, evaluation)
-            })
-        });
+        .or_insert_with(|| solve_keeping_blocks(&problem, joined));
     let Some((stage_of, evaluation)) = solved.clone() else {
         return Ok(None);
     };
@@ -1317,6 +1348,26 @@ fn evaluate_with(
         peak_memory_bytes,
         capacity_bytes,
     }))
+}
+
+/// The DP's partition of `problem` and its figures, each group of `joined` (the split blocks
+/// of a tensor-parallel layout) on one stage: solved on the quotient whose nodes are the
+/// groups, which evaluates any assignment as the model does, then expanded. `None` when no
+/// partition fits memory, or when there are fewer groups than stages.
+fn solve_keeping_blocks(
+    problem: &PartitionProblem,
+    joined: Option<&JoinedGroups>,
+) -> Option<SolvedPipeline> {
+    let stage_of = match joined {
+        None => dp::solve(problem)?.stage_of,
+        Some(groups) if groups.len() < problem.stage_count() => return None,
+        Some(groups) => {
+            let grouped = groups.quotient(problem).ok()?;
+            grouped.expand(&dp::solve(&grouped.problem)?.stage_of)
+        }
+    };
+    let evaluation = problem.evaluate(&stage_of);
+    Some((stage_of, evaluation))
 }
 
 /// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient
