@@ -8,7 +8,8 @@ use std::process::Command;
 use pipecut::cost::{Catalog, Cluster, Mode, Recompute, Schedule};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::parallelism::{
-    evaluate, ruled_out_by_memory, search, ConfigurationKey, Placement, SearchRequest,
+    evaluate, ruled_out_by_memory, search, throughput_bound, ConfigurationKey, Placement,
+    SearchRequest,
 };
 use pipecut::partition::tensor_parallel::TensorParallelism;
 
@@ -37,7 +38,8 @@ const SCHEDULES: [Schedule; 4] = [
 /// as fast as each (it may skip them, never beat itself with one it skipped). Also at a
 /// memory headroom that leaves about 4 MiB per GPU, where training fits only with ZeRO or
 /// recomputation for some configurations and the memo rules many out unsolved. Every
-/// configuration the memory bound rules out before solving is checked not to fit.
+/// configuration the memory bound rules out before solving is checked not to fit, and every
+/// one solved to be no faster than the search's throughput bound.
 #[test]
 fn search_is_never_worse_than_any_enumerated_configuration() {
     let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
@@ -114,6 +116,15 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                             ruled_out_count += usize::from(ruled_out);
                             if let Some(config) = solved {
                                 enumerated += 1;
+                                // The throughput bound is sound: no solved configuration beats
+                                // it.
+                                let bound = throughput_bound(&model.graph, &cluster, &request, key)
+                                    .unwrap();
+                                assert!(
+                                    config.samples_per_sec <= bound * (1.0 + 1e-9),
+                                    "{mode:?}: {key:?} gives {} samples/s over its bound {bound}",
+                                    config.samples_per_sec
+                                );
                                 assert!(
                                     best >= config.samples_per_sec * (1.0 - 1e-12),
                                     "{mode:?}: search chose {:?} at {best} samples/s but {key:?} gives {}",

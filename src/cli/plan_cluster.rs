@@ -391,17 +391,21 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     if !outcome.complete {
         let _ = writeln!(
             out,
-            "the time limit stopped the search: these are the best configurations found so far"
+            "the time limit stopped the search with {} configurations left whose bound beats the choice: these are the best found so far",
+            outcome.unresolved
         );
     }
     let _ = writeln!(
         out,
-        "searched {} configurations: {} solved, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",
+        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",
         outcome.candidates,
         outcome.solved,
+        outcome.twinned,
         outcome
             .candidates
-            .saturating_sub(outcome.solved + outcome.pruned_by_memory),
+            .saturating_sub(
+                outcome.solved + outcome.twinned + outcome.pruned_by_memory + outcome.unresolved,
+            ),
         outcome.pruned_by_memory,
         outcome.infeasible,
         outcome.search_secs

@@ -289,6 +289,12 @@ pub struct SearchOutcome {
     /// Whether the search ran to its end; `false` when it stopped at the time limit with the
     /// best configurations found so far.
     pub complete: bool,
+    /// Configurations costed with their equivalent twin instead of solved: the other
+    /// placement, when tensor-parallel groups fill whole alike nodes.
+    pub twinned: usize,
+    /// Configurations the time limit left unsolved whose bound still beat the best found:
+    /// what a complete search would have had to solve more (zero when complete).
+    pub unresolved: usize,
     /// Wall time of the search.
     pub search_secs: f64,
 }
@@ -307,8 +313,9 @@ struct Typed {
 /// What one GPU of a stage group does at least, under one tensor-parallel layout.
 struct Bounds {
     /// One micro-batch's compute over all nodes on the fastest device kind (split nodes at
-    /// 1/t with their collectives on the fastest intra-node link).
-    total_secs: f64,
+    /// 1/t with their collectives on the fastest intra-node link), under each recomputation
+    /// mode searched: a recomputed forward (and its collectives) is work every pipeline does.
+    total_secs: BTreeMap<Recompute, f64>,
     /// Every weight's footprint (with gradients and optimizer state in training), one GPU's
     /// share of the split ones.
     footprint_bytes: u64,
@@ -385,6 +392,105 @@ impl Bounds {
     }
 }
 
+impl Bounds {
+    /// An upper bound of `key`'s samples per second, whatever its partition: the global batch
+    /// over [`step_lower_bound`] under the recomputation mode's own costs (its extra forward
+    /// is work every pipeline does).
+    fn samples_per_sec_bound(
+        &self,
+        key: &ConfigurationKey,
+        request: &SearchRequest,
+        cluster: &Cluster,
+    ) -> f64 {
+        let mode = request
+            .mode
+            .with_memory_techniques(key.recompute, ZeroSharding::NONE);
+        let recompute = match mode {
+            Mode::Inference => Recompute::None,
+            Mode::Training { recompute, .. } => recompute,
+        };
+        let total_secs = self.total_secs[&recompute];
+        let pipeline =
+            step_lower_bound(mode, key.schedule, total_secs, key.stages, key.microbatches);
+        request.global_batch as f64
+            / pipeline.max(self.allreduce_step_bound(key, request, cluster, total_secs))
+    }
+
+    /// No data-parallel step is shorter than this: each pipeline device's gradient all-reduce
+    /// starts after its last operation ([`StepFigures`]), which ends no earlier than its m
+    /// micro-batches of compute c_d, so step ≥ max_d (m·c_d + AR(W_d)) ≥ (m·T + β·W)/K + α for
+    /// a ring all-reduce costing at least α + β·bytes (Σ c_d ≥ T, and the stages' gradients
+    /// cover every weight: Σ W_d ≥ W). α and β take the fastest link a ring of D groups of t
+    /// can use: the network when D·t GPUs cannot share one node. Zero in inference or for
+    /// one replica.
+    fn allreduce_step_bound(
+        &self,
+        key: &ConfigurationKey,
+        request: &SearchRequest,
+        cluster: &Cluster,
+        total_secs: f64,
+    ) -> f64 {
+        let d = key.data_parallel;
+        let Mode::Training { .. } = request.mode else {
+            return 0.0;
+        };
+        if d < 2 {
+            return 0.0;
+        }
+        let (bandwidth, latency) = fastest_ring_link(cluster, d * key.tensor_degree());
+        let zero = ZeroSharding {
+            stage: key.zero_stage,
+            group: d.min(u32::MAX as usize) as u32,
+        };
+        let steps = 2.0 * (d as f64 - 1.0);
+        let per_byte = steps / d as f64 / bandwidth * zero.communication_factor();
+        let fixed = steps * latency * zero.communication_factor();
+        let k = key.stages.max(1) as f64;
+        let m = key.microbatches as f64;
+        ((m * total_secs + per_byte * self.weight_bytes as f64) / k + fixed) * (1.0 - 1e-9)
+    }
+}
+
+/// The fastest bandwidth and least latency any ring over `gpus` GPUs, one per tensor-parallel
+/// group, can have: across the network when no node holds that many GPUs (a ring that leaves
+/// a node crosses it at least once, and a ring runs at its slowest link), else the fastest of
+/// every link.
+fn fastest_ring_link(cluster: &Cluster, gpus: usize) -> (f64, f64) {
+    let intra: Vec<(f64, f64)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.intra_node_link
+                .as_ref()
+                .map_or((f64::INFINITY, 0.0), |l| {
+                    (
+                        l.bandwidth_bytes_per_sec_per_direction.value,
+                        l.latency_secs.value,
+                    )
+                })
+        })
+        .collect();
+    let net = cluster.inter_node_link().map(|l| {
+        (
+            l.bandwidth_bytes_per_sec_per_direction.value,
+            l.latency_secs.value,
+        )
+    });
+    let largest_node = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.devices.len())
+        .max()
+        .unwrap_or(0);
+    let links: Vec<(f64, f64)> = match net {
+        Some(net) if gpus > largest_node => vec![net],
+        _ => intra.into_iter().chain(net).collect(),
+    };
+    let bandwidth = links.iter().map(|l| l.0).fold(0.0, f64::max);
+    let latency = links.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
+    (bandwidth, if latency.is_finite() { latency } else { 0.0 })
+}
+
 /// Bytes one replica holds of weights of `weight` bytes whose footprint without sharding is
 /// `footprint` (weights, gradients and optimizer state in training), under `mode`'s ZeRO.
 fn held_under(weight: u64, footprint: u64, mode: Mode) -> u64 {
@@ -439,6 +545,7 @@ pub fn search(
     let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
     let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
     let mut pruned_by_memory = 0;
+    let mut twinned = 0;
     // The fewest micro-batches per step among configurations skipped for having more than the
     // simulator runs (see [`check_microbatches`]).
     let mut fewest_over_limit: Option<u64> = None;
@@ -484,8 +591,13 @@ pub fn search(
                     .iter()
                     .filter(|&&k| k * d * group <= gpus && k <= nodes)
                 {
-                    pruned_by_memory +=
-                        shapes.push_candidates(k, bounds, request, max_capacity, &mut candidates);
+                    pruned_by_memory += shapes.push_candidates(
+                        k,
+                        (bounds, cluster),
+                        request,
+                        max_capacity,
+                        (&mut candidates, &mut twinned),
+                    );
                 }
             }
         }
@@ -495,7 +607,7 @@ pub fn search(
         // Every configuration was skipped for its micro-batch count: say so, not "infeasible".
         check_microbatches(fewest)?;
     }
-    let total_candidates = candidates.len() + pruned_by_memory;
+    let total_candidates = candidates.len() + pruned_by_memory + twinned;
     // Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
     // keys, so plans are deterministic, the most memory-saving technique first: when it does
     // not fit, the others are ruled out unsolved. The ranking does not depend on this order
@@ -519,7 +631,8 @@ pub fn search(
     let (mut solved, mut infeasible) = (0, 0);
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
-    for (bound, key) in candidates {
+    let mut unresolved = 0;
+    for (at, &(bound, key)) in candidates.iter().enumerate() {
         // It cannot beat the best: once every candidate is solved or skipped so, the best is
         // proven best over the space (the alternatives are the best of those solved on the
         // way).
@@ -531,6 +644,8 @@ pub fn search(
         }
         if started.elapsed() >= request.time_limit {
             complete = false;
+            let best = ranked.first().map_or(0.0, |c| c.samples_per_sec);
+            unresolved = candidates[at..].iter().filter(|c| c.0 > best).count();
             break;
         }
         let kinds = kinds_of(cluster, &key.replicas()[0]);
@@ -553,8 +668,10 @@ pub fn search(
             &mut pipelines,
         )? {
             Some(config) => {
-                let at = ranked.partition_point(|c| better(c, &config));
-                ranked.insert(at, config);
+                for config in placement_twin(cluster, &config).into_iter().chain([config]) {
+                    let at = ranked.partition_point(|c| better(c, &config));
+                    ranked.insert(at, config);
+                }
                 ranked.truncate(top);
             }
             None => {
@@ -595,6 +712,8 @@ pub fn search(
         pruned_by_memory,
         infeasible,
         complete,
+        unresolved,
+        twinned,
         search_secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -617,6 +736,25 @@ pub fn ruled_out_by_memory(
         ))
     })?;
     Ok(bounds.peak_lower_bound(&key, key.mode(request.mode)) > largest_capacity(cluster, request))
+}
+
+/// The search's upper bound of `key`'s samples per second before solving it
+/// ([`step_lower_bound`]): no partition of `key` is faster. `graph` is as loaded, before shape
+/// inference. Public so that tests can check the bound against solving.
+pub fn throughput_bound(
+    graph: &Graph,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+) -> Result<f64, Error> {
+    let typed = type_graph(graph, cluster, request, key.microbatch_size)?;
+    let bounds = typed.bounds.get(&key.tensor_parallel).ok_or_else(|| {
+        Error::PartitionConfig(format!(
+            "tensor-parallel degree {} is not searched for this model and cluster",
+            key.tensor_parallel.degree
+        ))
+    })?;
+    Ok(bounds.samples_per_sec_bound(&key, request, cluster))
 }
 
 /// What the largest device may use: the memory bound's yardstick, which holds for every
@@ -644,10 +782,10 @@ impl Shapes {
     fn push_candidates(
         &self,
         k: usize,
-        bounds: &Bounds,
+        (bounds, cluster): (&Bounds, &Cluster),
         request: &SearchRequest,
         max_capacity: u64,
-        candidates: &mut Vec<(f64, ConfigurationKey)>,
+        (candidates, twinned): (&mut Vec<(f64, ConfigurationKey)>, &mut usize),
     ) -> usize {
         let training = matches!(request.mode, Mode::Training { .. });
         let d = self.data_parallel;
@@ -661,18 +799,6 @@ impl Shapes {
             &request.zero_stages
         } else {
             &[0]
-        };
-        // The bound ignores recomputation's extra forward (and its extra collectives): it
-        // stays an upper bound.
-        let bound = |schedule| {
-            request.global_batch as f64
-                / step_lower_bound(
-                    request.mode,
-                    schedule,
-                    bounds.total_secs,
-                    k,
-                    self.microbatches,
-                )
         };
         // One stage has no schedule to choose, nor has inference (forwards only: the
         // schedules coincide).
@@ -707,8 +833,15 @@ impl Shapes {
                     pruned += placements(k, d).len();
                     continue;
                 }
+                // The twin of an equivalent placement is costed with it, not queued.
+                let twins = placements_coincide(cluster, self.tensor_parallel);
                 for &placement in placements(k, d) {
-                    candidates.push((bound(schedule), key(schedule, placement)));
+                    if twins && placement == Placement::ReplicasInsideNodes {
+                        *twinned += 1;
+                        continue;
+                    }
+                    let key = key(schedule, placement);
+                    candidates.push((bounds.samples_per_sec_bound(&key, request, cluster), key));
                 }
             }
         }
@@ -954,6 +1087,40 @@ fn better(a: &Configuration, b: &Configuration) -> bool {
         .is_lt()
 }
 
+/// Whether both placements cost the same for groups of `tp`: when each group fills a whole
+/// node and every node is alike (device kind, count and link), any two groups talk over the
+/// network under either placement, so the two place replica 0 on alike nodes and every ring
+/// on alike links. The search then solves one and ranks its twin with the same figures.
+fn placements_coincide(cluster: &Cluster, tp: TensorParallelism) -> bool {
+    let t = tp.degree.max(1) as usize;
+    let nodes = cluster.nodes();
+    let Some(first) = nodes.first() else {
+        return false;
+    };
+    let alike = |n: &crate::cost::cluster::ClusterNode| {
+        n.devices.len() == t
+            && n.devices.iter().all(|d| d.name == first.devices[0].name)
+            && n.intra_node_link.as_ref().map(|l| &l.name)
+                == first.intra_node_link.as_ref().map(|l| &l.name)
+    };
+    nodes.iter().all(alike)
+}
+
+/// `config` with the other placement, when the two coincide ([`placements_coincide`]).
+fn placement_twin(cluster: &Cluster, config: &Configuration) -> Option<Configuration> {
+    let key = config.key;
+    let twins = key.stages > 1
+        && key.data_parallel > 1
+        && placements_coincide(cluster, key.tensor_parallel);
+    twins.then(|| Configuration {
+        key: ConfigurationKey {
+            placement: Placement::ReplicasInsideNodes,
+            ..key
+        },
+        ..config.clone()
+    })
+}
+
 fn placements(stages: usize, replicas: usize) -> &'static [Placement] {
     if stages > 1 && replicas > 1 {
         &[
@@ -1047,15 +1214,33 @@ fn type_graph(
                 slot.insert(CutConstraints::tensor_parallel(layout.degree).groups(&typed, &whole)?);
             }
         }
+        // Each recomputation mode's whole model, for its compute.
+        let recomputes: Vec<(Recompute, PartitionProblem)> = match request.mode {
+            Mode::Inference => vec![(Recompute::None, whole.clone())],
+            Mode::Training { .. } => request
+                .recompute
+                .iter()
+                .map(|&r| {
+                    let mode = request.mode.with_memory_techniques(r, ZeroSharding::NONE);
+                    let settings = settings(mode, request, Schedule::OneFOneB, 1);
+                    Ok((r, PartitionProblem::new(&typed, cluster, &[id], settings)?))
+                })
+                .collect::<Result<_, Error>>()?,
+        };
         for &layout in &layouts {
             // The fastest kind (the smallest whole-model time) on the fastest group link.
-            let mut total_secs = f64::INFINITY;
+            let mut total_secs: BTreeMap<Recompute, f64> = BTreeMap::new();
+            for (recompute, problem) in &recomputes {
+                for first in group_firsts(cluster) {
+                    let mut problem = problem.clone();
+                    blocks.shard_on(&typed, &mut problem, cluster, layout, first);
+                    let secs = total_secs.entry(*recompute).or_insert(f64::INFINITY);
+                    *secs = secs.min(problem.lower_bound_secs());
+                }
+            }
             let mut split = whole.clone();
-            for first in group_firsts(cluster) {
-                let mut problem = whole.clone();
-                blocks.shard_on(&typed, &mut problem, cluster, layout, first);
-                total_secs = total_secs.min(problem.lower_bound_secs());
-                split = problem;
+            if let Some(&first) = group_firsts(cluster).last() {
+                blocks.shard_on(&typed, &mut split, cluster, layout, first);
             }
             let footprint_bytes = split.params().iter().map(|p| p.footprint_bytes).sum();
             let weight_bytes = split
@@ -1091,14 +1276,17 @@ fn type_graph(
                 })
                 .unwrap_or((0, 0));
             let entry = bounds.entry(layout).or_insert(Bounds {
-                total_secs,
+                total_secs: total_secs.clone(),
                 footprint_bytes,
                 weight_bytes,
                 activation_bytes,
                 score_activation_bytes,
                 largest_param,
             });
-            entry.total_secs = entry.total_secs.min(total_secs);
+            for (recompute, secs) in total_secs {
+                let least = entry.total_secs.entry(recompute).or_insert(secs);
+                *least = least.min(secs);
+            }
         }
     }
     Ok(Typed {
