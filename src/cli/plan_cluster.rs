@@ -397,7 +397,7 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     }
     let _ = writeln!(
         out,
-        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",
+        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out ({} of them by a DP feasibility sweep), {} ruled out by memory, {} infeasible; {:.2} s",
         outcome.candidates,
         outcome.solved,
         outcome.twinned,
@@ -406,6 +406,7 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
             .saturating_sub(
                 outcome.solved + outcome.twinned + outcome.pruned_by_memory + outcome.unresolved,
             ),
+        outcome.cannot_beat,
         outcome.pruned_by_memory,
         outcome.infeasible,
         outcome.search_secs

@@ -292,6 +292,9 @@ pub struct SearchOutcome {
     /// Configurations costed with their equivalent twin instead of solved: the other
     /// placement, when tensor-parallel groups fill whole alike nodes.
     pub twinned: usize,
+    /// Configurations ruled out by one feasibility sweep of the DP instead of solving: no
+    /// partition has a slowest stage fast enough to beat the best found.
+    pub cannot_beat: usize,
     /// Configurations the time limit left unsolved whose bound still beat the best found:
     /// what a complete search would have had to solve more (zero when complete).
     pub unresolved: usize,
@@ -632,6 +635,7 @@ pub fn search(
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
     let mut unresolved = 0;
+    let mut cannot_beat = 0;
     for (at, &(bound, key)) in candidates.iter().enumerate() {
         // It cannot beat the best: once every candidate is solved or skipped so, the best is
         // proven best over the space (the alternatives are the best of those solved on the
@@ -654,7 +658,6 @@ pub fn search(
             continue;
         }
         let t = &typed[&key.microbatch_size];
-        solved += 1;
         let joined = t
             .joined
             .get(&key.tensor_parallel.degree)
@@ -664,17 +667,20 @@ pub fn search(
             (&t.blocks, joined),
             cluster,
             request,
-            key,
+            (key, ranked.first().map(|best| best.samples_per_sec)),
             &mut pipelines,
         )? {
-            Some(config) => {
+            Evaluated::CannotBeat => cannot_beat += 1,
+            Evaluated::Costed(config) => {
+                solved += 1;
                 for config in placement_twin(cluster, &config).into_iter().chain([config]) {
                     let at = ranked.partition_point(|c| better(c, &config));
                     ranked.insert(at, config);
                 }
                 ranked.truncate(top);
             }
-            None => {
+            Evaluated::DoesNotFit => {
+                solved += 1;
                 infeasible += 1;
                 out_of_memory.record(&key, request.mode, kinds);
             }
@@ -714,6 +720,7 @@ pub fn search(
         complete,
         unresolved,
         twinned,
+        cannot_beat,
         search_secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -1384,14 +1391,30 @@ pub fn evaluate(
             CutConstraints::tensor_parallel(key.tensor_parallel.degree).groups(graph, &problem)?
         }
     };
-    evaluate_with(
+    let evaluated = evaluate_with(
         graph,
         (&blocks, joined.as_ref()),
         cluster,
         request,
-        key,
+        (key, None),
         &mut SolvedPipelines::default(),
-    )
+    )?;
+    Ok(match evaluated {
+        Evaluated::Costed(config) => Some(config),
+        Evaluated::DoesNotFit | Evaluated::CannotBeat => None,
+    })
+}
+
+/// What costing one configuration found.
+enum Evaluated {
+    /// Its DP partition, simulated.
+    Costed(Configuration),
+    /// No partition fits memory.
+    DoesNotFit,
+    /// No partition's slowest stage is fast enough for its m micro-batches to beat the
+    /// throughput it was asked to beat (the pipeline step is at least m times the slowest
+    /// stage's time: that stage runs each micro-batch's forward and backward in turn).
+    CannotBeat,
 }
 
 /// DP results by everything the DP sees: the micro-batch size, and per stage its device kind,
@@ -1452,9 +1475,9 @@ fn evaluate_with(
     (blocks, joined): (&TensorParallelBlocks, Option<&JoinedGroups>),
     cluster: &Cluster,
     request: &SearchRequest,
-    key: ConfigurationKey,
+    (key, to_beat): (ConfigurationKey, Option<f64>),
     cache: &mut SolvedPipelines,
-) -> Result<Option<Configuration>, Error> {
+) -> Result<Evaluated, Error> {
     let ConfigurationKey {
         stages: k,
         data_parallel: d,
@@ -1484,17 +1507,28 @@ fn evaluate_with(
         key.tensor_parallel,
         replicas[0][0],
     );
-    let solved = cache
-        .solved
-        .entry((
-            key.microbatch_size,
-            Technique::of(&key),
-            key.tensor_parallel,
-            SolvedPipelines::signature(&problem),
-        ))
-        .or_insert_with(|| solve_keeping_blocks(&problem, joined));
+    let entry = cache.solved.entry((
+        key.microbatch_size,
+        Technique::of(&key),
+        key.tensor_parallel,
+        SolvedPipelines::signature(&problem),
+    ));
+    if let (std::collections::btree_map::Entry::Vacant(_), Some(best)) = (&entry, to_beat) {
+        // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
+        // under that over m: when no partition has one, the DP need not run.
+        let bound = request.global_batch as f64 / best / m as f64;
+        match fits_keeping_blocks(&problem, joined, bound) {
+            Some(true) => {}
+            Some(false) => return Ok(Evaluated::CannotBeat),
+            None => {
+                entry.or_insert(None);
+                return Ok(Evaluated::DoesNotFit);
+            }
+        }
+    }
+    let solved = entry.or_insert_with(|| solve_keeping_blocks(&problem, joined));
     let Some((stage_of, evaluation)) = solved.clone() else {
-        return Ok(None);
+        return Ok(Evaluated::DoesNotFit);
     };
     let simulation = simulate(
         &super::stage_times(&problem, &evaluation),
@@ -1525,7 +1559,7 @@ fn evaluate_with(
             (a.0 as f64 / a.1.max(1) as f64).total_cmp(&(b.0 as f64 / b.1.max(1) as f64))
         })
         .expect("at least one device");
-    Ok(Some(Configuration {
+    Ok(Evaluated::Costed(Configuration {
         key,
         bottleneck_secs: evaluation.bottleneck_secs,
         pipeline_secs: step.pipeline_secs,
@@ -1556,6 +1590,20 @@ fn solve_keeping_blocks(
     };
     let evaluation = problem.evaluate(&stage_of);
     Some((stage_of, evaluation))
+}
+
+/// Whether some partition of `problem` keeping each group of `joined` on one stage has every
+/// stage time at most `bound` ([`dp::fits_within`]); `None` when none fits memory.
+fn fits_keeping_blocks(
+    problem: &PartitionProblem,
+    joined: Option<&JoinedGroups>,
+    bound: f64,
+) -> Option<bool> {
+    match joined {
+        None => dp::fits_within(problem, bound),
+        Some(groups) if groups.len() < problem.stage_count() => None,
+        Some(groups) => dp::fits_within(&groups.quotient(problem).ok()?.problem, bound),
+    }
 }
 
 /// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient
