@@ -8,7 +8,8 @@ use std::process::Command;
 use pipecut::cost::{Catalog, Cluster, Mode, Recompute, Schedule};
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
 use pipecut::partition::parallelism::{
-    evaluate, ruled_out_by_memory, search, ConfigurationKey, Placement, SearchRequest,
+    evaluate, ruled_out_by_memory, search, throughput_bound, ConfigurationKey, Placement,
+    SearchRequest,
 };
 use pipecut::partition::tensor_parallel::TensorParallelism;
 
@@ -37,7 +38,8 @@ const SCHEDULES: [Schedule; 4] = [
 /// as fast as each (it may skip them, never beat itself with one it skipped). Also at a
 /// memory headroom that leaves about 4 MiB per GPU, where training fits only with ZeRO or
 /// recomputation for some configurations and the memo rules many out unsolved. Every
-/// configuration the memory bound rules out before solving is checked not to fit.
+/// configuration the memory bound rules out before solving is checked not to fit, and every
+/// one solved to be no faster than the search's throughput bound.
 #[test]
 fn search_is_never_worse_than_any_enumerated_configuration() {
     let model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
@@ -114,6 +116,15 @@ fn search_is_never_worse_than_any_enumerated_configuration() {
                             ruled_out_count += usize::from(ruled_out);
                             if let Some(config) = solved {
                                 enumerated += 1;
+                                // The throughput bound is sound: no solved configuration beats
+                                // it.
+                                let bound = throughput_bound(&model.graph, &cluster, &request, key)
+                                    .unwrap();
+                                assert!(
+                                    config.samples_per_sec <= bound * (1.0 + 1e-9),
+                                    "{mode:?}: {key:?} gives {} samples/s over its bound {bound}",
+                                    config.samples_per_sec
+                                );
                                 assert!(
                                     best >= config.samples_per_sec * (1.0 - 1e-12),
                                     "{mode:?}: search chose {:?} at {best} samples/s but {key:?} gives {}",
@@ -488,6 +499,81 @@ fn plan_cluster_plans_the_new_schedules_and_check_accepts_them() {
             assert!(err.contains("stage 2 is chunk 1"), "{err}");
         } else {
             assert_eq!(plan["config"]["schedule"], "zero-bubble");
+        }
+    }
+}
+
+/// A pipeline cut inside a tensor-parallel block would leave that block whole in the export
+/// while the search costed it split. gpt2_tiny at t = 2 (every attention and MLP block splits)
+/// on 3 and 5 stages: without the block constraint the DP cut one or two blocks at each depth;
+/// with it, every block is split on one stage, `check` accepts the plan, and each exported rank
+/// file all-reduces once per block its stage splits (and once more for the embedding).
+#[test]
+fn every_block_the_plan_costs_split_is_split_in_the_export() {
+    for stages in ["3", "5"] {
+        let dir = tempfile::tempdir().unwrap();
+        let plan_path = dir.path().join("plan.json");
+        let plan_arg = plan_path.to_str().unwrap();
+        let model = "fixtures/models/gpt2_tiny.onnx";
+        let (code, _, err) = pipecut(&[
+            "plan-cluster",
+            model,
+            "--cluster",
+            "2x8xA100-80GB",
+            "--dim",
+            "seq=16",
+            "--global-batch",
+            "8",
+            "--microbatch-sizes",
+            "1",
+            "--tp",
+            "2",
+            "--pp",
+            stages,
+            "--dp",
+            "1",
+            "--mode",
+            "training",
+            "--out",
+            plan_arg,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let plan: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+        assert_eq!(
+            plan["config"]["cut_constraints"]["tensor_parallel_blocks"],
+            2
+        );
+        let shards = plan["parallelism"]["shards"].as_array().unwrap();
+        let split: Vec<usize> = shards
+            .iter()
+            .map(|s| s["split_blocks"].as_array().unwrap().len())
+            .collect();
+        assert_eq!(split.iter().sum::<usize>(), 8, "K = {stages}: {split:?}");
+        assert!(shards.iter().all(|s| s.get("whole_blocks").is_none()));
+        let (code, _, err) = pipecut(&["check", plan_arg, model]);
+        assert_eq!(code, 0, "{err}");
+
+        let out_dir = dir.path().join("stages");
+        let (code, _, err) = pipecut(&[
+            "export",
+            plan_arg,
+            model,
+            "--out-dir",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        for (stage, &blocks) in split.iter().enumerate() {
+            let embedding = usize::from(stage == 0);
+            for rank in 0..2 {
+                let file = out_dir.join(pipecut::onnx::export::rank_file_name(stage, rank));
+                let graph = pipecut::onnx::load_model(&file).unwrap().graph;
+                let reduces = graph
+                    .nodes()
+                    .filter(|(_, n)| n.domain == "ai.pipecut" && n.op_type == "AllReduce")
+                    .count();
+                assert_eq!(reduces, blocks + embedding, "stage {stage} rank {rank}");
+            }
         }
     }
 }

@@ -315,6 +315,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             between_layers_only: args.cut_between_layers,
             tied_weights_together: args.keep_tied_weights,
             pin: args.pin_cut.clone(),
+            tensor_parallel_blocks: 0,
         },
         baseline_layer_type: args.baseline_layer_type.clone(),
     };

@@ -220,8 +220,11 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             solver: SolverChoice::Dp,
             time_limit: args.time_limit,
             work_budget: args.work_budget,
-            // The search partitions without constraints; the plan keeps the stages it costed.
-            cut_constraints: pipecut::partition::CutConstraints::none(),
+            // The search keeps each block that splits at the chosen degree on one stage (what
+            // it costs split is what the export splits); the plan keeps the stages it costed.
+            cut_constraints: pipecut::partition::CutConstraints::tensor_parallel(
+                best.tensor_parallel.degree,
+            ),
             baseline_layer_type: args.baseline_layer_type.clone(),
         })
         .solve()
@@ -388,17 +391,22 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     if !outcome.complete {
         let _ = writeln!(
             out,
-            "the time limit stopped the search: these are the best configurations found so far"
+            "the time limit stopped the search with {} configurations left whose bound beats the choice: these are the best found so far",
+            outcome.unresolved
         );
     }
     let _ = writeln!(
         out,
-        "searched {} configurations: {} solved, {} bounded out, {} ruled out by memory, {} infeasible; {:.2} s",
+        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out ({} of them by a DP feasibility sweep), {} ruled out by memory, {} infeasible; {:.2} s",
         outcome.candidates,
         outcome.solved,
+        outcome.twinned,
         outcome
             .candidates
-            .saturating_sub(outcome.solved + outcome.pruned_by_memory),
+            .saturating_sub(
+                outcome.solved + outcome.twinned + outcome.pruned_by_memory + outcome.unresolved,
+            ),
+        outcome.cannot_beat,
         outcome.pruned_by_memory,
         outcome.infeasible,
         outcome.search_secs

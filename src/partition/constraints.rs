@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::coarsen::{quotient, Coarsened};
 use super::problem::{PartitionProblem, StageId};
-use crate::graph::Graph;
+use crate::graph::{Graph, NodeId};
 use crate::Error;
 
 /// Which tensors a plan may not cut.
@@ -44,6 +44,17 @@ pub struct CutConstraints {
     /// the solvers enforce directly ([`PartitionProblem::pin_cuts`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pin: Vec<String>,
+    /// Keep each tensor-parallel block that splits at this degree, and each vocabulary shard,
+    /// on one stage (0 or 1: no such constraint). `plan-cluster` sets it to the chosen degree:
+    /// the costs charge a split block's nodes 1/t of their time, and the sharded export splits
+    /// only the blocks a stage holds whole, so a cut inside one would make the plan promise
+    /// what no GPU runs ([`super::tensor_parallel::TensorParallelBlocks::split_regions`]).
+    #[serde(default, skip_serializing_if = "is_unsplit")]
+    pub tensor_parallel_blocks: u32,
+}
+
+fn is_unsplit(degree: &u32) -> bool {
+    *degree < 2
 }
 
 /// Why two positions must share a stage.
@@ -55,6 +66,8 @@ enum Joined {
     Layer(String),
     /// Both read this weight.
     Weight(String),
+    /// Both run split in this tensor-parallel block (named by its row linear).
+    Block(String),
 }
 
 impl Default for CutConstraints {
@@ -65,6 +78,7 @@ impl Default for CutConstraints {
             between_layers_only: false,
             tied_weights_together: false,
             pin: Vec::new(),
+            tensor_parallel_blocks: 0,
         }
     }
 }
@@ -78,6 +92,16 @@ impl CutConstraints {
             between_layers_only: false,
             tied_weights_together: false,
             pin: Vec::new(),
+            tensor_parallel_blocks: 0,
+        }
+    }
+
+    /// Only the tensor-parallel blocks that split at `degree` kept whole: what `plan-cluster`
+    /// partitions under.
+    pub fn tensor_parallel(degree: u32) -> CutConstraints {
+        CutConstraints {
+            tensor_parallel_blocks: degree,
+            ..CutConstraints::none()
         }
     }
 
@@ -88,32 +112,26 @@ impl CutConstraints {
         graph: &Graph,
         problem: &PartitionProblem,
     ) -> Result<Option<Coarsened>, Error> {
+        let Some(groups) = self.groups(graph, problem)? else {
+            return Ok(None);
+        };
+        groups.quotient(problem).map(Some)
+    }
+
+    /// The groups the constraints join in `problem`, or `None` when they join nothing: the
+    /// same for every problem built from `graph` (positions and flows do not depend on the
+    /// devices or costs), so a search applies them to each problem without finding them again.
+    pub(crate) fn groups(
+        &self,
+        graph: &Graph,
+        problem: &PartitionProblem,
+    ) -> Result<Option<JoinedGroups>, Error> {
         let pairs = self.joined_pairs(graph, problem)?;
         if pairs.is_empty() {
             return Ok(None);
         }
         let (group_of, order) = convex_groups(problem, &pairs);
-        for flow in problem.flows().iter().filter(|f| f.pinned) {
-            let group = group_of[flow.producer as usize];
-            if flow
-                .consumers
-                .iter()
-                .any(|&c| group_of[c as usize] == group)
-            {
-                return Err(Error::PartitionConfig(format!(
-                    "--pin-cut '{}': the other cut constraints keep its producer and a reader on one stage",
-                    flow.name
-                )));
-            }
-        }
-        if order.len() < problem.stage_count() {
-            return Err(Error::PartitionConfig(format!(
-                "the cut constraints leave {} group(s) of nodes that must each stay on one stage, fewer than the {} stages asked for",
-                order.len(),
-                problem.stage_count()
-            )));
-        }
-        Ok(Some(quotient(problem, &group_of, &order)))
+        Ok(Some(JoinedGroups { group_of, order }))
     }
 
     /// The first constraint `stage_of` breaks, as a sentence, for `check`.
@@ -138,6 +156,11 @@ impl CutConstraints {
                     ),
                     Joined::Weight(name) => format!(
                         "weight '{name}' is read on stages {} and {}",
+                        sa.0.min(sb.0),
+                        sa.0.max(sb.0)
+                    ),
+                    Joined::Block(name) => format!(
+                        "the tensor-parallel block of '{name}' is split between stages {} and {}",
                         sa.0.min(sb.0),
                         sa.0.max(sb.0)
                     ),
@@ -185,6 +208,25 @@ impl CutConstraints {
                 }
             }
         }
+        if self.tensor_parallel_blocks > 1 {
+            let blocks = super::tensor_parallel::TensorParallelBlocks::find(graph);
+            let position: std::collections::HashMap<NodeId, u32> = problem
+                .order()
+                .iter()
+                .enumerate()
+                .map(|(p, &id)| (id, p as u32))
+                .collect();
+            for (name, nodes) in blocks.split_regions(u64::from(self.tensor_parallel_blocks)) {
+                let positions: Vec<u32> = nodes
+                    .iter()
+                    .filter_map(|n| position.get(n).copied())
+                    .collect();
+                for &p in positions.iter().skip(1) {
+                    let joined = Joined::Block(graph.node(name).name.clone());
+                    pairs.push((positions[0], p, joined));
+                }
+            }
+        }
         if self.between_layers_only {
             for layer in super::layers::find_layers(problem.node_scopes()) {
                 for p in layer.start + 1..layer.end {
@@ -194,6 +236,49 @@ impl CutConstraints {
             }
         }
         Ok(pairs)
+    }
+}
+
+/// Positions joined into groups by cut constraints: each position's group, and the groups in a
+/// topological order.
+#[derive(Debug, Clone)]
+pub(crate) struct JoinedGroups {
+    group_of: Vec<u32>,
+    order: Vec<u32>,
+}
+
+impl JoinedGroups {
+    /// The quotient of `problem` (built from the graph the groups were found in) whose nodes
+    /// are the groups; an error when a pinned tensor falls inside a group, or when there are
+    /// fewer groups than stages.
+    pub(crate) fn quotient(&self, problem: &PartitionProblem) -> Result<Coarsened, Error> {
+        let (group_of, order) = (&self.group_of, &self.order);
+        for flow in problem.flows().iter().filter(|f| f.pinned) {
+            let group = group_of[flow.producer as usize];
+            if flow
+                .consumers
+                .iter()
+                .any(|&c| group_of[c as usize] == group)
+            {
+                return Err(Error::PartitionConfig(format!(
+                    "--pin-cut '{}': the other cut constraints keep its producer and a reader on one stage",
+                    flow.name
+                )));
+            }
+        }
+        if order.len() < problem.stage_count() {
+            return Err(Error::PartitionConfig(format!(
+                "the cut constraints leave {} group(s) of nodes that must each stay on one stage, fewer than the {} stages asked for",
+                order.len(),
+                problem.stage_count()
+            )));
+        }
+        Ok(quotient(problem, group_of, order))
+    }
+
+    /// How many groups there are: the most stages a partition under them can have.
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
     }
 }
 
@@ -459,6 +544,42 @@ mod tests {
     fn position(problem: &PartitionProblem, tensor: &str) -> (u32, Vec<u32>) {
         let flow = problem.flows().iter().find(|f| f.name == tensor).unwrap();
         (flow.producer, flow.consumers.clone())
+    }
+
+    #[test]
+    fn every_split_block_stays_on_one_stage_and_check_names_a_cut_one() {
+        let (graph, problem) = gpt2(3);
+        let keep = CutConstraints::tensor_parallel(2);
+        let grouped = keep
+            .apply(&graph, &problem)
+            .unwrap()
+            .expect("gpt2 splits at 2");
+        let blocks = crate::partition::tensor_parallel::TensorParallelBlocks::find(&graph);
+        let regions = blocks.split_regions(2);
+        // 4 layers × (attention, MLP), the embedding and the head.
+        assert_eq!(regions.len(), 10);
+        let position: std::collections::HashMap<NodeId, usize> = problem
+            .order()
+            .iter()
+            .enumerate()
+            .map(|(p, &id)| (id, p))
+            .collect();
+        for (_, nodes) in &regions {
+            let group = grouped.group_of[position[&nodes[0]]];
+            assert!(nodes.iter().all(|n| grouped.group_of[position[n]] == group));
+        }
+        // Solved on the quotient, no block is cut; the unconstrained DP cuts one at 3 stages.
+        let solved = crate::partition::dp::solve(&grouped.problem).unwrap();
+        let fine = grouped.expand(&solved.stage_of);
+        assert_eq!(keep.violation(&graph, &problem, &fine).unwrap(), None);
+        let free = crate::partition::dp::solve(&problem).unwrap().stage_of;
+        let broken = keep.violation(&graph, &problem, &free).unwrap().unwrap();
+        assert!(broken.contains("tensor-parallel block"), "{broken}");
+        // Degree 1 splits nothing, so joins nothing.
+        assert!(CutConstraints::tensor_parallel(1)
+            .apply(&graph, &problem)
+            .unwrap()
+            .is_none());
     }
 
     #[test]

@@ -624,6 +624,21 @@ pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
     solve_until(problem, None)
 }
 
+/// Whether some partition of the order (as the DP partitions: contiguous segments, each
+/// within its stage's memory) has every stage time at most `bound`, `None` when none fits
+/// memory at all: one or two sweeps of the DP's bisection, which a search uses to rule a
+/// problem out without solving it.
+pub(crate) fn fits_within(problem: &PartitionProblem, bound: f64) -> Option<bool> {
+    if problem.node_count() < problem.stage_count() {
+        return None;
+    }
+    let tables = Tables::new(problem);
+    if feasible(problem, &tables, bound) {
+        return Some(true);
+    }
+    feasible(problem, &tables, f64::INFINITY).then_some(false)
+}
+
 /// [`solve`], whose bisection stops at `deadline` (when given) with the best feasible bound
 /// found so far: the plan is then that bound's, `complete` is false, and the bracket's low end
 /// is still a proven bound for the order. The memory reaches and the first feasibility sweeps

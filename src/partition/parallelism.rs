@@ -36,8 +36,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::constraints::JoinedGroups;
 use super::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
-use super::{dp, CostSettings, Evaluation, PartitionProblem, StageId};
+use super::{dp, CostSettings, CutConstraints, Evaluation, PartitionProblem, StageId};
 use crate::cost::{Cluster, DeviceId, Mode, Recompute, Schedule, UnknownOpCost, ZeroSharding};
 use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
@@ -288,6 +289,15 @@ pub struct SearchOutcome {
     /// Whether the search ran to its end; `false` when it stopped at the time limit with the
     /// best configurations found so far.
     pub complete: bool,
+    /// Configurations costed with their equivalent twin instead of solved: the other
+    /// placement, when tensor-parallel groups fill whole alike nodes.
+    pub twinned: usize,
+    /// Configurations ruled out by one feasibility sweep of the DP instead of solving: no
+    /// partition has a slowest stage fast enough to beat the best found.
+    pub cannot_beat: usize,
+    /// Configurations the time limit left unsolved whose bound still beat the best found:
+    /// what a complete search would have had to solve more (zero when complete).
+    pub unresolved: usize,
     /// Wall time of the search.
     pub search_secs: f64,
 }
@@ -298,13 +308,17 @@ struct Typed {
     graph: Graph,
     blocks: TensorParallelBlocks,
     bounds: BTreeMap<TensorParallelism, Bounds>,
+    /// Per tensor-parallel degree above 1, the groups that keep each split block on one stage
+    /// (see [`CutConstraints::tensor_parallel`]); `None` when the degree splits nothing.
+    joined: BTreeMap<u32, Option<JoinedGroups>>,
 }
 
 /// What one GPU of a stage group does at least, under one tensor-parallel layout.
 struct Bounds {
     /// One micro-batch's compute over all nodes on the fastest device kind (split nodes at
-    /// 1/t with their collectives on the fastest intra-node link).
-    total_secs: f64,
+    /// 1/t with their collectives on the fastest intra-node link), under each recomputation
+    /// mode searched: a recomputed forward (and its collectives) is work every pipeline does.
+    total_secs: BTreeMap<Recompute, f64>,
     /// Every weight's footprint (with gradients and optimizer state in training), one GPU's
     /// share of the split ones.
     footprint_bytes: u64,
@@ -381,6 +395,105 @@ impl Bounds {
     }
 }
 
+impl Bounds {
+    /// An upper bound of `key`'s samples per second, whatever its partition: the global batch
+    /// over [`step_lower_bound`] under the recomputation mode's own costs (its extra forward
+    /// is work every pipeline does).
+    fn samples_per_sec_bound(
+        &self,
+        key: &ConfigurationKey,
+        request: &SearchRequest,
+        cluster: &Cluster,
+    ) -> f64 {
+        let mode = request
+            .mode
+            .with_memory_techniques(key.recompute, ZeroSharding::NONE);
+        let recompute = match mode {
+            Mode::Inference => Recompute::None,
+            Mode::Training { recompute, .. } => recompute,
+        };
+        let total_secs = self.total_secs[&recompute];
+        let pipeline =
+            step_lower_bound(mode, key.schedule, total_secs, key.stages, key.microbatches);
+        request.global_batch as f64
+            / pipeline.max(self.allreduce_step_bound(key, request, cluster, total_secs))
+    }
+
+    /// No data-parallel step is shorter than this: each pipeline device's gradient all-reduce
+    /// starts after its last operation ([`StepFigures`]), which ends no earlier than its m
+    /// micro-batches of compute c_d, so step ≥ max_d (m·c_d + AR(W_d)) ≥ (m·T + β·W)/K + α for
+    /// a ring all-reduce costing at least α + β·bytes (Σ c_d ≥ T, and the stages' gradients
+    /// cover every weight: Σ W_d ≥ W). α and β take the fastest link a ring of D groups of t
+    /// can use: the network when D·t GPUs cannot share one node. Zero in inference or for
+    /// one replica.
+    fn allreduce_step_bound(
+        &self,
+        key: &ConfigurationKey,
+        request: &SearchRequest,
+        cluster: &Cluster,
+        total_secs: f64,
+    ) -> f64 {
+        let d = key.data_parallel;
+        let Mode::Training { .. } = request.mode else {
+            return 0.0;
+        };
+        if d < 2 {
+            return 0.0;
+        }
+        let (bandwidth, latency) = fastest_ring_link(cluster, d * key.tensor_degree());
+        let zero = ZeroSharding {
+            stage: key.zero_stage,
+            group: d.min(u32::MAX as usize) as u32,
+        };
+        let steps = 2.0 * (d as f64 - 1.0);
+        let per_byte = steps / d as f64 / bandwidth * zero.communication_factor();
+        let fixed = steps * latency * zero.communication_factor();
+        let k = key.stages.max(1) as f64;
+        let m = key.microbatches as f64;
+        ((m * total_secs + per_byte * self.weight_bytes as f64) / k + fixed) * (1.0 - 1e-9)
+    }
+}
+
+/// The fastest bandwidth and least latency any ring over `gpus` GPUs, one per tensor-parallel
+/// group, can have: across the network when no node holds that many GPUs (a ring that leaves
+/// a node crosses it at least once, and a ring runs at its slowest link), else the fastest of
+/// every link.
+fn fastest_ring_link(cluster: &Cluster, gpus: usize) -> (f64, f64) {
+    let intra: Vec<(f64, f64)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.intra_node_link
+                .as_ref()
+                .map_or((f64::INFINITY, 0.0), |l| {
+                    (
+                        l.bandwidth_bytes_per_sec_per_direction.value,
+                        l.latency_secs.value,
+                    )
+                })
+        })
+        .collect();
+    let net = cluster.inter_node_link().map(|l| {
+        (
+            l.bandwidth_bytes_per_sec_per_direction.value,
+            l.latency_secs.value,
+        )
+    });
+    let largest_node = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.devices.len())
+        .max()
+        .unwrap_or(0);
+    let links: Vec<(f64, f64)> = match net {
+        Some(net) if gpus > largest_node => vec![net],
+        _ => intra.into_iter().chain(net).collect(),
+    };
+    let bandwidth = links.iter().map(|l| l.0).fold(0.0, f64::max);
+    let latency = links.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
+    (bandwidth, if latency.is_finite() { latency } else { 0.0 })
+}
+
 /// Bytes one replica holds of weights of `weight` bytes whose footprint without sharding is
 /// `footprint` (weights, gradients and optimizer state in training), under `mode`'s ZeRO.
 fn held_under(weight: u64, footprint: u64, mode: Mode) -> u64 {
@@ -435,6 +548,7 @@ pub fn search(
     let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
     let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
     let mut pruned_by_memory = 0;
+    let mut twinned = 0;
     // The fewest micro-batches per step among configurations skipped for having more than the
     // simulator runs (see [`check_microbatches`]).
     let mut fewest_over_limit: Option<u64> = None;
@@ -480,8 +594,13 @@ pub fn search(
                     .iter()
                     .filter(|&&k| k * d * group <= gpus && k <= nodes)
                 {
-                    pruned_by_memory +=
-                        shapes.push_candidates(k, bounds, request, max_capacity, &mut candidates);
+                    pruned_by_memory += shapes.push_candidates(
+                        k,
+                        (bounds, cluster),
+                        request,
+                        max_capacity,
+                        (&mut candidates, &mut twinned),
+                    );
                 }
             }
         }
@@ -491,7 +610,7 @@ pub fn search(
         // Every configuration was skipped for its micro-batch count: say so, not "infeasible".
         check_microbatches(fewest)?;
     }
-    let total_candidates = candidates.len() + pruned_by_memory;
+    let total_candidates = candidates.len() + pruned_by_memory + twinned;
     // Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
     // keys, so plans are deterministic, the most memory-saving technique first: when it does
     // not fit, the others are ruled out unsolved. The ranking does not depend on this order
@@ -515,7 +634,9 @@ pub fn search(
     let (mut solved, mut infeasible) = (0, 0);
     let mut out_of_memory = MemoryMemo::default();
     let mut pipelines = SolvedPipelines::default();
-    for (bound, key) in candidates {
+    let mut unresolved = 0;
+    let mut cannot_beat = 0;
+    for (at, &(bound, key)) in candidates.iter().enumerate() {
         // It cannot beat the best: once every candidate is solved or skipped so, the best is
         // proven best over the space (the alternatives are the best of those solved on the
         // way).
@@ -527,6 +648,8 @@ pub fn search(
         }
         if started.elapsed() >= request.time_limit {
             complete = false;
+            let best = ranked.first().map_or(0.0, |c| c.samples_per_sec);
+            unresolved = candidates[at..].iter().filter(|c| c.0 > best).count();
             break;
         }
         let kinds = kinds_of(cluster, &key.replicas()[0]);
@@ -535,14 +658,29 @@ pub fn search(
             continue;
         }
         let t = &typed[&key.microbatch_size];
-        solved += 1;
-        match evaluate_with(&t.graph, &t.blocks, cluster, request, key, &mut pipelines)? {
-            Some(config) => {
-                let at = ranked.partition_point(|c| better(c, &config));
-                ranked.insert(at, config);
+        let joined = t
+            .joined
+            .get(&key.tensor_parallel.degree)
+            .and_then(Option::as_ref);
+        match evaluate_with(
+            &t.graph,
+            (&t.blocks, joined),
+            cluster,
+            request,
+            (key, ranked.first().map(|best| best.samples_per_sec)),
+            &mut pipelines,
+        )? {
+            Evaluated::CannotBeat => cannot_beat += 1,
+            Evaluated::Costed(config) => {
+                solved += 1;
+                for config in placement_twin(cluster, &config).into_iter().chain([config]) {
+                    let at = ranked.partition_point(|c| better(c, &config));
+                    ranked.insert(at, config);
+                }
                 ranked.truncate(top);
             }
-            None => {
+            Evaluated::DoesNotFit => {
+                solved += 1;
                 infeasible += 1;
                 out_of_memory.record(&key, request.mode, kinds);
             }
@@ -580,6 +718,9 @@ pub fn search(
         pruned_by_memory,
         infeasible,
         complete,
+        unresolved,
+        twinned,
+        cannot_beat,
         search_secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -602,6 +743,25 @@ pub fn ruled_out_by_memory(
         ))
     })?;
     Ok(bounds.peak_lower_bound(&key, key.mode(request.mode)) > largest_capacity(cluster, request))
+}
+
+/// The search's upper bound of `key`'s samples per second before solving it
+/// ([`step_lower_bound`]): no partition of `key` is faster. `graph` is as loaded, before shape
+/// inference. Public so that tests can check the bound against solving.
+pub fn throughput_bound(
+    graph: &Graph,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+) -> Result<f64, Error> {
+    let typed = type_graph(graph, cluster, request, key.microbatch_size)?;
+    let bounds = typed.bounds.get(&key.tensor_parallel).ok_or_else(|| {
+        Error::PartitionConfig(format!(
+            "tensor-parallel degree {} is not searched for this model and cluster",
+            key.tensor_parallel.degree
+        ))
+    })?;
+    Ok(bounds.samples_per_sec_bound(&key, request, cluster))
 }
 
 /// What the largest device may use: the memory bound's yardstick, which holds for every
@@ -629,10 +789,10 @@ impl Shapes {
     fn push_candidates(
         &self,
         k: usize,
-        bounds: &Bounds,
+        (bounds, cluster): (&Bounds, &Cluster),
         request: &SearchRequest,
         max_capacity: u64,
-        candidates: &mut Vec<(f64, ConfigurationKey)>,
+        (candidates, twinned): (&mut Vec<(f64, ConfigurationKey)>, &mut usize),
     ) -> usize {
         let training = matches!(request.mode, Mode::Training { .. });
         let d = self.data_parallel;
@@ -646,18 +806,6 @@ impl Shapes {
             &request.zero_stages
         } else {
             &[0]
-        };
-        // The bound ignores recomputation's extra forward (and its extra collectives): it
-        // stays an upper bound.
-        let bound = |schedule| {
-            request.global_batch as f64
-                / step_lower_bound(
-                    request.mode,
-                    schedule,
-                    bounds.total_secs,
-                    k,
-                    self.microbatches,
-                )
         };
         // One stage has no schedule to choose, nor has inference (forwards only: the
         // schedules coincide).
@@ -692,8 +840,15 @@ impl Shapes {
                     pruned += placements(k, d).len();
                     continue;
                 }
+                // The twin of an equivalent placement is costed with it, not queued.
+                let twins = placements_coincide(cluster, self.tensor_parallel);
                 for &placement in placements(k, d) {
-                    candidates.push((bound(schedule), key(schedule, placement)));
+                    if twins && placement == Placement::ReplicasInsideNodes {
+                        *twinned += 1;
+                        continue;
+                    }
+                    let key = key(schedule, placement);
+                    candidates.push((bounds.samples_per_sec_bound(&key, request, cluster), key));
                 }
             }
         }
@@ -939,6 +1094,40 @@ fn better(a: &Configuration, b: &Configuration) -> bool {
         .is_lt()
 }
 
+/// Whether both placements cost the same for groups of `tp`: when each group fills a whole
+/// node and every node is alike (device kind, count and link), any two groups talk over the
+/// network under either placement, so the two place replica 0 on alike nodes and every ring
+/// on alike links. The search then solves one and ranks its twin with the same figures.
+fn placements_coincide(cluster: &Cluster, tp: TensorParallelism) -> bool {
+    let t = tp.degree.max(1) as usize;
+    let nodes = cluster.nodes();
+    let Some(first) = nodes.first() else {
+        return false;
+    };
+    let alike = |n: &crate::cost::cluster::ClusterNode| {
+        n.devices.len() == t
+            && n.devices.iter().all(|d| d.name == first.devices[0].name)
+            && n.intra_node_link.as_ref().map(|l| &l.name)
+                == first.intra_node_link.as_ref().map(|l| &l.name)
+    };
+    nodes.iter().all(alike)
+}
+
+/// `config` with the other placement, when the two coincide ([`placements_coincide`]).
+fn placement_twin(cluster: &Cluster, config: &Configuration) -> Option<Configuration> {
+    let key = config.key;
+    let twins = key.stages > 1
+        && key.data_parallel > 1
+        && placements_coincide(cluster, key.tensor_parallel);
+    twins.then(|| Configuration {
+        key: ConfigurationKey {
+            placement: Placement::ReplicasInsideNodes,
+            ..key
+        },
+        ..config.clone()
+    })
+}
+
 fn placements(stages: usize, replicas: usize) -> &'static [Placement] {
     if stages > 1 && replicas > 1 {
         &[
@@ -1015,6 +1204,7 @@ fn type_graph(
     let layouts = tensor_layouts(request, cluster, &blocks)?;
     let mut bounds: BTreeMap<TensorParallelism, Bounds> = BTreeMap::new();
     let mut kinds: Vec<&str> = Vec::new();
+    let mut joined = BTreeMap::new();
     for (id, spec) in cluster.devices() {
         if kinds.contains(&spec.name.as_str()) {
             continue;
@@ -1026,15 +1216,38 @@ fn type_graph(
             &[id],
             settings(request.mode, request, Schedule::OneFOneB, 1),
         )?;
+        for layout in layouts.iter().filter(|l| !l.is_none()) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = joined.entry(layout.degree) {
+                slot.insert(CutConstraints::tensor_parallel(layout.degree).groups(&typed, &whole)?);
+            }
+        }
+        // Each recomputation mode's whole model, for its compute.
+        let recomputes: Vec<(Recompute, PartitionProblem)> = match request.mode {
+            Mode::Inference => vec![(Recompute::None, whole.clone())],
+            Mode::Training { .. } => request
+                .recompute
+                .iter()
+                .map(|&r| {
+                    let mode = request.mode.with_memory_techniques(r, ZeroSharding::NONE);
+                    let settings = settings(mode, request, Schedule::OneFOneB, 1);
+                    Ok((r, PartitionProblem::new(&typed, cluster, &[id], settings)?))
+                })
+                .collect::<Result<_, Error>>()?,
+        };
         for &layout in &layouts {
             // The fastest kind (the smallest whole-model time) on the fastest group link.
-            let mut total_secs = f64::INFINITY;
+            let mut total_secs: BTreeMap<Recompute, f64> = BTreeMap::new();
+            for (recompute, problem) in &recomputes {
+                for first in group_firsts(cluster) {
+                    let mut problem = problem.clone();
+                    blocks.shard_on(&typed, &mut problem, cluster, layout, first);
+                    let secs = total_secs.entry(*recompute).or_insert(f64::INFINITY);
+                    *secs = secs.min(problem.lower_bound_secs());
+                }
+            }
             let mut split = whole.clone();
-            for first in group_firsts(cluster) {
-                let mut problem = whole.clone();
-                blocks.shard_on(&typed, &mut problem, cluster, layout, first);
-                total_secs = total_secs.min(problem.lower_bound_secs());
-                split = problem;
+            if let Some(&first) = group_firsts(cluster).last() {
+                blocks.shard_on(&typed, &mut split, cluster, layout, first);
             }
             let footprint_bytes = split.params().iter().map(|p| p.footprint_bytes).sum();
             let weight_bytes = split
@@ -1070,20 +1283,24 @@ fn type_graph(
                 })
                 .unwrap_or((0, 0));
             let entry = bounds.entry(layout).or_insert(Bounds {
-                total_secs,
+                total_secs: total_secs.clone(),
                 footprint_bytes,
                 weight_bytes,
                 activation_bytes,
                 score_activation_bytes,
                 largest_param,
             });
-            entry.total_secs = entry.total_secs.min(total_secs);
+            for (recompute, secs) in total_secs {
+                let least = entry.total_secs.entry(recompute).or_insert(secs);
+                *least = least.min(secs);
+            }
         }
     }
     Ok(Typed {
         graph: typed,
         blocks,
         bounds,
+        joined,
     })
 }
 
@@ -1162,14 +1379,42 @@ pub fn evaluate(
         true => TensorParallelBlocks::default(),
         false => TensorParallelBlocks::find(graph),
     };
-    evaluate_with(
+    let joined = match key.tensor_parallel.is_none() {
+        true => None,
+        false => {
+            let problem = PartitionProblem::new(
+                graph,
+                cluster,
+                &[DeviceId(0)],
+                settings(request.mode, request, Schedule::OneFOneB, 1),
+            )?;
+            CutConstraints::tensor_parallel(key.tensor_parallel.degree).groups(graph, &problem)?
+        }
+    };
+    let evaluated = evaluate_with(
         graph,
-        &blocks,
+        (&blocks, joined.as_ref()),
         cluster,
         request,
-        key,
+        (key, None),
         &mut SolvedPipelines::default(),
-    )
+    )?;
+    Ok(match evaluated {
+        Evaluated::Costed(config) => Some(config),
+        Evaluated::DoesNotFit | Evaluated::CannotBeat => None,
+    })
+}
+
+/// What costing one configuration found.
+enum Evaluated {
+    /// Its DP partition, simulated.
+    Costed(Configuration),
+    /// No partition fits memory.
+    DoesNotFit,
+    /// No partition's slowest stage is fast enough for its m micro-batches to beat the
+    /// throughput it was asked to beat (the pipeline step is at least m times the slowest
+    /// stage's time: that stage runs each micro-batch's forward and backward in turn).
+    CannotBeat,
 }
 
 /// DP results by everything the DP sees: the micro-batch size, and per stage its device kind,
@@ -1223,14 +1468,16 @@ impl SolvedPipelines {
     }
 }
 
+/// [`evaluate`] with what tensor parallelism splits in `graph` and the groups that keep each
+/// split block on one stage already found.
 fn evaluate_with(
     graph: &Graph,
-    blocks: &TensorParallelBlocks,
+    (blocks, joined): (&TensorParallelBlocks, Option<&JoinedGroups>),
     cluster: &Cluster,
     request: &SearchRequest,
-    key: ConfigurationKey,
+    (key, to_beat): (ConfigurationKey, Option<f64>),
     cache: &mut SolvedPipelines,
-) -> Result<Option<Configuration>, Error> {
+) -> Result<Evaluated, Error> {
     let ConfigurationKey {
         stages: k,
         data_parallel: d,
@@ -1260,22 +1507,28 @@ fn evaluate_with(
         key.tensor_parallel,
         replicas[0][0],
     );
-    let solved = cache
-        .solved
-        .entry((
-            key.microbatch_size,
-            Technique::of(&key),
-            key.tensor_parallel,
-            SolvedPipelines::signature(&problem),
-        ))
-        .or_insert_with(|| {
-            dp::solve(&problem).map(|order| {
-                let evaluation = problem.evaluate(&order.stage_of);
-                (order.stage_of, evaluation)
-            })
-        });
+    let entry = cache.solved.entry((
+        key.microbatch_size,
+        Technique::of(&key),
+        key.tensor_parallel,
+        SolvedPipelines::signature(&problem),
+    ));
+    if let (std::collections::btree_map::Entry::Vacant(_), Some(best)) = (&entry, to_beat) {
+        // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
+        // under that over m: when no partition has one, the DP need not run.
+        let bound = request.global_batch as f64 / best / m as f64;
+        match fits_keeping_blocks(&problem, joined, bound) {
+            Some(true) => {}
+            Some(false) => return Ok(Evaluated::CannotBeat),
+            None => {
+                entry.or_insert(None);
+                return Ok(Evaluated::DoesNotFit);
+            }
+        }
+    }
+    let solved = entry.or_insert_with(|| solve_keeping_blocks(&problem, joined));
     let Some((stage_of, evaluation)) = solved.clone() else {
-        return Ok(None);
+        return Ok(Evaluated::DoesNotFit);
     };
     let simulation = simulate(
         &super::stage_times(&problem, &evaluation),
@@ -1306,7 +1559,7 @@ fn evaluate_with(
             (a.0 as f64 / a.1.max(1) as f64).total_cmp(&(b.0 as f64 / b.1.max(1) as f64))
         })
         .expect("at least one device");
-    Ok(Some(Configuration {
+    Ok(Evaluated::Costed(Configuration {
         key,
         bottleneck_secs: evaluation.bottleneck_secs,
         pipeline_secs: step.pipeline_secs,
@@ -1317,6 +1570,40 @@ fn evaluate_with(
         peak_memory_bytes,
         capacity_bytes,
     }))
+}
+
+/// The DP's partition of `problem` and its figures, each group of `joined` (the split blocks
+/// of a tensor-parallel layout) on one stage: solved on the quotient whose nodes are the
+/// groups, which evaluates any assignment as the model does, then expanded. `None` when no
+/// partition fits memory, or when there are fewer groups than stages.
+fn solve_keeping_blocks(
+    problem: &PartitionProblem,
+    joined: Option<&JoinedGroups>,
+) -> Option<SolvedPipeline> {
+    let stage_of = match joined {
+        None => dp::solve(problem)?.stage_of,
+        Some(groups) if groups.len() < problem.stage_count() => return None,
+        Some(groups) => {
+            let grouped = groups.quotient(problem).ok()?;
+            grouped.expand(&dp::solve(&grouped.problem)?.stage_of)
+        }
+    };
+    let evaluation = problem.evaluate(&stage_of);
+    Some((stage_of, evaluation))
+}
+
+/// Whether some partition of `problem` keeping each group of `joined` on one stage has every
+/// stage time at most `bound` ([`dp::fits_within`]); `None` when none fits memory.
+fn fits_keeping_blocks(
+    problem: &PartitionProblem,
+    joined: Option<&JoinedGroups>,
+    bound: f64,
+) -> Option<bool> {
+    match joined {
+        None => dp::fits_within(problem, bound),
+        Some(groups) if groups.len() < problem.stage_count() => None,
+        Some(groups) => dp::fits_within(&groups.quotient(problem).ok()?.problem, bound),
+    }
 }
 
 /// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient

@@ -366,6 +366,23 @@ impl TensorParallelBlocks {
         TensorParallelBlocks { blocks, vocab }
     }
 
+    /// The node sets that run split on a group of `t`, each named by its row linear (a block)
+    /// or its Gather or linear (an embedding or head): the blocks that split at `t` and the
+    /// vocabulary shards. Each must lie inside one pipeline stage for the costs of
+    /// [`TensorParallelBlocks::shard`] to be what the sharded export runs: a stage splits only
+    /// the blocks it holds whole.
+    pub fn split_regions(&self, t: u64) -> Vec<(NodeId, &[NodeId])> {
+        if t < 2 {
+            return Vec::new();
+        }
+        self.blocks
+            .iter()
+            .filter(|b| b.splits_at(t))
+            .map(|b| (b.row, &b.nodes[..]))
+            .chain(self.vocab.iter().map(|v| (v.nodes[0], &v.nodes[..])))
+            .collect()
+    }
+
     /// The degrees up to `limit` at which at least one block splits.
     pub fn degrees(&self, limit: u64) -> Vec<u64> {
         (2..=limit)
