@@ -137,8 +137,6 @@ pub(super) fn decode_model(
         .map(|n| n.op_type.as_str())
         .collect();
     let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
-    // The digests before the graph is built: building moves the nodes' strings out of the
-    // protobuf instead of copying them.
     let weights_sha256 = weights_sha256(graph_proto);
     let graph_sha256 = graph_sha256_in_place(graph_proto);
     let mut external = ExternalFiles::new(base_dir);
@@ -223,10 +221,8 @@ fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {
     Ok(opsets)
 }
 
-/// The graph IR of `proto`, whose nodes' names, types and tensor names it takes (the nodes are
-/// left with empty strings): a million-node model's strings are moved, not copied and freed.
 fn build_graph(
-    proto: &mut GraphProto,
+    proto: &GraphProto,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
 ) -> Result<Graph, Error> {
@@ -244,7 +240,7 @@ fn build_graph(
 /// scopes' tensors a subgraph reads, as inputs of unknown type), nodes and outputs.
 fn populate(
     builder: &mut GraphBuilder,
-    proto: &mut GraphProto,
+    proto: &GraphProto,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
     captures: &[String],
@@ -310,7 +306,7 @@ fn populate(
     // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
     // then, the whole model one stage that produces its constants.
     let only_constants = proto.node.iter().all(is_default_constant);
-    for (index, node) in proto.node.iter_mut().enumerate() {
+    for (index, node) in proto.node.iter().enumerate() {
         let literal = match only_constants {
             true => None,
             false => constant_literal(node)?,
@@ -415,12 +411,12 @@ fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
 
 /// A unique, non-empty node name: ONNX allows empty and repeated names, but plans list nodes by
 /// name, so the loader names them `<op>_<index>` or suffixes repeats with `__<index>`.
-/// The node's name, taken from it, made non-empty and unique among the nodes built so far.
-fn unique_node_name(node: &mut NodeProto, index: usize, builder: &GraphBuilder) -> String {
+/// The node's name, made non-empty and unique among the nodes built so far.
+fn unique_node_name(node: &NodeProto, index: usize, builder: &GraphBuilder) -> String {
     let name = if node.name.is_empty() {
         format!("{}_{index}", node.op_type)
     } else {
-        std::mem::take(&mut node.name)
+        node.name.clone()
     };
     if builder.has_node(&name) {
         return format!("{name}__{index}");
@@ -428,9 +424,11 @@ fn unique_node_name(node: &mut NodeProto, index: usize, builder: &GraphBuilder) 
     name
 }
 
-/// The node to build, with the strings taken from `node` (checked and hashed before).
+/// The node to build. Its strings are copied, not moved out of the protobuf: freeing the moved
+/// ones during the build left holes in the decoded file's memory that the graph then filled,
+/// and the scattered graph slowed a million-node solve by half (docs/benchmarks.md).
 fn node_spec(
-    node: &mut NodeProto,
+    node: &NodeProto,
     index: usize,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
@@ -448,10 +446,10 @@ fn node_spec(
     }
     Ok(NodeSpec {
         name,
-        op_type: std::mem::take(&mut node.op_type),
-        domain: std::mem::take(&mut node.domain),
-        inputs: std::mem::take(&mut node.input),
-        outputs: std::mem::take(&mut node.output),
+        op_type: node.op_type.clone(),
+        domain: node.domain.clone(),
+        inputs: node.input.clone(),
+        outputs: node.output.clone(),
         attributes,
         captures: captures.into_iter().collect(),
         module_scope: node
@@ -528,14 +526,7 @@ fn load_subgraph(
     outer_scope_reads(graph, &mut captures);
     let captures: Vec<String> = captures.into_iter().collect();
     let mut builder = Graph::builder(graph.name.clone());
-    // Subgraphs are small: a copy to take the strings from keeps `graph` whole for the rest.
-    populate(
-        &mut builder,
-        &mut graph.clone(),
-        opsets,
-        external,
-        &captures,
-    )?;
+    populate(&mut builder, graph, opsets, external, &captures)?;
     let body = builder.build_subgraph()?;
     let outputs = graph
         .output
