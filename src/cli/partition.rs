@@ -306,7 +306,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             memory_headroom: args.memory_headroom,
             unknown_ops: args.unknown_op_cost.into(),
         },
-        time_limit: solve_share(args.time_limit, model.graph.node_count()),
+        time_limit: solve_share(args.time_limit, model.graph.node_count(), load_secs),
         solver: args.solver.into(),
         work_budget: args.work_budget,
         cut_constraints: CutConstraints {
@@ -424,17 +424,25 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What writing the plan costs per node after the solve (its figures, the schedule's
-/// simulation, the JSON, the table): 0.7 µs on the 2-core VM when quiet, measured on the
-/// 100k- and 1M-node stacks of `benches/scale.sh` (docs/benchmarks.md); kept back from the
-/// solve, with room for a loaded machine, so that `--time-limit` covers the whole command
-/// after loading.
+/// simulation, the MFU line's second costing pass, the JSON, the table, the exit): 0.7 µs on
+/// the 2-core VM when quiet, measured on the 100k- and 1M-node stacks of `benches/scale.sh`
+/// (docs/benchmarks.md). The least kept back from the solve.
 const OUTPUT_SECS_PER_NODE: f64 = 1e-6;
 
+/// The same cost as a fraction of the time the model took to load and type, in this run: both
+/// are linear passes over the nodes that allocate as they go, so a busy machine slows them
+/// alike, and the load just measured says how busy the machine is now. A fixed rate per node
+/// could not: under a load average of 7 on 2 cores writing took 3 µs a node at 20k and 100k
+/// nodes, four times the quiet rate (docs/benchmarks.md, "Limits at any size"). Measured
+/// after the solve on the 20k- and 100k-node stacks of `benches/scale.sh`: 0.19–0.24 of the
+/// load's time in eight runs at load averages of 3.5–5.8.
+const OUTPUT_SECS_PER_LOAD_SEC: f64 = 0.25;
+
 /// The part of `limit` the solve gets: the rest is kept for writing the plan of `nodes` nodes,
-/// at most half of it.
-fn solve_share(limit: std::time::Duration, nodes: usize) -> std::time::Duration {
-    let output = std::time::Duration::from_secs_f64(nodes as f64 * OUTPUT_SECS_PER_NODE);
-    limit - output.min(limit / 2)
+/// whose loading and typing took `load_secs`, at most half of it.
+fn solve_share(limit: std::time::Duration, nodes: usize, load_secs: f64) -> std::time::Duration {
+    let output = (nodes as f64 * OUTPUT_SECS_PER_NODE).max(load_secs * OUTPUT_SECS_PER_LOAD_SEC);
+    limit - std::time::Duration::from_secs_f64(output).min(limit / 2)
 }
 
 /// What the MILP did, in one line.
@@ -729,12 +737,21 @@ mod tests {
     fn the_output_of_a_large_plan_is_kept_out_of_the_solves_share_of_the_limit() {
         use std::time::Duration;
         let second = Duration::from_secs(1);
-        // 1 µs a node: nothing to keep for a small model, 0.1 s of a second for 100k nodes.
-        assert_eq!(solve_share(second, 0), second);
-        let share = solve_share(second, 100_000).as_secs_f64();
+        // 1 µs a node at least: nothing to keep for a small model, 0.1 s of a second for 100k
+        // nodes that loaded at once.
+        assert_eq!(solve_share(second, 0, 0.0), second);
+        let share = solve_share(second, 100_000, 0.0).as_secs_f64();
         assert!((share - 0.9).abs() < 1e-6, "{share}");
+        // A model slow to load on a busy machine is slow to write too: more is kept.
+        let busy = solve_share(second, 100_000, 1.0).as_secs_f64();
+        let expected = 1.0 - OUTPUT_SECS_PER_LOAD_SEC;
+        assert!((busy - expected).abs() < 1e-6, "{busy}");
         // Never more than half the limit, whatever the model.
-        assert_eq!(solve_share(second, 10_000_000), Duration::from_millis(500));
+        assert_eq!(
+            solve_share(second, 10_000_000, 0.0),
+            Duration::from_millis(500)
+        );
+        assert_eq!(solve_share(second, 1_000, 60.0), Duration::from_millis(500));
     }
 
     #[test]

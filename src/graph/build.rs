@@ -87,6 +87,16 @@ impl GraphBuilder {
         self
     }
 
+    /// Makes room for `nodes` more nodes and `tensors` more tensors, so that the name tables
+    /// of a large model are not rehashed as they grow.
+    pub fn reserve(&mut self, nodes: usize, tensors: usize) -> &mut Self {
+        self.dag.reserve_nodes(nodes);
+        self.node_names.reserve(nodes);
+        self.tensors.reserve(tensors);
+        self.tensor_by_name.reserve(tensors);
+        self
+    }
+
     fn intern(&mut self, name: &str) -> TensorId {
         if let Some(&id) = self.tensor_by_name.get(name) {
             return id;
@@ -108,11 +118,14 @@ impl GraphBuilder {
         id
     }
 
+    /// Records `origin` as the producer of `name`; `who` names it in the error when the tensor
+    /// has one already (a closure: formatting a node's name for every output was a string per
+    /// tensor on the way to no error).
     fn set_origin(
         &mut self,
         name: &str,
         origin: TensorOrigin,
-        who: &str,
+        who: impl FnOnce() -> String,
     ) -> Result<TensorId, Error> {
         let id = self.intern(name);
         let slot = &mut self.tensors[id.index()].1;
@@ -127,7 +140,7 @@ impl GraphBuilder {
             return Err(Error::DuplicateProducer {
                 tensor: name.to_string(),
                 first,
-                second: who.to_string(),
+                second: who(),
             });
         }
         *slot = Some(origin);
@@ -147,7 +160,7 @@ impl GraphBuilder {
         dtype: Option<DType>,
         shape: Option<Shape>,
     ) -> Result<TensorId, Error> {
-        let id = self.set_origin(name, TensorOrigin::GraphInput, "graph input")?;
+        let id = self.set_origin(name, TensorOrigin::GraphInput, || "graph input".into())?;
         let tensor = &mut self.tensors[id.index()].0;
         tensor.dtype = dtype;
         tensor.shape = shape;
@@ -164,12 +177,19 @@ impl GraphBuilder {
         param: Param,
         value: Option<ConstValue>,
     ) -> Result<TensorId, Error> {
-        let id = self.set_origin(name, TensorOrigin::Parameter(param), "initializer")?;
+        let id = self.set_origin(name, TensorOrigin::Parameter(param), || {
+            "initializer".into()
+        })?;
         let tensor = &mut self.tensors[id.index()].0;
         tensor.dtype = Some(dtype);
         tensor.shape = Some(dims.iter().map(|&d| d.into()).collect());
         tensor.value = value;
         Ok(id)
+    }
+
+    /// Whether a node with this name has been added.
+    pub fn has_node(&self, name: &str) -> bool {
+        self.node_names.contains_key(name)
     }
 
     /// Whether a tensor with this name has a producer (input, parameter or node) already.
@@ -220,11 +240,9 @@ impl GraphBuilder {
                 node: node_id,
                 output: index,
             };
-            outputs.push(Some(self.set_origin(
-                out,
-                origin,
-                &format!("node '{}'", spec.name),
-            )?));
+            outputs.push(Some(
+                self.set_origin(out, origin, || format!("node '{}'", spec.name))?,
+            ));
         }
         let node = &mut self.dag[node_id.0];
         node.inputs = inputs;

@@ -21,16 +21,39 @@ use crate::Error;
 /// names, dtypes and dims, but no initializer bytes and no external-data reference. The opset
 /// imports are not hashed (they live outside the graph; the graph's node list is what is cut).
 pub fn graph_sha256(graph: &GraphProto) -> String {
-    let mut graph = graph.clone();
-    for init in graph.initializer.iter_mut() {
-        *init = shape_only(init);
+    graph_sha256_in_place(&mut graph.clone())
+}
+
+/// [`graph_sha256`] without a copy of the graph: the initializers are set aside for the
+/// encoding and put back, and the encoding streams into the hash (a copy and a buffer of the
+/// whole graph were a fifth of loading a 100k-node model).
+fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
+    use sha2::{Digest, Sha256};
+    let initializers = std::mem::take(&mut graph.initializer);
+    let sparse = std::mem::take(&mut graph.sparse_initializer);
+    graph.initializer = initializers.iter().map(shape_only).collect();
+    graph.sparse_initializer = sparse
+        .iter()
+        .map(|s| {
+            let mut shape = s.clone();
+            shape.values = s.values.as_ref().map(shape_only).into();
+            shape.indices.clear();
+            shape
+        })
+        .collect();
+    let mut hasher = Sha256::new();
+    let written = graph.write_to_writer(&mut hasher);
+    graph.initializer = initializers;
+    graph.sparse_initializer = sparse;
+    match written {
+        Ok(()) => hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        // Encoding into memory cannot fail; the digest of no bytes, as before, if it did.
+        Err(_) => crate::plan::sha256_hex(&[]),
     }
-    for sparse in graph.sparse_initializer.iter_mut() {
-        let values = sparse.values.as_ref().map(shape_only);
-        sparse.values = values.into();
-        sparse.indices.clear();
-    }
-    crate::plan::sha256_hex(&graph.write_to_bytes().unwrap_or_default())
 }
 
 /// An initializer reduced to the facts planning reads: name, dtype, dims.
@@ -105,16 +128,19 @@ pub(super) fn decode_model(
         )));
     }
     let opsets = read_opsets(&proto)?;
-    let graph_proto = proto.graph.as_ref().expect("checked above");
-    let mut external = ExternalFiles::new(base_dir);
-    let graph = build_graph(graph_proto, &opsets, &mut external)?;
-    let default_ops: BTreeSet<String> = graph_proto
+    let mut proto = proto;
+    let graph_proto = proto.graph.as_mut().expect("checked above");
+    let default_ops: BTreeSet<&str> = graph_proto
         .node
         .iter()
         .filter(|n| n.domain.is_empty() || n.domain == "ai.onnx")
-        .map(|n| n.op_type.clone())
+        .map(|n| n.op_type.as_str())
         .collect();
     let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
+    let weights_sha256 = weights_sha256(graph_proto);
+    let graph_sha256 = graph_sha256_in_place(graph_proto);
+    let mut external = ExternalFiles::new(base_dir);
+    let graph = build_graph(graph_proto, &opsets, &mut external)?;
     Ok(Model {
         graph,
         ir_version: proto.ir_version,
@@ -123,8 +149,8 @@ pub(super) fn decode_model(
             .to_string(),
         file_bytes: bytes.len() as u64,
         sha256: crate::plan::sha256_hex(bytes),
-        graph_sha256: graph_sha256(graph_proto),
-        weights_sha256: weights_sha256(graph_proto),
+        graph_sha256,
+        weights_sha256,
         warnings,
         missing_external_data: external.missing,
     })
@@ -222,6 +248,11 @@ fn populate(
     for (domain, version) in opsets {
         builder.opset(domain, *version);
     }
+    // Each node writes about one tensor; the weights and inputs are the rest.
+    builder.reserve(
+        proto.node.len(),
+        proto.node.len() + proto.initializer.len() + proto.input.len(),
+    );
     for init in &proto.initializer {
         let decoded = decode_tensor(init, external)?;
         let param = decoded.param();
@@ -271,7 +302,6 @@ fn populate(
     for name in captures {
         builder.input(name, None, None)?;
     }
-    let mut used_names = HashSet::new();
     // A graph of Constant nodes alone (onnx's `test_constant`) would have no operator left once
     // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
     // then, the whole model one stage that produces its constants.
@@ -303,7 +333,7 @@ fn populate(
             continue;
         }
         check_legacy_node(node, opsets.get("").copied())?;
-        let spec = node_spec(node, index, opsets, external, &mut used_names)?;
+        let spec = node_spec(node, index, opsets, external, builder)?;
         builder.node(spec)?;
     }
     for output in &proto.output {
@@ -381,27 +411,30 @@ fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
 
 /// A unique, non-empty node name: ONNX allows empty and repeated names, but plans list nodes by
 /// name, so the loader names them `<op>_<index>` or suffixes repeats with `__<index>`.
-fn unique_node_name(node: &NodeProto, index: usize, used: &mut HashSet<String>) -> String {
-    let mut name = if node.name.is_empty() {
+/// The node's name, made non-empty and unique among the nodes built so far.
+fn unique_node_name(node: &NodeProto, index: usize, builder: &GraphBuilder) -> String {
+    let name = if node.name.is_empty() {
         format!("{}_{index}", node.op_type)
     } else {
         node.name.clone()
     };
-    if used.contains(&name) {
-        name = format!("{name}__{index}");
+    if builder.has_node(&name) {
+        return format!("{name}__{index}");
     }
-    used.insert(name.clone());
     name
 }
 
+/// The node to build. Its strings are copied, not moved out of the protobuf: freeing the moved
+/// ones during the build left holes in the decoded file's memory that the graph then filled,
+/// and the scattered graph slowed a million-node solve by half (docs/benchmarks.md).
 fn node_spec(
     node: &NodeProto,
     index: usize,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
-    used: &mut HashSet<String>,
+    builder: &GraphBuilder,
 ) -> Result<NodeSpec, Error> {
-    let name = unique_node_name(node, index, used);
+    let name = unique_node_name(node, index, builder);
     let mut attributes = BTreeMap::new();
     let mut captures = BTreeSet::new();
     for attr in &node.attribute {

@@ -125,13 +125,13 @@ pub(crate) fn check_legacy_node(node: &NodeProto, opset: Option<i64>) -> Result<
 
 /// The warnings a model's default-domain opset and op types call for (see the module doc), one
 /// sentence each, naming the ops pipecut had to assume.
-pub(crate) fn opset_warnings(opset: Option<i64>, op_types: &BTreeSet<String>) -> Vec<String> {
+pub(crate) fn opset_warnings(opset: Option<i64>, op_types: &BTreeSet<&str>) -> Vec<String> {
     let Some(opset) = opset else {
         return Vec::new();
     };
     let mut warnings = Vec::new();
     if opset > NEWEST_KNOWN_OPSET {
-        let ops: Vec<&str> = op_types.iter().map(String::as_str).collect();
+        let ops: Vec<&str> = op_types.iter().copied().collect();
         warnings.push(format!(
             "opset {opset} is newer than pipecut knows ({NEWEST_KNOWN_OPSET}); it assumes these ops keep their opset-{NEWEST_KNOWN_OPSET} semantics: {}",
             ops.join(", ")
@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn warnings_name_the_assumed_ops() {
-        let ops: BTreeSet<String> = ["Relu", "SpaceToDepth"].map(String::from).into();
+        let ops: BTreeSet<&str> = ["Relu", "SpaceToDepth"].into();
         assert!(opset_warnings(Some(23), &ops).is_empty());
         let at_28 = opset_warnings(Some(28), &ops);
         assert_eq!(at_28.len(), 1);
