@@ -6,8 +6,9 @@
 #
 #   bash benches/plans.sh [ROUNDS] > plans.md      (docs/benchmarks.md, "Plans on real execution")
 #
-# SELECT=N (default 6) gives the optimiser `--select-by-running N`: its optimum and nearest rivals
-# run first and a rival measured faster in every round replaces it (docs/cost-model.md); SELECT=0
+# SELECT=N (default 10) gives the optimiser `--select-by-running N`: its optimum and nearest rivals
+# run first and a rival measured faster (a sign test over the rounds) replaces it
+# (docs/cost-model.md); SELECT=0
 # benchmarks the cost model's optimum alone. mlp streams 256 micro-batches a run instead of 16:
 # its 0.3 ms micro-batches made 5 ms runs, where a scheduler tick is a tenth of a round.
 #
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 rounds="${1:-6}"
-select="${SELECT:-6}"
+select="${SELECT:-10}"
 bin="${PIPECUT_BIN:-target/release/pipecut}"
 [[ -n "${PIPECUT_BIN:-}" ]] || cargo build --release -q
 out=$(mktemp -d)

@@ -6,8 +6,9 @@
 //! streams 25 MB through the cache, docs/benchmarks.md), the cost model cannot choose and a run
 //! can. The rivals are the optimum with one stage boundary moved across the nodes beside it
 //! ([`boundary_moves`]) among those the model predicts within [`RIVAL_SLACK`] of it; a rival
-//! replaces the optimum only when it was faster in every paired round and by [`WIN_MARGIN`] in
-//! the median round, so noise keeps the proven plan. The plan then says so in its status and
+//! replaces the optimum only when it was faster by [`WIN_MARGIN`] in the median paired round and
+//! in enough rounds to pass a sign test ([`PairedRuns::clear_winner_over`]), so noise keeps the
+//! proven plan. The plan then says so in its status and
 //! records every candidate's figures (`summary.measured_selection`).
 
 use std::path::Path;
@@ -36,7 +37,8 @@ pub struct SelectArgs {
     /// Run the cost model's optimum and its nearest rivals (each stage boundary moved across
     /// the nodes beside it, either way, far enough to carry 2% of the bottleneck; those
     /// predicted within 5% of it) on this machine's CPU runtime, one pinned core per stage, in
-    /// this many paired rounds, and keep a rival faster in every round and by 1% in the median.
+    /// this many paired rounds, and keep a rival faster by 1% in the median round and in enough
+    /// rounds to pass a one-sided sign test at 5% (all of 6, 9 of 10, 15 of 20).
     /// Needs the model's weights, CPU stages and no more stages than cores.
     #[arg(long, value_name = "ROUNDS", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub select_by_running: Option<u32>,

@@ -134,7 +134,7 @@ pub enum HeuristicReason {
     /// search (more than [`ideal_search::MAX_NODES`] nodes).
     TooLargeToSearch,
     /// `--select-by-running` ran the cost model's optimum and its nearest rivals on this
-    /// machine, and a rival was faster in every round: the plan is that rival
+    /// machine, and a rival was faster beyond the rounds' noise: the plan is that rival
     /// (`summary.measured_selection` has the figures).
     SelectedByRunning,
     /// Written by a pipecut that did not record the reason.
@@ -168,7 +168,7 @@ impl HeuristicReason {
                 "under a work budget only the ideal search runs, and the graph is too large for it"
             }
             HeuristicReason::SelectedByRunning => {
-                "a rival of the cost model's optimum, measured faster in every round on this machine"
+                "a rival of the cost model's optimum, measured faster on this machine"
             }
             HeuristicReason::Unrecorded => "not proven optimal over all convex partitions",
         }

@@ -77,19 +77,39 @@ impl PairedRuns {
             .collect()
     }
 
-    /// The plan that beat `reference` in every round and by at least `margin` in the median
-    /// round (the fastest such median), if any: a difference the rounds agree on and noise
-    /// of that size would not make.
+    /// The plan that beat `reference` by at least `margin` in the median round and in so many
+    /// rounds that a tie would do as well with a chance of 5% at most (a one-sided sign test:
+    /// all of 6 rounds, 9 of 10, 15 of 20), the fastest such median if several did: a
+    /// difference the rounds agree on beyond what a noisy round or two would make.
     pub fn clear_winner_over(&self, reference: usize, margin: f64) -> Option<usize> {
         (0..self.stage_cpu_secs.len())
             .filter(|&p| p != reference)
             .map(|p| (p, self.ratios(p, reference)))
-            .filter(|(_, r)| !r.is_empty() && r.iter().all(|&x| x < 1.0))
+            .filter(|(_, r)| {
+                let wins = r.iter().filter(|&&x| x < 1.0).count();
+                !r.is_empty() && wins >= sign_test_wins(r.len())
+            })
             .map(|(p, r)| (p, percentiles(&r).0))
             .filter(|&(_, m)| m <= 1.0 - margin)
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(p, _)| p)
     }
+}
+
+/// The fewest wins in `rounds` paired rounds that a plan no faster than its rival reaches with
+/// a chance of at most 5% (each round a fair coin): `rounds + 1`, never, below 5 rounds.
+pub fn sign_test_wins(rounds: usize) -> usize {
+    let total = 2f64.powi(rounds as i32);
+    let mut tail = 0.0;
+    let mut choose = 1.0; // C(rounds, k), from k = rounds down
+    for k in (0..=rounds).rev() {
+        tail += choose / total;
+        if tail > 0.05 {
+            return k + 1;
+        }
+        choose = choose * k as f64 / (rounds - k + 1) as f64;
+    }
+    0
 }
 
 #[cfg(test)]
@@ -108,20 +128,36 @@ mod tests {
     }
 
     #[test]
-    fn a_winner_beats_the_reference_in_every_round_and_by_the_margin_in_the_median() {
+    fn the_sign_test_asks_for_all_of_six_rounds_nine_of_ten_and_fifteen_of_twenty() {
+        assert_eq!(sign_test_wins(4), 5);
+        assert_eq!(sign_test_wins(5), 5);
+        assert_eq!(sign_test_wins(6), 6);
+        assert_eq!(sign_test_wins(8), 7);
+        assert_eq!(sign_test_wins(10), 9);
+        assert_eq!(sign_test_wins(20), 15);
+    }
+
+    #[test]
+    fn a_winner_beats_the_reference_in_enough_rounds_and_by_the_margin_in_the_median() {
         let r = runs(&[
-            &[1.0, 1.0, 1.0],
-            // Faster in the median, slower in one round: noise, not a winner.
-            &[0.90, 0.92, 1.01],
+            &[1.0; 6],
+            // Faster in the median, slower in one of six rounds: a tie could do that.
+            &[0.90, 0.92, 1.01, 0.90, 0.91, 0.93],
             // Faster in every round by 3–5%.
-            &[0.95, 0.97, 0.96],
+            &[0.95, 0.97, 0.96, 0.95, 0.96, 0.97],
             // Faster in every round, by less than the margin.
-            &[0.995, 0.999, 0.992],
+            &[0.995, 0.999, 0.992, 0.995, 0.999, 0.992],
         ]);
-        assert_eq!(r.ratios(2, 0), vec![0.95, 0.97, 0.96]);
+        assert_eq!(r.ratios(2, 0), vec![0.95, 0.97, 0.96, 0.95, 0.96, 0.97]);
         assert_eq!(r.clear_winner_over(0, 0.01), Some(2));
         assert_eq!(r.clear_winner_over(0, 0.05), None);
-        // Against plan 2, nothing wins every round.
+        // Against plan 2, nothing wins enough rounds.
         assert_eq!(r.clear_winner_over(2, 0.0), None);
+        // Over ten rounds one lost round is allowed: nine wins of ten.
+        let ten = runs(&[
+            &[1.0; 10],
+            &[0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 1.01],
+        ]);
+        assert_eq!(ten.clear_winner_over(0, 0.01), Some(1));
     }
 }
