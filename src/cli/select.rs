@@ -55,7 +55,7 @@ pub fn select(
     rounds: u32,
 ) -> anyhow::Result<Option<MeasuredSelection>> {
     runnable_here(&solution.problem, cluster)?;
-    let candidates = candidates(graph, solution)?;
+    let candidates = candidates(graph, solution);
     if candidates.len() < 2 {
         eprintln!(
             "note: --select-by-running: no rival of the optimum within {:.0}% of its bottleneck; nothing to run",
@@ -136,7 +136,7 @@ fn runnable_here(problem: &PartitionProblem, cluster: &Cluster) -> anyhow::Resul
 
 /// The optimum, then each distinct rival within [`RIVAL_SLACK`] that fits and keeps the cut
 /// constraints, each with where it came from.
-fn candidates(graph: &Graph, solution: &Solution) -> anyhow::Result<Vec<(String, Vec<StageId>)>> {
+fn candidates(graph: &Graph, solution: &Solution) -> Vec<(String, Vec<StageId>)> {
     let problem = &solution.problem;
     let bottleneck = solution.evaluation.bottleneck_secs;
     let keeps_constraints = |stage_of: &[StageId]| {
@@ -175,7 +175,7 @@ fn candidates(graph: &Graph, solution: &Solution) -> anyhow::Result<Vec<(String,
         );
         out.push((origin, rival.stage_of));
     }
-    Ok(out)
+    out
 }
 
 /// Each candidate's stages run in paired rounds, one pinned core per stage.

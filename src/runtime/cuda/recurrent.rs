@@ -15,7 +15,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::{Attribute, DType};
-use crate::runtime::kernels::Ctx;
+use crate::runtime::kernels::{Ctx, RecurrentCell as Cell};
 
 /// A direction's activations, laid out as `struct RecurrentActs` in `kernels.cu`.
 #[repr(C)]
@@ -29,34 +29,6 @@ struct Activations {
 // SAFETY: `Activations` is `repr(C)` plain data matching the CUDA struct field for field.
 unsafe impl DeviceRepr for Activations {}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cell {
-    Rnn,
-    Gru,
-    Lstm,
-}
-
-impl Cell {
-    fn gates(self) -> usize {
-        match self {
-            Cell::Rnn => 1,
-            Cell::Gru => 3,
-            Cell::Lstm => 4,
-        }
-    }
-
-    fn default_activations(self) -> &'static [&'static str] {
-        match self {
-            Cell::Rnn => &["Tanh"],
-            Cell::Gru => &["Sigmoid", "Tanh"],
-            Cell::Lstm => &["Sigmoid", "Tanh", "Tanh"],
-        }
-    }
-}
-
-/// Each direction's activations (the kernel's codes), the alphas and betas consumed in order
-/// by those that take them, as the CPU kernel reads them; `None` for a list the CPU kernel
-/// rejects.
 fn activations(ctx: &Ctx, cell: Cell, directions: usize) -> Option<Vec<Activations>> {
     let per = cell.default_activations().len();
     let names: Vec<String> = match ctx.attr("activations") {

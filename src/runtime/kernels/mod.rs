@@ -32,6 +32,8 @@ pub(crate) use pool_nd::geometry as pool_geometry;
 #[cfg(feature = "cuda")]
 pub(crate) use quant::{block_size as quant_block_size, param_offsets as quant_param_offsets};
 #[cfg(feature = "cuda")]
+pub(crate) use recurrent::Cell as RecurrentCell;
+#[cfg(feature = "cuda")]
 pub(crate) use scatter::{gather_nd_rows, scatter_elements_offsets, scatter_nd_rows};
 mod conv_transpose_nd;
 mod crop;

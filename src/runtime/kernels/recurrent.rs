@@ -15,15 +15,16 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["LSTM"], |ctx, inputs| recurrent(ctx, inputs, Cell::Lstm));
 }
 
+/// Which recurrent layer (also what the CUDA backend's recurrent op dispatches on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cell {
+pub(crate) enum Cell {
     Rnn,
     Gru,
     Lstm,
 }
 
 impl Cell {
-    fn gates(self) -> usize {
+    pub(crate) fn gates(self) -> usize {
         match self {
             Cell::Rnn => 1,
             Cell::Gru => 3,
@@ -32,7 +33,7 @@ impl Cell {
     }
 
     /// Activations per direction and their defaults.
-    fn default_activations(self) -> &'static [&'static str] {
+    pub(crate) fn default_activations(self) -> &'static [&'static str] {
         match self {
             Cell::Rnn => &["Tanh"],
             Cell::Gru => &["Sigmoid", "Tanh"],
