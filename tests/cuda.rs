@@ -806,8 +806,8 @@ enum NodeCase {
     LeftOut,
     /// The CPU backend runs it; the CUDA backend fails or differs from the reference: why.
     Failed(String),
-    /// The CPU backend runs it, the CUDA backend has no host kernel for one of its ops (control
-    /// flow, which the CPU executor runs itself).
+    /// The CPU backend runs it, the CUDA backend has no kernel for one of its ops (ops on
+    /// sequences, which only the CPU executor holds).
     NotOnCuda(String),
     /// Matched its reference; the model's ops and those that ran on the host.
     Passed {
@@ -998,12 +998,14 @@ impl OpCensus {
         }
         let mut missing = self.not_on_cuda.clone();
         missing.sort();
-        out.push_str(&format!(
-            "\nThe CUDA backend cannot run {} cases the CPU backend runs (their control-flow and \
-             optional ops have no host kernel there): {}.\n",
-            missing.len(),
-            missing.join(", ")
-        ));
+        if !missing.is_empty() {
+            out.push_str(&format!(
+                "\nThe CUDA backend cannot run {} cases the CPU backend runs (ops on sequences, \
+                 which only the CPU executor holds): {}.\n",
+                missing.len(),
+                missing.join(", ")
+            ));
+        }
         out
     }
 

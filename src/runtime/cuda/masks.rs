@@ -240,6 +240,7 @@ fn cast_target(ctx: &Ctx, args: &[Option<Value>]) -> Option<DType> {
         Value::Host(t, _) => Some(t.dtype()),
         Value::Device(t) if t.mask => Some(DType::Bool),
         Value::Device(_) => Some(DType::F32),
+        Value::Optional(_) => None,
     }
 }
 

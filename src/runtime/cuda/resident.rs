@@ -63,7 +63,7 @@ impl CudaExecutor<'_> {
                     .into_iter()
                     .map(|(name, value)| match value {
                         Value::Host(t, _) => Ok((name, t)),
-                        Value::Device(_) => Err(Error::Cuda(format!(
+                        Value::Device(_) | Value::Optional(_) => Err(Error::Cuda(format!(
                             "the last stage sent '{name}' without bringing it to the host"
                         ))),
                     })
