@@ -1692,3 +1692,75 @@ fn device_casts_and_masks_give_the_cpu_runtimes_bits() {
     }
     assert_eq!(compared, 7, "one file per output");
 }
+
+/// Control flow as an exported decoder carries it (`tests/fake_cuda/control_flow_models.py`):
+/// an If on a condition computed on the device whose branches read the enclosing graph's
+/// tensors, a Loop carrying a device state and an int64 counter with a scan output, a Scan
+/// over the sequence axis forwards and backwards. Whole, against onnxruntime; in 2 stages of 2
+/// micro-batches (the two take different branches of the If), against the CPU runtime. Every
+/// float op runs on the device, inside the bodies too, and the host downloads only the outputs
+/// and the conditions (one per If, one per Loop iteration): carried values and scan outputs
+/// stay on the device. Under the AddressSanitizer build of the fake driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn control_flow_runs_on_the_device_and_matches_the_cpu_runtime() {
+    const MICROBATCHES: usize = 2;
+    const LOOP_TRIPS: usize = 4;
+    let gpu = fake_cuda::FakeGpu {
+        build: fake_cuda::Build::Asan,
+        ..fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    let Some(python) = venv_python("the control-flow model cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/control_flow_models.py"))
+        .arg(models)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "control_flow_models.py failed");
+    let model = models.join("decoder.onnx");
+    let model = model.to_str().unwrap();
+    let input = format!("X={}", models.join("decoder.X.npy").display());
+    let run = |stages: usize, batch: usize, microbatches: usize| {
+        let work = models.join(format!("k{stages}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let dims = [format!("batch={batch}"), format!("steps.0={LOOP_TRIPS}")];
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        let plan = partition(&work, model, stages, &dims);
+        let stats = work.join("stats.json");
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+        let extra = [
+            "--input",
+            &input,
+            "--microbatches",
+            &microbatches.to_string(),
+        ];
+        let extra = extra.map(String::from);
+        let json = [&extra[..], &["--json".to_string()]].concat();
+        let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+        let report = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+        run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+        assert_no_host_fallbacks(&format!("decoder K={stages}"), &report);
+        let copies: Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (cuda, cpu, copies)
+    };
+    let (cuda, _, _) = run(1, 6, 1);
+    assert_same_outputs("decoder whole", &cuda, &models.join("decoder.reference"));
+    let (cuda, cpu, copies) = run(2, 6 / MICROBATCHES, MICROBATCHES);
+    assert_same_outputs("decoder K=2", &cuda, &cpu);
+    let outputs = std::fs::read_dir(&cuda).unwrap().count();
+    assert_eq!(outputs, 5);
+    assert_eq!(
+        copies["device_to_host"],
+        (MICROBATCHES * (outputs + 1 + LOOP_TRIPS)) as u64,
+        "only the outputs and the conditions come back to the host: {copies}"
+    );
+}

@@ -653,7 +653,11 @@ impl Executor for CudaExecutor<'_> {
         let mut read_weights: Vec<TensorId> = spec
             .nodes
             .iter()
-            .flat_map(|&n| graph.node(n).inputs.iter().flatten().copied())
+            .flat_map(|&n| {
+                // A subgraph's reads of the stage's weights are the node's captures.
+                let node = graph.node(n);
+                node.inputs.iter().flatten().chain(&node.captures).copied()
+            })
             .filter(|&t| graph.tensor(t).param().is_some())
             .collect();
         // Float weights go to the device once; integer ones (shapes, indices) stay on the host.
