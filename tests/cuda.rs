@@ -1764,3 +1764,108 @@ fn control_flow_runs_on_the_device_and_matches_the_cpu_runtime() {
         "only the outputs and the conditions come back to the host: {copies}"
     );
 }
+
+/// The element-wise fast path (`src/runtime/cuda/flat.rs`: same-shaped operands, scalars and
+/// trailing rows read with 32-bit indices) and the general kernels give the same bits on binary
+/// ops, comparisons and Where, at odd sizes and over a million elements
+/// (`tests/fake_cuda/elementwise_models.py`), and both the CPU runtime's numbers. The fake
+/// driver's launch counts show which path ran: with the fast path on, the general kernels run
+/// only for the broadcasts in the middle of a shape; with `PIPECUT_CUDA_FLAT=off`, never a
+/// fast one.
+#[cfg(feature = "cuda")]
+#[test]
+fn elementwise_fast_path_and_general_kernels_agree() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the element-wise model cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/elementwise_models.py"))
+        .arg(work)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "elementwise_models.py failed");
+    let model = work.join("elementwise.onnx");
+    let model = model.to_str().unwrap();
+    let plan = partition(work, model, 1, &[]);
+    let mut extra = vec!["--microbatches".to_string(), "1".to_string()];
+    for input in ["X", "Z"] {
+        let path = work.join(format!("elementwise.{input}.npy"));
+        extra.extend(["--input".to_string(), format!("{input}={}", path.display())]);
+    }
+    let run = |flat: &str| {
+        let stats = work.join(format!("stats-{flat}.json"));
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+        env.push(("PIPECUT_CUDA_FLAT".into(), flat.into()));
+        let out = work.join(format!("cuda-{flat}"));
+        let json = [&extra[..], &["--json".to_string()]].concat();
+        let report = run_plan(&plan, model, "cuda", &json, &out, &env);
+        assert_no_host_fallbacks(&format!("PIPECUT_CUDA_FLAT={flat}"), &report);
+        let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        (out, stats["launches"].clone())
+    };
+    let (fast, fast_launches) = run("on");
+    let (general, general_launches) = run("off");
+    let cpu = work.join("cpu");
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    assert_same_outputs("fast path", &fast, &cpu);
+    assert_same_outputs("general kernels", &general, &cpu);
+    for entry in std::fs::read_dir(&general).unwrap() {
+        let path = entry.unwrap().path();
+        let read = |p: &Path| pipecut::runtime::read_npy(p).unwrap().tensor.to_f32_vec();
+        let (want, got) = (read(&path), read(&fast.join(path.file_name().unwrap())));
+        let same_bits = want
+            .iter()
+            .zip(&got)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same_bits && want.len() == got.len(), "{}", path.display());
+    }
+    let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
+    eprintln!("launches with the fast path: {fast_launches}\nwithout: {general_launches}");
+    // Of the 14 binary ops, Add of X and a [5, 1] column and Min of a [3, 1, 7] and a [5, 7]
+    // broadcast in the middle; of the 3 comparisons, Greater of X and the column; of the two
+    // Wheres, the one whose condition is a [5, 1] column.
+    assert_eq!(
+        count(&fast_launches, "binary_flat_f32"),
+        12,
+        "{fast_launches}"
+    );
+    assert_eq!(count(&fast_launches, "binary_f32"), 2, "{fast_launches}");
+    assert_eq!(
+        count(&fast_launches, "mask_binary_flat_f32"),
+        2,
+        "{fast_launches}"
+    );
+    assert_eq!(
+        count(&fast_launches, "mask_binary_f32"),
+        1,
+        "{fast_launches}"
+    );
+    assert_eq!(
+        count(&fast_launches, "where_mask_flat_f32"),
+        1,
+        "{fast_launches}"
+    );
+    assert_eq!(
+        count(&fast_launches, "where_mask_f32"),
+        1,
+        "{fast_launches}"
+    );
+    for kernel in [
+        "binary_flat_f32",
+        "mask_binary_flat_f32",
+        "where_mask_flat_f32",
+    ] {
+        assert_eq!(count(&general_launches, kernel), 0, "{general_launches}");
+    }
+    assert_eq!(
+        count(&general_launches, "binary_f32"),
+        14,
+        "{general_launches}"
+    );
+}

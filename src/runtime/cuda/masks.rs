@@ -126,6 +126,10 @@ pub(super) fn compare(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+    let flat = &gpu.functions.flat.compare;
+    if let Some(out) = super::flat::pair(gpu, flat, (&a, &b), &shape, code)? {
+        return one(DeviceTensor::mask(shape, out));
+    }
     let strides = [
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),
@@ -205,6 +209,9 @@ pub(super) fn choose(
     b: &DeviceTensor,
 ) -> Result<DeviceTensor, String> {
     let shape = broadcast_shapes(&[&cond.shape, &a.shape, &b.shape])?;
+    if let Some(out) = super::flat::choose(gpu, cond, (a, b), &shape)? {
+        return Ok(DeviceTensor::new(shape, out));
+    }
     let strides = [
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),

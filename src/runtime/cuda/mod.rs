@@ -24,6 +24,7 @@ mod compile;
 mod control_flow;
 mod conv3d;
 mod deform_conv;
+mod flat;
 mod grid_sample;
 mod index_ops;
 mod losses;

@@ -78,6 +78,8 @@ pub(super) struct Functions {
     pub(super) running_stats: CudaFunction,
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
+    /// The element-wise fast path (`flat.rs`).
+    pub(super) flat: super::flat::Kernels,
 }
 
 impl Functions {
@@ -123,6 +125,7 @@ impl Functions {
             running_stats: f("running_stats_f32")?,
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
+            flat: super::flat::Kernels::load(module)?,
         })
     }
 }
@@ -644,6 +647,10 @@ impl Gpu<'_> {
         code: i32,
     ) -> Result<DeviceTensor, String> {
         let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+        let flat = &self.functions.flat.binary;
+        if let Some(out) = super::flat::pair(self, flat, (a, b), &shape, code)? {
+            return Ok(DeviceTensor::new(shape, out));
+        }
         let dims = dims(
             &shape,
             &[
