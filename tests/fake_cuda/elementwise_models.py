@@ -2,8 +2,8 @@
 venv's onnx and numpy, seeded) for tests/cuda.rs: binary ops, comparisons and Where in every
 operand layout the element-wise fast path takes (same shape, a scalar first or second, a
 trailing row, a row with leading 1s) and in layouts it leaves to the general kernels (a
-broadcast in the middle or at the end), at odd sizes (3 × 5 × 7, and 1001 × 999, over a
-million elements).
+broadcast in the middle or at the end), at odd sizes (3 × 5 × 7, and 257 × 1001: many
+blocks, the last one partly filled).
 
 Usage: .venv/bin/python tests/fake_cuda/elementwise_models.py OUT_DIR
 """
@@ -28,7 +28,7 @@ def main(out):
     initializers = [
         weight("same", 3, 5, 7), weight("scalar"), weight("row", 7), weight("plane", 5, 7),
         weight("leading_ones", 1, 5, 7), weight("column", 5, 1), weight("middle", 3, 1, 7),
-        weight("wide_row", 999), weight("one", 1),
+        weight("wide_row", 1001), numpy_helper.from_array(np.ones(1, np.float32), "one"),
     ]
     n = helper.make_node
     nodes = [
@@ -61,8 +61,8 @@ def main(out):
     graph = helper.make_graph(
         nodes, "elementwise",
         [helper.make_tensor_value_info("X", F32, [3, 5, 7]),
-         helper.make_tensor_value_info("Z", F32, [1001, 999])],
-        [helper.make_tensor_value_info(o, F32, [1001, 999] if o.startswith("z_") else [3, 5, 7])
+         helper.make_tensor_value_info("Z", F32, [257, 1001])],
+        [helper.make_tensor_value_info(o, F32, [257, 1001] if o.startswith("z_") else [3, 5, 7])
          for o in outputs],
         initializers,
     )
@@ -71,7 +71,7 @@ def main(out):
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, out / "elementwise.onnx")
     np.save(out / "elementwise.X.npy", (rng.standard_normal([3, 5, 7]) * 2).astype(np.float32))
-    np.save(out / "elementwise.Z.npy", rng.standard_normal([1001, 999]).astype(np.float32))
+    np.save(out / "elementwise.Z.npy", rng.standard_normal([257, 1001]).astype(np.float32))
 
 
 if __name__ == "__main__":
