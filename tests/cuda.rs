@@ -1700,7 +1700,8 @@ fn device_casts_and_masks_give_the_cpu_runtimes_bits() {
 /// micro-batches (the two take different branches of the If), against the CPU runtime. Every
 /// float op runs on the device, inside the bodies too, and the host downloads only the outputs
 /// and the conditions (one per If, one per Loop iteration): carried values and scan outputs
-/// stay on the device. Under the AddressSanitizer build of the fake driver.
+/// stay on the device. A body op that falls back to the host is counted, once per iteration.
+/// Under the AddressSanitizer build of the fake driver.
 #[cfg(feature = "cuda")]
 #[test]
 fn control_flow_runs_on_the_device_and_matches_the_cpu_runtime() {
@@ -1762,6 +1763,33 @@ fn control_flow_runs_on_the_device_and_matches_the_cpu_runtime() {
         copies["device_to_host"],
         (MICROBATCHES * (outputs + 1 + LOOP_TRIPS)) as u64,
         "only the outputs and the conditions come back to the host: {copies}"
+    );
+    // A body op the device does not take (a Cast to int32) falls back, and is counted, once
+    // per iteration and micro-batch.
+    let model = models.join("truncating_loop.onnx");
+    let model = model.to_str().unwrap();
+    let work = models.join("truncating");
+    std::fs::create_dir_all(&work).unwrap();
+    let plan = partition(&work, model, 1, &[&format!("batch={}", 6 / MICROBATCHES)]);
+    let input = format!("X={}", models.join("truncating_loop.X.npy").display());
+    let extra = [
+        "--input",
+        &input,
+        "--microbatches",
+        &MICROBATCHES.to_string(),
+    ];
+    let extra = extra.map(String::from);
+    let json = [&extra[..], &["--json".to_string()]].concat();
+    let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+    let report = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    assert_same_outputs("truncating loop", &cuda, &cpu);
+    let report: Value = serde_json::from_str(&report).unwrap();
+    let host_ops = &report["stages"][0]["host_ops"];
+    assert_eq!(
+        *host_ops,
+        serde_json::json!({ "Cast": MICROBATCHES * LOOP_TRIPS }),
+        "{report}"
     );
 }
 

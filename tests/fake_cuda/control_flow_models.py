@@ -14,6 +14,10 @@ hand (torch is not in the venv):
 Every output keeps the batch on axis 0, so micro-batches concatenate. The input's two halves
 have sums of opposite signs: two micro-batches take the two branches of the If.
 
+And `truncating_loop.onnx` (input `truncating_loop.X.npy`): a Loop of `TRIPS` steps whose body
+truncates its state through int32 and back (`Cast`), which the device does not do: a host
+fallback inside a body, for the test to count.
+
 Usage: .venv/bin/python tests/fake_cuda/control_flow_models.py OUT_DIR
 """
 
@@ -120,8 +124,40 @@ def scan_node(rng):
     ]
 
 
+def truncating_loop(out):
+    """`TRIPS` steps of `s ← float(int32(3 · s)) + 0.5`, stacking `s`."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["s", "three"], ["scaled"]),
+            helper.make_node("Cast", ["scaled"], ["truncated"], to=TensorProto.INT32),
+            helper.make_node("Cast", ["truncated"], ["back"], to=F32),
+            helper.make_node("Add", ["back", "half"], ["s_next"]),
+            helper.make_node("Identity", ["cond"], ["cond_next"]),
+            helper.make_node("Identity", ["s_next"], ["s_scan"]),
+        ],
+        "truncating_body",
+        [value("i", I64, []), value("cond", BOOL, []), value("s", F32)],
+        [value("cond_next", BOOL, []), value("s_next", F32), value("s_scan", F32)],
+        [const("three", np.float32(3.0)), const("half", np.float32(0.5))],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "X"], ["S", "steps"], body=body),
+         helper.make_node("Transpose", ["steps"], ["Y"], perm=[1, 0, 2])],
+        "truncating_loop", [value("X", F32, ["batch", DIM])],
+        [value("S", F32, ["batch", DIM]), value("Y", F32, ["batch", TRIPS, DIM])],
+        [const("trips", np.int64(TRIPS))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, out / "truncating_loop.onnx")
+    x = np.random.default_rng(7).standard_normal([BATCH, DIM]).astype(np.float32)
+    np.save(out / "truncating_loop.X.npy", x)
+
+
 def main(out):
     out.mkdir(parents=True, exist_ok=True)
+    truncating_loop(out)
     rng = np.random.default_rng(19)
     nodes = [
         helper.make_node("MatMul", ["X", "W_in"], ["xw"]),

@@ -10,7 +10,8 @@
 //! run(stage)        ── nodes in order on the stage's stream: float tensors and the masks device
 //!                      ops make stay on the device, integer ones (shapes, indices) on the host;
 //!                      a node the device ops do not take runs its CPU kernel on host copies
-//!                      (counted)
+//!                      (counted); If, Loop and Scan run their bodies the same way, here
+//!                      (`control_flow.rs`)
 //! ```
 //!
 //! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
