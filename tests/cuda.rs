@@ -1857,47 +1857,25 @@ fn elementwise_fast_path_and_general_kernels_agree() {
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same_bits && want.len() == got.len(), "{}", path.display());
     }
-    let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
     eprintln!("launches with the fast path: {fast_launches}\nwithout: {general_launches}");
-    // Of the 14 binary ops, Add of X and a [5, 1] column and Min of a [3, 1, 7] and a [5, 7]
-    // broadcast in the middle; of the 3 comparisons, Greater of X and the column; of the two
-    // Wheres, the one whose condition is a [5, 1] column.
-    assert_eq!(
-        count(&fast_launches, "binary_flat_f32"),
-        12,
-        "{fast_launches}"
-    );
-    assert_eq!(count(&fast_launches, "binary_f32"), 2, "{fast_launches}");
-    assert_eq!(
-        count(&fast_launches, "mask_binary_flat_f32"),
-        2,
-        "{fast_launches}"
-    );
-    assert_eq!(
-        count(&fast_launches, "mask_binary_f32"),
-        1,
-        "{fast_launches}"
-    );
-    assert_eq!(
-        count(&fast_launches, "where_mask_flat_f32"),
-        1,
-        "{fast_launches}"
-    );
-    assert_eq!(
-        count(&fast_launches, "where_mask_f32"),
-        1,
-        "{fast_launches}"
-    );
-    for kernel in [
-        "binary_flat_f32",
-        "mask_binary_flat_f32",
-        "where_mask_flat_f32",
-    ] {
-        assert_eq!(count(&general_launches, kernel), 0, "{general_launches}");
+    // (general kernel, fast kernel, ops, of which the general kernel keeps): of the 14 binary
+    // ops, Add of X and a [5, 1] column and Min of a [3, 1, 7] and a [5, 7] (broadcasts in the
+    // middle); of the 3 comparisons, Greater of X and the column; of the two Wheres on a device
+    // mask and of the two on a host boolean tensor, the one whose condition is a [5, 1] column.
+    let expected = [
+        ("binary_f32", "binary_flat_f32", 14, 2),
+        ("mask_binary_f32", "mask_binary_flat_f32", 3, 1),
+        ("where_mask_f32", "where_mask_flat_f32", 2, 1),
+        ("where_f32", "where_flat_f32", 2, 1),
+    ];
+    let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
+    for (general, flat, ops, kept) in expected {
+        let fast = (count(&fast_launches, general), count(&fast_launches, flat));
+        assert_eq!(fast, (kept, ops - kept), "{general}: {fast_launches}");
+        let off = (
+            count(&general_launches, general),
+            count(&general_launches, flat),
+        );
+        assert_eq!(off, (ops, 0), "{general}: {general_launches}");
     }
-    assert_eq!(
-        count(&general_launches, "binary_f32"),
-        14,
-        "{general_launches}"
-    );
 }

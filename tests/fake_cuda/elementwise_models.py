@@ -1,6 +1,6 @@
 """Writes `elementwise.onnx` and its inputs `elementwise.X.npy` and `elementwise.Z.npy` (the
-venv's onnx and numpy, seeded) for tests/cuda.rs: binary ops, comparisons and Where in every
-operand layout the element-wise fast path takes (same shape, a scalar first or second, a
+venv's onnx and numpy, seeded) for tests/cuda.rs: binary ops, comparisons and Where (on a
+device mask and on a host boolean tensor) in every operand layout the element-wise fast path takes (same shape, a scalar first or second, a
 trailing row, a row with leading 1s) and in layouts it leaves to the general kernels (a
 broadcast in the middle or at the end), at odd sizes (3 × 5 × 7, and 257 × 1001: many
 blocks, the last one partly filled).
@@ -29,6 +29,8 @@ def main(out):
         weight("same", 3, 5, 7), weight("scalar"), weight("row", 7), weight("plane", 5, 7),
         weight("leading_ones", 1, 5, 7), weight("column", 5, 1), weight("middle", 3, 1, 7),
         weight("wide_row", 1001), numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        numpy_helper.from_array(rng.standard_normal(7) > 0, "flags_row"),
+        numpy_helper.from_array(rng.standard_normal([5, 1]) > 0, "flags_column"),
     ]
     n = helper.make_node
     nodes = [
@@ -50,13 +52,16 @@ def main(out):
         n("Greater", ["column", "one"], ["column_mask"]),
         n("Where", ["column_mask", "X", "row"], ["where_column"]),
         n("Cast", ["greater_column"], ["greater_column_float"], to=F32),
+        n("Where", ["flags_row", "X", "scalar"], ["where_flags_row"]),
+        n("Where", ["flags_column", "X", "row"], ["where_flags_column"]),
         n("Add", ["Z", "wide_row"], ["z_add_row"]),
         n("Mul", ["Z", "scalar"], ["z_mul_scalar"]),
         n("Sub", ["Z", "z_add_row"], ["z_sub_same"]),
     ]
     outputs = ["add_same", "mul_scalar", "sub_scalar_first", "div_row", "pow_plane",
                "max_leading_ones", "prelu_row", "mod_row", "add_column", "min_middle",
-               "where_flat", "where_column", "greater_column_float", "z_add_row",
+               "where_flat", "where_column", "greater_column_float", "where_flags_row",
+               "where_flags_column", "z_add_row",
                "z_mul_scalar", "z_sub_same"]
     graph = helper.make_graph(
         nodes, "elementwise",

@@ -1,7 +1,7 @@
 //! The element-wise fast path, chosen on the host: when every operand of a binary op, a
 //! comparison or a Where on a device mask is the output's shape, one element, or a row the
 //! output repeats (its shape, leading 1s aside, is the output's trailing dims), and the output
-//! holds fewer than 2³¹ elements, the `*_flat_f32` kernels read operand k at `i`, 0 or
+//! holds fewer than 2³¹ elements (a Where's condition on the host too), the `*_flat_f32` kernels read operand k at `i`, 0 or
 //! `i mod len_k` with 32-bit indices, where the general kernels divide a 64-bit index by every
 //! dimension of the output. Anything else (a broadcast in the middle, a bigger output) takes
 //! the general kernels. `PIPECUT_CUDA_FLAT=off` turns the fast path off, to compare the two.
@@ -19,6 +19,7 @@ pub(super) struct Kernels {
     pub(super) binary: CudaFunction,
     pub(super) compare: CudaFunction,
     where_mask: CudaFunction,
+    where_flags: CudaFunction,
 }
 
 impl Kernels {
@@ -32,6 +33,7 @@ impl Kernels {
             binary: f("binary_flat_f32")?,
             compare: f("mask_binary_flat_f32")?,
             where_mask: f("where_mask_flat_f32")?,
+            where_flags: f("where_flat_f32")?,
         })
     }
 }
@@ -92,21 +94,42 @@ pub(super) fn pair(
     Ok(Some(out))
 }
 
-/// `cond ? a : b` into a new buffer of `shape` (`where_mask_flat_f32`), or `None` when the
-/// operands need the general kernel.
+/// A Where's condition: a device mask, or bytes uploaded from a host boolean tensor.
+pub(super) enum Condition<'c> {
+    Mask(&'c DeviceTensor),
+    Flags(&'c CudaSlice<u8>, &'c [usize]),
+}
+
+/// `cond ? a : b` into a new buffer of `shape` (`where_mask_flat_f32` or `where_flat_f32`), or
+/// `None` when the operands need the general kernel.
 pub(super) fn choose(
     gpu: &Gpu,
-    cond: &DeviceTensor,
+    cond: Condition,
     (a, b): (&DeviceTensor, &DeviceTensor),
     shape: &[usize],
 ) -> Result<Option<CudaSlice<f32>>, String> {
-    let Some((n, lens)) = lens(shape, &[&cond.shape, &a.shape, &b.shape]) else {
+    let cond_shape = match cond {
+        Condition::Mask(mask) => &mask.shape[..],
+        Condition::Flags(_, shape) => shape,
+    };
+    let Some((n, lens)) = lens(shape, &[cond_shape, &a.shape, &b.shape]) else {
         return Ok(None);
     };
     let mut out = gpu.alloc(n as usize)?;
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.flat.where_mask);
+    let flat = &gpu.functions.flat;
+    let mut launch = match cond {
+        Condition::Mask(mask) => {
+            let mut launch = gpu.stream.launch_builder(&flat.where_mask);
+            launch.arg(&*mask.data);
+            launch
+        }
+        Condition::Flags(flags, _) => {
+            let mut launch = gpu.stream.launch_builder(&flat.where_flags);
+            launch.arg(flags);
+            launch
+        }
+    };
     launch
-        .arg(&*cond.data)
         .arg(&*a.data)
         .arg(&*b.data)
         .arg(&mut out)
@@ -114,8 +137,8 @@ pub(super) fn choose(
         .arg(&lens[0])
         .arg(&lens[1])
         .arg(&lens[2]);
-    // SAFETY: argument types match `where_mask_flat_f32`; reads stay inside each operand as
-    // in `pair`.
+    // SAFETY: argument types match `where_mask_flat_f32` (a float condition) and
+    // `where_flat_f32` (a byte condition); reads stay inside each operand as in `pair`.
     unsafe { launch.launch(Gpu::grid(n as usize)) }.map_err(cuda_error("launch"))?;
     Ok(Some(out))
 }

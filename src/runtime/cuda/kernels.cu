@@ -1412,3 +1412,13 @@ extern "C" __global__ void where_mask_flat_f32(const float* cond, const float* a
                                                   : b[flat_at(i, b_len, n)];
     }
 }
+
+// y = cond ? a : b, cond bytes uploaded from a host boolean tensor (`where_f32`'s fast path).
+extern "C" __global__ void where_flat_f32(const unsigned char* cond, const float* a,
+                                          const float* b, float* y, unsigned int n,
+                                          unsigned int c_len, unsigned int a_len,
+                                          unsigned int b_len) {
+    GRID_STRIDE32(i, n) {
+        y[i] = cond[flat_at(i, c_len, n)] ? a[flat_at(i, a_len, n)] : b[flat_at(i, b_len, n)];
+    }
+}

@@ -209,7 +209,8 @@ pub(super) fn choose(
     b: &DeviceTensor,
 ) -> Result<DeviceTensor, String> {
     let shape = broadcast_shapes(&[&cond.shape, &a.shape, &b.shape])?;
-    if let Some(out) = super::flat::choose(gpu, cond, (a, b), &shape)? {
+    let flat_cond = super::flat::Condition::Mask(cond);
+    if let Some(out) = super::flat::choose(gpu, flat_cond, (a, b), &shape)? {
         return Ok(DeviceTensor::new(shape, out));
     }
     let strides = [

@@ -806,6 +806,12 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     let shape = broadcast_shapes(&[cond.shape(), &a.shape, &b.shape])?;
+    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
+    let flags = gpu.upload(&flags)?;
+    let flat_cond = super::flat::Condition::Flags(&flags, cond.shape());
+    if let Some(out) = super::flat::choose(gpu, flat_cond, (&a, &b), &shape)? {
+        return one(DeviceTensor::new(shape, out));
+    }
     let dims = dims(
         &shape,
         &[
@@ -814,8 +820,6 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &broadcast_strides(cond.shape(), &shape),
         ],
     )?;
-    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
-    let flags = gpu.upload(&flags)?;
     let n = numel(&shape);
     let mut out = gpu.alloc(n)?;
     let n64 = n as i64;
