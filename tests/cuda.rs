@@ -1695,7 +1695,8 @@ fn device_casts_and_masks_give_the_cpu_runtimes_bits() {
 
 /// Control flow as an exported decoder carries it (`tests/fake_cuda/control_flow_models.py`):
 /// an If on a condition computed on the device whose branches read the enclosing graph's
-/// tensors, a Loop carrying a device state and an int64 counter with a scan output, a Scan
+/// tensors, a Loop carrying a device state and an int64 counter with a scan output (and an If
+/// nested in its body, reading the body's and the graph's tensors), a Scan
 /// over the sequence axis forwards and backwards. Whole, against onnxruntime; in 2 stages of 2
 /// micro-batches (the two take different branches of the If), against the CPU runtime. Every
 /// float op runs on the device, inside the bodies too, and the host downloads only the outputs

@@ -7,7 +7,8 @@ hand (torch is not in the venv):
   enclosing graph's tensors (a device activation and a weight) and a weight of their own;
 - a `Loop` with a trip count and a condition the body recomputes, a float state and an int64
   counter carried, a scan output, the iteration number used as a float, its own weight and
-  an outer weight and activation read from the body;
+  an outer weight and activation read from the body, and an `If` on the iteration number
+  nested in the body, whose branches read the body's tensors and weight and the graph's;
 - a `Scan` over the sequence axis (axis 1) of an activation, one input forwards and one
   backwards, the Loop's final state as its initial state, a scan output on axis 1.
 
@@ -61,9 +62,28 @@ def if_node(rng):
     ]
 
 
+def late_step():
+    """`If(i > 1)` inside the Loop body: then `s_next + context` (a tensor of the body and one of
+    the graph around the Loop), else `2 · s_next` (the body's own weight). The condition is an
+    integer one, computed on the host, as `if i > 1:` in a scripted loop."""
+    then = helper.make_graph(
+        [helper.make_node("Add", ["s_next", "context"], ["late_out"])],
+        "late_branch", [], [value("late_out", F32)],
+    )
+    otherwise = helper.make_graph(
+        [helper.make_node("Mul", ["s_next", "two"], ["early_out"])],
+        "early_branch", [], [value("early_out", F32)],
+    )
+    return [
+        helper.make_node("Greater", ["i", "one"], ["late"]),
+        helper.make_node("If", ["late"], ["stepped"], then_branch=then, else_branch=otherwise),
+    ]
+
+
 def loop_node(rng):
     """`TRIPS` steps of `s ← tanh(s · W_loop + bias + 0.1 · i + context)` while `max |s| < 100`,
-    counting steps in an int64 carried beside it, stacking `2 · s` per step."""
+    counting steps in an int64 carried beside it, stacking `2 · s` (the first two steps) or
+    `s + context` (the others) per step."""
     body = helper.make_graph(
         [
             helper.make_node("Cast", ["i"], ["i_float"], to=F32),
@@ -77,13 +97,12 @@ def loop_node(rng):
             helper.make_node("ReduceMax", ["magnitude"], ["largest"], keepdims=0),
             helper.make_node("Less", ["largest", "hundred"], ["cond_next"]),
             helper.make_node("Add", ["count", "one"], ["count_next"]),
-            helper.make_node("Mul", ["s_next", "two"], ["doubled"]),
-        ],
+        ] + late_step(),
         "loop_body",
         [value("i", I64, []), value("cond", BOOL, []), value("s", F32),
          value("count", I64, [1])],
         [value("cond_next", BOOL, []), value("s_next", F32),
-         value("count_next", I64, [1]), value("doubled", F32)],
+         value("count_next", I64, [1]), value("stepped", F32)],
         [
             const("W_loop", (rng.standard_normal([DIM, DIM]) * 0.4).astype(np.float32)),
             const("tenth", np.float32(0.1)),
