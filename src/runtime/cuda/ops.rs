@@ -78,6 +78,8 @@ pub(super) struct Functions {
     pub(super) running_stats: CudaFunction,
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
+    /// The element-wise fast path (`flat.rs`).
+    pub(super) flat: super::flat::Kernels,
 }
 
 impl Functions {
@@ -123,6 +125,7 @@ impl Functions {
             running_stats: f("running_stats_f32")?,
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
+            flat: super::flat::Kernels::load(module)?,
         })
     }
 }
@@ -644,6 +647,10 @@ impl Gpu<'_> {
         code: i32,
     ) -> Result<DeviceTensor, String> {
         let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+        let flat = &self.functions.flat.binary;
+        if let Some(out) = super::flat::pair(self, flat, (a, b), &shape, code)? {
+            return Ok(DeviceTensor::new(shape, out));
+        }
         let dims = dims(
             &shape,
             &[
@@ -799,6 +806,12 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     let shape = broadcast_shapes(&[cond.shape(), &a.shape, &b.shape])?;
+    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
+    let flags = gpu.upload(&flags)?;
+    let flat_cond = super::flat::Condition::Flags(&flags, cond.shape());
+    if let Some(out) = super::flat::choose(gpu, flat_cond, (&a, &b), &shape)? {
+        return one(DeviceTensor::new(shape, out));
+    }
     let dims = dims(
         &shape,
         &[
@@ -807,8 +820,6 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &broadcast_strides(cond.shape(), &shape),
         ],
     )?;
-    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
-    let flags = gpu.upload(&flags)?;
     let n = numel(&shape);
     let mut out = gpu.alloc(n)?;
     let n64 = n as i64;
