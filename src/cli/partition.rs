@@ -396,6 +396,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
                 microbatch_size: batch,
                 sequence: super::efficiency::sequence_dim(&plan.model.dims),
                 step_secs: simulation.step_secs,
+                forward_flops: solution.problem.forward_flops(),
                 cluster: &cluster,
                 devices: plan
                     .stages

@@ -293,6 +293,22 @@ impl<'a> CostModel<'a> {
         Ok(time_secs)
     }
 
+    /// [`Self::node_time_secs`] and the node's forward FLOPs as [`Self::model_flops`] counts
+    /// them, `None` where only a measured time stands (no rule gave its work): one costing
+    /// serves the plan and the MFU line.
+    pub fn node_time_and_flops(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+    ) -> Result<(f64, Option<f64>), Error> {
+        let (work, _, measured, time_secs) = self.timed_work(graph, id)?;
+        for &t in graph.node(id).outputs.iter().flatten() {
+            tensor_bytes(graph, t)?;
+        }
+        let ruled = measured.is_none() || self.work(graph, id).is_ok();
+        Ok((time_secs, ruled.then_some(work.flops)))
+    }
+
     /// The node's work, whether it is a fallback guess, its measured time if any, and its time.
     fn timed_work(
         &self,
@@ -332,13 +348,17 @@ impl<'a> CostModel<'a> {
             self.work(graph, id).map(|(work, _)| work.flops)
         })?;
         // Summed in the order, as one pass would.
-        let forward: f64 = flops.iter().sum();
-        Ok(match self.mode {
+        Ok(self.pass_flops(flops.iter().sum()))
+    }
+
+    /// The FLOPs of one pass in this mode whose forward takes `forward` FLOPs.
+    pub fn pass_flops(&self, forward: f64) -> f64 {
+        match self.mode {
             Mode::Inference => forward,
             Mode::Training {
                 backward_factor, ..
             } => forward * (1.0 + backward_factor),
-        })
+        }
     }
 
     /// The mode.

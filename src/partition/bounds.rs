@@ -460,10 +460,15 @@ pub(crate) mod tests {
         }
         p.params.clear();
         p.node_params = vec![Vec::new(); n];
+        let names: Vec<_> = edges
+            .iter()
+            .map(|&(u, v)| p.add_name(&format!("{u}->{v}")))
+            .collect();
         p.flows = edges
             .iter()
-            .map(|&(u, v)| Flow {
-                name: format!("{u}->{v}"),
+            .zip(names)
+            .map(|(&(u, v), name)| Flow {
+                name,
                 bytes: 0,
                 producer: u,
                 consumers: vec![v],

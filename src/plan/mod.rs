@@ -914,9 +914,8 @@ impl Plan {
             .map_err(|e| Error::InvalidPlan(format!("config.cut_constraints: {e}")))?;
         let position: BTreeMap<&str, usize> = problem
             .node_names()
-            .iter()
-            .enumerate()
-            .map(|(p, n)| (n.as_str(), p))
+            .singles()
+            .map(|(p, n)| (n, p))
             .collect();
         let mut stage_of: Vec<Option<StageId>> = vec![None; problem.node_count()];
         for stage in &self.stages {
@@ -940,7 +939,12 @@ impl Plan {
         for (p, s) in stage_of.into_iter().enumerate() {
             match s {
                 Some(s) => assignment.push(s),
-                None => return bad(format!("node '{}' is on no stage", problem.node_names()[p])),
+                None => {
+                    return bad(format!(
+                        "node '{}' is on no stage",
+                        problem.node_names().name(p)
+                    ))
+                }
             }
         }
         problem.check_assignment(&assignment)?;
