@@ -359,9 +359,15 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         },
     );
     plan.summary.measured_selection = selection;
-    let json = plan.to_json();
+    // The text is made whole only to be printed; a file gets it as it is made.
+    let json = args.json.then(|| plan.to_json());
     if let Some(out) = &args.out {
-        write_atomically(out, json.as_bytes(), &[&args.model.model])?;
+        match &json {
+            Some(json) => write_atomically(out, json.as_bytes(), &[&args.model.model])?,
+            None => super::write_atomically_with(out, &[&args.model.model], |file| {
+                plan.write_json(file)
+            })?,
+        }
     }
     let split = match args.emit {
         Some(EmitArg::TorchSplitSpec) => Some(torch_split(
@@ -371,14 +377,14 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         )?),
         None => None,
     };
-    if args.json {
+    if let Some(json) = &json {
         match &split {
             Some(split) => {
-                let plan_value: serde_json::Value = serde_json::from_str(&json)?;
+                let plan_value: serde_json::Value = serde_json::from_str(json)?;
                 let both = serde_json::json!({ "plan": plan_value, "torch_split": split });
                 print_stdout(&format!("{}\n", serde_json::to_string_pretty(&both)?))?;
             }
-            None => print_stdout(&json)?,
+            None => print_stdout(json)?,
         }
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Instant;
 
 use super::layers::find_layers;
-use super::problem::{Flow, ParamUse, PartitionProblem, StageId};
+use super::problem::{Flow, ParamUse, PartitionProblem, Positions, StageId};
 
 /// A coarse problem and the map from the fine positions to its positions.
 #[derive(Debug, Clone)]
@@ -111,13 +111,13 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 .sum()
         })
         .collect();
-    let mut node_params = vec![Vec::new(); groups];
+    let mut node_params = vec![Positions::new(); groups];
     let params: Vec<ParamUse> = problem
         .params
         .iter()
         .enumerate()
         .map(|(index, param)| {
-            let mut uses: Vec<u32> = param.uses.iter().map(|&u| coarse_of[u as usize]).collect();
+            let mut uses: Positions = param.uses.iter().map(|&u| coarse_of[u as usize]).collect();
             uses.sort_unstable();
             uses.dedup();
             for &u in &uses {
@@ -137,7 +137,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         .iter()
         .filter_map(|flow| {
             let producer = coarse_of[flow.producer as usize];
-            let mut consumers: Vec<u32> = flow
+            let mut consumers: Positions = flow
                 .consumers
                 .iter()
                 .map(|&c| coarse_of[c as usize])

@@ -555,7 +555,7 @@ mod tests {
             .iter()
             .find(|f| problem.name(f.name) == tensor)
             .unwrap();
-        (flow.producer, flow.consumers.clone())
+        (flow.producer, flow.consumers.to_vec())
     }
 
     #[test]

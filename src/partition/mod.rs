@@ -42,7 +42,8 @@ pub use baselines::Baseline;
 pub use constraints::CutConstraints;
 pub use milp::{MilpReport, MilpStop};
 pub use problem::{
-    CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId, MAX_TOTAL_SECS,
+    CostSettings, Evaluation, PartitionProblem, Positions, StageDevice, StageFigures, StageId,
+    MAX_TOTAL_SECS,
 };
 
 use crate::cost::{Cluster, DeviceId};

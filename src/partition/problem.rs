@@ -98,6 +98,11 @@ pub struct StageDevice {
     pub link_in: Option<(f64, f64)>,
 }
 
+/// Positions of a few nodes (a tensor's readers, a node's weights), up to four kept inline:
+/// most tensors of a model have one or two readers, and a vector each was a million
+/// allocations at a million nodes.
+pub type Positions = smallvec::SmallVec<[u32; 4]>;
+
 /// A tensor that a node makes and other nodes read: what may cross a boundary.
 #[derive(Debug, Clone)]
 pub struct Flow {
@@ -108,7 +113,7 @@ pub struct Flow {
     /// Position of its producer.
     pub producer: u32,
     /// Positions of its consumers, ascending, each once.
-    pub consumers: Vec<u32>,
+    pub consumers: Positions,
     /// Whether a stage boundary must lie between its producer and every consumer
     /// (`--pin-cut`, see [`PartitionProblem::pin_cuts`]).
     pub pinned: bool,
@@ -124,7 +129,7 @@ pub struct ParamUse {
     /// Number of elements (`numel()`): what the peers that balance parameters count.
     pub elements: u64,
     /// Positions of its readers, ascending, each once.
-    pub uses: Vec<u32>,
+    pub uses: Positions,
     /// GPUs of a tensor-parallel group it is split over (1: held whole); its footprint and
     /// elements are one GPU's share.
     pub shards: u32,
@@ -145,7 +150,7 @@ pub struct PartitionProblem {
     pub(crate) activation_bytes: Vec<u64>,
     pub(crate) params: Vec<ParamUse>,
     /// Params each node reads: indices into `params`.
-    pub(crate) node_params: Vec<Vec<u32>>,
+    pub(crate) node_params: Vec<Positions>,
     pub(crate) flows: Vec<Flow>,
     pub(crate) settings: CostSettings,
     /// The forward FLOPs of one micro-batch through the model, summed in the order while the
@@ -320,7 +325,10 @@ impl PartitionProblem {
         }
 
         // Every name in one buffer: a node's scope is its name unless the exporter recorded one.
-        let mut table = NameTable::with_capacity(order.len() * 2, order.len() * 64);
+        // Room for 64 bytes a name, so that the text is never moved as it grows (pages never
+        // written are never touched).
+        let most = order.len() * 2 + graph.tensors().size_hint().0;
+        let mut table = NameTable::with_capacity(most, most * 64);
         let mut names = Vec::with_capacity(order.len());
         let mut scopes = Vec::with_capacity(order.len());
         for &id in &order {
@@ -333,11 +341,11 @@ impl PartitionProblem {
             });
         }
         let mut activation_bytes = vec![0u64; order.len()];
-        let mut node_params = vec![Vec::new(); order.len()];
+        let mut node_params = vec![Positions::new(); order.len()];
         let mut params = Vec::new();
         let mut flows = Vec::new();
         for (tensor_id, tensor) in graph.tensors() {
-            let mut consumers: Vec<u32> = tensor.consumers.iter().map(position).collect();
+            let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
             consumers.sort_unstable();
             consumers.dedup();
             match &tensor.origin {
@@ -887,7 +895,10 @@ pub(crate) mod tests {
             let model = CostModel::new(cluster.device(DeviceId(1))).with_mode(mode);
             let forward = problem.forward_flops().expect("every node has a rule");
             assert!(forward > 0.0);
-            assert_eq!(model.pass_flops(forward), model.model_flops(&graph).unwrap());
+            assert_eq!(
+                model.pass_flops(forward),
+                model.model_flops(&graph).unwrap()
+            );
         }
     }
 

@@ -738,6 +738,13 @@ impl Plan {
         text
     }
 
+    /// [`Self::to_json`]'s bytes, written to `out` as they are made: a million-node plan is
+    /// 46 MB, which then never exists whole in memory.
+    pub fn write_json(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        serde_json::to_writer_pretty(&mut *out, self)?;
+        out.write_all(b"\n")
+    }
+
     /// The JSON Schema (draft 2020-12) of the plan document, generated from these types so that
     /// it cannot drift from what [`Plan::to_json`] writes; `docs/plan.schema.json` holds a copy.
     pub fn json_schema() -> String {
