@@ -319,22 +319,18 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: OutputMode) -> Result<(
     write_atomically_with(path, mode, |file| file.write_all(bytes))
 }
 
-/// [`write_atomically`] with the bytes written by `write` as it makes them, through a buffer:
-/// a 46 MB plan then never exists whole in memory before it is written.
+/// [`write_atomically`] with the bytes written by `write` as it makes them (`write` buffers
+/// them): a 46 MB plan then never exists whole in memory before it is written.
 pub fn write_atomically_with(
     path: &Path,
     mode: OutputMode,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), Error> {
     let mut staged = Staged::new(path, mode)?;
-    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, staged.file());
-    write(&mut buffered)
-        .and_then(|()| buffered.flush())
-        .map_err(|source| Error::Write {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    drop(buffered);
+    write(staged.file()).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
     staged.commit()
 }
 

@@ -781,7 +781,7 @@ impl<'a> Planner<'a> {
             .map(|&g| solution.stage_of[g as usize])
             .collect();
         let evaluation = fine.evaluate(&stage_of);
-        free_apart(std::mem::replace(&mut solution.problem, fine));
+        solution.problem = fine;
         Ok(Solution {
             stage_of,
             evaluation,
@@ -1195,22 +1195,6 @@ const IDEAL_SEARCH_SHARE: f64 = 0.5;
 /// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
 /// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof
 /// that needs no MILP (the plan meets the lower bound, or the graph is a chain).
-/// Problems above this many nodes are freed on a thread of their own ([`free_apart`]); below
-/// it freeing takes less than starting a thread.
-const FREE_APART_NODES: usize = 1 << 16;
-
-/// Frees `problem` on a thread of its own when it is large: the groups' problem of a
-/// million-node model is a million small vectors, whose freeing took 0.14 s of the solve
-/// (docs/benchmarks.md, "Limits at any size"), after the plan exists and before it is written.
-fn free_apart(problem: PartitionProblem) {
-    if problem.node_count() >= FREE_APART_NODES {
-        // Should the thread not start, the closure and the problem are dropped here.
-        let _detached = std::thread::Builder::new()
-            .name("pipecut-free".into())
-            .spawn(move || drop(problem));
-    }
-}
-
 fn milp_status(report: &milp::MilpReport, proven_otherwise: bool, gap: f64) -> SolveStatus {
     let reason = if proven_otherwise || (report.proven && !report.coarsened) {
         return SolveStatus::Optimal;

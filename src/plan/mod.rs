@@ -741,8 +741,13 @@ impl Plan {
     /// [`Self::to_json`]'s bytes, written to `out` as they are made: a million-node plan is
     /// 46 MB, which then never exists whole in memory.
     pub fn write_json(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-        serde_json::to_writer_pretty(&mut *out, self)?;
-        out.write_all(b"\n")
+        // serde_json writes a few bytes at a time: into a buffer of a known type, not through
+        // `dyn Write` each time (six times slower on a million node names).
+        use std::io::Write;
+        let mut buffered = std::io::BufWriter::with_capacity(1 << 16, out);
+        serde_json::to_writer_pretty(&mut buffered, self)?;
+        buffered.write_all(b"\n")?;
+        buffered.flush()
     }
 
     /// The JSON Schema (draft 2020-12) of the plan document, generated from these types so that
