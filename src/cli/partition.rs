@@ -431,8 +431,8 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What writing the plan costs per node after the solve (its figures, the schedule's
-/// simulation, the MFU line's second costing pass, the JSON, the table, the exit): 0.7 µs on
-/// the 2-core VM when quiet, measured on the 100k- and 1M-node stacks of `benches/scale.sh`
+/// simulation, the MFU line (from the FLOPs the solve counted), the JSON, the table, the
+/// exit): 0.7 µs on the 2-core VM when quiet, measured on the 100k- and 1M-node stacks of `benches/scale.sh`
 /// (docs/benchmarks.md). The least kept back from the solve.
 const OUTPUT_SECS_PER_NODE: f64 = 1e-6;
 

@@ -372,8 +372,8 @@ const NODES_PER_THREAD: usize = 16_384;
 
 /// `per_node` of every node of `order`, in order, the order split between the machine's cores
 /// (at most 8): costing is the largest phase a solve cannot skip (about 3 s for a million
-/// nodes on one core, all before any plan exists), and the MFU line costs the model again
-/// after it. Each part runs as the whole would, and the first error in the order is the one
+/// nodes on one core, all before any plan exists), and `plan-cluster`'s MFU line costs the
+/// model again after it (`partition` reuses the solve's FLOPs). Each part runs as the whole would, and the first error in the order is the one
 /// returned, so the result does not depend on the number of threads.
 pub(crate) fn per_node_on_threads<T: Send>(
     order: &[NodeId],
