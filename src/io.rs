@@ -316,14 +316,21 @@ impl Staged {
 /// Writes `bytes` to `path` atomically: a failed or interrupted write never leaves a
 /// half-written file under the final name, and nothing outside `path` is touched.
 pub fn write_atomically(path: &Path, bytes: &[u8], mode: OutputMode) -> Result<(), Error> {
+    write_atomically_with(path, mode, |file| file.write_all(bytes))
+}
+
+/// [`write_atomically`] with the bytes written by `write` as it makes them (`write` buffers
+/// them): a 46 MB plan then never exists whole in memory before it is written.
+pub fn write_atomically_with(
+    path: &Path,
+    mode: OutputMode,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), Error> {
     let mut staged = Staged::new(path, mode)?;
-    staged
-        .file()
-        .write_all(bytes)
-        .map_err(|source| Error::Write {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    write(staged.file()).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
     staged.commit()
 }
 

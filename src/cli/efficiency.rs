@@ -53,6 +53,9 @@ pub(crate) struct StepWork<'a> {
     /// Tokens per sample, when a sequence dim is bound.
     pub sequence: Option<(&'a str, u64)>,
     pub step_secs: f64,
+    /// The forward FLOPs of one micro-batch where the solve counted them already
+    /// ([`pipecut::partition::PartitionProblem::forward_flops`]); `None` costs the graph again.
+    pub forward_flops: Option<f64>,
     pub cluster: &'a Cluster,
     /// Every device the step occupies.
     pub devices: Vec<DeviceId>,
@@ -66,7 +69,10 @@ pub(crate) fn efficiency_line(work: &StepWork) -> anyhow::Result<String> {
     let model = CostModel::new(work.cluster.device(first))
         .with_mode(work.mode)
         .with_unknown_ops(work.unknown_ops);
-    let flops_per_microbatch = model.model_flops(work.graph)?;
+    let flops_per_microbatch = match work.forward_flops {
+        Some(forward) => model.pass_flops(forward),
+        None => model.model_flops(work.graph)?,
+    };
     let dtype = weight_dtype(work.graph);
     let peak: f64 = work
         .devices

@@ -438,6 +438,15 @@ pub(crate) fn write_atomically(
     bytes: &[u8],
     inputs: &[&std::path::Path],
 ) -> anyhow::Result<()> {
+    write_atomically_with(path, inputs, |file| file.write_all(bytes))
+}
+
+/// [`write_atomically`] with the bytes written by `write` as it makes them.
+pub(crate) fn write_atomically_with(
+    path: &std::path::Path,
+    inputs: &[&std::path::Path],
+    write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
     check_output(path, inputs)?;
     let mode = inputs
         .first()
@@ -449,7 +458,7 @@ pub(crate) fn write_atomically(
     } else {
         pipecut::io::remove_stale_temporaries(std::path::Path::new("."));
     }
-    Ok(pipecut::io::write_atomically(path, bytes, mode)?)
+    Ok(pipecut::io::write_atomically_with(path, mode, write)?)
 }
 
 #[cfg(test)]

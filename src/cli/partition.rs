@@ -359,9 +359,15 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         },
     );
     plan.summary.measured_selection = selection;
-    let json = plan.to_json();
+    // The text is made whole only to be printed; a file gets it as it is made.
+    let json = args.json.then(|| plan.to_json());
     if let Some(out) = &args.out {
-        write_atomically(out, json.as_bytes(), &[&args.model.model])?;
+        match &json {
+            Some(json) => write_atomically(out, json.as_bytes(), &[&args.model.model])?,
+            None => super::write_atomically_with(out, &[&args.model.model], |file| {
+                plan.write_json(file)
+            })?,
+        }
     }
     let split = match args.emit {
         Some(EmitArg::TorchSplitSpec) => Some(torch_split(
@@ -371,14 +377,14 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         )?),
         None => None,
     };
-    if args.json {
+    if let Some(json) = &json {
         match &split {
             Some(split) => {
-                let plan_value: serde_json::Value = serde_json::from_str(&json)?;
+                let plan_value: serde_json::Value = serde_json::from_str(json)?;
                 let both = serde_json::json!({ "plan": plan_value, "torch_split": split });
                 print_stdout(&format!("{}\n", serde_json::to_string_pretty(&both)?))?;
             }
-            None => print_stdout(&json)?,
+            None => print_stdout(json)?,
         }
     } else {
         print_stdout(&table(&plan, Some(solution.solve_secs)))?;
@@ -396,6 +402,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
                 microbatch_size: batch,
                 sequence: super::efficiency::sequence_dim(&plan.model.dims),
                 step_secs: simulation.step_secs,
+                forward_flops: solution.problem.forward_flops(),
                 cluster: &cluster,
                 devices: plan
                     .stages
@@ -424,8 +431,8 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What writing the plan costs per node after the solve (its figures, the schedule's
-/// simulation, the MFU line's second costing pass, the JSON, the table, the exit): 0.7 µs on
-/// the 2-core VM when quiet, measured on the 100k- and 1M-node stacks of `benches/scale.sh`
+/// simulation, the MFU line (from the FLOPs the solve counted), the JSON, the table, the
+/// exit): 0.7 µs on the 2-core VM when quiet, measured on the 100k- and 1M-node stacks of `benches/scale.sh`
 /// (docs/benchmarks.md). The least kept back from the solve.
 const OUTPUT_SECS_PER_NODE: f64 = 1e-6;
 

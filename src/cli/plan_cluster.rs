@@ -269,6 +269,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
                 microbatch_size: best.key.microbatch_size,
                 sequence: super::efficiency::sequence_dim(&plan.model.dims),
                 step_secs: best.step_secs,
+                forward_flops: None,
                 cluster: &cluster,
                 devices: best.key.devices(),
             },

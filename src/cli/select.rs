@@ -176,7 +176,7 @@ fn candidates(graph: &Graph, solution: &Solution) -> Vec<(String, Vec<StageId>)>
             "boundary {} moved {way} across {} node(s) from '{}'",
             rival.boundary,
             rival.moved.len(),
-            problem.node_names()[rival.moved[0]]
+            problem.node_names().name(rival.moved[0])
         );
         out.push((origin, rival.stage_of));
     }
@@ -247,7 +247,7 @@ fn moved_from(
         .enumerate()
         .filter(|(_, (a, b))| a != b)
         .map(|(p, (_, b))| MovedNode {
-            node: problem.node_names()[p].clone(),
+            node: problem.node_names().name(p).into_owned(),
             stage: b.0,
         })
         .collect()

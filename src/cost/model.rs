@@ -293,6 +293,22 @@ impl<'a> CostModel<'a> {
         Ok(time_secs)
     }
 
+    /// [`Self::node_time_secs`] and the node's forward FLOPs as [`Self::model_flops`] counts
+    /// them, `None` where only a measured time stands (no rule gave its work): one costing
+    /// serves the plan and the MFU line.
+    pub fn node_time_and_flops(
+        &self,
+        graph: &Graph,
+        id: NodeId,
+    ) -> Result<(f64, Option<f64>), Error> {
+        let (work, _, measured, time_secs) = self.timed_work(graph, id)?;
+        for &t in graph.node(id).outputs.iter().flatten() {
+            tensor_bytes(graph, t)?;
+        }
+        let ruled = measured.is_none() || self.work(graph, id).is_ok();
+        Ok((time_secs, ruled.then_some(work.flops)))
+    }
+
     /// The node's work, whether it is a fallback guess, its measured time if any, and its time.
     fn timed_work(
         &self,
@@ -332,13 +348,17 @@ impl<'a> CostModel<'a> {
             self.work(graph, id).map(|(work, _)| work.flops)
         })?;
         // Summed in the order, as one pass would.
-        let forward: f64 = flops.iter().sum();
-        Ok(match self.mode {
+        Ok(self.pass_flops(flops.iter().sum()))
+    }
+
+    /// The FLOPs of one pass in this mode whose forward takes `forward` FLOPs.
+    pub fn pass_flops(&self, forward: f64) -> f64 {
+        match self.mode {
             Mode::Inference => forward,
             Mode::Training {
                 backward_factor, ..
             } => forward * (1.0 + backward_factor),
-        })
+        }
     }
 
     /// The mode.
@@ -352,8 +372,8 @@ const NODES_PER_THREAD: usize = 16_384;
 
 /// `per_node` of every node of `order`, in order, the order split between the machine's cores
 /// (at most 8): costing is the largest phase a solve cannot skip (about 3 s for a million
-/// nodes on one core, all before any plan exists), and the MFU line costs the model again
-/// after it. Each part runs as the whole would, and the first error in the order is the one
+/// nodes on one core, all before any plan exists), and `plan-cluster`'s MFU line costs the
+/// model again after it (`partition` reuses the solve's FLOPs). Each part runs as the whole would, and the first error in the order is the one
 /// returned, so the result does not depend on the number of threads.
 pub(crate) fn per_node_on_threads<T: Send>(
     order: &[NodeId],

@@ -404,8 +404,8 @@ fn gpipe_balance_bounds(splits: &[i64], n: usize) -> Result<Vec<usize>, String> 
 ///
 /// # Complexity
 /// O(nodes + parameter reads · log).
-pub(crate) fn equal_size_starts(
-    node_params: &[Vec<u32>],
+pub(crate) fn equal_size_starts<P: AsRef<[u32]>>(
+    node_params: &[P],
     param_elements: &[u64],
     stages: usize,
 ) -> Result<Vec<usize>, String> {
@@ -416,6 +416,7 @@ pub(crate) fn equal_size_starts(
     let mut size = 0u64;
     let mut in_stage: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     for (p, params) in node_params.iter().enumerate() {
+        let params = params.as_ref();
         if params.is_empty() {
             continue;
         }

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Instant;
 
 use super::layers::find_layers;
-use super::problem::{Flow, ParamUse, PartitionProblem, StageId};
+use super::problem::{Flow, ParamUse, PartitionProblem, Positions, StageId};
 
 /// A coarse problem and the map from the fine positions to its positions.
 #[derive(Debug, Clone)]
@@ -72,50 +72,59 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         .iter()
         .map(|&g| position_of_group[g as usize])
         .collect();
-    let mut members: Vec<Vec<usize>> = vec![Vec::new(); groups];
-    for (p, &c) in coarse_of.iter().enumerate() {
-        members[c as usize].push(p);
+    // Members of each group, ascending, laid end to end (`starts[g]..starts[g + 1]`): one
+    // allocation, not one per group.
+    let mut starts = vec![0usize; groups + 1];
+    for &c in &coarse_of {
+        starts[c as usize + 1] += 1;
     }
-    let order_ids = members.iter().map(|m| problem.order[m[0]]).collect();
-    let node_names = members
-        .iter()
-        .map(|m| match m.len() {
-            1 => problem.node_names[m[0]].clone(),
-            len => format!("{} (+{} nodes)", problem.node_names[m[0]], len - 1),
-        })
+    for g in 0..groups {
+        starts[g + 1] += starts[g];
+    }
+    let mut members = vec![0usize; coarse_of.len()];
+    let mut next = starts.clone();
+    for (p, &c) in coarse_of.iter().enumerate() {
+        members[next[c as usize]] = p;
+        next[c as usize] += 1;
+    }
+    let members_of = |g: usize| &members[starts[g]..starts[g + 1]];
+    let order_ids = (0..groups)
+        .map(|g| problem.order[members_of(g)[0]])
         .collect();
-    let node_scopes = members
-        .iter()
-        .map(|m| problem.node_scopes[m[0]].clone())
-        .collect();
+    let node_names = problem
+        .node_names
+        .of_groups((0..groups).map(|g| (members_of(g)[0], members_of(g).len())));
     let node_secs = problem
         .node_secs
         .iter()
         .map(|secs| {
-            members
-                .iter()
-                .map(|m| m.iter().map(|&p| secs[p]).sum())
+            (0..groups)
+                .map(|g| members_of(g).iter().map(|&p| secs[p]).sum())
                 .collect()
         })
         .collect();
-    let activation_bytes = members
-        .iter()
-        .map(|m| m.iter().map(|&p| problem.activation_bytes[p]).sum())
+    let activation_bytes = (0..groups)
+        .map(|g| {
+            members_of(g)
+                .iter()
+                .map(|&p| problem.activation_bytes[p])
+                .sum()
+        })
         .collect();
-    let mut node_params = vec![Vec::new(); groups];
+    let mut node_params = vec![Positions::new(); groups];
     let params: Vec<ParamUse> = problem
         .params
         .iter()
         .enumerate()
         .map(|(index, param)| {
-            let mut uses: Vec<u32> = param.uses.iter().map(|&u| coarse_of[u as usize]).collect();
+            let mut uses: Positions = param.uses.iter().map(|&u| coarse_of[u as usize]).collect();
             uses.sort_unstable();
             uses.dedup();
             for &u in &uses {
                 node_params[u as usize].push(index as u32);
             }
             ParamUse {
-                name: param.name.clone(),
+                name: param.name,
                 footprint_bytes: param.footprint_bytes,
                 elements: param.elements,
                 uses,
@@ -128,7 +137,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         .iter()
         .filter_map(|flow| {
             let producer = coarse_of[flow.producer as usize];
-            let mut consumers: Vec<u32> = flow
+            let mut consumers: Positions = flow
                 .consumers
                 .iter()
                 .map(|&c| coarse_of[c as usize])
@@ -140,8 +149,8 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             );
             consumers.sort_unstable();
             consumers.dedup();
-            (!consumers.is_empty()).then(|| Flow {
-                name: flow.name.clone(),
+            (!consumers.is_empty()).then_some(Flow {
+                name: flow.name,
                 bytes: flow.bytes,
                 producer,
                 consumers,
@@ -153,7 +162,6 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         problem: PartitionProblem {
             order: order_ids,
             node_names,
-            node_scopes,
             stages: problem.stages.clone(),
             kind_names: problem.kind_names.clone(),
             node_secs,
@@ -162,6 +170,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             node_params,
             flows,
             settings: problem.settings,
+            forward_flops: problem.forward_flops,
         },
         group_of: coarse_of,
     }
@@ -360,7 +369,7 @@ pub(crate) fn coarsen_until(
     // 2. Neighbours in a topological order, lightest first, inside layers first.
     let layer_of = {
         let mut layer_of = vec![0usize; n];
-        for (index, layer) in find_layers(problem.node_scopes()).iter().enumerate() {
+        for (index, layer) in find_layers(&problem.node_scopes()).iter().enumerate() {
             for l in layer_of.iter_mut().take(layer.end).skip(layer.start) {
                 *l = index;
             }

@@ -15,6 +15,7 @@ use std::collections::{BTreeSet, BinaryHeap};
 use serde::{Deserialize, Serialize};
 
 use super::coarsen::{quotient, Coarsened};
+use super::names::NameId;
 use super::problem::{PartitionProblem, StageId};
 use crate::graph::{Graph, NodeId};
 use crate::Error;
@@ -61,11 +62,11 @@ fn is_unsplit(degree: &u32) -> bool {
 #[derive(Debug, Clone)]
 enum Joined {
     /// The tensor flows from one to the other.
-    Tensor(String),
+    Tensor(NameId),
     /// Both are in this layer.
     Layer(String),
     /// Both read this weight.
-    Weight(String),
+    Weight(NameId),
     /// Both run split in this tensor-parallel block (named by its row linear).
     Block(String),
 }
@@ -146,8 +147,10 @@ impl CutConstraints {
             if sa != sb {
                 let what = match why {
                     Joined::Tensor(name) => format!(
-                        "tensor '{name}' crosses from stage {} to stage {}",
-                        sa.0, sb.0
+                        "tensor '{}' crosses from stage {} to stage {}",
+                        problem.name(name),
+                        sa.0,
+                        sb.0
                     ),
                     Joined::Layer(name) => format!(
                         "layer '{name}' is split between stages {} and {}",
@@ -155,7 +158,8 @@ impl CutConstraints {
                         sa.0.max(sb.0)
                     ),
                     Joined::Weight(name) => format!(
-                        "weight '{name}' is read on stages {} and {}",
+                        "weight '{}' is read on stages {} and {}",
+                        problem.name(name),
                         sa.0.min(sb.0),
                         sa.0.max(sb.0)
                     ),
@@ -181,7 +185,11 @@ impl CutConstraints {
     ) -> Result<Vec<(u32, u32, Joined)>, Error> {
         let mut pairs = Vec::new();
         for name in &self.forbid {
-            let Some(flow) = problem.flows().iter().find(|f| &f.name == name) else {
+            let Some(flow) = problem
+                .flows()
+                .iter()
+                .find(|f| problem.name(f.name) == name)
+            else {
                 return Err(Error::PartitionConfig(match graph.tensor_id(name) {
                     None => format!("--forbid-cut '{name}': the model has no tensor of that name"),
                     Some(_) => format!(
@@ -190,20 +198,20 @@ impl CutConstraints {
                 }));
             };
             for &c in &flow.consumers {
-                pairs.push((flow.producer, c, Joined::Tensor(name.clone())));
+                pairs.push((flow.producer, c, Joined::Tensor(flow.name)));
             }
         }
         if self.bias_with_matmul {
             for flow in problem.flows() {
                 if let Some(add) = bias_add(graph, problem, flow) {
-                    pairs.push((flow.producer, add, Joined::Tensor(flow.name.clone())));
+                    pairs.push((flow.producer, add, Joined::Tensor(flow.name)));
                 }
             }
         }
         if self.tied_weights_together {
             for param in problem.params() {
                 for &reader in param.uses.iter().skip(1) {
-                    let joined = Joined::Weight(param.name.clone());
+                    let joined = Joined::Weight(param.name);
                     pairs.push((param.uses[0], reader, joined));
                 }
             }
@@ -228,7 +236,7 @@ impl CutConstraints {
             }
         }
         if self.between_layers_only {
-            for layer in super::layers::find_layers(problem.node_scopes()) {
+            for layer in super::layers::find_layers(&problem.node_scopes()) {
                 for p in layer.start + 1..layer.end {
                     let joined = Joined::Layer(layer.name.clone());
                     pairs.push((layer.start as u32, p as u32, joined));
@@ -262,7 +270,7 @@ impl JoinedGroups {
             {
                 return Err(Error::PartitionConfig(format!(
                     "--pin-cut '{}': the other cut constraints keep its producer and a reader on one stage",
-                    flow.name
+                    problem.name(flow.name)
                 )));
             }
         }
@@ -542,8 +550,12 @@ mod tests {
     }
 
     fn position(problem: &PartitionProblem, tensor: &str) -> (u32, Vec<u32>) {
-        let flow = problem.flows().iter().find(|f| f.name == tensor).unwrap();
-        (flow.producer, flow.consumers.clone())
+        let flow = problem
+            .flows()
+            .iter()
+            .find(|f| problem.name(f.name) == tensor)
+            .unwrap();
+        (flow.producer, flow.consumers.to_vec())
     }
 
     #[test]
@@ -627,9 +639,13 @@ mod tests {
         let members = (producer..=last)
             .filter(|&p| grouped.group_of[p as usize] == group)
             .count();
-        let attention = problem.node_names()[producer as usize..=last as usize]
-            .iter()
-            .filter(|name| name.starts_with("/transformer/h.1/attn/"))
+        let attention = (producer as usize..=last as usize)
+            .filter(|&p| {
+                problem
+                    .node_names()
+                    .name(p)
+                    .starts_with("/transformer/h.1/attn/")
+            })
             .count();
         assert!(
             attention > 10 && members > attention,
@@ -666,7 +682,7 @@ mod tests {
             ..CutConstraints::none()
         };
         let grouped = constraints.apply(&graph, &problem).unwrap().unwrap();
-        let layers = super::super::layers::find_layers(problem.node_scopes());
+        let layers = super::super::layers::find_layers(&problem.node_scopes());
         assert!(layers.len() >= 4, "{layers:?}");
         // Each layer is one group, so the quotient has at most one node per layer.
         assert!(grouped.problem.node_count() <= layers.len());
@@ -761,7 +777,7 @@ mod tests {
         let shared = problem
             .params()
             .iter()
-            .find(|p| p.uses.len() > 1 && p.name.contains("wte"))
+            .find(|p| p.uses.len() > 1 && problem.name(p.name).contains("wte"))
             .expect("a tied embedding");
         let groups: Vec<u32> = shared
             .uses
@@ -776,7 +792,10 @@ mod tests {
         let reader = *shared.uses.last().unwrap() as usize;
         split[reader] = StageId((fine[reader].0 + 1) % problem.stage_count() as u32);
         let broken = tied.violation(&graph, &problem, &split).unwrap().unwrap();
-        assert!(broken.contains(&format!("weight '{}' is read on stages", shared.name)));
+        assert!(broken.contains(&format!(
+            "weight '{}' is read on stages",
+            problem.name(shared.name)
+        )));
         // Joining everything leaves fewer groups than stages: said, not "does not fit".
         let everything = CutConstraints {
             forbid: vec!["/transformer/Slice_output_0".to_string()],

@@ -44,7 +44,7 @@ fn numbered(segment: &str) -> Option<(&str, u64)> {
 }
 
 /// Layers of a model whose nodes, in topological order, have these names.
-pub fn find_layers(names: &[String]) -> Vec<Layer> {
+pub fn find_layers<S: AsRef<str>>(names: &[S]) -> Vec<Layer> {
     detect_layers(names).layers
 }
 
@@ -91,7 +91,7 @@ impl DetectedLayers {
 
 /// Layers of a model whose nodes, in topological order, have these names, and where they came
 /// from (see the module doc for the rule).
-pub fn detect_layers(names: &[String]) -> DetectedLayers {
+pub fn detect_layers<S: AsRef<str>>(names: &[S]) -> DetectedLayers {
     match repeated_family(names) {
         Some(family) => DetectedLayers {
             layers: find_layers_of_family(names, &family.family),
@@ -100,9 +100,9 @@ pub fn detect_layers(names: &[String]) -> DetectedLayers {
         None => {
             let labels: Vec<String> = names
                 .iter()
-                .map(|n| match scopes(n).first() {
+                .map(|n| match scopes(n.as_ref()).first() {
                     Some(top) => format!("/{top}"),
-                    None => n.clone(),
+                    None => n.as_ref().to_string(),
                 })
                 .collect();
             DetectedLayers {
@@ -118,7 +118,7 @@ pub fn detect_layers(names: &[String]) -> DetectedLayers {
 /// the one with the most blocks, then the deepest (an outer wrapper and the layers inside it can
 /// tie on blocks only when the wrapper repeats as often, and then the inner one still cuts
 /// finer), then the most nodes, then the first by path.
-pub fn repeated_family(names: &[String]) -> Option<BlockFamily> {
+pub fn repeated_family<S: AsRef<str>>(names: &[S]) -> Option<BlockFamily> {
     let depth = |f: &BlockFamily| f.family.matches('/').count();
     block_families(names)
         .into_iter()
@@ -145,10 +145,10 @@ pub struct BlockFamily {
 /// Every family of numbered scopes with at least two blocks, at every depth (an outer
 /// `nn.Sequential` `/model/model.0` and the encoder layers inside it,
 /// `/model/model.0/encoder/layer.N`, are both families), sorted by family path.
-pub fn block_families(names: &[String]) -> Vec<BlockFamily> {
+pub fn block_families<S: AsRef<str>>(names: &[S]) -> Vec<BlockFamily> {
     let mut families: BTreeMap<String, (usize, Vec<u64>)> = BTreeMap::new();
     for name in names {
-        let parts = scopes(name);
+        let parts = scopes(name.as_ref());
         let mut path = String::new();
         for segment in parts {
             if let Some((stem, index)) = numbered(segment) {
@@ -176,11 +176,11 @@ pub fn block_families(names: &[String]) -> Vec<BlockFamily> {
 
 /// Layers as [`find_layers`] makes them in block mode, with the blocks of `family` (from
 /// [`block_families`]) whatever its depth: `prologue`, `{family}.{i}` per block, `epilogue`.
-pub fn find_layers_of_family(names: &[String], family: &str) -> Vec<Layer> {
+pub fn find_layers_of_family<S: AsRef<str>>(names: &[S], family: &str) -> Vec<Layer> {
     let blocks: Vec<Option<(String, u64)>> = names
         .iter()
         .map(|name| {
-            let parts = scopes(name);
+            let parts = scopes(name.as_ref());
             let mut path = String::new();
             for segment in parts {
                 if let Some((stem, index)) = numbered(segment) {
@@ -200,7 +200,7 @@ pub fn find_layers_of_family(names: &[String], family: &str) -> Vec<Layer> {
     runs(&block_labels(names, &blocks, family))
 }
 
-fn block_labels(names: &[String], blocks: &[Option<(String, u64)>], family: &str) -> Vec<String> {
+fn block_labels<S>(names: &[S], blocks: &[Option<(String, u64)>], family: &str) -> Vec<String> {
     let in_family = |p: usize| {
         blocks[p]
             .as_ref()

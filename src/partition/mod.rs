@@ -24,6 +24,7 @@ pub mod dp;
 pub mod ideal_search;
 pub mod layers;
 pub mod milp;
+pub mod names;
 pub mod neighbours;
 pub mod parallelism;
 pub mod problem;
@@ -41,7 +42,8 @@ pub use baselines::Baseline;
 pub use constraints::CutConstraints;
 pub use milp::{MilpReport, MilpStop};
 pub use problem::{
-    CostSettings, Evaluation, PartitionProblem, StageDevice, StageFigures, StageId, MAX_TOTAL_SECS,
+    CostSettings, Evaluation, PartitionProblem, Positions, StageDevice, StageFigures, StageId,
+    MAX_TOTAL_SECS,
 };
 
 use crate::cost::{Cluster, DeviceId};
@@ -773,18 +775,18 @@ impl<'a> Planner<'a> {
             problem: groups,
             group_of,
         } = grouped;
-        let solution = self.solve_problem(groups, deadline)?;
+        let mut solution = self.solve_problem(groups, deadline)?;
         let stage_of: Vec<StageId> = group_of
             .iter()
             .map(|&g| solution.stage_of[g as usize])
             .collect();
         let evaluation = fine.evaluate(&stage_of);
+        solution.problem = fine;
         Ok(Solution {
             stage_of,
             evaluation,
             baselines,
             baseline_layers,
-            problem: fine,
             ..solution
         })
     }
@@ -802,18 +804,20 @@ impl<'a> Planner<'a> {
         // decides nothing, so the DP always runs to its end.
         let balanced = dp::balanced_split(&problem);
         let dp_deadline = budget.is_none().then_some(deadline);
-        let order = match &balanced {
-            Some(split) if dp_deadline.is_some_and(|d| Instant::now() >= d) => Some(split.clone()),
-            _ => dp::solve_until(&problem, dp_deadline),
-        };
-        let order = match (order, balanced) {
-            (Some(dp), Some(split))
-                if !dp.complete && milp::better(&problem, &split.stage_of, &dp.stage_of) =>
-            {
-                Some(split)
-            }
-            (Some(dp), _) => Some(dp),
-            (None, split) => split,
+        let past_deadline = dp_deadline.is_some_and(|d| Instant::now() >= d);
+        let order = match balanced {
+            // The split stands alone: comparing it with itself would cost two evaluations of
+            // the whole model past the deadline.
+            Some(split) if past_deadline => Some(split),
+            balanced => match (dp::solve_until(&problem, dp_deadline), balanced) {
+                (Some(dp), Some(split))
+                    if !dp.complete && milp::better(&problem, &split.stage_of, &dp.stage_of) =>
+                {
+                    Some(split)
+                }
+                (Some(dp), _) => Some(dp),
+                (None, split) => split,
+            },
         };
         let dp_complete = order.as_ref().is_some_and(|o| o.complete);
         let incumbent = match order {
@@ -903,11 +907,12 @@ impl<'a> Planner<'a> {
             };
             (plan.clone(), status, solver, None)
         } else if run_milp && !milp_has_time {
-            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
-            let solver = if milp::better(&problem, &start, &incumbent) {
-                SolverKind::IdealSearch
-            } else {
-                SolverKind::Dp
+            let (start, solver) = match searched {
+                Some((plan, _)) if milp::better(&problem, &plan, &incumbent) => {
+                    (plan, SolverKind::IdealSearch)
+                }
+                Some((plan, _)) => (plan, SolverKind::Dp),
+                None => (incumbent.clone(), SolverKind::Dp),
             };
             let status = SolveStatus::Heuristic {
                 reason: HeuristicReason::MilpNotStarted,
@@ -944,7 +949,7 @@ impl<'a> Planner<'a> {
                     reason: HeuristicReason::DpOnly,
                 }
             };
-            (incumbent, status, SolverKind::Dp, None)
+            (incumbent.clone(), status, SolverKind::Dp, None)
         };
         // The DP's plan, from a DP the deadline stopped (or never began): say so, rather than
         // that only the MILP was missing.
@@ -956,7 +961,11 @@ impl<'a> Planner<'a> {
             },
             other => other,
         };
-        let evaluation = problem.evaluate(&stage_of);
+        // The DP's own plan was evaluated already; a million nodes take a tenth of a second.
+        let evaluation = match stage_of == incumbent {
+            true => dp_evaluation,
+            false => problem.evaluate(&stage_of),
+        };
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
         }
@@ -1234,7 +1243,7 @@ pub(crate) fn evaluate_baselines(
     problem: &PartitionProblem,
     layer_type: &str,
 ) -> (Vec<BaselineResult>, String) {
-    let detected = layers::detect_layers(problem.node_scopes());
+    let detected = layers::detect_layers(&problem.node_scopes());
     let results = Baseline::ALL
         .iter()
         .map(|&baseline| {
@@ -1315,7 +1324,7 @@ fn explain_infeasible(problem: &PartitionProblem, cluster: &Cluster) -> String {
         if bytes > best_capacity {
             return format!(
                 "node '{}' alone needs {} but the largest stage may use {} ({} less headroom); no split can help: use a device with more memory{}",
-                problem.node_names()[p],
+                problem.node_names().name(p),
                 crate::onnx::inspect::human_bytes(bytes),
                 crate::onnx::inspect::human_bytes(best_capacity),
                 crate::onnx::inspect::human_bytes(first.memory_bytes),

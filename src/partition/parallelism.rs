@@ -1254,7 +1254,7 @@ fn type_graph(
                 .params()
                 .iter()
                 .filter_map(|p| {
-                    let tensor = typed.tensor(typed.tensor_id(&p.name)?);
+                    let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
                     Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
                 })
                 .sum();
@@ -1277,7 +1277,7 @@ fn type_graph(
                 .iter()
                 .max_by_key(|p| p.footprint_bytes)
                 .and_then(|p| {
-                    let tensor = typed.tensor(typed.tensor_id(&p.name)?);
+                    let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
                     let weight = tensor.param()?.bytes.div_ceil(u64::from(p.shards.max(1)));
                     Some((weight, p.footprint_bytes))
                 })
@@ -1688,7 +1688,9 @@ fn gradient_bytes(
                 .any(|&u| stage_of[u as usize].index() == stage)
         })
         .filter_map(|p| {
-            let param = graph.tensor(graph.tensor_id(&p.name)?).param()?;
+            let param = graph
+                .tensor(graph.tensor_id(problem.name(p.name))?)
+                .param()?;
             Some(param.bytes.div_ceil(u64::from(p.shards.max(1))))
         })
         .sum()

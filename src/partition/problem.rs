@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::names::{NameId, NameTable, NodeNames};
 use crate::cost::cluster::DeviceId;
 use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
 use crate::cost::model::{per_node_on_threads, tensor_bytes};
@@ -97,17 +98,22 @@ pub struct StageDevice {
     pub link_in: Option<(f64, f64)>,
 }
 
+/// Positions of a few nodes (a tensor's readers, a node's weights), up to four kept inline:
+/// most tensors of a model have one or two readers, and a vector each was a million
+/// allocations at a million nodes.
+pub type Positions = smallvec::SmallVec<[u32; 4]>;
+
 /// A tensor that a node makes and other nodes read: what may cross a boundary.
 #[derive(Debug, Clone)]
 pub struct Flow {
-    /// Tensor name.
-    pub name: String,
+    /// Tensor name ([`PartitionProblem::name`]).
+    pub name: NameId,
     /// Bytes per micro-batch.
     pub bytes: u64,
     /// Position of its producer.
     pub producer: u32,
     /// Positions of its consumers, ascending, each once.
-    pub consumers: Vec<u32>,
+    pub consumers: Positions,
     /// Whether a stage boundary must lie between its producer and every consumer
     /// (`--pin-cut`, see [`PartitionProblem::pin_cuts`]).
     pub pinned: bool,
@@ -116,14 +122,14 @@ pub struct Flow {
 /// A weight with the positions of the nodes that read it.
 #[derive(Debug, Clone)]
 pub struct ParamUse {
-    /// Tensor name.
-    pub name: String,
+    /// Tensor name ([`PartitionProblem::name`]).
+    pub name: NameId,
     /// Bytes it needs on a stage (with gradient and optimizer state in training).
     pub footprint_bytes: u64,
     /// Number of elements (`numel()`): what the peers that balance parameters count.
     pub elements: u64,
     /// Positions of its readers, ascending, each once.
-    pub uses: Vec<u32>,
+    pub uses: Positions,
     /// GPUs of a tensor-parallel group it is split over (1: held whole); its footprint and
     /// elements are one GPU's share.
     pub shards: u32,
@@ -133,9 +139,9 @@ pub struct ParamUse {
 #[derive(Debug, Clone)]
 pub struct PartitionProblem {
     pub(crate) order: Vec<NodeId>,
-    pub(crate) node_names: Vec<String>,
-    /// Each node's module scope ([`crate::graph::Node::scope`]): what layers are found from.
-    pub(crate) node_scopes: Vec<String>,
+    /// Each node's name and module scope ([`crate::graph::Node::scope`]: what layers are found
+    /// from), and the text of the tensors' names.
+    pub(crate) node_names: NodeNames,
     pub(crate) stages: Vec<StageDevice>,
     pub(crate) kind_names: Vec<String>,
     /// Node time per device kind: `node_secs[kind][position]`.
@@ -144,9 +150,13 @@ pub struct PartitionProblem {
     pub(crate) activation_bytes: Vec<u64>,
     pub(crate) params: Vec<ParamUse>,
     /// Params each node reads: indices into `params`.
-    pub(crate) node_params: Vec<Vec<u32>>,
+    pub(crate) node_params: Vec<Positions>,
     pub(crate) flows: Vec<Flow>,
     pub(crate) settings: CostSettings,
+    /// The forward FLOPs of one micro-batch through the model, summed in the order while the
+    /// first device kind was costed (the MFU line's numerator needs no second costing); `None`
+    /// where a measured time stood in for a node no rule costs.
+    pub(crate) forward_flops: Option<f64>,
 }
 
 /// Time and memory of one stage of an assignment.
@@ -254,6 +264,7 @@ impl PartitionProblem {
         // One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
         let mut kind_names: Vec<String> = Vec::new();
         let mut node_secs: Vec<Vec<f64>> = Vec::new();
+        let mut forward_flops = None;
         let mut stages = Vec::with_capacity(devices.len());
         for (k, &device) in devices.iter().enumerate() {
             if device.0 as usize >= cluster.device_count() {
@@ -270,7 +281,17 @@ impl PartitionProblem {
                     let model = CostModel::new(spec)
                         .with_mode(settings.mode)
                         .with_unknown_ops(settings.unknown_ops);
-                    let secs = per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?;
+                    let secs = match kind_names.is_empty() {
+                        true => {
+                            let timed = per_node_on_threads(&order, |id| {
+                                model.node_time_and_flops(graph, id)
+                            })?;
+                            // Summed in the order, as `CostModel::model_flops` sums them.
+                            forward_flops = timed.iter().map(|&(_, flops)| flops).sum();
+                            timed.into_iter().map(|(secs, _)| secs).collect()
+                        }
+                        false => per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?,
+                    };
                     kind_names.push(spec.name.clone());
                     node_secs.push(secs);
                     kind_names.len() - 1
@@ -303,12 +324,28 @@ impl PartitionProblem {
             });
         }
 
+        // Every name in one buffer: a node's scope is its name unless the exporter recorded one.
+        // Room for 64 bytes a name, so that the text is never moved as it grows (pages never
+        // written are never touched).
+        let most = order.len() * 2 + graph.tensors().size_hint().0;
+        let mut table = NameTable::with_capacity(most, most * 64);
+        let mut names = Vec::with_capacity(order.len());
+        let mut scopes = Vec::with_capacity(order.len());
+        for &id in &order {
+            let node = graph.node(id);
+            let name = table.push(&node.name);
+            names.push(name);
+            scopes.push(match &node.module_scope {
+                Some(scope) => table.push(scope),
+                None => name,
+            });
+        }
         let mut activation_bytes = vec![0u64; order.len()];
-        let mut node_params = vec![Vec::new(); order.len()];
+        let mut node_params = vec![Positions::new(); order.len()];
         let mut params = Vec::new();
         let mut flows = Vec::new();
         for (tensor_id, tensor) in graph.tensors() {
-            let mut consumers: Vec<u32> = tensor.consumers.iter().map(position).collect();
+            let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
             consumers.sort_unstable();
             consumers.dedup();
             match &tensor.origin {
@@ -322,7 +359,7 @@ impl PartitionProblem {
                         node_params[c as usize].push(index);
                     }
                     params.push(ParamUse {
-                        name: tensor.name.clone(),
+                        name: table.push(&tensor.name),
                         footprint_bytes: param_footprint_bytes(graph, tensor_id, settings.mode),
                         elements: tensor
                             .shape
@@ -340,7 +377,7 @@ impl PartitionProblem {
                     activation_bytes[producer as usize] += bytes;
                     if !consumers.is_empty() {
                         flows.push(Flow {
-                            name: tensor.name.clone(),
+                            name: table.push(&tensor.name),
                             bytes,
                             producer,
                             consumers,
@@ -366,18 +403,15 @@ impl PartitionProblem {
                 }
             }
         }
-        let node_names = order
-            .iter()
-            .map(|&id| graph.node(id).name.clone())
-            .collect();
-        let node_scopes = order
-            .iter()
-            .map(|&id| graph.node(id).scope().to_string())
-            .collect();
+        let node_names = NodeNames {
+            table: std::sync::Arc::new(table),
+            names,
+            scopes,
+            merged: Vec::new(),
+        };
         Ok(PartitionProblem {
             order,
             node_names,
-            node_scopes,
             stages,
             kind_names,
             node_secs,
@@ -386,6 +420,7 @@ impl PartitionProblem {
             node_params,
             flows,
             settings,
+            forward_flops,
         })
     }
 
@@ -439,12 +474,8 @@ impl PartitionProblem {
     /// [`Error::PartitionConfig`] for a negative or non-finite time, or times whose sum is over
     /// [`MAX_TOTAL_SECS`]; the problem is unchanged on error.
     pub fn override_node_secs(&mut self, secs_by_name: &HashMap<String, f64>) -> Result<(), Error> {
-        let position: HashMap<&str, usize> = self
-            .node_names
-            .iter()
-            .enumerate()
-            .map(|(p, n)| (n.as_str(), p))
-            .collect();
+        let position: HashMap<&str, usize> =
+            self.node_names.singles().map(|(p, n)| (n, p)).collect();
         let mut unknown: Vec<&str> = secs_by_name
             .keys()
             .map(String::as_str)
@@ -496,15 +527,32 @@ impl PartitionProblem {
         &self.order
     }
 
-    /// Node names by position.
-    pub fn node_names(&self) -> &[String] {
+    /// Node names and module scopes by position: the recorded scope path where the exporter
+    /// wrote one (torch dynamo), else the name (TorchScript writes scopes into names).
+    pub fn node_names(&self) -> &NodeNames {
         &self.node_names
     }
 
-    /// Node module scopes in topological order: the recorded scope path where the exporter
-    /// wrote one (torch dynamo), else the name (TorchScript writes scopes into names).
-    pub fn node_scopes(&self) -> &[String] {
-        &self.node_scopes
+    /// Node module scopes in topological order (what layers are found from).
+    pub fn node_scopes(&self) -> Vec<&str> {
+        self.node_names.scopes()
+    }
+
+    /// The text of a tensor's name ([`Flow::name`], [`ParamUse::name`]).
+    pub fn name(&self, id: NameId) -> &str {
+        self.node_names.table.get(id)
+    }
+
+    /// Adds a name to the problem's table (tests that build flows of their own).
+    #[cfg(test)]
+    pub(crate) fn add_name(&mut self, name: &str) -> NameId {
+        std::sync::Arc::make_mut(&mut self.node_names.table).push(name)
+    }
+
+    /// The forward FLOPs of one micro-batch, as [`crate::cost::CostModel::model_flops`]
+    /// counts them before its mode's backward, where every node's work is known.
+    pub fn forward_flops(&self) -> Option<f64> {
+        self.forward_flops
     }
 
     /// Number of nodes.
@@ -556,10 +604,11 @@ impl PartitionProblem {
     /// reader. Refuses a name that is no tensor flowing between nodes.
     pub fn pin_cuts(&mut self, tensors: &[String]) -> Result<(), Error> {
         for name in tensors {
+            let table = &self.node_names.table;
             let flow = self
                 .flows
                 .iter_mut()
-                .find(|f| &f.name == name)
+                .find(|f| table.get(f.name) == name)
                 .ok_or_else(|| {
                     Error::PartitionConfig(format!(
                         "--pin-cut '{name}': no tensor of that name flows from one node to another"
@@ -639,7 +688,7 @@ impl PartitionProblem {
                 None => {
                     return bad(format!(
                         "node '{}' is on stage {} but there are {} stages",
-                        self.node_names[p],
+                        self.node_names.name(p),
                         s.0,
                         self.stage_count()
                     ))
@@ -656,15 +705,15 @@ impl PartitionProblem {
                 if flow.pinned && to == from {
                     return bad(format!(
                         "tensor '{}' stays on stage {} from node '{}' to node '{}', but a cut is pinned there (--pin-cut)",
-                        flow.name, from.0, self.node_names[flow.producer as usize],
-                        self.node_names[c as usize]
+                        self.name(flow.name), from.0, self.node_names.name(flow.producer as usize),
+                        self.node_names.name(c as usize)
                     ));
                 }
                 if to < from {
                     return bad(format!(
                         "tensor '{}' goes backwards from node '{}' on stage {} to node '{}' on stage {}: stages must be convex and ordered",
-                        flow.name, self.node_names[flow.producer as usize], from.0,
-                        self.node_names[c as usize], to.0
+                        self.name(flow.name), self.node_names.name(flow.producer as usize), from.0,
+                        self.node_names.name(c as usize), to.0
                     ));
                 }
             }
@@ -831,6 +880,29 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_problem_counts_the_model_flops_the_mfu_line_would_count_again() {
+        // Two device kinds: the FLOPs come from the first one's costing and match a separate
+        // pass (`model_flops`, device-independent) bit for bit, in both modes.
+        let graph = chain(9, 256, 64);
+        let cluster = Cluster::from_device_list("A100-80GB,L4", &Catalog::builtin()).unwrap();
+        let devices = [DeviceId(0), DeviceId(1)];
+        for mode in [Mode::Inference, Mode::training()] {
+            let settings = CostSettings {
+                mode,
+                ..CostSettings::default()
+            };
+            let problem = PartitionProblem::new(&graph, &cluster, &devices, settings).unwrap();
+            let model = CostModel::new(cluster.device(DeviceId(1))).with_mode(mode);
+            let forward = problem.forward_flops().expect("every node has a rule");
+            assert!(forward > 0.0);
+            assert_eq!(
+                model.pass_flops(forward),
+                model.model_flops(&graph).unwrap()
+            );
+        }
+    }
+
+    #[test]
     fn a_balanced_chain_splits_its_time_evenly() {
         let graph = chain(8, 1024, 512);
         let cluster = Cluster::parse("1x4xH100-SXM", &Catalog::builtin()).unwrap();
@@ -882,11 +954,8 @@ pub(crate) mod tests {
         let err = problem.override_node_secs(&negative).unwrap_err();
         assert!(err.to_string().contains("≥ 0"), "{err}");
         // Each finite, but their sum is not: refused, and the problem unchanged.
-        let huge: HashMap<String, f64> = problem
-            .node_names
-            .iter()
-            .take(4)
-            .map(|n| (n.clone(), 1e308))
+        let huge: HashMap<String, f64> = (0..4)
+            .map(|p| (problem.node_names.name(p).into_owned(), 1e308))
             .collect();
         let err = problem.override_node_secs(&huge).unwrap_err();
         assert!(err.to_string().contains("sum to inf"), "{err}");

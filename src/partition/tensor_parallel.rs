@@ -950,13 +950,18 @@ mod tests {
                     true => before.footprint_bytes.div_ceil(2),
                     false => before.footprint_bytes,
                 };
-                assert_eq!(after.footprint_bytes, expected, "{}", before.name);
+                assert_eq!(
+                    after.footprint_bytes,
+                    expected,
+                    "{}",
+                    whole.name(before.name)
+                );
             }
             let halved: Vec<&str> = problem
                 .params
                 .iter()
                 .filter(|p| p.shards == 2)
-                .map(|p| p.name.as_str())
+                .map(|p| problem.name(p.name))
                 .collect();
             for name in [
                 "transformer.wte.weight",

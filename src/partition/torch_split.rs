@@ -212,7 +212,7 @@ fn numbered_scope(name: &str) -> Option<(&str, u64)> {
 /// sentence-transformers export wraps its encoder in an `nn.Sequential`
 /// (`/model/model.0/encoder/layer.N`), and the encoder layers, not the two wrapper children, are
 /// the blocks to cut between.
-fn split_family(names: &[String]) -> Option<BlockFamily> {
+fn split_family(names: &[&str]) -> Option<BlockFamily> {
     repeated_family(names)
 }
 
@@ -297,9 +297,9 @@ pub fn torch_split(
     problem.check_assignment(stage_of)?;
     let stages = problem.stage_count();
     let names = problem.node_scopes();
-    let (layers, blocks) = match split_family(names) {
+    let (layers, blocks) = match split_family(&names) {
         Some(family) => {
-            let layers = find_layers_of_family(names, &family.family);
+            let layers = find_layers_of_family(&names, &family.family);
             let blocks = blocks(&layers, &family.family);
             (layers, blocks)
         }

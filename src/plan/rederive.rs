@@ -22,7 +22,7 @@ pub(crate) fn transcribe_stages(
     let k = problem.stage_count();
     let mut nodes_of: Vec<Vec<String>> = vec![Vec::new(); k];
     for (p, s) in stage_of.iter().enumerate() {
-        nodes_of[s.index()].push(problem.node_names()[p].clone());
+        nodes_of[s.index()].push(problem.node_names().name(p).into_owned());
     }
     let producer_stage = |position: u32| stage_of[position as usize].0;
     let mut stages = Vec::with_capacity(k);
@@ -34,7 +34,7 @@ pub(crate) fn transcribe_stages(
             .map(|&f| {
                 let flow = &problem.flows()[f as usize];
                 ReceivedTensor {
-                    tensor: flow.name.clone(),
+                    tensor: problem.name(flow.name).to_string(),
                     from_stage: s as u32 - 1,
                     producer_stage: producer_stage(flow.producer),
                     bytes: flow.bytes,
@@ -51,7 +51,7 @@ pub(crate) fn transcribe_stages(
                     .map(|&f| {
                         let flow = &problem.flows()[f as usize];
                         SentTensor {
-                            tensor: flow.name.clone(),
+                            tensor: problem.name(flow.name).to_string(),
                             to_stage: s as u32 + 1,
                             bytes: flow.bytes,
                         }

@@ -68,9 +68,8 @@ impl MeasuredSelection {
         let bad = |detail: String| Err(Error::InvalidPlan(format!("measured_selection: {detail}")));
         let position: std::collections::HashMap<&str, usize> = problem
             .node_names()
-            .iter()
-            .enumerate()
-            .map(|(p, n)| (n.as_str(), p))
+            .singles()
+            .map(|(p, n)| (n, p))
             .collect();
         if self.candidates.iter().filter(|c| c.chosen).count() != 1 {
             return bad("exactly one candidate must be chosen".into());
