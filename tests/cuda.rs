@@ -1577,6 +1577,27 @@ fn half_precision_models_run_on_the_device_and_match_onnxruntime() {
 #[cfg(feature = "cuda")]
 #[test]
 fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
+    models_match_on_the_device("differential_models.py", 14);
+}
+
+/// DFT, Det and the ai.onnx.ml ops where their node cases do not reach
+/// (`tests/fake_cuda/numeric_ml_models.py`): DFT of odd lengths at batch 3, padded and truncated,
+/// onesided, inverse, the axis an attribute and an input; Det of 1 × 1 matrices, singular 3 × 3
+/// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
+/// every aggregate function and post transform, NaN features and set membership; Binarizer;
+/// ArrayFeatureExtractor of 3-D and 1-D data. Every output on the device and equal to the CPU
+/// runtime's, under the AddressSanitizer build of the fake driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn dft_det_and_ml_ops_match_the_cpu_runtime_on_the_device() {
+    models_match_on_the_device("numeric_ml_models.py", 15);
+}
+
+/// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend
+/// under the AddressSanitizer build of the fake driver and on the CPU runtime (or against the
+/// references the script wrote), and asserts equal outputs and no host fallback.
+#[cfg(feature = "cuda")]
+fn models_match_on_the_device(script: &str, at_least: usize) {
     // Under the AddressSanitizer build: the fake driver's checks and the sanitizer's, for a few
     // seconds more on these small models.
     let gpu = fake_cuda::FakeGpu {
@@ -1597,13 +1618,13 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path();
     let status = Command::new(&python)
-        .arg(common::root().join("tests/fake_cuda/differential_models.py"))
+        .arg(common::root().join("tests/fake_cuda").join(script))
         .arg(models)
         .status()
         .expect("python starts");
-    assert!(status.success(), "differential_models.py failed");
+    assert!(status.success(), "{script} failed");
     let names = std::fs::read_to_string(models.join("models.txt")).unwrap();
-    assert!(names.lines().count() >= 14, "{names}");
+    assert!(names.lines().count() >= at_least, "{names}");
     for name in names.lines() {
         let model = models.join(format!("{name}.onnx"));
         let model = model.to_str().unwrap();

@@ -1198,6 +1198,185 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
 
+// ---- DFT, Det and the ai.onnx.ml ops (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs) ----
+
+// DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
+// y [outer, kept, inner, 2]: bin k sums sample j times twiddle[(k·j) mod length] (cos, sin
+// pairs, the host's table), over the first min(n, length) samples (zero padding past n), in
+// double like the CPU kernel. One thread per output bin.
+extern "C" __global__ void dft_f32(const float* x, const double* twiddle, float* y,
+                                   long long outer, long long n, long long inner, int parts,
+                                   long long length, long long kept, double scale) {
+    long long samples = n < length ? n : length;
+    GRID_STRIDE(i, outer * kept * inner) {
+        long long in_line = i % inner;
+        long long k = (i / inner) % kept;
+        long long o = i / (inner * kept);
+        double re = 0.0, im = 0.0;
+        for (long long j = 0; j < samples; ++j) {
+            long long at = ((o * n + j) * inner + in_line) * parts;
+            double a = x[at];
+            double b = parts == 2 ? (double)x[at + 1] : 0.0;
+            long long m = (k * j) % length;
+            double c = twiddle[2 * m], s = twiddle[2 * m + 1];
+            re += a * c - b * s;
+            im += a * s + b * c;
+        }
+        y[2 * i] = (float)(re * scale);
+        y[2 * i + 1] = (float)(im * scale);
+    }
+}
+
+// Determinants of `count` row-major m × m matrices: one block per matrix, LU with partial
+// pivoting in double in `lu` (count · m · m scratch), as the CPU kernel: the pivot is the last
+// row of largest magnitude (Rust's max_by), each swap negates, a zero pivot gives 0. Thread 0
+// picks the pivot; the block swaps and eliminates. det_state: [determinant so far, pivot row].
+extern "C" __global__ void det_f32(const float* x, double* lu, float* y, long long count,
+                                   long long m) {
+    extern __shared__ double det_state[];
+    for (long long mat = blockIdx.x; mat < count; mat += gridDim.x) {
+        double* a = lu + mat * m * m;
+        for (long long e = threadIdx.x; e < m * m; e += blockDim.x) a[e] = x[mat * m * m + e];
+        if (threadIdx.x == 0) det_state[0] = 1.0;
+        __syncthreads();
+        for (long long col = 0; col < m; ++col) {
+            if (threadIdx.x == 0) {
+                long long pivot = col;
+                double best = fabs(a[col * m + col]);
+                for (long long r = col + 1; r < m; ++r) {
+                    double v = fabs(a[r * m + col]);
+                    // Rust's total order: NaN above everything, ties to the later row.
+                    if (v != v || (best == best && v >= best)) {
+                        pivot = r;
+                        best = v;
+                    }
+                }
+                double p = a[pivot * m + col];
+                det_state[1] = p == 0.0 ? -1.0 : (double)pivot;
+                det_state[0] = p == 0.0 ? 0.0 : (pivot != col ? -det_state[0] : det_state[0]) * p;
+            }
+            __syncthreads();
+            // Every thread reads the pivot row (−1: a zero pivot) from shared memory, which
+            // thread 0 writes again only after three more barriers.
+            long long pivot = (long long)det_state[1];
+            if (pivot < 0) break;
+            if (pivot != col) {
+                for (long long k = col + threadIdx.x; k < m; k += blockDim.x) {
+                    double t = a[pivot * m + k];
+                    a[pivot * m + k] = a[col * m + k];
+                    a[col * m + k] = t;
+                }
+            }
+            __syncthreads();
+            // Each row's factor replaces its entry in this column (never read again).
+            double p = a[col * m + col];
+            for (long long r = col + 1 + threadIdx.x; r < m; r += blockDim.x) a[r * m + col] /= p;
+            __syncthreads();
+            long long rest = m - col - 1;
+            for (long long e = threadIdx.x; e < rest * rest; e += blockDim.x) {
+                long long r = col + 1 + e / rest, k = col + 1 + e % rest;
+                a[r * m + k] -= a[r * m + col] * a[col * m + k];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) y[mat] = (float)det_state[0];
+        __syncthreads();
+    }
+}
+
+// Binarizer: 1 where x > threshold, else 0 (NaN gives 0).
+extern "C" __global__ void binarize_f32(const float* x, float* y, long long n, float threshold) {
+    GRID_STRIDE(i, n) { y[i] = x[i] > threshold ? 1.0f : 0.0f; }
+}
+
+// A TreeEnsemble node as src/runtime/cuda/ml.rs lays it out. A branch ≥ 0 is a node, < 0 the
+// leaf −1 − branch.
+struct TreeNode {
+    int feature;
+    int mode;  // nodes_modes: 0 ≤, 1 <, 2 ≥, 3 >, 4 ==, 5 !=, 6 member of a set
+    int true_branch;
+    int false_branch;
+    int missing_true;  // a NaN feature takes the true branch
+    int member_start;  // the set's first value in `members` (mode 6)
+    int member_count;
+    float split;
+};
+
+__device__ __forceinline__ bool tree_test(const TreeNode& node, float v, const float* members) {
+    switch (node.mode) {
+        case 0: return v <= node.split;
+        case 1: return v < node.split;
+        case 2: return v >= node.split;
+        case 3: return v > node.split;
+        case 4: return v == node.split;
+        case 5: return v != node.split;
+        default:
+            for (int j = 0; j < node.member_count; ++j) {
+                if (members[node.member_start + j] == v) return true;
+            }
+            return false;
+    }
+}
+
+// The leaf each (row, tree) reaches: one thread per pair, walking at most `steps` nodes (the
+// host checked that every walk ends at a leaf in fewer).
+extern "C" __global__ void tree_leaves_f32(const float* x, const TreeNode* nodes,
+                                           const float* members, const int* roots, int* leaves,
+                                           long long rows, long long trees, long long width,
+                                           long long steps) {
+    GRID_STRIDE(i, rows * trees) {
+        const float* features = x + (i / trees) * width;
+        int at = roots[i % trees];
+        for (long long s = 0; at >= 0 && s < steps; ++s) {
+            const TreeNode& node = nodes[at];
+            float v = features[node.feature];
+            bool go_true = (v != v && node.missing_true) || tree_test(node, v, members);
+            at = go_true ? node.true_branch : node.false_branch;
+        }
+        leaves[i] = at < 0 ? -1 - at : -1;
+    }
+}
+
+// Each row's scores from its leaves, trees in order (the CPU kernel's order, so the same sums):
+// aggregate 0 average, 1 sum, 2 min, 3 max; then post_transform 0 none, 1 softmax, 2 logistic,
+// 3 softmax keeping zeros. One thread per row.
+extern "C" __global__ void tree_aggregate_f32(const int* leaves, const float* weights,
+                                              const int* leaf_targets, float* y, long long rows,
+                                              long long trees, long long targets, int aggregate,
+                                              int post) {
+    const float largest = 3.40282347e+38f;
+    GRID_STRIDE(row, rows) {
+        float* scores = y + row * targets;
+        float start = aggregate == 2 ? largest : (aggregate == 3 ? -largest : 0.0f);
+        for (long long t = 0; t < targets; ++t) scores[t] = start;
+        for (long long tree = 0; tree < trees; ++tree) {
+            int leaf = leaves[row * trees + tree];
+            if (leaf < 0) continue;
+            float w = weights[leaf];
+            float* s = scores + leaf_targets[leaf];
+            switch (aggregate) {
+                case 0: *s = *s + w / (float)trees; break;
+                case 1: *s = *s + w; break;
+                case 2: *s = fminf(*s, w); break;
+                default: *s = fmaxf(*s, w); break;
+            }
+        }
+        if (post == 2) {
+            for (long long t = 0; t < targets; ++t) scores[t] = 1.0f / (1.0f + expf(-scores[t]));
+        } else if (post == 1 || post == 3) {
+            float top = -PC_INFINITY;
+            for (long long t = 0; t < targets; ++t) top = fmaxf(top, scores[t]);
+            float sum = 0.0f;
+            for (long long t = 0; t < targets; ++t) {
+                float e = (post == 3 && scores[t] == 0.0f) ? 0.0f : expf(scores[t] - top);
+                scores[t] = e;
+                sum += e;
+            }
+            for (long long t = 0; t < targets; ++t) scores[t] /= sum;
+        }
+    }
+}
+
 // ---- 3-D Conv and ConvTranspose (src/runtime/cuda/conv3d.rs) ----
 
 // The geometry of a 3-D convolution: input [n, c, d, h, w], output [n, m, od, oh, ow], kernel,

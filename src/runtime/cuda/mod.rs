@@ -25,8 +25,10 @@ mod conv3d;
 mod deform_conv;
 mod grid_sample;
 mod index_ops;
+mod linalg;
 mod losses;
 mod masks;
+mod ml;
 mod moments;
 mod movement_ops;
 mod ops;
@@ -36,6 +38,7 @@ mod resident;
 mod resize;
 mod roi_align;
 mod row_ops;
+mod spectral;
 mod window_ops;
 
 use std::cell::Cell;

@@ -78,6 +78,10 @@ pub(super) struct Functions {
     pub(super) running_stats: CudaFunction,
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
+    pub(super) dft: CudaFunction,
+    pub(super) det: CudaFunction,
+    /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
+    pub(super) ml: super::ml::Kernels,
 }
 
 impl Functions {
@@ -123,6 +127,9 @@ impl Functions {
             running_stats: f("running_stats_f32")?,
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
+            dft: f("dft_f32")?,
+            det: f("det_f32")?,
+            ml: super::ml::Kernels::load(module)?,
         })
     }
 }
@@ -401,7 +408,8 @@ pub(super) fn extra_outputs(ctx: &Ctx) -> bool {
 /// Runs the node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let op = ctx.node.op_type.as_str();
-    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
+    let ml = ctx.node.domain == "ai.onnx.ml";
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" && !ml {
         return Ok(None);
     }
     // Shape and Size read only the shape: a device tensor is not copied for them.
@@ -428,6 +436,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
             return Ok(None);
         }
+    }
+    if ml {
+        return super::ml::run(gpu, ctx, args);
     }
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
@@ -494,6 +505,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "NegativeLogLikelihoodLoss" => losses::loss(gpu, ctx, args, false),
         "SoftmaxCrossEntropyLoss" => losses::loss(gpu, ctx, args, true),
         "DequantizeLinear" => super::quant::dequantize_linear(gpu, ctx, args),
+        "DFT" => super::spectral::dft(gpu, ctx, args),
+        "Det" => super::linalg::det(gpu, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args

@@ -49,6 +49,8 @@ mod matmul;
 pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
+#[cfg(feature = "cuda")]
+pub(crate) use ml::{Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
 mod ms_attention;
 mod sequence;
@@ -60,6 +62,8 @@ mod spatial;
 #[cfg(feature = "cuda")]
 pub(crate) use spatial::max_unpool_targets;
 mod spectral;
+#[cfg(feature = "cuda")]
+pub(crate) use spectral::{dft_lines, twiddles};
 mod tap_product;
 mod tensor_scatter;
 #[cfg(feature = "cuda")]

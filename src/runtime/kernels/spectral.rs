@@ -23,17 +23,29 @@ fn scalar_int(inputs: &[Option<&HostTensor>], i: usize) -> Option<i64> {
     optional(inputs, i).and_then(|t| t.to_i64_vec().first().copied())
 }
 
+/// `e^{∓2πi·m/length}` for m in 0..length, as (cos, sin): bin k of a line takes sample n's
+/// factor at m = k·n mod length, so a transform evaluates `length` sines and cosines, not
+/// length² (the CUDA DFT reads the same table, so both give the same factors).
+pub(crate) fn twiddles(length: usize, inverse: bool) -> Vec<(f64, f64)> {
+    let sign = if inverse { 1.0 } else { -1.0 };
+    (0..length)
+        .map(|m| {
+            let (s, c) = (sign * 2.0 * PI * m as f64 / length as f64).sin_cos();
+            (c, s)
+        })
+        .collect()
+}
+
 /// One line's discrete Fourier transform: `length` output bins of `signal` cut or zero-padded
 /// to `length` (numpy's `n`), `inverse` with the `1/length` factor of `ifft`.
-fn transform(signal: &[(f64, f64)], length: usize, inverse: bool) -> Vec<(f64, f64)> {
-    let sign = if inverse { 1.0 } else { -1.0 };
+fn transform(signal: &[(f64, f64)], table: &[(f64, f64)], inverse: bool) -> Vec<(f64, f64)> {
+    let length = table.len();
     let scale = if inverse { 1.0 / length as f64 } else { 1.0 };
     (0..length)
         .map(|k| {
             let (mut re, mut im) = (0.0, 0.0);
             for (n, &(a, b)) in signal.iter().take(length).enumerate() {
-                let angle = sign * 2.0 * PI * ((k * n) % length) as f64 / length as f64;
-                let (s, c) = angle.sin_cos();
+                let (c, s) = table[(k * n) % length];
                 re += a * c - b * s;
                 im += a * s + b * c;
             }
@@ -52,6 +64,7 @@ fn transform_lines(
     inverse: bool,
 ) -> Result<Vec<f32>, String> {
     let mut out = vec![0f32; checked_size(&[outer, kept, inner, 2])?];
+    let table = twiddles(length, inverse);
     let mut line = Vec::with_capacity(n);
     for o in 0..outer {
         for i in 0..inner {
@@ -61,7 +74,7 @@ fn transform_lines(
                 let im = if parts == 2 { x[at + 1] as f64 } else { 0.0 };
                 (x[at] as f64, im)
             }));
-            for (k, (re, im)) in transform(&line, length, inverse)
+            for (k, (re, im)) in transform(&line, &table, inverse)
                 .into_iter()
                 .take(kept)
                 .enumerate()
@@ -75,17 +88,34 @@ fn transform_lines(
     Ok(out)
 }
 
-/// DFT: the transform of length `dft_length` (default the axis's size) along `axis`, only the
-/// first `length/2 + 1` bins when `onesided`.
-fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let shape = x.shape();
+/// What a DFT node does to its input: the lines it transforms and the bins it keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DftLines {
+    /// The input as `[outer, n, inner, parts]`: lines of `n` samples along the axis, each
+    /// sample 1 (real) or 2 (complex) floats.
+    pub(crate) layout: [usize; 4],
+    /// The transform's length (`dft_length`, default n): the line cut or zero-padded to it.
+    pub(crate) length: usize,
+    /// The bins kept: `length`, or `length/2 + 1` when `onesided`.
+    pub(crate) kept: usize,
+    pub(crate) inverse: bool,
+    pub(crate) out_shape: Vec<usize>,
+}
+
+/// The DFT of a node with input `shape` (`[..., 1 or 2]`): `dft_length` and `axis` are its
+/// inputs 1 and 2 (opset 20; before, `axis` is an attribute).
+pub(crate) fn dft_lines(
+    ctx: &Ctx,
+    shape: &[usize],
+    dft_length: Option<i64>,
+    axis_input: Option<i64>,
+) -> Result<DftLines, String> {
     let parts = *shape
         .last()
         .filter(|&&p| p == 1 || p == 2)
         .ok_or_else(|| format!("the input {shape:?} must end in 1 (real) or 2 (complex)"))?;
     let axis = if ctx.opset >= 20 {
-        scalar_int(inputs, 2).unwrap_or(-2)
+        axis_input.unwrap_or(-2)
     } else {
         ctx.int("axis", 1)
     };
@@ -94,7 +124,7 @@ fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err("the transformed axis cannot be the last (real/imaginary) one".into());
     }
     let n = shape[axis];
-    let length = match scalar_int(inputs, 1) {
+    let length = match dft_length {
         Some(l) => usize::try_from(l)
             .ok()
             .filter(|&l| l > 0)
@@ -108,18 +138,31 @@ fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis + 1..shape.len() - 1].iter().product();
-    let inverse = ctx.int("inverse", 0) != 0;
-    let out = transform_lines(
-        &x.to_f32_vec(),
-        [outer, n, inner, parts],
-        length,
-        kept,
-        inverse,
-    )?;
     let mut out_shape = shape.to_vec();
     out_shape[axis] = kept;
-    *out_shape.last_mut().unwrap() = 2;
-    Ok(vec![HostTensor::f32(out_shape, out)])
+    *out_shape.last_mut().expect("the input has an axis") = 2;
+    Ok(DftLines {
+        layout: [outer, n, inner, parts],
+        length,
+        kept,
+        inverse: ctx.int("inverse", 0) != 0,
+        out_shape,
+    })
+}
+
+/// DFT: the transform of length `dft_length` (default the axis's size) along `axis`, only the
+/// first `length/2 + 1` bins when `onesided`.
+fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let lines = dft_lines(ctx, x.shape(), scalar_int(inputs, 1), scalar_int(inputs, 2))?;
+    let out = transform_lines(
+        &x.to_f32_vec(),
+        lines.layout,
+        lines.length,
+        lines.kept,
+        lines.inverse,
+    )?;
+    Ok(vec![HostTensor::f32(lines.out_shape, out)])
 }
 
 /// STFT: frames of `frame_length` samples every `frame_step`, each weighted by the window and

@@ -1,0 +1,154 @@
+"""Writes the models tests/cuda.rs runs on both backends to compare DFT, Det and the
+ai.onnx.ml ops at what their ONNX node cases leave out (the venv's onnx and numpy, seeded),
+one `NAME.onnx` and `NAME.X.npy` each, their names in `models.txt`:
+
+- DFT of odd lengths and batch 3: real and complex input, `dft_length` padding and truncating,
+  `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20);
+- Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
+  equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
+- TreeEnsemble with several trees and targets, every aggregate function and post transform,
+  NaN features tracked to the true branch, set membership; Binarizer; ArrayFeatureExtractor of
+  3-D and 1-D data with repeated indices.
+
+Usage: .venv/bin/python tests/fake_cuda/numeric_ml_models.py OUT_DIR
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+F32 = TensorProto.FLOAT
+
+
+def save(out, name, node, x, constants=(), opsets=(("", 20),), y_shape=None):
+    """A one-node model reading `X` (the array `x`, saved beside it) and writing `Y` (of
+    `y_shape`, else the shape inference's)."""
+    graph = helper.make_graph(
+        [node],
+        name,
+        [helper.make_tensor_value_info("X", F32, list(x.shape))],
+        [helper.make_tensor_value_info("Y", F32, y_shape)],
+        list(constants),
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets]
+    )
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", x.astype(np.float32))
+
+
+def rng_for(name):
+    return np.random.default_rng(sum(map(ord, name)))
+
+
+def write_dft(out, name, shape, opset, axis, length=None, **attrs):
+    """DFT of a seeded input of `shape` (last axis 1 or 2) along `axis`."""
+    x = rng_for(name).standard_normal(shape)
+    constants, inputs = [], ["X"]
+    if length is not None:
+        constants.append(numpy_helper.from_array(np.array(length, np.int64), "length"))
+    if opset >= 20:
+        constants.append(numpy_helper.from_array(np.array(axis, np.int64), "axis"))
+        inputs += ["length" if length is not None else "", "axis"]
+    else:
+        attrs["axis"] = axis
+        if length is not None:
+            inputs.append("length")
+    node = helper.make_node("DFT", inputs, ["Y"], **attrs)
+    save(out, name, node, x, constants, [("", opset)])
+
+
+def write_det(out, name, x):
+    save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
+
+
+def singular_batch():
+    """3 × 3 matrices: two singular, one needing row swaps, one random."""
+    rng = rng_for("det_3x3")
+    zero_column = rng.standard_normal((3, 3))
+    zero_column[:, 1] = 0
+    equal_rows = rng.standard_normal((3, 3))
+    equal_rows[2] = equal_rows[0]
+    swaps = np.array([[0.0, 2.0, 1.0], [3.0, 0.5, 0.0], [1.0, 1.0, 4.0]])
+    return np.stack([zero_column, equal_rows, swaps, rng.standard_normal((3, 3))])
+
+
+def write_tree_ensemble(out, name, aggregate, post, rows=7):
+    """Three trees over 4 features, 3 targets: tree 0 tests ≤ then < with NaN going true,
+    tree 1 set membership then >, tree 2 ≥ then == / != (a mode per node kind)."""
+    # Nodes, per tree: root, left child; leaves numbered across the forest.
+    modes = [0, 1, 6, 3, 2, 4, 5]
+    features = [0, 1, 2, 3, 1, 0, 2]
+    splits = [0.1, -0.4, 0.0, 0.3, -0.2, 1.0, 0.5]
+    # A branch: (id, is_leaf).
+    true_b = [(1, 0), (0, 1), (3, 0), (2, 1), (5, 0), (4, 1), (6, 1)]
+    false_b = [(1, 1), (2, 1), (3, 1), (4, 1), (6, 0), (5, 1), (7, 1)]
+    weights = [0.5, -1.25, 2.0, 0.75, -0.5, 1.5, 3.0, -2.0]
+    targets = [0, 1, 2, 0, 1, 2, 0, 2]
+    node = helper.make_node(
+        "TreeEnsemble",
+        ["X"],
+        ["Y"],
+        domain="ai.onnx.ml",
+        n_targets=3,
+        aggregate_function=aggregate,
+        post_transform=post,
+        tree_roots=[0, 2, 4],
+        nodes_featureids=features,
+        nodes_modes=numpy_helper.from_array(np.array(modes, np.uint8), "nodes_modes"),
+        nodes_splits=numpy_helper.from_array(np.array(splits, np.float32), "nodes_splits"),
+        nodes_truenodeids=[i for i, _ in true_b],
+        nodes_trueleafs=[leaf for _, leaf in true_b],
+        nodes_falsenodeids=[i for i, _ in false_b],
+        nodes_falseleafs=[leaf for _, leaf in false_b],
+        nodes_missing_value_tracks_true=[1, 0, 0, 1, 0, 0, 1],
+        membership_values=numpy_helper.from_array(
+            np.array([0.5, 1.0, np.nan], np.float32), "membership_values"
+        ),
+        leaf_targetids=targets,
+        leaf_weights=numpy_helper.from_array(np.array(weights, np.float32), "leaf_weights"),
+    )
+    x = np.round(rng_for(name).standard_normal((rows, 4)), 1)
+    x[0, 2], x[1, 2] = 0.5, 1.0  # set members
+    x[2, 0], x[3, 3] = np.nan, np.nan  # missing, tracked to the true branch
+    x[4, 0] = 1.0  # equal to node 5's split
+    save(out, name, node, x, opsets=[("", 20), ("ai.onnx.ml", 5)])
+
+
+def main(out):
+    out.mkdir(parents=True, exist_ok=True)
+    write_dft(out, "dft_real_odd_batch3", [3, 7, 1], 20, 1)
+    write_dft(out, "dft_complex_pad_onesided", [3, 5, 4, 2], 20, 1, length=9, onesided=1)
+    write_dft(out, "dft_complex_truncate_inverse", [3, 11, 2], 20, -2, length=4, inverse=1)
+    write_dft(out, "dft_opset17_axis2_inverse", [3, 2, 9, 2], 17, 2, inverse=1)
+    write_dft(out, "dft_opset17_real_pad", [2, 5, 3, 1], 17, 1, length=8, onesided=1)
+    write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
+    write_det(out, "det_3x3_singular_and_swaps", singular_batch())
+    write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))
+    for aggregate, post in [(0, 1), (1, 2), (2, 0), (3, 3)]:
+        write_tree_ensemble(out, f"tree_ensemble_aggregate{aggregate}_post{post}",
+                            aggregate, post)
+    x = rng_for("binarizer").standard_normal((3, 5))
+    save(out, "binarizer", helper.make_node("Binarizer", ["X"], ["Y"], domain="ai.onnx.ml",
+                                            threshold=0.25),
+         x, opsets=[("", 20), ("ai.onnx.ml", 1)])
+    for name, shape, picks, y_shape in [
+        ("array_feature_extractor_3d", [2, 3, 6], [5, 0, 5, 2], [2, 3, 4]),
+        ("array_feature_extractor_1d", [7], [6, 1], [1, 2]),
+    ]:
+        indices = numpy_helper.from_array(np.array(picks, np.int64), "indices")
+        save(out, name, helper.make_node("ArrayFeatureExtractor", ["X", "indices"], ["Y"],
+                                         domain="ai.onnx.ml"),
+             rng_for(name).standard_normal(shape), [indices],
+             opsets=[("", 20), ("ai.onnx.ml", 1)], y_shape=y_shape)
+    names = sorted(p.stem for p in out.glob("*.onnx"))
+    (out / "models.txt").write_text("\n".join(names) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
