@@ -1580,22 +1580,26 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     models_match_on_the_device("differential_models.py", 14);
 }
 
-/// DFT, Det and the ai.onnx.ml ops where their node cases do not reach
-/// (`tests/fake_cuda/numeric_ml_models.py`): DFT of odd lengths at batch 3, padded and truncated,
+/// DFT, Det, the ai.onnx.ml ops and reductions off the trailing axes where their node cases do
+/// not reach (`tests/fake_cuda/coverage_models.py`): DFT of odd lengths at batch 3, padded and truncated,
 /// onesided, inverse, the axis an attribute and an input; Det of 1 × 1 matrices, singular 3 × 3
 /// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
 /// every aggregate function and post transform, NaN features and set membership; Binarizer;
-/// ArrayFeatureExtractor of 3-D and 1-D data. Every output on the device and equal to the CPU
-/// runtime's, under the AddressSanitizer build of the fake driver.
+/// ArrayFeatureExtractor of 3-D and 1-D data; reductions over leading and middle axes, which
+/// take a block per output when the outputs are few and long (axis 0 of [1000, 3]: the fake
+/// driver's launch counts show `reduce_blocks_f32`) and a thread per output otherwise. Every
+/// output on the device and equal to the CPU runtime's, under the AddressSanitizer build of the
+/// fake driver.
 #[cfg(feature = "cuda")]
 #[test]
-fn dft_det_and_ml_ops_match_the_cpu_runtime_on_the_device() {
-    models_match_on_the_device("numeric_ml_models.py", 15);
+fn dft_det_ml_ops_and_strided_reductions_match_the_cpu_runtime_on_the_device() {
+    models_match_on_the_device("coverage_models.py", 20);
 }
 
 /// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend
 /// under the AddressSanitizer build of the fake driver and on the CPU runtime (or against the
-/// references the script wrote), and asserts equal outputs and no host fallback.
+/// references the script wrote), and asserts equal outputs, no host fallback, and the kernel
+/// launch counts in `NAME.launches.json` where the script wrote one.
 #[cfg(feature = "cuda")]
 fn models_match_on_the_device(script: &str, at_least: usize) {
     // Under the AddressSanitizer build: the fake driver's checks and the sanitizer's, for a few
@@ -1640,7 +1644,21 @@ fn models_match_on_the_device(script: &str, at_least: usize) {
         let input = format!("X={}", models.join(format!("{name}.X.npy")).display());
         let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
         let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+        let stats = work.join("stats.json");
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
         let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        let launches = models.join(format!("{name}.launches.json"));
+        if launches.exists() {
+            let want: Value = serde_json::from_str(&std::fs::read_to_string(launches).unwrap())
+                .expect("launch counts");
+            let got: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap())
+                .expect("fake driver stats");
+            for (kernel, count) in want.as_object().unwrap() {
+                let launched = got["launches"][kernel].as_u64().unwrap_or(0);
+                assert_eq!(Some(launched), count.as_u64(), "{name}: {kernel} launches");
+            }
+        }
         let reference = models.join(format!("{name}.reference"));
         if reference.is_dir() {
             assert_same_outputs(name, &cuda, &reference);

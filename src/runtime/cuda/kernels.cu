@@ -1198,7 +1198,8 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
 
-// ---- DFT, Det and the ai.onnx.ml ops (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs) ----
+// ---- DFT, Det, the ai.onnx.ml ops and reductions off the trailing axes
+// (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, reductions.rs) ----
 
 // DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
 // y [outer, kept, inner, 2]: bin k sums sample j times twiddle[(k·j) mod length] (cos, sin
@@ -1374,6 +1375,35 @@ extern "C" __global__ void tree_aggregate_f32(const int* leaves, const float* we
             }
             for (long long t = 0; t < targets; ++t) scores[t] /= sum;
         }
+    }
+}
+
+// Reduction over axes that are not the trailing ones (`kept` and `reduced` as for reduce_f32):
+// one block per output, its threads striding over the reduced positions, so a reduction to few
+// outputs (axis 0 of a [1000, 3] tensor: 3) runs in parallel rather than on a thread each.
+extern "C" __global__ void reduce_blocks_f32(const float* x, float* y, long long n_out,
+                                             Dims kept, Dims reduced, long long count, int op) {
+    extern __shared__ float scratch[];
+    int how = reduce_combine(op);
+    for (long long i = blockIdx.x; i < n_out; i += gridDim.x) {
+        long long base, off, unused_b, unused_c;
+        offsets(kept, i, &base, &unused_b, &unused_c);
+        float shift = 0.0f;
+        if (op == 8) {
+            float m = -PC_INFINITY;
+            for (long long r = threadIdx.x; r < count; r += blockDim.x) {
+                offsets(reduced, r, &off, &unused_b, &unused_c);
+                m = fmaxf(m, x[base + off]);
+            }
+            shift = finite_shift(block_reduce(m, COMBINE_MAX, scratch));
+        }
+        float acc = reduce_init(op);
+        for (long long r = threadIdx.x; r < count; r += blockDim.x) {
+            offsets(reduced, r, &off, &unused_b, &unused_c);
+            acc = combine(acc, reduce_term(op, x[base + off], shift), how);
+        }
+        float total = block_reduce(acc, how, scratch);
+        if (threadIdx.x == 0) y[i] = reduce_finish(op, total, shift, count);
     }
 }
 

@@ -34,6 +34,7 @@ mod movement_ops;
 mod ops;
 mod quant;
 mod recurrent;
+mod reductions;
 mod resident;
 mod resize;
 mod roi_align;

@@ -53,7 +53,7 @@ pub(super) struct Functions {
     pub(super) norm_rows: CudaFunction,
     pub(super) norm_channels: CudaFunction,
     reduce_rows: CudaFunction,
-    reduce: CudaFunction,
+    pub(super) reduce: CudaFunction,
     pub(super) im2col: CudaFunction,
     pub(super) conv_direct: CudaFunction,
     pub(super) conv_transpose: CudaFunction,
@@ -80,6 +80,7 @@ pub(super) struct Functions {
     pub(super) masks: masks::Kernels,
     pub(super) dft: CudaFunction,
     pub(super) det: CudaFunction,
+    pub(super) reduce_blocks: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
 }
@@ -129,6 +130,7 @@ impl Functions {
             masks: masks::Kernels::load(module)?,
             dft: f("dft_f32")?,
             det: f("det_f32")?,
+            reduce_blocks: f("reduce_blocks_f32")?,
             ml: super::ml::Kernels::load(module)?,
         })
     }
@@ -1145,7 +1147,7 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 
 impl Gpu<'_> {
     /// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
-    /// one block per row when they are the trailing axes, else a thread per output.
+    /// one block per row when they are the trailing axes, else `reductions::reduce_strided`.
     fn reduce_axes(
         &self,
         x: &DeviceTensor,
@@ -1164,7 +1166,6 @@ impl Gpu<'_> {
         let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
         let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
         let mut out = self.alloc(n_out)?;
-        let (n64, c64) = (n_out as i64, count as i64);
         let trailing = reduced_axes
             .iter()
             .enumerate()
@@ -1174,17 +1175,14 @@ impl Gpu<'_> {
         } else {
             let kept = dims(&kept_shape, &[&kept_strides])?;
             let reduced = dims(&red_shape, &[&red_strides])?;
-            let mut launch = self.stream.launch_builder(&self.functions.reduce);
-            launch
-                .arg(&*x.data)
-                .arg(&mut out)
-                .arg(&n64)
-                .arg(&kept)
-                .arg(&reduced)
-                .arg(&c64)
-                .arg(&code);
-            // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-            unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+            let operands = (&*x.data, &mut out);
+            super::reductions::reduce_strided(
+                self,
+                operands,
+                (kept, reduced),
+                (n_out, count),
+                code,
+            )?;
         }
         let shape: Vec<usize> = if keep_dims {
             (0..rank)

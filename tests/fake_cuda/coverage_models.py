@@ -1,6 +1,7 @@
-"""Writes the models tests/cuda.rs runs on both backends to compare DFT, Det and the
-ai.onnx.ml ops at what their ONNX node cases leave out (the venv's onnx and numpy, seeded),
-one `NAME.onnx` and `NAME.X.npy` each, their names in `models.txt`:
+"""Writes the models tests/cuda.rs runs on both backends to compare DFT, Det, the ai.onnx.ml
+ops and reductions off the trailing axes at what their ONNX node cases leave out (the venv's
+onnx and numpy, seeded), one `NAME.onnx` and `NAME.X.npy` each, their names in `models.txt`,
+and `NAME.launches.json` where the kernels a model must launch are part of the check:
 
 - DFT of odd lengths and batch 3: real and complex input, `dft_length` padding and truncating,
   `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20);
@@ -8,11 +9,15 @@ one `NAME.onnx` and `NAME.X.npy` each, their names in `models.txt`:
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
   NaN features tracked to the true branch, set membership; Binarizer; ArrayFeatureExtractor of
-  3-D and 1-D data with repeated indices.
+  3-D and 1-D data with repeated indices;
+- reductions over leading and middle axes: to few outputs of many values (a block per output,
+  `reduce_blocks_f32`: axis 0 of [1000, 3], middle axes, log-sum-exp over axes 0 and 2) and to
+  many outputs or short runs (a thread per output, `reduce_f32`).
 
-Usage: .venv/bin/python tests/fake_cuda/numeric_ml_models.py OUT_DIR
+Usage: .venv/bin/python tests/fake_cuda/coverage_models.py OUT_DIR
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -120,6 +125,20 @@ def write_tree_ensemble(out, name, aggregate, post, rows=7):
     save(out, name, node, x, opsets=[("", 20), ("ai.onnx.ml", 5)])
 
 
+def write_reduce(out, name, op, shape, axes, keepdims, opset, launches):
+    """`op` over `axes` of a seeded input of `shape`: the axes an input from opset 18 (13 for
+    ReduceSum), an attribute before; `launches` the kernel launch counts the run must show."""
+    constants, attrs, inputs = [], {"keepdims": keepdims}, ["X"]
+    if opset >= 18 or (op == "ReduceSum" and opset >= 13):
+        constants.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        inputs.append("axes")
+    else:
+        attrs["axes"] = axes
+    x = rng_for(name).standard_normal(shape) * 2
+    save(out, name, helper.make_node(op, inputs, ["Y"], **attrs), x, constants, [("", opset)])
+    (out / f"{name}.launches.json").write_text(json.dumps(launches))
+
+
 def main(out):
     out.mkdir(parents=True, exist_ok=True)
     write_dft(out, "dft_real_odd_batch3", [3, 7, 1], 20, 1)
@@ -146,6 +165,16 @@ def main(out):
                                          domain="ai.onnx.ml"),
              rng_for(name).standard_normal(shape), [indices],
              opsets=[("", 20), ("ai.onnx.ml", 1)], y_shape=y_shape)
+    blocks = {"reduce_blocks_f32": 1, "reduce_f32": 0}
+    threads = {"reduce_blocks_f32": 0, "reduce_f32": 1}
+    write_reduce(out, "reduce_sum_axis0_1000x3", "ReduceSum", [1000, 3], [0], 1, 13, blocks)
+    write_reduce(out, "reduce_max_middle_axes", "ReduceMax", [3, 40, 30, 2], [1, 2], 0, 17,
+                 blocks)
+    write_reduce(out, "reduce_log_sum_exp_axes_0_2", "ReduceLogSumExp", [50, 3, 20], [0, 2], 1,
+                 18, blocks)
+    write_reduce(out, "reduce_mean_axis1_many_outputs", "ReduceMean", [8, 40, 2100], [1], 0, 18,
+                 threads)
+    write_reduce(out, "reduce_l2_axis0_short_runs", "ReduceL2", [5, 7, 9], [0], 1, 18, threads)
     names = sorted(p.stem for p in out.glob("*.onnx"))
     (out / "models.txt").write_text("\n".join(names) + "\n")
 
