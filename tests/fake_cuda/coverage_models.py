@@ -5,6 +5,10 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 
 - DFT of odd lengths and batch 3: real and complex input, `dft_length` padding and truncating,
   `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20);
+- STFT of real and complex signals, with and without a window and frame_length, onesided
+  and not (its node cases give frame_step as a graph input, which a plan cannot be made for);
+- Tile with repeats on several axes (up to a rank-6 strided view), Trilu upper and lower with
+  positive, negative and no k (the Trilu node cases hold integers);
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -66,6 +70,37 @@ def write_dft(out, name, shape, opset, axis, length=None, **attrs):
             inputs.append("length")
     node = helper.make_node("DFT", inputs, ["Y"], **attrs)
     save(out, name, node, x, constants, [("", opset)])
+
+
+def write_stft(out, name, shape, step, window=None, frame_length=None, onesided=1):
+    """STFT (opset 17) of a seeded signal of `shape` every `step` samples."""
+    constants = [numpy_helper.from_array(np.array(step, np.int64), "step")]
+    inputs = ["X", "step", "", ""]
+    if window is not None:
+        constants.append(numpy_helper.from_array(np.array(window, np.float32), "window"))
+        inputs[2] = "window"
+    if frame_length is not None:
+        constants.append(numpy_helper.from_array(np.array(frame_length, np.int64), "length"))
+        inputs[3] = "length"
+    while inputs[-1] == "":
+        inputs.pop()
+    node = helper.make_node("STFT", inputs, ["Y"], onesided=onesided)
+    save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 17)])
+
+
+def write_tile(out, name, shape, repeats):
+    constants = [numpy_helper.from_array(np.array(repeats, np.int64), "repeats")]
+    node = helper.make_node("Tile", ["X", "repeats"], ["Y"])
+    save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 13)])
+
+
+def write_trilu(out, name, shape, upper, k=None):
+    constants, inputs = [], ["X"]
+    if k is not None:
+        constants.append(numpy_helper.from_array(np.array(k, np.int64), "k"))
+        inputs.append("k")
+    node = helper.make_node("Trilu", inputs, ["Y"], upper=upper)
+    save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 14)])
 
 
 def write_det(out, name, x):
@@ -146,6 +181,15 @@ def main(out):
     write_dft(out, "dft_complex_truncate_inverse", [3, 11, 2], 20, -2, length=4, inverse=1)
     write_dft(out, "dft_opset17_axis2_inverse", [3, 2, 9, 2], 17, 2, inverse=1)
     write_dft(out, "dft_opset17_real_pad", [2, 5, 3, 1], 17, 1, length=8, onesided=1)
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)
+    write_stft(out, "stft_real_hann_window", [2, 64, 1], 8, window=hann, frame_length=16)
+    write_stft(out, "stft_complex_two_sided", [1, 30, 2], 5, frame_length=10, onesided=0)
+    write_stft(out, "stft_window_only_odd_step", [3, 41, 1], 7, window=hann[:12])
+    write_tile(out, "tile_3d", [2, 3, 4], [2, 1, 3])
+    write_tile(out, "tile_rank5_strided_view_of_rank6", [2, 1, 3, 1, 2], [1, 3, 2, 2, 1])
+    write_trilu(out, "trilu_upper_k1_batch3", [3, 4, 5], 1, 1)
+    write_trilu(out, "trilu_lower_negative_k", [2, 5, 3], 0, -1)
+    write_trilu(out, "trilu_lower_no_k", [4, 4], 0)
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

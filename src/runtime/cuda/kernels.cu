@@ -1198,8 +1198,8 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
 
-// ---- DFT, Det, the ai.onnx.ml ops and reductions off the trailing axes
-// (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, reductions.rs) ----
+// ---- DFT and STFT, Det, the ai.onnx.ml ops, Trilu and reductions off the trailing axes
+// (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, reductions.rs) ----
 
 // DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
 // y [outer, kept, inner, 2]: bin k sums sample j times twiddle[(k·j) mod length] (cos, sin
@@ -1225,6 +1225,23 @@ extern "C" __global__ void dft_f32(const float* x, const double* twiddle, float*
         }
         y[2 * i] = (float)(re * scale);
         y[2 * i + 1] = (float)(im * scale);
+    }
+}
+
+// STFT's frames: y [batch, frames, window_len, parts] takes sample f·step + j of each signal
+// x [batch, samples, parts] (0 past its end), times window[j] when `weighted`.
+extern "C" __global__ void stft_frames_f32(const float* x, const float* window, float* y,
+                                           long long batch, long long samples, long long parts,
+                                           long long frames, long long step,
+                                           long long window_len, int weighted) {
+    GRID_STRIDE(i, batch * frames * window_len * parts) {
+        long long p = i % parts;
+        long long j = (i / parts) % window_len;
+        long long f = (i / (parts * window_len)) % frames;
+        long long b = i / (parts * window_len * frames);
+        long long s = f * step + j;
+        float v = s < samples ? x[(b * samples + s) * parts + p] : 0.0f;
+        y[i] = weighted && s < samples ? v * window[j] : v;
     }
 }
 
@@ -1375,6 +1392,17 @@ extern "C" __global__ void tree_aggregate_f32(const int* leaves, const float* we
             }
             for (long long t = 0; t < targets; ++t) scores[t] /= sum;
         }
+    }
+}
+
+// Trilu: x where column − row ≥ k (upper) or ≤ k (lower) in each trailing rows × cols matrix,
+// else 0.
+extern "C" __global__ void trilu_f32(const float* x, float* y, long long n, long long rows,
+                                     long long cols, long long k, int upper) {
+    GRID_STRIDE(i, n) {
+        long long diagonal = i % cols - (i / cols) % rows;
+        bool keep = upper ? diagonal >= k : diagonal <= k;
+        y[i] = keep ? x[i] : 0.0f;
     }
 }
 

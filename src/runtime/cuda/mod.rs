@@ -25,6 +25,7 @@ mod conv3d;
 mod deform_conv;
 mod grid_sample;
 mod index_ops;
+mod layout_ops;
 mod linalg;
 mod losses;
 mod masks;

@@ -20,7 +20,7 @@ use crate::runtime::kernels::{
 use crate::runtime::tensor::HostTensor;
 
 /// Largest rank the kernels' [`Dims`] carries.
-const MAX_RANK: usize = 8;
+pub(super) const MAX_RANK: usize = 8;
 /// Threads per block of the element-wise kernels and of the per-row kernels.
 const BLOCK: u32 = 256;
 /// Grid cap: the kernels loop, so more blocks than this only add scheduling.
@@ -81,6 +81,8 @@ pub(super) struct Functions {
     pub(super) dft: CudaFunction,
     pub(super) det: CudaFunction,
     pub(super) reduce_blocks: CudaFunction,
+    pub(super) stft_frames: CudaFunction,
+    pub(super) trilu: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
 }
@@ -131,6 +133,8 @@ impl Functions {
             dft: f("dft_f32")?,
             det: f("det_f32")?,
             reduce_blocks: f("reduce_blocks_f32")?,
+            stft_frames: f("stft_frames_f32")?,
+            trilu: f("trilu_f32")?,
             ml: super::ml::Kernels::load(module)?,
         })
     }
@@ -509,6 +513,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "DequantizeLinear" => super::quant::dequantize_linear(gpu, ctx, args),
         "DFT" => super::spectral::dft(gpu, ctx, args),
         "Det" => super::linalg::det(gpu, args),
+        "STFT" => super::spectral::stft(gpu, ctx, args),
+        "Tile" => super::layout_ops::tile(gpu, args),
+        "Trilu" => super::layout_ops::trilu(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args

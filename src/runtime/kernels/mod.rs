@@ -63,7 +63,7 @@ mod spatial;
 pub(crate) use spatial::max_unpool_targets;
 mod spectral;
 #[cfg(feature = "cuda")]
-pub(crate) use spectral::{dft_lines, twiddles};
+pub(crate) use spectral::{dft_lines, stft_frames, twiddles};
 mod tap_product;
 mod tensor_scatter;
 #[cfg(feature = "cuda")]

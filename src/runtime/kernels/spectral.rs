@@ -165,41 +165,93 @@ fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![HostTensor::f32(lines.out_shape, out)])
 }
 
-/// STFT: frames of `frame_length` samples every `frame_step`, each weighted by the window and
-/// transformed; `[batch, frames, bins, 2]`.
-fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let [batch, samples, parts] = *x.shape() else {
+/// How an STFT node cuts its signal into frames (shared with the CUDA STFT).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StftFrames {
+    pub(crate) batch: usize,
+    pub(crate) samples: usize,
+    /// 1 (real) or 2 (complex) floats a sample.
+    pub(crate) parts: usize,
+    pub(crate) step: usize,
+    /// The transform's length (`frame_length`, else the window's, else the signal's).
+    pub(crate) frame: usize,
+    /// Samples a frame takes (the window's length, else `frame`).
+    pub(crate) window_len: usize,
+    pub(crate) frames: usize,
+    pub(crate) bins: usize,
+}
+
+/// The frames of an STFT of a signal of `shape` `[batch, length, 1 or 2]`, from its inputs
+/// `frame_step`, the window's length and `frame_length`.
+pub(crate) fn stft_frames(
+    ctx: &Ctx,
+    shape: &[usize],
+    step: Option<i64>,
+    window_len: Option<usize>,
+    frame_length: Option<i64>,
+) -> Result<StftFrames, String> {
+    let [batch, samples, parts] = *shape else {
         return Err(format!(
-            "the signal {:?} is not [batch, length, 1 or 2]",
-            x.shape()
+            "the signal {shape:?} is not [batch, length, 1 or 2]"
         ));
     };
-    let step = scalar_int(inputs, 1)
+    let step = step
         .and_then(|s| usize::try_from(s).ok())
         .filter(|&s| s > 0)
         .ok_or("frame_step must be a positive scalar")?;
-    let window = optional(inputs, 2).map(|w| w.to_f32_vec());
-    let frame = match (scalar_int(inputs, 3), &window) {
+    let frame = match (frame_length, window_len) {
         (Some(l), _) => usize::try_from(l).map_err(|_| format!("frame_length {l} is negative"))?,
-        (None, Some(w)) => w.len(),
+        (None, Some(w)) => w,
         (None, None) => samples,
     };
-    let window = window.unwrap_or_else(|| vec![1.0; frame]);
-    if frame == 0 || frame > samples || window.is_empty() {
+    let window_len = window_len.unwrap_or(frame);
+    if frame == 0 || frame > samples || window_len == 0 {
         return Err(format!(
             "frames of {frame} samples do not fit a signal of {samples}"
         ));
     }
-    let frames = 1 + (samples - frame) / step;
     let bins = if ctx.int("onesided", 1) != 0 {
         frame / 2 + 1
     } else {
         frame
     };
+    Ok(StftFrames {
+        batch,
+        samples,
+        parts,
+        step,
+        frame,
+        window_len,
+        frames: 1 + (samples - frame) / step,
+        bins,
+    })
+}
+
+/// STFT: frames of `frame_length` samples every `frame_step`, each weighted by the window and
+/// transformed; `[batch, frames, bins, 2]`.
+fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let window = optional(inputs, 2).map(|w| w.to_f32_vec());
+    let StftFrames {
+        batch,
+        samples,
+        parts,
+        step,
+        frame,
+        window_len,
+        frames,
+        bins,
+    } = stft_frames(
+        ctx,
+        x.shape(),
+        scalar_int(inputs, 1),
+        window.as_ref().map(Vec::len),
+        scalar_int(inputs, 3),
+    )?;
+    let window = window.unwrap_or_else(|| vec![1.0; frame]);
     let xv = x.to_f32_vec();
     // Each frame is the window's length of samples (zero past the signal's end), weighted.
-    let mut framed = vec![0f32; checked_size(&[batch, frames, window.len(), parts])?];
+    let mut framed = vec![0f32; checked_size(&[batch, frames, window_len, parts])?];
     for b in 0..batch {
         for f in 0..frames {
             for (j, &w) in window.iter().enumerate() {
@@ -208,7 +260,7 @@ fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     continue;
                 }
                 for p in 0..parts {
-                    framed[((b * frames + f) * window.len() + j) * parts + p] =
+                    framed[((b * frames + f) * window_len + j) * parts + p] =
                         xv[(b * samples + s) * parts + p] * w;
                 }
             }
@@ -216,7 +268,7 @@ fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let out = transform_lines(
         &framed,
-        [batch * frames, window.len(), 1, parts],
+        [batch * frames, window_len, 1, parts],
         frame,
         bins,
         false,
