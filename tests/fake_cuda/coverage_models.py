@@ -9,6 +9,8 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   and not (its node cases give frame_step as a graph input, which a plan cannot be made for);
 - Tile with repeats on several axes (up to a rank-6 strided view), Trilu upper and lower with
   positive, negative and no k (the Trilu node cases hold integers);
+- onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
+  Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -103,6 +105,36 @@ def write_trilu(out, name, shape, upper, k=None):
     save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 14)])
 
 
+def write_microsoft(out, name, op, shape, params, attrs=None, outputs=1):
+    """A com.microsoft `op` of a seeded input of `shape`; `params` the constant inputs after it
+    (a shape, or None for an absent input), `outputs` how many of its outputs the model asks
+    for (names Y, Y1, …; an empty name where a list entry is None)."""
+    rng = rng_for(name)
+    constants, inputs = [], ["X"]
+    for k, param in enumerate(params):
+        if param is None:
+            inputs.append("")
+            continue
+        constants.append(numpy_helper.from_array(
+            rng.standard_normal(param).astype(np.float32), f"p{k}"))
+        inputs.append(f"p{k}")
+    names = outputs if isinstance(outputs, list) else ["Y"] + [f"Y{k}" for k in range(1, outputs)]
+    node = helper.make_node(op, inputs, [n or "" for n in names], domain="com.microsoft",
+                            **(attrs or {}))
+    stats = list(shape[:-1]) + [1]
+    shapes = {"Y": shape, "Y1": stats, "Y2": stats, "Y3": shape}
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info("X", F32, shape)],
+        [helper.make_tensor_value_info(n, F32, shapes[n]) for n in names if n],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
 def write_det(out, name, x):
     save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
 
@@ -190,6 +222,16 @@ def main(out):
     write_trilu(out, "trilu_upper_k1_batch3", [3, 4, 5], 1, 1)
     write_trilu(out, "trilu_lower_negative_k", [2, 5, 3], 0, -1)
     write_trilu(out, "trilu_lower_no_k", [4, 4], 0)
+    write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
+    write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
+    write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])
+    write_microsoft(out, "ms_fast_gelu", "FastGelu", [3, 7], [])
+    write_microsoft(out, "ms_gelu", "Gelu", [4, 5], [])
+    write_microsoft(out, "ms_quick_gelu_alpha", "QuickGelu", [4, 5], [], {"alpha": 1.5})
+    write_microsoft(out, "ms_skip_layer_norm_every_output", "SkipLayerNormalization",
+                    [2, 3, 16], [[2, 3, 16], [16], [16], [16]], {"epsilon": 1e-5}, 4)
+    write_microsoft(out, "ms_skip_simplified_layer_norm", "SkipSimplifiedLayerNormalization",
+                    [3, 10], [[3, 10], [10], None], {}, ["Y", None, "Y2", "Y3"])
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

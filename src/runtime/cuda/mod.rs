@@ -29,6 +29,7 @@ mod layout_ops;
 mod linalg;
 mod losses;
 mod masks;
+mod microsoft;
 mod ml;
 mod moments;
 mod movement_ops;

@@ -415,7 +415,8 @@ pub(super) fn extra_outputs(ctx: &Ctx) -> bool {
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let op = ctx.node.op_type.as_str();
     let ml = ctx.node.domain == "ai.onnx.ml";
-    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" && !ml {
+    let microsoft = ctx.node.domain == "com.microsoft";
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" && !ml && !microsoft {
         return Ok(None);
     }
     // Shape and Size read only the shape: a device tensor is not copied for them.
@@ -445,6 +446,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     }
     if ml {
         return super::ml::run(gpu, ctx, args);
+    }
+    if microsoft {
+        return super::microsoft::run(gpu, ctx, args);
     }
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
