@@ -9,6 +9,9 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   and not (its node cases give frame_step as a graph input, which a plan cannot be made for);
 - Tile with repeats on several axes (up to a rank-6 strided view), Trilu upper and lower with
   positive, negative and no k (the Trilu node cases hold integers);
+- Compress along an axis and of the flattened input with a short condition; CenterCropPad
+  cropping and padding by odd differences; AffineGrid in 2-D and 3-D with and without
+  align_corners (their node cases give the condition, sizes and size as graph inputs);
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
@@ -135,6 +138,13 @@ def write_microsoft(out, name, op, shape, params, attrs=None, outputs=1):
     np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
 
 
+def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_shape=None):
+    """`op(X, C)` with `C` the array `constant`, X a seeded input of `shape`."""
+    node = helper.make_node(op, ["X", "C"], ["Y"], **(attrs or {}))
+    save(out, name, node, rng_for(name).standard_normal(shape),
+         [numpy_helper.from_array(constant, "C")], [("", opset)], y_shape)
+
+
 def write_det(out, name, x):
     save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
 
@@ -222,6 +232,19 @@ def main(out):
     write_trilu(out, "trilu_upper_k1_batch3", [3, 4, 5], 1, 1)
     write_trilu(out, "trilu_lower_negative_k", [2, 5, 3], 0, -1)
     write_trilu(out, "trilu_lower_no_k", [4, 4], 0)
+    write_with_constant(out, "compress_axis1", "Compress", [3, 5, 2],
+                        np.array([1, 0, 1, 1, 0], bool), 11, {"axis": 1}, [3, 3, 2])
+    write_with_constant(out, "compress_flat_short_condition", "Compress", [2, 3],
+                        np.array([0, 1, 1, 0], bool), 11, y_shape=[2])
+    write_with_constant(out, "center_crop_pad_odd_axes", "CenterCropPad", [5, 6, 7],
+                        np.array([2, 10], np.int64), 18, {"axes": [0, 2]}, [2, 6, 10])
+    write_with_constant(out, "center_crop_pad_all_axes", "CenterCropPad", [4, 4],
+                        np.array([3, 7], np.int64), 18, y_shape=[3, 7])
+    write_with_constant(out, "affine_grid_2d", "AffineGrid", [2, 2, 3],
+                        np.array([2, 3, 4, 5], np.int64), 20, y_shape=[2, 4, 5, 2])
+    write_with_constant(out, "affine_grid_3d_align_corners", "AffineGrid", [1, 3, 4],
+                        np.array([1, 2, 3, 4, 5], np.int64), 20, {"align_corners": 1},
+                        [1, 3, 4, 5, 3])
     write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
     write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
     write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])

@@ -1,17 +1,27 @@
+//! Ops that place float values by integer geometry the host holds, with the CPU kernels' rules:
 //! [Tile](https://onnx.ai/onnx/operators/onnx__Tile.html) (opsets 6–13) and
-//! [Trilu](https://onnx.ai/onnx/operators/onnx__Trilu.html) (opset 14) on float tensors, with
-//! the CPU kernels' rules (`kernels/movement.rs`).
+//! [Trilu](https://onnx.ai/onnx/operators/onnx__Trilu.html) (opset 14) (`kernels/movement.rs`),
+//! [Compress](https://onnx.ai/onnx/operators/onnx__Compress.html) (opsets 9–11,
+//! `kernels/select.rs`), [CenterCropPad](https://onnx.ai/onnx/operators/onnx__CenterCropPad.html)
+//! (opset 18, `kernels/crop.rs`) and
+//! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (opset 20,
+//! `kernels/spatial.rs`).
 //!
 //! Tile needs no kernel of its own: the row-major output of `x` `[d0, d1, …]` repeated
 //! `[r0, r1, …]` times is the strided view `[r0, d0, r1, d1, …]` of `x` with stride 0 on every
 //! `r` axis, which `gather_strided_f32` copies (axes of size 1 dropped, so up to rank 8).
+//! Compress gathers the kept slices (`gather_axis_f32`), CenterCropPad is a constant Pad
+//! (`pad_f32`) by the centred offsets, and AffineGrid multiplies the grid's homogeneous
+//! points, made on the host, by each θᵀ in one strided-batched cuBLAS GEMM.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{contiguous_strides, cuda_error, device, host, one, Gpu, OpResult, MAX_RANK};
+use super::ops::{
+    contiguous_strides, cuda_error, device, dims, host, numel, one, Gpu, OpResult, MAX_RANK,
+};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::Ctx;
+use crate::runtime::kernels::{affine_grid_points, normalize_axis, Ctx};
 
 /// The integer values of host input `i`, or `None` when it is absent or not integer.
 fn host_ints(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<Vec<i64>>, String> {
@@ -85,4 +95,161 @@ pub(super) fn trilu(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     // SAFETY: argument types match `trilu_f32`; both buffers hold n floats.
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     one(DeviceTensor::new(x.shape.clone(), out))
+}
+
+/// `x` viewed as `[outer, axis_len, inner]` with the axis's entries `picked` (each below
+/// axis_len): `[outer, picked.len(), inner]` through `gather_axis_f32`.
+pub(super) fn gather_along(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    (outer, axis_len, inner): (usize, usize, usize),
+    picked: &[i64],
+) -> Result<CudaSlice<f32>, String> {
+    let n = outer * picked.len() * inner;
+    let idx = gpu.upload(picked)?;
+    let mut out = gpu.alloc(n)?;
+    let (o, a, m, i) = (
+        outer as i64,
+        axis_len as i64,
+        picked.len() as i64,
+        inner as i64,
+    );
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.gather_axis);
+    launch
+        .arg(x)
+        .arg(&idx)
+        .arg(&mut out)
+        .arg(&o)
+        .arg(&a)
+        .arg(&m)
+        .arg(&i);
+    // SAFETY: argument types match `gather_axis_f32`; the callers check every index against
+    // the axis, and `x` holds outer · axis_len · inner floats.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    Ok(out)
+}
+
+/// Compress: the slices along `axis` (of the flattened input without one) whose condition is
+/// true. A condition selecting past the axis, or nothing, is left to the CPU kernel.
+pub(super) fn compress(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(condition)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    if matches!(condition.dtype(), DType::String) {
+        return Ok(None);
+    }
+    let (shape, axis) = match ctx.attr("axis") {
+        Some(_) => match normalize_axis(ctx.int("axis", 0), x.shape.len()) {
+            Ok(axis) => (x.shape.clone(), axis),
+            Err(_) => return Ok(None),
+        },
+        None => (vec![x.data.len()], 0),
+    };
+    let keep: Vec<bool> = condition.to_f32_vec().iter().map(|&c| c != 0.0).collect();
+    let n = shape[axis];
+    let picked: Vec<i64> = (0..keep.len().min(n) as i64)
+        .filter(|&k| keep[k as usize])
+        .collect();
+    if keep.iter().skip(n).any(|&k| k) || picked.is_empty() {
+        return Ok(None);
+    }
+    let (outer, inner) = (numel(&shape[..axis]), numel(&shape[axis + 1..]));
+    let data = gather_along(gpu, &x.data, (outer, n, inner), &picked)?;
+    let mut out_shape = shape;
+    out_shape[axis] = picked.len();
+    one(DeviceTensor::new(out_shape, data))
+}
+
+/// CenterCropPad: each listed axis cropped or zero-padded to its target size about its centre
+/// (the extra element of an odd difference at the end), as a constant Pad.
+pub(super) fn center_crop_pad(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(sizes)) = (device(gpu, args, 0)?, host_ints(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let rank = x.shape.len();
+    let axes = ctx
+        .ints("axes")
+        .unwrap_or_else(|| (0..rank as i64).collect());
+    if axes.len() != sizes.len() {
+        return Ok(None);
+    }
+    let mut shape = x.shape.clone();
+    for (&axis, &size) in axes.iter().zip(&sizes) {
+        let (Ok(axis), Ok(size)) = (normalize_axis(axis, rank), usize::try_from(size)) else {
+            return Ok(None);
+        };
+        shape[axis] = size;
+    }
+    // pad_f32 reads output coordinate o at o − begin: begin is the padding before, or minus the
+    // crop before.
+    let begin: Vec<i64> = x
+        .shape
+        .iter()
+        .zip(&shape)
+        .map(|(&input, &output)| {
+            if output <= input {
+                -(((input - output) / 2) as i64)
+            } else {
+                ((output - input) / 2) as i64
+            }
+        })
+        .collect();
+    let n = numel(&shape);
+    if n == 0 {
+        return Ok(None);
+    }
+    let in_shape: Vec<i64> = x.shape.iter().map(|&s| s as i64).collect();
+    let d = dims(&shape, &[&contiguous_strides(&x.shape), &begin, &in_shape])?;
+    let mut out = gpu.alloc(n)?;
+    let (count, constant, zero) = (n as i64, 0i32, 0f32);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.pad);
+    launch
+        .arg(&*x.data)
+        .arg(&mut out)
+        .arg(&count)
+        .arg(&d)
+        .arg(&constant)
+        .arg(&zero);
+    // SAFETY: argument types match `pad_f32` (mode 0, constant); it reads only coordinates
+    // inside the input.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(shape, out))
+}
+
+/// AffineGrid: `[N, H, W, 2]` (or `[N, D, H, W, 3]`) sampling points, each θ[n] applied to the
+/// point's normalised coordinates: `points[P, dims + 1] · θ[n]ᵀ` per image.
+pub(super) fn affine_grid(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(theta), Some(size)) = (device(gpu, args, 0)?, host_ints(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let Ok(size) = size
+        .iter()
+        .map(|&s| usize::try_from(s))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return Ok(None);
+    };
+    let dims = size.len().saturating_sub(2);
+    if !(2..=3).contains(&dims) || theta.shape != [size[0], dims, dims + 1] {
+        return Ok(None);
+    }
+    let spatial = &size[2..];
+    let points = numel(spatial);
+    let base = gpu.upload(&affine_grid_points(
+        spatial,
+        ctx.int("align_corners", 0) != 0,
+    )?)?;
+    let batch = size[0];
+    let mut out = gpu.alloc(batch * points * dims)?;
+    gpu.gemm_views(
+        (points, dims, dims + 1),
+        (&base, false, &*theta.data, true),
+        &mut out,
+        (1.0, 0.0),
+        (batch, 0, dims * (dims + 1), points * dims),
+    )?;
+    let mut shape = vec![batch];
+    shape.extend_from_slice(spatial);
+    shape.push(dims);
+    one(DeviceTensor::new(shape, out))
 }

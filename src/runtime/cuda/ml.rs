@@ -1,6 +1,6 @@
 //! The `ai.onnx.ml` ops with float tensors, on the device, with the CPU kernels' semantics
 //! (`kernels/ml.rs`, after the ONNX reference): Binarizer, ArrayFeatureExtractor (float data;
-//! the integer indices, which the host holds, checked there and uploaded) and TreeEnsemble
+//! the integer indices, which the host holds, checked there and uploaded for `gather_axis_f32`) and TreeEnsemble
 //! (opset 5; the CPU kernel's decoding of the attributes, `Forest`).
 //!
 //! TreeEnsemble runs in two kernels: `tree_leaves_f32`, a thread per (row, tree) walking to its
@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, PushKernelArg};
 
+use super::layout_ops::gather_along;
 use super::ops::{cuda_error, device, host, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
@@ -23,7 +24,6 @@ use crate::runtime::kernels::{Ctx, Forest, TreeBranch, TreeTest};
 #[derive(Debug)]
 pub(super) struct Kernels {
     binarize: CudaFunction,
-    gather_axis: CudaFunction,
     tree_leaves: CudaFunction,
     tree_aggregate: CudaFunction,
 }
@@ -37,7 +37,6 @@ impl Kernels {
         };
         Ok(Kernels {
             binarize: f("binarize_f32")?,
-            gather_axis: f("gather_axis_f32")?,
             tree_leaves: f("tree_leaves_f32")?,
             tree_aggregate: f("tree_aggregate_f32")?,
         })
@@ -91,21 +90,7 @@ fn array_feature_extractor(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     }
     let rows = x.data.len() / features;
-    let n = rows * picked.len();
-    let idx = gpu.upload(&picked)?;
-    let mut out = gpu.alloc(n)?;
-    let (outer, axis, count, inner) = (rows as i64, features as i64, picked.len() as i64, 1i64);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.ml.gather_axis);
-    launch
-        .arg(&*x.data)
-        .arg(&idx)
-        .arg(&mut out)
-        .arg(&outer)
-        .arg(&axis)
-        .arg(&count)
-        .arg(&inner);
-    // SAFETY: argument types match `gather_axis_f32`; every index lies inside the last axis.
-    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    let out = gather_along(gpu, &x.data, (rows, features, 1), &picked)?;
     let shape = if leading.is_empty() {
         vec![1, picked.len()]
     } else {

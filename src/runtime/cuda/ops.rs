@@ -48,7 +48,7 @@ pub(super) struct Functions {
     where_: CudaFunction,
     gather_strided: CudaFunction,
     pub(super) copy_block: CudaFunction,
-    gather_axis: CudaFunction,
+    pub(super) gather_axis: CudaFunction,
     pub(super) softmax_rows: CudaFunction,
     pub(super) norm_rows: CudaFunction,
     pub(super) norm_channels: CudaFunction,
@@ -520,6 +520,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "STFT" => super::spectral::stft(gpu, ctx, args),
         "Tile" => super::layout_ops::tile(gpu, args),
         "Trilu" => super::layout_ops::trilu(gpu, ctx, args),
+        "Compress" => super::layout_ops::compress(gpu, ctx, args),
+        "CenterCropPad" => super::layout_ops::center_crop_pad(gpu, ctx, args),
+        "AffineGrid" => super::layout_ops::affine_grid(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args

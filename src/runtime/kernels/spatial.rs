@@ -192,6 +192,30 @@ fn grid_axis(size: usize, align_corners: bool) -> Vec<f32> {
         .collect()
 }
 
+/// The points of an AffineGrid over `spatial` (`[H, W]` or `[D, H, W]`) in row-major order,
+/// each as its normalised coordinates `(x, y[, z])` (`x` along the last axis) followed by 1:
+/// `[points, dims + 1]`, which the CUDA AffineGrid multiplies by each θᵀ.
+pub(crate) fn affine_grid_points(
+    spatial: &[usize],
+    align_corners: bool,
+) -> Result<Vec<f32>, String> {
+    let dims = spatial.len();
+    let axes: Vec<Vec<f32>> = spatial
+        .iter()
+        .map(|&s| grid_axis(s, align_corners))
+        .collect();
+    let points = checked_size(spatial)?;
+    let steps = strides_of(spatial);
+    let mut out = try_zeros_f32(&[checked_size(&[points, dims + 1])?])?;
+    for (p, point) in out.chunks_exact_mut(dims + 1).enumerate() {
+        for (slot, a) in point.iter_mut().zip((0..dims).rev()) {
+            *slot = axes[a][p / steps[a] % spatial[a]];
+        }
+        point[dims] = 1.0;
+    }
+    Ok(out)
+}
+
 /// AffineGrid: each output point is `theta[n] · (x, y[, z], 1)` of its normalised coordinates,
 /// `x` along the last axis.
 fn affine_grid(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -213,19 +237,14 @@ fn affine_grid(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let align = ctx.int("align_corners", 0) != 0;
     let spatial = &size[2..];
-    // Coordinates per spatial axis, outermost first; the point's (x, y, z) reads them reversed.
-    let axes: Vec<Vec<f32>> = spatial.iter().map(|&s| grid_axis(s, align)).collect();
     let points = checked_size(spatial)?;
-    let steps = strides_of(spatial);
+    let homogeneous = affine_grid_points(spatial, align)?;
     let tv = theta.to_f32_vec();
     let mut out = try_zeros_f32(&[checked_size(&[batch, points, dims])?])?;
     for b in 0..batch {
         let t = &tv[b * dims * (dims + 1)..][..dims * (dims + 1)];
         for p in 0..points {
-            let coords: Vec<f32> = (0..dims)
-                .rev()
-                .map(|a| axes[a][p / steps[a] % spatial[a]])
-                .collect();
+            let coords = &homogeneous[p * (dims + 1)..][..dims];
             for r in 0..dims {
                 let row = &t[r * (dims + 1)..][..dims + 1];
                 let v: f32 = coords.iter().zip(row).map(|(c, w)| c * w).sum::<f32>() + row[dims];
