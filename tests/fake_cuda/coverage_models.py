@@ -12,6 +12,8 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - Compress along an axis and of the flattened input with a short condition; CenterCropPad
   cropping and padding by odd differences; AffineGrid in 2-D and 3-D with and without
   align_corners (their node cases give the condition, sizes and size as graph inputs);
+- TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
+  attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k);
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
@@ -145,6 +147,37 @@ def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_sha
          [numpy_helper.from_array(constant, "C")], [("", opset)], y_shape)
 
 
+def write_top_k(out, name, shape, k, axis, largest, opset):
+    """TopK of seeded integers (ties) with an infinity and NaNs, both outputs."""
+    rng = rng_for(name)
+    x = np.round(rng.standard_normal(shape) * 2)
+    x.flat[3], x.flat[5] = np.inf, -np.inf
+    if not largest:
+        x.flat[1] = x.flat[7] = np.nan
+    constants, inputs, attrs = [], ["X"], {"axis": axis}
+    if opset >= 11:
+        attrs["largest"] = largest
+    if opset >= 10:
+        constants.append(numpy_helper.from_array(np.array([k], np.int64), "k"))
+        inputs.append("k")
+    else:
+        attrs["k"] = k
+    y_shape = list(shape)
+    y_shape[axis] = k
+    graph = helper.make_graph(
+        [helper.make_node("TopK", inputs, ["Y", "I"], **attrs)],
+        name,
+        [helper.make_tensor_value_info("X", F32, shape)],
+        [helper.make_tensor_value_info("Y", F32, y_shape),
+         helper.make_tensor_value_info("I", TensorProto.INT64, y_shape)],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", x.astype(np.float32))
+
+
 def write_det(out, name, x):
     save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
 
@@ -245,6 +278,9 @@ def main(out):
     write_with_constant(out, "affine_grid_3d_align_corners", "AffineGrid", [1, 3, 4],
                         np.array([1, 2, 3, 4, 5], np.int64), 20, {"align_corners": 1},
                         [1, 3, 4, 5, 3])
+    write_top_k(out, "top_k_largest_last_axis", [3, 9], 4, -1, 1, 11)
+    write_top_k(out, "top_k_smallest_axis0_nan_last", [7, 4, 3], 3, 0, 0, 11)
+    write_top_k(out, "top_k_opset9_attribute", [2, 5, 6], 2, 1, 1, 9)
     write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
     write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
     write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])

@@ -1198,8 +1198,9 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
 
-// ---- DFT and STFT, Det, the ai.onnx.ml ops, Trilu and reductions off the trailing axes
-// (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, reductions.rs) ----
+// ---- DFT and STFT, Det, the ai.onnx.ml ops, Trilu, TopK and reductions off the trailing
+// axes (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, top_k.rs,
+// reductions.rs) ----
 
 // DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
 // y [outer, kept, inner, 2]: bin k sums sample j times twiddle[(k·j) mod length] (cos, sin
@@ -1403,6 +1404,37 @@ extern "C" __global__ void trilu_f32(const float* x, float* y, long long n, long
         long long diagonal = i % cols - (i / cols) % rows;
         bool keep = upper ? diagonal >= k : diagonal <= k;
         y[i] = keep ? x[i] : 0.0f;
+    }
+}
+
+// IEEE total order as a signed integer (Rust's total_cmp): negative values' magnitude bits
+// flipped, so NaNs sort beyond the infinities by sign.
+__device__ __forceinline__ int total_order_key(float v) {
+    int bits = __float_as_int(v);
+    return bits ^ (int)((unsigned)(bits >> 31) >> 1);
+}
+
+// TopK of each line of x [outer, n, inner] along n: every element counts the elements that
+// come before it (larger, or smaller when !largest, by total order; equal ones by index) and,
+// ranked below k, writes its value and index (as a float) at its rank. A thread per element.
+extern "C" __global__ void top_k_f32(const float* x, float* values, float* indices,
+                                     long long outer, long long n, long long inner, long long k,
+                                     int largest) {
+    GRID_STRIDE(e, outer * n * inner) {
+        long long i = e % inner, j = (e / inner) % n, o = e / (inner * n);
+        const float* line = x + o * n * inner + i;
+        int key = total_order_key(line[j * inner]);
+        long long rank = 0;
+        for (long long t = 0; t < n; ++t) {
+            int other = total_order_key(line[t * inner]);
+            bool before = largest ? other > key : other < key;
+            rank += (before || (other == key && t < j)) ? 1 : 0;
+        }
+        if (rank < k) {
+            long long at = (o * k + rank) * inner + i;
+            values[at] = line[j * inner];
+            indices[at] = (float)j;
+        }
     }
 }
 

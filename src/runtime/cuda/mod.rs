@@ -42,6 +42,7 @@ mod resize;
 mod roi_align;
 mod row_ops;
 mod spectral;
+mod top_k;
 mod window_ops;
 
 use std::cell::Cell;

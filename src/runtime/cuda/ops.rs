@@ -83,6 +83,7 @@ pub(super) struct Functions {
     pub(super) reduce_blocks: CudaFunction,
     pub(super) stft_frames: CudaFunction,
     pub(super) trilu: CudaFunction,
+    pub(super) top_k: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
 }
@@ -135,6 +136,7 @@ impl Functions {
             reduce_blocks: f("reduce_blocks_f32")?,
             stft_frames: f("stft_frames_f32")?,
             trilu: f("trilu_f32")?,
+            top_k: f("top_k_f32")?,
             ml: super::ml::Kernels::load(module)?,
         })
     }
@@ -523,6 +525,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Compress" => super::layout_ops::compress(gpu, ctx, args),
         "CenterCropPad" => super::layout_ops::center_crop_pad(gpu, ctx, args),
         "AffineGrid" => super::layout_ops::affine_grid(gpu, ctx, args),
+        "TopK" => super::top_k::top_k(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args
