@@ -162,6 +162,15 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "gather_rows_f32",
         "scatter_rows_f32",
         "einsum_f32",
+        "dft_f32",
+        "stft_frames_f32",
+        "det_f32",
+        "binarize_f32",
+        "tree_leaves_f32",
+        "tree_aggregate_f32",
+        "trilu_f32",
+        "top_k_f32",
+        "reduce_blocks_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
