@@ -12,6 +12,8 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - Compress along an axis and of the flattened input with a short condition; CenterCropPad
   cropping and padding by odd differences; AffineGrid in 2-D and 3-D with and without
   align_corners (their node cases give the condition, sizes and size as graph inputs);
+- Col2Im in 1-D and 2-D, with strides, pads and dilations (the node cases give the image and
+  block shapes as graph inputs);
 - TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
   attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k);
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
@@ -178,6 +180,15 @@ def write_top_k(out, name, shape, k, axis, largest, opset):
     np.save(out / f"{name}.X.npy", x.astype(np.float32))
 
 
+def write_col2im(out, name, shape, image, block, attrs=None):
+    """Col2Im of seeded columns of `shape` into `image` by `block` (constants)."""
+    constants = [numpy_helper.from_array(np.array(image, np.int64), "image"),
+                 numpy_helper.from_array(np.array(block, np.int64), "block")]
+    node = helper.make_node("Col2Im", ["X", "image", "block"], ["Y"], **(attrs or {}))
+    y_shape = [shape[0], shape[1] // int(np.prod(block))] + list(image)
+    save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 18)], y_shape)
+
+
 def write_det(out, name, x):
     save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
 
@@ -278,6 +289,10 @@ def main(out):
     write_with_constant(out, "affine_grid_3d_align_corners", "AffineGrid", [1, 3, 4],
                         np.array([1, 2, 3, 4, 5], np.int64), 20, {"align_corners": 1},
                         [1, 3, 4, 5, 3])
+    write_col2im(out, "col2im_2d", [2, 12, 16], [5, 5], [2, 2])
+    write_col2im(out, "col2im_strides_pads_dilations", [1, 12, 20], [6, 7], [2, 3],
+                 {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]})
+    write_col2im(out, "col2im_1d", [2, 6, 5], [7], [3])
     write_top_k(out, "top_k_largest_last_axis", [3, 9], 4, -1, 1, 11)
     write_top_k(out, "top_k_smallest_axis0_nan_last", [7, 4, 3], 3, 0, 0, 11)
     write_top_k(out, "top_k_opset9_attribute", [2, 5, 6], 2, 1, 1, 9)

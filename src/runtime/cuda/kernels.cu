@@ -1407,6 +1407,22 @@ extern "C" __global__ void trilu_f32(const float* x, float* y, long long n, long
     }
 }
 
+// Col2Im as a gather: position p of image plane `plane` (= n·C + c) sums the column entries
+// landing on it, x[plane · plane_stride + source] for the sources listed in
+// sources[starts[p] .. starts[p + 1]] (k · L + l, in the CPU kernel's order). A thread per
+// output.
+extern "C" __global__ void col2im_f32(const float* x, const long long* starts,
+                                      const long long* sources, float* y, long long planes,
+                                      long long image_size, long long plane_stride) {
+    GRID_STRIDE(i, planes * image_size) {
+        long long p = i % image_size;
+        const float* in = x + (i / image_size) * plane_stride;
+        float acc = 0.0f;
+        for (long long s = starts[p]; s < starts[p + 1]; ++s) acc += in[sources[s]];
+        y[i] = acc;
+    }
+}
+
 // IEEE total order as a signed integer (Rust's total_cmp): negative values' magnitude bits
 // flipped, so NaNs sort beyond the infinities by sign.
 __device__ __forceinline__ int total_order_key(float v) {

@@ -4,15 +4,17 @@
 //! [Compress](https://onnx.ai/onnx/operators/onnx__Compress.html) (opsets 9–11,
 //! `kernels/select.rs`), [CenterCropPad](https://onnx.ai/onnx/operators/onnx__CenterCropPad.html)
 //! (opset 18, `kernels/crop.rs`) and
-//! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (opset 20,
-//! `kernels/spatial.rs`).
+//! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (opset 20) and
+//! [Col2Im](https://onnx.ai/onnx/operators/onnx__Col2Im.html) (opset 18) (`kernels/spatial.rs`).
 //!
 //! Tile needs no kernel of its own: the row-major output of `x` `[d0, d1, …]` repeated
 //! `[r0, r1, …]` times is the strided view `[r0, d0, r1, d1, …]` of `x` with stride 0 on every
 //! `r` axis, which `gather_strided_f32` copies (axes of size 1 dropped, so up to rank 8).
 //! Compress gathers the kept slices (`gather_axis_f32`), CenterCropPad is a constant Pad
 //! (`pad_f32`) by the centred offsets, and AffineGrid multiplies the grid's homogeneous
-//! points, made on the host, by each θᵀ in one strided-batched cuBLAS GEMM.
+//! points, made on the host, by each θᵀ in one strided-batched cuBLAS GEMM. Col2Im gathers:
+//! the host lists, per image position, the column entries that land on it (in the CPU
+//! kernel's order, so the sums agree), and `col2im_f32` adds them, a thread per output.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -21,7 +23,7 @@ use super::ops::{
 };
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::{affine_grid_points, normalize_axis, Ctx};
+use crate::runtime::kernels::{affine_grid_points, col2im_geometry, normalize_axis, Col2Im, Ctx};
 
 /// The integer values of host input `i`, or `None` when it is absent or not integer.
 fn host_ints(gpu: &Gpu, args: &[Option<Value>], i: usize) -> Result<Option<Vec<i64>>, String> {
@@ -251,5 +253,79 @@ pub(super) fn affine_grid(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpRes
     let mut shape = vec![batch];
     shape.extend_from_slice(spatial);
     shape.push(dims);
+    one(DeviceTensor::new(shape, out))
+}
+
+/// Col2Im: the columns `[N, C·Π block, L]` summed back into images `[N, C, image…]`. A node
+/// whose geometry the CPU kernel refuses is left to it.
+pub(super) fn col2im(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(image), Some(block)) = (
+        device(gpu, args, 0)?,
+        host_ints(gpu, args, 1)?,
+        host_ints(gpu, args, 2)?,
+    ) else {
+        return Ok(None);
+    };
+    let sizes = |v: Vec<i64>| {
+        v.into_iter()
+            .map(usize::try_from)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let (Ok(image), Ok(block)) = (sizes(image), sizes(block)) else {
+        return Ok(None);
+    };
+    let Ok(Col2Im {
+        batch,
+        channels,
+        block_size,
+        length,
+        image,
+        targets,
+    }) = col2im_geometry(ctx, &x.shape, image, &block)
+    else {
+        return Ok(None);
+    };
+    let image_size = numel(&image);
+    // Per image position p, the entries landing on it: sources[starts[p]..starts[p + 1]].
+    let mut starts = vec![0i64; image_size + 1];
+    for &flat in targets.iter().flatten() {
+        starts[flat + 1] += 1;
+    }
+    for p in 0..image_size {
+        starts[p + 1] += starts[p];
+    }
+    let mut fill: Vec<i64> = starts[..image_size].to_vec();
+    let mut sources = vec![0i64; starts[image_size] as usize];
+    for (entry, target) in targets.iter().enumerate() {
+        if let Some(flat) = *target {
+            sources[fill[flat] as usize] = entry as i64;
+            fill[flat] += 1;
+        }
+    }
+    if sources.is_empty() {
+        sources.push(0);
+    }
+    let (starts, sources) = (gpu.upload(&starts)?, gpu.upload(&sources)?);
+    let planes = batch * channels;
+    let mut out = gpu.alloc(planes * image_size)?;
+    let (p, size, stride) = (
+        planes as i64,
+        image_size as i64,
+        (block_size * length) as i64,
+    );
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.col2im);
+    launch
+        .arg(&*x.data)
+        .arg(&starts)
+        .arg(&sources)
+        .arg(&mut out)
+        .arg(&p)
+        .arg(&size)
+        .arg(&stride);
+    // SAFETY: argument types match `col2im_f32`; `starts` has image_size + 1 entries, every
+    // source is below block_size · L, and `x` holds planes · block_size · L floats.
+    unsafe { launch.launch(Gpu::grid(planes * image_size)) }.map_err(cuda_error("launch"))?;
+    let mut shape = vec![batch, channels];
+    shape.extend(&image);
     one(DeviceTensor::new(shape, out))
 }

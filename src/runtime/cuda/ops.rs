@@ -84,6 +84,7 @@ pub(super) struct Functions {
     pub(super) stft_frames: CudaFunction,
     pub(super) trilu: CudaFunction,
     pub(super) top_k: CudaFunction,
+    pub(super) col2im: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
 }
@@ -137,6 +138,7 @@ impl Functions {
             stft_frames: f("stft_frames_f32")?,
             trilu: f("trilu_f32")?,
             top_k: f("top_k_f32")?,
+            col2im: f("col2im_f32")?,
             ml: super::ml::Kernels::load(module)?,
         })
     }
@@ -526,6 +528,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "CenterCropPad" => super::layout_ops::center_crop_pad(gpu, ctx, args),
         "AffineGrid" => super::layout_ops::affine_grid(gpu, ctx, args),
         "TopK" => super::top_k::top_k(gpu, ctx, args),
+        "Col2Im" => super::layout_ops::col2im(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args

@@ -60,7 +60,7 @@ mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 mod spatial;
 #[cfg(feature = "cuda")]
-pub(crate) use spatial::{affine_grid_points, max_unpool_targets};
+pub(crate) use spatial::{affine_grid_points, col2im_geometry, max_unpool_targets, Col2Im};
 mod spectral;
 #[cfg(feature = "cuda")]
 pub(crate) use spectral::{dft_lines, stft_frames, twiddles};

@@ -106,26 +106,44 @@ pub(crate) fn max_unpool_targets(
     Ok((targets, out_shape))
 }
 
-/// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
-/// entry landing at `block position · stride − pad_begin + kernel offset · dilation`.
-fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let image = sizes(input(inputs, 1)?, "image_shape")?;
-    let block = sizes(input(inputs, 2)?, "block_shape")?;
+/// Where Col2Im puts each column entry, from the node and its input's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Col2Im {
+    pub(crate) batch: usize,
+    pub(crate) channels: usize,
+    /// Π block: a channel's rows of the input.
+    pub(crate) block_size: usize,
+    /// L: the columns.
+    pub(crate) length: usize,
+    pub(crate) image: Vec<usize>,
+    /// Per entry `k · L + l` (block offset k, column l), its position in the image, `None`
+    /// when it falls in the padding.
+    pub(crate) targets: Vec<Option<usize>>,
+}
+
+/// The Col2Im of an input of `shape` `[N, C·Π block, L]` into `image` by `block`, with the
+/// node's dilations, pads and strides.
+pub(crate) fn col2im_geometry(
+    ctx: &Ctx,
+    shape: &[usize],
+    image: Vec<usize>,
+    block: &[usize],
+) -> Result<Col2Im, String> {
     let n = image.len();
     let (dilations, pads, strides) = (
         per_axis(ctx, "dilations", n, 1)?,
         per_axis(ctx, "pads", 2 * n, 0)?,
         per_axis(ctx, "strides", n, 1)?,
     );
-    let block_size = checked_size(&block)?;
-    let [batch, rows, length] = *x.shape() else {
-        return Err(format!(
-            "the input {:?} is not [N, C·Π block, L]",
-            x.shape()
-        ));
+    let block_size = checked_size(block)?;
+    let [batch, rows, length] = *shape else {
+        return Err(format!("the input {shape:?} is not [N, C·Π block, L]"));
     };
-    if block_size == 0 || rows % block_size != 0 || strides.iter().any(|&s| s <= 0) {
+    if block.len() != n
+        || block_size == 0
+        || rows % block_size != 0
+        || strides.iter().any(|&s| s <= 0)
+    {
         return Err(format!(
             "{rows} rows do not divide into blocks {block:?}, or a stride is not positive"
         ));
@@ -146,12 +164,9 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             "{length} columns, but the image holds {blocks:?} blocks"
         ));
     }
-    let channels = rows / block_size;
-    let image_size = checked_size(&image)?;
-    let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
     let (image_strides, block_strides, grid_strides) =
-        (strides_of(&image), strides_of(&block), strides_of(&blocks));
-    let xv = x.to_f32_vec();
+        (strides_of(&image), strides_of(block), strides_of(&blocks));
+    let mut targets = Vec::with_capacity(checked_size(&[block_size, length])?);
     for k in 0..block_size {
         for l in 0..length {
             let mut flat = 0usize;
@@ -164,14 +179,46 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 flat += pos.max(0) as usize * image_strides[i];
                 (0..image[i] as i64).contains(&pos)
             });
-            if !inside {
-                continue;
-            }
-            for b in 0..batch {
-                for c in 0..channels {
-                    out[(b * channels + c) * image_size + flat] +=
-                        xv[(b * rows + c * block_size + k) * length + l];
-                }
+            targets.push(inside.then_some(flat));
+        }
+    }
+    Ok(Col2Im {
+        batch,
+        channels: rows / block_size,
+        block_size,
+        length,
+        image,
+        targets,
+    })
+}
+
+/// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
+/// entry landing at `block position · stride − pad_begin + kernel offset · dilation`.
+fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let image = sizes(input(inputs, 1)?, "image_shape")?;
+    let block = sizes(input(inputs, 2)?, "block_shape")?;
+    let Col2Im {
+        batch,
+        channels,
+        block_size,
+        length,
+        image,
+        targets,
+    } = col2im_geometry(ctx, x.shape(), image, &block)?;
+    let rows = channels * block_size;
+    let image_size = checked_size(&image)?;
+    let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
+    let xv = x.to_f32_vec();
+    for (entry, target) in targets.iter().enumerate() {
+        let Some(flat) = *target else {
+            continue;
+        };
+        let (k, l) = (entry / length, entry % length);
+        for b in 0..batch {
+            for c in 0..channels {
+                out[(b * channels + c) * image_size + flat] +=
+                    xv[(b * rows + c * block_size + k) * length + l];
             }
         }
     }
