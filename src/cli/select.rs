@@ -4,8 +4,8 @@
 //! Per-node times add up to stage times only as far as a node costs the same in every context;
 //! where plans differ by less than that context (a convolution 6% slower after a layer that
 //! streams 25 MB through the cache, docs/benchmarks.md), the cost model cannot choose and a run
-//! can. The rivals are the optimum with one stage boundary moved across the nodes beside it
-//! ([`boundary_moves`]) among those the model predicts within [`RIVAL_SLACK`] of it; a rival
+//! can. The rivals are the optimum with one stage boundary moved across the nodes beside it by
+//! up to [`MOVE_STEPS`] steps ([`boundary_moves`]) among those the model predicts within [`RIVAL_SLACK`] of it; a rival
 //! replaces the optimum only when it was faster by [`WIN_MARGIN`] in the median paired round and
 //! in enough rounds to pass a sign test ([`PairedRuns::clear_winner_over`]), so noise keeps the
 //! proven plan. The plan then says so in its status and
@@ -27,16 +27,20 @@ use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weight
 /// Rivals predicted slower than the optimum by more than this are not run: the stage shares the
 /// profile predicts were within 3.6 points of the measured ones on every model benchmarked.
 pub const RIVAL_SLACK: f64 = 0.05;
-/// A move carries at least this share of the bottleneck, so that it changes what a stage does.
+/// Each step of a move carries at least this share of the bottleneck, so that it changes what a
+/// stage does.
 pub const MIN_MOVED_SHARE: f64 = 0.02;
+/// How many steps each boundary moves, each way: one step missed mlp's faster split two nodes
+/// away (docs/benchmarks.md); rivals predicted beyond [`RIVAL_SLACK`] are dropped anyway.
+pub const MOVE_STEPS: usize = 3;
 /// A rival must beat the optimum by this much in the median round.
 pub const WIN_MARGIN: f64 = 0.01;
 
 #[derive(Debug, Args, Default)]
 pub struct SelectArgs {
     /// Run the cost model's optimum and its nearest rivals (each stage boundary moved across
-    /// the nodes beside it, either way, far enough to carry 2% of the bottleneck; those
-    /// predicted within 5% of it) on this machine's CPU runtime, one pinned core per stage, in
+    /// the nodes beside it, either way, by up to three steps that each carry another 2% of the
+    /// bottleneck; those predicted within 5% of it) on this machine's CPU runtime, one pinned core per stage, in
     /// this many paired rounds, and keep a rival faster by 1% in the median round and in enough
     /// rounds to pass a one-sided sign test at 5% (all of 6, 9 of 10, 15 of 20).
     /// Needs the model's weights, CPU stages and no more stages than cores.
@@ -154,6 +158,7 @@ fn candidates(graph: &Graph, solution: &Solution) -> Vec<(String, Vec<StageId>)>
         problem,
         &solution.stage_of,
         MIN_MOVED_SHARE * bottleneck,
+        MOVE_STEPS,
         &keeps_constraints,
     ) {
         let evaluation = problem.evaluate(&rival.stage_of);

@@ -36,17 +36,6 @@ pub(crate) struct Step<K = Kernel> {
     pub frees: Vec<TensorId>,
 }
 
-/// Resolves every node of a stage to its CPU tensor kernel and works out when each
-/// intermediate tensor can be freed; refuses an op without a kernel, naming op and node.
-#[cfg(feature = "cuda")]
-pub(crate) fn plan_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step>, Error> {
-    plan_steps_with(graph, spec, |node| {
-        (!node.has_subgraphs())
-            .then(|| kernels::lookup(&node.domain, &node.op_type))
-            .flatten()
-    })
-}
-
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
 #[derive(Debug, Clone)]
@@ -57,7 +46,7 @@ pub(crate) enum CpuKernel {
     Folded(Arc<FoldedConv>),
 }
 
-/// [`plan_steps`] with the kernels on values that only the CPU runtime has (an op with both,
+/// The CPU runtime's steps: its tensor kernels, and the kernels on values only it has (an op with both,
 /// Identity, takes the one its inputs' values call for when it runs).
 fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>>, Error> {
     plan_steps_with(graph, spec, |node| {
@@ -70,7 +59,9 @@ fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>
     })
 }
 
-fn plan_steps_with<K>(
+/// Resolves every node of a stage to its kernel of type `K` (`resolve`) and works out when each
+/// intermediate tensor can be freed; refuses an op without a kernel, naming op and node.
+pub(crate) fn plan_steps_with<K>(
     graph: &Graph,
     spec: &StageSpec,
     resolve: impl Fn(&Node) -> Option<K>,

@@ -172,8 +172,8 @@ struct Driver {
     Clocks completed;  // per stream, the operations the host has synchronised with
     // Copies by direction, written to PC_FAKE_CUDA_STATS at exit for the tests.
     unsigned long long host_to_device = 0, device_to_host = 0, device_to_device = 0, peer = 0;
-    // Launches by kernel name, written there too (which kernel an op chose).
-    std::map<std::string, unsigned long long> launched;
+    // Launches by kernel name, written there too (which path a host-side choice took).
+    std::map<std::string, unsigned long long> launches_of;
 
     Driver() {
         int count = env_int("PC_FAKE_CUDA_DEVICES", 1);
@@ -285,10 +285,10 @@ void write_stats() {
         if (!pools.empty()) pools += ", ";
         pools += std::to_string(device->pool.release_threshold);
     }
-    std::string launched;
-    for (const auto& [name, count] : d.launched) {
-        if (!launched.empty()) launched += ", ";
-        launched += "\"" + name + "\": " + std::to_string(count);
+    std::string launches;
+    for (const auto& [name, count] : d.launches_of) {
+        if (!launches.empty()) launches += ", ";
+        launches += "\"" + name + "\": " + std::to_string(count);
     }
     if (FILE* f = std::fopen(path, "w")) {
         std::fprintf(f,
@@ -296,7 +296,7 @@ void write_stats() {
                      "\"device_to_device\": %llu, \"peer\": %llu, "
                      "\"pool_release_threshold\": [%s], \"launches\": {%s}}\n",
                      d.host_to_device, d.device_to_host, d.device_to_device, d.peer,
-                     pools.c_str(), launched.c_str());
+                     pools.c_str(), launches.c_str());
         std::fclose(f);
     }
 }
@@ -1195,7 +1195,7 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
         return INVALID_CONTEXT;
     }
     if (extra) return INVALID_VALUE;
-    ++driver().launched[f->kernel->name];
+    ++driver().launches_of[f->kernel->name];
     if (++driver().launches == driver().fault_at_launch) {
         fault(current, std::string(f->kernel->name) + ": fault injected at launch " +
                            std::to_string(driver().launches) + " (PC_FAKE_CUDA_FAULT_AT_LAUNCH)");

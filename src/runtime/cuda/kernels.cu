@@ -95,27 +95,27 @@ extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int 
     }
 }
 
-// Codes shared with ops.rs (`Binary`).
+// Codes shared with ops.rs (`Binary`); `binary_flat_f32` computes the same.
+__device__ __forceinline__ float binary_value(float u, float v, int op) {
+    switch (op) {
+        case 0: return u + v;
+        case 1: return u - v;
+        case 2: return u * v;
+        case 3: return u / v;
+        case 4: return powf(u, v);
+        case 5: return fmaxf(u, v);
+        case 6: return fminf(u, v);
+        case 7: return u < 0.0f ? u * v : u;  // PRelu (v the slope)
+        default: return fmodf(u, v);          // Mod with fmod = 1
+    }
+}
+
 extern "C" __global__ void binary_f32(const float* a, const float* b, float* y, long long n,
                                       Dims d, int op) {
     GRID_STRIDE(i, n) {
         long long oa, ob, oc;
         offsets(d, i, &oa, &ob, &oc);
-        float u = a[oa], v = b[ob];
-        float r;
-        switch (op) {
-            case 0: r = u + v; break;
-            case 1: r = u - v; break;
-            case 2: r = u * v; break;
-            case 3: r = u / v; break;
-            case 4: r = powf(u, v); break;
-            case 5: r = fmaxf(u, v); break;
-            case 6: r = fminf(u, v); break;
-            case 7: r = u < 0.0f ? u * v : u; break;  // PRelu (v the slope)
-            default: r = fmodf(u, v); break;          // Mod with fmod = 1
-
-        }
-        y[i] = r;
+        y[i] = binary_value(a[oa], b[ob], op);
     }
 }
 
@@ -1543,25 +1543,29 @@ extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const flo
 // read it); these kernels make and combine such masks, choose by one, and round floats to the
 // narrow formats a Cast names.
 
-// Codes shared with masks.rs (`compare_code`): y = a OP b as 0 or 1, both broadcast.
+// Codes shared with masks.rs (`compare_code`): a OP b as 0 or 1 (`mask_binary_flat_f32` too).
+__device__ __forceinline__ float compare_value(float u, float v, int op) {
+    bool r;
+    switch (op) {
+        case 0: r = u < v; break;                          // Less
+        case 1: r = u <= v; break;                         // LessOrEqual
+        case 2: r = u > v; break;                          // Greater
+        case 3: r = u >= v; break;                         // GreaterOrEqual
+        case 4: r = u == v; break;                         // Equal
+        case 5: r = u != 0.0f && v != 0.0f; break;         // And
+        case 6: r = u != 0.0f || v != 0.0f; break;         // Or
+        default: r = (u != 0.0f) != (v != 0.0f); break;   // Xor
+    }
+    return r ? 1.0f : 0.0f;
+}
+
+// y = a OP b as 0 or 1, both broadcast.
 extern "C" __global__ void mask_binary_f32(const float* a, const float* b, float* y, long long n,
                                            Dims d, int op) {
     GRID_STRIDE(i, n) {
         long long oa, ob, oc;
         offsets(d, i, &oa, &ob, &oc);
-        float u = a[oa], v = b[ob];
-        bool r;
-        switch (op) {
-            case 0: r = u < v; break;                          // Less
-            case 1: r = u <= v; break;                         // LessOrEqual
-            case 2: r = u > v; break;                          // Greater
-            case 3: r = u >= v; break;                         // GreaterOrEqual
-            case 4: r = u == v; break;                         // Equal
-            case 5: r = u != 0.0f && v != 0.0f; break;         // And
-            case 6: r = u != 0.0f || v != 0.0f; break;         // Or
-            default: r = (u != 0.0f) != (v != 0.0f); break;   // Xor
-        }
-        y[i] = r ? 1.0f : 0.0f;
+        y[i] = compare_value(a[oa], b[ob], op);
     }
 }
 
@@ -1648,5 +1652,58 @@ extern "C" __global__ void round_float_f32(const float* x, float* y, long long n
         if (negative) r = -r;
         if (r == 0.0f && unsigned_zero) r = 0.0f;
         y[i] = r;
+    }
+}
+
+// ---- Element-wise fast paths (src/runtime/cuda/flat.rs chooses them on the host) ----
+//
+// When every operand is the output's shape, one element, or a row the output repeats (its
+// shape, leading 1s aside, the output's trailing dims) and the output holds fewer than 2^31
+// elements, operand k is read at `i`, 0 or `i mod len_k`: 32-bit indices, one 32-bit remainder
+// at most per operand, instead of a 64-bit division and remainder per dimension (`offsets`).
+
+#define GRID_STRIDE32(i, n) \
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += blockDim.x * gridDim.x)
+
+// Position of output element `i` in an operand of `len` elements (`len` is n, 1 or a row's).
+__device__ __forceinline__ unsigned int flat_at(unsigned int i, unsigned int len,
+                                                unsigned int n) {
+    return len == n ? i : (len == 1 ? 0u : i % len);
+}
+
+extern "C" __global__ void binary_flat_f32(const float* a, const float* b, float* y,
+                                           unsigned int n, unsigned int a_len,
+                                           unsigned int b_len, int op) {
+    GRID_STRIDE32(i, n) {
+        y[i] = binary_value(a[flat_at(i, a_len, n)], b[flat_at(i, b_len, n)], op);
+    }
+}
+
+extern "C" __global__ void mask_binary_flat_f32(const float* a, const float* b, float* y,
+                                                unsigned int n, unsigned int a_len,
+                                                unsigned int b_len, int op) {
+    GRID_STRIDE32(i, n) {
+        y[i] = compare_value(a[flat_at(i, a_len, n)], b[flat_at(i, b_len, n)], op);
+    }
+}
+
+// y = cond != 0 ? a : b, cond a device mask (`where_mask_f32`'s fast path).
+extern "C" __global__ void where_mask_flat_f32(const float* cond, const float* a, const float* b,
+                                               float* y, unsigned int n, unsigned int c_len,
+                                               unsigned int a_len, unsigned int b_len) {
+    GRID_STRIDE32(i, n) {
+        y[i] = cond[flat_at(i, c_len, n)] != 0.0f ? a[flat_at(i, a_len, n)]
+                                                  : b[flat_at(i, b_len, n)];
+    }
+}
+
+// y = cond ? a : b, cond bytes uploaded from a host boolean tensor (`where_f32`'s fast path).
+extern "C" __global__ void where_flat_f32(const unsigned char* cond, const float* a,
+                                          const float* b, float* y, unsigned int n,
+                                          unsigned int c_len, unsigned int a_len,
+                                          unsigned int b_len) {
+    GRID_STRIDE32(i, n) {
+        y[i] = cond[flat_at(i, c_len, n)] ? a[flat_at(i, a_len, n)] : b[flat_at(i, b_len, n)];
     }
 }

@@ -126,6 +126,10 @@ pub(super) fn compare(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+    let flat = &gpu.functions.flat.compare;
+    if let Some(out) = super::flat::pair(gpu, flat, (&a, &b), &shape, code)? {
+        return one(DeviceTensor::mask(shape, out));
+    }
     let strides = [
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),
@@ -205,6 +209,10 @@ pub(super) fn choose(
     b: &DeviceTensor,
 ) -> Result<DeviceTensor, String> {
     let shape = broadcast_shapes(&[&cond.shape, &a.shape, &b.shape])?;
+    let flat_cond = super::flat::Condition::Mask(cond);
+    if let Some(out) = super::flat::choose(gpu, flat_cond, (a, b), &shape)? {
+        return Ok(DeviceTensor::new(shape, out));
+    }
     let strides = [
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),
@@ -240,6 +248,7 @@ fn cast_target(ctx: &Ctx, args: &[Option<Value>]) -> Option<DType> {
         Value::Host(t, _) => Some(t.dtype()),
         Value::Device(t) if t.mask => Some(DType::Bool),
         Value::Device(_) => Some(DType::F32),
+        Value::Optional(_) => None,
     }
 }
 

@@ -10,7 +10,8 @@
 //! run(stage)        ── nodes in order on the stage's stream: float tensors and the masks device
 //!                      ops make stay on the device, integer ones (shapes, indices) on the host;
 //!                      a node the device ops do not take runs its CPU kernel on host copies
-//!                      (counted)
+//!                      (counted); If, Loop and Scan run their bodies the same way, here
+//!                      (`control_flow.rs`)
 //! ```
 //!
 //! Stages implement the same [`Executor`] trait as the CPU backend (host tensors in and out, the
@@ -21,8 +22,10 @@
 
 mod attention;
 mod compile;
+mod control_flow;
 mod conv3d;
 mod deform_conv;
+mod flat;
 mod grid_sample;
 mod index_ops;
 mod layout_ops;
@@ -60,12 +63,13 @@ pub use self::compile::{
     KernelResources,
 };
 
+use self::control_flow::Flow;
 use self::ops::{Functions, Gpu};
-use super::cpu::{plan_steps, Step};
-use super::kernels::Ctx;
+use super::cpu::{plan_steps_with, Step};
+use super::kernels::{self, Ctx, Kernel};
 use super::tensor::{HostTensor, TensorData};
 use super::{Executor, StageSpec, Tensors, Weights};
-use crate::graph::{Graph, TensorId};
+use crate::graph::{Graph, NodeId, Subgraph, TensorId};
 use crate::Error;
 
 /// The kernels' CUDA C source.
@@ -205,6 +209,9 @@ impl DeviceTensor {
 pub(crate) enum Value {
     Host(Arc<HostTensor>, Arc<OnceLock<DeviceTensor>>),
     Device(DeviceTensor),
+    /// An optional (`Optional`, an `If` branch's or a body's): a value where it was made, or
+    /// nothing. Only the flow ops and Identity take one; stages exchange tensors.
+    Optional(Option<Box<Value>>),
 }
 
 impl Value {
@@ -219,13 +226,16 @@ impl Value {
         match self {
             Value::Host(t, _) => t.dtype() == crate::graph::DType::F32,
             Value::Device(_) => true,
+            Value::Optional(inner) => inner.as_deref().is_some_and(Value::is_float),
         }
     }
 
+    /// The tensor's shape (an optional's element's; an empty optional's is `[]`).
     fn shape(&self) -> &[usize] {
         match self {
             Value::Host(t, _) => t.shape(),
             Value::Device(t) => &t.shape,
+            Value::Optional(inner) => inner.as_deref().map_or(&[], Value::shape),
         }
     }
 
@@ -234,6 +244,7 @@ impl Value {
         match self {
             Value::Host(t, _) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
             Value::Device(t) => t.data.len() as u64 * 4,
+            Value::Optional(inner) => inner.as_deref().map_or(0, Value::byte_len),
         }
     }
 
@@ -256,6 +267,7 @@ impl Value {
                 }
                 _ => Ok(None),
             },
+            Value::Optional(_) => Ok(None),
         }
     }
 
@@ -274,6 +286,7 @@ impl Value {
                 };
                 Ok(Arc::new(HostTensor::new(t.shape.clone(), data)?))
             }
+            Value::Optional(_) => Err("an optional where a tensor is needed".into()),
         }
     }
 }
@@ -342,7 +355,7 @@ pub struct CudaExecutor<'a> {
 /// pipeline gives each stage to one thread.
 pub struct CudaStage {
     spec: StageSpec,
-    steps: Vec<Step>,
+    steps: Vec<Step<StepKernel>>,
     device: usize,
     stream: Arc<CudaStream>,
     /// Dropped by hand: see `Drop`.
@@ -353,7 +366,95 @@ pub struct CudaStage {
     weights: HashMap<TensorId, Value>,
     weight_bytes: u64,
     host_runs: Mutex<BTreeMap<String, usize>>,
+    /// The subgraphs of its flow ops, prepared when first run (by the address of the body).
+    bodies: Mutex<HashMap<usize, Arc<Body>>>,
     not_sync: PhantomData<Cell<()>>,
+}
+
+/// A step's kernel on this backend: a CPU tensor kernel (the device ops are tried first; the
+/// kernel is the fallback), or a flow op the executor runs itself.
+#[derive(Debug, Clone, Copy)]
+enum StepKernel {
+    Tensor(Kernel),
+    Flow(Flow),
+}
+
+/// The steps of `spec`'s nodes; refuses an op that has neither a CPU tensor kernel nor a flow
+/// op here (sequences), naming op and node.
+fn plan_device_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<StepKernel>>, Error> {
+    plan_steps_with(graph, spec, |node| {
+        if let Some(flow) = Flow::of(&node.domain, &node.op_type) {
+            return Some(StepKernel::Flow(flow));
+        }
+        (!node.has_subgraphs())
+            .then(|| kernels::lookup(&node.domain, &node.op_type))
+            .flatten()
+            .map(StepKernel::Tensor)
+    })
+}
+
+/// A subgraph body ready to run on a stage: its steps, its weights and their device copies
+/// (uploaded once, however many iterations read them).
+struct Body {
+    steps: Vec<Step<StepKernel>>,
+    weights: Weights,
+    uploaded: HashMap<TensorId, Value>,
+}
+
+/// Float weights uploaded to `stream`, as host values whose device copy is already made (device
+/// ops read the copy, a host fallback the host tensor), and their bytes.
+fn upload_weights(
+    stream: &Arc<CudaStream>,
+    graph: &Graph,
+    weights: &Weights,
+    ids: impl IntoIterator<Item = TensorId>,
+) -> Result<(HashMap<TensorId, Value>, u64), String> {
+    let mut uploaded = HashMap::new();
+    let mut bytes = 0u64;
+    for id in ids {
+        let Some(host) = weights.get(id) else {
+            continue;
+        };
+        if let TensorData::F32(values) = host.data() {
+            if values.is_empty() {
+                continue;
+            }
+            let data = stream.clone_htod(values).map_err(|e| {
+                format!(
+                    "cannot upload weight '{}' ({} bytes): {e}",
+                    graph.tensor(id).name,
+                    values.len() * 4
+                )
+            })?;
+            bytes += values.len() as u64 * 4;
+            let copy = OnceLock::from(DeviceTensor::new(host.shape().to_vec(), data));
+            uploaded.insert(id, Value::Host(Arc::clone(host), Arc::new(copy)));
+        }
+    }
+    Ok((uploaded, bytes))
+}
+
+/// The nodes a run goes through and what they read besides the values they make: the stage's
+/// graph or a subgraph body, its weights (with their device copies), and the enclosing graphs'
+/// values by name (a body's outer scope; nothing for a stage).
+struct Frame<'f> {
+    graph: &'f Graph,
+    steps: &'f [Step<StepKernel>],
+    weights: &'f Weights,
+    uploaded: &'f HashMap<TensorId, Value>,
+    outer: &'f dyn Fn(&str) -> Option<Value>,
+}
+
+/// Values of the tensors a run holds, by id.
+type Env = HashMap<TensorId, Value>;
+
+impl Frame<'_> {
+    fn fetch(&self, env: &Env, id: TensorId) -> Option<Value> {
+        env.get(&id)
+            .cloned()
+            .or_else(|| self.uploaded.get(&id).cloned())
+            .or_else(|| self.weights.get(id).cloned().map(Value::host))
+    }
 }
 
 impl Drop for CudaStage {
@@ -557,41 +658,22 @@ impl Executor for CudaExecutor<'_> {
             warm_up_cublas(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS warm-up: {e}")))?;
         }
-        let steps = plan_steps(graph, spec)?;
+        let steps = plan_device_steps(graph, spec)?;
         let mut read_weights: Vec<TensorId> = spec
             .nodes
             .iter()
-            .flat_map(|&n| graph.node(n).inputs.iter().flatten().copied())
+            .flat_map(|&n| {
+                // A subgraph's reads of the stage's weights are the node's captures.
+                let node = graph.node(n);
+                node.inputs.iter().flatten().chain(&node.captures).copied()
+            })
             .filter(|&t| graph.tensor(t).param().is_some())
             .collect();
         // Float weights go to the device once; integer ones (shapes, indices) stay on the host.
         read_weights.sort();
         read_weights.dedup();
-        let mut weights = HashMap::new();
-        let mut weight_bytes = 0u64;
-        for id in read_weights {
-            let Some(host) = self.weights.get(id) else {
-                continue;
-            };
-            if let TensorData::F32(values) = host.data() {
-                if values.is_empty() {
-                    continue;
-                }
-                let data = stream.clone_htod(values).map_err(|e| {
-                    Self::stage_error(
-                        spec.index,
-                        format!(
-                            "cannot upload weight '{}' ({} bytes): {e}",
-                            graph.tensor(id).name,
-                            values.len() * 4
-                        ),
-                    )
-                })?;
-                weight_bytes += values.len() as u64 * 4;
-                let uploaded = OnceLock::from(DeviceTensor::new(host.shape().to_vec(), data));
-                weights.insert(id, Value::Host(Arc::clone(host), Arc::new(uploaded)));
-            }
-        }
+        let (weights, weight_bytes) = upload_weights(&stream, graph, self.weights, read_weights)
+            .map_err(|e| Self::stage_error(spec.index, e))?;
         Ok(CudaStage {
             spec: spec.clone(),
             steps,
@@ -601,6 +683,7 @@ impl Executor for CudaExecutor<'_> {
             weights,
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
+            bodies: Mutex::new(HashMap::new()),
             not_sync: PhantomData,
         })
     }
@@ -660,7 +743,7 @@ impl CudaExecutor<'_> {
         &self,
         stage: &CudaStage,
         inputs: &BTreeMap<String, Value>,
-        mut observe: Option<&mut dyn FnMut(crate::graph::NodeId, f64, u64)>,
+        observe: Option<&mut dyn FnMut(NodeId, f64, u64)>,
     ) -> Result<BTreeMap<String, Value>, Error> {
         let graph = self.graph;
         let index = stage.spec.index;
@@ -669,7 +752,7 @@ impl CudaExecutor<'_> {
             blas: &stage.blas,
             functions: &self.devices[stage.device].functions,
         };
-        let mut env: HashMap<TensorId, Value> = HashMap::new();
+        let mut env = Env::new();
         for &id in &stage.spec.receives {
             let name = &graph.tensor(id).name;
             if graph.tensor(id).param().is_some() {
@@ -682,14 +765,51 @@ impl CudaExecutor<'_> {
             })?;
             env.insert(id, value.clone());
         }
-        let fetch = |env: &HashMap<TensorId, Value>, id: TensorId| -> Option<Value> {
-            env.get(&id)
-                .cloned()
-                .or_else(|| stage.weights.get(&id).cloned())
-                .or_else(|| self.weights.get(id).cloned().map(Value::host))
+        let frame = Frame {
+            graph,
+            steps: &stage.steps,
+            weights: self.weights,
+            uploaded: &stage.weights,
+            outer: &|_| None,
         };
-        for step in &stage.steps {
-            let node = graph.node(step.node);
+        let env = self.execute(stage, &gpu, &frame, env, observe)?;
+        let mut sends = BTreeMap::new();
+        for &id in &stage.spec.sends {
+            let name = graph.tensor(id).name.clone();
+            let value = frame.fetch(&env, id).ok_or_else(|| {
+                Error::RunInput(format!(
+                    "stage {index} should send '{name}' but does not have it"
+                ))
+            })?;
+            let value = match value {
+                Value::Host(t, _) => Value::host(t),
+                Value::Optional(_) => {
+                    return Err(Error::RunInput(format!(
+                        "'{name}' is an optional: stages exchange tensors only (run a model \
+                         with sequences or optionals whole, on the CPU)"
+                    )))
+                }
+                device => device,
+            };
+            sends.insert(name, value);
+        }
+        Ok(sends)
+    }
+
+    /// Runs `frame`'s steps in order on the stage's stream over `env`, answering the values
+    /// left. A node the device ops do not take runs its CPU kernel on host copies (counted in
+    /// the stage's host runs, inside subgraphs too); a flow op runs its subgraphs here.
+    fn execute(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        mut env: Env,
+        mut observe: Option<&mut dyn FnMut(NodeId, f64, u64)>,
+    ) -> Result<Env, Error> {
+        let index = stage.spec.index;
+        for step in frame.steps {
+            let node = frame.graph.node(step.node);
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
                 op: node.op_type.clone(),
@@ -703,10 +823,10 @@ impl CudaExecutor<'_> {
                 .iter()
                 .map(|slot| match slot {
                     None => Ok(None),
-                    Some(id) => fetch(&env, *id).map(Some).ok_or_else(|| {
+                    Some(id) => frame.fetch(&env, *id).map(Some).ok_or_else(|| {
                         kernel_error(format!(
                             "input '{}' is not available",
-                            graph.tensor(*id).name
+                            frame.graph.tensor(*id).name
                         ))
                     }),
                 })
@@ -717,30 +837,25 @@ impl CudaExecutor<'_> {
                 output_dtypes: &step.output_dtypes,
             };
             let began = std::time::Instant::now();
-            let results: Vec<Value> = match ops::run(&gpu, &ctx, &args).map_err(kernel_error)? {
-                Some(results) => results,
-                None => {
-                    // Host-only integer work (shape arithmetic, indices) is by design; what is
-                    // counted is a float op no device op took: its float operands (on the
-                    // device, or graph inputs and constants on the host) are computed on the CPU.
-                    if args.iter().flatten().any(Value::is_float) {
-                        if let Ok(mut counts) = stage.host_runs.lock() {
-                            *counts.entry(node.op_type.clone()).or_default() += 1;
-                        }
-                    }
-                    let host: Vec<Option<Arc<HostTensor>>> = args
-                        .iter()
-                        .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
-                        .collect::<Result<_, String>>()
-                        .map_err(kernel_error)?;
-                    let refs: Vec<Option<&HostTensor>> =
-                        host.iter().map(|a| a.as_deref()).collect();
-                    (step.kernel)(&ctx, &refs)
+            let results: Vec<Value> = match step.kernel {
+                StepKernel::Flow(flow) => {
+                    let scope = |name: &str| {
+                        frame
+                            .graph
+                            .tensor_id(name)
+                            .and_then(|id| frame.fetch(&env, id))
+                            .or_else(|| (frame.outer)(name))
+                    };
+                    let run_body = |sub: &Subgraph, formals: &[Value]| {
+                        self.run_body(stage, gpu, sub, formals, &scope)
+                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                    };
+                    flow.run(gpu, &ctx, &args, &run_body)
                         .map_err(kernel_error)?
-                        .into_iter()
-                        .map(|t| Value::host(Arc::new(t)))
-                        .collect()
                 }
+                StepKernel::Tensor(kernel) => self
+                    .run_tensor_node(stage, gpu, &ctx, kernel, &args)
+                    .map_err(kernel_error)?,
             };
             drop(args);
             if let Some(observe) = observe.as_mut() {
@@ -765,21 +880,130 @@ impl CudaExecutor<'_> {
                 env.remove(t);
             }
         }
-        let mut sends = BTreeMap::new();
-        for &id in &stage.spec.sends {
-            let name = graph.tensor(id).name.clone();
-            let value = fetch(&env, id).ok_or_else(|| {
-                Error::RunInput(format!(
-                    "stage {index} should send '{name}' but does not have it"
-                ))
-            })?;
-            let value = match value {
-                Value::Host(t, _) => Value::host(t),
-                device => device,
+        Ok(env)
+    }
+
+    /// One node on tensors: its device op, or else its CPU `kernel` on host copies.
+    fn run_tensor_node(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        ctx: &Ctx,
+        kernel: Kernel,
+        args: &[Option<Value>],
+    ) -> Result<Vec<Value>, String> {
+        if args
+            .iter()
+            .flatten()
+            .any(|a| matches!(a, Value::Optional(_)))
+        {
+            // Identity passes an optional on, as the CPU runtime's kernel on values does.
+            return match (ctx.node.op_type.as_str(), args) {
+                ("Identity", [Some(v)]) => Ok(vec![v.clone()]),
+                _ => Err("it takes tensors, and an input is an optional".into()),
             };
-            sends.insert(name, value);
         }
-        Ok(sends)
+        if let Some(results) = ops::run(gpu, ctx, args)? {
+            return Ok(results);
+        }
+        // Host-only integer work (shape arithmetic, indices) is by design; what is counted is
+        // a float op no device op took: its float operands (on the device, or graph inputs and
+        // constants on the host) are computed on the CPU.
+        if args.iter().flatten().any(Value::is_float) {
+            if let Ok(mut counts) = stage.host_runs.lock() {
+                *counts.entry(ctx.node.op_type.clone()).or_default() += 1;
+            }
+        }
+        let host: Vec<Option<Arc<HostTensor>>> = args
+            .iter()
+            .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
+            .collect::<Result<_, String>>()?;
+        let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
+        Ok(kernel(ctx, &refs)?
+            .into_iter()
+            .map(|t| Value::host(Arc::new(t)))
+            .collect())
+    }
+
+    /// Runs a subgraph of a flow node on its declared inputs (`formals`), on the stage's
+    /// stream; the outer tensors it reads come from `scope`, wherever they are.
+    fn run_body(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        sub: &Subgraph,
+        formals: &[Value],
+        scope: &dyn Fn(&str) -> Option<Value>,
+    ) -> Result<Vec<Value>, Error> {
+        if formals.len() != sub.formal_inputs {
+            return Err(Error::RunInput(format!(
+                "it declares {} inputs, the node gives it {}",
+                sub.formal_inputs,
+                formals.len()
+            )));
+        }
+        let graph = &*sub.body;
+        let body = self.prepared_body(stage, sub)?;
+        let mut env = Env::new();
+        for (i, &id) in graph.inputs().iter().enumerate() {
+            let name = &graph.tensor(id).name;
+            let value = match formals.get(i) {
+                Some(v) => v.clone(),
+                None => scope(name).ok_or_else(|| {
+                    Error::RunInput(format!("it reads '{name}', which is not available"))
+                })?,
+            };
+            env.insert(id, value);
+        }
+        let frame = Frame {
+            graph,
+            steps: &body.steps,
+            weights: &body.weights,
+            uploaded: &body.uploaded,
+            outer: scope,
+        };
+        let env = self.execute(stage, gpu, &frame, env, None)?;
+        graph
+            .outputs()
+            .iter()
+            .map(|&id| {
+                frame.fetch(&env, id).ok_or_else(|| {
+                    Error::RunInput(format!("it did not make '{}'", graph.tensor(id).name))
+                })
+            })
+            .collect()
+    }
+
+    /// `sub`'s body prepared for `stage`: planned, and its float weights uploaded, when first
+    /// run; every later iteration and micro-batch reuses it.
+    fn prepared_body(&self, stage: &CudaStage, sub: &Subgraph) -> Result<Arc<Body>, Error> {
+        let key = Arc::as_ptr(&sub.body) as usize;
+        let mut bodies = stage
+            .bodies
+            .lock()
+            .map_err(|_| Error::Cuda("a subgraph's preparation failed earlier".into()))?;
+        if let Some(body) = bodies.get(&key) {
+            return Ok(Arc::clone(body));
+        }
+        let graph = &*sub.body;
+        let weights = self.weights.for_subgraph(graph)?;
+        let spec = StageSpec {
+            index: stage.spec.index,
+            nodes: graph.topological_order().to_vec(),
+            receives: graph.inputs().to_vec(),
+            sends: graph.outputs().to_vec(),
+        };
+        let steps = plan_device_steps(graph, &spec)?;
+        let params: Vec<TensorId> = graph.parameters().map(|(id, _)| id).collect();
+        let (uploaded, _) = upload_weights(&stage.stream, graph, &weights, params)
+            .map_err(|e| Self::stage_error(stage.spec.index, e))?;
+        let body = Arc::new(Body {
+            steps,
+            weights,
+            uploaded,
+        });
+        bodies.insert(key, Arc::clone(&body));
+        Ok(body)
     }
 }
 

@@ -87,6 +87,8 @@ pub(super) struct Functions {
     pub(super) col2im: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
+    /// The element-wise fast path (`flat.rs`).
+    pub(super) flat: super::flat::Kernels,
 }
 
 impl Functions {
@@ -140,6 +142,7 @@ impl Functions {
             top_k: f("top_k_f32")?,
             col2im: f("col2im_f32")?,
             ml: super::ml::Kernels::load(module)?,
+            flat: super::flat::Kernels::load(module)?,
         })
     }
 }
@@ -679,6 +682,10 @@ impl Gpu<'_> {
         code: i32,
     ) -> Result<DeviceTensor, String> {
         let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
+        let flat = &self.functions.flat.binary;
+        if let Some(out) = super::flat::pair(self, flat, (a, b), &shape, code)? {
+            return Ok(DeviceTensor::new(shape, out));
+        }
         let dims = dims(
             &shape,
             &[
@@ -834,6 +841,12 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     let shape = broadcast_shapes(&[cond.shape(), &a.shape, &b.shape])?;
+    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
+    let flags = gpu.upload(&flags)?;
+    let flat_cond = super::flat::Condition::Flags(&flags, cond.shape());
+    if let Some(out) = super::flat::choose(gpu, flat_cond, (&a, &b), &shape)? {
+        return one(DeviceTensor::new(shape, out));
+    }
     let dims = dims(
         &shape,
         &[
@@ -842,8 +855,6 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &broadcast_strides(cond.shape(), &shape),
         ],
     )?;
-    let flags: Vec<u8> = flags.iter().map(|&f| f as u8).collect();
-    let flags = gpu.upload(&flags)?;
     let n = numel(&shape);
     let mut out = gpu.alloc(n)?;
     let n64 = n as i64;

@@ -25,7 +25,7 @@ const EXACT: i64 = 1 << 24;
 fn host_param(args: &[Option<Value>], i: usize) -> Option<Arc<HostTensor>> {
     match args.get(i)?.as_ref()? {
         Value::Host(t, _) => Some(Arc::clone(t)),
-        Value::Device(_) => None,
+        Value::Device(_) | Value::Optional(_) => None,
     }
 }
 
@@ -33,7 +33,7 @@ fn host_param(args: &[Option<Value>], i: usize) -> Option<Arc<HostTensor>> {
 fn as_device_floats(gpu: &Gpu, value: &Value) -> Result<Option<DeviceTensor>, String> {
     let host = match value {
         Value::Device(t) if !t.mask => return Ok(Some(t.clone())),
-        Value::Device(_) => return Ok(None),
+        Value::Device(_) | Value::Optional(_) => return Ok(None),
         Value::Host(t, _) => t,
     };
     if let TensorData::F32(_) = host.data() {

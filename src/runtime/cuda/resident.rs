@@ -63,7 +63,7 @@ impl CudaExecutor<'_> {
                     .into_iter()
                     .map(|(name, value)| match value {
                         Value::Host(t, _) => Ok((name, t)),
-                        Value::Device(_) => Err(Error::Cuda(format!(
+                        Value::Device(_) | Value::Optional(_) => Err(Error::Cuda(format!(
                             "the last stage sent '{name}' without bringing it to the host"
                         ))),
                     })
@@ -106,12 +106,16 @@ impl CudaExecutor<'_> {
         release(stage, inbound.values).map_err(|e| fail("cannot order a release", e))?;
         if last {
             let mut host = BTreeMap::new();
-            for (name, value) in sends {
+            for (name, value) in &sends {
                 let t = value
                     .to_host(&stage.stream)
                     .map_err(|e| Self::stage_error(index, e))?;
-                host.insert(name, Value::host(t));
+                host.insert(name.clone(), Value::host(t));
             }
+            // A tensor an earlier stage made and this one relays (a graph output made before
+            // the last stage) is freed on its maker's stream once downloaded: ordered as any
+            // received tensor.
+            release(stage, sends).map_err(|e| fail("cannot order a release", e))?;
             return Ok(Resident {
                 values: host,
                 ready: None,

@@ -44,7 +44,7 @@ fn tensor_value(t: HostTensor) -> Value {
 }
 
 /// Stacks equally shaped tensors on a new `axis`.
-fn stack(parts: &[Arc<HostTensor>], axis: usize) -> Result<HostTensor> {
+pub(crate) fn stack(parts: &[Arc<HostTensor>], axis: usize) -> Result<HostTensor> {
     let expanded: Vec<HostTensor> = parts
         .iter()
         .map(|p| {
@@ -58,7 +58,7 @@ fn stack(parts: &[Arc<HostTensor>], axis: usize) -> Result<HostTensor> {
 }
 
 /// An empty scan output (no iteration ran): nothing tells its element shape, so `[0]`.
-fn empty_of(dtype: Option<DType>) -> HostTensor {
+pub(crate) fn empty_of(dtype: Option<DType>) -> HostTensor {
     let data = match dtype.map(crate::runtime::runtime_dtype) {
         Some(DType::I64) => TensorData::I64(Vec::new()),
         Some(DType::I32) => TensorData::I32(Vec::new()),

@@ -15,6 +15,8 @@ mod channel_norm;
 mod collective;
 mod constant;
 mod control;
+#[cfg(feature = "cuda")]
+pub(crate) use control::{empty_of as empty_scan_output, stack as stack_host};
 mod conv;
 pub(crate) use conv::{conv_then, Epilogue};
 // The CUDA backend's window ops share the CPU kernels' window geometry.
@@ -70,7 +72,7 @@ mod tensor_scatter;
 pub(crate) use tensor_scatter::tensor_scatter_rows;
 
 #[cfg(feature = "cuda")]
-pub(crate) use movement::{shape_tensor, transpose_perm, view_shape};
+pub(crate) use movement::{narrow, shape_tensor, transpose_perm, view_shape};
 mod norm;
 mod pool_nd;
 mod quant;

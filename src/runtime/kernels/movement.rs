@@ -149,7 +149,7 @@ fn concat(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 }
 
 /// Elements `start..start+len` along `axis`.
-pub(super) fn narrow(
+pub(crate) fn narrow(
     x: &HostTensor,
     axis: usize,
     start: usize,
