@@ -171,6 +171,7 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "trilu_f32",
         "top_k_f32",
         "col2im_f32",
+        "one_hot_f32",
         "reduce_blocks_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
@@ -1597,8 +1598,8 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 /// their node cases do not reach (`tests/fake_cuda/coverage_models.py`): DFT of odd lengths at
 /// batch 3, padded and truncated, onesided, inverse, the axis an attribute and an input; STFT of
 /// real and complex signals with and without a window; Tile up to a rank-6 strided view; Trilu
-/// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid and Col2Im (strides,
-/// pads, dilations); TopK with ties,
+/// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
+/// pads, dilations) and OneHot; TopK with ties,
 /// infinities and NaNs, both outputs; onnxruntime's com.microsoft BiasAdd, Gelu family and
 /// SkipLayerNormalization (every output) and its simplified form; Det of 1 × 1 matrices, singular 3 × 3
 /// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
@@ -1611,7 +1612,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 48);
+    models_match_on_the_device("coverage_models.py", 50);
 }
 
 /// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend

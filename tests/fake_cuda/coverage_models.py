@@ -12,6 +12,8 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - Compress along an axis and of the flattened input with a short condition; CenterCropPad
   cropping and padding by odd differences; AffineGrid in 2-D and 3-D with and without
   align_corners (their node cases give the condition, sizes and size as graph inputs);
+- OneHot of float values (the model's input), with negative and out-of-range indices, along
+  a middle and the last axis;
 - Col2Im in 1-D and 2-D, with strides, pads and dilations (the node cases give the image and
   block shapes as graph inputs);
 - TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
@@ -189,6 +191,16 @@ def write_col2im(out, name, shape, image, block, attrs=None):
     save(out, name, node, rng_for(name).standard_normal(shape), constants, [("", 18)], y_shape)
 
 
+def write_one_hot(out, name, indices, depth, axis):
+    """OneHot of constant `indices` into `depth`, the values [off, on] the model's input."""
+    constants = [numpy_helper.from_array(np.array(indices, np.int64), "indices"),
+                 numpy_helper.from_array(np.array([depth], np.int64), "depth")]
+    node = helper.make_node("OneHot", ["indices", "depth", "X"], ["Y"], axis=axis)
+    y_shape = list(np.shape(indices))
+    y_shape.insert(axis % (len(y_shape) + 1), depth)
+    save(out, name, node, rng_for(name).standard_normal([2]), constants, [("", 11)], y_shape)
+
+
 def write_det(out, name, x):
     save(out, name, helper.make_node("Det", ["X"], ["Y"]), x, opsets=[("", 22)])
 
@@ -289,6 +301,8 @@ def main(out):
     write_with_constant(out, "affine_grid_3d_align_corners", "AffineGrid", [1, 3, 4],
                         np.array([1, 2, 3, 4, 5], np.int64), 20, {"align_corners": 1},
                         [1, 3, 4, 5, 3])
+    write_one_hot(out, "one_hot_middle_axis", [[0, 4, -1], [2, 7, -6]], 5, 1)
+    write_one_hot(out, "one_hot_last_axis", [3, 0, -2, 1], 4, -1)
     write_col2im(out, "col2im_2d", [2, 12, 16], [5, 5], [2, 2])
     write_col2im(out, "col2im_strides_pads_dilations", [1, 12, 20], [6, 7], [2, 3],
                  {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]})

@@ -1423,6 +1423,17 @@ extern "C" __global__ void col2im_f32(const float* x, const long long* starts,
     }
 }
 
+// OneHot: y [outer, depth, inner] is values[1] where d equals the line's index hot[o·inner + i]
+// (already normalised), else values[0].
+extern "C" __global__ void one_hot_f32(const long long* hot, const float* values, float* y,
+                                       long long n, long long depth, long long inner) {
+    GRID_STRIDE(f, n) {
+        long long rest = f % (depth * inner);
+        long long line = (f / (depth * inner)) * inner + rest % inner;
+        y[f] = values[hot[line] == rest / inner ? 1 : 0];
+    }
+}
+
 // IEEE total order as a signed integer (Rust's total_cmp): negative values' magnitude bits
 // flipped, so NaNs sort beyond the infinities by sign.
 __device__ __forceinline__ int total_order_key(float v) {

@@ -5,7 +5,9 @@
 //! `kernels/select.rs`), [CenterCropPad](https://onnx.ai/onnx/operators/onnx__CenterCropPad.html)
 //! (opset 18, `kernels/crop.rs`) and
 //! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (opset 20) and
-//! [Col2Im](https://onnx.ai/onnx/operators/onnx__Col2Im.html) (opset 18) (`kernels/spatial.rs`).
+//! [Col2Im](https://onnx.ai/onnx/operators/onnx__Col2Im.html) (opset 18) (`kernels/spatial.rs`),
+//! and [OneHot](https://onnx.ai/onnx/operators/onnx__OneHot.html) (opsets 9–11) of float
+//! values (`kernels/rearrange.rs`).
 //!
 //! Tile needs no kernel of its own: the row-major output of `x` `[d0, d1, …]` repeated
 //! `[r0, r1, …]` times is the strided view `[r0, d0, r1, d1, …]` of `x` with stride 0 on every
@@ -15,6 +17,8 @@
 //! points, made on the host, by each θᵀ in one strided-batched cuBLAS GEMM. Col2Im gathers:
 //! the host lists, per image position, the column entries that land on it (in the CPU
 //! kernel's order, so the sums agree), and `col2im_f32` adds them, a thread per output.
+//! OneHot's indices are normalised on the host, where they are, and `one_hot_f32` copies the
+//! off or on value to each output.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
@@ -327,5 +331,56 @@ pub(super) fn col2im(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     unsafe { launch.launch(Gpu::grid(planes * image_size)) }.map_err(cuda_error("launch"))?;
     let mut shape = vec![batch, channels];
     shape.extend(&image);
+    one(DeviceTensor::new(shape, out))
+}
+
+/// OneHot: `values[1]` (on) where the position along the new `axis` equals the index
+/// (negative indices counted from `depth`), `values[0]` (off) elsewhere. Values that are not
+/// floats, or a depth or value count the CPU kernel refuses, are left to it.
+pub(super) fn one_hot(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(indices), Some(depth), Some(values)) = (
+        host(gpu, args, 0)?,
+        host(gpu, args, 1)?,
+        device(gpu, args, 2)?,
+    ) else {
+        return Ok(None);
+    };
+    let depth = match depth.to_f32_vec()[..] {
+        [d] if d >= 1.0 => d as usize,
+        _ => return Ok(None),
+    };
+    if values.data.len() != 2 || matches!(indices.dtype(), DType::String | DType::Bool) {
+        return Ok(None);
+    }
+    let Ok(axis) = normalize_axis(ctx.int("axis", -1), indices.shape().len() + 1) else {
+        return Ok(None);
+    };
+    let mut shape = indices.shape().to_vec();
+    shape.insert(axis, depth);
+    let inner = numel(&indices.shape()[axis..]);
+    // The CPU kernel's reading of an index: through f32, truncated, negative from the end.
+    let hot: Vec<i64> = indices
+        .to_f32_vec()
+        .into_iter()
+        .map(|v| match v as i64 {
+            h if h < 0 => h + depth as i64,
+            h => h,
+        })
+        .collect();
+    let n = numel(&shape);
+    let hot = gpu.upload(&hot)?;
+    let mut out = gpu.alloc(n)?;
+    let (count, depth64, inner64) = (n as i64, depth as i64, inner as i64);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.one_hot);
+    launch
+        .arg(&hot)
+        .arg(&*values.data)
+        .arg(&mut out)
+        .arg(&count)
+        .arg(&depth64)
+        .arg(&inner64);
+    // SAFETY: argument types match `one_hot_f32`; `hot` holds one index per output line
+    // (n / depth of them), `values` two floats.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     one(DeviceTensor::new(shape, out))
 }

@@ -85,6 +85,7 @@ pub(super) struct Functions {
     pub(super) trilu: CudaFunction,
     pub(super) top_k: CudaFunction,
     pub(super) col2im: CudaFunction,
+    pub(super) one_hot: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
@@ -141,6 +142,7 @@ impl Functions {
             trilu: f("trilu_f32")?,
             top_k: f("top_k_f32")?,
             col2im: f("col2im_f32")?,
+            one_hot: f("one_hot_f32")?,
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
         })
@@ -532,6 +534,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "AffineGrid" => super::layout_ops::affine_grid(gpu, ctx, args),
         "TopK" => super::top_k::top_k(gpu, ctx, args),
         "Col2Im" => super::layout_ops::col2im(gpu, ctx, args),
+        "OneHot" => super::layout_ops::one_hot(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args
