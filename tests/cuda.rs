@@ -162,6 +162,17 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "gather_rows_f32",
         "scatter_rows_f32",
         "einsum_f32",
+        "dft_f32",
+        "stft_frames_f32",
+        "det_f32",
+        "binarize_f32",
+        "tree_leaves_f32",
+        "tree_aggregate_f32",
+        "trilu_f32",
+        "top_k_f32",
+        "col2im_f32",
+        "one_hot_f32",
+        "reduce_blocks_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -496,8 +507,9 @@ fn assert_same_outputs(what: &str, cuda: &Path, cpu: &Path) {
             .tensor;
         assert_eq!(got.shape(), want.shape(), "{what}: {}", path.display());
         for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
+            // Equal infinities and two NaNs are the same output too.
             assert!(
-                (a - b).abs() <= 1e-4 + 1e-3 * b.abs(),
+                *a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-4 + 1e-3 * b.abs(),
                 "{what}: {}[{i}] is {a} on CUDA, {b} on the CPU",
                 path.display()
             );
@@ -1579,6 +1591,36 @@ fn half_precision_models_run_on_the_device_and_match_onnxruntime() {
 #[cfg(feature = "cuda")]
 #[test]
 fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
+    models_match_on_the_device("differential_models.py", 14);
+}
+
+/// DFT, STFT, Det, Tile, Trilu, the ai.onnx.ml ops and reductions off the trailing axes where
+/// their node cases do not reach (`tests/fake_cuda/coverage_models.py`): DFT of odd lengths at
+/// batch 3, padded and truncated, onesided, inverse, the axis an attribute and an input; STFT of
+/// real and complex signals with and without a window; Tile up to a rank-6 strided view; Trilu
+/// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
+/// pads, dilations) and OneHot; TopK with ties,
+/// infinities and NaNs, both outputs; onnxruntime's com.microsoft BiasAdd, Gelu family and
+/// SkipLayerNormalization (every output) and its simplified form; Det of 1 × 1 matrices, singular 3 × 3
+/// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
+/// every aggregate function and post transform, NaN features and set membership; Binarizer;
+/// ArrayFeatureExtractor of 3-D and 1-D data; reductions over leading and middle axes, which
+/// take a block per output when the outputs are few and long (axis 0 of [1000, 3]: the fake
+/// driver's launch counts show `reduce_blocks_f32`) and a thread per output otherwise. Every
+/// output on the device and equal to the CPU runtime's, under the AddressSanitizer build of the
+/// fake driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
+    models_match_on_the_device("coverage_models.py", 50);
+}
+
+/// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend
+/// under the AddressSanitizer build of the fake driver and on the CPU runtime (or against the
+/// references the script wrote), and asserts equal outputs, no host fallback, and the kernel
+/// launch counts in `NAME.launches.json` where the script wrote one.
+#[cfg(feature = "cuda")]
+fn models_match_on_the_device(script: &str, at_least: usize) {
     // Under the AddressSanitizer build: the fake driver's checks and the sanitizer's, for a few
     // seconds more on these small models.
     let gpu = fake_cuda::FakeGpu {
@@ -1599,13 +1641,13 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     let dir = tempfile::tempdir().unwrap();
     let models = dir.path();
     let status = Command::new(&python)
-        .arg(common::root().join("tests/fake_cuda/differential_models.py"))
+        .arg(common::root().join("tests/fake_cuda").join(script))
         .arg(models)
         .status()
         .expect("python starts");
-    assert!(status.success(), "differential_models.py failed");
+    assert!(status.success(), "{script} failed");
     let names = std::fs::read_to_string(models.join("models.txt")).unwrap();
-    assert!(names.lines().count() >= 14, "{names}");
+    assert!(names.lines().count() >= at_least, "{names}");
     for name in names.lines() {
         let model = models.join(format!("{name}.onnx"));
         let model = model.to_str().unwrap();
@@ -1621,7 +1663,21 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
         let input = format!("X={}", models.join(format!("{name}.X.npy")).display());
         let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
         let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+        let stats = work.join("stats.json");
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
         let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        let launches = models.join(format!("{name}.launches.json"));
+        if launches.exists() {
+            let want: Value = serde_json::from_str(&std::fs::read_to_string(launches).unwrap())
+                .expect("launch counts");
+            let got: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap())
+                .expect("fake driver stats");
+            for (kernel, count) in want.as_object().unwrap() {
+                let launched = got["launches"][kernel].as_u64().unwrap_or(0);
+                assert_eq!(Some(launched), count.as_u64(), "{name}: {kernel} launches");
+            }
+        }
         let reference = models.join(format!("{name}.reference"));
         if reference.is_dir() {
             assert_same_outputs(name, &cuda, &reference);

@@ -1198,6 +1198,302 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
     GRID_STRIDE(i, n) { y[i] = old[i] * momentum + batch[i] * (1.0f - momentum); }
 }
 
+// ---- DFT and STFT, Det, the ai.onnx.ml ops, Trilu, TopK and reductions off the trailing
+// axes (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, top_k.rs,
+// reductions.rs) ----
+
+// DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
+// y [outer, kept, inner, 2]: bin k sums sample j times twiddle[(k·j) mod length] (cos, sin
+// pairs, the host's table), over the first min(n, length) samples (zero padding past n), in
+// double like the CPU kernel. One thread per output bin.
+extern "C" __global__ void dft_f32(const float* x, const double* twiddle, float* y,
+                                   long long outer, long long n, long long inner, int parts,
+                                   long long length, long long kept, double scale) {
+    long long samples = n < length ? n : length;
+    GRID_STRIDE(i, outer * kept * inner) {
+        long long in_line = i % inner;
+        long long k = (i / inner) % kept;
+        long long o = i / (inner * kept);
+        double re = 0.0, im = 0.0;
+        for (long long j = 0; j < samples; ++j) {
+            long long at = ((o * n + j) * inner + in_line) * parts;
+            double a = x[at];
+            double b = parts == 2 ? (double)x[at + 1] : 0.0;
+            long long m = (k * j) % length;
+            double c = twiddle[2 * m], s = twiddle[2 * m + 1];
+            re += a * c - b * s;
+            im += a * s + b * c;
+        }
+        y[2 * i] = (float)(re * scale);
+        y[2 * i + 1] = (float)(im * scale);
+    }
+}
+
+// STFT's frames: y [batch, frames, window_len, parts] takes sample f·step + j of each signal
+// x [batch, samples, parts] (0 past its end), times window[j] when `weighted`.
+extern "C" __global__ void stft_frames_f32(const float* x, const float* window, float* y,
+                                           long long batch, long long samples, long long parts,
+                                           long long frames, long long step,
+                                           long long window_len, int weighted) {
+    GRID_STRIDE(i, batch * frames * window_len * parts) {
+        long long p = i % parts;
+        long long j = (i / parts) % window_len;
+        long long f = (i / (parts * window_len)) % frames;
+        long long b = i / (parts * window_len * frames);
+        long long s = f * step + j;
+        float v = s < samples ? x[(b * samples + s) * parts + p] : 0.0f;
+        y[i] = weighted && s < samples ? v * window[j] : v;
+    }
+}
+
+// Determinants of `count` row-major m × m matrices: one block per matrix, LU with partial
+// pivoting in double in `lu` (count · m · m scratch), as the CPU kernel: the pivot is the last
+// row of largest magnitude (Rust's max_by), each swap negates, a zero pivot gives 0. Thread 0
+// picks the pivot; the block swaps and eliminates. det_state: [determinant so far, pivot row].
+extern "C" __global__ void det_f32(const float* x, double* lu, float* y, long long count,
+                                   long long m) {
+    extern __shared__ double det_state[];
+    for (long long mat = blockIdx.x; mat < count; mat += gridDim.x) {
+        double* a = lu + mat * m * m;
+        for (long long e = threadIdx.x; e < m * m; e += blockDim.x) a[e] = x[mat * m * m + e];
+        if (threadIdx.x == 0) det_state[0] = 1.0;
+        __syncthreads();
+        for (long long col = 0; col < m; ++col) {
+            if (threadIdx.x == 0) {
+                long long pivot = col;
+                double best = fabs(a[col * m + col]);
+                for (long long r = col + 1; r < m; ++r) {
+                    double v = fabs(a[r * m + col]);
+                    // Rust's total order: NaN above everything, ties to the later row.
+                    if (v != v || (best == best && v >= best)) {
+                        pivot = r;
+                        best = v;
+                    }
+                }
+                double p = a[pivot * m + col];
+                det_state[1] = p == 0.0 ? -1.0 : (double)pivot;
+                det_state[0] = p == 0.0 ? 0.0 : (pivot != col ? -det_state[0] : det_state[0]) * p;
+            }
+            __syncthreads();
+            // Every thread reads the pivot row (−1: a zero pivot) from shared memory, which
+            // thread 0 writes again only after three more barriers.
+            long long pivot = (long long)det_state[1];
+            if (pivot < 0) break;
+            if (pivot != col) {
+                for (long long k = col + threadIdx.x; k < m; k += blockDim.x) {
+                    double t = a[pivot * m + k];
+                    a[pivot * m + k] = a[col * m + k];
+                    a[col * m + k] = t;
+                }
+            }
+            __syncthreads();
+            // Each row's factor replaces its entry in this column (never read again).
+            double p = a[col * m + col];
+            for (long long r = col + 1 + threadIdx.x; r < m; r += blockDim.x) a[r * m + col] /= p;
+            __syncthreads();
+            long long rest = m - col - 1;
+            for (long long e = threadIdx.x; e < rest * rest; e += blockDim.x) {
+                long long r = col + 1 + e / rest, k = col + 1 + e % rest;
+                a[r * m + k] -= a[r * m + col] * a[col * m + k];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) y[mat] = (float)det_state[0];
+        __syncthreads();
+    }
+}
+
+// Binarizer: 1 where x > threshold, else 0 (NaN gives 0).
+extern "C" __global__ void binarize_f32(const float* x, float* y, long long n, float threshold) {
+    GRID_STRIDE(i, n) { y[i] = x[i] > threshold ? 1.0f : 0.0f; }
+}
+
+// A TreeEnsemble node as src/runtime/cuda/ml.rs lays it out. A branch ≥ 0 is a node, < 0 the
+// leaf −1 − branch.
+struct TreeNode {
+    int feature;
+    int mode;  // nodes_modes: 0 ≤, 1 <, 2 ≥, 3 >, 4 ==, 5 !=, 6 member of a set
+    int true_branch;
+    int false_branch;
+    int missing_true;  // a NaN feature takes the true branch
+    int member_start;  // the set's first value in `members` (mode 6)
+    int member_count;
+    float split;
+};
+
+__device__ __forceinline__ bool tree_test(const TreeNode& node, float v, const float* members) {
+    switch (node.mode) {
+        case 0: return v <= node.split;
+        case 1: return v < node.split;
+        case 2: return v >= node.split;
+        case 3: return v > node.split;
+        case 4: return v == node.split;
+        case 5: return v != node.split;
+        default:
+            for (int j = 0; j < node.member_count; ++j) {
+                if (members[node.member_start + j] == v) return true;
+            }
+            return false;
+    }
+}
+
+// The leaf each (row, tree) reaches: one thread per pair, walking at most `steps` nodes (the
+// host checked that every walk ends at a leaf in fewer).
+extern "C" __global__ void tree_leaves_f32(const float* x, const TreeNode* nodes,
+                                           const float* members, const int* roots, int* leaves,
+                                           long long rows, long long trees, long long width,
+                                           long long steps) {
+    GRID_STRIDE(i, rows * trees) {
+        const float* features = x + (i / trees) * width;
+        int at = roots[i % trees];
+        for (long long s = 0; at >= 0 && s < steps; ++s) {
+            const TreeNode& node = nodes[at];
+            float v = features[node.feature];
+            bool go_true = (v != v && node.missing_true) || tree_test(node, v, members);
+            at = go_true ? node.true_branch : node.false_branch;
+        }
+        leaves[i] = at < 0 ? -1 - at : -1;
+    }
+}
+
+// Each row's scores from its leaves, trees in order (the CPU kernel's order, so the same sums):
+// aggregate 0 average, 1 sum, 2 min, 3 max; then post_transform 0 none, 1 softmax, 2 logistic,
+// 3 softmax keeping zeros. One thread per row.
+extern "C" __global__ void tree_aggregate_f32(const int* leaves, const float* weights,
+                                              const int* leaf_targets, float* y, long long rows,
+                                              long long trees, long long targets, int aggregate,
+                                              int post) {
+    const float largest = 3.40282347e+38f;
+    GRID_STRIDE(row, rows) {
+        float* scores = y + row * targets;
+        float start = aggregate == 2 ? largest : (aggregate == 3 ? -largest : 0.0f);
+        for (long long t = 0; t < targets; ++t) scores[t] = start;
+        for (long long tree = 0; tree < trees; ++tree) {
+            int leaf = leaves[row * trees + tree];
+            if (leaf < 0) continue;
+            float w = weights[leaf];
+            float* s = scores + leaf_targets[leaf];
+            switch (aggregate) {
+                case 0: *s = *s + w / (float)trees; break;
+                case 1: *s = *s + w; break;
+                case 2: *s = fminf(*s, w); break;
+                default: *s = fmaxf(*s, w); break;
+            }
+        }
+        if (post == 2) {
+            for (long long t = 0; t < targets; ++t) scores[t] = 1.0f / (1.0f + expf(-scores[t]));
+        } else if (post == 1 || post == 3) {
+            float top = -PC_INFINITY;
+            for (long long t = 0; t < targets; ++t) top = fmaxf(top, scores[t]);
+            float sum = 0.0f;
+            for (long long t = 0; t < targets; ++t) {
+                float e = (post == 3 && scores[t] == 0.0f) ? 0.0f : expf(scores[t] - top);
+                scores[t] = e;
+                sum += e;
+            }
+            for (long long t = 0; t < targets; ++t) scores[t] /= sum;
+        }
+    }
+}
+
+// Trilu: x where column − row ≥ k (upper) or ≤ k (lower) in each trailing rows × cols matrix,
+// else 0.
+extern "C" __global__ void trilu_f32(const float* x, float* y, long long n, long long rows,
+                                     long long cols, long long k, int upper) {
+    GRID_STRIDE(i, n) {
+        long long diagonal = i % cols - (i / cols) % rows;
+        bool keep = upper ? diagonal >= k : diagonal <= k;
+        y[i] = keep ? x[i] : 0.0f;
+    }
+}
+
+// Col2Im as a gather: position p of image plane `plane` (= n·C + c) sums the column entries
+// landing on it, x[plane · plane_stride + source] for the sources listed in
+// sources[starts[p] .. starts[p + 1]] (k · L + l, in the CPU kernel's order). A thread per
+// output.
+extern "C" __global__ void col2im_f32(const float* x, const long long* starts,
+                                      const long long* sources, float* y, long long planes,
+                                      long long image_size, long long plane_stride) {
+    GRID_STRIDE(i, planes * image_size) {
+        long long p = i % image_size;
+        const float* in = x + (i / image_size) * plane_stride;
+        float acc = 0.0f;
+        for (long long s = starts[p]; s < starts[p + 1]; ++s) acc += in[sources[s]];
+        y[i] = acc;
+    }
+}
+
+// OneHot: y [outer, depth, inner] is values[1] where d equals the line's index hot[o·inner + i]
+// (already normalised), else values[0].
+extern "C" __global__ void one_hot_f32(const long long* hot, const float* values, float* y,
+                                       long long n, long long depth, long long inner) {
+    GRID_STRIDE(f, n) {
+        long long rest = f % (depth * inner);
+        long long line = (f / (depth * inner)) * inner + rest % inner;
+        y[f] = values[hot[line] == rest / inner ? 1 : 0];
+    }
+}
+
+// IEEE total order as a signed integer (Rust's total_cmp): negative values' magnitude bits
+// flipped, so NaNs sort beyond the infinities by sign.
+__device__ __forceinline__ int total_order_key(float v) {
+    int bits = __float_as_int(v);
+    return bits ^ (int)((unsigned)(bits >> 31) >> 1);
+}
+
+// TopK of each line of x [outer, n, inner] along n: every element counts the elements that
+// come before it (larger, or smaller when !largest, by total order; equal ones by index) and,
+// ranked below k, writes its value and index (as a float) at its rank. A thread per element.
+extern "C" __global__ void top_k_f32(const float* x, float* values, float* indices,
+                                     long long outer, long long n, long long inner, long long k,
+                                     int largest) {
+    GRID_STRIDE(e, outer * n * inner) {
+        long long i = e % inner, j = (e / inner) % n, o = e / (inner * n);
+        const float* line = x + o * n * inner + i;
+        int key = total_order_key(line[j * inner]);
+        long long rank = 0;
+        for (long long t = 0; t < n; ++t) {
+            int other = total_order_key(line[t * inner]);
+            bool before = largest ? other > key : other < key;
+            rank += (before || (other == key && t < j)) ? 1 : 0;
+        }
+        if (rank < k) {
+            long long at = (o * k + rank) * inner + i;
+            values[at] = line[j * inner];
+            indices[at] = (float)j;
+        }
+    }
+}
+
+// Reduction over axes that are not the trailing ones (`kept` and `reduced` as for reduce_f32):
+// one block per output, its threads striding over the reduced positions, so a reduction to few
+// outputs (axis 0 of a [1000, 3] tensor: 3) runs in parallel rather than on a thread each.
+extern "C" __global__ void reduce_blocks_f32(const float* x, float* y, long long n_out,
+                                             Dims kept, Dims reduced, long long count, int op) {
+    extern __shared__ float scratch[];
+    int how = reduce_combine(op);
+    for (long long i = blockIdx.x; i < n_out; i += gridDim.x) {
+        long long base, off, unused_b, unused_c;
+        offsets(kept, i, &base, &unused_b, &unused_c);
+        float shift = 0.0f;
+        if (op == 8) {
+            float m = -PC_INFINITY;
+            for (long long r = threadIdx.x; r < count; r += blockDim.x) {
+                offsets(reduced, r, &off, &unused_b, &unused_c);
+                m = fmaxf(m, x[base + off]);
+            }
+            shift = finite_shift(block_reduce(m, COMBINE_MAX, scratch));
+        }
+        float acc = reduce_init(op);
+        for (long long r = threadIdx.x; r < count; r += blockDim.x) {
+            offsets(reduced, r, &off, &unused_b, &unused_c);
+            acc = combine(acc, reduce_term(op, x[base + off], shift), how);
+        }
+        float total = block_reduce(acc, how, scratch);
+        if (threadIdx.x == 0) y[i] = reduce_finish(op, total, shift, count);
+    }
+}
+
 // ---- 3-D Conv and ConvTranspose (src/runtime/cuda/conv3d.rs) ----
 
 // The geometry of a 3-D convolution: input [n, c, d, h, w], output [n, m, od, oh, ow], kernel,

@@ -20,7 +20,7 @@ use crate::runtime::kernels::{
 use crate::runtime::tensor::HostTensor;
 
 /// Largest rank the kernels' [`Dims`] carries.
-const MAX_RANK: usize = 8;
+pub(super) const MAX_RANK: usize = 8;
 /// Threads per block of the element-wise kernels and of the per-row kernels.
 const BLOCK: u32 = 256;
 /// Grid cap: the kernels loop, so more blocks than this only add scheduling.
@@ -48,12 +48,12 @@ pub(super) struct Functions {
     where_: CudaFunction,
     gather_strided: CudaFunction,
     pub(super) copy_block: CudaFunction,
-    gather_axis: CudaFunction,
+    pub(super) gather_axis: CudaFunction,
     pub(super) softmax_rows: CudaFunction,
     pub(super) norm_rows: CudaFunction,
     pub(super) norm_channels: CudaFunction,
     reduce_rows: CudaFunction,
-    reduce: CudaFunction,
+    pub(super) reduce: CudaFunction,
     pub(super) im2col: CudaFunction,
     pub(super) conv_direct: CudaFunction,
     pub(super) conv_transpose: CudaFunction,
@@ -78,6 +78,16 @@ pub(super) struct Functions {
     pub(super) running_stats: CudaFunction,
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
+    pub(super) dft: CudaFunction,
+    pub(super) det: CudaFunction,
+    pub(super) reduce_blocks: CudaFunction,
+    pub(super) stft_frames: CudaFunction,
+    pub(super) trilu: CudaFunction,
+    pub(super) top_k: CudaFunction,
+    pub(super) col2im: CudaFunction,
+    pub(super) one_hot: CudaFunction,
+    /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
+    pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
     pub(super) flat: super::flat::Kernels,
 }
@@ -125,6 +135,15 @@ impl Functions {
             running_stats: f("running_stats_f32")?,
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
+            dft: f("dft_f32")?,
+            det: f("det_f32")?,
+            reduce_blocks: f("reduce_blocks_f32")?,
+            stft_frames: f("stft_frames_f32")?,
+            trilu: f("trilu_f32")?,
+            top_k: f("top_k_f32")?,
+            col2im: f("col2im_f32")?,
+            one_hot: f("one_hot_f32")?,
+            ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
         })
     }
@@ -404,7 +423,9 @@ pub(super) fn extra_outputs(ctx: &Ctx) -> bool {
 /// Runs the node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let op = ctx.node.op_type.as_str();
-    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" {
+    let ml = ctx.node.domain == "ai.onnx.ml";
+    let microsoft = ctx.node.domain == "com.microsoft";
+    if !ctx.node.domain.is_empty() && ctx.node.domain != "ai.onnx" && !ml && !microsoft {
         return Ok(None);
     }
     // Shape and Size read only the shape: a device tensor is not copied for them.
@@ -431,6 +452,12 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
             return Ok(None);
         }
+    }
+    if ml {
+        return super::ml::run(gpu, ctx, args);
+    }
+    if microsoft {
+        return super::microsoft::run(gpu, ctx, args);
     }
     if let Some(code) = unary_code(ctx, op) {
         return unary(gpu, ctx, args, code);
@@ -497,6 +524,17 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "NegativeLogLikelihoodLoss" => losses::loss(gpu, ctx, args, false),
         "SoftmaxCrossEntropyLoss" => losses::loss(gpu, ctx, args, true),
         "DequantizeLinear" => super::quant::dequantize_linear(gpu, ctx, args),
+        "DFT" => super::spectral::dft(gpu, ctx, args),
+        "Det" => super::linalg::det(gpu, args),
+        "STFT" => super::spectral::stft(gpu, ctx, args),
+        "Tile" => super::layout_ops::tile(gpu, args),
+        "Trilu" => super::layout_ops::trilu(gpu, ctx, args),
+        "Compress" => super::layout_ops::compress(gpu, ctx, args),
+        "CenterCropPad" => super::layout_ops::center_crop_pad(gpu, ctx, args),
+        "AffineGrid" => super::layout_ops::affine_grid(gpu, ctx, args),
+        "TopK" => super::top_k::top_k(gpu, ctx, args),
+        "Col2Im" => super::layout_ops::col2im(gpu, ctx, args),
+        "OneHot" => super::layout_ops::one_hot(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args
@@ -1143,7 +1181,7 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 
 impl Gpu<'_> {
     /// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
-    /// one block per row when they are the trailing axes, else a thread per output.
+    /// one block per row when they are the trailing axes, else `reductions::reduce_strided`.
     fn reduce_axes(
         &self,
         x: &DeviceTensor,
@@ -1162,7 +1200,6 @@ impl Gpu<'_> {
         let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
         let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
         let mut out = self.alloc(n_out)?;
-        let (n64, c64) = (n_out as i64, count as i64);
         let trailing = reduced_axes
             .iter()
             .enumerate()
@@ -1172,17 +1209,14 @@ impl Gpu<'_> {
         } else {
             let kept = dims(&kept_shape, &[&kept_strides])?;
             let reduced = dims(&red_shape, &[&red_strides])?;
-            let mut launch = self.stream.launch_builder(&self.functions.reduce);
-            launch
-                .arg(&*x.data)
-                .arg(&mut out)
-                .arg(&n64)
-                .arg(&kept)
-                .arg(&reduced)
-                .arg(&c64)
-                .arg(&code);
-            // SAFETY: argument types match `reduce_f32`; the strides are the input's own.
-            unsafe { launch.launch(Gpu::grid(n_out)) }.map_err(cuda_error("launch"))?;
+            let operands = (&*x.data, &mut out);
+            super::reductions::reduce_strided(
+                self,
+                operands,
+                (kept, reduced),
+                (n_out, count),
+                code,
+            )?;
         }
         let shape: Vec<usize> = if keep_dims {
             (0..rank)

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::ops::{
     contiguous_strides, cuda_error, device, extra_outputs, host, numel, one, Gpu, OpResult,
@@ -119,11 +119,46 @@ pub(super) fn norm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], rms: bool) -> O
         return Ok(None);
     }
     let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
-    let (rows, cols) = (numel(&x.shape[..axis]), numel(&x.shape[axis..]));
+    let cols = numel(&x.shape[axis..]);
     if numel(&scale.shape) != cols || bias.as_ref().is_some_and(|b| numel(&b.shape) != cols) {
         return Ok(None);
     }
     let epsilon = ctx.float("epsilon", 1e-5);
+    let NormalizedRows {
+        out,
+        mean,
+        inv_deviation: inv,
+    } = normalize_rows(gpu, &x, &scale, bias.as_ref(), (epsilon, rms))?;
+    let mut results = vec![Value::Device(DeviceTensor::new(x.shape.clone(), out))];
+    if stats {
+        let mut stat_shape = x.shape[..axis].to_vec();
+        stat_shape.resize(x.shape.len(), 1);
+        results.push(Value::Device(DeviceTensor::new(stat_shape.clone(), mean)));
+        results.push(Value::Device(DeviceTensor::new(stat_shape, inv)));
+    }
+    Ok(Some(results))
+}
+
+/// What [`normalize_rows`] gives: the rows normalised, and each row's statistics.
+pub(super) struct NormalizedRows {
+    pub(super) out: CudaSlice<f32>,
+    /// 0 for a root-mean-square normalisation.
+    pub(super) mean: CudaSlice<f32>,
+    pub(super) inv_deviation: CudaSlice<f32>,
+}
+
+/// Normalises each row of `x` (its last `scale` elements a row) by its mean and variance, or
+/// by its root mean square when `rms`, times `scale` plus `bias`: the output, and each row's
+/// mean (0 when `rms`) and inverse deviation. Scale and bias hold a row's length of floats.
+pub(super) fn normalize_rows(
+    gpu: &Gpu,
+    x: &DeviceTensor,
+    scale: &DeviceTensor,
+    bias: Option<&DeviceTensor>,
+    (epsilon, rms): (f32, bool),
+) -> Result<NormalizedRows, String> {
+    let cols = scale.data.len();
+    let rows = x.data.len() / cols.max(1);
     let mut out = gpu.alloc(rows * cols)?;
     // The kernel writes each row's statistics; they are a float or two per row, returned only
     // when the node asks for them.
@@ -131,7 +166,7 @@ pub(super) fn norm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], rms: bool) -> O
     let (r, c, flag) = (rows as i64, cols as i64, rms as i32);
     let has_bias = bias.is_some() as i32;
     // Without a bias the kernel never reads its bias argument; the scale stands in.
-    let bias_data = bias.as_ref().map_or(&*scale.data, |b| &*b.data);
+    let bias_data = bias.map_or(&*scale.data, |b| &*b.data);
     let mut launch = gpu.stream.launch_builder(&gpu.functions.norm_rows);
     launch
         .arg(&*x.data)
@@ -148,14 +183,11 @@ pub(super) fn norm(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], rms: bool) -> O
     // SAFETY: argument types match `norm_rows_f32`; scale and bias hold `cols` floats, the
     // statistics `rows`.
     unsafe { launch.launch(Gpu::rows(rows)) }.map_err(cuda_error("launch"))?;
-    let mut results = vec![Value::Device(DeviceTensor::new(x.shape.clone(), out))];
-    if stats {
-        let mut stat_shape = x.shape[..axis].to_vec();
-        stat_shape.resize(x.shape.len(), 1);
-        results.push(Value::Device(DeviceTensor::new(stat_shape.clone(), mean)));
-        results.push(Value::Device(DeviceTensor::new(stat_shape, inv)));
-    }
-    Ok(Some(results))
+    Ok(NormalizedRows {
+        out,
+        mean,
+        inv_deviation: inv,
+    })
 }
 
 /// InstanceNormalization (a row per image and channel) and GroupNormalization (a row per image

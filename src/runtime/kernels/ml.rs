@@ -228,7 +228,7 @@ fn array_feature_extractor(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
 
 /// A TreeEnsemble node's test (`nodes_modes`).
 #[derive(Debug, Clone, PartialEq)]
-enum Test {
+pub(crate) enum Test {
     Leq(f32),
     Lt(f32),
     Gte(f32),
@@ -254,21 +254,23 @@ impl Test {
 
 /// Where a branch goes: another node or a leaf, by index.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Branch {
+pub(crate) enum Branch {
     Node(usize),
     Leaf(usize),
 }
 
-/// A decoded TreeEnsemble: the node tests and branches, the leaves, the roots.
-struct Forest {
-    features: Vec<usize>,
-    tests: Vec<Test>,
-    missing_goes_true: Vec<bool>,
-    true_branch: Vec<Branch>,
-    false_branch: Vec<Branch>,
-    leaf_weights: Vec<f32>,
-    leaf_targets: Vec<usize>,
-    roots: Vec<Branch>,
+/// A decoded TreeEnsemble: the node tests and branches, the leaves, the roots (the CUDA
+/// backend walks the same decoding on the device).
+pub(crate) struct Forest {
+    pub(crate) features: Vec<usize>,
+    pub(crate) tests: Vec<Test>,
+    /// Per node, whether a NaN feature takes the true branch (shorter lists mean false).
+    pub(crate) missing_goes_true: Vec<bool>,
+    pub(crate) true_branch: Vec<Branch>,
+    pub(crate) false_branch: Vec<Branch>,
+    pub(crate) leaf_weights: Vec<f32>,
+    pub(crate) leaf_targets: Vec<usize>,
+    pub(crate) roots: Vec<Branch>,
 }
 
 fn float_list(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
@@ -306,7 +308,7 @@ fn index_list(ctx: &Ctx, name: &str) -> Result<Vec<usize>, String> {
 }
 
 impl Forest {
-    fn new(ctx: &Ctx) -> Result<Forest, String> {
+    pub(crate) fn new(ctx: &Ctx) -> Result<Forest, String> {
         let features = index_list(ctx, "nodes_featureids")?;
         let splits = float_list(ctx, "nodes_splits")?;
         let modes = index_list(ctx, "nodes_modes")?;

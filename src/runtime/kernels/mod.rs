@@ -51,6 +51,8 @@ mod matmul;
 pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
+#[cfg(feature = "cuda")]
+pub(crate) use ml::{Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
 mod ms_attention;
 mod sequence;
@@ -60,8 +62,10 @@ mod values;
 pub(crate) use values::{lookup_value, ValueCtx, ValueKernel};
 mod spatial;
 #[cfg(feature = "cuda")]
-pub(crate) use spatial::max_unpool_targets;
+pub(crate) use spatial::{affine_grid_points, col2im_geometry, max_unpool_targets, Col2Im};
 mod spectral;
+#[cfg(feature = "cuda")]
+pub(crate) use spectral::{dft_lines, stft_frames, twiddles};
 mod tap_product;
 mod tensor_scatter;
 #[cfg(feature = "cuda")]

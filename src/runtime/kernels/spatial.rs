@@ -106,26 +106,44 @@ pub(crate) fn max_unpool_targets(
     Ok((targets, out_shape))
 }
 
-/// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
-/// entry landing at `block position · stride − pad_begin + kernel offset · dilation`.
-fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let image = sizes(input(inputs, 1)?, "image_shape")?;
-    let block = sizes(input(inputs, 2)?, "block_shape")?;
+/// Where Col2Im puts each column entry, from the node and its input's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Col2Im {
+    pub(crate) batch: usize,
+    pub(crate) channels: usize,
+    /// Π block: a channel's rows of the input.
+    pub(crate) block_size: usize,
+    /// L: the columns.
+    pub(crate) length: usize,
+    pub(crate) image: Vec<usize>,
+    /// Per entry `k · L + l` (block offset k, column l), its position in the image, `None`
+    /// when it falls in the padding.
+    pub(crate) targets: Vec<Option<usize>>,
+}
+
+/// The Col2Im of an input of `shape` `[N, C·Π block, L]` into `image` by `block`, with the
+/// node's dilations, pads and strides.
+pub(crate) fn col2im_geometry(
+    ctx: &Ctx,
+    shape: &[usize],
+    image: Vec<usize>,
+    block: &[usize],
+) -> Result<Col2Im, String> {
     let n = image.len();
     let (dilations, pads, strides) = (
         per_axis(ctx, "dilations", n, 1)?,
         per_axis(ctx, "pads", 2 * n, 0)?,
         per_axis(ctx, "strides", n, 1)?,
     );
-    let block_size = checked_size(&block)?;
-    let [batch, rows, length] = *x.shape() else {
-        return Err(format!(
-            "the input {:?} is not [N, C·Π block, L]",
-            x.shape()
-        ));
+    let block_size = checked_size(block)?;
+    let [batch, rows, length] = *shape else {
+        return Err(format!("the input {shape:?} is not [N, C·Π block, L]"));
     };
-    if block_size == 0 || rows % block_size != 0 || strides.iter().any(|&s| s <= 0) {
+    if block.len() != n
+        || block_size == 0
+        || rows % block_size != 0
+        || strides.iter().any(|&s| s <= 0)
+    {
         return Err(format!(
             "{rows} rows do not divide into blocks {block:?}, or a stride is not positive"
         ));
@@ -146,12 +164,9 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             "{length} columns, but the image holds {blocks:?} blocks"
         ));
     }
-    let channels = rows / block_size;
-    let image_size = checked_size(&image)?;
-    let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
     let (image_strides, block_strides, grid_strides) =
-        (strides_of(&image), strides_of(&block), strides_of(&blocks));
-    let xv = x.to_f32_vec();
+        (strides_of(&image), strides_of(block), strides_of(&blocks));
+    let mut targets = Vec::with_capacity(checked_size(&[block_size, length])?);
     for k in 0..block_size {
         for l in 0..length {
             let mut flat = 0usize;
@@ -164,14 +179,46 @@ fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 flat += pos.max(0) as usize * image_strides[i];
                 (0..image[i] as i64).contains(&pos)
             });
-            if !inside {
-                continue;
-            }
-            for b in 0..batch {
-                for c in 0..channels {
-                    out[(b * channels + c) * image_size + flat] +=
-                        xv[(b * rows + c * block_size + k) * length + l];
-                }
+            targets.push(inside.then_some(flat));
+        }
+    }
+    Ok(Col2Im {
+        batch,
+        channels: rows / block_size,
+        block_size,
+        length,
+        image,
+        targets,
+    })
+}
+
+/// Col2Im: sums the columns `[N, C·Π block, L]` back into images `[N, C, image…]`, each column
+/// entry landing at `block position · stride − pad_begin + kernel offset · dilation`.
+fn col2im(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let image = sizes(input(inputs, 1)?, "image_shape")?;
+    let block = sizes(input(inputs, 2)?, "block_shape")?;
+    let Col2Im {
+        batch,
+        channels,
+        block_size,
+        length,
+        image,
+        targets,
+    } = col2im_geometry(ctx, x.shape(), image, &block)?;
+    let rows = channels * block_size;
+    let image_size = checked_size(&image)?;
+    let mut out = try_zeros_f32(&[checked_size(&[batch, channels, image_size])?])?;
+    let xv = x.to_f32_vec();
+    for (entry, target) in targets.iter().enumerate() {
+        let Some(flat) = *target else {
+            continue;
+        };
+        let (k, l) = (entry / length, entry % length);
+        for b in 0..batch {
+            for c in 0..channels {
+                out[(b * channels + c) * image_size + flat] +=
+                    xv[(b * rows + c * block_size + k) * length + l];
             }
         }
     }
@@ -190,6 +237,30 @@ fn grid_axis(size: usize, align_corners: bool) -> Vec<f32> {
             (false, _) => -1.0 + (2 * i + 1) as f32 / size as f32,
         })
         .collect()
+}
+
+/// The points of an AffineGrid over `spatial` (`[H, W]` or `[D, H, W]`) in row-major order,
+/// each as its normalised coordinates `(x, y[, z])` (`x` along the last axis) followed by 1:
+/// `[points, dims + 1]`, which the CUDA AffineGrid multiplies by each θᵀ.
+pub(crate) fn affine_grid_points(
+    spatial: &[usize],
+    align_corners: bool,
+) -> Result<Vec<f32>, String> {
+    let dims = spatial.len();
+    let axes: Vec<Vec<f32>> = spatial
+        .iter()
+        .map(|&s| grid_axis(s, align_corners))
+        .collect();
+    let points = checked_size(spatial)?;
+    let steps = strides_of(spatial);
+    let mut out = try_zeros_f32(&[checked_size(&[points, dims + 1])?])?;
+    for (p, point) in out.chunks_exact_mut(dims + 1).enumerate() {
+        for (slot, a) in point.iter_mut().zip((0..dims).rev()) {
+            *slot = axes[a][p / steps[a] % spatial[a]];
+        }
+        point[dims] = 1.0;
+    }
+    Ok(out)
 }
 
 /// AffineGrid: each output point is `theta[n] · (x, y[, z], 1)` of its normalised coordinates,
@@ -213,19 +284,14 @@ fn affine_grid(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let align = ctx.int("align_corners", 0) != 0;
     let spatial = &size[2..];
-    // Coordinates per spatial axis, outermost first; the point's (x, y, z) reads them reversed.
-    let axes: Vec<Vec<f32>> = spatial.iter().map(|&s| grid_axis(s, align)).collect();
     let points = checked_size(spatial)?;
-    let steps = strides_of(spatial);
+    let homogeneous = affine_grid_points(spatial, align)?;
     let tv = theta.to_f32_vec();
     let mut out = try_zeros_f32(&[checked_size(&[batch, points, dims])?])?;
     for b in 0..batch {
         let t = &tv[b * dims * (dims + 1)..][..dims * (dims + 1)];
         for p in 0..points {
-            let coords: Vec<f32> = (0..dims)
-                .rev()
-                .map(|a| axes[a][p / steps[a] % spatial[a]])
-                .collect();
+            let coords = &homogeneous[p * (dims + 1)..][..dims];
             for r in 0..dims {
                 let row = &t[r * (dims + 1)..][..dims + 1];
                 let v: f32 = coords.iter().zip(row).map(|(c, w)| c * w).sum::<f32>() + row[dims];

@@ -23,17 +23,29 @@ fn scalar_int(inputs: &[Option<&HostTensor>], i: usize) -> Option<i64> {
     optional(inputs, i).and_then(|t| t.to_i64_vec().first().copied())
 }
 
+/// `e^{∓2πi·m/length}` for m in 0..length, as (cos, sin): bin k of a line takes sample n's
+/// factor at m = k·n mod length, so a transform evaluates `length` sines and cosines, not
+/// length² (the CUDA DFT reads the same table, so both give the same factors).
+pub(crate) fn twiddles(length: usize, inverse: bool) -> Vec<(f64, f64)> {
+    let sign = if inverse { 1.0 } else { -1.0 };
+    (0..length)
+        .map(|m| {
+            let (s, c) = (sign * 2.0 * PI * m as f64 / length as f64).sin_cos();
+            (c, s)
+        })
+        .collect()
+}
+
 /// One line's discrete Fourier transform: `length` output bins of `signal` cut or zero-padded
 /// to `length` (numpy's `n`), `inverse` with the `1/length` factor of `ifft`.
-fn transform(signal: &[(f64, f64)], length: usize, inverse: bool) -> Vec<(f64, f64)> {
-    let sign = if inverse { 1.0 } else { -1.0 };
+fn transform(signal: &[(f64, f64)], table: &[(f64, f64)], inverse: bool) -> Vec<(f64, f64)> {
+    let length = table.len();
     let scale = if inverse { 1.0 / length as f64 } else { 1.0 };
     (0..length)
         .map(|k| {
             let (mut re, mut im) = (0.0, 0.0);
             for (n, &(a, b)) in signal.iter().take(length).enumerate() {
-                let angle = sign * 2.0 * PI * ((k * n) % length) as f64 / length as f64;
-                let (s, c) = angle.sin_cos();
+                let (c, s) = table[(k * n) % length];
                 re += a * c - b * s;
                 im += a * s + b * c;
             }
@@ -52,6 +64,7 @@ fn transform_lines(
     inverse: bool,
 ) -> Result<Vec<f32>, String> {
     let mut out = vec![0f32; checked_size(&[outer, kept, inner, 2])?];
+    let table = twiddles(length, inverse);
     let mut line = Vec::with_capacity(n);
     for o in 0..outer {
         for i in 0..inner {
@@ -61,7 +74,7 @@ fn transform_lines(
                 let im = if parts == 2 { x[at + 1] as f64 } else { 0.0 };
                 (x[at] as f64, im)
             }));
-            for (k, (re, im)) in transform(&line, length, inverse)
+            for (k, (re, im)) in transform(&line, &table, inverse)
                 .into_iter()
                 .take(kept)
                 .enumerate()
@@ -75,17 +88,34 @@ fn transform_lines(
     Ok(out)
 }
 
-/// DFT: the transform of length `dft_length` (default the axis's size) along `axis`, only the
-/// first `length/2 + 1` bins when `onesided`.
-fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let x = input(inputs, 0)?;
-    let shape = x.shape();
+/// What a DFT node does to its input: the lines it transforms and the bins it keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DftLines {
+    /// The input as `[outer, n, inner, parts]`: lines of `n` samples along the axis, each
+    /// sample 1 (real) or 2 (complex) floats.
+    pub(crate) layout: [usize; 4],
+    /// The transform's length (`dft_length`, default n): the line cut or zero-padded to it.
+    pub(crate) length: usize,
+    /// The bins kept: `length`, or `length/2 + 1` when `onesided`.
+    pub(crate) kept: usize,
+    pub(crate) inverse: bool,
+    pub(crate) out_shape: Vec<usize>,
+}
+
+/// The DFT of a node with input `shape` (`[..., 1 or 2]`): `dft_length` and `axis` are its
+/// inputs 1 and 2 (opset 20; before, `axis` is an attribute).
+pub(crate) fn dft_lines(
+    ctx: &Ctx,
+    shape: &[usize],
+    dft_length: Option<i64>,
+    axis_input: Option<i64>,
+) -> Result<DftLines, String> {
     let parts = *shape
         .last()
         .filter(|&&p| p == 1 || p == 2)
         .ok_or_else(|| format!("the input {shape:?} must end in 1 (real) or 2 (complex)"))?;
     let axis = if ctx.opset >= 20 {
-        scalar_int(inputs, 2).unwrap_or(-2)
+        axis_input.unwrap_or(-2)
     } else {
         ctx.int("axis", 1)
     };
@@ -94,7 +124,7 @@ fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         return Err("the transformed axis cannot be the last (real/imaginary) one".into());
     }
     let n = shape[axis];
-    let length = match scalar_int(inputs, 1) {
+    let length = match dft_length {
         Some(l) => usize::try_from(l)
             .ok()
             .filter(|&l| l > 0)
@@ -108,55 +138,120 @@ fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let outer: usize = shape[..axis].iter().product();
     let inner: usize = shape[axis + 1..shape.len() - 1].iter().product();
-    let inverse = ctx.int("inverse", 0) != 0;
-    let out = transform_lines(
-        &x.to_f32_vec(),
-        [outer, n, inner, parts],
-        length,
-        kept,
-        inverse,
-    )?;
     let mut out_shape = shape.to_vec();
     out_shape[axis] = kept;
-    *out_shape.last_mut().unwrap() = 2;
-    Ok(vec![HostTensor::f32(out_shape, out)])
+    *out_shape.last_mut().expect("the input has an axis") = 2;
+    Ok(DftLines {
+        layout: [outer, n, inner, parts],
+        length,
+        kept,
+        inverse: ctx.int("inverse", 0) != 0,
+        out_shape,
+    })
+}
+
+/// DFT: the transform of length `dft_length` (default the axis's size) along `axis`, only the
+/// first `length/2 + 1` bins when `onesided`.
+fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let x = input(inputs, 0)?;
+    let lines = dft_lines(ctx, x.shape(), scalar_int(inputs, 1), scalar_int(inputs, 2))?;
+    let out = transform_lines(
+        &x.to_f32_vec(),
+        lines.layout,
+        lines.length,
+        lines.kept,
+        lines.inverse,
+    )?;
+    Ok(vec![HostTensor::f32(lines.out_shape, out)])
+}
+
+/// How an STFT node cuts its signal into frames (shared with the CUDA STFT).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StftFrames {
+    pub(crate) batch: usize,
+    pub(crate) samples: usize,
+    /// 1 (real) or 2 (complex) floats a sample.
+    pub(crate) parts: usize,
+    pub(crate) step: usize,
+    /// The transform's length (`frame_length`, else the window's, else the signal's).
+    pub(crate) frame: usize,
+    /// Samples a frame takes (the window's length, else `frame`).
+    pub(crate) window_len: usize,
+    pub(crate) frames: usize,
+    pub(crate) bins: usize,
+}
+
+/// The frames of an STFT of a signal of `shape` `[batch, length, 1 or 2]`, from its inputs
+/// `frame_step`, the window's length and `frame_length`.
+pub(crate) fn stft_frames(
+    ctx: &Ctx,
+    shape: &[usize],
+    step: Option<i64>,
+    window_len: Option<usize>,
+    frame_length: Option<i64>,
+) -> Result<StftFrames, String> {
+    let [batch, samples, parts] = *shape else {
+        return Err(format!(
+            "the signal {shape:?} is not [batch, length, 1 or 2]"
+        ));
+    };
+    let step = step
+        .and_then(|s| usize::try_from(s).ok())
+        .filter(|&s| s > 0)
+        .ok_or("frame_step must be a positive scalar")?;
+    let frame = match (frame_length, window_len) {
+        (Some(l), _) => usize::try_from(l).map_err(|_| format!("frame_length {l} is negative"))?,
+        (None, Some(w)) => w,
+        (None, None) => samples,
+    };
+    let window_len = window_len.unwrap_or(frame);
+    if frame == 0 || frame > samples || window_len == 0 {
+        return Err(format!(
+            "frames of {frame} samples do not fit a signal of {samples}"
+        ));
+    }
+    let bins = if ctx.int("onesided", 1) != 0 {
+        frame / 2 + 1
+    } else {
+        frame
+    };
+    Ok(StftFrames {
+        batch,
+        samples,
+        parts,
+        step,
+        frame,
+        window_len,
+        frames: 1 + (samples - frame) / step,
+        bins,
+    })
 }
 
 /// STFT: frames of `frame_length` samples every `frame_step`, each weighted by the window and
 /// transformed; `[batch, frames, bins, 2]`.
 fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
-    let [batch, samples, parts] = *x.shape() else {
-        return Err(format!(
-            "the signal {:?} is not [batch, length, 1 or 2]",
-            x.shape()
-        ));
-    };
-    let step = scalar_int(inputs, 1)
-        .and_then(|s| usize::try_from(s).ok())
-        .filter(|&s| s > 0)
-        .ok_or("frame_step must be a positive scalar")?;
     let window = optional(inputs, 2).map(|w| w.to_f32_vec());
-    let frame = match (scalar_int(inputs, 3), &window) {
-        (Some(l), _) => usize::try_from(l).map_err(|_| format!("frame_length {l} is negative"))?,
-        (None, Some(w)) => w.len(),
-        (None, None) => samples,
-    };
+    let StftFrames {
+        batch,
+        samples,
+        parts,
+        step,
+        frame,
+        window_len,
+        frames,
+        bins,
+    } = stft_frames(
+        ctx,
+        x.shape(),
+        scalar_int(inputs, 1),
+        window.as_ref().map(Vec::len),
+        scalar_int(inputs, 3),
+    )?;
     let window = window.unwrap_or_else(|| vec![1.0; frame]);
-    if frame == 0 || frame > samples || window.is_empty() {
-        return Err(format!(
-            "frames of {frame} samples do not fit a signal of {samples}"
-        ));
-    }
-    let frames = 1 + (samples - frame) / step;
-    let bins = if ctx.int("onesided", 1) != 0 {
-        frame / 2 + 1
-    } else {
-        frame
-    };
     let xv = x.to_f32_vec();
     // Each frame is the window's length of samples (zero past the signal's end), weighted.
-    let mut framed = vec![0f32; checked_size(&[batch, frames, window.len(), parts])?];
+    let mut framed = vec![0f32; checked_size(&[batch, frames, window_len, parts])?];
     for b in 0..batch {
         for f in 0..frames {
             for (j, &w) in window.iter().enumerate() {
@@ -165,7 +260,7 @@ fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     continue;
                 }
                 for p in 0..parts {
-                    framed[((b * frames + f) * window.len() + j) * parts + p] =
+                    framed[((b * frames + f) * window_len + j) * parts + p] =
                         xv[(b * samples + s) * parts + p] * w;
                 }
             }
@@ -173,7 +268,7 @@ fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let out = transform_lines(
         &framed,
-        [batch * frames, window.len(), 1, parts],
+        [batch * frames, window_len, 1, parts],
         frame,
         bins,
         false,
