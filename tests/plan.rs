@@ -164,7 +164,7 @@ fn check_names_what_an_edited_plan_breaks() {
 
     // A node on two stages.
     let mut twice = good.clone();
-    let first = twice.stages[1].nodes[0].clone();
+    let first = twice.stages[1].nodes[0].to_string();
     twice.stages[0].nodes.push(first.clone());
     let err = check(&twice, "twice.json");
     assert!(err.contains(&first), "{err}");

@@ -333,7 +333,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             s.nodes
                 .iter()
                 .map(|n| {
-                    by_name.get(n.as_str()).copied().with_context(|| {
+                    by_name.get(n).copied().with_context(|| {
                         format!("the plan names node '{n}', which the model lacks")
                     })
                 })

@@ -58,7 +58,7 @@ pub fn plan_dot(plan: &Plan, graph: &Graph) -> Result<String, Error> {
         .stages
         .iter()
         .enumerate()
-        .flat_map(|(s, stage)| stage.nodes.iter().map(move |n| (n.as_str(), s)))
+        .flat_map(|(s, stage)| stage.nodes.iter().map(move |n| (n, s)))
         .collect();
     let sent_bytes: HashMap<(&str, usize), u64> = plan
         .stages

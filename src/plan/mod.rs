@@ -18,11 +18,13 @@ mod identity;
 mod rederive;
 mod selection;
 mod shards;
+mod stage_nodes;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
 pub use selection::{MeasuredSelection, MovedNode, SelectionCandidate};
 pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
+pub use stage_nodes::StageNodes;
 
 use std::collections::BTreeMap;
 
@@ -317,7 +319,7 @@ pub struct PlanStage {
     /// Last node in topological order.
     pub last_node: String,
     /// Every node, in topological order.
-    pub nodes: Vec<String>,
+    pub nodes: StageNodes,
     /// Tensors received from the previous stage.
     pub received: Vec<ReceivedTensor>,
     /// Tensors sent to the next stage.
@@ -716,7 +718,7 @@ impl Plan {
     /// # Errors
     /// [`Error::InvalidPlan`] when a stage names a node the graph lacks.
     pub fn with_tensor_parallel_shards(mut self, graph: &Graph) -> Result<Plan, Error> {
-        let stages: Vec<Vec<String>> = self.stages.iter().map(|s| s.nodes.clone()).collect();
+        let stages: Vec<Vec<String>> = self.stages.iter().map(|s| s.nodes.to_vec()).collect();
         if let Some(p) = self.parallelism.as_mut() {
             p.shards = match p.tensor_parallel.is_none() {
                 true => Vec::new(),
@@ -931,8 +933,8 @@ impl Plan {
             .collect();
         let mut stage_of: Vec<Option<StageId>> = vec![None; problem.node_count()];
         for stage in &self.stages {
-            for name in &stage.nodes {
-                let Some(&p) = position.get(name.as_str()) else {
+            for name in stage.nodes.iter() {
+                let Some(&p) = position.get(name) else {
                     return bad(format!(
                         "stage {} lists node '{name}', which the model does not have",
                         stage.stage
@@ -1345,7 +1347,7 @@ impl Plan {
                     .nodes
                     .iter()
                     .map(|name| {
-                        by_name.get(name.as_str()).copied().ok_or_else(|| {
+                        by_name.get(name).copied().ok_or_else(|| {
                             Error::InvalidPlan(format!(
                                 "stage {} lists node '{name}', which the model does not have",
                                 stage.stage

@@ -9,7 +9,9 @@
 
 use serde_json::Value;
 
-use super::{PlanBaseline, PlanCandidate, PlanDevice, PlanStage, ReceivedTensor, SentTensor};
+use super::{
+    PlanBaseline, PlanCandidate, PlanDevice, PlanStage, ReceivedTensor, SentTensor, StageNodes,
+};
 use crate::partition::{BaselineResult, Evaluation, PartitionProblem, StageId};
 
 /// The plan stages of `stage_of` (a stage for every position of `problem.order()`), whose
@@ -20,9 +22,9 @@ pub(crate) fn transcribe_stages(
     evaluation: &Evaluation,
 ) -> Vec<PlanStage> {
     let k = problem.stage_count();
-    let mut nodes_of: Vec<Vec<String>> = vec![Vec::new(); k];
+    let mut nodes_of: Vec<StageNodes> = vec![StageNodes::default(); k];
     for (p, s) in stage_of.iter().enumerate() {
-        nodes_of[s.index()].push(problem.node_names().name(p).into_owned());
+        nodes_of[s.index()].push(problem.node_names().name(p));
     }
     let producer_stage = |position: u32| stage_of[position as usize].0;
     let mut stages = Vec::with_capacity(k);
@@ -67,8 +69,8 @@ pub(crate) fn transcribe_stages(
                 name: device.device_name.clone(),
             },
             node_count: nodes.len(),
-            first_node: nodes.first().cloned().unwrap_or_default(),
-            last_node: nodes.last().cloned().unwrap_or_default(),
+            first_node: nodes.first().unwrap_or_default().to_string(),
+            last_node: nodes.last().unwrap_or_default().to_string(),
             nodes,
             received,
             sent,
