@@ -28,6 +28,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => {
             skip_layer_norm(gpu, ctx, args)
         }
+        "Attention" => super::ms_attention::attention(gpu, ctx, args),
+        "RotaryEmbedding" => super::ms_attention::rotary_embedding(gpu, ctx, args),
         _ => Ok(None),
     }
 }

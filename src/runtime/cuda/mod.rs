@@ -36,6 +36,7 @@ mod microsoft;
 mod ml;
 mod moments;
 mod movement_ops;
+mod ms_attention;
 mod ops;
 mod quant;
 mod recurrent;
