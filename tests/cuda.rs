@@ -1612,7 +1612,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 57);
+    models_match_on_the_device("coverage_models.py", 61);
 }
 
 /// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend

@@ -23,7 +23,8 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   its Attention with 1-, 2- and 3-D mask_index, unidirectional, attention_bias broadcast over
   batch or heads, unequal V heads (qkv_hidden_sizes), scale and the present output; its
   RotaryEmbedding of [B, S, H] and [B, N, S, head] input, positions [B, S] and an offset [1],
-  interleaved, partial rotation and heads from the cache width;
+  interleaved, partial rotation and heads from the cache width; its MatMulNBits of 2, 4 and 8
+  bits with default, packed and float zero points, a short last block and a bias;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -199,6 +200,43 @@ def write_ms_rotary(out, name, shape, positions, cached, half, attrs=None):
                             domain="com.microsoft", **(attrs or {}))
     graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", F32, shape)],
                               [helper.make_tensor_value_info("Y", F32, shape)], constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
+def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False):
+    """com.microsoft MatMulNBits of a seeded `[..., K]` input and seeded packed weights of `n`
+    columns; `zero_points` None (the default), "packed" or "float"."""
+    rng = rng_for(name)
+    k = shape[-1]
+    blocks = -(-k // block)
+    blob = block * bits // 8
+    packed = rng.integers(0, 256, (n, blocks, blob)).astype(np.uint8)
+    constants = [
+        numpy_helper.from_array(packed, "B"),
+        numpy_helper.from_array((rng.random(n * blocks) * 0.2).astype(np.float32), "scales"),
+    ]
+    inputs = ["X", "B", "scales"]
+    if zero_points == "packed":
+        row = -(-blocks * bits // 8)
+        constants.append(numpy_helper.from_array(
+            rng.integers(0, 256, n * row).astype(np.uint8), "zero_points"))
+        inputs.append("zero_points")
+    elif zero_points == "float":
+        constants.append(numpy_helper.from_array(
+            (rng.random(n * blocks) * (1 << bits)).astype(np.float32), "zero_points"))
+        inputs.append("zero_points")
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + ["bias"]
+        constants.append(numpy_helper.from_array(
+            rng.standard_normal(n).astype(np.float32), "bias"))
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block)
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", F32, shape)],
+                              [helper.make_tensor_value_info("Y", F32, shape[:-1] + [n])],
+                              constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
                                                     helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, out / f"{name}.onnx")
@@ -396,6 +434,10 @@ def main(out):
                     5, 3)
     write_ms_rotary(out, "ms_rotary_4d_interleaved_partial", [2, 3, 4, 8],
                     [[0, 1, 2, 3], [5, 5, 1, 0]], 6, 2, {"interleaved": 1})
+    write_matmul_nbits(out, "matmul_4bits_default_zero", [2, 3, 20], 5, 4, 16)
+    write_matmul_nbits(out, "matmul_4bits_packed_zero_bias", [3, 32], 7, 4, 16, "packed", True)
+    write_matmul_nbits(out, "matmul_8bits_float_zero", [2, 2, 24], 3, 8, 16, "float")
+    write_matmul_nbits(out, "matmul_2bits_packed_zero", [4, 40], 6, 2, 16, "packed", True)
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

@@ -30,6 +30,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         "Attention" => super::ms_attention::attention(gpu, ctx, args),
         "RotaryEmbedding" => super::ms_attention::rotary_embedding(gpu, ctx, args),
+        "MatMulNBits" => super::nbits::matmul_nbits(gpu, ctx, args),
         _ => Ok(None),
     }
 }

@@ -37,6 +37,7 @@ mod ml;
 mod moments;
 mod movement_ops;
 mod ms_attention;
+mod nbits;
 mod ops;
 mod quant;
 mod recurrent;
