@@ -1601,7 +1601,10 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 /// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
 /// pads, dilations) and OneHot; TopK with ties,
 /// infinities and NaNs, both outputs; onnxruntime's com.microsoft BiasAdd, Gelu family and
-/// SkipLayerNormalization (every output) and its simplified form; Det of 1 × 1 matrices, singular 3 × 3
+/// SkipLayerNormalization (every output) and its simplified form, its Attention (every mask
+/// form, causal, attention_bias, unequal V heads, present), RotaryEmbedding (3-D and 4-D,
+/// offset positions, interleaved, partial) and MatMulNBits (2, 4 and 8 bits, every zero-point
+/// form, bias); Det of 1 × 1 matrices, singular 3 × 3
 /// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
 /// every aggregate function and post transform, NaN features and set membership; Binarizer;
 /// ArrayFeatureExtractor of 3-D and 1-D data; reductions over leading and middle axes, which
