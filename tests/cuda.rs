@@ -1939,3 +1939,56 @@ fn elementwise_fast_path_and_general_kernels_agree() {
         assert_eq!(off, (ops, 0), "{general}: {general_launches}");
     }
 }
+
+/// onnxruntime's com.microsoft Attention, RotaryEmbedding and MatMulNBits cases
+/// (`fixtures/node_cases.py`, references from onnxruntime's CPU provider; masks and positions
+/// fed as integer graph inputs) on the CUDA backend: every output equal to onnxruntime's, and
+/// every float op on the device.
+#[cfg(feature = "cuda")]
+#[test]
+fn microsoft_node_cases_match_onnxruntime_on_the_device() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the com.microsoft node cases cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(&python)
+        .arg(common::root().join("fixtures/node_cases.py"))
+        .arg(dir.path())
+        .args([
+            "com.microsoft:Attention",
+            "com.microsoft:RotaryEmbedding",
+            "com.microsoft:MatMulNBits",
+        ])
+        .output()
+        .expect("python starts");
+    assert!(output.status.success(), "node_cases.py failed");
+    let names = String::from_utf8(output.stdout).unwrap();
+    assert!(names.lines().count() >= 11, "{names}");
+    for name in names.lines() {
+        let case = dir.path().join(name);
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(case.join("manifest.json")).unwrap())
+                .unwrap();
+        let model = case.join("model.onnx");
+        let model = model.to_str().unwrap();
+        let plan = partition(&case, model, 1, &[]);
+        let mut extra: Vec<String> = ["--json", "--microbatches", "1"].map(String::from).into();
+        for (input, file) in manifest["inputs"].as_object().unwrap() {
+            let path = case.join(file.as_str().unwrap());
+            extra.extend(["--input".into(), format!("{input}={}", path.display())]);
+        }
+        let reference = case.join("reference");
+        std::fs::create_dir_all(&reference).unwrap();
+        for (out, file) in manifest["outputs"].as_object().unwrap() {
+            let from = case.join(file.as_str().unwrap());
+            std::fs::copy(from, reference.join(format!("{out}.npy"))).unwrap();
+        }
+        let cuda = case.join("cuda");
+        let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        assert_same_outputs(name, &cuda, &reference);
+        assert_no_host_fallbacks(name, &report);
+    }
+}
