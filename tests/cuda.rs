@@ -1601,7 +1601,10 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 /// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
 /// pads, dilations) and OneHot; TopK with ties,
 /// infinities and NaNs, both outputs; onnxruntime's com.microsoft BiasAdd, Gelu family and
-/// SkipLayerNormalization (every output) and its simplified form; Det of 1 × 1 matrices, singular 3 × 3
+/// SkipLayerNormalization (every output) and its simplified form, its Attention (every mask
+/// form, causal, attention_bias, unequal V heads, present), RotaryEmbedding (3-D and 4-D,
+/// offset positions, interleaved, partial) and MatMulNBits (2, 4 and 8 bits, every zero-point
+/// form, bias); Det of 1 × 1 matrices, singular 3 × 3
 /// ones and row swaps, a [2, 3] batch of 6 × 6; TreeEnsemble with three trees and targets under
 /// every aggregate function and post transform, NaN features and set membership; Binarizer;
 /// ArrayFeatureExtractor of 3-D and 1-D data; reductions over leading and middle axes, which
@@ -1612,7 +1615,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 50);
+    models_match_on_the_device("coverage_models.py", 61);
 }
 
 /// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend
@@ -1934,5 +1937,58 @@ fn elementwise_fast_path_and_general_kernels_agree() {
             count(&general_launches, flat),
         );
         assert_eq!(off, (ops, 0), "{general}: {general_launches}");
+    }
+}
+
+/// onnxruntime's com.microsoft Attention, RotaryEmbedding and MatMulNBits cases
+/// (`fixtures/node_cases.py`, references from onnxruntime's CPU provider; masks and positions
+/// fed as integer graph inputs) on the CUDA backend: every output equal to onnxruntime's, and
+/// every float op on the device.
+#[cfg(feature = "cuda")]
+#[test]
+fn microsoft_node_cases_match_onnxruntime_on_the_device() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the com.microsoft node cases cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(&python)
+        .arg(common::root().join("fixtures/node_cases.py"))
+        .arg(dir.path())
+        .args([
+            "com.microsoft:Attention",
+            "com.microsoft:RotaryEmbedding",
+            "com.microsoft:MatMulNBits",
+        ])
+        .output()
+        .expect("python starts");
+    assert!(output.status.success(), "node_cases.py failed");
+    let names = String::from_utf8(output.stdout).unwrap();
+    assert!(names.lines().count() >= 11, "{names}");
+    for name in names.lines() {
+        let case = dir.path().join(name);
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(case.join("manifest.json")).unwrap())
+                .unwrap();
+        let model = case.join("model.onnx");
+        let model = model.to_str().unwrap();
+        let plan = partition(&case, model, 1, &[]);
+        let mut extra: Vec<String> = ["--json", "--microbatches", "1"].map(String::from).into();
+        for (input, file) in manifest["inputs"].as_object().unwrap() {
+            let path = case.join(file.as_str().unwrap());
+            extra.extend(["--input".into(), format!("{input}={}", path.display())]);
+        }
+        let reference = case.join("reference");
+        std::fs::create_dir_all(&reference).unwrap();
+        for (out, file) in manifest["outputs"].as_object().unwrap() {
+            let from = case.join(file.as_str().unwrap());
+            std::fs::copy(from, reference.join(format!("{out}.npy"))).unwrap();
+        }
+        let cuda = case.join("cuda");
+        let report = run_plan(&plan, model, "cuda", &extra, &cuda, &env);
+        assert_same_outputs(name, &cuda, &reference);
+        assert_no_host_fallbacks(name, &report);
     }
 }

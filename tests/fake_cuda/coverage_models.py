@@ -20,6 +20,11 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k);
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
+  its Attention with 1-, 2- and 3-D mask_index, unidirectional, attention_bias broadcast over
+  batch or heads, unequal V heads (qkv_hidden_sizes), scale and the present output; its
+  RotaryEmbedding of [B, S, H] and [B, N, S, head] input, positions [B, S] and an offset [1],
+  interleaved, partial rotation and heads from the cache width; its MatMulNBits of 2, 4 and 8
+  bits with default, packed and float zero points, a short last block and a bias;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -138,6 +143,100 @@ def write_microsoft(out, name, op, shape, params, attrs=None, outputs=1):
         [helper.make_tensor_value_info(n, F32, shapes[n]) for n in names if n],
         constants,
     )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
+def write_ms_attention(out, name, shape, sizes, heads, mask=None, bias_shape=None,
+                       present=True, attrs=None):
+    """com.microsoft Attention of a seeded `[B, S, H_in]` input, `sizes` (Q, K, V) hidden
+    units, an int32 `mask` (None: absent) and a seeded `attention_bias` of `bias_shape`."""
+    rng = rng_for(name)
+    batch, seq, hidden_in = shape
+    cols = sum(sizes)
+    constants = [
+        numpy_helper.from_array(rng.standard_normal((hidden_in, cols)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(cols).astype(np.float32), "b"),
+    ]
+    inputs = ["X", "w", "b", "", "", ""]
+    if mask is not None:
+        constants.append(numpy_helper.from_array(np.array(mask, np.int32), "mask"))
+        inputs[3] = "mask"
+    if bias_shape is not None:
+        constants.append(numpy_helper.from_array(
+            rng.standard_normal(bias_shape).astype(np.float32), "attention_bias"))
+        inputs[5] = "attention_bias"
+    while inputs[-1] == "":
+        inputs.pop()
+    attrs = dict(attrs or {}, num_heads=heads)
+    if sizes[2] != sizes[0]:
+        attrs["qkv_hidden_sizes"] = list(sizes)
+    outputs = [helper.make_tensor_value_info("Y", F32, [batch, seq, sizes[2]])]
+    if present:
+        outputs.append(helper.make_tensor_value_info(
+            "present", F32, [2, batch, heads, seq, sizes[0] // heads]))
+    node = helper.make_node("Attention", inputs, [o.name for o in outputs],
+                            domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", F32, shape)],
+                              outputs, constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
+def write_ms_rotary(out, name, shape, positions, cached, half, attrs=None):
+    """com.microsoft RotaryEmbedding of a seeded input of `shape` at int64 `positions` with
+    seeded caches `[cached, half]`."""
+    rng = rng_for(name)
+    constants = [
+        numpy_helper.from_array(np.array(positions, np.int64), "positions"),
+        numpy_helper.from_array(rng.standard_normal((cached, half)).astype(np.float32), "cos"),
+        numpy_helper.from_array(rng.standard_normal((cached, half)).astype(np.float32), "sin"),
+    ]
+    node = helper.make_node("RotaryEmbedding", ["X", "positions", "cos", "sin"], ["Y"],
+                            domain="com.microsoft", **(attrs or {}))
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", F32, shape)],
+                              [helper.make_tensor_value_info("Y", F32, shape)], constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+
+
+def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False):
+    """com.microsoft MatMulNBits of a seeded `[..., K]` input and seeded packed weights of `n`
+    columns; `zero_points` None (the default), "packed" or "float"."""
+    rng = rng_for(name)
+    k = shape[-1]
+    blocks = -(-k // block)
+    blob = block * bits // 8
+    packed = rng.integers(0, 256, (n, blocks, blob)).astype(np.uint8)
+    constants = [
+        numpy_helper.from_array(packed, "B"),
+        numpy_helper.from_array((rng.random(n * blocks) * 0.2).astype(np.float32), "scales"),
+    ]
+    inputs = ["X", "B", "scales"]
+    if zero_points == "packed":
+        row = -(-blocks * bits // 8)
+        constants.append(numpy_helper.from_array(
+            rng.integers(0, 256, n * row).astype(np.uint8), "zero_points"))
+        inputs.append("zero_points")
+    elif zero_points == "float":
+        constants.append(numpy_helper.from_array(
+            (rng.random(n * blocks) * (1 << bits)).astype(np.float32), "zero_points"))
+        inputs.append("zero_points")
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + ["bias"]
+        constants.append(numpy_helper.from_array(
+            rng.standard_normal(n).astype(np.float32), "bias"))
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block)
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info("X", F32, shape)],
+                              [helper.make_tensor_value_info("Y", F32, shape[:-1] + [n])],
+                              constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
                                                     helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, out / f"{name}.onnx")
@@ -320,6 +419,25 @@ def main(out):
                     [2, 3, 16], [[2, 3, 16], [16], [16], [16]], {"epsilon": 1e-5}, 4)
     write_microsoft(out, "ms_skip_simplified_layer_norm", "SkipSimplifiedLayerNormalization",
                     [3, 10], [[3, 10], [10], None], {}, ["Y", None, "Y2", "Y3"])
+    write_ms_attention(out, "ms_attention_lengths_present", [2, 5, 6], [8, 8, 8], 2,
+                       mask=[3, 5])
+    write_ms_attention(out, "ms_attention_causal_2d_mask_head_bias", [3, 4, 7], [8, 8, 6], 2,
+                       mask=[[1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1]], bias_shape=[1, 2, 4, 4],
+                       present=False, attrs={"unidirectional": 1, "scale": 0.3})
+    mask_3d = (rng_for("mask_3d").random((2, 3, 3)) > 0.3).astype(np.int32)
+    write_ms_attention(out, "ms_attention_3d_mask_batch_bias", [2, 3, 4], [6, 6, 6], 3,
+                       mask=mask_3d.tolist(), bias_shape=[2, 1, 3, 3],
+                       attrs={"mask_filter_value": -500.0})
+    write_ms_attention(out, "ms_attention_plain", [1, 7, 5], [4, 4, 4], 1, present=False)
+    write_ms_rotary(out, "ms_rotary_3d_offset", [2, 3, 16], [2], 8, 4, {"num_heads": 2})
+    write_ms_rotary(out, "ms_rotary_3d_heads_from_cache", [2, 3, 12], [[0, 1, 2], [4, 3, 2]],
+                    5, 3)
+    write_ms_rotary(out, "ms_rotary_4d_interleaved_partial", [2, 3, 4, 8],
+                    [[0, 1, 2, 3], [5, 5, 1, 0]], 6, 2, {"interleaved": 1})
+    write_matmul_nbits(out, "matmul_4bits_default_zero", [2, 3, 20], 5, 4, 16)
+    write_matmul_nbits(out, "matmul_4bits_packed_zero_bias", [3, 32], 7, 4, 16, "packed", True)
+    write_matmul_nbits(out, "matmul_8bits_float_zero", [2, 2, 24], 3, 8, 16, "float")
+    write_matmul_nbits(out, "matmul_2bits_packed_zero", [4, 40], 6, 2, 16, "packed", True)
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

@@ -80,16 +80,38 @@ fn attention(ctx: &OpCtx) -> RuleResult {
             format_shape(w)
         ));
     }
-    let v_hidden = match ctx.ints_attr("qkv_hidden_sizes")? {
+    let (q_hidden, v_hidden) = match ctx.ints_attr("qkv_hidden_sizes")? {
         Some(sizes) if sizes.len() == 3 => {
-            Dim::Known(u64::try_from(sizes[2]).map_err(|_| "negative qkv size")?)
+            let size = |v: i64| {
+                u64::try_from(v)
+                    .map(Dim::Known)
+                    .map_err(|_| "negative qkv size")
+            };
+            (size(sizes[0])?, size(sizes[2])?)
         }
-        _ => w[1]
-            .exact_div(&Dim::Known(3))
-            .ok_or("weights' second dim is not divisible by 3")?,
+        _ => {
+            let third = w[1]
+                .exact_div(&Dim::Known(3))
+                .ok_or("weights' second dim is not divisible by 3")?;
+            (third.clone(), third)
+        }
     };
     let out = vec![x[0].clone(), x[1].clone(), v_hidden];
-    let present = vec![ctx.data_dependent_dim(1, 0)];
+    // Without a past state, present holds this sequence's K and V heads.
+    let heads = ctx
+        .int_attr("num_heads")?
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|&n| n > 0);
+    let present = match heads.and_then(|n| Some((n, q_hidden.exact_div(&Dim::Known(n))?))) {
+        Some((n, head)) => vec![
+            Dim::Known(2),
+            x[0].clone(),
+            Dim::Known(n),
+            x[1].clone(),
+            head,
+        ],
+        _ => vec![ctx.data_dependent_dim(1, 0)],
+    };
     let mut outs = vec![Inferred::new(ctx.dtype(0)?, out)];
     if ctx.output_count() > 1 {
         let present = match ctx.opt_input(4) {

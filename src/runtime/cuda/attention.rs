@@ -24,7 +24,7 @@ use crate::runtime::kernels::{Ctx, RotaryCacheRows};
 #[derive(Debug)]
 pub(super) struct Kernels {
     softmax: CudaFunction,
-    rotary: CudaFunction,
+    pub(super) rotary: CudaFunction,
 }
 
 impl Kernels {
@@ -42,12 +42,12 @@ impl Kernels {
 }
 
 /// A device tensor viewed as `[batch, heads, seq, size]`, contiguous.
-struct Heads {
-    tensor: DeviceTensor,
-    batch: usize,
-    heads: usize,
-    seq: usize,
-    size: usize,
+pub(super) struct Heads {
+    pub(super) tensor: DeviceTensor,
+    pub(super) batch: usize,
+    pub(super) heads: usize,
+    pub(super) seq: usize,
+    pub(super) size: usize,
 }
 
 impl Heads {
@@ -126,10 +126,10 @@ impl Heads {
 /// `attn_mask` as additive floats on the device and its element strides along batch, head and
 /// query (0 where it broadcasts) and its length along the keys. A boolean mask (false masks) is
 /// made additive on the host, where booleans live.
-struct Mask {
-    values: Arc<CudaSlice<f32>>,
-    strides: [i64; 3],
-    cols: usize,
+pub(super) struct Mask {
+    pub(super) values: Arc<CudaSlice<f32>>,
+    pub(super) strides: [i64; 3],
+    pub(super) cols: usize,
 }
 
 impl Mask {
@@ -171,12 +171,12 @@ impl Mask {
 }
 
 /// The attributes that shape the row kernel's work.
-struct RowOptions {
-    causal: bool,
-    softcap: f32,
-    mode: i32,
-    want_qk: bool,
-    past_len: usize,
+pub(super) struct RowOptions {
+    pub(super) causal: bool,
+    pub(super) softcap: f32,
+    pub(super) mode: i32,
+    pub(super) want_qk: bool,
+    pub(super) past_len: usize,
 }
 
 /// [Attention](https://onnx.ai/onnx/operators/onnx__Attention.html), opsets 23–24: outputs Y,
@@ -268,7 +268,7 @@ pub(super) fn attention(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
 
 /// The attention probabilities `[batch, q_heads, q_seq, total]` (and the QK output when asked):
 /// scale · Q·Kᵀ per KV head through cuBLAS, then the row kernel.
-fn scores(
+pub(super) fn scores(
     gpu: &Gpu,
     (q, k): (&Heads, &Heads),
     scale: f32,
@@ -345,7 +345,7 @@ fn scores(
 }
 
 /// Y `[batch, q_heads, q_seq, dv]` = P·V per KV head through cuBLAS.
-fn weighted_values(
+pub(super) fn weighted_values(
     gpu: &Gpu,
     q: &Heads,
     v: &Heads,

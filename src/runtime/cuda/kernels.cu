@@ -1718,3 +1718,35 @@ extern "C" __global__ void where_flat_f32(const unsigned char* cond, const float
         y[i] = cond[flat_at(i, c_len, n)] ? a[flat_at(i, a_len, n)] : b[flat_at(i, b_len, n)];
     }
 }
+
+// ---- MatMulNBits (src/runtime/cuda/nbits.rs) ----
+
+// W [n, k] from MatMulNBits' packed weight: element (col, j) is value j % block of block
+// j / block of column col (`bits` bits, low bits first in each byte, `blob` bytes a block),
+// less its zero point, times its scale (one per column and block). Zero points: zero_kind 0
+// the default 2^(bits-1), 1 floats [n · blocks], 2 packed like the values, `zp_row` bytes a
+// column. The CPU kernel's arithmetic, in its order.
+extern "C" __global__ void dequant_nbits_f32(const unsigned char* packed, const float* scales,
+                                             const unsigned char* zp_packed,
+                                             const float* zp_float, float* w, long long n,
+                                             long long k, long long block, long long blob,
+                                             int bits, int zero_kind, long long zp_row) {
+    long long blocks = (k + block - 1) / block;
+    long long per_byte = 8 / bits;
+    int mask = (1 << bits) - 1;
+    GRID_STRIDE(e, n * k) {
+        long long col = e / k, j = e % k, b = j / block, i = j % block;
+        int byte = packed[(col * blocks + b) * blob + i / per_byte];
+        int q = (byte >> ((i % per_byte) * bits)) & mask;
+        float zero;
+        if (zero_kind == 1) {
+            zero = zp_float[col * blocks + b];
+        } else if (zero_kind == 2) {
+            int zb = zp_packed[col * zp_row + b / per_byte];
+            zero = (float)((zb >> ((b % per_byte) * bits)) & mask);
+        } else {
+            zero = (float)(1 << (bits - 1));
+        }
+        w[e] = ((float)q - zero) * scales[col * blocks + b];
+    }
+}

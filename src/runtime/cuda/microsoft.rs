@@ -28,6 +28,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => {
             skip_layer_norm(gpu, ctx, args)
         }
+        "Attention" => super::ms_attention::attention(gpu, ctx, args),
+        "RotaryEmbedding" => super::ms_attention::rotary_embedding(gpu, ctx, args),
+        "MatMulNBits" => super::nbits::matmul_nbits(gpu, ctx, args),
         _ => Ok(None),
     }
 }

@@ -36,6 +36,8 @@ mod microsoft;
 mod ml;
 mod moments;
 mod movement_ops;
+mod ms_attention;
+mod nbits;
 mod ops;
 mod quant;
 mod recurrent;

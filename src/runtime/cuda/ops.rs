@@ -90,6 +90,8 @@ pub(super) struct Functions {
     pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
     pub(super) flat: super::flat::Kernels,
+    /// MatMulNBits' weight expansion (`nbits.rs`).
+    pub(super) nbits: super::nbits::Kernels,
 }
 
 impl Functions {
@@ -145,6 +147,7 @@ impl Functions {
             one_hot: f("one_hot_f32")?,
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
+            nbits: super::nbits::Kernels::load(module)?,
         })
     }
 }
