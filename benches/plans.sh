@@ -20,8 +20,14 @@ rounds="${1:-6}"
 select="${SELECT:-10}"
 bin="${PIPECUT_BIN:-target/release/pipecut}"
 [[ -n "${PIPECUT_BIN:-}" ]] || cargo build --release -q
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# PLANS_OUT=DIR keeps each model's profile and bench JSON (the selection's candidates among them).
+if [[ -n "${PLANS_OUT:-}" ]]; then
+  out="$PLANS_OUT"
+  mkdir -p "$out"
+else
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
 
 # model path, then its dims (one micro-batch)
 models=(

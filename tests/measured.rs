@@ -303,6 +303,39 @@ fn short_names_two_profiles_share_are_refused_with_the_choices() {
 }
 
 #[test]
+fn bench_plans_reports_what_the_selection_ran() {
+    let (code, out, err) = pipecut(&[
+        "bench-plans",
+        GPT2,
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=16",
+        "--rounds",
+        "1",
+        "--microbatches",
+        "2",
+        "--select-by-running",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let candidates = report["selection"]["candidates"].as_array().unwrap();
+    assert_eq!(candidates[0]["origin"], "cost model's optimum", "{out}");
+    assert!(candidates.len() >= 2, "{out}");
+    let chosen = candidates.iter().filter(|c| c["chosen"] == true).count();
+    assert_eq!(chosen, 1, "{out}");
+    // The plan benchmarked first is the one the selection chose.
+    let first = report["rows"][0]["plan"].as_str().unwrap();
+    assert_eq!(
+        candidates[0]["chosen"] == true,
+        first == "pipecut",
+        "{first}: {out}"
+    );
+}
+
+#[test]
 fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
     let (code, out, err) = pipecut(&[
         "bench-plans",
@@ -319,6 +352,10 @@ fn bench_plans_runs_the_optimisers_plan_and_the_baselines() {
     ]);
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        report.get("selection").is_none(),
+        "no selection asked: {out}"
+    );
     let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows[0]["plan"], "pipecut");
     assert_eq!(rows[0]["measured_ratio"], 1.0);

@@ -21,6 +21,7 @@ use pipecut::cost::measured::percentiles;
 use pipecut::cost::{Catalog, Cluster};
 use pipecut::graph::NodeId;
 use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount, StageId};
+use pipecut::plan::MeasuredSelection;
 use pipecut::runtime::paired::run_paired_rounds;
 use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 use serde::Serialize;
@@ -97,6 +98,9 @@ struct Report {
     /// Whether that exceeded a quarter of a core: the figures are then not trustworthy.
     busy: bool,
     rows: Vec<Row>,
+    /// With `--select-by-running`: the plans the selection ran and what each measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    selection: Option<MeasuredSelection>,
 }
 
 pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
@@ -117,7 +121,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         &dims,
         &super::measured::device_names(&cluster),
     )?;
-    let candidates = candidates(
+    let (candidates, selection) = candidates(
         &model.graph,
         path,
         &cluster,
@@ -164,6 +168,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
         other_cores,
         busy: other_cores.is_some_and(|c| c > BUSY_CORES),
         rows,
+        selection,
     };
     if args.json {
         print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"))?;
@@ -174,14 +179,15 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The optimiser's plan (chosen by running its rivals with `select_rounds`), the cost model's
-/// optimum where that is another, then each baseline that could make the stages.
+/// optimum where that is another, then each baseline that could make the stages; and what the
+/// selection measured.
 fn candidates(
     graph: &pipecut::graph::Graph,
     model_path: &std::path::Path,
     cluster: &Cluster,
     (stages, microbatches): (usize, usize),
     select_rounds: Option<u32>,
-) -> anyhow::Result<Vec<Candidate>> {
+) -> anyhow::Result<(Vec<Candidate>, Option<MeasuredSelection>)> {
     let config = PartitionConfig {
         stages: StageCount::Fixed(stages),
         settings: CostSettings {
@@ -192,9 +198,10 @@ fn candidates(
     };
     let mut solution = Planner::new(graph, cluster).with_config(config).solve()?;
     let optimum = solution.stage_of.clone();
-    if let Some(rounds) = select_rounds {
-        super::select::select(graph, model_path, cluster, &mut solution, rounds)?;
-    }
+    let selection = match select_rounds {
+        Some(rounds) => super::select::select(graph, model_path, cluster, &mut solution, rounds)?,
+        None => None,
+    };
     let problem = &solution.problem;
     let candidate = |name: &str, stage_of: &[StageId]| Candidate {
         name: name.to_string(),
@@ -219,7 +226,7 @@ fn candidates(
             ));
         }
     }
-    Ok(out)
+    Ok((out, selection))
 }
 
 fn shares(values: &[f64]) -> Vec<f64> {
@@ -347,5 +354,8 @@ fn table(report: &Report) -> String {
         ),
         None => "\nhow busy the rest of the machine was is unknown on this platform\n".into(),
     };
+    if let Some(selection) = &report.selection {
+        out += &format!("\n{}", super::select::selection_text(selection));
+    }
     out
 }

@@ -24,9 +24,10 @@ use pipecut::plan::{MeasuredSelection, MovedNode, SelectionCandidate};
 use pipecut::runtime::paired::{run_paired_rounds, PairedRuns};
 use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 
-/// Rivals predicted slower than the optimum by more than this are not run: the stage shares the
-/// profile predicts were within 3.6 points of the measured ones on every model benchmarked.
-pub const RIVAL_SLACK: f64 = 0.05;
+/// Rivals predicted slower than the optimum by more than this are not run. The profile's
+/// ratios between two plans were off by up to 8.5% on magika (a rival predicted 2–6% slower
+/// measured 1–6% faster, docs/benchmarks.md), so 5% missed it in some runs.
+pub const RIVAL_SLACK: f64 = 0.10;
 /// Each step of a move carries at least this share of the bottleneck, so that it changes what a
 /// stage does.
 pub const MIN_MOVED_SHARE: f64 = 0.02;
@@ -40,7 +41,7 @@ pub const WIN_MARGIN: f64 = 0.01;
 pub struct SelectArgs {
     /// Run the cost model's optimum and its nearest rivals (each stage boundary moved across
     /// the nodes beside it, either way, by up to three steps that each carry another 2% of the
-    /// bottleneck; those predicted within 5% of it) on this machine's CPU runtime, one pinned core per stage, in
+    /// bottleneck; those predicted within 10% of it) on this machine's CPU runtime, one pinned core per stage, in
     /// this many paired rounds, and keep a rival faster by 1% in the median round and in enough
     /// rounds to pass a one-sided sign test at 5% (all of 6, 9 of 10, 15 of 20).
     /// Needs the model's weights, CPU stages and no more stages than cores.
