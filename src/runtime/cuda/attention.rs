@@ -403,7 +403,27 @@ pub(super) fn rotary_embedding(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> 
     let Some(rows) = cache_rows(gpu, args, &cos.shape, (batch, seq), cached)? else {
         return Ok(None);
     };
-    let rows = gpu.upload(&rows)?;
+    launch_rotary(
+        gpu,
+        [&x, &cos, &sin],
+        &rows,
+        [seq, heads, size, rotary],
+        rank4,
+        ctx,
+    )
+}
+
+/// Rotates `x` by the cache rows `rows` (batch · seq of them, each below the caches' row count:
+/// the callers check it) with `rotary_f32`; shared by the opset-23 and com.microsoft ops.
+pub(super) fn launch_rotary(
+    gpu: &Gpu,
+    [x, cos, sin]: [&DeviceTensor; 3],
+    rows: &[i64],
+    [seq, heads, size, rotary]: [usize; 4],
+    rank4: bool,
+    ctx: &Ctx,
+) -> OpResult {
+    let rows = gpu.upload(rows)?;
     let n = numel(&x.shape);
     let mut out = gpu.alloc(n)?;
     let [n_i, seq_i, heads_i, size_i, rotary_i] = [n, seq, heads, size, rotary].map(|v| v as i64);
@@ -423,7 +443,7 @@ pub(super) fn rotary_embedding(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> 
         .arg(&rank4)
         .arg(&interleaved);
     // SAFETY: argument types match `rotary_f32`; every cache row index is below the caches'
-    // row count (checked in `cache_rows`) and `rows` holds batch · seq of them.
+    // row count (the callers check it) and `rows` holds batch · seq of them.
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     Ok(Some(vec![Value::Device(DeviceTensor::new(
         x.shape.clone(),

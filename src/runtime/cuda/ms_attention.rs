@@ -10,10 +10,8 @@
 //! additive mask, built on the host where `mask_index` (integers) lives. A `past` state, and
 //! anything the CPU kernel would reject, are left to it.
 
-use cudarc::driver::PushKernelArg;
-
-use super::attention::{scores, weighted_values, Heads, Mask, RowOptions};
-use super::ops::{contiguous_strides, cuda_error, device, host, numel, Gpu, OpResult};
+use super::attention::{launch_rotary, scores, weighted_values, Heads, Mask, RowOptions};
+use super::ops::{contiguous_strides, device, host, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::Ctx;
 
@@ -72,32 +70,14 @@ pub(super) fn rotary_embedding(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> 
     if rows.iter().any(|&r| r < 0 || r as usize >= cached) {
         return Ok(None);
     }
-    let rows = gpu.upload(&rows)?;
-    let n = numel(&x.shape);
-    let mut out = gpu.alloc(n)?;
-    let [n_i, seq_i, heads_i, size_i, rotary_i] = [n, seq, heads, size, rotary].map(|v| v as i64);
-    let (rank4, interleaved) = (rank4 as i32, (ctx.int("interleaved", 0) != 0) as i32);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.attention.rotary);
-    launch
-        .arg(&*x.data)
-        .arg(&*cos.data)
-        .arg(&*sin.data)
-        .arg(&rows)
-        .arg(&mut out)
-        .arg(&n_i)
-        .arg(&seq_i)
-        .arg(&heads_i)
-        .arg(&size_i)
-        .arg(&rotary_i)
-        .arg(&rank4)
-        .arg(&interleaved);
-    // SAFETY: argument types match `rotary_f32`; every cache row is below the caches' row
-    // count (checked above) and `rows` holds batch · seq of them.
-    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-    Ok(Some(vec![Value::Device(DeviceTensor::new(
-        x.shape.clone(),
-        out,
-    ))]))
+    launch_rotary(
+        gpu,
+        [&x, &cos, &sin],
+        &rows,
+        [seq, heads, size, rotary],
+        rank4,
+        ctx,
+    )
 }
 
 /// The sizes of one com.microsoft Attention node.
