@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
 
-use super::ops::{contiguous_strides, cuda_error, device, host, numel, Gpu, OpResult};
+use super::ops::{contiguous_strides, cuda_error, device, host, kernel, numel, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{Ctx, RotaryCacheRows};
@@ -29,11 +29,7 @@ pub(super) struct Kernels {
 
 impl Kernels {
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-        };
+        let f = |name: &str| kernel(module, name);
         Ok(Kernels {
             softmax: f("attention_softmax_f32")?,
             rotary: f("rotary_f32")?,

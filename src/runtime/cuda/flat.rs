@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
 
-use super::ops::{cuda_error, numel, Gpu};
+use super::ops::{cuda_error, kernel, numel, Gpu};
 use super::DeviceTensor;
 
 /// The fast-path kernels of one device.
@@ -24,11 +24,7 @@ pub(super) struct Kernels {
 
 impl Kernels {
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-        };
+        let f = |name: &str| kernel(module, name);
         Ok(Kernels {
             binary: f("binary_flat_f32")?,
             compare: f("mask_binary_flat_f32")?,

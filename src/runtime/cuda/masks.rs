@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
 
-use super::ops::{broadcast_strides, cuda_error, dims, numel, one, Gpu, OpResult};
+use super::ops::{broadcast_strides, cuda_error, dims, kernel, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{broadcast_shapes, Ctx};
@@ -33,11 +33,7 @@ pub(super) struct Kernels {
 
 impl Kernels {
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-        };
+        let f = |name: &str| kernel(module, name);
         Ok(Kernels {
             binary: f("mask_binary_f32")?,
             unary: f("mask_unary_f32")?,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, PushKernelArg};
 
 use super::layout_ops::gather_along;
-use super::ops::{cuda_error, device, host, one, Gpu, OpResult};
+use super::ops::{cuda_error, device, host, kernel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{Ctx, Forest, TreeBranch, TreeTest};
@@ -30,11 +30,7 @@ pub(super) struct Kernels {
 
 impl Kernels {
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-        };
+        let f = |name: &str| kernel(module, name);
         Ok(Kernels {
             binarize: f("binarize_f32")?,
             tree_leaves: f("tree_leaves_f32")?,

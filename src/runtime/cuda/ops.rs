@@ -97,11 +97,7 @@ pub(super) struct Functions {
 impl Functions {
     /// Looks up every kernel in the module compiled from `kernels.cu`.
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Functions, String> {
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-        };
+        let f = |name: &str| kernel(module, name);
         Ok(Functions {
             unary: f("unary_f32")?,
             binary: f("binary_f32")?,
@@ -1442,6 +1438,13 @@ fn einsum(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     // against their shapes by `einsum_loops`.
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     one(DeviceTensor::new(loops.out_shape, out))
+}
+
+/// `name` from the compiled module, or why it is not there.
+pub(super) fn kernel(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, String> {
+    module
+        .load_function(name)
+        .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
 }
 
 #[cfg(test)]
