@@ -668,6 +668,54 @@ fn tensors_cross_stages_on_the_device_without_the_host() {
     }
 }
 
+/// Small uploads and large downloads go through page-locked memory (`staging.rs`), so that an
+/// upload does not wait for the stream, and the outputs come back once every micro-batch is
+/// launched; the outputs are those of the pageable copies and of the CPU runtime. `PIPECUT_CUDA_HOST_TIMES=spans` reports each op's host and device time.
+#[cfg(feature = "cuda")]
+#[test]
+fn copies_go_through_page_locked_memory_and_change_no_output() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let (_, dims, _) = reference_run("gpt2_tiny");
+    let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(dir.path(), model, 2, &dims);
+    let extra = ["--microbatches".to_string(), "3".to_string()];
+    let cpu = dir.path().join("cpu");
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    for pinned in ["on", "off"] {
+        let stats = dir.path().join(format!("stats.{pinned}.json"));
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+        env.push(("PIPECUT_CUDA_PINNED".into(), pinned.into()));
+        env.push(("PIPECUT_CUDA_HOST_TIMES".into(), "spans".into()));
+        let out = dir.path().join(pinned);
+        let (code, _, err) = try_run_plan(&plan, model, "cuda", &extra, &out, &env);
+        assert_eq!(code, 0, "{err}");
+        assert_same_outputs(&format!("pinned {pinned}"), &out, &cpu);
+        let copies: Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let page_locked = copies["page_locked"].as_u64().unwrap();
+        if pinned == "on" {
+            // The token ids, the masks and the 1 MB of logits each micro-batch at least.
+            assert!(page_locked >= 3 * 2, "{copies}");
+        } else {
+            assert_eq!(page_locked, 0, "{copies}");
+        }
+        // The outputs come back after the last micro-batch is launched, not in between
+        // (`resident.rs`: the stage does not wait for the device between micro-batches).
+        assert_eq!(copies["launches_after_download"], 0, "{copies}");
+        assert!(err.contains("host times per micro-batch (3)"), "{err}");
+        let matmul = err
+            .lines()
+            .find(|l| l.trim_start().starts_with("MatMul: host"))
+            .unwrap_or_else(|| panic!("no MatMul line: {err}"));
+        assert!(matmul.contains(" device "), "{matmul}");
+    }
+}
+
 /// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
 /// stages moves between devices.
 #[cfg(feature = "cuda")]

@@ -28,6 +28,9 @@ struct Handle {
     void* context;
     void* stream = nullptr;
     int pointer_mode = 0;
+    // A user workspace (cublasSetWorkspace): cuBLAS writes into it in later calls.
+    uint64_t workspace = 0;
+    size_t workspace_bytes = 0;
 };
 
 std::set<Handle*>& handles() {
@@ -75,6 +78,12 @@ int gemm_batched(Handle* h, int transa, int transb, int m, int n, int k, const f
         return INVALID_VALUE;
     }
     if (h->pointer_mode != 0) return INVALID_VALUE;  // alpha and beta are host pointers here
+    // A workspace freed while the handle still holds it is written to by the next product.
+    if (h->workspace_bytes &&
+        !pc_fake_check_range(h->context, h->stream, h->workspace, h->workspace_bytes,
+                             "cuBLAS workspace")) {
+        return EXECUTION_FAILED;
+    }
     for (int p = 0; p < batch; ++p) {
         const float* ap = a + p * stride_a;
         const float* bp = b + p * stride_b;
@@ -138,6 +147,21 @@ int cublasSetStream_v2(Handle* handle, void* stream) {
         return INVALID_VALUE;
     }
     handle->stream = stream;
+    // cuBLAS documents that setting the stream resets the workspace to its own.
+    handle->workspace = 0;
+    handle->workspace_bytes = 0;
+    return SUCCESS;
+}
+
+int cublasSetWorkspace_v2(Handle* handle, void* workspace, size_t bytes) {
+    if (!handles().count(handle)) return NOT_INITIALIZED;
+    uint64_t ptr = reinterpret_cast<uint64_t>(workspace);
+    if (bytes && !pc_fake_check_range(handle->context, handle->stream, ptr, bytes,
+                                      "cuBLAS workspace")) {
+        return INVALID_VALUE;
+    }
+    handle->workspace = ptr;
+    handle->workspace_bytes = bytes;
     return SUCCESS;
 }
 

@@ -23,6 +23,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -71,6 +72,7 @@ enum Result : int {
     UNSUPPORTED_PTX_VERSION = 222,
     INVALID_HANDLE = 400,
     NOT_FOUND = 500,
+    NOT_READY = 600,
     ILLEGAL_ADDRESS = 700,
     LAUNCH_OUT_OF_RESOURCES = 701,
     LAUNCH_FAILED = 719,
@@ -127,6 +129,10 @@ struct Stream {
 struct Event {
     Context* context;
     Clocks snapshot;  // what the recording stream had done and seen
+    bool timed = false;  // created without CU_EVENT_DISABLE_TIMING
+    bool recorded = false;
+    // When it was recorded: work runs at its launch here, so host time stands for device time.
+    std::chrono::steady_clock::time_point at;
 };
 
 struct Function;
@@ -164,6 +170,12 @@ struct Driver {
     std::vector<std::unique_ptr<Device>> devices;
     std::set<Stream*> streams;
     std::set<Event*> events;
+    std::map<const char*, size_t> page_locked;  // cuMemHostAlloc's blocks by start
+    // Copies whose host side lies in a page-locked block.
+    unsigned long long page_locked_copies = 0;
+    // Launches after the first device-to-host copy (whether outputs wait for the run's end).
+    bool downloaded = false;
+    unsigned long long launches_after_download = 0;
     std::set<Module*> modules;
     std::map<uint64_t, Allocation> live;  // by start address
     std::deque<std::pair<void*, size_t>> quarantine;
@@ -293,9 +305,11 @@ void write_stats() {
     if (FILE* f = std::fopen(path, "w")) {
         std::fprintf(f,
                      "{\"host_to_device\": %llu, \"device_to_host\": %llu, "
-                     "\"device_to_device\": %llu, \"peer\": %llu, "
+                     "\"device_to_device\": %llu, \"peer\": %llu, \"page_locked\": %llu, "
+                     "\"launches_after_download\": %llu, "
                      "\"pool_release_threshold\": [%s], \"launches\": {%s}}\n",
                      d.host_to_device, d.device_to_host, d.device_to_device, d.peer,
+                     d.page_locked_copies, d.launches_after_download,
                      pools.c_str(), launches.c_str());
         std::fclose(f);
     }
@@ -931,8 +945,8 @@ CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
 CUresult cuEventCreate(void** event, unsigned flags) {
     Guard g(driver().lock);
     if (int r = need_context()) return r;
-    (void)flags;
     auto* e = new Event{current};
+    e->timed = !(flags & 0x2);  // CU_EVENT_DISABLE_TIMING
     driver().events.insert(e);
     *event = e;
     return SUCCESS;
@@ -947,6 +961,52 @@ CUresult cuEventRecord(void* event, void* stream) {
     if (e->context != s->context) return INVALID_CONTEXT;
     e->snapshot = s->seen;
     if (s->id) e->snapshot[s->id] = s->clock;
+    e->recorded = true;
+    e->at = std::chrono::steady_clock::now();
+    return SUCCESS;
+}
+
+// Whether [host, host + bytes) lies in one page-locked block.
+static bool is_page_locked(const void* host, size_t bytes) {
+    const char* p = static_cast<const char*>(host);
+    auto& blocks = driver().page_locked;
+    auto it = blocks.upper_bound(p);
+    if (it == blocks.begin()) return false;
+    --it;
+    return p + bytes <= it->first + it->second;
+}
+
+// As the driver: both events recorded, in one context, neither without timing.
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+    Guard g(driver().lock);
+    auto* a = static_cast<Event*>(start);
+    auto* b = static_cast<Event*>(end);
+    if (!driver().events.count(a) || !driver().events.count(b)) return INVALID_HANDLE;
+    if (a->context != b->context) return INVALID_CONTEXT;
+    if (!a->timed || !b->timed) return INVALID_HANDLE;
+    if (!a->recorded || !b->recorded) return NOT_READY;
+    *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+    return SUCCESS;
+}
+
+// Page-locked host memory is plain host memory here; freeing a pointer it did not give fails
+// as the driver's does.
+CUresult cuMemHostAlloc(void** ptr, size_t bytes, unsigned flags) {
+    Guard g(driver().lock);
+    if (int r = need_context()) return r;
+    (void)flags;
+    if (bytes == 0) return INVALID_VALUE;
+    void* block = std::malloc(bytes);
+    if (!block) return OUT_OF_MEMORY;
+    driver().page_locked[static_cast<const char*>(block)] = bytes;
+    *ptr = block;
+    return SUCCESS;
+}
+
+CUresult cuMemFreeHost(void* ptr) {
+    Guard g(driver().lock);
+    if (!driver().page_locked.erase(static_cast<const char*>(ptr))) return INVALID_VALUE;
+    std::free(ptr);
     return SUCCESS;
 }
 
@@ -1027,6 +1087,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, vo
     if (int r = copy_check(dst, bytes, "host-to-device copy")) return r;
     if (int r = order_copy(s, current->device, dst, bytes, "host-to-device copy")) return r;
     ++driver().host_to_device;
+    if (is_page_locked(src, bytes)) ++driver().page_locked_copies;
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     return SUCCESS;
 }
@@ -1042,6 +1103,8 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* st
     if (int r = copy_check(src, bytes, "device-to-host copy")) return r;
     if (int r = order_copy(s, current->device, src, bytes, "device-to-host copy")) return r;
     ++driver().device_to_host;
+    driver().downloaded = true;
+    if (is_page_locked(dst, bytes)) ++driver().page_locked_copies;
     std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
     return SUCCESS;
 }
@@ -1196,6 +1259,7 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
     }
     if (extra) return INVALID_VALUE;
     ++driver().launches_of[f->kernel->name];
+    if (driver().downloaded) ++driver().launches_after_download;
     if (++driver().launches == driver().fault_at_launch) {
         fault(current, std::string(f->kernel->name) + ": fault injected at launch " +
                            std::to_string(driver().launches) + " (PC_FAKE_CUDA_FAULT_AT_LAUNCH)");

@@ -27,6 +27,7 @@ mod conv3d;
 mod deform_conv;
 mod flat;
 mod grid_sample;
+mod host_times;
 mod index_ops;
 mod layout_ops;
 mod linalg;
@@ -47,6 +48,7 @@ mod resize;
 mod roi_align;
 mod row_ops;
 mod spectral;
+mod staging;
 mod top_k;
 mod window_ops;
 
@@ -260,10 +262,10 @@ impl Value {
                     if let Some(copy) = uploaded.get() {
                         return Ok(Some(copy.clone()));
                     }
-                    let data = gpu
-                        .stream
-                        .clone_htod(v)
-                        .map_err(|e| format!("CUDA host-to-device copy: {e}"))?;
+                    let data = host_times::timed(host_times::Part::Upload, || {
+                        staging::upload(gpu.stream, v)
+                    })
+                    .map_err(|e| format!("CUDA host-to-device copy: {e}"))?;
                     let copy = DeviceTensor::new(t.shape().to_vec(), data);
                     Ok(Some(uploaded.get_or_init(|| copy).clone()))
                 }
@@ -278,8 +280,7 @@ impl Value {
         match self {
             Value::Host(t, _) => Ok(Arc::clone(t)),
             Value::Device(t) => {
-                let values = stream
-                    .clone_dtoh(&*t.data)
+                let values = staging::download(stream, &t.data)
                     .map_err(|e| format!("CUDA device-to-host copy: {e}"))?;
                 let data = if t.mask {
                     TensorData::Bool(values.into_iter().map(|v| v != 0.0).collect())
@@ -362,6 +363,8 @@ pub struct CudaStage {
     stream: Arc<CudaStream>,
     /// Dropped by hand: see `Drop`.
     blas: ManuallyDrop<CudaBlas>,
+    /// cuBLAS's workspace (`give_cublas_a_workspace`), dropped after the handle.
+    _blas_workspace: Option<CudaSlice<u8>>,
     /// Float weights as host values whose device copy is already made: device ops read the
     /// copy, and a host fallback or an op's host-side operand (Clip's bounds, Resize's scales)
     /// the host tensor, with no download.
@@ -607,6 +610,43 @@ fn runs_gemm(op_type: &str) -> bool {
 /// on an H200 (the library loading its kernels: `benches/gpu/cold_start.sh`), which would
 /// otherwise land in the first micro-batch of the first stage that multiplies and make the
 /// pipeline's start look like a slow stage.
+/// A workspace of our own for the stage's cuBLAS handle, as NVIDIA recommends for Hopper
+/// (32 MiB; 4 MiB before it): without one, cuBLAS takes its workspace from its own pool.
+/// `PIPECUT_CUBLAS_WORKSPACE=0` leaves cuBLAS its own (to compare on a GPU).
+fn give_cublas_a_workspace(
+    stream: &Arc<CudaStream>,
+    blas: &CudaBlas,
+) -> Result<Option<CudaSlice<u8>>, String> {
+    use cudarc::driver::DevicePtr;
+    if std::env::var("PIPECUT_CUBLAS_WORKSPACE").is_ok_and(|v| v == "0") {
+        return Ok(None);
+    }
+    let major = stream
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .map_err(|e| e.to_string())?;
+    let bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
+    let workspace = stream.alloc_zeros::<u8>(bytes).map_err(|e| e.to_string())?;
+    {
+        let (pointer, _guard) = workspace.device_ptr(stream);
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| e.to_string())?;
+        // SAFETY: the handle is live and the buffer outlives it (dropped after it in the stage).
+        unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                pointer as *mut std::ffi::c_void,
+                bytes,
+            )
+        }
+        .result()
+        .map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(Some(workspace))
+}
+
 fn warm_up_cublas(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
     use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
     const N: i32 = 8;
@@ -652,14 +692,19 @@ impl Executor for CudaExecutor<'_> {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| {
             Self::stage_error(spec.index, format!("cannot create a cuBLAS handle: {e:?}"))
         })?;
-        if spec
+        let multiplies = spec
             .nodes
             .iter()
-            .any(|&n| runs_gemm(&graph.node(n).op_type))
-        {
+            .any(|&n| runs_gemm(&graph.node(n).op_type));
+        let blas_workspace = if multiplies {
+            let workspace = give_cublas_a_workspace(&stream, &blas)
+                .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS workspace: {e}")))?;
             warm_up_cublas(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS warm-up: {e}")))?;
-        }
+            workspace
+        } else {
+            None
+        };
         let steps = plan_device_steps(graph, spec)?;
         let mut read_weights: Vec<TensorId> = spec
             .nodes
@@ -682,6 +727,7 @@ impl Executor for CudaExecutor<'_> {
             device,
             stream,
             blas: ManuallyDrop::new(blas),
+            _blas_workspace: blas_workspace,
             weights,
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
@@ -839,6 +885,7 @@ impl CudaExecutor<'_> {
                 output_dtypes: &step.output_dtypes,
             };
             let began = std::time::Instant::now();
+            let device_start = host_times::mark(&stage.stream);
             let results: Vec<Value> = match step.kernel {
                 StepKernel::Flow(flow) => {
                     let scope = |name: &str| {
@@ -859,7 +906,7 @@ impl CudaExecutor<'_> {
                     .run_tensor_node(stage, gpu, &ctx, kernel, &args)
                     .map_err(kernel_error)?,
             };
-            drop(args);
+            host_times::timed(host_times::Part::Release, || drop(args));
             if let Some(observe) = observe.as_mut() {
                 stage
                     .stream
@@ -878,8 +925,14 @@ impl CudaExecutor<'_> {
                     env.insert(*id, value);
                 }
             }
-            for t in &step.frees {
-                env.remove(t);
+            host_times::timed(host_times::Part::Release, || {
+                for t in &step.frees {
+                    env.remove(t);
+                }
+            });
+            if host_times::enabled() {
+                host_times::span(&node.op_type, device_start, &stage.stream);
+                host_times::node(&node.op_type, began);
             }
         }
         Ok(env)

@@ -165,13 +165,17 @@ pub(super) fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> 
 impl Gpu<'_> {
     pub(super) fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, String> {
         // SAFETY: every kernel writing into the buffer writes each of its `n` elements.
-        unsafe { self.stream.alloc::<f32>(n) }.map_err(cuda_error("allocation"))
+        super::host_times::timed(super::host_times::Part::Alloc, || unsafe {
+            self.stream.alloc::<f32>(n)
+        })
+        .map_err(cuda_error("allocation"))
     }
 
     pub(super) fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>, String> {
-        self.stream
-            .clone_htod(values)
-            .map_err(cuda_error("host-to-device copy"))
+        super::host_times::timed(super::host_times::Part::Upload, || {
+            super::staging::upload(self.stream, values)
+        })
+        .map_err(cuda_error("host-to-device copy"))
     }
 
     /// An element-wise launch over `n` items.
@@ -311,8 +315,10 @@ impl Gpu<'_> {
             .map_err(cuda_error("context"))?;
         // SAFETY: the buffers hold `batch` matrices of the sizes in `config` (or one, with a zero
         // stride), as the callers build them.
-        unsafe { self.blas.gemm_strided_batched(config, b, a, c) }
-            .map_err(|e| format!("cuBLAS gemm: {e:?}"))
+        super::host_times::timed(super::host_times::Part::Gemm, || unsafe {
+            self.blas.gemm_strided_batched(config, b, a, c)
+        })
+        .map_err(|e| format!("cuBLAS gemm: {e:?}"))
     }
 }
 

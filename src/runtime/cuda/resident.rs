@@ -6,12 +6,20 @@
 //! stage k+1: stream k+1 waits for `ready` (no host wait) ── a tensor of another GPU is copied
 //!            peer to peer on stream k+1 ── run ── each received buffer's own stream waits for
 //!            stream k+1 before the buffer is released (it is freed on the stream that made it)
-//! last stage: its sends come back to the host (the one synchronisation per micro-batch)
+//! last stage: its sends come back to the host once every micro-batch is launched (up to
+//!             `DEFERRED_OUTPUT_BYTES` of them; past that, each as it is made)
 //! ```
+//!
+//! Bringing a micro-batch's outputs back as soon as its last stage has launched its work made
+//! that stage's thread wait for the device before launching the next micro-batch, so the
+//! device sat idle while the host launched and the host while the device ran: gpt2_tiny's one
+//! stage on an H200 spent 0.6–0.9 ms of its 2.0–2.5 ms per micro-batch waiting on that download
+//! (`benches/gpu/host_times.sh`).
 //!
 //! Integer and boolean tensors (shapes, masks) were on the host all along and cross as they are.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, CudaEvent, DevicePtr};
@@ -20,6 +28,18 @@ use super::{CudaExecutor, CudaStage, DeviceTensor, Value};
 use crate::runtime::cpu::{pipeline_report, split_microbatches, stream_through};
 use crate::runtime::{PipelineOptions, PipelineReport, Tensors};
 use crate::Error;
+
+/// Outputs held on the device until the run's end, at most: a run whose outputs are larger
+/// brings the rest back as they are made. `PIPECUT_CUDA_DEFER=off` holds none (to compare).
+const DEFERRED_OUTPUT_BYTES: u64 = 512 << 20;
+
+fn deferred_output_bytes() -> u64 {
+    static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| match std::env::var("PIPECUT_CUDA_DEFER") {
+        Ok(v) if v == "off" => 0,
+        _ => DEFERRED_OUTPUT_BYTES,
+    })
+}
 
 /// A micro-batch between stages: its tensors wherever they are, and an event recorded on the
 /// producing stage's stream after its work (none for the pipeline's host inputs).
@@ -49,37 +69,31 @@ impl CudaExecutor<'_> {
             })
             .collect();
         let last = stages.len().saturating_sub(1);
+        let deferred = AtomicU64::new(0);
         let start = std::time::Instant::now();
         let run = |stage: &CudaStage, batch: Resident| {
-            self.run_resident(stage, batch, stage.spec.index == last)
+            let last = (stage.spec.index == last).then_some(&deferred);
+            self.run_resident(stage, batch, last)
         };
         let (collected, busy) = stream_through(stages, batches, &run, PipelineOptions::default())?;
-        let wall_secs = start.elapsed().as_secs_f64();
         let collected: Vec<Tensors> = collected?
             .into_iter()
-            .map(|batch| {
-                batch
-                    .values
-                    .into_iter()
-                    .map(|(name, value)| match value {
-                        Value::Host(t, _) => Ok((name, t)),
-                        Value::Device(_) | Value::Optional(_) => Err(Error::Cuda(format!(
-                            "the last stage sent '{name}' without bringing it to the host"
-                        ))),
-                    })
-                    .collect()
-            })
+            .map(bring_to_host)
             .collect::<Result<_, Error>>()?;
+        let wall_secs = start.elapsed().as_secs_f64();
+        super::host_times::report(microbatches, wall_secs);
         pipeline_report(&collected, &busy, wall_secs)
     }
 
     /// Runs one micro-batch on `stage` after the stage that made it, without waiting on the
-    /// host; the `last` stage brings its sends to the host.
+    /// host. The last stage (given the bytes of outputs it has left on the device so far)
+    /// brings its sends to the host once that total passes `DEFERRED_OUTPUT_BYTES`, and
+    /// otherwise leaves them for `bring_to_host`.
     fn run_resident(
         &self,
         stage: &CudaStage,
         inbound: Resident,
-        last: bool,
+        last: Option<&AtomicU64>,
     ) -> Result<Resident, Error> {
         let index = stage.spec.index;
         let fail = |what: &str, e: cudarc::driver::DriverError| {
@@ -104,18 +118,24 @@ impl CudaExecutor<'_> {
         let sends = self.run_values(stage, &inputs, None)?;
         drop(inputs);
         release(stage, inbound.values).map_err(|e| fail("cannot order a release", e))?;
-        if last {
+        let keep = last.is_some_and(|deferred| {
+            let bytes: u64 = sends.values().map(Value::byte_len).sum();
+            deferred.fetch_add(bytes, Ordering::Relaxed) + bytes <= deferred_output_bytes()
+        });
+        if last.is_some() && !keep {
             let mut host = BTreeMap::new();
             for (name, value) in &sends {
-                let t = value
-                    .to_host(&stage.stream)
-                    .map_err(|e| Self::stage_error(index, e))?;
+                let t = super::host_times::timed(super::host_times::Part::Download, || {
+                    value.to_host(&stage.stream)
+                })
+                .map_err(|e| Self::stage_error(index, e))?;
                 host.insert(name.clone(), Value::host(t));
             }
             // A tensor an earlier stage made and this one relays (a graph output made before
             // the last stage) is freed on its maker's stream once downloaded: ordered as any
             // received tensor.
             release(stage, sends).map_err(|e| fail("cannot order a release", e))?;
+            super::host_times::collect_spans();
             return Ok(Resident {
                 values: host,
                 ready: None,
@@ -125,6 +145,7 @@ impl CudaExecutor<'_> {
             .stream
             .record_event(None)
             .map_err(|e| fail("cannot record an event", e))?;
+        super::host_times::collect_spans();
         Ok(Resident {
             values: sends,
             ready: Some(ready),
@@ -164,6 +185,42 @@ fn peer_copy(
         data: Arc::new(copy),
         mask: t.mask,
     })
+}
+
+/// A micro-batch's outputs on the host: those the last stage left on the device are
+/// downloaded once its work is done, each on the stream that made it, then freed there (with
+/// that GPU's context current, as a free needs).
+fn bring_to_host(batch: Resident) -> Result<Tensors, Error> {
+    let fail = |e: String| Error::Cuda(format!("bringing the outputs back: {e}"));
+    if let Some(ready) = &batch.ready {
+        ready.synchronize().map_err(|e| fail(e.to_string()))?;
+    }
+    let mut host = Tensors::new();
+    for (name, value) in batch.values {
+        let t = match &value {
+            Value::Host(t, _) => Arc::clone(t),
+            Value::Device(d) => {
+                let stream = Arc::clone(d.data.stream());
+                let t = super::host_times::timed(super::host_times::Part::Download, || {
+                    value.to_host(&stream)
+                })
+                .map_err(fail)?;
+                stream
+                    .context()
+                    .bind_to_thread()
+                    .map_err(|e| fail(e.to_string()))?;
+                drop(value);
+                t
+            }
+            Value::Optional(_) => {
+                return Err(Error::Cuda(format!(
+                    "the last stage sent '{name}', an optional, where a tensor is needed"
+                )))
+            }
+        };
+        host.insert(name, t);
+    }
+    Ok(host)
 }
 
 /// Lets go of the tensors a stage received. A buffer is freed on the stream that made it when
