@@ -29,6 +29,7 @@ pub mod neighbours;
 pub mod parallelism;
 pub mod problem;
 mod reach;
+pub mod rivals;
 pub mod tensor_parallel;
 pub mod tensor_shard;
 pub mod torch_split;

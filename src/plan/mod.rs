@@ -22,7 +22,7 @@ mod stage_nodes;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
-pub use selection::{MeasuredSelection, MovedNode, SelectionCandidate};
+pub use selection::{MeasuredSelection, MovedNode, Runoff, SelectionCandidate};
 pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
 pub use stage_nodes::StageNodes;
 

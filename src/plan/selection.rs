@@ -20,15 +20,40 @@ pub struct MeasuredSelection {
     pub microbatches: u32,
     /// What chose: `"cpu runtime, one pinned core per stage"`.
     pub measured_on: String,
-    /// The cost model's optimum first, then its rivals.
+    /// The cost model's optimum first, then its rivals: its boundary moves, then the peers'
+    /// plans.
     pub candidates: Vec<SelectionCandidate>,
+    /// Where the rounds left a candidate measured faster than the one they chose without a
+    /// clear win, the second paired rounds between the two that settled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runoff: Option<Runoff>,
+}
+
+/// A second set of paired rounds between the candidate the first rounds chose and the one
+/// measured fastest against it; the challenger replaces it only by a clear win.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Runoff {
+    /// Counted paired rounds (after one warm-up round).
+    pub rounds: u32,
+    /// The candidate the first rounds chose (its index in `candidates`).
+    pub incumbent: u32,
+    /// The candidate measured fastest against it.
+    pub challenger: u32,
+    /// Median over these rounds of the challenger's bottleneck over the incumbent's (below 1:
+    /// faster).
+    pub measured_ratio: f64,
+    /// The smallest and largest per-round ratio.
+    pub measured_ratio_range: [f64; 2],
 }
 
 /// One plan that was run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SelectionCandidate {
-    /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier`.
+    /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier across 2
+    /// node(s) from 'x'`, `the plan of torchgpipe 0.0.7 balance_by_time`; `, also the plan of
+    /// …` where peers' plans are the same.
     pub origin: String,
     /// Whether the plan is this candidate.
     pub chosen: bool,
@@ -73,6 +98,16 @@ impl MeasuredSelection {
             .collect();
         if self.candidates.iter().filter(|c| c.chosen).count() != 1 {
             return bad("exactly one candidate must be chosen".into());
+        }
+        if let Some(runoff) = &self.runoff {
+            let pair = [runoff.incumbent, runoff.challenger];
+            let chosen = |i: u32| self.candidates.get(i as usize).map(|c| c.chosen);
+            if pair.iter().any(|&i| chosen(i).is_none()) || pair[0] == pair[1] {
+                return bad("the runoff names candidates that are not two of the list".into());
+            }
+            if pair.iter().all(|&i| chosen(i) == Some(false)) {
+                return bad("the runoff's winner is not the chosen candidate".into());
+            }
         }
         for (i, candidate) in self.candidates.iter_mut().enumerate() {
             if candidate.chosen && !candidate.moved.is_empty() {
