@@ -52,7 +52,8 @@ use crate::Error;
 /// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
 /// GPUs and weight slices, see [`shards`]; version 7 adds the interleaved and zero-bubble
 /// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d;
-/// version 8 records the plans `--select-by-running` measured, see [`selection`], and keeps
+/// version 8 records the plans `--select-by-running` measured and its optional runoff, see
+/// [`selection`], and keeps
 /// tensor-parallel blocks whole through a cut constraint) and refuses
 /// newer ones.
 pub const SCHEMA_VERSION: u32 = 8;
