@@ -71,7 +71,8 @@ for row in report["rows"]:
     lo, hi = row["measured_ratio_range"]
     others = report.get("other_cores")
     others = "?" if others is None else f"{others:.2f}" + (" busy" if report["busy"] else "")
-    print(f"| {name} | {row['plan']} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
+    plan = row["plan"] + (" (= pipecut)" if row.get("same_stages_as_pipecut") else "")
+    print(f"| {name} | {plan} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
           f"| {lo:.3f}–{hi:.3f} | {row['wall_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
           f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} | {others} |")
 PY

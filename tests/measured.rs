@@ -349,6 +349,19 @@ fn bench_plans_reports_what_the_selection_ran() {
         let at = |key: &str| &candidates[runoff[key].as_u64().unwrap() as usize];
         assert!(at("incumbent")["chosen"] == true || at("challenger")["chosen"] == true);
     }
+    // A peer's row runs the same stages as pipecut's exactly where the chosen candidate is
+    // (also) that peer's plan, and says so.
+    let chosen = candidates.iter().find(|c| c["chosen"] == true).unwrap();
+    for row in &report["rows"].as_array().unwrap()[1..] {
+        let plan = row["plan"].as_str().unwrap();
+        if !plan.starts_with("pipecut") {
+            assert_eq!(
+                row["same_stages_as_pipecut"] == true,
+                origin(chosen).contains(plan),
+                "{plan}: {out}"
+            );
+        }
+    }
     // The plan benchmarked first is the one the selection chose.
     let first = report["rows"][0]["plan"].as_str().unwrap();
     assert_eq!(
