@@ -63,7 +63,8 @@ pub struct SelectArgs {
 }
 
 /// Runs the candidates of `solution` (solved on `graph` of the model at `model_path`, over
-/// `cluster`) for `rounds` paired rounds and makes `solution` the fastest clear winner.
+/// `cluster`) for `rounds` paired rounds and makes `solution` the plan the rule keeps (the
+/// module's doc).
 /// Returns what was measured, or `None` when the optimum has no rival to run against.
 pub fn select(
     graph: &Graph,
@@ -90,23 +91,8 @@ pub fn select(
         .iter()
         .map(|(_, stage_of)| problem.evaluate(stage_of).bottleneck_secs)
         .collect();
-    let mut winner = runs.choose(&predicted, WIN_MARGIN);
-    let mut runoff = None;
-    if let Some(challenger) = runs.closest_challenger(winner) {
-        let pair = [winner, challenger];
-        let second = run_candidates(&prepared, &pair, rounds * RUNOFF_ROUNDS)?;
-        let ratios = second.ratios(1, 0);
-        runoff = Some(Runoff {
-            rounds: rounds * RUNOFF_ROUNDS,
-            incumbent: winner as u32,
-            challenger: challenger as u32,
-            measured_ratio: percentiles(&ratios).0,
-            measured_ratio_range: range(&ratios),
-        });
-        if second.clearly_beats(1, 0, WIN_MARGIN) {
-            winner = challenger;
-        }
-    }
+    let first_choice = runs.choose(&predicted, WIN_MARGIN);
+    let (winner, runoff) = settle_by_runoff(&prepared, &runs, first_choice, rounds)?;
     let chosen = candidates[winner].1.clone();
     let selection = MeasuredSelection {
         rounds,
@@ -198,6 +184,35 @@ fn candidates(graph: &Graph, solution: &Solution) -> Vec<(String, Vec<StageId>)>
     .into_iter()
     .map(|r| (r.origin, r.stage_of))
     .collect()
+}
+
+/// Where a candidate's median round against `kept` was faster, only not clearly, runs the two
+/// again for [`RUNOFF_ROUNDS`] times `rounds` and keeps the challenger only by a clear win
+/// there. Returns the plan kept and the runoff, where one ran.
+fn settle_by_runoff(
+    prepared: &Prepared,
+    runs: &PairedRuns,
+    kept: usize,
+    rounds: u32,
+) -> anyhow::Result<(usize, Option<Runoff>)> {
+    let Some(challenger) = runs.closest_challenger(kept) else {
+        return Ok((kept, None));
+    };
+    let rounds = rounds * RUNOFF_ROUNDS;
+    let second = run_candidates(prepared, &[kept, challenger], rounds)?;
+    let ratios = second.ratios(1, 0);
+    let runoff = Runoff {
+        rounds,
+        incumbent: kept as u32,
+        challenger: challenger as u32,
+        measured_ratio: percentiles(&ratios).0,
+        measured_ratio_range: range(&ratios),
+    };
+    let winner = match second.clearly_beats(1, 0, WIN_MARGIN) {
+        true => challenger,
+        false => kept,
+    };
+    Ok((winner, Some(runoff)))
 }
 
 /// The smallest and largest of `ratios`.
