@@ -158,3 +158,73 @@ impl MeasuredSelection {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{Catalog, Cluster, DeviceId};
+    use crate::partition::problem::tests::chain;
+    use crate::partition::CostSettings;
+
+    fn candidate(chosen: bool, moved: &[usize]) -> SelectionCandidate {
+        SelectionCandidate {
+            origin: "a plan".into(),
+            chosen,
+            moved: moved
+                .iter()
+                .map(|&i| MovedNode {
+                    node: format!("/layers.{i}/MatMul"),
+                    stage: 1,
+                })
+                .collect(),
+            predicted_bottleneck_secs: 0.0,
+            measured_bottleneck_secs: 1.0,
+            measured_ratio: 1.0,
+            measured_ratio_range: [1.0, 1.0],
+        }
+    }
+
+    #[test]
+    fn a_runoff_must_be_between_two_candidates_one_of_them_the_plan() {
+        let graph = chain(4, 64, 8);
+        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..2).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap();
+        let plan = problem.contiguous_assignment(&[0, 3]);
+        let runoff = |incumbent, challenger| Runoff {
+            rounds: 4,
+            incumbent,
+            challenger,
+            measured_ratio: 0.98,
+            measured_ratio_range: [0.97, 0.99],
+        };
+        let mut selection = MeasuredSelection {
+            rounds: 2,
+            microbatches: 2,
+            measured_on: "test".into(),
+            candidates: vec![
+                candidate(true, &[]),
+                candidate(false, &[2]),
+                candidate(false, &[1, 2]),
+            ],
+            runoff: Some(runoff(0, 1)),
+        };
+        selection.rederive(&problem, &plan).unwrap();
+        // Each candidate's prediction comes from the plan with its nodes moved.
+        let moved_one = problem.contiguous_assignment(&[0, 2]);
+        assert_eq!(
+            selection.candidates[1].predicted_bottleneck_secs,
+            problem.evaluate(&moved_one).bottleneck_secs
+        );
+        for (bad, why) in [
+            (runoff(1, 2), "winner"),
+            (runoff(0, 3), "not two"),
+            (runoff(1, 1), "not two"),
+        ] {
+            selection.runoff = Some(bad);
+            let err = selection.rederive(&problem, &plan).unwrap_err().to_string();
+            assert!(err.contains("runoff") && err.contains(why), "{err}");
+        }
+    }
+}
