@@ -6,9 +6,9 @@
 #
 #   bash benches/plans.sh [ROUNDS] > plans.md      (docs/benchmarks.md, "Plans on real execution")
 #
-# SELECT=N (default 10) gives the optimiser `--select-by-running N`: its optimum and nearest rivals
-# run first and a rival measured faster (a sign test over the rounds) replaces it
-# (docs/cost-model.md); SELECT=0
+# SELECT=N (default 10) gives the optimiser `--select-by-running N`: its optimum, nearest rivals and
+# the peers' own plans predicted within 10% run first and a rival measured clearly faster (a sign
+# test over the rounds, a runoff for a near tie) replaces it (docs/cost-model.md); SELECT=0
 # benchmarks the cost model's optimum alone. mlp streams 256 micro-batches a run instead of 16:
 # its 0.3 ms micro-batches made 5 ms runs, where a scheduler tick is a tenth of a round.
 #
@@ -71,7 +71,8 @@ for row in report["rows"]:
     lo, hi = row["measured_ratio_range"]
     others = report.get("other_cores")
     others = "?" if others is None else f"{others:.2f}" + (" busy" if report["busy"] else "")
-    print(f"| {name} | {row['plan']} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
+    plan = row["plan"] + (" (= pipecut)" if row.get("same_stages_as_pipecut") else "")
+    print(f"| {name} | {plan} | {row['bottleneck_secs'] * 1e3:.3f} | {row['measured_ratio']:.3f}× "
           f"| {lo:.3f}–{hi:.3f} | {row['wall_ratio']:.3f}× | {row['predicted_ratio']:.3f}× "
           f"| {pct(row['measured_shares'])} | {pct(row['predicted_shares'])} | {gap:.1f} | {others} |")
 PY

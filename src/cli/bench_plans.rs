@@ -62,6 +62,10 @@ struct Candidate {
 #[derive(Debug, Serialize)]
 struct Row {
     plan: String,
+    /// Whether its stages are pipecut's (a peer that chose the same split, or the plan the
+    /// selection took from that peer): its measured ratio is then a tie by construction, and
+    /// only the rounds' noise moves it from 1.
+    same_stages_as_pipecut: bool,
     /// Median over the rounds of one run's wall time.
     wall_secs: f64,
     /// Median over rounds of (this plan's bottleneck / pipecut's), the bottleneck being the
@@ -270,6 +274,7 @@ fn rows(
                 .collect();
             Row {
                 plan: candidate.name.clone(),
+                same_stages_as_pipecut: c > 0 && candidate.stages == candidates[0].stages,
                 wall_secs: percentiles(&walls[c]).0,
                 measured_ratio: percentiles(&ratios).0,
                 measured_ratio_range: [
@@ -330,7 +335,10 @@ fn table(report: &Report) -> String {
             .fold(0.0, f64::max);
         out += &format!(
             "{:<34} {:>13.3} {:>8.3}× {:>13} {:>8.3}× {:>8.3}×  {:<12} {:<12} {:>5.1}\n",
-            row.plan,
+            match row.same_stages_as_pipecut {
+                true => format!("{} (= pipecut)", row.plan),
+                false => row.plan.clone(),
+            },
             row.bottleneck_secs * 1e3,
             row.measured_ratio,
             format!(
@@ -344,7 +352,7 @@ fn table(report: &Report) -> String {
             worst
         );
     }
-    out += "\nbottleneck: the slowest stage's CPU time per micro-batch; measured, wall, predicted: each plan's bottleneck (CPU time, wall time of the run, plan) over pipecut's, above 1 pipecut is faster; rounds: the smallest and largest measured ratio of one round; shares: each stage's CPU time over the stages' total; Δ pts: the largest gap between a measured and a predicted share\n";
+    out += "\nbottleneck: the slowest stage's CPU time per micro-batch; measured, wall, predicted: each plan's bottleneck (CPU time, wall time of the run, plan) over pipecut's, above 1 pipecut is faster; rounds: the smallest and largest measured ratio of one round; (= pipecut): the same stages as pipecut's plan, a tie whatever the rounds say; shares: each stage's CPU time over the stages' total; Δ pts: the largest gap between a measured and a predicted share\n";
     out += &match report.other_cores {
         Some(cores) if report.busy => format!(
             "\nthe machine was busy: other processes kept {cores:.2} cores busy on average during the rounds; these figures are not trustworthy\n"

@@ -29,6 +29,7 @@ pub mod neighbours;
 pub mod parallelism;
 pub mod problem;
 mod reach;
+pub mod rivals;
 pub mod tensor_parallel;
 pub mod tensor_shard;
 pub mod torch_split;
@@ -135,8 +136,9 @@ pub enum HeuristicReason {
     /// Under a work budget the MILP does not run, and the graph is too large for the ideal
     /// search (more than [`ideal_search::MAX_NODES`] nodes).
     TooLargeToSearch,
-    /// `--select-by-running` ran the cost model's optimum and its nearest rivals on this
-    /// machine, and a rival was faster beyond the rounds' noise: the plan is that rival
+    /// `--select-by-running` ran the cost model's optimum and its nearest rivals (its boundary
+    /// moves and the peers' own plans) on this machine, and a rival was faster beyond the
+    /// rounds' noise: the plan is that rival
     /// (`summary.measured_selection` has the figures).
     SelectedByRunning,
     /// Written by a pipecut that did not record the reason.

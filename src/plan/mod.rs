@@ -22,7 +22,7 @@ mod stage_nodes;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
-pub use selection::{MeasuredSelection, MovedNode, SelectionCandidate};
+pub use selection::{MeasuredSelection, MovedNode, Runoff, SelectionCandidate};
 pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
 pub use stage_nodes::StageNodes;
 
@@ -52,7 +52,8 @@ use crate::Error;
 /// tensor parallelism; version 6 lists, under tensor parallelism, each stage's ranks with their
 /// GPUs and weight slices, see [`shards`]; version 7 adds the interleaved and zero-bubble
 /// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d;
-/// version 8 records the plans `--select-by-running` measured, see [`selection`], and keeps
+/// version 8 records the plans `--select-by-running` measured and its optional runoff, see
+/// [`selection`], and keeps
 /// tensor-parallel blocks whole through a cut constraint) and refuses
 /// newer ones.
 pub const SCHEMA_VERSION: u32 = 8;

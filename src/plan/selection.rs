@@ -20,15 +20,40 @@ pub struct MeasuredSelection {
     pub microbatches: u32,
     /// What chose: `"cpu runtime, one pinned core per stage"`.
     pub measured_on: String,
-    /// The cost model's optimum first, then its rivals.
+    /// The cost model's optimum first, then its rivals: its boundary moves, then the peers'
+    /// plans.
     pub candidates: Vec<SelectionCandidate>,
+    /// Where the rounds left a candidate measured faster than the one they chose without a
+    /// clear win, the second paired rounds between the two that settled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runoff: Option<Runoff>,
+}
+
+/// A second set of paired rounds between the candidate the first rounds chose and the one
+/// measured fastest against it; the challenger replaces it only by a clear win.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Runoff {
+    /// Counted paired rounds (after one warm-up round).
+    pub rounds: u32,
+    /// The candidate the first rounds chose (its index in `candidates`).
+    pub incumbent: u32,
+    /// The candidate measured fastest against it.
+    pub challenger: u32,
+    /// Median over these rounds of the challenger's bottleneck over the incumbent's (below 1:
+    /// faster).
+    pub measured_ratio: f64,
+    /// The smallest and largest per-round ratio.
+    pub measured_ratio_range: [f64; 2],
 }
 
 /// One plan that was run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SelectionCandidate {
-    /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier`.
+    /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier across 2
+    /// node(s) from 'x'`, `the plan of torchgpipe 0.0.7 balance_by_time`; `, also the plan of
+    /// …` where peers' plans are the same.
     pub origin: String,
     /// Whether the plan is this candidate.
     pub chosen: bool,
@@ -73,6 +98,16 @@ impl MeasuredSelection {
             .collect();
         if self.candidates.iter().filter(|c| c.chosen).count() != 1 {
             return bad("exactly one candidate must be chosen".into());
+        }
+        if let Some(runoff) = &self.runoff {
+            let pair = [runoff.incumbent, runoff.challenger];
+            let chosen = |i: u32| self.candidates.get(i as usize).map(|c| c.chosen);
+            if pair.iter().any(|&i| chosen(i).is_none()) || pair[0] == pair[1] {
+                return bad("the runoff names candidates that are not two of the list".into());
+            }
+            if pair.iter().all(|&i| chosen(i) == Some(false)) {
+                return bad("the runoff's winner is not the chosen candidate".into());
+            }
         }
         for (i, candidate) in self.candidates.iter_mut().enumerate() {
             if candidate.chosen && !candidate.moved.is_empty() {
@@ -121,5 +156,75 @@ impl MeasuredSelection {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::{Catalog, Cluster, DeviceId};
+    use crate::partition::problem::tests::chain;
+    use crate::partition::CostSettings;
+
+    fn candidate(chosen: bool, moved: &[usize]) -> SelectionCandidate {
+        SelectionCandidate {
+            origin: "a plan".into(),
+            chosen,
+            moved: moved
+                .iter()
+                .map(|&i| MovedNode {
+                    node: format!("/layers.{i}/MatMul"),
+                    stage: 1,
+                })
+                .collect(),
+            predicted_bottleneck_secs: 0.0,
+            measured_bottleneck_secs: 1.0,
+            measured_ratio: 1.0,
+            measured_ratio_range: [1.0, 1.0],
+        }
+    }
+
+    #[test]
+    fn a_runoff_must_be_between_two_candidates_one_of_them_the_plan() {
+        let graph = chain(4, 64, 8);
+        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..2).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap();
+        let plan = problem.contiguous_assignment(&[0, 3]);
+        let runoff = |incumbent, challenger| Runoff {
+            rounds: 4,
+            incumbent,
+            challenger,
+            measured_ratio: 0.98,
+            measured_ratio_range: [0.97, 0.99],
+        };
+        let mut selection = MeasuredSelection {
+            rounds: 2,
+            microbatches: 2,
+            measured_on: "test".into(),
+            candidates: vec![
+                candidate(true, &[]),
+                candidate(false, &[2]),
+                candidate(false, &[1, 2]),
+            ],
+            runoff: Some(runoff(0, 1)),
+        };
+        selection.rederive(&problem, &plan).unwrap();
+        // Each candidate's prediction comes from the plan with its nodes moved.
+        let moved_one = problem.contiguous_assignment(&[0, 2]);
+        assert_eq!(
+            selection.candidates[1].predicted_bottleneck_secs,
+            problem.evaluate(&moved_one).bottleneck_secs
+        );
+        for (bad, why) in [
+            (runoff(1, 2), "winner"),
+            (runoff(0, 3), "not two"),
+            (runoff(1, 1), "not two"),
+        ] {
+            selection.runoff = Some(bad);
+            let err = selection.rederive(&problem, &plan).unwrap_err().to_string();
+            assert!(err.contains("runoff") && err.contains(why), "{err}");
+        }
     }
 }

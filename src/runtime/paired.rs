@@ -77,20 +77,56 @@ impl PairedRuns {
             .collect()
     }
 
-    /// The plan that beat `reference` by at least `margin` in the median round and in so many
+    /// Whether `plan` beat `reference` by at least `margin` in the median round and in so many
     /// rounds that a tie would do as well with a chance of 5% at most (a one-sided sign test:
-    /// all of 6 rounds, 9 of 10, 15 of 20), the fastest such median if several did: a
-    /// difference the rounds agree on beyond what a noisy round or two would make.
+    /// all of 6 rounds, 9 of 10, 15 of 20): a difference the rounds agree on beyond what a noisy
+    /// round or two would make.
+    pub fn clearly_beats(&self, plan: usize, reference: usize, margin: f64) -> bool {
+        let ratios = self.ratios(plan, reference);
+        let wins = ratios.iter().filter(|&&r| r < 1.0).count();
+        !ratios.is_empty()
+            && wins >= sign_test_wins(ratios.len())
+            && percentiles(&ratios).0 <= 1.0 - margin
+    }
+
+    /// The plan that beat `reference` clearly ([`Self::clearly_beats`]), the fastest median
+    /// if several did.
     pub fn clear_winner_over(&self, reference: usize, margin: f64) -> Option<usize> {
         (0..self.stage_cpu_secs.len())
-            .filter(|&p| p != reference)
-            .map(|p| (p, self.ratios(p, reference)))
-            .filter(|(_, r)| {
-                let wins = r.iter().filter(|&&x| x < 1.0).count();
-                !r.is_empty() && wins >= sign_test_wins(r.len())
-            })
-            .map(|(p, r)| (p, percentiles(&r).0))
-            .filter(|&(_, m)| m <= 1.0 - margin)
+            .filter(|&p| p != reference && self.clearly_beats(p, reference, margin))
+            .map(|p| (p, percentiles(&self.ratios(p, reference)).0))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(p, _)| p)
+    }
+
+    /// The plan to keep, given each plan's predicted bottleneck (`predicted`, plan 0 the one
+    /// the others must clearly beat to replace): of plan 0 and the plans that clearly beat it,
+    /// those that none of them clearly beats are measured ties, and the one predicted fastest
+    /// of those is kept (the earlier on equal predictions). A tie decided by the fastest median
+    /// would flip from run to run with the noise; the prediction does not. Where clear wins go
+    /// round in a circle, which rounds paired on the same machine all but rule out, the fastest
+    /// clear winner over plan 0.
+    pub fn choose(&self, predicted: &[f64], margin: f64) -> usize {
+        let plans = 0..self.stage_cpu_secs.len();
+        let eligible: Vec<usize> = plans
+            .filter(|&p| p == 0 || self.clearly_beats(p, 0, margin))
+            .collect();
+        eligible
+            .iter()
+            .copied()
+            .filter(|&p| !eligible.iter().any(|&q| self.clearly_beats(q, p, margin)))
+            .min_by(|&a, &b| predicted[a].total_cmp(&predicted[b]).then(a.cmp(&b)))
+            .or_else(|| self.clear_winner_over(0, margin))
+            .unwrap_or(0)
+    }
+
+    /// The plan other than `kept` with the fastest median round against it, where that median
+    /// is faster than `kept`: the one a second, paired round between the two should settle.
+    pub fn closest_challenger(&self, kept: usize) -> Option<usize> {
+        (0..self.stage_cpu_secs.len())
+            .filter(|&p| p != kept)
+            .map(|p| (p, percentiles(&self.ratios(p, kept)).0))
+            .filter(|&(_, median)| median < 1.0)
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(p, _)| p)
     }
@@ -159,5 +195,41 @@ mod tests {
             &[0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 1.01],
         ]);
         assert_eq!(ten.clear_winner_over(0, 0.01), Some(1));
+    }
+
+    #[test]
+    fn measured_ties_keep_the_plan_predicted_faster() {
+        let r = runs(&[
+            &[1.0; 6],
+            // Both beat plan 0 by 3–5% in every round, and each beats the other in some.
+            &[0.95, 0.97, 0.96, 0.95, 0.96, 0.97],
+            &[0.96, 0.96, 0.95, 0.96, 0.95, 0.96],
+            // Beats plan 0 in 5 rounds of 6: not clearly.
+            &[0.90, 0.90, 0.90, 0.90, 0.90, 1.01],
+        ]);
+        assert!(r.clearly_beats(1, 0, 0.01) && r.clearly_beats(2, 0, 0.01));
+        assert!(!r.clearly_beats(1, 2, 0.01) && !r.clearly_beats(2, 1, 0.01));
+        // The fastest median alone would take plan 2 or plan 1 as the noise falls.
+        assert_eq!(r.choose(&[1.0, 1.02, 1.01, 1.0], 0.01), 2);
+        assert_eq!(r.choose(&[1.0, 1.01, 1.02, 1.0], 0.01), 1);
+        // Equal predictions: the earlier.
+        assert_eq!(r.choose(&[1.0, 1.01, 1.01, 1.0], 0.01), 1);
+        // Nothing beats plan 0 clearly: plan 0 stays, whatever the predictions.
+        let tie = runs(&[&[1.0; 6], &[0.99, 1.01, 0.98, 1.0, 1.02, 0.97]]);
+        assert_eq!(tie.choose(&[1.0, 0.5], 0.01), 0);
+    }
+
+    #[test]
+    fn a_plan_that_clearly_beats_another_winner_is_kept_over_it() {
+        let r = runs(&[
+            &[1.0; 6],
+            &[0.97, 0.97, 0.97, 0.97, 0.97, 0.97],
+            // 5% faster than plan 1 in every round.
+            &[0.92, 0.92, 0.92, 0.92, 0.92, 0.92],
+        ]);
+        assert_eq!(r.choose(&[1.0, 1.01, 1.05], 0.01), 2);
+        assert_eq!(r.closest_challenger(2), None);
+        assert_eq!(r.closest_challenger(0), Some(2));
+        assert_eq!(r.closest_challenger(1), Some(2));
     }
 }
