@@ -58,3 +58,34 @@ fn a_limit_spent_on_the_costs_still_returns_a_plan_that_says_what_ran() {
         .iter()
         .all(|b| b.error.as_deref() != Some(BASELINES_SKIPPED)));
 }
+
+#[test]
+fn a_limit_spent_on_the_costs_still_keeps_the_cut_constraints() {
+    use pipecut::onnx::shape::{DimBindings, ShapeInference};
+    let mut model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
+    ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+        .run(&mut model.graph)
+        .unwrap();
+    let cluster = Cluster::parse("1x8xL4", &Catalog::builtin()).unwrap();
+    let spent = Planner::new(&model.graph, &cluster)
+        .with_stages(StageCount::Fixed(8))
+        .with_time_limit(Duration::from_micros(1))
+        .solve()
+        .unwrap();
+    // The constraints' groups were not begun: the order was split where no biased MatMul is
+    // parted from its Add, and the plan says the DP did not run.
+    assert_eq!(
+        spent.status,
+        SolveStatus::Heuristic {
+            reason: HeuristicReason::DpStopped
+        }
+    );
+    spent.problem.check_assignment(&spent.stage_of).unwrap();
+    assert_eq!(
+        spent
+            .cut_constraints
+            .violation(&model.graph, &spent.problem, &spent.stage_of)
+            .unwrap(),
+        None
+    );
+}

@@ -527,7 +527,9 @@ fn scan_length(graph: &Graph, node: &Node) -> Option<i64> {
 /// Bytes of a tensor with a concrete shape (a sequence or optional: see
 /// [`super::ops::sized_shape`]).
 pub fn tensor_bytes(graph: &Graph, id: crate::graph::TensorId) -> Result<u64, Error> {
-    let shape = super::ops::sized_shape(graph, id)?;
+    // Counted without collecting the shape: a million tensors' `Vec`s were a sixth of building
+    // the problem (docs/benchmarks.md).
+    let elements = super::ops::sized_elements(graph, id)?;
     let tensor = graph.tensor(id);
     let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
         tensor: tensor.name.clone(),
@@ -536,8 +538,9 @@ pub fn tensor_bytes(graph: &Graph, id: crate::graph::TensorId) -> Result<u64, Er
         tensor: tensor.name.clone(),
         detail: "its size overflows 64 bits".into(),
     };
-    let elements = crate::graph::checked_element_count(&shape).ok_or_else(overflow)?;
-    dtype.bytes_for(elements).ok_or_else(overflow)
+    dtype
+        .bytes_for(elements.ok_or_else(overflow)?)
+        .ok_or_else(overflow)
 }
 
 /// The `--unknown-op-cost bytes` fallback: a copy of everything the node reads and writes.

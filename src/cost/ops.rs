@@ -52,15 +52,41 @@ fn concrete(graph: &Graph, id: TensorId) -> Result<(DType, Shape), Error> {
     let dtype = tensor.dtype.ok_or_else(|| Error::UnknownShape {
         tensor: tensor.name.clone(),
     })?;
-    // Every dim known: the shape as it is (what `sized_shape` gives then, for any kind).
-    let known = tensor
-        .shape
-        .as_ref()
-        .and_then(|dims| dims.iter().map(|d| d.known()).collect::<Option<Shape>>());
-    match known {
-        Some(shape) => Ok((dtype, shape)),
-        None => Ok((dtype, sized_shape(graph, id)?.into_iter().collect())),
+    // Every dim known: the shape as it is (what `sized_shape` gives then, for any kind). A
+    // plain loop: collecting through `Option` pushed each dim through a generic adapter, and
+    // that was half of costing a million nodes (docs/benchmarks.md).
+    if let Some(dims) = &tensor.shape {
+        let mut shape = Shape::new();
+        let all_known = dims.iter().all(|d| match d.known() {
+            Some(v) => {
+                shape.push(v);
+                true
+            }
+            None => false,
+        });
+        if all_known {
+            return Ok((dtype, shape));
+        }
     }
+    Ok((dtype, sized_shape(graph, id)?.into_iter().collect()))
+}
+
+/// The elements of a tensor as [`sized_shape`] sizes it, without collecting the shape: every
+/// dim known gives their product (`None` on overflow); otherwise `sized_shape` decides.
+pub(crate) fn sized_elements(graph: &Graph, id: TensorId) -> Result<Option<u64>, Error> {
+    if let Some(dims) = &graph.tensor(id).shape {
+        let known = dims.iter().try_fold(Some(1u64), |product, d| {
+            d.known().map(|v| product.and_then(|p| p.checked_mul(v)))
+        });
+        if let Some(product) = known {
+            // A zero dim makes zero elements even where the others overflow.
+            let zero = dims.iter().any(|d| d.known() == Some(0));
+            return Ok(if zero { Some(0) } else { product });
+        }
+    }
+    Ok(crate::graph::checked_element_count(&sized_shape(
+        graph, id,
+    )?))
 }
 
 /// The shape a value is costed with. A sequence's length is not known at plan time: a sequence
@@ -77,16 +103,16 @@ pub(crate) fn sized_shape(graph: &Graph, id: TensorId) -> Result<Vec<u64>, Error
 impl<'a> CostCtx<'a> {
     /// Collects concrete shapes; an unbound dim is an error naming the dim and a tensor.
     pub fn new(graph: &'a Graph, node: &'a Node) -> Result<CostCtx<'a>, Error> {
-        let inputs = node
-            .inputs
-            .iter()
-            .map(|s| s.map(|id| concrete(graph, id)).transpose())
-            .collect::<Result<_, _>>()?;
-        let outputs = node
-            .outputs
-            .iter()
-            .map(|s| s.map(|id| concrete(graph, id)).transpose())
-            .collect::<Result<_, _>>()?;
+        // Pushed in place, not collected through `Result`: each shape is built once where it
+        // stays instead of being moved through the adapter's slots.
+        let mut inputs = smallvec::SmallVec::with_capacity(node.inputs.len());
+        for slot in &node.inputs {
+            inputs.push(slot.map(|id| concrete(graph, id)).transpose()?);
+        }
+        let mut outputs = smallvec::SmallVec::with_capacity(node.outputs.len());
+        for slot in &node.outputs {
+            outputs.push(slot.map(|id| concrete(graph, id)).transpose()?);
+        }
         Ok(CostCtx {
             node,
             inputs,

@@ -135,6 +135,41 @@ impl CutConstraints {
         Ok(Some(JoinedGroups { group_of, order }))
     }
 
+    /// Where a stage may start in `problem`'s order so that a contiguous split keeps every
+    /// pair the constraints join on one stage (no pair spans the start), or `None` when they
+    /// join nothing. One pass over the pairs, without their groups: what a solve short of time
+    /// cuts the order at (the groups' closure over paths adds nothing for contiguous stages).
+    pub(crate) fn stage_starts(
+        &self,
+        graph: &Graph,
+        problem: &PartitionProblem,
+    ) -> Result<Option<Vec<bool>>, Error> {
+        let pairs = self.joined_pairs(graph, problem)?;
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        // Spans covering each position: a pair (a, b) forbids starts at min + 1 ..= max.
+        let n = problem.node_count();
+        let mut opened = vec![0i32; n + 1];
+        for &(a, b, _) in &pairs {
+            let (lo, hi) = (a.min(b) as usize, a.max(b) as usize);
+            if lo < hi {
+                opened[lo + 1] += 1;
+                opened[hi + 1] -= 1;
+            }
+        }
+        let mut covering = 0;
+        Ok(Some(
+            opened[..n]
+                .iter()
+                .map(|&d| {
+                    covering += d;
+                    covering == 0
+                })
+                .collect(),
+        ))
+    }
+
     /// The first constraint `stage_of` breaks, as a sentence, for `check`.
     pub fn violation(
         &self,
@@ -473,18 +508,42 @@ struct Adjacency {
 
 impl Adjacency {
     /// The table of `edges` (`(from, to)` positions below `n`, repeats allowed).
+    /// Placed by counting (each edge into its row), then each short row sorted and its
+    /// repeats dropped: sorting all the edges at once was a tenth of a million-node solve.
     fn new(n: usize, edges: impl Iterator<Item = (u32, u32)>) -> Adjacency {
-        let mut edges: Vec<(u32, u32)> = edges.collect();
-        edges.sort_unstable();
-        edges.dedup();
-        let mut starts = vec![0u32; n + 1];
+        let edges: Vec<(u32, u32)> = edges.collect();
+        let mut next = vec![0u32; n + 1];
         for &(from, _) in &edges {
-            starts[from as usize + 1] += 1;
+            next[from as usize + 1] += 1;
         }
         for p in 0..n {
-            starts[p + 1] += starts[p];
+            next[p + 1] += next[p];
         }
-        let targets = edges.into_iter().map(|(_, to)| to).collect();
+        let mut targets = vec![0u32; edges.len()];
+        for &(from, to) in &edges {
+            targets[next[from as usize] as usize] = to;
+            next[from as usize] += 1;
+        }
+        drop(edges);
+        // Each row sorted and deduplicated, moved down over the repeats of the rows before.
+        let mut starts = vec![0u32; n + 1];
+        let (mut row_start, mut kept) = (0usize, 0usize);
+        for p in 0..n {
+            let row_end = next[p] as usize;
+            targets[row_start..row_end].sort_unstable();
+            let mut last = None;
+            for i in row_start..row_end {
+                let to = targets[i];
+                if last != Some(to) {
+                    targets[kept] = to;
+                    kept += 1;
+                    last = Some(to);
+                }
+            }
+            starts[p + 1] = kept as u32;
+            row_start = row_end;
+        }
+        targets.truncate(kept);
         Adjacency { starts, targets }
     }
 
@@ -610,6 +669,40 @@ mod tests {
         );
         assert!(CutConstraints::none()
             .apply(&graph, &problem)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_split_short_of_time_starts_no_stage_inside_a_joined_pair() {
+        let (graph, problem) = gpt2(8);
+        let constraints = CutConstraints::default();
+        let may_start = constraints
+            .stage_starts(&graph, &problem)
+            .unwrap()
+            .expect("gpt2 has biased MatMuls");
+        let (matmul, adds) = position(&problem, "/transformer/h.2/attn/k_proj/MatMul_output_0");
+        assert!(matmul < adds[0]);
+        assert!((matmul + 1..=adds[0]).all(|p| !may_start[p as usize]));
+        assert!(may_start[matmul as usize]);
+        let split = crate::partition::dp::balanced_split_at(&problem, Some(&may_start))
+            .expect("gpt2_tiny fits 8 L4s");
+        assert!(split.starts.iter().skip(1).all(|&v| may_start[v]));
+        assert_eq!(split.starts.len(), 8);
+        problem.check_assignment(&split.stage_of).unwrap();
+        assert_eq!(
+            constraints
+                .violation(&graph, &problem, &split.stage_of)
+                .unwrap(),
+            None
+        );
+        // Where every position may start a stage it is the balanced split itself.
+        let all = vec![true; problem.node_count()];
+        let free = crate::partition::dp::balanced_split_at(&problem, Some(&all)).unwrap();
+        let plain = crate::partition::dp::balanced_split(&problem).unwrap();
+        assert_eq!(free.starts, plain.starts);
+        assert!(CutConstraints::none()
+            .stage_starts(&graph, &problem)
             .unwrap()
             .is_none());
     }

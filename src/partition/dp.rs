@@ -583,10 +583,27 @@ pub fn fits_memory(problem: &PartitionProblem) -> bool {
 /// # Complexity
 /// O(n·K) for the times, O(n + E) to evaluate the split.
 pub fn balanced_split(problem: &PartitionProblem) -> Option<OrderSolution> {
+    balanced_split_at(problem, None)
+}
+
+/// [`balanced_split`] whose stages start only where `may_start[v]` holds (when given): a
+/// position where no pair the cut constraints join is split, so that a model too large for
+/// the constraints' groups within the time limit still gets a plan that keeps them. `None`
+/// also when too few positions may start a stage.
+pub fn balanced_split_at(
+    problem: &PartitionProblem,
+    may_start: Option<&[bool]>,
+) -> Option<OrderSolution> {
     let n = problem.node_count();
     let k = problem.stage_count();
     if n < k || k == 0 {
         return None;
+    }
+    let allowed = |v: usize| may_start.is_none_or(|m| m[v]);
+    // How many positions after `v` may start a stage (`n - 1 - v` when all may).
+    let mut starts_after = vec![0u32; n];
+    for v in (0..n.saturating_sub(1)).rev() {
+        starts_after[v] = starts_after[v + 1] + u32::from(allowed(v + 1));
     }
     let fastest = super::bounds::fastest_secs(problem);
     let total: f64 = fastest.iter().sum();
@@ -595,9 +612,9 @@ pub fn balanced_split(problem: &PartitionProblem) -> Option<OrderSolution> {
     let mut done = 0.0;
     for (v, secs) in fastest.iter().enumerate() {
         let stage = starts.len();
-        // Leave at least one node for each stage still to come.
-        if stage < k && v > starts[stage - 1] {
-            let must_start = n - v <= k - stage;
+        // Leave a place to start each stage still to come.
+        if stage < k && v > starts[stage - 1] && allowed(v) {
+            let must_start = (starts_after[v] as usize) < k - stage;
             if must_start || done >= total * stage as f64 / k as f64 {
                 starts.push(v);
             }

@@ -1663,4 +1663,44 @@ mod tests {
             MemoryFit::TooSmall { .. }
         ));
     }
+
+    /// microlp's root LP by model size, for the rule that does not start a MILP whose root
+    /// cannot finish in the time left (docs/algorithms.md, "Limits at any size"): the model in
+    /// `PIPECUT_ROOT_LP_MODEL` (a `fixtures/generate_stack.py` stack) at batch 1, seq 128 on
+    /// 8x8xH100-SXM, K = 64, coarsened to each size, its LP relaxation (the root LP: the same
+    /// rows and columns, every `y` continuous) timed. Prints a table; run by hand:
+    /// `PIPECUT_ROOT_LP_MODEL=... cargo test --lib root_lp_seconds -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement on a generated model, run by hand"]
+    fn root_lp_seconds_by_size() {
+        let Ok(path) = std::env::var("PIPECUT_ROOT_LP_MODEL") else {
+            return;
+        };
+        let mut model = crate::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 1).bind("seq", 128))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::parse("8x8xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..64).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default())
+                .unwrap();
+        println!("| super-nodes | cells | free binaries | root LP s |");
+        for target in [64, 128, 256, 512, 1024, 2048, 4096] {
+            let coarse = crate::partition::coarsen::coarsen_until(&problem, target, None).unwrap();
+            let plan = crate::partition::dp::solve(&coarse.problem).unwrap();
+            let n = coarse.problem.node_count();
+            let free = free_binaries(&coarse.problem, plan.bottleneck_secs);
+            let far = Instant::now() + Duration::from_secs(600);
+            let started = Instant::now();
+            let bound = lp_relaxation_bound_secs(&coarse.problem, plan.bottleneck_secs, far);
+            let secs = started.elapsed().as_secs_f64();
+            println!("| {n} | {} | {free} | {secs:.3} |", n * 63);
+            assert!(bound.is_some() || n * 63 > MAX_MODEL_CELLS);
+            // The next size takes several times as long.
+            if secs > 60.0 {
+                break;
+            }
+        }
+    }
 }

@@ -754,7 +754,9 @@ impl<'a> Planner<'a> {
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, and the
     /// baselines on the model's own nodes (the peers know nothing of pipecut's constraints).
     fn solve_fixed(&self, devices: &[DeviceId], deadline: Instant) -> Result<Solution, Error> {
+        let costing = Instant::now();
         let fine = self.problem(devices)?;
+        let costs_took = costing.elapsed();
         // The peers' plans are comparisons: when the model's costs took a quarter of the limit
         // (the baselines take about half as long again: 1.9 s after 3.4 s on a million nodes),
         // they are skipped rather than delay pipecut's plan. Under a work budget the clock
@@ -764,11 +766,41 @@ impl<'a> Planner<'a> {
             true => evaluate_baselines(&fine, &self.config.baseline_layer_type),
             false => skipped_baselines(&self.config.baseline_layer_type),
         };
+        // The constraints' groups, their quotient and the DP's first sweeps are linear passes
+        // that took about as long as the costs on a million nodes (docs/benchmarks.md, "Limits
+        // at any size"). With less time left than the costs took they are not begun: the order
+        // is split into stages of equal compute where no joined pair is cut, and that plan
+        // stands (`dp_stopped`). Pinned cuts need the groups' own check, so they always run.
+        let short_of_time = self.config.work_budget.is_none()
+            && self.config.cut_constraints.pin.is_empty()
+            && deadline.saturating_duration_since(Instant::now()) < costs_took;
+        if short_of_time {
+            let Some(may_start) = self
+                .config
+                .cut_constraints
+                .stage_starts(self.graph, &fine)?
+            else {
+                return Ok(Solution {
+                    baselines,
+                    baseline_layers,
+                    ..self.solve_problem(fine, deadline, None)?
+                });
+            };
+            if let Some(split) = dp::balanced_split_at(&fine, Some(&may_start)) {
+                // Nothing more begins: the deadline is now for the phases after the split.
+                let now = Instant::now().min(deadline);
+                return Ok(Solution {
+                    baselines,
+                    baseline_layers,
+                    ..self.solve_problem(fine, now, Some(split))?
+                });
+            }
+        }
         let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
             return Ok(Solution {
                 baselines,
                 baseline_layers,
-                ..self.solve_problem(fine, deadline)?
+                ..self.solve_problem(fine, deadline, None)?
             });
         };
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
@@ -777,7 +809,7 @@ impl<'a> Planner<'a> {
             problem: groups,
             group_of,
         } = grouped;
-        let mut solution = self.solve_problem(groups, deadline)?;
+        let mut solution = self.solve_problem(groups, deadline, None)?;
         let stage_of: Vec<StageId> = group_of
             .iter()
             .map(|&g| solution.stage_of[g as usize])
@@ -794,17 +826,20 @@ impl<'a> Planner<'a> {
     }
 
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, on `problem`.
+    /// `split`, when given, is the balanced split to start from (one that keeps the cut
+    /// constraints, made when the time left could not cover their groups).
     fn solve_problem(
         &self,
         problem: PartitionProblem,
         deadline: Instant,
+        split: Option<dp::OrderSolution>,
     ) -> Result<Solution, Error> {
         let budget = self.config.work_budget;
         let dp_started = Instant::now();
         // A plan before any search: past the deadline (the model's costs took it all) it
         // stands, and the DP runs only when it does not fit. Under a work budget the clock
         // decides nothing, so the DP always runs to its end.
-        let balanced = dp::balanced_split(&problem);
+        let balanced = split.or_else(|| dp::balanced_split(&problem));
         let dp_deadline = budget.is_none().then_some(deadline);
         let past_deadline = dp_deadline.is_some_and(|d| Instant::now() >= d);
         let order = match balanced {

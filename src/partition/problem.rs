@@ -260,6 +260,43 @@ impl PartitionProblem {
             position_of_index[id.index()] = p as u32;
         }
         let position = |id: &NodeId| position_of_index[id.index()];
+        if let Some(device) = devices
+            .iter()
+            .find(|d| d.0 as usize >= cluster.device_count())
+        {
+            return Err(Error::PartitionConfig(format!(
+                "device {} is not in the cluster ({} devices)",
+                device.0,
+                cluster.device_count()
+            )));
+        }
+
+        // The first device kind is costed on the other cores while this thread reads the names
+        // and tensors: two linear passes over a million nodes side by side.
+        let first_model = CostModel::new(cluster.device(devices[0]))
+            .with_mode(settings.mode)
+            .with_unknown_ops(settings.unknown_ops);
+        let (first_timed, tensors) = std::thread::scope(|scope| {
+            let costing = scope.spawn(|| {
+                per_node_on_threads(&order, |id| first_model.node_time_and_flops(graph, id))
+            });
+            let tensors = TensorTables::new(graph, &order, &position_of_index, settings.mode);
+            match costing.join() {
+                Ok(timed) => (timed, tensors),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        });
+        // The costs' error first, as when they were computed first.
+        let mut first_timed = Some(first_timed?);
+        let TensorTables {
+            table,
+            names,
+            scopes,
+            mut activation_bytes,
+            node_params,
+            params,
+            flows,
+        } = tensors?;
 
         // One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
         let mut kind_names: Vec<String> = Vec::new();
@@ -267,30 +304,22 @@ impl PartitionProblem {
         let mut forward_flops = None;
         let mut stages = Vec::with_capacity(devices.len());
         for (k, &device) in devices.iter().enumerate() {
-            if device.0 as usize >= cluster.device_count() {
-                return Err(Error::PartitionConfig(format!(
-                    "device {} is not in the cluster ({} devices)",
-                    device.0,
-                    cluster.device_count()
-                )));
-            }
             let spec = cluster.device(device);
             let kind = match kind_names.iter().position(|n| *n == spec.name) {
                 Some(kind) => kind,
                 None => {
-                    let model = CostModel::new(spec)
-                        .with_mode(settings.mode)
-                        .with_unknown_ops(settings.unknown_ops);
-                    let secs = match kind_names.is_empty() {
-                        true => {
-                            let timed = per_node_on_threads(&order, |id| {
-                                model.node_time_and_flops(graph, id)
-                            })?;
+                    let secs = match first_timed.take() {
+                        Some(timed) => {
                             // Summed in the order, as `CostModel::model_flops` sums them.
                             forward_flops = timed.iter().map(|&(_, flops)| flops).sum();
                             timed.into_iter().map(|(secs, _)| secs).collect()
                         }
-                        false => per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?,
+                        None => {
+                            let model = CostModel::new(spec)
+                                .with_mode(settings.mode)
+                                .with_unknown_ops(settings.unknown_ops);
+                            per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?
+                        }
                     };
                     kind_names.push(spec.name.clone());
                     node_secs.push(secs);
@@ -324,69 +353,6 @@ impl PartitionProblem {
             });
         }
 
-        // Every name in one buffer: a node's scope is its name unless the exporter recorded one.
-        // Room for 64 bytes a name, so that the text is never moved as it grows (pages never
-        // written are never touched).
-        let most = order.len() * 2 + graph.tensors().size_hint().0;
-        let mut table = NameTable::with_capacity(most, most * 64);
-        let mut names = Vec::with_capacity(order.len());
-        let mut scopes = Vec::with_capacity(order.len());
-        for &id in &order {
-            let node = graph.node(id);
-            let name = table.push(&node.name);
-            names.push(name);
-            scopes.push(match &node.module_scope {
-                Some(scope) => table.push(scope),
-                None => name,
-            });
-        }
-        let mut activation_bytes = vec![0u64; order.len()];
-        let mut node_params = vec![Positions::new(); order.len()];
-        let mut params = Vec::new();
-        let mut flows = Vec::new();
-        for (tensor_id, tensor) in graph.tensors() {
-            let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
-            consumers.sort_unstable();
-            consumers.dedup();
-            match &tensor.origin {
-                TensorOrigin::GraphInput => {}
-                TensorOrigin::Parameter(_) => {
-                    if consumers.is_empty() {
-                        continue;
-                    }
-                    let index = params.len() as u32;
-                    for &c in &consumers {
-                        node_params[c as usize].push(index);
-                    }
-                    params.push(ParamUse {
-                        name: table.push(&tensor.name),
-                        footprint_bytes: param_footprint_bytes(graph, tensor_id, settings.mode),
-                        elements: tensor
-                            .shape
-                            .iter()
-                            .flatten()
-                            .filter_map(|d| d.known())
-                            .product(),
-                        uses: consumers,
-                        shards: 1,
-                    });
-                }
-                TensorOrigin::Node { node, .. } => {
-                    let producer = position(node);
-                    let bytes = tensor_bytes(graph, tensor_id)?;
-                    activation_bytes[producer as usize] += bytes;
-                    if !consumers.is_empty() {
-                        flows.push(Flow {
-                            name: table.push(&tensor.name),
-                            bytes,
-                            producer,
-                            consumers,
-                            pinned: false,
-                        });
-                    }
-                }
-            }
-        }
         if let Mode::Training {
             recompute: crate::cost::Recompute::Selective,
             ..
@@ -817,6 +783,101 @@ impl PartitionProblem {
             stage_of.extend(std::iter::repeat_n(StageId(s as u32), end - start));
         }
         stage_of
+    }
+}
+
+/// The problem's names and tensors, read from the graph in one pass: each position's name and
+/// scope, its activation bytes, the weights and the flows between positions.
+struct TensorTables {
+    table: NameTable,
+    names: Vec<NameId>,
+    scopes: Vec<NameId>,
+    activation_bytes: Vec<u64>,
+    node_params: Vec<Positions>,
+    params: Vec<ParamUse>,
+    flows: Vec<Flow>,
+}
+
+impl TensorTables {
+    fn new(
+        graph: &Graph,
+        order: &[NodeId],
+        position_of_index: &[u32],
+        mode: Mode,
+    ) -> Result<TensorTables, Error> {
+        let position = |id: &NodeId| position_of_index[id.index()];
+        // Every name in one buffer: a node's scope is its name unless the exporter recorded one.
+        // Room for 64 bytes a name, so that the text is never moved as it grows (pages never
+        // written are never touched).
+        let most = order.len() * 2 + graph.tensors().size_hint().0;
+        let mut table = NameTable::with_capacity(most, most * 64);
+        let mut names = Vec::with_capacity(order.len());
+        let mut scopes = Vec::with_capacity(order.len());
+        for &id in order {
+            let node = graph.node(id);
+            let name = table.push(&node.name);
+            names.push(name);
+            scopes.push(match &node.module_scope {
+                Some(scope) => table.push(scope),
+                None => name,
+            });
+        }
+        let mut activation_bytes = vec![0u64; order.len()];
+        let mut node_params = vec![Positions::new(); order.len()];
+        let mut params = Vec::new();
+        let mut flows = Vec::with_capacity(graph.tensors().size_hint().0);
+        for (tensor_id, tensor) in graph.tensors() {
+            let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
+            consumers.sort_unstable();
+            consumers.dedup();
+            match &tensor.origin {
+                TensorOrigin::GraphInput => {}
+                TensorOrigin::Parameter(_) => {
+                    if consumers.is_empty() {
+                        continue;
+                    }
+                    let index = params.len() as u32;
+                    for &c in &consumers {
+                        node_params[c as usize].push(index);
+                    }
+                    params.push(ParamUse {
+                        name: table.push(&tensor.name),
+                        footprint_bytes: param_footprint_bytes(graph, tensor_id, mode),
+                        elements: tensor
+                            .shape
+                            .iter()
+                            .flatten()
+                            .filter_map(|d| d.known())
+                            .product(),
+                        uses: consumers,
+                        shards: 1,
+                    });
+                }
+                TensorOrigin::Node { node, .. } => {
+                    let producer = position(node);
+                    let bytes = tensor_bytes(graph, tensor_id)?;
+                    activation_bytes[producer as usize] += bytes;
+                    if !consumers.is_empty() {
+                        flows.push(Flow {
+                            name: table.push(&tensor.name),
+                            bytes,
+                            producer,
+                            consumers,
+                            pinned: false,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(TensorTables {
+            table,
+            names,
+            scopes,
+            activation_bytes,
+            node_params,
+            params,
+            flows,
+        })
     }
 }
 
