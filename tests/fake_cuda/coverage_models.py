@@ -25,6 +25,11 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   RotaryEmbedding of [B, S, H] and [B, N, S, head] input, positions [B, S] and an offset [1],
   interleaved, partial rotation and heads from the cache width; its MatMulNBits of 2, 4 and 8
   bits with default, packed and float zero points, a short last block and a bias;
+- MelWeightMatrix (8, 20 and 40 filters, the last with filters whose first edges meet),
+  Bernoulli (a seed, and none: the node's name; a float dtype), and LabelEncoder from float
+  keys to float values (repeated keys, NaN, −0, misses, a default and a default tensor), each
+  on the device by its kernel's launch count; MatMulNBits over 4 micro-batches expands its
+  weight once;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -206,9 +211,11 @@ def write_ms_rotary(out, name, shape, positions, cached, half, attrs=None):
     np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
 
 
-def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False):
+def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False,
+                       microbatches=1):
     """com.microsoft MatMulNBits of a seeded `[..., K]` input and seeded packed weights of `n`
-    columns; `zero_points` None (the default), "packed" or "float"."""
+    columns; `zero_points` None (the default), "packed" or "float". With several
+    `microbatches`, the run must expand the weight once (one `dequant_nbits_f32` launch)."""
     rng = rng_for(name)
     k = shape[-1]
     blocks = -(-k // block)
@@ -240,7 +247,58 @@ def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
                                                     helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, out / f"{name}.onnx")
-    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+    rows = [shape[0] * microbatches] + shape[1:]
+    np.save(out / f"{name}.X.npy", rng.standard_normal(rows).astype(np.float32))
+    if microbatches > 1:
+        (out / f"{name}.microbatches").write_text(str(microbatches))
+        (out / f"{name}.launches.json").write_text(json.dumps({"dequant_nbits_f32": 1}))
+
+
+def write_mel_weights(out, name, mel_bins, dft_length, sample_rate, lower, upper):
+    """MelWeightMatrix of constant scalars plus X (its shape): the matrix must be made on the
+    device (one `mel_weights_f32` launch)."""
+    scalars = [np.array(v, np.int64) for v in (mel_bins, dft_length, sample_rate)]
+    scalars += [np.array(v, np.float32) for v in (lower, upper)]
+    names = ["mel_bins", "dft_length", "sample_rate", "lower", "upper"]
+    shape = [dft_length // 2 + 1, mel_bins]
+    graph = helper.make_graph(
+        [helper.make_node("MelWeightMatrix", names, ["M"]),
+         helper.make_node("Add", ["M", "X"], ["Y"])],
+        name,
+        [helper.make_tensor_value_info("X", F32, shape)],
+        [helper.make_tensor_value_info("Y", F32, shape)],
+        [numpy_helper.from_array(v, n) for v, n in zip(scalars, names)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", np.zeros(shape, np.float32))
+    (out / f"{name}.launches.json").write_text(json.dumps({"mel_weights_f32": 1}))
+
+
+def write_bernoulli(out, name, shape, **attrs):
+    """Bernoulli of seeded probabilities in [0, 1] (with exact 0s and 1s), on the device."""
+    p = rng_for(name).random(shape)
+    p.flat[:4] = [0.0, 1.0, 0.0, 1.0]
+    node = helper.make_node("Bernoulli", ["X"], ["Y"], name=f"{name}_node", **attrs)
+    save(out, name, node, p, opsets=[("", 15)])
+    (out / f"{name}.launches.json").write_text(json.dumps({"bernoulli_f32": 1}))
+
+
+def write_label_encoder(out, name, keys, values, ml_opset, **attrs):
+    """ai.onnx.ml LabelEncoder from float keys to float values of an input holding every key,
+    NaN, −0, 0 and misses."""
+    x = np.array([k for k in keys] + [np.nan, -0.0, 0.0, 2.5, -7.0, 1e30, 1.5, 3.0],
+                 np.float32).reshape(2, -1)
+    if ml_opset >= 4:
+        attrs["keys_tensor"] = numpy_helper.from_array(np.array(keys, np.float32), "keys")
+        attrs["values_tensor"] = numpy_helper.from_array(np.array(values, np.float32), "values")
+    else:
+        attrs["keys_floats"] = keys
+        attrs["values_floats"] = values
+    node = helper.make_node("LabelEncoder", ["X"], ["Y"], domain="ai.onnx.ml", **attrs)
+    save(out, name, node, x, opsets=[("", 20), ("ai.onnx.ml", ml_opset)])
+    (out / f"{name}.launches.json").write_text(json.dumps({"label_encode_f32": 1}))
 
 
 def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_shape=None):
@@ -438,6 +496,19 @@ def main(out):
     write_matmul_nbits(out, "matmul_4bits_packed_zero_bias", [3, 32], 7, 4, 16, "packed", True)
     write_matmul_nbits(out, "matmul_8bits_float_zero", [2, 2, 24], 3, 8, 16, "float")
     write_matmul_nbits(out, "matmul_2bits_packed_zero", [4, 40], 6, 2, 16, "packed", True)
+    write_matmul_nbits(out, "matmul_4bits_expanded_once_for_4_microbatches", [1, 3, 32], 5, 4,
+                       16, "packed", True, microbatches=4)
+    write_mel_weights(out, "mel_weights_8_bins", 8, 64, 8000, 0.0, 4000.0)
+    write_mel_weights(out, "mel_weights_20_bins_speech_band", 20, 512, 16000, 20.0, 7600.0)
+    write_mel_weights(out, "mel_weights_40_bins_repeated_edges", 40, 32, 8000, 0.0, 4000.0)
+    write_bernoulli(out, "bernoulli_seeded", [40, 50], seed=7.0)
+    write_bernoulli(out, "bernoulli_named_float_dtype", [3, 5, 7], dtype=TensorProto.FLOAT)
+    write_label_encoder(out, "label_encoder_floats", [1.5, -2.0, 0.0, float("nan"), 1.5, 9.0],
+                        [10.0, 20.0, 30.0, 40.0, 50.0, 60.0], 2, default_float=-1.0)
+    write_label_encoder(out, "label_encoder_float_tensors", [3.0, -0.0, 1e30, 2.5],
+                        [0.5, -0.5, 7.0, float("inf")], 4,
+                        default_tensor=numpy_helper.from_array(np.array([4.25], np.float32),
+                                                              "default"))
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

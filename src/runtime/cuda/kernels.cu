@@ -1750,3 +1750,76 @@ extern "C" __global__ void dequant_nbits_f32(const unsigned char* packed, const 
         w[e] = ((float)q - zero) * scales[col * blocks + b];
     }
 }
+
+// ---- MelWeightMatrix (src/runtime/cuda/mel_weights.rs) ----
+
+// y [bins, mel] of triangular filters: filter i rises over spectrogram bins edges[i] ..=
+// edges[i+1] and falls over edges[i+1] .. edges[i+2] (edges from the host, as the CPU kernel
+// computes them). The CPU kernel writes the rising side, then the falling one, so the falling
+// side owns the centre bin; a filter whose first two edges meet is 1 at its centre.
+extern "C" __global__ void mel_weights_f32(const long long* edges, float* y, long long bins,
+                                           long long mel) {
+    GRID_STRIDE(e, bins * mel) {
+        long long j = e / mel, i = e % mel;
+        long long left = edges[i], center = edges[i + 1], right = edges[i + 2];
+        double v = 0.0;
+        if (j >= center && j < right) {
+            v = (double)(right - j) / (double)(right - center);
+        } else if (center == left) {
+            v = j == center ? 1.0 : 0.0;
+        } else if (j >= left && j <= center) {
+            v = (double)(j - left) / (double)(center - left);
+        }
+        y[e] = (float)v;
+    }
+}
+
+// ---- Bernoulli (src/runtime/cuda/random.rs) ----
+
+// Draw i (from 0) of the CPU kernel's SplitMix64 stream seeded with `seed`: the generator only
+// adds γ to its state before mixing, so any draw is computed from its position alone.
+__device__ __forceinline__ unsigned long long splitmix64_at(unsigned long long seed,
+                                                           unsigned long long i) {
+    unsigned long long z = seed + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Bernoulli: y[i] = 1 where the uniform of draw i (its top 24 bits over 2^24, exact in a
+// float) is below p[i], else 0: the CPU kernel's draws, a thread per element.
+extern "C" __global__ void bernoulli_f32(const float* p, float* y, long long n,
+                                         unsigned long long seed) {
+    GRID_STRIDE(i, n) {
+        float u = (float)(splitmix64_at(seed, (unsigned long long)i) >> 40) * 0x1p-24f;
+        y[i] = u < p[i] ? 1.0f : 0.0f;
+    }
+}
+
+// ---- LabelEncoder of float keys and values (src/runtime/cuda/ml.rs) ----
+
+// Each element's value by binary search over `count` distinct ascending keys (−0 equals 0 under
+// ==), a NaN mapped to nan_value, a miss to fallback.
+extern "C" __global__ void label_encode_f32(const float* x, const float* keys,
+                                            const float* values, float* y, long long n,
+                                            long long count, float nan_value, float fallback) {
+    GRID_STRIDE(e, n) {
+        float v = x[e];
+        float out = fallback;
+        if (v != v) {
+            out = nan_value;
+        } else {
+            long long lo = 0, hi = count;
+            while (lo < hi) {
+                long long mid = (lo + hi) / 2;
+                if (keys[mid] < v) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if (lo < count && keys[lo] == v) out = values[lo];
+        }
+        y[e] = out;
+    }
+}

@@ -32,6 +32,7 @@ mod layout_ops;
 mod linalg;
 mod losses;
 mod masks;
+mod mel_weights;
 mod microsoft;
 mod ml;
 mod moments;
@@ -40,6 +41,7 @@ mod ms_attention;
 mod nbits;
 mod ops;
 mod quant;
+mod random;
 mod recurrent;
 mod reductions;
 mod resident;
@@ -370,6 +372,8 @@ pub struct CudaStage {
     host_runs: Mutex<BTreeMap<String, usize>>,
     /// The subgraphs of its flow ops, prepared when first run (by the address of the body).
     bodies: Mutex<HashMap<usize, Arc<Body>>>,
+    /// MatMulNBits weights expanded on the device, kept for the run.
+    expanded: nbits::ExpandedWeights,
     not_sync: PhantomData<Cell<()>>,
 }
 
@@ -686,6 +690,7 @@ impl Executor for CudaExecutor<'_> {
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
             bodies: Mutex::new(HashMap::new()),
+            expanded: nbits::ExpandedWeights::default(),
             not_sync: PhantomData,
         })
     }
@@ -753,6 +758,7 @@ impl CudaExecutor<'_> {
             stream: &stage.stream,
             blas: &stage.blas,
             functions: &self.devices[stage.device].functions,
+            expanded: &stage.expanded,
         };
         let mut env = Env::new();
         for &id in &stage.spec.receives {

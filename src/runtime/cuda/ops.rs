@@ -86,6 +86,8 @@ pub(super) struct Functions {
     pub(super) top_k: CudaFunction,
     pub(super) col2im: CudaFunction,
     pub(super) one_hot: CudaFunction,
+    pub(super) mel_weights: CudaFunction,
+    pub(super) bernoulli: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
@@ -141,6 +143,8 @@ impl Functions {
             top_k: f("top_k_f32")?,
             col2im: f("col2im_f32")?,
             one_hot: f("one_hot_f32")?,
+            mel_weights: f("mel_weights_f32")?,
+            bernoulli: f("bernoulli_f32")?,
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
             nbits: super::nbits::Kernels::load(module)?,
@@ -153,6 +157,8 @@ pub(super) struct Gpu<'a> {
     pub stream: &'a Arc<CudaStream>,
     pub blas: &'a CudaBlas,
     pub functions: &'a Functions,
+    /// The stage's expanded MatMulNBits weights (`nbits.rs`).
+    pub expanded: &'a super::nbits::ExpandedWeights,
 }
 
 /// A device result, or `None` when the op is left to the CPU kernel.
@@ -534,6 +540,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "TopK" => super::top_k::top_k(gpu, ctx, args),
         "Col2Im" => super::layout_ops::col2im(gpu, ctx, args),
         "OneHot" => super::layout_ops::one_hot(gpu, ctx, args),
+        "MelWeightMatrix" => super::mel_weights::mel_weight_matrix(gpu, args),
+        "Bernoulli" => super::random::bernoulli(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args
