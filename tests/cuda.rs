@@ -169,10 +169,17 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "tree_leaves_f32",
         "tree_aggregate_f32",
         "trilu_f32",
-        "top_k_f32",
+        "top_k_block_f32",
+        "top_k_load_f32",
+        "top_k_step_f32",
+        "top_k_store_f32",
         "col2im_f32",
         "one_hot_f32",
         "reduce_blocks_f32",
+        "dequant_nbits_f32",
+        "mel_weights_f32",
+        "bernoulli_f32",
+        "label_encode_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -1615,7 +1622,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 69);
+    models_match_on_the_device("coverage_models.py", 74);
 }
 
 /// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per

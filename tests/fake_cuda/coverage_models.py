@@ -17,7 +17,9 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - Col2Im in 1-D and 2-D, with strides, pads and dilations (the node cases give the image and
   block shapes as graph inputs);
 - TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
-  attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k);
+  attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k),
+  at lines of 5–6, 64, 1,000 and 4,096 (sorted by a block in shared memory) and of 4,097 and
+  5,000 (sorted in global memory), by the sort kernels' launch counts;
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
   its Attention with 1-, 2- and 3-D mask_index, unidirectional, attention_bias broadcast over
@@ -308,8 +310,11 @@ def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_sha
          [numpy_helper.from_array(constant, "C")], [("", opset)], y_shape)
 
 
-def write_top_k(out, name, shape, k, axis, largest, opset):
-    """TopK of seeded integers (ties) with an infinity and NaNs, both outputs."""
+def write_top_k(out, name, shape, k, axis, largest, opset, launches=None):
+    """TopK of seeded integers (ties) with an infinity and NaNs, both outputs; `launches` the
+    sort kernels' launch counts the run must show."""
+    if launches is not None:
+        (out / f"{name}.launches.json").write_text(json.dumps(launches))
     rng = rng_for(name)
     x = np.round(rng.standard_normal(shape) * 2)
     x.flat[3], x.flat[5] = np.inf, -np.inf
@@ -467,6 +472,16 @@ def main(out):
     write_top_k(out, "top_k_largest_last_axis", [3, 9], 4, -1, 1, 11)
     write_top_k(out, "top_k_smallest_axis0_nan_last", [7, 4, 3], 3, 0, 0, 11)
     write_top_k(out, "top_k_opset9_attribute", [2, 5, 6], 2, 1, 1, 9)
+    in_blocks = {"top_k_block_f32": 1, "top_k_step_f32": 0}
+    write_top_k(out, "top_k_64_in_a_block", [3, 64], 10, 1, 1, 11, in_blocks)
+    write_top_k(out, "top_k_1000_all_smallest", [1000, 2], 1000, 0, 0, 11, in_blocks)
+    write_top_k(out, "top_k_4096_in_a_block", [4096], 4096, 0, 1, 11, in_blocks)
+    # 4,097 pads to 8,192: 13 · 14 / 2 = 91 steps of the network in global memory.
+    in_memory = {"top_k_block_f32": 0, "top_k_load_f32": 1, "top_k_step_f32": 91,
+                 "top_k_store_f32": 1}
+    write_top_k(out, "top_k_4097_in_memory", [2, 4097, 3], 4097, 1, 1, 11, in_memory)
+    write_top_k(out, "top_k_5000_smallest_in_memory", [5000], 17, 0, 0, 11,
+                {**in_memory, "top_k_step_f32": 91})
     write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
     write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
     write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])

@@ -1441,30 +1441,6 @@ __device__ __forceinline__ int total_order_key(float v) {
     return bits ^ (int)((unsigned)(bits >> 31) >> 1);
 }
 
-// TopK of each line of x [outer, n, inner] along n: every element counts the elements that
-// come before it (larger, or smaller when !largest, by total order; equal ones by index) and,
-// ranked below k, writes its value and index (as a float) at its rank. A thread per element.
-extern "C" __global__ void top_k_f32(const float* x, float* values, float* indices,
-                                     long long outer, long long n, long long inner, long long k,
-                                     int largest) {
-    GRID_STRIDE(e, outer * n * inner) {
-        long long i = e % inner, j = (e / inner) % n, o = e / (inner * n);
-        const float* line = x + o * n * inner + i;
-        int key = total_order_key(line[j * inner]);
-        long long rank = 0;
-        for (long long t = 0; t < n; ++t) {
-            int other = total_order_key(line[t * inner]);
-            bool before = largest ? other > key : other < key;
-            rank += (before || (other == key && t < j)) ? 1 : 0;
-        }
-        if (rank < k) {
-            long long at = (o * k + rank) * inner + i;
-            values[at] = line[j * inner];
-            indices[at] = (float)j;
-        }
-    }
-}
-
 // Reduction over axes that are not the trailing ones (`kept` and `reduced` as for reduce_f32):
 // one block per output, its threads striding over the reduced positions, so a reduction to few
 // outputs (axis 0 of a [1000, 3] tensor: 3) runs in parallel rather than on a thread each.
@@ -1821,5 +1797,103 @@ extern "C" __global__ void label_encode_f32(const float* x, const float* keys,
             if (lo < count && keys[lo] == v) out = values[lo];
         }
         y[e] = out;
+    }
+}
+
+// ---- TopK by bitonic sort (src/runtime/cuda/top_k.rs) ----
+
+// Whether (a, index ia) comes before (b, index ib) in TopK's order: larger (or smaller when
+// !largest) by IEEE total order, equal values by index (the CPU kernel's stable order). An
+// index below 0 marks padding, which comes after everything.
+__device__ __forceinline__ bool top_k_before(float a, float ia, float b, float ib, int largest) {
+    if (ia < 0.0f) return false;
+    if (ib < 0.0f) return true;
+    int ka = total_order_key(a), kb = total_order_key(b);
+    if (ka != kb) return largest ? ka > kb : ka < kb;
+    return ia < ib;
+}
+
+// One compare-exchange of a bitonic sort network over a line of p (a power of two) values and
+// indices: position j and its partner j ^ stride, into ascending order ("before" first) within
+// blocks of `size` whose j & size is 0, descending in the others, so that `size` doubling to p
+// leaves the whole line in order.
+__device__ __forceinline__ void top_k_exchange(float* v, float* ix, long long j, long long size,
+                                               long long stride, int largest) {
+    long long partner = j ^ stride;
+    if (partner <= j) return;
+    bool ascending = (j & size) == 0;
+    bool swap = ascending ? top_k_before(v[partner], ix[partner], v[j], ix[j], largest)
+                          : top_k_before(v[j], ix[j], v[partner], ix[partner], largest);
+    if (swap) {
+        float t = v[j];
+        v[j] = v[partner];
+        v[partner] = t;
+        t = ix[j];
+        ix[j] = ix[partner];
+        ix[partner] = t;
+    }
+}
+
+// TopK of lines of up to p ≤ 4096 elements (p a power of two ≥ n) of x [outer, n, inner]: a
+// block per line sorts it in shared memory (p values, then p indices) by the bitonic network,
+// O(p log² p) comparisons spread over the block, and writes its first k.
+extern "C" __global__ void top_k_block_f32(const float* x, float* values, float* indices,
+                                           long long lines, long long n, long long inner,
+                                           long long k, long long p, int largest) {
+    extern __shared__ float top_k_line[];
+    float* v = top_k_line;
+    float* ix = top_k_line + p;
+    for (long long line = blockIdx.x; line < lines; line += gridDim.x) {
+        long long o = line / inner, i = line % inner;
+        for (long long j = threadIdx.x; j < p; j += blockDim.x) {
+            bool real = j < n;
+            v[j] = real ? x[(o * n + j) * inner + i] : 0.0f;
+            ix[j] = real ? (float)j : -1.0f;
+        }
+        __syncthreads();
+        for (long long size = 2; size <= p; size <<= 1) {
+            for (long long stride = size >> 1; stride > 0; stride >>= 1) {
+                for (long long j = threadIdx.x; j < p; j += blockDim.x) {
+                    top_k_exchange(v, ix, j, size, stride, largest);
+                }
+                __syncthreads();
+            }
+        }
+        for (long long r = threadIdx.x; r < k; r += blockDim.x) {
+            values[(o * k + r) * inner + i] = v[r];
+            indices[(o * k + r) * inner + i] = ix[r];
+        }
+        __syncthreads();
+    }
+}
+
+// Longer lines sort in global memory: top_k_load_f32 copies each line of x [outer, n, inner]
+// into row `line` of v, ix [lines, p] (padding marked by index −1), top_k_step_f32 runs one
+// (size, stride) step of the network over every line, and top_k_store_f32 writes the first k.
+extern "C" __global__ void top_k_load_f32(const float* x, float* v, float* ix, long long lines,
+                                          long long n, long long inner, long long p) {
+    GRID_STRIDE(e, lines * p) {
+        long long line = e / p, j = e % p, o = line / inner, i = line % inner;
+        bool real = j < n;
+        v[e] = real ? x[(o * n + j) * inner + i] : 0.0f;
+        ix[e] = real ? (float)j : -1.0f;
+    }
+}
+
+extern "C" __global__ void top_k_step_f32(float* v, float* ix, long long lines, long long p,
+                                          long long size, long long stride, int largest) {
+    GRID_STRIDE(e, lines * p) {
+        long long line = e / p;
+        top_k_exchange(v + line * p, ix + line * p, e % p, size, stride, largest);
+    }
+}
+
+extern "C" __global__ void top_k_store_f32(const float* v, const float* ix, float* values,
+                                           float* indices, long long lines, long long inner,
+                                           long long k, long long p) {
+    GRID_STRIDE(e, lines * k) {
+        long long line = e / k, r = e % k, o = line / inner, i = line % inner;
+        values[(o * k + r) * inner + i] = v[line * p + r];
+        indices[(o * k + r) * inner + i] = ix[line * p + r];
     }
 }

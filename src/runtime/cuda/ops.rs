@@ -83,7 +83,8 @@ pub(super) struct Functions {
     pub(super) reduce_blocks: CudaFunction,
     pub(super) stft_frames: CudaFunction,
     pub(super) trilu: CudaFunction,
-    pub(super) top_k: CudaFunction,
+    /// TopK's sorts (`top_k.rs`).
+    pub(super) top_k: super::top_k::Kernels,
     pub(super) col2im: CudaFunction,
     pub(super) one_hot: CudaFunction,
     pub(super) mel_weights: CudaFunction,
@@ -140,7 +141,7 @@ impl Functions {
             reduce_blocks: f("reduce_blocks_f32")?,
             stft_frames: f("stft_frames_f32")?,
             trilu: f("trilu_f32")?,
-            top_k: f("top_k_f32")?,
+            top_k: super::top_k::Kernels::load(module)?,
             col2im: f("col2im_f32")?,
             one_hot: f("one_hot_f32")?,
             mel_weights: f("mel_weights_f32")?,
