@@ -177,6 +177,10 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "one_hot_f32",
         "reduce_blocks_f32",
         "dequant_nbits_f32",
+        "fft_load_f64",
+        "fft_step_f64",
+        "fft_multiply_f64",
+        "fft_store_f32",
         "mel_weights_f32",
         "bernoulli_f32",
         "label_encode_f32",
@@ -1622,7 +1626,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 74);
+    models_match_on_the_device("coverage_models.py", 79);
 }
 
 /// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per

@@ -4,7 +4,9 @@ onnx and numpy, seeded), one `NAME.onnx` and `NAME.X.npy` each, their names in `
 and `NAME.launches.json` where the kernels a model must launch are part of the check:
 
 - DFT of odd lengths and batch 3: real and complex input, `dft_length` padding and truncating,
-  `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20);
+  `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20); at
+  lengths 7 (a direct sum), 64 (radix-2), 24, 1,000 and 4,097 (Bluestein), by the transform
+  kernels' launch counts;
 - STFT of real and complex signals, with and without a window and frame_length, onesided
   and not (its node cases give frame_step as a graph input, which a plan cannot be made for);
 - Tile with repeats on several axes (up to a rank-6 strided view), Trilu upper and lower with
@@ -78,8 +80,11 @@ def rng_for(name):
     return np.random.default_rng(sum(map(ord, name)))
 
 
-def write_dft(out, name, shape, opset, axis, length=None, **attrs):
-    """DFT of a seeded input of `shape` (last axis 1 or 2) along `axis`."""
+def write_dft(out, name, shape, opset, axis, length=None, launches=None, **attrs):
+    """DFT of a seeded input of `shape` (last axis 1 or 2) along `axis`; `launches` the
+    transform kernels' launch counts the run must show."""
+    if launches is not None:
+        (out / f"{name}.launches.json").write_text(json.dumps(launches))
     x = rng_for(name).standard_normal(shape)
     constants, inputs = [], ["X"]
     if length is not None:
@@ -441,6 +446,16 @@ def main(out):
     write_dft(out, "dft_complex_truncate_inverse", [3, 11, 2], 20, -2, length=4, inverse=1)
     write_dft(out, "dft_opset17_axis2_inverse", [3, 2, 9, 2], 17, 2, inverse=1)
     write_dft(out, "dft_opset17_real_pad", [2, 5, 3, 1], 17, 1, length=8, onesided=1)
+    write_dft(out, "dft_7_direct", [2, 7, 2], 20, 1, launches={"dft_f32": 1, "fft_step_f64": 0})
+    # Radix-2: log2(64) = 6 steps. Bluestein: three transforms of m = 2^⌈log2(2n − 1)⌉.
+    write_dft(out, "dft_64_radix2", [3, 64, 1], 20, 1,
+              launches={"dft_f32": 0, "fft_step_f64": 6, "fft_multiply_f64": 0})
+    write_dft(out, "dft_1000_bluestein_complex_inverse", [2, 1000, 2], 20, 1, inverse=1,
+              launches={"dft_f32": 0, "fft_step_f64": 33, "fft_multiply_f64": 1})
+    write_dft(out, "dft_4097_bluestein_onesided", [1, 4097, 1], 20, 1, onesided=1,
+              launches={"dft_f32": 0, "fft_step_f64": 42, "fft_multiply_f64": 1})
+    write_dft(out, "dft_20_padded_to_24_middle_axis", [2, 20, 3, 1], 17, 1, length=24,
+              launches={"dft_f32": 0, "fft_step_f64": 18, "fft_multiply_f64": 1})
     hann = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)
     write_stft(out, "stft_real_hann_window", [2, 64, 1], 8, window=hann, frame_length=16)
     write_stft(out, "stft_complex_two_sided", [1, 30, 2], 5, frame_length=10, onesided=0)

@@ -1897,3 +1897,86 @@ extern "C" __global__ void top_k_store_f32(const float* v, const float* ix, floa
         indices[(o * k + r) * inner + i] = ix[line * p + r];
     }
 }
+
+// ---- DFT as a fast transform (src/runtime/cuda/fft.rs) ----
+// Lines of complex doubles (re, im pairs), `m` (a power of two) a line, in `lines` rows.
+
+// Row `line` of buf [lines, m] from line `line` of x [outer, n, inner, parts]: its first
+// `samples` samples, each times chirp[j] when `chirped` (Bluestein's), then zeros.
+extern "C" __global__ void fft_load_f64(const float* x, const double* chirp, double* buf,
+                                        long long outer, long long n, long long inner,
+                                        int parts, long long samples, long long m,
+                                        int chirped) {
+    GRID_STRIDE(e, outer * inner * m) {
+        long long j = e % m, line = e / m, o = line / inner, i = line % inner;
+        double re = 0.0, im = 0.0;
+        if (j < samples) {
+            long long at = ((o * n + j) * inner + i) * parts;
+            re = x[at];
+            im = parts == 2 ? (double)x[at + 1] : 0.0;
+            if (chirped) {
+                double c = chirp[2 * j], s = chirp[2 * j + 1];
+                double r = re * c - im * s;
+                im = re * s + im * c;
+                re = r;
+            }
+        }
+        buf[2 * e] = re;
+        buf[2 * e + 1] = im;
+    }
+}
+
+// One radix-2 Stockham step over every row of src into dst (both [lines, m]): with span
+// `stride` (1, 2, 4, … m/2) and h = m / (2·stride), butterfly (p, q) reads p and p + h of
+// sub-sequence q and writes their sum at 2p and their difference times twiddle[p·stride]
+// at 2p + 1; log₂ m steps leave the transform in natural order, no bit reversal.
+extern "C" __global__ void fft_step_f64(const double* src, double* dst, const double* twiddle,
+                                        long long lines, long long m, long long stride) {
+    long long h = m / (2 * stride);
+    GRID_STRIDE(e, lines * (m / 2)) {
+        long long line = e / (m / 2), t = e % (m / 2), p = t / stride, q = t % stride;
+        const double* in = src + 2 * line * m;
+        double* out = dst + 2 * line * m;
+        long long a = q + stride * p, b = q + stride * (p + h);
+        double ar = in[2 * a], ai = in[2 * a + 1], br = in[2 * b], bi = in[2 * b + 1];
+        double c = twiddle[2 * p * stride], s = twiddle[2 * p * stride + 1];
+        double dr = ar - br, di = ai - bi;
+        long long even = q + stride * (2 * p), odd = q + stride * (2 * p + 1);
+        out[2 * even] = ar + br;
+        out[2 * even + 1] = ai + bi;
+        out[2 * odd] = dr * c - di * s;
+        out[2 * odd + 1] = dr * s + di * c;
+    }
+}
+
+// Every row of buf [lines, m] times filter [m], element by element (Bluestein's convolution).
+extern "C" __global__ void fft_multiply_f64(double* buf, const double* filter, long long lines,
+                                            long long m) {
+    GRID_STRIDE(e, lines * m) {
+        long long j = e % m;
+        double re = buf[2 * e], im = buf[2 * e + 1];
+        double c = filter[2 * j], s = filter[2 * j + 1];
+        buf[2 * e] = re * c - im * s;
+        buf[2 * e + 1] = re * s + im * c;
+    }
+}
+
+// y [outer, kept, inner, 2] from the first `kept` values of each row of buf [lines, m], times
+// chirp[k] when `chirped`, times `scale`, rounded to float.
+extern "C" __global__ void fft_store_f32(const double* buf, const double* chirp, float* y,
+                                         long long outer, long long kept, long long inner,
+                                         long long m, double scale, int chirped) {
+    GRID_STRIDE(e, outer * kept * inner) {
+        long long i = e % inner, k = (e / inner) % kept, o = e / (inner * kept);
+        long long at = (o * inner + i) * m + k;
+        double re = buf[2 * at], im = buf[2 * at + 1];
+        if (chirped) {
+            double c = chirp[2 * k], s = chirp[2 * k + 1];
+            double r = re * c - im * s;
+            im = re * s + im * c;
+            re = r;
+        }
+        y[2 * e] = (float)(re * scale);
+        y[2 * e + 1] = (float)(im * scale);
+    }
+}

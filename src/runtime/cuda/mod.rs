@@ -25,6 +25,7 @@ mod compile;
 mod control_flow;
 mod conv3d;
 mod deform_conv;
+mod fft;
 mod flat;
 mod grid_sample;
 mod index_ops;

@@ -79,6 +79,8 @@ pub(super) struct Functions {
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
     pub(super) dft: CudaFunction,
+    /// DFT's fast transforms (`fft.rs`).
+    pub(super) fft: super::fft::Kernels,
     pub(super) det: CudaFunction,
     pub(super) reduce_blocks: CudaFunction,
     pub(super) stft_frames: CudaFunction,
@@ -137,6 +139,7 @@ impl Functions {
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
             dft: f("dft_f32")?,
+            fft: super::fft::Kernels::load(module)?,
             det: f("det_f32")?,
             reduce_blocks: f("reduce_blocks_f32")?,
             stft_frames: f("stft_frames_f32")?,
