@@ -172,6 +172,7 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "top_k_block_f32",
         "top_k_load_f32",
         "top_k_step_f32",
+        "top_k_chunk_f32",
         "top_k_store_f32",
         "col2im_f32",
         "one_hot_f32",
@@ -1630,7 +1631,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 79);
+    models_match_on_the_device("coverage_models.py", 80);
 }
 
 /// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per

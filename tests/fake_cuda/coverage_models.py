@@ -21,7 +21,7 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
   attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k),
   at lines of 5–6, 64, 1,000 and 4,096 (sorted by a block in shared memory) and of 4,097 and
-  5,000 (sorted in global memory), by the sort kernels' launch counts;
+  5,000 and 20,000 (sorted in global memory), by the sort kernels' launch counts;
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
   its Attention with 1-, 2- and 3-D mask_index, unidirectional, attention_bias broadcast over
@@ -491,12 +491,15 @@ def main(out):
     write_top_k(out, "top_k_64_in_a_block", [3, 64], 10, 1, 1, 11, in_blocks)
     write_top_k(out, "top_k_1000_all_smallest", [1000, 2], 1000, 0, 0, 11, in_blocks)
     write_top_k(out, "top_k_4096_in_a_block", [4096], 4096, 0, 1, 11, in_blocks)
-    # 4,097 pads to 8,192: 13 · 14 / 2 = 91 steps of the network in global memory.
-    in_memory = {"top_k_block_f32": 0, "top_k_load_f32": 1, "top_k_step_f32": 91,
-                 "top_k_store_f32": 1}
+    # 4,097 pads to 8,192: the chunks of 4,096 sorted in shared memory, one global step of
+    # stride 4,096, the rest of size 8,192 in shared memory.
+    in_memory = {"top_k_block_f32": 0, "top_k_load_f32": 1, "top_k_chunk_f32": 2,
+                 "top_k_step_f32": 1, "top_k_store_f32": 1}
     write_top_k(out, "top_k_4097_in_memory", [2, 4097, 3], 4097, 1, 1, 11, in_memory)
-    write_top_k(out, "top_k_5000_smallest_in_memory", [5000], 17, 0, 0, 11,
-                {**in_memory, "top_k_step_f32": 91})
+    write_top_k(out, "top_k_5000_smallest_in_memory", [5000], 17, 0, 0, 11, in_memory)
+    # 20,000 pads to 32,768: sizes 8,192, 16,384 and 32,768 take 1 + 2 + 3 global steps.
+    write_top_k(out, "top_k_20000_in_memory", [20000, 1], 20000, 0, 1, 11,
+                {**in_memory, "top_k_chunk_f32": 4, "top_k_step_f32": 6})
     write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
     write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
     write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])

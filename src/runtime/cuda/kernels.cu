@@ -1815,13 +1815,13 @@ __device__ __forceinline__ bool top_k_before(float a, float ia, float b, float i
 
 // One compare-exchange of a bitonic sort network over a line of p (a power of two) values and
 // indices: position j and its partner j ^ stride, into ascending order ("before" first) within
-// blocks of `size` whose j & size is 0, descending in the others, so that `size` doubling to p
-// leaves the whole line in order.
-__device__ __forceinline__ void top_k_exchange(float* v, float* ix, long long j, long long size,
-                                               long long stride, int largest) {
+// blocks of `size` whose position & size is 0, descending in the others, so that `size`
+// doubling to p leaves the whole line in order. v and ix start at position `base` of the line.
+__device__ __forceinline__ void top_k_exchange(float* v, float* ix, long long j, long long base,
+                                               long long size, long long stride, int largest) {
     long long partner = j ^ stride;
     if (partner <= j) return;
-    bool ascending = (j & size) == 0;
+    bool ascending = ((base + j) & size) == 0;
     bool swap = ascending ? top_k_before(v[partner], ix[partner], v[j], ix[j], largest)
                           : top_k_before(v[j], ix[j], v[partner], ix[partner], largest);
     if (swap) {
@@ -1854,7 +1854,7 @@ extern "C" __global__ void top_k_block_f32(const float* x, float* values, float*
         for (long long size = 2; size <= p; size <<= 1) {
             for (long long stride = size >> 1; stride > 0; stride >>= 1) {
                 for (long long j = threadIdx.x; j < p; j += blockDim.x) {
-                    top_k_exchange(v, ix, j, size, stride, largest);
+                    top_k_exchange(v, ix, j, 0, size, stride, largest);
                 }
                 __syncthreads();
             }
@@ -1868,8 +1868,10 @@ extern "C" __global__ void top_k_block_f32(const float* x, float* values, float*
 }
 
 // Longer lines sort in global memory: top_k_load_f32 copies each line of x [outer, n, inner]
-// into row `line` of v, ix [lines, p] (padding marked by index −1), top_k_step_f32 runs one
-// (size, stride) step of the network over every line, and top_k_store_f32 writes the first k.
+// into row `line` of v, ix [lines, p] (padding marked by index −1); top_k_chunk_f32 runs the
+// steps whose partners lie in one chunk of `chunk` positions in shared memory, and
+// top_k_step_f32 one step of a larger stride over every line; top_k_store_f32 writes the
+// first k.
 extern "C" __global__ void top_k_load_f32(const float* x, float* v, float* ix, long long lines,
                                           long long n, long long inner, long long p) {
     GRID_STRIDE(e, lines * p) {
@@ -1884,7 +1886,44 @@ extern "C" __global__ void top_k_step_f32(float* v, float* ix, long long lines, 
                                           long long size, long long stride, int largest) {
     GRID_STRIDE(e, lines * p) {
         long long line = e / p;
-        top_k_exchange(v + line * p, ix + line * p, e % p, size, stride, largest);
+        top_k_exchange(v + line * p, ix + line * p, e % p, 0, size, stride, largest);
+    }
+}
+
+// The steps of strides below `chunk` in shared memory, a block per (line, chunk): with
+// `presort` every size from 2 to `chunk` (each chunk sorted, in the direction the network
+// wants it), else those of `size` (> chunk), after the global steps of its larger strides.
+extern "C" __global__ void top_k_chunk_f32(float* v, float* ix, long long lines, long long p,
+                                           long long chunk, long long size, int presort,
+                                           int largest) {
+    extern __shared__ float top_k_part[];
+    float* sv = top_k_part;
+    float* si = top_k_part + chunk;
+    long long chunks = p / chunk;
+    for (long long b = blockIdx.x; b < lines * chunks; b += gridDim.x) {
+        long long line = b / chunks, base = (b % chunks) * chunk;
+        float* lv = v + line * p + base;
+        float* li = ix + line * p + base;
+        for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+            sv[j] = lv[j];
+            si[j] = li[j];
+        }
+        __syncthreads();
+        long long first = presort ? 2 : size, last = presort ? chunk : size;
+        for (long long s = first; s <= last; s <<= 1) {
+            long long top = s < chunk ? s / 2 : chunk / 2;
+            for (long long stride = top; stride > 0; stride >>= 1) {
+                for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+                    top_k_exchange(sv, si, j, base, s, stride, largest);
+                }
+                __syncthreads();
+            }
+        }
+        for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+            lv[j] = sv[j];
+            li[j] = si[j];
+        }
+        __syncthreads();
     }
 }
 
