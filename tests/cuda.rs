@@ -1611,7 +1611,8 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 /// batch 3, padded and truncated, onesided, inverse, the axis an attribute and an input, and at
 /// 7 (direct), 64 (radix-2), 24, 1,000 and 4,097 (Bluestein) by launch counts; MelWeightMatrix,
 /// Bernoulli and LabelEncoder of floats by their kernels' launches; TopK at lines of up to
-/// 4,096 (a block's shared-memory sort) and 4,097 and 5,000 (global-memory steps); MatMulNBits
+/// 4,096 (a block's shared-memory sort) and 4,097, 5,000 and 20,000 (chunks in shared memory,
+/// larger strides in global memory); MatMulNBits
 /// over 4 micro-batches expanding its weight once; STFT of
 /// real and complex signals with and without a window; Tile up to a rank-6 strided view; Trilu
 /// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
