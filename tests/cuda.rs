@@ -1632,7 +1632,7 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 80);
+    models_match_on_the_device("coverage_models.py", 81);
 }
 
 /// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per

@@ -30,7 +30,7 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   interleaved, partial rotation and heads from the cache width; its MatMulNBits of 2, 4 and 8
   bits with default, packed and float zero points, a short last block and a bias;
 - MelWeightMatrix (8, 20 and 40 filters, the last with filters whose first edges meet),
-  Bernoulli (a seed, and none: the node's name; a float dtype), and LabelEncoder from float
+  Bernoulli (a seed, and none: the node's name; a float and a boolean dtype), and LabelEncoder from float
   keys to float values (repeated keys, NaN, −0, misses, a default and a default tensor), each
   on the device by its kernel's launch count; MatMulNBits over 4 micro-batches expands its
   weight once;
@@ -284,11 +284,21 @@ def write_mel_weights(out, name, mel_bins, dft_length, sample_rate, lower, upper
 
 
 def write_bernoulli(out, name, shape, **attrs):
-    """Bernoulli of seeded probabilities in [0, 1] (with exact 0s and 1s), on the device."""
+    """Bernoulli of seeded probabilities in [0, 1] (with exact 0s and 1s), on the device; a
+    boolean `dtype` gives a boolean Y."""
     p = rng_for(name).random(shape)
     p.flat[:4] = [0.0, 1.0, 0.0, 1.0]
     node = helper.make_node("Bernoulli", ["X"], ["Y"], name=f"{name}_node", **attrs)
-    save(out, name, node, p, opsets=[("", 15)])
+    if attrs.get("dtype") == TensorProto.BOOL:
+        graph = helper.make_graph(
+            [node], name, [helper.make_tensor_value_info("X", F32, list(shape))],
+            [helper.make_tensor_value_info("Y", TensorProto.BOOL, list(shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+        onnx.checker.check_model(model)
+        onnx.save(model, out / f"{name}.onnx")
+        np.save(out / f"{name}.X.npy", p.astype(np.float32))
+    else:
+        save(out, name, node, p, opsets=[("", 15)])
     (out / f"{name}.launches.json").write_text(json.dumps({"bernoulli_f32": 1}))
 
 
@@ -536,6 +546,7 @@ def main(out):
     write_mel_weights(out, "mel_weights_40_bins_repeated_edges", 40, 32, 8000, 0.0, 4000.0)
     write_bernoulli(out, "bernoulli_seeded", [40, 50], seed=7.0)
     write_bernoulli(out, "bernoulli_named_float_dtype", [3, 5, 7], dtype=TensorProto.FLOAT)
+    write_bernoulli(out, "bernoulli_bool_dtype", [6, 9], seed=2.0, dtype=TensorProto.BOOL)
     write_label_encoder(out, "label_encoder_floats", [1.5, -2.0, 0.0, float("nan"), 1.5, 9.0],
                         [10.0, 20.0, 30.0, 40.0, 50.0, 60.0], 2, default_float=-1.0)
     write_label_encoder(out, "label_encoder_float_tensors", [3.0, -0.0, 1e30, 2.5],

@@ -2,8 +2,8 @@
 //! the CPU kernel draws (`kernels/random.rs`): its generator is SplitMix64, whose draw `i` is a
 //! function of the seed and `i` alone, so `bernoulli_f32` computes each element's draw in its
 //! own thread and gives the CPU's very outputs, the `seed` attribute (else the node's name)
-//! fixing them run to run. A `dtype` other than a float one is left to the CPU kernel (the
-//! device holds float tensors).
+//! fixing them run to run. A boolean `dtype` makes a device mask (`masks.rs`: the same 0s and
+//! 1s); an integer one is left to the CPU kernel (integer tensors live on the host).
 
 use cudarc::driver::PushKernelArg;
 
@@ -18,10 +18,11 @@ pub(super) fn bernoulli(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
     let Some(p) = device(gpu, args, 0)? else {
         return Ok(None);
     };
-    match random_output_dtype(ctx, None) {
-        Ok(dtype) if runtime_dtype(dtype) == DType::F32 => {}
+    let mask = match random_output_dtype(ctx, None).map(runtime_dtype) {
+        Ok(DType::F32) => false,
+        Ok(DType::Bool) => true,
         _ => return Ok(None),
-    }
+    };
     let n = p.data.len();
     let mut out = gpu.alloc(n)?;
     let (count, seed) = (n as i64, draw_seed(ctx));
@@ -29,5 +30,9 @@ pub(super) fn bernoulli(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
     launch.arg(&*p.data).arg(&mut out).arg(&count).arg(&seed);
     // SAFETY: argument types match `bernoulli_f32`; both buffers hold n floats.
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-    one(DeviceTensor::new(p.shape.clone(), out))
+    if mask {
+        one(DeviceTensor::mask(p.shape.clone(), out))
+    } else {
+        one(DeviceTensor::new(p.shape.clone(), out))
+    }
 }
