@@ -169,10 +169,22 @@ fn nvrtc_compiles_every_kernel_the_backend_loads() {
         "tree_leaves_f32",
         "tree_aggregate_f32",
         "trilu_f32",
-        "top_k_f32",
+        "top_k_block_f32",
+        "top_k_load_f32",
+        "top_k_step_f32",
+        "top_k_chunk_f32",
+        "top_k_store_f32",
         "col2im_f32",
         "one_hot_f32",
         "reduce_blocks_f32",
+        "dequant_nbits_f32",
+        "fft_load_f64",
+        "fft_step_f64",
+        "fft_multiply_f64",
+        "fft_store_f32",
+        "mel_weights_f32",
+        "bernoulli_f32",
+        "label_encode_f32",
     ] {
         assert!(kernels.contains(&name), "{name} missing from {kernels:?}");
     }
@@ -1644,7 +1656,12 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 
 /// DFT, STFT, Det, Tile, Trilu, the ai.onnx.ml ops and reductions off the trailing axes where
 /// their node cases do not reach (`tests/fake_cuda/coverage_models.py`): DFT of odd lengths at
-/// batch 3, padded and truncated, onesided, inverse, the axis an attribute and an input; STFT of
+/// batch 3, padded and truncated, onesided, inverse, the axis an attribute and an input, and at
+/// 7 (direct), 64 (radix-2), 24, 1,000 and 4,097 (Bluestein) by launch counts; MelWeightMatrix,
+/// Bernoulli and LabelEncoder of floats by their kernels' launches; TopK at lines of up to
+/// 4,096 (a block's shared-memory sort) and 4,097, 5,000 and 20,000 (chunks in shared memory,
+/// larger strides in global memory); MatMulNBits
+/// over 4 micro-batches expanding its weight once; STFT of
 /// real and complex signals with and without a window; Tile up to a rank-6 strided view; Trilu
 /// upper and lower with every sign of k; Compress, CenterCropPad, AffineGrid, Col2Im (strides,
 /// pads, dilations) and OneHot; TopK with ties,
@@ -1663,7 +1680,79 @@ fn device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
 #[cfg(feature = "cuda")]
 #[test]
 fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
-    models_match_on_the_device("coverage_models.py", 61);
+    models_match_on_the_device("coverage_models.py", 81);
+}
+
+/// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per
+/// element from the seed and the position): a seeded node and an unseeded one (seeded by its
+/// name) give the same draws in two runs, and the draws follow their probabilities: over 20,000
+/// elements of p = 0.3 and 20,000 of p = 0.9 the frequencies of 1 are within 5σ (σ ≈ 0.0032 and
+/// 0.0021) of them, p = 0 gives only 0s and p = 1 only 1s, and no value is other than 0 or 1.
+#[cfg(feature = "cuda")]
+#[test]
+fn bernoulli_draws_repeat_and_follow_their_probabilities() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the Bernoulli models cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+out = sys.argv[1]
+for name, attrs in [("seeded", {"seed": 11.0}), ("unseeded", {})]:
+    node = helper.make_node("Bernoulli", ["X"], ["Y"], name=f"draw_{name}", **attrs)
+    graph = helper.make_graph([node], name,
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 10000])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 10000])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]),
+              f"{out}/{name}.onnx")
+p = np.array([0.3, 0.9, 0.0, 1.0], np.float32)[:, None].repeat(10000, 1)
+np.save(f"{out}/X.npy", p)
+"#;
+    let status = Command::new(&python)
+        .args(["-c", script])
+        .arg(dir.path())
+        .status()
+        .expect("python starts");
+    assert!(status.success());
+    let input = format!("X={}", dir.path().join("X.npy").display());
+    let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
+    for name in ["seeded", "unseeded"] {
+        let model = dir.path().join(format!("{name}.onnx"));
+        let model = model.to_str().unwrap();
+        let work = dir.path().join(name);
+        std::fs::create_dir_all(&work).unwrap();
+        let plan = partition(&work, model, 1, &[]);
+        let draws: Vec<Vec<f32>> = (0..2)
+            .map(|run| {
+                let out = work.join(format!("run{run}"));
+                let report = run_plan(&plan, model, "cuda", &extra, &out, &env);
+                assert_no_host_fallbacks(name, &report);
+                let y = pipecut::runtime::read_npy(&out.join("Y.npy")).expect("Y");
+                y.tensor.to_f32_vec()
+            })
+            .collect();
+        assert_eq!(
+            draws[0], draws[1],
+            "{name}: the second run drew other values"
+        );
+        assert!(draws[0].iter().all(|&v| v == 0.0 || v == 1.0), "{name}");
+        let rows: Vec<&[f32]> = draws[0].chunks(10000).collect();
+        let frequency = |row: &[f32]| row.iter().sum::<f32>() as f64 / row.len() as f64;
+        for (row, p) in rows.iter().zip([0.3f64, 0.9, 0.0, 1.0]) {
+            let sigma = (p * (1.0 - p) / 10000.0).sqrt();
+            let f = frequency(row);
+            assert!(
+                (f - p).abs() <= 5.0 * sigma,
+                "{name}: frequency {f} of 1s where p = {p}"
+            );
+        }
+    }
 }
 
 /// Runs the models `tests/fake_cuda/<script>` writes (at least `at_least`) on the CUDA backend
@@ -1712,7 +1801,12 @@ fn models_match_on_the_device(script: &str, at_least: usize) {
             &[],
         );
         let input = format!("X={}", models.join(format!("{name}.X.npy")).display());
-        let extra = ["--input", &input, "--json", "--microbatches", "1"].map(String::from);
+        // A model may ask for several micro-batches (`NAME.microbatches`), to count what a run
+        // does once rather than per micro-batch.
+        let microbatches = std::fs::read_to_string(models.join(format!("{name}.microbatches")))
+            .map_or_else(|_| "1".to_string(), |m| m.trim().to_string());
+        let extra =
+            ["--input", &input, "--json", "--microbatches", &microbatches].map(String::from);
         let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
         let stats = work.join("stats.json");
         let mut env = env.clone();

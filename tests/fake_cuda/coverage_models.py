@@ -4,7 +4,9 @@ onnx and numpy, seeded), one `NAME.onnx` and `NAME.X.npy` each, their names in `
 and `NAME.launches.json` where the kernels a model must launch are part of the check:
 
 - DFT of odd lengths and batch 3: real and complex input, `dft_length` padding and truncating,
-  `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20);
+  `onesided`, `inverse`, the axis as an attribute (opset 17) and as an input (opset 20); at
+  lengths 7 (a direct sum), 64 (radix-2), 24, 1,000 and 4,097 (Bluestein), by the transform
+  kernels' launch counts;
 - STFT of real and complex signals, with and without a window and frame_length, onesided
   and not (its node cases give frame_step as a graph input, which a plan cannot be made for);
 - Tile with repeats on several axes (up to a rank-6 strided view), Trilu upper and lower with
@@ -17,7 +19,9 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
 - Col2Im in 1-D and 2-D, with strides, pads and dilations (the node cases give the image and
   block shapes as graph inputs);
 - TopK, largest and smallest, along the last and the first axis, k an input and (opset 9) an
-  attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k);
+  attribute, with ties, infinities and NaNs (ranked last by smallest, so never among the k),
+  at lines of 5–6, 64, 1,000 and 4,096 (sorted by a block in shared memory) and of 4,097 and
+  5,000 and 20,000 (sorted in global memory), by the sort kernels' launch counts;
 - onnxruntime's com.microsoft fused ops: BiasAdd, BiasGelu, FastGelu with and without a bias,
   Gelu, QuickGelu, SkipLayerNormalization with every output and SkipSimplifiedLayerNormalization;
   its Attention with 1-, 2- and 3-D mask_index, unidirectional, attention_bias broadcast over
@@ -25,6 +29,11 @@ and `NAME.launches.json` where the kernels a model must launch are part of the c
   RotaryEmbedding of [B, S, H] and [B, N, S, head] input, positions [B, S] and an offset [1],
   interleaved, partial rotation and heads from the cache width; its MatMulNBits of 2, 4 and 8
   bits with default, packed and float zero points, a short last block and a bias;
+- MelWeightMatrix (8, 20 and 40 filters, the last with filters whose first edges meet),
+  Bernoulli (a seed, and none: the node's name; a float and a boolean dtype), and LabelEncoder from float
+  keys to float values (repeated keys, NaN, −0, misses, a default and a default tensor), each
+  on the device by its kernel's launch count; MatMulNBits over 4 micro-batches expands its
+  weight once;
 - Det of 1 × 1 matrices, of a batch of 3 × 3 ones with singular members (a zero column, two
   equal rows) and row swaps, and of 6 × 6 ones in a [2, 3] batch;
 - TreeEnsemble with several trees and targets, every aggregate function and post transform,
@@ -71,8 +80,11 @@ def rng_for(name):
     return np.random.default_rng(sum(map(ord, name)))
 
 
-def write_dft(out, name, shape, opset, axis, length=None, **attrs):
-    """DFT of a seeded input of `shape` (last axis 1 or 2) along `axis`."""
+def write_dft(out, name, shape, opset, axis, length=None, launches=None, **attrs):
+    """DFT of a seeded input of `shape` (last axis 1 or 2) along `axis`; `launches` the
+    transform kernels' launch counts the run must show."""
+    if launches is not None:
+        (out / f"{name}.launches.json").write_text(json.dumps(launches))
     x = rng_for(name).standard_normal(shape)
     constants, inputs = [], ["X"]
     if length is not None:
@@ -206,9 +218,11 @@ def write_ms_rotary(out, name, shape, positions, cached, half, attrs=None):
     np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
 
 
-def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False):
+def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=False,
+                       microbatches=1):
     """com.microsoft MatMulNBits of a seeded `[..., K]` input and seeded packed weights of `n`
-    columns; `zero_points` None (the default), "packed" or "float"."""
+    columns; `zero_points` None (the default), "packed" or "float". With several
+    `microbatches`, the run must expand the weight once (one `dequant_nbits_f32` launch)."""
     rng = rng_for(name)
     k = shape[-1]
     blocks = -(-k // block)
@@ -240,7 +254,68 @@ def write_matmul_nbits(out, name, shape, n, bits, block, zero_points=None, bias=
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
                                                     helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, out / f"{name}.onnx")
-    np.save(out / f"{name}.X.npy", rng.standard_normal(shape).astype(np.float32))
+    rows = [shape[0] * microbatches] + shape[1:]
+    np.save(out / f"{name}.X.npy", rng.standard_normal(rows).astype(np.float32))
+    if microbatches > 1:
+        (out / f"{name}.microbatches").write_text(str(microbatches))
+        (out / f"{name}.launches.json").write_text(json.dumps({"dequant_nbits_f32": 1}))
+
+
+def write_mel_weights(out, name, mel_bins, dft_length, sample_rate, lower, upper):
+    """MelWeightMatrix of constant scalars plus X (its shape): the matrix must be made on the
+    device (one `mel_weights_f32` launch)."""
+    scalars = [np.array(v, np.int64) for v in (mel_bins, dft_length, sample_rate)]
+    scalars += [np.array(v, np.float32) for v in (lower, upper)]
+    names = ["mel_bins", "dft_length", "sample_rate", "lower", "upper"]
+    shape = [dft_length // 2 + 1, mel_bins]
+    graph = helper.make_graph(
+        [helper.make_node("MelWeightMatrix", names, ["M"]),
+         helper.make_node("Add", ["M", "X"], ["Y"])],
+        name,
+        [helper.make_tensor_value_info("X", F32, shape)],
+        [helper.make_tensor_value_info("Y", F32, shape)],
+        [numpy_helper.from_array(v, n) for v, n in zip(scalars, names)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, out / f"{name}.onnx")
+    np.save(out / f"{name}.X.npy", np.zeros(shape, np.float32))
+    (out / f"{name}.launches.json").write_text(json.dumps({"mel_weights_f32": 1}))
+
+
+def write_bernoulli(out, name, shape, **attrs):
+    """Bernoulli of seeded probabilities in [0, 1] (with exact 0s and 1s), on the device; a
+    boolean `dtype` gives a boolean Y."""
+    p = rng_for(name).random(shape)
+    p.flat[:4] = [0.0, 1.0, 0.0, 1.0]
+    node = helper.make_node("Bernoulli", ["X"], ["Y"], name=f"{name}_node", **attrs)
+    if attrs.get("dtype") == TensorProto.BOOL:
+        graph = helper.make_graph(
+            [node], name, [helper.make_tensor_value_info("X", F32, list(shape))],
+            [helper.make_tensor_value_info("Y", TensorProto.BOOL, list(shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+        onnx.checker.check_model(model)
+        onnx.save(model, out / f"{name}.onnx")
+        np.save(out / f"{name}.X.npy", p.astype(np.float32))
+    else:
+        save(out, name, node, p, opsets=[("", 15)])
+    (out / f"{name}.launches.json").write_text(json.dumps({"bernoulli_f32": 1}))
+
+
+def write_label_encoder(out, name, keys, values, ml_opset, **attrs):
+    """ai.onnx.ml LabelEncoder from float keys to float values of an input holding every key,
+    NaN, −0, 0 and misses."""
+    x = np.array([k for k in keys] + [np.nan, -0.0, 0.0, 2.5, -7.0, 1e30, 1.5, 3.0],
+                 np.float32).reshape(2, -1)
+    if ml_opset >= 4:
+        attrs["keys_tensor"] = numpy_helper.from_array(np.array(keys, np.float32), "keys")
+        attrs["values_tensor"] = numpy_helper.from_array(np.array(values, np.float32), "values")
+    else:
+        attrs["keys_floats"] = keys
+        attrs["values_floats"] = values
+    node = helper.make_node("LabelEncoder", ["X"], ["Y"], domain="ai.onnx.ml", **attrs)
+    save(out, name, node, x, opsets=[("", 20), ("ai.onnx.ml", ml_opset)])
+    (out / f"{name}.launches.json").write_text(json.dumps({"label_encode_f32": 1}))
 
 
 def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_shape=None):
@@ -250,8 +325,11 @@ def write_with_constant(out, name, op, shape, constant, opset, attrs=None, y_sha
          [numpy_helper.from_array(constant, "C")], [("", opset)], y_shape)
 
 
-def write_top_k(out, name, shape, k, axis, largest, opset):
-    """TopK of seeded integers (ties) with an infinity and NaNs, both outputs."""
+def write_top_k(out, name, shape, k, axis, largest, opset, launches=None):
+    """TopK of seeded integers (ties) with an infinity and NaNs, both outputs; `launches` the
+    sort kernels' launch counts the run must show."""
+    if launches is not None:
+        (out / f"{name}.launches.json").write_text(json.dumps(launches))
     rng = rng_for(name)
     x = np.round(rng.standard_normal(shape) * 2)
     x.flat[3], x.flat[5] = np.inf, -np.inf
@@ -378,6 +456,16 @@ def main(out):
     write_dft(out, "dft_complex_truncate_inverse", [3, 11, 2], 20, -2, length=4, inverse=1)
     write_dft(out, "dft_opset17_axis2_inverse", [3, 2, 9, 2], 17, 2, inverse=1)
     write_dft(out, "dft_opset17_real_pad", [2, 5, 3, 1], 17, 1, length=8, onesided=1)
+    write_dft(out, "dft_7_direct", [2, 7, 2], 20, 1, launches={"dft_f32": 1, "fft_step_f64": 0})
+    # Radix-2: log2(64) = 6 steps. Bluestein: three transforms of m = 2^⌈log2(2n − 1)⌉.
+    write_dft(out, "dft_64_radix2", [3, 64, 1], 20, 1,
+              launches={"dft_f32": 0, "fft_step_f64": 6, "fft_multiply_f64": 0})
+    write_dft(out, "dft_1000_bluestein_complex_inverse", [2, 1000, 2], 20, 1, inverse=1,
+              launches={"dft_f32": 0, "fft_step_f64": 33, "fft_multiply_f64": 1})
+    write_dft(out, "dft_4097_bluestein_onesided", [1, 4097, 1], 20, 1, onesided=1,
+              launches={"dft_f32": 0, "fft_step_f64": 42, "fft_multiply_f64": 1})
+    write_dft(out, "dft_20_padded_to_24_middle_axis", [2, 20, 3, 1], 17, 1, length=24,
+              launches={"dft_f32": 0, "fft_step_f64": 18, "fft_multiply_f64": 1})
     hann = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)
     write_stft(out, "stft_real_hann_window", [2, 64, 1], 8, window=hann, frame_length=16)
     write_stft(out, "stft_complex_two_sided", [1, 30, 2], 5, frame_length=10, onesided=0)
@@ -409,6 +497,19 @@ def main(out):
     write_top_k(out, "top_k_largest_last_axis", [3, 9], 4, -1, 1, 11)
     write_top_k(out, "top_k_smallest_axis0_nan_last", [7, 4, 3], 3, 0, 0, 11)
     write_top_k(out, "top_k_opset9_attribute", [2, 5, 6], 2, 1, 1, 9)
+    in_blocks = {"top_k_block_f32": 1, "top_k_step_f32": 0}
+    write_top_k(out, "top_k_64_in_a_block", [3, 64], 10, 1, 1, 11, in_blocks)
+    write_top_k(out, "top_k_1000_all_smallest", [1000, 2], 1000, 0, 0, 11, in_blocks)
+    write_top_k(out, "top_k_4096_in_a_block", [4096], 4096, 0, 1, 11, in_blocks)
+    # 4,097 pads to 8,192: the chunks of 4,096 sorted in shared memory, one global step of
+    # stride 4,096, the rest of size 8,192 in shared memory.
+    in_memory = {"top_k_block_f32": 0, "top_k_load_f32": 1, "top_k_chunk_f32": 2,
+                 "top_k_step_f32": 1, "top_k_store_f32": 1}
+    write_top_k(out, "top_k_4097_in_memory", [2, 4097, 3], 4097, 1, 1, 11, in_memory)
+    write_top_k(out, "top_k_5000_smallest_in_memory", [5000], 17, 0, 0, 11, in_memory)
+    # 20,000 pads to 32,768: sizes 8,192, 16,384 and 32,768 take 1 + 2 + 3 global steps.
+    write_top_k(out, "top_k_20000_in_memory", [20000, 1], 20000, 0, 1, 11,
+                {**in_memory, "top_k_chunk_f32": 4, "top_k_step_f32": 6})
     write_microsoft(out, "ms_bias_add", "BiasAdd", [2, 3, 8], [[8], [2, 3, 8]])
     write_microsoft(out, "ms_bias_gelu", "BiasGelu", [2, 5, 6], [[6]])
     write_microsoft(out, "ms_fast_gelu_bias", "FastGelu", [3, 7], [[7]])
@@ -438,6 +539,20 @@ def main(out):
     write_matmul_nbits(out, "matmul_4bits_packed_zero_bias", [3, 32], 7, 4, 16, "packed", True)
     write_matmul_nbits(out, "matmul_8bits_float_zero", [2, 2, 24], 3, 8, 16, "float")
     write_matmul_nbits(out, "matmul_2bits_packed_zero", [4, 40], 6, 2, 16, "packed", True)
+    write_matmul_nbits(out, "matmul_4bits_expanded_once_for_4_microbatches", [1, 3, 32], 5, 4,
+                       16, "packed", True, microbatches=4)
+    write_mel_weights(out, "mel_weights_8_bins", 8, 64, 8000, 0.0, 4000.0)
+    write_mel_weights(out, "mel_weights_20_bins_speech_band", 20, 512, 16000, 20.0, 7600.0)
+    write_mel_weights(out, "mel_weights_40_bins_repeated_edges", 40, 32, 8000, 0.0, 4000.0)
+    write_bernoulli(out, "bernoulli_seeded", [40, 50], seed=7.0)
+    write_bernoulli(out, "bernoulli_named_float_dtype", [3, 5, 7], dtype=TensorProto.FLOAT)
+    write_bernoulli(out, "bernoulli_bool_dtype", [6, 9], seed=2.0, dtype=TensorProto.BOOL)
+    write_label_encoder(out, "label_encoder_floats", [1.5, -2.0, 0.0, float("nan"), 1.5, 9.0],
+                        [10.0, 20.0, 30.0, 40.0, 50.0, 60.0], 2, default_float=-1.0)
+    write_label_encoder(out, "label_encoder_float_tensors", [3.0, -0.0, 1e30, 2.5],
+                        [0.5, -0.5, 7.0, float("inf")], 4,
+                        default_tensor=numpy_helper.from_array(np.array([4.25], np.float32),
+                                                              "default"))
     write_det(out, "det_1x1", rng_for("det_1x1").standard_normal((5, 1, 1)))
     write_det(out, "det_3x3_singular_and_swaps", singular_batch())
     write_det(out, "det_6x6_batch_2x3", rng_for("det_6x6").standard_normal((2, 3, 6, 6)))

@@ -1441,30 +1441,6 @@ __device__ __forceinline__ int total_order_key(float v) {
     return bits ^ (int)((unsigned)(bits >> 31) >> 1);
 }
 
-// TopK of each line of x [outer, n, inner] along n: every element counts the elements that
-// come before it (larger, or smaller when !largest, by total order; equal ones by index) and,
-// ranked below k, writes its value and index (as a float) at its rank. A thread per element.
-extern "C" __global__ void top_k_f32(const float* x, float* values, float* indices,
-                                     long long outer, long long n, long long inner, long long k,
-                                     int largest) {
-    GRID_STRIDE(e, outer * n * inner) {
-        long long i = e % inner, j = (e / inner) % n, o = e / (inner * n);
-        const float* line = x + o * n * inner + i;
-        int key = total_order_key(line[j * inner]);
-        long long rank = 0;
-        for (long long t = 0; t < n; ++t) {
-            int other = total_order_key(line[t * inner]);
-            bool before = largest ? other > key : other < key;
-            rank += (before || (other == key && t < j)) ? 1 : 0;
-        }
-        if (rank < k) {
-            long long at = (o * k + rank) * inner + i;
-            values[at] = line[j * inner];
-            indices[at] = (float)j;
-        }
-    }
-}
-
 // Reduction over axes that are not the trailing ones (`kept` and `reduced` as for reduce_f32):
 // one block per output, its threads striding over the reduced positions, so a reduction to few
 // outputs (axis 0 of a [1000, 3] tensor: 3) runs in parallel rather than on a thread each.
@@ -1748,5 +1724,298 @@ extern "C" __global__ void dequant_nbits_f32(const unsigned char* packed, const 
             zero = (float)(1 << (bits - 1));
         }
         w[e] = ((float)q - zero) * scales[col * blocks + b];
+    }
+}
+
+// ---- MelWeightMatrix (src/runtime/cuda/mel_weights.rs) ----
+
+// y [bins, mel] of triangular filters: filter i rises over spectrogram bins edges[i] ..=
+// edges[i+1] and falls over edges[i+1] .. edges[i+2] (edges from the host, as the CPU kernel
+// computes them). The CPU kernel writes the rising side, then the falling one, so the falling
+// side owns the centre bin; a filter whose first two edges meet is 1 at its centre.
+extern "C" __global__ void mel_weights_f32(const long long* edges, float* y, long long bins,
+                                           long long mel) {
+    GRID_STRIDE(e, bins * mel) {
+        long long j = e / mel, i = e % mel;
+        long long left = edges[i], center = edges[i + 1], right = edges[i + 2];
+        double v = 0.0;
+        if (j >= center && j < right) {
+            v = (double)(right - j) / (double)(right - center);
+        } else if (center == left) {
+            v = j == center ? 1.0 : 0.0;
+        } else if (j >= left && j <= center) {
+            v = (double)(j - left) / (double)(center - left);
+        }
+        y[e] = (float)v;
+    }
+}
+
+// ---- Bernoulli (src/runtime/cuda/random.rs) ----
+
+// Draw i (from 0) of the CPU kernel's SplitMix64 stream seeded with `seed`: the generator only
+// adds γ to its state before mixing, so any draw is computed from its position alone.
+__device__ __forceinline__ unsigned long long splitmix64_at(unsigned long long seed,
+                                                           unsigned long long i) {
+    unsigned long long z = seed + (i + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Bernoulli: y[i] = 1 where the uniform of draw i (its top 24 bits over 2^24, exact in a
+// float) is below p[i], else 0: the CPU kernel's draws, a thread per element.
+extern "C" __global__ void bernoulli_f32(const float* p, float* y, long long n,
+                                         unsigned long long seed) {
+    GRID_STRIDE(i, n) {
+        float u = (float)(splitmix64_at(seed, (unsigned long long)i) >> 40) * 0x1p-24f;
+        y[i] = u < p[i] ? 1.0f : 0.0f;
+    }
+}
+
+// ---- LabelEncoder of float keys and values (src/runtime/cuda/ml.rs) ----
+
+// Each element's value by binary search over `count` distinct ascending keys (−0 equals 0 under
+// ==), a NaN mapped to nan_value, a miss to fallback.
+extern "C" __global__ void label_encode_f32(const float* x, const float* keys,
+                                            const float* values, float* y, long long n,
+                                            long long count, float nan_value, float fallback) {
+    GRID_STRIDE(e, n) {
+        float v = x[e];
+        float out = fallback;
+        if (v != v) {
+            out = nan_value;
+        } else {
+            long long lo = 0, hi = count;
+            while (lo < hi) {
+                long long mid = (lo + hi) / 2;
+                if (keys[mid] < v) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if (lo < count && keys[lo] == v) out = values[lo];
+        }
+        y[e] = out;
+    }
+}
+
+// ---- TopK by bitonic sort (src/runtime/cuda/top_k.rs) ----
+
+// Whether (a, index ia) comes before (b, index ib) in TopK's order: larger (or smaller when
+// !largest) by IEEE total order, equal values by index (the CPU kernel's stable order). An
+// index below 0 marks padding, which comes after everything.
+__device__ __forceinline__ bool top_k_before(float a, float ia, float b, float ib, int largest) {
+    if (ia < 0.0f) return false;
+    if (ib < 0.0f) return true;
+    int ka = total_order_key(a), kb = total_order_key(b);
+    if (ka != kb) return largest ? ka > kb : ka < kb;
+    return ia < ib;
+}
+
+// One compare-exchange of a bitonic sort network over a line of p (a power of two) values and
+// indices: position j and its partner j ^ stride, into ascending order ("before" first) within
+// blocks of `size` whose position & size is 0, descending in the others, so that `size`
+// doubling to p leaves the whole line in order. v and ix start at position `base` of the line.
+__device__ __forceinline__ void top_k_exchange(float* v, float* ix, long long j, long long base,
+                                               long long size, long long stride, int largest) {
+    long long partner = j ^ stride;
+    if (partner <= j) return;
+    bool ascending = ((base + j) & size) == 0;
+    bool swap = ascending ? top_k_before(v[partner], ix[partner], v[j], ix[j], largest)
+                          : top_k_before(v[j], ix[j], v[partner], ix[partner], largest);
+    if (swap) {
+        float t = v[j];
+        v[j] = v[partner];
+        v[partner] = t;
+        t = ix[j];
+        ix[j] = ix[partner];
+        ix[partner] = t;
+    }
+}
+
+// TopK of lines of up to p ≤ 4096 elements (p a power of two ≥ n) of x [outer, n, inner]: a
+// block per line sorts it in shared memory (p values, then p indices) by the bitonic network,
+// O(p log² p) comparisons spread over the block, and writes its first k.
+extern "C" __global__ void top_k_block_f32(const float* x, float* values, float* indices,
+                                           long long lines, long long n, long long inner,
+                                           long long k, long long p, int largest) {
+    extern __shared__ float top_k_line[];
+    float* v = top_k_line;
+    float* ix = top_k_line + p;
+    for (long long line = blockIdx.x; line < lines; line += gridDim.x) {
+        long long o = line / inner, i = line % inner;
+        for (long long j = threadIdx.x; j < p; j += blockDim.x) {
+            bool real = j < n;
+            v[j] = real ? x[(o * n + j) * inner + i] : 0.0f;
+            ix[j] = real ? (float)j : -1.0f;
+        }
+        __syncthreads();
+        for (long long size = 2; size <= p; size <<= 1) {
+            for (long long stride = size >> 1; stride > 0; stride >>= 1) {
+                for (long long j = threadIdx.x; j < p; j += blockDim.x) {
+                    top_k_exchange(v, ix, j, 0, size, stride, largest);
+                }
+                __syncthreads();
+            }
+        }
+        for (long long r = threadIdx.x; r < k; r += blockDim.x) {
+            values[(o * k + r) * inner + i] = v[r];
+            indices[(o * k + r) * inner + i] = ix[r];
+        }
+        __syncthreads();
+    }
+}
+
+// Longer lines sort in global memory: top_k_load_f32 copies each line of x [outer, n, inner]
+// into row `line` of v, ix [lines, p] (padding marked by index −1); top_k_chunk_f32 runs the
+// steps whose partners lie in one chunk of `chunk` positions in shared memory, and
+// top_k_step_f32 one step of a larger stride over every line; top_k_store_f32 writes the
+// first k.
+extern "C" __global__ void top_k_load_f32(const float* x, float* v, float* ix, long long lines,
+                                          long long n, long long inner, long long p) {
+    GRID_STRIDE(e, lines * p) {
+        long long line = e / p, j = e % p, o = line / inner, i = line % inner;
+        bool real = j < n;
+        v[e] = real ? x[(o * n + j) * inner + i] : 0.0f;
+        ix[e] = real ? (float)j : -1.0f;
+    }
+}
+
+extern "C" __global__ void top_k_step_f32(float* v, float* ix, long long lines, long long p,
+                                          long long size, long long stride, int largest) {
+    GRID_STRIDE(e, lines * p) {
+        long long line = e / p;
+        top_k_exchange(v + line * p, ix + line * p, e % p, 0, size, stride, largest);
+    }
+}
+
+// The steps of strides below `chunk` in shared memory, a block per (line, chunk): with
+// `presort` every size from 2 to `chunk` (each chunk sorted, in the direction the network
+// wants it), else those of `size` (> chunk), after the global steps of its larger strides.
+extern "C" __global__ void top_k_chunk_f32(float* v, float* ix, long long lines, long long p,
+                                           long long chunk, long long size, int presort,
+                                           int largest) {
+    extern __shared__ float top_k_part[];
+    float* sv = top_k_part;
+    float* si = top_k_part + chunk;
+    long long chunks = p / chunk;
+    for (long long b = blockIdx.x; b < lines * chunks; b += gridDim.x) {
+        long long line = b / chunks, base = (b % chunks) * chunk;
+        float* lv = v + line * p + base;
+        float* li = ix + line * p + base;
+        for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+            sv[j] = lv[j];
+            si[j] = li[j];
+        }
+        __syncthreads();
+        long long first = presort ? 2 : size, last = presort ? chunk : size;
+        for (long long s = first; s <= last; s <<= 1) {
+            long long top = s < chunk ? s / 2 : chunk / 2;
+            for (long long stride = top; stride > 0; stride >>= 1) {
+                for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+                    top_k_exchange(sv, si, j, base, s, stride, largest);
+                }
+                __syncthreads();
+            }
+        }
+        for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {
+            lv[j] = sv[j];
+            li[j] = si[j];
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void top_k_store_f32(const float* v, const float* ix, float* values,
+                                           float* indices, long long lines, long long inner,
+                                           long long k, long long p) {
+    GRID_STRIDE(e, lines * k) {
+        long long line = e / k, r = e % k, o = line / inner, i = line % inner;
+        values[(o * k + r) * inner + i] = v[line * p + r];
+        indices[(o * k + r) * inner + i] = ix[line * p + r];
+    }
+}
+
+// ---- DFT as a fast transform (src/runtime/cuda/fft.rs) ----
+// Lines of complex doubles (re, im pairs), `m` (a power of two) a line, in `lines` rows.
+
+// Row `line` of buf [lines, m] from line `line` of x [outer, n, inner, parts]: its first
+// `samples` samples, each times chirp[j] when `chirped` (Bluestein's), then zeros.
+extern "C" __global__ void fft_load_f64(const float* x, const double* chirp, double* buf,
+                                        long long outer, long long n, long long inner,
+                                        int parts, long long samples, long long m,
+                                        int chirped) {
+    GRID_STRIDE(e, outer * inner * m) {
+        long long j = e % m, line = e / m, o = line / inner, i = line % inner;
+        double re = 0.0, im = 0.0;
+        if (j < samples) {
+            long long at = ((o * n + j) * inner + i) * parts;
+            re = x[at];
+            im = parts == 2 ? (double)x[at + 1] : 0.0;
+            if (chirped) {
+                double c = chirp[2 * j], s = chirp[2 * j + 1];
+                double r = re * c - im * s;
+                im = re * s + im * c;
+                re = r;
+            }
+        }
+        buf[2 * e] = re;
+        buf[2 * e + 1] = im;
+    }
+}
+
+// One radix-2 Stockham step over every row of src into dst (both [lines, m]): with span
+// `stride` (1, 2, 4, … m/2) and h = m / (2·stride), butterfly (p, q) reads p and p + h of
+// sub-sequence q and writes their sum at 2p and their difference times twiddle[p·stride]
+// at 2p + 1; log₂ m steps leave the transform in natural order, no bit reversal.
+extern "C" __global__ void fft_step_f64(const double* src, double* dst, const double* twiddle,
+                                        long long lines, long long m, long long stride) {
+    long long h = m / (2 * stride);
+    GRID_STRIDE(e, lines * (m / 2)) {
+        long long line = e / (m / 2), t = e % (m / 2), p = t / stride, q = t % stride;
+        const double* in = src + 2 * line * m;
+        double* out = dst + 2 * line * m;
+        long long a = q + stride * p, b = q + stride * (p + h);
+        double ar = in[2 * a], ai = in[2 * a + 1], br = in[2 * b], bi = in[2 * b + 1];
+        double c = twiddle[2 * p * stride], s = twiddle[2 * p * stride + 1];
+        double dr = ar - br, di = ai - bi;
+        long long even = q + stride * (2 * p), odd = q + stride * (2 * p + 1);
+        out[2 * even] = ar + br;
+        out[2 * even + 1] = ai + bi;
+        out[2 * odd] = dr * c - di * s;
+        out[2 * odd + 1] = dr * s + di * c;
+    }
+}
+
+// Every row of buf [lines, m] times filter [m], element by element (Bluestein's convolution).
+extern "C" __global__ void fft_multiply_f64(double* buf, const double* filter, long long lines,
+                                            long long m) {
+    GRID_STRIDE(e, lines * m) {
+        long long j = e % m;
+        double re = buf[2 * e], im = buf[2 * e + 1];
+        double c = filter[2 * j], s = filter[2 * j + 1];
+        buf[2 * e] = re * c - im * s;
+        buf[2 * e + 1] = re * s + im * c;
+    }
+}
+
+// y [outer, kept, inner, 2] from the first `kept` values of each row of buf [lines, m], times
+// chirp[k] when `chirped`, times `scale`, rounded to float.
+extern "C" __global__ void fft_store_f32(const double* buf, const double* chirp, float* y,
+                                         long long outer, long long kept, long long inner,
+                                         long long m, double scale, int chirped) {
+    GRID_STRIDE(e, outer * kept * inner) {
+        long long i = e % inner, k = (e / inner) % kept, o = e / (inner * kept);
+        long long at = (o * inner + i) * m + k;
+        double re = buf[2 * at], im = buf[2 * at + 1];
+        if (chirped) {
+            double c = chirp[2 * k], s = chirp[2 * k + 1];
+            double r = re * c - im * s;
+            im = re * s + im * c;
+            re = r;
+        }
+        y[2 * e] = (float)(re * scale);
+        y[2 * e + 1] = (float)(im * scale);
     }
 }

@@ -1,7 +1,9 @@
 //! The `ai.onnx.ml` ops with float tensors, on the device, with the CPU kernels' semantics
 //! (`kernels/ml.rs`, after the ONNX reference): Binarizer, ArrayFeatureExtractor (float data;
 //! the integer indices, which the host holds, checked there and uploaded for `gather_axis_f32`) and TreeEnsemble
-//! (opset 5; the CPU kernel's decoding of the attributes, `Forest`).
+//! (opset 5; the CPU kernel's decoding of the attributes, `Forest`), and LabelEncoder from float
+//! keys to float values (the CPU kernel's table, `float_labels`, searched by
+//! `label_encode_f32`; other key types are held on the host, where the lookup stays).
 //!
 //! TreeEnsemble runs in two kernels: `tree_leaves_f32`, a thread per (row, tree) walking to its
 //! leaf, then `tree_aggregate_f32`, a thread per row folding its leaves tree by tree (the CPU
@@ -18,7 +20,8 @@ use super::layout_ops::gather_along;
 use super::ops::{cuda_error, device, host, kernel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
-use crate::runtime::kernels::{Ctx, Forest, TreeBranch, TreeTest};
+use crate::runtime::kernels::{float_labels, Ctx, Forest, TreeBranch, TreeTest};
+use crate::runtime::runtime_dtype;
 
 /// The kernels of this module.
 #[derive(Debug)]
@@ -26,6 +29,7 @@ pub(super) struct Kernels {
     binarize: CudaFunction,
     tree_leaves: CudaFunction,
     tree_aggregate: CudaFunction,
+    label_encode: CudaFunction,
 }
 
 impl Kernels {
@@ -35,6 +39,7 @@ impl Kernels {
             binarize: f("binarize_f32")?,
             tree_leaves: f("tree_leaves_f32")?,
             tree_aggregate: f("tree_aggregate_f32")?,
+            label_encode: f("label_encode_f32")?,
         })
     }
 }
@@ -45,6 +50,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "Binarizer" => binarizer(gpu, ctx, args),
         "ArrayFeatureExtractor" => array_feature_extractor(gpu, args),
         "TreeEnsemble" => tree_ensemble(gpu, ctx, args),
+        "LabelEncoder" => label_encoder(gpu, ctx, args),
         _ => Ok(None),
     }
 }
@@ -64,6 +70,47 @@ fn binarizer(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         .arg(&count)
         .arg(&threshold);
     // SAFETY: argument types match `binarize_f32`; both buffers hold n floats.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    one(DeviceTensor::new(x.shape.clone(), out))
+}
+
+/// <https://onnx.ai/onnx/operators/onnx_aionnxml_LabelEncoder.html> from float keys to float
+/// values: each element's value, NaN matching a NaN key, −0 matching 0, a miss the default.
+fn label_encoder(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let (Some(x), Some(table)) = (device(gpu, args, 0)?, float_labels(ctx)) else {
+        return Ok(None);
+    };
+    let declared = ctx.output_dtypes.first().copied().flatten();
+    if declared.is_some_and(|d| runtime_dtype(d) != DType::F32) {
+        return Ok(None);
+    }
+    // A buffer is never empty: a table of no keys searches one it never reads.
+    let count = table.keys.len() as i64;
+    let keys = gpu.upload(if table.keys.is_empty() {
+        &[0.0]
+    } else {
+        &table.keys
+    })?;
+    let values = gpu.upload(if table.values.is_empty() {
+        &[0.0]
+    } else {
+        &table.values
+    })?;
+    let n = x.data.len();
+    let mut out = gpu.alloc(n)?;
+    let n64 = n as i64;
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.ml.label_encode);
+    launch
+        .arg(&*x.data)
+        .arg(&keys)
+        .arg(&values)
+        .arg(&mut out)
+        .arg(&n64)
+        .arg(&count)
+        .arg(&table.nan)
+        .arg(&table.default);
+    // SAFETY: argument types match `label_encode_f32`; `x` and `out` hold n floats, `keys` and
+    // `values` `count` (or one, unread, when count is 0).
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     one(DeviceTensor::new(x.shape.clone(), out))
 }

@@ -25,6 +25,7 @@ mod compile;
 mod control_flow;
 mod conv3d;
 mod deform_conv;
+mod fft;
 mod flat;
 mod grid_sample;
 mod host_times;
@@ -33,6 +34,7 @@ mod layout_ops;
 mod linalg;
 mod losses;
 mod masks;
+mod mel_weights;
 mod microsoft;
 mod ml;
 mod moments;
@@ -41,6 +43,7 @@ mod ms_attention;
 mod nbits;
 mod ops;
 mod quant;
+mod random;
 mod recurrent;
 mod reductions;
 mod resident;
@@ -373,6 +376,8 @@ pub struct CudaStage {
     host_runs: Mutex<BTreeMap<String, usize>>,
     /// The subgraphs of its flow ops, prepared when first run (by the address of the body).
     bodies: Mutex<HashMap<usize, Arc<Body>>>,
+    /// MatMulNBits weights expanded on the device, kept for the run.
+    expanded: nbits::ExpandedWeights,
     not_sync: PhantomData<Cell<()>>,
 }
 
@@ -732,6 +737,7 @@ impl Executor for CudaExecutor<'_> {
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
             bodies: Mutex::new(HashMap::new()),
+            expanded: nbits::ExpandedWeights::default(),
             not_sync: PhantomData,
         })
     }
@@ -799,6 +805,7 @@ impl CudaExecutor<'_> {
             stream: &stage.stream,
             blas: &stage.blas,
             functions: &self.devices[stage.device].functions,
+            expanded: &stage.expanded,
         };
         let mut env = Env::new();
         for &id in &stage.spec.receives {

@@ -2,16 +2,20 @@
 //! the device, with the CPU kernel's semantics (`kernels/quant.rs`): the packed weight is
 //! uploaded as bytes (it is an integer tensor, held on the host), `dequant_nbits_f32` expands it
 //! to `W [N, K]` floats on the device, and one cuBLAS GEMM computes `A · Wᵀ` (+ `bias`). The
-//! expansion runs at every execution of the node: no per-node cache of the expanded weight yet.
-//! `g_idx`, and anything the CPU kernel would refuse, are left to it.
+//! expanded weight is kept per node ([`ExpandedWeights`]) for as long as the node's packed
+//! weight, scales and zero points are the tensors it was made from (weights are, for the whole
+//! run), so a run expands it once, like the float weights it uploads once, not at every
+//! micro-batch. `g_idx`, and anything the CPU kernel would refuse, are left to it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
 
 use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::Ctx;
+use crate::runtime::tensor::HostTensor;
 
 /// `binary_f32`'s Add.
 const ADD: i32 = 0;
@@ -97,40 +101,124 @@ fn bytes_of(values: &[i64]) -> Option<Vec<u8>> {
     values.iter().map(|&v| u8::try_from(v).ok()).collect()
 }
 
-/// com.microsoft MatMulNBits: `A [..., K] · Wᵀ (+ bias)`, `[..., N]`.
-pub(super) fn matmul_nbits(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
-    if args.get(4).is_some_and(|a| a.is_some()) {
-        return Ok(None);
+/// One operand an expanded weight was made from, held so that its address names it for as long
+/// as the cache keeps the weight (a freed tensor's address could be reused by another).
+#[derive(Debug, Clone)]
+enum Source {
+    Host(Arc<HostTensor>),
+    Device(Arc<CudaSlice<f32>>),
+}
+
+impl Source {
+    fn of(value: &Value) -> Option<Source> {
+        match value {
+            Value::Host(t, _) => Some(Source::Host(Arc::clone(t))),
+            Value::Device(t) => Some(Source::Device(Arc::clone(&t.data))),
+            Value::Optional(_) => None,
+        }
     }
-    let (Some(a), Some(scales), Some(sizes)) =
-        (device(gpu, args, 0)?, device(gpu, args, 2)?, Sizes::of(ctx))
-    else {
-        return Ok(None);
-    };
-    let Some(packed) = host(gpu, args, 1)? else {
+
+    fn same(&self, other: &Source) -> bool {
+        match (self, other) {
+            (Source::Host(a), Source::Host(b)) => Arc::ptr_eq(a, b),
+            (Source::Device(a), Source::Device(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// The packed weight, scales and zero points (operands 1–3) of a node, as held tensors.
+fn sources(args: &[Option<Value>]) -> Vec<Option<Source>> {
+    (1..4)
+        .map(|i| args.get(i).and_then(|a| a.as_ref()).and_then(Source::of))
+        .collect()
+}
+
+fn same_sources(a: &[Option<Source>], b: &[Option<Source>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|pair| match pair {
+            (Some(x), Some(y)) => x.same(y),
+            (None, None) => true,
+            _ => false,
+        })
+}
+
+/// An expanded weight and the operands it was made from.
+type Expanded = (Vec<Option<Source>>, Arc<CudaSlice<f32>>);
+
+/// A stage's expanded MatMulNBits weights, by node (its address: nodes live as long as the
+/// graph), each with the operands it was made from.
+#[derive(Debug, Default)]
+pub(super) struct ExpandedWeights(Mutex<HashMap<usize, Expanded>>);
+
+impl ExpandedWeights {
+    fn get(&self, node: usize, from: &[Option<Source>]) -> Option<Arc<CudaSlice<f32>>> {
+        let cache = self.0.lock().ok()?;
+        let (sources, weights) = cache.get(&node)?;
+        same_sources(sources, from).then(|| Arc::clone(weights))
+    }
+
+    fn keep(&self, node: usize, from: Vec<Option<Source>>, weights: &Arc<CudaSlice<f32>>) {
+        if let Ok(mut cache) = self.0.lock() {
+            cache.insert(node, (from, Arc::clone(weights)));
+        }
+    }
+}
+
+/// `W [N, K]` of the node: the stage's expanded copy when its operands are the ones it was made
+/// from, else expanded now (and kept); `None` when the CPU kernel must take the node.
+fn expanded_weights(
+    gpu: &Gpu,
+    ctx: &Ctx,
+    args: &[Option<Value>],
+    sizes: &Sizes,
+) -> Result<Option<Arc<CudaSlice<f32>>>, String> {
+    let node = std::ptr::from_ref(ctx.node) as usize;
+    let from = sources(args);
+    if let Some(weights) = gpu.expanded.get(node, &from) {
+        return Ok(Some(weights));
+    }
+    let (Some(packed), Some(scales)) = (host(gpu, args, 1)?, device(gpu, args, 2)?) else {
         return Ok(None);
     };
     let Some(bytes) = bytes_of(&packed.to_i64_vec()) else {
         return Ok(None);
     };
-    let (n, k) = (sizes.n, sizes.k);
-    let fits = a.shape.last() == Some(&k)
-        && !packed.dtype().is_float()
-        && bytes.len() == n * sizes.blocks * sizes.blob
-        && numel(&scales.shape) == n * sizes.blocks;
+    let fits = !packed.dtype().is_float()
+        && bytes.len() == sizes.n * sizes.blocks * sizes.blob
+        && numel(&scales.shape) == sizes.n * sizes.blocks;
     if !fits {
         return Ok(None);
     }
-    let Some(zero_points) = ZeroPoints::of(gpu, args, &sizes)? else {
+    let Some(zero_points) = ZeroPoints::of(gpu, args, sizes)? else {
         return Ok(None);
     };
     let packed = gpu.upload(&bytes)?;
-    let weights = dequantize(gpu, &packed, &scales, &zero_points, &sizes)?;
+    let weights = Arc::new(dequantize(gpu, &packed, &scales, &zero_points, sizes)?);
+    gpu.expanded.keep(node, from, &weights);
+    Ok(Some(weights))
+}
+
+/// com.microsoft MatMulNBits: `A [..., K] · Wᵀ (+ bias)`, `[..., N]`.
+pub(super) fn matmul_nbits(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    if args.get(4).is_some_and(|a| a.is_some()) {
+        return Ok(None);
+    }
+    let (Some(a), Some(sizes)) = (device(gpu, args, 0)?, Sizes::of(ctx)) else {
+        return Ok(None);
+    };
+    let (n, k) = (sizes.n, sizes.k);
+    if a.shape.last() != Some(&k) {
+        return Ok(None);
+    }
+    let Some(weights) = expanded_weights(gpu, ctx, args, &sizes)? else {
+        return Ok(None);
+    };
     let rows = numel(&a.shape) / k;
     let mut out = gpu.alloc(rows * n)?;
     gpu.gemm_views(
         (rows, n, k),
-        (&*a.data, false, &weights, true),
+        (&*a.data, false, &*weights, true),
         &mut out,
         (1.0, 0.0),
         (1, rows * k, n * k, rows * n),

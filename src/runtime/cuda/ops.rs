@@ -79,13 +79,18 @@ pub(super) struct Functions {
     pub(super) conv3d: CudaFunction,
     pub(super) masks: masks::Kernels,
     pub(super) dft: CudaFunction,
+    /// DFT's fast transforms (`fft.rs`).
+    pub(super) fft: super::fft::Kernels,
     pub(super) det: CudaFunction,
     pub(super) reduce_blocks: CudaFunction,
     pub(super) stft_frames: CudaFunction,
     pub(super) trilu: CudaFunction,
-    pub(super) top_k: CudaFunction,
+    /// TopK's sorts (`top_k.rs`).
+    pub(super) top_k: super::top_k::Kernels,
     pub(super) col2im: CudaFunction,
     pub(super) one_hot: CudaFunction,
+    pub(super) mel_weights: CudaFunction,
+    pub(super) bernoulli: CudaFunction,
     /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
     pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
@@ -134,13 +139,16 @@ impl Functions {
             conv3d: f("conv3d_f32")?,
             masks: masks::Kernels::load(module)?,
             dft: f("dft_f32")?,
+            fft: super::fft::Kernels::load(module)?,
             det: f("det_f32")?,
             reduce_blocks: f("reduce_blocks_f32")?,
             stft_frames: f("stft_frames_f32")?,
             trilu: f("trilu_f32")?,
-            top_k: f("top_k_f32")?,
+            top_k: super::top_k::Kernels::load(module)?,
             col2im: f("col2im_f32")?,
             one_hot: f("one_hot_f32")?,
+            mel_weights: f("mel_weights_f32")?,
+            bernoulli: f("bernoulli_f32")?,
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
             nbits: super::nbits::Kernels::load(module)?,
@@ -153,6 +161,8 @@ pub(super) struct Gpu<'a> {
     pub stream: &'a Arc<CudaStream>,
     pub blas: &'a CudaBlas,
     pub functions: &'a Functions,
+    /// The stage's expanded MatMulNBits weights (`nbits.rs`).
+    pub expanded: &'a super::nbits::ExpandedWeights,
 }
 
 /// A device result, or `None` when the op is left to the CPU kernel.
@@ -540,6 +550,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "TopK" => super::top_k::top_k(gpu, ctx, args),
         "Col2Im" => super::layout_ops::col2im(gpu, ctx, args),
         "OneHot" => super::layout_ops::one_hot(gpu, ctx, args),
+        "MelWeightMatrix" => super::mel_weights::mel_weight_matrix(gpu, args),
+        "Bernoulli" => super::random::bernoulli(gpu, ctx, args),
         _ if reduce_code(op).is_some() => reduce(gpu, ctx, args),
         "Conv" | "ConvTranspose"
             if args

@@ -4,12 +4,14 @@
 //! (`kernels/spectral.rs`: `dft_lines`, `stft_frames`) and their twiddle table, so both sum the
 //! same factors in the same order in f64.
 //!
-//! `dft_f32` is a direct sum, a thread per output bin: O(length) work per bin, as the CPU
-//! kernel's. Lengths met in models (audio frames of a few hundred samples) keep it cheap; an FFT
-//! would pay off from lengths of a few thousand.
+//! Transforms of [`FAST_FROM`] bins or more run as fast transforms (`fft.rs`: radix-2 for
+//! powers of two, Bluestein's algorithm otherwise, in f64); shorter ones run `dft_f32`, a
+//! direct sum a thread per output bin over the CPU kernel's own twiddle table, so both add the
+//! same factors in the same order.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
+use super::fft::FAST_FROM;
 use super::ops::{cuda_error, device, host, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
@@ -36,6 +38,9 @@ fn transform_lines(
     (length, kept): (usize, usize),
     inverse: bool,
 ) -> Result<CudaSlice<f32>, String> {
+    if length >= FAST_FROM {
+        return super::fft::transform(gpu, x, [outer, n, inner, parts], (length, kept), inverse);
+    }
     let table: Vec<f64> = twiddles(length, inverse)
         .into_iter()
         .flat_map(|(c, s)| [c, s])

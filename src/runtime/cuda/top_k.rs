@@ -2,25 +2,67 @@
 //! the CPU kernel's order (`kernels/topk.rs`): largest (or smallest) first by IEEE total order,
 //! equal values by index, so NaNs and ties land where the CPU puts them.
 //!
-//! `top_k_f32` ranks every element of a line against the whole line (a thread per element, no
-//! sort) and writes those ranked below k: O(n²) comparisons per line of n, which is cheap for
-//! the lines models take top-k of (detections, classes, beams) but not for a vocabulary-sized
-//! line, so lines longer than [`LONGEST_LINE`] stay with the CPU kernel. The indices, integers,
-//! are made on the device as floats (exact below 2²⁴) and copied to the host, where integer
-//! tensors live, only when the node uses them.
+//! Each line is sorted by a bitonic network (O(n log² n) comparisons, in parallel): a line of
+//! up to [`SHARED_LINE`] elements by a block in shared memory (`top_k_block_f32`, one launch),
+//! a longer one padded to p in global memory (`top_k_load_f32`; `top_k_chunk_f32` sorts its
+//! chunks of 4,096 in shared memory, then for each size from 8,192 to p, `top_k_step_f32` runs
+//! the steps of strides of 4,096 and more over global memory, a launch each, and
+//! `top_k_chunk_f32` the rest in shared memory; then `top_k_store_f32`): for p = 2^(12 + c),
+//! c(c + 1)/2 global steps and c + 1 chunk launches, where a global step per stride would take
+//! log₂p·(log₂p + 1)/2 launches (91 at 8,192).
+//! The indices, integers, are made on the device as floats (exact below 2²⁴, the longest line
+//! taken) and copied to the host, where integer tensors live, only when the node uses them.
 
 use std::sync::Arc;
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
+use super::ops::{cuda_error, device, host, kernel, numel, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{normalize_axis, Ctx};
 use crate::runtime::tensor::{HostTensor, TensorData};
 
-/// Longest line ranked on the device: 4,096² ≈ 1.7·10⁷ comparisons a line.
-const LONGEST_LINE: usize = 4096;
+/// Longest line sorted by one block in shared memory (its values and indices, 32 KiB).
+const SHARED_LINE: usize = 4096;
+/// Longest line taken: its indices are floats on the device, exact below 2²⁴.
+const LONGEST_LINE: usize = 1 << 24;
+/// Threads of a block sorting a line.
+const BLOCK: u32 = 256;
+
+/// The kernels of this module.
+#[derive(Debug)]
+pub(super) struct Kernels {
+    block: CudaFunction,
+    load: CudaFunction,
+    step: CudaFunction,
+    chunk: CudaFunction,
+    store: CudaFunction,
+}
+
+impl Kernels {
+    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
+        let f = |name: &str| kernel(module, name);
+        Ok(Kernels {
+            block: f("top_k_block_f32")?,
+            load: f("top_k_load_f32")?,
+            step: f("top_k_step_f32")?,
+            chunk: f("top_k_chunk_f32")?,
+            store: f("top_k_store_f32")?,
+        })
+    }
+}
+
+/// A TopK's lines: `lines` (outer · inner) of `n` elements `inner` apart, the first `k` kept,
+/// sorted padded to `p` (a power of two).
+struct Lines {
+    lines: usize,
+    n: usize,
+    inner: usize,
+    k: usize,
+    p: usize,
+    largest: i32,
+}
 
 pub(super) fn top_k(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(x) = device(gpu, args, 0)? else {
@@ -46,22 +88,20 @@ pub(super) fn top_k(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     }
     let (outer, inner) = (numel(&x.shape[..axis]), numel(&x.shape[axis + 1..]));
+    let lines = Lines {
+        lines: outer * inner,
+        n,
+        inner,
+        k,
+        p: n.next_power_of_two(),
+        largest: i32::from(ctx.int("largest", 1) != 0),
+    };
     let (mut values, mut indices) = (gpu.alloc(outer * k * inner)?, gpu.alloc(outer * k * inner)?);
-    let (o, len, i, k64) = (outer as i64, n as i64, inner as i64, k as i64);
-    let largest = i32::from(ctx.int("largest", 1) != 0);
-    let mut launch = gpu.stream.launch_builder(&gpu.functions.top_k);
-    launch
-        .arg(&*x.data)
-        .arg(&mut values)
-        .arg(&mut indices)
-        .arg(&o)
-        .arg(&len)
-        .arg(&i)
-        .arg(&k64)
-        .arg(&largest);
-    // SAFETY: argument types match `top_k_f32`; `x` holds outer · n · inner floats and each
-    // output outer · k · inner, every one written (the ranks of a line are 0..n, distinct).
-    unsafe { launch.launch(Gpu::grid(outer * n * inner)) }.map_err(cuda_error("launch"))?;
+    if lines.p <= SHARED_LINE {
+        sort_in_blocks(gpu, &x.data, &lines, &mut values, &mut indices)?;
+    } else {
+        sort_in_memory(gpu, &x.data, &lines, &mut values, &mut indices)?;
+    }
     let mut shape = x.shape.clone();
     shape[axis] = k;
     let mut results = vec![Value::Device(DeviceTensor::new(shape.clone(), values))];
@@ -75,4 +115,132 @@ pub(super) fn top_k(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         results.push(Value::host(Arc::new(indices)));
     }
     Ok(Some(results))
+}
+
+/// Every line sorted by a block in shared memory, its first k written.
+fn sort_in_blocks(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    lines: &Lines,
+    values: &mut CudaSlice<f32>,
+    indices: &mut CudaSlice<f32>,
+) -> Result<(), String> {
+    let [count, n, inner, k, p] =
+        [lines.lines, lines.n, lines.inner, lines.k, lines.p].map(|v| v as i64);
+    let config = LaunchConfig {
+        grid_dim: (lines.lines.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: (2 * lines.p * 4) as u32,
+    };
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.top_k.block);
+    launch
+        .arg(x)
+        .arg(values)
+        .arg(indices)
+        .arg(&count)
+        .arg(&n)
+        .arg(&inner)
+        .arg(&k)
+        .arg(&p)
+        .arg(&lines.largest);
+    // SAFETY: argument types match `top_k_block_f32`; `x` holds lines · n floats, each output
+    // lines · k, and the shared memory p values and p indices.
+    unsafe { launch.launch(config) }.map_err(cuda_error("launch"))?;
+    Ok(())
+}
+
+/// Every line copied out padded to p, sorted by chunks of [`SHARED_LINE`] in shared memory and
+/// global steps for the larger strides, and its first k written.
+fn sort_in_memory(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    lines: &Lines,
+    values: &mut CudaSlice<f32>,
+    indices: &mut CudaSlice<f32>,
+) -> Result<(), String> {
+    let [count, n, inner, k, p] =
+        [lines.lines, lines.n, lines.inner, lines.k, lines.p].map(|v| v as i64);
+    let total = lines.lines * lines.p;
+    let (mut v, mut ix) = (gpu.alloc(total)?, gpu.alloc(total)?);
+    let kernels = &gpu.functions.top_k;
+    let mut launch = gpu.stream.launch_builder(&kernels.load);
+    launch
+        .arg(x)
+        .arg(&mut v)
+        .arg(&mut ix)
+        .arg(&count)
+        .arg(&n)
+        .arg(&inner)
+        .arg(&p);
+    // SAFETY: argument types match `top_k_load_f32`; `x` holds lines · n floats, `v` and `ix`
+    // lines · p, each written.
+    unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
+    let chunk = SHARED_LINE as i64;
+    sort_chunks(gpu, (&mut v, &mut ix), lines, chunk, None)?;
+    let mut size = 2 * chunk;
+    while size <= p {
+        let mut stride = size / 2;
+        while stride >= chunk {
+            let mut launch = gpu.stream.launch_builder(&kernels.step);
+            launch
+                .arg(&mut v)
+                .arg(&mut ix)
+                .arg(&count)
+                .arg(&p)
+                .arg(&size)
+                .arg(&stride)
+                .arg(&lines.largest);
+            // SAFETY: argument types match `top_k_step_f32`; partners stay inside their line.
+            unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
+            stride /= 2;
+        }
+        sort_chunks(gpu, (&mut v, &mut ix), lines, chunk, Some(size))?;
+        size *= 2;
+    }
+    let mut launch = gpu.stream.launch_builder(&kernels.store);
+    launch
+        .arg(&v)
+        .arg(&ix)
+        .arg(values)
+        .arg(indices)
+        .arg(&count)
+        .arg(&inner)
+        .arg(&k)
+        .arg(&p);
+    // SAFETY: argument types match `top_k_store_f32`; k ≤ n ≤ p, outputs lines · k floats.
+    unsafe { launch.launch(Gpu::grid(lines.lines * lines.k)) }.map_err(cuda_error("launch"))?;
+    Ok(())
+}
+
+/// `top_k_chunk_f32` over every chunk of every line: all sizes up to the chunk (`size` None),
+/// or the strides below the chunk of `size`.
+fn sort_chunks(
+    gpu: &Gpu,
+    (v, ix): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    lines: &Lines,
+    chunk: i64,
+    size: Option<i64>,
+) -> Result<(), String> {
+    let (count, p) = (lines.lines as i64, lines.p as i64);
+    let blocks = lines.lines * (lines.p / SHARED_LINE);
+    let config = LaunchConfig {
+        grid_dim: (blocks.clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: (2 * SHARED_LINE * 4) as u32,
+    };
+    let (size, presort) = (size.unwrap_or(chunk), i32::from(size.is_none()));
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.top_k.chunk);
+    launch
+        .arg(v)
+        .arg(ix)
+        .arg(&count)
+        .arg(&p)
+        .arg(&chunk)
+        .arg(&size)
+        .arg(&presort)
+        .arg(&lines.largest);
+    // SAFETY: argument types match `top_k_chunk_f32`; `v` and `ix` hold lines · p floats, p a
+    // multiple of the chunk, and the shared memory a chunk's values and indices.
+    unsafe { launch.launch(config) }.map_err(cuda_error("launch"))?;
+    Ok(())
 }

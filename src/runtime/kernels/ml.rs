@@ -170,6 +170,58 @@ fn label_encoder(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
 }
 
+/// A LabelEncoder from float keys to float values as a table to search: the distinct keys
+/// ascending (−0 as 0, the first of equal keys winning, as in [`label_encoder`]'s map), their
+/// values, what a NaN maps to and the default.
+#[cfg(feature = "cuda")]
+pub(crate) struct FloatLabels {
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+    pub nan: f32,
+    pub default: f32,
+}
+
+/// The node's table when its keys and values are floats; `None` otherwise, or when the CPU
+/// kernel would refuse the attributes (so its error is the one reported).
+#[cfg(feature = "cuda")]
+pub(crate) fn float_labels(ctx: &Ctx) -> Option<FloatLabels> {
+    let keys = Column::from_attributes(ctx, "keys").ok()?;
+    let values = Column::from_attributes(ctx, "values").ok()?;
+    let (Column::Floats(keys), Column::Floats(values)) = (keys, values) else {
+        return None;
+    };
+    if keys.len() != values.len() {
+        return None;
+    }
+    let default = match ctx.attr("default_tensor") {
+        Some(Attribute::Tensor(_)) => match Column::from_attributes(ctx, "default").ok()? {
+            Column::Floats(d) if !d.is_empty() => d[0],
+            _ => ctx.float("default_float", -0.0),
+        },
+        _ => ctx.float("default_float", -0.0),
+    };
+    let first: HashMap<Key, usize> = (0..keys.len())
+        .rev()
+        .map(|i| (Key::float(keys[i]), i))
+        .collect();
+    let mut nan = default;
+    let mut table = Vec::with_capacity(first.len());
+    for (key, i) in first {
+        let Key::Float(bits) = key else { continue };
+        match f32::from_bits(bits) {
+            k if k.is_nan() => nan = values[i],
+            k => table.push((k, values[i])),
+        }
+    }
+    table.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some(FloatLabels {
+        keys: table.iter().map(|e| e.0).collect(),
+        values: table.iter().map(|e| e.1).collect(),
+        nan,
+        default,
+    })
+}
+
 /// <https://onnx.ai/onnx/operators/onnx_aionnxml_Binarizer.html>: 1 where `x > threshold`,
 /// else 0, in the input's type.
 fn binarizer(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

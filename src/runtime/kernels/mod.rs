@@ -52,7 +52,7 @@ pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
 #[cfg(feature = "cuda")]
-pub(crate) use ml::{Branch as TreeBranch, Forest, Test as TreeTest};
+pub(crate) use ml::{float_labels, Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
 mod ms_attention;
 mod sequence;
@@ -65,7 +65,7 @@ mod spatial;
 pub(crate) use spatial::{affine_grid_points, col2im_geometry, max_unpool_targets, Col2Im};
 mod spectral;
 #[cfg(feature = "cuda")]
-pub(crate) use spectral::{dft_lines, stft_frames, twiddles};
+pub(crate) use spectral::{dft_lines, mel_filter_edges, mel_inputs, stft_frames, twiddles};
 mod tap_product;
 mod tensor_scatter;
 #[cfg(feature = "cuda")]
@@ -77,6 +77,8 @@ mod norm;
 mod pool_nd;
 mod quant;
 mod random;
+#[cfg(feature = "cuda")]
+pub(crate) use random::{draw_seed, output_dtype as random_output_dtype};
 mod rearrange;
 mod recurrent;
 mod reduce;

@@ -27,16 +27,22 @@ pub(super) fn register(t: &mut KernelTable) {
 /// SplitMix64 (Steele, Lea and Flood, 2014): a 64-bit state, one multiply-xorshift chain per draw.
 struct SplitMix64(u64);
 
+/// The generator's starting state: the `seed` attribute's bits, else an FNV-1a hash of the
+/// node's name (fixed across processes, unlike std's hasher). Draw `i` (from 0) of the stream is
+/// then `mix(state + (i + 1)·γ)`, which the device's Bernoulli computes per element.
+pub(crate) fn draw_seed(ctx: &Ctx) -> u64 {
+    match ctx.attr("seed") {
+        Some(Attribute::Float(seed)) => seed.to_bits() as u64,
+        Some(Attribute::Int(seed)) => *seed as u64,
+        _ => ctx.node.name.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+        }),
+    }
+}
+
 impl SplitMix64 {
     fn new(ctx: &Ctx) -> SplitMix64 {
-        match ctx.attr("seed") {
-            Some(Attribute::Float(seed)) => SplitMix64(seed.to_bits() as u64),
-            Some(Attribute::Int(seed)) => SplitMix64(*seed as u64),
-            // FNV-1a of the name: fixed across processes, unlike std's hasher.
-            _ => SplitMix64(ctx.node.name.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
-                (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
-            })),
-        }
+        SplitMix64(draw_seed(ctx))
     }
 
     fn next(&mut self) -> u64 {
@@ -61,7 +67,7 @@ impl SplitMix64 {
 }
 
 /// The output type: the `dtype` attribute, else the input's, else float.
-fn output_dtype(ctx: &Ctx, like: Option<&HostTensor>) -> Result<DType, String> {
+pub(crate) fn output_dtype(ctx: &Ctx, like: Option<&HostTensor>) -> Result<DType, String> {
     match ctx.attr("dtype") {
         Some(Attribute::Int(code)) => DType::from_onnx(*code as i32)
             .ok_or_else(|| format!("dtype {code} is not an ONNX type")),

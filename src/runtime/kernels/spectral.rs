@@ -276,10 +276,31 @@ fn stft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![HostTensor::f32(vec![batch, frames, bins, 2], out)])
 }
 
-/// MelWeightMatrix: `[dft_length/2 + 1, num_mel_bins]` triangular filters, evenly spaced on the
-/// mel scale between the edge frequencies, as the reference computes them (bin edges rounded
-/// down to spectrogram bins).
-fn mel_weight_matrix(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+/// The `num_mel_bins + 2` filter edges of MelWeightMatrix, as spectrogram bins: evenly spaced
+/// on the mel scale between the edge frequencies, rounded down (the device op uses them too).
+pub(crate) fn mel_filter_edges(
+    mel_bins: usize,
+    dft_length: i64,
+    sample_rate: i64,
+    lower: f64,
+    upper: f64,
+) -> Vec<i64> {
+    let to_mel = |hz: f64| 2595.0 * (1.0 + hz / 700.0).log10();
+    let (low, high) = (to_mel(lower), to_mel(upper));
+    let step = (high - low) / (mel_bins + 2) as f64;
+    (0..mel_bins + 2)
+        .map(|i| {
+            let hz = 700.0 * (10f64.powf((i as f64 * step + low) / 2595.0) - 1.0);
+            ((dft_length + 1) as f64 * hz / sample_rate as f64).floor() as i64
+        })
+        .collect()
+}
+
+/// The scalar inputs of MelWeightMatrix: `num_mel_bins`, `dft_length`, `sample_rate`, and the
+/// lower and upper edge frequencies.
+pub(crate) fn mel_inputs(
+    inputs: &[Option<&HostTensor>],
+) -> Result<(i64, i64, i64, f64, f64), String> {
     let int = |i: usize| scalar_int(inputs, i).ok_or(format!("input {i} must be a scalar"));
     let float = |i: usize| {
         input(inputs, i)?
@@ -293,17 +314,17 @@ fn mel_weight_matrix(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if mel_bins < 0 || dft_length < 0 || sample_rate <= 0 {
         return Err(format!("num_mel_bins {mel_bins}, dft_length {dft_length} and sample_rate {sample_rate} must be positive"));
     }
+    Ok((mel_bins, dft_length, sample_rate, lower, upper))
+}
+
+/// MelWeightMatrix: `[dft_length/2 + 1, num_mel_bins]` triangular filters, evenly spaced on the
+/// mel scale between the edge frequencies, as the reference computes them (bin edges rounded
+/// down to spectrogram bins).
+fn mel_weight_matrix(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (mel_bins, dft_length, sample_rate, lower, upper) = mel_inputs(inputs)?;
     let (mel_bins, spectrogram_bins) = (mel_bins as usize, dft_length as usize / 2 + 1);
     let mut out = vec![0f32; checked_size(&[spectrogram_bins, mel_bins])?];
-    let to_mel = |hz: f64| 2595.0 * (1.0 + hz / 700.0).log10();
-    let (low, high) = (to_mel(lower), to_mel(upper));
-    let step = (high - low) / (mel_bins + 2) as f64;
-    let edges: Vec<i64> = (0..mel_bins + 2)
-        .map(|i| {
-            let hz = 700.0 * (10f64.powf((i as f64 * step + low) / 2595.0) - 1.0);
-            ((dft_length + 1) as f64 * hz / sample_rate as f64).floor() as i64
-        })
-        .collect();
+    let edges = mel_filter_edges(mel_bins, dft_length, sample_rate, lower, upper);
     let mut set = |j: i64, i: usize, v: f64| -> Result<(), String> {
         let j = usize::try_from(j).ok().filter(|&j| j < spectrogram_bins);
         let j = j.ok_or("a filter edge falls outside the spectrogram")?;
