@@ -17,28 +17,10 @@ exec > >(tee "$OUT/log.txt") 2>&1
 P=$(realpath "${PIPECUT_BIN:-target/release/pipecut}")
 G=benches/gpu
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
-  *H100*) DEV=H100-SXM ;; *H200*) DEV=H200-SXM ;; *A100*) DEV=A100-80GB ;; *) DEV=H100-SXM ;;
-esac
-echo "device profile: $DEV"
-libs=/tmp/cudalibs; mkdir -p $libs
-for name in nvrtc cublas cublasLt nvrtc-builtins; do
-  f=$(ls /usr/local/cuda/lib64/lib$name.so* /usr/local/cuda/targets/x86_64-linux/lib/lib$name.so* \
-        /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/lib$name.so* 2>/dev/null | grep -v alt | head -1)
-  echo "lib$name: $f"
-  [ -n "$f" ] && ln -sf "$f" $libs/lib$name.so
-done
-# onnxruntime's CUDA provider finds cuDNN, cuFFT, cuRAND and the CUDA runtime in the same wheels.
-export LD_LIBRARY_PATH=$libs:/usr/local/cuda/lib64:$LD_LIBRARY_PATH:$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+source $G/env.sh
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())"
 echo "== devices"; timeout 120 $P devices
 F=fixtures/models; R=fixtures/real/cache
-declare -A DIMS=(
- [mlp]="--dim batch=64" [gpt2_tiny]="--dim batch=8 --dim seq=64" [bert_tiny]="--dim batch=8 --dim seq=64"
- [llama_tiny]="--dim batch=8 --dim seq=64" [resnet_tiny]="--dim batch=8"
- [magika_standard_v3_3]="--dim unk__214=16" [ppocr_mobile_v2_cls]="--dim x.0=8 --dim x.2=48 --dim x.3=192"
- [ppocr_v4_det]="--dim p2o.DynamicDimension.0=1 --dim p2o.DynamicDimension.1=256 --dim p2o.DynamicDimension.2=256"
- [ppocr_v4_rec]="--dim p2o.DynamicDimension.0=4 --dim p2o.DynamicDimension.1=320 --dim x.2=48")
 W=/tmp/w; mkdir -p $W
 echo "== one stage vs onnxruntime's CUDA EP, steady state (benches/gpu/vs_ort.py)"
 for m in gpt2_tiny bert_tiny llama_tiny mlp resnet_tiny magika_standard_v3_3 ppocr_mobile_v2_cls ppocr_v4_det ppocr_v4_rec; do

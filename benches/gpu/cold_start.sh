@@ -10,20 +10,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/pipecut-gpu}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log4.txt") 2>&1
 P=$(realpath "${PIPECUT_BIN:-target/release/pipecut}")
-libs=/tmp/cudalibs; mkdir -p $libs
-for name in nvrtc cublas cublasLt; do
-  f=$(ls /usr/local/cuda/lib64/lib$name.so* /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/lib$name.so* 2>/dev/null | grep -v alt | head -1)
-  [ -n "$f" ] && ln -sf "$f" $libs/lib$name.so
-done
-export LD_LIBRARY_PATH=$libs:$LD_LIBRARY_PATH
+source benches/gpu/env.sh
 export PIPECUT_KERNEL_CACHE=$(mktemp -d)
 echo "== devices, cold kernel cache then warm"; for i in 1 2; do /usr/bin/time -f "%e s wall" $P devices > /dev/null; done
 W=/tmp/w; mkdir -p $W
 for m in gpt2_tiny resnet_tiny; do
   d="--dim batch=8"; [ $m = gpt2_tiny ] && d="--dim batch=8 --dim seq=64"
   echo "== $m: one cold run's nodes (warmup 0, repeats 1), the 5 slowest, then warm medians"
-  $P profile fixtures/models/$m.onnx $d --backend cuda --device H200-SXM --warmup 0 --repeats 1 --out $W/cold.json 2>&1 | tail -1
-  $P profile fixtures/models/$m.onnx $d --backend cuda --device H200-SXM --out $W/warm.json 2>&1 | tail -1
+  $P profile fixtures/models/$m.onnx $d --backend cuda --device $DEV --warmup 0 --repeats 1 --out $W/cold.json 2>&1 | tail -1
+  $P profile fixtures/models/$m.onnx $d --backend cuda --device $DEV --out $W/warm.json 2>&1 | tail -1
   python3 - $W/cold.json $W/warm.json <<'PY'
 import json, sys
 cold = json.load(open(sys.argv[1])); warm = {n["name"]: n for n in json.load(open(sys.argv[2]))["nodes"]}

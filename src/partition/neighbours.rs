@@ -93,16 +93,7 @@ pub fn boundary_moves(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{Catalog, Cluster, DeviceId};
-    use crate::partition::problem::tests::chain;
-    use crate::partition::CostSettings;
-
-    fn two_stage_chain(n: usize) -> PartitionProblem {
-        let graph = chain(n, 64, 8);
-        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
-        let devices: Vec<DeviceId> = (0..2).map(DeviceId).collect();
-        PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap()
-    }
+    use crate::partition::problem::tests::two_stage_chain;
 
     #[test]
     fn each_boundary_moves_both_ways_by_the_fewest_nodes_that_carry_the_time_asked() {

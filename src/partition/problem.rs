@@ -887,6 +887,14 @@ pub(crate) mod tests {
     use crate::cost::Catalog;
     use crate::graph::{DType, Dim, NodeSpec, Param, Storage};
 
+    /// The problem of a chain of `n` 64-wide MatMuls (batch 8) on two H100s.
+    pub(crate) fn two_stage_chain(n: usize) -> PartitionProblem {
+        let graph = chain(n, 64, 8);
+        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..2).map(DeviceId).collect();
+        PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap()
+    }
+
     /// A chain of `n` MatMuls with `width`-wide fp16 weights, batch `rows`.
     pub(crate) fn chain(n: usize, width: u64, rows: u64) -> Graph {
         let mut b = Graph::builder("chain");

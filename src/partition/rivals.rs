@@ -102,16 +102,8 @@ pub fn rivals(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{Catalog, Cluster, DeviceId};
-    use crate::partition::problem::tests::chain;
-    use crate::partition::{Baseline, CostSettings};
-
-    fn two_stage_chain(n: usize) -> PartitionProblem {
-        let graph = chain(n, 64, 8);
-        let cluster = Cluster::parse("1x2xH100-SXM", &Catalog::builtin()).unwrap();
-        let devices: Vec<DeviceId> = (0..2).map(DeviceId).collect();
-        PartitionProblem::new(&graph, &cluster, &devices, CostSettings::default()).unwrap()
-    }
+    use crate::partition::problem::tests::two_stage_chain;
+    use crate::partition::Baseline;
 
     fn peer(baseline: Baseline, starts: Option<Vec<usize>>) -> BaselineResult {
         BaselineResult {
