@@ -265,10 +265,7 @@ impl Value {
                     if let Some(copy) = uploaded.get() {
                         return Ok(Some(copy.clone()));
                     }
-                    let data = host_times::timed(host_times::Part::Upload, || {
-                        staging::upload(gpu.stream, v)
-                    })
-                    .map_err(|e| format!("CUDA host-to-device copy: {e}"))?;
+                    let data = gpu.upload(v)?;
                     let copy = DeviceTensor::new(t.shape().to_vec(), data);
                     Ok(Some(uploaded.get_or_init(|| copy).clone()))
                 }
@@ -611,13 +608,10 @@ fn runs_gemm(op_type: &str) -> bool {
     matches!(op_type, "MatMul" | "Gemm" | "Conv" | "ConvTranspose")
 }
 
-/// One 8 × 8 product on `blas`, waited for. A process's first cuBLAS product costs 70–120 ms
-/// on an H200 (the library loading its kernels: `benches/gpu/cold_start.sh`), which would
-/// otherwise land in the first micro-batch of the first stage that multiplies and make the
-/// pipeline's start look like a slow stage.
 /// A workspace of our own for the stage's cuBLAS handle, as NVIDIA recommends for Hopper
 /// (32 MiB; 4 MiB before it): without one, cuBLAS takes its workspace from its own pool.
-/// `PIPECUT_CUBLAS_WORKSPACE=0` leaves cuBLAS its own (to compare on a GPU).
+/// `PIPECUT_CUBLAS_WORKSPACE=0` leaves cuBLAS its own (to compare on a GPU; on the H200s of
+/// docs/benchmarks.md the difference was within the run-to-run spread).
 fn give_cublas_a_workspace(
     stream: &Arc<CudaStream>,
     blas: &CudaBlas,
@@ -652,6 +646,10 @@ fn give_cublas_a_workspace(
     Ok(Some(workspace))
 }
 
+/// One 8 × 8 product on `blas`, waited for. A process's first cuBLAS product costs 70–120 ms
+/// on an H200 (the library loading its kernels: `benches/gpu/cold_start.sh`), which would
+/// otherwise land in the first micro-batch of the first stage that multiplies and make the
+/// pipeline's start look like a slow stage.
 fn warm_up_cublas(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
     use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
     const N: i32 = 8;

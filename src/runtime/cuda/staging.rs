@@ -6,9 +6,11 @@
 //! overlapping: gpt2_tiny's six uploads per micro-batch. Uploads up to `CHUNK_BYTES` are copied
 //! into one of a ring of page-locked chunks and sent asynchronously; a chunk is written again
 //! only after its last copy finished (its event). Downloads of at least `PINNED_DOWNLOAD_BYTES`
-//! land in a page-locked buffer too: the driver stages a pageable download in small pieces
-//! (1.1 ms for gpt2_tiny's 1 MB of logits on an H200, `benches/gpu/host_times.sh`).
-//! `PIPECUT_CUDA_PINNED=off` turns both off.
+//! land in a page-locked buffer too (the driver stages a pageable download in small pieces): on
+//! an H200 the wait for gpt2_tiny's 1 MB of logits went from 0.84–0.94 ms a micro-batch to
+//! 0.61–0.68 ms (`benches/gpu/host_times.sh`, docs/benchmarks.md). `PIPECUT_CUDA_PINNED=off`
+//! turns both off. Each thread keeps buffers per context, so a thread that downloads from
+//! several GPUs in turn (the run's outputs) does not make them again at each switch.
 
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
@@ -55,7 +57,7 @@ struct Buffers {
 }
 
 thread_local! {
-    static BUFFERS: RefCell<Option<Buffers>> = const { RefCell::new(None) };
+    static BUFFERS: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` on this thread's buffers for `stream`'s context, made on first use.
@@ -64,17 +66,20 @@ fn with_buffers<R>(
     f: impl FnOnce(&mut Buffers) -> Result<R, DriverError>,
 ) -> Result<R, DriverError> {
     BUFFERS.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|b| b.context != *stream.context()) {
-            *slot = None;
-            *slot = Some(Buffers {
-                context: Arc::clone(stream.context()),
-                chunks: Vec::new(),
-                next: 0,
-                download: None,
-            });
-        }
-        f(slot.as_mut().expect("made above"))
+        let mut all = cell.borrow_mut();
+        let index = match all.iter().position(|b| b.context == *stream.context()) {
+            Some(index) => index,
+            None => {
+                all.push(Buffers {
+                    context: Arc::clone(stream.context()),
+                    chunks: Vec::new(),
+                    next: 0,
+                    download: None,
+                });
+                all.len() - 1
+            }
+        };
+        f(&mut all[index])
     })
 }
 
