@@ -1683,6 +1683,101 @@ fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     models_match_on_the_device("coverage_models.py", 81);
 }
 
+/// Integer tensors on the device (`src/runtime/cuda/integers.rs`,
+/// `tests/fake_cuda/integer_models.py`): an Expand of int32 and int64 host data to a large shape,
+/// compared with a scalar, a vector and another integer device tensor, and magika's Equal of
+/// host integers broadcast to a large output, each cast to float, run on the device (the launch
+/// counts show the Expand and comparison kernels); int64 values past 2²⁴, not exact in f32,
+/// stay on the host and come out right; an integer device tensor read by Shape, ReduceSum,
+/// Gather's indices and an integer Add, cast to int32 and bool and sent out, gives the exact
+/// integers. Equal to the CPU runtime's outputs, no float op on the host, under the
+/// AddressSanitizer build of the fake driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn integer_tensors_on_the_device_match_the_cpu_runtime() {
+    models_match_on_the_device("integer_models.py", 5);
+}
+
+/// magika's one-hot encoding (an Equal of its int32 bytes, `[B, 2048, 1]`, with the values
+/// 0…256, `[1, 1, 257]`, then a Cast to float) runs on the device from the bytes: in 1 and 2
+/// stages its outputs are the CPU runtime's, no float op falls back to the host, and a
+/// micro-batch uploads what its input needs (the `B × 2048` int32 bytes and the 257 values)
+/// where it uploaded the `[B, 2048, 257]` float one-hot (4.2 MB at B = 2). The bytes a
+/// micro-batch uploads are the fake driver's count over 3 micro-batches less that over 1,
+/// halved: the weights, uploaded once, cancel.
+#[cfg(feature = "cuda")]
+#[test]
+fn magikas_one_hot_is_made_on_the_device() {
+    const NAME: &str = "magika_standard_v3_3";
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some((_, path)) = common::real_models().into_iter().find(|(n, _)| n == NAME) else {
+        common::skip(
+            common::Need::RealModels,
+            format!("{NAME} is not in the cache"),
+        );
+        return;
+    };
+    let model = path.to_str().unwrap();
+    let reference = common::real_reference(NAME);
+    let batch = reference.dims[0].1 as usize;
+    let dims: Vec<String> = reference
+        .dims
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+    const BYTES_PER_ROW: usize = 2048;
+    let input_bytes = (batch * BYTES_PER_ROW * 4) as u64;
+    let dir = tempfile::tempdir().unwrap();
+    for stages in [1, 2] {
+        let plan = partition(dir.path(), model, stages, &dims);
+        let mut uploaded = Vec::new();
+        for microbatches in [1usize, 3] {
+            let work = dir.path().join(format!("k{stages}-m{microbatches}"));
+            std::fs::create_dir_all(&work).unwrap();
+            // Every byte value and the padding token 256, in a spread order.
+            let n = microbatches * batch * BYTES_PER_ROW;
+            let values = (0..n).map(|i| ((i * 131 + 7) % 257) as i32).collect();
+            let data = pipecut::runtime::TensorData::I32(values);
+            let shape = vec![microbatches * batch, BYTES_PER_ROW];
+            let bytes = pipecut::runtime::HostTensor::new(shape, data).unwrap();
+            let input = work.join("bytes.npy");
+            std::fs::write(&input, pipecut::runtime::encode_npy(&bytes)).unwrap();
+            let stats = work.join("stats.json");
+            let mut env = env.clone();
+            env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+            let extra = [
+                "--microbatches".to_string(),
+                microbatches.to_string(),
+                "--input".to_string(),
+                format!("bytes={}", input.display()),
+            ];
+            let json = [&extra[..], &["--json".to_string()]].concat();
+            let (cuda, cpu) = (work.join("cuda"), work.join("cpu"));
+            let what = format!("{NAME} K={stages} m={microbatches}");
+            let report = run_plan(&plan, model, "cuda", &json, &cuda, &env);
+            run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+            assert_no_host_fallbacks(&what, &report);
+            assert_same_outputs(&what, &cuda, &cpu);
+            let stats: Value =
+                serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+            uploaded.push(stats["host_to_device_bytes"].as_u64().unwrap());
+        }
+        let per_microbatch = (uploaded[1] - uploaded[0]) / 2;
+        eprintln!(
+            "{NAME} K={stages}: {per_microbatch} bytes uploaded per micro-batch of {batch} \
+             (its input: {input_bytes})"
+        );
+        let one_hot = input_bytes * 257;
+        assert!(
+            per_microbatch < 2 * input_bytes && per_microbatch < one_hot / 100,
+            "{NAME} K={stages}: {per_microbatch} bytes uploaded per micro-batch"
+        );
+    }
+}
+
 /// Bernoulli on the device (`bernoulli_f32`, the CPU kernel's SplitMix64 draws computed per
 /// element from the seed and the position): a seeded node and an unseeded one (seeded by its
 /// name) give the same draws in two runs, and the draws follow their probabilities: over 20,000

@@ -184,6 +184,8 @@ struct Driver {
     Clocks completed;  // per stream, the operations the host has synchronised with
     // Copies by direction, written to PC_FAKE_CUDA_STATS at exit for the tests.
     unsigned long long host_to_device = 0, device_to_host = 0, device_to_device = 0, peer = 0;
+    // Bytes of those copies between host and device (what a micro-batch uploads).
+    unsigned long long host_to_device_bytes = 0, device_to_host_bytes = 0;
     // Launches by kernel name, written there too (which path a host-side choice took).
     std::map<std::string, unsigned long long> launches_of;
 
@@ -305,10 +307,12 @@ void write_stats() {
     if (FILE* f = std::fopen(path, "w")) {
         std::fprintf(f,
                      "{\"host_to_device\": %llu, \"device_to_host\": %llu, "
+                     "\"host_to_device_bytes\": %llu, \"device_to_host_bytes\": %llu, "
                      "\"device_to_device\": %llu, \"peer\": %llu, \"page_locked\": %llu, "
                      "\"launches_after_download\": %llu, "
                      "\"pool_release_threshold\": [%s], \"launches\": {%s}}\n",
-                     d.host_to_device, d.device_to_host, d.device_to_device, d.peer,
+                     d.host_to_device, d.device_to_host, d.host_to_device_bytes,
+                     d.device_to_host_bytes, d.device_to_device, d.peer,
                      d.page_locked_copies, d.launches_after_download,
                      pools.c_str(), launches.c_str());
         std::fclose(f);
@@ -1087,6 +1091,7 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, vo
     if (int r = copy_check(dst, bytes, "host-to-device copy")) return r;
     if (int r = order_copy(s, current->device, dst, bytes, "host-to-device copy")) return r;
     ++driver().host_to_device;
+    driver().host_to_device_bytes += bytes;
     if (is_page_locked(src, bytes)) ++driver().page_locked_copies;
     std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
     return SUCCESS;
@@ -1103,6 +1108,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* st
     if (int r = copy_check(src, bytes, "device-to-host copy")) return r;
     if (int r = order_copy(s, current->device, src, bytes, "device-to-host copy")) return r;
     ++driver().device_to_host;
+    driver().device_to_host_bytes += bytes;
     driver().downloaded = true;
     if (is_page_locked(dst, bytes)) ++driver().page_locked_copies;
     std::memcpy(dst, reinterpret_cast<void*>(src), bytes);

@@ -303,6 +303,7 @@ fn select(gpu: &Gpu, value: &Value, axis: usize, index: usize) -> Result<Value> 
             let data = gpu.gather_strided(&t.data, &shape, &out_strides, base)?;
             Ok(Value::Device(DeviceTensor {
                 mask: t.mask,
+                int: t.int,
                 ..DeviceTensor::new(shape, data)
             }))
         }
@@ -337,7 +338,7 @@ fn stack(gpu: &Gpu, parts: &[Value], axis: usize) -> Result<Value> {
     let first = device[0];
     if let Some(other) = device
         .iter()
-        .find(|t| t.shape != first.shape || t.mask != first.mask)
+        .find(|t| t.shape != first.shape || t.mask != first.mask || t.int != first.int)
     {
         return Err(format!(
             "stacked parts differ: {:?} and {:?}",
@@ -377,6 +378,7 @@ fn stack(gpu: &Gpu, parts: &[Value], axis: usize) -> Result<Value> {
     }
     Ok(Value::Device(DeviceTensor {
         mask: first.mask,
+        int: first.int,
         ..DeviceTensor::new(shape, out)
     }))
 }

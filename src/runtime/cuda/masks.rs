@@ -43,14 +43,15 @@ impl Kernels {
     }
 }
 
-/// The device operand `i`, float or mask (a host float tensor is uploaded), or `None`.
+/// The device operand `i`, float or mask (a host float tensor is uploaded), or `None` (for
+/// integers on the device too: only `integers.rs`, comparisons and views read those).
 pub(super) fn device_or_mask(
     gpu: &Gpu,
     args: &[Option<Value>],
     i: usize,
 ) -> Result<Option<DeviceTensor>, String> {
     match args.get(i).and_then(|a| a.as_ref()) {
-        Some(v) => v.to_device(gpu),
+        Some(v) => Ok(v.to_device(gpu)?.filter(|t| t.int.is_none())),
         None => Ok(None),
     }
 }
@@ -112,6 +113,8 @@ pub(super) fn compare(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
             return Ok(None);
         }
         (mask_operand(gpu, args, 0)?, mask_operand(gpu, args, 1)?)
+    } else if let Some((a, b)) = super::integers::comparison_operands(gpu, args)? {
+        (Some(a), Some(b))
     } else {
         (
             super::ops::device(gpu, args, 0)?,
@@ -243,19 +246,28 @@ fn cast_target(ctx: &Ctx, args: &[Option<Value>]) -> Option<DType> {
     match args.get(1)?.as_ref()? {
         Value::Host(t, _) => Some(t.dtype()),
         Value::Device(t) if t.mask => Some(DType::Bool),
+        Value::Device(t) if t.int.is_some() => t.int,
         Value::Device(_) => Some(DType::F32),
         Value::Optional(_) => None,
     }
 }
 
-/// Cast and CastLike of a float tensor or a mask to a float format or to bool. Other targets
-/// (integers, E8M0, strings) go to the host.
+/// Cast and CastLike of a float tensor or a mask to a float format or to bool, and of integers
+/// on the device (`integers::cast`). Other targets (integers, E8M0, strings) go to the host.
 pub(super) fn cast(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let Some(to) = cast_target(ctx, args) else {
         return Ok(None);
     };
-    let Some(x) = device_or_mask(gpu, args, 0)? else {
-        return Ok(None);
+    let x = match super::integers::device_integers(args, 0) {
+        Some(integers) => match super::integers::cast(integers, to) {
+            Some(super::integers::Cast::Done(t)) => return one(t),
+            Some(super::integers::Cast::AsFloats(floats)) => floats,
+            None => return Ok(None),
+        },
+        None => match device_or_mask(gpu, args, 0)? {
+            Some(x) => x,
+            None => return Ok(None),
+        },
     };
     // `saturate` is float8's; float16 and bfloat16 overflow to infinity, as on the host.
     let saturate = ctx.int("saturate", 1) != 0 && !matches!(to, DType::F16 | DType::BF16);

@@ -30,6 +30,7 @@ mod flat;
 mod grid_sample;
 mod host_times;
 mod index_ops;
+mod integers;
 mod layout_ops;
 mod linalg;
 mod losses;
@@ -182,13 +183,17 @@ impl ImageCache {
 }
 
 /// A float tensor in device memory, or a boolean one (`mask`) held as floats 0 and 1
-/// (`masks.rs`): a comparison's result stays on the device for the Where that reads it. The
-/// buffer is shared, so reshapes and identities are free.
+/// (`masks.rs`): a comparison's result stays on the device for the Where that reads it; or an
+/// integer one (`int`, its host dtype) held as floats exact within ±2²⁴, a large broadcast of
+/// host integers (`integers.rs`). The buffer is shared, so reshapes and identities are free.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceTensor {
     shape: Vec<usize>,
     data: Arc<CudaSlice<f32>>,
     mask: bool,
+    /// `Some(I32 or I64)`: integers, which only the ops of `integers.rs`, comparisons and views
+    /// take; every other op reads them on the host.
+    int: Option<crate::graph::DType>,
 }
 
 impl DeviceTensor {
@@ -197,6 +202,15 @@ impl DeviceTensor {
             shape,
             data: Arc::new(data),
             mask: false,
+            int: None,
+        }
+    }
+
+    /// An integer tensor of `dtype` (I32 or I64) whose values, exact in f32, are `data`.
+    fn integers(shape: Vec<usize>, data: CudaSlice<f32>, dtype: crate::graph::DType) -> Self {
+        DeviceTensor {
+            int: Some(dtype),
+            ..DeviceTensor::new(shape, data)
         }
     }
 
@@ -227,12 +241,12 @@ impl Value {
         Value::Host(tensor, Arc::default())
     }
 
-    /// Whether it is a float tensor, or any device tensor (a mask on the device is copied back
-    /// as a float tensor would be).
+    /// Whether it is a float tensor, or a device tensor other than integers (a mask on the
+    /// device is copied back as a float tensor would be).
     fn is_float(&self) -> bool {
         match self {
             Value::Host(t, _) => t.dtype() == crate::graph::DType::F32,
-            Value::Device(_) => true,
+            Value::Device(t) => t.int.is_none(),
             Value::Optional(inner) => inner.as_deref().is_some_and(Value::is_float),
         }
     }
@@ -282,7 +296,9 @@ impl Value {
             Value::Device(t) => {
                 let values = staging::download(stream, &t.data)
                     .map_err(|e| format!("CUDA device-to-host copy: {e}"))?;
-                let data = if t.mask {
+                let data = if let Some(dtype) = t.int {
+                    integers::to_host_data(values, dtype)
+                } else if t.mask {
                     TensorData::Bool(values.into_iter().map(|v| v != 0.0).collect())
                 } else {
                     TensorData::F32(values)

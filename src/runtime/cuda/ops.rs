@@ -492,7 +492,7 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         "IsNaN" | "IsInf" | "Not" => masks::test(gpu, ctx, op, args),
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
+            let Some(x) = viewable(gpu, args)? else {
                 return Ok(None);
             };
             let second = host(gpu, args, 1)?;
@@ -501,21 +501,15 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         "Transpose" => transpose(gpu, ctx, args),
         "Expand" => {
+            if let Some(integers) = super::integers::expand(gpu, args)? {
+                return Ok(Some(integers));
+            }
             let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
                 return Ok(None);
             };
-            let target = target
-                .to_i64_vec()
-                .into_iter()
-                .map(|d| {
-                    usize::try_from(d).map_err(|_| format!("Expand shape has a negative entry {d}"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let shape = broadcast_shapes(&[&x.shape, &target])?;
-            checked_size(&shape)?;
-            if shape.len() > MAX_RANK {
+            let Some(shape) = expand_shape(&x.shape, &target)? else {
                 return Ok(None);
-            }
+            };
             one(gpu.expand(&x, &shape)?)
         }
         "Concat" => concat(gpu, ctx, args),
@@ -891,9 +885,34 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
     one(DeviceTensor::new(shape, out))
 }
 
+/// The output shape of an Expand of `x_shape` to the host tensor `target`; `None` past the
+/// kernels' rank.
+pub(super) fn expand_shape(
+    x_shape: &[usize],
+    target: &HostTensor,
+) -> Result<Option<Vec<usize>>, String> {
+    let target = target
+        .to_i64_vec()
+        .into_iter()
+        .map(|d| usize::try_from(d).map_err(|_| format!("Expand shape has a negative entry {d}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shape = broadcast_shapes(&[x_shape, &target])?;
+    checked_size(&shape)?;
+    Ok((shape.len() <= MAX_RANK).then_some(shape))
+}
+
+/// Operand 0 for a view: a float tensor, a mask or integers on the device (a view changes no
+/// value), or a host float tensor uploaded.
+fn viewable(gpu: &Gpu, args: &[Option<Value>]) -> Result<Option<DeviceTensor>, String> {
+    match super::integers::device_integers(args, 0) {
+        Some(integers) => Ok(Some(integers)),
+        None => masks::device_or_mask(gpu, args, 0),
+    }
+}
+
 /// The input itself (shared, not copied), optionally under a new shape.
 fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResult {
-    let Some(x) = masks::device_or_mask(gpu, args, 0)? else {
+    let Some(x) = viewable(gpu, args)? else {
         return Ok(None);
     };
     let shape = shape.unwrap_or_else(|| x.shape.clone());
@@ -903,11 +922,7 @@ fn alias(gpu: &Gpu, args: &[Option<Value>], shape: Option<Vec<usize>>) -> OpResu
             x.shape
         ));
     }
-    one(DeviceTensor {
-        shape,
-        data: x.data,
-        mask: x.mask,
-    })
+    one(DeviceTensor { shape, ..x })
 }
 
 fn transpose(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
@@ -1328,6 +1343,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
                     shape: shape.to_vec(),
                     data: t.data.clone(),
                     mask: false,
+                    int: None,
                 };
                 gpu.expand(&view, &full).map(|e| (e.data, rows * cols))
             }

@@ -184,6 +184,7 @@ fn peer_copy(
         shape: t.shape.clone(),
         data: Arc::new(copy),
         mask: t.mask,
+        int: t.int,
     })
 }
 
