@@ -8,7 +8,8 @@
 //! prepare(stage)    ── device = stage index mod devices, own stream and cuBLAS handle,
 //!                      the stage's float weights uploaded once
 //! run(stage)        ── nodes in order on the stage's stream: float tensors and the masks device
-//!                      ops make stay on the device, integer ones (shapes, indices) on the host;
+//!                      ops make stay on the device, integer ones (shapes, indices) on the host
+//!                      but for large broadcasts of them (`integers.rs`: a one-hot encoding);
 //!                      a node the device ops do not take runs its CPU kernel on host copies
 //!                      (counted); If, Loop and Scan run their bodies the same way, here
 //!                      (`control_flow.rs`)
