@@ -116,8 +116,11 @@ pub(super) fn expand(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
     let Some(target) = host(gpu, args, 1)? else {
         return Ok(None);
     };
-    let Some(shape) = expand_shape(&x_shape, &target)? else {
-        return Ok(None);
+    let shape = match expand_shape(&x_shape, &target) {
+        Ok(Some(shape)) => shape,
+        Err(e) if on_device.is_some() => return Err(e),
+        // A bad target for host integers is the CPU kernel's to report, as before.
+        Ok(None) | Err(_) => return Ok(None),
     };
     if on_device.is_none() && !worth_the_device(numel(&shape), numel(&x_shape)) {
         return Ok(None);
