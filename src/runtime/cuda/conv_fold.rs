@@ -4,7 +4,8 @@
 //! by one, each folded node is a launch of its own and a read and write of every activation:
 //! PP-OCR follows most of its convolutions with four to six of them. Folded, a depthwise
 //! convolution (`conv_direct_f32`) applies them as it writes each value, and any other one in
-//! one launch of `conv_epilogue_f32` over the output cuBLAS wrote. A convolution the device op
+//! one launch of `conv_epilogue_f32` over the output cuBLAS wrote, which adds the
+//! convolution's bias too (one launch fewer than writing it into the output first). A convolution the device op
 //! leaves runs the CPU's folded kernel on host copies, counted as a host run of Conv.
 //! `PIPECUT_CUDA_FOLD=off` runs the nodes one by one, to compare the two on a GPU.
 
@@ -90,9 +91,15 @@ impl DeviceEpilogue<'_> {
         }
     }
 
-    /// The epilogue over `out` [n, channels, spatial...] in place, in one launch.
-    pub(super) fn apply(&self, gpu: &Gpu, out: &mut DeviceTensor) -> Result<(), String> {
-        if self.is_identity() {
+    /// The convolution's `bias` (one value per channel, when given) and the epilogue over
+    /// `out` [n, channels, spatial...] in place, in one launch.
+    pub(super) fn apply(
+        &self,
+        gpu: &Gpu,
+        out: &mut DeviceTensor,
+        bias: Option<&DeviceTensor>,
+    ) -> Result<(), String> {
+        if self.is_identity() && bias.is_none() {
             return Ok(());
         }
         let channels = *out.shape.get(1).ok_or("a Conv output of rank below 2")?;
@@ -100,17 +107,31 @@ impl DeviceEpilogue<'_> {
         let n = out.shape.iter().product::<usize>();
         let data = Arc::get_mut(&mut out.data).ok_or("the device Conv's output is shared")?;
         let norm = self.norm_pointer(gpu, channels, data)?;
+        let bias_pointer = match bias {
+            Some(b) if b.data.len() != channels => {
+                return Err(format!(
+                    "bias has {} entries for {channels} output channels",
+                    b.data.len()
+                ))
+            }
+            Some(b) => b.data.device_ptr(gpu.stream).0,
+            // Not read: the output's address stands in.
+            None => data.device_ptr(gpu.stream).0,
+        };
+        let has_bias = bias.is_some() as i32;
         let (n64, plane64, channels64) = (n as i64, plane.max(1) as i64, channels as i64);
         let mut launch = gpu.stream.launch_builder(&gpu.functions.conv_epilogue);
         launch
             .arg(data)
+            .arg(&bias_pointer)
+            .arg(&has_bias)
             .arg(&norm)
             .arg(&n64)
             .arg(&plane64)
             .arg(&channels64)
             .arg(&self.params);
-        // SAFETY: argument types match `conv_epilogue_f32`; `data` holds n floats and `norm`
-        // 3 per channel of the output (checked), or is not read.
+        // SAFETY: argument types match `conv_epilogue_f32`; `data` holds n floats, the bias
+        // one per channel and `norm` 3 (checked), or they are not read.
         unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
         Ok(())
     }
@@ -175,6 +196,6 @@ pub(super) fn run(
     let Some(Value::Device(out)) = results.first_mut() else {
         return Err("the device Conv gave no device output".into());
     };
-    epilogue.apply(gpu, out)?;
+    epilogue.apply(gpu, out, None)?;
     Ok(Some(results))
 }

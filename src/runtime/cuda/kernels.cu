@@ -488,13 +488,15 @@ __device__ __forceinline__ float conv_epilogue_value(float v, long long c, const
     return v;
 }
 
-// The epilogue in place over y [n / (channels * plane), channels, plane]: for a convolution
-// whose output cuBLAS wrote.
-extern "C" __global__ void conv_epilogue_f32(float* y, const float* norm, long long n,
-                                             long long plane, long long channels,
-                                             ConvEpilogue e) {
+// The convolution's bias (when has_bias) and the epilogue in place over y [n / (channels *
+// plane), channels, plane]: for a convolution whose output cuBLAS wrote.
+extern "C" __global__ void conv_epilogue_f32(float* y, const float* bias, int has_bias,
+                                             const float* norm, long long n, long long plane,
+                                             long long channels, ConvEpilogue e) {
     GRID_STRIDE(i, n) {
-        y[i] = conv_epilogue_value(y[i], (i / plane) % channels, norm, e);
+        long long c = (i / plane) % channels;
+        float v = has_bias ? y[i] + bias[c] : y[i];
+        y[i] = conv_epilogue_value(v, c, norm, e);
     }
 }
 

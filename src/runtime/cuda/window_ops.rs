@@ -132,11 +132,13 @@ pub(super) fn conv_then(
         let out = conv_direct(gpu, (&x, &w, bias.as_ref()), &geometry, epilogue)?;
         return one(DeviceTensor::new(shape, out));
     }
-    let mut out = DeviceTensor::new(
-        shape,
-        conv_gemm(gpu, &x, &w, bias.as_ref(), &geometry, &win)?,
-    );
-    epilogue.apply(gpu, &mut out)?;
+    if epilogue.is_identity() {
+        let out = conv_gemm(gpu, &x, &w, bias.as_ref(), &geometry, &win)?;
+        return one(DeviceTensor::new(shape, out));
+    }
+    // The epilogue's launch adds the bias too.
+    let mut out = DeviceTensor::new(shape, conv_gemm(gpu, &x, &w, None, &geometry, &win)?);
+    epilogue.apply(gpu, &mut out, bias.as_ref())?;
     one(out)
 }
 
