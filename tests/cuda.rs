@@ -728,6 +728,132 @@ fn copies_go_through_page_locked_memory_and_change_no_output() {
     }
 }
 
+/// Launches a `--microbatches 1` run makes, by kernel name, from the fake driver's stats.
+#[cfg(feature = "cuda")]
+fn launches_of(stats: &Path) -> std::collections::BTreeMap<String, u64> {
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
+    stats["launches"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, n)| (name.clone(), n.as_u64().unwrap()))
+        .collect()
+}
+
+/// Launches that folding Conv chains must save at least, read from the graph: a Conv whose
+/// output only a BatchNormalization reads, and a Relu alone reading that, take one launch each
+/// when run by themselves and share the fold's one epilogue launch.
+#[cfg(feature = "cuda")]
+fn launches_folds_save(model: &str) -> (u64, u64) {
+    let model = pipecut::onnx::load_model(common::root().join(model)).unwrap();
+    let graph = &model.graph;
+    let sole_reader = |tensor: Option<pipecut::graph::TensorId>, op: &str| {
+        let tensor = graph.tensor(tensor?);
+        let [reader] = tensor.consumers[..] else {
+            return None;
+        };
+        let node = graph.node(reader);
+        (node.op_type == op).then_some(node)
+    };
+    let (mut folds, mut saved) = (0, 0);
+    for (_, conv) in graph.nodes().filter(|(_, n)| n.op_type == "Conv") {
+        let Some(norm) = sole_reader(conv.outputs[0], "BatchNormalization") else {
+            continue;
+        };
+        folds += 1;
+        saved += sole_reader(norm.outputs[0], "Relu").is_some() as u64;
+    }
+    (folds, saved)
+}
+
+/// Conv chains folded on the device (`conv_fold.rs`, the CPU's folds of `runtime/fuse.rs`), on
+/// resnet_tiny and the PP-OCR models: the outputs are the CPU runtime's with and without the folds (`PIPECUT_CUDA_FOLD=off`), in
+/// one stage and two; one stage launches no BatchNormalization kernel for a normalisation
+/// folded into its Conv, and saves at least the launches the graph's
+/// Conv-BatchNormalization-Relu chains predict.
+#[cfg(feature = "cuda")]
+#[test]
+fn conv_chains_fold_into_one_launch_and_change_no_output() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let mut models = vec![(
+        "resnet_tiny".to_string(),
+        "fixtures/models/resnet_tiny.onnx".into(),
+    )];
+    let (_, resnet_dims, _) = reference_run("resnet_tiny");
+    let mut dims_of = vec![resnet_dims];
+    for (name, path) in common::real_models() {
+        if name.starts_with("ppocr") {
+            let reference: Value = serde_json::from_str(
+                &std::fs::read_to_string(
+                    common::root().join(format!("fixtures/reference/real/{name}.json")),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            dims_of.push(
+                reference["dims"]
+                    .as_object()
+                    .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
+                    .unwrap_or_default(),
+            );
+            models.push((name, path.display().to_string()));
+        }
+    }
+    for ((name, model), dims) in models.iter().zip(&dims_of) {
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        let (folds, saved) = launches_folds_save(model);
+        assert!(
+            folds > 0,
+            "{name}: no Conv followed by a BatchNormalization"
+        );
+        for stages in [1, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let plan = partition(dir.path(), model, stages, &dims);
+            let extra = ["--microbatches".to_string(), "1".to_string()];
+            let cpu = dir.path().join("cpu");
+            run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+            let mut launches = std::collections::BTreeMap::new();
+            for fold in ["on", "off"] {
+                let stats = dir.path().join(format!("stats.{fold}.json"));
+                let mut env = env.clone();
+                env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+                env.push(("PIPECUT_CUDA_FOLD".into(), fold.into()));
+                let out = dir.path().join(fold);
+                let json = [&extra[..], &["--json".to_string()]].concat();
+                let report = run_plan(&plan, model, "cuda", &json, &out, &env);
+                let what = format!("{name} in {stages} stage(s), folds {fold}");
+                assert_no_host_fallbacks(&what, &report);
+                assert_same_outputs(&what, &out, &cpu);
+                launches.insert(fold, launches_of(&stats));
+            }
+            if stages > 1 {
+                continue;
+            }
+            let count = |fold: &str, kernel: &str| launches[fold].get(kernel).copied().unwrap_or(0);
+            let total = |fold: &str| launches[fold].values().sum::<u64>();
+            assert_eq!(count("off", "conv_epilogue_f32"), 0, "{name}");
+            assert_eq!(
+                count("on", "batch_norm_f32"),
+                count("off", "batch_norm_f32") - folds,
+                "{name}"
+            );
+            eprintln!(
+                "{name}: {} launches a micro-batch with the folds, {} without",
+                total("on"),
+                total("off")
+            );
+            assert!(
+                total("on") + saved <= total("off"),
+                "{name}: {} launches with the folds, {} without, {saved} saved at least",
+                total("on"),
+                total("off")
+            );
+        }
+    }
+}
+
 /// Two GPUs of another architecture: stages alternate between them, and every tensor crossing
 /// stages moves between devices.
 #[cfg(feature = "cuda")]

@@ -8,7 +8,8 @@
 # left out, as onnxruntime's session creation is), onnxruntime as the median time of
 # `session.run` over 64 calls (inputs from the host, outputs back to it, as pipecut's
 # micro-batches do). onnxruntime is timed with its default graph optimisations (its fusions) and
-# with them off. Numerics: pipecut's GPU outputs on onnxruntime's inputs against onnxruntime's GPU
+# with them off, and pipecut with its own folds and fusions (PIPECUT_CUDA_FOLD, PIPECUT_CUDA_FUSE)
+# on and off. Numerics: pipecut's GPU outputs on onnxruntime's inputs against onnxruntime's GPU
 # outputs.
 import json, os, subprocess, sys, time
 import numpy as np
@@ -20,8 +21,9 @@ dim_args = dims.split()
 bind = dict(d.split("=", 1) for d in dim_args if d != "--dim")
 
 
-def sh(*args):
-    return subprocess.run(args, capture_output=True, text=True, timeout=300)
+def sh(*args, env=None):
+    return subprocess.run(args, capture_output=True, text=True, timeout=300,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def session(level):
@@ -74,11 +76,11 @@ worst = max(float(np.max(np.abs(np.load(written[k]).astype(np.float64) - v)))
             for k, v in reference.items() if np.issubdtype(v.dtype, np.floating) and v.size)
 
 
-def wall(mb):
+def wall(mb, env=None):
     runs = []
     for _ in range(2):
         r = sh(pipecut, "run", plan, model, "--backend", "cuda", "--microbatches", str(mb),
-               "--output-dir", f"{work}/{name}.ss.out", "--json")
+               "--output-dir", f"{work}/{name}.ss.out", "--json", env=env)
         if r.returncode:
             sys.exit(f"{name}: pipecut run at {mb} micro-batches failed: {r.stderr.strip()[-300:]}")
         runs.append(json.loads(r.stdout)["wall_secs"])
@@ -86,6 +88,8 @@ def wall(mb):
 
 
 ours = (wall(64) - wall(16)) / 48 * 1e3
+unfused_env = {"PIPECUT_CUDA_FOLD": "off", "PIPECUT_CUDA_FUSE": "off"}
+unfused = (wall(64, unfused_env) - wall(16, unfused_env)) / 48 * 1e3
 fused = ort_ms(full)
 plain = ort_ms(session(ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
 # onnxruntime's own per-node times (its profiler) for reading beside `pipecut profile`'s.
@@ -98,4 +102,5 @@ for _ in range(20):
 profiled.end_profiling()
 print(f"{name}: pipecut {ours:.3f} ms per micro-batch; onnxruntime CUDA EP {fused:.3f} ms "
       f"(fusions off: {plain:.3f} ms); pipecut at {fused / ours:.2f}x of onnxruntime's speed "
-      f"({plain / ours:.2f}x without its fusions); max |pipecut - onnxruntime| on the GPU {worst:.3g}")
+      f"({plain / ours:.2f}x without its fusions); pipecut without its own folds and fusions "
+      f"{unfused:.3f} ms; max |pipecut - onnxruntime| on the GPU {worst:.3g}")

@@ -356,7 +356,7 @@ impl Executor for CpuExecutor<'_> {
         let steps = plan_cpu_steps(self.graph, spec)?;
         Ok(CpuStage {
             spec: spec.clone(),
-            steps: fold_conv_chains(self.graph, self.weights, spec, steps),
+            steps: fold_conv_chains(self.graph, self.weights, spec, steps, CpuKernel::Folded),
         })
     }
 

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::cpu::{CpuKernel, Step};
+use super::cpu::Step;
 use super::kernels::Epilogue;
 use super::{StageSpec, Weights};
 use crate::graph::{Attribute, Graph, Node, NodeId, TensorId};
@@ -32,13 +32,15 @@ pub(crate) struct FoldedConv {
     pub folded: Vec<NodeId>,
 }
 
-/// `steps` with every foldable Conv chain run as one step (see the module doc).
-pub(super) fn fold_conv_chains(
+/// `steps` with every foldable Conv chain run as one step (see the module doc), whose kernel
+/// `folded` makes of the fold: the CPU backend's and the CUDA backend's steps differ.
+pub(super) fn fold_conv_chains<K>(
     graph: &Graph,
     weights: &Weights,
     spec: &StageSpec,
-    steps: Vec<Step<CpuKernel>>,
-) -> Vec<Step<CpuKernel>> {
+    steps: Vec<Step<K>>,
+    folded: impl Fn(Arc<FoldedConv>) -> K,
+) -> Vec<Step<K>> {
     let leaves: HashSet<TensorId> = spec.sends.iter().chain(graph.outputs()).copied().collect();
     let position: HashMap<NodeId, usize> =
         steps.iter().enumerate().map(|(i, s)| (s.node, i)).collect();
@@ -71,7 +73,7 @@ pub(super) fn fold_conv_chains(
         .filter(|(i, _)| !absorbed.contains(i))
         .map(|(i, mut step)| {
             if let Some(fold) = folds.remove(&i) {
-                step.kernel = CpuKernel::Folded(Arc::new(fold));
+                step.kernel = folded(Arc::new(fold));
                 step.frees
                     .extend(frees_of_absorbed.remove(&i).unwrap_or_default());
             }

@@ -467,11 +467,46 @@ extern "C" __global__ void im2col_f32(const float* x, float* col, Window2d g, lo
     }
 }
 
+// ---- Conv epilogues (src/runtime/cuda/conv_fold.rs) ----
+//
+// The nodes `runtime/fuse.rs` folds into a Conv, applied to its output value v of channel c in
+// their own kernels' order: a BatchNormalization's (v - mean) * factor + shift with [mean,
+// factor, shift] per channel (`norm`, read only when has_norm), a Mul then an Add of scalars,
+// a written-out hard-swish v * clip(v + add, lo, hi) / div (Clip: max, then min), a Relu. With
+// every flag 0 it is the identity.
+struct ConvEpilogue {
+    float scale, shift, add, lo, hi, div;
+    int has_norm, has_affine, has_hard_swish, relu;
+};
+
+__device__ __forceinline__ float conv_epilogue_value(float v, long long c, const float* norm,
+                                                     const ConvEpilogue& e) {
+    if (e.has_norm) v = (v - norm[3 * c]) * norm[3 * c + 1] + norm[3 * c + 2];
+    if (e.has_affine) v = v * e.scale + e.shift;
+    if (e.has_hard_swish) v = v * fminf(fmaxf(v + e.add, e.lo), e.hi) / e.div;
+    if (e.relu) v = fmaxf(v, 0.0f);
+    return v;
+}
+
+// The convolution's bias (when has_bias) and the epilogue in place over y [n / (channels *
+// plane), channels, plane]: for a convolution whose output cuBLAS wrote.
+extern "C" __global__ void conv_epilogue_f32(float* y, const float* bias, int has_bias,
+                                             const float* norm, long long n, long long plane,
+                                             long long channels, ConvEpilogue e) {
+    GRID_STRIDE(i, n) {
+        long long c = (i / plane) % channels;
+        float v = has_bias ? y[i] + bias[c] : y[i];
+        y[i] = conv_epilogue_value(v, c, norm, e);
+    }
+}
+
 // Direct convolution, one thread per output value: for convolutions with one input channel
 // per group (depthwise), where im2col would need a GEMM per channel. Weights [m, c/groups,
-// kh, kw]; the bias (m values) is read only when has_bias.
+// kh, kw]; the bias (m values) is read only when has_bias; the epilogue (identity but for a
+// fold) applied as each value is written.
 extern "C" __global__ void conv_direct_f32(const float* x, const float* wt, const float* bias,
-                                           float* y, Window2d g, int has_bias) {
+                                           float* y, Window2d g, int has_bias,
+                                           const float* norm, ConvEpilogue e) {
     long long cg = g.c / g.groups, mg = g.m / g.groups;
     GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
         long long ox = i % g.ow, t = i / g.ow;
@@ -492,7 +527,7 @@ extern "C" __global__ void conv_direct_f32(const float* x, const float* wt, cons
                 }
             }
         }
-        y[i] = acc;
+        y[i] = conv_epilogue_value(acc, oc, norm, e);
     }
 }
 

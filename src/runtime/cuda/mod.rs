@@ -25,6 +25,7 @@ mod attention;
 mod compile;
 mod control_flow;
 mod conv3d;
+mod conv_fold;
 mod deform_conv;
 mod fft;
 mod flat;
@@ -396,11 +397,13 @@ pub struct CudaStage {
 }
 
 /// A step's kernel on this backend: a CPU tensor kernel (the device ops are tried first; the
-/// kernel is the fallback), or a flow op the executor runs itself.
-#[derive(Debug, Clone, Copy)]
+/// kernel is the fallback), a flow op the executor runs itself, or a Conv with the nodes after
+/// it folded in (`conv_fold.rs`).
+#[derive(Debug, Clone)]
 enum StepKernel {
     Tensor(Kernel),
     Flow(Flow),
+    FoldedConv(Arc<conv_fold::DeviceFold>),
 }
 
 /// The steps of `spec`'s nodes; refuses an op that has neither a CPU tensor kernel nor a flow
@@ -725,7 +728,12 @@ impl Executor for CudaExecutor<'_> {
         } else {
             None
         };
-        let steps = plan_device_steps(graph, spec)?;
+        let mut steps = plan_device_steps(graph, spec)?;
+        if conv_fold::enabled() {
+            steps = crate::runtime::fuse::fold_conv_chains(graph, self.weights, spec, steps, |f| {
+                StepKernel::FoldedConv(Arc::new(conv_fold::DeviceFold::new(f)))
+            });
+        }
         let mut read_weights: Vec<TensorId> = spec
             .nodes
             .iter()
@@ -908,7 +916,7 @@ impl CudaExecutor<'_> {
             };
             let began = std::time::Instant::now();
             let device_start = host_times::mark(&stage.stream);
-            let results: Vec<Value> = match step.kernel {
+            let results: Vec<Value> = match &step.kernel {
                 StepKernel::Flow(flow) => {
                     let scope = |name: &str| {
                         frame
@@ -924,8 +932,11 @@ impl CudaExecutor<'_> {
                     flow.run(gpu, &ctx, &args, &run_body)
                         .map_err(kernel_error)?
                 }
-                StepKernel::Tensor(kernel) => self
+                &StepKernel::Tensor(kernel) => self
                     .run_tensor_node(stage, gpu, &ctx, kernel, &args)
+                    .map_err(kernel_error)?,
+                StepKernel::FoldedConv(fold) => self
+                    .run_folded_conv(stage, gpu, &ctx, fold, &args)
                     .map_err(kernel_error)?,
             };
             host_times::timed(host_times::Part::Release, || drop(args));
@@ -936,9 +947,19 @@ impl CudaExecutor<'_> {
                     .map_err(|e| kernel_error(format!("stream failed: {e}")))?;
                 let bytes = results.iter().map(Value::byte_len).sum();
                 observe(step.node, began.elapsed().as_secs_f64(), bytes);
+                if let StepKernel::FoldedConv(fold) = &step.kernel {
+                    // As on the CPU: the Conv's time covers the nodes folded into it.
+                    for &folded in &fold.fold.folded {
+                        observe(folded, 0.0, bytes);
+                    }
+                }
             }
+            let output_slots = match &step.kernel {
+                StepKernel::FoldedConv(fold) => &fold.fold.output[..],
+                _ => &node.outputs[..],
+            };
             let mut results = results.into_iter();
-            for (position, slot) in node.outputs.iter().enumerate() {
+            for (position, slot) in output_slots.iter().enumerate() {
                 let value = results.next();
                 if let Some(id) = slot {
                     let value = value.ok_or_else(|| {
@@ -997,6 +1018,33 @@ impl CudaExecutor<'_> {
             .collect::<Result<_, String>>()?;
         let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
         Ok(kernel(ctx, &refs)?
+            .into_iter()
+            .map(|t| Value::host(Arc::new(t)))
+            .collect())
+    }
+
+    /// A Conv with nodes folded in: on the device, or else the CPU's folded kernel on host
+    /// copies (counted as a host run of the Conv).
+    fn run_folded_conv(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        ctx: &Ctx,
+        fold: &conv_fold::DeviceFold,
+        args: &[Option<Value>],
+    ) -> Result<Vec<Value>, String> {
+        if let Some(results) = conv_fold::run(gpu, ctx, args, fold)? {
+            return Ok(results);
+        }
+        if let Ok(mut counts) = stage.host_runs.lock() {
+            *counts.entry(ctx.node.op_type.clone()).or_default() += 1;
+        }
+        let host: Vec<Option<Arc<HostTensor>>> = args
+            .iter()
+            .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
+            .collect::<Result<_, String>>()?;
+        let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
+        Ok(kernels::conv_then(ctx, &refs, &fold.fold.epilogue)?
             .into_iter()
             .map(|t| Value::host(Arc::new(t)))
             .collect())

@@ -95,6 +95,8 @@ pub(super) struct Functions {
     pub(super) ml: super::ml::Kernels,
     /// The element-wise fast path (`flat.rs`).
     pub(super) flat: super::flat::Kernels,
+    /// The epilogue of a Conv with nodes folded in (`conv_fold.rs`).
+    pub(super) conv_epilogue: CudaFunction,
     /// MatMulNBits' weight expansion (`nbits.rs`).
     pub(super) nbits: super::nbits::Kernels,
 }
@@ -151,6 +153,7 @@ impl Functions {
             bernoulli: f("bernoulli_f32")?,
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
+            conv_epilogue: f("conv_epilogue_f32")?,
             nbits: super::nbits::Kernels::load(module)?,
         })
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
+use super::conv_fold::DeviceEpilogue;
 use super::ops::{broadcast_strides, cuda_error, device, extra_outputs, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::runtime::kernels::{
@@ -89,6 +90,16 @@ fn window_output_shape(n: usize, channels: usize, [oh, ow]: [usize; 2], one_d: b
 const COLUMN_FLOATS: usize = 64 << 20;
 
 pub(super) fn conv(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    conv_then(gpu, ctx, args, &DeviceEpilogue::default())
+}
+
+/// A 1-D or 2-D Conv with `epilogue` (`conv_fold.rs`) applied to its output.
+pub(super) fn conv_then(
+    gpu: &Gpu,
+    ctx: &Ctx,
+    args: &[Option<Value>],
+    epilogue: &DeviceEpilogue,
+) -> OpResult {
     let (Some(x), Some(w)) = (device(gpu, args, 0)?, device(gpu, args, 1)?) else {
         return Ok(None);
     };
@@ -116,26 +127,31 @@ pub(super) fn conv(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let win = window(ctx, one_d, [kh, kw], [h, wd])?;
     let out_hw = win.output([h, wd], false)?;
     let geometry = Window2d::new([n, c, h, wd], (m, out_hw), &win, group);
-    let out = if cg == 1 {
-        conv_direct(gpu, &x, &w, bias.as_ref(), &geometry)?
-    } else {
-        conv_gemm(gpu, &x, &w, bias.as_ref(), &geometry, &win)?
-    };
-    one(DeviceTensor::new(
-        window_output_shape(n, m, out_hw, one_d),
-        out,
-    ))
+    let shape = window_output_shape(n, m, out_hw, one_d);
+    if cg == 1 {
+        let out = conv_direct(gpu, (&x, &w, bias.as_ref()), &geometry, epilogue)?;
+        return one(DeviceTensor::new(shape, out));
+    }
+    if epilogue.is_identity() {
+        let out = conv_gemm(gpu, &x, &w, bias.as_ref(), &geometry, &win)?;
+        return one(DeviceTensor::new(shape, out));
+    }
+    // The epilogue's launch adds the bias too.
+    let mut out = DeviceTensor::new(shape, conv_gemm(gpu, &x, &w, None, &geometry, &win)?);
+    epilogue.apply(gpu, &mut out, bias.as_ref())?;
+    one(out)
 }
 
+/// A depthwise convolution, `epilogue` applied as each value is written.
 fn conv_direct(
     gpu: &Gpu,
-    x: &DeviceTensor,
-    w: &DeviceTensor,
-    bias: Option<&DeviceTensor>,
+    (x, w, bias): (&DeviceTensor, &DeviceTensor, Option<&DeviceTensor>),
     g: &Window2d,
+    epilogue: &DeviceEpilogue,
 ) -> Result<cudarc::driver::CudaSlice<f32>, String> {
     let total = (g.n * g.m * g.oh * g.ow) as usize;
     let mut out = gpu.alloc(total)?;
+    let norm = epilogue.norm_pointer(gpu, g.m as usize, &w.data)?;
     let has_bias = bias.is_some() as i32;
     // Without a bias the kernel never reads its bias argument; the weights stand in.
     let bias_data = bias.map_or(&*w.data, |b| &*b.data);
@@ -146,9 +162,12 @@ fn conv_direct(
         .arg(bias_data)
         .arg(&mut out)
         .arg(g)
-        .arg(&has_bias);
+        .arg(&has_bias)
+        .arg(&norm)
+        .arg(&epilogue.params);
     // SAFETY: argument types match `conv_direct_f32`; the geometry is the operands' own (the
-    // window fits the padded input, checked by `Window::output`).
+    // window fits the padded input, checked by `Window::output`); `norm` holds 3 values per
+    // output channel (checked) or is not read.
     unsafe { launch.launch(Gpu::grid(total)) }.map_err(cuda_error("launch"))?;
     Ok(out)
 }
