@@ -23,6 +23,7 @@ use super::names::{NameId, NameTable, NodeNames};
 use crate::cost::cluster::DeviceId;
 use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
 use crate::cost::model::{per_node_on_threads, tensor_bytes};
+use crate::cost::prefetch;
 use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use crate::graph::{Graph, NodeId, TensorOrigin};
 use crate::Error;
@@ -278,7 +279,9 @@ impl PartitionProblem {
             .with_unknown_ops(settings.unknown_ops);
         let (first_timed, tensors) = std::thread::scope(|scope| {
             let costing = scope.spawn(|| {
-                per_node_on_threads(&order, |id| first_model.node_time_and_flops(graph, id))
+                per_node_on_threads(graph, &order, |id| {
+                    first_model.node_time_and_flops(graph, id)
+                })
             });
             let tensors = TensorTables::new(graph, &order, &position_of_index, settings.mode);
             match costing.join() {
@@ -318,7 +321,9 @@ impl PartitionProblem {
                             let model = CostModel::new(spec)
                                 .with_mode(settings.mode)
                                 .with_unknown_ops(settings.unknown_ops);
-                            per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?
+                            per_node_on_threads(graph, &order, |id| {
+                                model.node_time_secs(graph, id)
+                            })?
                         }
                     };
                     kind_names.push(spec.name.clone());
@@ -813,7 +818,12 @@ impl TensorTables {
         let mut table = NameTable::with_capacity(most, most * 64);
         let mut names = Vec::with_capacity(order.len());
         let mut scopes = Vec::with_capacity(order.len());
-        for &id in order {
+        // Each name, dims and readers asked for some nodes (tensors) before they are copied:
+        // scattered reads that were most of this pass's time at a million nodes.
+        for (i, &id) in order.iter().enumerate() {
+            if let Some(&ahead) = order.get(i + prefetch::AHEAD) {
+                prefetch::node_names(graph.node(ahead));
+            }
             let node = graph.node(id);
             let name = table.push(&node.name);
             names.push(name);
@@ -826,7 +836,12 @@ impl TensorTables {
         let mut node_params = vec![Positions::new(); order.len()];
         let mut params = Vec::new();
         let mut flows = Vec::with_capacity(graph.tensors().size_hint().0);
+        let mut ahead = graph.tensors().skip(prefetch::AHEAD);
         for (tensor_id, tensor) in graph.tensors() {
+            if let Some((_, later)) = ahead.next() {
+                prefetch::tensor_name_and_readers(later);
+                prefetch::tensor_shape(later);
+            }
             let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
             consumers.sort_unstable();
             consumers.dedup();
@@ -936,14 +951,14 @@ pub(crate) mod tests {
         let model = CostModel::new(cluster.device(DeviceId(0)));
         let order = graph.topological_order().to_vec();
         let time = |id| model.node_time_secs(&graph, id);
-        let whole = per_node_in_parts(&order, order.len(), time).unwrap();
+        let whole = per_node_in_parts(&graph, &order, order.len(), time).unwrap();
         let one_by_one: Vec<f64> = order
             .iter()
             .map(|&id| model.node_cost(&graph, id).unwrap().time_secs)
             .collect();
         assert_eq!(whole, one_by_one);
         for per_thread in [1, 4, 7, 22] {
-            let parts = per_node_in_parts(&order, per_thread, time).unwrap();
+            let parts = per_node_in_parts(&graph, &order, per_thread, time).unwrap();
             assert_eq!(parts, whole, "{per_thread} nodes a thread");
         }
     }
