@@ -1,13 +1,15 @@
-//! Asking the memory early for what a pass over a large graph reads a few nodes later.
+//! Asking the memory early for what costing reads a few nodes later.
 //!
-//! A loaded graph keeps each node's slots, each tensor's shape and each name in allocations of
-//! their own, scattered over gigabytes at a million nodes: the passes after loading (costing,
-//! reading names and tensors) spent about half their time waiting for those reads, one at a
-//! time (`perf annotate`, docs/benchmarks.md "Limits at any size"). A hint issued some nodes
-//! ahead lets those reads overlap the work on the nodes between. Hints change no result; on
-//! targets without one they are nothing.
+//! A loaded graph keeps each node's slots and each tensor's dims in allocations of their own,
+//! scattered over gigabytes at a million nodes: costing spent about half its time waiting for
+//! those reads one at a time (`perf annotate` of `concrete`, docs/benchmarks.md "Limits at any
+//! size"). A hint issued some nodes ahead lets them overlap the work on the nodes between: the
+//! costing threads' samples fell by about a tenth. The same hints in the pass that reads the
+//! names and tensors, and in the bias pairs' pass, only moved the wait to the read that found
+//! the address to hint, and were dropped. Hints change no result; on targets without one they
+//! are nothing.
 
-use crate::graph::{Graph, Node, Tensor};
+use crate::graph::{Graph, Node};
 
 /// How many nodes (or tensors) ahead of the one at work a pass asks for its memory: a few
 /// hundred nanoseconds of work each, against a memory latency of about a hundred.
@@ -37,29 +39,9 @@ pub(crate) fn node_slots(node: &Node) {
 /// been asked for earlier: they are read here).
 pub(crate) fn node_shapes(graph: &Graph, node: &Node) {
     for &id in node.inputs.iter().chain(&node.outputs).flatten() {
-        tensor_shape(graph.tensor(id));
-    }
-}
-
-/// The tensor's dims.
-pub(crate) fn tensor_shape(tensor: &Tensor) {
-    if let Some(dims) = &tensor.shape {
-        soon(dims.as_ptr());
-    }
-}
-
-/// What reading a tensor into the partition problem touches besides its dims: its name and
-/// its readers.
-pub(crate) fn tensor_name_and_readers(tensor: &Tensor) {
-    soon(tensor.name.as_ptr());
-    soon(tensor.consumers.as_ptr());
-}
-
-/// The node's name and module scope.
-pub(crate) fn node_names(node: &Node) {
-    soon(node.name.as_ptr());
-    if let Some(scope) = &node.module_scope {
-        soon(scope.as_ptr());
+        if let Some(dims) = &graph.tensor(id).shape {
+            soon(dims.as_ptr());
+        }
     }
 }
 

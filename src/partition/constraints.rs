@@ -237,14 +237,7 @@ impl CutConstraints {
             }
         }
         if self.bias_with_matmul {
-            // Each producer's op type asked for some flows before it is compared: a scattered
-            // read per flow, a million of them at a million nodes.
-            let flows = problem.flows();
-            for (i, flow) in flows.iter().enumerate() {
-                if let Some(later) = flows.get(i + crate::cost::prefetch::AHEAD) {
-                    let producer = graph.node(problem.order()[later.producer as usize]);
-                    crate::cost::prefetch::soon(producer.op_type.as_ptr());
-                }
+            for flow in problem.flows() {
                 if let Some(add) = bias_add(graph, problem, flow) {
                     pairs.push((flow.producer, add, Joined::Tensor(flow.name)));
                 }

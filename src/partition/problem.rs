@@ -23,7 +23,6 @@ use super::names::{NameId, NameTable, NodeNames};
 use crate::cost::cluster::DeviceId;
 use crate::cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
 use crate::cost::model::{per_node_on_threads, tensor_bytes};
-use crate::cost::prefetch;
 use crate::cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use crate::graph::{Graph, NodeId, TensorOrigin};
 use crate::Error;
@@ -818,12 +817,7 @@ impl TensorTables {
         let mut table = NameTable::with_capacity(most, most * 64);
         let mut names = Vec::with_capacity(order.len());
         let mut scopes = Vec::with_capacity(order.len());
-        // Each name, dims and readers asked for some nodes (tensors) before they are copied:
-        // scattered reads that were most of this pass's time at a million nodes.
-        for (i, &id) in order.iter().enumerate() {
-            if let Some(&ahead) = order.get(i + prefetch::AHEAD) {
-                prefetch::node_names(graph.node(ahead));
-            }
+        for &id in order {
             let node = graph.node(id);
             let name = table.push(&node.name);
             names.push(name);
@@ -836,12 +830,7 @@ impl TensorTables {
         let mut node_params = vec![Positions::new(); order.len()];
         let mut params = Vec::new();
         let mut flows = Vec::with_capacity(graph.tensors().size_hint().0);
-        let mut ahead = graph.tensors().skip(prefetch::AHEAD);
         for (tensor_id, tensor) in graph.tensors() {
-            if let Some((_, later)) = ahead.next() {
-                prefetch::tensor_name_and_readers(later);
-                prefetch::tensor_shape(later);
-            }
             let mut consumers: Positions = tensor.consumers.iter().map(position).collect();
             consumers.sort_unstable();
             consumers.dedup();
