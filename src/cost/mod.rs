@@ -16,6 +16,7 @@ pub mod measured;
 pub mod memory;
 pub mod model;
 pub(crate) mod ops;
+pub(crate) mod prefetch;
 
 pub use cluster::{Cluster, ClusterLayout, DeviceId, LinkChoice, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};

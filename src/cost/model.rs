@@ -344,7 +344,7 @@ impl<'a> CostModel<'a> {
     /// times `1 + backward_factor` in training (the backward pass computes about twice the
     /// forward's FLOPs). The numerator of MFU; independent of the device.
     pub fn model_flops(&self, graph: &Graph) -> Result<f64, Error> {
-        let flops = per_node_on_threads(graph.topological_order(), |id| {
+        let flops = per_node_on_threads(graph, graph.topological_order(), |id| {
             self.work(graph, id).map(|(work, _)| work.flops)
         })?;
         // Summed in the order, as one pass would.
@@ -376,22 +376,39 @@ const NODES_PER_THREAD: usize = 16_384;
 /// model again after it (`partition` reuses the solve's FLOPs). Each part runs as the whole would, and the first error in the order is the one
 /// returned, so the result does not depend on the number of threads.
 pub(crate) fn per_node_on_threads<T: Send>(
+    graph: &Graph,
     order: &[NodeId],
     per_node: impl Fn(NodeId) -> Result<T, Error> + Sync,
 ) -> Result<Vec<T>, Error> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     let per_thread = order.len().div_ceil(threads).max(NODES_PER_THREAD);
-    per_node_in_parts(order, per_thread, per_node)
+    per_node_in_parts(graph, order, per_thread, per_node)
 }
 
 /// [`per_node_on_threads`] with `order` cut into parts of `per_thread` nodes, one thread each.
+/// Each part asks for the slots and then the shapes of the nodes it costs a little ahead of
+/// costing them ([`super::prefetch`]).
 pub(crate) fn per_node_in_parts<T: Send>(
+    graph: &Graph,
     order: &[NodeId],
     per_thread: usize,
     per_node: impl Fn(NodeId) -> Result<T, Error> + Sync,
 ) -> Result<Vec<T>, Error> {
+    use super::prefetch::{node_shapes, node_slots, AHEAD};
     let run = |part: &[NodeId]| -> Result<Vec<T>, Error> {
-        part.iter().map(|&id| per_node(id)).collect()
+        let ahead = |i: usize| part.get(i).map(|&id| graph.node(id));
+        part.iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                if let Some(node) = ahead(i + 2 * AHEAD) {
+                    node_slots(node);
+                }
+                if let Some(node) = ahead(i + AHEAD) {
+                    node_shapes(graph, node);
+                }
+                per_node(id)
+            })
+            .collect()
     };
     if order.len() <= per_thread {
         return run(order);

@@ -857,13 +857,16 @@ impl<'a> Planner<'a> {
             },
         };
         let dp_complete = order.as_ref().is_some_and(|o| o.complete);
-        let incumbent = match order {
-            Some(order) => order.stage_of,
+        let (incumbent, order_evaluation) = match order {
+            Some(order) => (order.stage_of, Some(order.evaluation)),
             // No contiguous cut of the order fits: the exact solver decides over every convex
             // partition before "does not fit".
-            None => milp::fit_or_explain(&problem, deadline, budget).map_err(|why| {
-                Error::Infeasible(explain_infeasible(&problem, self.cluster) + &why)
-            })?,
+            None => {
+                let fitting = milp::fit_or_explain(&problem, deadline, budget).map_err(|why| {
+                    Error::Infeasible(explain_infeasible(&problem, self.cluster) + &why)
+                })?;
+                (fitting, None)
+            }
         };
         let dp_secs = dp_started.elapsed();
         // The bound's cut-node search may take a quarter of what is left (under a work budget
@@ -873,7 +876,7 @@ impl<'a> Planner<'a> {
             Some(_) => deadline,
             None => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4,
         };
-        let dp_evaluation = problem.evaluate(&incumbent);
+        let dp_evaluation = order_evaluation.unwrap_or_else(|| problem.evaluate(&incumbent));
         let mut proved = LowerBounds {
             average_work_secs: problem.lower_bound_secs(),
             granularity_secs: bounds::granularity_bound_secs(&problem, bound_deadline, budget),
@@ -1183,14 +1186,14 @@ impl<'a> Planner<'a> {
                 last_infeasible = Some(problem);
                 continue;
             };
-            let evaluation = problem.evaluate(&order.stage_of);
+            let evaluation = &order.evaluation;
             self.report(
                 SolverKind::Dp,
                 k,
                 evaluation.bottleneck_secs,
                 Some(problem.lower_bound_secs()),
             );
-            let simulation = simulate(&stage_times(&problem, &evaluation), schedule, microbatches)?;
+            let simulation = simulate(&stage_times(&problem, evaluation), schedule, microbatches)?;
             candidates.push(StageCountCandidate {
                 stages: k,
                 bottleneck_secs: Some(evaluation.bottleneck_secs),

@@ -278,7 +278,9 @@ impl PartitionProblem {
             .with_unknown_ops(settings.unknown_ops);
         let (first_timed, tensors) = std::thread::scope(|scope| {
             let costing = scope.spawn(|| {
-                per_node_on_threads(&order, |id| first_model.node_time_and_flops(graph, id))
+                per_node_on_threads(graph, &order, |id| {
+                    first_model.node_time_and_flops(graph, id)
+                })
             });
             let tensors = TensorTables::new(graph, &order, &position_of_index, settings.mode);
             match costing.join() {
@@ -318,7 +320,9 @@ impl PartitionProblem {
                             let model = CostModel::new(spec)
                                 .with_mode(settings.mode)
                                 .with_unknown_ops(settings.unknown_ops);
-                            per_node_on_threads(&order, |id| model.node_time_secs(graph, id))?
+                            per_node_on_threads(graph, &order, |id| {
+                                model.node_time_secs(graph, id)
+                            })?
                         }
                     };
                     kind_names.push(spec.name.clone());
@@ -936,14 +940,14 @@ pub(crate) mod tests {
         let model = CostModel::new(cluster.device(DeviceId(0)));
         let order = graph.topological_order().to_vec();
         let time = |id| model.node_time_secs(&graph, id);
-        let whole = per_node_in_parts(&order, order.len(), time).unwrap();
+        let whole = per_node_in_parts(&graph, &order, order.len(), time).unwrap();
         let one_by_one: Vec<f64> = order
             .iter()
             .map(|&id| model.node_cost(&graph, id).unwrap().time_secs)
             .collect();
         assert_eq!(whole, one_by_one);
         for per_thread in [1, 4, 7, 22] {
-            let parts = per_node_in_parts(&order, per_thread, time).unwrap();
+            let parts = per_node_in_parts(&graph, &order, per_thread, time).unwrap();
             assert_eq!(parts, whole, "{per_thread} nodes a thread");
         }
     }
