@@ -97,6 +97,8 @@ pub(super) struct Functions {
     pub(super) flat: super::flat::Kernels,
     /// MatMulNBits' weight expansion (`nbits.rs`).
     pub(super) nbits: super::nbits::Kernels,
+    /// The fused transformer steps (`fuse.rs`).
+    pub(super) fused: super::fuse::Kernels,
 }
 
 impl Functions {
@@ -152,6 +154,7 @@ impl Functions {
             ml: super::ml::Kernels::load(module)?,
             flat: super::flat::Kernels::load(module)?,
             nbits: super::nbits::Kernels::load(module)?,
+            fused: super::fuse::Kernels::load(module)?,
         })
     }
 }
