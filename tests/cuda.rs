@@ -2318,3 +2318,104 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
         }
     }
 }
+
+/// A fusion stays inside a stage and swallows no tensor read elsewhere
+/// (`tests/fake_cuda/fusion_models.py`): a written-out layer norm, RMS norm and Gelu in a row,
+/// planned in 2 to 4 stages, fuse exactly where a stage holds every node a pattern needs (the
+/// plan says which), and the same patterns with an intermediate that is also a graph output or
+/// read by another node do not fuse at all; every run gives the CPU runtime's outputs.
+#[cfg(feature = "cuda")]
+#[test]
+fn fusions_stop_at_stage_boundaries_and_at_tensors_read_elsewhere() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the fusion models cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/fusion_models.py"))
+        .arg(work)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "fusion_models.py failed");
+    let input = format!("X={}", work.join("X.npy").display());
+    let extra = [
+        "--microbatches".to_string(),
+        "1".to_string(),
+        "--input".to_string(),
+        input,
+    ];
+    let patterns: Value =
+        serde_json::from_str(&std::fs::read_to_string(work.join("fusion_chain.json")).unwrap())
+            .unwrap();
+    let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
+    let mut split = 0;
+    for stages in [2, 3, 4] {
+        let model = work.join("fusion_chain.onnx");
+        let model = model.to_str().unwrap();
+        let plan = partition(work, model, stages, &[]);
+        let planned: Value =
+            serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        let stage_of = |node: &str| {
+            planned["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|s| s["nodes"].as_array().unwrap().iter().any(|n| n == node))
+                .unwrap()
+        };
+        let cpu = work.join(format!("cpu-{stages}"));
+        run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+        let out = work.join(format!("cuda-{stages}"));
+        let launches = launches_with_fusion(&env, (&plan, model), &extra, "on", &out);
+        assert_same_outputs(&format!("fusion_chain K={stages}"), &out, &cpu);
+        for (kernel, groups) in patterns.as_object().unwrap() {
+            let whole = groups
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|nodes| {
+                    let mut stages = nodes
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|n| stage_of(n.as_str().unwrap()));
+                    let first = stages.next();
+                    stages.all(|s| Some(s) == first)
+                })
+                .count() as u64;
+            split += groups.as_array().unwrap().len() as u64 - whole;
+            assert_eq!(
+                count(&launches, kernel),
+                whole,
+                "K={stages}: {kernel} in {launches}"
+            );
+        }
+    }
+    assert!(
+        split > 0,
+        "no plan split a pattern: the boundary went untested"
+    );
+
+    let model = work.join("fusion_leaks.onnx");
+    let model = model.to_str().unwrap();
+    let plan = partition(work, model, 1, &[]);
+    let cpu = work.join("cpu-leaks");
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    let runs = ["on", "off"].map(|fuse| {
+        let out = work.join(format!("cuda-leaks-{fuse}"));
+        let launches = launches_with_fusion(&env, (&plan, model), &extra, fuse, &out);
+        assert_same_outputs(&format!("fusion_leaks fusion {fuse}"), &out, &cpu);
+        launches
+    });
+    for kernel in ["norm_rows_f32", "fused_gelu_f32", "bias_rows_f32"] {
+        assert_eq!(count(&runs[0], kernel), 0, "{kernel}: {}", runs[0]);
+    }
+    assert_eq!(
+        runs[0], runs[1],
+        "fusion changed the launches of a graph it cannot fuse"
+    );
+}

@@ -277,9 +277,13 @@ impl Finder<'_> {
         }
     }
 
-    /// The value of a one-element float parameter.
+    /// The value of a one-element float parameter of rank 0 or 1 (a broadcast by it adds no
+    /// axis to a tensor of rank 1 or more).
     fn scalar(&self, tensor: TensorId) -> Option<f32> {
         self.graph.tensor(tensor).param()?;
+        if self.weights.get(tensor)?.shape().len() > 1 {
+            return None;
+        }
         match self.weights.get(tensor)?.as_f32().ok()? {
             [v] => Some(*v),
             _ => None,
@@ -551,7 +555,10 @@ pub(super) fn run(
     fusion: &Fusion,
     inputs: &[DeviceTensor],
 ) -> Result<Option<DeviceTensor>, String> {
-    if inputs.iter().any(|t| t.mask || t.data.is_empty()) {
+    if inputs
+        .iter()
+        .any(|t| t.mask || t.data.is_empty() || t.shape.is_empty())
+    {
         return Ok(None);
     }
     match *fusion {
