@@ -2145,15 +2145,41 @@ fn launches_with_fusion(
     fuse: &str,
     out: &Path,
 ) -> Value {
+    launches_and_steps(env, (plan, model), extra, fuse, out).0
+}
+
+/// [`launches_with_fusion`], and the steps the host ran per micro-batch, all stages together
+/// (`PIPECUT_CUDA_HOST_TIMES`'s count: a fused step is one).
+#[cfg(feature = "cuda")]
+fn launches_and_steps(
+    env: &[(String, String)],
+    (plan, model): (&Path, &str),
+    extra: &[String],
+    fuse: &str,
+    out: &Path,
+) -> (Value, f64) {
     let stats = out.with_extension("stats.json");
     let mut env = env.to_vec();
     env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
     env.push(("PIPECUT_CUDA_FUSE".into(), fuse.into()));
+    env.push(("PIPECUT_CUDA_HOST_TIMES".into(), "1".into()));
     let json = [extra, &["--json".to_string()]].concat();
-    let report = run_plan(plan, model, "cuda", &json, out, &env);
+    let (code, report, err) = try_run_plan(plan, model, "cuda", &json, out, &env);
+    assert_eq!(code, 0, "{model} PIPECUT_CUDA_FUSE={fuse}: {err}");
+    assert!(
+        !err.contains("fake lib"),
+        "{model}: the fake driver objected: {err}"
+    );
     assert_no_host_fallbacks(&format!("{model} PIPECUT_CUDA_FUSE={fuse}"), &report);
+    let steps = err
+        .lines()
+        .find_map(|line| {
+            let rest = line.split(" us in ").nth(1)?;
+            rest.strip_suffix(" steps")?.parse::<f64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no step count in: {err}"));
     let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
-    stats["launches"].clone()
+    (stats["launches"].clone(), steps)
 }
 
 /// All launches (kernels and cuBLAS calls) in a `launches` object.
@@ -2290,17 +2316,22 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
             run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
             let run = |fuse: &str| {
                 let out = dir.path().join(format!("cuda-{fuse}"));
-                let launches = launches_with_fusion(&env, (&plan, model), &extra, fuse, &out);
+                let counts = launches_and_steps(&env, (&plan, model), &extra, fuse, &out);
                 assert_same_outputs(&format!("{name} K={stages} fusion {fuse}"), &out, &cpu);
-                launches
+                counts
             };
-            let (fused, unfused) = (run("on"), run("off"));
+            let ((fused, steps_on), (unfused, steps_off)) = (run("on"), run("off"));
             let (on, off) = (total_launches(&fused), total_launches(&unfused));
             eprintln!(
-                "{name} K={stages}: {} launches per micro-batch fused, {} unfused (predicted \
-                 saving on one stage {predicted}); fused: {fused}",
+                "{name} K={stages}: launches per micro-batch {} fused, {} unfused (predicted \
+                 saving on one stage {predicted}); host steps per micro-batch {steps_on} fused, \
+                 {steps_off} unfused; fused launches: {fused}",
                 on as f64 / MICROBATCHES as f64,
                 off as f64 / MICROBATCHES as f64,
+            );
+            assert!(
+                steps_on < steps_off,
+                "{name} K={stages}: {steps_on} steps fused"
             );
             let saved = off.saturating_sub(on);
             if stages == 1 {
