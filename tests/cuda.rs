@@ -2352,9 +2352,11 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
 
 /// A fusion stays inside a stage and swallows no tensor read elsewhere
 /// (`tests/fake_cuda/fusion_models.py`): a written-out layer norm, RMS norm and Gelu in a row,
-/// planned in 2 to 4 stages, fuse exactly where a stage holds every node a pattern needs (the
-/// plan says which), and the same patterns with an intermediate that is also a graph output or
-/// read by another node do not fuse at all; every run gives the CPU runtime's outputs.
+/// planned in 1 to 4 stages, fuse exactly where a stage holds every node a pattern needs (the
+/// plan says which; the input's last reader, between the layer norm's nodes, does not free it
+/// before the fused step reads it), and the same patterns with an intermediate that is also a
+/// graph output or read by another node do not fuse at all; every run gives the CPU runtime's
+/// outputs.
 #[cfg(feature = "cuda")]
 #[test]
 fn fusions_stop_at_stage_boundaries_and_at_tensors_read_elsewhere() {
@@ -2384,7 +2386,7 @@ fn fusions_stop_at_stage_boundaries_and_at_tensors_read_elsewhere() {
             .unwrap();
     let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
     let mut split = 0;
-    for stages in [2, 3, 4] {
+    for stages in [1, 2, 3, 4] {
         let model = work.join("fusion_chain.onnx");
         let model = model.to_str().unwrap();
         let plan = partition(work, model, stages, &[]);

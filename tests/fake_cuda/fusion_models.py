@@ -2,7 +2,7 @@
 seeded), each with its input `X.npy`:
 
 - `fusion_chain.onnx`: a written-out layer norm, an RMS norm and a Gelu in a row on X
-  [3, 11, 7], and `fusion_chain.json` naming each pattern's nodes (those it needs) and the
+  [3, 11, 7] (X's last reader placed among the layer norm's nodes), and `fusion_chain.json` naming each pattern's nodes (those it needs) and the
   kernel it fuses into,
   so a test can tell from a plan which patterns a stage boundary splits;
 - `fusion_leaks.onnx`: the same patterns where an intermediate tensor is also read elsewhere
@@ -89,7 +89,11 @@ def main(out):
     initializers = constants(rng)
     n = helper.make_node
     ln, rms, ge = layer_norm(n, "X", "ln"), rms_norm(n, "ln_out", "rms"), gelu(n, "rms_out", "ge")
-    save(out, "fusion_chain", ln + rms + ge, ["ge_out"], initializers)
+    # X's last reader sits among the layer norm's nodes, after the last one that reads X: the
+    # fused step, at the norm's end, still needs X then.
+    last_reader = n("Mul", ["X", "half"], ["x_half"], name="x_half")
+    chain = ln[:3] + [last_reader] + ln[3:] + rms + ge
+    save(out, "fusion_chain", chain, ["ge_out", "x_half"], initializers)
     # The nodes a fusion needs (a layer norm's Add β is folded in only when it is there).
     patterns = {
         "norm_rows_f32": [[x.name for x in ln[:-1]], [x.name for x in rms]],

@@ -147,19 +147,40 @@ struct Group {
     output: TensorId,
 }
 
-/// Replaces each group's steps by one fused step at the place of its last node.
+/// Replaces each group's steps by one fused step at the place of its last node. A step in
+/// between that was the last reader of a tensor the fused step reads leaves its release to the
+/// fused step.
 fn assemble(
-    steps: Vec<Step<StepKernel>>,
+    mut steps: Vec<Step<StepKernel>>,
     groups: Vec<Group>,
     position: &HashMap<NodeId, usize>,
 ) -> Vec<Step<StepKernel>> {
     let mut group_of: HashMap<usize, usize> = HashMap::new();
     let mut last_of: Vec<usize> = Vec::new();
+    let mut kept_alive: Vec<Vec<TensorId>> = Vec::new();
     for (g, group) in groups.iter().enumerate() {
         for n in &group.nodes {
             group_of.insert(position[n], g);
         }
-        last_of.push(group.nodes.iter().map(|n| position[n]).max().unwrap_or(0));
+    }
+    for (g, group) in groups.iter().enumerate() {
+        let places = group.nodes.iter().map(|n| position[n]);
+        let (first, last) = (places.clone().min().unwrap_or(0), places.max().unwrap_or(0));
+        last_of.push(last);
+        let reads = group.fusion.inputs();
+        let mut moved = Vec::new();
+        for (i, step) in steps.iter_mut().enumerate().take(last).skip(first + 1) {
+            if group_of.get(&i) != Some(&g) {
+                step.frees.retain(|t| {
+                    let read = reads.contains(t);
+                    if read {
+                        moved.push(*t);
+                    }
+                    !read
+                });
+            }
+        }
+        kept_alive.push(moved);
     }
     let mut pending: Vec<Vec<Step<StepKernel>>> = groups.iter().map(|_| Vec::new()).collect();
     let mut groups: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
@@ -181,7 +202,8 @@ fn assemble(
             continue;
         };
         let (node, opset) = (last.node, last.opset);
-        let frees = replaced.iter().flat_map(|s| s.frees.clone()).collect();
+        let mut frees: Vec<TensorId> = replaced.iter().flat_map(|s| s.frees.clone()).collect();
+        frees.append(&mut kept_alive[g]);
         out.push(Step {
             node,
             kernel: StepKernel::Fused(Arc::new(Fused {
