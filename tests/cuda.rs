@@ -2197,8 +2197,10 @@ fn total_launches(launches: &Value) -> u64 {
 /// one-stage run of `model`, from its graph: each Gelu written out (an Erf read by `Add 1`, then
 /// the two Muls; with the Div before it, five nodes) saves 4, one more when a bias Add made its
 /// input; each written-out norm (a Sqrt of `Add ε` of a ReduceMean) saves 8 when a Sub centred
-/// it (layer norm: 9 nodes) and 6 otherwise (RMS norm: 7 nodes); a MatMul whose bias sum is
-/// read only by an Add of another tensor saves the Add's launch.
+/// it (layer norm: 9 nodes) and 6 otherwise (RMS norm: 7 nodes); a Sigmoid read only by a Mul
+/// by its input (SiLU) saves 1, and 1 more when that product is read only by a Mul by another
+/// tensor (a gate); a MatMul whose bias sum is read only by an Add of another tensor saves the
+/// Add's launch.
 #[cfg(feature = "cuda")]
 fn launches_fusion_saves(model: &Path) -> u64 {
     let model = pipecut::onnx::load_model(model).expect("model loads");
@@ -2238,6 +2240,18 @@ fn launches_fusion_saves(model: &Path) -> u64 {
                     .and_then(made_by)
                     .is_some_and(|s| s.op_type == "Sub");
                 saved += if centred { 8 } else { 6 };
+            }
+            "Sigmoid" => {
+                let times_input = node.outputs[0]
+                    .and_then(sole_reader)
+                    .filter(|m| m.op_type == "Mul" && m.inputs.contains(&node.inputs[0]));
+                let gated = times_input
+                    .and_then(|m| m.outputs[0])
+                    .and_then(sole_reader)
+                    .is_some_and(|g| {
+                        g.op_type == "Mul" && g.inputs.iter().flatten().all(|&t| !is_param(t))
+                    });
+                saved += u64::from(times_input.is_some()) + u64::from(gated);
             }
             "MatMul" => {
                 let bias_add = node.outputs[0].and_then(sole_reader).filter(|a| {

@@ -7,6 +7,7 @@
 //! ReduceMean, Sub, Pow 2, ReduceMean, Add ε, Sqrt, Div, Mul γ[, Add β]   ─▶ norm_rows_f32
 //! Pow 2, ReduceMean, Add ε, Sqrt, Reciprocal + Mul | Div, Mul γ (RMS)   ─▶ norm_rows_f32
 //! [Add bias,] Div √2, Erf, Add 1, Mul, Mul ½ (Gelu)                     ─▶ fused_gelu_f32
+//! Sigmoid, Mul by its input (SiLU)[, Mul by a same-shaped gate]        ─▶ fused_silu_f32
 //! MatMul by a weight, Add bias[, Add residual]                          ─▶ bias_rows_f32 + one GEMM (beta 1)
 //! ```
 //!
@@ -17,7 +18,7 @@
 //! when a run's shapes do not fit its kernel (a scale that is not one per column, a residual
 //! that broadcasts), it runs the nodes it replaced one by one instead.
 //!
-//! Numerics: the Gelu keeps the nodes' operations in their order (the same bits as unfused on
+//! Numerics: the Gelu and the SiLU keep the nodes' operations in their order (the same bits as unfused on
 //! the device); the norms compute `(x − mean) · rsqrt(var + ε)` where the nodes divide by a
 //! square root (within 2 ulp), and a MatMul with a residual adds `product + (bias + residual)`
 //! where the nodes add `(product + bias) + residual`. `PIPECUT_CUDA_FUSE=off` turns fusion
@@ -38,6 +39,7 @@ use crate::runtime::{StageSpec, Weights};
 #[derive(Debug)]
 pub(super) struct Kernels {
     gelu: CudaFunction,
+    silu: CudaFunction,
     bias_rows: CudaFunction,
 }
 
@@ -45,6 +47,7 @@ impl Kernels {
     pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
         Ok(Kernels {
             gelu: kernel(module, "fused_gelu_f32")?,
+            silu: kernel(module, "fused_silu_f32")?,
             bias_rows: kernel(module, "bias_rows_f32")?,
         })
     }
@@ -74,6 +77,8 @@ pub(super) enum Fusion {
         bias: Option<TensorId>,
         constants: [f32; 3],
     },
+    /// `x · sigmoid(x)`, times `gate` (of x's shape) when there is one.
+    Silu { x: TensorId, gate: Option<TensorId> },
     /// `a · weight + bias (+ residual)`, the weight a [K, N] matrix.
     BiasedMatMul {
         a: TensorId,
@@ -89,6 +94,7 @@ impl Fusion {
         let slots = match *self {
             Fusion::Norm { x, scale, bias, .. } => vec![Some(x), Some(scale), bias],
             Fusion::Gelu { x, bias, .. } => vec![Some(x), bias],
+            Fusion::Silu { x, gate } => vec![Some(x), gate],
             Fusion::BiasedMatMul {
                 a,
                 weight,
@@ -105,6 +111,7 @@ impl Fusion {
             Fusion::Norm { rms: false, .. } => "fused LayerNorm",
             Fusion::Norm { rms: true, .. } => "fused RMSNorm",
             Fusion::Gelu { .. } => "fused Gelu",
+            Fusion::Silu { .. } => "fused SiLU",
             Fusion::BiasedMatMul { .. } => "fused MatMul+bias",
         }
     }
@@ -233,8 +240,9 @@ impl Finder<'_> {
     fn find(&mut self, steps: &[Step<StepKernel>]) -> Vec<Group> {
         let mut groups = Vec::new();
         type Pattern<'p> = fn(&Finder<'p>, NodeId) -> Option<Group>;
-        let patterns: [Pattern; 4] = [
+        let patterns: [Pattern; 5] = [
             Finder::gelu,
+            Finder::silu,
             Finder::layer_norm,
             Finder::rms_norm,
             Finder::biased_matmul,
@@ -526,6 +534,41 @@ impl Finder<'_> {
         })
     }
 
+    /// Sigmoid and a Mul of its input by it, from the Sigmoid; with the Mul of the product by
+    /// another tensor that is not a parameter (a gate) when it is the product's one reader.
+    fn silu(&self, sigmoid: NodeId) -> Option<Group> {
+        if !self.is(sigmoid, "Sigmoid") {
+            return None;
+        }
+        let x = self.node(sigmoid).inputs.first().copied().flatten()?;
+        let mul = self.sole_reader(self.output(sigmoid), "Mul")?;
+        if self.other_input(mul, self.output(sigmoid)) != Some(x) {
+            return None;
+        }
+        let product = self.output(mul);
+        let gated = self.sole_reader(product, "Mul").and_then(|gate_mul| {
+            let gate = self.other_input(gate_mul, product)?;
+            self.graph
+                .tensor(gate)
+                .param()
+                .is_none()
+                .then_some((gate_mul, gate))
+        });
+        let (nodes, gate, output) = match gated {
+            Some((gate_mul, gate)) => (
+                vec![sigmoid, mul, gate_mul],
+                Some(gate),
+                self.output(gate_mul),
+            ),
+            None => (vec![sigmoid, mul], None, product),
+        };
+        Some(Group {
+            nodes,
+            fusion: Fusion::Silu { x, gate },
+            output,
+        })
+    }
+
     /// MatMul by a [K, N] weight, Add of a bias row, and an Add of another tensor (a residual)
     /// when it is the sum's one reader.
     fn biased_matmul(&self, matmul: NodeId) -> Option<Group> {
@@ -586,6 +629,7 @@ pub(super) fn run(
     match *fusion {
         Fusion::Norm { epsilon, rms, .. } => norm(gpu, inputs, epsilon, rms),
         Fusion::Gelu { constants, .. } => gelu(gpu, inputs, constants),
+        Fusion::Silu { .. } => silu(gpu, inputs),
         Fusion::BiasedMatMul { .. } => biased_matmul(gpu, inputs),
     }
 }
@@ -641,6 +685,29 @@ fn gelu(
         .arg(&mul);
     // SAFETY: argument types match `fused_gelu_f32`; x and the output hold n floats, the bias
     // (read only with has_bias) `cols`.
+    unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
+    Ok(Some(DeviceTensor::new(x.shape.clone(), out)))
+}
+
+fn silu(gpu: &Gpu, inputs: &[DeviceTensor]) -> Result<Option<DeviceTensor>, String> {
+    let (x, gate) = (&inputs[0], inputs.get(1));
+    if gate.is_some_and(|g| g.shape != x.shape) {
+        return Ok(None);
+    }
+    let n = x.data.len();
+    let mut out = gpu.alloc(n)?;
+    let (count, has_gate) = (n as i64, gate.is_some() as i32);
+    // Without a gate the kernel never reads it; x stands in.
+    let gate_data = gate.map_or(&*x.data, |g| &*g.data);
+    let mut launch = gpu.stream.launch_builder(&gpu.functions.fused.silu);
+    launch
+        .arg(&*x.data)
+        .arg(gate_data)
+        .arg(&mut out)
+        .arg(&count)
+        .arg(&has_gate);
+    // SAFETY: argument types match `fused_silu_f32`; x, the gate (read only with has_other)
+    // and the output hold n floats.
     unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
     Ok(Some(DeviceTensor::new(x.shape.clone(), out)))
 }

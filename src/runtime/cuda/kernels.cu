@@ -2043,3 +2043,15 @@ extern "C" __global__ void bias_rows_f32(const float* bias, const float* residua
         y[i] = has_residual ? b + residual[i] : b;
     }
 }
+
+// SiLU as exporters write it out, y = x · sigmoid(x) (Sigmoid, then Mul by x), times
+// other[i] when has_other (the Mul by a gate of the same shape after it: SwiGLU); each
+// operation as the unfused kernels do it.
+extern "C" __global__ void fused_silu_f32(const float* x, const float* other, float* y,
+                                          long long n, int has_other) {
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        float s = v * (1.0f / (1.0f + expf(-v)));
+        y[i] = has_other ? s * other[i] : s;
+    }
+}
