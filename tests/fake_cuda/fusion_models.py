@@ -2,9 +2,9 @@
 seeded), each with its input `X.npy`:
 
 - `fusion_chain.onnx`: a written-out layer norm, an RMS norm and a Gelu in a row on X
-  [3, 11, 7] (X's last reader placed among the layer norm's nodes), and `fusion_chain.json` naming each pattern's nodes (those it needs) and the
-  kernel it fuses into,
-  so a test can tell from a plan which patterns a stage boundary splits;
+  [3, 11, 7] (X's last reader placed among the layer norm's nodes), and `fusion_chain.json`
+  naming each pattern's nodes (those it needs) and the kernel it fuses into, so a test can
+  tell from a plan which patterns a stage boundary splits;
 - `fusion_leaks.onnx`: the same patterns where an intermediate tensor is also read elsewhere
   (a graph output, or another node), which no fusion may swallow.
 
@@ -21,6 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 F32 = TensorProto.FLOAT
 SHAPE = [3, 11, 7]
+# Outputs of another shape than X's.
+OUTPUT_SHAPES = {"product": [3, 11, 5], "biased": [3, 11, 5]}
 
 
 def constants(rng):
@@ -34,6 +36,8 @@ def constants(rng):
         numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "gamma"),
         numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "beta"),
         numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "gamma2"),
+        numpy_helper.from_array(rng.standard_normal([7, 5]).astype(np.float32), "weight"),
+        numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "bias"),
     ]
 
 
@@ -76,7 +80,8 @@ def gelu(n, x, p):
 def save(out, name, nodes, outputs, initializers):
     graph = helper.make_graph(
         nodes, name, [helper.make_tensor_value_info("X", F32, SHAPE)],
-        [helper.make_tensor_value_info(o, F32, SHAPE) for o in outputs], initializers)
+        [helper.make_tensor_value_info(o, F32, OUTPUT_SHAPES.get(o, SHAPE)) for o in outputs],
+        initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -100,12 +105,13 @@ def main(out):
         "fused_gelu_f32": [[x.name for x in ge]],
     }
     (out / "fusion_chain.json").write_text(json.dumps(patterns))
-    # The layer norm's root, the RMS norm's normalised rows and the Gelu's Erf are read
-    # besides: as outputs, and by an extra node.
+    # The layer norm's root, the RMS norm's normalised rows, the Gelu's Erf and a MatMul's
+    # product before its bias Add are read besides: as outputs, and by an extra node.
     ln, rms, ge = layer_norm(n, "X", "ln"), rms_norm(n, "ln_out", "rms"), gelu(n, "rms_out", "ge")
     extra = n("Mul", ["ge_erf", "half"], ["erf_half"], name="erf_half")
-    save(out, "fusion_leaks", ln + rms + ge + [extra],
-         ["ge_out", "ln_root", "rms_norm", "erf_half"], initializers)
+    matmul = [n("MatMul", ["X", "weight"], ["product"]), n("Add", ["product", "bias"], ["biased"])]
+    save(out, "fusion_leaks", ln + rms + ge + [extra] + matmul,
+         ["ge_out", "ln_root", "rms_norm", "erf_half", "product", "biased"], initializers)
     x = (rng.standard_normal(SHAPE) * 2 + 0.5).astype(np.float32)
     np.save(out / "X.npy", x)
 

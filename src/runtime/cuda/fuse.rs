@@ -18,8 +18,8 @@
 //! when a run's shapes do not fit its kernel (a scale that is not one per column, a residual
 //! that broadcasts), it runs the nodes it replaced one by one instead.
 //!
-//! Numerics: the Gelu and the SiLU keep the nodes' operations in their order (the same bits as unfused on
-//! the device); the norms compute `(x − mean) · rsqrt(var + ε)` where the nodes divide by a
+//! Numerics: the Gelu and the SiLU keep the nodes' operations in their order (the same bits as
+//! unfused on the device); the norms compute `(x − mean) · rsqrt(var + ε)` where the nodes divide by a
 //! square root (within 2 ulp), and a MatMul with a residual adds `product + (bias + residual)`
 //! where the nodes add `(product + bias) + residual`. `PIPECUT_CUDA_FUSE=off` turns fusion
 //! off, to compare on a GPU.
