@@ -2200,7 +2200,8 @@ fn total_launches(launches: &Value) -> u64 {
 /// it (layer norm: 9 nodes) and 6 otherwise (RMS norm: 7 nodes); a Sigmoid read only by a Mul
 /// by its input (SiLU) saves 1, and 1 more when that product is read only by a Mul by another
 /// tensor (a gate); a MatMul whose bias sum is read only by an Add of another tensor saves the
-/// Add's launch.
+/// Add's launch, and a MatMul of two activations read only by a Div or Mul by a scalar
+/// (attention's scale) the Div's or Mul's.
 #[cfg(feature = "cuda")]
 fn launches_fusion_saves(model: &Path) -> u64 {
     let model = pipecut::onnx::load_model(model).expect("model loads");
@@ -2252,6 +2253,16 @@ fn launches_fusion_saves(model: &Path) -> u64 {
                         g.op_type == "Mul" && g.inputs.iter().flatten().all(|&t| !is_param(t))
                     });
                 saved += u64::from(times_input.is_some()) + u64::from(gated);
+            }
+            "MatMul" if node.inputs.iter().flatten().all(|&t| !is_param(t)) => {
+                let scaled = node.outputs[0].and_then(sole_reader).is_some_and(|s| {
+                    matches!(s.op_type.as_str(), "Div" | "Mul")
+                        && s.inputs.iter().flatten().any(|&t| {
+                            graph.tensor(t).shape.as_ref().is_some_and(|d| d.len() <= 1)
+                                && is_param(t)
+                        })
+                });
+                saved += u64::from(scaled);
             }
             "MatMul" => {
                 let bias_add = node.outputs[0].and_then(sole_reader).filter(|a| {

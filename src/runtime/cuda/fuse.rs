@@ -8,7 +8,8 @@
 //! Pow 2, ReduceMean, Add ε, Sqrt, Reciprocal + Mul | Div, Mul γ (RMS)   ─▶ norm_rows_f32
 //! [Add bias,] Div √2, Erf, Add 1, Mul, Mul ½ (Gelu)                     ─▶ fused_gelu_f32
 //! Sigmoid, Mul by its input (SiLU)[, Mul by a same-shaped gate]        ─▶ fused_silu_f32
-//! MatMul by a weight, Add bias[, Add residual]                          ─▶ bias_rows_f32 + one GEMM (beta 1)
+//! MatMul by a weight, Add bias[, Add residual]     ─▶ bias_rows_f32 + one GEMM (beta 1)
+//! MatMul of two activations, Div or Mul by a scalar (attention's scale) ─▶ one GEMM (alpha)
 //! ```
 //!
 //! A fusion needs each intermediate tensor to be read only by the nodes it fuses, all in the
@@ -21,7 +22,8 @@
 //! Numerics: the Gelu and the SiLU keep the nodes' operations in their order (the same bits as
 //! unfused on the device); the norms compute `(x − mean) · rsqrt(var + ε)` where the nodes divide by a
 //! square root (within 2 ulp), and a MatMul with a residual adds `product + (bias + residual)`
-//! where the nodes add `(product + bias) + residual`. `PIPECUT_CUDA_FUSE=off` turns fusion
+//! where the nodes add `(product + bias) + residual`; a scaled MatMul multiplies by `1 / d`
+//! where the nodes divide by d (the same bits when d is a power of two). `PIPECUT_CUDA_FUSE=off` turns fusion
 //! off, to compare on a GPU.
 
 use std::collections::{HashMap, HashSet};
@@ -30,7 +32,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
 
 use super::ops::{cuda_error, kernel, numel, Gpu};
-use super::{row_ops, DeviceTensor, StepKernel};
+use super::{row_ops, DeviceTensor, StepKernel, Value};
 use crate::graph::{Attribute, Graph, Node, NodeId, TensorId};
 use crate::runtime::cpu::Step;
 use crate::runtime::{StageSpec, Weights};
@@ -79,6 +81,12 @@ pub(super) enum Fusion {
     },
     /// `x · sigmoid(x)`, times `gate` (of x's shape) when there is one.
     Silu { x: TensorId, gate: Option<TensorId> },
+    /// `a · b` times `alpha`.
+    ScaledMatMul {
+        a: TensorId,
+        b: TensorId,
+        alpha: f32,
+    },
     /// `a · weight + bias (+ residual)`, the weight a [K, N] matrix.
     BiasedMatMul {
         a: TensorId,
@@ -95,6 +103,7 @@ impl Fusion {
             Fusion::Norm { x, scale, bias, .. } => vec![Some(x), Some(scale), bias],
             Fusion::Gelu { x, bias, .. } => vec![Some(x), bias],
             Fusion::Silu { x, gate } => vec![Some(x), gate],
+            Fusion::ScaledMatMul { a, b, .. } => vec![Some(a), Some(b)],
             Fusion::BiasedMatMul {
                 a,
                 weight,
@@ -112,6 +121,7 @@ impl Fusion {
             Fusion::Norm { rms: true, .. } => "fused RMSNorm",
             Fusion::Gelu { .. } => "fused Gelu",
             Fusion::Silu { .. } => "fused SiLU",
+            Fusion::ScaledMatMul { .. } => "fused scaled MatMul",
             Fusion::BiasedMatMul { .. } => "fused MatMul+bias",
         }
     }
@@ -240,12 +250,13 @@ impl Finder<'_> {
     fn find(&mut self, steps: &[Step<StepKernel>]) -> Vec<Group> {
         let mut groups = Vec::new();
         type Pattern<'p> = fn(&Finder<'p>, NodeId) -> Option<Group>;
-        let patterns: [Pattern; 5] = [
+        let patterns: [Pattern; 6] = [
             Finder::gelu,
             Finder::silu,
             Finder::layer_norm,
             Finder::rms_norm,
             Finder::biased_matmul,
+            Finder::scaled_matmul,
         ];
         for pattern in patterns {
             for step in steps {
@@ -569,6 +580,39 @@ impl Finder<'_> {
         })
     }
 
+    /// MatMul of two tensors that are not parameters, then a Div of the product by a scalar
+    /// (alpha = 1 / d) or a Mul by one (alpha = the scalar), from the MatMul.
+    fn scaled_matmul(&self, matmul: NodeId) -> Option<Group> {
+        if !self.is(matmul, "MatMul") {
+            return None;
+        }
+        let (a, b) = match self.node(matmul).inputs.as_slice() {
+            [Some(a), Some(b)] => (*a, *b),
+            _ => return None,
+        };
+        if self.graph.tensor(a).param().is_some() || self.graph.tensor(b).param().is_some() {
+            return None;
+        }
+        let product = self.output(matmul);
+        let readers = self.readers(product)?;
+        let [scale] = readers else {
+            return None;
+        };
+        let factor = self.scalar(self.other_input(*scale, product)?)?;
+        let alpha = if self.is(*scale, "Div") && self.node(*scale).inputs[0] == Some(product) {
+            1.0 / factor
+        } else if self.is(*scale, "Mul") {
+            factor
+        } else {
+            return None;
+        };
+        Some(Group {
+            nodes: vec![matmul, *scale],
+            fusion: Fusion::ScaledMatMul { a, b, alpha },
+            output: self.output(*scale),
+        })
+    }
+
     /// MatMul by a [K, N] weight, Add of a bias row, and an Add of another tensor (a residual)
     /// when it is the sum's one reader.
     fn biased_matmul(&self, matmul: NodeId) -> Option<Group> {
@@ -631,6 +675,17 @@ pub(super) fn run(
         Fusion::Gelu { constants, .. } => gelu(gpu, inputs, constants),
         Fusion::Silu { .. } => silu(gpu, inputs),
         Fusion::BiasedMatMul { .. } => biased_matmul(gpu, inputs),
+        Fusion::ScaledMatMul { alpha, .. } => {
+            let args: Vec<Option<Value>> = inputs
+                .iter()
+                .map(|t| Some(Value::Device(t.clone())))
+                .collect();
+            let made = super::ops::scaled_matmul(gpu, &args, alpha)?;
+            Ok(made.and_then(|values| match values.into_iter().next() {
+                Some(Value::Device(t)) => Some(t),
+                _ => None,
+            }))
+        }
     }
 }
 

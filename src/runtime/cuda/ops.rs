@@ -1273,6 +1273,11 @@ fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    scaled_matmul(gpu, args, 1.0)
+}
+
+/// MatMul with its product times `alpha` (cuBLAS's alpha: a fused step's scale, `fuse.rs`).
+pub(super) fn scaled_matmul(gpu: &Gpu, args: &[Option<Value>], alpha: f32) -> OpResult {
     let Some(v) = all_device(gpu, args, 2)? else {
         return Ok(None);
     };
@@ -1313,7 +1318,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &b.data,
             false,
             &mut out,
-            (1.0, 0.0),
+            (alpha, 0.0),
             (1, 0, 0),
         )?;
     } else {
@@ -1344,7 +1349,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &b_data,
             false,
             &mut out,
-            (1.0, 0.0),
+            (alpha, 0.0),
             (count, stride_a, stride_b),
         )?;
     }
