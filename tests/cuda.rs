@@ -2380,8 +2380,9 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
 /// planned in 1 to 4 stages, fuse exactly where a stage holds every node a pattern needs (the
 /// plan says which; the input's last reader, between the layer norm's nodes, does not free it
 /// before the fused step reads it), and the same patterns (and a MatMul with its bias Add) with
-/// an intermediate that is also a graph output or read by another node do not fuse at all;
-/// every run gives the CPU runtime's outputs.
+/// an intermediate that is also a graph output or read by another node do not fuse at all (nor
+/// does a Gelu whose one-element bias the fused kernel declines at run time: its fused step
+/// runs the nodes one by one); every run gives the CPU runtime's outputs.
 #[cfg(feature = "cuda")]
 #[test]
 fn fusions_stop_at_stage_boundaries_and_at_tensors_read_elsewhere() {

@@ -6,7 +6,8 @@ seeded), each with its input `X.npy`:
   naming each pattern's nodes (those it needs) and the kernel it fuses into, so a test can
   tell from a plan which patterns a stage boundary splits;
 - `fusion_leaks.onnx`: the same patterns where an intermediate tensor is also read elsewhere
-  (a graph output, or another node), which no fusion may swallow.
+  (a graph output, or another node), which no fusion may swallow, and a Gelu whose bias does
+  not fit the fused kernel at run time.
 
 Usage: .venv/bin/python tests/fake_cuda/fusion_models.py OUT_DIR
 """
@@ -38,6 +39,7 @@ def constants(rng):
         numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "gamma2"),
         numpy_helper.from_array(rng.standard_normal([7, 5]).astype(np.float32), "weight"),
         numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.standard_normal(1).astype(np.float32), "bias1"),
     ]
 
 
@@ -110,8 +112,12 @@ def main(out):
     ln, rms, ge = layer_norm(n, "X", "ln"), rms_norm(n, "ln_out", "rms"), gelu(n, "rms_out", "ge")
     extra = n("Mul", ["ge_erf", "half"], ["erf_half"], name="erf_half")
     matmul = [n("MatMul", ["X", "weight"], ["product"]), n("Add", ["product", "bias"], ["biased"])]
-    save(out, "fusion_leaks", ln + rms + ge + [extra] + matmul,
-         ["ge_out", "ln_root", "rms_norm", "erf_half", "product", "biased"], initializers)
+    # A Gelu whose bias Add is fused at plan time but whose one-element bias is no row of X at
+    # run time: the fused step runs its nodes one by one.
+    broadcast = [n("Add", ["X", "bias1"], ["g2_in"])] + gelu(n, "g2_in", "g2")
+    save(out, "fusion_leaks", ln + rms + ge + [extra] + matmul + broadcast,
+         ["ge_out", "ln_root", "rms_norm", "erf_half", "product", "biased", "g2_out"],
+         initializers)
     x = (rng.standard_normal(SHAPE) * 2 + 0.5).astype(np.float32)
     np.save(out / "X.npy", x)
 
