@@ -2287,7 +2287,7 @@ fn launches_fusion_saves(model: &Path) -> u64 {
 /// fusion on and off (`PIPECUT_CUDA_FUSE=off`), and fusion saves at least the launches per
 /// micro-batch the graphs' written-out norms, Gelus and biased MatMuls predict on one stage
 /// (fewer in 2 stages, where a boundary may keep nodes apart). `PIPECUT_FUSE_ASAN=1` runs it
-/// under the AddressSanitizer build of the fake driver (15 minutes on a 2-core VM).
+/// under the AddressSanitizer build of the fake driver (8–15 minutes on a 2-core VM).
 #[cfg(feature = "cuda")]
 #[test]
 fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
