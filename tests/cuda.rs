@@ -2355,3 +2355,347 @@ fn microsoft_node_cases_match_onnxruntime_on_the_device() {
         assert_no_host_fallbacks(name, &report);
     }
 }
+
+/// Launches a run of `model` made, by kernel (the fake driver's `PC_FAKE_CUDA_STATS`, cuBLAS
+/// calls as `cublasSgemm`), with fusion on or off; its outputs go to `out`.
+#[cfg(feature = "cuda")]
+fn launches_with_fusion(
+    env: &[(String, String)],
+    (plan, model): (&Path, &str),
+    extra: &[String],
+    fuse: &str,
+    out: &Path,
+) -> Value {
+    launches_and_steps(env, (plan, model), extra, fuse, out).0
+}
+
+/// [`launches_with_fusion`], and the steps the host ran per micro-batch, all stages together
+/// (`PIPECUT_CUDA_HOST_TIMES`'s count: a fused step is one).
+#[cfg(feature = "cuda")]
+fn launches_and_steps(
+    env: &[(String, String)],
+    (plan, model): (&Path, &str),
+    extra: &[String],
+    fuse: &str,
+    out: &Path,
+) -> (Value, f64) {
+    let stats = out.with_extension("stats.json");
+    let mut env = env.to_vec();
+    env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+    env.push(("PIPECUT_CUDA_FUSE".into(), fuse.into()));
+    env.push(("PIPECUT_CUDA_HOST_TIMES".into(), "1".into()));
+    let json = [extra, &["--json".to_string()]].concat();
+    let (code, report, err) = try_run_plan(plan, model, "cuda", &json, out, &env);
+    assert_eq!(code, 0, "{model} PIPECUT_CUDA_FUSE={fuse}: {err}");
+    assert!(
+        !err.contains("fake lib"),
+        "{model}: the fake driver objected: {err}"
+    );
+    assert_no_host_fallbacks(&format!("{model} PIPECUT_CUDA_FUSE={fuse}"), &report);
+    let steps = err
+        .lines()
+        .find_map(|line| {
+            let rest = line.split(" us in ").nth(1)?;
+            rest.strip_suffix(" steps")?.parse::<f64>().ok()
+        })
+        .unwrap_or_else(|| panic!("no step count in: {err}"));
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    (stats["launches"].clone(), steps)
+}
+
+/// All launches (kernels and cuBLAS calls) in a `launches` object.
+#[cfg(feature = "cuda")]
+fn total_launches(launches: &Value) -> u64 {
+    launches
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum()
+}
+
+/// Launches per micro-batch the fused steps of `src/runtime/cuda/fuse.rs` must save on a
+/// one-stage run of `model`, from its graph: each Gelu written out (an Erf read by `Add 1`, then
+/// the two Muls; with the Div before it, five nodes) saves 4, one more when a bias Add made its
+/// input; each written-out norm (a Sqrt of `Add ε` of a ReduceMean) saves 8 when a Sub centred
+/// it (layer norm: 9 nodes) and 6 otherwise (RMS norm: 7 nodes); a Sigmoid read only by a Mul
+/// by its input (SiLU) saves 1, and 1 more when that product is read only by a Mul by another
+/// tensor (a gate); a MatMul whose bias sum is read only by an Add of another tensor saves the
+/// Add's launch, and a MatMul of two activations read only by a Div or Mul by a scalar
+/// (attention's scale) the Div's or Mul's.
+#[cfg(feature = "cuda")]
+fn launches_fusion_saves(model: &Path) -> u64 {
+    let model = pipecut::onnx::load_model(model).expect("model loads");
+    let graph = &model.graph;
+    let made_by = |t: pipecut::graph::TensorId| graph.tensor(t).producer().map(|p| graph.node(p));
+    let input = |node: &pipecut::graph::Node, i: usize| node.inputs.get(i).copied().flatten();
+    let is_param = |t: pipecut::graph::TensorId| graph.tensor(t).param().is_some();
+    let sole_reader = |t: pipecut::graph::TensorId| match graph.tensor(t).consumers.as_slice() {
+        [reader] => Some(graph.node(*reader)),
+        _ => None,
+    };
+    let mut saved = 0;
+    for (_, node) in graph.nodes() {
+        match node.op_type.as_str() {
+            "Erf" => {
+                let div = input(node, 0).and_then(made_by);
+                let biased = div
+                    .and_then(|d| input(d, 0))
+                    .and_then(made_by)
+                    .is_some_and(|a| {
+                        a.op_type == "Add" && a.inputs.iter().flatten().any(|&t| is_param(t))
+                    });
+                saved += 4 + u64::from(biased);
+            }
+            "Sqrt" => {
+                let mean = input(node, 0)
+                    .and_then(made_by)
+                    .filter(|a| a.op_type == "Add")
+                    .and_then(|a| input(a, 0))
+                    .and_then(made_by);
+                let Some(mean) = mean.filter(|m| m.op_type == "ReduceMean") else {
+                    continue;
+                };
+                let squared = input(mean, 0).and_then(made_by);
+                let centred = squared
+                    .and_then(|p| input(p, 0))
+                    .and_then(made_by)
+                    .is_some_and(|s| s.op_type == "Sub");
+                saved += if centred { 8 } else { 6 };
+            }
+            "Sigmoid" => {
+                let times_input = node.outputs[0]
+                    .and_then(sole_reader)
+                    .filter(|m| m.op_type == "Mul" && m.inputs.contains(&node.inputs[0]));
+                let gated = times_input
+                    .and_then(|m| m.outputs[0])
+                    .and_then(sole_reader)
+                    .is_some_and(|g| {
+                        g.op_type == "Mul" && g.inputs.iter().flatten().all(|&t| !is_param(t))
+                    });
+                saved += u64::from(times_input.is_some()) + u64::from(gated);
+            }
+            "MatMul" if node.inputs.iter().flatten().all(|&t| !is_param(t)) => {
+                let scaled = node.outputs[0].and_then(sole_reader).is_some_and(|s| {
+                    matches!(s.op_type.as_str(), "Div" | "Mul")
+                        && s.inputs.iter().flatten().any(|&t| {
+                            graph.tensor(t).shape.as_ref().is_some_and(|d| d.len() <= 1)
+                                && is_param(t)
+                        })
+                });
+                saved += u64::from(scaled);
+            }
+            "MatMul" => {
+                let bias_add = node.outputs[0].and_then(sole_reader).filter(|a| {
+                    a.op_type == "Add" && a.inputs.iter().flatten().any(|&t| is_param(t))
+                });
+                let residual = bias_add
+                    .and_then(|a| a.outputs[0])
+                    .and_then(sole_reader)
+                    .is_some_and(|r| {
+                        r.op_type == "Add" && r.inputs.iter().flatten().all(|&t| !is_param(t))
+                    });
+                saved += u64::from(residual);
+            }
+            _ => {}
+        }
+    }
+    saved
+}
+
+/// Fused transformer steps (`src/runtime/cuda/fuse.rs`): bert_tiny, gpt2_tiny, llama_tiny and
+/// the real MiniLM (when cached), whole and in 2 stages, give the CPU runtime's outputs with
+/// fusion on and off (`PIPECUT_CUDA_FUSE=off`), and fusion saves at least the launches per
+/// micro-batch the graphs' written-out norms, Gelus and biased MatMuls predict on one stage
+/// (fewer in 2 stages, where a boundary may keep nodes apart). `PIPECUT_FUSE_ASAN=1` runs it
+/// under the AddressSanitizer build of the fake driver (8–15 minutes on a 2-core VM).
+#[cfg(feature = "cuda")]
+#[test]
+fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
+    let gpu = if std::env::var_os("PIPECUT_FUSE_ASAN").is_some() {
+        fake_cuda::FakeGpu {
+            build: fake_cuda::Build::Asan,
+            ..fake_cuda::FakeGpu::current()
+        }
+    } else {
+        fake_cuda::FakeGpu::current()
+    };
+    let Some(env) = fake(gpu) else {
+        return;
+    };
+    const MICROBATCHES: u64 = 2;
+    let mut models: Vec<(String, PathBuf)> = ["bert_tiny", "gpt2_tiny", "llama_tiny"]
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                common::root().join(format!("fixtures/models/{n}.onnx")),
+            )
+        })
+        .collect();
+    models.extend(
+        common::real_models()
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("paraphrase_minilm")),
+    );
+    for (name, path) in models {
+        let predicted = launches_fusion_saves(&path);
+        assert!(predicted > 0, "{name}: nothing to fuse");
+        let model = path.to_str().unwrap();
+        let dims: Vec<String> = if path.starts_with(common::root().join("fixtures/models")) {
+            reference_run(&name).1
+        } else {
+            let reference = common::root().join(format!("fixtures/reference/real/{name}.json"));
+            let reference: Value =
+                serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+            reference["dims"]
+                .as_object()
+                .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
+                .unwrap_or_default()
+        };
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        for stages in [1, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let plan = partition(dir.path(), model, stages, &dims);
+            let extra = ["--microbatches".to_string(), MICROBATCHES.to_string()];
+            let cpu = dir.path().join("cpu");
+            run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+            let run = |fuse: &str| {
+                let out = dir.path().join(format!("cuda-{fuse}"));
+                let counts = launches_and_steps(&env, (&plan, model), &extra, fuse, &out);
+                assert_same_outputs(&format!("{name} K={stages} fusion {fuse}"), &out, &cpu);
+                counts
+            };
+            let ((fused, steps_on), (unfused, steps_off)) = (run("on"), run("off"));
+            let (on, off) = (total_launches(&fused), total_launches(&unfused));
+            eprintln!(
+                "{name} K={stages}: launches per micro-batch {} fused, {} unfused (predicted \
+                 saving on one stage {predicted}); host steps per micro-batch {steps_on} fused, \
+                 {steps_off} unfused; fused launches: {fused}",
+                on as f64 / MICROBATCHES as f64,
+                off as f64 / MICROBATCHES as f64,
+            );
+            assert!(
+                steps_on < steps_off,
+                "{name} K={stages}: {steps_on} steps fused"
+            );
+            let saved = off.saturating_sub(on);
+            if stages == 1 {
+                assert!(
+                    saved >= predicted * MICROBATCHES,
+                    "{name}: fusion saved {saved} launches, the graph predicts {predicted} per \
+                     micro-batch"
+                );
+            } else {
+                assert!(
+                    on < off,
+                    "{name} K={stages}: {on} launches fused, {off} unfused"
+                );
+            }
+        }
+    }
+}
+
+/// A fusion stays inside a stage and swallows no tensor read elsewhere
+/// (`tests/fake_cuda/fusion_models.py`): a written-out layer norm, RMS norm and Gelu in a row,
+/// planned in 1 to 4 stages, fuse exactly where a stage holds every node a pattern needs (the
+/// plan says which; the input's last reader, between the layer norm's nodes, does not free it
+/// before the fused step reads it), and the same patterns (and a MatMul with its bias Add) with
+/// an intermediate that is also a graph output or read by another node do not fuse at all (nor
+/// does a Gelu whose one-element bias the fused kernel declines at run time: its fused step
+/// runs the nodes one by one); every run gives the CPU runtime's outputs.
+#[cfg(feature = "cuda")]
+#[test]
+fn fusions_stop_at_stage_boundaries_and_at_tensors_read_elsewhere() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let Some(python) = venv_python("the fusion models cannot be written") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let status = Command::new(&python)
+        .arg(common::root().join("tests/fake_cuda/fusion_models.py"))
+        .arg(work)
+        .status()
+        .expect("python starts");
+    assert!(status.success(), "fusion_models.py failed");
+    let input = format!("X={}", work.join("X.npy").display());
+    let extra = [
+        "--microbatches".to_string(),
+        "1".to_string(),
+        "--input".to_string(),
+        input,
+    ];
+    let patterns: Value =
+        serde_json::from_str(&std::fs::read_to_string(work.join("fusion_chain.json")).unwrap())
+            .unwrap();
+    let count = |launches: &Value, kernel: &str| launches[kernel].as_u64().unwrap_or(0);
+    let mut split = 0;
+    for stages in [1, 2, 3, 4] {
+        let model = work.join("fusion_chain.onnx");
+        let model = model.to_str().unwrap();
+        let plan = partition(work, model, stages, &[]);
+        let planned: Value =
+            serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+        let stage_of = |node: &str| {
+            planned["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|s| s["nodes"].as_array().unwrap().iter().any(|n| n == node))
+                .unwrap()
+        };
+        let cpu = work.join(format!("cpu-{stages}"));
+        run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+        let out = work.join(format!("cuda-{stages}"));
+        let launches = launches_with_fusion(&env, (&plan, model), &extra, "on", &out);
+        assert_same_outputs(&format!("fusion_chain K={stages}"), &out, &cpu);
+        for (kernel, groups) in patterns.as_object().unwrap() {
+            let whole = groups
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|nodes| {
+                    let mut stages = nodes
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|n| stage_of(n.as_str().unwrap()));
+                    let first = stages.next();
+                    stages.all(|s| Some(s) == first)
+                })
+                .count() as u64;
+            split += groups.as_array().unwrap().len() as u64 - whole;
+            assert_eq!(
+                count(&launches, kernel),
+                whole,
+                "K={stages}: {kernel} in {launches}"
+            );
+        }
+    }
+    assert!(
+        split > 0,
+        "no plan split a pattern: the boundary went untested"
+    );
+
+    let model = work.join("fusion_leaks.onnx");
+    let model = model.to_str().unwrap();
+    let plan = partition(work, model, 1, &[]);
+    let cpu = work.join("cpu-leaks");
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    let runs = ["on", "off"].map(|fuse| {
+        let out = work.join(format!("cuda-leaks-{fuse}"));
+        let launches = launches_with_fusion(&env, (&plan, model), &extra, fuse, &out);
+        assert_same_outputs(&format!("fusion_leaks fusion {fuse}"), &out, &cpu);
+        launches
+    });
+    for kernel in ["norm_rows_f32", "fused_gelu_f32", "bias_rows_f32"] {
+        assert_eq!(count(&runs[0], kernel), 0, "{kernel}: {}", runs[0]);
+    }
+    assert_eq!(
+        runs[0], runs[1],
+        "fusion changed the launches of a graph it cannot fuse"
+    );
+}

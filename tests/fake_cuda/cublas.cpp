@@ -66,6 +66,7 @@ int gemm_batched(Handle* h, int transa, int transb, int m, int n, int k, const f
                  long long stride_b, const float* beta, float* c, int ldc, long long stride_c,
                  int batch) {
     if (int r = need_handle(h)) return r;
+    pc_fake_count_call("cublasSgemm");
     // cuBLAS's own checks (cublasSgemmStridedBatched).
     bool ta = transa != OP_N, tb = transb != OP_N;
     if ((transa != OP_N && transa != OP_T && transa != OP_C) ||

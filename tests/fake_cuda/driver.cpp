@@ -1321,6 +1321,11 @@ void* pc_fake_stream_context(void* stream) {
     return driver().streams.count(s) ? s->context : nullptr;
 }
 
+void pc_fake_count_call(const char* name) {
+    Guard g(driver().lock);
+    ++driver().launches_of[name];
+}
+
 int pc_fake_context_error(void* context) {
     Guard g(driver().lock);
     return context ? static_cast<Context*>(context)->sticky : SUCCESS;

@@ -45,6 +45,8 @@ extern "C" {
 void* pc_fake_current_context();
 // The context a stream belongs to, or null for an unknown stream.
 void* pc_fake_stream_context(void* stream);
+// Counts a library call among the launches PC_FAKE_CUDA_STATS reports (a GEMM, by its name).
+void pc_fake_count_call(const char* name);
 // The context's sticky error (0 when none).
 int pc_fake_context_error(void* context);
 // Whether [ptr, ptr + bytes) lies inside one live allocation on the context's device; when not,

@@ -124,10 +124,14 @@ pub(super) fn report(microbatches: usize, wall_secs: f64) {
     let per = |nanos: u64| nanos as f64 / 1e3 / microbatches.max(1) as f64;
     let nodes = NODES.lock().unwrap_or_else(|e| e.into_inner());
     let total: u64 = nodes.values().map(|v| v.1).sum();
+    // Fused steps (`fuse.rs`) count as one each.
+    let steps: u64 = nodes.values().map(|v| v.0).sum();
     eprintln!(
-        "host times per micro-batch ({microbatches}): wall {:.1} us, nodes' host time {:.1} us",
+        "host times per micro-batch ({microbatches}): wall {:.1} us, nodes' host time {:.1} us \
+         in {:.1} steps",
         wall_secs * 1e6 / microbatches.max(1) as f64,
-        per(total)
+        per(total),
+        steps as f64 / microbatches.max(1) as f64
     );
     for (name, part) in PARTS {
         let (n, c) = (

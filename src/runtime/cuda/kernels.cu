@@ -2054,3 +2054,39 @@ extern "C" __global__ void fft_store_f32(const double* buf, const double* chirp,
         y[2 * e + 1] = (float)(im * scale);
     }
 }
+
+// Fused transformer steps (src/runtime/cuda/fuse.rs): nodes the exporters write out, run as one
+// launch each.
+
+// Gelu as exporters write it out, y = (t · (erf(t / div) + add)) · mul, on t = x or, folding the
+// Add of a bias row before it, t = x + bias[i mod cols]; each operation in the nodes' order.
+extern "C" __global__ void fused_gelu_f32(const float* x, const float* bias, float* y,
+                                          long long n, long long cols, int has_bias, float div,
+                                          float add, float mul) {
+    GRID_STRIDE(i, n) {
+        float t = has_bias ? x[i] + bias[i % cols] : x[i];
+        y[i] = (t * (erff(t / div) + add)) * mul;
+    }
+}
+
+// A MatMul's bias row written into its output before cuBLAS adds the product (beta = 1):
+// y[i] = bias[i mod cols], plus residual[i] when has_residual (an Add after the bias's).
+extern "C" __global__ void bias_rows_f32(const float* bias, const float* residual, float* y,
+                                         long long n, long long cols, int has_residual) {
+    GRID_STRIDE(i, n) {
+        float b = bias[i % cols];
+        y[i] = has_residual ? b + residual[i] : b;
+    }
+}
+
+// SiLU as exporters write it out, y = x · sigmoid(x) (Sigmoid, then Mul by x), times
+// other[i] when has_other (the Mul by a gate of the same shape after it: SwiGLU); each
+// operation as the unfused kernels do it.
+extern "C" __global__ void fused_silu_f32(const float* x, const float* other, float* y,
+                                          long long n, int has_other) {
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        float s = v * (1.0f / (1.0f + expf(-v)));
+        y[i] = has_other ? s * other[i] : s;
+    }
+}

@@ -29,6 +29,7 @@ mod conv_fold;
 mod deform_conv;
 mod fft;
 mod flat;
+mod fuse;
 mod grid_sample;
 mod host_times;
 mod index_ops;
@@ -397,13 +398,15 @@ pub struct CudaStage {
 }
 
 /// A step's kernel on this backend: a CPU tensor kernel (the device ops are tried first; the
-/// kernel is the fallback), a flow op the executor runs itself, or a Conv with the nodes after
-/// it folded in (`conv_fold.rs`).
+/// kernel is the fallback), a flow op the executor runs itself, a Conv with the nodes after it
+/// folded in (`conv_fold.rs`), or nodes fused into one device step when the stage was prepared
+/// (`fuse.rs`).
 #[derive(Debug, Clone)]
 enum StepKernel {
     Tensor(Kernel),
     Flow(Flow),
     FoldedConv(Arc<conv_fold::DeviceFold>),
+    Fused(Arc<fuse::Fused>),
 }
 
 /// The steps of `spec`'s nodes; refuses an op that has neither a CPU tensor kernel nor a flow
@@ -734,6 +737,10 @@ impl Executor for CudaExecutor<'_> {
                 StepKernel::FoldedConv(Arc::new(conv_fold::DeviceFold::new(f)))
             });
         }
+        // After the folds: a node a fold took is no step, so no fusion takes it too.
+        if fuse::enabled() {
+            steps = fuse::fuse_steps(graph, self.weights, spec, steps);
+        }
         let mut read_weights: Vec<TensorId> = spec
             .nodes
             .iter()
@@ -887,6 +894,19 @@ impl CudaExecutor<'_> {
     ) -> Result<Env, Error> {
         let index = stage.spec.index;
         for step in frame.steps {
+            if let StepKernel::Fused(fused) = &step.kernel {
+                let began = std::time::Instant::now();
+                env = self.run_fused(stage, gpu, frame, env, step, fused)?;
+                if let Some(observe) = observe.as_mut() {
+                    stage
+                        .stream
+                        .synchronize()
+                        .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
+                    let bytes = env.get(&fused.output).map_or(0, Value::byte_len);
+                    observe(step.node, began.elapsed().as_secs_f64(), bytes);
+                }
+                continue;
+            }
             let node = frame.graph.node(step.node);
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
@@ -938,6 +958,7 @@ impl CudaExecutor<'_> {
                 StepKernel::FoldedConv(fold) => self
                     .run_folded_conv(stage, gpu, &ctx, fold, &args)
                     .map_err(kernel_error)?,
+                StepKernel::Fused(_) => unreachable!("fused steps run above"),
             };
             host_times::timed(host_times::Part::Release, || drop(args));
             if let Some(observe) = observe.as_mut() {
@@ -977,6 +998,67 @@ impl CudaExecutor<'_> {
                 host_times::span(&node.op_type, device_start, &stage.stream);
                 host_times::node(&node.op_type, began);
             }
+        }
+        Ok(env)
+    }
+
+    /// A fused step (`fuse.rs`): its kernel on the device, or, when its inputs do not fit it,
+    /// the steps it replaced one by one; answers `env` with its output and its frees done.
+    fn run_fused(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        mut env: Env,
+        step: &Step<StepKernel>,
+        fused: &fuse::Fused,
+    ) -> Result<Env, Error> {
+        let began = std::time::Instant::now();
+        let fail = |detail: String| {
+            let node = frame.graph.node(step.node);
+            Error::Kernel {
+                node: node.name.clone(),
+                op: fused.fusion.name().into(),
+                detail: format!("stage {}: {detail}", stage.spec.index),
+            }
+        };
+        let mut inputs = Vec::new();
+        for id in fused.fusion.inputs() {
+            let value = frame.fetch(&env, id).ok_or_else(|| {
+                fail(format!(
+                    "input '{}' is not available",
+                    frame.graph.tensor(id).name
+                ))
+            })?;
+            match value.to_device(gpu).map_err(&fail)? {
+                Some(t) => inputs.push(t),
+                None => break,
+            }
+        }
+        let all_on_device = inputs.len() == fused.fusion.inputs().len();
+        let made = if all_on_device {
+            fuse::run(gpu, &fused.fusion, &inputs).map_err(&fail)?
+        } else {
+            None
+        };
+        drop(inputs);
+        match made {
+            Some(out) => {
+                env.insert(fused.output, Value::Device(out));
+            }
+            None => {
+                let unfused = Frame {
+                    steps: &fused.steps,
+                    ..*frame
+                };
+                env = self.execute(stage, gpu, &unfused, env, None)?;
+            }
+        }
+        for t in &step.frees {
+            env.remove(t);
+        }
+        if host_times::enabled() {
+            host_times::node(fused.fusion.name(), began);
         }
         Ok(env)
     }

@@ -99,6 +99,8 @@ pub(super) struct Functions {
     pub(super) conv_epilogue: CudaFunction,
     /// MatMulNBits' weight expansion (`nbits.rs`).
     pub(super) nbits: super::nbits::Kernels,
+    /// The fused transformer steps (`fuse.rs`).
+    pub(super) fused: super::fuse::Kernels,
 }
 
 impl Functions {
@@ -155,6 +157,7 @@ impl Functions {
             flat: super::flat::Kernels::load(module)?,
             conv_epilogue: f("conv_epilogue_f32")?,
             nbits: super::nbits::Kernels::load(module)?,
+            fused: super::fuse::Kernels::load(module)?,
         })
     }
 }
@@ -1288,6 +1291,11 @@ fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
 }
 
 fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    scaled_matmul(gpu, args, 1.0)
+}
+
+/// MatMul with its product times `alpha` (cuBLAS's alpha: a fused step's scale, `fuse.rs`).
+pub(super) fn scaled_matmul(gpu: &Gpu, args: &[Option<Value>], alpha: f32) -> OpResult {
     let Some(v) = all_device(gpu, args, 2)? else {
         return Ok(None);
     };
@@ -1328,7 +1336,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &b.data,
             false,
             &mut out,
-            (1.0, 0.0),
+            (alpha, 0.0),
             (1, 0, 0),
         )?;
     } else {
@@ -1360,7 +1368,7 @@ fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
             &b_data,
             false,
             &mut out,
-            (1.0, 0.0),
+            (alpha, 0.0),
             (count, stride_a, stride_b),
         )?;
     }
