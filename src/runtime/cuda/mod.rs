@@ -958,7 +958,10 @@ impl CudaExecutor<'_> {
                 StepKernel::FoldedConv(fold) => self
                     .run_folded_conv(stage, gpu, &ctx, fold, &args)
                     .map_err(kernel_error)?,
-                StepKernel::Fused(_) => unreachable!("fused steps run above"),
+                // Fused steps run before this match (`run_fused`).
+                StepKernel::Fused(_) => {
+                    return Err(kernel_error("a fused step taken as one node".into()))
+                }
             };
             host_times::timed(host_times::Part::Release, || drop(args));
             if let Some(observe) = observe.as_mut() {
