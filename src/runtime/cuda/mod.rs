@@ -487,6 +487,31 @@ impl Frame<'_> {
     }
 }
 
+/// Runs `kernel` on host copies of `args` (a download for each device tensor) and answers host
+/// values; `counted` records it among the stage's host runs of the node's op.
+fn on_host_copies(
+    stage: &CudaStage,
+    ctx: &Ctx,
+    args: &[Option<Value>],
+    counted: bool,
+    kernel: impl FnOnce(&[Option<&HostTensor>]) -> kernels::KernelResult,
+) -> Result<Vec<Value>, String> {
+    if counted {
+        if let Ok(mut counts) = stage.host_runs.lock() {
+            *counts.entry(ctx.node.op_type.clone()).or_default() += 1;
+        }
+    }
+    let host: Vec<Option<Arc<HostTensor>>> = args
+        .iter()
+        .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
+        .collect::<Result<_, String>>()?;
+    let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
+    Ok(kernel(&refs)?
+        .into_iter()
+        .map(|t| Value::host(Arc::new(t)))
+        .collect())
+}
+
 impl Drop for CudaStage {
     fn drop(&mut self) {
         // After a device fault (a sticky error: every later call fails) cuBLAS cannot tear its
@@ -1092,20 +1117,8 @@ impl CudaExecutor<'_> {
         // Host-only integer work (shape arithmetic, indices) is by design; what is counted is
         // a float op no device op took: its float operands (on the device, or graph inputs and
         // constants on the host) are computed on the CPU.
-        if args.iter().flatten().any(Value::is_float) {
-            if let Ok(mut counts) = stage.host_runs.lock() {
-                *counts.entry(ctx.node.op_type.clone()).or_default() += 1;
-            }
-        }
-        let host: Vec<Option<Arc<HostTensor>>> = args
-            .iter()
-            .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
-            .collect::<Result<_, String>>()?;
-        let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
-        Ok(kernel(ctx, &refs)?
-            .into_iter()
-            .map(|t| Value::host(Arc::new(t)))
-            .collect())
+        let floats = args.iter().flatten().any(Value::is_float);
+        on_host_copies(stage, ctx, args, floats, |refs| kernel(ctx, refs))
     }
 
     /// A Conv with nodes folded in: on the device, or else the CPU's folded kernel on host
@@ -1121,18 +1134,9 @@ impl CudaExecutor<'_> {
         if let Some(results) = conv_fold::run(gpu, ctx, args, fold)? {
             return Ok(results);
         }
-        if let Ok(mut counts) = stage.host_runs.lock() {
-            *counts.entry(ctx.node.op_type.clone()).or_default() += 1;
-        }
-        let host: Vec<Option<Arc<HostTensor>>> = args
-            .iter()
-            .map(|a| a.as_ref().map(|v| v.to_host(&stage.stream)).transpose())
-            .collect::<Result<_, String>>()?;
-        let refs: Vec<Option<&HostTensor>> = host.iter().map(|a| a.as_deref()).collect();
-        Ok(kernels::conv_then(ctx, &refs, &fold.fold.epilogue)?
-            .into_iter()
-            .map(|t| Value::host(Arc::new(t)))
-            .collect())
+        on_host_copies(stage, ctx, args, true, |refs| {
+            kernels::conv_then(ctx, refs, &fold.fold.epilogue)
+        })
     }
 
     /// Runs a subgraph of a flow node on its declared inputs (`formals`), on the stage's
