@@ -531,6 +531,26 @@ fn assert_same_outputs(what: &str, cuda: &Path, cpu: &Path) {
     assert!(compared > 0, "{what}: no outputs");
 }
 
+/// The largest absolute difference between the float outputs of two runs' directories (the
+/// figure docs/cuda.md quotes for folds and fusions on against off).
+#[cfg(feature = "cuda")]
+fn largest_difference(a: &Path, b: &Path) -> f32 {
+    let mut largest = 0f32;
+    for entry in std::fs::read_dir(a).unwrap() {
+        let path = entry.unwrap().path();
+        let x = pipecut::runtime::read_npy(&path).expect("output").tensor;
+        let y = pipecut::runtime::read_npy(&b.join(path.file_name().unwrap()))
+            .expect("output")
+            .tensor;
+        for (u, v) in x.to_f32_vec().iter().zip(y.to_f32_vec()) {
+            if u != &v {
+                largest = largest.max((u - v).abs());
+            }
+        }
+    }
+    largest
+}
+
 /// Runs every fixture on both backends from the same seeded inputs at `dims`, split into
 /// `stage_counts` stages, and compares.
 #[cfg(feature = "cuda")]
@@ -828,6 +848,10 @@ fn conv_chains_fold_into_one_launch_and_change_no_output() {
                 assert_same_outputs(&what, &out, &cpu);
                 launches.insert(fold, launches_of(&stats));
             }
+            eprintln!(
+                "{name} in {stages} stage(s): folds on and off differ by {:.2e} at most",
+                largest_difference(&dir.path().join("on"), &dir.path().join("off"))
+            );
             if stages > 1 {
                 continue;
             }
@@ -2568,10 +2592,13 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
             };
             let ((fused, steps_on), (unfused, steps_off)) = (run("on"), run("off"));
             let (on, off) = (total_launches(&fused), total_launches(&unfused));
+            let difference =
+                largest_difference(&dir.path().join("cuda-on"), &dir.path().join("cuda-off"));
             eprintln!(
                 "{name} K={stages}: launches per micro-batch {} fused, {} unfused (predicted \
                  saving on one stage {predicted}); host steps per micro-batch {steps_on} fused, \
-                 {steps_off} unfused; fused launches: {fused}",
+                 {steps_off} unfused; fused and unfused outputs differ by {difference:.2e} at \
+                 most; fused launches: {fused}",
                 on as f64 / MICROBATCHES as f64,
                 off as f64 / MICROBATCHES as f64,
             );

@@ -186,11 +186,15 @@ pub(super) fn run(
     fold: &DeviceFold,
 ) -> Result<Option<Vec<Value>>, String> {
     let epilogue = epilogue(gpu, fold)?;
-    if let Some(results) = super::window_ops::conv_then(gpu, ctx, args, &epilogue)? {
-        return Ok(Some(results));
+    let rank = args
+        .first()
+        .and_then(Option::as_ref)
+        .map_or(0, |x| x.shape().len());
+    if rank != 5 {
+        return super::window_ops::conv_then(gpu, ctx, args, &epilogue);
     }
-    // What the 1-D and 2-D convolutions leave (3-D ones, `conv3d.rs`), then the epilogue.
-    let Some(mut results) = super::ops::run(gpu, ctx, args)? else {
+    // A 3-D convolution (`conv3d.rs`), then the epilogue in one more launch.
+    let Some(mut results) = super::conv3d::conv3d(gpu, ctx, args)? else {
         return Ok(None);
     };
     let Some(Value::Device(out)) = results.first_mut() else {

@@ -366,7 +366,7 @@ impl Finder<'_> {
             }
             _ => return false,
         };
-        matches!(axes.as_slice(), [-1]) || (rank.is_some() && axes == [rank.unwrap_or(0) - 1])
+        matches!(axes.as_slice(), [-1]) || rank.is_some_and(|rank| axes == [rank - 1])
     }
 
     /// `Add(v, ε)` then `Sqrt` after the ReduceMean `mean` of squares: ε, the two nodes and the
@@ -666,7 +666,7 @@ pub(super) fn run(
 ) -> Result<Option<DeviceTensor>, String> {
     if inputs
         .iter()
-        .any(|t| t.mask || t.data.is_empty() || t.shape.is_empty())
+        .any(|t| t.mask || t.int.is_some() || t.data.is_empty() || t.shape.is_empty())
     {
         return Ok(None);
     }

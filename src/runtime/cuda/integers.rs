@@ -98,7 +98,12 @@ fn upload_exact(
     }
     let floats: Vec<f32> = values.iter().map(|&v| v as f32).collect();
     let copy = DeviceTensor::integers(t.shape().to_vec(), gpu.upload(&floats)?, dtype);
-    Ok(Some(uploaded.get_or_init(|| copy).clone()))
+    // A float copy another op made of these values first is as exact: labelled, it serves.
+    let kept = uploaded.get_or_init(|| copy).clone();
+    Ok(Some(DeviceTensor {
+        int: Some(dtype),
+        ..kept
+    }))
 }
 
 /// Expand of an integer tensor: on the device when it is there already, or when it is a host
