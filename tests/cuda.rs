@@ -748,18 +748,6 @@ fn copies_go_through_page_locked_memory_and_change_no_output() {
     }
 }
 
-/// Launches a `--microbatches 1` run makes, by kernel name, from the fake driver's stats.
-#[cfg(feature = "cuda")]
-fn launches_of(stats: &Path) -> std::collections::BTreeMap<String, u64> {
-    let stats: Value = serde_json::from_str(&std::fs::read_to_string(stats).unwrap()).unwrap();
-    stats["launches"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(name, n)| (name.clone(), n.as_u64().unwrap()))
-        .collect()
-}
-
 /// Launches that folding Conv chains must save at least, read from the graph: a Conv whose
 /// output only a BatchNormalization reads, and a Relu alone reading that, take one launch each
 /// when run by themselves and share the fold's one epilogue launch.
@@ -846,7 +834,9 @@ fn conv_chains_fold_into_one_launch_and_change_no_output() {
                 let what = format!("{name} in {stages} stage(s), folds {fold}");
                 assert_no_host_fallbacks(&what, &report);
                 assert_same_outputs(&what, &out, &cpu);
-                launches.insert(fold, launches_of(&stats));
+                let stats: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+                launches.insert(fold, stats["launches"].clone());
             }
             eprintln!(
                 "{name} in {stages} stage(s): folds on and off differ by {:.2e} at most",
@@ -855,8 +845,8 @@ fn conv_chains_fold_into_one_launch_and_change_no_output() {
             if stages > 1 {
                 continue;
             }
-            let count = |fold: &str, kernel: &str| launches[fold].get(kernel).copied().unwrap_or(0);
-            let total = |fold: &str| launches[fold].values().sum::<u64>();
+            let count = |fold: &str, kernel: &str| launches[fold][kernel].as_u64().unwrap_or(0);
+            let total = |fold: &str| total_launches(&launches[fold]);
             assert_eq!(count("off", "conv_epilogue_f32"), 0, "{name}");
             assert_eq!(
                 count("on", "batch_norm_f32"),
