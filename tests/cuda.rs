@@ -285,6 +285,18 @@ fn reference_run(name: &str) -> (PathBuf, Vec<String>, Vec<String>) {
     (reference, dims, inputs)
 }
 
+/// A real model's reference dims (`fixtures/reference/real/NAME.json`) as `--dim` values.
+#[cfg(feature = "cuda")]
+fn real_model_dims(name: &str) -> Vec<String> {
+    let reference = common::root().join(format!("fixtures/reference/real/{name}.json"));
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+    reference["dims"]
+        .as_object()
+        .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
+        .unwrap_or_default()
+}
+
 /// `pipecut run PLAN MODEL --backend BACKEND --output-dir OUT_DIR EXTRA…`: exit code, stdout,
 /// stderr.
 fn try_run_plan(
@@ -609,17 +621,7 @@ fn a_real_cnn_runs_wholly_on_the_device() {
     else {
         return;
     };
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            common::root().join(format!("fixtures/reference/real/{name}.json")),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let dims: Vec<String> = reference["dims"]
-        .as_object()
-        .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
-        .unwrap_or_default();
+    let dims = real_model_dims(&name);
     let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
     let model = path.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -793,19 +795,7 @@ fn conv_chains_fold_into_one_launch_and_change_no_output() {
     let mut dims_of = vec![resnet_dims];
     for (name, path) in common::real_models() {
         if name.starts_with("ppocr") {
-            let reference: Value = serde_json::from_str(
-                &std::fs::read_to_string(
-                    common::root().join(format!("fixtures/reference/real/{name}.json")),
-                )
-                .unwrap(),
-            )
-            .unwrap();
-            dims_of.push(
-                reference["dims"]
-                    .as_object()
-                    .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
-                    .unwrap_or_default(),
-            );
+            dims_of.push(real_model_dims(&name));
             models.push((name, path.display().to_string()));
         }
     }
@@ -2559,13 +2549,7 @@ fn fused_transformer_steps_match_the_cpu_runtime_with_fewer_launches() {
         let dims: Vec<String> = if path.starts_with(common::root().join("fixtures/models")) {
             reference_run(&name).1
         } else {
-            let reference = common::root().join(format!("fixtures/reference/real/{name}.json"));
-            let reference: Value =
-                serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
-            reference["dims"]
-                .as_object()
-                .map(|d| d.iter().map(|(k, v)| format!("{k}={v}")).collect())
-                .unwrap_or_default()
+            real_model_dims(&name)
         };
         let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
         for stages in [1, 2] {
