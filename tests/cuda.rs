@@ -703,8 +703,8 @@ fn tensors_cross_stages_on_the_device_without_the_host() {
 }
 
 /// Small uploads and large downloads go through page-locked memory (`staging.rs`), so that an
-/// upload does not wait for the stream, and the outputs come back once every micro-batch is
-/// launched; the outputs are those of the pageable copies and of the CPU runtime. `PIPECUT_CUDA_HOST_TIMES=spans` reports each op's host and device time.
+/// upload does not wait for the stream, and the outputs come back on a stream that launches
+/// nothing; the outputs are those of the pageable copies and of the CPU runtime. `PIPECUT_CUDA_HOST_TIMES=spans` reports each op's host and device time.
 #[cfg(feature = "cuda")]
 #[test]
 fn copies_go_through_page_locked_memory_and_change_no_output() {
@@ -738,8 +738,8 @@ fn copies_go_through_page_locked_memory_and_change_no_output() {
         } else {
             assert_eq!(page_locked, 0, "{copies}");
         }
-        // The outputs come back after the last micro-batch is launched, not in between
-        // (`resident.rs`: the stage does not wait for the device between micro-batches).
+        // The outputs come back on a stream of their own, never on a stage's between its
+        // micro-batches (`resident.rs`: a stage does not wait for the device).
         assert_eq!(copies["launches_after_download"], 0, "{copies}");
         assert!(err.contains("host times per micro-batch (3)"), "{err}");
         let matmul = err
@@ -748,6 +748,61 @@ fn copies_go_through_page_locked_memory_and_change_no_output() {
             .unwrap_or_else(|| panic!("no MatMul line: {err}"));
         assert!(matmul.contains(" device "), "{matmul}");
     }
+}
+
+/// `PIPECUT_CUDA_TF32`: `conv` lets cuBLAS multiply in TF32 for the convolutions only (one
+/// product per Conv group here), `on` for every product of the stage, `off` (the default) for none.
+/// The fake cuBLAS counts the products it was allowed TF32 for and computes them in full
+/// precision all the same, so the outputs stay the CPU runtime's.
+#[cfg(feature = "cuda")]
+#[test]
+fn tf32_reaches_the_products_it_is_asked_for() {
+    let Some(env) = fake(fake_cuda::FakeGpu::current()) else {
+        return;
+    };
+    let model = "fixtures/models/resnet_tiny.onnx";
+    let (_, dims, _) = reference_run("resnet_tiny");
+    let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+    // A Conv of g groups multiplies g times (one product per group).
+    let conv_products: u64 = pipecut::onnx::load_model(common::root().join(model))
+        .unwrap()
+        .graph
+        .nodes()
+        .filter(|(_, n)| n.op_type == "Conv")
+        .map(|(_, n)| match n.attributes.get("group") {
+            Some(pipecut::graph::Attribute::Int(g)) => *g as u64,
+            _ => 1,
+        })
+        .sum();
+    let dir = tempfile::tempdir().unwrap();
+    let plan = partition(dir.path(), model, 1, &dims);
+    let extra = ["--microbatches".to_string(), "2".to_string()];
+    let cpu = dir.path().join("cpu");
+    run_plan(&plan, model, "cpu", &extra, &cpu, &[]);
+    let mut products = std::collections::BTreeMap::new();
+    for mode in ["off", "conv", "on"] {
+        let stats = dir.path().join(format!("stats.{mode}.json"));
+        let mut env = env.clone();
+        env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
+        env.push(("PIPECUT_CUDA_TF32".into(), mode.into()));
+        let out = dir.path().join(mode);
+        let (code, _, err) = try_run_plan(&plan, model, "cuda", &extra, &out, &env);
+        assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("fake lib"), "the fake driver objected: {err}");
+        assert_same_outputs(&format!("TF32 {mode}"), &out, &cpu);
+        let stats: Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+        let count = |name: &str| stats["launches"][name].as_u64().unwrap_or(0);
+        products.insert(mode, (count("cublasSgemm"), count("cublasSgemm in TF32")));
+    }
+    let (all, _) = products["off"];
+    assert!(conv_products > 0 && all > 2 * conv_products, "{products:?}");
+    assert_eq!(products["off"], (all, 0), "off");
+    let conv = (all, 2 * conv_products);
+    assert_eq!(
+        products["conv"], conv,
+        "conv: each group's product, per micro-batch"
+    );
+    assert_eq!(products["on"], (all, all), "on: every product");
 }
 
 /// Launches that folding Conv chains must save at least, read from the graph: a Conv whose

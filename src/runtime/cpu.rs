@@ -631,6 +631,20 @@ pub(crate) fn stream_through<S: Send, M: Send>(
     run: &(dyn Fn(&S, M) -> Result<M, Error> + Sync),
     options: PipelineOptions,
 ) -> Result<Streamed<M>, Error> {
+    stream_through_collecting(stages, batches, run, &Ok, options)
+}
+
+/// [`stream_through`], with `collect` applied to each of the last stage's outputs on the calling
+/// thread as it arrives, while the stages go on with later micro-batches: the CUDA backend
+/// brings each micro-batch's outputs to the host there, so the downloads overlap the launches
+/// rather than following them all.
+pub(crate) fn stream_through_collecting<S: Send, M: Send>(
+    stages: &mut [S],
+    batches: Vec<M>,
+    run: &(dyn Fn(&S, M) -> Result<M, Error> + Sync),
+    collect: &dyn Fn(M) -> Result<M, Error>,
+    options: PipelineOptions,
+) -> Result<Streamed<M>, Error> {
     let k = stages.len();
     if k == 0 {
         return Err(Error::InvalidPlan("the pipeline has no stages".into()));
@@ -688,7 +702,13 @@ pub(crate) fn stream_through<S: Send, M: Send>(
         let mut outcome = Ok(());
         for _ in 0..microbatches {
             match results.recv() {
-                Ok(Ok((i, out))) => collected[i] = Some(out),
+                Ok(Ok((i, out))) => match collect(out) {
+                    Ok(out) => collected[i] = Some(out),
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                },
                 Ok(Err(e)) => {
                     outcome = Err(e);
                     break;

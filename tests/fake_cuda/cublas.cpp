@@ -31,6 +31,7 @@ struct Handle {
     // A user workspace (cublasSetWorkspace): cuBLAS writes into it in later calls.
     uint64_t workspace = 0;
     size_t workspace_bytes = 0;
+    int math_mode = 0;  // cublasSetMathMode's: 3 is CUBLAS_TF32_TENSOR_OP_MATH
 };
 
 std::set<Handle*>& handles() {
@@ -67,6 +68,8 @@ int gemm_batched(Handle* h, int transa, int transb, int m, int n, int k, const f
                  int batch) {
     if (int r = need_handle(h)) return r;
     pc_fake_count_call("cublasSgemm");
+    // Products cuBLAS may run in TF32 (computed here in full precision all the same).
+    if (h->math_mode == 3) pc_fake_count_call("cublasSgemm in TF32");
     // cuBLAS's own checks (cublasSgemmStridedBatched).
     bool ta = transa != OP_N, tb = transb != OP_N;
     if ((transa != OP_N && transa != OP_T && transa != OP_C) ||
@@ -164,6 +167,16 @@ int cublasSetWorkspace_v2(Handle* handle, void* workspace, size_t bytes) {
     handle->workspace = ptr;
     handle->workspace_bytes = bytes;
     return SUCCESS;
+}
+
+int cublasSetMathMode(Handle* handle, int mode) {
+    if (int r = need_handle(handle)) return r;
+    // CUBLAS_DEFAULT_MATH, the deprecated TENSOR_OP, PEDANTIC and TF32_TENSOR_OP, each with
+    // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION (16) or not.
+    int base = mode & ~16;
+    if (base < 0 || base > 3) return INVALID_VALUE;
+    handle->math_mode = base;
+    return 0;
 }
 
 int cublasSetPointerMode_v2(Handle* handle, int mode) {

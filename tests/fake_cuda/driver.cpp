@@ -124,6 +124,7 @@ struct Stream {
     uint64_t id = 0;  // 0: the legacy default stream, not checked
     uint64_t clock = 0;
     Clocks seen;
+    bool downloaded = false;  // a device-to-host copy was queued on it
 };
 
 struct Event {
@@ -173,8 +174,8 @@ struct Driver {
     std::map<const char*, size_t> page_locked;  // cuMemHostAlloc's blocks by start
     // Copies whose host side lies in a page-locked block.
     unsigned long long page_locked_copies = 0;
-    // Launches after the first device-to-host copy (whether outputs wait for the run's end).
-    bool downloaded = false;
+    // Launches on a stream after a device-to-host copy on that stream: a stage that brought
+    // outputs back on its own stream between micro-batches, waiting for the device.
     unsigned long long launches_after_download = 0;
     std::set<Module*> modules;
     std::map<uint64_t, Allocation> live;  // by start address
@@ -1109,7 +1110,7 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* st
     if (int r = order_copy(s, current->device, src, bytes, "device-to-host copy")) return r;
     ++driver().device_to_host;
     driver().device_to_host_bytes += bytes;
-    driver().downloaded = true;
+    if (s) s->downloaded = true;
     if (is_page_locked(dst, bytes)) ++driver().page_locked_copies;
     std::memcpy(dst, reinterpret_cast<void*>(src), bytes);
     return SUCCESS;
@@ -1265,7 +1266,7 @@ CUresult cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, u
     }
     if (extra) return INVALID_VALUE;
     ++driver().launches_of[f->kernel->name];
-    if (driver().downloaded) ++driver().launches_after_download;
+    if (s && s->downloaded) ++driver().launches_after_download;
     if (++driver().launches == driver().fault_at_launch) {
         fault(current, std::string(f->kernel->name) + ": fault injected at launch " +
                            std::to_string(driver().launches) + " (PC_FAKE_CUDA_FAULT_AT_LAUNCH)");

@@ -4,7 +4,10 @@
 //! `PIPECUT_CUDA_HOST_TIMES=spans`, also each node's span on the device between two timing
 //! events recorded around it on the stream (which includes the device idling inside the node
 //! while the host launches, and the events' own cost: about 5 us of host time per node on an
-//! H200). Printed to stderr when the run ends. A diagnostic for machines without a profiler (the lent GPUs have
+//! H200). With `PIPECUT_CUDA_HOST_TIMES=device`, the stream is also held for `HOLD_MS` before
+//! each micro-batch (a host function that sleeps), so the host has queued the whole micro-batch
+//! when the device starts it and the spans are the nodes' device times alone: the way to see
+//! which kernels cost the device time of a run bound by the device. Printed to stderr when the run ends. A diagnostic for machines without a profiler (the lent GPUs have
 //! no `perf` or `nsys`): a run whose node host times add up to its wall time is bound by the
 //! host, one whose download waits are most of it by the device.
 
@@ -53,7 +56,32 @@ thread_local! {
 
 fn spans_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PIPECUT_CUDA_HOST_TIMES").is_ok_and(|v| v == "spans"))
+    *ON.get_or_init(|| {
+        std::env::var("PIPECUT_CUDA_HOST_TIMES").is_ok_and(|v| v == "spans" || v == "device")
+    })
+}
+
+fn hold_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PIPECUT_CUDA_HOST_TIMES").is_ok_and(|v| v == "device"))
+}
+
+/// How long the stream is held before each micro-batch in `device` mode: longer than any
+/// fixture's host time per micro-batch (at most about 3 ms on the lent H200s).
+const HOLD_MS: u64 = 10;
+
+/// In `device` mode, holds `stream` for `HOLD_MS` before the work queued next.
+pub(super) fn hold(stream: &Arc<CudaStream>) {
+    unsafe extern "C" fn sleep(_: *mut std::ffi::c_void) {
+        std::thread::sleep(std::time::Duration::from_millis(HOLD_MS));
+    }
+    if !hold_enabled() || stream.context().bind_to_thread().is_err() {
+        return;
+    }
+    // SAFETY: the function makes no CUDA call and reads no data.
+    let _ = unsafe {
+        cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep), std::ptr::null_mut())
+    };
 }
 
 /// A timing event recorded now on `stream`, when device spans are asked for.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
 
-use super::ops::{broadcast_strides, cuda_error, dims, kernel, numel, one, Gpu, OpResult};
+use super::ops::{broadcast_strides, cuda_error, element_dims, kernel, numel, one, Gpu, OpResult};
 use super::{DeviceTensor, Value};
 use crate::graph::DType;
 use crate::runtime::kernels::{broadcast_shapes, Ctx};
@@ -133,7 +133,7 @@ pub(super) fn compare(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),
     ];
-    let dims = dims(&shape, &[&strides[0], &strides[1]])?;
+    let dims = element_dims(&shape, &[&strides[0], &strides[1]])?;
     let n = numel(&shape);
     let mut out = gpu.alloc(n)?;
     let n64 = n as i64;
@@ -217,7 +217,7 @@ pub(super) fn choose(
         broadcast_strides(&b.shape, &shape),
         broadcast_strides(&cond.shape, &shape),
     ];
-    let dims = dims(&shape, &[&strides[0], &strides[1], &strides[2]])?;
+    let dims = element_dims(&shape, &[&strides[0], &strides[1], &strides[2]])?;
     let n = numel(&shape);
     let mut out = gpu.alloc(n)?;
     let n64 = n as i64;

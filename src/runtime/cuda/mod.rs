@@ -694,6 +694,23 @@ fn give_cublas_a_workspace(
     Ok(Some(workspace))
 }
 
+/// `PIPECUT_CUDA_TF32=on` lets cuBLAS multiply every product of the stage in TF32 on tensor
+/// cores (`ops::Tf32`).
+fn allow_tf32_if_asked(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
+    use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
+    if ops::tf32() != ops::Tf32::On {
+        return Ok(());
+    }
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the handle is live; the mode is one of cuBLAS's.
+    unsafe { cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH) }
+        .result()
+        .map_err(|e| format!("{e:?}"))
+}
+
 /// One 8 × 8 product on `blas`, waited for. A process's first cuBLAS product costs 70–120 ms
 /// on an H200 (the library loading its kernels: `benches/gpu/cold_start.sh`), which would
 /// otherwise land in the first micro-batch of the first stage that multiplies and make the
@@ -750,6 +767,8 @@ impl Executor for CudaExecutor<'_> {
         let blas_workspace = if multiplies {
             let workspace = give_cublas_a_workspace(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS workspace: {e}")))?;
+            allow_tf32_if_asked(&stream, &blas)
+                .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS math mode: {e}")))?;
             warm_up_cublas(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS warm-up: {e}")))?;
             workspace
@@ -862,6 +881,7 @@ impl CudaExecutor<'_> {
             functions: &self.devices[stage.device].functions,
             expanded: &stage.expanded,
         };
+        host_times::hold(&stage.stream);
         let mut env = Env::new();
         for &id in &stage.spec.receives {
             let name = &graph.tensor(id).name;
@@ -921,7 +941,11 @@ impl CudaExecutor<'_> {
         for step in frame.steps {
             if let StepKernel::Fused(fused) = &step.kernel {
                 let began = std::time::Instant::now();
+                let device_start = host_times::mark(&stage.stream);
                 env = self.run_fused(stage, gpu, frame, env, step, fused)?;
+                if host_times::enabled() {
+                    host_times::span(fused.fusion.name(), device_start, &stage.stream);
+                }
                 if let Some(observe) = observe.as_mut() {
                     stage
                         .stream

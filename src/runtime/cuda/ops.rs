@@ -31,6 +31,9 @@ const MAX_BLOCKS: u64 = 65_535;
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Dims {
     rank: i32,
+    /// 1: the kernels divide in 64 bits at every position (`PIPECUT_CUDA_WIDE_INDEX=on`, to
+    /// compare); 0: in 32 bits below 2^31.
+    wide: i32,
     shape: [i64; MAX_RANK],
     a: [i64; MAX_RANK],
     b: [i64; MAX_RANK],
@@ -223,7 +226,7 @@ impl Gpu<'_> {
     ) -> Result<CudaSlice<f32>, String> {
         let n = numel(out_shape);
         let mut out = self.alloc(n)?;
-        let dims = dims(out_shape, &[strides])?;
+        let dims = element_dims(out_shape, &[strides])?;
         let n64 = n as i64;
         let mut launch = self.stream.launch_builder(&self.functions.gather_strided);
         launch.arg(x).arg(&mut out).arg(&n64).arg(&dims).arg(&base);
@@ -284,6 +287,37 @@ impl Gpu<'_> {
         self.gemm_views((m, n, k), operands, c, (alpha, beta), strides)
     }
 
+    /// [`Gpu::gemm_views`] for a convolution's product: in TF32 under `PIPECUT_CUDA_TF32=conv`
+    /// (the handle's mode set around the one call; `on` set it for the stage already).
+    pub(super) fn conv_gemm_views<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
+        &self,
+        mnk: (usize, usize, usize),
+        operands: (&A, bool, &B, bool),
+        c: &mut C,
+        scale: (f32, f32),
+        strides: (usize, usize, usize, usize),
+    ) -> Result<(), String> {
+        use cudarc::cublas::sys::cublasMath_t::{CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH};
+        if tf32() != Tf32::Conv {
+            return self.gemm_views(mnk, operands, c, scale, strides);
+        }
+        self.set_math_mode(CUBLAS_TF32_TENSOR_OP_MATH)?;
+        let product = self.gemm_views(mnk, operands, c, scale, strides);
+        self.set_math_mode(CUBLAS_DEFAULT_MATH)?;
+        product
+    }
+
+    fn set_math_mode(&self, mode: cudarc::cublas::sys::cublasMath_t) -> Result<(), String> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_error("context"))?;
+        // SAFETY: the handle is live; the mode is one of cuBLAS's.
+        unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
+            .result()
+            .map_err(|e| format!("cuBLAS math mode: {e:?}"))
+    }
+
     /// [`Gpu::gemm`] on views, with C's batch stride given (`batch, stride_a, stride_b,
     /// stride_c`): C's matrices need not be contiguous, as a group's rows of a convolution's
     /// output are not.
@@ -338,6 +372,27 @@ impl Gpu<'_> {
     }
 }
 
+/// Where cuBLAS may multiply in TF32 on tensor cores (`PIPECUT_CUDA_TF32`), keeping 10 bits of
+/// each factor's mantissa (relative errors near 1e-3): `off`, the default, multiplies in full
+/// fp32, within rounding of the CPU runtime; `conv` takes TF32 for convolutions only, as
+/// PyTorch does by default; `on` for every product, as onnxruntime's CUDA provider does by
+/// default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tf32 {
+    Off,
+    Conv,
+    On,
+}
+
+pub(super) fn tf32() -> Tf32 {
+    static MODE: std::sync::OnceLock<Tf32> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("PIPECUT_CUDA_TF32").as_deref() {
+        Ok("on") => Tf32::On,
+        Ok("conv") => Tf32::Conv,
+        _ => Tf32::Off,
+    })
+}
+
 /// Number of elements of a shape.
 pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -376,8 +431,12 @@ pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, Stri
             out_shape.len()
         ));
     }
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let wide =
+        *WIDE.get_or_init(|| std::env::var("PIPECUT_CUDA_WIDE_INDEX").is_ok_and(|v| v == "on"));
     let mut d = Dims {
         rank: out_shape.len() as i32,
+        wide: i32::from(wide),
         ..Dims::default()
     };
     for (i, &s) in out_shape.iter().enumerate() {
@@ -392,6 +451,46 @@ pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, Stri
         target[..s.len()].copy_from_slice(s);
     }
     Ok(d)
+}
+
+/// [`dims`] for the kernels that only turn positions into offsets (`offsets` in kernels.cu):
+/// size-1 dims dropped and each dim merged into the one before it where every operand steps
+/// through the two as through one, so a position is split with fewer divisions (an Add of a
+/// `[8, 64, 128]` tensor and a `[128]` bias becomes `[512, 128]`). `PIPECUT_CUDA_MERGE_DIMS=off`
+/// keeps the dims as they are, to compare.
+pub(super) fn element_dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off =
+        *OFF.get_or_init(|| std::env::var("PIPECUT_CUDA_MERGE_DIMS").is_ok_and(|v| v == "off"));
+    if off || strides.iter().any(|s| s.len() != out_shape.len()) {
+        return dims(out_shape, strides);
+    }
+    let mut shape: Vec<usize> = Vec::with_capacity(out_shape.len());
+    let mut merged: Vec<Vec<i64>> = vec![Vec::with_capacity(out_shape.len()); strides.len()];
+    for (k, &size) in out_shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let steps_as_one = !shape.is_empty()
+            && strides
+                .iter()
+                .zip(&merged)
+                .all(|(s, m)| m.last() == Some(&(s[k] * size as i64)));
+        if steps_as_one {
+            *shape.last_mut().expect("not empty") *= size;
+        } else {
+            shape.push(size);
+        }
+        for (s, m) in strides.iter().zip(merged.iter_mut()) {
+            if steps_as_one {
+                *m.last_mut().expect("not empty") = s[k];
+            } else {
+                m.push(s[k]);
+            }
+        }
+    }
+    let views: Vec<&[i64]> = merged.iter().map(Vec::as_slice).collect();
+    dims(&shape, &views)
 }
 
 /// The device operand `i`, or `None` when it is absent or not float (a boolean mask on the
@@ -706,7 +805,7 @@ impl Gpu<'_> {
         if let Some(out) = super::flat::pair(self, flat, (a, b), &shape, code)? {
             return Ok(DeviceTensor::new(shape, out));
         }
-        let dims = dims(
+        let dims = element_dims(
             &shape,
             &[
                 &broadcast_strides(&a.shape, &shape),
@@ -867,7 +966,7 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
     if let Some(out) = super::flat::choose(gpu, flat_cond, (&a, &b), &shape)? {
         return one(DeviceTensor::new(shape, out));
     }
-    let dims = dims(
+    let dims = element_dims(
         &shape,
         &[
             &broadcast_strides(&a.shape, &shape),
@@ -1510,5 +1609,70 @@ mod tests {
         assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
         assert_eq!(broadcast_strides(&[2, 3, 4], &[2, 3, 4]), vec![12, 4, 1]);
         assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+    }
+
+    /// `offsets` of kernels.cu, on the host.
+    fn offsets(d: &Dims, mut i: i64) -> [i64; 3] {
+        let mut o = [0i64; 3];
+        for k in (0..d.rank as usize).rev() {
+            let idx = i % d.shape[k];
+            i /= d.shape[k];
+            o[0] += idx * d.a[k];
+            o[1] += idx * d.b[k];
+            o[2] += idx * d.c[k];
+        }
+        o
+    }
+
+    #[test]
+    fn merged_dims_give_every_position_the_same_offsets() {
+        let cases: Vec<(Vec<usize>, Vec<Vec<usize>>)> = vec![
+            // A bias Add, a one-hot comparison, a mask broadcast over heads, size-1 dims inside,
+            // a scalar, and no broadcast at all.
+            (vec![8, 4, 6], vec![vec![8, 4, 6], vec![6]]),
+            (vec![4, 5, 7], vec![vec![4, 5, 1], vec![1, 1, 7]]),
+            (
+                vec![2, 3, 4, 4],
+                vec![vec![2, 1, 4, 4], vec![2, 3, 4, 4], vec![4, 4]],
+            ),
+            (
+                vec![3, 1, 5, 1, 2],
+                vec![vec![3, 1, 5, 1, 2], vec![1, 1, 5, 1, 1]],
+            ),
+            (vec![1, 1], vec![vec![1], vec![1, 1]]),
+            (vec![2, 3, 4], vec![vec![2, 3, 4], vec![2, 3, 4]]),
+        ];
+        for (out, operands) in cases {
+            let strides: Vec<Vec<i64>> = operands
+                .iter()
+                .map(|shape| broadcast_strides(shape, &out))
+                .collect();
+            let views: Vec<&[i64]> = strides.iter().map(Vec::as_slice).collect();
+            let (plain, merged) = (
+                dims(&out, &views).unwrap(),
+                element_dims(&out, &views).unwrap(),
+            );
+            for i in 0..numel(&out) as i64 {
+                assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
+            }
+        }
+        // A transpose's strides (perm [0, 2, 1]) and a slice's (every other column) stay split
+        // where they must: the offsets still agree, and the bias Add above merges to rank 2.
+        for (out, strides) in [
+            (vec![2, 4, 3], vec![12i64, 1, 4]),
+            (vec![3, 2], vec![8i64, 2]),
+        ] {
+            let (plain, merged) = (
+                dims(&out, &[&strides]).unwrap(),
+                element_dims(&out, &[&strides]).unwrap(),
+            );
+            for i in 0..numel(&out) as i64 {
+                assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
+            }
+        }
+        let bias = element_dims(&[8, 64, 128], &[&[8192, 128, 1], &[0, 0, 1]]).unwrap();
+        assert_eq!(bias.rank, 2);
+        assert_eq!(&bias.shape[..2], &[512, 128]);
+        assert_eq!(element_dims(&[1, 1], &[&[0, 0]]).unwrap().rank, 0);
     }
 }

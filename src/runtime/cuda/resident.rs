@@ -6,15 +6,20 @@
 //! stage k+1: stream k+1 waits for `ready` (no host wait) ── a tensor of another GPU is copied
 //!            peer to peer on stream k+1 ── run ── each received buffer's own stream waits for
 //!            stream k+1 before the buffer is released (it is freed on the stream that made it)
-//! last stage: its sends come back to the host once every micro-batch is launched (up to
-//!             `DEFERRED_OUTPUT_BYTES` of them; past that, each as it is made)
+//! last stage: its sends come back to the host on the run's calling thread, each micro-batch
+//!             once its `ready` event fires, on a stream of their own (`Collector`), while the
+//!             stages launch later micro-batches (up to `DEFERRED_OUTPUT_BYTES` held on the
+//!             device at once; past that, the last stage downloads each as it is made)
 //! ```
 //!
 //! Bringing a micro-batch's outputs back as soon as its last stage has launched its work made
 //! that stage's thread wait for the device before launching the next micro-batch, so the
 //! device sat idle while the host launched and the host while the device ran: gpt2_tiny's one
 //! stage on an H200 spent 0.6–0.9 ms of its 2.0–2.5 ms per micro-batch waiting on that download
-//! (`benches/gpu/host_times.sh`).
+//! (`benches/gpu/host_times.sh`). Bringing them all back after the last launch left the
+//! downloads, and the host's first touch of every page they fill, on the run's critical path:
+//! 0.5 µs per KiB on the lent H200s (gVisor), 0.54 ms a micro-batch for gpt2_tiny's 1 MiB of
+//! logits and 2.1 ms for ppocr_v4_rec's 4.2 MB, as long as the device's whole micro-batch.
 //!
 //! Integer and boolean tensors (shapes, masks) were on the host all along and cross as they are.
 
@@ -22,10 +27,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaEvent, DevicePtr};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DevicePtr};
 
 use super::{CudaExecutor, CudaStage, DeviceTensor, Value};
-use crate::runtime::cpu::{pipeline_report, split_microbatches, stream_through};
+use crate::runtime::cpu::{pipeline_report, split_microbatches, stream_through_collecting};
 use crate::runtime::{PipelineOptions, PipelineReport, Tensors};
 use crate::Error;
 
@@ -75,10 +80,30 @@ impl CudaExecutor<'_> {
             let last = (stage.spec.index == last).then_some(&deferred);
             self.run_resident(stage, batch, last)
         };
-        let (collected, busy) = stream_through(stages, batches, &run, PipelineOptions::default())?;
+        let collector = Collector::default();
+        let collect = |batch: Resident| {
+            let (host, bytes) = collector.bring_to_host(batch)?;
+            deferred.fetch_sub(bytes, Ordering::Relaxed);
+            Ok(Resident {
+                values: host.into_iter().map(|(n, t)| (n, Value::host(t))).collect(),
+                ready: None,
+            })
+        };
+        let options = PipelineOptions::default();
+        let (collected, busy) =
+            stream_through_collecting(stages, batches, &run, &collect, options)?;
         let collected: Vec<Tensors> = collected?
             .into_iter()
-            .map(bring_to_host)
+            .map(|batch| {
+                batch
+                    .values
+                    .into_iter()
+                    .map(|(name, value)| match value {
+                        Value::Host(t, _) => Ok((name, t)),
+                        _ => Err(Error::Cuda(format!("output '{name}' was not brought back"))),
+                    })
+                    .collect::<Result<Tensors, Error>>()
+            })
             .collect::<Result<_, Error>>()?;
         let wall_secs = start.elapsed().as_secs_f64();
         super::host_times::report(microbatches, wall_secs);
@@ -188,40 +213,67 @@ fn peer_copy(
     })
 }
 
-/// A micro-batch's outputs on the host: those the last stage left on the device are
-/// downloaded once its work is done, each on the stream that made it, then freed there (with
-/// that GPU's context current, as a free needs).
-fn bring_to_host(batch: Resident) -> Result<Tensors, Error> {
-    let fail = |e: String| Error::Cuda(format!("bringing the outputs back: {e}"));
-    if let Some(ready) = &batch.ready {
-        ready.synchronize().map_err(|e| fail(e.to_string()))?;
+/// Brings the last stage's outputs to the host as each micro-batch is done, on a stream of
+/// its own per GPU: a copy on the stage's stream would wait for the micro-batches the stage
+/// launched after this one.
+#[derive(Default)]
+struct Collector {
+    streams: std::sync::Mutex<Vec<Arc<CudaStream>>>,
+}
+
+impl Collector {
+    /// The collector's stream on `context`'s GPU, made on first use.
+    fn stream(&self, context: &Arc<CudaContext>) -> Result<Arc<CudaStream>, String> {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stream) = streams.iter().find(|s| s.context() == context) {
+            return Ok(Arc::clone(stream));
+        }
+        let stream = context.new_stream().map_err(|e| e.to_string())?;
+        streams.push(Arc::clone(&stream));
+        Ok(stream)
     }
-    let mut host = Tensors::new();
-    for (name, value) in batch.values {
-        let t = match &value {
-            Value::Host(t, _) => Arc::clone(t),
-            Value::Device(d) => {
-                let stream = Arc::clone(d.data.stream());
-                let t = super::host_times::timed(super::host_times::Part::Download, || {
-                    value.to_host(&stream)
-                })
-                .map_err(fail)?;
-                stream
-                    .context()
-                    .bind_to_thread()
-                    .map_err(|e| fail(e.to_string()))?;
-                drop(value);
-                t
-            }
-            Value::Optional(_) => {
-                return Err(Error::Cuda(format!(
-                    "the last stage sent '{name}', an optional, where a tensor is needed"
-                )))
-            }
-        };
-        host.insert(name, t);
+
+    /// A micro-batch's outputs on the host, and the bytes of them that were on the device:
+    /// waits for the batch's `ready` event, downloads each device tensor, then frees it on
+    /// the stream that made it (with that GPU's context current, as a free needs).
+    fn bring_to_host(&self, batch: Resident) -> Result<(Tensors, u64), Error> {
+        let fail = |e: String| Error::Cuda(format!("bringing the outputs back: {e}"));
+        if let Some(ready) = &batch.ready {
+            ready.synchronize().map_err(|e| fail(e.to_string()))?;
+        }
+        let mut host = Tensors::new();
+        let mut bytes = 0;
+        for (name, value) in batch.values {
+            let t = match &value {
+                Value::Host(t, _) => Arc::clone(t),
+                Value::Device(d) => {
+                    bytes += value.byte_len();
+                    let stream = self.stream(d.data.stream().context()).map_err(fail)?;
+                    let t = super::host_times::timed(super::host_times::Part::Download, || {
+                        value.to_host(&stream)
+                    })
+                    .map_err(fail)?;
+                    // The free is queued on the maker's stream, which must first wait for
+                    // this copy on the collector's.
+                    let owner = d.data.stream();
+                    owner.join(&stream).map_err(|e| fail(e.to_string()))?;
+                    owner
+                        .context()
+                        .bind_to_thread()
+                        .map_err(|e| fail(e.to_string()))?;
+                    drop(value);
+                    t
+                }
+                Value::Optional(_) => {
+                    return Err(Error::Cuda(format!(
+                        "the last stage sent '{name}', an optional, where a tensor is needed"
+                    )))
+                }
+            };
+            host.insert(name, t);
+        }
+        Ok((host, bytes))
     }
-    Ok(host)
 }
 
 /// Lets go of the tensors a stage received. A buffer is freed on the stream that made it when

@@ -228,7 +228,7 @@ fn conv_gemm(
             };
             let weights = w.data.slice(group * mg * rows..(group + 1) * mg * rows);
             let mut target = out.slice_mut((first * m + group * mg) * cols..);
-            gpu.gemm_views(
+            gpu.conv_gemm_views(
                 (mg, cols, rows),
                 (&weights, false, &source, false),
                 &mut target,
