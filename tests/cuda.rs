@@ -704,7 +704,9 @@ fn tensors_cross_stages_on_the_device_without_the_host() {
 
 /// Small uploads and large downloads go through page-locked memory (`staging.rs`), so that an
 /// upload does not wait for the stream, and the outputs come back on a stream that launches
-/// nothing; the outputs are those of the pageable copies and of the CPU runtime. `PIPECUT_CUDA_HOST_TIMES=spans` reports each op's host and device time.
+/// nothing; the outputs are those of the pageable copies and of the CPU runtime.
+/// `PIPECUT_CUDA_HOST_TIMES=spans` (and `device`, which also holds the stream before each
+/// micro-batch) reports each op's host and device time.
 #[cfg(feature = "cuda")]
 #[test]
 fn copies_go_through_page_locked_memory_and_change_no_output() {
@@ -724,7 +726,9 @@ fn copies_go_through_page_locked_memory_and_change_no_output() {
         let mut env = env.clone();
         env.push(("PC_FAKE_CUDA_STATS".into(), stats.display().to_string()));
         env.push(("PIPECUT_CUDA_PINNED".into(), pinned.into()));
-        env.push(("PIPECUT_CUDA_HOST_TIMES".into(), "spans".into()));
+        // `device` is `spans` with the stream held before each micro-batch.
+        let spans = if pinned == "on" { "device" } else { "spans" };
+        env.push(("PIPECUT_CUDA_HOST_TIMES".into(), spans.into()));
         let out = dir.path().join(pinned);
         let (code, _, err) = try_run_plan(&plan, model, "cuda", &extra, &out, &env);
         assert_eq!(code, 0, "{err}");

@@ -936,6 +936,18 @@ CUresult cuStreamSynchronize(void* stream) {
     return SUCCESS;
 }
 
+// A host function queued on a stream. Work runs when it is queued here, so the function runs
+// now; a driver runs it on a thread of its own once the stream reaches it. Either way it must
+// make no CUDA call.
+CUresult cuLaunchHostFunc(void* stream, void (*fn)(void*), void* data) {
+    Guard g(driver().lock);
+    Stream* s;
+    if (int r = need_stream(stream, &s)) return r;
+    if (!fn) return INVALID_VALUE;
+    fn(data);
+    return SUCCESS;
+}
+
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned flags) {
     Guard g(driver().lock);
     Stream* s;
