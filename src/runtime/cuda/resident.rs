@@ -53,6 +53,30 @@ pub(super) struct Resident {
     ready: Option<CudaEvent>,
 }
 
+impl Resident {
+    /// Host tensors as a micro-batch, with nothing to wait for.
+    fn on_host(tensors: Tensors) -> Resident {
+        Resident {
+            values: tensors
+                .into_iter()
+                .map(|(name, t)| (name, Value::host(t)))
+                .collect(),
+            ready: None,
+        }
+    }
+
+    /// The tensors of a micro-batch already brought to the host (`Collector::bring_to_host`).
+    fn into_host(self) -> Result<Tensors, Error> {
+        self.values
+            .into_iter()
+            .map(|(name, value)| match value {
+                Value::Host(t, _) => Ok((name, t)),
+                _ => Err(Error::Cuda(format!("output '{name}' was not brought back"))),
+            })
+            .collect()
+    }
+}
+
 impl CudaExecutor<'_> {
     /// Streams `inputs`, split into `microbatches` along axis 0, through the prepared `stages`
     /// (one thread each), keeping the tensors that cross stages on the device: only the
@@ -65,13 +89,7 @@ impl CudaExecutor<'_> {
     ) -> Result<PipelineReport, Error> {
         let batches: Vec<Resident> = split_microbatches(inputs, microbatches)?
             .into_iter()
-            .map(|tensors| Resident {
-                values: tensors
-                    .into_iter()
-                    .map(|(name, t)| (name, Value::host(t)))
-                    .collect(),
-                ready: None,
-            })
+            .map(Resident::on_host)
             .collect();
         let last = stages.len().saturating_sub(1);
         let deferred = AtomicU64::new(0);
@@ -84,26 +102,14 @@ impl CudaExecutor<'_> {
         let collect = |batch: Resident| {
             let (host, bytes) = collector.bring_to_host(batch)?;
             deferred.fetch_sub(bytes, Ordering::Relaxed);
-            Ok(Resident {
-                values: host.into_iter().map(|(n, t)| (n, Value::host(t))).collect(),
-                ready: None,
-            })
+            Ok(Resident::on_host(host))
         };
         let options = PipelineOptions::default();
         let (collected, busy) =
             stream_through_collecting(stages, batches, &run, &collect, options)?;
         let collected: Vec<Tensors> = collected?
             .into_iter()
-            .map(|batch| {
-                batch
-                    .values
-                    .into_iter()
-                    .map(|(name, value)| match value {
-                        Value::Host(t, _) => Ok((name, t)),
-                        _ => Err(Error::Cuda(format!("output '{name}' was not brought back"))),
-                    })
-                    .collect::<Result<Tensors, Error>>()
-            })
+            .map(Resident::into_host)
             .collect::<Result<_, Error>>()?;
         let wall_secs = start.elapsed().as_secs_f64();
         super::host_times::report(microbatches, wall_secs);
