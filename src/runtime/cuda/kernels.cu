@@ -55,6 +55,22 @@ __device__ __forceinline__ void offsets(const Dims& d, long long i, long long* o
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+// Splits `*i` by `s` (positive): answers the remainder and leaves the quotient in `*i`, by
+// 32-bit division when both fit, as they do below 2^31 elements (the 64-bit division is a
+// software routine several times as long: im2col divides a dozen times per element).
+__device__ __forceinline__ long long split_index(long long* i, long long s) {
+    if (*i <= 0x7fffffffLL && s <= 0x7fffffffLL) {
+        unsigned int q = (unsigned int)*i / (unsigned int)s;
+        long long r = *i - (long long)q * s;
+        *i = q;
+        return r;
+    }
+    long long q = *i / s;
+    long long r = *i - q * s;
+    *i = q;
+    return r;
+}
+
 // Codes shared with src/runtime/cuda/ops.rs (`Unary`).
 extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int op, float alpha,
                                      float beta) {
@@ -475,13 +491,13 @@ extern "C" __global__ void im2col_f32(const float* x, float* col, Window2d g, lo
                                       long long images) {
     long long cg = g.c / g.groups, rows = cg * g.kh * g.kw, cols = g.oh * g.ow;
     GRID_STRIDE(i, images * g.groups * rows * cols) {
-        long long p = i % cols, t = i / cols;
-        long long r = t % rows;
-        t /= rows;
-        long long grp = t % g.groups, b = first + t / g.groups;
-        long long kx = r % g.kw, ky = (r / g.kw) % g.kh, ci = r / (g.kw * g.kh);
-        long long iy = (p / g.ow) * g.sh + ky * g.dh - g.ph;
-        long long ix = (p % g.ow) * g.sw + kx * g.dw - g.pw;
+        long long t = i;
+        long long p = split_index(&t, cols), r = split_index(&t, rows);
+        long long grp = split_index(&t, g.groups), b = first + t;
+        long long kx = split_index(&r, g.kw), ky = split_index(&r, g.kh), ci = r;
+        long long ox = split_index(&p, g.ow), oy = p;
+        long long iy = oy * g.sh + ky * g.dh - g.ph;
+        long long ix = ox * g.sw + kx * g.dw - g.pw;
         bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
         col[i] = inside ? x[((b * g.c + grp * cg + ci) * g.h + iy) * g.w + ix] : 0.0f;
     }
@@ -514,7 +530,9 @@ extern "C" __global__ void conv_epilogue_f32(float* y, const float* bias, int ha
                                              const float* norm, long long n, long long plane,
                                              long long channels, ConvEpilogue e) {
     GRID_STRIDE(i, n) {
-        long long c = (i / plane) % channels;
+        long long t = i;
+        split_index(&t, plane);
+        long long c = split_index(&t, channels);
         float v = has_bias ? y[i] + bias[c] : y[i];
         y[i] = conv_epilogue_value(v, c, norm, e);
     }
@@ -529,10 +547,9 @@ extern "C" __global__ void conv_direct_f32(const float* x, const float* wt, cons
                                            const float* norm, ConvEpilogue e) {
     long long cg = g.c / g.groups, mg = g.m / g.groups;
     GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
-        long long ox = i % g.ow, t = i / g.ow;
-        long long oy = t % g.oh;
-        t /= g.oh;
-        long long oc = t % g.m, b = t / g.m;
+        long long t = i;
+        long long ox = split_index(&t, g.ow), oy = split_index(&t, g.oh);
+        long long oc = split_index(&t, g.m), b = t;
         long long first_channel = (oc / mg) * cg;
         float acc = has_bias ? bias[oc] : 0.0f;
         for (long long ci = 0; ci < cg; ++ci) {
@@ -558,10 +575,9 @@ extern "C" __global__ void conv_transpose_f32(const float* x, const float* wt, c
                                               float* y, Window2d g, int has_bias) {
     long long cg = g.c / g.groups, mg = g.m / g.groups;
     GRID_STRIDE(i, g.n * g.m * g.oh * g.ow) {
-        long long ox = i % g.ow, t = i / g.ow;
-        long long oy = t % g.oh;
-        t /= g.oh;
-        long long oc = t % g.m, b = t / g.m;
+        long long t = i;
+        long long ox = split_index(&t, g.ow), oy = split_index(&t, g.oh);
+        long long oc = split_index(&t, g.m), b = t;
         long long group = oc / mg, within = oc % mg;
         float acc = has_bias ? bias[oc] : 0.0f;
         for (long long ci = 0; ci < cg; ++ci) {
@@ -588,7 +604,8 @@ extern "C" __global__ void conv_transpose_f32(const float* x, const float* wt, c
 extern "C" __global__ void pool_f32(const float* x, float* y, Window2d g, int is_max,
                                     int count_include_pad) {
     GRID_STRIDE(i, g.n * g.c * g.oh * g.ow) {
-        long long ox = i % g.ow, oy = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
+        long long plane = i;
+        long long ox = split_index(&plane, g.ow), oy = split_index(&plane, g.oh);
         const float* in = x + plane * g.h * g.w;
         float acc = is_max ? -PC_INFINITY : 0.0f;
         long long count = 0;
@@ -616,7 +633,9 @@ extern "C" __global__ void batch_norm_f32(const float* x, const float* scale, co
                                           long long n, long long channels, long long inner,
                                           float epsilon) {
     GRID_STRIDE(i, n) {
-        long long ch = (i / inner) % channels;
+        long long t = i;
+        split_index(&t, inner);
+        long long ch = split_index(&t, channels);
         float factor = scale[ch] / sqrtf(var[ch] + epsilon);
         y[i] = (x[i] - mean[ch]) * factor + bias[ch];
     }
