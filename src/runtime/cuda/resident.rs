@@ -117,9 +117,10 @@ impl CudaExecutor<'_> {
     }
 
     /// Runs one micro-batch on `stage` after the stage that made it, without waiting on the
-    /// host. The last stage (given the bytes of outputs it has left on the device so far)
-    /// brings its sends to the host once that total passes `DEFERRED_OUTPUT_BYTES`, and
-    /// otherwise leaves them for `bring_to_host`.
+    /// host. The last stage (given the bytes of outputs waiting on the device, which the
+    /// collector lowers as it brings them back) brings its sends to the host itself once that
+    /// total passes `DEFERRED_OUTPUT_BYTES`, and otherwise leaves them for
+    /// `Collector::bring_to_host`.
     fn run_resident(
         &self,
         stage: &CudaStage,
