@@ -238,11 +238,7 @@ impl Chains<'_> {
 
     /// The value of a one-element f32 parameter.
     fn scalar(&self, tensor: TensorId) -> Option<f32> {
-        self.graph.tensor(tensor).param()?;
-        match self.weights.get(tensor)?.as_f32().ok()? {
-            [v] => Some(*v),
-            _ => None,
-        }
+        single_value(self.graph, self.weights, tensor).map(|(value, _)| value)
     }
 
     /// The one node of the stage, after step `after`, that reads `tensor`, where `tensor` does
@@ -303,4 +299,19 @@ impl Chains<'_> {
 /// Whether `node` is the standard ONNX op `op`.
 fn is_default_op(node: &Node, op: &str) -> bool {
     node.op_type == op && (node.domain.is_empty() || node.domain == "ai.onnx")
+}
+
+/// The value and rank of `tensor` when it is an f32 parameter of one element: the scalar a
+/// fold or a fusion takes into its kernel (here and in the CUDA backend's `fuse.rs`).
+pub(crate) fn single_value(
+    graph: &Graph,
+    weights: &Weights,
+    tensor: TensorId,
+) -> Option<(f32, usize)> {
+    graph.tensor(tensor).param()?;
+    let weight = weights.get(tensor)?;
+    match weight.as_f32().ok()? {
+        [v] => Some((*v, weight.shape().len())),
+        _ => None,
+    }
 }

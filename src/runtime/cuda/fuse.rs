@@ -321,14 +321,8 @@ impl Finder<'_> {
     /// The value of a one-element float parameter of rank 0 or 1 (a broadcast by it adds no
     /// axis to a tensor of rank 1 or more).
     fn scalar(&self, tensor: TensorId) -> Option<f32> {
-        self.graph.tensor(tensor).param()?;
-        if self.weights.get(tensor)?.shape().len() > 1 {
-            return None;
-        }
-        match self.weights.get(tensor)?.as_f32().ok()? {
-            [v] => Some(*v),
-            _ => None,
-        }
+        crate::runtime::fuse::single_value(self.graph, self.weights, tensor)
+            .and_then(|(value, rank)| (rank <= 1).then_some(value))
     }
 
     /// Whether `tensor` is a float parameter of rank `rank`.

@@ -16,48 +16,10 @@ struct Dims {
     long long c[MAX_RANK];
 };
 
-// Element offsets of output position `i` in up to three broadcast operands. A position below
-// 2^31 is split into coordinates by 32-bit division, several times cheaper on a GPU than the
-// 64-bit software routine: one-hot Equal of magika's [16, 2048, 257] spent most of its time
-// dividing. A dim of 2^32 or more is clamped there, which keeps the quotient 0 and the
-// remainder the position, as the 64-bit division gives.
-__device__ __forceinline__ void offsets(const Dims& d, long long i, long long* oa, long long* ob,
-                                        long long* oc) {
-    long long a = 0, b = 0, c = 0;
-    if (!d.wide && i <= 0x7fffffffLL) {
-        unsigned int j = (unsigned int)i;
-        for (int k = d.rank - 1; k >= 0; --k) {
-            unsigned int s = d.shape[k] > 0xffffffffLL ? 0xffffffffu : (unsigned int)d.shape[k];
-            unsigned int idx = j % s;
-            j /= s;
-            a += (long long)idx * d.a[k];
-            b += (long long)idx * d.b[k];
-            c += (long long)idx * d.c[k];
-        }
-        *oa = a;
-        *ob = b;
-        *oc = c;
-        return;
-    }
-    for (int k = d.rank - 1; k >= 0; --k) {
-        long long idx = i % d.shape[k];
-        i /= d.shape[k];
-        a += idx * d.a[k];
-        b += idx * d.b[k];
-        c += idx * d.c[k];
-    }
-    *oa = a;
-    *ob = b;
-    *oc = c;
-}
-
-#define GRID_STRIDE(i, n) \
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-         i += (long long)blockDim.x * gridDim.x)
-
 // Splits `*i` by `s` (positive): answers the remainder and leaves the quotient in `*i`, by
 // 32-bit division when both fit, as they do below 2^31 elements (the 64-bit division is a
-// software routine several times as long: im2col divides a dozen times per element).
+// software routine several times as long: im2col divides a dozen times per element, and the
+// one-hot Equal of magika's [16, 2048, 257] spent most of its time dividing).
 __device__ __forceinline__ long long split_index(long long* i, long long s) {
     if (*i <= 0x7fffffffLL && s <= 0x7fffffffLL) {
         unsigned int q = (unsigned int)*i / (unsigned int)s;
@@ -70,6 +32,32 @@ __device__ __forceinline__ long long split_index(long long* i, long long s) {
     *i = q;
     return r;
 }
+
+// Element offsets of output position `i` in up to three broadcast operands (`d.wide`: 64-bit
+// division throughout, to compare).
+__device__ __forceinline__ void offsets(const Dims& d, long long i, long long* oa, long long* ob,
+                                        long long* oc) {
+    long long a = 0, b = 0, c = 0;
+    for (int k = d.rank - 1; k >= 0; --k) {
+        long long idx;
+        if (d.wide) {
+            idx = i % d.shape[k];
+            i /= d.shape[k];
+        } else {
+            idx = split_index(&i, d.shape[k]);
+        }
+        a += idx * d.a[k];
+        b += idx * d.b[k];
+        c += idx * d.c[k];
+    }
+    *oa = a;
+    *ob = b;
+    *oc = c;
+}
+
+#define GRID_STRIDE(i, n) \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)blockDim.x * gridDim.x)
 
 // Codes shared with src/runtime/cuda/ops.rs (`Unary`).
 extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int op, float alpha,

@@ -697,18 +697,14 @@ fn give_cublas_a_workspace(
 /// `PIPECUT_CUDA_TF32=on` lets cuBLAS multiply every product of the stage in TF32 on tensor
 /// cores (`ops::Tf32`).
 fn allow_tf32_if_asked(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
-    use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode};
     if ops::tf32() != ops::Tf32::On {
         return Ok(());
     }
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| e.to_string())?;
-    // SAFETY: the handle is live; the mode is one of cuBLAS's.
-    unsafe { cublasSetMathMode(*blas.handle(), cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH) }
-        .result()
-        .map_err(|e| format!("{e:?}"))
+    ops::set_math_mode(
+        stream,
+        blas,
+        cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+    )
 }
 
 /// One 8 × 8 product on `blas`, waited for. A process's first cuBLAS product costs 70–120 ms
@@ -767,8 +763,7 @@ impl Executor for CudaExecutor<'_> {
         let blas_workspace = if multiplies {
             let workspace = give_cublas_a_workspace(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS workspace: {e}")))?;
-            allow_tf32_if_asked(&stream, &blas)
-                .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS math mode: {e}")))?;
+            allow_tf32_if_asked(&stream, &blas).map_err(|e| Self::stage_error(spec.index, e))?;
             warm_up_cublas(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS warm-up: {e}")))?;
             workspace

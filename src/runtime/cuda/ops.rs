@@ -301,21 +301,10 @@ impl Gpu<'_> {
         if tf32() != Tf32::Conv {
             return self.gemm_views(mnk, operands, c, scale, strides);
         }
-        self.set_math_mode(CUBLAS_TF32_TENSOR_OP_MATH)?;
+        set_math_mode(self.stream, self.blas, CUBLAS_TF32_TENSOR_OP_MATH)?;
         let product = self.gemm_views(mnk, operands, c, scale, strides);
-        self.set_math_mode(CUBLAS_DEFAULT_MATH)?;
+        set_math_mode(self.stream, self.blas, CUBLAS_DEFAULT_MATH)?;
         product
-    }
-
-    fn set_math_mode(&self, mode: cudarc::cublas::sys::cublasMath_t) -> Result<(), String> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_error("context"))?;
-        // SAFETY: the handle is live; the mode is one of cuBLAS's.
-        unsafe { cudarc::cublas::sys::cublasSetMathMode(*self.blas.handle(), mode) }
-            .result()
-            .map_err(|e| format!("cuBLAS math mode: {e:?}"))
     }
 
     /// [`Gpu::gemm`] on views, with C's batch stride given (`batch, stride_a, stride_b,
@@ -382,6 +371,23 @@ pub(super) enum Tf32 {
     Off,
     Conv,
     On,
+}
+
+/// Sets how `blas` multiplies (`CUBLAS_TF32_TENSOR_OP_MATH` or the default), its stream's
+/// context bound first: cuBLAS works in the calling thread's current context.
+pub(super) fn set_math_mode(
+    stream: &Arc<CudaStream>,
+    blas: &CudaBlas,
+    mode: cudarc::cublas::sys::cublasMath_t,
+) -> Result<(), String> {
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(cuda_error("context"))?;
+    // SAFETY: the handle is live; the mode is one of cuBLAS's.
+    unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
+        .result()
+        .map_err(|e| format!("cuBLAS math mode: {e:?}"))
 }
 
 pub(super) fn tf32() -> Tf32 {
@@ -1624,6 +1630,17 @@ mod tests {
         o
     }
 
+    /// Every position of `out` has the same offsets under [`dims`] and [`element_dims`].
+    fn assert_same_offsets(out: &[usize], strides: &[&[i64]]) {
+        let (plain, merged) = (
+            dims(out, strides).unwrap(),
+            element_dims(out, strides).unwrap(),
+        );
+        for i in 0..numel(out) as i64 {
+            assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
+        }
+    }
+
     #[test]
     fn merged_dims_give_every_position_the_same_offsets() {
         let cases: Vec<(Vec<usize>, Vec<Vec<usize>>)> = vec![
@@ -1648,13 +1665,7 @@ mod tests {
                 .map(|shape| broadcast_strides(shape, &out))
                 .collect();
             let views: Vec<&[i64]> = strides.iter().map(Vec::as_slice).collect();
-            let (plain, merged) = (
-                dims(&out, &views).unwrap(),
-                element_dims(&out, &views).unwrap(),
-            );
-            for i in 0..numel(&out) as i64 {
-                assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
-            }
+            assert_same_offsets(&out, &views);
         }
         // A transpose's strides (perm [0, 2, 1]) and a slice's (every other column) stay split
         // where they must: the offsets still agree, and the bias Add above merges to rank 2.
@@ -1662,13 +1673,7 @@ mod tests {
             (vec![2, 4, 3], vec![12i64, 1, 4]),
             (vec![3, 2], vec![8i64, 2]),
         ] {
-            let (plain, merged) = (
-                dims(&out, &[&strides]).unwrap(),
-                element_dims(&out, &[&strides]).unwrap(),
-            );
-            for i in 0..numel(&out) as i64 {
-                assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
-            }
+            assert_same_offsets(&out, &[&strides]);
         }
         let bias = element_dims(&[8, 64, 128], &[&[8192, 128, 1], &[0, 0, 1]]).unwrap();
         assert_eq!(bias.rank, 2);

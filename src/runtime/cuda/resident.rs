@@ -17,8 +17,8 @@
 //! device sat idle while the host launched and the host while the device ran: gpt2_tiny's one
 //! stage on an H200 spent 0.6–0.9 ms of its 2.0–2.5 ms per micro-batch waiting on that download
 //! (`benches/gpu/host_times.sh`). Bringing them all back after the last launch left the
-//! downloads, and the host's first touch of every page they fill, on the run's critical path:
-//! 0.5 µs per KiB on the lent H200s (gVisor), 0.54 ms a micro-batch for gpt2_tiny's 1 MiB of
+//! downloads on the run's critical path: 0.5 µs per KiB on the lent H200s (gVisor; likely the
+//! host's first touch of the pages they fill), 0.54 ms a micro-batch for gpt2_tiny's 1 MiB of
 //! logits and 2.1 ms for ppocr_v4_rec's 4.2 MB, as long as the device's whole micro-batch.
 //!
 //! Integer and boolean tensors (shapes, masks) were on the host all along and cross as they are.
