@@ -4,23 +4,23 @@
 //! operator costs on the GPUs the user names, and cuts the graph into pipeline stages that keep
 //! every GPU equally busy and inside its memory.
 //!
-//! The library is a pipeline of phases, one module each, in data-flow order:
+//! This crate is the facade over the workspace's crates, one per phase, in data-flow order
+//! (`docs/architecture.md`), under the module paths the library has always had:
 //!
 //! ```text
-//! model.onnx ──load──▶ Graph ──shape──▶ typed Graph ──cost──▶ Costs ──partition──▶ Partition ──plan──▶ plan.json
-//!    (onnx)            (graph)          (onnx::shape)       (cost)
+//! model.onnx ──load──▶ Graph ──shape──▶ typed Graph ──cost──▶ Costs ──partition──▶ Plan ──▶ plan.json
+//!   pipecut-ir: [`onnx`], [`graph`]      pipecut-cost: [`cost`]  pipecut-planner: [`partition`], [`schedule`], [`plan`]
+//! Plan ──▶ pipecut-export: [`onnx::export`]   pipecut-runtime: [`runtime`]   pipecut-distributed: [`runtime::distributed`]
 //! ```
-//!
-//! Built so far: [`onnx`] (loading, with external data never read), [`onnx::shape`] (dtype and
-//! shape inference with symbolic dims), over the [`graph`] IR, and [`cost`] (hardware profiles,
-//! roofline op costs, stage memory, transfers), [`partition`], [`plan`], [`schedule`], and
-//! [`runtime`] (the CPU reference runtime: whole models, or plans as threaded pipelines).
 //!
 //! [`onnx::export`] writes one runnable ONNX file per stage and a `manifest.json` that routes the
 //! tensors between them (`pipecut export plan.json model.onnx --out-dir stages/`).
 //!
 //! [`ffi`] is the C ABI (`include/pipecut.h`): one call from model bytes and a JSON request to
 //! the plan JSON, for Python (`ctypes`), C and C++ callers (`docs/embedding.md`).
+//!
+//! An embedder that only plans depends on `pipecut-planner` (with `pipecut-ir` and
+//! `pipecut-cost`) and compiles no kernel, codec, BLAS or GPU binding.
 //!
 //! ```
 //! use pipecut::onnx::shape::{DimBindings, ShapeInference};
@@ -82,15 +82,28 @@
 
 #![warn(missing_docs)]
 
-pub mod cost;
-mod error;
 pub mod ffi;
-pub mod graph;
-pub mod io;
-pub mod onnx;
-pub mod partition;
-pub mod plan;
-pub mod runtime;
-pub mod schedule;
 
-pub use error::{Error, Result};
+pub use pipecut_ir::{graph, io, Error, Result};
+pub use pipecut_planner::{partition, plan, schedule};
+
+/// Loading ONNX models and inferring shapes ([`pipecut_ir::onnx`]), and the per-stage export
+/// ([`pipecut_export`]).
+pub mod onnx {
+    pub use pipecut_export as export;
+    pub use pipecut_ir::onnx::*;
+}
+
+/// Device and link profiles, op costs, memory and transfers ([`pipecut_cost`]), and measured
+/// efficiencies ([`pipecut_runtime::calibrate`], which runs kernels).
+pub mod cost {
+    pub use pipecut_cost::*;
+    pub use pipecut_runtime::calibrate;
+}
+
+/// Executing models and plans ([`pipecut_runtime`]), and across processes
+/// ([`pipecut_distributed`]).
+pub mod runtime {
+    pub use pipecut_distributed as distributed;
+    pub use pipecut_runtime::*;
+}

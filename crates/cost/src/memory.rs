@@ -1,0 +1,493 @@
+//! Memory: what a stage must hold. Parameters (and in training their gradients and optimizer
+//! state), the activations of the micro-batches in flight under the pipeline schedule, received
+//! tensors, and the largest temporary workspace.
+//!
+//! The partitioner calls [`stage_peak_bytes`] for every candidate stage, so the formula lives in
+//! one place.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::Mode;
+use pipecut_ir::graph::{Graph, TensorId};
+
+/// Pipeline schedules whose activation memory the model knows.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    Default,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// All forwards, then all backwards (Huang et al. 2019): every micro-batch's activations
+    /// stay until its backward.
+    GPipe,
+    /// One-forward-one-backward (Narayanan et al. 2019, PipeDream-Flush): stage k of K starts
+    /// backwards after K − k forwards, so it keeps at most K − k micro-batches.
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): each device runs `chunks`
+    /// non-adjacent model chunks (virtual stages), chunk c of device d being stage c·K + d of
+    /// v·K. The bubble shrinks to (K − 1)/(v·m) of the step at more in-flight activations
+    /// (the first device holds (1 + (K − 1)/(v·K))·K stages' worth) and v times the
+    /// point-to-point messages. The micro-batch count must be a multiple of K.
+    Interleaved {
+        /// Model chunks per device, v ≥ 2.
+        chunks: u32,
+    },
+    /// ZB-H1 (Qi et al., "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024, § 2.1): each
+    /// backward split into the input gradient B, which the previous stage waits for, and the
+    /// weight gradient W, which fills the bubble; about a third of 1F1B's bubble, every
+    /// device holding at most K micro-batches (1F1B's first-stage peak).
+    #[serde(rename = "zero-bubble")]
+    ZeroBubble,
+}
+
+impl Schedule {
+    /// Model chunks per device: v for interleaved 1F1B, 1 otherwise.
+    pub fn chunks(self) -> usize {
+        match self {
+            Schedule::Interleaved { chunks } => chunks.max(1) as usize,
+            _ => 1,
+        }
+    }
+
+    /// Refuses what the command line refuses but a JSON file or a C caller can still say: an
+    /// interleaved schedule of fewer than 2 or more than 64 chunks per device (64: a chunk
+    /// per layer of the deepest published models' stages, and a bound on the stages it makes).
+    pub fn validate(self) -> Result<(), String> {
+        match self {
+            Schedule::Interleaved { chunks } if !(2..=64).contains(&chunks) => Err(format!(
+                "an interleaved schedule needs 2 to 64 chunks per device, not {chunks}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The device of each stage when `devices` are the pipeline's K devices: the devices
+    /// themselves, or under interleaving v rounds of them (stage c·K + d on device d).
+    pub fn chunk_devices<T: Copy>(self, devices: &[T]) -> Vec<T> {
+        (0..self.chunks())
+            .flat_map(|_| devices.iter().copied())
+            .collect()
+    }
+
+    /// The name `--schedule` takes and prints: `gpipe`, `1f1b`, `interleaved:v`,
+    /// `zero-bubble`.
+    pub fn name(self) -> String {
+        match self {
+            Schedule::GPipe => "gpipe".into(),
+            Schedule::OneFOneB => "1f1b".into(),
+            Schedule::Interleaved { chunks } => format!("interleaved:{chunks}"),
+            Schedule::ZeroBubble => "zero-bubble".into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Schedule {
+    /// As tables print it: `GPipe`, `1F1B`, `interleaved 1F1B ×v`, `zero-bubble (ZB-H1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::GPipe => write!(f, "GPipe"),
+            Schedule::OneFOneB => write!(f, "1F1B"),
+            Schedule::Interleaved { chunks } => write!(f, "interleaved 1F1B ×{chunks}"),
+            Schedule::ZeroBubble => write!(f, "zero-bubble (ZB-H1)"),
+        }
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Schedule, String> {
+        let lower = s.to_ascii_lowercase();
+        let (name, chunks) = match lower.split_once(':') {
+            Some((name, chunks)) => (name, Some(chunks)),
+            None => (lower.as_str(), None),
+        };
+        match (name, chunks) {
+            ("gpipe", None) => Ok(Schedule::GPipe),
+            ("1f1b" | "onefoneb", None) => Ok(Schedule::OneFOneB),
+            ("zero-bubble" | "zb" | "zb-h1", None) => Ok(Schedule::ZeroBubble),
+            // Megatron's examples use 2 chunks per device when none is given.
+            ("interleaved", None) => Ok(Schedule::Interleaved { chunks: 2 }),
+            ("interleaved", Some(chunks)) => match chunks.parse::<u32>() {
+                Ok(chunks) if Schedule::Interleaved { chunks }.validate().is_ok() => {
+                    Ok(Schedule::Interleaved { chunks })
+                }
+                _ => Err(format!(
+                    "interleaved:{chunks}: the chunks per device must be a number from 2 to 64"
+                )),
+            },
+            _ => Err(format!(
+                "unknown schedule '{s}' (expected gpipe, 1f1b, interleaved[:v] or zero-bubble)"
+            )),
+        }
+    }
+}
+
+/// Activation recomputation (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+/// Cost"; Megatron-LM's `--recompute-granularity full`): a stage keeps only the tensors it
+/// received for each micro-batch in flight and runs the forward again before the backward, so
+/// it holds one micro-batch's activations at a time for one more forward's compute. Selective
+/// recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+/// Transformer Models", § 4.2; `--recompute-granularity selective`) drops only attention's
+/// score tensors (the s × s products, their scaling, masking and softmax), the largest
+/// activations for the least compute, and recomputes them before the backward.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation of every micro-batch in flight.
+    #[default]
+    None,
+    /// Keep all but attention's score tensors; recompute those in the backward.
+    Selective,
+    /// Keep the stage's inputs; recompute the rest in the backward.
+    Full,
+}
+
+impl Recompute {
+    /// Whether this is no recomputation (serde's `skip_serializing_if`).
+    pub fn is_none(&self) -> bool {
+        *self == Recompute::None
+    }
+
+    /// Whole forward passes run again per backward (selective recomputation reruns only some
+    /// nodes: the partition problem adds their time node by node).
+    pub fn extra_forwards(self) -> f64 {
+        match self {
+            Recompute::None | Recompute::Selective => 0.0,
+            Recompute::Full => 1.0,
+        }
+    }
+
+    /// Micro-batches whose activations a stage holds when `in_flight` are in flight.
+    pub fn activation_in_flight(self, in_flight: u64) -> u64 {
+        match self {
+            Recompute::None | Recompute::Selective => in_flight,
+            Recompute::Full => in_flight.min(1),
+        }
+    }
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Recompute, String> {
+        match s {
+            "none" => Ok(Recompute::None),
+            "selective" => Ok(Recompute::Selective),
+            "full" => Ok(Recompute::Full),
+            other => Err(format!(
+                "unknown recomputation '{other}' (expected none, selective or full)"
+            )),
+        }
+    }
+}
+
+/// ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+/// Parameter Models"): stage 1 shards the optimizer state over the `group` data-parallel
+/// replicas of a stage, stage 2 also the gradients, stage 3 also the weights. Stages 1 and 2
+/// replace the gradient all-reduce by a reduce-scatter and an all-gather of the same volume;
+/// stage 3 also all-gathers the weights before the forward and again before the backward,
+/// 1.5 times the all-reduce's volume (the paper's 3Ψ against 2Ψ).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct ZeroSharding {
+    /// 0 (none), 1, 2 or 3.
+    pub stage: u8,
+    /// Replicas the state is sharded over: the data-parallel degree.
+    pub group: u32,
+}
+
+impl Default for ZeroSharding {
+    fn default() -> Self {
+        ZeroSharding::NONE
+    }
+}
+
+impl ZeroSharding {
+    /// No sharding.
+    pub const NONE: ZeroSharding = ZeroSharding { stage: 0, group: 1 };
+
+    /// Whether nothing is sharded (serde's `skip_serializing_if`).
+    pub fn is_none(&self) -> bool {
+        self.stage == 0 || self.group <= 1
+    }
+
+    /// The gradient synchronisation's volume as a multiple of a plain all-reduce's.
+    pub fn communication_factor(self) -> f64 {
+        if self.stage >= 3 && self.group > 1 {
+            1.5
+        } else {
+            1.0
+        }
+    }
+
+    /// Bytes one replica holds of a weight of `weight` bytes, its gradient of as many, and
+    /// `optimizer` bytes of optimizer state.
+    pub fn held_bytes(self, weight: u64, optimizer: u64) -> u64 {
+        let g = u64::from(self.group.max(1));
+        let shard = |bytes: u64| bytes.div_ceil(g);
+        match self.stage {
+            0 => weight + weight + optimizer,
+            1 => weight + weight + shard(optimizer),
+            2 => weight + shard(weight + optimizer),
+            _ => shard(weight + weight + optimizer),
+        }
+    }
+}
+
+/// Micro-batches whose activations stage `stage` (0-based) of `stages` holds at its peak.
+/// Inference keeps none for a backward pass: one micro-batch is being computed at a time.
+/// Under interleaving a stage is a chunk (stage c·K + d is chunk c of device d), and its count
+/// is that chunk's own peak in Megatron's order.
+pub fn in_flight_microbatches(
+    mode: Mode,
+    schedule: Schedule,
+    stage: usize,
+    stages: usize,
+    microbatches: u32,
+) -> u64 {
+    let m = microbatches.max(1) as u64;
+    match (mode, schedule) {
+        (Mode::Inference, _) => 1,
+        (Mode::Training { .. }, Schedule::GPipe) => m,
+        (Mode::Training { .. }, Schedule::OneFOneB) => {
+            (stages.saturating_sub(stage) as u64).clamp(1, m)
+        }
+        // Every device keeps K micro-batches between a forward and its deferred W; the paper
+        // counts the later devices' as smaller (W needs only its inputs), pipecut counts them
+        // whole, which can only overstate.
+        (Mode::Training { .. }, Schedule::ZeroBubble) => (stages as u64).clamp(1, m),
+        (Mode::Training { .. }, Schedule::Interleaved { chunks }) => {
+            let chunks = chunks.max(1) as usize;
+            let devices = (stages / chunks).max(1);
+            crate::order::interleaved_chunk_in_flight(
+                devices,
+                chunks,
+                stage % devices,
+                stage / devices,
+                m as usize,
+            )
+            .max(1)
+        }
+    }
+}
+
+/// Bytes a parameter needs on its stage: the weight, plus in training its gradient (same type)
+/// and the optimizer state per element, each divided over the data-parallel group as far as
+/// the mode's ZeRO stage shards it.
+pub fn param_footprint_bytes(graph: &Graph, param: TensorId, mode: Mode) -> u64 {
+    let tensor = graph.tensor(param);
+    let bytes = tensor.param().map_or(0, |p| p.bytes);
+    match mode {
+        Mode::Inference => bytes,
+        Mode::Training {
+            optimizer_bytes_per_param,
+            zero,
+            ..
+        } => {
+            let elements: u64 = tensor
+                .shape
+                .iter()
+                .flatten()
+                .filter_map(|d| d.known())
+                .product();
+            zero.held_bytes(bytes, (elements as f64 * optimizer_bytes_per_param) as u64)
+        }
+    }
+}
+
+/// What one stage holds, before the schedule multiplies the per-micro-batch part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StageMemory {
+    /// Parameters with, in training, their gradients and optimizer state.
+    pub param_footprint_bytes: u64,
+    /// Activations the stage's nodes produce per micro-batch.
+    pub activation_bytes: u64,
+    /// Tensors received from earlier stages per micro-batch.
+    pub received_bytes: u64,
+    /// Largest temporary buffer of any node.
+    pub workspace_bytes: u64,
+}
+
+/// Peak bytes of a stage: `params + in_flight · (activations + received) + workspace`.
+pub fn stage_peak_bytes(memory: &StageMemory, in_flight: u64) -> u64 {
+    memory
+        .param_footprint_bytes
+        .saturating_add(
+            in_flight.saturating_mul(
+                memory
+                    .activation_bytes
+                    .saturating_add(memory.received_bytes),
+            ),
+        )
+        .saturating_add(memory.workspace_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_f_one_b_stage_memory_matches_a_hand_count() {
+        // Stage 1 of 4 under 1F1B with 8 micro-batches keeps 4 − 1 = 3 in flight.
+        let training = Mode::training();
+        assert_eq!(
+            in_flight_microbatches(training, Schedule::OneFOneB, 1, 4, 8),
+            3
+        );
+        assert_eq!(
+            in_flight_microbatches(training, Schedule::OneFOneB, 3, 4, 8),
+            1
+        );
+        assert_eq!(
+            in_flight_microbatches(training, Schedule::OneFOneB, 0, 4, 2),
+            2
+        );
+        assert_eq!(
+            in_flight_microbatches(training, Schedule::GPipe, 3, 4, 8),
+            8
+        );
+        assert_eq!(
+            in_flight_microbatches(Mode::Inference, Schedule::GPipe, 0, 4, 8),
+            1
+        );
+        // 1 GiB of fp16 weights: + 1 GiB gradients + 6 GiB Adam state (12 B per element).
+        // Activations 100 MiB and received 10 MiB per micro-batch, 3 in flight, 50 MiB workspace.
+        let mib = 1u64 << 20;
+        let memory = StageMemory {
+            param_footprint_bytes: 1024 * mib + 1024 * mib + 6 * 1024 * mib,
+            activation_bytes: 100 * mib,
+            received_bytes: 10 * mib,
+            workspace_bytes: 50 * mib,
+        };
+        assert_eq!(stage_peak_bytes(&memory, 3), (8192 + 330 + 50) * mib);
+    }
+
+    #[test]
+    fn schedules_parse_print_and_serialize() {
+        for (text, schedule) in [
+            ("gpipe", Schedule::GPipe),
+            ("1f1b", Schedule::OneFOneB),
+            ("interleaved", Schedule::Interleaved { chunks: 2 }),
+            ("interleaved:4", Schedule::Interleaved { chunks: 4 }),
+            ("zero-bubble", Schedule::ZeroBubble),
+        ] {
+            let parsed: Schedule = text.parse().unwrap();
+            assert_eq!(parsed, schedule);
+            assert_eq!(parsed.name().parse::<Schedule>(), Ok(schedule));
+            let json = serde_json::to_string(&schedule).unwrap();
+            assert_eq!(serde_json::from_str::<Schedule>(&json).unwrap(), schedule);
+        }
+        // Plans written before the new schedules read as before.
+        assert_eq!(
+            serde_json::to_string(&Schedule::OneFOneB).unwrap(),
+            "\"1f1b\""
+        );
+        assert_eq!(
+            serde_json::to_string(&Schedule::ZeroBubble).unwrap(),
+            "\"zero-bubble\""
+        );
+        for bad in [
+            "interleaved:1",
+            "interleaved:x",
+            "interleaved:",
+            "gpipe:2",
+            "zb2",
+        ] {
+            assert!(bad.parse::<Schedule>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            Schedule::Interleaved { chunks: 2 }.chunk_devices(&[5, 6, 7]),
+            vec![5, 6, 7, 5, 6, 7]
+        );
+        assert_eq!(Schedule::ZeroBubble.chunk_devices(&[5, 6]), vec![5, 6]);
+        assert!(Schedule::Interleaved { chunks: 0 }.validate().is_err());
+        assert!(Schedule::Interleaved {
+            chunks: 4_000_000_000
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn zero_stages_shard_what_the_paper_says() {
+        // ZeRO paper, Figure 1: Ψ = 7.5B parameters, fp16 weights and gradients (2Ψ bytes each),
+        // K = 12 bytes of Adam state per parameter, N_d = 64: 120 GB baseline, 31.4 GB with
+        // P_os, 16.6 GB with P_os+g, 1.9 GB with P_os+g+p.
+        let psi = 7_500_000_000u64;
+        let (weight, optimizer) = (2 * psi, 12 * psi);
+        let held = |stage| ZeroSharding { stage, group: 64 }.held_bytes(weight, optimizer);
+        let gb = |bytes: u64| bytes as f64 / 1e9;
+        assert_eq!(gb(held(0)), 120.0);
+        assert!((gb(held(1)) - 31.4).abs() < 0.05, "{}", gb(held(1)));
+        assert!((gb(held(2)) - 16.6).abs() < 0.05, "{}", gb(held(2)));
+        assert!((gb(held(3)) - 1.9).abs() < 0.05, "{}", gb(held(3)));
+        // One replica shards nothing.
+        let alone = ZeroSharding { stage: 3, group: 1 };
+        assert_eq!(alone.held_bytes(weight, optimizer), held(0));
+        assert!(alone.is_none() && ZeroSharding::NONE.is_none());
+        assert_eq!(
+            ZeroSharding { stage: 3, group: 8 }.communication_factor(),
+            1.5
+        );
+        assert_eq!(
+            ZeroSharding { stage: 2, group: 8 }.communication_factor(),
+            1.0
+        );
+    }
+
+    #[test]
+    fn full_recomputation_keeps_one_micro_batch_of_activations_for_one_more_forward() {
+        assert_eq!(Recompute::Full.activation_in_flight(7), 1);
+        assert_eq!(Recompute::None.activation_in_flight(7), 7);
+        let recomputed =
+            Mode::training().with_memory_techniques(Recompute::Full, ZeroSharding::NONE);
+        assert_eq!(Mode::training().backward_time_factor(), 2.0);
+        assert_eq!(recomputed.backward_time_factor(), 3.0);
+        assert_eq!(
+            Mode::Inference.with_memory_techniques(Recompute::Full, ZeroSharding::NONE),
+            Mode::Inference
+        );
+        assert_eq!("full".parse::<Recompute>(), Ok(Recompute::Full));
+        assert_eq!("selective".parse::<Recompute>(), Ok(Recompute::Selective));
+        // Selective recomputation keeps every micro-batch in flight, less its scores.
+        assert_eq!(Recompute::Selective.activation_in_flight(7), 7);
+        assert!(Recompute::None < Recompute::Selective && Recompute::Selective < Recompute::Full);
+        assert!("some".parse::<Recompute>().is_err());
+    }
+}

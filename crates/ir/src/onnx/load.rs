@@ -1,0 +1,646 @@
+//! Decoding a `ModelProto` into the graph IR.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
+
+use super::opset::{check_legacy_node, opset_warnings};
+use super::tensor::{decode_tensor, decode_type, decode_value_type, DecodedTensor, ExternalFiles};
+use super::Model;
+use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph};
+use crate::Error;
+
+/// sha256 of what planning depends on: the main `GraphProto` re-encoded as protobuf (fields in
+/// field-number order, repeated fields in file order, since node order is the graph's topological
+/// order) with every initializer and sparse initializer reduced to its name, dtype and dims. So
+/// it covers the nodes (op types, domains, names, inputs, outputs, attributes, subgraphs), the
+/// graph inputs, outputs and value infos with their dtypes and shapes, and the initializers'
+/// names, dtypes and dims, but no initializer bytes and no external-data reference. The opset
+/// imports are not hashed (they live outside the graph; the graph's node list is what is cut).
+pub fn graph_sha256(graph: &GraphProto) -> String {
+    graph_sha256_in_place(&mut graph.clone())
+}
+
+/// [`graph_sha256`] without a copy of the graph: the initializers are set aside for the
+/// encoding and put back, and the encoding streams into the hash (a copy and a buffer of the
+/// whole graph were a fifth of loading a 100k-node model).
+fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
+    use sha2::{Digest, Sha256};
+    let initializers = std::mem::take(&mut graph.initializer);
+    let sparse = std::mem::take(&mut graph.sparse_initializer);
+    graph.initializer = initializers.iter().map(shape_only).collect();
+    graph.sparse_initializer = sparse
+        .iter()
+        .map(|s| {
+            let mut shape = s.clone();
+            shape.values = s.values.as_ref().map(shape_only).into();
+            shape.indices.clear();
+            shape
+        })
+        .collect();
+    let mut hasher = Sha256::new();
+    let written = graph.write_to_writer(&mut hasher);
+    graph.initializer = initializers;
+    graph.sparse_initializer = sparse;
+    match written {
+        Ok(()) => hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        // Encoding into memory cannot fail; the digest of no bytes, as before, if it did.
+        Err(_) => sha256_hex(&[]),
+    }
+}
+
+/// An initializer reduced to the facts planning reads: name, dtype, dims.
+fn shape_only(tensor: &TensorProto) -> TensorProto {
+    let mut shape = TensorProto::new();
+    shape.name = tensor.name.clone();
+    shape.data_type = tensor.data_type;
+    shape.dims = tensor.dims.clone();
+    shape
+}
+
+/// sha256 over the initializers, in file order: each one's `TensorProto` encoding (name, dtype,
+/// dims, the embedded bytes in whichever data field holds them, and for external data the
+/// reference entries: location, offset, length, checksum), each prefixed with its length in
+/// bytes (u64, little-endian). External-data files are never read: a plan must load without
+/// the weights, so weights changed inside an external file keep the same digest.
+pub fn weights_sha256(graph: &GraphProto) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for init in &graph.initializer {
+        let bytes = init.write_to_bytes().unwrap_or_default();
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Parses model bytes. `origin` names them in errors; `base_dir` resolves external data.
+pub(super) fn decode_model(
+    bytes: &[u8],
+    origin: &str,
+    base_dir: Option<PathBuf>,
+) -> Result<Model, Error> {
+    let not_onnx = |detail: String| Error::NotOnnx {
+        origin: origin.to_string(),
+        detail,
+    };
+    if bytes.is_empty() {
+        return Err(not_onnx("the file is empty".into()));
+    }
+    // A file of another format fails to decode, or decodes as a message of unknown fields; in
+    // both cases its first bytes say better than the decoder what the user passed.
+    let sniffed = || sniff_other_format(bytes).map(|f| not_onnx(format!("the file is {f}")));
+    let proto = match ModelProto::parse_from_bytes(bytes) {
+        Ok(proto) => proto,
+        Err(e) => {
+            return Err(sniffed().unwrap_or_else(|| {
+                not_onnx(format!(
+                    "protobuf decoding failed: {}",
+                    explain_protobuf(&e)
+                ))
+            }))
+        }
+    };
+    // Protobuf accepts many byte strings as a message with unknown fields; a real model always
+    // states its IR version and carries a graph.
+    if proto.ir_version <= 0 || proto.graph.is_none() {
+        if let Some(error) = sniffed() {
+            return Err(error);
+        }
+        return Err(not_onnx(format!(
+            "no {} found",
+            if proto.ir_version <= 0 {
+                "IR version"
+            } else {
+                "graph"
+            }
+        )));
+    }
+    let opsets = read_opsets(&proto)?;
+    let mut proto = proto;
+    let graph_proto = proto.graph.as_mut().expect("checked above");
+    let default_ops: BTreeSet<&str> = graph_proto
+        .node
+        .iter()
+        .filter(|n| n.domain.is_empty() || n.domain == "ai.onnx")
+        .map(|n| n.op_type.as_str())
+        .collect();
+    let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
+    let weights_sha256 = weights_sha256(graph_proto);
+    let graph_sha256 = graph_sha256_in_place(graph_proto);
+    let mut external = ExternalFiles::new(base_dir);
+    let graph = build_graph(graph_proto, &opsets, &mut external)?;
+    Ok(Model {
+        graph,
+        ir_version: proto.ir_version,
+        producer: format!("{} {}", proto.producer_name, proto.producer_version)
+            .trim()
+            .to_string(),
+        file_bytes: bytes.len() as u64,
+        sha256: sha256_hex(bytes),
+        graph_sha256,
+        weights_sha256,
+        warnings,
+        missing_external_data: external.missing,
+    })
+}
+
+/// Names the format of files that are often passed by mistake, from their first bytes. Asked
+/// only once decoding has failed, so a model whose bytes happen to start so is still read.
+fn sniff_other_format(bytes: &[u8]) -> Option<&'static str> {
+    const MAGICS: &[(&[u8], &str)] = &[
+        (b"\x1f\x8b", "a gzip archive (decompress it first)"),
+        (
+            b"PK\x03\x04",
+            "a zip archive (a PyTorch checkpoint or a zipped model?)",
+        ),
+        (b"\x89HDF", "an HDF5 file (a Keras model?)"),
+        (b"\x80\x02", "a Python pickle"),
+        (b"GGUF", "a GGUF file"),
+        (b"\x7fELF", "an executable"),
+    ];
+    if let Some((_, name)) = MAGICS.iter().find(|(magic, _)| bytes.starts_with(magic)) {
+        return Some(name);
+    }
+    // onnxruntime's ORT format is a FlatBuffer with file identifier "ORTM" at offset 4.
+    if bytes.get(4..8) == Some(b"ORTM") {
+        return Some("an onnxruntime .ort file (convert the .onnx it came from instead)");
+    }
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | Some(b'[') => Some("JSON text, not binary protobuf"),
+        _ => None,
+    }
+}
+
+/// rust-protobuf's messages for the failures a corrupt file causes, in words a user can act on.
+fn explain_protobuf(error: &protobuf::Error) -> String {
+    let text = error.to_string();
+    if text.contains("New limit must not be greater than current limit") {
+        "a field's declared length runs past the end of the message that holds it (truncated or corrupt file)".into()
+    } else if text.contains("Unexpected EOF") {
+        "the file ends in the middle of a field (truncated?)".into()
+    } else if text.contains("recursion limit") {
+        "messages are nested more than 100 levels deep".into()
+    } else {
+        text
+    }
+}
+
+fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {
+    let mut opsets = BTreeMap::new();
+    for import in &proto.opset_import {
+        let domain = if import.domain == "ai.onnx" {
+            String::new()
+        } else {
+            import.domain.clone()
+        };
+        opsets.insert(domain, import.version);
+    }
+    // A model may import only other domains (ai.onnx.ml, training); it then has no default-
+    // domain nodes to version. Opsets newer than pipecut knows load with a warning.
+    if let Some(&default) = opsets.get("") {
+        if default < 1 {
+            return Err(Error::UnsupportedOpset {
+                domain: "ai.onnx".into(),
+                version: default,
+                supported: "opsets from 1 on".into(),
+            });
+        }
+    }
+    Ok(opsets)
+}
+
+fn build_graph(
+    proto: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<Graph, Error> {
+    let name = if proto.name.is_empty() {
+        "main".to_string()
+    } else {
+        proto.name.clone()
+    };
+    let mut builder = Graph::builder(name);
+    populate(&mut builder, proto, opsets, external, &[])?;
+    builder.build()
+}
+
+/// Declares a graph's opsets, initializers, inputs (after them, `captures`: the enclosing
+/// scopes' tensors a subgraph reads, as inputs of unknown type), nodes and outputs.
+fn populate(
+    builder: &mut GraphBuilder,
+    proto: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+    captures: &[String],
+) -> Result<(), Error> {
+    for (domain, version) in opsets {
+        builder.opset(domain, *version);
+    }
+    // Each node writes about one tensor; the weights and inputs are the rest.
+    builder.reserve(
+        proto.node.len(),
+        proto.node.len() + proto.initializer.len() + proto.input.len(),
+    );
+    for init in &proto.initializer {
+        let decoded = decode_tensor(init, external)?;
+        let param = decoded.param();
+        builder.parameter(
+            &init.name,
+            decoded.dtype,
+            &decoded.dims,
+            param,
+            decoded.value,
+        )?;
+    }
+    for sparse in &proto.sparse_initializer {
+        let values = sparse.values.as_ref().ok_or_else(|| {
+            Error::InvalidModel("a sparse initializer has no values tensor".into())
+        })?;
+        let dense_dims = sparse
+            .dims
+            .iter()
+            .map(|&d| {
+                u64::try_from(d).map_err(|_| Error::InvalidDim {
+                    tensor: values.name.clone(),
+                    detail: format!("sparse initializer dimension {d} is negative"),
+                })
+            })
+            .collect::<Result<Vec<u64>, Error>>()?;
+        let decoded_values = decode_tensor(values, external)?;
+        let index_bytes = match sparse.indices.as_ref() {
+            Some(ix) => decode_tensor(ix, external)?.bytes,
+            None => 0,
+        };
+        // Memory is what the sparse form stores: values plus indices.
+        let param = Param {
+            bytes: decoded_values.bytes + index_bytes,
+            storage: Storage::Embedded,
+        };
+        builder.parameter(&values.name, decoded_values.dtype, &dense_dims, param, None)?;
+    }
+    for input in &proto.input {
+        // Before IR 4, every initializer was also listed as an input; it stays a parameter.
+        if builder.is_defined(&input.name) {
+            continue;
+        }
+        let (kind, dtype, shape) = decode_value_type(&input.name, &input.type_)?;
+        builder.input(&input.name, dtype, shape)?;
+        builder.kind(&input.name, kind);
+    }
+    for name in captures {
+        builder.input(name, None, None)?;
+    }
+    // A graph of Constant nodes alone (onnx's `test_constant`) would have no operator left once
+    // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
+    // then, the whole model one stage that produces its constants.
+    let only_constants = proto.node.iter().all(is_default_constant);
+    for (index, node) in proto.node.iter().enumerate() {
+        let literal = match only_constants {
+            true => None,
+            false => constant_literal(node)?,
+        };
+        if let Some(literal) = literal {
+            // A Constant node is a weight written another way (Paddle2ONNX stores every weight
+            // so): it becomes a parameter, so that it is placed and counted like an initializer
+            // instead of being scheduled as an operator.
+            let output = node
+                .output
+                .first()
+                .filter(|o| !o.is_empty())
+                .ok_or_else(|| {
+                    Error::InvalidModel(format!(
+                        "Constant node #{index} '{}' has no output",
+                        node.name
+                    ))
+                })?;
+            let param = Param {
+                bytes: literal.bytes,
+                storage: Storage::Embedded,
+            };
+            builder.parameter(output, literal.dtype, &literal.dims, param, literal.value)?;
+            continue;
+        }
+        check_legacy_node(node, opsets.get("").copied())?;
+        let spec = node_spec(node, index, opsets, external, builder)?;
+        builder.node(spec)?;
+    }
+    for output in &proto.output {
+        builder.output(&output.name);
+        let (kind, _, _) = decode_value_type(&output.name, &output.type_)?;
+        if !kind.is_tensor() {
+            builder.kind(&output.name, kind);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a node is the default domain's `Constant`.
+fn is_default_constant(node: &NodeProto) -> bool {
+    node.op_type == "Constant" && (node.domain.is_empty() || node.domain == "ai.onnx")
+}
+
+/// The value of a default-domain `Constant` node, as a decoded tensor; `None` for other nodes.
+fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
+    if !is_default_constant(node) {
+        return Ok(None);
+    }
+    let attr = node.attribute.first().ok_or_else(|| {
+        Error::InvalidModel(format!(
+            "Constant node '{}' has no value attribute",
+            node.name
+        ))
+    })?;
+    let mut literal = TensorProto::new();
+    match attr.name.as_str() {
+        "value" => match attr.t.as_ref() {
+            Some(t) => literal = t.clone(),
+            None => {
+                return Err(Error::InvalidModel(format!(
+                    "Constant node '{}' has an empty 'value'",
+                    node.name
+                )))
+            }
+        },
+        "value_float" => {
+            literal.data_type = DType::F32.onnx_code();
+            literal.float_data = vec![attr.f];
+        }
+        "value_floats" => {
+            literal.data_type = DType::F32.onnx_code();
+            literal.dims = vec![attr.floats.len() as i64];
+            literal.float_data = attr.floats.clone();
+        }
+        "value_int" => {
+            literal.data_type = DType::I64.onnx_code();
+            literal.int64_data = vec![attr.i];
+        }
+        "value_ints" => {
+            literal.data_type = DType::I64.onnx_code();
+            literal.dims = vec![attr.ints.len() as i64];
+            literal.int64_data = attr.ints.clone();
+        }
+        "value_string" => {
+            literal.data_type = DType::String.onnx_code();
+            literal.string_data = vec![attr.s.clone()];
+        }
+        "value_strings" => {
+            literal.data_type = DType::String.onnx_code();
+            literal.dims = vec![attr.strings.len() as i64];
+            literal.string_data = attr.strings.clone();
+        }
+        // Sparse constants and anything newer stay operators, inferred by the shape rule.
+        _ => return Ok(None),
+    }
+    if literal.name.is_empty() {
+        literal.name = node.output.first().cloned().unwrap_or_default();
+    }
+    decode_tensor(&literal, &mut ExternalFiles::new(None)).map(Some)
+}
+
+/// A unique, non-empty node name: ONNX allows empty and repeated names, but plans list nodes by
+/// name, so the loader names them `<op>_<index>` or suffixes repeats with `__<index>`.
+/// The node's name, made non-empty and unique among the nodes built so far.
+fn unique_node_name(node: &NodeProto, index: usize, builder: &GraphBuilder) -> String {
+    let name = if node.name.is_empty() {
+        format!("{}_{index}", node.op_type)
+    } else {
+        node.name.clone()
+    };
+    if builder.has_node(&name) {
+        return format!("{name}__{index}");
+    }
+    name
+}
+
+/// The node to build. Its strings are copied, not moved out of the protobuf: freeing the moved
+/// ones during the build left holes in the decoded file's memory that the graph then filled,
+/// and the scattered graph slowed a million-node solve by half (docs/benchmarks.md).
+fn node_spec(
+    node: &NodeProto,
+    index: usize,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+    builder: &GraphBuilder,
+) -> Result<NodeSpec, Error> {
+    let name = unique_node_name(node, index, builder);
+    let mut attributes = BTreeMap::new();
+    let mut captures = BTreeSet::new();
+    for attr in &node.attribute {
+        let value = decode_attribute(attr, &name, opsets, external)?;
+        for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+            outer_scope_reads(graph, &mut captures);
+        }
+        attributes.insert(attr.name.clone(), value);
+    }
+    Ok(NodeSpec {
+        name,
+        op_type: node.op_type.clone(),
+        domain: node.domain.clone(),
+        inputs: node.input.clone(),
+        outputs: node.output.clone(),
+        attributes,
+        captures: captures.into_iter().collect(),
+        module_scope: node
+            .metadata_props
+            .iter()
+            .find(|entry| entry.key == super::scopes::NAME_SCOPES_KEY)
+            .and_then(|entry| super::scopes::scope_path(&entry.value)),
+    })
+}
+
+fn utf8(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn decode_attribute(
+    attr: &AttributeProto,
+    node: &str,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<Attribute, Error> {
+    let mut no_files = ExternalFiles::new(None);
+    let ty = attr.type_.enum_value().unwrap_or(AttributeType::UNDEFINED);
+    Ok(match ty {
+        AttributeType::INT => Attribute::Int(attr.i),
+        AttributeType::FLOAT => Attribute::Float(attr.f),
+        AttributeType::STRING => Attribute::String(utf8(&attr.s)),
+        AttributeType::INTS => Attribute::Ints(attr.ints.clone()),
+        AttributeType::FLOATS => Attribute::Floats(attr.floats.clone()),
+        AttributeType::STRINGS => {
+            Attribute::Strings(attr.strings.iter().map(|s| utf8(s)).collect())
+        }
+        AttributeType::TENSOR => {
+            let tensor = attr.t.as_ref().ok_or_else(|| {
+                Error::InvalidModel(format!(
+                    "attribute '{}' of node '{node}' has no tensor",
+                    attr.name
+                ))
+            })?;
+            Attribute::Tensor(decode_tensor(tensor, &mut no_files)?.into_literal())
+        }
+        AttributeType::GRAPH => match attr.g.as_ref() {
+            Some(g) => Attribute::Graph(load_subgraph(g, opsets, external)?),
+            None => Attribute::Other("graph"),
+        },
+        AttributeType::GRAPHS => Attribute::Graphs(
+            attr.graphs
+                .iter()
+                .map(|g| load_subgraph(g, opsets, external))
+                .collect::<Result<_, _>>()?,
+        ),
+        AttributeType::TENSORS => Attribute::Other("tensors"),
+        AttributeType::SPARSE_TENSOR | AttributeType::SPARSE_TENSORS => {
+            Attribute::Other("sparse tensor")
+        }
+        AttributeType::TYPE_PROTO => match attr.tp.as_ref() {
+            Some(tp) => {
+                let (kind, dtype, shape) = decode_value_type(&attr.name, tp)?;
+                Attribute::Type(kind, dtype, shape)
+            }
+            None => Attribute::Other("type"),
+        },
+        AttributeType::TYPE_PROTOS => Attribute::Other("types"),
+        AttributeType::UNDEFINED => Attribute::Other("undefined"),
+    })
+}
+
+/// A subgraph with its body built like a model's graph.
+fn load_subgraph(
+    graph: &GraphProto,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<Subgraph, Error> {
+    let mut captures = BTreeSet::new();
+    outer_scope_reads(graph, &mut captures);
+    let captures: Vec<String> = captures.into_iter().collect();
+    let mut builder = Graph::builder(graph.name.clone());
+    populate(&mut builder, graph, opsets, external, &captures)?;
+    let body = builder.build_subgraph()?;
+    let outputs = graph
+        .output
+        .iter()
+        .map(|o| {
+            let (dtype, shape) = decode_type(&o.name, &o.type_)?;
+            Ok::<_, Error>((o.name.clone(), dtype, shape))
+        })
+        .collect::<Result<Vec<(String, Option<DType>, _)>, Error>>()?;
+    Ok(Subgraph {
+        name: graph.name.clone(),
+        node_count: count_nodes(graph),
+        outputs,
+        formal_inputs: body.inputs().len() - captures.len(),
+        body: Arc::new(body),
+    })
+}
+
+fn count_nodes(graph: &GraphProto) -> usize {
+    graph
+        .node
+        .iter()
+        .map(|n| {
+            1 + n
+                .attribute
+                .iter()
+                .flat_map(|a| a.g.as_ref().into_iter().chain(&a.graphs))
+                .map(count_nodes)
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// Names a subgraph reads from the enclosing scope: read somewhere inside (at any depth) but
+/// defined nowhere inside. ONNX forbids shadowing, so this set is exact.
+fn outer_scope_reads(graph: &GraphProto, captures: &mut BTreeSet<String>) {
+    let mut defined = HashSet::new();
+    let mut read = Vec::new();
+    collect_names(graph, &mut defined, &mut read);
+    captures.extend(
+        read.into_iter()
+            .filter(|n| !n.is_empty() && !defined.contains(n)),
+    );
+}
+
+fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut Vec<String>) {
+    defined.extend(graph.input.iter().map(|i| i.name.clone()));
+    defined.extend(graph.initializer.iter().map(|i| i.name.clone()));
+    for node in &graph.node {
+        defined.extend(node.output.iter().cloned());
+        read.extend(node.input.iter().cloned());
+        for attr in &node.attribute {
+            for sub in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+                collect_names(sub, defined, read);
+            }
+        }
+    }
+    read.extend(graph.output.iter().map(|o| o.name.clone()));
+}
+
+/// Hex sha256 of bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    fn mlp() -> ModelProto {
+        let bytes = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/models/mlp.onnx"
+        ))
+        .expect("fixture");
+        ModelProto::parse_from_bytes(&bytes).expect("decodes")
+    }
+
+    #[test]
+    fn changed_weights_keep_the_graph_digest() {
+        let original = mlp();
+        let mut tuned = original.clone();
+        let graph = tuned.graph.as_mut().expect("graph");
+        let init = graph
+            .initializer
+            .iter_mut()
+            .find(|t| !t.raw_data.is_empty() || !t.float_data.is_empty())
+            .expect("an embedded initializer");
+        if let Some(b) = init.raw_data.first_mut() {
+            *b ^= 0xff;
+        } else {
+            init.float_data[0] += 1.0;
+        }
+        let (a, b) = (
+            original.graph.as_ref().unwrap(),
+            tuned.graph.as_ref().unwrap(),
+        );
+        assert_eq!(graph_sha256(a), graph_sha256(b));
+        assert_ne!(weights_sha256(a), weights_sha256(b));
+    }
+
+    #[test]
+    fn a_changed_node_changes_the_graph_digest() {
+        let original = mlp();
+        let mut edited = original.clone();
+        edited.graph.as_mut().unwrap().node[0].op_type.push('X');
+        let (a, b) = (
+            original.graph.as_ref().unwrap(),
+            edited.graph.as_ref().unwrap(),
+        );
+        assert_ne!(graph_sha256(a), graph_sha256(b));
+        assert_eq!(weights_sha256(a), weights_sha256(b));
+        assert_eq!(graph_sha256(a), graph_sha256(&a.clone()));
+    }
+}

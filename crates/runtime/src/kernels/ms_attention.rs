@@ -1,0 +1,333 @@
+//! onnxruntime's `com.microsoft` Attention: the fused QKV projection, scaled dot-product attention
+//! and head merge that its transformer optimizer writes for BERT- and GPT-2-style models; and its
+//! RotaryEmbedding (see [`rotary_embedding`]).
+//!
+//! Spec: <https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.Attention>.
+//! Inputs: `input [B, S, H_in]`, `weights [H_in, Q + K + V]`, `bias [Q + K + V]?`,
+//! `mask_index?`, `past?`, `attention_bias [B|1, N|1, S, S]?`. Attributes: `num_heads`,
+//! `qkv_hidden_sizes` (default three equal thirds), `unidirectional` (causal), `scale` (default
+//! `1/√head_size`), `mask_filter_value` (default -10000, added to masked scores as onnxruntime's
+//! CPU kernel does). Masks: 1-D `[B]` (valid lengths from the left), 2-D `[B, S]` and 3-D
+//! `[B, S, S]` (0 masks, anything else keeps). Outputs: `output [B, S, V]` and `present
+//! [2, B, N, S, head_size]` (K and V). A `past` state (incremental decoding) is refused by
+//! name: the runtime runs whole sequences.
+
+use super::matmul::sgemm;
+use super::{input, optional, Ctx, KernelResult, KernelTable};
+use crate::tensor::HostTensor;
+
+pub(super) fn register(t: &mut KernelTable) {
+    t.add_in("com.microsoft", &["Attention"], attention);
+    t.add_in("com.microsoft", &["RotaryEmbedding"], rotary_embedding);
+}
+
+/// com.microsoft RotaryEmbedding
+/// (<https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md#com.microsoft.RotaryEmbedding>):
+/// `input [B, S, H]` (heads of `H / num_heads`) or `[B, N, S, head]`, `position_ids [B, S]` (or
+/// `[1]`: an offset added to each position), `cos_cache` and `sin_cache [max_position, rotary/2]`.
+/// The first `rotary` features of each head are rotated in pairs — `(i, i + rotary/2)`, or
+/// `(2i, 2i + 1)` with `interleaved` — and the rest pass through.
+fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, positions) = (input(inputs, 0)?, input(inputs, 1)?);
+    let (cos, sin) = (input(inputs, 2)?, input(inputs, 3)?);
+    let [max_position, half] = *cos.shape() else {
+        return Err(format!("cos_cache {:?} should be 2-D", cos.shape()));
+    };
+    if sin.shape() != cos.shape() {
+        return Err("sin_cache and cos_cache differ in shape".into());
+    }
+    let rotary = 2 * half;
+    let num_heads = ctx.int("num_heads", 0);
+    // (batch, heads, seq, head size) and whether the layout is [B, S, N·h].
+    let (batch, heads, seq, head, seq_major) = match *x.shape() {
+        [b, s, hidden] => {
+            let heads = if num_heads > 0 {
+                num_heads as usize
+            } else {
+                hidden / rotary.max(1)
+            };
+            if heads == 0 || hidden % heads != 0 {
+                return Err(format!(
+                    "hidden size {hidden} does not split into {heads} heads"
+                ));
+            }
+            (b, heads, s, hidden / heads, true)
+        }
+        [b, n, s, h] => (b, n, s, h, false),
+        _ => return Err(format!("input {:?} should be 3-D or 4-D", x.shape())),
+    };
+    if rotary > head || rotary == 0 {
+        return Err(format!(
+            "rotary size {rotary} does not fit head size {head}"
+        ));
+    }
+    let position_values = positions.to_i64_vec();
+    let position = |b: usize, s: usize| -> Result<usize, String> {
+        let p = if position_values.len() == 1 {
+            position_values[0] + s as i64
+        } else if positions.shape() == [batch, seq] {
+            position_values[b * seq + s]
+        } else {
+            return Err(format!(
+                "position_ids {:?} should be [B, S] or [1]",
+                positions.shape()
+            ));
+        };
+        usize::try_from(p)
+            .ok()
+            .filter(|&p| p < max_position)
+            .ok_or_else(|| format!("position {p} is outside the {max_position} cached positions"))
+    };
+    let interleaved = ctx.int("interleaved", 0) != 0;
+    let (values, cos, sin) = (x.as_f32()?, cos.as_f32()?, sin.as_f32()?);
+    let mut out = values.to_vec();
+    for b in 0..batch {
+        for s in 0..seq {
+            let p = position(b, s)?;
+            for n in 0..heads {
+                let base = if seq_major {
+                    ((b * seq + s) * heads + n) * head
+                } else {
+                    ((b * heads + n) * seq + s) * head
+                };
+                for i in 0..half {
+                    let (first, second) = if interleaved {
+                        (base + 2 * i, base + 2 * i + 1)
+                    } else {
+                        (base + i, base + i + half)
+                    };
+                    let (c, si) = (cos[p * half + i], sin[p * half + i]);
+                    let (x1, x2) = (values[first], values[second]);
+                    out[first] = x1 * c - x2 * si;
+                    out[second] = x2 * c + x1 * si;
+                }
+            }
+        }
+    }
+    Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
+}
+
+/// Which key positions each query may see, as an additive bias per (batch, query, key).
+enum Mask {
+    None,
+    Lengths(Vec<i64>),
+    Keep2d(Vec<f32>),
+    Keep3d(Vec<f32>),
+}
+
+impl Mask {
+    fn masked(&self, b: usize, i: usize, j: usize, s: usize) -> bool {
+        match self {
+            Mask::None => false,
+            Mask::Lengths(ends) => j as i64 >= ends[b],
+            Mask::Keep2d(m) => m[b * s + j] == 0.0,
+            Mask::Keep3d(m) => m[(b * s + i) * s + j] == 0.0,
+        }
+    }
+}
+
+fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
+    if optional(inputs, 4).is_some() {
+        return Err("a past state (incremental decoding) is not supported".into());
+    }
+    let (&[batch, seq, hidden_in], &[w_rows, w_cols]) = (x.shape(), w.shape()) else {
+        return Err(format!(
+            "input {:?} / weights {:?} should be [B, S, H_in] / [H_in, Q + K + V]",
+            x.shape(),
+            w.shape()
+        ));
+    };
+    if w_rows != hidden_in {
+        return Err(format!(
+            "weights have {w_rows} rows for {hidden_in} input features"
+        ));
+    }
+    let heads = usize::try_from(ctx.int("num_heads", 0))
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or("num_heads must be positive")?;
+    let sizes: Vec<usize> = match ctx.ints("qkv_hidden_sizes") {
+        Some(s) => s
+            .iter()
+            .map(|&v| usize::try_from(v).map_err(|_| "negative qkv_hidden_sizes".to_string()))
+            .collect::<Result<_, _>>()?,
+        None => vec![w_cols / 3; 3],
+    };
+    let [q_size, k_size, v_size] = sizes[..] else {
+        return Err("qkv_hidden_sizes needs three entries".into());
+    };
+    if q_size + k_size + v_size != w_cols || q_size != k_size {
+        return Err(format!(
+            "qkv sizes {sizes:?} do not fit {w_cols} weight columns (Q and K must be equal)"
+        ));
+    }
+    if q_size % heads != 0 || v_size % heads != 0 {
+        return Err(format!(
+            "{heads} heads do not divide hidden sizes {sizes:?}"
+        ));
+    }
+    let (head, v_head) = (q_size / heads, v_size / heads);
+    let rows = batch * seq;
+    // Projection: [B·S, H_in] × [H_in, Q + K + V] (+ bias).
+    let mut qkv = vec![0.0f32; rows * w_cols];
+    if let Some(bias) = optional(inputs, 2) {
+        let bias = bias.as_f32()?;
+        if bias.len() != w_cols {
+            return Err(format!(
+                "bias has {} entries for {w_cols} columns",
+                bias.len()
+            ));
+        }
+        qkv.chunks_mut(w_cols).for_each(|r| r.copy_from_slice(bias));
+    }
+    let beta = if optional(inputs, 2).is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    sgemm(
+        rows,
+        hidden_in,
+        w_cols,
+        1.0,
+        x.as_f32()?,
+        (hidden_in, 1),
+        w.as_f32()?,
+        (w_cols, 1),
+        beta,
+        &mut qkv,
+    );
+    let mask = match optional(inputs, 3) {
+        None => Mask::None,
+        Some(m) if m.shape() == [batch] => Mask::Lengths(m.to_i64_vec()),
+        Some(m) if m.shape() == [batch, seq] => Mask::Keep2d(m.to_f32_vec()),
+        Some(m) if m.shape() == [batch, seq, seq] => Mask::Keep3d(m.to_f32_vec()),
+        Some(m) => {
+            return Err(format!(
+                "mask_index {:?} is not a supported form",
+                m.shape()
+            ))
+        }
+    };
+    let attention_bias = optional(inputs, 5)
+        .map(|b| -> Result<(Vec<f32>, Vec<usize>), String> {
+            match *b.shape() {
+                [bb, bn, bs, bt]
+                    if (bb == 1 || bb == batch)
+                        && (bn == 1 || bn == heads)
+                        && bs == seq
+                        && bt == seq =>
+                {
+                    Ok((b.to_f32_vec(), vec![bb, bn]))
+                }
+                _ => Err(format!("attention_bias {:?} does not fit", b.shape())),
+            }
+        })
+        .transpose()?;
+    let causal = ctx.int("unidirectional", 0) != 0;
+    let scale = ctx.float("scale", 1.0 / (head as f32).sqrt());
+    let filter = ctx.float("mask_filter_value", -10000.0);
+    let at = |b: usize, s: usize, col: usize| qkv[(b * seq + s) * w_cols + col];
+    let mut out = vec![0.0f32; rows * v_size];
+    let mut present = vec![0.0f32; 2 * batch * heads * seq * head.max(v_head)];
+    let mut scores = vec![0.0f32; seq];
+    for b in 0..batch {
+        for n in 0..heads {
+            for i in 0..seq {
+                for (j, score) in scores.iter_mut().enumerate() {
+                    let dot: f32 = (0..head)
+                        .map(|d| at(b, i, n * head + d) * at(b, j, q_size + n * head + d))
+                        .sum();
+                    let mut value = dot * scale;
+                    if let Some((bias, [bb, bn])) =
+                        attention_bias.as_ref().map(|(v, s)| (v, [s[0], s[1]]))
+                    {
+                        let (bi, ni) = (if bb == 1 { 0 } else { b }, if bn == 1 { 0 } else { n });
+                        value += bias[((bi * bn + ni) * seq + i) * seq + j];
+                    }
+                    if mask.masked(b, i, j, seq) || (causal && j > i) {
+                        value += filter;
+                    }
+                    *score = value;
+                }
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut total = 0.0f32;
+                scores.iter_mut().for_each(|s| {
+                    *s = (*s - max).exp();
+                    total += *s;
+                });
+                for d in 0..v_head {
+                    let value: f32 = scores
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| p * at(b, j, 2 * q_size + n * v_head + d))
+                        .sum();
+                    out[(b * seq + i) * v_size + n * v_head + d] = value / total;
+                }
+            }
+        }
+    }
+    if head == v_head {
+        let per = batch * heads * seq * head;
+        for b in 0..batch {
+            for n in 0..heads {
+                for s in 0..seq {
+                    for d in 0..head {
+                        let slot = ((b * heads + n) * seq + s) * head + d;
+                        present[slot] = at(b, s, q_size + n * head + d);
+                        present[per + slot] = at(b, s, 2 * q_size + n * head + d);
+                    }
+                }
+            }
+        }
+        present.truncate(2 * per);
+    } else if matches!(ctx.node.outputs.get(1), Some(Some(_))) {
+        return Err("present needs equal K and V head sizes".into());
+    }
+    let present_shape = vec![2, batch, heads, seq, head];
+    present.resize(present_shape.iter().product(), 0.0);
+    Ok(vec![
+        HostTensor::f32(vec![batch, seq, v_size], out),
+        HostTensor::f32(present_shape, present),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, node};
+    use super::super::{lookup, Ctx};
+    use pipecut_ir::graph::Attribute;
+
+    #[test]
+    fn one_head_attention_averages_values_under_equal_scores() {
+        // Zero queries and keys give equal scores: each output is the mean of the values it may
+        // see (all of them, or the prefix under `unidirectional`).
+        let x = f(&[1, 2, 1], &[1.0, 3.0]);
+        let w = f(&[1, 3], &[0.0, 0.0, 1.0]);
+        let n = node("Attention", vec![("num_heads", Attribute::Int(1))]);
+        let ctx = Ctx {
+            node: &n,
+            opset: 1,
+            output_dtypes: &[],
+        };
+        let out =
+            lookup("com.microsoft", "Attention").unwrap()(&ctx, &[Some(&x), Some(&w)]).unwrap();
+        assert_close(&out[0], &[1, 2, 1], &[2.0, 2.0]);
+        let n = node(
+            "Attention",
+            vec![
+                ("num_heads", Attribute::Int(1)),
+                ("unidirectional", Attribute::Int(1)),
+            ],
+        );
+        let ctx = Ctx {
+            node: &n,
+            opset: 1,
+            output_dtypes: &[],
+        };
+        let out =
+            lookup("com.microsoft", "Attention").unwrap()(&ctx, &[Some(&x), Some(&w)]).unwrap();
+        assert_close(&out[0], &[1, 2, 1], &[1.0, 2.0]);
+    }
+}

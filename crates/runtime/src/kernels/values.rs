@@ -1,0 +1,63 @@
+//! Kernels on values of any kind (sequences, optionals) and the control-flow kernels, which run
+//! subgraphs: the CPU runtime's only. They are registered apart from the tensor kernels, in
+//! their own table ([`lookup_value`]).
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use super::Ctx;
+use crate::value::Value;
+use pipecut_ir::graph::Subgraph;
+
+/// Runs a subgraph on its declared inputs, giving its outputs.
+pub(crate) type RunBody<'a> = dyn Fn(&Subgraph, &[Value]) -> Result<Vec<Value>, String> + 'a;
+
+/// What a kernel on values sees: the node, and a way to run one of its subgraphs on the
+/// subgraph's declared inputs (the executor supplies the outer tensors it reads).
+pub(crate) struct ValueCtx<'a> {
+    pub ctx: Ctx<'a>,
+    pub run_body: &'a RunBody<'a>,
+}
+
+/// A kernel on values: inputs by position (`None` for an omitted optional input).
+pub(crate) type ValueKernel = fn(&ValueCtx, &[Option<&Value>]) -> Result<Vec<Value>, String>;
+
+/// Kernels on values by (domain, op type); `""` is the default domain.
+#[derive(Default)]
+pub(crate) struct ValueKernelTable {
+    kernels: HashMap<&'static str, ValueKernel>,
+}
+
+impl ValueKernelTable {
+    /// Registers `kernel` for each of `ops` in the default domain.
+    pub fn add(&mut self, ops: &[&'static str], kernel: ValueKernel) {
+        for op in ops {
+            let previous = self.kernels.insert(op, kernel);
+            debug_assert!(previous.is_none(), "value kernel for {op} registered twice");
+        }
+    }
+}
+
+/// The kernel on values for an op, if the CPU runtime has one.
+pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
+    static TABLE: OnceLock<ValueKernelTable> = OnceLock::new();
+    if !(domain.is_empty() || domain == "ai.onnx") {
+        return None;
+    }
+    let table = TABLE.get_or_init(|| {
+        let mut t = ValueKernelTable::default();
+        super::sequence::register(&mut t);
+        super::control::register(&mut t);
+        t
+    });
+    table.kernels.get(op).copied()
+}
+
+/// Input `i`, required.
+pub(crate) fn value_input<'a>(inputs: &[Option<&'a Value>], i: usize) -> Result<&'a Value, String> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is required but missing"))
+}
