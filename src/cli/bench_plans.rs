@@ -116,7 +116,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
     let path = &args.model.model;
     let mut model = args
         .model
-        .type_loaded(super::load_model(path, super::Weights::Read)?)?;
+        .type_bound(super::load_model(path, super::Weights::Read)?)?;
     let cluster = Cluster::parse(&format!("1x{}xcpu", args.stages), &Catalog::builtin())?;
     let dims: BTreeMap<String, u64> = args.model.dims()?;
     args.measured.apply(

@@ -98,7 +98,7 @@ pub fn device_catalog(device: &str) -> anyhow::Result<(Catalog, String)> {
 pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let (catalog, name) = device_catalog(&args.device)?;
     let device = catalog.device(&name)?;
-    let mut model = args.model.load_typed(super::Weights::NotRead)?;
+    let mut model = args.model.load_bound(super::Weights::NotRead)?;
     if let Some(dtype) = args.dtype {
         let precision: pipecut::cost::Precision = dtype.into();
         model.graph.override_float_dtype(precision.dtype());

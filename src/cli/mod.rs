@@ -87,10 +87,11 @@ enum Command {
         after_help = "Tensors that cross a stage boundary keep the model's symbolic dims unless --dim binds them.\nSee docs/export.md for the files and the manifest.\n\nExamples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
     )]
     Export(export::ExportArgs),
-    /// Use a whole cluster: choose pipeline depth, data-parallel replicas, micro-batching,
-    /// schedule and placement; print the best configurations and write the chosen plan.
+    /// Use a whole cluster: choose pipeline depth, tensor- and data-parallel degrees,
+    /// micro-batching, schedule and placement; print the best configurations and write the
+    /// chosen plan.
     #[command(
-        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --time-limit 60s\n\nIn training the search also tries activation recomputation (--recompute) and ZeRO stages (--zero). Not modelled yet: tensor parallelism."
+        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --time-limit 60s\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 192x8xA100-80GB --global-batch 1536 --dim seq=2048 --mode training --tp 8 --pp 16 --dp 12 --microbatch-sizes 1 --recompute full --zero 0\n\nThe search tries tensor-parallel degrees inside a node (--tp; --sequence-parallel also splits the normalizations), and in training activation recomputation (--recompute) and ZeRO stages 0-3 (--zero). --tp, --pp and --dp together evaluate one configuration of your choosing."
     )]
     PlanCluster(plan_cluster::PlanClusterArgs),
     /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.
@@ -182,6 +183,74 @@ impl ModelArgs {
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)
+    }
+
+    /// [`ModelArgs::load_typed`] for a command that needs every size (cost, partition, profile):
+    /// refuses the model while its inputs have dims no `--dim` binds, naming them all.
+    fn load_bound(&self, weights: Weights) -> anyhow::Result<Model> {
+        self.type_bound(load_model(&self.model, weights)?)
+    }
+
+    /// [`ModelArgs::type_loaded`] for a command that needs every size.
+    fn type_bound(&self, model: Model) -> anyhow::Result<Model> {
+        let model = self.type_loaded(model)?;
+        require_bound_dims(&model.graph, &self.bindings()?, None)
+            .with_context(|| format!("'{}'", self.model.display()))?;
+        Ok(model)
+    }
+}
+
+/// Refuses a graph whose inputs have symbolic dims that `bindings` (and `chosen`, a dim the
+/// command binds itself) leave unbound, naming every one with an input that carries it.
+/// Costing would stop at the first such dim it meets, so a model with three unbound dims took
+/// three runs to learn them.
+pub(crate) fn require_bound_dims(
+    graph: &pipecut::graph::Graph,
+    bindings: &DimBindings,
+    chosen: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut unbound: BTreeMap<String, String> = BTreeMap::new();
+    for &id in graph.inputs() {
+        let tensor = graph.tensor(id);
+        if !tensor.kind.is_tensor() {
+            // A sequence's or optional's element dims are costed as absent, never needed.
+            continue;
+        }
+        for dim in tensor.shape.as_deref().unwrap_or(&[]) {
+            let pipecut::graph::Dim::Sym(sym) = dim else {
+                continue;
+            };
+            for name in sym.symbols() {
+                let bound = bindings.iter().any(|(n, _)| n == name) || chosen == Some(name);
+                if !bound {
+                    unbound
+                        .entry(name.to_string())
+                        .or_insert_with(|| tensor.name.clone());
+                }
+            }
+        }
+    }
+    let pass: Vec<String> = unbound.keys().map(|d| format!("--dim {d}=N")).collect();
+    match unbound.len() {
+        0 => Ok(()),
+        1 => {
+            let (dim, tensor) = unbound.iter().next().expect("one entry");
+            anyhow::bail!(
+                "dim '{dim}' of input '{tensor}' is not bound: pass {}",
+                pass.join(" ")
+            )
+        }
+        n => {
+            let named: Vec<String> = unbound
+                .iter()
+                .map(|(dim, tensor)| format!("'{dim}' (of input '{tensor}')"))
+                .collect();
+            anyhow::bail!(
+                "{n} dims are not bound: {}; pass {}",
+                named.join(", "),
+                pass.join(" ")
+            )
+        }
     }
 }
 

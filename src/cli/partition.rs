@@ -280,7 +280,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     // Loading and shape inference come before any plan can exist, so the time limit does not
     // cover them (docs/algorithms.md, "Limits at any size"); the table reports them apart.
     let loading = std::time::Instant::now();
-    let mut model = args.model.load_typed(super::Weights::NotRead)?;
+    let mut model = args.model.load_bound(super::Weights::NotRead)?;
     let load_secs = loading.elapsed().as_secs_f64();
     let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
     if let Some(precision) = dtype_override {

@@ -117,6 +117,9 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
             args.batch_dim
         );
     }
+    // The search binds the batch dim per candidate; every other dim must be bound here.
+    super::require_bound_dims(&model.graph, &bindings, Some(&args.batch_dim))
+        .with_context(|| format!("'{}'", path.display()))?;
     let mut request = SearchRequest::new(args.global_batch, args.mode.into());
     request.batch_dim = args.batch_dim.clone();
     request.bindings = bindings.clone();

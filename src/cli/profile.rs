@@ -82,7 +82,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
             }
             let model = args
                 .model
-                .type_loaded(super::load_model(&args.model.model, super::Weights::Read)?)?;
+                .type_bound(super::load_model(&args.model.model, super::Weights::Read)?)?;
             let graph = &model.graph;
             let inputs = if args.inputs.is_empty() {
                 seeded_inputs(graph, 1, 0)?

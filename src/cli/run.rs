@@ -15,7 +15,7 @@ use pipecut::runtime::{
     check_inputs, cuda::CudaExecutor, encode_npy, read_npy, run_pipeline, seeded_inputs,
     stage_specs, CpuExecutor, Executor, Tensors, Weights,
 };
-use pipecut::schedule::{simulate, PipelineSchedule, StageTimes};
+use pipecut::schedule::{simulate, StageTimes};
 use serde::Serialize;
 
 use super::print_stdout;
@@ -225,7 +225,11 @@ pub enum Backend {
 #[derive(Debug, Serialize)]
 struct StageRow {
     stage: usize,
+    /// The device the plan costed the stage on.
     device: String,
+    /// What executed it here: `CPU`, `GPU n` (the CUDA backend's ordinal) or `t GPU ranks`
+    /// (a tensor-parallel stage on the CUDA backend).
+    ran_on: String,
     nodes: usize,
     busy_secs: f64,
     idle_secs: f64,
@@ -245,6 +249,8 @@ struct Report {
     wall_secs: f64,
     measured_efficiency: f64,
     predicted_efficiency: f64,
+    /// The plan's schedule, under which `predicted_efficiency` simulates the forward passes.
+    schedule: String,
     stages: Vec<StageRow>,
     outputs: BTreeMap<String, String>,
 }
@@ -380,15 +386,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return super::run_distributed::run(&args.distributed, setup, make_inputs);
     }
     let inputs = make_inputs()?;
-    let (report, host_ops) = match (args.backend, tensor_parallel) {
+    // What executes each stage here, which need not be the device the plan costed it on.
+    let (report, host_ops, ran_on) = match (args.backend, tensor_parallel) {
         (Backend::Cpu, Some(tp)) => {
             let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
             let report = run_tensor_parallel(graph, &ranks, &specs, &inputs, microbatches)?;
-            (report, vec![BTreeMap::new(); specs.len()])
+            let ran_on = vec!["CPU".to_string(); specs.len()];
+            (report, vec![BTreeMap::new(); specs.len()], ran_on)
         }
         (Backend::Cuda, Some(tp)) => {
             let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
-            run_tensor_parallel_cuda(graph, &ranks, &specs, &inputs, microbatches)?
+            let (report, host_ops) =
+                run_tensor_parallel_cuda(graph, &ranks, &specs, &inputs, microbatches)?;
+            let ran_on = vec![format!("{} GPU ranks", tp.degree); specs.len()];
+            (report, host_ops, ran_on)
         }
         (Backend::Cpu, None) => {
             let executor = CpuExecutor::new(graph, &weights);
@@ -397,7 +408,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .map(|s| executor.prepare(s))
                 .collect::<Result<Vec<_>, _>>()?;
             let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
-            (report, vec![BTreeMap::new(); prepared.len()])
+            let ran_on = vec!["CPU".to_string(); prepared.len()];
+            (report, vec![BTreeMap::new(); prepared.len()], ran_on)
         }
         (Backend::Cuda, None) => {
             let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
@@ -413,17 +425,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Result<Vec<_>, _>>()?;
             let report = executor.run_resident_pipeline(&mut prepared, &inputs, microbatches)?;
             let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
-            (report, host_ops)
+            // Stage k runs on GPU k mod the GPU count (`CudaExecutor::for_stages`).
+            let gpus = executor.device_count().max(1);
+            let ran_on = (0..prepared.len())
+                .map(|k| format!("GPU {}", k % gpus))
+                .collect();
+            (report, host_ops, ran_on)
         }
     };
 
+    // The run executes forward passes only, so the plan's schedule is simulated without
+    // backwards (for GPipe and 1F1B alike, every forward in turn).
     let predicted = simulate(
         &StageTimes {
             forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
             backward_secs: Vec::new(),
             send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
         },
-        PipelineSchedule::GPipe,
+        plan.config.schedule.into(),
         microbatches,
     )?;
     let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(&args))?;
@@ -436,14 +455,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         wall_secs: report.wall_secs,
         measured_efficiency: report.efficiency(),
         predicted_efficiency: 1.0 - predicted.bubble_fraction,
+        schedule: plan.config.schedule.to_string(),
         stages: report
             .stages
             .iter()
             .zip(&plan.stages)
             .zip(host_ops)
-            .map(|((t, s), host_ops)| StageRow {
+            .zip(ran_on)
+            .map(|(((t, s), host_ops), ran_on)| StageRow {
                 stage: t.stage,
                 device: s.device.name.clone(),
+                ran_on,
                 nodes: s.node_count,
                 busy_secs: t.busy_secs,
                 idle_secs: t.idle_secs,
@@ -592,12 +614,22 @@ fn table(r: &Report) -> String {
         },
         r.wall_secs * 1e3
     );
-    out.push_str("stage  device           nodes    busy ms    idle ms  plan ms/mb\n");
-    for s in &r.stages {
+    // The device column says what ran the stage and what the plan was made for.
+    let devices: Vec<String> = r
+        .stages
+        .iter()
+        .map(|s| format!("{} (plan made for {})", s.ran_on, s.device))
+        .collect();
+    let width = devices.iter().map(|d| d.chars().count()).max().unwrap_or(0);
+    out.push_str(&format!(
+        "stage  {:<width$} {:>6} {:>10} {:>10} {:>11}\n",
+        "device", "nodes", "busy ms", "idle ms", "plan ms/mb"
+    ));
+    for (s, device) in r.stages.iter().zip(&devices) {
         out.push_str(&format!(
-            "{:>5}  {:<15} {:>6} {:>10.2} {:>10.2} {:>11.4}\n",
+            "{:>5}  {:<width$} {:>6} {:>10.2} {:>10.2} {:>11.4}\n",
             s.stage,
-            s.device,
+            device,
             s.nodes,
             s.busy_secs * 1e3,
             s.idle_secs * 1e3,
@@ -605,9 +637,10 @@ fn table(r: &Report) -> String {
         ));
     }
     out.push_str(&format!(
-        "\npipeline efficiency: measured {:.1}% (Σ busy / (K · wall)), predicted {:.1}% (plan's stage times, GPipe simulation)\n",
+        "\npipeline efficiency: measured {:.1}% (Σ busy / (K · wall)), predicted {:.1}% (plan's stage times, {} simulation of the forward passes)\n",
         r.measured_efficiency * 100.0,
-        r.predicted_efficiency * 100.0
+        r.predicted_efficiency * 100.0,
+        r.schedule
     ));
     for s in r.stages.iter().filter(|s| !s.host_ops.is_empty()) {
         let ops: Vec<String> = s
