@@ -1,6 +1,6 @@
 #!/bin/bash
 # On a real GPU: where a CUDA run's time per micro-batch goes on the host
-# (`PIPECUT_CUDA_HOST_TIMES=1`, src/runtime/cuda/host_times.rs): one stage, 256 micro-batches (the first one's start-up spread over them),
+# (`PIPECUT_CUDA_HOST_TIMES=1`, crates/runtime/src/cuda/host_times.rs): one stage, 256 micro-batches (the first one's start-up spread over them),
 # each node's host time without waiting for the device and the final downloads' waits.
 #
 #   PIPECUT_BIN=target/release/pipecut bash benches/gpu/host_times.sh [MODEL ...]

@@ -277,6 +277,9 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;
     }
+    // The arguments before the model: a bad cluster is named without loading anything.
+    let catalog = args.cluster.catalog()?;
+    let cluster = args.cluster.build(&catalog)?;
     // Loading and shape inference come before any plan can exist, so the time limit does not
     // cover them (docs/algorithms.md, "Limits at any size"); the table reports them apart.
     let loading = std::time::Instant::now();
@@ -286,8 +289,6 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if let Some(precision) = dtype_override {
         model.graph.override_float_dtype(precision.dtype());
     }
-    let catalog = args.cluster.catalog()?;
-    let cluster = args.cluster.build(&catalog)?;
     let dims: BTreeMap<String, u64> = args.model.dims()?;
     args.measured.apply(
         &mut model.graph,

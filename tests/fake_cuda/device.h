@@ -1,4 +1,4 @@
-// CUDA C as plain C++ for the fake driver: included before `src/runtime/cuda/kernels.cu`, which
+// CUDA C as plain C++ for the fake driver: included before `crates/runtime/src/cuda/kernels.cu`, which
 // is compiled unmodified. A kernel becomes an `extern "C"` function that one CUDA thread runs;
 // driver.cpp calls it once per thread of the grid. `threadIdx`, `blockIdx`, `blockDim` and
 // `gridDim` are thread-local variables the driver sets before it runs (or resumes) a CUDA thread,

@@ -1,5 +1,5 @@
 """Writes the models tests/cuda.rs runs on both backends to check integer tensors on the device
-(src/runtime/cuda/integers.rs: a large broadcast of host integers made on the device, compared
+(crates/runtime/src/cuda/integers.rs: a large broadcast of host integers made on the device, compared
 there, cast to float), one `NAME.onnx` and `NAME.X.npy` each (X an integer input), their names
 in `models.txt`, and `NAME.launches.json` with the kernel launches that show which path ran:
 

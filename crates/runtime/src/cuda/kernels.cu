@@ -59,7 +59,7 @@ __device__ __forceinline__ void offsets(const Dims& d, long long i, long long* o
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
-// Codes shared with src/runtime/cuda/ops.rs (`Unary`).
+// Codes shared with crates/runtime/src/cuda/ops.rs (`Unary`).
 extern "C" __global__ void unary_f32(const float* x, float* y, long long n, int op, float alpha,
                                      float beta) {
     GRID_STRIDE(i, n) {
@@ -491,7 +491,7 @@ extern "C" __global__ void im2col_f32(const float* x, float* col, Window2d g, lo
     }
 }
 
-// ---- Conv epilogues (src/runtime/cuda/conv_fold.rs) ----
+// ---- Conv epilogues (crates/runtime/src/cuda/conv_fold.rs) ----
 //
 // The nodes `runtime/fuse.rs` folds into a Conv, applied to its output value v of channel c in
 // their own kernels' order: a BatchNormalization's (v - mean) * factor + shift with [mean,
@@ -765,7 +765,7 @@ extern "C" __global__ void einsum_f32(const float* a, const float* b, const floa
     }
 }
 
-// ---- Attention and RotaryEmbedding (src/runtime/cuda/attention.rs) ----
+// ---- Attention and RotaryEmbedding (crates/runtime/src/cuda/attention.rs) ----
 
 // The row-wise middle of ONNX Attention on scores[rows, cols] = scale · Q·Kᵀ (rows are
 // (batch, q_head, query) in that order): the additive mask (mask[b·mask_b + h·mask_h + i·mask_i
@@ -847,7 +847,7 @@ extern "C" __global__ void rotary_f32(const float* x, const float* cos_cache,
     }
 }
 
-// ---- GridSample (src/runtime/cuda/grid_sample.rs) ----
+// ---- GridSample (crates/runtime/src/cuda/grid_sample.rs) ----
 
 // Spatial sizes of GridSample's input, by value (at most 6 spatial axes: rank 8 in all).
 struct GridDims {
@@ -963,7 +963,7 @@ extern "C" __global__ void grid_sample_f32(const float* x, const float* grid, fl
     }
 }
 
-// ---- RNN, GRU and LSTM (src/runtime/cuda/recurrent.rs) ----
+// ---- RNN, GRU and LSTM (crates/runtime/src/cuda/recurrent.rs) ----
 
 // A direction's activations (codes of `recurrent_act`), with their alphas and betas.
 struct RecurrentActs {
@@ -1063,7 +1063,7 @@ extern "C" __global__ void recurrent_step_f32(
     }
 }
 
-// ---- Pad (src/runtime/cuda/movement_ops.rs) ----
+// ---- Pad (crates/runtime/src/cuda/movement_ops.rs) ----
 
 // Pad as the CPU kernel (kernels/movement.rs): over the output shape d.shape, with the input's
 // strides in d.a, the leading pads in d.b (negative crops) and the input's shape in d.c; a
@@ -1098,7 +1098,7 @@ extern "C" __global__ void pad_f32(const float* x, float* y, long long n, Dims d
     }
 }
 
-// ---- RoiAlign (src/runtime/cuda/roi_align.rs) ----
+// ---- RoiAlign (crates/runtime/src/cuda/roi_align.rs) ----
 
 // One bilinear tap of RoiAlign at (y, x) of an height × width plane, weighted as the CPU
 // kernel's `sample_corners` (nothing outside the [-1, size] margin; max_mode takes the largest
@@ -1171,7 +1171,7 @@ extern "C" __global__ void roi_align_f32(const float* x, const float* rois,
     }
 }
 
-// ---- DeformConv (src/runtime/cuda/deform_conv.rs) ----
+// ---- DeformConv (crates/runtime/src/cuda/deform_conv.rs) ----
 
 // DeformConv's sizes: input [n, ic, ih, iw], weights [oc, icg, kh, kw], output [n, oc, oh, ow],
 // offset groups, strides, leading pads and dilations (height, width).
@@ -1227,7 +1227,7 @@ extern "C" __global__ void deform_conv_f32(const float* x, const float* wt, cons
 }
 
 // ---- Batch statistics: MeanVarianceNormalization, training BatchNormalization
-// (src/runtime/cuda/moments.rs) ----
+// (crates/runtime/src/cuda/moments.rs) ----
 
 // The mean and population variance of each row of a [rows, cols] matrix (two passes, as the
 // CPU kernels), into mean[row] and var[row]; when normalize, y = (x − mean) / (√var + 1e-9)
@@ -1261,7 +1261,7 @@ extern "C" __global__ void running_stats_f32(const float* old, const float* batc
 }
 
 // ---- DFT and STFT, Det, the ai.onnx.ml ops, Trilu, TopK and reductions off the trailing
-// axes (src/runtime/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, top_k.rs,
+// axes (crates/runtime/src/cuda/spectral.rs, linalg.rs, ml.rs, layout_ops.rs, top_k.rs,
 // reductions.rs) ----
 
 // DFT of every line of x [outer, n, inner, parts] (parts 1 real, 2 complex) along n, into
@@ -1370,7 +1370,7 @@ extern "C" __global__ void binarize_f32(const float* x, float* y, long long n, f
     GRID_STRIDE(i, n) { y[i] = x[i] > threshold ? 1.0f : 0.0f; }
 }
 
-// A TreeEnsemble node as src/runtime/cuda/ml.rs lays it out. A branch ≥ 0 is a node, < 0 the
+// A TreeEnsemble node as crates/runtime/src/cuda/ml.rs lays it out. A branch ≥ 0 is a node, < 0 the
 // leaf −1 − branch.
 struct TreeNode {
     int feature;
@@ -1532,7 +1532,7 @@ extern "C" __global__ void reduce_blocks_f32(const float* x, float* y, long long
     }
 }
 
-// ---- 3-D Conv and ConvTranspose (src/runtime/cuda/conv3d.rs) ----
+// ---- 3-D Conv and ConvTranspose (crates/runtime/src/cuda/conv3d.rs) ----
 
 // The geometry of a 3-D convolution: input [n, c, d, h, w], output [n, m, od, oh, ow], kernel,
 // strides, leading pads and dilations per spatial axis (depth, height, width).
@@ -1587,7 +1587,7 @@ extern "C" __global__ void conv3d_f32(const float* x, const float* wt, const flo
     }
 }
 
-// ---- Masks and narrow floats (src/runtime/cuda/masks.rs) ----
+// ---- Masks and narrow floats (crates/runtime/src/cuda/masks.rs) ----
 // A boolean tensor on the device is held as floats, 0 or 1 (exact, and every float kernel can
 // read it); these kernels make and combine such masks, choose by one, and round floats to the
 // narrow formats a Cast names.
@@ -1652,7 +1652,7 @@ extern "C" __global__ void where_mask_f32(const float* cond, const float* a, con
 #define PC_SATURATE 8
 
 // x rounded to a float format of `mantissa` bits, exponent `bias` and largest finite value
-// `max`, kept as float: round to nearest, ties to even, as src/runtime/narrow.rs (`MiniFloat`)
+// `max`, kept as float: round to nearest, ties to even, as crates/runtime/src/narrow.rs (`MiniFloat`)
 // does on the host, in double so every step is exact.
 extern "C" __global__ void round_float_f32(const float* x, float* y, long long n, int mantissa,
                                            int bias, float max, int flags) {
@@ -1704,7 +1704,7 @@ extern "C" __global__ void round_float_f32(const float* x, float* y, long long n
     }
 }
 
-// ---- Element-wise fast paths (src/runtime/cuda/flat.rs chooses them on the host) ----
+// ---- Element-wise fast paths (crates/runtime/src/cuda/flat.rs chooses them on the host) ----
 //
 // When every operand is the output's shape, one element, or a row the output repeats (its
 // shape, leading 1s aside, the output's trailing dims) and the output holds fewer than 2^31
@@ -1757,7 +1757,7 @@ extern "C" __global__ void where_flat_f32(const unsigned char* cond, const float
     }
 }
 
-// ---- MatMulNBits (src/runtime/cuda/nbits.rs) ----
+// ---- MatMulNBits (crates/runtime/src/cuda/nbits.rs) ----
 
 // W [n, k] from MatMulNBits' packed weight: element (col, j) is value j % block of block
 // j / block of column col (`bits` bits, low bits first in each byte, `blob` bytes a block),
@@ -1789,7 +1789,7 @@ extern "C" __global__ void dequant_nbits_f32(const unsigned char* packed, const 
     }
 }
 
-// ---- MelWeightMatrix (src/runtime/cuda/mel_weights.rs) ----
+// ---- MelWeightMatrix (crates/runtime/src/cuda/mel_weights.rs) ----
 
 // y [bins, mel] of triangular filters: filter i rises over spectrogram bins edges[i] ..=
 // edges[i+1] and falls over edges[i+1] .. edges[i+2] (edges from the host, as the CPU kernel
@@ -1812,7 +1812,7 @@ extern "C" __global__ void mel_weights_f32(const long long* edges, float* y, lon
     }
 }
 
-// ---- Bernoulli (src/runtime/cuda/random.rs) ----
+// ---- Bernoulli (crates/runtime/src/cuda/random.rs) ----
 
 // Draw i (from 0) of the CPU kernel's SplitMix64 stream seeded with `seed`: the generator only
 // adds γ to its state before mixing, so any draw is computed from its position alone.
@@ -1834,7 +1834,7 @@ extern "C" __global__ void bernoulli_f32(const float* p, float* y, long long n,
     }
 }
 
-// ---- LabelEncoder of float keys and values (src/runtime/cuda/ml.rs) ----
+// ---- LabelEncoder of float keys and values (crates/runtime/src/cuda/ml.rs) ----
 
 // Each element's value by binary search over `count` distinct ascending keys (−0 equals 0 under
 // ==), a NaN mapped to nan_value, a miss to fallback.
@@ -1862,7 +1862,7 @@ extern "C" __global__ void label_encode_f32(const float* x, const float* keys,
     }
 }
 
-// ---- TopK by bitonic sort (src/runtime/cuda/top_k.rs) ----
+// ---- TopK by bitonic sort (crates/runtime/src/cuda/top_k.rs) ----
 
 // Whether (a, index ia) comes before (b, index ib) in TopK's order: larger (or smaller when
 // !largest) by IEEE total order, equal values by index (the CPU kernel's stable order). An
@@ -1999,7 +1999,7 @@ extern "C" __global__ void top_k_store_f32(const float* v, const float* ix, floa
     }
 }
 
-// ---- DFT as a fast transform (src/runtime/cuda/fft.rs) ----
+// ---- DFT as a fast transform (crates/runtime/src/cuda/fft.rs) ----
 // Lines of complex doubles (re, im pairs), `m` (a power of two) a line, in `lines` rows.
 
 // Row `line` of buf [lines, m] from line `line` of x [outer, n, inner, parts]: its first
@@ -2082,7 +2082,7 @@ extern "C" __global__ void fft_store_f32(const double* buf, const double* chirp,
     }
 }
 
-// Fused transformer steps (src/runtime/cuda/fuse.rs): nodes the exporters write out, run as one
+// Fused transformer steps (crates/runtime/src/cuda/fuse.rs): nodes the exporters write out, run as one
 // launch each.
 
 // Gelu as exporters write it out, y = (t · (erf(t / div) + add)) · mul, on t = x or, folding the
