@@ -1,7 +1,7 @@
 //! pipecut embedded in another framework: no files, no CLI.
 //!
 //! ```text
-//! cargo run --example embed
+//! cargo run --release --example embed
 //! ```
 //!
 //! 1. A model that arrives as bytes (from a framework's exporter, a network, a database) is
