@@ -568,6 +568,27 @@ fn two_free_ports() -> u16 {
     }
 }
 
+/// `--metrics-file` is checked like every other output: naming the job's own plan is refused
+/// before the job starts, and the plan is left as it was (it was overwritten every second).
+#[test]
+fn a_metrics_file_naming_the_plan_is_refused_and_the_plan_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = two_stage_job(dir.path(), 2, "10s");
+    let plan = std::path::PathBuf::from(&args[0]);
+    let before = std::fs::read(&plan).unwrap();
+    args.extend(["--metrics-file".into(), args[0].clone()]);
+    for (rank, out) in wait_all(start_ranks(2, &[0, 1], &args), Duration::from_secs(60)) {
+        assert!(!out.status.success(), "rank {rank} succeeded");
+        let message = stderr(&out);
+        assert!(message.contains("gpt2-2.json"), "rank {rank}: {message}");
+    }
+    assert_eq!(
+        std::fs::read(&plan).unwrap(),
+        before,
+        "the plan was overwritten"
+    );
+}
+
 #[test]
 fn metrics_are_scraped_while_the_job_runs_and_written_at_its_end() {
     let dir = tempfile::tempdir().unwrap();
@@ -587,9 +608,9 @@ fn metrics_are_scraped_while_the_job_runs_and_written_at_its_end() {
     let began = Instant::now();
     while began.elapsed() < Duration::from_secs(120) && seen_running.is_none() {
         if let Some(text) = scrape(base + 1) {
-            let done = sample(&text, "pipecut_microbatches_done").unwrap();
+            let done = sample(&text, "pipecut_microbatches_done_total").unwrap();
             assert_eq!(
-                sample(&text, "pipecut_microbatches_total"),
+                sample(&text, "pipecut_microbatches_planned"),
                 Some(microbatches as f64)
             );
             if done > 0.0 && done < microbatches as f64 {
@@ -603,14 +624,14 @@ fn metrics_are_scraped_while_the_job_runs_and_written_at_its_end() {
         assert!(out.status.success(), "rank {rank}: {}", stderr(out));
     }
     let text = seen_running.expect("a scrape saw the job part done");
-    assert!(text.contains("# TYPE pipecut_busy_seconds counter"));
+    assert!(text.contains("# TYPE pipecut_busy_seconds_total counter"));
     assert!(text.contains("stage=\"1\""), "{text}");
     let last = std::fs::read_to_string(dir.path().join("rank-0.prom")).unwrap();
     assert_eq!(
-        sample(&last, "pipecut_microbatches_done"),
+        sample(&last, "pipecut_microbatches_done_total"),
         Some(microbatches as f64)
     );
-    assert!(sample(&last, "pipecut_sent_bytes").unwrap() > 0.0);
+    assert!(sample(&last, "pipecut_sent_bytes_total").unwrap() > 0.0);
     let bubble = sample(&last, "pipecut_bubble_ratio").unwrap();
     assert!((0.0..1.0).contains(&bubble), "{bubble}");
 }

@@ -157,7 +157,7 @@ pub fn run(
             .len(),
         ..RankFigures::default()
     }));
-    publish(args, launch, &figures)?;
+    publish(args, launch, &figures, &setup.protected)?;
 
     let rank = Rank {
         args,
@@ -309,7 +309,12 @@ pub fn replicas(plan: &Plan) -> usize {
 }
 
 /// Starts the metrics endpoint and file, where asked.
-fn publish(args: &DistributedArgs, launch: &Launch, figures: &SharedFigures) -> anyhow::Result<()> {
+fn publish(
+    args: &DistributedArgs,
+    launch: &Launch,
+    figures: &SharedFigures,
+    inputs: &[&Path],
+) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_addr {
         let port = usize::from(addr.port()) + launch.local_rank;
         let port = u16::try_from(port)
@@ -325,7 +330,8 @@ fn publish(args: &DistributedArgs, launch: &Launch, figures: &SharedFigures) -> 
     }
     if let Some(path) = &args.metrics_file {
         let path = rank_path(path, launch.rank);
-        pipecut::io::check_output(&path, &[])?;
+        // Checked like every output: never one of the job's own files (the plan, the model).
+        pipecut::io::check_output(&path, inputs)?;
         metrics::publish_to_file(path, Arc::clone(figures));
     }
     Ok(())
