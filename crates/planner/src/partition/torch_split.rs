@@ -508,7 +508,8 @@ impl TorchSplit {
             "from torch.distributed.pipelining import SplitPoint, pipeline\n\nsplit_spec = {\n",
         );
         for b in &self.boundaries {
-            out.push_str(&format!("    \"{}\": SplitPoint.BEGINNING,\n", b.module));
+            let module = python_string(&b.module);
+            out.push_str(&format!("    {module}: SplitPoint.BEGINNING,\n"));
         }
         out.push_str("}\n# pipe = pipeline(model, mb_args=(microbatch,), split_spec=split_spec)\n");
         out
@@ -517,9 +518,10 @@ impl TorchSplit {
     /// DeepSpeed's layer boundaries, as Python source with the layer list they index.
     pub fn deepspeed_parts_python(&self) -> String {
         let parts: Vec<String> = self.deepspeed_parts.iter().map(usize::to_string).collect();
+        let layers: Vec<String> = self.layers.iter().map(|l| python_string(l)).collect();
         let mut out = format!(
             "# DeepSpeed PipelineModule: stage s holds layers parts[s]:parts[s + 1] of\n# [{}]\nparts = [{}]\n",
-            self.layers.join(", "),
+            layers.join(", "),
             parts.join(", ")
         );
         out.push_str(
@@ -529,10 +531,62 @@ impl TorchSplit {
     }
 }
 
+/// `text` as a Python string literal that evaluates to it and cannot end early: module names
+/// come from the model's node names, which any bytes can be. JSON's string escapes (`\"`, `\\`,
+/// `\n`, `\uXXXX` for control characters) are all Python's too, so a `"` or a line break in a
+/// name stays inside the literal (and inside a comment line) instead of becoming code.
+fn python_string(text: &str) -> String {
+    serde_json::to_string(text).expect("a string always serialises")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::partition::problem::tests::chain;
+
+    /// Issue 37: a node name with a quote and a line break put Python code in the snippet.
+    #[test]
+    fn hostile_module_names_stay_inside_string_literals() {
+        let hostile = "h.1\"]\nimport os; os.system('touch PWNED')  # \u{7}";
+        let split = TorchSplit {
+            family: "h".into(),
+            block_count: 2,
+            boundaries: vec![ModuleBoundary {
+                module: hostile.into(),
+                scope: "/h.1".into(),
+                block_index: 1,
+                stage: 1,
+                position: 1,
+                plan_position: 1,
+                layer_index: 2,
+            }],
+            deepspeed_parts: vec![0, 1, 2],
+            layers: vec!["h.0".into(), hostile.into()],
+            plan_bottleneck_secs: 1.0,
+            bottleneck_secs: 1.0,
+            bottleneck_change: 0.0,
+            tolerance: 0.05,
+            within_tolerance: true,
+            fits: true,
+            searched: false,
+        };
+        let spec = split.split_spec_python();
+        assert!(!spec.lines().any(|l| l.starts_with("import os")), "{spec}");
+        let entry = spec
+            .lines()
+            .find(|l| l.contains("SplitPoint.BEGINNING,"))
+            .unwrap();
+        let literal = entry.trim().trim_end_matches(": SplitPoint.BEGINNING,");
+        assert_eq!(serde_json::from_str::<String>(literal).unwrap(), hostile);
+        let parts = split.deepspeed_parts_python();
+        assert_eq!(parts.lines().count(), 4, "{parts}");
+        assert!(
+            parts
+                .lines()
+                .all(|l| l.starts_with('#') || l.starts_with("parts = ")),
+            "{parts}"
+        );
+    }
     use crate::partition::CostSettings;
     use pipecut_cost::{Catalog, Cluster, DeviceId};
 
