@@ -449,7 +449,7 @@ pub fn refine(problem: &PartitionProblem, plan: &[StageId]) -> Option<Vec<StageI
     let along = reordered(problem, &order);
     let solved = super::dp::solve(&along.problem)?;
     let refined = along.expand(&solved.stage_of);
-    super::milp::better(problem, &refined, plan).then_some(refined)
+    super::dp::better(problem, &refined, plan).then_some(refined)
 }
 
 #[cfg(test)]

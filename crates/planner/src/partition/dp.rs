@@ -44,6 +44,26 @@ use pipecut_cost::Mode;
 /// precision of any cost model, and reached in about 50 steps from a factor-of-10⁶ bracket.
 pub const RELATIVE_TOLERANCE: f64 = 1e-9;
 
+/// Whether `candidate` is strictly better than `best` by the DP's two objectives: a smaller
+/// bottleneck beyond [`RELATIVE_TOLERANCE`], or the same bottleneck with fewer bytes crossing.
+/// Every solver that improves on an incumbent (MILP, coarsening's refinement) asks this.
+pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
+    if problem.check_assignment(candidate).is_err() {
+        return false;
+    }
+    let c = problem.evaluate(candidate);
+    if !c.fits() {
+        return false;
+    }
+    let b = problem.evaluate(best);
+    if !b.fits() {
+        return true;
+    }
+    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
+        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
+            && c.cut_bytes < b.cut_bytes)
+}
+
 /// A partition into contiguous segments of the order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrderSolution {

@@ -66,7 +66,7 @@ use good_lp::{
     WithTimeLimit,
 };
 
-use super::dp::RELATIVE_TOLERANCE;
+use super::dp::{better, RELATIVE_TOLERANCE};
 use super::problem::{PartitionProblem, StageId};
 use pipecut_cost::Mode;
 
@@ -552,25 +552,6 @@ fn decode(before: &[Vec<Before>], values: &[f64]) -> Vec<StageId> {
             StageId(later as u32)
         })
         .collect()
-}
-
-/// Whether `candidate` is strictly better than `best`: a smaller bottleneck beyond the DP's
-/// tolerance, or the same bottleneck with fewer bytes crossing.
-pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
-    if problem.check_assignment(candidate).is_err() {
-        return false;
-    }
-    let c = problem.evaluate(candidate);
-    if !c.fits() {
-        return false;
-    }
-    let b = problem.evaluate(best);
-    if !b.fits() {
-        return true;
-    }
-    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
-        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
-            && c.cut_bytes < b.cut_bytes)
 }
 
 /// Outcome of one solver call.

@@ -848,7 +848,7 @@ impl<'a> Planner<'a> {
             Some(split) if past_deadline => Some(split),
             balanced => match (dp::solve_until(&problem, dp_deadline), balanced) {
                 (Some(dp), Some(split))
-                    if !dp.complete && milp::better(&problem, &split.stage_of, &dp.stage_of) =>
+                    if !dp.complete && dp::better(&problem, &split.stage_of, &dp.stage_of) =>
                 {
                     Some(split)
                 }
@@ -927,7 +927,7 @@ impl<'a> Planner<'a> {
             .as_ref()
             .filter(|(_, end)| *end == ideal_search::SearchEnd::Proven || !run_milp)
         {
-            let solver = if milp::better(&problem, plan, &incumbent) {
+            let solver = if dp::better(&problem, plan, &incumbent) {
                 SolverKind::IdealSearch
             } else {
                 SolverKind::Dp
@@ -948,7 +948,7 @@ impl<'a> Planner<'a> {
             (plan.clone(), status, solver, None)
         } else if run_milp && !milp_has_time {
             let (start, solver) = match searched {
-                Some((plan, _)) if milp::better(&problem, &plan, &incumbent) => {
+                Some((plan, _)) if dp::better(&problem, &plan, &incumbent) => {
                     (plan, SolverKind::IdealSearch)
                 }
                 Some((plan, _)) => (plan, SolverKind::Dp),
@@ -975,7 +975,7 @@ impl<'a> Planner<'a> {
             );
             let solver = if report.improved {
                 SolverKind::Milp
-            } else if milp::better(&problem, &start, &incumbent) {
+            } else if dp::better(&problem, &start, &incumbent) {
                 SolverKind::IdealSearch
             } else {
                 SolverKind::Dp
