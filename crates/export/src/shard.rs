@@ -15,21 +15,13 @@ use onnx_protobuf::{
     TensorProto,
 };
 
+use super::collectives::{collective, ALL_GATHER, ALL_REDUCE, COLLECTIVE_DOMAIN};
 use super::rank_data::{Cut, ExternalWeights, RankData};
 use crate::Error;
 use pipecut_ir::graph::{DType, Graph, TensorId};
 use pipecut_planner::partition::tensor_parallel::{TensorParallelism, VocabRole};
 use pipecut_planner::partition::tensor_shard::{AxisSplit, ShardLayout};
 use pipecut_runtime::{HostTensor, TensorData, Weights};
-
-/// The custom domain of pipecut's collective ops.
-pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
-/// Sums its input over the ranks of the group (attribute `group_size`); every rank gets the sum.
-pub const ALL_REDUCE: &str = "AllReduce";
-/// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
-pub const ALL_GATHER: &str = "AllGather";
-/// Sums its input over the group and cuts the sum along `axis`; rank r gets piece r.
-pub const REDUCE_SCATTER: &str = "ReduceScatter";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
 /// layout was made for) and `weights` were loaded from. A slice of a weight stored as external
@@ -417,35 +409,6 @@ fn row_gemm_bias(
         beta,
         constants,
     }))
-}
-
-/// A collective node of the `ai.pipecut` domain.
-fn collective(
-    name: &str,
-    op: &str,
-    input: &str,
-    output: &str,
-    group_size: u64,
-    axis: Option<i64>,
-) -> NodeProto {
-    let mut node = NodeProto::new();
-    node.name = name.into();
-    node.op_type = op.into();
-    node.domain = COLLECTIVE_DOMAIN.into();
-    node.input.push(input.into());
-    node.output.push(output.into());
-    let int = |name: &str, value: i64| {
-        let mut attribute = AttributeProto::new();
-        attribute.name = name.into();
-        attribute.type_ = AttributeType::INT.into();
-        attribute.i = value;
-        attribute
-    };
-    node.attribute.push(int("group_size", group_size as i64));
-    if let Some(axis) = axis {
-        node.attribute.push(int("axis", axis));
-    }
-    node
 }
 
 fn plain_node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {
