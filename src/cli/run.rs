@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use pipecut::graph::NodeId;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::plan::Plan;
 use pipecut::runtime::{
     check_inputs, cuda::CudaExecutor, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
     Executor, Tensors, Weights,
@@ -243,31 +244,71 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.model.is_dir() {
         return exported::run(&args, &plan);
     }
-    let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
-        let mut model = super::load_model(&args.model, super::Weights::Read)?;
-        // Refuse another model before binding the plan's dims, which it may not even have.
-        plan.model_match(model.digests())
-            .with_context(|| format!("'{}'", args.plan.display()))?;
-        let mut b = DimBindings::new();
-        for (name, value) in bindings {
-            b = b.bind(name, *value);
-        }
-        ShapeInference::new(b)
-            .run(&mut model.graph)
-            .with_context(|| format!("'{}'", args.model.display()))?;
-        Ok(model)
+    let (model, dims) = checked_model(&args, &plan)?;
+    let graph = &model.graph;
+    let microbatches = step_microbatches(&args, &plan)?;
+
+    let random_inputs = args.inputs.is_empty();
+    let make_inputs = || -> anyhow::Result<Tensors> {
+        let inputs = if random_inputs {
+            seeded_inputs(graph, microbatches, args.seed)?
+        } else {
+            read_inputs(&args.inputs, graph)?
+        };
+        check_inputs(graph, &inputs, microbatches)?;
+        Ok(inputs)
     };
+
+    let stages = stage_nodes(&plan, graph)?;
+    let weights = Weights::load(&args.model, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
+    let specs = stage_specs(graph, &stages)?;
+    let staged = StagedRun {
+        args: &args,
+        plan: &plan,
+        graph,
+        dims: &dims,
+        weights: &weights,
+        stages: &stages,
+        specs: &specs,
+        tensor_parallel: plan
+            .parallelism
+            .as_ref()
+            .map(|p| p.tensor_parallel)
+            .filter(|tp| tp.degree > 1),
+        microbatches,
+    };
+    if args.distributed.distributed {
+        return staged.run_as_rank(make_inputs);
+    }
+    let inputs = make_inputs()?;
+    let (report, host_ops) = staged.run_here(&inputs)?;
+    let summary = staged.summary(report, host_ops, random_inputs)?;
+    if args.json {
+        print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+    } else {
+        print_stdout(&table(&summary))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model checked against the plan, typed with the dims the run uses (the plan's, with
+/// `--dim` laid over them), and those dims.
+fn checked_model(
+    args: &RunArgs,
+    plan: &Plan,
+) -> anyhow::Result<(pipecut::onnx::Model, BTreeMap<String, u64>)> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
-    let mut model = load(&plan.model.dims)?;
-    super::match_plan_model(&plan, &model, &args.plan)?;
+    let mut model = typed_model(args, plan, &plan.model.dims)?;
+    super::match_plan_model(plan, &model, &args.plan)?;
     // A plan costed at another precision (--dtype) is checked on the graph as it was costed;
     // the run itself uses the file's own dtypes.
     let mut costed = model.graph.clone();
     if let Some(precision) = plan.config.dtype_override {
         costed.override_float_dtype(precision.dtype());
     }
-    let devices = super::measured::plan_devices(&plan);
+    let devices = super::measured::plan_devices(plan);
     args.measured
         .apply(&mut costed, &model.graph_sha256, &plan.model.dims, &devices)?;
     plan.check(model.digests(), &costed, &args.profiles.catalog(&[])?)
@@ -283,12 +324,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         for (name, value) in overrides.iter() {
             dims.insert(name.to_string(), value);
         }
-        model = load(&dims)?;
+        model = typed_model(args, plan, &dims)?;
     }
-    let graph = &model.graph;
-    // A distributed run's step is every replica's micro-batches; one process runs one replica's.
+    Ok((model, dims))
+}
+
+/// The model file, refused when it is not the plan's, typed with `bindings`.
+fn typed_model(
+    args: &RunArgs,
+    plan: &Plan,
+    bindings: &BTreeMap<String, u64>,
+) -> anyhow::Result<pipecut::onnx::Model> {
+    let mut model = super::load_model(&args.model, super::Weights::Read)?;
+    // Refuse another model before binding the plan's dims, which it may not even have.
+    plan.model_match(model.digests())
+        .with_context(|| format!("'{}'", args.plan.display()))?;
+    let mut b = DimBindings::new();
+    for (name, value) in bindings {
+        b = b.bind(name, *value);
+    }
+    ShapeInference::new(b)
+        .run(&mut model.graph)
+        .with_context(|| format!("'{}'", args.model.display()))?;
+    Ok(model)
+}
+
+/// The micro-batches of the run's step: `--microbatches`, else the plan's for every replica
+/// (a distributed run's step is every replica's micro-batches; one process runs one
+/// replica's).
+fn step_microbatches(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     let replicas = if args.distributed.distributed {
-        super::run_distributed::replicas(&plan)
+        super::run_distributed::replicas(plan)
     } else {
         1
     };
@@ -301,22 +367,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The run ends with a simulation of the same step, which has this cap: refuse before
     // allocating inputs for micro-batches that could not be compared with it.
     pipecut::schedule::check_microbatches(microbatches as u64)?;
+    Ok(microbatches)
+}
 
-    let random_inputs = args.inputs.is_empty();
-    let make_inputs = || -> anyhow::Result<Tensors> {
-        let inputs = if random_inputs {
-            seeded_inputs(graph, microbatches, args.seed)?
-        } else {
-            read_inputs(&args.inputs, graph)?
-        };
-        check_inputs(graph, &inputs, microbatches)?;
-        Ok(inputs)
-    };
-
+/// Each stage's nodes, found by the names the plan lists.
+fn stage_nodes(plan: &Plan, graph: &pipecut::graph::Graph) -> anyhow::Result<Vec<Vec<NodeId>>> {
     let by_name: HashMap<&str, NodeId> =
         graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
-    let stages: Vec<Vec<NodeId>> = plan
-        .stages
+    plan.stages
         .iter()
         .map(|s| {
             s.nodes
@@ -328,126 +386,160 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()
         })
-        .collect::<anyhow::Result<_>>()?;
-    let weights = Weights::load(&args.model, graph)
-        .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
-    let specs = stage_specs(graph, &stages)?;
-    let tensor_parallel = plan
-        .parallelism
-        .as_ref()
-        .map(|p| p.tensor_parallel)
-        .filter(|tp| tp.degree > 1);
-    if args.distributed.distributed {
-        let (launch, place) = super::run_distributed::place_in_job(&plan, microbatches)?;
-        let shard = match tensor_parallel {
+        .collect()
+}
+
+/// A plan's stages ready to run: the model typed with the run's dims, its weights, each stage's
+/// nodes and spec, and the plan's tensor parallelism (none below degree 2).
+struct StagedRun<'a> {
+    args: &'a RunArgs,
+    plan: &'a Plan,
+    graph: &'a pipecut::graph::Graph,
+    dims: &'a BTreeMap<String, u64>,
+    weights: &'a Weights,
+    stages: &'a [Vec<NodeId>],
+    specs: &'a [pipecut::runtime::StageSpec],
+    tensor_parallel: Option<pipecut::partition::tensor_parallel::TensorParallelism>,
+    microbatches: usize,
+}
+
+impl StagedRun<'_> {
+    /// Runs this process's rank of a distributed job: its stage (its TP rank's shard of it, on
+    /// a tensor-parallel plan) of its replica.
+    fn run_as_rank(
+        &self,
+        make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+    ) -> anyhow::Result<ExitCode> {
+        let args = self.args;
+        let (launch, place) = super::run_distributed::place_in_job(self.plan, self.microbatches)?;
+        let shard = match self.tensor_parallel {
             Some(tp) => Some(load_rank(
                 &args.model,
-                graph,
-                &weights,
-                &stages,
-                &dims,
+                self.graph,
+                self.weights,
+                self.stages,
+                self.dims,
                 tp,
                 place,
             )?),
             None => None,
         };
         let setup = super::run_distributed::RankSetup {
-            plan: &plan,
+            plan: self.plan,
             backend: args.backend,
             launch,
             model_file: &args.model,
-            graph,
-            weights: &weights,
-            spec: &specs[place.stage],
+            graph: self.graph,
+            weights: self.weights,
+            spec: &self.specs[place.stage],
             shard: shard.as_ref().map(|ranks| ranks.stages()[0][0]),
             relay: Vec::new(),
-            microbatches,
+            microbatches: self.microbatches,
             output_dir: &args.output_dir,
-            protected: run_inputs(&args),
+            protected: run_inputs(args),
             json: args.json,
         };
-        return super::run_distributed::run(&args.distributed, setup, make_inputs);
+        super::run_distributed::run(&args.distributed, setup, make_inputs)
     }
-    let inputs = make_inputs()?;
-    let (report, host_ops) = match (args.backend, tensor_parallel) {
-        (Backend::Cpu, Some(tp)) => {
-            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
-            let report = run_tensor_parallel(graph, &ranks, &specs, &inputs, microbatches)?;
-            (report, vec![BTreeMap::new(); specs.len()])
-        }
-        (Backend::Cuda, Some(tp)) => {
-            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
-            run_tensor_parallel_cuda(graph, &ranks, &specs, &inputs, microbatches)?
-        }
-        (Backend::Cpu, None) => {
-            let executor = CpuExecutor::new(graph, &weights);
-            let mut prepared = specs
-                .iter()
-                .map(|s| executor.prepare(s))
-                .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
-            (report, vec![BTreeMap::new(); prepared.len()])
-        }
-        (Backend::Cuda, None) => {
-            let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
-            let activation_bytes: Vec<u64> = plan
+
+    /// Runs every stage in this process on the chosen backend; gives the report and, per stage,
+    /// the ops that ran on the host (empty on the CPU backend).
+    fn run_here(
+        &self,
+        inputs: &Tensors,
+    ) -> anyhow::Result<(
+        pipecut::runtime::PipelineReport,
+        Vec<BTreeMap<String, usize>>,
+    )> {
+        let (args, graph, specs, microbatches) =
+            (self.args, self.graph, self.specs, self.microbatches);
+        let loaded_ranks =
+            |tp| load_ranks(&args.model, graph, self.weights, self.stages, self.dims, tp);
+        Ok(match (args.backend, self.tensor_parallel) {
+            (Backend::Cpu, Some(tp)) => {
+                let ranks = loaded_ranks(tp)?;
+                let report = run_tensor_parallel(graph, &ranks, specs, inputs, microbatches)?;
+                (report, vec![BTreeMap::new(); specs.len()])
+            }
+            (Backend::Cuda, Some(tp)) => {
+                let ranks = loaded_ranks(tp)?;
+                run_tensor_parallel_cuda(graph, &ranks, specs, inputs, microbatches)?
+            }
+            (Backend::Cpu, None) => {
+                let executor = CpuExecutor::new(graph, self.weights);
+                let mut prepared = specs
+                    .iter()
+                    .map(|s| executor.prepare(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let report = run_pipeline(&executor, &mut prepared, inputs, microbatches)?;
+                (report, vec![BTreeMap::new(); prepared.len()])
+            }
+            (Backend::Cuda, None) => {
+                let executor = CudaExecutor::for_stages(graph, self.weights, specs.len())?;
+                let activation_bytes: Vec<u64> = self
+                    .plan
+                    .stages
+                    .iter()
+                    .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
+                    .collect();
+                executor.size_memory_pools(&activation_bytes)?;
+                let mut prepared = specs
+                    .iter()
+                    .map(|s| executor.prepare(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let report = executor.run_resident_pipeline(&mut prepared, inputs, microbatches)?;
+                let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
+                (report, host_ops)
+            }
+        })
+    }
+
+    /// The run's report: measured against the plan's predicted efficiency (its stage times in a
+    /// GPipe simulation of the same step), with the outputs written.
+    fn summary(
+        &self,
+        report: pipecut::runtime::PipelineReport,
+        host_ops: Vec<BTreeMap<String, usize>>,
+        random_inputs: bool,
+    ) -> anyhow::Result<Report> {
+        let (args, plan) = (self.args, self.plan);
+        let predicted = simulate(
+            &StageTimes {
+                forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
+                backward_secs: Vec::new(),
+                send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
+            },
+            PipelineSchedule::GPipe,
+            self.microbatches,
+        )?;
+        let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(args))?;
+        Ok(Report {
+            model: args.model.display().to_string(),
+            backend: args.backend,
+            microbatches: self.microbatches,
+            dims: self.dims.clone(),
+            random_inputs,
+            wall_secs: report.wall_secs,
+            measured_efficiency: report.efficiency(),
+            predicted_efficiency: 1.0 - predicted.bubble_fraction,
+            stages: report
                 .stages
                 .iter()
-                .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
-                .collect();
-            executor.size_memory_pools(&activation_bytes)?;
-            let mut prepared = specs
-                .iter()
-                .map(|s| executor.prepare(s))
-                .collect::<Result<Vec<_>, _>>()?;
-            let report = executor.run_resident_pipeline(&mut prepared, &inputs, microbatches)?;
-            let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
-            (report, host_ops)
-        }
-    };
-
-    let predicted = simulate(
-        &StageTimes {
-            forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
-            backward_secs: Vec::new(),
-            send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
-        },
-        PipelineSchedule::GPipe,
-        microbatches,
-    )?;
-    let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(&args))?;
-    let summary = Report {
-        model: args.model.display().to_string(),
-        backend: args.backend,
-        microbatches,
-        dims,
-        random_inputs,
-        wall_secs: report.wall_secs,
-        measured_efficiency: report.efficiency(),
-        predicted_efficiency: 1.0 - predicted.bubble_fraction,
-        stages: report
-            .stages
-            .iter()
-            .zip(&plan.stages)
-            .zip(host_ops)
-            .map(|((t, s), host_ops)| StageRow {
-                stage: t.stage,
-                device: s.device.name.clone(),
-                nodes: s.node_count,
-                busy_secs: t.busy_secs,
-                idle_secs: t.idle_secs,
-                predicted_secs: s.stage_secs,
-                host_ops,
-            })
-            .collect(),
-        outputs,
-    };
-    if args.json {
-        print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
-    } else {
-        print_stdout(&table(&summary))?;
+                .zip(&plan.stages)
+                .zip(host_ops)
+                .map(|((t, s), host_ops)| StageRow {
+                    stage: t.stage,
+                    device: s.device.name.clone(),
+                    nodes: s.node_count,
+                    busy_secs: t.busy_secs,
+                    idle_secs: t.idle_secs,
+                    predicted_secs: s.stage_secs,
+                    host_ops,
+                })
+                .collect(),
+            outputs,
+        })
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// The files a run reads, which its outputs must never replace: the model first (outputs are no
