@@ -113,31 +113,7 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let cost_model = CostModel::new(device)
         .with_mode(args.mode.into())
         .with_unknown_ops(args.unknown_op_cost.into());
-    let mut nodes: Vec<NodeCost> = cost_model
-        .node_costs(&model.graph)?
-        .into_iter()
-        .map(|(_, c)| c)
-        .collect();
-    let fallback: Vec<&str> = nodes
-        .iter()
-        .filter(|c| c.fallback)
-        .map(|c| c.op.as_str())
-        .collect();
-    if !fallback.is_empty() {
-        // Say where the cost is a guess, on stderr so --json stays clean.
-        eprintln!(
-            "note: {} node(s) costed by the --unknown-op-cost fallback or with an assumed \
-             trip count (a loop run once): {}",
-            fallback.len(),
-            fallback.join(", ")
-        );
-    }
-    // Slowest first; ties by name so the order is stable.
-    nodes.sort_by(|a, b| {
-        b.time_secs
-            .total_cmp(&a.time_secs)
-            .then_with(|| a.node.cmp(&b.node))
-    });
+    let nodes = slowest_first(&cost_model, &model.graph)?;
     let params: u64 = model
         .graph
         .parameters()
@@ -158,6 +134,44 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
             .map(|()| ExitCode::SUCCESS)
             .map_err(Into::into);
     }
+    super::print_stdout(&table(&report, args.top)?)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every node's cost, slowest first (ties by name, so the order is stable); the nodes whose
+/// cost is a guess are named on stderr, so `--json` stays clean.
+fn slowest_first(
+    cost_model: &CostModel<'_>,
+    graph: &pipecut::graph::Graph,
+) -> anyhow::Result<Vec<NodeCost>> {
+    let mut nodes: Vec<NodeCost> = cost_model
+        .node_costs(graph)?
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    let fallback: Vec<&str> = nodes
+        .iter()
+        .filter(|c| c.fallback)
+        .map(|c| c.op.as_str())
+        .collect();
+    if !fallback.is_empty() {
+        eprintln!(
+            "note: {} node(s) costed by the --unknown-op-cost fallback or with an assumed \
+             trip count (a loop run once): {}",
+            fallback.len(),
+            fallback.join(", ")
+        );
+    }
+    nodes.sort_by(|a, b| {
+        b.time_secs
+            .total_cmp(&a.time_secs)
+            .then_with(|| a.node.cmp(&b.node))
+    });
+    Ok(nodes)
+}
+
+/// The `--top` slowest nodes, then the totals.
+fn table(report: &CostReport<'_>, top: usize) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     use std::fmt::Write;
     writeln!(
@@ -165,7 +179,7 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
         "{:<48} {:<20} {:>12} {:>12} {:>11} {:>11} {:>11}",
         "node", "op", "GFLOP", "MiB moved", "time (us)", "params MiB", "out MiB"
     )?;
-    for c in report.nodes.iter().take(args.top) {
+    for c in report.nodes.iter().take(top) {
         writeln!(
             out,
             "{:<48} {:<20} {:>12.3} {:>12.3} {:>11.2} {:>11.3} {:>11.3}",
@@ -178,11 +192,11 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
             c.output_bytes as f64 / MIB
         )?;
     }
-    if report.nodes.len() > args.top {
+    if report.nodes.len() > top {
         writeln!(
             out,
             "... {} more nodes (--top N, or --json for all)",
-            report.nodes.len() - args.top
+            report.nodes.len() - top
         )?;
     }
     writeln!(
@@ -199,6 +213,5 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
         report.total_time_secs * 1e6,
         human_bytes(report.total_param_bytes)
     )?;
-    super::print_stdout(&out)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(out)
 }

@@ -17,6 +17,7 @@ mod profile;
 mod progress;
 mod run;
 mod run_distributed;
+mod run_files;
 mod select;
 mod show;
 
@@ -270,6 +271,16 @@ impl From<DtypeArg> for pipecut::cost::Precision {
             DtypeArg::Fp32 => pipecut::cost::Precision::Fp32,
         }
     }
+}
+
+/// The runtime a plan executes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The CPU reference runtime.
+    Cpu,
+    /// The CUDA runtime.
+    Cuda,
 }
 
 /// Whether a command reads the weight bytes of the model.

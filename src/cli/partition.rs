@@ -296,42 +296,9 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         &dims,
         &super::measured::device_names(&cluster),
     )?;
-    let config = PartitionConfig {
-        stages: args.stages,
-        devices: Vec::new(),
-        settings: CostSettings {
-            mode: pipecut::cost::Mode::from(args.mode)
-                .with_memory_techniques(args.recompute, pipecut::cost::ZeroSharding::NONE),
-            schedule: args.schedule,
-            microbatches: args.microbatches,
-            memory_headroom: args.memory_headroom,
-            unknown_ops: args.unknown_op_cost.into(),
-        },
-        time_limit: solve_share(args.time_limit, model.graph.node_count(), load_secs),
-        solver: args.solver.into(),
-        work_budget: args.work_budget,
-        cut_constraints: CutConstraints {
-            forbid: args.forbid_cut.clone(),
-            bias_with_matmul: !args.cut_anywhere,
-            between_layers_only: args.cut_between_layers,
-            tied_weights_together: args.keep_tied_weights,
-            pin: args.pin_cut.clone(),
-            tensor_parallel_blocks: 0,
-        },
-        baseline_layer_type: args.baseline_layer_type.clone(),
-    };
-    let display = super::progress::Display::start(&format!(
-        "partitioning {} over {}",
-        count_of(model.graph.node_count(), "node"),
-        count_of(cluster.device_count(), "device")
-    ));
-    let reporter = std::sync::Arc::clone(&display);
-    let solved = Planner::new(&model.graph, &cluster)
-        .with_config(config)
-        .with_progress(move |progress| reporter.report(progress))
-        .solve();
-    display.finish();
-    let mut solution = solved.with_context(|| format!("'{}'", args.model.model.display()))?;
+    let config = partition_config(&args, model.graph.node_count(), load_secs);
+    let mut solution = solve(&model.graph, &cluster, config)
+        .with_context(|| format!("'{}'", args.model.model.display()))?;
     let selection = match args.select.select_by_running {
         Some(rounds) => super::select::select(
             &model.graph,
@@ -388,47 +355,119 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             None => print_stdout(json)?,
         }
     } else {
-        print_stdout(&table(&plan, Some(solution.solve_secs)))?;
-        print_stdout(&format!(
-            "loaded and typed in {load_secs:.3} s, before the solve (--time-limit covers the solve)\n"
-        ))?;
-        let simulation = plan.simulate()?;
-        let batch = plan.model.dims.get("batch").copied().unwrap_or(1);
-        print_stdout(&super::efficiency::efficiency_line(
-            &super::efficiency::StepWork {
-                graph: &model.graph,
-                mode: plan.config.mode,
-                unknown_ops: plan.config.unknown_op_cost,
-                microbatches: plan.config.microbatches as f64,
-                microbatch_size: batch,
-                sequence: super::efficiency::sequence_dim(&plan.model.dims),
-                step_secs: simulation.step_secs,
-                forward_flops: solution.problem.forward_flops(),
-                cluster: &cluster,
-                devices: plan
-                    .stages
-                    .iter()
-                    .map(|s| pipecut::cost::DeviceId(s.device.id))
-                    .collect(),
-            },
-        )?)?;
-        if let Some(report) = &solution.milp {
-            print_stdout(&milp_line(report))?;
-        }
-        if let Some(selection) = &plan.summary.measured_selection {
-            print_stdout(&super::select::selection_text(selection))?;
-        }
-        if let Some(split) = &split {
-            print_stdout(&torch_split_text(split))?;
-        }
-        if let Some(out) = &args.out {
-            print_stdout(&format!("wrote {}\n", out.display()))?;
-        }
+        print_text(
+            &args,
+            &plan,
+            &solution,
+            &model.graph,
+            &cluster,
+            load_secs,
+            split.as_ref(),
+        )?;
     }
     // The process ends here and the OS takes the memory back at once; freeing a large model's
     // strings and vectors one by one took over half a second at 100k nodes, after the plan.
     std::mem::forget((model, solution, plan));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The partitioner's settings from the arguments; the solve gets `solve_share` of the time
+/// limit.
+fn partition_config(args: &PartitionArgs, nodes: usize, load_secs: f64) -> PartitionConfig {
+    PartitionConfig {
+        stages: args.stages,
+        devices: Vec::new(),
+        settings: CostSettings {
+            mode: pipecut::cost::Mode::from(args.mode)
+                .with_memory_techniques(args.recompute, pipecut::cost::ZeroSharding::NONE),
+            schedule: args.schedule,
+            microbatches: args.microbatches,
+            memory_headroom: args.memory_headroom,
+            unknown_ops: args.unknown_op_cost.into(),
+        },
+        time_limit: solve_share(args.time_limit, nodes, load_secs),
+        solver: args.solver.into(),
+        work_budget: args.work_budget,
+        cut_constraints: CutConstraints {
+            forbid: args.forbid_cut.clone(),
+            bias_with_matmul: !args.cut_anywhere,
+            between_layers_only: args.cut_between_layers,
+            tied_weights_together: args.keep_tied_weights,
+            pin: args.pin_cut.clone(),
+            tensor_parallel_blocks: 0,
+        },
+        baseline_layer_type: args.baseline_layer_type.clone(),
+    }
+}
+
+/// Runs the planner, its progress on stderr.
+fn solve(
+    graph: &pipecut::graph::Graph,
+    cluster: &Cluster,
+    config: PartitionConfig,
+) -> Result<pipecut::partition::Solution, pipecut::Error> {
+    let display = super::progress::Display::start(&format!(
+        "partitioning {} over {}",
+        count_of(graph.node_count(), "node"),
+        count_of(cluster.device_count(), "device")
+    ));
+    let reporter = std::sync::Arc::clone(&display);
+    let solved = Planner::new(graph, cluster)
+        .with_config(config)
+        .with_progress(move |progress| reporter.report(progress))
+        .solve();
+    display.finish();
+    solved
+}
+
+/// The readable output: the table, the load time, the MFU line, the MILP's line, the measured
+/// selection, the PyTorch split points, the file written.
+fn print_text(
+    args: &PartitionArgs,
+    plan: &Plan,
+    solution: &pipecut::partition::Solution,
+    graph: &pipecut::graph::Graph,
+    cluster: &Cluster,
+    load_secs: f64,
+    split: Option<&TorchSplitOutcome>,
+) -> anyhow::Result<()> {
+    print_stdout(&table(plan, Some(solution.solve_secs)))?;
+    print_stdout(&format!(
+        "loaded and typed in {load_secs:.3} s, before the solve (--time-limit covers the solve)\n"
+    ))?;
+    let simulation = plan.simulate()?;
+    let batch = plan.model.dims.get("batch").copied().unwrap_or(1);
+    print_stdout(&super::efficiency::efficiency_line(
+        &super::efficiency::StepWork {
+            graph,
+            mode: plan.config.mode,
+            unknown_ops: plan.config.unknown_op_cost,
+            microbatches: plan.config.microbatches as f64,
+            microbatch_size: batch,
+            sequence: super::efficiency::sequence_dim(&plan.model.dims),
+            step_secs: simulation.step_secs,
+            forward_flops: solution.problem.forward_flops(),
+            cluster,
+            devices: plan
+                .stages
+                .iter()
+                .map(|s| pipecut::cost::DeviceId(s.device.id))
+                .collect(),
+        },
+    )?)?;
+    if let Some(report) = &solution.milp {
+        print_stdout(&milp_line(report))?;
+    }
+    if let Some(selection) = &plan.summary.measured_selection {
+        print_stdout(&super::select::selection_text(selection))?;
+    }
+    if let Some(split) = split {
+        print_stdout(&torch_split_text(split))?;
+    }
+    if let Some(out) = &args.out {
+        print_stdout(&format!("wrote {}\n", out.display()))?;
+    }
+    Ok(())
 }
 
 /// What writing the plan costs per node after the solve (its figures, the schedule's
@@ -550,8 +589,18 @@ fn ms(secs: f64) -> String {
 
 /// The readable summary: one row per stage, then the proof and the baselines.
 pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
-    use std::fmt::Write;
     let mut out = String::new();
+    heading(&mut out, plan);
+    stage_rows(&mut out, plan);
+    proof_lines(&mut out, plan, solve_secs);
+    stage_count_rows(&mut out, plan);
+    baseline_rows(&mut out, plan);
+    out
+}
+
+/// The table's first line: model, cluster, stages, mode, micro-batches and schedule.
+fn heading(out: &mut String, plan: &Plan) {
+    use std::fmt::Write;
     let c = &plan.config;
     let _ = writeln!(
         out,
@@ -574,6 +623,11 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
         count_of(c.microbatches as usize, "micro-batch"),
         c.schedule
     );
+}
+
+/// One row per stage, the bottleneck stage marked.
+fn stage_rows(out: &mut String, plan: &Plan) {
+    use std::fmt::Write;
     // As wide as the longest device name, so that A100-SXM-80GB does not push its row over.
     let device_width = plan
         .stages
@@ -625,6 +679,12 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             ms(s.stage_secs)
         );
     }
+}
+
+/// The bottleneck against its lower bound and what is proven, the bytes crossing, and which
+/// solver found the plan.
+fn proof_lines(out: &mut String, plan: &Plan, solve_secs: Option<f64>) {
+    use std::fmt::Write;
     let summary = &plan.summary;
     let status = summary.status.describe(summary.gap);
     let _ = writeln!(
@@ -637,65 +697,81 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
     if let Some(bounds) = &summary.bounds {
         let _ = writeln!(out, "lower bounds proved: {}", bounds.describe());
     }
-    let found_by = match (summary.solver, summary.status) {
-        (_, SolveStatus::HandEdited) => "plan edited by hand".to_string(),
-        (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)".to_string(),
-        (SolverKind::IdealSearch, _) => {
-            "plan found by the ideal search (improving on the DP's)".to_string()
-        }
+    let _ = writeln!(
+        out,
+        "{} cross between stages per micro-batch; {}{}",
+        human_bytes(summary.cut_bytes),
+        found_by(summary.solver, summary.status),
+        solve_secs.map_or(String::new(), |secs| format!(" (solved in {secs:.3} s)"))
+    );
+}
+
+/// Which solver found the plan, and which did not improve on it.
+fn found_by(solver: SolverKind, status: SolveStatus) -> &'static str {
+    match (solver, status) {
+        (_, SolveStatus::HandEdited) => "plan edited by hand",
+        (SolverKind::Milp, _) => "plan found by the MILP (improving on the DP's)",
+        (SolverKind::IdealSearch, _) => "plan found by the ideal search (improving on the DP's)",
         (
             SolverKind::Dp,
             SolveStatus::Heuristic {
                 reason: HeuristicReason::DpOnly,
             },
-        ) => "plan found by the DP".to_string(),
-        (SolverKind::Dp, SolveStatus::Optimal) => "plan found by the DP".to_string(),
+        ) => "plan found by the DP",
+        (SolverKind::Dp, SolveStatus::Optimal) => "plan found by the DP",
         (
             SolverKind::Dp,
             SolveStatus::Heuristic {
                 reason: HeuristicReason::WorkBudget | HeuristicReason::TooLargeToSearch,
             },
-        ) => "plan found by the DP; the ideal search did not improve on it".to_string(),
-        (SolverKind::Dp, _) => "plan found by the DP; the MILP did not improve on it".to_string(),
-    };
-    let _ = writeln!(
-        out,
-        "{} cross between stages per micro-batch; {found_by}{}",
-        human_bytes(summary.cut_bytes),
-        solve_secs.map_or(String::new(), |secs| format!(" (solved in {secs:.3} s)"))
-    );
-    if !summary.stage_count_candidates.is_empty() {
-        let _ = writeln!(out, "\nstages  bottleneck ms  step ms  bubble");
-        for cand in &summary.stage_count_candidates {
-            match (cand.bottleneck_secs, cand.step_secs, cand.bubble_fraction) {
-                (Some(b), Some(step), Some(bubble)) => {
-                    let chosen = if cand.stages == plan.stages.len() {
-                        " ◀"
-                    } else {
-                        ""
-                    };
-                    let _ = writeln!(
-                        out,
-                        "{:>6}  {:>13} {:>8}  {:>5.1}%{chosen}",
-                        cand.stages,
-                        ms(b),
-                        ms(step),
-                        bubble * 100.0
-                    );
-                }
-                _ => {
-                    let _ = writeln!(out, "{:>6}  does not fit", cand.stages);
-                }
+        ) => "plan found by the DP; the ideal search did not improve on it",
+        (SolverKind::Dp, _) => "plan found by the DP; the MILP did not improve on it",
+    }
+}
+
+/// Under `--stages auto`, every stage count tried, the chosen one marked.
+fn stage_count_rows(out: &mut String, plan: &Plan) {
+    use std::fmt::Write;
+    let summary = &plan.summary;
+    if summary.stage_count_candidates.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nstages  bottleneck ms  step ms  bubble");
+    for cand in &summary.stage_count_candidates {
+        match (cand.bottleneck_secs, cand.step_secs, cand.bubble_fraction) {
+            (Some(b), Some(step), Some(bubble)) => {
+                let chosen = if cand.stages == plan.stages.len() {
+                    " ◀"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    out,
+                    "{:>6}  {:>13} {:>8}  {:>5.1}%{chosen}",
+                    cand.stages,
+                    ms(b),
+                    ms(step),
+                    bubble * 100.0
+                );
+            }
+            _ => {
+                let _ = writeln!(out, "{:>6}  does not fit", cand.stages);
             }
         }
     }
+}
+
+/// The peers' methods on the same problem, and how the plan compares with each.
+fn baseline_rows(out: &mut String, plan: &Plan) {
+    use std::fmt::Write;
+    let summary = &plan.summary;
     // Plans from before schema version 4 do not name the release; this build's is the one
     // that re-derives them.
     let peers: Vec<String> = summary
         .baselines
         .iter()
         .map(|b| match b.peer.is_empty() {
-            true => b.method.peer(&c.baseline_layer_type),
+            true => b.method.peer(&plan.config.baseline_layer_type),
             false => b.peer.clone(),
         })
         .collect();
@@ -734,7 +810,6 @@ pub fn table(plan: &Plan, solve_secs: Option<f64>) -> String {
             }
         }
     }
-    out
 }
 
 #[cfg(test)]

@@ -106,59 +106,16 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         super::check_output(out, &[path])?;
     }
-    let model = super::load_model(path, super::Weights::NotRead)?;
+    let mut model = super::load_model(path, super::Weights::NotRead)?;
     let catalog = args.cluster.catalog()?;
     let cluster = args.cluster.build(&catalog)?;
     let bindings = args.model.bindings()?;
-    if bindings.iter().any(|(name, _)| name == args.batch_dim) {
-        anyhow::bail!(
-            "--dim {}=… binds the batch dim, which plan-cluster chooses: drop it, or name \
-             another batch dim with --batch-dim",
-            args.batch_dim
-        );
-    }
+    let mut request = search_request(&args, &bindings)?;
     // The search binds the batch dim per candidate; every other dim must be bound here.
     super::require_bound_dims(&model.graph, &bindings, Some(&args.batch_dim))
         .with_context(|| format!("'{}'", path.display()))?;
-    let mut request = SearchRequest::new(args.global_batch, args.mode.into());
-    request.batch_dim = args.batch_dim.clone();
-    request.bindings = bindings.clone();
-    if !args.schedule.is_empty() {
-        request.schedules = args.schedule.clone();
-        request.schedules.sort();
-        request.schedules.dedup();
-    }
-    request.microbatch_sizes = args.microbatch_sizes.clone();
-    request.memory_headroom = args.memory_headroom;
-    request.unknown_ops = args.unknown_op_cost.into();
-    request.top = args.top;
-    request.all_stage_counts = args.all_stage_counts;
-    request.tensor_parallel = args.tp.clone();
-    request.stage_counts = args.pp.clone();
-    request.data_parallel = args.dp.clone();
-    request.sequence_parallel = args.sequence_parallel;
-    request.time_limit = args.time_limit;
-    let techniques =
-        args.recompute.iter().any(|r| !r.is_none()) || args.zero.iter().any(|&z| z > 0);
-    if techniques && matches!(args.mode, ModeArg::Inference) {
-        anyhow::bail!(
-            "--recompute and --zero apply to training (add --mode training): inference keeps no \
-             gradients, optimizer state or activations for a backward"
-        );
-    }
-    if !args.recompute.is_empty() {
-        request.recompute = args.recompute.clone();
-        request.recompute.sort();
-        request.recompute.dedup();
-    }
-    if !args.zero.is_empty() {
-        request.zero_stages = args.zero.clone();
-        request.zero_stages.sort();
-        request.zero_stages.dedup();
-    }
     let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
     request.dtype_override = dtype_override.map(|p| p.dtype());
-    let mut model = model;
     let dims: BTreeMap<String, u64> = bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
     let applied = args.measured.apply(
         &mut model.graph,
@@ -166,32 +123,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         &dims,
         &super::measured::device_names(&cluster),
     )?;
-    if let Some(times) = applied.first() {
-        // Times hold at the micro-batch size they were measured at: the search keeps to it.
-        let measured = times.model.dims.get(&args.batch_dim).copied();
-        let Some(size) = measured.filter(|_| {
-            applied
-                .iter()
-                .all(|t| t.model.dims.get(&args.batch_dim).copied() == measured)
-        }) else {
-            anyhow::bail!(
-                "--profile: the node times must all be measured at one micro-batch size (profile with --dim {}=N)",
-                args.batch_dim
-            );
-        };
-        if request
-            .microbatch_sizes
-            .as_ref()
-            .is_some_and(|sizes| !sizes.contains(&size))
-        {
-            anyhow::bail!("--profile: the node times were measured at {}={size}, which --microbatch-sizes leaves out", args.batch_dim);
-        }
-        eprintln!(
-            "note: planning on measured times keeps the micro-batch size at {}={size}, the size they were measured at",
-            args.batch_dim
-        );
-        request.microbatch_sizes = Some(vec![size]);
-    }
+    keep_measured_batch_size(&args, &applied, &mut request)?;
 
     let display = super::progress::Display::start(&format!(
         "searching configurations of {}",
@@ -201,36 +133,8 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     display.finish();
     let outcome = searched.with_context(|| format!("'{}'", path.display()))?;
 
-    // The chosen configuration's partition, with its proof and baselines, for the plan.
     let best = outcome.best.key;
-    let solution = Planner::new(&outcome.graph, &cluster)
-        .with_tensor_parallel(
-            TensorParallelBlocks::find(&outcome.graph),
-            best.tensor_parallel,
-        )
-        .with_config(PartitionConfig {
-            stages: StageCount::Fixed(best.stages),
-            devices: outcome.replicas[0].clone(),
-            settings: CostSettings {
-                mode: best.mode(request.mode),
-                schedule: best.schedule,
-                microbatches: best.microbatches.min(u32::MAX as u64) as u32,
-                memory_headroom: request.memory_headroom,
-                unknown_ops: request.unknown_ops,
-            },
-            // The DP: the search costed every configuration with its partition, so the plan's
-            // stages are the ones its step, all-reduce and throughput figures describe.
-            solver: SolverChoice::Dp,
-            time_limit: args.time_limit,
-            work_budget: args.work_budget,
-            // The search keeps each block that splits at the chosen degree on one stage (what
-            // it costs split is what the export splits); the plan keeps the stages it costed.
-            cut_constraints: pipecut::partition::CutConstraints::tensor_parallel(
-                best.tensor_parallel.degree,
-            ),
-            baseline_layer_type: args.baseline_layer_type.clone(),
-        })
-        .solve()
+    let solution = chosen_partition(&args, &outcome, &cluster, &request)
         .with_context(|| format!("'{}'", path.display()))?;
     let mut dims: BTreeMap<String, u64> =
         bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -284,6 +188,134 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What to search, from the arguments (`bindings`: the `--dim`s, which may not bind the batch
+/// dim the search chooses); the precision is added by the caller.
+fn search_request(
+    args: &PlanClusterArgs,
+    bindings: &pipecut::onnx::shape::DimBindings,
+) -> anyhow::Result<SearchRequest> {
+    if bindings.iter().any(|(name, _)| name == args.batch_dim) {
+        anyhow::bail!(
+            "--dim {}=… binds the batch dim, which plan-cluster chooses: drop it, or name \
+             another batch dim with --batch-dim",
+            args.batch_dim
+        );
+    }
+    let mut request = SearchRequest::new(args.global_batch, args.mode.into());
+    request.batch_dim = args.batch_dim.clone();
+    request.bindings = bindings.clone();
+    if !args.schedule.is_empty() {
+        request.schedules = args.schedule.clone();
+        request.schedules.sort();
+        request.schedules.dedup();
+    }
+    request.microbatch_sizes = args.microbatch_sizes.clone();
+    request.memory_headroom = args.memory_headroom;
+    request.unknown_ops = args.unknown_op_cost.into();
+    request.top = args.top;
+    request.all_stage_counts = args.all_stage_counts;
+    request.tensor_parallel = args.tp.clone();
+    request.stage_counts = args.pp.clone();
+    request.data_parallel = args.dp.clone();
+    request.sequence_parallel = args.sequence_parallel;
+    request.time_limit = args.time_limit;
+    let techniques =
+        args.recompute.iter().any(|r| !r.is_none()) || args.zero.iter().any(|&z| z > 0);
+    if techniques && matches!(args.mode, ModeArg::Inference) {
+        anyhow::bail!(
+            "--recompute and --zero apply to training (add --mode training): inference keeps no \
+             gradients, optimizer state or activations for a backward"
+        );
+    }
+    if !args.recompute.is_empty() {
+        request.recompute = args.recompute.clone();
+        request.recompute.sort();
+        request.recompute.dedup();
+    }
+    if !args.zero.is_empty() {
+        request.zero_stages = args.zero.clone();
+        request.zero_stages.sort();
+        request.zero_stages.dedup();
+    }
+    Ok(request)
+}
+
+/// Node times hold at the micro-batch size they were measured at: with `--profile`
+/// (`applied`), the search keeps to it, and refuses times measured at several sizes or a size
+/// `--microbatch-sizes` leaves out.
+fn keep_measured_batch_size(
+    args: &PlanClusterArgs,
+    applied: &[pipecut::cost::NodeTimes],
+    request: &mut SearchRequest,
+) -> anyhow::Result<()> {
+    let Some(times) = applied.first() else {
+        return Ok(());
+    };
+    let measured = times.model.dims.get(&args.batch_dim).copied();
+    let Some(size) = measured.filter(|_| {
+        applied
+            .iter()
+            .all(|t| t.model.dims.get(&args.batch_dim).copied() == measured)
+    }) else {
+        anyhow::bail!(
+            "--profile: the node times must all be measured at one micro-batch size (profile with --dim {}=N)",
+            args.batch_dim
+        );
+    };
+    if request
+        .microbatch_sizes
+        .as_ref()
+        .is_some_and(|sizes| !sizes.contains(&size))
+    {
+        anyhow::bail!("--profile: the node times were measured at {}={size}, which --microbatch-sizes leaves out", args.batch_dim);
+    }
+    eprintln!(
+        "note: planning on measured times keeps the micro-batch size at {}={size}, the size they were measured at",
+        args.batch_dim
+    );
+    request.microbatch_sizes = Some(vec![size]);
+    Ok(())
+}
+
+/// The chosen configuration's partition of replica 0's devices, with its proof and baselines,
+/// for the plan.
+fn chosen_partition(
+    args: &PlanClusterArgs,
+    outcome: &SearchOutcome,
+    cluster: &pipecut::cost::Cluster,
+    request: &SearchRequest,
+) -> Result<pipecut::partition::Solution, pipecut::Error> {
+    let best = outcome.best.key;
+    Planner::new(&outcome.graph, cluster)
+        .with_tensor_parallel(
+            TensorParallelBlocks::find(&outcome.graph),
+            best.tensor_parallel,
+        )
+        .with_config(PartitionConfig {
+            stages: StageCount::Fixed(best.stages),
+            devices: outcome.replicas[0].clone(),
+            settings: CostSettings {
+                mode: best.mode(request.mode),
+                schedule: best.schedule,
+                microbatches: best.microbatches.min(u32::MAX as u64) as u32,
+                memory_headroom: request.memory_headroom,
+                unknown_ops: request.unknown_ops,
+            },
+            // The DP: the search costed every configuration with its partition, so the plan's
+            // stages are the ones its step, all-reduce and throughput figures describe.
+            solver: SolverChoice::Dp,
+            time_limit: args.time_limit,
+            work_budget: args.work_budget,
+            // The search keeps each block that splits at the chosen degree on one stage (what
+            // it costs split is what the export splits); the plan keeps the stages it costed.
+            cut_constraints: pipecut::partition::CutConstraints::tensor_parallel(
+                best.tensor_parallel.degree,
+            ),
+            baseline_layer_type: args.baseline_layer_type.clone(),
+        })
+        .solve()
+}
+
 fn schedule_name(schedule: Schedule) -> String {
     schedule.to_string()
 }
@@ -318,11 +350,22 @@ fn tensor_name(tp: TensorParallelism) -> String {
     }
 }
 
+/// The chosen configuration, every configuration ranked, how the step and the search went,
+/// then the chosen pipeline's own table.
 fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
     let mut out = String::new();
-    let best = &outcome.best;
-    let k = best.key;
     // Writing to a String cannot fail.
+    heading(&mut out, plan, outcome);
+    ranked_rows(&mut out, outcome);
+    search_lines(&mut out, outcome);
+    let _ = writeln!(out, "\nthe chosen pipeline (replica 0):");
+    out.push_str(&super::partition::table(plan, None));
+    out
+}
+
+/// The table's first line: the chosen configuration in words.
+fn heading(out: &mut String, plan: &Plan, outcome: &SearchOutcome) {
+    let k = outcome.best.key;
     let _ = writeln!(
         out,
         "{} on {} ({} devices), global batch {}: {} × {}{}, micro-batches of {} × {}, {}{}",
@@ -347,6 +390,10 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
             name => format!(", {name}"),
         }
     );
+}
+
+/// One row per configuration kept, best first and marked.
+fn ranked_rows(out: &mut String, outcome: &SearchOutcome) {
     let _ = writeln!(
         out,
         "\n{:>4} {:>5} {:>5} {:>6} {:>6}  {:<8} {:<18} {:<17} {:>12} {:>9} {:>7} {:>11}",
@@ -383,6 +430,11 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
             if i == 0 { " ◀" } else { "" }
         );
     }
+}
+
+/// The chosen step's make-up, and what the search did.
+fn search_lines(out: &mut String, outcome: &SearchOutcome) {
+    let best = &outcome.best;
     let reduce = best.allreduce_secs.iter().copied().fold(0.0, f64::max);
     let _ = writeln!(
         out,
@@ -415,9 +467,6 @@ fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
         outcome.infeasible,
         outcome.search_secs
     );
-    let _ = writeln!(out, "\nthe chosen pipeline (replica 0):");
-    out.push_str(&super::partition::table(plan, None));
-    out
 }
 
 fn outcome_devices(plan: &Plan) -> usize {

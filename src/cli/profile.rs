@@ -87,7 +87,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
             let inputs = if args.inputs.is_empty() {
                 seeded_inputs(graph, 1, 0)?
             } else {
-                super::run::read_inputs(&args.inputs, graph)?
+                super::run_files::read_inputs(&args.inputs, graph)?
             };
             check_inputs(graph, &inputs, 1)?;
             let weights = Weights::load(&args.model.model, graph).with_context(|| {

@@ -2,23 +2,23 @@
 //! stage, and compare the measured pipeline efficiency with the plan's prediction.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
 use pipecut::graph::NodeId;
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::plan::Plan;
 use pipecut::runtime::{
-    check_inputs, cuda::CudaExecutor, encode_npy, read_npy, run_pipeline, seeded_inputs,
-    stage_specs, CpuExecutor, Executor, Tensors, Weights,
+    check_inputs, cuda::CudaExecutor, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
+    Executor, Tensors, Weights,
 };
 use pipecut::schedule::{simulate, StageTimes};
 use serde::Serialize;
 
-use super::print_stdout;
+use super::run_files::{read_inputs, write_outputs};
+use super::{print_stdout, Backend};
 
 #[path = "run_exported.rs"]
 mod exported;
@@ -212,16 +212,6 @@ fn run_tensor_parallel_cuda(
     Ok((report, host_ops))
 }
 
-/// The runtime a plan executes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The CPU reference runtime.
-    Cpu,
-    /// The CUDA runtime.
-    Cuda,
-}
-
 #[derive(Debug, Serialize)]
 struct StageRow {
     stage: usize,
@@ -260,31 +250,71 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.model.is_dir() {
         return exported::run(&args, &plan);
     }
-    let load = |bindings: &BTreeMap<String, u64>| -> anyhow::Result<pipecut::onnx::Model> {
-        let mut model = super::load_model(&args.model, super::Weights::Read)?;
-        // Refuse another model before binding the plan's dims, which it may not even have.
-        plan.model_match(model.digests())
-            .with_context(|| format!("'{}'", args.plan.display()))?;
-        let mut b = DimBindings::new();
-        for (name, value) in bindings {
-            b = b.bind(name, *value);
-        }
-        ShapeInference::new(b)
-            .run(&mut model.graph)
-            .with_context(|| format!("'{}'", args.model.display()))?;
-        Ok(model)
+    let (model, dims) = checked_model(&args, &plan)?;
+    let graph = &model.graph;
+    let microbatches = step_microbatches(&args, &plan)?;
+
+    let random_inputs = args.inputs.is_empty();
+    let make_inputs = || -> anyhow::Result<Tensors> {
+        let inputs = if random_inputs {
+            seeded_inputs(graph, microbatches, args.seed)?
+        } else {
+            read_inputs(&args.inputs, graph)?
+        };
+        check_inputs(graph, &inputs, microbatches)?;
+        Ok(inputs)
     };
+
+    let stages = stage_nodes(&plan, graph)?;
+    let weights = Weights::load(&args.model, graph)
+        .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
+    let specs = stage_specs(graph, &stages)?;
+    let staged = StagedRun {
+        args: &args,
+        plan: &plan,
+        graph,
+        dims: &dims,
+        weights: &weights,
+        stages: &stages,
+        specs: &specs,
+        tensor_parallel: plan
+            .parallelism
+            .as_ref()
+            .map(|p| p.tensor_parallel)
+            .filter(|tp| tp.degree > 1),
+        microbatches,
+    };
+    if args.distributed.distributed {
+        return staged.run_as_rank(make_inputs);
+    }
+    let inputs = make_inputs()?;
+    let (report, host_ops, ran_on) = staged.run_here(&inputs)?;
+    let summary = staged.summary(report, host_ops, ran_on, random_inputs)?;
+    if args.json {
+        print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+    } else {
+        print_stdout(&table(&summary))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The model checked against the plan, typed with the dims the run uses (the plan's, with
+/// `--dim` laid over them), and those dims.
+fn checked_model(
+    args: &RunArgs,
+    plan: &Plan,
+) -> anyhow::Result<(pipecut::onnx::Model, BTreeMap<String, u64>)> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
-    let mut model = load(&plan.model.dims)?;
-    super::match_plan_model(&plan, &model, &args.plan)?;
+    let mut model = typed_model(args, plan, &plan.model.dims)?;
+    super::match_plan_model(plan, &model, &args.plan)?;
     // A plan costed at another precision (--dtype) is checked on the graph as it was costed;
     // the run itself uses the file's own dtypes.
     let mut costed = model.graph.clone();
     if let Some(precision) = plan.config.dtype_override {
         costed.override_float_dtype(precision.dtype());
     }
-    let devices = super::measured::plan_devices(&plan);
+    let devices = super::measured::plan_devices(plan);
     args.measured
         .apply(&mut costed, &model.graph_sha256, &plan.model.dims, &devices)?;
     plan.check(model.digests(), &costed, &args.profiles.catalog(&[])?)
@@ -300,12 +330,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         for (name, value) in overrides.iter() {
             dims.insert(name.to_string(), value);
         }
-        model = load(&dims)?;
+        model = typed_model(args, plan, &dims)?;
     }
-    let graph = &model.graph;
-    // A distributed run's step is every replica's micro-batches; one process runs one replica's.
+    Ok((model, dims))
+}
+
+/// The model file, refused when it is not the plan's, typed with `bindings`.
+fn typed_model(
+    args: &RunArgs,
+    plan: &Plan,
+    bindings: &BTreeMap<String, u64>,
+) -> anyhow::Result<pipecut::onnx::Model> {
+    let mut model = super::load_model(&args.model, super::Weights::Read)?;
+    // Refuse another model before binding the plan's dims, which it may not even have.
+    plan.model_match(model.digests())
+        .with_context(|| format!("'{}'", args.plan.display()))?;
+    let mut b = DimBindings::new();
+    for (name, value) in bindings {
+        b = b.bind(name, *value);
+    }
+    ShapeInference::new(b)
+        .run(&mut model.graph)
+        .with_context(|| format!("'{}'", args.model.display()))?;
+    Ok(model)
+}
+
+/// The micro-batches of the run's step: `--microbatches`, else the plan's for every replica
+/// (a distributed run's step is every replica's micro-batches; one process runs one
+/// replica's).
+fn step_microbatches(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     let replicas = if args.distributed.distributed {
-        super::run_distributed::replicas(&plan)
+        super::run_distributed::replicas(plan)
     } else {
         1
     };
@@ -318,22 +373,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // The run ends with a simulation of the same step, which has this cap: refuse before
     // allocating inputs for micro-batches that could not be compared with it.
     pipecut::schedule::check_microbatches(microbatches as u64)?;
+    Ok(microbatches)
+}
 
-    let random_inputs = args.inputs.is_empty();
-    let make_inputs = || -> anyhow::Result<Tensors> {
-        let inputs = if random_inputs {
-            seeded_inputs(graph, microbatches, args.seed)?
-        } else {
-            read_inputs(&args.inputs, graph)?
-        };
-        check_inputs(graph, &inputs, microbatches)?;
-        Ok(inputs)
-    };
-
+/// Each stage's nodes, found by the names the plan lists.
+fn stage_nodes(plan: &Plan, graph: &pipecut::graph::Graph) -> anyhow::Result<Vec<Vec<NodeId>>> {
     let by_name: HashMap<&str, NodeId> =
         graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
-    let stages: Vec<Vec<NodeId>> = plan
-        .stages
+    plan.stages
         .iter()
         .map(|s| {
             s.nodes
@@ -345,243 +392,177 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()
         })
-        .collect::<anyhow::Result<_>>()?;
-    let weights = Weights::load(&args.model, graph)
-        .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
-    let specs = stage_specs(graph, &stages)?;
-    let tensor_parallel = plan
-        .parallelism
-        .as_ref()
-        .map(|p| p.tensor_parallel)
-        .filter(|tp| tp.degree > 1);
-    if args.distributed.distributed {
-        let (launch, place) = super::run_distributed::place_in_job(&plan, microbatches)?;
-        let shard = match tensor_parallel {
+        .collect()
+}
+
+/// A plan's stages ready to run: the model typed with the run's dims, its weights, each stage's
+/// nodes and spec, and the plan's tensor parallelism (none below degree 2).
+struct StagedRun<'a> {
+    args: &'a RunArgs,
+    plan: &'a Plan,
+    graph: &'a pipecut::graph::Graph,
+    dims: &'a BTreeMap<String, u64>,
+    weights: &'a Weights,
+    stages: &'a [Vec<NodeId>],
+    specs: &'a [pipecut::runtime::StageSpec],
+    tensor_parallel: Option<pipecut::partition::tensor_parallel::TensorParallelism>,
+    microbatches: usize,
+}
+
+impl StagedRun<'_> {
+    /// Runs this process's rank of a distributed job: its stage (its TP rank's shard of it, on
+    /// a tensor-parallel plan) of its replica.
+    fn run_as_rank(
+        &self,
+        make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+    ) -> anyhow::Result<ExitCode> {
+        let args = self.args;
+        let (launch, place) = super::run_distributed::place_in_job(self.plan, self.microbatches)?;
+        let shard = match self.tensor_parallel {
             Some(tp) => Some(load_rank(
                 &args.model,
-                graph,
-                &weights,
-                &stages,
-                &dims,
+                self.graph,
+                self.weights,
+                self.stages,
+                self.dims,
                 tp,
                 place,
             )?),
             None => None,
         };
         let setup = super::run_distributed::RankSetup {
-            plan: &plan,
+            plan: self.plan,
             backend: args.backend,
             launch,
             model_file: &args.model,
-            graph,
-            weights: &weights,
-            spec: &specs[place.stage],
+            graph: self.graph,
+            weights: self.weights,
+            spec: &self.specs[place.stage],
             shard: shard.as_ref().map(|ranks| ranks.stages()[0][0]),
             relay: Vec::new(),
-            microbatches,
+            microbatches: self.microbatches,
             output_dir: &args.output_dir,
-            protected: run_inputs(&args),
+            protected: run_inputs(args),
             json: args.json,
         };
-        return super::run_distributed::run(&args.distributed, setup, make_inputs);
+        super::run_distributed::run(&args.distributed, setup, make_inputs)
     }
-    let inputs = make_inputs()?;
-    // What executes each stage here, which need not be the device the plan costed it on.
-    let (report, host_ops, ran_on) = match (args.backend, tensor_parallel) {
-        (Backend::Cpu, Some(tp)) => {
-            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
-            let report = run_tensor_parallel(graph, &ranks, &specs, &inputs, microbatches)?;
-            let ran_on = vec!["CPU".to_string(); specs.len()];
-            (report, vec![BTreeMap::new(); specs.len()], ran_on)
-        }
-        (Backend::Cuda, Some(tp)) => {
-            let ranks = load_ranks(&args.model, graph, &weights, &stages, &dims, tp)?;
-            let (report, host_ops) =
-                run_tensor_parallel_cuda(graph, &ranks, &specs, &inputs, microbatches)?;
-            let ran_on = vec![format!("{} GPU ranks", tp.degree); specs.len()];
-            (report, host_ops, ran_on)
-        }
-        (Backend::Cpu, None) => {
-            let executor = CpuExecutor::new(graph, &weights);
-            let mut prepared = specs
-                .iter()
-                .map(|s| executor.prepare(s))
-                .collect::<Result<Vec<_>, _>>()?;
-            let report = run_pipeline(&executor, &mut prepared, &inputs, microbatches)?;
-            let ran_on = vec!["CPU".to_string(); prepared.len()];
-            (report, vec![BTreeMap::new(); prepared.len()], ran_on)
-        }
-        (Backend::Cuda, None) => {
-            let executor = CudaExecutor::for_stages(graph, &weights, specs.len())?;
-            let activation_bytes: Vec<u64> = plan
-                .stages
-                .iter()
-                .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
-                .collect();
-            executor.size_memory_pools(&activation_bytes)?;
-            let mut prepared = specs
-                .iter()
-                .map(|s| executor.prepare(s))
-                .collect::<Result<Vec<_>, _>>()?;
-            let report = executor.run_resident_pipeline(&mut prepared, &inputs, microbatches)?;
-            let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
-            // Stage k runs on GPU k mod the GPU count (`CudaExecutor::for_stages`).
-            let gpus = executor.device_count().max(1);
-            let ran_on = (0..prepared.len())
-                .map(|k| format!("GPU {}", k % gpus))
-                .collect();
-            (report, host_ops, ran_on)
-        }
-    };
 
-    // The run executes forward passes only, so the plan's schedule is simulated without
-    // backwards (for GPipe and 1F1B alike, every forward in turn).
-    let predicted = simulate(
-        &StageTimes {
-            forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
-            backward_secs: Vec::new(),
-            send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
-        },
-        plan.config.schedule.into(),
-        microbatches,
-    )?;
-    let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(&args))?;
-    let summary = Report {
-        model: args.model.display().to_string(),
-        backend: args.backend,
-        microbatches,
-        dims,
-        random_inputs,
-        wall_secs: report.wall_secs,
-        measured_efficiency: report.efficiency(),
-        predicted_efficiency: 1.0 - predicted.bubble_fraction,
-        schedule: plan.config.schedule.to_string(),
-        stages: report
-            .stages
-            .iter()
-            .zip(&plan.stages)
-            .zip(host_ops)
-            .zip(ran_on)
-            .map(|(((t, s), host_ops), ran_on)| StageRow {
-                stage: t.stage,
-                device: s.device.name.clone(),
-                ran_on,
-                nodes: s.node_count,
-                busy_secs: t.busy_secs,
-                idle_secs: t.idle_secs,
-                predicted_secs: s.stage_secs,
-                host_ops,
-            })
-            .collect(),
-        outputs,
-    };
-    if args.json {
-        print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
-    } else {
-        print_stdout(&table(&summary))?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
-pub(crate) fn read_inputs(
-    args: &[String],
-    graph: &pipecut::graph::Graph,
-) -> anyhow::Result<Tensors> {
-    let mut inputs = Tensors::new();
-    for arg in args {
-        let (name, file) = arg
-            .split_once('=')
-            .with_context(|| format!("--input '{arg}' is not NAME=FILE.npy"))?;
-        let id = graph
-            .tensor_id(name)
-            .filter(|id| graph.inputs().contains(id));
-        let Some(id) = id else {
-            let names: Vec<&str> = graph
-                .inputs()
-                .iter()
-                .map(|&i| graph.tensor(i).name.as_str())
-                .collect();
-            bail!(
-                "the model has no input '{name}' (its inputs: {})",
-                names.join(", ")
-            );
-        };
-        let array = read_npy(Path::new(file))?;
-        if let Some(want) = graph.tensor(id).dtype {
-            if array.stored != want {
-                bail!(
-                    "input '{name}' must be {want}, but '{file}' holds {}",
-                    array.stored
-                );
+    /// Runs every stage in this process on the chosen backend; gives the report and, per stage,
+    /// the ops that ran on the host (empty on the CPU backend) and what executed it here, which
+    /// need not be the device the plan costed it on.
+    fn run_here(
+        &self,
+        inputs: &Tensors,
+    ) -> anyhow::Result<(
+        pipecut::runtime::PipelineReport,
+        Vec<BTreeMap<String, usize>>,
+        Vec<String>,
+    )> {
+        let (args, graph, specs, microbatches) =
+            (self.args, self.graph, self.specs, self.microbatches);
+        let loaded_ranks =
+            |tp| load_ranks(&args.model, graph, self.weights, self.stages, self.dims, tp);
+        Ok(match (args.backend, self.tensor_parallel) {
+            (Backend::Cpu, Some(tp)) => {
+                let ranks = loaded_ranks(tp)?;
+                let report = run_tensor_parallel(graph, &ranks, specs, inputs, microbatches)?;
+                let ran_on = vec!["CPU".to_string(); specs.len()];
+                (report, vec![BTreeMap::new(); specs.len()], ran_on)
             }
-        }
-        if inputs
-            .insert(name.to_string(), Arc::new(array.tensor))
-            .is_some()
-        {
-            bail!("input '{name}' is given twice");
-        }
-    }
-    Ok(inputs)
-}
-
-/// A file name for a tensor name: characters outside `[A-Za-z0-9_.-]` become `_`.
-fn file_stem(name: &str) -> String {
-    let stem: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
-                c
-            } else {
-                '_'
+            (Backend::Cuda, Some(tp)) => {
+                let ranks = loaded_ranks(tp)?;
+                let (report, host_ops) =
+                    run_tensor_parallel_cuda(graph, &ranks, specs, inputs, microbatches)?;
+                let ran_on = vec![format!("{} GPU ranks", tp.degree); specs.len()];
+                (report, host_ops, ran_on)
+            }
+            (Backend::Cpu, None) => {
+                let executor = CpuExecutor::new(graph, self.weights);
+                let mut prepared = specs
+                    .iter()
+                    .map(|s| executor.prepare(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let report = run_pipeline(&executor, &mut prepared, inputs, microbatches)?;
+                let ran_on = vec!["CPU".to_string(); prepared.len()];
+                (report, vec![BTreeMap::new(); prepared.len()], ran_on)
+            }
+            (Backend::Cuda, None) => {
+                let executor = CudaExecutor::for_stages(graph, self.weights, specs.len())?;
+                let activation_bytes: Vec<u64> = self
+                    .plan
+                    .stages
+                    .iter()
+                    .map(|s| s.peak_memory_bytes.saturating_sub(s.param_bytes))
+                    .collect();
+                executor.size_memory_pools(&activation_bytes)?;
+                let mut prepared = specs
+                    .iter()
+                    .map(|s| executor.prepare(s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let report = executor.run_resident_pipeline(&mut prepared, inputs, microbatches)?;
+                let host_ops = prepared.iter().map(|s| s.host_runs()).collect();
+                // Stage k runs on GPU k mod the GPU count (`CudaExecutor::for_stages`).
+                let gpus = executor.device_count().max(1);
+                let ran_on = (0..prepared.len())
+                    .map(|k| format!("GPU {}", k % gpus))
+                    .collect();
+                (report, host_ops, ran_on)
             }
         })
-        .collect();
-    if stem.is_empty() || stem.starts_with('.') {
-        format!("output{stem}")
-    } else {
-        stem
     }
-}
 
-/// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
-/// (`pipecut::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
-/// a link planted in `dir` is never followed. The run's inputs are never overwritten.
-pub(super) fn write_outputs(
-    dir: &Path,
-    outputs: &Tensors,
-    inputs: &[&Path],
-) -> anyhow::Result<BTreeMap<String, String>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
-    pipecut::io::remove_stale_temporaries(dir);
-    let mode = inputs
-        .first()
-        .map(|model| pipecut::io::OutputMode::like(model))
-        .unwrap_or_default();
-    let mut staged = Vec::with_capacity(outputs.len());
-    let mut files = BTreeMap::new();
-    let mut used = std::collections::HashSet::new();
-    for (name, tensor) in outputs {
-        let mut stem = file_stem(name);
-        let mut n = 1;
-        while !used.insert(stem.clone()) {
-            n += 1;
-            stem = format!("{}_{n}", file_stem(name));
-        }
-        let path = dir.join(format!("{stem}.npy"));
-        pipecut::io::check_output(&path, inputs)?;
-        let mut file = pipecut::io::Staged::new(&path, mode)?;
-        file.file()
-            .write_all(&encode_npy(tensor))
-            .with_context(|| format!("cannot write '{}'", path.display()))?;
-        files.insert(name.clone(), path.display().to_string());
-        staged.push(file);
+    /// The run's report: measured against the plan's predicted efficiency (its stage times in a
+    /// simulation of the plan's schedule; the run executes forward passes only, so without
+    /// backwards), with the outputs written.
+    fn summary(
+        &self,
+        report: pipecut::runtime::PipelineReport,
+        host_ops: Vec<BTreeMap<String, usize>>,
+        ran_on: Vec<String>,
+        random_inputs: bool,
+    ) -> anyhow::Result<Report> {
+        let (args, plan) = (self.args, self.plan);
+        let predicted = simulate(
+            &StageTimes {
+                forward_secs: plan.stages.iter().map(|s| s.stage_secs).collect(),
+                backward_secs: Vec::new(),
+                send_secs: vec![0.0; plan.stages.len().saturating_sub(1)],
+            },
+            plan.config.schedule.into(),
+            self.microbatches,
+        )?;
+        let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(args))?;
+        Ok(Report {
+            model: args.model.display().to_string(),
+            backend: args.backend,
+            microbatches: self.microbatches,
+            dims: self.dims.clone(),
+            random_inputs,
+            wall_secs: report.wall_secs,
+            measured_efficiency: report.efficiency(),
+            predicted_efficiency: 1.0 - predicted.bubble_fraction,
+            schedule: plan.config.schedule.to_string(),
+            stages: report
+                .stages
+                .iter()
+                .zip(&plan.stages)
+                .zip(host_ops)
+                .zip(ran_on)
+                .map(|(((t, s), host_ops), ran_on)| StageRow {
+                    stage: t.stage,
+                    device: s.device.name.clone(),
+                    ran_on,
+                    nodes: s.node_count,
+                    busy_secs: t.busy_secs,
+                    idle_secs: t.idle_secs,
+                    predicted_secs: s.stage_secs,
+                    host_ops,
+                })
+                .collect(),
+            outputs,
+        })
     }
-    for file in staged {
-        file.commit()?;
-    }
-    Ok(files)
 }
 
 /// The files a run reads, which its outputs must never replace: the model first (outputs are no

@@ -24,8 +24,7 @@ use pipecut::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExe
 use pipecut::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
 use serde::Serialize;
 
-use super::print_stdout;
-use super::run::Backend;
+use super::{print_stdout, Backend};
 
 /// The options of a multi-process run.
 #[derive(Debug, Args)]
@@ -265,7 +264,7 @@ impl Rank<'_> {
         }
         let outputs = match outcome? {
             Some(outputs) => {
-                super::run::write_outputs(setup.output_dir, &outputs, &setup.protected)?
+                super::run_files::write_outputs(setup.output_dir, &outputs, &setup.protected)?
             }
             None => Default::default(),
         };

@@ -69,7 +69,7 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         let inputs = if random_inputs {
             seeded_inputs(graph, microbatches, args.seed)?
         } else {
-            super::read_inputs(&args.inputs, graph)?
+            super::super::run_files::read_inputs(&args.inputs, graph)?
         };
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)

@@ -56,51 +56,13 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    if let Some(path) = &args.timeline {
-        if !has_extension(path, &["svg"]) {
-            bail!(
-                "--timeline '{}': the timeline is drawn as SVG, so the file must end in .svg \
-                 (for a PNG, convert it afterwards, e.g. `rsvg-convert -o timeline.png timeline.svg`)",
-                path.display()
-            );
-        }
-    }
-    if let Some(path) = &args.graph {
-        if !has_extension(path, &["dot", "gv", "svg", "png"]) {
-            bail!(
-                "--graph '{}': the file must end in .dot, .svg or .png (the last two are drawn by Graphviz `dot`)",
-                path.display()
-            );
-        }
-    }
+    check_picture_names(&args)?;
     let simulation = plan
         .simulate()
         .with_context(|| format!("cannot simulate '{}'", args.plan.display()))?;
 
     if let Some(path) = &args.timeline {
-        // The picture adds the step time and the bubble to the title.
-        let title = format!(
-            "{} on {}: {}, {}",
-            plan.model.file_name,
-            plan.cluster.description,
-            pipecut::onnx::inspect::count_of(plan.stages.len(), "stage"),
-            pipecut::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
-        );
-        let rows: Vec<String> = plan
-            .stages
-            .iter()
-            .map(|s| {
-                format!(
-                    "stage {} · GPU {} ({})",
-                    s.stage, s.device.id, s.device.name
-                )
-            })
-            .collect();
-        write_atomically(
-            path,
-            timeline_svg(&simulation, &title, &rows).as_bytes(),
-            &inputs,
-        )?;
+        write_atomically(path, timeline(&plan, &simulation).as_bytes(), &inputs)?;
     }
     if let Some(path) = &args.graph {
         let Some(model) = &model else {
@@ -137,6 +99,52 @@ pub fn run(args: ShowArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a `--timeline` or `--graph` file whose extension names a format it cannot be
+/// drawn in, before anything is simulated or written.
+fn check_picture_names(args: &ShowArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.timeline {
+        if !has_extension(path, &["svg"]) {
+            bail!(
+                "--timeline '{}': the timeline is drawn as SVG, so the file must end in .svg \
+                 (for a PNG, convert it afterwards, e.g. `rsvg-convert -o timeline.png timeline.svg`)",
+                path.display()
+            );
+        }
+    }
+    if let Some(path) = &args.graph {
+        if !has_extension(path, &["dot", "gv", "svg", "png"]) {
+            bail!(
+                "--graph '{}': the file must end in .dot, .svg or .png (the last two are drawn by Graphviz `dot`)",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The simulated schedule as SVG: one row per stage, named with its GPU.
+fn timeline(plan: &pipecut::plan::Plan, simulation: &pipecut::schedule::Simulation) -> String {
+    // The picture adds the step time and the bubble to the title.
+    let title = format!(
+        "{} on {}: {}, {}",
+        plan.model.file_name,
+        plan.cluster.description,
+        pipecut::onnx::inspect::count_of(plan.stages.len(), "stage"),
+        pipecut::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
+    );
+    let rows: Vec<String> = plan
+        .stages
+        .iter()
+        .map(|s| {
+            format!(
+                "stage {} · GPU {} ({})",
+                s.stage, s.device.id, s.device.name
+            )
+        })
+        .collect();
+    timeline_svg(simulation, &title, &rows)
 }
 
 /// The tensor-parallel layout of a plan that has one: degree, sequence parallelism.

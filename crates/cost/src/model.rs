@@ -2,9 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::memory::{Recompute, ZeroSharding};
-
 use super::hardware::{HardwareSpec, OpClass};
+use super::mode::Mode;
 use super::ops::{rule_for, CostCtx, OpWork};
 use crate::Error;
 use pipecut_ir::graph::{Attribute, Graph, Node, NodeId, Subgraph};
@@ -22,74 +21,6 @@ pub enum UnknownOpCost {
     Zero,
     /// Cost it as a copy of its inputs and outputs.
     Bytes,
-}
-
-/// Inference or training, with the training-only parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(tag = "mode", rename_all = "snake_case")]
-pub enum Mode {
-    /// Forward passes only.
-    Inference,
-    /// Forward and backward passes, with gradients and optimizer state.
-    Training {
-        /// Backward FLOPs as a multiple of forward FLOPs. 2.0: the backward pass of a linear
-        /// layer computes two products (input and weight gradients) for the forward's one
-        /// (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", C ≈ 6N per token).
-        backward_factor: f64,
-        /// Optimizer state per parameter element, bytes. 12.0: Adam in mixed precision keeps an
-        /// fp32 master copy plus fp32 first and second moments (Rajbhandari et al. 2020, ZeRO).
-        optimizer_bytes_per_param: f64,
-        /// Activation recomputation: what a stage keeps of each micro-batch in flight, and the
-        /// forward it runs again before each backward. Absent in older plans: none.
-        #[serde(default, skip_serializing_if = "Recompute::is_none")]
-        recompute: Recompute,
-        /// ZeRO sharding of optimizer state, gradients and weights over the data-parallel
-        /// group. Absent in older plans: none.
-        #[serde(default, skip_serializing_if = "ZeroSharding::is_none")]
-        zero: ZeroSharding,
-    },
-}
-
-impl Mode {
-    /// Training with the defaults above, no recomputation and no sharding.
-    pub fn training() -> Mode {
-        Mode::Training {
-            backward_factor: 2.0,
-            optimizer_bytes_per_param: 12.0,
-            recompute: Recompute::None,
-            zero: ZeroSharding::NONE,
-        }
-    }
-
-    /// Backward-pass time as a multiple of the forward's: the backward FLOPs, plus one forward
-    /// again under full recomputation (Chen et al. 2016). Model FLOPs (MFU) leave it out.
-    pub fn backward_time_factor(self) -> f64 {
-        match self {
-            Mode::Inference => 0.0,
-            Mode::Training {
-                backward_factor,
-                recompute,
-                ..
-            } => backward_factor + recompute.extra_forwards(),
-        }
-    }
-
-    /// This mode with `recompute` and `zero` (training only; inference is returned as is).
-    pub fn with_memory_techniques(self, recompute: Recompute, zero: ZeroSharding) -> Mode {
-        match self {
-            Mode::Inference => Mode::Inference,
-            Mode::Training {
-                backward_factor,
-                optimizer_bytes_per_param,
-                ..
-            } => Mode::Training {
-                backward_factor,
-                optimizer_bytes_per_param,
-                recompute,
-                zero,
-            },
-        }
-    }
 }
 
 /// The cost of one node on one device, for one micro-batch.

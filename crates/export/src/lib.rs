@@ -65,6 +65,7 @@
 
 #![warn(missing_docs)]
 
+pub mod collectives;
 mod files;
 mod manifest;
 pub mod rank_data;

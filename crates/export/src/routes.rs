@@ -67,22 +67,53 @@ impl Routes {
     pub fn new(graph: &Graph, stages: &[Vec<NodeId>]) -> Result<Routes, Error> {
         let stage_of = stage_of_nodes(graph, stages)?;
         let count = stages.len();
+        let mut routes: Vec<StageRoutes> = (0..count).map(|_| StageRoutes::default()).collect();
+        for &node in graph.topological_order() {
+            routes[stage_of[&node]].nodes.push(node);
+        }
+        let mut flows = Flows::trace(graph, &routes, &stage_of)?;
+        let model_outputs = flows.model_outputs(graph, &stage_of, count - 1);
+        flows.fill(graph, &mut routes, &model_outputs);
+        keep_alive_outputs(graph, &mut routes);
+        Ok(Routes {
+            stages: routes,
+            model_outputs,
+        })
+    }
+}
+
+/// What crosses stage boundaries, as sets while the reads are traced (ordered when the routes
+/// are filled in).
+struct Flows {
+    /// Per stage: the tensors it receives, keyed (source, position of the source's making,
+    /// tensor) so that they come out in the order [`StageRoutes::inputs`] lists them.
+    received: Vec<BTreeSet<(Source, usize, TensorId)>>,
+    /// Per stage: the parameters its nodes read.
+    parameters: Vec<BTreeSet<TensorId>>,
+    /// Per produced tensor crossing a boundary: its destinations.
+    sent: HashMap<TensorId, BTreeSet<Destination>>,
+}
+
+impl Flows {
+    /// Traces every read of every stage's nodes (inputs and subgraph captures), refusing a
+    /// tensor that flows from a later stage to an earlier one.
+    fn trace(
+        graph: &Graph,
+        routes: &[StageRoutes],
+        stage_of: &HashMap<NodeId, usize>,
+    ) -> Result<Flows, Error> {
+        let count = routes.len();
         let position: HashMap<NodeId, usize> = graph
             .topological_order()
             .iter()
             .enumerate()
             .map(|(p, &n)| (n, p))
             .collect();
-
-        let mut routes: Vec<StageRoutes> = (0..count).map(|_| StageRoutes::default()).collect();
-        for &node in graph.topological_order() {
-            routes[stage_of[&node]].nodes.push(node);
-        }
-        // Per stage: inputs and parameters as sets (ordered on output).
-        let mut received: Vec<BTreeSet<(Source, usize, TensorId)>> = vec![BTreeSet::new(); count];
-        let mut parameters: Vec<BTreeSet<TensorId>> = vec![BTreeSet::new(); count];
-        // Per produced tensor crossing a boundary: its destinations.
-        let mut sent: HashMap<TensorId, BTreeSet<Destination>> = HashMap::new();
+        let mut flows = Flows {
+            received: vec![BTreeSet::new(); count],
+            parameters: vec![BTreeSet::new(); count],
+            sent: HashMap::new(),
+        };
         for (consumer_stage, stage) in routes.iter().enumerate() {
             for &node_id in &stage.nodes {
                 let node = graph.node(node_id);
@@ -95,10 +126,14 @@ impl Routes {
                                 .iter()
                                 .position(|&t| t == tensor_id)
                                 .unwrap_or(usize::MAX);
-                            received[consumer_stage].insert((Source::ModelInput, order, tensor_id));
+                            flows.received[consumer_stage].insert((
+                                Source::ModelInput,
+                                order,
+                                tensor_id,
+                            ));
                         }
                         TensorOrigin::Parameter(_) => {
-                            parameters[consumer_stage].insert(tensor_id);
+                            flows.parameters[consumer_stage].insert(tensor_id);
                         }
                         TensorOrigin::Node { node: producer, .. } => {
                             let producer_stage = stage_of[producer];
@@ -112,12 +147,14 @@ impl Routes {
                                 });
                             }
                             if producer_stage < consumer_stage {
-                                received[consumer_stage].insert((
+                                flows.received[consumer_stage].insert((
                                     Source::Stage(producer_stage),
                                     position[producer],
                                     tensor_id,
                                 ));
-                                sent.entry(tensor_id)
+                                flows
+                                    .sent
+                                    .entry(tensor_id)
                                     .or_default()
                                     .insert(Destination::Stage(consumer_stage));
                             }
@@ -126,8 +163,17 @@ impl Routes {
                 }
             }
         }
+        Ok(flows)
+    }
 
-        let last = count - 1;
+    /// Where every graph output comes from, in model order; each one a stage sends is marked
+    /// as leaving the model.
+    fn model_outputs(
+        &mut self,
+        graph: &Graph,
+        stage_of: &HashMap<NodeId, usize>,
+        last: usize,
+    ) -> Vec<(TensorId, Source)> {
         let mut model_outputs = Vec::with_capacity(graph.outputs().len());
         for &tensor_id in graph.outputs() {
             let source = match &graph.tensor(tensor_id).origin {
@@ -136,24 +182,39 @@ impl Routes {
                 // A weight that is itself a model output: the last stage holds and sends it,
                 // so that every model output leaves the pipeline at or before its end.
                 TensorOrigin::Parameter(_) => {
-                    parameters[last].insert(tensor_id);
+                    self.parameters[last].insert(tensor_id);
                     Source::Stage(last)
                 }
             };
             if let Source::Stage(_) = source {
-                sent.entry(tensor_id)
+                self.sent
+                    .entry(tensor_id)
                     .or_default()
                     .insert(Destination::ModelOutput);
             }
             model_outputs.push((tensor_id, source));
         }
+        model_outputs
+    }
 
+    /// Fills in every stage's inputs, parameters and outputs (in the order its nodes make
+    /// them, then the weights that are model outputs on the last stage).
+    fn fill(
+        mut self,
+        graph: &Graph,
+        routes: &mut [StageRoutes],
+        model_outputs: &[(TensorId, Source)],
+    ) {
+        let last = routes.len() - 1;
         for (s, stage) in routes.iter_mut().enumerate() {
-            stage.inputs = received[s].iter().map(|&(src, _, t)| (t, src)).collect();
-            stage.parameters = parameters[s].iter().copied().collect();
+            stage.inputs = self.received[s]
+                .iter()
+                .map(|&(src, _, t)| (t, src))
+                .collect();
+            stage.parameters = self.parameters[s].iter().copied().collect();
             for &node_id in &stage.nodes {
                 for &tensor_id in graph.node(node_id).outputs.iter().flatten() {
-                    if let Some(destinations) = sent.remove(&tensor_id) {
+                    if let Some(destinations) = self.sent.remove(&tensor_id) {
                         stage
                             .outputs
                             .push((tensor_id, destinations.into_iter().collect()));
@@ -162,32 +223,32 @@ impl Routes {
             }
         }
         // Model outputs that are weights, sent by the last stage after what its nodes make.
-        for &(tensor_id, _) in &model_outputs {
-            if let Some(destinations) = sent.remove(&tensor_id) {
+        for &(tensor_id, _) in model_outputs {
+            if let Some(destinations) = self.sent.remove(&tensor_id) {
                 routes[last]
                     .outputs
                     .push((tensor_id, destinations.into_iter().collect()));
             }
         }
-        for stage in &mut routes {
-            if stage.outputs.is_empty() {
-                // Nothing of this stage is read later: keep its last node's outputs as the stage's
-                // outputs, so that the stage is still a model a runtime accepts and runs.
-                if let Some(&last_node) = stage.nodes.last() {
-                    stage.outputs = graph
-                        .node(last_node)
-                        .outputs
-                        .iter()
-                        .flatten()
-                        .map(|&t| (t, Vec::new()))
-                        .collect();
-                }
+    }
+}
+
+/// The keep-alive outputs of the stages that send nothing.
+fn keep_alive_outputs(graph: &Graph, routes: &mut [StageRoutes]) {
+    for stage in routes {
+        if stage.outputs.is_empty() {
+            // Nothing of this stage is read later: keep its last node's outputs as the stage's
+            // outputs, so that the stage is still a model a runtime accepts and runs.
+            if let Some(&last_node) = stage.nodes.last() {
+                stage.outputs = graph
+                    .node(last_node)
+                    .outputs
+                    .iter()
+                    .flatten()
+                    .map(|&t| (t, Vec::new()))
+                    .collect();
             }
         }
-        Ok(Routes {
-            stages: routes,
-            model_outputs,
-        })
     }
 }
 

@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap};
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, ModelProto, NodeProto, TensorProto};
 
-use super::shard::{ALL_GATHER, ALL_REDUCE, COLLECTIVE_DOMAIN, REDUCE_SCATTER};
+use super::collectives::{collective, ALL_GATHER, ALL_REDUCE, COLLECTIVE_DOMAIN, REDUCE_SCATTER};
 use crate::Error;
 use pipecut_ir::graph::Graph;
 use pipecut_planner::partition::tensor_shard::ShardLayout;
@@ -239,15 +239,14 @@ impl Rewrite {
             return;
         }
         let axis = self.split[name];
-        let mut node = NodeProto::new();
-        node.name = format!("{name}/AllGather.seq");
-        node.op_type = ALL_GATHER.into();
-        node.domain = COLLECTIVE_DOMAIN.into();
-        node.input.push(self.share_name(name));
-        node.output.push(name.into());
-        node.attribute
-            .push(int_attribute("group_size", self.degree as i64));
-        node.attribute.push(int_attribute("axis", axis as i64));
+        let node = collective(
+            &format!("{name}/AllGather.seq"),
+            ALL_GATHER,
+            &self.share_name(name),
+            name,
+            self.degree,
+            Some(axis as i64),
+        );
         self.nodes.push(node);
     }
 

@@ -11,25 +11,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{
-    AttributeProto, Message, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
-    TensorProto,
+    AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
+    StringStringEntryProto, TensorProto,
 };
 
+use super::collectives::{collective, ALL_GATHER, ALL_REDUCE, COLLECTIVE_DOMAIN};
 use super::rank_data::{Cut, ExternalWeights, RankData};
 use crate::Error;
 use pipecut_ir::graph::{DType, Graph, TensorId};
 use pipecut_planner::partition::tensor_parallel::{TensorParallelism, VocabRole};
-use pipecut_planner::partition::tensor_shard::{AxisSplit, ShardLayout};
+use pipecut_planner::partition::tensor_shard::{AxisSplit, ShardLayout, SplitBlock, VocabSlice};
 use pipecut_runtime::{HostTensor, TensorData, Weights};
-
-/// The custom domain of pipecut's collective ops.
-pub const COLLECTIVE_DOMAIN: &str = "ai.pipecut";
-/// Sums its input over the ranks of the group (attribute `group_size`); every rank gets the sum.
-pub const ALL_REDUCE: &str = "AllReduce";
-/// Concatenates the ranks' inputs in rank order along `axis`; every rank gets the whole.
-pub const ALL_GATHER: &str = "AllGather";
-/// Sums its input over the group and cuts the sum along `axis`; rank r gets piece r.
-pub const REDUCE_SCATTER: &str = "ReduceScatter";
 
 /// Rank `rank` of `layout.degree` of the model `proto`, which `graph` (typed with the dims the
 /// layout was made for) and `weights` were loaded from. A slice of a weight stored as external
@@ -47,223 +39,19 @@ pub fn shard_model(
     mut data: Option<&mut RankData>,
 ) -> Result<ModelProto, Error> {
     let t = layout.degree;
-    let mut external = ExternalWeights::default();
     let mut model = proto.clone();
     let g = model
         .graph
         .as_mut()
         .ok_or_else(|| Error::Export("the model file has no graph".into()))?;
-    // Nodes are found by their first output, unique in a graph.
-    let position: HashMap<String, usize> = g
-        .node
-        .iter()
-        .enumerate()
-        .filter_map(|(i, n)| n.output.first().map(|o| (o.clone(), i)))
-        .collect();
-    let node_position = |node: pipecut_ir::graph::NodeId| -> Result<usize, Error> {
-        let first = graph.node(node).outputs.first().copied().flatten();
-        first
-            .and_then(|o| position.get(&graph.tensor(o).name).copied())
-            .ok_or_else(|| {
-                Error::Export(format!(
-                    "node '{}' is not in the model file",
-                    graph.node(node).name
-                ))
-            })
-    };
-    let mut renamed: Vec<(usize, usize, String)> = Vec::new();
-    let mut initializers: Vec<TensorProto> = Vec::new();
-    let mut sliced: BTreeSet<TensorId> = BTreeSet::new();
-    let mut reshaped: BTreeSet<String> = BTreeSet::new();
-    // Collectives by the output they complete (the producer writes `<output>.partial`), and
-    // nodes to insert before a node, by its first output.
-    // (the collective first, then any node that completes the output after it).
-    let mut collectives: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
-    let mut before: BTreeMap<String, Vec<NodeProto>> = BTreeMap::new();
+    let mut edits = RankEdits::new(graph, weights, t, rank, &g.node);
     for block in &layout.split {
-        for w in &block.weights {
-            let param = graph.tensor(w.param);
-            let name = format!("{}.tp{t}", param.name);
-            let cut = Cut {
-                split: w.split,
-                size: None,
-                degree: t,
-                rank,
-                zero_row: false,
-            };
-            let slice_proto =
-                match external.slice(graph, w.param, cut, &name, data.as_deref_mut())? {
-                    Some(slice_proto) => slice_proto,
-                    None => {
-                        let whole = weights.get(w.param).ok_or_else(|| {
-                            Error::Export(format!("weight '{}' has no data", param.name))
-                        })?;
-                        let slice = slice_tensor(whole, w.split, t, rank)
-                            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
-                        tensor_proto(&name, &slice, param.dtype)?
-                    }
-                };
-            initializers.push(slice_proto);
-            for &(node, slot) in &w.readers {
-                renamed.push((node_position(node)?, slot, name.clone()));
-            }
-            sliced.insert(w.param);
-        }
-        for s in &block.shapes {
-            let node = graph.node(s.node);
-            let name = format!("{}.tp{t}.input{}", node.name, s.slot);
-            let values = HostTensor::new(vec![s.values.len()], TensorData::I64(s.values.clone()))
-                .map_err(Error::Export)?;
-            initializers.push(tensor_proto(&name, &values, Some(DType::I64))?);
-            renamed.push((node_position(s.node)?, s.slot, name));
-        }
-        reshaped.extend(
-            block
-                .tensors
-                .keys()
-                .map(|&id| graph.tensor(id).name.clone()),
-        );
-        let reduced = graph.tensor(block.reduced).name.clone();
-        let name = format!("{}/AllReduce", graph.node(block.row).name);
-        let partial = format!("{reduced}.partial");
-        let position = node_position(block.row)?;
-        let bias = row_gemm_bias(graph, block.row, &mut g.node[position], &model.opset_import)?;
-        let after = match bias {
-            None => vec![collective(&name, ALL_REDUCE, &partial, &reduced, t, None)],
-            Some(bias) => {
-                let summed = format!("{reduced}.summed");
-                let mut nodes = vec![collective(&name, ALL_REDUCE, &partial, &summed, t, None)];
-                nodes.extend(bias.after_sum(&graph.node(block.row).name, &summed, &reduced));
-                initializers.extend(bias.constants);
-                nodes
-            }
-        };
-        collectives.insert(reduced.clone(), after);
+        edits.split_block(block, &mut g.node, &model.opset_import, data.as_deref_mut())?;
     }
     for v in &layout.vocab {
-        let param = graph.tensor(v.param);
-        let suffix = match v.role {
-            VocabRole::Embedding => "rows",
-            VocabRole::Head => "columns",
-        };
-        let name = format!("{}.tp{t}.{suffix}", param.name);
-        let cut = Cut {
-            split: v.split(),
-            size: Some(v.padded),
-            degree: t,
-            rank,
-            zero_row: v.role == VocabRole::Embedding,
-        };
-        let slice_proto = match external.slice(graph, v.param, cut, &name, data.as_deref_mut())? {
-            Some(slice_proto) => slice_proto,
-            None => vocab_slice_inline(weights, graph, v, t, rank, &name)?,
-        };
-        initializers.push(slice_proto);
-        let output = graph.tensor(v.output).name.clone();
-        let partial = format!("{output}.partial");
-        let node_name = graph.node(v.node).name.clone();
-        match v.role {
-            VocabRole::Embedding => {
-                let position = node_position(v.node)?;
-                let ids = g.node[position].input[1].clone();
-                let ids_type = graph
-                    .node(v.node)
-                    .inputs
-                    .get(1)
-                    .copied()
-                    .flatten()
-                    .and_then(|i| graph.tensor(i).dtype)
-                    .unwrap_or(DType::I64);
-                let rows = v.padded / t;
-                let (nodes, consts, row) =
-                    embedding_rows(&node_name, &ids, ids_type, rank * rows, rows, t)?;
-                initializers.extend(consts);
-                before.insert(output.clone(), nodes);
-                renamed.push((position, 1, row));
-                collectives.insert(
-                    output.clone(),
-                    vec![collective(
-                        &format!("{node_name}/AllReduce"),
-                        ALL_REDUCE,
-                        &partial,
-                        &output,
-                        t,
-                        None,
-                    )],
-                );
-            }
-            VocabRole::Head => {
-                let gather = |to: &str| {
-                    collective(
-                        &format!("{node_name}/AllGather"),
-                        ALL_GATHER,
-                        &partial,
-                        to,
-                        t,
-                        Some(-1),
-                    )
-                };
-                let after = if v.padded == v.vocab {
-                    vec![gather(&output)]
-                } else {
-                    // The padding's logits are cut off again: the output is the model's own.
-                    let gathered = format!("{output}.gathered");
-                    let rank_of_output = graph.tensor(v.output).shape.as_ref().map_or(0, Vec::len);
-                    let (slice, consts) = drop_padding(
-                        &node_name,
-                        &gathered,
-                        &output,
-                        rank_of_output,
-                        v.vocab,
-                        ai_onnx_opset(&model.opset_import),
-                    )?;
-                    initializers.extend(consts);
-                    vec![gather(&gathered), slice]
-                };
-                collectives.insert(output.clone(), after);
-            }
-        }
-        renamed.push((node_position(v.reader.0)?, v.reader.1, name));
-        sliced.insert(v.param);
+        edits.split_vocab(v, &g.node, &model.opset_import, data.as_deref_mut())?;
     }
-    for (position, slot, name) in renamed {
-        g.node[position].input[slot] = name;
-    }
-    // The sliced weights nothing reads whole any more are dropped.
-    let still_read: BTreeSet<&str> = g
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().map(String::as_str))
-        .collect();
-    let dropped: BTreeSet<String> = sliced
-        .iter()
-        .map(|&id| graph.tensor(id).name.clone())
-        .filter(|name| !still_read.contains(name.as_str()))
-        .collect();
-    g.initializer.retain(|i| !dropped.contains(&i.name));
-    g.input.retain(|i| !dropped.contains(&i.name));
-    g.node.retain(|n| {
-        !(n.op_type == "Constant" && n.output.len() == 1 && dropped.contains(&n.output[0]))
-    });
-    g.initializer.extend(initializers);
-    g.value_info.retain(|v| !reshaped.contains(&v.name));
-    // Each collective right after the node whose output it completes, in file order.
-    let mut nodes = Vec::with_capacity(g.node.len() + 7 * collectives.len());
-    for mut node in std::mem::take(&mut g.node) {
-        let first = node.output.first().cloned().unwrap_or_default();
-        if let Some(inserted) = before.remove(&first) {
-            nodes.extend(inserted);
-        }
-        match collectives.remove(&first) {
-            Some(after) => {
-                node.output[0] = after[0].input[0].clone();
-                nodes.push(node);
-                nodes.extend(after);
-            }
-            None => nodes.push(node),
-        }
-    }
-    g.node = nodes;
+    edits.apply(g);
     if !layout.split.is_empty()
         && !model
             .opset_import
@@ -280,6 +68,316 @@ pub fn shard_model(
     entry.value = format!("rank {rank} of {t}");
     model.metadata_props.push(entry);
     Ok(model)
+}
+
+/// The edits that make rank `rank` of `degree` from the model file, gathered before any is
+/// applied: they name nodes by their positions in the file, which hold until [`Self::apply`]
+/// inserts the collectives.
+struct RankEdits<'a> {
+    graph: &'a Graph,
+    weights: &'a Weights,
+    degree: u64,
+    rank: u64,
+    /// Each node's position in the file, by its first output (unique in a graph).
+    position: HashMap<String, usize>,
+    external: ExternalWeights,
+    /// Node inputs to rename: (position, slot, new name).
+    renamed: Vec<(usize, usize, String)>,
+    /// New initializers: the rank's slices, the split shapes, the constants of inserted nodes.
+    initializers: Vec<TensorProto>,
+    /// Weights sliced, dropped whole when nothing else reads them.
+    sliced: BTreeSet<TensorId>,
+    /// Tensors whose shape the split changes, whose `value_info` is dropped.
+    reshaped: BTreeSet<String>,
+    /// Collectives by the output they complete (the producer writes `<output>.partial`): the
+    /// collective first, then any node that completes the output after it.
+    collectives: BTreeMap<String, Vec<NodeProto>>,
+    /// Nodes to insert before a node, by its first output.
+    before: BTreeMap<String, Vec<NodeProto>>,
+}
+
+impl<'a> RankEdits<'a> {
+    fn new(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        degree: u64,
+        rank: u64,
+        nodes: &[NodeProto],
+    ) -> Self {
+        RankEdits {
+            graph,
+            weights,
+            degree,
+            rank,
+            position: nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| n.output.first().map(|o| (o.clone(), i)))
+                .collect(),
+            external: ExternalWeights::default(),
+            renamed: Vec::new(),
+            initializers: Vec::new(),
+            sliced: BTreeSet::new(),
+            reshaped: BTreeSet::new(),
+            collectives: BTreeMap::new(),
+            before: BTreeMap::new(),
+        }
+    }
+
+    /// The position of `node` in the file.
+    fn node_position(&self, node: pipecut_ir::graph::NodeId) -> Result<usize, Error> {
+        let graph = self.graph;
+        let first = graph.node(node).outputs.first().copied().flatten();
+        first
+            .and_then(|o| self.position.get(&graph.tensor(o).name).copied())
+            .ok_or_else(|| {
+                Error::Export(format!(
+                    "node '{}' is not in the model file",
+                    graph.node(node).name
+                ))
+            })
+    }
+
+    /// A split block: its weights sliced, its shape inputs made constants for the split shapes,
+    /// and its row linear's partial output summed by an `AllReduce` (a row Gemm's bias moved
+    /// after the sum).
+    fn split_block(
+        &mut self,
+        block: &SplitBlock,
+        nodes: &mut [NodeProto],
+        opsets: &[OperatorSetIdProto],
+        mut data: Option<&mut RankData>,
+    ) -> Result<(), Error> {
+        let (graph, t, rank) = (self.graph, self.degree, self.rank);
+        for w in &block.weights {
+            let param = graph.tensor(w.param);
+            let name = format!("{}.tp{t}", param.name);
+            let cut = Cut {
+                split: w.split,
+                size: None,
+                degree: t,
+                rank,
+                zero_row: false,
+            };
+            let slice_proto =
+                match self
+                    .external
+                    .slice(graph, w.param, cut, &name, data.as_deref_mut())?
+                {
+                    Some(slice_proto) => slice_proto,
+                    None => {
+                        let whole = self.weights.get(w.param).ok_or_else(|| {
+                            Error::Export(format!("weight '{}' has no data", param.name))
+                        })?;
+                        let slice = slice_tensor(whole, w.split, t, rank)
+                            .map_err(|e| Error::Export(format!("slicing '{}': {e}", param.name)))?;
+                        tensor_proto(&name, &slice, param.dtype)?
+                    }
+                };
+            self.initializers.push(slice_proto);
+            for &(node, slot) in &w.readers {
+                let position = self.node_position(node)?;
+                self.renamed.push((position, slot, name.clone()));
+            }
+            self.sliced.insert(w.param);
+        }
+        for s in &block.shapes {
+            let node = graph.node(s.node);
+            let name = format!("{}.tp{t}.input{}", node.name, s.slot);
+            let values = HostTensor::new(vec![s.values.len()], TensorData::I64(s.values.clone()))
+                .map_err(Error::Export)?;
+            self.initializers
+                .push(tensor_proto(&name, &values, Some(DType::I64))?);
+            let position = self.node_position(s.node)?;
+            self.renamed.push((position, s.slot, name));
+        }
+        self.reshaped.extend(
+            block
+                .tensors
+                .keys()
+                .map(|&id| graph.tensor(id).name.clone()),
+        );
+        let reduced = graph.tensor(block.reduced).name.clone();
+        let name = format!("{}/AllReduce", graph.node(block.row).name);
+        let partial = format!("{reduced}.partial");
+        let position = self.node_position(block.row)?;
+        let bias = row_gemm_bias(graph, block.row, &mut nodes[position], opsets)?;
+        let after = match bias {
+            None => vec![collective(&name, ALL_REDUCE, &partial, &reduced, t, None)],
+            Some(bias) => {
+                let summed = format!("{reduced}.summed");
+                let mut after = vec![collective(&name, ALL_REDUCE, &partial, &summed, t, None)];
+                after.extend(bias.after_sum(&graph.node(block.row).name, &summed, &reduced));
+                self.initializers.extend(bias.constants);
+                after
+            }
+        };
+        self.collectives.insert(reduced.clone(), after);
+        Ok(())
+    }
+
+    /// An embedding split by rows (ids outside the rank's rows read a zero row, and an
+    /// `AllReduce` sums the ranks' rows) or a head split by columns (an `AllGather` joins the
+    /// logits, the vocabulary's padding cut off again).
+    fn split_vocab(
+        &mut self,
+        v: &VocabSlice,
+        nodes: &[NodeProto],
+        opsets: &[OperatorSetIdProto],
+        data: Option<&mut RankData>,
+    ) -> Result<(), Error> {
+        let (graph, t, rank) = (self.graph, self.degree, self.rank);
+        let param = graph.tensor(v.param);
+        let suffix = match v.role {
+            VocabRole::Embedding => "rows",
+            VocabRole::Head => "columns",
+        };
+        let name = format!("{}.tp{t}.{suffix}", param.name);
+        let cut = Cut {
+            split: v.split(),
+            size: Some(v.padded),
+            degree: t,
+            rank,
+            zero_row: v.role == VocabRole::Embedding,
+        };
+        let slice_proto = match self.external.slice(graph, v.param, cut, &name, data)? {
+            Some(slice_proto) => slice_proto,
+            None => vocab_slice_inline(self.weights, graph, v, t, rank, &name)?,
+        };
+        self.initializers.push(slice_proto);
+        match v.role {
+            VocabRole::Embedding => self.sum_rows(v, nodes)?,
+            VocabRole::Head => self.gather_logits(v, opsets)?,
+        }
+        let reader = self.node_position(v.reader.0)?;
+        self.renamed.push((reader, v.reader.1, name));
+        self.sliced.insert(v.param);
+        Ok(())
+    }
+
+    /// An embedding's rank rows: ids outside them read the zero row, and an `AllReduce` sums
+    /// the ranks' rows.
+    fn sum_rows(&mut self, v: &VocabSlice, nodes: &[NodeProto]) -> Result<(), Error> {
+        let (graph, t, rank) = (self.graph, self.degree, self.rank);
+        let output = graph.tensor(v.output).name.clone();
+        let partial = format!("{output}.partial");
+        let node_name = graph.node(v.node).name.clone();
+        let position = self.node_position(v.node)?;
+        let ids = nodes[position].input[1].clone();
+        let ids_type = graph
+            .node(v.node)
+            .inputs
+            .get(1)
+            .copied()
+            .flatten()
+            .and_then(|i| graph.tensor(i).dtype)
+            .unwrap_or(DType::I64);
+        let rows = v.padded / t;
+        let (inserted, consts, row) =
+            embedding_rows(&node_name, &ids, ids_type, rank * rows, rows, t)?;
+        self.initializers.extend(consts);
+        self.before.insert(output.clone(), inserted);
+        self.renamed.push((position, 1, row));
+        self.collectives.insert(
+            output.clone(),
+            vec![collective(
+                &format!("{node_name}/AllReduce"),
+                ALL_REDUCE,
+                &partial,
+                &output,
+                t,
+                None,
+            )],
+        );
+        Ok(())
+    }
+
+    /// A head's rank columns of the logits, joined by an `AllGather` and the vocabulary's
+    /// padding cut off again.
+    fn gather_logits(
+        &mut self,
+        v: &VocabSlice,
+        opsets: &[OperatorSetIdProto],
+    ) -> Result<(), Error> {
+        let (graph, t) = (self.graph, self.degree);
+        let output = graph.tensor(v.output).name.clone();
+        let partial = format!("{output}.partial");
+        let node_name = graph.node(v.node).name.clone();
+        let gather = |to: &str| {
+            collective(
+                &format!("{node_name}/AllGather"),
+                ALL_GATHER,
+                &partial,
+                to,
+                t,
+                Some(-1),
+            )
+        };
+        let after = if v.padded == v.vocab {
+            vec![gather(&output)]
+        } else {
+            // The padding's logits are cut off again: the output is the model's own.
+            let gathered = format!("{output}.gathered");
+            let rank_of_output = graph.tensor(v.output).shape.as_ref().map_or(0, Vec::len);
+            let (slice, consts) = drop_padding(
+                &node_name,
+                &gathered,
+                &output,
+                rank_of_output,
+                v.vocab,
+                ai_onnx_opset(opsets),
+            )?;
+            self.initializers.extend(consts);
+            vec![gather(&gathered), slice]
+        };
+        self.collectives.insert(output.clone(), after);
+        Ok(())
+    }
+
+    /// Applies the edits to the graph: inputs renamed, sliced weights nothing reads whole any
+    /// more dropped, new initializers added, and the inserted nodes put in file order.
+    fn apply(mut self, g: &mut GraphProto) {
+        let graph = self.graph;
+        for (position, slot, name) in std::mem::take(&mut self.renamed) {
+            g.node[position].input[slot] = name;
+        }
+        // The sliced weights nothing reads whole any more are dropped.
+        let still_read: BTreeSet<&str> = g
+            .node
+            .iter()
+            .flat_map(|n| n.input.iter().map(String::as_str))
+            .collect();
+        let dropped: BTreeSet<String> = self
+            .sliced
+            .iter()
+            .map(|&id| graph.tensor(id).name.clone())
+            .filter(|name| !still_read.contains(name.as_str()))
+            .collect();
+        g.initializer.retain(|i| !dropped.contains(&i.name));
+        g.input.retain(|i| !dropped.contains(&i.name));
+        g.node.retain(|n| {
+            !(n.op_type == "Constant" && n.output.len() == 1 && dropped.contains(&n.output[0]))
+        });
+        g.initializer.extend(std::mem::take(&mut self.initializers));
+        g.value_info.retain(|v| !self.reshaped.contains(&v.name));
+        // Each collective right after the node whose output it completes, in file order.
+        let mut nodes = Vec::with_capacity(g.node.len() + 7 * self.collectives.len());
+        for mut node in std::mem::take(&mut g.node) {
+            let first = node.output.first().cloned().unwrap_or_default();
+            if let Some(inserted) = self.before.remove(&first) {
+                nodes.extend(inserted);
+            }
+            match self.collectives.remove(&first) {
+                Some(after) => {
+                    node.output[0] = after[0].input[0].clone();
+                    nodes.push(node);
+                    nodes.extend(after);
+                }
+                None => nodes.push(node),
+            }
+        }
+        g.node = nodes;
+    }
 }
 
 /// Rank `rank`'s share of a model as protobuf bytes; with `sequence_parallel`, the regions
@@ -417,35 +515,6 @@ fn row_gemm_bias(
         beta,
         constants,
     }))
-}
-
-/// A collective node of the `ai.pipecut` domain.
-fn collective(
-    name: &str,
-    op: &str,
-    input: &str,
-    output: &str,
-    group_size: u64,
-    axis: Option<i64>,
-) -> NodeProto {
-    let mut node = NodeProto::new();
-    node.name = name.into();
-    node.op_type = op.into();
-    node.domain = COLLECTIVE_DOMAIN.into();
-    node.input.push(input.into());
-    node.output.push(output.into());
-    let int = |name: &str, value: i64| {
-        let mut attribute = AttributeProto::new();
-        attribute.name = name.into();
-        attribute.type_ = AttributeType::INT.into();
-        attribute.i = value;
-        attribute
-    };
-    node.attribute.push(int("group_size", group_size as i64));
-    if let Some(axis) = axis {
-        node.attribute.push(int("axis", axis));
-    }
-    node
 }
 
 fn plain_node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {

@@ -14,7 +14,7 @@ use onnx_protobuf::{
     TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
-use super::routes::{Destination, Routes};
+use super::routes::{Destination, Routes, StageRoutes};
 use crate::Error;
 use pipecut_ir::graph::{Dim, Graph, NodeId, Storage, TensorId, TensorOrigin, ValueKind};
 use pipecut_ir::onnx::tensor::{decode_tensor, ExternalFiles, ExternalRef};
@@ -149,20 +149,56 @@ pub(crate) fn build_stage(
     };
     out.doc_string = original.doc_string.clone();
     out.metadata_props = original.metadata_props.clone();
+    let held = copy_weights(index, graph, plan, external, &mut out)?;
+    for &node in &plan.nodes {
+        out.node.push(index.node(node).clone());
+    }
+    let interface = declare_interface(index, graph, plan, &held.names, &mut out)?;
+    copy_annotations(index, graph, plan, &held.names, &interface, &mut out);
+    let model = stage_model(index.proto, out, stage, routes.stages.len());
+    let bytes = model
+        .write_to_bytes()
+        .map_err(|e| Error::Export(format!("cannot encode stage {stage}: {e}")))?;
+    Ok(BuiltStage {
+        bytes,
+        constant_nodes: held.constant_nodes,
+        external_locations: held.external_locations,
+    })
+}
 
-    // Weights: initializers, sparse initializers, or the Constant nodes that made them.
-    let mut constant_nodes = 0;
-    let mut external_locations = BTreeMap::new();
-    let mut held_names: HashSet<&str> = HashSet::new();
+/// The weights a stage holds, as [`copy_weights`] copied them.
+struct HeldWeights<'g> {
+    names: HashSet<&'g str>,
+    /// `Constant` nodes copied.
+    constant_nodes: usize,
+    /// External data locations, as [`BuiltStage::external_locations`].
+    external_locations: BTreeMap<String, PathBuf>,
+}
+
+/// Copies the weights the stage's nodes read into `out`: initializers, sparse initializers, or
+/// the `Constant` nodes that made them.
+fn copy_weights<'g>(
+    index: &ProtoIndex<'_>,
+    graph: &'g Graph,
+    plan: &StageRoutes,
+    external: &mut ExternalFiles,
+    out: &mut GraphProto,
+) -> Result<HeldWeights<'g>, Error> {
+    let original = index.graph_proto;
+    let mut held = HeldWeights {
+        names: HashSet::new(),
+        constant_nodes: 0,
+        external_locations: BTreeMap::new(),
+    };
     for &tensor_id in &plan.parameters {
         let name = graph.tensor(tensor_id).name.as_str();
-        held_names.insert(name);
+        held.names.insert(name);
         if let Some(&position) = index.constant_position.get(name) {
             out.node.push(original.node[position].clone());
-            constant_nodes += 1;
+            held.constant_nodes += 1;
         } else if let Some(&position) = index.initializer_position.get(name) {
             let tensor = &original.initializer[position];
-            note_external(tensor, external, &mut external_locations)?;
+            note_external(tensor, external, &mut held.external_locations)?;
             out.initializer.push(tensor.clone());
         } else if let Some(&position) = index.sparse_position.get(name) {
             let sparse = &original.sparse_initializer[position];
@@ -172,7 +208,7 @@ pub(crate) fn build_stage(
                 .into_iter()
                 .chain(sparse.indices.as_ref())
             {
-                note_external(part, external, &mut external_locations)?;
+                note_external(part, external, &mut held.external_locations)?;
             }
             out.sparse_initializer.push(sparse.clone());
         } else {
@@ -181,10 +217,19 @@ pub(crate) fn build_stage(
             )));
         }
     }
-    for &node in &plan.nodes {
-        out.node.push(index.node(node).clone());
-    }
+    Ok(held)
+}
 
+/// Declares the stage's inputs and outputs in `out`, typed as the model declares them (or
+/// from the graph); gives the names of both, its interface.
+fn declare_interface<'g>(
+    index: &ProtoIndex<'_>,
+    graph: &'g Graph,
+    plan: &StageRoutes,
+    held_names: &HashSet<&str>,
+    out: &mut GraphProto,
+) -> Result<HashSet<&'g str>, Error> {
+    let original = index.graph_proto;
     for &(tensor_id, source) in &plan.inputs {
         let name = graph.tensor(tensor_id).name.as_str();
         let declared = match source {
@@ -216,8 +261,20 @@ pub(crate) fn build_stage(
         out.output.push(value_info(graph, *tensor_id, declared)?);
         interface.insert(name);
     }
+    Ok(interface)
+}
 
-    // Declared types of the tensors the stage makes inside, in the model's order.
+/// Copies into `out` the declared types of the tensors the stage makes inside, in the model's
+/// order, and the quantization annotations of those and of its interface.
+fn copy_annotations(
+    index: &ProtoIndex<'_>,
+    graph: &Graph,
+    plan: &StageRoutes,
+    held_names: &HashSet<&str>,
+    interface: &HashSet<&str>,
+    out: &mut GraphProto,
+) {
+    let original = index.graph_proto;
     let made_inside: HashSet<&str> = plan
         .nodes
         .iter()
@@ -240,8 +297,11 @@ pub(crate) fn build_stage(
         })
         .cloned()
         .collect();
+}
 
-    let proto = index.proto;
+/// Stage `stage` of `stages` as a model: the original's header, opsets, metadata and local
+/// functions around the stage's graph `out`.
+fn stage_model(proto: &ModelProto, out: GraphProto, stage: usize, stages: usize) -> ModelProto {
     let mut model = ModelProto::new();
     model.ir_version = proto.ir_version;
     model.opset_import = proto.opset_import.clone();
@@ -253,19 +313,12 @@ pub(crate) fn build_stage(
     model.metadata_props = proto.metadata_props.clone();
     let mut entry = StringStringEntryProto::new();
     entry.key = "pipecut_stage".into();
-    entry.value = format!("{stage} of {}", routes.stages.len());
+    entry.value = format!("{stage} of {stages}");
     model.metadata_props.push(entry);
     // Model-local functions are small and may be called from any stage; every stage keeps them.
     model.functions = proto.functions.clone();
     model.graph = Some(out).into();
-    let bytes = model
-        .write_to_bytes()
-        .map_err(|e| Error::Export(format!("cannot encode stage {stage}: {e}")))?;
-    Ok(BuiltStage {
-        bytes,
-        constant_nodes,
-        external_locations,
-    })
+    model
 }
 
 /// The model's own declaration of a tensor that crosses a stage boundary, if it has one.

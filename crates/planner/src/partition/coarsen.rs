@@ -72,45 +72,88 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
         .iter()
         .map(|&g| position_of_group[g as usize])
         .collect();
-    // Members of each group, ascending, laid end to end (`starts[g]..starts[g + 1]`): one
-    // allocation, not one per group.
-    let mut starts = vec![0usize; groups + 1];
-    for &c in &coarse_of {
-        starts[c as usize + 1] += 1;
-    }
-    for g in 0..groups {
-        starts[g + 1] += starts[g];
-    }
-    let mut members = vec![0usize; coarse_of.len()];
-    let mut next = starts.clone();
-    for (p, &c) in coarse_of.iter().enumerate() {
-        members[next[c as usize]] = p;
-        next[c as usize] += 1;
-    }
-    let members_of = |g: usize| &members[starts[g]..starts[g + 1]];
+    let members = Members::new(&coarse_of, groups);
     let order_ids = (0..groups)
-        .map(|g| problem.order[members_of(g)[0]])
+        .map(|g| problem.order[members.of(g)[0]])
         .collect();
     let node_names = problem
         .node_names
-        .of_groups((0..groups).map(|g| (members_of(g)[0], members_of(g).len())));
+        .of_groups((0..groups).map(|g| (members.of(g)[0], members.of(g).len())));
     let node_secs = problem
         .node_secs
         .iter()
         .map(|secs| {
             (0..groups)
-                .map(|g| members_of(g).iter().map(|&p| secs[p]).sum())
+                .map(|g| members.of(g).iter().map(|&p| secs[p]).sum())
                 .collect()
         })
         .collect();
     let activation_bytes = (0..groups)
         .map(|g| {
-            members_of(g)
+            members
+                .of(g)
                 .iter()
                 .map(|&p| problem.activation_bytes[p])
                 .sum()
         })
         .collect();
+    let (params, node_params) = quotient_params(problem, &coarse_of, groups);
+    Coarsened {
+        problem: PartitionProblem {
+            order: order_ids,
+            node_names,
+            stages: problem.stages.clone(),
+            kind_names: problem.kind_names.clone(),
+            node_secs,
+            activation_bytes,
+            params,
+            node_params,
+            flows: quotient_flows(problem, &coarse_of),
+            settings: problem.settings,
+            forward_flops: problem.forward_flops,
+        },
+        group_of: coarse_of,
+    }
+}
+
+/// The fine positions of each group, ascending, laid end to end (`starts[g]..starts[g + 1]`):
+/// one allocation, not one per group.
+struct Members {
+    starts: Vec<usize>,
+    members: Vec<usize>,
+}
+
+impl Members {
+    /// The members of `groups` groups, `coarse_of` giving each fine position's group.
+    fn new(coarse_of: &[u32], groups: usize) -> Members {
+        let mut starts = vec![0usize; groups + 1];
+        for &c in coarse_of {
+            starts[c as usize + 1] += 1;
+        }
+        for g in 0..groups {
+            starts[g + 1] += starts[g];
+        }
+        let mut members = vec![0usize; coarse_of.len()];
+        let mut next = starts.clone();
+        for (p, &c) in coarse_of.iter().enumerate() {
+            members[next[c as usize]] = p;
+            next[c as usize] += 1;
+        }
+        Members { starts, members }
+    }
+
+    /// The fine positions of group `g`, ascending.
+    fn of(&self, g: usize) -> &[usize] {
+        &self.members[self.starts[g]..self.starts[g + 1]]
+    }
+}
+
+/// Every weight with the groups that read it, and each group's weights.
+fn quotient_params(
+    problem: &PartitionProblem,
+    coarse_of: &[u32],
+    groups: usize,
+) -> (Vec<ParamUse>, Vec<Positions>) {
     let mut node_params = vec![Positions::new(); groups];
     let params: Vec<ParamUse> = problem
         .params
@@ -132,7 +175,12 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             }
         })
         .collect();
-    let flows = problem
+    (params, node_params)
+}
+
+/// The flows between groups: a tensor read only inside its producer's group disappears.
+fn quotient_flows(problem: &PartitionProblem, coarse_of: &[u32]) -> Vec<Flow> {
+    problem
         .flows
         .iter()
         .filter_map(|flow| {
@@ -157,23 +205,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 pinned: flow.pinned,
             })
         })
-        .collect();
-    Coarsened {
-        problem: PartitionProblem {
-            order: order_ids,
-            node_names,
-            stages: problem.stages.clone(),
-            kind_names: problem.kind_names.clone(),
-            node_secs,
-            activation_bytes,
-            params,
-            node_params,
-            flows,
-            settings: problem.settings,
-            forward_flops: problem.forward_flops,
-        },
-        group_of: coarse_of,
-    }
+        .collect()
 }
 
 /// Successor and predecessor sets of the fine graph, by position.
@@ -303,129 +335,165 @@ pub(crate) fn coarsen_until(
     deadline: Option<Instant>,
 ) -> Option<Coarsened> {
     let passed = || deadline.is_some_and(|d| Instant::now() >= d);
-    let n = problem.node_count();
     let target = target.max(problem.stage_count()).max(1);
-    let (succ, pred) = adjacency(problem);
-    let secs: Vec<f64> = (0..n)
-        .map(|p| {
-            (0..problem.stage_count())
-                .map(|s| problem.node_secs(s, p))
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    let free: Vec<bool> = (0..n)
-        .map(|p| secs[p] == 0.0 && problem.node_params[p].is_empty())
-        .collect();
-    let mut pins = vec![BTreeSet::new(); n];
-    for flow in problem.flows().iter().filter(|f| f.pinned) {
-        for &c in &flow.consumers {
-            pins[flow.producer as usize].insert(c);
-            pins[c as usize].insert(flow.producer);
-        }
-    }
-    let mut groups = Groups {
-        parent: (0..n as u32).collect(),
-        succ,
-        pred,
-        free,
-        secs,
-        pins,
-        count: n,
-    };
-
+    let mut groups = Groups::of_positions(problem);
     // 1. Structural merges, to a fixed point.
-    let mut changed = true;
-    while changed && groups.count > target {
-        changed = false;
-        for p in 0..n as u32 {
-            if (p as usize).is_multiple_of(CLOCK_EVERY) && passed() {
-                return None;
-            }
-            if groups.parent[p as usize] != p {
-                continue;
-            }
-            let single_succ = (groups.succ[p as usize].len() == 1)
-                .then(|| *groups.succ[p as usize].first().expect("one successor"));
-            if let Some(s) = single_succ {
-                let chain = groups.pred[s as usize].len() == 1;
-                let mergeable = chain || groups.free[p as usize] || groups.free[s as usize];
-                if mergeable && !groups.pinned_apart(p, s) {
-                    groups.merge(p, s);
-                    changed = true;
-                    continue;
-                }
-            }
-            let single_pred = (groups.pred[p as usize].len() == 1)
-                .then(|| *groups.pred[p as usize].first().expect("one predecessor"));
-            if let Some(q) = single_pred {
-                if groups.free[p as usize] && !groups.pinned_apart(q, p) {
-                    groups.merge(q, p);
-                    changed = true;
-                }
-            }
-        }
-    }
-
+    groups.merge_structurally(target, &passed)?;
     // 2. Neighbours in a topological order, lightest first, inside layers first.
-    let layer_of = {
-        let mut layer_of = vec![0usize; n];
-        for (index, layer) in find_layers(&problem.node_scopes()).iter().enumerate() {
-            for l in layer_of.iter_mut().take(layer.end).skip(layer.start) {
-                *l = index;
-            }
-        }
-        layer_of
-    };
-    while groups.count > target {
-        if passed() {
-            return None;
-        }
-        let order = groups.topological();
-        let mut pairs: Vec<(bool, f64, usize)> = order
-            .windows(2)
-            .enumerate()
-            .map(|(i, w)| {
-                let across = layer_of[w[0] as usize] != layer_of[w[1] as usize];
-                let secs = groups.secs[w[0] as usize] + groups.secs[w[1] as usize];
-                (across, secs, i)
-            })
-            .collect();
-        pairs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let excess = groups.count - target;
-        let budget = excess.div_ceil(2).max(1).min(excess);
-        let mut taken = vec![false; order.len()];
-        let mut merged = 0;
-        for &(_, _, i) in &pairs {
-            if merged == budget {
-                break;
-            }
-            if taken[i] || taken[i + 1] || groups.pinned_apart(order[i], order[i + 1]) {
-                continue;
-            }
-            taken[i] = true;
-            taken[i + 1] = true;
-            groups.merge(order[i], order[i + 1]);
-            merged += 1;
-        }
-        if merged == 0 {
-            // Every neighbouring pair is pinned apart: the graph cannot shrink further.
-            break;
-        }
-    }
-
-    let mut index_of_root: BTreeMap<u32, u32> = BTreeMap::new();
-    let order_roots = groups.topological();
-    for (i, &r) in order_roots.iter().enumerate() {
-        index_of_root.insert(r, i as u32);
-    }
-    let group_of: Vec<u32> = (0..n as u32)
-        .map(|p| index_of_root[&groups.root(p)])
-        .collect();
-    let order: Vec<u32> = (0..order_roots.len() as u32).collect();
+    groups.merge_neighbours(target, &layer_of(problem), &passed)?;
+    let (group_of, count) = groups.group_of();
+    let order: Vec<u32> = (0..count as u32).collect();
     if passed() {
         return None;
     }
     Some(quotient(problem, &group_of, &order))
+}
+
+/// The layer (layers.rs) of every position.
+fn layer_of(problem: &PartitionProblem) -> Vec<usize> {
+    let mut layer_of = vec![0usize; problem.node_count()];
+    for (index, layer) in find_layers(&problem.node_scopes()).iter().enumerate() {
+        for l in layer_of.iter_mut().take(layer.end).skip(layer.start) {
+            *l = index;
+        }
+    }
+    layer_of
+}
+
+impl Groups {
+    /// Every position a group of its own: its largest time on any stage, whether it is free
+    /// (no time, no weights), and the positions a pinned cut separates it from.
+    fn of_positions(problem: &PartitionProblem) -> Groups {
+        let n = problem.node_count();
+        let (succ, pred) = adjacency(problem);
+        let secs: Vec<f64> = (0..n)
+            .map(|p| {
+                (0..problem.stage_count())
+                    .map(|s| problem.node_secs(s, p))
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        let free: Vec<bool> = (0..n)
+            .map(|p| secs[p] == 0.0 && problem.node_params[p].is_empty())
+            .collect();
+        let mut pins = vec![BTreeSet::new(); n];
+        for flow in problem.flows().iter().filter(|f| f.pinned) {
+            for &c in &flow.consumers {
+                pins[flow.producer as usize].insert(c);
+                pins[c as usize].insert(flow.producer);
+            }
+        }
+        Groups {
+            parent: (0..n as u32).collect(),
+            succ,
+            pred,
+            free,
+            secs,
+            pins,
+            count: n,
+        }
+    }
+
+    /// Merge 1, to a fixed point or `target` groups: a group with one successor joins it when
+    /// either is free or it is that successor's only predecessor; a free group joins its only
+    /// predecessor. `None` once `passed()`, read every [`CLOCK_EVERY`] positions.
+    fn merge_structurally(&mut self, target: usize, passed: &dyn Fn() -> bool) -> Option<()> {
+        let n = self.parent.len();
+        let mut changed = true;
+        while changed && self.count > target {
+            changed = false;
+            for p in 0..n as u32 {
+                if (p as usize).is_multiple_of(CLOCK_EVERY) && passed() {
+                    return None;
+                }
+                if self.parent[p as usize] != p {
+                    continue;
+                }
+                let single_succ = (self.succ[p as usize].len() == 1)
+                    .then(|| *self.succ[p as usize].first().expect("one successor"));
+                if let Some(s) = single_succ {
+                    let chain = self.pred[s as usize].len() == 1;
+                    let mergeable = chain || self.free[p as usize] || self.free[s as usize];
+                    if mergeable && !self.pinned_apart(p, s) {
+                        self.merge(p, s);
+                        changed = true;
+                        continue;
+                    }
+                }
+                let single_pred = (self.pred[p as usize].len() == 1)
+                    .then(|| *self.pred[p as usize].first().expect("one predecessor"));
+                if let Some(q) = single_pred {
+                    if self.free[p as usize] && !self.pinned_apart(q, p) {
+                        self.merge(q, p);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Merge 2, down to `target` groups: neighbours in a topological order, lightest pair
+    /// first and inside one layer (`layer_of`) before across, up to half the excess a round.
+    /// Stops early when every neighbouring pair is pinned apart; `None` once `passed()`.
+    fn merge_neighbours(
+        &mut self,
+        target: usize,
+        layer_of: &[usize],
+        passed: &dyn Fn() -> bool,
+    ) -> Option<()> {
+        while self.count > target {
+            if passed() {
+                return None;
+            }
+            let order = self.topological();
+            let mut pairs: Vec<(bool, f64, usize)> = order
+                .windows(2)
+                .enumerate()
+                .map(|(i, w)| {
+                    let across = layer_of[w[0] as usize] != layer_of[w[1] as usize];
+                    let secs = self.secs[w[0] as usize] + self.secs[w[1] as usize];
+                    (across, secs, i)
+                })
+                .collect();
+            pairs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+            let excess = self.count - target;
+            let budget = excess.div_ceil(2).max(1).min(excess);
+            let mut taken = vec![false; order.len()];
+            let mut merged = 0;
+            for &(_, _, i) in &pairs {
+                if merged == budget {
+                    break;
+                }
+                if taken[i] || taken[i + 1] || self.pinned_apart(order[i], order[i + 1]) {
+                    continue;
+                }
+                taken[i] = true;
+                taken[i + 1] = true;
+                self.merge(order[i], order[i + 1]);
+                merged += 1;
+            }
+            if merged == 0 {
+                // Every neighbouring pair is pinned apart: the graph cannot shrink further.
+                break;
+            }
+        }
+        Some(())
+    }
+
+    /// The group of every position, groups numbered in the contracted graph's topological
+    /// order, and how many groups there are.
+    fn group_of(&mut self) -> (Vec<u32>, usize) {
+        let mut index_of_root: BTreeMap<u32, u32> = BTreeMap::new();
+        let order_roots = self.topological();
+        for (i, &r) in order_roots.iter().enumerate() {
+            index_of_root.insert(r, i as u32);
+        }
+        let group_of = (0..self.parent.len() as u32)
+            .map(|p| index_of_root[&self.root(p)])
+            .collect();
+        (group_of, order_roots.len())
+    }
 }
 
 /// How many positions [`coarsen_until`] visits between two looks at the clock: a look costs
@@ -449,7 +517,7 @@ pub fn refine(problem: &PartitionProblem, plan: &[StageId]) -> Option<Vec<StageI
     let along = reordered(problem, &order);
     let solved = super::dp::solve(&along.problem)?;
     let refined = along.expand(&solved.stage_of);
-    super::milp::better(problem, &refined, plan).then_some(refined)
+    super::dp::better(problem, &refined, plan).then_some(refined)
 }
 
 #[cfg(test)]

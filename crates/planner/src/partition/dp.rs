@@ -44,6 +44,26 @@ use pipecut_cost::Mode;
 /// precision of any cost model, and reached in about 50 steps from a factor-of-10⁶ bracket.
 pub const RELATIVE_TOLERANCE: f64 = 1e-9;
 
+/// Whether `candidate` is strictly better than `best` by the DP's two objectives: a smaller
+/// bottleneck beyond [`RELATIVE_TOLERANCE`], or the same bottleneck with fewer bytes crossing.
+/// Every solver that improves on an incumbent (MILP, coarsening's refinement) asks this.
+pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
+    if problem.check_assignment(candidate).is_err() {
+        return false;
+    }
+    let c = problem.evaluate(candidate);
+    if !c.fits() {
+        return false;
+    }
+    let b = problem.evaluate(best);
+    if !b.fits() {
+        return true;
+    }
+    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
+        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
+            && c.cut_bytes < b.cut_bytes)
+}
+
 /// A partition into contiguous segments of the order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrderSolution {
@@ -270,43 +290,7 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
                     .saturating_add(activation_in_flight.saturating_mul(activations))
                     <= capacity
             };
-            // Memory grows with the end, so the fitting ends are i+1..=reach. Neighbouring
-            // starts reach about as far: the search gallops from the previous reach to bracket
-            // this one (a few probes instead of log n), then bisects the bracket.
-            let guess = i.max(previous_reach);
-            let (mut lo, mut hi) = if fits(guess) {
-                let (mut lo, mut step) = (guess, 1);
-                while lo < n && fits((lo + step).min(n)) {
-                    lo = (lo + step).min(n);
-                    step *= 2;
-                }
-                (lo, (lo + step).min(n))
-            } else if guess == i {
-                // Not even an empty segment fits (memory only grows with the end).
-                (i, i)
-            } else {
-                // The reach is below `guess`: gallop down until an end fits or `i` is met.
-                let (mut hi, mut step) = (guess - 1, 1);
-                loop {
-                    let probe = hi.saturating_sub(step).max(i);
-                    if probe == i {
-                        break (i, hi);
-                    }
-                    if fits(probe) {
-                        break (probe, hi);
-                    }
-                    hi = probe - 1;
-                    step *= 2;
-                }
-            };
-            while lo < hi {
-                let mid = lo + (hi - lo).div_ceil(2);
-                if fits(mid) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
+            let lo = furthest_fitting_end(fits, i, n, previous_reach);
             reach[i] = lo as u32;
             previous_reach = lo;
         }
@@ -327,6 +311,53 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
         })
         .collect();
     (by_key, key_of_stage)
+}
+
+/// The furthest end `j` in `i..=n` with `fits(j)`, `i` when none after it does; `fits` must
+/// hold on a prefix of the ends (memory grows with the end). Neighbouring starts reach about as
+/// far: the search gallops from `previous_reach` to bracket this one (a few probes instead of
+/// log n), then bisects the bracket.
+fn furthest_fitting_end(
+    fits: impl Fn(usize) -> bool,
+    i: usize,
+    n: usize,
+    previous_reach: usize,
+) -> usize {
+    let guess = i.max(previous_reach);
+    let (mut lo, mut hi) = if fits(guess) {
+        let (mut lo, mut step) = (guess, 1);
+        while lo < n && fits((lo + step).min(n)) {
+            lo = (lo + step).min(n);
+            step *= 2;
+        }
+        (lo, (lo + step).min(n))
+    } else if guess == i {
+        // Not even an empty segment fits (memory only grows with the end).
+        (i, i)
+    } else {
+        // The reach is below `guess`: gallop down until an end fits or `i` is met.
+        let (mut hi, mut step) = (guess - 1, 1);
+        loop {
+            let probe = hi.saturating_sub(step).max(i);
+            if probe == i {
+                break (i, hi);
+            }
+            if fits(probe) {
+                break (probe, hi);
+            }
+            hi = probe - 1;
+            step *= 2;
+        }
+    };
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// A heap entry ordered by its key; ties by position so that runs are deterministic.

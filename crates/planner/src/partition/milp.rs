@@ -58,6 +58,7 @@
 //! `O(n·K + Σ readers·K)` rows; branch and bound is exponential in the worst case, hence the
 //! deadline and coarsening.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
@@ -66,7 +67,7 @@ use good_lp::{
     WithTimeLimit,
 };
 
-use super::dp::RELATIVE_TOLERANCE;
+use super::dp::{better, RELATIVE_TOLERANCE};
 use super::problem::{PartitionProblem, StageId};
 use pipecut_cost::Mode;
 
@@ -257,6 +258,10 @@ enum Integrality {
     Relaxed,
 }
 
+/// The MILP (or its relaxation) of `problem` for `objective`, stage times scaled by
+/// `time_scale`, the bottleneck column at least `lower`, each position's stage within its
+/// window. Variables are added, and rows pushed, in a fixed order: the solver's path depends
+/// on it.
 fn build(
     problem: &PartitionProblem,
     time_scale: f64,
@@ -265,10 +270,52 @@ fn build(
     windows: &[(usize, usize)],
     integrality: Integrality,
 ) -> Model {
-    let k = problem.stage_count();
-    let boundaries = k - 1;
     let mut vars = ProblemVariables::new();
-    let before: Vec<Vec<Before>> = windows
+    let before = before_variables(&mut vars, windows, problem.stage_count() - 1, integrality);
+    let crossing = crossing_variables(&mut vars, problem, &before);
+    let held = held_variables(&mut vars, problem, &before);
+    let upper = match objective {
+        Objective::Bottleneck => 1.0 + 4.0 * RELATIVE_TOLERANCE,
+        Objective::CutBytes { scaled_bound } => scaled_bound,
+        Objective::MemoryScale { upper } => upper,
+    };
+    let bottleneck = vars.add(variable().min(lower.min(upper)).max(upper));
+    let mut model = Model {
+        vars,
+        before,
+        crossing,
+        held,
+        bottleneck,
+        constraints: Vec::new(),
+    };
+    model.add_order_rows(problem);
+    model.add_flow_rows(problem);
+    model.add_cover_rows(problem);
+    let memory_only = matches!(objective, Objective::MemoryScale { .. });
+    for s in 0..problem.stage_count() {
+        if !memory_only {
+            let time = model.stage_time(problem, s, time_scale);
+            model.constraints.push(time.leq(model.bottleneck));
+        }
+        let memory = model.stage_memory(problem, s);
+        model.constraints.push(if memory_only {
+            memory.leq(model.bottleneck)
+        } else {
+            memory.leq(1.0)
+        });
+    }
+    model
+}
+
+/// `y[v][b]` for every position and boundary: fixed outside the position's window, else a
+/// variable (binary, or in `[0, 1]` for the relaxation).
+fn before_variables(
+    vars: &mut ProblemVariables,
+    windows: &[(usize, usize)],
+    boundaries: usize,
+    integrality: Integrality,
+) -> Vec<Vec<Before>> {
+    windows
         .iter()
         .map(|&(earliest, latest)| {
             (0..boundaries)
@@ -288,10 +335,19 @@ fn build(
                 })
                 .collect()
         })
-        .collect();
-    // Where the windows fix every term of `z ≥ y[p] − y[c]`, `z` is a constant: most flows of a
-    // long model cross only boundaries near their nodes, so this keeps the LP small.
-    let crossing: Vec<Vec<Before>> = problem
+        .collect()
+}
+
+/// `z[f][b]`: whether flow `f` crosses boundary `b`. Where the windows fix every term of
+/// `z ≥ y[p] − y[c]`, `z` is a constant: most flows of a long model cross only boundaries near
+/// their nodes, so this keeps the LP small.
+fn crossing_variables(
+    vars: &mut ProblemVariables,
+    problem: &PartitionProblem,
+    before: &[Vec<Before>],
+) -> Vec<Vec<Before>> {
+    let boundaries = problem.stage_count() - 1;
+    problem
         .flows()
         .iter()
         .map(|flow| {
@@ -317,8 +373,18 @@ fn build(
                 })
                 .collect()
         })
-        .collect();
-    let held: Vec<Vec<Option<Before>>> = problem
+        .collect()
+}
+
+/// `h[w][s]`: whether stage `s` holds weight `w` (None for a weight with one reader, whose
+/// `x` is used directly), fixed where the windows decide its readers.
+fn held_variables(
+    vars: &mut ProblemVariables,
+    problem: &PartitionProblem,
+    before: &[Vec<Before>],
+) -> Vec<Vec<Option<Before>>> {
+    let k = problem.stage_count();
+    problem
         .params()
         .iter()
         .map(|param| {
@@ -342,90 +408,105 @@ fn build(
                 })
                 .collect()
         })
-        .collect();
-    let upper = match objective {
-        Objective::Bottleneck => 1.0 + 4.0 * RELATIVE_TOLERANCE,
-        Objective::CutBytes { scaled_bound } => scaled_bound,
-        Objective::MemoryScale { upper } => upper,
-    };
-    let memory_only = matches!(objective, Objective::MemoryScale { .. });
-    let bottleneck = vars.add(variable().min(lower.min(upper)).max(upper));
-    let mut constraints = Vec::new();
+        .collect()
+}
 
-    // Monotone stage index and convexity.
-    for row in &before {
-        for b in 1..boundaries {
-            if !(row[b - 1].is_fixed() && row[b].is_fixed()) {
-                constraints.push(row[b - 1].expr().leq(row[b].expr()));
-            }
-        }
-    }
-    // Pinned cuts: a reader at a stage ≤ b has its producer at a stage ≤ b − 1, so the producer
-    // is not on the last stage and no reader on the first.
-    for flow in problem.flows().iter().filter(|f| f.pinned) {
-        let producer = &before[flow.producer as usize];
-        if boundaries > 0 {
-            constraints.push(Expression::from(1.0).leq(producer[boundaries - 1].expr()));
-        }
-        for &consumer in &flow.consumers {
-            let consumer = &before[consumer as usize];
-            for b in 0..boundaries {
-                let earlier = match b {
-                    0 => Expression::from(0.0),
-                    _ => producer[b - 1].expr(),
-                };
-                constraints.push(consumer[b].expr().leq(earlier));
-            }
-        }
-    }
-    for (f, flow) in problem.flows().iter().enumerate() {
-        let producer = &before[flow.producer as usize];
-        for &consumer in &flow.consumers {
-            let consumer = &before[consumer as usize];
-            for b in 0..boundaries {
-                if producer[b].is_fixed() && consumer[b].is_fixed() {
-                    // Consistent by construction: a consumer's window is never before its
-                    // producer's, and a fixed crossing was fixed to 1 above.
-                    continue;
-                }
-                constraints.push(consumer[b].expr().leq(producer[b].expr()));
-                if !crossing[f][b].is_fixed() {
-                    // z ≥ y[p] − y[c]
-                    constraints
-                        .push((producer[b].expr() - consumer[b].expr()).leq(crossing[f][b].expr()));
+impl Model {
+    /// Monotone stage index, and the pinned cuts.
+    fn add_order_rows(&mut self, problem: &PartitionProblem) {
+        let boundaries = problem.stage_count() - 1;
+        let (before, constraints) = (&self.before, &mut self.constraints);
+        // Monotone stage index and convexity.
+        for row in before {
+            for b in 1..boundaries {
+                if !(row[b - 1].is_fixed() && row[b].is_fixed()) {
+                    constraints.push(row[b - 1].expr().leq(row[b].expr()));
                 }
             }
         }
-    }
-    for s in 0..k {
-        let mut count = Expression::from(0.0);
-        for row in &before {
-            count += on_stage(row, s, k);
-        }
-        constraints.push(count.geq(1.0));
-    }
-    for (param, held_on) in problem.params().iter().zip(&held) {
-        for (s, h) in held_on.iter().enumerate() {
-            if let Some(h @ Before::Free(..)) = *h {
-                for &u in &param.uses {
-                    constraints.push(on_stage(&before[u as usize], s, k).leq(h.expr()));
+        // Pinned cuts: a reader at a stage ≤ b has its producer at a stage ≤ b − 1, so the
+        // producer is not on the last stage and no reader on the first.
+        for flow in problem.flows().iter().filter(|f| f.pinned) {
+            let producer = &before[flow.producer as usize];
+            if boundaries > 0 {
+                constraints.push(Expression::from(1.0).leq(producer[boundaries - 1].expr()));
+            }
+            for &consumer in &flow.consumers {
+                let consumer = &before[consumer as usize];
+                for b in 0..boundaries {
+                    let earlier = match b {
+                        0 => Expression::from(0.0),
+                        _ => producer[b - 1].expr(),
+                    };
+                    constraints.push(consumer[b].expr().leq(earlier));
                 }
             }
         }
     }
 
-    let training = matches!(problem.settings().mode, Mode::Training { .. });
-    // Cost of receiving flow `f` across boundary `b` on the link into stage `b + 1`.
-    let receive = |b: usize, bytes: u64| -> f64 {
-        match problem.stages()[b + 1].link_in {
-            Some((bandwidth, latency)) => latency + bytes as f64 / bandwidth,
-            None => 0.0,
+    /// Every reader at or after its producer's stage (convexity), and `z` at least the flow's
+    /// crossing of each boundary.
+    fn add_flow_rows(&mut self, problem: &PartitionProblem) {
+        let boundaries = problem.stage_count() - 1;
+        let (before, crossing, constraints) = (&self.before, &self.crossing, &mut self.constraints);
+        for (f, flow) in problem.flows().iter().enumerate() {
+            let producer = &before[flow.producer as usize];
+            for &consumer in &flow.consumers {
+                let consumer = &before[consumer as usize];
+                for b in 0..boundaries {
+                    if producer[b].is_fixed() && consumer[b].is_fixed() {
+                        // Consistent by construction: a consumer's window is never before its
+                        // producer's, and a fixed crossing was fixed to 1 above.
+                        continue;
+                    }
+                    constraints.push(consumer[b].expr().leq(producer[b].expr()));
+                    if !crossing[f][b].is_fixed() {
+                        // z ≥ y[p] − y[c]
+                        constraints.push(
+                            (producer[b].expr() - consumer[b].expr()).leq(crossing[f][b].expr()),
+                        );
+                    }
+                }
+            }
         }
-    };
-    for s in 0..k {
-        // Time.
+    }
+
+    /// Every stage holds a node, and every weight a reader on a stage reads.
+    fn add_cover_rows(&mut self, problem: &PartitionProblem) {
+        let k = problem.stage_count();
+        let (before, held, constraints) = (&self.before, &self.held, &mut self.constraints);
+        for s in 0..k {
+            let mut count = Expression::from(0.0);
+            for row in before {
+                count += on_stage(row, s, k);
+            }
+            constraints.push(count.geq(1.0));
+        }
+        for (param, held_on) in problem.params().iter().zip(held) {
+            for (s, h) in held_on.iter().enumerate() {
+                if let Some(h @ Before::Free(..)) = *h {
+                    for &u in &param.uses {
+                        constraints.push(on_stage(&before[u as usize], s, k).leq(h.expr()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stage `s`'s time, scaled: its nodes' compute, the flows it receives, and in training the
+    /// gradients it receives back across the next boundary.
+    fn stage_time(&self, problem: &PartitionProblem, s: usize, time_scale: f64) -> Expression {
+        let k = problem.stage_count();
+        let training = matches!(problem.settings().mode, Mode::Training { .. });
+        // Cost of receiving flow `f` across boundary `b` on the link into stage `b + 1`.
+        let receive = |b: usize, bytes: u64| -> f64 {
+            match problem.stages()[b + 1].link_in {
+                Some((bandwidth, latency)) => latency + bytes as f64 / bandwidth,
+                None => 0.0,
+            }
+        };
         let mut time = Expression::from(0.0);
-        for (v, row) in before.iter().enumerate() {
+        for (v, row) in self.before.iter().enumerate() {
             let secs = problem.node_secs(s, v);
             if secs != 0.0 {
                 time.add_mul(secs * time_scale, on_stage(row, s, k));
@@ -435,18 +516,24 @@ fn build(
             if s > 0 {
                 time.add_mul(
                     receive(s - 1, flow.bytes) * time_scale,
-                    crossing[f][s - 1].expr(),
+                    self.crossing[f][s - 1].expr(),
                 );
             }
             if training && s + 1 < k {
-                time.add_mul(receive(s, flow.bytes) * time_scale, crossing[f][s].expr());
+                time.add_mul(
+                    receive(s, flow.bytes) * time_scale,
+                    self.crossing[f][s].expr(),
+                );
             }
         }
-        if !memory_only {
-            constraints.push(time.leq(bottleneck));
-        }
+        time
+    }
 
-        // Memory, in units of the stage's capacity.
+    /// Stage `s`'s memory in units of its capacity: the weights it holds, the activations of
+    /// its micro-batches in flight, and the tensors it receives for them.
+    fn stage_memory(&self, problem: &PartitionProblem, s: usize) -> Expression {
+        let k = problem.stage_count();
+        let before = &self.before;
         let stage = &problem.stages()[s];
         let capacity = stage.capacity_bytes.max(1) as f64;
         let in_flight = stage.in_flight as f64;
@@ -454,7 +541,7 @@ fn build(
         let mut memory = Expression::from(0.0);
         for (w, param) in problem.params().iter().enumerate() {
             let footprint = param.footprint_bytes as f64 / capacity;
-            match held[w][s] {
+            match self.held[w][s] {
                 Some(h) => memory.add_mul(footprint, h.expr()),
                 None => memory.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
             }
@@ -472,23 +559,11 @@ fn build(
             for (f, flow) in problem.flows().iter().enumerate() {
                 memory.add_mul(
                     in_flight * flow.bytes as f64 / capacity,
-                    crossing[f][s - 1].expr(),
+                    self.crossing[f][s - 1].expr(),
                 );
             }
         }
-        constraints.push(if memory_only {
-            memory.leq(bottleneck)
-        } else {
-            memory.leq(1.0)
-        });
-    }
-    Model {
-        vars,
-        before,
-        crossing,
-        held,
-        bottleneck,
-        constraints,
+        memory
     }
 }
 
@@ -552,25 +627,6 @@ fn decode(before: &[Vec<Before>], values: &[f64]) -> Vec<StageId> {
             StageId(later as u32)
         })
         .collect()
-}
-
-/// Whether `candidate` is strictly better than `best`: a smaller bottleneck beyond the DP's
-/// tolerance, or the same bottleneck with fewer bytes crossing.
-pub(crate) fn better(problem: &PartitionProblem, candidate: &[StageId], best: &[StageId]) -> bool {
-    if problem.check_assignment(candidate).is_err() {
-        return false;
-    }
-    let c = problem.evaluate(candidate);
-    if !c.fits() {
-        return false;
-    }
-    let b = problem.evaluate(best);
-    if !b.fits() {
-        return true;
-    }
-    c.bottleneck_secs < b.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE)
-        || (c.bottleneck_secs <= b.bottleneck_secs * (1.0 + RELATIVE_TOLERANCE)
-            && c.cut_bytes < b.cut_bytes)
 }
 
 /// Outcome of one solver call.
@@ -783,7 +839,6 @@ pub(crate) fn solve_reporting(
     let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
     // The granularity bound (bounds.rs) is a tighter floor for `T` than the average work.
     let lower_bound = super::bounds::lower_bound_secs(problem, deadline, None);
-    let remaining = || deadline.saturating_duration_since(Instant::now());
     if k == 1 || incumbent_secs <= 0.0 {
         // One stage has one partition; a zero bottleneck cannot be beaten.
         return MilpRun {
@@ -796,72 +851,107 @@ pub(crate) fn solve_reporting(
     }
     let time_scale = 1.0 / incumbent_secs;
     let mut best = incumbent.to_vec();
-
     // Phase 1: the bottleneck, unless the incumbent already meets the lower bound.
     let at_bound = incumbent_secs <= lower_bound * (1.0 + RELATIVE_TOLERANCE);
     if !at_bound {
-        let left = remaining();
-        if left.is_zero() {
-            return MilpRun {
-                stage_of: best,
-                proven: false,
-                bound_secs: None,
-                stopped: Some(MilpStop::Deadline),
-                error: None,
-            };
-        }
-        let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
-        let windows = stage_windows(problem, incumbent_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE));
-        let model = build(
+        match minimise_bottleneck(
             problem,
-            time_scale,
-            scaled_lower,
-            Objective::Bottleneck,
-            &windows,
-            Integrality::Binary,
-        );
-        let start = hint(problem, &model, incumbent, 1.0);
-        let objective = Expression::from(model.bottleneck);
-        let best_secs = std::cell::Cell::new(incumbent_secs);
-        let on_slice = |plan: Option<&[StageId]>, bound: Option<f64>| {
-            if let Some(plan) = plan {
-                let evaluation = problem.evaluate(plan);
-                if evaluation.fits() && evaluation.bottleneck_secs < best_secs.get() {
-                    best_secs.set(evaluation.bottleneck_secs);
-                }
-            }
-            let bound = bound
-                .map(|scaled| scaled / time_scale)
-                .filter(|b| b.is_finite())
-                .map(|b| b.max(lower_bound).min(best_secs.get()));
-            progress(best_secs.get(), bound);
-        };
-        let first = run_model(model, objective, start, deadline, &on_slice);
-        if let Some(found) = &first.stage_of {
-            if better(problem, found, &best) {
-                best = found.clone();
-            }
-        }
-        if !first.proven {
-            let best_secs = problem.evaluate(&best).bottleneck_secs;
-            return MilpRun {
-                bound_secs: first
-                    .bound
-                    .map(|scaled| scaled / time_scale)
-                    .filter(|b| b.is_finite())
-                    .map(|b| b.min(best_secs)),
-                stage_of: best,
-                proven: false,
-                stopped: first.stopped,
-                error: first.error,
-            };
+            incumbent,
+            incumbent_secs,
+            lower_bound,
+            deadline,
+            progress,
+        ) {
+            ControlFlow::Continue(optimal) => best = optimal,
+            ControlFlow::Break(unproven) => return unproven,
         }
     }
-
     // Phase 2, the tie-break: fewest bytes among plans whose every stage is within the optimum.
+    minimise_cut_bytes(problem, best, time_scale, deadline)
+}
+
+/// Phase 1 of [`solve_reporting`]: the MILP of the bottleneck, started from `incumbent`, whose
+/// bottleneck (`incumbent_secs`) scales the model's times. Continues with the best plan when
+/// its bottleneck is proven optimal; breaks with the run's outcome when it is not.
+fn minimise_bottleneck(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    incumbent_secs: f64,
+    lower_bound: f64,
+    deadline: Instant,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> ControlFlow<MilpRun, Vec<StageId>> {
+    let time_scale = 1.0 / incumbent_secs;
+    let mut best = incumbent.to_vec();
+    if deadline.saturating_duration_since(Instant::now()).is_zero() {
+        return ControlFlow::Break(MilpRun {
+            stage_of: best,
+            proven: false,
+            bound_secs: None,
+            stopped: Some(MilpStop::Deadline),
+            error: None,
+        });
+    }
+    let scaled_lower = lower_bound * time_scale * (1.0 - RELATIVE_TOLERANCE);
+    let windows = stage_windows(problem, incumbent_secs * (1.0 + 4.0 * RELATIVE_TOLERANCE));
+    let model = build(
+        problem,
+        time_scale,
+        scaled_lower,
+        Objective::Bottleneck,
+        &windows,
+        Integrality::Binary,
+    );
+    let start = hint(problem, &model, incumbent, 1.0);
+    let objective = Expression::from(model.bottleneck);
+    let best_secs = std::cell::Cell::new(incumbent_secs);
+    let on_slice = |plan: Option<&[StageId]>, bound: Option<f64>| {
+        if let Some(plan) = plan {
+            let evaluation = problem.evaluate(plan);
+            if evaluation.fits() && evaluation.bottleneck_secs < best_secs.get() {
+                best_secs.set(evaluation.bottleneck_secs);
+            }
+        }
+        let bound = bound
+            .map(|scaled| scaled / time_scale)
+            .filter(|b| b.is_finite())
+            .map(|b| b.max(lower_bound).min(best_secs.get()));
+        progress(best_secs.get(), bound);
+    };
+    let first = run_model(model, objective, start, deadline, &on_slice);
+    if let Some(found) = &first.stage_of {
+        if better(problem, found, &best) {
+            best = found.clone();
+        }
+    }
+    if !first.proven {
+        let best_secs = problem.evaluate(&best).bottleneck_secs;
+        return ControlFlow::Break(MilpRun {
+            bound_secs: first
+                .bound
+                .map(|scaled| scaled / time_scale)
+                .filter(|b| b.is_finite())
+                .map(|b| b.min(best_secs)),
+            stage_of: best,
+            proven: false,
+            stopped: first.stopped,
+            error: first.error,
+        });
+    }
+    ControlFlow::Continue(best)
+}
+
+/// Phase 2 of [`solve_reporting`]: from `best`, whose bottleneck is proven optimal, the MILP
+/// of the fewest bytes crossing among plans whose every stage is within that optimum.
+fn minimise_cut_bytes(
+    problem: &PartitionProblem,
+    mut best: Vec<StageId>,
+    time_scale: f64,
+    deadline: Instant,
+) -> MilpRun {
     let optimum_secs = problem.evaluate(&best).bottleneck_secs;
     let total_bytes: f64 = problem.flows().iter().map(|f| f.bytes as f64).sum();
-    let left = remaining();
+    let left = deadline.saturating_duration_since(Instant::now());
     let mut stopped = None;
     let mut tie_break_error = None;
     if total_bytes > 0.0 && !left.is_zero() {
@@ -1308,39 +1398,21 @@ pub(crate) fn solve_model_reporting(
     }
     // Fewer nodes leave proportionally fewer free binaries, about.
     let target = (n * MAX_BINARIES / free.max(1)).max(problem.stage_count());
-    // Coarsening stops at the deadline: the MILP could not start after it, and the planner may
-    // have stopped waiting for this thread and be writing the plan.
-    let not_started = MilpReport {
-        nodes: n,
-        coarsened: true,
-        proven: false,
-        stopped: Some(MilpStop::Deadline),
-        improved: false,
-        started: false,
-        error: None,
-        too_large: false,
-    };
-    let Some(mut coarse) = super::coarsen::coarsen_until(problem, target, Some(deadline)) else {
+    let Some(coarse) = coarsen_to_fit(problem, target, incumbent_secs, deadline) else {
+        // Coarsening stops at the deadline: the MILP could not start after it, and the planner
+        // may have stopped waiting for this thread and be writing the plan.
+        let not_started = MilpReport {
+            nodes: n,
+            coarsened: true,
+            proven: false,
+            stopped: Some(MilpStop::Deadline),
+            improved: false,
+            started: false,
+            error: None,
+            too_large: false,
+        };
         return (incumbent.to_vec(), None, not_started);
     };
-    while (free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
-        || !small_enough_to_build(&coarse.problem))
-        && coarse.problem.node_count() > problem.stage_count()
-    {
-        let smaller = coarse.problem.node_count() * 3 / 4;
-        let Some(again) = super::coarsen::coarsen_until(&coarse.problem, smaller, Some(deadline))
-        else {
-            return (incumbent.to_vec(), None, not_started);
-        };
-        coarse = super::coarsen::Coarsened {
-            group_of: coarse
-                .group_of
-                .iter()
-                .map(|&g| again.group_of[g as usize])
-                .collect(),
-            problem: again.problem,
-        };
-    }
     // The DP's plan usually splits some super-node; the DP on the coarse graph gives a start
     // that keeps them whole.
     let Some(start) = coarse
@@ -1355,49 +1427,16 @@ pub(crate) fn solve_model_reporting(
         }
         return solve_fine(problem, incumbent, deadline, refine_reserve, progress);
     };
-    let start = Some(start);
-    let mut best = incumbent.to_vec();
-    let mut report = MilpReport {
-        nodes: coarse.problem.node_count(),
-        coarsened: true,
-        proven: false,
-        stopped: None,
-        improved: false,
-        started: false,
-        error: None,
-        too_large: false,
-    };
-    // Coarsening and the start took time too: without room for the refinement after it, the
-    // MILP is not begun.
+    let (mut best, mut report) = solve_coarse(
+        problem,
+        &coarse,
+        &start,
+        incumbent,
+        deadline,
+        refine_reserve,
+        progress,
+    );
     let room = |reserve: Duration| Instant::now() + reserve <= deadline;
-    report.stopped = Some(MilpStop::Deadline);
-    if let Some(start) = start.filter(|_| room(refine_reserve)) {
-        let milp_deadline = deadline
-            .checked_sub(refine_reserve)
-            .unwrap_or(deadline)
-            .max(Instant::now());
-        let run = solve_reporting(&coarse.problem, &start, milp_deadline, &|best, _| {
-            progress(best, None)
-        });
-        report.started = true;
-        report.proven = run.proven;
-        // Its deadline was the limit less the refinement's reserve.
-        report.stopped = match run.stopped {
-            Some(MilpStop::Deadline) if !refine_reserve.is_zero() => Some(MilpStop::Share),
-            other => other,
-        };
-        report.error = run.error;
-        let found = coarse.expand(&run.stage_of);
-        if better(problem, &found, &best) {
-            best = found;
-        }
-        // Refine unless the MILP overran into more than half the reserve.
-        if room(refine_reserve / 2) {
-            if let Some(refined) = super::coarsen::refine(problem, &best) {
-                best = refined;
-            }
-        }
-    }
     // Time left after the coarse search (it often proves its optimum within a second): the
     // whole graph from the refined plan, whose tighter bottleneck narrows the stage windows.
     // A proof there is a proof for the model; otherwise the coarse result stands.
@@ -1428,6 +1467,92 @@ pub(crate) fn solve_model_reporting(
     report.improved = better(problem, &best, incumbent);
     // A bound of the coarse problem bounds only plans that keep super-nodes whole.
     (best, None, report)
+}
+
+/// `problem` coarsened to about `target` super-nodes, then by quarters until the stage windows
+/// of plans no slower than `incumbent_secs` leave at most [`MAX_BINARIES`] free and the model
+/// is small enough to build (or no fewer super-nodes than stages are left); `None` when the
+/// deadline comes first.
+fn coarsen_to_fit(
+    problem: &PartitionProblem,
+    target: usize,
+    incumbent_secs: f64,
+    deadline: Instant,
+) -> Option<super::coarsen::Coarsened> {
+    let mut coarse = super::coarsen::coarsen_until(problem, target, Some(deadline))?;
+    while (free_binaries(&coarse.problem, incumbent_secs) > MAX_BINARIES
+        || !small_enough_to_build(&coarse.problem))
+        && coarse.problem.node_count() > problem.stage_count()
+    {
+        let smaller = coarse.problem.node_count() * 3 / 4;
+        let again = super::coarsen::coarsen_until(&coarse.problem, smaller, Some(deadline))?;
+        coarse = super::coarsen::Coarsened {
+            group_of: coarse
+                .group_of
+                .iter()
+                .map(|&g| again.group_of[g as usize])
+                .collect(),
+            problem: again.problem,
+        };
+    }
+    Some(coarse)
+}
+
+/// The MILP on the coarse problem from `start`, until the deadline less `refine_reserve`, then
+/// the refinement DP on the fine graph: the best plan (never worse than `incumbent`) and the
+/// report (its `improved` left for the caller). Coarsening and the start took time too:
+/// without room for the refinement after it, the MILP is not begun.
+fn solve_coarse(
+    problem: &PartitionProblem,
+    coarse: &super::coarsen::Coarsened,
+    start: &[StageId],
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+    progress: &dyn Fn(f64, Option<f64>),
+) -> (Vec<StageId>, MilpReport) {
+    let mut best = incumbent.to_vec();
+    let mut report = MilpReport {
+        nodes: coarse.problem.node_count(),
+        coarsened: true,
+        proven: false,
+        // Until the MILP runs: not begun for want of time.
+        stopped: Some(MilpStop::Deadline),
+        improved: false,
+        started: false,
+        error: None,
+        too_large: false,
+    };
+    let room = |reserve: Duration| Instant::now() + reserve <= deadline;
+    if !room(refine_reserve) {
+        return (best, report);
+    }
+    let milp_deadline = deadline
+        .checked_sub(refine_reserve)
+        .unwrap_or(deadline)
+        .max(Instant::now());
+    let run = solve_reporting(&coarse.problem, start, milp_deadline, &|best, _| {
+        progress(best, None)
+    });
+    report.started = true;
+    report.proven = run.proven;
+    // Its deadline was the limit less the refinement's reserve.
+    report.stopped = match run.stopped {
+        Some(MilpStop::Deadline) if !refine_reserve.is_zero() => Some(MilpStop::Share),
+        other => other,
+    };
+    report.error = run.error;
+    let found = coarse.expand(&run.stage_of);
+    if better(problem, &found, &best) {
+        best = found;
+    }
+    // Refine unless the MILP overran into more than half the reserve.
+    if room(refine_reserve / 2) {
+        if let Some(refined) = super::coarsen::refine(problem, &best) {
+            best = refined;
+        }
+    }
+    (best, report)
 }
 
 #[cfg(test)]

@@ -835,80 +835,19 @@ impl<'a> Planner<'a> {
         split: Option<dp::OrderSolution>,
     ) -> Result<Solution, Error> {
         let budget = self.config.work_budget;
-        let dp_started = Instant::now();
-        // A plan before any search: past the deadline (the model's costs took it all) it
-        // stands, and the DP runs only when it does not fit. Under a work budget the clock
-        // decides nothing, so the DP always runs to its end.
-        let balanced = split.or_else(|| dp::balanced_split(&problem));
-        let dp_deadline = budget.is_none().then_some(deadline);
-        let past_deadline = dp_deadline.is_some_and(|d| Instant::now() >= d);
-        let order = match balanced {
-            // The split stands alone: comparing it with itself would cost two evaluations of
-            // the whole model past the deadline.
-            Some(split) if past_deadline => Some(split),
-            balanced => match (dp::solve_until(&problem, dp_deadline), balanced) {
-                (Some(dp), Some(split))
-                    if !dp.complete && milp::better(&problem, &split.stage_of, &dp.stage_of) =>
-                {
-                    Some(split)
-                }
-                (Some(dp), _) => Some(dp),
-                (None, split) => split,
-            },
-        };
-        let dp_complete = order.as_ref().is_some_and(|o| o.complete);
-        let (incumbent, order_evaluation) = match order {
-            Some(order) => (order.stage_of, Some(order.evaluation)),
-            // No contiguous cut of the order fits: the exact solver decides over every convex
-            // partition before "does not fit".
-            None => {
-                let fitting = milp::fit_or_explain(&problem, deadline, budget).map_err(|why| {
-                    Error::Infeasible(explain_infeasible(&problem, self.cluster) + &why)
-                })?;
-                (fitting, None)
-            }
-        };
-        let dp_secs = dp_started.elapsed();
-        // The bound's cut-node search may take a quarter of what is left (under a work budget
-        // its own work count stops it, so the plan does not depend on the clock); past it the
-        // average-work bound stands and the rest goes to the searches.
-        let bound_deadline = match budget {
-            Some(_) => deadline,
-            None => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4,
-        };
-        let dp_evaluation = order_evaluation.unwrap_or_else(|| problem.evaluate(&incumbent));
-        let mut proved = LowerBounds {
-            average_work_secs: problem.lower_bound_secs(),
-            granularity_secs: bounds::granularity_bound_secs(&problem, bound_deadline, budget),
-            ..LowerBounds::default()
-        };
-        let mut lower_bound_secs = proved.strongest().1;
-        // The LP relaxation counts what the granularity bound does not (communication, memory,
-        // each stage's device), for an eighth of what is left. It has no work count, so under a
-        // work budget it does not run: the plan must not depend on the clock.
-        let gap_open =
-            dp_evaluation.bottleneck_secs > lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-        if gap_open && budget.is_none() {
-            let lp_deadline =
-                Instant::now() + deadline.saturating_duration_since(Instant::now()) / 8;
-            proved.lp_relaxation_secs = milp::lp_relaxation_bound_secs(
-                &problem,
-                dp_evaluation.bottleneck_secs,
-                lp_deadline,
-            );
-            lower_bound_secs = proved.strongest().1;
-        }
+        let dp_plan = self.dp_phase(&problem, deadline, split)?;
+        let mut proved = self.prove_bounds(&problem, &dp_plan, deadline);
         let k = problem.stage_count();
         self.report(
             SolverKind::Dp,
             k,
-            dp_evaluation.bottleneck_secs,
-            Some(lower_bound_secs),
+            dp_plan.evaluation.bottleneck_secs,
+            Some(proved.secs),
         );
         let at_bound =
-            dp_evaluation.bottleneck_secs <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
+            dp_plan.evaluation.bottleneck_secs <= proved.secs * (1.0 + dp::RELATIVE_TOLERANCE);
         // A chain has one topological order, so a DP that finished saw every convex partition.
-        let dp_exact = at_bound || (dp_complete && is_chain(&problem));
+        let dp_exact = at_bound || (dp_plan.complete && is_chain(&problem));
         let search = self.config.solver == SolverChoice::Auto && !dp_exact;
         let run_milp = match self.config.solver {
             SolverChoice::Dp => false,
@@ -917,69 +856,34 @@ impl<'a> Planner<'a> {
             SolverChoice::Auto => !dp_exact && budget.is_none(),
         };
         let searched = (search && Instant::now() < deadline)
-            .then(|| self.search_ideals(&problem, &incumbent, deadline));
+            .then(|| self.search_ideals(&problem, &dp_plan.incumbent, deadline));
         // Without the time of two more DPs left (the MILP's refinement needs one, and coarsening
         // a model too large to build costs about another), the MILP would only overrun the
         // limit: its thread, abandoned at the deadline, still coarsens a million nodes while the
         // plan is written (a 10 s limit overran by 16% so).
-        let milp_has_time = Instant::now() + dp_secs * 2 < deadline;
+        let milp_has_time = Instant::now() + dp_plan.secs * 2 < deadline;
+        let incumbent = &dp_plan.incumbent;
         let (stage_of, status, solver, milp) = if let Some((plan, end)) = &searched
             .as_ref()
             .filter(|(_, end)| *end == ideal_search::SearchEnd::Proven || !run_milp)
         {
-            let solver = if milp::better(&problem, plan, &incumbent) {
-                SolverKind::IdealSearch
-            } else {
-                SolverKind::Dp
-            };
-            let status = match end {
-                ideal_search::SearchEnd::Proven => SolveStatus::Optimal,
-                ideal_search::SearchEnd::WorkLimit => SolveStatus::Heuristic {
-                    reason: HeuristicReason::WorkBudget,
-                },
-                ideal_search::SearchEnd::Deadline => SolveStatus::TimeLimit {
-                    gap: relative_gap(problem.evaluate(plan).bottleneck_secs, lower_bound_secs),
-                    stop: MilpStop::Deadline,
-                },
-                ideal_search::SearchEnd::TooLarge => SolveStatus::Heuristic {
-                    reason: HeuristicReason::TooLargeToSearch,
-                },
-            };
+            let (status, solver) =
+                ideal_search_outcome(&problem, plan, *end, incumbent, proved.secs);
             (plan.clone(), status, solver, None)
         } else if run_milp && !milp_has_time {
+            // The MILP's start stands: the ideal search's plan when it beats the DP's.
             let (start, solver) = match searched {
-                Some((plan, _)) if milp::better(&problem, &plan, &incumbent) => {
+                Some((plan, _)) if dp::better(&problem, &plan, incumbent) => {
                     (plan, SolverKind::IdealSearch)
                 }
                 Some((plan, _)) => (plan, SolverKind::Dp),
                 None => (incumbent.clone(), SolverKind::Dp),
             };
-            let status = SolveStatus::Heuristic {
-                reason: HeuristicReason::MilpNotStarted,
-            };
-            (start, status, solver, None)
+            (start, MILP_NOT_STARTED, solver, None)
         } else if run_milp {
             let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
-            let (stage_of, bound, report) =
-                self.milp_within_deadline(&problem, &start, deadline, dp_secs);
-            if let Some(bound) = bound {
-                proved.branch_and_bound_secs = Some(bound);
-                lower_bound_secs = lower_bound_secs.max(bound);
-            }
-            let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
-            let meets_bound = bottleneck <= lower_bound_secs * (1.0 + dp::RELATIVE_TOLERANCE);
-            let status = milp_status(
-                &report,
-                meets_bound || dp_exact,
-                relative_gap(bottleneck, lower_bound_secs),
-            );
-            let solver = if report.improved {
-                SolverKind::Milp
-            } else if milp::better(&problem, &start, &incumbent) {
-                SolverKind::IdealSearch
-            } else {
-                SolverKind::Dp
-            };
+            let (stage_of, status, solver, report) =
+                self.milp_phase(&problem, start, &dp_plan, dp_exact, deadline, &mut proved);
             (stage_of, status, solver, Some(report))
         } else {
             let status = if dp_exact {
@@ -991,28 +895,20 @@ impl<'a> Planner<'a> {
             };
             (incumbent.clone(), status, SolverKind::Dp, None)
         };
-        // The DP's plan, from a DP the deadline stopped (or never began): say so, rather than
-        // that only the MILP was missing.
-        let status = match status {
-            SolveStatus::Heuristic {
-                reason: HeuristicReason::MilpNotStarted | HeuristicReason::DpOnly,
-            } if !dp_complete && solver == SolverKind::Dp => SolveStatus::Heuristic {
-                reason: HeuristicReason::DpStopped,
-            },
-            other => other,
-        };
+        let status = dp_stopped_status(status, solver, dp_plan.complete);
         // The DP's own plan was evaluated already; a million nodes take a tenth of a second.
-        let evaluation = match stage_of == incumbent {
-            true => dp_evaluation,
+        let evaluation = match stage_of == dp_plan.incumbent {
+            true => dp_plan.evaluation,
             false => problem.evaluate(&stage_of),
         };
+        let mut lower_bound_secs = proved.secs;
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
         }
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
-            bounds: proved,
+            bounds: proved.bounds,
             stage_of,
             evaluation,
             solver,
@@ -1027,6 +923,134 @@ impl<'a> Planner<'a> {
             cut_constraints: self.config.cut_constraints.clone(),
             work_budget: self.config.work_budget,
         })
+    }
+
+    /// The plan the searches start from: the DP's along the order (or `split`, the balanced
+    /// split, when the deadline leaves no DP or the DP stopped short of it), or when no
+    /// contiguous cut fits, the exact solver's first fitting plan; refused as infeasible when
+    /// there is none.
+    fn dp_phase(
+        &self,
+        problem: &PartitionProblem,
+        deadline: Instant,
+        split: Option<dp::OrderSolution>,
+    ) -> Result<DpPlan, Error> {
+        let budget = self.config.work_budget;
+        let dp_started = Instant::now();
+        // A plan before any search: past the deadline (the model's costs took it all) it
+        // stands, and the DP runs only when it does not fit. Under a work budget the clock
+        // decides nothing, so the DP always runs to its end.
+        let balanced = split.or_else(|| dp::balanced_split(problem));
+        let dp_deadline = budget.is_none().then_some(deadline);
+        let past_deadline = dp_deadline.is_some_and(|d| Instant::now() >= d);
+        let order = match balanced {
+            // The split stands alone: comparing it with itself would cost two evaluations of
+            // the whole model past the deadline.
+            Some(split) if past_deadline => Some(split),
+            balanced => match (dp::solve_until(problem, dp_deadline), balanced) {
+                (Some(dp), Some(split))
+                    if !dp.complete && dp::better(problem, &split.stage_of, &dp.stage_of) =>
+                {
+                    Some(split)
+                }
+                (Some(dp), _) => Some(dp),
+                (None, split) => split,
+            },
+        };
+        let complete = order.as_ref().is_some_and(|o| o.complete);
+        let (incumbent, order_evaluation) = match order {
+            Some(order) => (order.stage_of, Some(order.evaluation)),
+            // No contiguous cut of the order fits: the exact solver decides over every convex
+            // partition before "does not fit".
+            None => {
+                let fitting = milp::fit_or_explain(problem, deadline, budget).map_err(|why| {
+                    Error::Infeasible(explain_infeasible(problem, self.cluster) + &why)
+                })?;
+                (fitting, None)
+            }
+        };
+        let secs = dp_started.elapsed();
+        let evaluation = order_evaluation.unwrap_or_else(|| problem.evaluate(&incumbent));
+        Ok(DpPlan {
+            incumbent,
+            evaluation,
+            complete,
+            secs,
+        })
+    }
+
+    /// The lower bounds proved before the searches: the average work, the granularity bound
+    /// and, while the DP's plan is above them, the LP relaxation.
+    fn prove_bounds(
+        &self,
+        problem: &PartitionProblem,
+        dp_plan: &DpPlan,
+        deadline: Instant,
+    ) -> Proved {
+        let budget = self.config.work_budget;
+        // The bound's cut-node search may take a quarter of what is left (under a work budget
+        // its own work count stops it, so the plan does not depend on the clock); past it the
+        // average-work bound stands and the rest goes to the searches.
+        let bound_deadline = match budget {
+            Some(_) => deadline,
+            None => Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4,
+        };
+        let mut bounds = LowerBounds {
+            average_work_secs: problem.lower_bound_secs(),
+            granularity_secs: bounds::granularity_bound_secs(problem, bound_deadline, budget),
+            ..LowerBounds::default()
+        };
+        let mut secs = bounds.strongest().1;
+        // The LP relaxation counts what the granularity bound does not (communication, memory,
+        // each stage's device), for an eighth of what is left. It has no work count, so under a
+        // work budget it does not run: the plan must not depend on the clock.
+        let gap_open = dp_plan.evaluation.bottleneck_secs > secs * (1.0 + dp::RELATIVE_TOLERANCE);
+        if gap_open && budget.is_none() {
+            let lp_deadline =
+                Instant::now() + deadline.saturating_duration_since(Instant::now()) / 8;
+            bounds.lp_relaxation_secs = milp::lp_relaxation_bound_secs(
+                problem,
+                dp_plan.evaluation.bottleneck_secs,
+                lp_deadline,
+            );
+            secs = bounds.strongest().1;
+        }
+        Proved { bounds, secs }
+    }
+
+    /// The MILP from `start` (the ideal search's plan, or the DP's), with `dp_plan.secs` kept
+    /// back for its refinement; a bound it proves joins `proved`. Gives its plan, status, the
+    /// solver to credit and its report.
+    fn milp_phase(
+        &self,
+        problem: &PartitionProblem,
+        start: Vec<StageId>,
+        dp_plan: &DpPlan,
+        dp_exact: bool,
+        deadline: Instant,
+        proved: &mut Proved,
+    ) -> (Vec<StageId>, SolveStatus, SolverKind, MilpReport) {
+        let (stage_of, bound, report) =
+            self.milp_within_deadline(problem, &start, deadline, dp_plan.secs);
+        if let Some(bound) = bound {
+            proved.bounds.branch_and_bound_secs = Some(bound);
+            proved.secs = proved.secs.max(bound);
+        }
+        let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
+        let meets_bound = bottleneck <= proved.secs * (1.0 + dp::RELATIVE_TOLERANCE);
+        let status = milp_status(
+            &report,
+            meets_bound || dp_exact,
+            relative_gap(bottleneck, proved.secs),
+        );
+        let solver = if report.improved {
+            SolverKind::Milp
+        } else if dp::better(problem, &start, &dp_plan.incumbent) {
+            SolverKind::IdealSearch
+        } else {
+            SolverKind::Dp
+        };
+        (stage_of, status, solver, report)
     }
 
     /// The MILP phase (coarsening, search, refinement) on a thread of its own, which aims at
@@ -1231,6 +1255,73 @@ const UNLIMITED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The part of the time left that the ideal search gets before the MILP: measured on issue
 /// 17's instance set (docs/benchmarks.md).
 const IDEAL_SEARCH_SHARE: f64 = 0.5;
+
+/// The status of a plan the MILP would have improved on, had the time left let it begin.
+const MILP_NOT_STARTED: SolveStatus = SolveStatus::Heuristic {
+    reason: HeuristicReason::MilpNotStarted,
+};
+
+/// `status` of a plan `solver` found, when the DP did not run to its end (`dp_complete`):
+/// the DP's plan, from a DP the deadline stopped (or never began), says so, rather than that
+/// only the MILP was missing.
+fn dp_stopped_status(status: SolveStatus, solver: SolverKind, dp_complete: bool) -> SolveStatus {
+    match status {
+        SolveStatus::Heuristic {
+            reason: HeuristicReason::MilpNotStarted | HeuristicReason::DpOnly,
+        } if !dp_complete && solver == SolverKind::Dp => SolveStatus::Heuristic {
+            reason: HeuristicReason::DpStopped,
+        },
+        other => other,
+    }
+}
+
+/// What the DP phase leaves for the searches after it.
+struct DpPlan {
+    /// The plan the searches start from.
+    incumbent: Vec<StageId>,
+    /// Its figures.
+    evaluation: Evaluation,
+    /// Whether the DP ran to its end (a DP the deadline stopped, or a balanced split, did not).
+    complete: bool,
+    /// What the DP took: the MILP keeps as much back for its refinement.
+    secs: Duration,
+}
+
+/// The lower bounds proved so far, and the strongest of them.
+struct Proved {
+    bounds: LowerBounds,
+    secs: f64,
+}
+
+/// The status of the ideal search's `plan` and the solver to credit: the search, when its plan
+/// beats the DP's `incumbent`.
+fn ideal_search_outcome(
+    problem: &PartitionProblem,
+    plan: &[StageId],
+    end: ideal_search::SearchEnd,
+    incumbent: &[StageId],
+    lower_bound_secs: f64,
+) -> (SolveStatus, SolverKind) {
+    let solver = if dp::better(problem, plan, incumbent) {
+        SolverKind::IdealSearch
+    } else {
+        SolverKind::Dp
+    };
+    let status = match end {
+        ideal_search::SearchEnd::Proven => SolveStatus::Optimal,
+        ideal_search::SearchEnd::WorkLimit => SolveStatus::Heuristic {
+            reason: HeuristicReason::WorkBudget,
+        },
+        ideal_search::SearchEnd::Deadline => SolveStatus::TimeLimit {
+            gap: relative_gap(problem.evaluate(plan).bottleneck_secs, lower_bound_secs),
+            stop: MilpStop::Deadline,
+        },
+        ideal_search::SearchEnd::TooLarge => SolveStatus::Heuristic {
+            reason: HeuristicReason::TooLargeToSearch,
+        },
+    };
+    (status, solver)
+}
 
 /// The status of a plan the MILP worked on, saying what happened: proven, stopped by the limit,
 /// never started, failed, or proven only over a coarsened graph. `proven_otherwise` is a proof

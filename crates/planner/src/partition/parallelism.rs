@@ -515,24 +515,8 @@ pub fn search(
     let started = Instant::now();
     let gpus = cluster.device_count();
     let bad = |detail: String| Err(Error::PartitionConfig(detail));
-    if request.global_batch == 0 {
-        return bad("the global batch must be at least 1".into());
-    }
-    if request.schedules.is_empty() {
-        return bad("no schedule to try".into());
-    }
-    if let Some(message) = request.schedules.iter().find_map(|s| s.validate().err()) {
-        return bad(message);
-    }
-    if request.recompute.is_empty() || request.zero_stages.is_empty() {
-        return bad("no recomputation choice or ZeRO stage to try".into());
-    }
-    if let Some(stage) = request.zero_stages.iter().find(|&&z| z > 3) {
-        return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
-    }
+    check_request(request)?;
     let sizes = microbatch_sizes(request)?;
-    let max_capacity = largest_capacity(cluster, request);
-
     let depths = match &request.stage_counts {
         Some(depths) => depths.clone(),
         None => stage_counts(graph, gpus, request.all_stage_counts),
@@ -545,147 +529,23 @@ pub fn search(
     {
         return bad("pipeline and data-parallel degrees start at 1".into());
     }
-    let mut typed: BTreeMap<u64, Typed> = BTreeMap::new();
-    let mut candidates: Vec<(f64, ConfigurationKey)> = Vec::new();
-    let mut pruned_by_memory = 0;
-    let mut twinned = 0;
-    // The fewest micro-batches per step among configurations skipped for having more than the
-    // simulator runs (see [`check_microbatches`]).
-    let mut fewest_over_limit: Option<u64> = None;
-    let mut complete = true;
-    for &b in &sizes {
-        // Typing the graph is the costly part of this loop: the time limit covers it too.
-        if !typed.is_empty() && started.elapsed() >= request.time_limit {
-            complete = false;
-            break;
-        }
-        // Even spread over every device, this size needs too many micro-batches: skip it
-        // before typing the graph for it.
-        let fewest = request.global_batch / (gpus.max(1) as u64 * b);
-        if check_microbatches(fewest).is_err() {
-            fewest_over_limit = Some(fewest_over_limit.map_or(fewest, |f| f.min(fewest)));
-            continue;
-        }
-        let t = type_graph(graph, cluster, request, b)?;
-        let nodes = t.graph.node_count();
-        for (&layout, bounds) in &t.bounds {
-            let group = layout.degree.max(1) as usize;
-            for d in (1..=gpus / group).filter(|d| {
-                request
-                    .data_parallel
-                    .as_ref()
-                    .is_none_or(|wanted| wanted.contains(d))
-            }) {
-                if !request.global_batch.is_multiple_of(d as u64 * b) {
-                    continue;
-                }
-                let m = request.global_batch / (d as u64 * b);
-                if check_microbatches(m).is_err() {
-                    fewest_over_limit = Some(fewest_over_limit.map_or(m, |f| f.min(m)));
-                    continue;
-                }
-                let shapes = Shapes {
-                    microbatch_size: b,
-                    data_parallel: d,
-                    microbatches: m,
-                    tensor_parallel: layout,
-                };
-                for &k in depths
-                    .iter()
-                    .filter(|&&k| k * d * group <= gpus && k <= nodes)
-                {
-                    pruned_by_memory += shapes.push_candidates(
-                        k,
-                        (bounds, cluster),
-                        request,
-                        max_capacity,
-                        (&mut candidates, &mut twinned),
-                    );
-                }
-            }
-        }
-        typed.insert(b, t);
-    }
-    if let (true, Some(fewest)) = (candidates.is_empty(), fewest_over_limit) {
+    let mut space = Space::enumerate(graph, cluster, request, &sizes, &depths, started)?;
+    if let (true, Some(fewest)) = (space.candidates.is_empty(), space.fewest_over_limit) {
         // Every configuration was skipped for its micro-batch count: say so, not "infeasible".
         check_microbatches(fewest)?;
     }
-    let total_candidates = candidates.len() + pruned_by_memory + twinned;
-    // Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
-    // keys, so plans are deterministic, the most memory-saving technique first: when it does
-    // not fit, the others are ruled out unsolved. The ranking does not depend on this order
-    // (ties go by key), nor does the proof: every candidate is either solved or has a bound
-    // no better than the best solved.
-    let savings = |k: &ConfigurationKey| std::cmp::Reverse((k.recompute, k.zero_stage));
-    candidates.sort_by(|a, b| {
-        let shape = |k: &ConfigurationKey| ConfigurationKey {
-            recompute: Recompute::None,
-            zero_stage: 0,
-            ..*k
-        };
-        solve_priority(b.0, &b.1)
-            .total_cmp(&solve_priority(a.0, &a.1))
-            .then(shape(&a.1).cmp(&shape(&b.1)))
-            .then(savings(&a.1).cmp(&savings(&b.1)))
-    });
-
-    let top = request.top.max(1);
-    let mut ranked: Vec<Configuration> = Vec::new();
-    let (mut solved, mut infeasible) = (0, 0);
-    let mut out_of_memory = MemoryMemo::default();
-    let mut pipelines = SolvedPipelines::default();
-    let mut unresolved = 0;
-    let mut cannot_beat = 0;
-    for (at, &(bound, key)) in candidates.iter().enumerate() {
-        // It cannot beat the best: once every candidate is solved or skipped so, the best is
-        // proven best over the space (the alternatives are the best of those solved on the
-        // way).
-        if ranked
-            .first()
-            .is_some_and(|best| bound <= best.samples_per_sec)
-        {
-            continue;
-        }
-        if started.elapsed() >= request.time_limit {
-            complete = false;
-            let best = ranked.first().map_or(0.0, |c| c.samples_per_sec);
-            unresolved = candidates[at..].iter().filter(|c| c.0 > best).count();
-            break;
-        }
-        let kinds = kinds_of(cluster, &key.replicas()[0]);
-        if out_of_memory.rules_out(&key, request.mode, &kinds) {
-            infeasible += 1;
-            continue;
-        }
-        let t = &typed[&key.microbatch_size];
-        let joined = t
-            .joined
-            .get(&key.tensor_parallel.degree)
-            .and_then(Option::as_ref);
-        match evaluate_with(
-            &t.graph,
-            (&t.blocks, joined),
-            cluster,
-            request,
-            (key, ranked.first().map(|best| best.samples_per_sec)),
-            &mut pipelines,
-        )? {
-            Evaluated::CannotBeat => cannot_beat += 1,
-            Evaluated::Costed(config) => {
-                solved += 1;
-                for config in placement_twin(cluster, &config).into_iter().chain([config]) {
-                    let at = ranked.partition_point(|c| better(c, &config));
-                    ranked.insert(at, config);
-                }
-                ranked.truncate(top);
-            }
-            Evaluated::DoesNotFit => {
-                solved += 1;
-                infeasible += 1;
-                out_of_memory.record(&key, request.mode, kinds);
-            }
-        }
-    }
+    let total_candidates = space.candidates.len() + space.pruned_by_memory + space.twinned;
+    order_for_solving(&mut space.candidates);
+    let ranking = Ranking::solve(cluster, request, &space, started)?;
+    let complete = space.complete && ranking.complete;
+    let Ranking {
+        ranked,
+        solved,
+        infeasible,
+        unresolved,
+        cannot_beat,
+        ..
+    } = ranking;
     let Some(best) = ranked.first().cloned() else {
         if !complete {
             return Err(Error::PartitionConfig(format!(
@@ -706,7 +566,8 @@ pub fn search(
     };
     let k = best.key;
     Ok(SearchOutcome {
-        graph: typed
+        graph: space
+            .typed
             .remove(&k.microbatch_size)
             .expect("the best size was typed")
             .graph,
@@ -715,14 +576,245 @@ pub fn search(
         ranked,
         candidates: total_candidates,
         solved,
-        pruned_by_memory,
+        pruned_by_memory: space.pruned_by_memory,
         infeasible,
         complete,
         unresolved,
-        twinned,
+        twinned: space.twinned,
         cannot_beat,
         search_secs: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Refuses a request with nothing to search or a choice no configuration can take.
+fn check_request(request: &SearchRequest) -> Result<(), Error> {
+    let bad = |detail: String| Err(Error::PartitionConfig(detail));
+    if request.global_batch == 0 {
+        return bad("the global batch must be at least 1".into());
+    }
+    if request.schedules.is_empty() {
+        return bad("no schedule to try".into());
+    }
+    if let Some(message) = request.schedules.iter().find_map(|s| s.validate().err()) {
+        return bad(message);
+    }
+    if request.recompute.is_empty() || request.zero_stages.is_empty() {
+        return bad("no recomputation choice or ZeRO stage to try".into());
+    }
+    if let Some(stage) = request.zero_stages.iter().find(|&&z| z > 3) {
+        return bad(format!("ZeRO has stages 0 to 3, not {stage}"));
+    }
+    Ok(())
+}
+
+/// The configurations a search may solve, before any is: every micro-batch size typed, and
+/// every configuration the memory bound leaves with its throughput bound.
+struct Space {
+    /// Each micro-batch size's typed graph.
+    typed: BTreeMap<u64, Typed>,
+    /// (throughput bound, key) of every configuration left to solve.
+    candidates: Vec<(f64, ConfigurationKey)>,
+    /// Configurations the memory bound discarded.
+    pruned_by_memory: usize,
+    /// Configurations costed with their placement twin instead of queued.
+    twinned: usize,
+    /// The fewest micro-batches per step among configurations skipped for having more than
+    /// the simulator runs (see [`check_microbatches`]).
+    fewest_over_limit: Option<u64>,
+    /// Whether every micro-batch size was typed before the time limit.
+    complete: bool,
+}
+
+impl Space {
+    /// Types the graph for each micro-batch size in `sizes` (until the time limit, counted
+    /// from `started`) and queues every (b, D, m, tensor-parallel layout) at each depth of
+    /// `depths` that fits the cluster.
+    fn enumerate(
+        graph: &Graph,
+        cluster: &Cluster,
+        request: &SearchRequest,
+        sizes: &[u64],
+        depths: &[usize],
+        started: Instant,
+    ) -> Result<Space, Error> {
+        let gpus = cluster.device_count();
+        let max_capacity = largest_capacity(cluster, request);
+        let mut space = Space {
+            typed: BTreeMap::new(),
+            candidates: Vec::new(),
+            pruned_by_memory: 0,
+            twinned: 0,
+            fewest_over_limit: None,
+            complete: true,
+        };
+        for &b in sizes {
+            // Typing the graph is the costly part of this loop: the time limit covers it too.
+            if !space.typed.is_empty() && started.elapsed() >= request.time_limit {
+                space.complete = false;
+                break;
+            }
+            // Even spread over every device, this size needs too many micro-batches: skip it
+            // before typing the graph for it.
+            let fewest = request.global_batch / (gpus.max(1) as u64 * b);
+            if check_microbatches(fewest).is_err() {
+                space.note_over_limit(fewest);
+                continue;
+            }
+            let t = type_graph(graph, cluster, request, b)?;
+            let nodes = t.graph.node_count();
+            for (&layout, bounds) in &t.bounds {
+                let group = layout.degree.max(1) as usize;
+                for d in (1..=gpus / group).filter(|d| {
+                    request
+                        .data_parallel
+                        .as_ref()
+                        .is_none_or(|wanted| wanted.contains(d))
+                }) {
+                    if !request.global_batch.is_multiple_of(d as u64 * b) {
+                        continue;
+                    }
+                    let m = request.global_batch / (d as u64 * b);
+                    if check_microbatches(m).is_err() {
+                        space.note_over_limit(m);
+                        continue;
+                    }
+                    let shapes = Shapes {
+                        microbatch_size: b,
+                        data_parallel: d,
+                        microbatches: m,
+                        tensor_parallel: layout,
+                    };
+                    for &k in depths
+                        .iter()
+                        .filter(|&&k| k * d * group <= gpus && k <= nodes)
+                    {
+                        space.pruned_by_memory += shapes.push_candidates(
+                            k,
+                            (bounds, cluster),
+                            request,
+                            max_capacity,
+                            (&mut space.candidates, &mut space.twinned),
+                        );
+                    }
+                }
+            }
+            space.typed.insert(b, t);
+        }
+        Ok(space)
+    }
+
+    /// Notes a configuration skipped for needing `microbatches` per step.
+    fn note_over_limit(&mut self, microbatches: u64) {
+        self.fewest_over_limit = Some(
+            self.fewest_over_limit
+                .map_or(microbatches, |f| f.min(microbatches)),
+        );
+    }
+}
+
+/// Most promising first (see [`solve_priority`]); equal priorities in a fixed order of their
+/// keys, so plans are deterministic, the most memory-saving technique first: when it does
+/// not fit, the others are ruled out unsolved. The ranking does not depend on this order
+/// (ties go by key), nor does the proof: every candidate is either solved or has a bound
+/// no better than the best solved.
+fn order_for_solving(candidates: &mut [(f64, ConfigurationKey)]) {
+    let savings = |k: &ConfigurationKey| std::cmp::Reverse((k.recompute, k.zero_stage));
+    candidates.sort_by(|a, b| {
+        let shape = |k: &ConfigurationKey| ConfigurationKey {
+            recompute: Recompute::None,
+            zero_stage: 0,
+            ..*k
+        };
+        solve_priority(b.0, &b.1)
+            .total_cmp(&solve_priority(a.0, &a.1))
+            .then(shape(&a.1).cmp(&shape(&b.1)))
+            .then(savings(&a.1).cmp(&savings(&b.1)))
+    });
+}
+
+/// The best configurations solving found, and what became of the rest.
+struct Ranking {
+    /// The best configurations, best first, at most the request's `top`.
+    ranked: Vec<Configuration>,
+    solved: usize,
+    infeasible: usize,
+    unresolved: usize,
+    cannot_beat: usize,
+    /// Whether every candidate was solved or ruled out before the time limit.
+    complete: bool,
+}
+
+impl Ranking {
+    /// Solves the candidates of `space` in order, skipping those whose bound cannot beat the
+    /// best so far, until the time limit (counted from `started`).
+    fn solve(
+        cluster: &Cluster,
+        request: &SearchRequest,
+        space: &Space,
+        started: Instant,
+    ) -> Result<Ranking, Error> {
+        let candidates = &space.candidates;
+        let top = request.top.max(1);
+        let mut ranking = Ranking {
+            ranked: Vec::new(),
+            solved: 0,
+            infeasible: 0,
+            unresolved: 0,
+            cannot_beat: 0,
+            complete: true,
+        };
+        let mut out_of_memory = MemoryMemo::default();
+        let mut pipelines = SolvedPipelines::default();
+        for (at, &(bound, key)) in candidates.iter().enumerate() {
+            let best = ranking.ranked.first().map(|best| best.samples_per_sec);
+            // It cannot beat the best: once every candidate is solved or skipped so, the best
+            // is proven best over the space (the alternatives are the best of those solved on
+            // the way).
+            if best.is_some_and(|best| bound <= best) {
+                continue;
+            }
+            if started.elapsed() >= request.time_limit {
+                ranking.complete = false;
+                let best = best.unwrap_or(0.0);
+                ranking.unresolved = candidates[at..].iter().filter(|c| c.0 > best).count();
+                break;
+            }
+            let kinds = kinds_of(cluster, &key.replicas()[0]);
+            if out_of_memory.rules_out(&key, request.mode, &kinds) {
+                ranking.infeasible += 1;
+                continue;
+            }
+            let t = &space.typed[&key.microbatch_size];
+            let joined = t
+                .joined
+                .get(&key.tensor_parallel.degree)
+                .and_then(Option::as_ref);
+            match evaluate_with(
+                &t.graph,
+                (&t.blocks, joined),
+                cluster,
+                request,
+                (key, best),
+                &mut pipelines,
+            )? {
+                Evaluated::CannotBeat => ranking.cannot_beat += 1,
+                Evaluated::Costed(config) => {
+                    ranking.solved += 1;
+                    for config in placement_twin(cluster, &config).into_iter().chain([config]) {
+                        let at = ranking.ranked.partition_point(|c| better(c, &config));
+                        ranking.ranked.insert(at, config);
+                    }
+                    ranking.ranked.truncate(top);
+                }
+                Evaluated::DoesNotFit => {
+                    ranking.solved += 1;
+                    ranking.infeasible += 1;
+                    out_of_memory.record(&key, request.mode, kinds);
+                }
+            }
+        }
+        Ok(ranking)
+    }
 }
 
 /// Whether the search rules `key` out for memory before solving it: a lower bound of its
@@ -1235,64 +1327,24 @@ fn type_graph(
                 .collect::<Result<_, Error>>()?,
         };
         for &layout in &layouts {
-            // The fastest kind (the smallest whole-model time) on the fastest group link.
-            let mut total_secs: BTreeMap<Recompute, f64> = BTreeMap::new();
-            for (recompute, problem) in &recomputes {
-                for first in group_firsts(cluster) {
-                    let mut problem = problem.clone();
-                    blocks.shard_on(&typed, &mut problem, cluster, layout, first);
-                    let secs = total_secs.entry(*recompute).or_insert(f64::INFINITY);
-                    *secs = secs.min(problem.lower_bound_secs());
+            let measured = Bounds::measure(
+                &typed,
+                &blocks,
+                cluster,
+                (&whole, recomputes.as_slice()),
+                layout,
+            );
+            match bounds.entry(layout) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(measured);
                 }
-            }
-            let mut split = whole.clone();
-            if let Some(&first) = group_firsts(cluster).last() {
-                blocks.shard_on(&typed, &mut split, cluster, layout, first);
-            }
-            let footprint_bytes = split.params().iter().map(|p| p.footprint_bytes).sum();
-            let weight_bytes = split
-                .params()
-                .iter()
-                .filter_map(|p| {
-                    let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
-                    Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
-                })
-                .sum();
-            let activation_bytes = (0..split.node_count())
-                .map(|p| split.activation_bytes(p))
-                .sum();
-            let position: BTreeMap<_, usize> = split
-                .order()
-                .iter()
-                .enumerate()
-                .map(|(p, &id)| (id, p))
-                .collect();
-            let score_activation_bytes = super::tensor_parallel::attention_score_nodes(&typed)
-                .iter()
-                .filter_map(|id| position.get(id))
-                .map(|&p| split.activation_bytes(p))
-                .sum();
-            let largest_param = split
-                .params()
-                .iter()
-                .max_by_key(|p| p.footprint_bytes)
-                .and_then(|p| {
-                    let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
-                    let weight = tensor.param()?.bytes.div_ceil(u64::from(p.shards.max(1)));
-                    Some((weight, p.footprint_bytes))
-                })
-                .unwrap_or((0, 0));
-            let entry = bounds.entry(layout).or_insert(Bounds {
-                total_secs: total_secs.clone(),
-                footprint_bytes,
-                weight_bytes,
-                activation_bytes,
-                score_activation_bytes,
-                largest_param,
-            });
-            for (recompute, secs) in total_secs {
-                let least = entry.total_secs.entry(recompute).or_insert(secs);
-                *least = least.min(secs);
+                // Another device kind: the fastest kind's time, the first kind's memory.
+                std::collections::btree_map::Entry::Occupied(mut entry) => {
+                    for (recompute, secs) in measured.total_secs {
+                        let least = entry.get_mut().total_secs.entry(recompute).or_insert(secs);
+                        *least = least.min(secs);
+                    }
+                }
             }
         }
     }
@@ -1302,6 +1354,74 @@ fn type_graph(
         bounds,
         joined,
     })
+}
+
+impl Bounds {
+    /// The bounds of `layout` on one device kind: `whole` is the model on one device of it,
+    /// `recomputes` the same under each recomputation mode searched (for their compute).
+    fn measure(
+        typed: &Graph,
+        blocks: &TensorParallelBlocks,
+        cluster: &Cluster,
+        (whole, recomputes): (&PartitionProblem, &[(Recompute, PartitionProblem)]),
+        layout: TensorParallelism,
+    ) -> Bounds {
+        // The fastest kind (the smallest whole-model time) on the fastest group link.
+        let mut total_secs: BTreeMap<Recompute, f64> = BTreeMap::new();
+        for (recompute, problem) in recomputes {
+            for first in group_firsts(cluster) {
+                let mut problem = problem.clone();
+                blocks.shard_on(typed, &mut problem, cluster, layout, first);
+                let secs = total_secs.entry(*recompute).or_insert(f64::INFINITY);
+                *secs = secs.min(problem.lower_bound_secs());
+            }
+        }
+        let mut split = whole.clone();
+        if let Some(&first) = group_firsts(cluster).last() {
+            blocks.shard_on(typed, &mut split, cluster, layout, first);
+        }
+        let footprint_bytes = split.params().iter().map(|p| p.footprint_bytes).sum();
+        let weight_bytes = split
+            .params()
+            .iter()
+            .filter_map(|p| {
+                let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
+                Some(tensor.param()?.bytes.div_ceil(u64::from(p.shards)))
+            })
+            .sum();
+        let activation_bytes = (0..split.node_count())
+            .map(|p| split.activation_bytes(p))
+            .sum();
+        let position: BTreeMap<_, usize> = split
+            .order()
+            .iter()
+            .enumerate()
+            .map(|(p, &id)| (id, p))
+            .collect();
+        let score_activation_bytes = super::tensor_parallel::attention_score_nodes(typed)
+            .iter()
+            .filter_map(|id| position.get(id))
+            .map(|&p| split.activation_bytes(p))
+            .sum();
+        let largest_param = split
+            .params()
+            .iter()
+            .max_by_key(|p| p.footprint_bytes)
+            .and_then(|p| {
+                let tensor = typed.tensor(typed.tensor_id(split.name(p.name))?);
+                let weight = tensor.param()?.bytes.div_ceil(u64::from(p.shards.max(1)));
+                Some((weight, p.footprint_bytes))
+            })
+            .unwrap_or((0, 0));
+        Bounds {
+            total_secs,
+            footprint_bytes,
+            weight_bytes,
+            activation_bytes,
+            score_activation_bytes,
+            largest_param,
+        }
+    }
 }
 
 /// The first device of each node whose intra-node link no earlier node has: where the
@@ -1543,9 +1663,25 @@ fn evaluate_with(
         &simulation,
         request.global_batch,
     );
-    // Per pipeline device: under interleaving a device holds its chunks together.
-    let devices = replicas[0].len().max(1);
-    let (peak_memory_bytes, capacity_bytes) = (0..devices)
+    let (peak_memory_bytes, capacity_bytes) = fullest_device(&evaluation, replicas[0].len());
+    Ok(Evaluated::Costed(Configuration {
+        key,
+        bottleneck_secs: evaluation.bottleneck_secs,
+        pipeline_secs: step.pipeline_secs,
+        allreduce_secs: step.allreduce_secs,
+        step_secs: step.step_secs,
+        samples_per_sec: step.samples_per_sec,
+        bubble_fraction: step.bubble_fraction,
+        peak_memory_bytes,
+        capacity_bytes,
+    }))
+}
+
+/// The (peak, capacity) bytes of the pipeline device whose memory is fullest, of `devices`:
+/// under interleaving a device holds its chunks together.
+fn fullest_device(evaluation: &Evaluation, devices: usize) -> (u64, u64) {
+    let devices = devices.max(1);
+    (0..devices)
         .map(|d| {
             let chunks = evaluation.stages.iter().skip(d).step_by(devices);
             chunks.fold((0u64, 0u64), |(peak, capacity), stage| {
@@ -1558,18 +1694,7 @@ fn evaluate_with(
         .max_by(|a, b| {
             (a.0 as f64 / a.1.max(1) as f64).total_cmp(&(b.0 as f64 / b.1.max(1) as f64))
         })
-        .expect("at least one device");
-    Ok(Evaluated::Costed(Configuration {
-        key,
-        bottleneck_secs: evaluation.bottleneck_secs,
-        pipeline_secs: step.pipeline_secs,
-        allreduce_secs: step.allreduce_secs,
-        step_secs: step.step_secs,
-        samples_per_sec: step.samples_per_sec,
-        bubble_fraction: step.bubble_fraction,
-        peak_memory_bytes,
-        capacity_bytes,
-    }))
+        .expect("at least one device")
 }
 
 /// The DP's partition of `problem` and its figures, each group of `joined` (the split blocks

@@ -225,6 +225,124 @@ fn chunk_capacity_bytes(memory_bytes: u64, settings: &CostSettings) -> u64 {
     capacity / settings.schedule.chunks() as u64
 }
 
+/// Refuses a pipeline [`PartitionProblem::new`] cannot cost: no stage, a headroom outside
+/// `[0, 1)`, no micro-batch or more than the simulator runs, a device not in the cluster.
+fn check_pipeline(
+    cluster: &Cluster,
+    devices: &[DeviceId],
+    settings: &CostSettings,
+) -> Result<(), Error> {
+    if devices.is_empty() {
+        return Err(Error::PartitionConfig(
+            "a pipeline needs at least one stage".into(),
+        ));
+    }
+    if !(0.0..1.0).contains(&settings.memory_headroom) {
+        return Err(Error::PartitionConfig(format!(
+            "memory headroom must be in [0, 1), got {}",
+            settings.memory_headroom
+        )));
+    }
+    if settings.microbatches == 0 {
+        return Err(Error::PartitionConfig(
+            "the number of micro-batches must be at least 1".into(),
+        ));
+    }
+    crate::schedule::check_microbatches(settings.microbatches.into())?;
+    if let Some(device) = devices
+        .iter()
+        .find(|d| d.0 as usize >= cluster.device_count())
+    {
+        return Err(Error::PartitionConfig(format!(
+            "device {} is not in the cluster ({} devices)",
+            device.0,
+            cluster.device_count()
+        )));
+    }
+    Ok(())
+}
+
+/// The stages of a problem, and the node times of each device kind among them.
+struct StageTables {
+    kind_names: Vec<String>,
+    /// Per device kind, each position's time.
+    node_secs: Vec<Vec<f64>>,
+    /// The model's forward FLOPs, from the first kind's costs.
+    forward_flops: Option<f64>,
+    stages: Vec<StageDevice>,
+}
+
+impl StageTables {
+    /// One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
+    /// `first_timed` is the first device's kind, costed already (time and FLOPs per position).
+    fn new(
+        graph: &Graph,
+        order: &[NodeId],
+        cluster: &Cluster,
+        devices: &[DeviceId],
+        settings: &CostSettings,
+        first_timed: Vec<(f64, Option<f64>)>,
+    ) -> Result<StageTables, Error> {
+        let mut first_timed = Some(first_timed);
+        let mut tables = StageTables {
+            kind_names: Vec::new(),
+            node_secs: Vec::new(),
+            forward_flops: None,
+            stages: Vec::with_capacity(devices.len()),
+        };
+        for (k, &device) in devices.iter().enumerate() {
+            let spec = cluster.device(device);
+            let kind = match tables.kind_names.iter().position(|n| *n == spec.name) {
+                Some(kind) => kind,
+                None => {
+                    let secs = match first_timed.take() {
+                        Some(timed) => {
+                            // Summed in the order, as `CostModel::model_flops` sums them.
+                            tables.forward_flops = timed.iter().map(|&(_, flops)| flops).sum();
+                            timed.into_iter().map(|(secs, _)| secs).collect()
+                        }
+                        None => {
+                            let model = CostModel::new(spec)
+                                .with_mode(settings.mode)
+                                .with_unknown_ops(settings.unknown_ops);
+                            per_node_on_threads(graph, order, |id| model.node_time_secs(graph, id))?
+                        }
+                    };
+                    tables.kind_names.push(spec.name.clone());
+                    tables.node_secs.push(secs);
+                    tables.kind_names.len() - 1
+                }
+            };
+            let memory_bytes = spec.memory_bytes.value;
+            let capacity_bytes = chunk_capacity_bytes(memory_bytes, settings);
+            let link_in = match k {
+                0 => None,
+                _ => Some(
+                    cluster
+                        .link_between(devices[k - 1], device)
+                        .unwrap_or((f64::INFINITY, 0.0)),
+                ),
+            };
+            tables.stages.push(StageDevice {
+                device,
+                device_name: spec.name.clone(),
+                kind,
+                memory_bytes,
+                capacity_bytes,
+                in_flight: in_flight_microbatches(
+                    settings.mode,
+                    settings.schedule,
+                    k,
+                    devices.len(),
+                    settings.microbatches,
+                ),
+                link_in,
+            });
+        }
+        Ok(tables)
+    }
+}
+
 impl PartitionProblem {
     /// Builds the problem for `graph` (shapes inferred, dims bound) on `devices` of `cluster`,
     /// one stage per device, in pipeline order. Under interleaving a device appears once per
@@ -235,40 +353,13 @@ impl PartitionProblem {
         devices: &[DeviceId],
         settings: CostSettings,
     ) -> Result<PartitionProblem, Error> {
-        if devices.is_empty() {
-            return Err(Error::PartitionConfig(
-                "a pipeline needs at least one stage".into(),
-            ));
-        }
-        if !(0.0..1.0).contains(&settings.memory_headroom) {
-            return Err(Error::PartitionConfig(format!(
-                "memory headroom must be in [0, 1), got {}",
-                settings.memory_headroom
-            )));
-        }
-        if settings.microbatches == 0 {
-            return Err(Error::PartitionConfig(
-                "the number of micro-batches must be at least 1".into(),
-            ));
-        }
-        crate::schedule::check_microbatches(settings.microbatches.into())?;
+        check_pipeline(cluster, devices, &settings)?;
         let order = graph.topological_order().to_vec();
         // Indexed by node index (the order nodes were added in), not a map: a million lookups.
         let mut position_of_index =
             vec![u32::MAX; order.iter().map(|id| id.index() + 1).max().unwrap_or(0)];
         for (p, &id) in order.iter().enumerate() {
             position_of_index[id.index()] = p as u32;
-        }
-        let position = |id: &NodeId| position_of_index[id.index()];
-        if let Some(device) = devices
-            .iter()
-            .find(|d| d.0 as usize >= cluster.device_count())
-        {
-            return Err(Error::PartitionConfig(format!(
-                "device {} is not in the cluster ({} devices)",
-                device.0,
-                cluster.device_count()
-            )));
         }
 
         // The first device kind is costed on the other cores while this thread reads the names
@@ -289,7 +380,7 @@ impl PartitionProblem {
             }
         });
         // The costs' error first, as when they were computed first.
-        let mut first_timed = Some(first_timed?);
+        let first_timed = first_timed?;
         let TensorTables {
             table,
             names,
@@ -299,64 +390,12 @@ impl PartitionProblem {
             params,
             flows,
         } = tensors?;
-
-        // One time table per device kind, not per device: a 1,024-GPU cluster has few kinds.
-        let mut kind_names: Vec<String> = Vec::new();
-        let mut node_secs: Vec<Vec<f64>> = Vec::new();
-        let mut forward_flops = None;
-        let mut stages = Vec::with_capacity(devices.len());
-        for (k, &device) in devices.iter().enumerate() {
-            let spec = cluster.device(device);
-            let kind = match kind_names.iter().position(|n| *n == spec.name) {
-                Some(kind) => kind,
-                None => {
-                    let secs = match first_timed.take() {
-                        Some(timed) => {
-                            // Summed in the order, as `CostModel::model_flops` sums them.
-                            forward_flops = timed.iter().map(|&(_, flops)| flops).sum();
-                            timed.into_iter().map(|(secs, _)| secs).collect()
-                        }
-                        None => {
-                            let model = CostModel::new(spec)
-                                .with_mode(settings.mode)
-                                .with_unknown_ops(settings.unknown_ops);
-                            per_node_on_threads(graph, &order, |id| {
-                                model.node_time_secs(graph, id)
-                            })?
-                        }
-                    };
-                    kind_names.push(spec.name.clone());
-                    node_secs.push(secs);
-                    kind_names.len() - 1
-                }
-            };
-            let memory_bytes = spec.memory_bytes.value;
-            let capacity_bytes = chunk_capacity_bytes(memory_bytes, &settings);
-            let link_in = match k {
-                0 => None,
-                _ => Some(
-                    cluster
-                        .link_between(devices[k - 1], device)
-                        .unwrap_or((f64::INFINITY, 0.0)),
-                ),
-            };
-            stages.push(StageDevice {
-                device,
-                device_name: spec.name.clone(),
-                kind,
-                memory_bytes,
-                capacity_bytes,
-                in_flight: in_flight_microbatches(
-                    settings.mode,
-                    settings.schedule,
-                    k,
-                    devices.len(),
-                    settings.microbatches,
-                ),
-                link_in,
-            });
-        }
-
+        let StageTables {
+            kind_names,
+            mut node_secs,
+            forward_flops,
+            stages,
+        } = StageTables::new(graph, &order, cluster, devices, &settings, first_timed)?;
         if let Mode::Training {
             recompute: pipecut_cost::Recompute::Selective,
             ..
@@ -366,7 +405,7 @@ impl PartitionProblem {
             // again (a node's time is its forward times 1 + the backward factor).
             let rerun = 1.0 + 1.0 / (1.0 + settings.mode.backward_time_factor());
             for id in super::tensor_parallel::attention_score_nodes(graph) {
-                let p = position(&id) as usize;
+                let p = position_of_index[id.index()] as usize;
                 activation_bytes[p] = 0;
                 for secs in &mut node_secs {
                     secs[p] *= rerun;

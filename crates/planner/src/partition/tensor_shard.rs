@@ -314,6 +314,15 @@ struct Walk<'a> {
 
 type Outcome<T> = Result<T, String>;
 
+/// Why `node` cannot be split: its op is not understood on a split axis.
+fn not_understood(graph: &Graph, node: NodeId) -> String {
+    let n = graph.node(node);
+    format!(
+        "'{}' ({}) is not understood on a split axis",
+        n.name, n.op_type
+    )
+}
+
 fn shape_of(graph: &Graph, tensor: TensorId) -> Outcome<Vec<u64>> {
     let t = graph.tensor(tensor);
     t.shape
@@ -628,7 +637,8 @@ impl<'a> Walk<'a> {
         }
     }
 
-    /// What `node` needs of each input slot to make rank r's share `split` of output `output`.
+    /// What `node` needs of each input slot to make rank r's share `split` of output `output`:
+    /// one rule per op family, the larger ones in methods of their own.
     fn needs(
         &mut self,
         node: NodeId,
@@ -640,20 +650,8 @@ impl<'a> Walk<'a> {
         let out = shape_of(graph, n.outputs[output].ok_or("no output")?)?;
         let a = split.axis;
         let op = n.op_type.as_str();
-        let unknown = || format!("'{}' ({op}) is not understood on a split axis", n.name);
         if elementwise(op) || matches!(op, "Softmax" | "LogSoftmax") {
-            if matches!(op, "Softmax" | "LogSoftmax") {
-                let axis = normalize(int_attr(graph, node, "axis").unwrap_or(-1), out.len())?;
-                if axis == a {
-                    return Err(format!("'{}' normalizes along the split axis", n.name));
-                }
-            }
-            let mut needs = Vec::new();
-            for (slot, input) in n.inputs.iter().enumerate() {
-                let Some(input) = input else { continue };
-                needs.push((slot, self.broadcast(*input, &out, split)?));
-            }
-            return Ok(needs);
+            return self.elementwise_needs(node, &out, split);
         }
         match op {
             "Transpose" => {
@@ -664,7 +662,8 @@ impl<'a> Walk<'a> {
             }
             "Reshape" => {
                 let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
-                let axis = reshape_axis(&input, &out, a).ok_or_else(unknown)?;
+                let axis =
+                    reshape_axis(&input, &out, a).ok_or_else(|| not_understood(graph, node))?;
                 self.constant(node, 1, &out, split)?;
                 Ok(vec![
                     (0, Need::Split(AxisSplit { axis, ..split })),
@@ -677,80 +676,9 @@ impl<'a> Walk<'a> {
                 self.constant(node, 1, &out, split)?;
                 Ok(vec![(0, need), (1, Need::Whole)])
             }
-            "Unsqueeze" | "Squeeze" => {
-                let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
-                let axes = self.axes(node)?;
-                let axis = if op == "Unsqueeze" {
-                    let axes: Vec<usize> = axes
-                        .iter()
-                        .map(|&x| normalize(x, out.len()))
-                        .collect::<Outcome<_>>()?;
-                    if axes.contains(&a) {
-                        return Err(unknown());
-                    }
-                    a - axes.iter().filter(|&&x| x < a).count()
-                } else {
-                    let axes: Vec<usize> = match axes.is_empty() {
-                        true => (0..input.len()).filter(|&i| input[i] == 1).collect(),
-                        false => axes
-                            .iter()
-                            .map(|&x| normalize(x, input.len()))
-                            .collect::<Outcome<_>>()?,
-                    };
-                    (0..input.len())
-                        .filter(|i| !axes.contains(i))
-                        .nth(a)
-                        .ok_or_else(unknown)?
-                };
-                Ok(vec![
-                    (0, Need::Split(AxisSplit { axis, ..split })),
-                    (1, Need::Whole),
-                ])
-            }
-            "Split" => {
-                let axis = normalize(int_attr(graph, node, "axis").unwrap_or(0), out.len())?;
-                if axis != a {
-                    return Ok(vec![(0, Need::Split(split)), (1, Need::Whole)]);
-                }
-                // Each part split: the input holds a share of every part.
-                let parts = n.outputs.len() as u64;
-                if ints_attr(graph, node, "split").is_some() {
-                    return Err(format!("'{}' gives its sizes as an attribute", n.name));
-                }
-                let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
-                if input[a] != out[a] * parts {
-                    return Err(format!("'{}' splits into unequal parts", n.name));
-                }
-                if n.inputs.get(1).copied().flatten().is_some() {
-                    let piece = (out[a] / self.degree) as i64;
-                    self.shapes.push(ShapeConstant {
-                        node,
-                        slot: 1,
-                        values: vec![piece; parts as usize],
-                    });
-                }
-                let groups = split.groups * parts;
-                Ok(vec![
-                    (0, Need::Split(AxisSplit { axis, groups })),
-                    (1, Need::Whole),
-                ])
-            }
-            "Slice" => {
-                let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
-                let axes = match n.inputs.get(3).copied().flatten() {
-                    Some(t) => self.values(t)?,
-                    None => (0..input.len() as i64).collect(),
-                };
-                for (i, &x) in axes.iter().enumerate() {
-                    if normalize(x, input.len())? == a {
-                        let starts = self.values(n.inputs[1].ok_or("no starts")?)?;
-                        if starts[i] != 0 || out[a] != input[a] {
-                            return Err(format!("'{}' slices along the split axis", n.name));
-                        }
-                    }
-                }
-                Ok(vec![(0, Need::Split(split))])
-            }
+            "Unsqueeze" | "Squeeze" => self.squeeze_needs(node, &out, split),
+            "Split" => self.split_needs(node, &out, split),
+            "Slice" => self.slice_needs(node, &out, split),
             "Concat" => {
                 let axis = normalize(int_attr(graph, node, "axis").unwrap_or(0), out.len())?;
                 if axis == a {
@@ -761,8 +689,136 @@ impl<'a> Walk<'a> {
                     .collect())
             }
             "MatMul" => self.product(node, &out, split),
-            _ => Err(unknown()),
+            _ => Err(not_understood(graph, node)),
         }
+    }
+
+    /// An element-wise op (or a softmax along another axis): each operand as it broadcasts.
+    fn elementwise_needs(
+        &mut self,
+        node: NodeId,
+        out: &[u64],
+        split: AxisSplit,
+    ) -> Outcome<Vec<(usize, Need)>> {
+        let graph = self.graph;
+        let n = graph.node(node);
+        if matches!(n.op_type.as_str(), "Softmax" | "LogSoftmax") {
+            let axis = normalize(int_attr(graph, node, "axis").unwrap_or(-1), out.len())?;
+            if axis == split.axis {
+                return Err(format!("'{}' normalizes along the split axis", n.name));
+            }
+        }
+        let mut needs = Vec::new();
+        for (slot, input) in n.inputs.iter().enumerate() {
+            let Some(input) = input else { continue };
+            needs.push((slot, self.broadcast(*input, out, split)?));
+        }
+        Ok(needs)
+    }
+
+    /// Unsqueeze or Squeeze: the split axis where it is in the input, its axes whole.
+    fn squeeze_needs(
+        &mut self,
+        node: NodeId,
+        out: &[u64],
+        split: AxisSplit,
+    ) -> Outcome<Vec<(usize, Need)>> {
+        let graph = self.graph;
+        let n = graph.node(node);
+        let a = split.axis;
+        let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
+        let axes = self.axes(node)?;
+        let axis = if n.op_type == "Unsqueeze" {
+            let axes: Vec<usize> = axes
+                .iter()
+                .map(|&x| normalize(x, out.len()))
+                .collect::<Outcome<_>>()?;
+            if axes.contains(&a) {
+                return Err(not_understood(graph, node));
+            }
+            a - axes.iter().filter(|&&x| x < a).count()
+        } else {
+            let axes: Vec<usize> = match axes.is_empty() {
+                true => (0..input.len()).filter(|&i| input[i] == 1).collect(),
+                false => axes
+                    .iter()
+                    .map(|&x| normalize(x, input.len()))
+                    .collect::<Outcome<_>>()?,
+            };
+            (0..input.len())
+                .filter(|i| !axes.contains(i))
+                .nth(a)
+                .ok_or_else(|| not_understood(graph, node))?
+        };
+        Ok(vec![
+            (0, Need::Split(AxisSplit { axis, ..split })),
+            (1, Need::Whole),
+        ])
+    }
+
+    /// Split: along another axis, its input split alike; along the split axis, each part
+    /// split, so the input holds a share of every part (its sizes made constants).
+    fn split_needs(
+        &mut self,
+        node: NodeId,
+        out: &[u64],
+        split: AxisSplit,
+    ) -> Outcome<Vec<(usize, Need)>> {
+        let graph = self.graph;
+        let n = graph.node(node);
+        let a = split.axis;
+        let axis = normalize(int_attr(graph, node, "axis").unwrap_or(0), out.len())?;
+        if axis != a {
+            return Ok(vec![(0, Need::Split(split)), (1, Need::Whole)]);
+        }
+        // Each part split: the input holds a share of every part.
+        let parts = n.outputs.len() as u64;
+        if ints_attr(graph, node, "split").is_some() {
+            return Err(format!("'{}' gives its sizes as an attribute", n.name));
+        }
+        let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
+        if input[a] != out[a] * parts {
+            return Err(format!("'{}' splits into unequal parts", n.name));
+        }
+        if n.inputs.get(1).copied().flatten().is_some() {
+            let piece = (out[a] / self.degree) as i64;
+            self.shapes.push(ShapeConstant {
+                node,
+                slot: 1,
+                values: vec![piece; parts as usize],
+            });
+        }
+        let groups = split.groups * parts;
+        Ok(vec![
+            (0, Need::Split(AxisSplit { axis, groups })),
+            (1, Need::Whole),
+        ])
+    }
+
+    /// Slice: its input split alike, unless it cuts along the split axis.
+    fn slice_needs(
+        &mut self,
+        node: NodeId,
+        out: &[u64],
+        split: AxisSplit,
+    ) -> Outcome<Vec<(usize, Need)>> {
+        let graph = self.graph;
+        let n = graph.node(node);
+        let a = split.axis;
+        let input = shape_of(graph, n.inputs[0].ok_or("no input")?)?;
+        let axes = match n.inputs.get(3).copied().flatten() {
+            Some(t) => self.values(t)?,
+            None => (0..input.len() as i64).collect(),
+        };
+        for (i, &x) in axes.iter().enumerate() {
+            if normalize(x, input.len())? == a {
+                let starts = self.values(n.inputs[1].ok_or("no starts")?)?;
+                if starts[i] != 0 || out[a] != input[a] {
+                    return Err(format!("'{}' slices along the split axis", n.name));
+                }
+            }
+        }
+        Ok(vec![(0, Need::Split(split))])
     }
 
     /// What an operand broadcast to `out` needs: the same axis, or all of it where it is

@@ -295,157 +295,27 @@ pub fn torch_split(
         )));
     }
     problem.check_assignment(stage_of)?;
-    let stages = problem.stage_count();
-    let names = problem.node_scopes();
-    let (layers, blocks) = match split_family(&names) {
-        Some(family) => {
-            let layers = find_layers_of_family(&names, &family.family);
-            let blocks = blocks(&layers, &family.family);
-            (layers, blocks)
-        }
-        None => (Vec::new(), Vec::new()),
+    let blocks = match ModuleBlocks::find(problem) {
+        Ok(blocks) => blocks,
+        Err(reason) => return Ok(TorchSplitOutcome::NoModuleBoundaries { reason }),
     };
-    if blocks.len() < 2 {
-        return Ok(TorchSplitOutcome::NoModuleBoundaries {
-            reason: "no module boundaries found: the node names carry no family of numbered \
-                     blocks (such as /model/layers.N/... or /transformer/h.N/...), so the plan \
-                     cannot be expressed as PyTorch or DeepSpeed split points"
-                .into(),
-        });
-    }
-    // `model.layers.0` → `model.layers`: the family as `named_modules()` spells it.
-    let family = {
-        let first = qualified_name(&format!("{}.{}", blocks[0].1, blocks[0].2));
-        match first.rsplit_once('.') {
-            Some((family, _)) => family.to_string(),
-            None => first,
-        }
-    };
-    // Boundaries between two consecutive blocks: the start of every block but the first.
-    let candidates: Vec<Candidate> = blocks
-        .iter()
-        .skip(1)
-        .map(|(layer_index, f, block_index)| Candidate {
-            scope: format!("{f}.{block_index}"),
-            block_index: *block_index,
-            position: layers[*layer_index].start,
-            layer_index: *layer_index,
-        })
-        .collect();
-    let cut_count = stages - 1;
-    if candidates.len() < cut_count {
-        return Ok(TorchSplitOutcome::NoModuleBoundaries {
-            reason: format!(
-                "no module boundaries for {stages} stages: the {} blocks of {family} leave {} \
-                 {} between blocks, the plan needs {cut_count}",
-                blocks.len(),
-                candidates.len(),
-                if candidates.len() == 1 {
-                    "boundary"
-                } else {
-                    "boundaries"
-                }
-            ),
-        });
-    }
-
-    let cuts = plan_cuts(stage_of, stages);
     // The plan as it is (the MILP's stages need not be contiguous in this order); its cuts, read
     // as contiguous segments, are only where the search starts.
     let plan_bottleneck = problem.evaluate(stage_of).bottleneck_secs;
-    let limit = plan_bottleneck * (1.0 + tolerance);
-    let acceptable = |e: &Evaluation| e.fits() && e.bottleneck_secs <= limit;
-
-    // Nearest pass: `chosen[i]` indexes `candidates`.
-    let mut chosen: Vec<usize> = Vec::with_capacity(cut_count);
-    for (i, &cut) in cuts.iter().enumerate() {
-        let low = chosen.last().map_or(0, |&c| c + 1);
-        let high = candidates.len() - (cut_count - i); // leaves one candidate per later cut
-        let mut order: Vec<usize> = (low..=high).collect();
-        order.sort_by_key(|&c| (candidates[c].position.abs_diff(cut), candidates[c].position));
-        let mut best: Option<(usize, (bool, f64))> = None;
-        for c in order {
-            let mut trial: Vec<usize> = chosen.iter().map(|&j| candidates[j].position).collect();
-            trial.push(candidates[c].position);
-            // Later cuts where the plan has them, pushed right to keep the stages non-empty.
-            let mut last = candidates[c].position;
-            let mut valid = true;
-            for &later in &cuts[i + 1..] {
-                let at = later.max(last + 1);
-                if at >= problem.node_count() {
-                    valid = false;
-                    break;
-                }
-                trial.push(at);
-                last = at;
-            }
-            if !valid {
-                continue;
-            }
-            let evaluation = evaluate_cuts(problem, &trial);
-            if acceptable(&evaluation) {
-                best = Some((c, rank(&evaluation)));
-                break;
-            }
-            if best.is_none_or(|(_, r)| better(rank(&evaluation), r)) {
-                best = Some((c, rank(&evaluation)));
-            }
-        }
-        // `low..=high` is never empty (enough candidates), and its last entry always leaves
-        // room for the later cuts, so a candidate was ranked.
-        let Some((c, _)) = best else {
-            return Err(Error::PartitionConfig(format!(
-                "no module boundary could be placed for cut {} at position {cut}",
-                i + 1
-            )));
-        };
-        chosen.push(c);
-    }
-    let positions = |chosen: &[usize]| -> Vec<usize> {
-        chosen.iter().map(|&c| candidates[c].position).collect()
+    let search = CutSearch {
+        problem,
+        candidates: &blocks.candidates,
+        cuts: plan_cuts(stage_of, problem.stage_count()),
+        limit: plan_bottleneck * (1.0 + tolerance),
     };
-    let mut evaluation = evaluate_cuts(problem, &positions(&chosen));
-    let mut searched = false;
-    if !acceptable(&evaluation) {
-        searched = true;
-        if combinations(candidates.len(), cut_count) <= EXHAUSTIVE_LIMIT {
-            // Few enough choices to try them all: the best module boundaries, proven.
-            let mut trial: Vec<usize> = (0..cut_count).collect();
-            loop {
-                let candidate = evaluate_cuts(problem, &positions(&trial));
-                if better(rank(&candidate), rank(&evaluation)) {
-                    chosen = trial.clone();
-                    evaluation = candidate;
-                }
-                if !next_combination(&mut trial, candidates.len()) {
-                    break;
-                }
-            }
+    let mut chosen = search.nearest()?;
+    let mut evaluation = search.evaluate(&chosen);
+    let searched = !search.acceptable(&evaluation);
+    if searched {
+        if combinations(search.candidates.len(), search.cuts.len()) <= EXHAUSTIVE_LIMIT {
+            search.try_all(&mut chosen, &mut evaluation);
         } else {
-            for _ in 0..MAX_SEARCH_ROUNDS {
-                let mut moved = false;
-                for i in 0..cut_count {
-                    let low = if i == 0 { 0 } else { chosen[i - 1] + 1 };
-                    let high = chosen.get(i + 1).map_or(candidates.len() - 1, |&c| c - 1);
-                    let current = chosen[i];
-                    for c in low..=high {
-                        if c == current {
-                            continue;
-                        }
-                        let mut trial = chosen.clone();
-                        trial[i] = c;
-                        let candidate = evaluate_cuts(problem, &positions(&trial));
-                        if better(rank(&candidate), rank(&evaluation)) {
-                            chosen = trial;
-                            evaluation = candidate;
-                            moved = true;
-                        }
-                    }
-                }
-                if !moved {
-                    break;
-                }
-            }
+            search.local_search(&mut chosen, &mut evaluation);
         }
     }
 
@@ -455,33 +325,104 @@ pub fn torch_split(
     } else {
         0.0
     };
-    let boundaries: Vec<ModuleBoundary> = chosen
-        .iter()
-        .zip(&cuts)
-        .enumerate()
-        .map(|(i, (&c, &plan_position))| {
-            let candidate = &candidates[c];
-            ModuleBoundary {
-                module: qualified_name(&candidate.scope),
-                scope: candidate.scope.clone(),
-                block_index: candidate.block_index,
-                stage: i + 1,
-                position: candidate.position,
-                plan_position,
-                layer_index: candidate.layer_index,
-            }
-        })
-        .collect();
-    let mut deepspeed_parts = Vec::with_capacity(stages + 1);
+    let boundaries = search.boundaries(&chosen);
+    let mut deepspeed_parts = Vec::with_capacity(problem.stage_count() + 1);
     deepspeed_parts.push(0);
     deepspeed_parts.extend(boundaries.iter().map(|b| b.layer_index));
-    deepspeed_parts.push(layers.len());
+    deepspeed_parts.push(blocks.layers.len());
     Ok(TorchSplitOutcome::Split(TorchSplit {
-        family,
-        block_count: blocks.len(),
+        block_count: blocks.block_count,
         boundaries,
         deepspeed_parts,
-        layers: layers
+        layers: blocks.layer_names(),
+        family: blocks.family,
+        plan_bottleneck_secs: plan_bottleneck,
+        bottleneck_secs: bottleneck,
+        bottleneck_change: change,
+        tolerance,
+        within_tolerance: search.acceptable(&evaluation),
+        fits: evaluation.fits(),
+        searched,
+    }))
+}
+
+/// A model's numbered blocks, and the boundaries between them that a cut may move to.
+struct ModuleBlocks {
+    /// The layer list DeepSpeed's `parts` index: prologue, the blocks, epilogue.
+    layers: Vec<Layer>,
+    /// Numbered blocks found.
+    block_count: usize,
+    /// The family as `named_modules()` spells it, e.g. `model.layers`.
+    family: String,
+    /// Boundaries between two consecutive blocks: the start of every block but the first.
+    candidates: Vec<Candidate>,
+}
+
+impl ModuleBlocks {
+    /// The blocks of the family the node names carry; or why there are none, or too few for
+    /// the problem's stages, in a sentence.
+    fn find(problem: &PartitionProblem) -> Result<ModuleBlocks, String> {
+        let stages = problem.stage_count();
+        let names = problem.node_scopes();
+        let (layers, blocks) = match split_family(&names) {
+            Some(family) => {
+                let layers = find_layers_of_family(&names, &family.family);
+                let blocks = blocks(&layers, &family.family);
+                (layers, blocks)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        if blocks.len() < 2 {
+            return Err(
+                "no module boundaries found: the node names carry no family of numbered \
+                        blocks (such as /model/layers.N/... or /transformer/h.N/...), so the plan \
+                        cannot be expressed as PyTorch or DeepSpeed split points"
+                    .into(),
+            );
+        }
+        // `model.layers.0` → `model.layers`: the family as `named_modules()` spells it.
+        let family = {
+            let first = qualified_name(&format!("{}.{}", blocks[0].1, blocks[0].2));
+            match first.rsplit_once('.') {
+                Some((family, _)) => family.to_string(),
+                None => first,
+            }
+        };
+        let candidates: Vec<Candidate> = blocks
+            .iter()
+            .skip(1)
+            .map(|(layer_index, f, block_index)| Candidate {
+                scope: format!("{f}.{block_index}"),
+                block_index: *block_index,
+                position: layers[*layer_index].start,
+                layer_index: *layer_index,
+            })
+            .collect();
+        let cut_count = stages - 1;
+        if candidates.len() < cut_count {
+            return Err(format!(
+                "no module boundaries for {stages} stages: the {} blocks of {family} leave {} \
+                 {} between blocks, the plan needs {cut_count}",
+                blocks.len(),
+                candidates.len(),
+                if candidates.len() == 1 {
+                    "boundary"
+                } else {
+                    "boundaries"
+                }
+            ));
+        }
+        Ok(ModuleBlocks {
+            layers,
+            block_count: blocks.len(),
+            family,
+            candidates,
+        })
+    }
+
+    /// The layer list by qualified name (`prologue` and `epilogue` as they are).
+    fn layer_names(&self) -> Vec<String> {
+        self.layers
             .iter()
             .map(|l| {
                 if l.name.starts_with('/') {
@@ -490,15 +431,159 @@ pub fn torch_split(
                     l.name.clone() // `prologue`, `epilogue`
                 }
             })
-            .collect(),
-        plan_bottleneck_secs: plan_bottleneck,
-        bottleneck_secs: bottleneck,
-        bottleneck_change: change,
-        tolerance,
-        within_tolerance: acceptable(&evaluation),
-        fits: evaluation.fits(),
-        searched,
-    }))
+            .collect()
+    }
+}
+
+/// The search for module boundaries near a plan's cuts. A choice of boundaries is a list of
+/// ascending indices into `candidates`, one per cut.
+struct CutSearch<'a> {
+    problem: &'a PartitionProblem,
+    candidates: &'a [Candidate],
+    /// The plan's cuts, read as contiguous segments of the order.
+    cuts: Vec<usize>,
+    /// The largest bottleneck within the tolerance of the plan's.
+    limit: f64,
+}
+
+impl CutSearch<'_> {
+    /// Whether a split fits and keeps the bottleneck within the tolerance.
+    fn acceptable(&self, evaluation: &Evaluation) -> bool {
+        evaluation.fits() && evaluation.bottleneck_secs <= self.limit
+    }
+
+    /// The positions where the chosen boundaries start their stages.
+    fn positions(&self, chosen: &[usize]) -> Vec<usize> {
+        chosen
+            .iter()
+            .map(|&c| self.candidates[c].position)
+            .collect()
+    }
+
+    /// The stages that start at the chosen boundaries, evaluated.
+    fn evaluate(&self, chosen: &[usize]) -> Evaluation {
+        evaluate_cuts(self.problem, &self.positions(chosen))
+    }
+
+    /// The nearest pass: for each cut in order, the candidates nearest first (ties to the
+    /// earlier block), the later cuts still where the plan has them; the first acceptable one,
+    /// else the best.
+    fn nearest(&self) -> Result<Vec<usize>, Error> {
+        let (problem, candidates, cuts) = (self.problem, self.candidates, &self.cuts);
+        let cut_count = cuts.len();
+        let mut chosen: Vec<usize> = Vec::with_capacity(cut_count);
+        for (i, &cut) in cuts.iter().enumerate() {
+            let low = chosen.last().map_or(0, |&c| c + 1);
+            let high = candidates.len() - (cut_count - i); // leaves one candidate per later cut
+            let mut order: Vec<usize> = (low..=high).collect();
+            order.sort_by_key(|&c| (candidates[c].position.abs_diff(cut), candidates[c].position));
+            let mut best: Option<(usize, (bool, f64))> = None;
+            for c in order {
+                let mut trial = self.positions(&chosen);
+                trial.push(candidates[c].position);
+                // Later cuts where the plan has them, pushed right to keep the stages non-empty.
+                let mut last = candidates[c].position;
+                let mut valid = true;
+                for &later in &cuts[i + 1..] {
+                    let at = later.max(last + 1);
+                    if at >= problem.node_count() {
+                        valid = false;
+                        break;
+                    }
+                    trial.push(at);
+                    last = at;
+                }
+                if !valid {
+                    continue;
+                }
+                let evaluation = evaluate_cuts(problem, &trial);
+                if self.acceptable(&evaluation) {
+                    best = Some((c, rank(&evaluation)));
+                    break;
+                }
+                if best.is_none_or(|(_, r)| better(rank(&evaluation), r)) {
+                    best = Some((c, rank(&evaluation)));
+                }
+            }
+            // `low..=high` is never empty (enough candidates), and its last entry always leaves
+            // room for the later cuts, so a candidate was ranked.
+            let Some((c, _)) = best else {
+                return Err(Error::PartitionConfig(format!(
+                    "no module boundary could be placed for cut {} at position {cut}",
+                    i + 1
+                )));
+            };
+            chosen.push(c);
+        }
+        Ok(chosen)
+    }
+
+    /// Few enough choices to try them all: the best module boundaries, proven.
+    fn try_all(&self, chosen: &mut Vec<usize>, evaluation: &mut Evaluation) {
+        let mut trial: Vec<usize> = (0..self.cuts.len()).collect();
+        loop {
+            let candidate = self.evaluate(&trial);
+            if better(rank(&candidate), rank(evaluation)) {
+                *chosen = trial.clone();
+                *evaluation = candidate;
+            }
+            if !next_combination(&mut trial, self.candidates.len()) {
+                break;
+            }
+        }
+    }
+
+    /// Moves one cut at a time to the boundary that lowers the bottleneck most, for at most
+    /// [`MAX_SEARCH_ROUNDS`] rounds, until no move helps.
+    fn local_search(&self, chosen: &mut Vec<usize>, evaluation: &mut Evaluation) {
+        for _ in 0..MAX_SEARCH_ROUNDS {
+            let mut moved = false;
+            for i in 0..self.cuts.len() {
+                let low = if i == 0 { 0 } else { chosen[i - 1] + 1 };
+                let high = chosen
+                    .get(i + 1)
+                    .map_or(self.candidates.len() - 1, |&c| c - 1);
+                let current = chosen[i];
+                for c in low..=high {
+                    if c == current {
+                        continue;
+                    }
+                    let mut trial = chosen.clone();
+                    trial[i] = c;
+                    let candidate = self.evaluate(&trial);
+                    if better(rank(&candidate), rank(evaluation)) {
+                        *chosen = trial;
+                        *evaluation = candidate;
+                        moved = true;
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+    }
+
+    /// The chosen boundaries, each with the plan's cut it replaces.
+    fn boundaries(&self, chosen: &[usize]) -> Vec<ModuleBoundary> {
+        chosen
+            .iter()
+            .zip(&self.cuts)
+            .enumerate()
+            .map(|(i, (&c, &plan_position))| {
+                let candidate = &self.candidates[c];
+                ModuleBoundary {
+                    module: qualified_name(&candidate.scope),
+                    scope: candidate.scope.clone(),
+                    block_index: candidate.block_index,
+                    stage: i + 1,
+                    position: candidate.position,
+                    plan_position,
+                    layer_index: candidate.layer_index,
+                }
+            })
+            .collect()
+    }
 }
 
 impl TorchSplit {

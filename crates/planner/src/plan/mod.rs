@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
 use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::{
-    Baseline, CostSettings, CutConstraints, LowerBounds, PartitionProblem, Solution, SolveStatus,
-    SolverKind, StageCount, StageId,
+    Baseline, CostSettings, CutConstraints, Evaluation, LowerBounds, PartitionProblem, Solution,
+    SolveStatus, SolverKind, StageCount, StageId,
 };
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
@@ -853,6 +853,30 @@ impl Plan {
         graph: &Graph,
         cluster: &Cluster,
     ) -> Result<(PartitionProblem, Vec<StageId>), Error> {
+        let devices = self.stage_devices(cluster)?;
+        let mut problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
+        let tensor_parallel = self.parallelism.as_ref().map(|p| p.tensor_parallel);
+        if let (Some(tp), Some(&first)) = (tensor_parallel, devices.first()) {
+            crate::partition::tensor_parallel::TensorParallelBlocks::find(graph).shard_on(
+                graph,
+                &mut problem,
+                cluster,
+                tp,
+                first,
+            );
+        }
+        problem
+            .pin_cuts(&self.config.cut_constraints.pin)
+            .map_err(|e| Error::InvalidPlan(format!("config.cut_constraints: {e}")))?;
+        let assignment = self.assignment(&problem)?;
+        problem.check_assignment(&assignment)?;
+        Ok((problem, assignment))
+    }
+
+    /// The device of every stage, refusing stages out of order, devices the cluster does not
+    /// have or names differently, and a pipeline that does not place its stages as the
+    /// schedule does (one stage per device, or under interleaving its chunks in turn).
+    fn stage_devices(&self, cluster: &Cluster) -> Result<Vec<DeviceId>, Error> {
         let bad = |detail: String| Err(Error::InvalidPlan(detail));
         if self.stages.is_empty() {
             return bad("it has no stages".into());
@@ -907,20 +931,12 @@ impl Plan {
                 return bad(format!("device {id} hosts two stages"));
             }
         }
-        let mut problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
-        let tensor_parallel = self.parallelism.as_ref().map(|p| p.tensor_parallel);
-        if let (Some(tp), Some(&first)) = (tensor_parallel, devices.first()) {
-            crate::partition::tensor_parallel::TensorParallelBlocks::find(graph).shard_on(
-                graph,
-                &mut problem,
-                cluster,
-                tp,
-                first,
-            );
-        }
-        problem
-            .pin_cuts(&self.config.cut_constraints.pin)
-            .map_err(|e| Error::InvalidPlan(format!("config.cut_constraints: {e}")))?;
+        Ok(devices)
+    }
+
+    /// The stage of every position of `problem`, from the node names each stage lists.
+    fn assignment(&self, problem: &PartitionProblem) -> Result<Vec<StageId>, Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
         let position: BTreeMap<&str, usize> = problem
             .node_names()
             .singles()
@@ -956,8 +972,7 @@ impl Plan {
                 }
             }
         }
-        problem.check_assignment(&assignment)?;
-        Ok((problem, assignment))
+        Ok(assignment)
     }
 
     /// The plan with every figure re-derived from its node assignment on `graph`: the stages
@@ -971,10 +986,61 @@ impl Plan {
         graph: &Graph,
         catalog: &Catalog,
     ) -> Result<Rederived, Error> {
-        let bad = |detail: String| Err(Error::InvalidPlan(detail));
         self.model_match(model)?;
         let cluster = self.cluster(catalog)?;
-        let hashes = profile_hashes(&cluster);
+        self.check_costed_alike(&cluster, graph)?;
+        let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;
+        let constraints = &self.config.cut_constraints;
+        let in_plan = |e: Error| Error::InvalidPlan(format!("config.cut_constraints: {e}"));
+        if let Some(broken) = constraints
+            .violation(graph, &problem, &assignment)
+            .map_err(in_plan)?
+        {
+            return Err(Error::InvalidPlan(format!(
+                "{broken}; drop the tensor from config.cut_constraints to allow that cut"
+            )));
+        }
+        self.check_parallelism_section(&cluster)?;
+        let eval = problem.evaluate(&assignment);
+        for (s, actual) in eval.stages.iter().enumerate() {
+            if !actual.fits() {
+                return Err(Error::InvalidPlan(format!(
+                    "stage {s} needs {} of memory but may use {}",
+                    pipecut_ir::onnx::inspect::human_bytes(actual.peak_memory_bytes),
+                    pipecut_ir::onnx::inspect::human_bytes(actual.capacity_bytes)
+                )));
+            }
+        }
+        let mut plan = self.clone();
+        plan.model.nodes = graph.node_count();
+        plan.model.graph = graph.name().to_string();
+        plan.stages = rederive::transcribe_stages(&problem, &assignment, &eval);
+        plan.rederive_summary(&problem, &assignment, &eval)?;
+        plan.rederive_chosen_candidate(eval.bottleneck_secs)?;
+        if plan.parallelism.is_some() {
+            // Plans from before version 6 do not list the shards; they check without them.
+            let with_shards = self.schema_version >= 6;
+            plan =
+                plan.rederive_parallelism(graph, &cluster, (&problem, &assignment), with_shards)?;
+        }
+        // The status and bound are claims over the partitions the constraints allow: audited
+        // on the problem the solvers saw.
+        let claims_problem = match constraints.apply(graph, &problem).map_err(in_plan)? {
+            Some(grouped) => grouped.problem,
+            None => problem,
+        };
+        Ok(Rederived {
+            plan,
+            problem: claims_problem,
+            nodes: assignment.len(),
+        })
+    }
+
+    /// Refuses a check costed otherwise than the plan: other hardware profiles, or other
+    /// measured node times (or none where the plan had some).
+    fn check_costed_alike(&self, cluster: &Cluster, graph: &Graph) -> Result<(), Error> {
+        let bad = |detail: String| Err(Error::InvalidPlan(detail));
+        let hashes = profile_hashes(cluster);
         if hashes != self.cost_model {
             let changed: Vec<&String> = hashes
                 .iter()
@@ -1006,48 +1072,37 @@ impl Plan {
                 name(&in_use)
             ));
         }
-        let (problem, assignment) = self.problem_and_assignment(graph, &cluster)?;
-        let constraints = &self.config.cut_constraints;
-        let in_plan = |e: Error| Error::InvalidPlan(format!("config.cut_constraints: {e}"));
-        if let Some(broken) = constraints
-            .violation(graph, &problem, &assignment)
-            .map_err(in_plan)?
-        {
-            return bad(format!(
-                "{broken}; drop the tensor from config.cut_constraints to allow that cut"
-            ));
-        }
+        Ok(())
+    }
+
+    /// Refuses a parallelism section that does not match the stages, the cluster and the mode,
+    /// or a mode that shards ZeRO state over replicas the plan does not have.
+    fn check_parallelism_section(&self, cluster: &Cluster) -> Result<(), Error> {
         match (&self.parallelism, self.config.mode) {
             (Some(parallelism), mode) => check_parallelism(
                 parallelism,
                 &self.stages,
-                &cluster,
+                cluster,
                 (mode, self.config.schedule.chunks()),
-            )?,
-            (None, Mode::Training { zero, .. }) if !zero.is_none() => {
-                return bad(format!(
-                    "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",
-                    zero.group
-                ));
-            }
-            (None, _) => {}
+            ),
+            (None, Mode::Training { zero, .. }) if !zero.is_none() => Err(Error::InvalidPlan(format!(
+                "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",
+                zero.group
+            ))),
+            (None, _) => Ok(()),
         }
-        let eval = problem.evaluate(&assignment);
-        for (s, actual) in eval.stages.iter().enumerate() {
-            if !actual.fits() {
-                return bad(format!(
-                    "stage {s} needs {} of memory but may use {}",
-                    pipecut_ir::onnx::inspect::human_bytes(actual.peak_memory_bytes),
-                    pipecut_ir::onnx::inspect::human_bytes(actual.capacity_bytes)
-                ));
-            }
-        }
+    }
+
+    /// The summary's figures re-derived from the assignment's evaluation `eval`: bottleneck,
+    /// bytes, throughput, gap, the measured selection and the baselines.
+    fn rederive_summary(
+        &mut self,
+        problem: &PartitionProblem,
+        assignment: &[StageId],
+        eval: &Evaluation,
+    ) -> Result<(), Error> {
         let bottleneck = eval.bottleneck_secs;
-        let mut plan = self.clone();
-        plan.model.nodes = graph.node_count();
-        plan.model.graph = graph.name().to_string();
-        plan.stages = rederive::transcribe_stages(&problem, &assignment, &eval);
-        let summary = &mut plan.summary;
+        let summary = &mut self.summary;
         summary.bottleneck_secs = bottleneck;
         summary.cut_bytes = eval.cut_bytes;
         summary.microbatches_per_sec = if bottleneck > 0.0 {
@@ -1057,7 +1112,7 @@ impl Plan {
         };
         summary.gap = rederive::relative_gap(bottleneck, summary.lower_bound_secs);
         if let Some(selection) = &mut summary.measured_selection {
-            selection.rederive(&problem, &assignment)?;
+            selection.rederive(problem, assignment)?;
         }
         // Baselines the solve skipped for time stay skipped: re-deriving them would take the
         // time the limit denied them, and a skipped comparison claims nothing.
@@ -1068,66 +1123,74 @@ impl Plan {
                 .all(|b| b.error.as_deref() == Some(crate::partition::BASELINES_SKIPPED));
         if !skipped {
             let (baselines, baseline_layers) =
-                crate::partition::evaluate_baselines(&problem, &self.config.baseline_layer_type);
+                crate::partition::evaluate_baselines(problem, &self.config.baseline_layer_type);
             summary.baselines = rederive::plan_baselines(&baselines, bottleneck);
             summary.baseline_layers = baseline_layers;
         }
-        let k = plan.stages.len();
-        if plan
+        Ok(())
+    }
+
+    /// The `--stages auto` row of the plan's own stage count, simulated again (the plan's
+    /// stages already re-derived).
+    fn rederive_chosen_candidate(&mut self, bottleneck: f64) -> Result<(), Error> {
+        let k = self.stages.len();
+        if self
             .summary
             .stage_count_candidates
             .iter()
             .any(|c| c.stages == k)
         {
-            let simulation = plan.simulate()?;
+            let simulation = self.simulate()?;
             let row = rederive::chosen_candidate(
                 k,
                 bottleneck,
                 simulation.step_secs,
                 simulation.bubble_fraction,
             );
-            for candidate in &mut plan.summary.stage_count_candidates {
+            for candidate in &mut self.summary.stage_count_candidates {
                 if candidate.stages == k {
                     *candidate = row.clone();
                 }
             }
         }
-        if let Some(parallelism) = &plan.parallelism {
-            let replicas: Vec<Vec<DeviceId>> = parallelism
-                .replicas
-                .iter()
-                .map(|r| r.iter().map(|&d| DeviceId(d)).collect())
-                .collect();
-            let step = StepFigures::new(
-                graph,
-                &cluster,
-                (&problem, &assignment),
-                &replicas,
-                &plan.simulate()?,
-                parallelism.global_batch,
-            );
-            // Plans from before version 6 do not list the shards; they check without them.
-            if self.schema_version >= 6 {
-                plan = plan.with_tensor_parallel_shards(graph)?;
-            }
-            let parallelism = plan.parallelism.as_mut().expect("checked above");
-            parallelism.allreduce_secs = step.allreduce_secs;
-            parallelism.pipeline_secs = step.pipeline_secs;
-            parallelism.step_secs = step.step_secs;
-            parallelism.samples_per_sec = step.samples_per_sec;
-            parallelism.bubble_fraction = step.bubble_fraction;
-        }
-        // The status and bound are claims over the partitions the constraints allow: audited
-        // on the problem the solvers saw.
-        let claims_problem = match constraints.apply(graph, &problem).map_err(in_plan)? {
-            Some(grouped) => grouped.problem,
-            None => problem,
+        Ok(())
+    }
+
+    /// The parallelism section's step figures re-derived (the plan's stages already
+    /// re-derived), and its tensor-parallel shards when `with_shards`.
+    fn rederive_parallelism(
+        mut self,
+        graph: &Graph,
+        cluster: &Cluster,
+        (problem, assignment): (&PartitionProblem, &[StageId]),
+        with_shards: bool,
+    ) -> Result<Plan, Error> {
+        let Some(parallelism) = &self.parallelism else {
+            return Ok(self);
         };
-        Ok(Rederived {
-            plan,
-            problem: claims_problem,
-            nodes: assignment.len(),
-        })
+        let replicas: Vec<Vec<DeviceId>> = parallelism
+            .replicas
+            .iter()
+            .map(|r| r.iter().map(|&d| DeviceId(d)).collect())
+            .collect();
+        let step = StepFigures::new(
+            graph,
+            cluster,
+            (problem, assignment),
+            &replicas,
+            &self.simulate()?,
+            parallelism.global_batch,
+        );
+        if with_shards {
+            self = self.with_tensor_parallel_shards(graph)?;
+        }
+        let parallelism = self.parallelism.as_mut().expect("checked above");
+        parallelism.allreduce_secs = step.allreduce_secs;
+        parallelism.pipeline_secs = step.pipeline_secs;
+        parallelism.step_secs = step.step_secs;
+        parallelism.samples_per_sec = step.samples_per_sec;
+        parallelism.bubble_fraction = step.bubble_fraction;
+        Ok(self)
     }
 
     /// Every figure the plan records that differs from `rederived`, each naming the field (with

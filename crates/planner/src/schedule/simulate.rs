@@ -141,28 +141,63 @@ pub fn simulate(
     schedule: PipelineSchedule,
     microbatches: usize,
 ) -> Result<Simulation, Error> {
+    let devices = step_devices(times, schedule, microbatches)?;
+    let mut run = Run::new(times, schedule, devices, microbatches);
+    loop {
+        let mut progressed = false;
+        for d in 0..devices {
+            progressed |= run.run_next(d);
+        }
+        if !progressed {
+            break;
+        }
+    }
+    if run.next.iter().zip(&run.orders).any(|(n, o)| *n < o.len()) {
+        return Err(unsimulable(
+            "the schedule deadlocked (an operation waits for one that comes later on its device)"
+                .into(),
+        ));
+    }
+    Ok(run.finish())
+}
+
+/// The error of a step the simulator cannot run.
+fn unsimulable(detail: String) -> Error {
+    Error::InvalidGraph(format!("cannot simulate the schedule: {detail}"))
+}
+
+/// Checks that `microbatches` micro-batches through the stages of `times` under `schedule`
+/// can be simulated (within [`MAX_MICROBATCHES`] and [`MAX_SIMULATED_OPS`]); gives the
+/// devices the stages run on.
+fn step_devices(
+    times: &StageTimes,
+    schedule: PipelineSchedule,
+    microbatches: usize,
+) -> Result<usize, Error> {
     let stages = times.forward_secs.len();
     let training = !times.backward_secs.is_empty();
     let chunks = match schedule {
         PipelineSchedule::Interleaved { chunks } => chunks,
         _ => 1,
     };
-    let bad =
-        |detail: String| Error::InvalidGraph(format!("cannot simulate the schedule: {detail}"));
     if stages == 0 || microbatches == 0 {
-        return Err(bad("it needs at least one stage and one micro-batch".into()));
+        return Err(unsimulable(
+            "it needs at least one stage and one micro-batch".into(),
+        ));
     }
     if chunks == 0 || !stages.is_multiple_of(chunks) {
-        return Err(bad(format!(
+        return Err(unsimulable(format!(
             "{stages} stages cannot be split into {chunks} chunks per device"
         )));
     }
     if training && times.backward_secs.len() != stages {
-        return Err(bad("backward times must be given for every stage".into()));
+        return Err(unsimulable(
+            "backward times must be given for every stage".into(),
+        ));
     }
     if times.send_secs.len() + 1 < stages {
-        return Err(bad(
-            "send times must be given for every stage boundary".into()
+        return Err(unsimulable(
+            "send times must be given for every stage boundary".into(),
         ));
     }
     check_microbatches(microbatches as u64)?;
@@ -188,107 +223,150 @@ pub fn simulate(
     }
     let devices = stages / chunks;
     if chunks > 1 && training && !microbatches.is_multiple_of(devices) {
-        return Err(bad(format!("interleaving needs the micro-batches ({microbatches}) to be a multiple of the devices ({devices})")));
+        return Err(unsimulable(format!("interleaving needs the micro-batches ({microbatches}) to be a multiple of the devices ({devices})")));
     }
-    let orders: Vec<Vec<(OpKind, usize, usize)>> = (0..devices)
-        .map(|d| device_order(schedule, devices, d, microbatches, training))
-        .collect();
-    // done[kind][stage][microbatch] = end time, once run.
-    let mut forward_done = vec![vec![None::<f64>; microbatches]; stages];
-    let mut backward_done = vec![vec![None::<f64>; microbatches]; stages];
-    // Zero-bubble runs a backward as B then W, each half of the backward time (Qi et al. take
-    // T_B ≈ T_W; pipecut's backward is twice the forward, so each half is one forward); the
-    // activations stay until W.
-    let split_backward = training && schedule == PipelineSchedule::ZeroBubble;
-    let backward_share = if split_backward { 0.5 } else { 1.0 };
-    let mut next = vec![0usize; devices];
-    let mut free_at = vec![0.0f64; devices];
-    let mut busy = vec![0.0f64; devices];
-    let mut in_flight = vec![0usize; devices];
-    let mut peak_in_flight = vec![if training { 0 } else { 1 }; devices];
-    let mut ops = Vec::with_capacity(orders.iter().map(Vec::len).sum());
-    let send = |s: usize| times.send_secs.get(s).copied().unwrap_or(0.0);
-    loop {
-        let mut progressed = false;
-        for d in 0..devices {
-            let Some(&(kind, stage, mb)) = orders[d].get(next[d]) else {
-                continue;
-            };
-            let ready = match kind {
-                OpKind::Forward if stage == 0 => Some(0.0),
-                OpKind::Forward => forward_done[stage - 1][mb].map(|t| t + send(stage - 1)),
-                OpKind::Backward if stage + 1 == stages => forward_done[stage][mb],
-                OpKind::Backward => backward_done[stage + 1][mb]
-                    .map(|t| t + send(stage))
-                    .and_then(|t| forward_done[stage][mb].map(|f| t.max(f))),
-                OpKind::WeightGradient => backward_done[stage][mb],
-            };
-            let Some(ready) = ready else { continue };
-            let duration = match kind {
-                OpKind::Forward => times.forward_secs[stage],
-                OpKind::Backward | OpKind::WeightGradient => {
-                    times.backward_secs[stage] * backward_share
-                }
-            };
-            let start = ready.max(free_at[d]);
-            let end = start + duration;
-            free_at[d] = end;
-            busy[d] += duration;
-            match kind {
-                OpKind::Forward => {
-                    forward_done[stage][mb] = Some(end);
-                    if training {
-                        in_flight[d] += 1;
-                        peak_in_flight[d] = peak_in_flight[d].max(in_flight[d]);
-                    }
-                }
-                OpKind::Backward => {
-                    backward_done[stage][mb] = Some(end);
-                    if !split_backward {
-                        in_flight[d] -= 1;
-                    }
-                }
-                OpKind::WeightGradient => in_flight[d] -= 1,
+    Ok(devices)
+}
+
+/// A simulation under way: each device's operations in schedule order, how far it has got,
+/// and when each operation ended.
+struct Run<'a> {
+    times: &'a StageTimes,
+    stages: usize,
+    training: bool,
+    /// Zero-bubble runs a backward as B then W; the activations stay until W.
+    split_backward: bool,
+    /// The share of the backward time one backward operation takes.
+    backward_share: f64,
+    /// Per device, its operations (kind, stage, micro-batch) in the schedule's order.
+    orders: Vec<Vec<(OpKind, usize, usize)>>,
+    /// `forward_done[stage][microbatch]` = end time, once run.
+    forward_done: Vec<Vec<Option<f64>>>,
+    /// `backward_done[stage][microbatch]` = end time, once run.
+    backward_done: Vec<Vec<Option<f64>>>,
+    /// Per device, the index of its next operation.
+    next: Vec<usize>,
+    free_at: Vec<f64>,
+    busy: Vec<f64>,
+    in_flight: Vec<usize>,
+    peak_in_flight: Vec<usize>,
+    ops: Vec<Op>,
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        times: &'a StageTimes,
+        schedule: PipelineSchedule,
+        devices: usize,
+        microbatches: usize,
+    ) -> Run<'a> {
+        let stages = times.forward_secs.len();
+        let training = !times.backward_secs.is_empty();
+        let orders: Vec<Vec<(OpKind, usize, usize)>> = (0..devices)
+            .map(|d| device_order(schedule, devices, d, microbatches, training))
+            .collect();
+        // Zero-bubble runs a backward as B then W, each half of the backward time (Qi et al.
+        // take T_B ≈ T_W; pipecut's backward is twice the forward, so each half is one
+        // forward); the activations stay until W.
+        let split_backward = training && schedule == PipelineSchedule::ZeroBubble;
+        let ops = Vec::with_capacity(orders.iter().map(Vec::len).sum());
+        Run {
+            times,
+            stages,
+            training,
+            split_backward,
+            backward_share: if split_backward { 0.5 } else { 1.0 },
+            orders,
+            forward_done: vec![vec![None::<f64>; microbatches]; stages],
+            backward_done: vec![vec![None::<f64>; microbatches]; stages],
+            next: vec![0usize; devices],
+            free_at: vec![0.0f64; devices],
+            busy: vec![0.0f64; devices],
+            in_flight: vec![0usize; devices],
+            peak_in_flight: vec![if training { 0 } else { 1 }; devices],
+            ops,
+        }
+    }
+
+    /// Runs device `d`'s next operation when its inputs have arrived; whether it ran one.
+    fn run_next(&mut self, d: usize) -> bool {
+        let Some(&(kind, stage, mb)) = self.orders[d].get(self.next[d]) else {
+            return false;
+        };
+        let times = self.times;
+        let send = |s: usize| times.send_secs.get(s).copied().unwrap_or(0.0);
+        let ready = match kind {
+            OpKind::Forward if stage == 0 => Some(0.0),
+            OpKind::Forward => self.forward_done[stage - 1][mb].map(|t| t + send(stage - 1)),
+            OpKind::Backward if stage + 1 == self.stages => self.forward_done[stage][mb],
+            OpKind::Backward => self.backward_done[stage + 1][mb]
+                .map(|t| t + send(stage))
+                .and_then(|t| self.forward_done[stage][mb].map(|f| t.max(f))),
+            OpKind::WeightGradient => self.backward_done[stage][mb],
+        };
+        let Some(ready) = ready else { return false };
+        let duration = match kind {
+            OpKind::Forward => times.forward_secs[stage],
+            OpKind::Backward | OpKind::WeightGradient => {
+                times.backward_secs[stage] * self.backward_share
             }
-            ops.push(Op {
-                kind,
-                stage,
-                device: d,
-                microbatch: mb,
-                start_secs: start,
-                end_secs: end,
-            });
-            next[d] += 1;
-            progressed = true;
+        };
+        let start = ready.max(self.free_at[d]);
+        let end = start + duration;
+        self.free_at[d] = end;
+        self.busy[d] += duration;
+        match kind {
+            OpKind::Forward => {
+                self.forward_done[stage][mb] = Some(end);
+                if self.training {
+                    self.in_flight[d] += 1;
+                    self.peak_in_flight[d] = self.peak_in_flight[d].max(self.in_flight[d]);
+                }
+            }
+            OpKind::Backward => {
+                self.backward_done[stage][mb] = Some(end);
+                if !self.split_backward {
+                    self.in_flight[d] -= 1;
+                }
+            }
+            OpKind::WeightGradient => self.in_flight[d] -= 1,
         }
-        if !progressed {
-            break;
+        self.ops.push(Op {
+            kind,
+            stage,
+            device: d,
+            microbatch: mb,
+            start_secs: start,
+            end_secs: end,
+        });
+        self.next[d] += 1;
+        true
+    }
+
+    /// The step's figures, its operations in start order.
+    fn finish(self) -> Simulation {
+        let devices = self.next.len();
+        let mut ops = self.ops;
+        let step_secs = ops.iter().map(|o| o.end_secs).fold(0.0, f64::max);
+        let bubble_fraction = if step_secs > 0.0 {
+            1.0 - self.busy.iter().sum::<f64>() / (devices as f64 * step_secs)
+        } else {
+            0.0
+        };
+        ops.sort_by(|a, b| {
+            a.start_secs
+                .total_cmp(&b.start_secs)
+                .then(a.device.cmp(&b.device))
+        });
+        // The per-chunk in-flight count is per device; a device with v chunks holds v stages'
+        // worth.
+        Simulation {
+            step_secs,
+            bubble_fraction,
+            peak_in_flight: self.peak_in_flight,
+            ops,
         }
     }
-    if next.iter().zip(&orders).any(|(n, o)| *n < o.len()) {
-        return Err(bad(
-            "the schedule deadlocked (an operation waits for one that comes later on its device)"
-                .into(),
-        ));
-    }
-    let step_secs = ops.iter().map(|o| o.end_secs).fold(0.0, f64::max);
-    let bubble_fraction = if step_secs > 0.0 {
-        1.0 - busy.iter().sum::<f64>() / (devices as f64 * step_secs)
-    } else {
-        0.0
-    };
-    ops.sort_by(|a, b| {
-        a.start_secs
-            .total_cmp(&b.start_secs)
-            .then(a.device.cmp(&b.device))
-    });
-    // The per-chunk in-flight count is per device; a device with v chunks holds v stages' worth.
-    Ok(Simulation {
-        step_secs,
-        bubble_fraction,
-        peak_in_flight,
-        ops,
-    })
 }
 
 #[cfg(test)]
