@@ -5,8 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::model::Model;
 use super::shape::InferenceReport;
-use super::Model;
 use crate::graph::{format_shape, Dim, TensorId};
 
 /// One graph input or output.

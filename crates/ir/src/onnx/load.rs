@@ -7,9 +7,9 @@ use std::sync::Arc;
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
 
+use super::model::Model;
 use super::opset::{check_legacy_node, opset_warnings};
 use super::tensor::{decode_tensor, decode_type, decode_value_type, DecodedTensor, ExternalFiles};
-use super::Model;
 use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph};
 use crate::Error;
 
