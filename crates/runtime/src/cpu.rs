@@ -8,7 +8,7 @@
 //! stage's busy time; idle time is the rest of the wall-clock time, and the pipeline efficiency
 //! is Σ busy / (K · wall), the measured counterpart of the simulator's `1 − bubble`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,24 +17,12 @@ use serde::Serialize;
 
 use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
+use super::steps::{plan_steps_with, Step};
 use super::tensor::HostTensor;
 use super::value::{Value, Values};
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
 use crate::Error;
-use pipecut_ir::graph::{DType, Graph, Node, NodeId, Subgraph, TensorId};
-
-/// One node ready to run, with its kernel of type `K`.
-#[derive(Debug)]
-pub(crate) struct Step<K = Kernel> {
-    pub node: NodeId,
-    /// The CPU kernel (the CUDA backend's fallback for nodes its device ops leave).
-    pub kernel: K,
-    pub opset: i64,
-    /// The inferred element type of each output slot (see [`Ctx::output_dtypes`]).
-    pub output_dtypes: Vec<Option<DType>>,
-    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
-    pub frees: Vec<TensorId>,
-}
+use pipecut_ir::graph::{Graph, NodeId, Subgraph, TensorId};
 
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
@@ -57,58 +45,6 @@ fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>
             .map(CpuKernel::Tensor)
             .or_else(|| kernels::lookup_value(&node.domain, &node.op_type).map(CpuKernel::Value))
     })
-}
-
-/// Resolves every node of a stage to its kernel of type `K` (`resolve`) and works out when each
-/// intermediate tensor can be freed; refuses an op without a kernel, naming op and node.
-pub(crate) fn plan_steps_with<K>(
-    graph: &Graph,
-    spec: &StageSpec,
-    resolve: impl Fn(&Node) -> Option<K>,
-) -> Result<Vec<Step<K>>, Error> {
-    let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
-    let mut last_use: HashMap<TensorId, usize> = HashMap::new();
-    for (i, &n) in spec.nodes.iter().enumerate() {
-        let node = graph.node(n);
-        // A subgraph reads the outer tensors it captures when its node runs.
-        for t in node.inputs.iter().flatten().chain(&node.captures) {
-            last_use.insert(*t, i);
-        }
-    }
-    let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
-    for (t, i) in last_use {
-        if !sends.contains(&t) && graph.tensor(t).param().is_none() {
-            frees[i].push(t);
-        }
-    }
-    spec.nodes
-        .iter()
-        .zip(frees)
-        .map(|(&n, frees)| {
-            let node = graph.node(n);
-            let domain = if node.domain.is_empty() {
-                "ai.onnx"
-            } else {
-                &node.domain
-            };
-            let kernel = resolve(node).ok_or_else(|| Error::NoKernel {
-                op: node.op_type.clone(),
-                domain: domain.to_string(),
-                node: node.name.clone(),
-            })?;
-            Ok(Step {
-                node: n,
-                kernel,
-                opset: graph.opset(&node.domain).unwrap_or(0),
-                output_dtypes: node
-                    .outputs
-                    .iter()
-                    .map(|slot| slot.and_then(|id| graph.tensor(id).dtype))
-                    .collect(),
-                frees,
-            })
-        })
-        .collect()
 }
 
 /// The CPU reference backend over one graph and its weights.
@@ -777,6 +713,7 @@ pub fn thread_cpu_secs() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipecut_ir::graph::DType;
 
     #[cfg(target_os = "linux")]
     #[test]

@@ -12,8 +12,9 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{Ctx, RecurrentCell as Cell};
 use pipecut_ir::graph::{Attribute, DType};
 

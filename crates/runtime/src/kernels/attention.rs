@@ -18,7 +18,7 @@
 //! `interleaved`. Input 4-D `[batch, heads, seq, head_size]` or 3-D `[batch, seq, hidden]` with
 //! `num_heads`.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -7,9 +7,9 @@
 //! sgemm per image and group (a 1×1, stride-1, unpadded convolution skips im2col); transposed
 //! convolution is one sgemm followed by col2im.
 
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::matmul::{sgemm, sgemm_rows};
 use super::tap_product::{padded_columns, TapWeights};
-use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::try_zeros_f32;
 use crate::tensor::HostTensor;
 

@@ -8,7 +8,8 @@
 //! pixel. Nearest rounds half to even; cubic uses the spec's A = -0.75 and is 2-D only, as
 //! onnxruntime's kernel is.
 
-use super::{checked_size, input, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::checked_size;
 use crate::tensor::{strides_of, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {

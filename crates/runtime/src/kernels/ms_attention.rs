@@ -12,8 +12,8 @@
 //! [2, B, N, S, head_size]` (K and V). A `past` state (incremental decoding) is refused by
 //! name: the runtime runs whole sequences.
 
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::matmul::sgemm;
-use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

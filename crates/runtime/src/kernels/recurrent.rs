@@ -5,7 +5,7 @@
 //! `linear_before_reset`. Gate order in `W`, `R`, `B` is the spec's: LSTM `i o f c`, GRU
 //! `z r h`. Computed in f64 per step, stored as f32.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 use pipecut_ir::graph::Attribute;
 

@@ -6,9 +6,9 @@
 //! from 18) and from the attribute before; `noop_with_empty_axes` is honoured. Sums accumulate in
 //! f64.
 
-use super::{
-    broadcast_offsets, fast_math, input, normalize_axis, optional, Ctx, KernelResult, KernelTable,
-};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::fast_math;
+use super::indexing::{broadcast_offsets, normalize_axis};
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

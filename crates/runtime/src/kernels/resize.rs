@@ -9,7 +9,8 @@
 //! (with `keep_aspect_ratio_policy`) or `scales`, on the axes of the `axes` attribute (all by
 //! default). Computed in f64, stored as f32.
 
-use super::{checked_size, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis};
 use crate::tensor::{strides_of, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {
