@@ -22,7 +22,7 @@ use super::tensor::HostTensor;
 use super::value::{Value, Values};
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
 use crate::Error;
-use pipecut_ir::graph::{Graph, NodeId, Subgraph, TensorId};
+use pipecut_ir::graph::{Graph, Node, NodeId, Subgraph, TensorId};
 
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
@@ -133,79 +133,23 @@ impl<'a> CpuExecutor<'a> {
         outer: &dyn Fn(&str) -> Option<Value>,
         observe: &mut dyn FnMut(NodeId, f64, u64),
     ) -> Result<Env, Error> {
-        let graph = self.graph;
         for step in steps {
-            let node = graph.node(step.node);
+            let node = self.graph.node(step.node);
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
                 op: node.op_type.clone(),
                 detail,
             };
-            let args: Vec<Option<Value>> = node
-                .inputs
-                .iter()
-                .map(|slot| match slot {
-                    None => Ok(None),
-                    Some(id) => self.fetch(&env, *id).map(Some).ok_or_else(|| {
-                        kernel_error(format!(
-                            "input '{}' is not available",
-                            graph.tensor(*id).name
-                        ))
-                    }),
-                })
-                .collect::<Result<_, Error>>()?;
+            let args = self.step_args(&env, node).map_err(kernel_error)?;
             let ctx = Ctx {
                 node,
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
             };
             let began = Instant::now();
-            let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
-            let results: Vec<Value> = match &step.kernel {
-                CpuKernel::Folded(fold) => {
-                    let tensors = tensor_args(&args).map_err(kernel_error)?;
-                    kernels::conv_then(&ctx, &tensors, &fold.epilogue)
-                        .map_err(kernel_error)?
-                        .into_iter()
-                        .map(|t| Value::Tensor(Arc::new(t)))
-                        .collect()
-                }
-                &CpuKernel::Tensor(kernel) if all_tensors => {
-                    let tensors = tensor_args(&args).map_err(kernel_error)?;
-                    kernel(&ctx, &tensors)
-                        .map_err(kernel_error)?
-                        .into_iter()
-                        .map(|t| Value::Tensor(Arc::new(t)))
-                        .collect()
-                }
-                CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
-                    let kernel = match step.kernel {
-                        CpuKernel::Value(kernel) => Some(kernel),
-                        _ => kernels::lookup_value(&node.domain, &node.op_type),
-                    }
-                    .ok_or_else(|| {
-                        kernel_error(
-                            "it takes tensors, and an input is a sequence or optional".into(),
-                        )
-                    })?;
-                    let scope = |name: &str| {
-                        graph
-                            .tensor_id(name)
-                            .and_then(|id| self.fetch(&env, id))
-                            .or_else(|| outer(name))
-                    };
-                    let run_body = |sub: &Subgraph, formals: &[Value]| {
-                        self.run_body(sub, formals, &scope)
-                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
-                    };
-                    let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
-                    let vctx = ValueCtx {
-                        ctx,
-                        run_body: &run_body,
-                    };
-                    kernel(&vctx, &refs).map_err(kernel_error)?
-                }
-            };
+            let results = self
+                .run_step(step, &ctx, &args, &env, outer)
+                .map_err(kernel_error)?;
             let secs = began.elapsed().as_secs_f64();
             let output_bytes = results.iter().map(Value::byte_len).sum();
             observe(step.node, secs, output_bytes);
@@ -219,21 +163,78 @@ impl<'a> CpuExecutor<'a> {
                 }
                 _ => &node.outputs[..],
             };
-            let mut results = results.into_iter();
-            for (position, slot) in output_slots.iter().enumerate() {
-                let value = results.next();
-                if let Some(id) = slot {
-                    let value = value.ok_or_else(|| {
-                        kernel_error(format!("the kernel gives no output {position}"))
-                    })?;
-                    env.insert(*id, value);
-                }
-            }
+            store_outputs(&mut env, output_slots, results).map_err(kernel_error)?;
             for t in &step.frees {
                 env.remove(t);
             }
         }
         Ok(env)
+    }
+
+    /// The values of `node`'s inputs, by position (`None` for an omitted optional one).
+    fn step_args(&self, env: &Env, node: &Node) -> Result<Vec<Option<Value>>, String> {
+        node.inputs
+            .iter()
+            .map(|slot| match slot {
+                None => Ok(None),
+                Some(id) => self.fetch(env, *id).map(Some).ok_or_else(|| {
+                    format!("input '{}' is not available", self.graph.tensor(*id).name)
+                }),
+            })
+            .collect()
+    }
+
+    /// One step's kernel on its arguments: a fold, a tensor kernel, or a kernel on values (which
+    /// runs subgraphs in the scope of `env`, then `outer`).
+    fn run_step(
+        &self,
+        step: &Step<CpuKernel>,
+        ctx: &Ctx,
+        args: &[Option<Value>],
+        env: &Env,
+        outer: &dyn Fn(&str) -> Option<Value>,
+    ) -> Result<Vec<Value>, String> {
+        let node = ctx.node;
+        let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
+        Ok(match &step.kernel {
+            CpuKernel::Folded(fold) => {
+                let tensors = tensor_args(args)?;
+                kernels::conv_then(ctx, &tensors, &fold.epilogue)?
+                    .into_iter()
+                    .map(|t| Value::Tensor(Arc::new(t)))
+                    .collect()
+            }
+            &CpuKernel::Tensor(kernel) if all_tensors => {
+                let tensors = tensor_args(args)?;
+                kernel(ctx, &tensors)?
+                    .into_iter()
+                    .map(|t| Value::Tensor(Arc::new(t)))
+                    .collect()
+            }
+            CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
+                let kernel = match step.kernel {
+                    CpuKernel::Value(kernel) => Some(kernel),
+                    _ => kernels::lookup_value(&node.domain, &node.op_type),
+                }
+                .ok_or("it takes tensors, and an input is a sequence or optional")?;
+                let scope = |name: &str| {
+                    self.graph
+                        .tensor_id(name)
+                        .and_then(|id| self.fetch(env, id))
+                        .or_else(|| outer(name))
+                };
+                let run_body = |sub: &Subgraph, formals: &[Value]| {
+                    self.run_body(sub, formals, &scope)
+                        .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                };
+                let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
+                let vctx = ValueCtx {
+                    ctx: Ctx { ..*ctx },
+                    run_body: &run_body,
+                };
+                kernel(&vctx, &refs)?
+            }
+        })
     }
 
     /// Runs a subgraph of one of this graph's nodes on its declared inputs (`formals`); the
@@ -366,6 +367,24 @@ impl CpuExecutor<'_> {
 
 /// A node's arguments as the tensors a tensor kernel takes (an error where one is a sequence
 /// or optional).
+/// Puts a step's results in the slots of its outputs; an output slot the kernel gave nothing
+/// for is an error.
+fn store_outputs(
+    env: &mut Env,
+    output_slots: &[Option<TensorId>],
+    results: Vec<Value>,
+) -> Result<(), String> {
+    let mut results = results.into_iter();
+    for (position, slot) in output_slots.iter().enumerate() {
+        let value = results.next();
+        if let Some(id) = slot {
+            let value = value.ok_or_else(|| format!("the kernel gives no output {position}"))?;
+            env.insert(*id, value);
+        }
+    }
+    Ok(())
+}
+
 fn tensor_args(args: &[Option<Value>]) -> Result<Vec<Option<&HostTensor>>, String> {
     args.iter()
         .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())

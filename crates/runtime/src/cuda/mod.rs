@@ -97,7 +97,7 @@ use crate::steps::{plan_steps_with, Step};
 use crate::tensor::{HostTensor, TensorData};
 use crate::Error;
 use crate::{Executor, StageSpec, Tensors, Weights};
-use pipecut_ir::graph::{Graph, NodeId, Subgraph, TensorId};
+use pipecut_ir::graph::{Graph, Node, NodeId, Subgraph, TensorId};
 
 /// Whether the CUDA driver library can be loaded and how many devices it sees; `Err` says why
 /// not, in words fit for a skipped test or an error message.
@@ -370,6 +370,37 @@ impl Frame<'_> {
             .or_else(|| self.uploaded.get(&id).cloned())
             .or_else(|| self.weights.get(id).cloned().map(Value::host))
     }
+
+    /// The values of `node`'s inputs, by position (`None` for an omitted optional one).
+    fn args(&self, env: &Env, node: &Node) -> Result<Vec<Option<Value>>, String> {
+        node.inputs
+            .iter()
+            .map(|slot| match slot {
+                None => Ok(None),
+                Some(id) => self.fetch(env, *id).map(Some).ok_or_else(|| {
+                    format!("input '{}' is not available", self.graph.tensor(*id).name)
+                }),
+            })
+            .collect()
+    }
+}
+
+/// Puts a step's results in the slots of its outputs; an output slot the op gave nothing for is
+/// an error.
+fn store_outputs(
+    env: &mut Env,
+    output_slots: &[Option<TensorId>],
+    results: Vec<Value>,
+) -> Result<(), String> {
+    let mut results = results.into_iter();
+    for (position, slot) in output_slots.iter().enumerate() {
+        let value = results.next();
+        if let Some(id) = slot {
+            let value = value.ok_or_else(|| format!("the op gives no output {position}"))?;
+            env.insert(*id, value);
+        }
+    }
+    Ok(())
 }
 
 /// Runs `kernel` on host copies of `args` (a download for each device tensor) and answers host
@@ -828,20 +859,7 @@ impl CudaExecutor<'_> {
         let index = stage.spec.index;
         for step in frame.steps {
             if let StepKernel::Fused(fused) = &step.kernel {
-                let began = std::time::Instant::now();
-                let device_start = host_times::mark(&stage.stream);
-                env = self.run_fused(stage, gpu, frame, env, step, fused)?;
-                if host_times::enabled() {
-                    host_times::span(fused.fusion.name(), device_start, &stage.stream);
-                }
-                if let Some(observe) = observe.as_mut() {
-                    stage
-                        .stream
-                        .synchronize()
-                        .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
-                    let bytes = env.get(&fused.output).map_or(0, Value::byte_len);
-                    observe(step.node, began.elapsed().as_secs_f64(), bytes);
-                }
+                env = self.run_fused_observed(stage, gpu, frame, env, step, fused, &mut observe)?;
                 continue;
             }
             let node = frame.graph.node(step.node);
@@ -853,19 +871,7 @@ impl CudaExecutor<'_> {
                     self.devices[stage.device].ordinal
                 ),
             };
-            let args: Vec<Option<Value>> = node
-                .inputs
-                .iter()
-                .map(|slot| match slot {
-                    None => Ok(None),
-                    Some(id) => frame.fetch(&env, *id).map(Some).ok_or_else(|| {
-                        kernel_error(format!(
-                            "input '{}' is not available",
-                            frame.graph.tensor(*id).name
-                        ))
-                    }),
-                })
-                .collect::<Result<_, Error>>()?;
+            let args = frame.args(&env, node).map_err(kernel_error)?;
             let ctx = Ctx {
                 node,
                 opset: step.opset,
@@ -873,33 +879,9 @@ impl CudaExecutor<'_> {
             };
             let began = std::time::Instant::now();
             let device_start = host_times::mark(&stage.stream);
-            let results: Vec<Value> = match &step.kernel {
-                StepKernel::Flow(flow) => {
-                    let scope = |name: &str| {
-                        frame
-                            .graph
-                            .tensor_id(name)
-                            .and_then(|id| frame.fetch(&env, id))
-                            .or_else(|| (frame.outer)(name))
-                    };
-                    let run_body = |sub: &Subgraph, formals: &[Value]| {
-                        self.run_body(stage, gpu, sub, formals, &scope)
-                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
-                    };
-                    flow.run(gpu, &ctx, &args, &run_body)
-                        .map_err(kernel_error)?
-                }
-                &StepKernel::Tensor(kernel) => self
-                    .run_tensor_node(stage, gpu, &ctx, kernel, &args)
-                    .map_err(kernel_error)?,
-                StepKernel::FoldedConv(fold) => self
-                    .run_folded_conv(stage, gpu, &ctx, fold, &args)
-                    .map_err(kernel_error)?,
-                // Fused steps run before this match (`run_fused`).
-                StepKernel::Fused(_) => {
-                    return Err(kernel_error("a fused step taken as one node".into()))
-                }
-            };
+            let results = self
+                .run_step(stage, gpu, frame, &env, step, &ctx, &args)
+                .map_err(kernel_error)?;
             host_times::timed(host_times::Part::Release, || drop(args));
             if let Some(observe) = observe.as_mut() {
                 stage
@@ -919,16 +901,7 @@ impl CudaExecutor<'_> {
                 StepKernel::FoldedConv(fold) => &fold.fold.output[..],
                 _ => &node.outputs[..],
             };
-            let mut results = results.into_iter();
-            for (position, slot) in output_slots.iter().enumerate() {
-                let value = results.next();
-                if let Some(id) = slot {
-                    let value = value.ok_or_else(|| {
-                        kernel_error(format!("the op gives no output {position}"))
-                    })?;
-                    env.insert(*id, value);
-                }
-            }
+            store_outputs(&mut env, output_slots, results).map_err(kernel_error)?;
             host_times::timed(host_times::Part::Release, || {
                 for t in &step.frees {
                     env.remove(t);
@@ -938,6 +911,71 @@ impl CudaExecutor<'_> {
                 host_times::span(&node.op_type, device_start, &stage.stream);
                 host_times::node(&node.op_type, began);
             }
+        }
+        Ok(env)
+    }
+
+    /// One step's kernel on its arguments: a flow op (its subgraphs in the scope of `env`, then
+    /// the frame's outer scope), a node on tensors, or a Conv with nodes folded in.
+    #[allow(clippy::too_many_arguments)]
+    fn run_step(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        env: &Env,
+        step: &Step<StepKernel>,
+        ctx: &Ctx,
+        args: &[Option<Value>],
+    ) -> Result<Vec<Value>, String> {
+        match &step.kernel {
+            StepKernel::Flow(flow) => {
+                let scope = |name: &str| {
+                    frame
+                        .graph
+                        .tensor_id(name)
+                        .and_then(|id| frame.fetch(env, id))
+                        .or_else(|| (frame.outer)(name))
+                };
+                let run_body = |sub: &Subgraph, formals: &[Value]| {
+                    self.run_body(stage, gpu, sub, formals, &scope)
+                        .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                };
+                flow.run(gpu, ctx, args, &run_body)
+            }
+            &StepKernel::Tensor(kernel) => self.run_tensor_node(stage, gpu, ctx, kernel, args),
+            StepKernel::FoldedConv(fold) => self.run_folded_conv(stage, gpu, ctx, fold, args),
+            // Fused steps run before this (`run_fused`).
+            StepKernel::Fused(_) => Err("a fused step taken as one node".into()),
+        }
+    }
+
+    /// [`CudaExecutor::run_fused`] timed for `PIPECUT_CUDA_HOST_TIMES` and, when `observe` is
+    /// given, waited for and reported to it as the step's node.
+    #[allow(clippy::too_many_arguments)]
+    fn run_fused_observed(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        env: Env,
+        step: &Step<StepKernel>,
+        fused: &fuse::Fused<StepKernel>,
+        observe: &mut Option<&mut dyn FnMut(NodeId, f64, u64)>,
+    ) -> Result<Env, Error> {
+        let began = std::time::Instant::now();
+        let device_start = host_times::mark(&stage.stream);
+        let env = self.run_fused(stage, gpu, frame, env, step, fused)?;
+        if host_times::enabled() {
+            host_times::span(fused.fusion.name(), device_start, &stage.stream);
+        }
+        if let Some(observe) = observe.as_mut() {
+            stage
+                .stream
+                .synchronize()
+                .map_err(|e| Self::stage_error(stage.spec.index, format!("stream failed: {e}")))?;
+            let bytes = env.get(&fused.output).map_or(0, Value::byte_len);
+            observe(step.node, began.elapsed().as_secs_f64(), bytes);
         }
         Ok(env)
     }

@@ -39,21 +39,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         };
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
-    // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
-    // are read on the host, where an empty one means "not given"; Concat skips empty parts and
-    // Split makes them on the host, where an empty tensor costs nothing).
-    // CastLike's second input gives only its type (often an empty tensor).
-    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
-        &args[..args.len().min(1)]
-    } else {
-        args
-    };
-    let empty_allowed = matches!(op, "Concat" | "Split");
-    for v in tensors.iter().flatten() {
-        let shape = v.shape();
-        if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
-            return Ok(None);
-        }
+    if !operands_fit(op, args) {
+        return Ok(None);
     }
     if ml {
         return super::ml::run(gpu, ctx, args);
@@ -67,6 +54,29 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     if let Some(code) = binary_code(ctx, op).filter(|_| args.len() == 2) {
         return binary(gpu, args, code);
     }
+    by_op_type(gpu, ctx, op, args)
+}
+
+/// Whether the operands suit the kernels: empty or over-ranked ones are left to the CPU kernels
+/// (Resize's roi, scales and sizes are read on the host, where an empty one means "not given";
+/// Concat skips empty parts and Split makes them on the host, where an empty tensor costs
+/// nothing). CastLike's second input gives only its type (often an empty tensor).
+fn operands_fit(op: &str, args: &[Option<Value>]) -> bool {
+    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
+        &args[..args.len().min(1)]
+    } else {
+        args
+    };
+    let empty_allowed = matches!(op, "Concat" | "Split");
+    tensors.iter().flatten().all(|v| {
+        let shape = v.shape();
+        shape.len() <= MAX_RANK && (!shape.contains(&0) || empty_allowed)
+    })
+}
+
+/// The device op of a default-domain node that is neither a plain unary nor a plain binary
+/// element-wise op.
+fn by_op_type(gpu: &Gpu, ctx: &Ctx, op: &str, args: &[Option<Value>]) -> OpResult {
     match op {
         "MatMul" => matmul(gpu, args),
         "Gemm" => gemm(gpu, ctx, args),
@@ -78,27 +88,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             masks::compare(gpu, op, args)
         }
         "IsNaN" | "IsInf" | "Not" => masks::test(gpu, ctx, op, args),
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let Some(x) = viewable(gpu, args)? else {
-                return Ok(None);
-            };
-            let second = host(gpu, args, 1)?;
-            let shape = view_shape(ctx, &x.shape, second.as_deref())?;
-            alias(gpu, args, Some(shape))
-        }
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(gpu, ctx, args),
         "Transpose" => transpose(gpu, ctx, args),
-        "Expand" => {
-            if let Some(integers) = super::integers::expand(gpu, args)? {
-                return Ok(Some(integers));
-            }
-            let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
-                return Ok(None);
-            };
-            let Some(shape) = expand_shape(&x.shape, &target)? else {
-                return Ok(None);
-            };
-            one(gpu.expand(&x, &shape)?)
-        }
+        "Expand" => expand(gpu, args),
         "Concat" => concat(gpu, ctx, args),
         "Slice" => slice(gpu, ctx, args),
         "Split" => split(gpu, ctx, args),
@@ -166,6 +158,30 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         _ => Ok(None),
     }
+}
+
+/// Reshape, Flatten, Squeeze and Unsqueeze: the input under its new shape, not copied.
+fn reshape(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = viewable(gpu, args)? else {
+        return Ok(None);
+    };
+    let second = host(gpu, args, 1)?;
+    let shape = view_shape(ctx, &x.shape, second.as_deref())?;
+    alias(gpu, args, Some(shape))
+}
+
+/// Expand: integers on the device broadcast as integers (`integers.rs`), floats copied out.
+fn expand(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    if let Some(integers) = super::integers::expand(gpu, args)? {
+        return Ok(Some(integers));
+    }
+    let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let Some(shape) = expand_shape(&x.shape, &target)? else {
+        return Ok(None);
+    };
+    one(gpu.expand(&x, &shape)?)
 }
 
 /// Codes of `unary_f32`.
