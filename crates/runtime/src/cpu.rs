@@ -8,7 +8,7 @@
 //! stage's busy time; idle time is the rest of the wall-clock time, and the pipeline efficiency
 //! is Σ busy / (K · wall), the measured counterpart of the simulator's `1 − bubble`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,24 +17,12 @@ use serde::Serialize;
 
 use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
+use super::steps::{plan_steps_with, Step};
 use super::tensor::HostTensor;
 use super::value::{Value, Values};
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
 use crate::Error;
-use pipecut_ir::graph::{DType, Graph, Node, NodeId, Subgraph, TensorId};
-
-/// One node ready to run, with its kernel of type `K`.
-#[derive(Debug)]
-pub(crate) struct Step<K = Kernel> {
-    pub node: NodeId,
-    /// The CPU kernel (the CUDA backend's fallback for nodes its device ops leave).
-    pub kernel: K,
-    pub opset: i64,
-    /// The inferred element type of each output slot (see [`Ctx::output_dtypes`]).
-    pub output_dtypes: Vec<Option<DType>>,
-    /// Tensors whose last reader in the stage is this node (and that the stage does not send).
-    pub frees: Vec<TensorId>,
-}
+use pipecut_ir::graph::{Graph, Node, NodeId, Subgraph, TensorId};
 
 /// A CPU step's kernel: on tensors, or on values of any kind (sequences, optionals, control
 /// flow, which runs subgraphs).
@@ -57,58 +45,6 @@ fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>
             .map(CpuKernel::Tensor)
             .or_else(|| kernels::lookup_value(&node.domain, &node.op_type).map(CpuKernel::Value))
     })
-}
-
-/// Resolves every node of a stage to its kernel of type `K` (`resolve`) and works out when each
-/// intermediate tensor can be freed; refuses an op without a kernel, naming op and node.
-pub(crate) fn plan_steps_with<K>(
-    graph: &Graph,
-    spec: &StageSpec,
-    resolve: impl Fn(&Node) -> Option<K>,
-) -> Result<Vec<Step<K>>, Error> {
-    let sends: HashSet<TensorId> = spec.sends.iter().copied().collect();
-    let mut last_use: HashMap<TensorId, usize> = HashMap::new();
-    for (i, &n) in spec.nodes.iter().enumerate() {
-        let node = graph.node(n);
-        // A subgraph reads the outer tensors it captures when its node runs.
-        for t in node.inputs.iter().flatten().chain(&node.captures) {
-            last_use.insert(*t, i);
-        }
-    }
-    let mut frees: Vec<Vec<TensorId>> = vec![Vec::new(); spec.nodes.len()];
-    for (t, i) in last_use {
-        if !sends.contains(&t) && graph.tensor(t).param().is_none() {
-            frees[i].push(t);
-        }
-    }
-    spec.nodes
-        .iter()
-        .zip(frees)
-        .map(|(&n, frees)| {
-            let node = graph.node(n);
-            let domain = if node.domain.is_empty() {
-                "ai.onnx"
-            } else {
-                &node.domain
-            };
-            let kernel = resolve(node).ok_or_else(|| Error::NoKernel {
-                op: node.op_type.clone(),
-                domain: domain.to_string(),
-                node: node.name.clone(),
-            })?;
-            Ok(Step {
-                node: n,
-                kernel,
-                opset: graph.opset(&node.domain).unwrap_or(0),
-                output_dtypes: node
-                    .outputs
-                    .iter()
-                    .map(|slot| slot.and_then(|id| graph.tensor(id).dtype))
-                    .collect(),
-                frees,
-            })
-        })
-        .collect()
 }
 
 /// The CPU reference backend over one graph and its weights.
@@ -197,79 +133,23 @@ impl<'a> CpuExecutor<'a> {
         outer: &dyn Fn(&str) -> Option<Value>,
         observe: &mut dyn FnMut(NodeId, f64, u64),
     ) -> Result<Env, Error> {
-        let graph = self.graph;
         for step in steps {
-            let node = graph.node(step.node);
+            let node = self.graph.node(step.node);
             let kernel_error = |detail: String| Error::Kernel {
                 node: node.name.clone(),
                 op: node.op_type.clone(),
                 detail,
             };
-            let args: Vec<Option<Value>> = node
-                .inputs
-                .iter()
-                .map(|slot| match slot {
-                    None => Ok(None),
-                    Some(id) => self.fetch(&env, *id).map(Some).ok_or_else(|| {
-                        kernel_error(format!(
-                            "input '{}' is not available",
-                            graph.tensor(*id).name
-                        ))
-                    }),
-                })
-                .collect::<Result<_, Error>>()?;
+            let args = self.step_args(&env, node).map_err(kernel_error)?;
             let ctx = Ctx {
                 node,
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
             };
             let began = Instant::now();
-            let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
-            let results: Vec<Value> = match &step.kernel {
-                CpuKernel::Folded(fold) => {
-                    let tensors = tensor_args(&args).map_err(kernel_error)?;
-                    kernels::conv_then(&ctx, &tensors, &fold.epilogue)
-                        .map_err(kernel_error)?
-                        .into_iter()
-                        .map(|t| Value::Tensor(Arc::new(t)))
-                        .collect()
-                }
-                &CpuKernel::Tensor(kernel) if all_tensors => {
-                    let tensors = tensor_args(&args).map_err(kernel_error)?;
-                    kernel(&ctx, &tensors)
-                        .map_err(kernel_error)?
-                        .into_iter()
-                        .map(|t| Value::Tensor(Arc::new(t)))
-                        .collect()
-                }
-                CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
-                    let kernel = match step.kernel {
-                        CpuKernel::Value(kernel) => Some(kernel),
-                        _ => kernels::lookup_value(&node.domain, &node.op_type),
-                    }
-                    .ok_or_else(|| {
-                        kernel_error(
-                            "it takes tensors, and an input is a sequence or optional".into(),
-                        )
-                    })?;
-                    let scope = |name: &str| {
-                        graph
-                            .tensor_id(name)
-                            .and_then(|id| self.fetch(&env, id))
-                            .or_else(|| outer(name))
-                    };
-                    let run_body = |sub: &Subgraph, formals: &[Value]| {
-                        self.run_body(sub, formals, &scope)
-                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
-                    };
-                    let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
-                    let vctx = ValueCtx {
-                        ctx,
-                        run_body: &run_body,
-                    };
-                    kernel(&vctx, &refs).map_err(kernel_error)?
-                }
-            };
+            let results = self
+                .run_step(step, &ctx, &args, &env, outer)
+                .map_err(kernel_error)?;
             let secs = began.elapsed().as_secs_f64();
             let output_bytes = results.iter().map(Value::byte_len).sum();
             observe(step.node, secs, output_bytes);
@@ -283,21 +163,78 @@ impl<'a> CpuExecutor<'a> {
                 }
                 _ => &node.outputs[..],
             };
-            let mut results = results.into_iter();
-            for (position, slot) in output_slots.iter().enumerate() {
-                let value = results.next();
-                if let Some(id) = slot {
-                    let value = value.ok_or_else(|| {
-                        kernel_error(format!("the kernel gives no output {position}"))
-                    })?;
-                    env.insert(*id, value);
-                }
-            }
+            store_outputs(&mut env, output_slots, results).map_err(kernel_error)?;
             for t in &step.frees {
                 env.remove(t);
             }
         }
         Ok(env)
+    }
+
+    /// The values of `node`'s inputs, by position (`None` for an omitted optional one).
+    fn step_args(&self, env: &Env, node: &Node) -> Result<Vec<Option<Value>>, String> {
+        node.inputs
+            .iter()
+            .map(|slot| match slot {
+                None => Ok(None),
+                Some(id) => self.fetch(env, *id).map(Some).ok_or_else(|| {
+                    format!("input '{}' is not available", self.graph.tensor(*id).name)
+                }),
+            })
+            .collect()
+    }
+
+    /// One step's kernel on its arguments: a fold, a tensor kernel, or a kernel on values (which
+    /// runs subgraphs in the scope of `env`, then `outer`).
+    fn run_step(
+        &self,
+        step: &Step<CpuKernel>,
+        ctx: &Ctx,
+        args: &[Option<Value>],
+        env: &Env,
+        outer: &dyn Fn(&str) -> Option<Value>,
+    ) -> Result<Vec<Value>, String> {
+        let node = ctx.node;
+        let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
+        Ok(match &step.kernel {
+            CpuKernel::Folded(fold) => {
+                let tensors = tensor_args(args)?;
+                kernels::conv_then(ctx, &tensors, &fold.epilogue)?
+                    .into_iter()
+                    .map(|t| Value::Tensor(Arc::new(t)))
+                    .collect()
+            }
+            &CpuKernel::Tensor(kernel) if all_tensors => {
+                let tensors = tensor_args(args)?;
+                kernel(ctx, &tensors)?
+                    .into_iter()
+                    .map(|t| Value::Tensor(Arc::new(t)))
+                    .collect()
+            }
+            CpuKernel::Tensor(_) | CpuKernel::Value(_) => {
+                let kernel = match step.kernel {
+                    CpuKernel::Value(kernel) => Some(kernel),
+                    _ => kernels::lookup_value(&node.domain, &node.op_type),
+                }
+                .ok_or("it takes tensors, and an input is a sequence or optional")?;
+                let scope = |name: &str| {
+                    self.graph
+                        .tensor_id(name)
+                        .and_then(|id| self.fetch(env, id))
+                        .or_else(|| outer(name))
+                };
+                let run_body = |sub: &Subgraph, formals: &[Value]| {
+                    self.run_body(sub, formals, &scope)
+                        .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                };
+                let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
+                let vctx = ValueCtx {
+                    ctx: Ctx { ..*ctx },
+                    run_body: &run_body,
+                };
+                kernel(&vctx, &refs)?
+            }
+        })
     }
 
     /// Runs a subgraph of one of this graph's nodes on its declared inputs (`formals`); the
@@ -430,6 +367,24 @@ impl CpuExecutor<'_> {
 
 /// A node's arguments as the tensors a tensor kernel takes (an error where one is a sequence
 /// or optional).
+/// Puts a step's results in the slots of its outputs; an output slot the kernel gave nothing
+/// for is an error.
+fn store_outputs(
+    env: &mut Env,
+    output_slots: &[Option<TensorId>],
+    results: Vec<Value>,
+) -> Result<(), String> {
+    let mut results = results.into_iter();
+    for (position, slot) in output_slots.iter().enumerate() {
+        let value = results.next();
+        if let Some(id) = slot {
+            let value = value.ok_or_else(|| format!("the kernel gives no output {position}"))?;
+            env.insert(*id, value);
+        }
+    }
+    Ok(())
+}
+
 fn tensor_args(args: &[Option<Value>]) -> Result<Vec<Option<&HostTensor>>, String> {
     args.iter()
         .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())
@@ -777,6 +732,7 @@ pub fn thread_cpu_secs() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipecut_ir::graph::DType;
 
     #[cfg(target_os = "linux")]
     #[test]

@@ -16,8 +16,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::cpu::Step;
 use super::kernels::Epilogue;
+use super::steps::Step;
 use super::{StageSpec, Weights};
 use pipecut_ir::graph::{Attribute, Graph, Node, NodeId, TensorId};
 

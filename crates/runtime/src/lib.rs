@@ -34,6 +34,8 @@ pub mod narrow;
 pub mod npy;
 pub mod paired;
 pub mod profile;
+mod rank_group;
+mod steps;
 pub mod tensor;
 pub mod tensor_parallel;
 pub mod value;
@@ -48,7 +50,7 @@ pub use cpu::{
 pub(crate) use kernels::sgemm;
 pub use kernels::supported_ops;
 pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
-pub use tensor::{HostTensor, TensorData};
+pub use tensor::{runtime_dtype, HostTensor, TensorData};
 pub use value::{Value, Values};
 pub use weights::Weights;
 
@@ -182,16 +184,6 @@ pub fn stage_specs(graph: &Graph, stages: &[Vec<NodeId>]) -> Result<Vec<StageSpe
             }
         })
         .collect())
-}
-
-/// The runtime dtype a model dtype computes in (see [`tensor`]): float types as float32,
-/// narrow integers as int64.
-pub fn runtime_dtype(dtype: DType) -> DType {
-    match dtype {
-        DType::F16 | DType::BF16 | DType::F64 => DType::F32,
-        DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 | DType::U64 => DType::I64,
-        other => other,
-    }
 }
 
 /// The shape every graph input must have for a run of `microbatches` micro-batches: the bound

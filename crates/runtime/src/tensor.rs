@@ -11,6 +11,16 @@ use std::fmt;
 
 use pipecut_ir::graph::{ConstValue, DType, SymInt};
 
+/// The runtime dtype a model dtype computes in (see the module doc): float types as float32,
+/// narrow integers as int64.
+pub fn runtime_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 | DType::F64 => DType::F32,
+        DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 | DType::U64 => DType::I64,
+        other => other,
+    }
+}
+
 /// The elements of a [`HostTensor`].
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]

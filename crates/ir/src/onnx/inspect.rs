@@ -5,8 +5,8 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::model::Model;
 use super::shape::InferenceReport;
-use super::Model;
 use crate::graph::{format_shape, Dim, TensorId};
 
 /// One graph input or output.
@@ -191,6 +191,17 @@ fn tensor_line(f: &mut fmt::Formatter<'_>, t: &TensorSummary) -> fmt::Result {
 
 impl fmt::Display for ModelSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_model(f)?;
+        self.write_parameters(f)?;
+        self.write_interface(f)?;
+        self.write_ops(f)?;
+        self.write_inference(f)
+    }
+}
+
+impl ModelSummary {
+    /// The model's name, producer and size, its opsets and the graph's size.
+    fn write_model(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "model     {} (IR {}, {}, {})",
@@ -213,7 +224,11 @@ impl fmt::Display for ModelSummary {
             f,
             "graph     {} nodes, {} edges, {} tensors",
             self.nodes, self.edges, self.tensors
-        )?;
+        )
+    }
+
+    /// The parameters' total, then by dtype.
+    fn write_parameters(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let total: u64 = self.parameters.values().map(|p| p.bytes).sum();
         writeln!(
             f,
@@ -231,6 +246,11 @@ impl fmt::Display for ModelSummary {
                 human_bytes(p.bytes)
             )?;
         }
+        Ok(())
+    }
+
+    /// The inputs and outputs, and the symbolic dims: bound, and still unbound.
+    fn write_interface(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "inputs")?;
         for t in &self.inputs {
             tensor_line(f, t)?;
@@ -270,24 +290,33 @@ impl fmt::Display for ModelSummary {
                 unbound.join(", ")
             )?;
         }
+        Ok(())
+    }
+
+    /// The op types, most frequent first.
+    fn write_ops(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "ops ({} types)", self.op_histogram.len())?;
         let mut ops: Vec<(&String, &usize)> = self.op_histogram.iter().collect();
         ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (op, count) in ops {
             writeln!(f, "  {op:<32} {count:>6}")?;
         }
+        Ok(())
+    }
+
+    /// What shape inference could not handle.
+    fn write_inference(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.inference.failures.is_empty() {
-            writeln!(f, "shape inference: every tensor typed")?;
-        } else {
-            writeln!(
-                f,
-                "shape inference could not handle {} node(s) ({} more skipped downstream):",
-                self.inference.failures.len(),
-                self.inference.skipped_nodes
-            )?;
-            for failure in &self.inference.failures {
-                writeln!(f, "  {failure}")?;
-            }
+            return writeln!(f, "shape inference: every tensor typed");
+        }
+        writeln!(
+            f,
+            "shape inference could not handle {} node(s) ({} more skipped downstream):",
+            self.inference.failures.len(),
+            self.inference.skipped_nodes
+        )?;
+        for failure in &self.inference.failures {
+            writeln!(f, "  {failure}")?;
         }
         Ok(())
     }

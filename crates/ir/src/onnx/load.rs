@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use onnx_protobuf::attribute_proto::AttributeType;
-use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, NodeProto, TensorProto};
+use onnx_protobuf::{
+    AttributeProto, GraphProto, Message, ModelProto, NodeProto, SparseTensorProto, TensorProto,
+};
 
+use super::model::Model;
 use super::opset::{check_legacy_node, opset_warnings};
 use super::tensor::{decode_tensor, decode_type, decode_value_type, DecodedTensor, ExternalFiles};
-use super::Model;
 use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph};
 use crate::Error;
 
@@ -265,30 +267,7 @@ fn populate(
         )?;
     }
     for sparse in &proto.sparse_initializer {
-        let values = sparse.values.as_ref().ok_or_else(|| {
-            Error::InvalidModel("a sparse initializer has no values tensor".into())
-        })?;
-        let dense_dims = sparse
-            .dims
-            .iter()
-            .map(|&d| {
-                u64::try_from(d).map_err(|_| Error::InvalidDim {
-                    tensor: values.name.clone(),
-                    detail: format!("sparse initializer dimension {d} is negative"),
-                })
-            })
-            .collect::<Result<Vec<u64>, Error>>()?;
-        let decoded_values = decode_tensor(values, external)?;
-        let index_bytes = match sparse.indices.as_ref() {
-            Some(ix) => decode_tensor(ix, external)?.bytes,
-            None => 0,
-        };
-        // Memory is what the sparse form stores: values plus indices.
-        let param = Param {
-            bytes: decoded_values.bytes + index_bytes,
-            storage: Storage::Embedded,
-        };
-        builder.parameter(&values.name, decoded_values.dtype, &dense_dims, param, None)?;
+        sparse_parameter(builder, sparse, external)?;
     }
     for input in &proto.input {
         // Before IR 4, every initializer was also listed as an input; it stays a parameter.
@@ -312,24 +291,7 @@ fn populate(
             false => constant_literal(node)?,
         };
         if let Some(literal) = literal {
-            // A Constant node is a weight written another way (Paddle2ONNX stores every weight
-            // so): it becomes a parameter, so that it is placed and counted like an initializer
-            // instead of being scheduled as an operator.
-            let output = node
-                .output
-                .first()
-                .filter(|o| !o.is_empty())
-                .ok_or_else(|| {
-                    Error::InvalidModel(format!(
-                        "Constant node #{index} '{}' has no output",
-                        node.name
-                    ))
-                })?;
-            let param = Param {
-                bytes: literal.bytes,
-                storage: Storage::Embedded,
-            };
-            builder.parameter(output, literal.dtype, &literal.dims, param, literal.value)?;
+            constant_parameter(builder, node, index, literal)?;
             continue;
         }
         check_legacy_node(node, opsets.get("").copied())?;
@@ -343,6 +305,67 @@ fn populate(
             builder.kind(&output.name, kind);
         }
     }
+    Ok(())
+}
+
+/// Declares a sparse initializer as a parameter of its dense shape, whose memory is what the
+/// sparse form stores: values plus indices.
+fn sparse_parameter(
+    builder: &mut GraphBuilder,
+    sparse: &SparseTensorProto,
+    external: &mut ExternalFiles,
+) -> Result<(), Error> {
+    let values = sparse
+        .values
+        .as_ref()
+        .ok_or_else(|| Error::InvalidModel("a sparse initializer has no values tensor".into()))?;
+    let dense_dims = sparse
+        .dims
+        .iter()
+        .map(|&d| {
+            u64::try_from(d).map_err(|_| Error::InvalidDim {
+                tensor: values.name.clone(),
+                detail: format!("sparse initializer dimension {d} is negative"),
+            })
+        })
+        .collect::<Result<Vec<u64>, Error>>()?;
+    let decoded_values = decode_tensor(values, external)?;
+    let index_bytes = match sparse.indices.as_ref() {
+        Some(ix) => decode_tensor(ix, external)?.bytes,
+        None => 0,
+    };
+    let param = Param {
+        bytes: decoded_values.bytes + index_bytes,
+        storage: Storage::Embedded,
+    };
+    builder.parameter(&values.name, decoded_values.dtype, &dense_dims, param, None)?;
+    Ok(())
+}
+
+/// Declares the output of Constant node #`index` as a parameter holding `literal`: a Constant
+/// node is a weight written another way (Paddle2ONNX stores every weight so), placed and
+/// counted like an initializer instead of being scheduled as an operator.
+fn constant_parameter(
+    builder: &mut GraphBuilder,
+    node: &NodeProto,
+    index: usize,
+    literal: DecodedTensor,
+) -> Result<(), Error> {
+    let output = node
+        .output
+        .first()
+        .filter(|o| !o.is_empty())
+        .ok_or_else(|| {
+            Error::InvalidModel(format!(
+                "Constant node #{index} '{}' has no output",
+                node.name
+            ))
+        })?;
+    let param = Param {
+        bytes: literal.bytes,
+        storage: Storage::Embedded,
+    };
+    builder.parameter(output, literal.dtype, &literal.dims, param, literal.value)?;
     Ok(())
 }
 

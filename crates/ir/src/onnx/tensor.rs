@@ -9,6 +9,7 @@ use onnx_protobuf::tensor_shape_proto::dimension;
 use onnx_protobuf::type_proto;
 use onnx_protobuf::{TensorProto, TypeProto};
 
+use super::model::MissingExternalData;
 use crate::graph::{
     ConstValue, DType, Dim, Param, Shape, Storage, SymInt, TensorLiteral, ValueKind,
     MAX_TRACKED_ELEMENTS,
@@ -56,7 +57,7 @@ pub struct ExternalFiles {
     lengths: HashMap<PathBuf, u64>,
     /// References whose file does not exist: planning needs only their metadata (dtype and
     /// dims, from the protobuf), so they are collected for the caller to warn about or refuse.
-    pub missing: Vec<super::MissingExternalData>,
+    pub missing: Vec<MissingExternalData>,
 }
 
 impl ExternalFiles {
@@ -110,7 +111,7 @@ impl ExternalFiles {
                 // checks above already refused a location outside the directory.
                 if let Err(e) = std::fs::symlink_metadata(&path) {
                     if e.kind() == std::io::ErrorKind::NotFound {
-                        self.missing.push(super::MissingExternalData {
+                        self.missing.push(MissingExternalData {
                             tensor: tensor.to_string(),
                             location: location.to_string(),
                             path: path.clone(),

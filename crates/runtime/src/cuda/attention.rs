@@ -13,29 +13,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{contiguous_strides, cuda_error, device, host, kernel, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{Ctx, RotaryCacheRows};
 use pipecut_ir::graph::DType;
-
-/// The kernels of this module, from `kernels.cu`.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    softmax: CudaFunction,
-    pub(super) rotary: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            softmax: f("attention_softmax_f32")?,
-            rotary: f("rotary_f32")?,
-        })
-    }
-}
 
 /// A device tensor viewed as `[batch, heads, seq, size]`, contiguous.
 pub(super) struct Heads {

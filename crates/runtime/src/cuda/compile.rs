@@ -13,8 +13,10 @@ use std::path::PathBuf;
 use cudarc::nvrtc::{result, sys, Ptx};
 use sha2::{Digest, Sha256};
 
-use super::KERNEL_SOURCE;
 use crate::Error;
+
+/// The kernels' CUDA C source.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// What NVRTC produced for an architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

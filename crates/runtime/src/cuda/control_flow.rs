@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{contiguous_strides, cuda_error, numel, Gpu};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, numel, Gpu};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{empty_scan_output, narrow, normalize_axis, stack_host, Ctx};
 use crate::tensor::{HostTensor, TensorData};
 use pipecut_ir::graph::{Attribute, Subgraph};

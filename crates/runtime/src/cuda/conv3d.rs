@@ -7,8 +7,9 @@
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::ops::{cuda_error, device, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{conv_transpose_geometry, Ctx};
 
 /// The geometry, laid out as `struct Window3d` in `kernels.cu`.

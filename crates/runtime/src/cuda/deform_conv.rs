@@ -5,8 +5,9 @@
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::ops::{cuda_error, device, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::Ctx;
 
 /// The sizes, laid out as `struct DeformGeometry` in `kernels.cu`.

@@ -10,37 +10,14 @@
 //!   a circular convolution of power-of-two size m ≥ 2·length − 1: both sides transformed
 //!   forward, multiplied (`fft_multiply_f64`), transformed back.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
-
-use super::ops::{cuda_error, kernel, Gpu};
+use super::gpu::{cuda_error, Gpu};
 use crate::kernels::twiddles;
 
 /// Shortest transform taken here; shorter ones sum directly (`dft_f32`), as cheap at ≤ 256
 /// products a bin.
 pub(super) const FAST_FROM: usize = 16;
-
-/// The kernels of this module.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    load: CudaFunction,
-    step: CudaFunction,
-    multiply: CudaFunction,
-    store: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            load: f("fft_load_f64")?,
-            step: f("fft_step_f64")?,
-            multiply: f("fft_multiply_f64")?,
-            store: f("fft_store_f32")?,
-        })
-    }
-}
 
 /// Complex values as (re, im) pairs of doubles.
 fn pairs(values: impl IntoIterator<Item = (f64, f64)>) -> Vec<f64> {

@@ -6,33 +6,12 @@
 //! dimension of the output. Anything else (a broadcast in the middle, a bigger output) takes
 //! the general kernels. `PIPECUT_CUDA_FLAT=off` turns the fast path off, to compare the two.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 
-use super::ops::{cuda_error, kernel, numel, Gpu};
-use super::DeviceTensor;
-
-/// The fast-path kernels of one device.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    pub(super) binary: CudaFunction,
-    pub(super) compare: CudaFunction,
-    where_mask: CudaFunction,
-    where_flags: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            binary: f("binary_flat_f32")?,
-            compare: f("mask_binary_flat_f32")?,
-            where_mask: f("where_mask_flat_f32")?,
-            where_flags: f("where_flat_f32")?,
-        })
-    }
-}
+use super::gpu::{cuda_error, numel, Gpu};
+use super::value::DeviceTensor;
 
 /// Largest output the 32-bit kernels take: below 2³¹, `i` plus a grid's stride cannot wrap.
 const MAX_ELEMENTS: usize = (1 << 31) - 1;

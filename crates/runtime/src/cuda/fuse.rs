@@ -29,31 +29,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
-use super::ops::{cuda_error, kernel, numel, Gpu};
-use super::{row_ops, DeviceTensor, StepKernel, Value};
-use crate::cpu::Step;
+use super::gpu::{cuda_error, numel, Gpu};
+use super::row_ops;
+use super::value::{DeviceTensor, Value};
+use crate::steps::Step;
 use crate::{StageSpec, Weights};
 use pipecut_ir::graph::{Attribute, Graph, Node, NodeId, TensorId};
-
-/// The fused steps' own kernels of one device (the norms use `norm_rows_f32`).
-#[derive(Debug)]
-pub(super) struct Kernels {
-    gelu: CudaFunction,
-    silu: CudaFunction,
-    bias_rows: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        Ok(Kernels {
-            gelu: kernel(module, "fused_gelu_f32")?,
-            silu: kernel(module, "fused_silu_f32")?,
-            bias_rows: kernel(module, "bias_rows_f32")?,
-        })
-    }
-}
 
 /// Whether stages are prepared with fused steps (unless `PIPECUT_CUDA_FUSE=off`).
 pub(super) fn enabled() -> bool {
@@ -130,19 +113,23 @@ impl Fusion {
 /// A fused step: what it computes, the tensor it makes, and the steps it replaces (run one by
 /// one when a run's shapes do not fit the kernel).
 #[derive(Debug)]
-pub(super) struct Fused {
+pub(super) struct Fused<K> {
     pub(super) fusion: Fusion,
     pub(super) output: TensorId,
-    pub(super) steps: Vec<Step<StepKernel>>,
+    pub(super) steps: Vec<Step<K>>,
 }
 
-/// `steps` with every fusable run of nodes replaced by one fused step (see the module doc).
-pub(super) fn fuse_steps(
+/// `steps` with every fusable run of nodes replaced by one fused step (see the module doc):
+/// only steps whose kernel `is_tensor_kernel` are fused (not flow ops nor folds), and `fused`
+/// makes the fused step's kernel, as `crate::fuse::fold_conv_chains` takes the fold's.
+pub(super) fn fuse_steps<K>(
     graph: &Graph,
     weights: &Weights,
     spec: &StageSpec,
-    steps: Vec<Step<StepKernel>>,
-) -> Vec<Step<StepKernel>> {
+    steps: Vec<Step<K>>,
+    is_tensor_kernel: impl Fn(&K) -> bool,
+    fused: impl Fn(Arc<Fused<K>>) -> K,
+) -> Vec<Step<K>> {
     let leaves: HashSet<TensorId> = spec.sends.iter().chain(graph.outputs()).copied().collect();
     let position: HashMap<NodeId, usize> =
         steps.iter().enumerate().map(|(i, s)| (s.node, i)).collect();
@@ -153,8 +140,8 @@ pub(super) fn fuse_steps(
         position: &position,
         claimed: HashSet::new(),
     };
-    let groups = finder.find(&steps);
-    assemble(steps, groups, &position)
+    let groups = finder.find(&steps, is_tensor_kernel);
+    assemble(steps, groups, &position, fused)
 }
 
 /// One fusion found: its nodes, what it computes and the tensor it makes.
@@ -167,11 +154,12 @@ struct Group {
 /// Replaces each group's steps by one fused step at the place of its last node. A step in
 /// between that was the last reader of a tensor the fused step reads leaves its release to the
 /// fused step.
-fn assemble(
-    mut steps: Vec<Step<StepKernel>>,
+fn assemble<K>(
+    mut steps: Vec<Step<K>>,
     groups: Vec<Group>,
     position: &HashMap<NodeId, usize>,
-) -> Vec<Step<StepKernel>> {
+    fused: impl Fn(Arc<Fused<K>>) -> K,
+) -> Vec<Step<K>> {
     let mut group_of: HashMap<usize, usize> = HashMap::new();
     let mut last_of: Vec<usize> = Vec::new();
     let mut kept_alive: Vec<Vec<TensorId>> = Vec::new();
@@ -199,7 +187,7 @@ fn assemble(
         }
         kept_alive.push(moved);
     }
-    let mut pending: Vec<Vec<Step<StepKernel>>> = groups.iter().map(|_| Vec::new()).collect();
+    let mut pending: Vec<Vec<Step<K>>> = groups.iter().map(|_| Vec::new()).collect();
     let mut groups: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
     let mut out = Vec::with_capacity(steps.len());
     for (i, step) in steps.into_iter().enumerate() {
@@ -223,7 +211,7 @@ fn assemble(
         frees.append(&mut kept_alive[g]);
         out.push(Step {
             node,
-            kernel: StepKernel::Fused(Arc::new(Fused {
+            kernel: fused(Arc::new(Fused {
                 fusion: group.fusion,
                 output: group.output,
                 steps: replaced,
@@ -247,7 +235,7 @@ struct Finder<'a> {
 
 impl Finder<'_> {
     /// Every fusion in the steps: the Gelus first (they take the bias Add a MatMul would).
-    fn find(&mut self, steps: &[Step<StepKernel>]) -> Vec<Group> {
+    fn find<K>(&mut self, steps: &[Step<K>], is_tensor_kernel: impl Fn(&K) -> bool) -> Vec<Group> {
         let mut groups = Vec::new();
         type Pattern<'p> = fn(&Finder<'p>, NodeId) -> Option<Group>;
         let patterns: [Pattern; 6] = [
@@ -260,9 +248,7 @@ impl Finder<'_> {
         ];
         for pattern in patterns {
             for step in steps {
-                if !matches!(step.kernel, StepKernel::Tensor(_))
-                    || self.claimed.contains(&step.node)
-                {
+                if !is_tensor_kernel(&step.kernel) || self.claimed.contains(&step.node) {
                     continue;
                 }
                 if let Some(group) = pattern(self, step.node) {

@@ -10,8 +10,9 @@ use std::collections::HashSet;
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{contiguous_strides, cuda_error, device, host, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, Gpu};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{
     gather_elements_offsets, gather_nd_rows, max_unpool_targets, normalize_axis,
     scatter_elements_offsets, scatter_nd_rows, tensor_scatter_rows, Ctx,

@@ -19,14 +19,15 @@
 //!   float tensor does), to an integer type the same values (the host's casts convert through
 //!   int64, and these values fit every integer storage), to bool a mask;
 //! - views (Reshape, Identity, …) and Expand keep it; Shape and Size read its shape;
-//! - every other op refuses it (`ops::device` and `masks::device_or_mask` pass only floats and
+//! - every other op refuses it (`operands::device` and `operands::device_or_mask` pass only floats and
 //!   masks), so it runs on the host on the exact integers downloaded (`Value::to_host`): an
 //!   integer tensor's semantics cannot change by landing on the device.
 
 use std::sync::Arc;
 
-use super::ops::{expand_shape, host, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{numel, Gpu};
+use super::operands::{expand_shape, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::broadcast_shapes;
 use crate::narrow::layout;
 use crate::tensor::{HostTensor, TensorData};
@@ -204,14 +205,6 @@ pub(super) fn cast(x: DeviceTensor, to: DType) -> Option<Cast> {
     }
 }
 
-/// The host form of an integer device tensor's values (downloaded as floats): its dtype's.
-pub(super) fn to_host_data(values: Vec<f32>, dtype: DType) -> TensorData {
-    match dtype {
-        DType::I32 => TensorData::I32(values.into_iter().map(|v| v as i32).collect()),
-        _ => TensorData::I64(values.into_iter().map(|v| v as i64).collect()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,18 +219,5 @@ mod tests {
         assert!(!worth_the_device(1 << 20, 1 << 20));
         assert!(worth_the_device(LARGE_OUTPUT, LARGE_OUTPUT / GROWTH));
         assert!(!worth_the_device(LARGE_OUTPUT - 1, 1));
-    }
-
-    #[test]
-    fn integers_come_back_in_their_dtype() {
-        let values = vec![-16_777_216.0, -1.0, 0.0, 256.0, 16_777_216.0];
-        assert_eq!(
-            to_host_data(values.clone(), DType::I32),
-            TensorData::I32(vec![-16_777_216, -1, 0, 256, 16_777_216])
-        );
-        assert_eq!(
-            to_host_data(values, DType::I64),
-            TensorData::I64(vec![-16_777_216, -1, 0, 256, 16_777_216])
-        );
     }
 }

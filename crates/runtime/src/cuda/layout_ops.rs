@@ -22,10 +22,9 @@
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{
-    contiguous_strides, cuda_error, device, dims, host, numel, one, Gpu, OpResult, MAX_RANK,
-};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, dims, numel, Gpu, MAX_RANK};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{affine_grid_points, col2im_geometry, normalize_axis, Col2Im, Ctx};
 use pipecut_ir::graph::DType;
 

@@ -8,8 +8,9 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::ops::{cuda_error, device, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, one, OpResult};
+use super::value::{DeviceTensor, Value};
 
 /// Most threads a matrix's block gets; a smaller matrix gets a power of two near its size.
 const MAX_THREADS: usize = 256;

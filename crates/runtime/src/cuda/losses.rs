@@ -10,10 +10,12 @@
 
 use cudarc::driver::PushKernelArg;
 
+use super::elementwise;
+use super::gpu::{cuda_error, numel, Gpu};
 use super::masks::choose;
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
+use super::operands::{device, host, OpResult};
 use super::row_ops::softmax_axis;
-use super::{DeviceTensor, Value};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::Ctx;
 use pipecut_ir::graph::DType;
 
@@ -142,12 +144,17 @@ pub(super) fn loss(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], softmax: bool) 
         None => DeviceTensor::new(positions.to_vec(), gpu.upload(&picks.keep)?),
     };
     let picked = pick(gpu, &log_prob, &picks.scores, positions)?;
-    let weighted = gpu.binary(&picked, &w, MUL)?;
-    let losses = choose(gpu, &keep, &gpu.unary(&weighted, NEG, (0.0, 0.0))?, &zero)?;
+    let weighted = elementwise::binary(gpu, &picked, &w, MUL)?;
+    let losses = choose(
+        gpu,
+        &keep,
+        &elementwise::unary(gpu, &weighted, NEG, (0.0, 0.0))?,
+        &zero,
+    )?;
     let loss = match ctx.string("reduction", "mean").as_str() {
         "none" => losses,
         "sum" => total(gpu, &losses)?,
-        "mean" => gpu.binary(&total(gpu, &losses)?, &total(gpu, &w)?, DIV)?,
+        "mean" => elementwise::binary(gpu, &total(gpu, &losses)?, &total(gpu, &w)?, DIV)?,
         other => return Err(format!("reduction '{other}' is none of none, mean, sum")),
     };
     Ok(Some(vec![Value::Device(loss), Value::Device(log_prob)]))

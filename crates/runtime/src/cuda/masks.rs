@@ -11,50 +11,15 @@
 //! the rule of `runtime/narrow.rs`), so an fp16 model's casts give the CPU runtime's numbers.
 //! Casts to integers stay on the host, where integer tensors live (module doc of `cuda`).
 
-use std::sync::Arc;
+use cudarc::driver::PushKernelArg;
 
-use cudarc::driver::{CudaFunction, CudaModule, PushKernelArg};
-
-use super::ops::{broadcast_strides, cuda_error, element_dims, kernel, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{broadcast_strides, cuda_error, element_dims, numel, Gpu};
+use super::operands::{device, device_or_mask, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{broadcast_shapes, Ctx};
 use crate::narrow::layout;
 use crate::tensor::TensorData;
 use pipecut_ir::graph::DType;
-
-/// The kernels of this module.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    binary: CudaFunction,
-    unary: CudaFunction,
-    where_: CudaFunction,
-    round_float: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            binary: f("mask_binary_f32")?,
-            unary: f("mask_unary_f32")?,
-            where_: f("where_mask_f32")?,
-            round_float: f("round_float_f32")?,
-        })
-    }
-}
-
-/// The device operand `i`, float or mask (a host float tensor is uploaded), or `None` (for
-/// integers on the device too: only `integers.rs`, comparisons and views read those).
-pub(super) fn device_or_mask(
-    gpu: &Gpu,
-    args: &[Option<Value>],
-    i: usize,
-) -> Result<Option<DeviceTensor>, String> {
-    match args.get(i).and_then(|a| a.as_ref()) {
-        Some(v) => Ok(v.to_device(gpu)?.filter(|t| t.int.is_none())),
-        None => Ok(None),
-    }
-}
 
 /// Operand `i` when it is a mask already on the device.
 pub(super) fn device_mask(args: &[Option<Value>], i: usize) -> Option<DeviceTensor> {
@@ -116,10 +81,7 @@ pub(super) fn compare(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
     } else if let Some((a, b)) = super::integers::comparison_operands(gpu, args)? {
         (Some(a), Some(b))
     } else {
-        (
-            super::ops::device(gpu, args, 0)?,
-            super::ops::device(gpu, args, 1)?,
-        )
+        (device(gpu, args, 0)?, device(gpu, args, 1)?)
     };
     let (Some(a), Some(b)) = operands else {
         return Ok(None);
@@ -169,7 +131,7 @@ pub(super) fn test(gpu: &Gpu, ctx: &Ctx, op: &str, args: &[Option<Value>]) -> Op
     let x = if code == 4 {
         device_mask(args, 0)
     } else {
-        super::ops::device(gpu, args, 0)?
+        device(gpu, args, 0)?
     };
     let Some(x) = x else {
         return Ok(None);
@@ -191,10 +153,7 @@ fn mask_unary(gpu: &Gpu, x: &DeviceTensor, code: i32) -> Result<DeviceTensor, St
 
 /// Where whose condition is a device mask; the two choices must be float.
 pub(super) fn where_mask(gpu: &Gpu, cond: &DeviceTensor, args: &[Option<Value>]) -> OpResult {
-    let (Some(a), Some(b)) = (
-        super::ops::device(gpu, args, 1)?,
-        super::ops::device(gpu, args, 2)?,
-    ) else {
+    let (Some(a), Some(b)) = (device(gpu, args, 1)?, device(gpu, args, 2)?) else {
         return Ok(None);
     };
     one(choose(gpu, cond, &a, &b)?)

@@ -7,8 +7,9 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{cuda_error, host, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, Gpu};
+use super::operands::{host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{checked_size, mel_filter_edges, mel_inputs};
 use crate::tensor::HostTensor;
 

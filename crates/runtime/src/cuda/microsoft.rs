@@ -8,9 +8,11 @@
 //! Operands that do not fit the CPU kernel's rules (a bias of another length than the hidden
 //! size, a skip that broadcasts the input larger) are left to it, which reports them.
 
-use super::ops::{device, numel, Gpu, OpResult};
+use super::elementwise;
+use super::gpu::{numel, Gpu};
+use super::operands::{device, OpResult};
 use super::row_ops::{normalize_rows, NormalizedRows};
-use super::{DeviceTensor, Value};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{broadcast_shapes, Ctx};
 
 /// `binary_f32`'s Add.
@@ -40,7 +42,7 @@ fn add(gpu: &Gpu, a: &DeviceTensor, b: &DeviceTensor) -> Result<Option<DeviceTen
     if broadcast_shapes(&[&a.shape, &b.shape]).ok().as_deref() != Some(&a.shape[..]) {
         return Ok(None);
     }
-    gpu.binary(a, b, ADD).map(Some)
+    elementwise::binary(gpu, a, b, ADD).map(Some)
 }
 
 /// Whether `param` holds one value per element of `x`'s last axis.
@@ -97,7 +99,8 @@ fn gelu_family(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         "QuickGelu" => (SWISH, ctx.float("alpha", 1.702)),
         _ => (GELU, 0.0),
     };
-    Ok(Some(vec![Value::Device(gpu.unary(
+    Ok(Some(vec![Value::Device(elementwise::unary(
+        gpu,
         &x,
         code,
         (alpha, 0.0),

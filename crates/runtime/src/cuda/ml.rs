@@ -12,37 +12,15 @@
 //! target below `n_targets`, no cycle); a forest that fails is left to the CPU kernel, which
 //! reports the error the first row to meet it gives.
 
-use std::sync::Arc;
+use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, PushKernelArg};
-
+use super::gpu::{cuda_error, Gpu};
 use super::layout_ops::gather_along;
-use super::ops::{cuda_error, device, host, kernel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{float_labels, Ctx, Forest, TreeBranch, TreeTest};
-use crate::runtime_dtype;
+use crate::tensor::runtime_dtype;
 use pipecut_ir::graph::DType;
-
-/// The kernels of this module.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    binarize: CudaFunction,
-    tree_leaves: CudaFunction,
-    tree_aggregate: CudaFunction,
-    label_encode: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            binarize: f("binarize_f32")?,
-            tree_leaves: f("tree_leaves_f32")?,
-            tree_aggregate: f("tree_aggregate_f32")?,
-            label_encode: f("label_encode_f32")?,
-        })
-    }
-}
 
 /// Runs an `ai.onnx.ml` node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {

@@ -20,6 +20,12 @@
 //! [`CudaExecutor::run_resident_pipeline`] instead, where tensors cross stages on the device
 //! (`resident.rs`), one thread per stage; several stages may share one GPU. Each GPU's memory
 //! pool is sized from the plan ([`CudaExecutor::size_memory_pools`]).
+//!
+//! Files depend one way. At the bottom, what every device op works with: the values
+//! (`value.rs`), the kernels' handles (`functions.rs`), the launch context and shared launches
+//! (`gpu.rs`, `elementwise.rs`), how an op takes operands and gives results (`operands.rs`).
+//! Above them the op families, one file each; `ops.rs` sends a node to its family; this module,
+//! the executor, plans and runs the steps, and only `resident.rs` (its pipeline) reads it.
 
 mod attention;
 mod compile;
@@ -27,9 +33,14 @@ mod control_flow;
 mod conv3d;
 mod conv_fold;
 mod deform_conv;
+mod elementwise;
+mod epilogue;
+mod expanded;
 mod fft;
 mod flat;
+mod functions;
 mod fuse;
+mod gpu;
 mod grid_sample;
 mod host_times;
 mod index_ops;
@@ -45,6 +56,7 @@ mod moments;
 mod movement_ops;
 mod ms_attention;
 mod nbits;
+mod operands;
 mod ops;
 mod quant;
 mod random;
@@ -57,6 +69,7 @@ mod row_ops;
 mod spectral;
 mod staging;
 mod top_k;
+mod value;
 mod window_ops;
 
 use std::cell::Cell;
@@ -71,20 +84,20 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 pub use self::compile::{
     compile, compile_cached, image_for, kernel_resources, supported_archs, ImageKind, KernelImage,
-    KernelResources,
+    KernelResources, KERNEL_SOURCE,
 };
 
 use self::control_flow::Flow;
-use self::ops::{Functions, Gpu};
-use super::cpu::{plan_steps_with, Step};
-use super::kernels::{self, Ctx, Kernel};
-use super::tensor::{HostTensor, TensorData};
-use super::{Executor, StageSpec, Tensors, Weights};
+use self::functions::Functions;
+use self::gpu::Gpu;
+use self::operands::to_device;
+use self::value::{DeviceTensor, Value};
+use crate::kernels::{self, Ctx, Kernel};
+use crate::steps::{plan_steps_with, Step};
+use crate::tensor::{HostTensor, TensorData};
 use crate::Error;
-use pipecut_ir::graph::{Graph, NodeId, Subgraph, TensorId};
-
-/// The kernels' CUDA C source.
-pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+use crate::{Executor, StageSpec, Tensors, Weights};
+use pipecut_ir::graph::{Graph, Node, NodeId, Subgraph, TensorId};
 
 /// Whether the CUDA driver library can be loaded and how many devices it sees; `Err` says why
 /// not, in words fit for a skipped test or an error message.
@@ -185,134 +198,6 @@ impl ImageCache {
     }
 }
 
-/// A float tensor in device memory, or a boolean one (`mask`) held as floats 0 and 1
-/// (`masks.rs`): a comparison's result stays on the device for the Where that reads it; or an
-/// integer one (`int`, its host dtype) held as floats exact within ±2²⁴, a large broadcast of
-/// host integers (`integers.rs`). The buffer is shared, so reshapes and identities are free.
-#[derive(Debug, Clone)]
-pub(crate) struct DeviceTensor {
-    shape: Vec<usize>,
-    data: Arc<CudaSlice<f32>>,
-    mask: bool,
-    /// `Some(I32 or I64)`: integers, which only the ops of `integers.rs`, comparisons and views
-    /// take; every other op reads them on the host.
-    int: Option<pipecut_ir::graph::DType>,
-}
-
-impl DeviceTensor {
-    fn new(shape: Vec<usize>, data: CudaSlice<f32>) -> DeviceTensor {
-        DeviceTensor {
-            shape,
-            data: Arc::new(data),
-            mask: false,
-            int: None,
-        }
-    }
-
-    /// An integer tensor of `dtype` (I32 or I64) whose values, exact in f32, are `data`.
-    fn integers(shape: Vec<usize>, data: CudaSlice<f32>, dtype: pipecut_ir::graph::DType) -> Self {
-        DeviceTensor {
-            int: Some(dtype),
-            ..DeviceTensor::new(shape, data)
-        }
-    }
-
-    /// A boolean tensor whose elements are the floats 0 and 1 of `data`.
-    fn mask(shape: Vec<usize>, data: CudaSlice<f32>) -> DeviceTensor {
-        DeviceTensor {
-            mask: true,
-            ..DeviceTensor::new(shape, data)
-        }
-    }
-}
-
-/// A value during a stage's run: where it was made. A host float tensor keeps its device copy
-/// once a device op has needed it (shared by every clone of the value), so a stage input read by
-/// several ops is uploaded once.
-#[derive(Debug, Clone)]
-pub(crate) enum Value {
-    Host(Arc<HostTensor>, Arc<OnceLock<DeviceTensor>>),
-    Device(DeviceTensor),
-    /// An optional (`Optional`, an `If` branch's or a body's): a value where it was made, or
-    /// nothing. Only the flow ops and Identity take one; stages exchange tensors.
-    Optional(Option<Box<Value>>),
-}
-
-impl Value {
-    /// A host value, not uploaded yet.
-    pub(crate) fn host(tensor: Arc<HostTensor>) -> Value {
-        Value::Host(tensor, Arc::default())
-    }
-
-    /// Whether it is a float tensor, or a device tensor other than integers (a mask on the
-    /// device is copied back as a float tensor would be).
-    fn is_float(&self) -> bool {
-        match self {
-            Value::Host(t, _) => t.dtype() == pipecut_ir::graph::DType::F32,
-            Value::Device(t) => t.int.is_none(),
-            Value::Optional(inner) => inner.as_deref().is_some_and(Value::is_float),
-        }
-    }
-
-    /// The tensor's shape (an optional's element's; an empty optional's is `[]`).
-    fn shape(&self) -> &[usize] {
-        match self {
-            Value::Host(t, _) => t.shape(),
-            Value::Device(t) => &t.shape,
-            Value::Optional(inner) => inner.as_deref().map_or(&[], Value::shape),
-        }
-    }
-
-    /// Bytes of the tensor, wherever it is.
-    fn byte_len(&self) -> u64 {
-        match self {
-            Value::Host(t, _) => t.dtype().bytes_for(t.len() as u64).unwrap_or(0),
-            Value::Device(t) => t.data.len() as u64 * 4,
-            Value::Optional(inner) => inner.as_deref().map_or(0, Value::byte_len),
-        }
-    }
-
-    /// The device form of a float value (uploaded from the host when needed); `None` for other
-    /// dtypes, which stay on the host.
-    fn to_device(&self, gpu: &Gpu) -> Result<Option<DeviceTensor>, String> {
-        match self {
-            Value::Device(t) => Ok(Some(t.clone())),
-            Value::Host(t, uploaded) => match t.data() {
-                TensorData::F32(v) if !v.is_empty() => {
-                    if let Some(copy) = uploaded.get() {
-                        return Ok(Some(copy.clone()));
-                    }
-                    let data = gpu.upload(v)?;
-                    let copy = DeviceTensor::new(t.shape().to_vec(), data);
-                    Ok(Some(uploaded.get_or_init(|| copy).clone()))
-                }
-                _ => Ok(None),
-            },
-            Value::Optional(_) => Ok(None),
-        }
-    }
-
-    /// The host form (downloaded from the device when needed; waits for the stream).
-    fn to_host(&self, stream: &Arc<CudaStream>) -> Result<Arc<HostTensor>, String> {
-        match self {
-            Value::Host(t, _) => Ok(Arc::clone(t)),
-            Value::Device(t) => {
-                let values = staging::download(stream, &t.data)
-                    .map_err(|e| format!("CUDA device-to-host copy: {e}"))?;
-                let data = if let Some(dtype) = t.int {
-                    integers::to_host_data(values, dtype)
-                } else if t.mask {
-                    TensorData::Bool(values.into_iter().map(|v| v != 0.0).collect())
-                } else {
-                    TensorData::F32(values)
-                };
-                Ok(Arc::new(HostTensor::new(t.shape.clone(), data)?))
-            }
-            Value::Optional(_) => Err("an optional where a tensor is needed".into()),
-        }
-    }
-}
-
 /// One device's context and compiled kernels.
 #[derive(Debug)]
 struct DeviceState {
@@ -393,7 +278,7 @@ pub struct CudaStage {
     /// The subgraphs of its flow ops, prepared when first run (by the address of the body).
     bodies: Mutex<HashMap<usize, Arc<Body>>>,
     /// MatMulNBits weights expanded on the device, kept for the run.
-    expanded: nbits::ExpandedWeights,
+    expanded: expanded::ExpandedWeights,
     not_sync: PhantomData<Cell<()>>,
 }
 
@@ -406,7 +291,7 @@ enum StepKernel {
     Tensor(Kernel),
     Flow(Flow),
     FoldedConv(Arc<conv_fold::DeviceFold>),
-    Fused(Arc<fuse::Fused>),
+    Fused(Arc<fuse::Fused<StepKernel>>),
 }
 
 /// The steps of `spec`'s nodes; refuses an op that has neither a CPU tensor kernel nor a flow
@@ -485,6 +370,37 @@ impl Frame<'_> {
             .or_else(|| self.uploaded.get(&id).cloned())
             .or_else(|| self.weights.get(id).cloned().map(Value::host))
     }
+
+    /// The values of `node`'s inputs, by position (`None` for an omitted optional one).
+    fn args(&self, env: &Env, node: &Node) -> Result<Vec<Option<Value>>, String> {
+        node.inputs
+            .iter()
+            .map(|slot| match slot {
+                None => Ok(None),
+                Some(id) => self.fetch(env, *id).map(Some).ok_or_else(|| {
+                    format!("input '{}' is not available", self.graph.tensor(*id).name)
+                }),
+            })
+            .collect()
+    }
+}
+
+/// Puts a step's results in the slots of its outputs; an output slot the op gave nothing for is
+/// an error.
+fn store_outputs(
+    env: &mut Env,
+    output_slots: &[Option<TensorId>],
+    results: Vec<Value>,
+) -> Result<(), String> {
+    let mut results = results.into_iter();
+    for (position, slot) in output_slots.iter().enumerate() {
+        let value = results.next();
+        if let Some(id) = slot {
+            let value = value.ok_or_else(|| format!("the op gives no output {position}"))?;
+            env.insert(*id, value);
+        }
+    }
+    Ok(())
 }
 
 /// Runs `kernel` on host copies of `args` (a download for each device tensor) and answers host
@@ -695,12 +611,12 @@ fn give_cublas_a_workspace(
 }
 
 /// `PIPECUT_CUDA_TF32=on` lets cuBLAS multiply every product of the stage in TF32 on tensor
-/// cores (`ops::Tf32`).
+/// cores (`gpu::Tf32`).
 fn allow_tf32_if_asked(stream: &Arc<CudaStream>, blas: &CudaBlas) -> Result<(), String> {
-    if ops::tf32() != ops::Tf32::On {
+    if gpu::tf32() != gpu::Tf32::On {
         return Ok(());
     }
-    ops::set_math_mode(
+    gpu::set_math_mode(
         stream,
         blas,
         cudarc::cublas::sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
@@ -778,7 +694,15 @@ impl Executor for CudaExecutor<'_> {
         }
         // After the folds: a node a fold took is no step, so no fusion takes it too.
         if fuse::enabled() {
-            steps = fuse::fuse_steps(graph, self.weights, spec, steps);
+            let is_tensor_kernel = |k: &StepKernel| matches!(k, StepKernel::Tensor(_));
+            steps = fuse::fuse_steps(
+                graph,
+                self.weights,
+                spec,
+                steps,
+                is_tensor_kernel,
+                StepKernel::Fused,
+            );
         }
         let mut read_weights: Vec<TensorId> = spec
             .nodes
@@ -806,7 +730,7 @@ impl Executor for CudaExecutor<'_> {
             weight_bytes,
             host_runs: Mutex::new(BTreeMap::new()),
             bodies: Mutex::new(HashMap::new()),
-            expanded: nbits::ExpandedWeights::default(),
+            expanded: expanded::ExpandedWeights::default(),
             not_sync: PhantomData,
         })
     }
@@ -816,7 +740,7 @@ impl Executor for CudaExecutor<'_> {
     }
 }
 
-impl super::NodeTimer for CudaExecutor<'_> {
+impl crate::NodeTimer for CudaExecutor<'_> {
     const BACKEND: &'static str = "pipecut-cuda";
 
     /// Runs the stage with each node timed to the end of its device work (the stream is
@@ -935,20 +859,7 @@ impl CudaExecutor<'_> {
         let index = stage.spec.index;
         for step in frame.steps {
             if let StepKernel::Fused(fused) = &step.kernel {
-                let began = std::time::Instant::now();
-                let device_start = host_times::mark(&stage.stream);
-                env = self.run_fused(stage, gpu, frame, env, step, fused)?;
-                if host_times::enabled() {
-                    host_times::span(fused.fusion.name(), device_start, &stage.stream);
-                }
-                if let Some(observe) = observe.as_mut() {
-                    stage
-                        .stream
-                        .synchronize()
-                        .map_err(|e| Self::stage_error(index, format!("stream failed: {e}")))?;
-                    let bytes = env.get(&fused.output).map_or(0, Value::byte_len);
-                    observe(step.node, began.elapsed().as_secs_f64(), bytes);
-                }
+                env = self.run_fused_observed(stage, gpu, frame, env, step, fused, &mut observe)?;
                 continue;
             }
             let node = frame.graph.node(step.node);
@@ -960,19 +871,7 @@ impl CudaExecutor<'_> {
                     self.devices[stage.device].ordinal
                 ),
             };
-            let args: Vec<Option<Value>> = node
-                .inputs
-                .iter()
-                .map(|slot| match slot {
-                    None => Ok(None),
-                    Some(id) => frame.fetch(&env, *id).map(Some).ok_or_else(|| {
-                        kernel_error(format!(
-                            "input '{}' is not available",
-                            frame.graph.tensor(*id).name
-                        ))
-                    }),
-                })
-                .collect::<Result<_, Error>>()?;
+            let args = frame.args(&env, node).map_err(kernel_error)?;
             let ctx = Ctx {
                 node,
                 opset: step.opset,
@@ -980,33 +879,9 @@ impl CudaExecutor<'_> {
             };
             let began = std::time::Instant::now();
             let device_start = host_times::mark(&stage.stream);
-            let results: Vec<Value> = match &step.kernel {
-                StepKernel::Flow(flow) => {
-                    let scope = |name: &str| {
-                        frame
-                            .graph
-                            .tensor_id(name)
-                            .and_then(|id| frame.fetch(&env, id))
-                            .or_else(|| (frame.outer)(name))
-                    };
-                    let run_body = |sub: &Subgraph, formals: &[Value]| {
-                        self.run_body(stage, gpu, sub, formals, &scope)
-                            .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
-                    };
-                    flow.run(gpu, &ctx, &args, &run_body)
-                        .map_err(kernel_error)?
-                }
-                &StepKernel::Tensor(kernel) => self
-                    .run_tensor_node(stage, gpu, &ctx, kernel, &args)
-                    .map_err(kernel_error)?,
-                StepKernel::FoldedConv(fold) => self
-                    .run_folded_conv(stage, gpu, &ctx, fold, &args)
-                    .map_err(kernel_error)?,
-                // Fused steps run before this match (`run_fused`).
-                StepKernel::Fused(_) => {
-                    return Err(kernel_error("a fused step taken as one node".into()))
-                }
-            };
+            let results = self
+                .run_step(stage, gpu, frame, &env, step, &ctx, &args)
+                .map_err(kernel_error)?;
             host_times::timed(host_times::Part::Release, || drop(args));
             if let Some(observe) = observe.as_mut() {
                 stage
@@ -1026,16 +901,7 @@ impl CudaExecutor<'_> {
                 StepKernel::FoldedConv(fold) => &fold.fold.output[..],
                 _ => &node.outputs[..],
             };
-            let mut results = results.into_iter();
-            for (position, slot) in output_slots.iter().enumerate() {
-                let value = results.next();
-                if let Some(id) = slot {
-                    let value = value.ok_or_else(|| {
-                        kernel_error(format!("the op gives no output {position}"))
-                    })?;
-                    env.insert(*id, value);
-                }
-            }
+            store_outputs(&mut env, output_slots, results).map_err(kernel_error)?;
             host_times::timed(host_times::Part::Release, || {
                 for t in &step.frees {
                     env.remove(t);
@@ -1049,6 +915,71 @@ impl CudaExecutor<'_> {
         Ok(env)
     }
 
+    /// One step's kernel on its arguments: a flow op (its subgraphs in the scope of `env`, then
+    /// the frame's outer scope), a node on tensors, or a Conv with nodes folded in.
+    #[allow(clippy::too_many_arguments)]
+    fn run_step(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        env: &Env,
+        step: &Step<StepKernel>,
+        ctx: &Ctx,
+        args: &[Option<Value>],
+    ) -> Result<Vec<Value>, String> {
+        match &step.kernel {
+            StepKernel::Flow(flow) => {
+                let scope = |name: &str| {
+                    frame
+                        .graph
+                        .tensor_id(name)
+                        .and_then(|id| frame.fetch(env, id))
+                        .or_else(|| (frame.outer)(name))
+                };
+                let run_body = |sub: &Subgraph, formals: &[Value]| {
+                    self.run_body(stage, gpu, sub, formals, &scope)
+                        .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
+                };
+                flow.run(gpu, ctx, args, &run_body)
+            }
+            &StepKernel::Tensor(kernel) => self.run_tensor_node(stage, gpu, ctx, kernel, args),
+            StepKernel::FoldedConv(fold) => self.run_folded_conv(stage, gpu, ctx, fold, args),
+            // Fused steps run before this (`run_fused`).
+            StepKernel::Fused(_) => Err("a fused step taken as one node".into()),
+        }
+    }
+
+    /// [`CudaExecutor::run_fused`] timed for `PIPECUT_CUDA_HOST_TIMES` and, when `observe` is
+    /// given, waited for and reported to it as the step's node.
+    #[allow(clippy::too_many_arguments)]
+    fn run_fused_observed(
+        &self,
+        stage: &CudaStage,
+        gpu: &Gpu,
+        frame: &Frame,
+        env: Env,
+        step: &Step<StepKernel>,
+        fused: &fuse::Fused<StepKernel>,
+        observe: &mut Option<&mut dyn FnMut(NodeId, f64, u64)>,
+    ) -> Result<Env, Error> {
+        let began = std::time::Instant::now();
+        let device_start = host_times::mark(&stage.stream);
+        let env = self.run_fused(stage, gpu, frame, env, step, fused)?;
+        if host_times::enabled() {
+            host_times::span(fused.fusion.name(), device_start, &stage.stream);
+        }
+        if let Some(observe) = observe.as_mut() {
+            stage
+                .stream
+                .synchronize()
+                .map_err(|e| Self::stage_error(stage.spec.index, format!("stream failed: {e}")))?;
+            let bytes = env.get(&fused.output).map_or(0, Value::byte_len);
+            observe(step.node, began.elapsed().as_secs_f64(), bytes);
+        }
+        Ok(env)
+    }
+
     /// A fused step (`fuse.rs`): its kernel on the device, or, when its inputs do not fit it,
     /// the steps it replaced one by one; answers `env` with its output and its frees done.
     fn run_fused(
@@ -1058,7 +989,7 @@ impl CudaExecutor<'_> {
         frame: &Frame,
         mut env: Env,
         step: &Step<StepKernel>,
-        fused: &fuse::Fused,
+        fused: &fuse::Fused<StepKernel>,
     ) -> Result<Env, Error> {
         let began = std::time::Instant::now();
         let fail = |detail: String| {
@@ -1077,7 +1008,7 @@ impl CudaExecutor<'_> {
                     frame.graph.tensor(id).name
                 ))
             })?;
-            match value.to_device(gpu).map_err(&fail)? {
+            match to_device(gpu, &value).map_err(&fail)? {
                 Some(t) => inputs.push(t),
                 None => break,
             }

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{contiguous_strides, cuda_error, device, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, numel, Gpu};
+use super::operands::{device, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{normalize_axis, Ctx};
 
 /// A tensor's values as rows of the sets to reduce.

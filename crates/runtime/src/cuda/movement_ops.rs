@@ -7,9 +7,10 @@
 
 use cudarc::driver::PushKernelArg;
 
+use super::gpu::{contiguous_strides, cuda_error, dims, numel, Gpu};
 use super::index_ops::gather_rows;
-use super::ops::{contiguous_strides, cuda_error, device, dims, host, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{normalize_axis, Ctx};
 
 /// Pad through `pad_f32`, a thread per output element.

@@ -11,8 +11,10 @@
 //! anything the CPU kernel would reject, are left to it.
 
 use super::attention::{launch_rotary, scores, weighted_values, Heads, Mask, RowOptions};
-use super::ops::{contiguous_strides, device, host, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::elementwise;
+use super::gpu::{contiguous_strides, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::Ctx;
 
 /// `binary_f32`'s Add.
@@ -232,7 +234,7 @@ fn project(
         return Ok(Some(qkv));
     }
     match device(gpu, args, 2)? {
-        Some(bias) if bias.shape == [cols] => gpu.binary(&qkv, &bias, ADD).map(Some),
+        Some(bias) if bias.shape == [cols] => elementwise::binary(gpu, &qkv, &bias, ADD).map(Some),
         _ => Ok(None),
     }
 }
@@ -294,7 +296,7 @@ fn additive_mask(
         (None, None) => return Ok(Some(None)),
         (Some(m), None) => m,
         (None, Some(b)) => b,
-        (Some(m), Some(b)) => gpu.binary(&m, &b, ADD)?,
+        (Some(m), Some(b)) => elementwise::binary(gpu, &m, &b, ADD)?,
     };
     let strides = contiguous_strides(&total.shape);
     let stride = |axis: usize| {

@@ -2,38 +2,24 @@
 //! the device, with the CPU kernel's semantics (`kernels/quant.rs`): the packed weight is
 //! uploaded as bytes (it is an integer tensor, held on the host), `dequant_nbits_f32` expands it
 //! to `W [N, K]` floats on the device, and one cuBLAS GEMM computes `A · Wᵀ` (+ `bias`). The
-//! expanded weight is kept per node ([`ExpandedWeights`]) for as long as the node's packed
+//! expanded weight is kept per node (`expanded.rs`) for as long as the node's packed
 //! weight, scales and zero points are the tensors it was made from (weights are, for the whole
 //! run), so a run expands it once, like the float weights it uploads once, not at every
 //! micro-batch. `g_idx`, and anything the CPU kernel would refuse, are left to it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::elementwise;
+use super::expanded::Source;
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::Ctx;
-use crate::tensor::HostTensor;
 
 /// `binary_f32`'s Add.
 const ADD: i32 = 0;
-
-/// The kernel of this module, from `kernels.cu`.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    dequant: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let dequant = module.load_function("dequant_nbits_f32").map_err(|e| {
-            format!("kernel 'dequant_nbits_f32' missing from the compiled module: {e}")
-        })?;
-        Ok(Kernels { dequant })
-    }
-}
 
 /// The node's sizes: `K`, `N`, `bits`, `block_size` and the derived block count and bytes.
 struct Sizes {
@@ -101,68 +87,11 @@ fn bytes_of(values: &[i64]) -> Option<Vec<u8>> {
     values.iter().map(|&v| u8::try_from(v).ok()).collect()
 }
 
-/// One operand an expanded weight was made from, held so that its address names it for as long
-/// as the cache keeps the weight (a freed tensor's address could be reused by another).
-#[derive(Debug, Clone)]
-enum Source {
-    Host(Arc<HostTensor>),
-    Device(Arc<CudaSlice<f32>>),
-}
-
-impl Source {
-    fn of(value: &Value) -> Option<Source> {
-        match value {
-            Value::Host(t, _) => Some(Source::Host(Arc::clone(t))),
-            Value::Device(t) => Some(Source::Device(Arc::clone(&t.data))),
-            Value::Optional(_) => None,
-        }
-    }
-
-    fn same(&self, other: &Source) -> bool {
-        match (self, other) {
-            (Source::Host(a), Source::Host(b)) => Arc::ptr_eq(a, b),
-            (Source::Device(a), Source::Device(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-}
-
 /// The packed weight, scales and zero points (operands 1–3) of a node, as held tensors.
 fn sources(args: &[Option<Value>]) -> Vec<Option<Source>> {
     (1..4)
         .map(|i| args.get(i).and_then(|a| a.as_ref()).and_then(Source::of))
         .collect()
-}
-
-fn same_sources(a: &[Option<Source>], b: &[Option<Source>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|pair| match pair {
-            (Some(x), Some(y)) => x.same(y),
-            (None, None) => true,
-            _ => false,
-        })
-}
-
-/// An expanded weight and the operands it was made from.
-type Expanded = (Vec<Option<Source>>, Arc<CudaSlice<f32>>);
-
-/// A stage's expanded MatMulNBits weights, by node (its address: nodes live as long as the
-/// graph), each with the operands it was made from.
-#[derive(Debug, Default)]
-pub(super) struct ExpandedWeights(Mutex<HashMap<usize, Expanded>>);
-
-impl ExpandedWeights {
-    fn get(&self, node: usize, from: &[Option<Source>]) -> Option<Arc<CudaSlice<f32>>> {
-        let cache = self.0.lock().ok()?;
-        let (sources, weights) = cache.get(&node)?;
-        same_sources(sources, from).then(|| Arc::clone(weights))
-    }
-
-    fn keep(&self, node: usize, from: Vec<Option<Source>>, weights: &Arc<CudaSlice<f32>>) {
-        if let Ok(mut cache) = self.0.lock() {
-            cache.insert(node, (from, Arc::clone(weights)));
-        }
-    }
 }
 
 /// `W [N, K]` of the node: the stage's expanded copy when its operands are the ones it was made
@@ -229,7 +158,7 @@ pub(super) fn matmul_nbits(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpRe
     let out = match args.get(5).and_then(|a| a.as_ref()) {
         None => out,
         Some(_) => match device(gpu, args, 5)? {
-            Some(bias) if bias.shape == [n] => gpu.binary(&out, &bias, ADD)?,
+            Some(bias) if bias.shape == [n] => elementwise::binary(gpu, &out, &bias, ADD)?,
             _ => return Ok(None),
         },
     };

@@ -6,545 +6,21 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
-use cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
-    LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::PushKernelArg;
 
-use super::{index_ops, losses, masks, row_ops, window_ops, DeviceTensor, Value};
+use super::gpu::{
+    broadcast_strides, contiguous_strides, cuda_error, dims, element_dims, numel, Gpu, MAX_RANK,
+};
+use super::operands::{
+    all_device, device, device_or_mask, expand_shape, extra_outputs, host, one, OpResult,
+};
+use super::value::{DeviceTensor, Value};
+use super::{elementwise, index_ops, losses, masks, row_ops, window_ops};
 use crate::kernels::{
-    broadcast_shapes, checked_size, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
+    broadcast_shapes, normalize_axis, shape_tensor, transpose_perm, view_shape, Ctx,
 };
 use crate::tensor::HostTensor;
 use pipecut_ir::graph::DType;
-
-/// Largest rank the kernels' [`Dims`] carries.
-pub(super) const MAX_RANK: usize = 8;
-/// Threads per block of the element-wise kernels and of the per-row kernels.
-const BLOCK: u32 = 256;
-/// Grid cap: the kernels loop, so more blocks than this only add scheduling.
-const MAX_BLOCKS: u64 = 65_535;
-
-/// Shapes and strides passed by value, laid out as `struct Dims` in `kernels.cu`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Dims {
-    rank: i32,
-    /// 1: the kernels divide in 64 bits at every position (`PIPECUT_CUDA_WIDE_INDEX=on`, to
-    /// compare); 0: in 32 bits below 2^31.
-    wide: i32,
-    shape: [i64; MAX_RANK],
-    a: [i64; MAX_RANK],
-    b: [i64; MAX_RANK],
-    c: [i64; MAX_RANK],
-}
-
-// SAFETY: `Dims` is `repr(C)` plain data matching the CUDA struct field for field.
-unsafe impl DeviceRepr for Dims {}
-
-/// The compiled kernels of one device.
-#[derive(Debug)]
-pub(super) struct Functions {
-    unary: CudaFunction,
-    binary: CudaFunction,
-    where_: CudaFunction,
-    gather_strided: CudaFunction,
-    pub(super) copy_block: CudaFunction,
-    pub(super) gather_axis: CudaFunction,
-    pub(super) softmax_rows: CudaFunction,
-    pub(super) norm_rows: CudaFunction,
-    pub(super) norm_channels: CudaFunction,
-    reduce_rows: CudaFunction,
-    pub(super) reduce: CudaFunction,
-    pub(super) im2col: CudaFunction,
-    pub(super) conv_direct: CudaFunction,
-    pub(super) conv_transpose: CudaFunction,
-    pub(super) pool: CudaFunction,
-    pub(super) pool_nd: CudaFunction,
-    pub(super) gather_rows: CudaFunction,
-    einsum: CudaFunction,
-    pub(super) scatter_rows: CudaFunction,
-    pub(super) batch_norm: CudaFunction,
-    pub(super) resize_axis: CudaFunction,
-    pub(super) arg_reduce: CudaFunction,
-    pub(super) cumsum: CudaFunction,
-    pub(super) lrn: CudaFunction,
-    /// Attention and RotaryEmbedding (`attention.rs`).
-    pub(super) attention: super::attention::Kernels,
-    pub(super) grid_sample: CudaFunction,
-    pub(super) recurrent_step: CudaFunction,
-    pub(super) pad: CudaFunction,
-    pub(super) roi_align: CudaFunction,
-    pub(super) deform_conv: CudaFunction,
-    pub(super) moments_rows: CudaFunction,
-    pub(super) running_stats: CudaFunction,
-    pub(super) conv3d: CudaFunction,
-    pub(super) masks: masks::Kernels,
-    pub(super) dft: CudaFunction,
-    /// DFT's fast transforms (`fft.rs`).
-    pub(super) fft: super::fft::Kernels,
-    pub(super) det: CudaFunction,
-    pub(super) reduce_blocks: CudaFunction,
-    pub(super) stft_frames: CudaFunction,
-    pub(super) trilu: CudaFunction,
-    /// TopK's sorts (`top_k.rs`).
-    pub(super) top_k: super::top_k::Kernels,
-    pub(super) col2im: CudaFunction,
-    pub(super) one_hot: CudaFunction,
-    pub(super) mel_weights: CudaFunction,
-    pub(super) bernoulli: CudaFunction,
-    /// Binarizer, ArrayFeatureExtractor and TreeEnsemble (`ml.rs`).
-    pub(super) ml: super::ml::Kernels,
-    /// The element-wise fast path (`flat.rs`).
-    pub(super) flat: super::flat::Kernels,
-    /// The epilogue of a Conv with nodes folded in (`conv_fold.rs`).
-    pub(super) conv_epilogue: CudaFunction,
-    /// MatMulNBits' weight expansion (`nbits.rs`).
-    pub(super) nbits: super::nbits::Kernels,
-    /// The fused transformer steps (`fuse.rs`).
-    pub(super) fused: super::fuse::Kernels,
-}
-
-impl Functions {
-    /// Looks up every kernel in the module compiled from `kernels.cu`.
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Functions, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Functions {
-            unary: f("unary_f32")?,
-            binary: f("binary_f32")?,
-            where_: f("where_f32")?,
-            gather_strided: f("gather_strided_f32")?,
-            copy_block: f("copy_block_f32")?,
-            gather_axis: f("gather_axis_f32")?,
-            softmax_rows: f("softmax_rows_f32")?,
-            norm_rows: f("norm_rows_f32")?,
-            norm_channels: f("norm_channels_f32")?,
-            reduce_rows: f("reduce_rows_f32")?,
-            reduce: f("reduce_f32")?,
-            im2col: f("im2col_f32")?,
-            conv_direct: f("conv_direct_f32")?,
-            conv_transpose: f("conv_transpose_f32")?,
-            pool: f("pool_f32")?,
-            pool_nd: f("pool_nd_f32")?,
-            gather_rows: f("gather_rows_f32")?,
-            einsum: f("einsum_f32")?,
-            scatter_rows: f("scatter_rows_f32")?,
-            batch_norm: f("batch_norm_f32")?,
-            resize_axis: f("resize_axis_f32")?,
-            arg_reduce: f("arg_reduce_f32")?,
-            cumsum: f("cumsum_f32")?,
-            lrn: f("lrn_f32")?,
-            attention: super::attention::Kernels::load(module)?,
-            grid_sample: f("grid_sample_f32")?,
-            recurrent_step: f("recurrent_step_f32")?,
-            pad: f("pad_f32")?,
-            roi_align: f("roi_align_f32")?,
-            deform_conv: f("deform_conv_f32")?,
-            moments_rows: f("moments_rows_f32")?,
-            running_stats: f("running_stats_f32")?,
-            conv3d: f("conv3d_f32")?,
-            masks: masks::Kernels::load(module)?,
-            dft: f("dft_f32")?,
-            fft: super::fft::Kernels::load(module)?,
-            det: f("det_f32")?,
-            reduce_blocks: f("reduce_blocks_f32")?,
-            stft_frames: f("stft_frames_f32")?,
-            trilu: f("trilu_f32")?,
-            top_k: super::top_k::Kernels::load(module)?,
-            col2im: f("col2im_f32")?,
-            one_hot: f("one_hot_f32")?,
-            mel_weights: f("mel_weights_f32")?,
-            bernoulli: f("bernoulli_f32")?,
-            ml: super::ml::Kernels::load(module)?,
-            flat: super::flat::Kernels::load(module)?,
-            conv_epilogue: f("conv_epilogue_f32")?,
-            nbits: super::nbits::Kernels::load(module)?,
-            fused: super::fuse::Kernels::load(module)?,
-        })
-    }
-}
-
-/// What an op needs to launch work: the stage's stream, its cuBLAS handle, the kernels.
-pub(super) struct Gpu<'a> {
-    pub stream: &'a Arc<CudaStream>,
-    pub blas: &'a CudaBlas,
-    pub functions: &'a Functions,
-    /// The stage's expanded MatMulNBits weights (`nbits.rs`).
-    pub expanded: &'a super::nbits::ExpandedWeights,
-}
-
-/// A device result, or `None` when the op is left to the CPU kernel.
-pub(super) type OpResult = Result<Option<Vec<Value>>, String>;
-
-pub(super) fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> String + '_ {
-    move |e| format!("CUDA {what}: {e}")
-}
-
-impl Gpu<'_> {
-    pub(super) fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, String> {
-        // SAFETY: every kernel writing into the buffer writes each of its `n` elements.
-        super::host_times::timed(super::host_times::Part::Alloc, || unsafe {
-            self.stream.alloc::<f32>(n)
-        })
-        .map_err(cuda_error("allocation"))
-    }
-
-    pub(super) fn upload<T: DeviceRepr>(&self, values: &[T]) -> Result<CudaSlice<T>, String> {
-        super::host_times::timed(super::host_times::Part::Upload, || {
-            super::staging::upload(self.stream, values)
-        })
-        .map_err(cuda_error("host-to-device copy"))
-    }
-
-    /// An element-wise launch over `n` items.
-    pub(super) fn grid(n: usize) -> LaunchConfig {
-        let blocks = (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// One block per row (up to the cap), with a float of shared memory per thread.
-    pub(super) fn rows(rows: usize) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: ((rows as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: BLOCK * 4,
-        }
-    }
-
-    /// `out` filled with `x[base + Σ idx_k · strides_k]` over `out_shape`.
-    pub(super) fn gather_strided(
-        &self,
-        x: &CudaSlice<f32>,
-        out_shape: &[usize],
-        strides: &[i64],
-        base: i64,
-    ) -> Result<CudaSlice<f32>, String> {
-        let n = numel(out_shape);
-        let mut out = self.alloc(n)?;
-        let dims = element_dims(out_shape, &[strides])?;
-        let n64 = n as i64;
-        let mut launch = self.stream.launch_builder(&self.functions.gather_strided);
-        launch.arg(x).arg(&mut out).arg(&n64).arg(&dims).arg(&base);
-        // SAFETY: argument types match `gather_strided_f32`; offsets stay inside `x` because the
-        // strides and base come from a valid view of it.
-        unsafe { launch.launch(Self::grid(n)) }.map_err(cuda_error("launch"))?;
-        Ok(out)
-    }
-
-    /// Reduces each of `rows` rows of `cols` contiguous values of `x` into `out` (codes of
-    /// `reduce_rows_f32`): one block per row.
-    pub(super) fn reduce_rows(
-        &self,
-        x: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        (rows, cols): (usize, usize),
-        code: i32,
-    ) -> Result<(), String> {
-        let (r, c) = (rows as i64, cols as i64);
-        let mut launch = self.stream.launch_builder(&self.functions.reduce_rows);
-        launch.arg(x).arg(out).arg(&r).arg(&c).arg(&code);
-        // SAFETY: argument types match `reduce_rows_f32`; the callers give `x` rows × cols
-        // floats and `out` rows; shared memory is one float per thread.
-        unsafe { launch.launch(Self::rows(rows)) }.map_err(cuda_error("launch"))?;
-        Ok(())
-    }
-
-    /// `x` broadcast to `out_shape` as a contiguous buffer (`x` itself when already that shape).
-    pub(super) fn expand(
-        &self,
-        x: &DeviceTensor,
-        out_shape: &[usize],
-    ) -> Result<DeviceTensor, String> {
-        if x.shape == out_shape {
-            return Ok(x.clone());
-        }
-        let strides = broadcast_strides(&x.shape, out_shape);
-        let data = self.gather_strided(&x.data, out_shape, &strides, 0)?;
-        Ok(DeviceTensor::new(out_shape.to_vec(), data))
-    }
-
-    /// Row-major `C[batch][m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C` through
-    /// column-major cuBLAS: the transposed product `Cᵀ = op(B)ᵀ · op(A)ᵀ` needs no copies.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        a: &CudaSlice<f32>,
-        trans_a: bool,
-        b: &CudaSlice<f32>,
-        trans_b: bool,
-        c: &mut CudaSlice<f32>,
-        (alpha, beta): (f32, f32),
-        (batch, stride_a, stride_b): (usize, usize, usize),
-    ) -> Result<(), String> {
-        let operands = (a, trans_a, b, trans_b);
-        let strides = (batch, stride_a, stride_b, m * n);
-        self.gemm_views((m, n, k), operands, c, (alpha, beta), strides)
-    }
-
-    /// [`Gpu::gemm_views`] for a convolution's product: in TF32 under `PIPECUT_CUDA_TF32=conv`
-    /// (the handle's mode set around the one call; `on` set it for the stage already).
-    pub(super) fn conv_gemm_views<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
-        &self,
-        mnk: (usize, usize, usize),
-        operands: (&A, bool, &B, bool),
-        c: &mut C,
-        scale: (f32, f32),
-        strides: (usize, usize, usize, usize),
-    ) -> Result<(), String> {
-        use cudarc::cublas::sys::cublasMath_t::{CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH};
-        if tf32() != Tf32::Conv {
-            return self.gemm_views(mnk, operands, c, scale, strides);
-        }
-        set_math_mode(self.stream, self.blas, CUBLAS_TF32_TENSOR_OP_MATH)?;
-        let product = self.gemm_views(mnk, operands, c, scale, strides);
-        set_math_mode(self.stream, self.blas, CUBLAS_DEFAULT_MATH)?;
-        product
-    }
-
-    /// [`Gpu::gemm`] on views, with C's batch stride given (`batch, stride_a, stride_b,
-    /// stride_c`): C's matrices need not be contiguous, as a group's rows of a convolution's
-    /// output are not.
-    pub(super) fn gemm_views<A: DevicePtr<f32>, B: DevicePtr<f32>, C: DevicePtrMut<f32>>(
-        &self,
-        (m, n, k): (usize, usize, usize),
-        (a, trans_a, b, trans_b): (&A, bool, &B, bool),
-        c: &mut C,
-        (alpha, beta): (f32, f32),
-        (batch, stride_a, stride_b, stride_c): (usize, usize, usize, usize),
-    ) -> Result<(), String> {
-        let int = |v: usize, what: &str| {
-            i32::try_from(v).map_err(|_| format!("{what} {v} exceeds cuBLAS's 32-bit sizes"))
-        };
-        let op = |t: bool| {
-            if t {
-                cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let config = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: op(trans_b),
-                transb: op(trans_a),
-                m: int(n, "dimension")?,
-                n: int(m, "dimension")?,
-                k: int(k, "dimension")?,
-                alpha,
-                lda: int(if trans_b { k } else { n }, "leading dimension")?,
-                ldb: int(if trans_a { m } else { k }, "leading dimension")?,
-                beta,
-                ldc: int(n, "leading dimension")?,
-            },
-            batch_size: int(batch, "batch")?,
-            stride_a: stride_b as i64,
-            stride_b: stride_a as i64,
-            stride_c: stride_c as i64,
-        };
-        // cuBLAS works in the calling thread's current context, which nothing else here
-        // guarantees is the stream's (cudarc binds it only in its own calls).
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_error("context"))?;
-        // SAFETY: the buffers hold `batch` matrices of the sizes in `config` (or one, with a zero
-        // stride), as the callers build them.
-        super::host_times::timed(super::host_times::Part::Gemm, || unsafe {
-            self.blas.gemm_strided_batched(config, b, a, c)
-        })
-        .map_err(|e| format!("cuBLAS gemm: {e:?}"))
-    }
-}
-
-/// Where cuBLAS may multiply in TF32 on tensor cores (`PIPECUT_CUDA_TF32`), keeping 10 bits of
-/// each factor's mantissa (relative errors near 1e-3): `off`, the default, multiplies in full
-/// fp32, within rounding of the CPU runtime; `conv` takes TF32 for convolutions only, as
-/// PyTorch does by default; `on` for every product, as onnxruntime's CUDA provider does by
-/// default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Tf32 {
-    Off,
-    Conv,
-    On,
-}
-
-/// Sets how `blas` multiplies (`CUBLAS_TF32_TENSOR_OP_MATH` or the default), its stream's
-/// context bound first: cuBLAS works in the calling thread's current context.
-pub(super) fn set_math_mode(
-    stream: &Arc<CudaStream>,
-    blas: &CudaBlas,
-    mode: cudarc::cublas::sys::cublasMath_t,
-) -> Result<(), String> {
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(cuda_error("context"))?;
-    // SAFETY: the handle is live; the mode is one of cuBLAS's.
-    unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
-        .result()
-        .map_err(|e| format!("cuBLAS math mode: {e:?}"))
-}
-
-pub(super) fn tf32() -> Tf32 {
-    static MODE: std::sync::OnceLock<Tf32> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("PIPECUT_CUDA_TF32").as_deref() {
-        Ok("on") => Tf32::On,
-        Ok("conv") => Tf32::Conv,
-        _ => Tf32::Off,
-    })
-}
-
-/// Number of elements of a shape.
-pub(super) fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
-
-/// Row-major strides of `shape`, with 0 on the axes broadcast to `out_shape` (right-aligned).
-pub(super) fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<i64> {
-    let mut strides = vec![0i64; out_shape.len()];
-    let offset = out_shape.len() - shape.len();
-    let mut stride = 1i64;
-    for i in (0..shape.len()).rev() {
-        strides[offset + i] = if shape[i] == 1 && out_shape[offset + i] != 1 {
-            0
-        } else {
-            stride
-        };
-        stride *= shape[i] as i64;
-    }
-    strides
-}
-
-/// Contiguous row-major strides.
-pub(super) fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
-    let mut strides = vec![1i64; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1] as i64;
-    }
-    strides
-}
-
-/// [`Dims`] for an output shape and up to three operands' strides.
-pub(super) fn dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
-    if out_shape.len() > MAX_RANK {
-        return Err(format!(
-            "rank {} above the kernels' {MAX_RANK}",
-            out_shape.len()
-        ));
-    }
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let wide =
-        *WIDE.get_or_init(|| std::env::var("PIPECUT_CUDA_WIDE_INDEX").is_ok_and(|v| v == "on"));
-    let mut d = Dims {
-        rank: out_shape.len() as i32,
-        wide: i32::from(wide),
-        ..Dims::default()
-    };
-    for (i, &s) in out_shape.iter().enumerate() {
-        d.shape[i] = s as i64;
-    }
-    for (operand, s) in strides.iter().enumerate() {
-        let target = match operand {
-            0 => &mut d.a,
-            1 => &mut d.b,
-            _ => &mut d.c,
-        };
-        target[..s.len()].copy_from_slice(s);
-    }
-    Ok(d)
-}
-
-/// [`dims`] for the kernels that only turn positions into offsets (`offsets` in kernels.cu):
-/// size-1 dims dropped and each dim merged into the one before it where every operand steps
-/// through the two as through one, so a position is split with fewer divisions (an Add of a
-/// `[8, 64, 128]` tensor and a `[128]` bias becomes `[512, 128]`). `PIPECUT_CUDA_MERGE_DIMS=off`
-/// keeps the dims as they are, to compare.
-pub(super) fn element_dims(out_shape: &[usize], strides: &[&[i64]]) -> Result<Dims, String> {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off =
-        *OFF.get_or_init(|| std::env::var("PIPECUT_CUDA_MERGE_DIMS").is_ok_and(|v| v == "off"));
-    if off || strides.iter().any(|s| s.len() != out_shape.len()) {
-        return dims(out_shape, strides);
-    }
-    let mut shape: Vec<usize> = Vec::with_capacity(out_shape.len());
-    let mut merged: Vec<Vec<i64>> = vec![Vec::with_capacity(out_shape.len()); strides.len()];
-    for (k, &size) in out_shape.iter().enumerate() {
-        if size == 1 {
-            continue;
-        }
-        let steps_as_one = !shape.is_empty()
-            && strides
-                .iter()
-                .zip(&merged)
-                .all(|(s, m)| m.last() == Some(&(s[k] * size as i64)));
-        if steps_as_one {
-            *shape.last_mut().expect("not empty") *= size;
-        } else {
-            shape.push(size);
-        }
-        for (s, m) in strides.iter().zip(merged.iter_mut()) {
-            if steps_as_one {
-                *m.last_mut().expect("not empty") = s[k];
-            } else {
-                m.push(s[k]);
-            }
-        }
-    }
-    let views: Vec<&[i64]> = merged.iter().map(Vec::as_slice).collect();
-    dims(&shape, &views)
-}
-
-/// The device operand `i`, or `None` when it is absent or not float (a boolean mask on the
-/// device is not: only the ops of `masks.rs` and views take one).
-pub(super) fn device(
-    gpu: &Gpu,
-    args: &[Option<Value>],
-    i: usize,
-) -> Result<Option<DeviceTensor>, String> {
-    Ok(masks::device_or_mask(gpu, args, i)?.filter(|t| !t.mask))
-}
-
-/// The host copy of operand `i` (small: shapes, axes, indices, scalars).
-pub(super) fn host(
-    gpu: &Gpu,
-    args: &[Option<Value>],
-    i: usize,
-) -> Result<Option<Arc<HostTensor>>, String> {
-    match args.get(i).and_then(|a| a.as_ref()) {
-        Some(v) => v.to_host(gpu.stream).map(Some),
-        None => Ok(None),
-    }
-}
-
-/// Every listed operand on the device, or `None` if one is not float or is missing.
-fn all_device(
-    gpu: &Gpu,
-    args: &[Option<Value>],
-    count: usize,
-) -> Result<Option<Vec<DeviceTensor>>, String> {
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        match device(gpu, args, i)? {
-            Some(t) => out.push(t),
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(out))
-}
-
-pub(super) fn one(t: DeviceTensor) -> OpResult {
-    Ok(Some(vec![Value::Device(t)]))
-}
-
-/// Whether the node asks for outputs beyond the first (statistics, masks): left to the CPU.
-pub(super) fn extra_outputs(ctx: &Ctx) -> bool {
-    ctx.node.outputs.iter().skip(1).any(|o| o.is_some())
-}
 
 /// Runs the node on the device when it can.
 pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
@@ -563,21 +39,8 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         };
         return Ok(Some(vec![Value::host(Arc::new(out))]));
     }
-    // Empty or over-ranked operands are left to the CPU kernels (Resize's roi, scales and sizes
-    // are read on the host, where an empty one means "not given"; Concat skips empty parts and
-    // Split makes them on the host, where an empty tensor costs nothing).
-    // CastLike's second input gives only its type (often an empty tensor).
-    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
-        &args[..args.len().min(1)]
-    } else {
-        args
-    };
-    let empty_allowed = matches!(op, "Concat" | "Split");
-    for v in tensors.iter().flatten() {
-        let shape = v.shape();
-        if shape.len() > MAX_RANK || (shape.contains(&0) && !empty_allowed) {
-            return Ok(None);
-        }
+    if !operands_fit(op, args) {
+        return Ok(None);
     }
     if ml {
         return super::ml::run(gpu, ctx, args);
@@ -591,6 +54,29 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     if let Some(code) = binary_code(ctx, op).filter(|_| args.len() == 2) {
         return binary(gpu, args, code);
     }
+    by_op_type(gpu, ctx, op, args)
+}
+
+/// Whether the operands suit the kernels: empty or over-ranked ones are left to the CPU kernels
+/// (Resize's roi, scales and sizes are read on the host, where an empty one means "not given";
+/// Concat skips empty parts and Split makes them on the host, where an empty tensor costs
+/// nothing). CastLike's second input gives only its type (often an empty tensor).
+fn operands_fit(op: &str, args: &[Option<Value>]) -> bool {
+    let tensors = if matches!(op, "Resize" | "Upsample" | "CastLike") {
+        &args[..args.len().min(1)]
+    } else {
+        args
+    };
+    let empty_allowed = matches!(op, "Concat" | "Split");
+    tensors.iter().flatten().all(|v| {
+        let shape = v.shape();
+        shape.len() <= MAX_RANK && (!shape.contains(&0) || empty_allowed)
+    })
+}
+
+/// The device op of a default-domain node that is neither a plain unary nor a plain binary
+/// element-wise op.
+fn by_op_type(gpu: &Gpu, ctx: &Ctx, op: &str, args: &[Option<Value>]) -> OpResult {
     match op {
         "MatMul" => matmul(gpu, args),
         "Gemm" => gemm(gpu, ctx, args),
@@ -602,27 +88,9 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             masks::compare(gpu, op, args)
         }
         "IsNaN" | "IsInf" | "Not" => masks::test(gpu, ctx, op, args),
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let Some(x) = viewable(gpu, args)? else {
-                return Ok(None);
-            };
-            let second = host(gpu, args, 1)?;
-            let shape = view_shape(ctx, &x.shape, second.as_deref())?;
-            alias(gpu, args, Some(shape))
-        }
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => reshape(gpu, ctx, args),
         "Transpose" => transpose(gpu, ctx, args),
-        "Expand" => {
-            if let Some(integers) = super::integers::expand(gpu, args)? {
-                return Ok(Some(integers));
-            }
-            let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
-                return Ok(None);
-            };
-            let Some(shape) = expand_shape(&x.shape, &target)? else {
-                return Ok(None);
-            };
-            one(gpu.expand(&x, &shape)?)
-        }
+        "Expand" => expand(gpu, args),
         "Concat" => concat(gpu, ctx, args),
         "Slice" => slice(gpu, ctx, args),
         "Split" => split(gpu, ctx, args),
@@ -690,6 +158,30 @@ pub(super) fn run(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         }
         _ => Ok(None),
     }
+}
+
+/// Reshape, Flatten, Squeeze and Unsqueeze: the input under its new shape, not copied.
+fn reshape(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
+    let Some(x) = viewable(gpu, args)? else {
+        return Ok(None);
+    };
+    let second = host(gpu, args, 1)?;
+    let shape = view_shape(ctx, &x.shape, second.as_deref())?;
+    alias(gpu, args, Some(shape))
+}
+
+/// Expand: integers on the device broadcast as integers (`integers.rs`), floats copied out.
+fn expand(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
+    if let Some(integers) = super::integers::expand(gpu, args)? {
+        return Ok(Some(integers));
+    }
+    let (Some(x), Some(target)) = (device(gpu, args, 0)?, host(gpu, args, 1)?) else {
+        return Ok(None);
+    };
+    let Some(shape) = expand_shape(&x.shape, &target)? else {
+        return Ok(None);
+    };
+    one(gpu.expand(&x, &shape)?)
 }
 
 /// Codes of `unary_f32`.
@@ -772,67 +264,7 @@ fn unary(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>], code: i32) -> OpResult {
         }
         _ => (0.0, 0.0),
     };
-    one(gpu.unary(&x, code, (alpha, beta))?)
-}
-
-impl Gpu<'_> {
-    /// `unary_f32` with `code` and its two parameters over every element of `x`.
-    pub(super) fn unary(
-        &self,
-        x: &DeviceTensor,
-        code: i32,
-        (alpha, beta): (f32, f32),
-    ) -> Result<DeviceTensor, String> {
-        let n = numel(&x.shape);
-        let mut out = self.alloc(n)?;
-        let n64 = n as i64;
-        let mut launch = self.stream.launch_builder(&self.functions.unary);
-        launch
-            .arg(&*x.data)
-            .arg(&mut out)
-            .arg(&n64)
-            .arg(&code)
-            .arg(&alpha)
-            .arg(&beta);
-        // SAFETY: argument types match `unary_f32`; both buffers hold `n` floats.
-        unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-        Ok(DeviceTensor::new(x.shape.clone(), out))
-    }
-
-    /// `binary_f32` with `code` over `a` and `b` broadcast together.
-    pub(super) fn binary(
-        &self,
-        a: &DeviceTensor,
-        b: &DeviceTensor,
-        code: i32,
-    ) -> Result<DeviceTensor, String> {
-        let shape = broadcast_shapes(&[&a.shape, &b.shape])?;
-        let flat = &self.functions.flat.binary;
-        if let Some(out) = super::flat::pair(self, flat, (a, b), &shape, code)? {
-            return Ok(DeviceTensor::new(shape, out));
-        }
-        let dims = element_dims(
-            &shape,
-            &[
-                &broadcast_strides(&a.shape, &shape),
-                &broadcast_strides(&b.shape, &shape),
-            ],
-        )?;
-        let n = numel(&shape);
-        let mut out = self.alloc(n)?;
-        let n64 = n as i64;
-        let mut launch = self.stream.launch_builder(&self.functions.binary);
-        launch
-            .arg(&*a.data)
-            .arg(&*b.data)
-            .arg(&mut out)
-            .arg(&n64)
-            .arg(&dims)
-            .arg(&code);
-        // SAFETY: argument types match `binary_f32`; broadcast strides keep offsets in bounds.
-        unsafe { launch.launch(Gpu::grid(n)) }.map_err(cuda_error("launch"))?;
-        Ok(DeviceTensor::new(shape, out))
-    }
+    one(elementwise::unary(gpu, &x, code, (alpha, beta))?)
 }
 
 /// Codes of `binary_f32` (two-input forms only; more inputs go to [`variadic`]).
@@ -871,7 +303,7 @@ fn binary(gpu: &Gpu, args: &[Option<Value>], code: i32) -> OpResult {
         },
         None => return Ok(None),
     };
-    one(gpu.binary(&a, &b, code)?)
+    one(elementwise::binary(gpu, &a, &b, code)?)
 }
 
 /// Sum, Mean, Max and Min of any number of float inputs, folded pairwise with broadcasting
@@ -890,10 +322,10 @@ fn variadic(gpu: &Gpu, op: &str, args: &[Option<Value>]) -> OpResult {
     };
     let mut acc = first.clone();
     for next in rest {
-        acc = gpu.binary(&acc, next, code)?;
+        acc = elementwise::binary(gpu, &acc, next, code)?;
     }
     if op == "Mean" && !rest.is_empty() {
-        acc = gpu.unary(&acc, SCALE_CODE, (1.0 / inputs.len() as f32, 0.0))?;
+        acc = elementwise::unary(gpu, &acc, SCALE_CODE, (1.0 / inputs.len() as f32, 0.0))?;
     }
     one(acc)
 }
@@ -996,28 +428,12 @@ fn where_op(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
     one(DeviceTensor::new(shape, out))
 }
 
-/// The output shape of an Expand of `x_shape` to the host tensor `target`; `None` past the
-/// kernels' rank.
-pub(super) fn expand_shape(
-    x_shape: &[usize],
-    target: &HostTensor,
-) -> Result<Option<Vec<usize>>, String> {
-    let target = target
-        .to_i64_vec()
-        .into_iter()
-        .map(|d| usize::try_from(d).map_err(|_| format!("Expand shape has a negative entry {d}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let shape = broadcast_shapes(&[x_shape, &target])?;
-    checked_size(&shape)?;
-    Ok((shape.len() <= MAX_RANK).then_some(shape))
-}
-
 /// Operand 0 for a view: a float tensor, a mask or integers on the device (a view changes no
 /// value), or a host float tensor uploaded.
 fn viewable(gpu: &Gpu, args: &[Option<Value>]) -> Result<Option<DeviceTensor>, String> {
     match super::integers::device_integers(args, 0) {
         Some(integers) => Ok(Some(integers)),
-        None => masks::device_or_mask(gpu, args, 0),
+        None => device_or_mask(gpu, args, 0),
     }
 }
 
@@ -1319,63 +735,55 @@ fn reduce(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     reduced_axes.sort_unstable();
     reduced_axes.dedup();
-    one(gpu.reduce_axes(&x, &reduced_axes, code, keep_dims)?)
+    one(reduce_axes(gpu, &x, &reduced_axes, code, keep_dims)?)
 }
 
-impl Gpu<'_> {
-    /// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
-    /// one block per row when they are the trailing axes, else `reductions::reduce_strided`.
-    fn reduce_axes(
-        &self,
-        x: &DeviceTensor,
-        reduced_axes: &[usize],
-        code: i32,
-        keep_dims: bool,
-    ) -> Result<DeviceTensor, String> {
-        let rank = x.shape.len();
-        let strides = contiguous_strides(&x.shape);
-        let kept_axes: Vec<usize> = (0..rank)
-            .filter(|a| reduced_axes.binary_search(a).is_err())
-            .collect();
-        let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
-        let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
-        let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
-        let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
-        let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
-        let mut out = self.alloc(n_out)?;
-        let trailing = reduced_axes
-            .iter()
-            .enumerate()
-            .all(|(i, &a)| a == rank - reduced_axes.len() + i);
-        if trailing {
-            self.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
-        } else {
-            let kept = dims(&kept_shape, &[&kept_strides])?;
-            let reduced = dims(&red_shape, &[&red_strides])?;
-            let operands = (&*x.data, &mut out);
-            super::reductions::reduce_strided(
-                self,
-                operands,
-                (kept, reduced),
-                (n_out, count),
-                code,
-            )?;
-        }
-        let shape: Vec<usize> = if keep_dims {
-            (0..rank)
-                .map(|a| {
-                    if reduced_axes.binary_search(&a).is_ok() {
-                        1
-                    } else {
-                        x.shape[a]
-                    }
-                })
-                .collect()
-        } else {
-            kept_shape
-        };
-        Ok(DeviceTensor::new(shape, out))
+/// `x` reduced over `reduced_axes` (sorted, distinct) with a code of `reduce_rows_f32`:
+/// one block per row when they are the trailing axes, else `reductions::reduce_strided`.
+fn reduce_axes(
+    gpu: &Gpu,
+    x: &DeviceTensor,
+    reduced_axes: &[usize],
+    code: i32,
+    keep_dims: bool,
+) -> Result<DeviceTensor, String> {
+    let rank = x.shape.len();
+    let strides = contiguous_strides(&x.shape);
+    let kept_axes: Vec<usize> = (0..rank)
+        .filter(|a| reduced_axes.binary_search(a).is_err())
+        .collect();
+    let kept_shape: Vec<usize> = kept_axes.iter().map(|&a| x.shape[a]).collect();
+    let kept_strides: Vec<i64> = kept_axes.iter().map(|&a| strides[a]).collect();
+    let red_shape: Vec<usize> = reduced_axes.iter().map(|&a| x.shape[a]).collect();
+    let red_strides: Vec<i64> = reduced_axes.iter().map(|&a| strides[a]).collect();
+    let (n_out, count) = (numel(&kept_shape), numel(&red_shape));
+    let mut out = gpu.alloc(n_out)?;
+    let trailing = reduced_axes
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| a == rank - reduced_axes.len() + i);
+    if trailing {
+        gpu.reduce_rows(&x.data, &mut out, (n_out, count), code)?;
+    } else {
+        let kept = dims(&kept_shape, &[&kept_strides])?;
+        let reduced = dims(&red_shape, &[&red_strides])?;
+        let operands = (&*x.data, &mut out);
+        super::reductions::reduce_strided(gpu, operands, (kept, reduced), (n_out, count), code)?;
     }
+    let shape: Vec<usize> = if keep_dims {
+        (0..rank)
+            .map(|a| {
+                if reduced_axes.binary_search(&a).is_ok() {
+                    1
+                } else {
+                    x.shape[a]
+                }
+            })
+            .collect()
+    } else {
+        kept_shape
+    };
+    Ok(DeviceTensor::new(shape, out))
 }
 
 /// LpNormalization: `x` divided by its L1 or L2 norm along `axis` (a reduction kept as a
@@ -1391,8 +799,8 @@ fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         _ => return Ok(None),
     };
     let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
-    let norm = gpu.reduce_axes(&x, &[axis], code, true)?;
-    one(gpu.binary(&x, &norm, 3)?)
+    let norm = reduce_axes(gpu, &x, &[axis], code, true)?;
+    one(elementwise::binary(gpu, &x, &norm, 3)?)
 }
 
 fn matmul(gpu: &Gpu, args: &[Option<Value>]) -> OpResult {
@@ -1590,13 +998,6 @@ fn einsum(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     one(DeviceTensor::new(loops.out_shape, out))
 }
 
-/// `name` from the compiled module, or why it is not there.
-pub(super) fn kernel(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, String> {
-    module
-        .load_function(name)
-        .map_err(|e| format!("kernel '{name}' missing from the compiled module: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1608,76 +1009,5 @@ mod tests {
         assert_eq!(slice_axis(10, -1, i64::MIN, -1), (9, -1, 10));
         assert_eq!(slice_axis(10, 8, 2, 1), (8, 1, 0));
         assert_eq!(slice_axis(4, -3, -1, 1), (1, 1, 2));
-    }
-
-    #[test]
-    fn broadcast_strides_zero_the_broadcast_axes() {
-        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
-        assert_eq!(broadcast_strides(&[2, 3, 4], &[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
-    }
-
-    /// `offsets` of kernels.cu, on the host.
-    fn offsets(d: &Dims, mut i: i64) -> [i64; 3] {
-        let mut o = [0i64; 3];
-        for k in (0..d.rank as usize).rev() {
-            let idx = i % d.shape[k];
-            i /= d.shape[k];
-            o[0] += idx * d.a[k];
-            o[1] += idx * d.b[k];
-            o[2] += idx * d.c[k];
-        }
-        o
-    }
-
-    /// Every position of `out` has the same offsets under [`dims`] and [`element_dims`].
-    fn assert_same_offsets(out: &[usize], strides: &[&[i64]]) {
-        let (plain, merged) = (
-            dims(out, strides).unwrap(),
-            element_dims(out, strides).unwrap(),
-        );
-        for i in 0..numel(out) as i64 {
-            assert_eq!(offsets(&plain, i), offsets(&merged, i), "{out:?} at {i}");
-        }
-    }
-
-    #[test]
-    fn merged_dims_give_every_position_the_same_offsets() {
-        let cases: Vec<(Vec<usize>, Vec<Vec<usize>>)> = vec![
-            // A bias Add, a one-hot comparison, a mask broadcast over heads, size-1 dims inside,
-            // a scalar, and no broadcast at all.
-            (vec![8, 4, 6], vec![vec![8, 4, 6], vec![6]]),
-            (vec![4, 5, 7], vec![vec![4, 5, 1], vec![1, 1, 7]]),
-            (
-                vec![2, 3, 4, 4],
-                vec![vec![2, 1, 4, 4], vec![2, 3, 4, 4], vec![4, 4]],
-            ),
-            (
-                vec![3, 1, 5, 1, 2],
-                vec![vec![3, 1, 5, 1, 2], vec![1, 1, 5, 1, 1]],
-            ),
-            (vec![1, 1], vec![vec![1], vec![1, 1]]),
-            (vec![2, 3, 4], vec![vec![2, 3, 4], vec![2, 3, 4]]),
-        ];
-        for (out, operands) in cases {
-            let strides: Vec<Vec<i64>> = operands
-                .iter()
-                .map(|shape| broadcast_strides(shape, &out))
-                .collect();
-            let views: Vec<&[i64]> = strides.iter().map(Vec::as_slice).collect();
-            assert_same_offsets(&out, &views);
-        }
-        // A transpose's strides (perm [0, 2, 1]) and a slice's (every other column) stay split
-        // where they must: the offsets still agree, and the bias Add above merges to rank 2.
-        for (out, strides) in [
-            (vec![2, 4, 3], vec![12i64, 1, 4]),
-            (vec![3, 2], vec![8i64, 2]),
-        ] {
-            assert_same_offsets(&out, &[&strides]);
-        }
-        let bias = element_dims(&[8, 64, 128], &[&[8192, 128, 1], &[0, 0, 1]]).unwrap();
-        assert_eq!(bias.rank, 2);
-        assert_eq!(&bias.shape[..2], &[512, 128]);
-        assert_eq!(element_dims(&[1, 1], &[&[0, 0]]).unwrap().rank, 0);
     }
 }

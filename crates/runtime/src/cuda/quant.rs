@@ -8,9 +8,11 @@
 
 use std::sync::Arc;
 
+use super::elementwise;
+use super::gpu::Gpu;
 use super::losses::pick;
-use super::ops::{device, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::operands::{device, to_device, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{quant_block_size, quant_param_offsets, Ctx};
 use crate::tensor::{HostTensor, TensorData};
 
@@ -37,7 +39,7 @@ fn as_device_floats(gpu: &Gpu, value: &Value) -> Result<Option<DeviceTensor>, St
         Value::Host(t, _) => t,
     };
     if let TensorData::F32(_) = host.data() {
-        return value.to_device(gpu);
+        return to_device(gpu, value);
     }
     if !matches!(host.data(), TensorData::I64(_) | TensorData::I32(_)) {
         return Ok(None);
@@ -94,10 +96,10 @@ pub(super) fn dequantize_linear(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) ->
         let Some(zeros) = as_device_floats(gpu, &Value::host(zero))? else {
             return Ok(None);
         };
-        shifted = gpu.binary(&shifted, &spread(gpu, &zeros, &zero_at, &shape)?, SUB)?;
+        shifted = elementwise::binary(gpu, &shifted, &spread(gpu, &zeros, &zero_at, &shape)?, SUB)?;
     }
     let scales = spread(gpu, &scales, &scale_at, &shape)?;
-    Ok(Some(vec![Value::Device(
-        gpu.binary(&shifted, &scales, MUL)?,
-    )]))
+    Ok(Some(vec![Value::Device(elementwise::binary(
+        gpu, &shifted, &scales, MUL,
+    )?)]))
 }

@@ -7,11 +7,11 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{cuda_error, device, one, Gpu, OpResult};
-use super::DeviceTensor;
-use super::Value;
+use super::gpu::{cuda_error, Gpu};
+use super::operands::{device, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{draw_seed, random_output_dtype, Ctx};
-use crate::runtime_dtype;
+use crate::tensor::runtime_dtype;
 use pipecut_ir::graph::DType;
 
 pub(super) fn bernoulli(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {

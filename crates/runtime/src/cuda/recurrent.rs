@@ -12,8 +12,9 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{Ctx, RecurrentCell as Cell};
 use pipecut_ir::graph::{Attribute, DType};
 
@@ -88,6 +89,95 @@ struct Sizes {
     batch_first: bool,
 }
 
+impl Sizes {
+    /// The sizes `X`, `W` and `R` give, or `None` where they disagree (the CPU kernel says how).
+    fn of(
+        ctx: &Ctx,
+        cell: Cell,
+        direction: &str,
+        (x, w, r): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
+    ) -> Option<Sizes> {
+        let batch_first = ctx.int("layout", 0) != 0;
+        let (seq, batch, input) = match (x.shape.as_slice(), batch_first) {
+            (&[s, b, i], false) | (&[b, s, i], true) => (s, b, i),
+            _ => return None,
+        };
+        let directions = if direction == "bidirectional" { 2 } else { 1 };
+        let gates = cell.gates();
+        let hidden = match r.shape.as_slice() {
+            &[d, rows, h] if d == directions && rows == gates * h => h,
+            _ => return None,
+        };
+        (w.shape == [directions, gates * hidden, input]).then_some(Sizes {
+            seq,
+            batch,
+            input,
+            hidden,
+            directions,
+            batch_first,
+        })
+    }
+}
+
+/// The optional operands on the device: biases, initial states and LSTM's peepholes (each
+/// `None` when not given).
+struct Optionals {
+    bias: Option<DeviceTensor>,
+    h0: Option<DeviceTensor>,
+    c0: Option<DeviceTensor>,
+    peepholes: Option<DeviceTensor>,
+}
+
+impl Optionals {
+    /// The operands given, or `None` when one is given but not as a float tensor of its size.
+    fn of(
+        gpu: &Gpu,
+        args: &[Option<Value>],
+        cell: Cell,
+        sizes: Sizes,
+    ) -> Result<Option<Optionals>, String> {
+        let Sizes {
+            batch,
+            hidden,
+            directions,
+            ..
+        } = sizes;
+        let given = |i: usize| args.get(i).is_some_and(|a| a.is_some());
+        let optional = |i: usize, len: usize| -> Result<Option<Option<DeviceTensor>>, String> {
+            if !given(i) {
+                return Ok(Some(None));
+            }
+            Ok(device(gpu, args, i)?
+                .filter(|t| numel(&t.shape) == len)
+                .map(Some))
+        };
+        let state_len = directions * batch * hidden;
+        let (Some(bias), Some(h0)) = (
+            optional(3, directions * 2 * cell.gates() * hidden)?,
+            optional(5, state_len)?,
+        ) else {
+            return Ok(None);
+        };
+        let (c0, peepholes) = if cell == Cell::Lstm {
+            let (Some(c0), Some(p)) = (
+                optional(6, state_len)?,
+                optional(7, directions * 3 * hidden)?,
+            ) else {
+                return Ok(None);
+            };
+            (c0, p)
+        } else {
+            (None, None)
+        };
+        Ok(Some(Optionals {
+            bias,
+            h0,
+            c0,
+            peepholes,
+        }))
+    }
+}
+
 /// RNN, GRU or LSTM: outputs Y, Y_h (and LSTM's Y_c) in the node's layout.
 pub(super) fn recurrent(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     let cell = match ctx.node.op_type.as_str() {
@@ -102,58 +192,23 @@ pub(super) fn recurrent(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
     ) else {
         return Ok(None);
     };
-    let batch_first = ctx.int("layout", 0) != 0;
-    let (seq, batch, input) = match (x.shape.as_slice(), batch_first) {
-        (&[s, b, i], false) | (&[b, s, i], true) => (s, b, i),
-        _ => return Ok(None),
-    };
     let direction = ctx.string("direction", "forward");
-    let directions = if direction == "bidirectional" { 2 } else { 1 };
-    let gates = cell.gates();
-    let hidden = match r.shape.as_slice() {
-        &[d, rows, h] if d == directions && rows == gates * h => h,
-        _ => return Ok(None),
-    };
-    if w.shape != [directions, gates * hidden, input] {
-        return Ok(None);
-    }
-    let Some(acts) = activations(ctx, cell, directions) else {
+    let Some(sizes) = Sizes::of(ctx, cell, &direction, (&x, &w, &r)) else {
         return Ok(None);
     };
-    let sizes = Sizes {
+    let Sizes {
         seq,
         batch,
         input,
         hidden,
         directions,
         batch_first,
-    };
-    let given = |i: usize| args.get(i).is_some_and(|a| a.is_some());
-    let optional = |i: usize, len: usize| -> Result<Option<Option<DeviceTensor>>, String> {
-        if !given(i) {
-            return Ok(Some(None));
-        }
-        Ok(device(gpu, args, i)?
-            .filter(|t| numel(&t.shape) == len)
-            .map(Some))
-    };
-    let state_len = directions * batch * hidden;
-    let (Some(bias), Some(h0)) = (
-        optional(3, directions * 2 * gates * hidden)?,
-        optional(5, state_len)?,
-    ) else {
+    } = sizes;
+    let Some(acts) = activations(ctx, cell, directions) else {
         return Ok(None);
     };
-    let (c0, peepholes) = if cell == Cell::Lstm {
-        let (Some(c0), Some(p)) = (
-            optional(6, state_len)?,
-            optional(7, directions * 3 * hidden)?,
-        ) else {
-            return Ok(None);
-        };
-        (c0, p)
-    } else {
-        (None, None)
+    let Some(optionals) = Optionals::of(gpu, args, cell, sizes)? else {
+        return Ok(None);
     };
     let Some(lens) = sequence_lens(gpu, args, seq, batch)? else {
         return Ok(None);
@@ -168,16 +223,16 @@ pub(super) fn recurrent(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
     } else {
         &*x.data
     };
-    let mut h = initial_state(gpu, h0.as_ref(), sizes)?;
-    let mut c = initial_state(gpu, c0.as_ref(), sizes)?;
+    let mut h = initial_state(gpu, optionals.h0.as_ref(), sizes)?;
+    let mut c = initial_state(gpu, optionals.c0.as_ref(), sizes)?;
     let mut y = gpu.alloc(seq * directions * batch * hidden)?;
     let layer = Layer {
         cell,
         sizes,
         w: &w.data,
         r: &r.data,
-        bias: bias.as_ref().map(|b| &*b.data),
-        peepholes: peepholes.as_ref().map(|p| &*p.data),
+        bias: optionals.bias.as_ref().map(|b| &*b.data),
+        peepholes: optionals.peepholes.as_ref().map(|p| &*p.data),
         lens: &lens,
         clip: ctx.float("clip", 0.0),
         input_forget: ctx.int("input_forget", 0) != 0,
@@ -187,19 +242,36 @@ pub(super) fn recurrent(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
         let reverse = direction == "reverse" || d == 1;
         layer.direction(gpu, x_rows, d, reverse, acts, (&mut h, &mut c, &mut y))?;
     }
-    let y = if batch_first {
-        // [seq, directions, batch, hidden] → [batch, seq, directions, hidden].
-        let shape = [batch, seq, directions, hidden];
-        let strides = [hidden, directions * batch * hidden, batch * hidden, 1].map(|v| v as i64);
-        DeviceTensor::new(shape.to_vec(), gpu.gather_strided(&y, &shape, &strides, 0)?)
-    } else {
-        DeviceTensor::new(vec![seq, directions, batch, hidden], y)
-    };
-    let mut outputs = vec![Value::Device(y), Value::Device(state_out(gpu, h, sizes)?)];
+    let mut outputs = vec![
+        Value::Device(y_output(gpu, y, sizes)?),
+        Value::Device(state_out(gpu, h, sizes)?),
+    ];
     if cell == Cell::Lstm {
         outputs.push(Value::Device(state_out(gpu, c, sizes)?));
     }
     Ok(Some(outputs))
+}
+
+/// `Y` from `[seq, directions, batch, hidden]` to the node's layout.
+fn y_output(gpu: &Gpu, y: CudaSlice<f32>, sizes: Sizes) -> Result<DeviceTensor, String> {
+    let Sizes {
+        seq,
+        batch,
+        hidden,
+        directions,
+        batch_first,
+        ..
+    } = sizes;
+    if !batch_first {
+        return Ok(DeviceTensor::new(vec![seq, directions, batch, hidden], y));
+    }
+    // [seq, directions, batch, hidden] → [batch, seq, directions, hidden].
+    let shape = [batch, seq, directions, hidden];
+    let strides = [hidden, directions * batch * hidden, batch * hidden, 1].map(|v| v as i64);
+    Ok(DeviceTensor::new(
+        shape.to_vec(),
+        gpu.gather_strided(&y, &shape, &strides, 0)?,
+    ))
 }
 
 /// `sequence_lens` as floats, each at most `seq` (all `seq` when absent); `None` for a

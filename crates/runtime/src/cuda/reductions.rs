@@ -12,7 +12,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::ops::{cuda_error, Dims, Gpu};
+use super::gpu::{cuda_error, Dims, Gpu};
 
 /// Outputs below which a thread per output leaves a large GPU mostly idle: an H100 keeps
 /// 132 SMs × 2,048 = 270,336 threads resident, so 16,384 threads fill at most 6 % of it, while

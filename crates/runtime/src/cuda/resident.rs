@@ -29,7 +29,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DevicePtr};
 
-use super::{CudaExecutor, CudaStage, DeviceTensor, Value};
+use super::value::{DeviceTensor, Value};
+use super::{CudaExecutor, CudaStage};
 use crate::cpu::{pipeline_report, split_microbatches, stream_through_collecting};
 use crate::Error;
 use crate::{PipelineOptions, PipelineReport, Tensors};

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{cuda_error, device, host, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{resize_plan, Ctx};
 use crate::tensor::HostTensor;
 

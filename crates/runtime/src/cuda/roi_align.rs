@@ -6,8 +6,9 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::ops::{cuda_error, device, host, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::Ctx;
 
 pub(super) fn roi_align(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {

@@ -10,10 +10,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
-use super::ops::{
-    contiguous_strides, cuda_error, device, extra_outputs, host, numel, one, Gpu, OpResult,
-};
-use super::{DeviceTensor, Value};
+use super::gpu::{contiguous_strides, cuda_error, numel, Gpu};
+use super::operands::{device, extra_outputs, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{normalize_axis, Ctx};
 use crate::tensor::HostTensor;
 

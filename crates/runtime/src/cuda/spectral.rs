@@ -12,8 +12,9 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::fft::FAST_FROM;
-use super::ops::{cuda_error, device, host, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, Gpu};
+use super::operands::{device, host, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{dft_lines, stft_frames, twiddles, Ctx};
 use pipecut_ir::graph::DType;
 

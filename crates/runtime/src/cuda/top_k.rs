@@ -15,10 +15,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::ops::{cuda_error, device, host, kernel, numel, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::gpu::{cuda_error, numel, Gpu};
+use super::operands::{device, host, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{normalize_axis, Ctx};
 use crate::tensor::{HostTensor, TensorData};
 use pipecut_ir::graph::DType;
@@ -29,29 +30,6 @@ const SHARED_LINE: usize = 4096;
 const LONGEST_LINE: usize = 1 << 24;
 /// Threads of a block sorting a line.
 const BLOCK: u32 = 256;
-
-/// The kernels of this module.
-#[derive(Debug)]
-pub(super) struct Kernels {
-    block: CudaFunction,
-    load: CudaFunction,
-    step: CudaFunction,
-    chunk: CudaFunction,
-    store: CudaFunction,
-}
-
-impl Kernels {
-    pub(super) fn load(module: &Arc<CudaModule>) -> Result<Kernels, String> {
-        let f = |name: &str| kernel(module, name);
-        Ok(Kernels {
-            block: f("top_k_block_f32")?,
-            load: f("top_k_load_f32")?,
-            step: f("top_k_step_f32")?,
-            chunk: f("top_k_chunk_f32")?,
-            store: f("top_k_store_f32")?,
-        })
-    }
-}
 
 /// A TopK's lines: `lines` (outer · inner) of `n` elements `inner` apart, the first `k` kept,
 /// sorted padded to `p` (a power of two).

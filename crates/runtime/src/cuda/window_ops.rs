@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
-use super::conv_fold::DeviceEpilogue;
-use super::ops::{broadcast_strides, cuda_error, device, extra_outputs, numel, one, Gpu, OpResult};
-use super::{DeviceTensor, Value};
+use super::epilogue::DeviceEpilogue;
+use super::gpu::{broadcast_strides, cuda_error, numel, Gpu};
+use super::operands::{device, extra_outputs, one, OpResult};
+use super::value::{DeviceTensor, Value};
 use crate::kernels::{
     conv_group, conv_transpose_geometry, nchw_of, pool_geometry, spatial, window, Ctx, Window,
 };

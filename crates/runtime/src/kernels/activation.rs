@@ -5,8 +5,9 @@
 //! opset 11, inputs after), PRelu, Softmax and LogSoftmax (2-D coercion before opset 13, one axis
 //! after)), opsets 7 to 23.
 
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::fast_math;
-use super::{input, normalize_axis, optional, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::indexing::{normalize_axis, zip_broadcast};
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -18,7 +18,7 @@
 //! `interleaved`. Input 4-D `[batch, heads, seq, head_size]` or 3-D `[batch, seq, hidden]` with
 //! `num_heads`.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -278,6 +278,66 @@ impl Mask {
     }
 }
 
+/// How a score is made from a query's and a key's dot product (scale, mask, causality, padding,
+/// softcap), and which stage of it `qk_matmul_output_mode` reports.
+struct Scoring {
+    scale: f32,
+    softcap: f32,
+    causal: bool,
+    /// Keys the past cache holds before the new ones (causality counts from there).
+    past_len: usize,
+    mode: i64,
+    mask: Option<Mask>,
+    /// `nonpad_kv_seqlen`: keys at or past a batch's length are masked.
+    nonpad: Option<Vec<i64>>,
+}
+
+impl Scoring {
+    /// The score of key `j` for query `i` of head `h` of batch `b`, before the softmax; `qk`
+    /// receives the stage of it the mode reports (modes 0 to 2).
+    fn score(&self, dot: f32, [b, h, i, j]: [usize; 4], qk: &mut f32) -> f32 {
+        let mut score = dot * self.scale;
+        if self.mode == 0 {
+            *qk = score;
+        }
+        let mut bias = self.mask.as_ref().map_or(0.0, |m| m.at([b, h, i, j]));
+        if self.causal && j > i + self.past_len {
+            bias = f32::NEG_INFINITY;
+        }
+        if let Some(lengths) = &self.nonpad {
+            if lengths.get(b).is_some_and(|&n| j as i64 >= n) {
+                bias = f32::NEG_INFINITY;
+            }
+        }
+        score += bias;
+        if self.softcap > 0.0 {
+            if self.mode == 1 {
+                *qk = score;
+            }
+            score = self.softcap * (score / self.softcap).tanh();
+        }
+        if self.mode == 1 && self.softcap <= 0.0 || self.mode == 2 {
+            *qk = score;
+        }
+        score
+    }
+}
+
+/// `y [batch, heads, seq, v_size]` as `[batch, seq, heads · v_size]`, the 3-D inputs' layout.
+fn merge_heads(y: &[f32], q: &Heads, v_size: usize) -> HostTensor {
+    let mut flat = vec![0.0f32; y.len()];
+    for b in 0..q.batch {
+        for h in 0..q.heads {
+            for i in 0..q.seq {
+                let from = ((b * q.heads + h) * q.seq + i) * v_size;
+                let to = ((b * q.seq + i) * q.heads + h) * v_size;
+                flat[to..to + v_size].copy_from_slice(&y[from..from + v_size]);
+            }
+        }
+    }
+    HostTensor::f32(vec![q.batch, q.seq, q.heads * v_size], flat)
+}
+
 fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let q_tensor = input(inputs, 0)?;
     let q = Heads::read(q_tensor, ctx.int("q_num_heads", 0), "Q")?;
@@ -300,15 +360,18 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         ));
     }
     let group = q.heads / k.heads;
-    let scale = match ctx.attr("scale") {
-        Some(_) => ctx.float("scale", 1.0),
-        None => 1.0 / (q.size as f32).sqrt(),
+    let scoring = Scoring {
+        scale: match ctx.attr("scale") {
+            Some(_) => ctx.float("scale", 1.0),
+            None => 1.0 / (q.size as f32).sqrt(),
+        },
+        softcap: ctx.float("softcap", 0.0),
+        causal: ctx.int("is_causal", 0) != 0,
+        past_len,
+        mode: ctx.int("qk_matmul_output_mode", 0),
+        mask: optional(inputs, 3).map(Mask::new).transpose()?,
+        nonpad: optional(inputs, 6).map(|t| t.to_i64_vec()),
     };
-    let softcap = ctx.float("softcap", 0.0);
-    let causal = ctx.int("is_causal", 0) != 0;
-    let mode = ctx.int("qk_matmul_output_mode", 0);
-    let mask = optional(inputs, 3).map(Mask::new).transpose()?;
-    let nonpad = optional(inputs, 6).map(|t| t.to_i64_vec());
     let total = k.seq;
     let mut qk_out = vec![0.0f32; q.batch * q.heads * q.seq * total];
     let mut y = vec![0.0f32; q.batch * q.heads * q.seq * v.size];
@@ -321,29 +384,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 let out_row = ((b * q.heads + h) * q.seq + i) * total;
                 for (j, score) in scores.iter_mut().enumerate() {
                     let dot: f32 = query.iter().zip(k.row(b, kv, j)).map(|(a, c)| a * c).sum();
-                    *score = dot * scale;
-                    if mode == 0 {
-                        qk_out[out_row + j] = *score;
-                    }
-                    let mut bias = mask.as_ref().map_or(0.0, |m| m.at([b, h, i, j]));
-                    if causal && j > i + past_len {
-                        bias = f32::NEG_INFINITY;
-                    }
-                    if let Some(lengths) = &nonpad {
-                        if lengths.get(b).is_some_and(|&n| j as i64 >= n) {
-                            bias = f32::NEG_INFINITY;
-                        }
-                    }
-                    *score += bias;
-                    if softcap > 0.0 {
-                        if mode == 1 {
-                            qk_out[out_row + j] = *score;
-                        }
-                        *score = softcap * (*score / softcap).tanh();
-                    }
-                    if mode == 1 && softcap <= 0.0 || mode == 2 {
-                        qk_out[out_row + j] = *score;
-                    }
+                    *score = scoring.score(dot, [b, h, i, j], &mut qk_out[out_row + j]);
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0.0f32;
@@ -354,7 +395,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 for score in scores.iter_mut() {
                     *score /= sum;
                 }
-                if mode == 3 {
+                if scoring.mode == 3 {
                     qk_out[out_row..out_row + total].copy_from_slice(&scores);
                 }
                 let y_row = ((b * q.heads + h) * q.seq + i) * v.size;
@@ -367,17 +408,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
     }
     let y = if q_tensor.rank() == 3 {
-        let mut flat = vec![0.0f32; y.len()];
-        for b in 0..q.batch {
-            for h in 0..q.heads {
-                for i in 0..q.seq {
-                    let from = ((b * q.heads + h) * q.seq + i) * v.size;
-                    let to = ((b * q.seq + i) * q.heads + h) * v.size;
-                    flat[to..to + v.size].copy_from_slice(&y[from..from + v.size]);
-                }
-            }
-        }
-        HostTensor::f32(vec![q.batch, q.seq, q.heads * v.size], flat)
+        merge_heads(&y, &q, v.size)
     } else {
         HostTensor::f32(vec![q.batch, q.heads, q.seq, v.size], y)
     };

@@ -7,7 +7,8 @@
 //! axis -1). Hardmax marks the first maximum, as onnxruntime and the reference do; a zero norm
 //! divides to NaN as the reference does.
 
-use super::{input, normalize_axis, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::normalize_axis;
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

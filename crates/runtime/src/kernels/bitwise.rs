@@ -6,7 +6,8 @@
 //! shift of a uint16 drops the bits shifted past bit 15. The type comes from shape inference
 //! ([`Ctx::output_dtypes`]); unsigned 64-bit data has no runtime storage and is refused at load.
 
-use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::zip_broadcast;
 use crate::tensor::{HostTensor, TensorData};
 use pipecut_ir::graph::DType;
 

@@ -3,7 +3,8 @@
 //! MeanVarianceNormalization (over `axes`, default `[0, 2, 3]`, dividing by `√variance + 1e-9`
 //! as the op's function body does). Statistics in f64.
 
-use super::{input, normalize_axis, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::normalize_axis;
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

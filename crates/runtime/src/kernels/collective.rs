@@ -1,12 +1,12 @@
 //! `ai.pipecut` `AllReduce` (the sum of a tensor over the ranks of a tensor-parallel group) and
 //! `AllGather` (their tensors concatenated along an axis) and `ReduceScatter` (the sum, each rank
 //! keeping its piece of an axis),
-//! each rank a thread of [`crate::tensor_parallel`]; the group the running thread
-//! belongs to is found there.
+//! each rank a thread of [`crate::tensor_parallel`] or a process of a distributed run; the group
+//! the running rank belongs to is found in `rank_group.rs`.
 
-use super::{Ctx, KernelResult, KernelTable};
+use super::context::{Ctx, KernelResult, KernelTable};
+use crate::rank_group;
 use crate::tensor::HostTensor;
-use crate::tensor_parallel;
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add_in("ai.pipecut", &["AllReduce"], all_reduce);
@@ -16,21 +16,17 @@ pub(super) fn register(t: &mut KernelTable) {
 
 fn all_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, group_size) = input_and_group(ctx, inputs)?;
-    Ok(vec![tensor_parallel::all_reduce(x, group_size)?])
+    Ok(vec![rank_group::all_reduce(x, group_size)?])
 }
 
 fn all_gather(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, group_size) = input_and_group(ctx, inputs)?;
-    Ok(vec![tensor_parallel::all_gather(x, group_size, axis(ctx))?])
+    Ok(vec![rank_group::all_gather(x, group_size, axis(ctx))?])
 }
 
 fn reduce_scatter(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (x, group_size) = input_and_group(ctx, inputs)?;
-    Ok(vec![tensor_parallel::reduce_scatter(
-        x,
-        group_size,
-        axis(ctx),
-    )?])
+    Ok(vec![rank_group::reduce_scatter(x, group_size, axis(ctx))?])
 }
 
 /// The `axis` attribute, −1 when absent.

@@ -3,8 +3,8 @@
 //! into a parameter). The value comes from the attribute the loader decoded, which holds the
 //! contents of tensors up to [`pipecut_ir::graph::MAX_TRACKED_ELEMENTS`] elements.
 
-use super::{Ctx, KernelResult, KernelTable};
-use crate::runtime_dtype;
+use super::context::{Ctx, KernelResult, KernelTable};
+use crate::tensor::runtime_dtype;
 use crate::tensor::HostTensor;
 use pipecut_ir::graph::{Attribute, ConstValue};
 
@@ -33,7 +33,7 @@ fn constant(ctx: &Ctx, _: &[Option<&HostTensor>]) -> KernelResult {
                     HostTensor::i64(dims, ints)
                 }
                 Some(ConstValue::Strings(v)) => {
-                    HostTensor::new(dims, crate::TensorData::String(v.clone()))?
+                    HostTensor::new(dims, crate::tensor::TensorData::String(v.clone()))?
                 }
                 None => {
                     return Err(format!(

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
+use super::indexing::normalize_axis;
 use super::movement::{concat_along, narrow};
-use super::normalize_axis;
 use super::values::{value_input, ValueCtx, ValueKernelTable};
 use crate::tensor::{HostTensor, TensorData};
 use crate::value::Value;
@@ -59,7 +59,7 @@ pub(crate) fn stack(parts: &[Arc<HostTensor>], axis: usize) -> Result<HostTensor
 
 /// An empty scan output (no iteration ran): nothing tells its element shape, so `[0]`.
 pub(crate) fn empty_of(dtype: Option<DType>) -> HostTensor {
-    let data = match dtype.map(crate::runtime_dtype) {
+    let data = match dtype.map(crate::tensor::runtime_dtype) {
         Some(DType::I64) => TensorData::I64(Vec::new()),
         Some(DType::I32) => TensorData::I32(Vec::new()),
         Some(DType::Bool) => TensorData::Bool(Vec::new()),

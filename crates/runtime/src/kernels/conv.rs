@@ -7,9 +7,9 @@
 //! sgemm per image and group (a 1×1, stride-1, unpadded convolution skips im2col); transposed
 //! convolution is one sgemm followed by col2im.
 
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::matmul::{sgemm, sgemm_rows};
 use super::tap_product::{padded_columns, TapWeights};
-use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::try_zeros_f32;
 use crate::tensor::HostTensor;
 
@@ -1087,24 +1087,7 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 &mut col,
             );
             let o = &mut out[(b * m + g * mg) * oh * ow..(b * m + (g + 1) * mg) * oh * ow];
-            for r in 0..rows {
-                let (ch, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
-                for y in 0..h {
-                    let oy =
-                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
-                    if oy < 0 || oy >= oh as isize {
-                        continue;
-                    }
-                    for xx in 0..wd {
-                        let ox = (xx * win.stride[1] + j * win.dilation[1]) as isize
-                            - win.pad[1][0] as isize;
-                        if ox >= 0 && ox < ow as isize {
-                            o[(ch * oh + oy as usize) * ow + ox as usize] +=
-                                col[r * h * wd + y * wd + xx];
-                        }
-                    }
-                }
-            }
+            add_columns(&col, o, &win, ([kh, kw], [h, wd], [oh, ow]));
         }
     }
     let shape = if one_d {
@@ -1113,6 +1096,34 @@ fn conv_transpose(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         vec![n, m, oh, ow]
     };
     Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// col2im for a transposed convolution: adds each entry of `col [mg·kh·kw, h·w]` into the
+/// output pixel of `out [mg, oh, ow]` it lands on (entries that land in the padding drop).
+fn add_columns(
+    col: &[f32],
+    out: &mut [f32],
+    win: &Window,
+    ([kh, kw], [h, wd], [oh, ow]): ([usize; 2], [usize; 2], [usize; 2]),
+) {
+    let rows = col.len() / (h * wd).max(1);
+    for r in 0..rows {
+        let (ch, i, j) = (r / (kh * kw), (r / kw) % kh, r % kw);
+        for y in 0..h {
+            let oy = (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
+            if oy < 0 || oy >= oh as isize {
+                continue;
+            }
+            for xx in 0..wd {
+                let ox =
+                    (xx * win.stride[1] + j * win.dilation[1]) as isize - win.pad[1][0] as isize;
+                if ox >= 0 && ox < ow as isize {
+                    out[(ch * oh + oy as usize) * ow + ox as usize] +=
+                        col[r * h * wd + y * wd + xx];
+                }
+            }
+        }
+    }
 }
 
 fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

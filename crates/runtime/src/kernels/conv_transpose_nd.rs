@@ -8,7 +8,8 @@
 //! # Complexity
 //! O(N · C_in · M/group · Π input · Π kernel) multiply-adds, scattered directly.
 
-use super::{checked_size, input, optional, Ctx, KernelResult};
+use super::context::{input, optional, Ctx, KernelResult};
+use super::indexing::checked_size;
 use crate::tensor::{strides_of, try_zeros_f32, HostTensor};
 
 /// The spatial geometry: kernel, strides, dilations, leading pads and output size per axis.

@@ -3,7 +3,8 @@
 //! element on the end side when the difference is odd) and zero-padded symmetrically where it
 //! grows (the extra element on the end side), as the ONNX reference does.
 
-use super::{input, normalize_axis, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::normalize_axis;
 use crate::tensor::{strides_of, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -43,7 +44,7 @@ fn center_crop_pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         })
         .collect();
     let in_strides = strides_of(x.shape());
-    let total = super::checked_size(&out_shape)?;
+    let total = super::indexing::checked_size(&out_shape)?;
     let source = |flat: usize| -> Option<usize> {
         let mut rest = flat;
         let mut at = 0;

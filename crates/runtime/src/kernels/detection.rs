@@ -9,7 +9,7 @@
 //!   pooled to `output_height × output_width` bins by averaging (or, in `max` mode, taking the
 //!   largest weighted corner of) bilinear samples on a `sampling_ratio` grid per bin.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -165,7 +165,9 @@ fn roi_align(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let half_pixel = ctx.string("coordinate_transformation_mode", default_mode) == "half_pixel";
     let max_mode = ctx.string("mode", "avg") == "max";
     let (xv, rv, bv) = (x.to_f32_vec(), rois.to_f32_vec(), batch_of.to_i64_vec());
-    let mut out = Vec::with_capacity(super::checked_size(&[count, channels, out_h, out_w])?);
+    let mut out = Vec::with_capacity(super::indexing::checked_size(&[
+        count, channels, out_h, out_w,
+    ])?);
     for r in 0..count {
         let b = usize::try_from(bv[r])
             .ok()
@@ -189,7 +191,9 @@ fn roi_align(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         let (grid_h, grid_w) = (grid(roi_h, out_h), grid(roi_w, out_w));
         let samples = (grid_h * grid_w).max(1) as f32;
         // The samples of every bin, shared by all channels.
-        let mut corners = Vec::with_capacity(super::checked_size(&[out_h, out_w, grid_h, grid_w])?);
+        let mut corners = Vec::with_capacity(super::indexing::checked_size(&[
+            out_h, out_w, grid_h, grid_w,
+        ])?);
         for ph in 0..out_h {
             for pw in 0..out_w {
                 for iy in 0..grid_h {

@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{checked_size, Ctx, KernelResult, KernelTable};
+use super::context::{Ctx, KernelResult, KernelTable};
+use super::indexing::checked_size;
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -10,7 +10,8 @@
 
 use std::borrow::Cow;
 
-use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::zip_broadcast;
 use crate::narrow::{round_e8m0, E8M0Rounding};
 use crate::tensor::{try_collect, HostTensor, TensorData};
 use pipecut_ir::graph::DType;
@@ -279,43 +280,48 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let cond = input(inputs, 0)?;
     let (x, y) = promote(input(inputs, 1)?, input(inputs, 2)?)?;
     let c = bools(cond)?;
-    let shape = super::broadcast_shapes(&[cond.shape(), x.shape(), y.shape()])?;
+    let shape = super::indexing::broadcast_shapes(&[cond.shape(), x.shape(), y.shape()])?;
     let total = crate::tensor::checked_numel(&shape)
         .ok_or_else(|| format!("shape {shape:?} has more elements than fit in memory"))?;
     let shapes = [cond.shape(), x.shape(), y.shape()];
     macro_rules! pick {
         ($a:expr, $b:expr, $variant:ident) => {{
             let mut out = crate::tensor::try_with_capacity(total)?;
-            super::for_each_broadcast_row(shapes, &shape, |[ic, ix, iy], [sc, sx, sy], len| {
-                // Contiguous rows (a branch a scalar) as slice zips, which vectorise.
-                let pick =
-                    |c: bool, a: &_, b: &_| if c { Clone::clone(a) } else { Clone::clone(b) };
-                let conds = &c[ic..];
-                match (sc, sx, sy) {
-                    (1, 1, 1) => out.extend(
-                        conds[..len]
-                            .iter()
-                            .zip(&$a[ix..ix + len])
-                            .zip(&$b[iy..iy + len])
-                            .map(|((&c, a), b)| pick(c, a, b)),
-                    ),
-                    (1, 1, 0) => out.extend(
-                        conds[..len]
-                            .iter()
-                            .zip(&$a[ix..ix + len])
-                            .map(|(&c, a)| pick(c, a, &$b[iy])),
-                    ),
-                    (1, 0, 1) => out.extend(
-                        conds[..len]
-                            .iter()
-                            .zip(&$b[iy..iy + len])
-                            .map(|(&c, b)| pick(c, &$a[ix], b)),
-                    ),
-                    _ => out.extend(
-                        (0..len).map(|k| pick(conds[k * sc], &$a[ix + k * sx], &$b[iy + k * sy])),
-                    ),
-                }
-            });
+            super::indexing::for_each_broadcast_row(
+                shapes,
+                &shape,
+                |[ic, ix, iy], [sc, sx, sy], len| {
+                    // Contiguous rows (a branch a scalar) as slice zips, which vectorise.
+                    let pick =
+                        |c: bool, a: &_, b: &_| if c { Clone::clone(a) } else { Clone::clone(b) };
+                    let conds = &c[ic..];
+                    match (sc, sx, sy) {
+                        (1, 1, 1) => out.extend(
+                            conds[..len]
+                                .iter()
+                                .zip(&$a[ix..ix + len])
+                                .zip(&$b[iy..iy + len])
+                                .map(|((&c, a), b)| pick(c, a, b)),
+                        ),
+                        (1, 1, 0) => out.extend(
+                            conds[..len]
+                                .iter()
+                                .zip(&$a[ix..ix + len])
+                                .map(|(&c, a)| pick(c, a, &$b[iy])),
+                        ),
+                        (1, 0, 1) => out.extend(
+                            conds[..len]
+                                .iter()
+                                .zip(&$b[iy..iy + len])
+                                .map(|(&c, b)| pick(c, &$a[ix], b)),
+                        ),
+                        _ => out.extend(
+                            (0..len)
+                                .map(|k| pick(conds[k * sc], &$a[ix + k * sx], &$b[iy + k * sy])),
+                        ),
+                    }
+                },
+            );
             TensorData::$variant(out)
         }};
     }

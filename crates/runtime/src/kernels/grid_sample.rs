@@ -8,11 +8,19 @@
 //! pixel. Nearest rounds half to even; cubic uses the spec's A = -0.75 and is 2-D only, as
 //! onnxruntime's kernel is.
 
-use super::{checked_size, input, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::checked_size;
 use crate::tensor::{strides_of, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["GridSample"], grid_sample);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Nearest,
+    Linear,
+    Cubic,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -81,6 +89,78 @@ impl Sampler<'_> {
         }
         self.plane[offset]
     }
+
+    /// `coords` (one per axis) of the normalised point `g` (whose first component indexes the
+    /// last axis), denormalised and clamped or reflected as the padding says.
+    fn denormalise(&self, g: &[f32], coords: &mut [f32]) {
+        let rank = coords.len();
+        for d in 0..rank {
+            let size = self.dims[d] as f32;
+            let normalised = g[rank - 1 - d];
+            let mut v = if self.align_corners {
+                (normalised + 1.0) / 2.0 * (size - 1.0)
+            } else {
+                ((normalised + 1.0) * size - 1.0) / 2.0
+            };
+            match self.padding {
+                Padding::Border => v = v.clamp(0.0, size - 1.0),
+                Padding::Reflection => {
+                    let (low, high) = self.bounds(d);
+                    v = reflect(v, low, high);
+                }
+                Padding::Zeros => {}
+            }
+            coords[d] = v;
+        }
+    }
+
+    /// The value at `coords` by `mode`; `corner` is scratch space of the rank's length.
+    fn sample(&self, mode: Mode, coords: &[f32], corner: &mut [i64]) -> f32 {
+        match mode {
+            Mode::Nearest => {
+                for (corner, coord) in corner.iter_mut().zip(coords) {
+                    *corner = coord.round_ties_even() as i64;
+                }
+                self.pixel(corner)
+            }
+            Mode::Linear => self.linear(coords, corner),
+            Mode::Cubic => self.cubic(coords),
+        }
+    }
+
+    /// The weighted sum of the 2^rank pixels around `coords`.
+    fn linear(&self, coords: &[f32], corner: &mut [i64]) -> f32 {
+        let rank = coords.len();
+        let mut sum = 0.0f32;
+        for bits in 0..(1usize << rank) {
+            let mut weight = 1.0f32;
+            for d in 0..rank {
+                let base = coords[d].floor();
+                let t = coords[d] - base;
+                let upper = bits >> d & 1 == 1;
+                corner[d] = base as i64 + upper as i64;
+                weight *= if upper { t } else { 1.0 - t };
+            }
+            if weight != 0.0 {
+                sum += weight * self.pixel(corner);
+            }
+        }
+        sum
+    }
+
+    /// The bicubic interpolation of the 4 × 4 pixels around `coords` (2-D only).
+    fn cubic(&self, coords: &[f32]) -> f32 {
+        let (y0, x0) = (coords[0].floor(), coords[1].floor());
+        let (wy, wx) = (cubic_weights(coords[0] - y0), cubic_weights(coords[1] - x0));
+        let mut sum = 0.0f32;
+        for (i, wy) in wy.iter().enumerate() {
+            for (j, wx) in wx.iter().enumerate() {
+                let at = [y0 as i64 - 1 + i as i64, x0 as i64 - 1 + j as i64];
+                sum += wy * wx * self.pixel(&at);
+            }
+        }
+        sum
+    }
 }
 
 fn cubic_weights(t: f32) -> [f32; 4] {
@@ -108,9 +188,9 @@ fn grid_sample(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         ));
     }
     let mode = match ctx.string("mode", "linear").as_str() {
-        "linear" | "bilinear" => "linear",
-        "nearest" => "nearest",
-        "cubic" | "bicubic" if rank == 2 => "cubic",
+        "linear" | "bilinear" => Mode::Linear,
+        "nearest" => Mode::Nearest,
+        "cubic" | "bicubic" if rank == 2 => Mode::Cubic,
         "cubic" | "bicubic" => return Err("cubic mode is supported for 2-D inputs only".into()),
         other => return Err(format!("unknown mode '{other}'")),
     };
@@ -144,64 +224,8 @@ fn grid_sample(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             };
             for p in 0..points {
                 let g = &grid_values[(batch * points + p) * rank..][..rank];
-                for d in 0..rank {
-                    // grid's first component indexes the last axis.
-                    let size = dims[d] as f32;
-                    let normalised = g[rank - 1 - d];
-                    let mut v = if align_corners {
-                        (normalised + 1.0) / 2.0 * (size - 1.0)
-                    } else {
-                        ((normalised + 1.0) * size - 1.0) / 2.0
-                    };
-                    match padding {
-                        Padding::Border => v = v.clamp(0.0, size - 1.0),
-                        Padding::Reflection => {
-                            let (low, high) = sampler.bounds(d);
-                            v = reflect(v, low, high);
-                        }
-                        Padding::Zeros => {}
-                    }
-                    coords[d] = v;
-                }
-                let value = match mode {
-                    "nearest" => {
-                        for d in 0..rank {
-                            corner[d] = coords[d].round_ties_even() as i64;
-                        }
-                        sampler.pixel(&corner)
-                    }
-                    "linear" => {
-                        let mut sum = 0.0f32;
-                        for bits in 0..(1usize << rank) {
-                            let mut weight = 1.0f32;
-                            for d in 0..rank {
-                                let base = coords[d].floor();
-                                let t = coords[d] - base;
-                                let upper = bits >> d & 1 == 1;
-                                corner[d] = base as i64 + upper as i64;
-                                weight *= if upper { t } else { 1.0 - t };
-                            }
-                            if weight != 0.0 {
-                                sum += weight * sampler.pixel(&corner);
-                            }
-                        }
-                        sum
-                    }
-                    _ => {
-                        let (y0, x0) = (coords[0].floor(), coords[1].floor());
-                        let (wy, wx) =
-                            (cubic_weights(coords[0] - y0), cubic_weights(coords[1] - x0));
-                        let mut sum = 0.0f32;
-                        for (i, wy) in wy.iter().enumerate() {
-                            for (j, wx) in wx.iter().enumerate() {
-                                let at = [y0 as i64 - 1 + i as i64, x0 as i64 - 1 + j as i64];
-                                sum += wy * wx * sampler.pixel(&at);
-                            }
-                        }
-                        sum
-                    }
-                };
-                out.push(value);
+                sampler.denormalise(g, &mut coords);
+                out.push(sampler.sample(mode, &coords, &mut corner));
             }
         }
     }

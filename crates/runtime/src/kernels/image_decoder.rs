@@ -3,7 +3,7 @@
 //! conversions live in [`pipecut_ir::onnx::image_stream`], which shape inference also reads headers
 //! with, so a planned size and a decoded one cannot disagree.
 
-use super::{input, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
 use crate::tensor::{try_collect, HostTensor, TensorData};
 use pipecut_ir::onnx::image_stream::{self, PixelFormat};
 

@@ -1,7 +1,7 @@
 //! Det (<https://onnx.ai/onnx/operators/onnx__Det.html>): the determinant of each trailing
 //! `M × M` matrix, by LU decomposition with partial pivoting in f64.
 
-use super::{input, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

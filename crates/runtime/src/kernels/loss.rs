@@ -8,7 +8,7 @@
 //! positions whose target is `ignore_index` have loss and weight 0. `mean` is Σ w·loss / Σ w, the
 //! ONNX reference's weighted mean; `sum` and `none` as named. Sums accumulate in f64.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

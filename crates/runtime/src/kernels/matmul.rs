@@ -9,7 +9,8 @@
 //! view) need no copy. It replaced `matrixmultiply`, 1.2–1.8× slower on the products the
 //! benchmark models make (docs/benchmarks.md, "Matrix products through the gemm crate").
 
-use super::{broadcast_offsets, broadcast_shapes, input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::{broadcast_offsets, broadcast_shapes};
 use crate::tensor::try_zeros_f32;
 use crate::tensor::HostTensor;
 
@@ -215,7 +216,7 @@ pub(super) fn matmul_layout(a: &[usize], b: &[usize]) -> Result<MatmulLayout, St
     if b.len() > 1 {
         out_shape.push(n);
     }
-    super::checked_size(&out_shape)?;
+    super::indexing::checked_size(&out_shape)?;
     Ok(MatmulLayout {
         m,
         k,

@@ -8,7 +8,9 @@
 //! kernel in onnxruntime; ours follows the document (`input + bias + skip`). Statistics
 //! accumulate in f64, as the standard normalisations here do.
 
-use super::{fast_math, input, optional, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::fast_math;
+use super::indexing::zip_broadcast;
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

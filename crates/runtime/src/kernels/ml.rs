@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::{input, Ctx, KernelResult, KernelTable};
-use crate::runtime_dtype;
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use crate::tensor::runtime_dtype;
 use crate::tensor::{try_collect, HostTensor, TensorData};
 use pipecut_ir::graph::{Attribute, ConstValue, DType};
 
@@ -261,7 +261,7 @@ fn array_feature_extractor(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
     let rows = data.len().checked_div(features).unwrap_or(0);
     let total = rows
         .checked_mul(picked.len())
-        .filter(|&n| n <= super::MAX_ELEMENTS)
+        .filter(|&n| n <= super::indexing::MAX_ELEMENTS)
         .ok_or("the output has more elements than fit in memory")?;
     let offsets = try_collect(
         total,
@@ -274,7 +274,7 @@ fn array_feature_extractor(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
     };
     Ok(vec![HostTensor::new(
         shape,
-        super::take(data.data(), &offsets)?,
+        super::indexing::take(data.data(), &offsets)?,
     )?])
 }
 

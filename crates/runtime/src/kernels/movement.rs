@@ -6,10 +6,8 @@
 //! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
 //! attributes before.
 
-use super::{
-    checked_size, input, normalize_axis, optional, take, take_strided, Ctx, KernelResult,
-    KernelTable,
-};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis, take, take_strided};
 use crate::tensor::{checked_numel, strides_of, try_collect, try_filled, HostTensor, TensorData};
 use pipecut_ir::graph::Attribute;
 
@@ -364,9 +362,9 @@ pub(crate) fn gather_elements_offsets(
 fn expand(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let target = dims_from(&input(inputs, 1)?.to_i64_vec(), "shape")?;
-    let shape = super::broadcast_shapes(&[x.shape(), &target])?;
+    let shape = super::indexing::broadcast_shapes(&[x.shape(), &target])?;
     checked_size(&shape)?;
-    let offsets = super::broadcast_offsets(x.shape(), &shape)?;
+    let offsets = super::indexing::broadcast_offsets(x.shape(), &shape)?;
     Ok(vec![HostTensor::with_data(
         shape,
         take(x.data(), &offsets)?,

@@ -12,8 +12,8 @@
 //! [2, B, N, S, head_size]` (K and V). A `past` state (incremental decoding) is refused by
 //! name: the runtime runs whole sequences.
 
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::matmul::sgemm;
-use super::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -124,6 +124,121 @@ impl Mask {
             Mask::Keep3d(m) => m[(b * s + i) * s + j] == 0.0,
         }
     }
+
+    /// `mask_index` in one of its supported forms.
+    fn of(mask: Option<&HostTensor>, sizes: &Sizes) -> Result<Mask, String> {
+        let Sizes { batch, seq, .. } = *sizes;
+        Ok(match mask {
+            None => Mask::None,
+            Some(m) if m.shape() == [batch] => Mask::Lengths(m.to_i64_vec()),
+            Some(m) if m.shape() == [batch, seq] => Mask::Keep2d(m.to_f32_vec()),
+            Some(m) if m.shape() == [batch, seq, seq] => Mask::Keep3d(m.to_f32_vec()),
+            Some(m) => {
+                return Err(format!(
+                    "mask_index {:?} is not a supported form",
+                    m.shape()
+                ))
+            }
+        })
+    }
+}
+
+/// The sizes of an Attention node: its input, the projection's columns and how the heads split
+/// them.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    batch: usize,
+    seq: usize,
+    hidden_in: usize,
+    /// Columns of the projection: Q + K + V.
+    w_cols: usize,
+    heads: usize,
+    q_size: usize,
+    v_size: usize,
+    /// Features per head of Q and K, and of V.
+    head: usize,
+    v_head: usize,
+}
+
+impl Sizes {
+    fn of(ctx: &Ctx, x: &HostTensor, w: &HostTensor) -> Result<Sizes, String> {
+        let (&[batch, seq, hidden_in], &[w_rows, w_cols]) = (x.shape(), w.shape()) else {
+            return Err(format!(
+                "input {:?} / weights {:?} should be [B, S, H_in] / [H_in, Q + K + V]",
+                x.shape(),
+                w.shape()
+            ));
+        };
+        if w_rows != hidden_in {
+            return Err(format!(
+                "weights have {w_rows} rows for {hidden_in} input features"
+            ));
+        }
+        let heads = usize::try_from(ctx.int("num_heads", 0))
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or("num_heads must be positive")?;
+        let sizes: Vec<usize> = match ctx.ints("qkv_hidden_sizes") {
+            Some(s) => s
+                .iter()
+                .map(|&v| usize::try_from(v).map_err(|_| "negative qkv_hidden_sizes".to_string()))
+                .collect::<Result<_, _>>()?,
+            None => vec![w_cols / 3; 3],
+        };
+        let [q_size, k_size, v_size] = sizes[..] else {
+            return Err("qkv_hidden_sizes needs three entries".into());
+        };
+        if q_size + k_size + v_size != w_cols || q_size != k_size {
+            return Err(format!(
+                "qkv sizes {sizes:?} do not fit {w_cols} weight columns (Q and K must be equal)"
+            ));
+        }
+        if q_size % heads != 0 || v_size % heads != 0 {
+            return Err(format!(
+                "{heads} heads do not divide hidden sizes {sizes:?}"
+            ));
+        }
+        Ok(Sizes {
+            batch,
+            seq,
+            hidden_in,
+            w_cols,
+            heads,
+            q_size,
+            v_size,
+            head: q_size / heads,
+            v_head: v_size / heads,
+        })
+    }
+}
+
+/// `attention_bias` and its leading dims `[B|1, N|1]`.
+type AttentionBias = (Vec<f32>, [usize; 2]);
+
+/// What is added to each scaled score: `attention_bias`, and the filter value where the mask
+/// or causality hides the key.
+struct Scoring {
+    mask: Mask,
+    bias: Option<AttentionBias>,
+    causal: bool,
+    scale: f32,
+    filter: f32,
+}
+
+impl Scoring {
+    /// The score of query `i` for key `j` of head `n` of batch `b`, from their dot product.
+    fn score(&self, dot: f32, (b, n, i, j): (usize, usize, usize, usize), seq: usize) -> f32 {
+        let mut value = dot * self.scale;
+        if let Some((bias, [bb, bn])) = &self.bias {
+            let (bb, bn) = (*bb, *bn);
+            let (bi, ni) = (if bb == 1 { 0 } else { b }, if bn == 1 { 0 } else { n });
+            value += bias[((bi * bn + ni) * seq + i) * seq + j];
+        }
+        if self.mask.masked(b, i, j, seq) || (self.causal && j > i) {
+            value += self.filter;
+        }
+        value
+    }
 }
 
 fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -131,47 +246,43 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if optional(inputs, 4).is_some() {
         return Err("a past state (incremental decoding) is not supported".into());
     }
-    let (&[batch, seq, hidden_in], &[w_rows, w_cols]) = (x.shape(), w.shape()) else {
-        return Err(format!(
-            "input {:?} / weights {:?} should be [B, S, H_in] / [H_in, Q + K + V]",
-            x.shape(),
-            w.shape()
-        ));
+    let sizes = Sizes::of(ctx, x, w)?;
+    let qkv = project(x, w, optional(inputs, 2), &sizes)?;
+    let scoring = Scoring {
+        mask: Mask::of(optional(inputs, 3), &sizes)?,
+        bias: attention_bias(optional(inputs, 5), &sizes)?,
+        causal: ctx.int("unidirectional", 0) != 0,
+        scale: ctx.float("scale", 1.0 / (sizes.head as f32).sqrt()),
+        filter: ctx.float("mask_filter_value", -10000.0),
     };
-    if w_rows != hidden_in {
-        return Err(format!(
-            "weights have {w_rows} rows for {hidden_in} input features"
-        ));
-    }
-    let heads = usize::try_from(ctx.int("num_heads", 0))
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or("num_heads must be positive")?;
-    let sizes: Vec<usize> = match ctx.ints("qkv_hidden_sizes") {
-        Some(s) => s
-            .iter()
-            .map(|&v| usize::try_from(v).map_err(|_| "negative qkv_hidden_sizes".to_string()))
-            .collect::<Result<_, _>>()?,
-        None => vec![w_cols / 3; 3],
-    };
-    let [q_size, k_size, v_size] = sizes[..] else {
-        return Err("qkv_hidden_sizes needs three entries".into());
-    };
-    if q_size + k_size + v_size != w_cols || q_size != k_size {
-        return Err(format!(
-            "qkv sizes {sizes:?} do not fit {w_cols} weight columns (Q and K must be equal)"
-        ));
-    }
-    if q_size % heads != 0 || v_size % heads != 0 {
-        return Err(format!(
-            "{heads} heads do not divide hidden sizes {sizes:?}"
-        ));
-    }
-    let (head, v_head) = (q_size / heads, v_size / heads);
+    let out = attend(&qkv, &sizes, &scoring);
+    let present = present(ctx, &qkv, &sizes)?;
+    let Sizes {
+        batch, seq, v_size, ..
+    } = sizes;
+    Ok(vec![
+        HostTensor::f32(vec![batch, seq, v_size], out),
+        present,
+    ])
+}
+
+/// The projection `[B·S, H_in] × [H_in, Q + K + V]` (+ bias): every row's Q, K and V.
+fn project(
+    x: &HostTensor,
+    w: &HostTensor,
+    bias: Option<&HostTensor>,
+    sizes: &Sizes,
+) -> Result<Vec<f32>, String> {
+    let Sizes {
+        batch,
+        seq,
+        hidden_in,
+        w_cols,
+        ..
+    } = *sizes;
     let rows = batch * seq;
-    // Projection: [B·S, H_in] × [H_in, Q + K + V] (+ bias).
     let mut qkv = vec![0.0f32; rows * w_cols];
-    if let Some(bias) = optional(inputs, 2) {
+    if let Some(bias) = bias {
         let bias = bias.as_f32()?;
         if bias.len() != w_cols {
             return Err(format!(
@@ -181,11 +292,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
         qkv.chunks_mut(w_cols).for_each(|r| r.copy_from_slice(bias));
     }
-    let beta = if optional(inputs, 2).is_some() {
-        1.0
-    } else {
-        0.0
-    };
+    let beta = if bias.is_some() { 1.0 } else { 0.0 };
     sgemm(
         rows,
         hidden_in,
@@ -198,39 +305,44 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         beta,
         &mut qkv,
     );
-    let mask = match optional(inputs, 3) {
-        None => Mask::None,
-        Some(m) if m.shape() == [batch] => Mask::Lengths(m.to_i64_vec()),
-        Some(m) if m.shape() == [batch, seq] => Mask::Keep2d(m.to_f32_vec()),
-        Some(m) if m.shape() == [batch, seq, seq] => Mask::Keep3d(m.to_f32_vec()),
-        Some(m) => {
-            return Err(format!(
-                "mask_index {:?} is not a supported form",
-                m.shape()
-            ))
+    Ok(qkv)
+}
+
+/// `attention_bias [B|1, N|1, S, S]` with its leading dims, when given.
+fn attention_bias(
+    bias: Option<&HostTensor>,
+    sizes: &Sizes,
+) -> Result<Option<AttentionBias>, String> {
+    let Sizes {
+        batch, seq, heads, ..
+    } = *sizes;
+    bias.map(|b| match *b.shape() {
+        [bb, bn, bs, bt]
+            if (bb == 1 || bb == batch) && (bn == 1 || bn == heads) && bs == seq && bt == seq =>
+        {
+            Ok((b.to_f32_vec(), [bb, bn]))
         }
-    };
-    let attention_bias = optional(inputs, 5)
-        .map(|b| -> Result<(Vec<f32>, Vec<usize>), String> {
-            match *b.shape() {
-                [bb, bn, bs, bt]
-                    if (bb == 1 || bb == batch)
-                        && (bn == 1 || bn == heads)
-                        && bs == seq
-                        && bt == seq =>
-                {
-                    Ok((b.to_f32_vec(), vec![bb, bn]))
-                }
-                _ => Err(format!("attention_bias {:?} does not fit", b.shape())),
-            }
-        })
-        .transpose()?;
-    let causal = ctx.int("unidirectional", 0) != 0;
-    let scale = ctx.float("scale", 1.0 / (head as f32).sqrt());
-    let filter = ctx.float("mask_filter_value", -10000.0);
+        _ => Err(format!("attention_bias {:?} does not fit", b.shape())),
+    })
+    .transpose()
+}
+
+/// Scaled dot-product attention of every head over the projected rows, heads merged:
+/// `[B, S, V]`.
+fn attend(qkv: &[f32], sizes: &Sizes, scoring: &Scoring) -> Vec<f32> {
+    let Sizes {
+        batch,
+        seq,
+        w_cols,
+        heads,
+        q_size,
+        v_size,
+        head,
+        v_head,
+        ..
+    } = *sizes;
     let at = |b: usize, s: usize, col: usize| qkv[(b * seq + s) * w_cols + col];
-    let mut out = vec![0.0f32; rows * v_size];
-    let mut present = vec![0.0f32; 2 * batch * heads * seq * head.max(v_head)];
+    let mut out = vec![0.0f32; batch * seq * v_size];
     let mut scores = vec![0.0f32; seq];
     for b in 0..batch {
         for n in 0..heads {
@@ -239,17 +351,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     let dot: f32 = (0..head)
                         .map(|d| at(b, i, n * head + d) * at(b, j, q_size + n * head + d))
                         .sum();
-                    let mut value = dot * scale;
-                    if let Some((bias, [bb, bn])) =
-                        attention_bias.as_ref().map(|(v, s)| (v, [s[0], s[1]]))
-                    {
-                        let (bi, ni) = (if bb == 1 { 0 } else { b }, if bn == 1 { 0 } else { n });
-                        value += bias[((bi * bn + ni) * seq + i) * seq + j];
-                    }
-                    if mask.masked(b, i, j, seq) || (causal && j > i) {
-                        value += filter;
-                    }
-                    *score = value;
+                    *score = scoring.score(dot, (b, n, i, j), seq);
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0.0f32;
@@ -268,6 +370,24 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
         }
     }
+    out
+}
+
+/// `present [2, B, N, S, head_size]`: each head's K and V (zeros when their head sizes differ
+/// and the node does not ask for it).
+fn present(ctx: &Ctx, qkv: &[f32], sizes: &Sizes) -> Result<HostTensor, String> {
+    let Sizes {
+        batch,
+        seq,
+        w_cols,
+        heads,
+        q_size,
+        head,
+        v_head,
+        ..
+    } = *sizes;
+    let at = |b: usize, s: usize, col: usize| qkv[(b * seq + s) * w_cols + col];
+    let mut present = vec![0.0f32; 2 * batch * heads * seq * head.max(v_head)];
     if head == v_head {
         let per = batch * heads * seq * head;
         for b in 0..batch {
@@ -287,10 +407,7 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let present_shape = vec![2, batch, heads, seq, head];
     present.resize(present_shape.iter().product(), 0.0);
-    Ok(vec![
-        HostTensor::f32(vec![batch, seq, v_size], out),
-        HostTensor::f32(present_shape, present),
-    ])
+    Ok(HostTensor::f32(present_shape, present))
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! InstanceNormalization, RMSNormalization (opset 23)), opsets 7 to 23. Statistics accumulate in f64: layer norms over a few
 //! hundred features then match onnxruntime to well under the tolerance the tests state.
 
-use super::{fast_math, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::fast_math;
+use super::indexing::normalize_axis;
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -113,14 +115,15 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let bias = optional(inputs, 2);
     // Scale and bias broadcast over the normalised dims; the common case is exactly those dims.
     let expand = |t: &HostTensor| -> Result<Vec<f32>, String> {
-        if super::broadcast_shapes(&[t.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
+        if super::indexing::broadcast_shapes(&[t.shape(), &x.shape()[axis..]])? != x.shape()[axis..]
+        {
             return Err(format!(
                 "scale/bias {:?} do not broadcast to {:?}",
                 t.shape(),
                 &x.shape()[axis..]
             ));
         }
-        let offsets = super::broadcast_offsets(t.shape(), &x.shape()[axis..])?;
+        let offsets = super::indexing::broadcast_offsets(t.shape(), &x.shape()[axis..])?;
         let v = t.to_f32_vec();
         Ok(offsets.iter().map(|&i| v[i]).collect())
     };
@@ -167,14 +170,15 @@ fn rms_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let eps = ctx.float("epsilon", 1e-5) as f64;
     let inner: usize = x.shape()[axis..].iter().product();
     let scale = input(inputs, 1)?;
-    if super::broadcast_shapes(&[scale.shape(), &x.shape()[axis..]])? != x.shape()[axis..] {
+    if super::indexing::broadcast_shapes(&[scale.shape(), &x.shape()[axis..]])? != x.shape()[axis..]
+    {
         return Err(format!(
             "scale {:?} does not broadcast to {:?}",
             scale.shape(),
             &x.shape()[axis..]
         ));
     }
-    let offsets = super::broadcast_offsets(scale.shape(), &x.shape()[axis..])?;
+    let offsets = super::indexing::broadcast_offsets(scale.shape(), &x.shape()[axis..])?;
     let gamma: Vec<f32> = {
         let v = scale.to_f32_vec();
         offsets.iter().map(|&i| v[i]).collect()

@@ -8,7 +8,8 @@
 //! specs' formulas, including the ceil-mode rule that drops a last window starting in the end
 //! padding; `auto_pad` SAME_UPPER puts the odd padding at the end, SAME_LOWER at the start.
 
-use super::{checked_size, input, Ctx, KernelResult};
+use super::context::{input, Ctx, KernelResult};
+use super::indexing::checked_size;
 use crate::tensor::{strides_of, HostTensor};
 
 /// Window geometry along one spatial axis.

@@ -14,7 +14,9 @@
 //! gives int32, wrapping as onnxruntime's int32 accumulator would. The float8 and 4-bit types
 //! are refused with their name: the runtime has no storage for them.
 
-use super::{conv, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::conv;
+use super::indexing::normalize_axis;
 use crate::tensor::{strides_of, HostTensor, TensorData};
 use pipecut_ir::graph::DType;
 

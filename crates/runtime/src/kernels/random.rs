@@ -7,8 +7,9 @@
 //! (a stage re-run on the same micro-batch draws the same values, and failures reproduce). No
 //! value matches the ONNX reference's numpy draws; shapes and types do.
 
-use super::{checked_size, input, Ctx, KernelResult, KernelTable};
-use crate::runtime_dtype;
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::checked_size;
+use crate::tensor::runtime_dtype;
 use crate::tensor::HostTensor;
 use pipecut_ir::graph::{Attribute, DType};
 

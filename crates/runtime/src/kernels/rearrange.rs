@@ -2,7 +2,8 @@
 //! SpaceToDepth (<https://onnx.ai/onnx/operators/onnx__DepthToSpace.html>, DCR and CRD modes),
 //! ReverseSequence, EyeLike and OneHot. Every dtype: the data moves through [`take`].
 
-use super::{checked_size, input, normalize_axis, take, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis, take};
 use crate::tensor::{strides_of, HostTensor, TensorData};
 use pipecut_ir::graph::DType;
 

@@ -5,7 +5,7 @@
 //! `linear_before_reset`. Gate order in `W`, `R`, `B` is the spec's: LSTM `i o f c`, GRU
 //! `z r h`. Computed in f64 per step, stored as f32.
 
-use super::{input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 use pipecut_ir::graph::Attribute;
 
@@ -167,94 +167,72 @@ struct Dims {
     batch_first: bool,
 }
 
+impl Dims {
+    /// The sizes `X`, `W` and `R` give, checked against each other and the `direction`'s count.
+    fn of(
+        ctx: &Ctx,
+        cell: Cell,
+        direction: &str,
+        (x, w, r): (&HostTensor, &HostTensor, &HostTensor),
+    ) -> Result<Dims, String> {
+        let batch_first = ctx.int("layout", 0) != 0;
+        let (seq, batch, input_size) = match (x.shape(), batch_first) {
+            (&[s, b, i], false) | (&[b, s, i], true) => (s, b, i),
+            (shape, _) => return Err(format!("X must be 3-D, got {shape:?}")),
+        };
+        let directions = if direction == "bidirectional" { 2 } else { 1 };
+        let gates = cell.gates();
+        let hidden = match r.shape() {
+            &[d, rows, h] if d == directions && rows == gates * h => h,
+            shape => {
+                return Err(format!(
+                    "R has shape {shape:?}, expected [{directions}, {gates}·hidden, hidden]"
+                ))
+            }
+        };
+        if w.shape() != [directions, gates * hidden, input_size] {
+            return Err(format!(
+                "W has shape {:?}, expected [{directions}, {}, {input_size}]",
+                w.shape(),
+                gates * hidden
+            ));
+        }
+        Ok(Dims {
+            seq,
+            batch,
+            input: input_size,
+            hidden,
+            directions,
+            batch_first,
+        })
+    }
+}
+
 fn recurrent(ctx: &Ctx, inputs: &[Option<&HostTensor>], cell: Cell) -> KernelResult {
     let x = input(inputs, 0)?;
     let (w, r) = (input(inputs, 1)?, input(inputs, 2)?);
-    let batch_first = ctx.int("layout", 0) != 0;
-    let (seq, batch, input_size) = match (x.shape(), batch_first) {
-        (&[s, b, i], false) | (&[b, s, i], true) => (s, b, i),
-        (shape, _) => return Err(format!("X must be 3-D, got {shape:?}")),
-    };
     let direction = ctx.string("direction", "forward");
-    let directions = if direction == "bidirectional" { 2 } else { 1 };
-    let gates = cell.gates();
-    let hidden = match r.shape() {
-        &[d, rows, h] if d == directions && rows == gates * h => h,
-        shape => {
-            return Err(format!(
-                "R has shape {shape:?}, expected [{directions}, {gates}·hidden, hidden]"
-            ))
-        }
-    };
-    if w.shape() != [directions, gates * hidden, input_size] {
-        return Err(format!(
-            "W has shape {:?}, expected [{directions}, {}, {input_size}]",
-            w.shape(),
-            gates * hidden
-        ));
-    }
-    let dims = Dims {
+    let dims = Dims::of(ctx, cell, &direction, (x, w, r))?;
+    let Dims {
         seq,
         batch,
         input: input_size,
         hidden,
         directions,
-        batch_first,
-    };
+        ..
+    } = dims;
+    let gates = cell.gates();
     let acts = activations(ctx, cell, directions)?;
     // An optional input given as an empty tensor counts as absent.
     let given = |i: usize| optional(inputs, i).filter(|t| !t.is_empty());
     let clip = f64::from(ctx.float("clip", 0.0));
     let clip = (clip > 0.0).then_some(clip);
-    let lens: Vec<usize> = match given(4) {
-        Some(l) => l
-            .to_i64_vec()
-            .iter()
-            .map(|&v| usize::try_from(v).map(|v| v.min(seq)))
-            .collect::<Result<_, _>>()
-            .map_err(|_| "sequence_lens has a negative entry")?,
-        None => vec![seq; batch],
-    };
-    if lens.len() != batch {
-        return Err(format!(
-            "sequence_lens has {} entries for batch {batch}",
-            lens.len()
-        ));
-    }
-    let state = |i: usize| -> Result<Vec<f64>, String> {
-        match given(i) {
-            None => Ok(vec![0.0; directions * batch * hidden]),
-            Some(t) if t.len() == directions * batch * hidden => {
-                // [directions, batch, hidden], or [batch, directions, hidden] with layout 1.
-                let v = t.to_f32_vec();
-                let mut out = vec![0.0; v.len()];
-                for d in 0..directions {
-                    for b in 0..batch {
-                        for h in 0..hidden {
-                            let from = match batch_first {
-                                false => (d * batch + b) * hidden + h,
-                                true => (b * directions + d) * hidden + h,
-                            };
-                            out[(d * batch + b) * hidden + h] = f64::from(v[from]);
-                        }
-                    }
-                }
-                Ok(out)
-            }
-            Some(t) => Err(format!("initial state has shape {:?}", t.shape())),
-        }
-    };
-    let initial_h = state(5)?;
+    let lens = sequence_lens(given(4), &dims)?;
+    let initial_h = initial_state(given(5), &dims)?;
     let initial_c = if cell == Cell::Lstm {
-        state(6)?
+        initial_state(given(6), &dims)?
     } else {
         Vec::new()
-    };
-    let f64s = |t: &HostTensor| {
-        t.to_f32_vec()
-            .into_iter()
-            .map(f64::from)
-            .collect::<Vec<_>>()
     };
     let (w, r) = (f64s(w), f64s(r));
     let bias = given(3).map(f64s);
@@ -294,52 +272,111 @@ fn recurrent(ctx: &Ctx, inputs: &[Option<&HostTensor>], cell: Cell) -> KernelRes
             } else {
                 Vec::new()
             };
-            let steps: Vec<usize> = if reverse {
-                (0..len).rev().collect()
-            } else {
-                (0..len).collect()
+            let sequence = Sequence {
+                direction: d,
+                batch_index: b,
+                len,
+                reverse,
             };
-            for t in steps {
-                let at = match batch_first {
-                    false => (t * batch + b) * input_size,
-                    true => (b * seq + t) * input_size,
-                };
-                layer.step(&x[at..at + input_size], &mut h, &mut c);
-                let out = ((t * directions + d) * batch + b) * hidden;
-                y[out..out + hidden].copy_from_slice(&h);
-            }
+            layer.run(&x, sequence, (&mut h, &mut c), &mut y);
             y_h[range.clone()].copy_from_slice(&h);
             if cell == Cell::Lstm {
                 y_c[range].copy_from_slice(&c);
             }
         }
     }
-    let y = reorder_y(&y, &dims);
-    let state_out = |v: &[f64]| -> HostTensor {
-        let (shape, data) = if batch_first {
-            let mut out = vec![0.0f32; v.len()];
+    let mut outputs = vec![reorder_y(&y, &dims), state_output(&y_h, &dims)];
+    if cell == Cell::Lstm {
+        outputs.push(state_output(&y_c, &dims));
+    }
+    Ok(outputs)
+}
+
+/// A tensor's values in f64, in which the layers compute.
+fn f64s(t: &HostTensor) -> Vec<f64> {
+    t.to_f32_vec().into_iter().map(f64::from).collect()
+}
+
+/// Each sequence's length (`sequence_lens`, capped at the sequence's; all of it when absent).
+fn sequence_lens(lens: Option<&HostTensor>, dims: &Dims) -> Result<Vec<usize>, String> {
+    let lens: Vec<usize> = match lens {
+        Some(l) => l
+            .to_i64_vec()
+            .iter()
+            .map(|&v| usize::try_from(v).map(|v| v.min(dims.seq)))
+            .collect::<Result<_, _>>()
+            .map_err(|_| "sequence_lens has a negative entry")?,
+        None => vec![dims.seq; dims.batch],
+    };
+    if lens.len() != dims.batch {
+        return Err(format!(
+            "sequence_lens has {} entries for batch {}",
+            lens.len(),
+            dims.batch
+        ));
+    }
+    Ok(lens)
+}
+
+/// An initial state (`initial_h` or `initial_c`) as `[directions, batch, hidden]` (zeros when
+/// absent), from `[batch, directions, hidden]` under layout 1.
+fn initial_state(state: Option<&HostTensor>, dims: &Dims) -> Result<Vec<f64>, String> {
+    let Dims {
+        batch,
+        hidden,
+        directions,
+        batch_first,
+        ..
+    } = *dims;
+    match state {
+        None => Ok(vec![0.0; directions * batch * hidden]),
+        Some(t) if t.len() == directions * batch * hidden => {
+            let v = t.to_f32_vec();
+            let mut out = vec![0.0; v.len()];
             for d in 0..directions {
                 for b in 0..batch {
                     for h in 0..hidden {
-                        out[(b * directions + d) * hidden + h] =
-                            v[(d * batch + b) * hidden + h] as f32;
+                        let from = match batch_first {
+                            false => (d * batch + b) * hidden + h,
+                            true => (b * directions + d) * hidden + h,
+                        };
+                        out[(d * batch + b) * hidden + h] = f64::from(v[from]);
                     }
                 }
             }
-            (vec![batch, directions, hidden], out)
-        } else {
-            (
-                vec![directions, batch, hidden],
-                v.iter().map(|&x| x as f32).collect(),
-            )
-        };
-        HostTensor::f32(shape, data)
-    };
-    let mut outputs = vec![y, state_out(&y_h)];
-    if cell == Cell::Lstm {
-        outputs.push(state_out(&y_c));
+            Ok(out)
+        }
+        Some(t) => Err(format!("initial state has shape {:?}", t.shape())),
     }
-    Ok(outputs)
+}
+
+/// A final state (`Y_h` or `Y_c`) from the internal `[directions, batch, hidden]` to the
+/// layout's order.
+fn state_output(v: &[f64], dims: &Dims) -> HostTensor {
+    let Dims {
+        batch,
+        hidden,
+        directions,
+        batch_first,
+        ..
+    } = *dims;
+    let (shape, data) = if batch_first {
+        let mut out = vec![0.0f32; v.len()];
+        for d in 0..directions {
+            for b in 0..batch {
+                for h in 0..hidden {
+                    out[(b * directions + d) * hidden + h] = v[(d * batch + b) * hidden + h] as f32;
+                }
+            }
+        }
+        (vec![batch, directions, hidden], out)
+    } else {
+        (
+            vec![directions, batch, hidden],
+            v.iter().map(|&x| x as f32).collect(),
+        )
+    };
+    HostTensor::f32(shape, data)
 }
 
 /// `Y` from the internal `[seq, directions, batch, hidden]` to the layout's order.
@@ -390,7 +427,56 @@ struct Layer<'a> {
     linear_before_reset: bool,
 }
 
+/// Which sequence of the batch a layer runs, in which direction, and for how many steps.
+#[derive(Debug, Clone, Copy)]
+struct Sequence {
+    direction: usize,
+    batch_index: usize,
+    len: usize,
+    reverse: bool,
+}
+
 impl Layer<'_> {
+    /// Runs `sequence` from the state `(h, c)` over `x` (all of `X`, `[seq, batch, input]` or
+    /// `[batch, seq, input]`), writing each step's `h` into `y` (`[seq, directions, batch,
+    /// hidden]`); leaves the final state in `(h, c)`.
+    fn run(
+        &self,
+        x: &[f64],
+        sequence: Sequence,
+        (h, c): (&mut Vec<f64>, &mut Vec<f64>),
+        y: &mut [f64],
+    ) {
+        let Dims {
+            seq,
+            batch,
+            input,
+            hidden,
+            directions,
+            batch_first,
+        } = *self.dims;
+        let Sequence {
+            direction: d,
+            batch_index: b,
+            len,
+            reverse,
+        } = sequence;
+        let steps: Vec<usize> = if reverse {
+            (0..len).rev().collect()
+        } else {
+            (0..len).collect()
+        };
+        for t in steps {
+            let at = match batch_first {
+                false => (t * batch + b) * input,
+                true => (b * seq + t) * input,
+            };
+            self.step(&x[at..at + input], h, c);
+            let out = ((t * directions + d) * batch + b) * hidden;
+            y[out..out + hidden].copy_from_slice(h);
+        }
+    }
+
     /// `W_g·x + Wb_g` and `R_g·h + Rb_g` for gate `g`, unit `j`.
     fn gate(&self, g: usize, j: usize, x: &[f64], h: &[f64]) -> (f64, f64) {
         let (input, hidden, gates) = (self.dims.input, self.dims.hidden, self.cell.gates());

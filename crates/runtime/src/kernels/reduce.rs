@@ -6,9 +6,9 @@
 //! from 18) and from the attribute before; `noop_with_empty_axes` is honoured. Sums accumulate in
 //! f64.
 
-use super::{
-    broadcast_offsets, fast_math, input, normalize_axis, optional, Ctx, KernelResult, KernelTable,
-};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::fast_math;
+use super::indexing::{broadcast_offsets, normalize_axis};
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -76,51 +76,10 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             .collect()
     };
     if let TensorData::I64(v) = x.data() {
-        // Integer sums and extrema (shape arithmetic) stay exact.
-        let targets = broadcast_offsets(&keep_shape, x.shape())?;
-        let (init, f): (i64, fn(i64, i64) -> i64) = match op {
-            "ReduceSum" => (0, |a, b| a + b),
-            "ReduceMax" => (i64::MIN, i64::max),
-            "ReduceMin" => (i64::MAX, i64::min),
-            "ReduceProd" => (1, |a, b| a * b),
-            _ => return Err(format!("{op} over int64 is not supported")),
-        };
-        let mut acc = vec![init; out_len];
-        for (&t, &v) in targets.iter().zip(v) {
-            acc[t] = f(acc[t], v);
-        }
+        let acc = reduce_i64(op, v, x.shape(), &keep_shape)?;
         return Ok(vec![HostTensor::i64(out_shape, acc)]);
     }
-    let xv = x.as_f32()?;
-    let (init, step): (f64, fn(f64, f64) -> f64) = match op {
-        "ReduceMean" | "ReduceSum" | "ReduceLogSum" => (0.0, |a, v| a + v),
-        "ReduceMax" => (f64::NEG_INFINITY, f64::max),
-        "ReduceMin" => (f64::INFINITY, f64::min),
-        "ReduceProd" => (1.0, |a, v| a * v),
-        "ReduceSumSquare" | "ReduceL2" => (0.0, |a, v| a + v * v),
-        "ReduceL1" => (0.0, |a, v| a + v.abs()),
-        _ => (0.0, |a, v| a + v.exp()), // ReduceLogSumExp (inputs of exported models are small)
-    };
-    let mut acc = vec![init; out_len];
-    let trailing = reduced.iter().rev().take_while(|r| **r).count();
-    let first = reduced.iter().position(|r| *r).unwrap_or(rank);
-    let count = reduced.iter().filter(|r| **r).count();
-    let one_block = count > 0 && reduced[first..first + count].iter().all(|r| *r);
-    if matches!(op, "ReduceSum" | "ReduceMean") && one_block {
-        // Sums over one block of adjacent axes, the common case, as vectorised row sums or
-        // row additions (not a function call and an offset lookup per element).
-        sum_block(xv, &mut acc, &x.shape()[first + count..], group);
-    } else if trailing == count && trailing > 0 {
-        // Only trailing axes are reduced: each output is a contiguous run.
-        for (a, row) in acc.iter_mut().zip(xv.chunks(group.max(1))) {
-            *a = row.iter().fold(init, |s, &v| step(s, v as f64));
-        }
-    } else {
-        let targets = broadcast_offsets(&keep_shape, x.shape())?;
-        for (&t, &v) in targets.iter().zip(xv) {
-            acc[t] = step(acc[t], v as f64);
-        }
-    }
+    let acc = accumulate(op, x.as_f32()?, x.shape(), &reduced, &keep_shape)?;
     let out: Vec<f32> = acc
         .into_iter()
         .map(|a| match op {
@@ -131,6 +90,74 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         })
         .collect();
     Ok(vec![HostTensor::f32(out_shape, out)])
+}
+
+/// An int64 reduction (shape arithmetic), exact: each output of `keep_shape` (the input's
+/// shape with the reduced axes 1) over its inputs.
+fn reduce_i64(
+    op: &str,
+    v: &[i64],
+    shape: &[usize],
+    keep_shape: &[usize],
+) -> Result<Vec<i64>, String> {
+    let targets = broadcast_offsets(keep_shape, shape)?;
+    let (init, f): (i64, fn(i64, i64) -> i64) = match op {
+        "ReduceSum" => (0, |a, b| a + b),
+        "ReduceMax" => (i64::MIN, i64::max),
+        "ReduceMin" => (i64::MAX, i64::min),
+        "ReduceProd" => (1, |a, b| a * b),
+        _ => return Err(format!("{op} over int64 is not supported")),
+    };
+    let out_len: usize = keep_shape.iter().product();
+    let mut acc = vec![init; out_len];
+    for (&t, &v) in targets.iter().zip(v) {
+        acc[t] = f(acc[t], v);
+    }
+    Ok(acc)
+}
+
+/// A float reduction's accumulators in f64, one per output of `keep_shape`, before the op's
+/// final step (the mean's division, L2's root, the logarithms): sums over one block of axes
+/// and over trailing axes take their fast paths, any other set of axes an offset per element.
+fn accumulate(
+    op: &str,
+    xv: &[f32],
+    shape: &[usize],
+    reduced: &[bool],
+    keep_shape: &[usize],
+) -> Result<Vec<f64>, String> {
+    let (init, step): (f64, fn(f64, f64) -> f64) = match op {
+        "ReduceMean" | "ReduceSum" | "ReduceLogSum" => (0.0, |a, v| a + v),
+        "ReduceMax" => (f64::NEG_INFINITY, f64::max),
+        "ReduceMin" => (f64::INFINITY, f64::min),
+        "ReduceProd" => (1.0, |a, v| a * v),
+        "ReduceSumSquare" | "ReduceL2" => (0.0, |a, v| a + v * v),
+        "ReduceL1" => (0.0, |a, v| a + v.abs()),
+        _ => (0.0, |a, v| a + v.exp()), // ReduceLogSumExp (inputs of exported models are small)
+    };
+    let out_len: usize = keep_shape.iter().product();
+    let group = xv.len().checked_div(out_len).unwrap_or(0);
+    let mut acc = vec![init; out_len];
+    let trailing = reduced.iter().rev().take_while(|r| **r).count();
+    let first = reduced.iter().position(|r| *r).unwrap_or(reduced.len());
+    let count = reduced.iter().filter(|r| **r).count();
+    let one_block = count > 0 && reduced[first..first + count].iter().all(|r| *r);
+    if matches!(op, "ReduceSum" | "ReduceMean") && one_block {
+        // Sums over one block of adjacent axes, the common case, as vectorised row sums or
+        // row additions (not a function call and an offset lookup per element).
+        sum_block(xv, &mut acc, &shape[first + count..], group);
+    } else if trailing == count && trailing > 0 {
+        // Only trailing axes are reduced: each output is a contiguous run.
+        for (a, row) in acc.iter_mut().zip(xv.chunks(group.max(1))) {
+            *a = row.iter().fold(init, |s, &v| step(s, v as f64));
+        }
+    } else {
+        let targets = broadcast_offsets(keep_shape, shape)?;
+        for (&t, &v) in targets.iter().zip(xv) {
+            acc[t] = step(acc[t], v as f64);
+        }
+    }
+    Ok(acc)
 }
 
 /// Adds each `[outer, reduced, inner]` block of `x` over its middle dim into `acc`

@@ -9,7 +9,8 @@
 //! (with `keep_aspect_ratio_policy`) or `scales`, on the axes of the `axes` attribute (all by
 //! default). Computed in f64, stored as f32.
 
-use super::{checked_size, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis};
 use crate::tensor::{strides_of, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -263,53 +264,8 @@ fn request(ctx: &Ctx, inputs: &[Option<&HostTensor>], shape: &[usize]) -> Result
     let mut out_shape = shape.to_vec();
     let mut scales = vec![1.0; rank];
     match (sizes_given, scales_given) {
-        (Some(sizes), _) => {
-            if sizes.len() != axes.len() {
-                return Err(format!(
-                    "sizes has {} values for {} axes",
-                    sizes.len(),
-                    axes.len()
-                ));
-            }
-            for (k, &axis) in axes.iter().enumerate() {
-                let size = usize::try_from(sizes[k])
-                    .map_err(|_| format!("sizes has a negative entry {}", sizes[k]))?;
-                out_shape[axis] = size;
-                scales[axis] = size as f64 / shape[axis] as f64;
-            }
-            let policy = ctx.string("keep_aspect_ratio_policy", "stretch");
-            let pick = match policy.as_str() {
-                "stretch" => None,
-                "not_larger" => Some(f64::min as fn(f64, f64) -> f64),
-                "not_smaller" => Some(f64::max as fn(f64, f64) -> f64),
-                other => return Err(format!("unknown keep_aspect_ratio_policy '{other}'")),
-            };
-            if let Some(pick) = pick {
-                let scale = axes.iter().map(|&a| scales[a]).reduce(pick).unwrap_or(1.0);
-                for &axis in &axes {
-                    scales[axis] = scale;
-                    // Rounded half up, as the reference does.
-                    out_shape[axis] = (scale * shape[axis] as f64 + 0.5) as usize;
-                }
-            }
-        }
-        (None, Some(given)) => {
-            if given.len() != axes.len() {
-                return Err(format!(
-                    "scales has {} values for {} axes",
-                    given.len(),
-                    axes.len()
-                ));
-            }
-            for (k, &axis) in axes.iter().enumerate() {
-                let scale = f64::from(given[k]);
-                if !(scale > 0.0 && scale.is_finite()) {
-                    return Err(format!("scale {scale} is not positive"));
-                }
-                scales[axis] = scale;
-                out_shape[axis] = (scale * shape[axis] as f64) as usize;
-            }
-        }
+        (Some(sizes), _) => from_sizes(ctx, &sizes, &axes, shape, (&mut out_shape, &mut scales))?,
+        (None, Some(given)) => from_scales(&given, &axes, shape, (&mut out_shape, &mut scales))?,
         (None, None) => return Err("Resize needs scales or sizes".into()),
     }
     Ok(Request {
@@ -318,6 +274,71 @@ fn request(ctx: &Ctx, inputs: &[Option<&HostTensor>], shape: &[usize]) -> Result
         roi,
         resized,
     })
+}
+
+/// The output size and scale of each of `axes` from `sizes`, under the
+/// `keep_aspect_ratio_policy`.
+fn from_sizes(
+    ctx: &Ctx,
+    sizes: &[i64],
+    axes: &[usize],
+    shape: &[usize],
+    (out_shape, scales): (&mut [usize], &mut [f64]),
+) -> Result<(), String> {
+    if sizes.len() != axes.len() {
+        return Err(format!(
+            "sizes has {} values for {} axes",
+            sizes.len(),
+            axes.len()
+        ));
+    }
+    for (k, &axis) in axes.iter().enumerate() {
+        let size = usize::try_from(sizes[k])
+            .map_err(|_| format!("sizes has a negative entry {}", sizes[k]))?;
+        out_shape[axis] = size;
+        scales[axis] = size as f64 / shape[axis] as f64;
+    }
+    let policy = ctx.string("keep_aspect_ratio_policy", "stretch");
+    let pick = match policy.as_str() {
+        "stretch" => None,
+        "not_larger" => Some(f64::min as fn(f64, f64) -> f64),
+        "not_smaller" => Some(f64::max as fn(f64, f64) -> f64),
+        other => return Err(format!("unknown keep_aspect_ratio_policy '{other}'")),
+    };
+    if let Some(pick) = pick {
+        let scale = axes.iter().map(|&a| scales[a]).reduce(pick).unwrap_or(1.0);
+        for &axis in axes {
+            scales[axis] = scale;
+            // Rounded half up, as the reference does.
+            out_shape[axis] = (scale * shape[axis] as f64 + 0.5) as usize;
+        }
+    }
+    Ok(())
+}
+
+/// The output size and scale of each of `axes` from the `given` scales.
+fn from_scales(
+    given: &[f32],
+    axes: &[usize],
+    shape: &[usize],
+    (out_shape, scales): (&mut [usize], &mut [f64]),
+) -> Result<(), String> {
+    if given.len() != axes.len() {
+        return Err(format!(
+            "scales has {} values for {} axes",
+            given.len(),
+            axes.len()
+        ));
+    }
+    for (k, &axis) in axes.iter().enumerate() {
+        let scale = f64::from(given[k]);
+        if !(scale > 0.0 && scale.is_finite()) {
+            return Err(format!("scale {scale} is not positive"));
+        }
+        scales[axis] = scale;
+        out_shape[axis] = (scale * shape[axis] as f64) as usize;
+    }
+    Ok(())
 }
 
 /// How a resized axis maps and weights its source elements.

@@ -10,7 +10,8 @@
 //! is an error naming it, never a wrap-around. Duplicate indices with `reduction = none` keep the
 //! last update, as onnxruntime's CPU kernel does.
 
-use super::{checked_size, input, normalize_axis, take, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis, take};
 use crate::tensor::{strides_of, HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -6,7 +6,8 @@
 
 use std::cmp::Ordering;
 
-use super::{input, normalize_axis, take, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::{normalize_axis, take};
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

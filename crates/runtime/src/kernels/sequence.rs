@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use super::indexing::{normalize_axis, MAX_ELEMENTS};
 use super::movement::{concat_along, narrow};
 use super::values::{value_input, ValueCtx, ValueKernelTable};
-use super::{normalize_axis, MAX_ELEMENTS};
 use crate::tensor::{HostTensor, TensorData};
 use crate::value::Value;
 

@@ -4,7 +4,7 @@
 
 use std::f64::consts::PI;
 
-use super::{input, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

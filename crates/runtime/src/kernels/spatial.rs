@@ -4,7 +4,8 @@
 //! [AffineGrid](https://onnx.ai/onnx/operators/onnx__AffineGrid.html) (20, 2-D and 3-D) and
 //! [DeformConv](https://onnx.ai/onnx/operators/onnx__DeformConv.html) (19–22, 2-D).
 
-use super::{checked_size, input, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::checked_size;
 use crate::tensor::{strides_of, try_zeros_f32, HostTensor};
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -9,7 +9,8 @@
 
 use std::f64::consts::PI;
 
-use super::{checked_size, input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::{checked_size, normalize_axis};
 use crate::tensor::HostTensor;
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::{input, zip_broadcast, Ctx, KernelResult, KernelTable};
+use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::indexing::zip_broadcast;
 use crate::tensor::{try_collect, HostTensor, TensorData};
 use pipecut_ir::graph::Attribute;
 use pipecut_ir::onnx::shape::strings::{
@@ -41,7 +42,7 @@ fn string_split(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let widest = splitter.most_parts(texts);
     let mut shape = x.shape().to_vec();
     shape.push(widest);
-    let total = super::checked_size(&shape)?;
+    let total = super::indexing::checked_size(&shape)?;
     let mut substrings = try_collect(total, std::iter::empty())?;
     let mut counts = try_collect(texts.len(), std::iter::empty())?;
     for text in texts {

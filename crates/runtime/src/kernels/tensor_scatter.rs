@@ -3,7 +3,8 @@
 //! `axis` (default −2) from that entry's `write_indices` position (default 0), wrapping around
 //! the cache in `circular` mode; the rest of the cache is copied.
 
-use super::{input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::normalize_axis;
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -4,7 +4,8 @@
 //! values keep their order (the lower index first), as the ONNX reference's stable sort does;
 //! the output is always sorted, which `sorted = 0` allows.
 
-use super::{input, normalize_axis, optional, Ctx, KernelResult, KernelTable};
+use super::context::{input, optional, Ctx, KernelResult, KernelTable};
+use super::indexing::normalize_axis;
 use crate::tensor::{HostTensor, TensorData};
 
 pub(super) fn register(t: &mut KernelTable) {

@@ -1,11 +1,10 @@
-//! Kernels on values of any kind (sequences, optionals) and the control-flow kernels, which run
-//! subgraphs: the CPU runtime's only. They are registered apart from the tensor kernels, in
-//! their own table ([`lookup_value`]).
+//! What kernels on values of any kind (sequences, optionals) and the control-flow kernels, which
+//! run subgraphs, see and return: the CPU runtime's only. They are registered apart from the
+//! tensor kernels, in their own table (`lookup_value`, beside `lookup` in `kernels/mod.rs`).
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
 
-use super::Ctx;
+use super::context::Ctx;
 use crate::value::Value;
 use pipecut_ir::graph::Subgraph;
 
@@ -36,21 +35,11 @@ impl ValueKernelTable {
             debug_assert!(previous.is_none(), "value kernel for {op} registered twice");
         }
     }
-}
 
-/// The kernel on values for an op, if the CPU runtime has one.
-pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
-    static TABLE: OnceLock<ValueKernelTable> = OnceLock::new();
-    if !(domain.is_empty() || domain == "ai.onnx") {
-        return None;
+    /// The kernel registered for `op`.
+    pub fn get(&self, op: &str) -> Option<ValueKernel> {
+        self.kernels.get(op).copied()
     }
-    let table = TABLE.get_or_init(|| {
-        let mut t = ValueKernelTable::default();
-        super::sequence::register(&mut t);
-        super::control::register(&mut t);
-        t
-    });
-    table.kernels.get(op).copied()
 }
 
 /// Input `i`, required.

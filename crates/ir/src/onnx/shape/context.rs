@@ -2,6 +2,7 @@
 //! broadcasting, folding values).
 
 use crate::graph::{Attribute, ConstValue, DType, Dim, Graph, Node, Shape, SymInt, ValueKind};
+use crate::Error;
 
 /// Type of one output as a rule infers it.
 #[derive(Debug, Clone)]
@@ -80,10 +81,15 @@ pub(crate) struct OpCtx<'a> {
     pub opset: i64,
     inputs: Vec<Option<Input<'a>>>,
     output_names: Vec<Option<&'a str>>,
+    infer_body: InferBody,
 }
 
+/// Shape inference over a subgraph body whose inputs are typed: the driver's own, handed to the
+/// rules so that control flow types its bodies without the rules naming the driver.
+pub(crate) type InferBody = fn(&mut Graph) -> Result<(), Error>;
+
 impl<'a> OpCtx<'a> {
-    pub fn new(graph: &'a Graph, node: &'a Node, opset: i64) -> OpCtx<'a> {
+    pub fn new(graph: &'a Graph, node: &'a Node, opset: i64, infer_body: InferBody) -> OpCtx<'a> {
         let inputs = node
             .inputs
             .iter()
@@ -111,7 +117,13 @@ impl<'a> OpCtx<'a> {
             opset,
             inputs,
             output_names,
+            infer_body,
         }
+    }
+
+    /// Infers the types of `body`'s tensors, given its inputs' (control flow's subgraphs).
+    pub fn infer_subgraph(&self, body: &mut Graph) -> Result<(), Error> {
+        (self.infer_body)(body)
     }
 
     pub fn input_count(&self) -> usize {

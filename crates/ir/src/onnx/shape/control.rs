@@ -7,7 +7,6 @@ use super::context::{normalize_axis, Inferred, OpCtx, RuleResult};
 use super::declared;
 use super::registry::Registry;
 use super::sequence::merge_shapes;
-use super::{DimBindings, ShapeInference};
 use crate::graph::{ConstValue, DType, Dim, Graph, Shape, Subgraph, SymInt, ValueKind};
 
 pub(super) fn register(r: &mut Registry) {
@@ -87,8 +86,7 @@ fn infer_body(
         tensor.shape = outer.shape.clone();
         tensor.value = outer.value.clone();
     }
-    ShapeInference::new(DimBindings::new())
-        .run(&mut body)
+    ctx.infer_subgraph(&mut body)
         .map_err(|e| format!("in subgraph '{}': {e}", sub.name))?;
     let outputs = body
         .outputs()

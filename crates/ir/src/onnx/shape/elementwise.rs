@@ -7,6 +7,8 @@ use super::context::{broadcast, fold_broadcast, same_shape, Inferred, OpCtx, Rul
 use super::registry::Registry;
 use crate::graph::{ConstValue, DType, Dim, SymInt};
 
+// Reads better whole: one flat table from op names to rules (rustfmt sets each name on a line
+// of its own), read top to bottom like the spec's operator list.
 pub(super) fn register(r: &mut Registry) {
     // https://onnx.ai/onnx/operators/ — each of these keeps the input's type and shape.
     r.add(

@@ -1,8 +1,11 @@
 //! Shape and dtype inference, with symbolic dims and constant propagation through the small
 //! tensors that compute shapes (`Shape → Gather → Unsqueeze → Concat → Reshape`).
 //!
-//! Op knowledge lives in one file per op family, each registering its rules in
-//! [`registry`]; this module holds the driver and the context a rule sees. A rule either
+//! Op knowledge lives in one file per op family, each registering its rules in the
+//! [`registry`] through the one list of [`families`]; the context a rule sees is [`context`]'s,
+//! and this module holds the driver. Arrows run one way: the driver reads the families' list
+//! and the families read `context` and `registry`, never the driver (control flow infers its
+//! bodies through the hook the driver puts in the context). A rule either
 //! returns the outputs' types or an error in words; an op without a rule is an error naming the
 //! op, its node and opset, never a guess.
 
@@ -14,6 +17,7 @@ mod crop;
 mod data_dependent;
 mod declared;
 mod elementwise;
+mod families;
 mod linalg;
 mod loss;
 mod microsoft;
@@ -38,7 +42,7 @@ use crate::graph::{element_count, ConstValue, Dim, Graph, SymDim, TensorId, MAX_
 use crate::Error;
 
 pub(crate) use context::{Inferred, OpCtx};
-pub use registry::supported_ops;
+pub use families::supported_ops;
 
 /// Values the user binds to symbolic dims (`--dim batch=8`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -394,18 +398,26 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
             ),
         });
     }
-    let rule = registry::lookup(domain, &node.op_type).ok_or_else(|| Error::UnsupportedOp {
-        op: node.op_type.clone(),
-        domain: display_domain.to_string(),
-        opset,
-        node: node.name.clone(),
-    })?;
-    let ctx = OpCtx::new(graph, node, opset);
+    let rule = families::registry()
+        .lookup(domain, &node.op_type)
+        .ok_or_else(|| Error::UnsupportedOp {
+            op: node.op_type.clone(),
+            domain: display_domain.to_string(),
+            opset,
+            node: node.name.clone(),
+        })?;
+    let ctx = OpCtx::new(graph, node, opset, infer_body);
     rule(&ctx).map_err(|detail| Error::ShapeInference {
         node: node.name.clone(),
         op: node.op_type.clone(),
         detail,
     })
+}
+
+/// Inference over a control-flow node's body, for its rule ([`OpCtx::infer_subgraph`]): no
+/// bindings, as the body's inputs come typed from the node's.
+fn infer_body(body: &mut Graph) -> Result<(), Error> {
+    ShapeInference::new(DimBindings::new()).run(body).map(drop)
 }
 
 /// Replaces a control-flow node's subgraphs by the bodies its rule typed, so that costing and
@@ -415,7 +427,7 @@ fn store_typed_bodies(graph: &mut Graph, node_id: crate::graph::NodeId) {
     if !node.has_subgraphs() || !registry::canonical_domain(&node.domain).is_empty() {
         return;
     }
-    let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0));
+    let ctx = OpCtx::new(graph, node, graph.opset("").unwrap_or(0), infer_body);
     let bodies = control::typed_bodies(&ctx);
     let node = graph.node_mut(node_id);
     for (name, body) in bodies {
