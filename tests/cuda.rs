@@ -1872,7 +1872,7 @@ fn more_device_ops_match_the_cpu_runtime_where_node_cases_do_not_reach() {
     models_match_on_the_device("coverage_models.py", 81);
 }
 
-/// Integer tensors on the device (`src/runtime/cuda/integers.rs`,
+/// Integer tensors on the device (`crates/runtime/src/cuda/integers.rs`,
 /// `tests/fake_cuda/integer_models.py`): an Expand of int32 and int64 host data to a large shape,
 /// compared with a scalar, a vector and another integer device tensor, and magika's Equal of
 /// host integers broadcast to a large output, each cast to float, run on the device (the launch
@@ -2279,7 +2279,7 @@ fn control_flow_runs_on_the_device_and_matches_the_cpu_runtime() {
     );
 }
 
-/// The element-wise fast path (`src/runtime/cuda/flat.rs`: same-shaped operands, scalars and
+/// The element-wise fast path (`crates/runtime/src/cuda/flat.rs`: same-shaped operands, scalars and
 /// trailing rows read with 32-bit indices) and the general kernels give the same bits on binary
 /// ops, comparisons and Where, at odd sizes, over many blocks
 /// (`tests/fake_cuda/elementwise_models.py`), and both the CPU runtime's numbers. The fake
@@ -2477,7 +2477,7 @@ fn total_launches(launches: &Value) -> u64 {
         .sum()
 }
 
-/// Launches per micro-batch the fused steps of `src/runtime/cuda/fuse.rs` must save on a
+/// Launches per micro-batch the fused steps of `crates/runtime/src/cuda/fuse.rs` must save on a
 /// one-stage run of `model`, from its graph: each Gelu written out (an Erf read by `Add 1`, then
 /// the two Muls; with the Div before it, five nodes) saves 4, one more when a bias Add made its
 /// input; each written-out norm (a Sqrt of `Add ε` of a ReduceMean) saves 8 when a Sub centred
@@ -2566,7 +2566,7 @@ fn launches_fusion_saves(model: &Path) -> u64 {
     saved
 }
 
-/// Fused transformer steps (`src/runtime/cuda/fuse.rs`): bert_tiny, gpt2_tiny, llama_tiny and
+/// Fused transformer steps (`crates/runtime/src/cuda/fuse.rs`): bert_tiny, gpt2_tiny, llama_tiny and
 /// the real MiniLM (when cached), whole and in 2 stages, give the CPU runtime's outputs with
 /// fusion on and off (`PIPECUT_CUDA_FUSE=off`), and fusion saves at least the launches per
 /// micro-batch the graphs' written-out norms, Gelus and biased MatMuls predict on one stage

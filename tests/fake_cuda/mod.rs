@@ -23,7 +23,7 @@ const SOURCES: [&str; 7] = [
     "tests/fake_cuda/driver.cpp",
     "tests/fake_cuda/cublas.cpp",
     "tests/fake_cuda/nccl.cpp",
-    "src/runtime/cuda/kernels.cu",
+    "crates/runtime/src/cuda/kernels.cu",
 ];
 
 /// How the fake libraries are compiled.
@@ -115,7 +115,7 @@ fn run(command: &mut Command) -> Result<(), String> {
 
 /// Compiles the two libraries into `dir`.
 fn compile(root: &Path, dir: &Path, build: Build) -> Result<(), String> {
-    let kernels = root.join("src/runtime/cuda/kernels.cu");
+    let kernels = root.join("crates/runtime/src/cuda/kernels.cu");
     let source = std::fs::read_to_string(&kernels).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("registry.inc"), registry(&source)).map_err(|e| e.to_string())?;
