@@ -229,6 +229,15 @@ struct StageRow {
     host_ops: BTreeMap<String, usize>,
 }
 
+/// What running every stage in this process gave.
+struct RanHere {
+    report: pipecut::runtime::PipelineReport,
+    /// Per stage, the ops that ran on the host (empty on the CPU backend).
+    host_ops: Vec<BTreeMap<String, usize>>,
+    /// Per stage, what executed it here (`CPU`, `GPU n`, `t GPU ranks`).
+    ran_on: Vec<String>,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     model: String,
@@ -288,8 +297,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         return staged.run_as_rank(make_inputs);
     }
     let inputs = make_inputs()?;
-    let (report, host_ops, ran_on) = staged.run_here(&inputs)?;
-    let summary = staged.summary(report, host_ops, ran_on, random_inputs)?;
+    let ran = staged.run_here(&inputs)?;
+    let summary = staged.summary(ran, random_inputs)?;
     if args.json {
         print_stdout(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
     } else {
@@ -451,19 +460,12 @@ impl StagedRun<'_> {
     /// Runs every stage in this process on the chosen backend; gives the report and, per stage,
     /// the ops that ran on the host (empty on the CPU backend) and what executed it here, which
     /// need not be the device the plan costed it on.
-    fn run_here(
-        &self,
-        inputs: &Tensors,
-    ) -> anyhow::Result<(
-        pipecut::runtime::PipelineReport,
-        Vec<BTreeMap<String, usize>>,
-        Vec<String>,
-    )> {
+    fn run_here(&self, inputs: &Tensors) -> anyhow::Result<RanHere> {
         let (args, graph, specs, microbatches) =
             (self.args, self.graph, self.specs, self.microbatches);
         let loaded_ranks =
             |tp| load_ranks(&args.model, graph, self.weights, self.stages, self.dims, tp);
-        Ok(match (args.backend, self.tensor_parallel) {
+        let (report, host_ops, ran_on) = match (args.backend, self.tensor_parallel) {
             (Backend::Cpu, Some(tp)) => {
                 let ranks = loaded_ranks(tp)?;
                 let report = run_tensor_parallel(graph, &ranks, specs, inputs, microbatches)?;
@@ -509,19 +511,23 @@ impl StagedRun<'_> {
                     .collect();
                 (report, host_ops, ran_on)
             }
+        };
+        Ok(RanHere {
+            report,
+            host_ops,
+            ran_on,
         })
     }
 
     /// The run's report: measured against the plan's predicted efficiency (its stage times in a
     /// simulation of the plan's schedule; the run executes forward passes only, so without
     /// backwards), with the outputs written.
-    fn summary(
-        &self,
-        report: pipecut::runtime::PipelineReport,
-        host_ops: Vec<BTreeMap<String, usize>>,
-        ran_on: Vec<String>,
-        random_inputs: bool,
-    ) -> anyhow::Result<Report> {
+    fn summary(&self, ran: RanHere, random_inputs: bool) -> anyhow::Result<Report> {
+        let RanHere {
+            report,
+            host_ops,
+            ran_on,
+        } = ran;
         let (args, plan) = (self.args, self.plan);
         let predicted = simulate(
             &StageTimes {
