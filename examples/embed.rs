@@ -1,7 +1,7 @@
 //! pipecut embedded in another framework: no files, no CLI.
 //!
 //! ```text
-//! cargo run --release --example embed
+//! cargo run --release -p pipecut-examples --example embed
 //! ```
 //!
 //! 1. A model that arrives as bytes (from a framework's exporter, a network, a database) is
@@ -30,7 +30,7 @@ fn main() -> Result<(), pipecut::Error> {
 fn from_bytes() -> Result<(), pipecut::Error> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/models/gpt2_tiny.onnx"
+        "/../fixtures/models/gpt2_tiny.onnx"
     );
     let bytes = std::fs::read(path).map_err(|source| pipecut::Error::Io {
         path: path.into(),

@@ -47,7 +47,7 @@
 //! ([`partition::Planner::with_node_secs`]), and take the plan back as Rust types
 //! ([`partition::Solution`], [`plan::Plan`]) or JSON ([`plan::Plan::to_json`]), or as PyTorch
 //! and DeepSpeed split points ([`partition::torch_split`]). `examples/embed.rs` runs all of it
-//! (`cargo run --release --example embed`).
+//! (`cargo run --release -p pipecut-examples --example embed`).
 //!
 //! ```
 //! use std::collections::BTreeMap;
