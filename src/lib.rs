@@ -84,6 +84,12 @@
 
 pub mod ffi;
 
+/// The `pipecut` command's subcommands: parsing, printing and exit codes. `src/main.rs` and the
+/// Python package (`crates/python`) both run them, so a Python call and the command it mirrors
+/// share one implementation. Not a stable Rust API: embed through the phase crates instead.
+#[doc(hidden)]
+pub mod cli;
+
 pub use pipecut_ir::{graph, io, Error, Result};
 pub use pipecut_planner::{partition, plan, schedule};
 

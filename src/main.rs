@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-mod cli;
+use pipecut::cli;
 
 fn main() -> ExitCode {
     keep_freed_memory();
@@ -16,8 +16,8 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {}", cli::terminal_safe(&one_line(&err)));
-            ExitCode::from(exit_code(&err))
+            eprintln!("error: {}", cli::terminal_safe(&cli::one_line(&err)));
+            ExitCode::from(cli::exit_code(&err))
         }
     }
 }
@@ -34,38 +34,5 @@ fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-    }
-}
-
-/// The error chain on one line ("cannot load x.onnx: ...: ..."), each cause once: a library
-/// error whose message already quotes its OS error is not followed by that error again.
-fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
-/// 1 when the library says the model does not fit or a plan is invalid, 2 for everything else.
-fn exit_code(err: &anyhow::Error) -> u8 {
-    let library = err
-        .chain()
-        .find_map(|cause| cause.downcast_ref::<pipecut::Error>());
-    match library {
-        Some(
-            pipecut::Error::Infeasible(_)
-            | pipecut::Error::InvalidPlan(_)
-            | pipecut::Error::NotAPartition(_)
-            | pipecut::Error::NonConvexStages { .. },
-        ) => 1,
-        _ => 2,
     }
 }

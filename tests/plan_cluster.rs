@@ -577,3 +577,181 @@ fn every_block_the_plan_costs_split_is_split_in_the_export() {
         }
     }
 }
+
+/// `--emit torch-split-spec` gives the chosen pipeline's module boundaries beside the plan, as
+/// `partition --emit` does: one boundary per cut, at a numbered block, and the same plan.
+#[test]
+fn plan_cluster_emits_the_chosen_pipelines_torch_split() {
+    let args = [
+        "plan-cluster",
+        "fixtures/models/gpt2_tiny.onnx",
+        "--cluster",
+        "1x4xL4",
+        "--dim",
+        "seq=64",
+        "--global-batch",
+        "32",
+        "--mode",
+        "training",
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--tp",
+        "1",
+    ];
+    let (code, plain, err) = pipecut(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, both, err) =
+        pipecut(&[&args[..], &["--json", "--emit", "torch-split-spec"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let both: serde_json::Value = serde_json::from_str(&both).unwrap();
+    let plain: serde_json::Value = serde_json::from_str(&plain).unwrap();
+    assert_eq!(both["plan"], plain);
+    let split = &both["torch_split"];
+    assert_eq!(split["outcome"], "split", "{split}");
+    let boundaries = split["boundaries"].as_array().unwrap();
+    assert_eq!(boundaries.len(), 1, "{split}");
+    let module = boundaries[0]["module"].as_str().unwrap();
+    assert!(module.starts_with("transformer.h."), "{module}");
+
+    let (code, table, err) = pipecut(&[&args[..], &["--emit", "torch-split-spec"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("SplitPoint.BEGINNING"), "{table}");
+}
+
+/// The flags of a two-stage, two-replica training plan of gpt2_tiny, then `extra`.
+fn training_plan_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "plan-cluster",
+        model,
+        "--cluster",
+        "1x4xL4",
+        "--dim",
+        "seq=64",
+        "--global-batch",
+        "32",
+        "--mode",
+        "training",
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--tp",
+        "1",
+        "--microbatch-sizes",
+        "4",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+fn emitted_json(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = pipecut(args);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// `--emit megatron-args` and `--emit deepspeed-config` give each engine's settings for the
+/// plan as JSON data, and refuse what the engine cannot run as planned.
+#[test]
+fn engines_get_their_settings_for_the_plan_and_refuse_what_they_cannot_run() {
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let emit = ["--zero", "1", "--recompute", "full", "--emit"];
+    let megatron = emitted_json(&training_plan_args(
+        model,
+        &[&emit[..], &["megatron-args"]].concat(),
+    ));
+    let plan = &megatron["plan"];
+    let args: Vec<&str> = megatron["megatron"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let value_of = |flag: &str| {
+        let at = args
+            .iter()
+            .position(|a| *a == flag)
+            .unwrap_or_else(|| panic!("{flag}: {args:?}"));
+        args[at + 1]
+    };
+    assert_eq!(megatron["megatron"]["world_size"], 4);
+    assert_eq!(value_of("--pipeline-model-parallel-size"), "2");
+    assert_eq!(value_of("--tensor-model-parallel-size"), "1");
+    assert_eq!(value_of("--micro-batch-size"), "4");
+    assert_eq!(value_of("--global-batch-size"), "32");
+    assert_eq!(value_of("--recompute-granularity"), "full");
+    assert!(args.contains(&"--use-distributed-optimizer"), "{args:?}");
+    // One letter per layer: the embedding, the four blocks, the head, cut where the plan cuts.
+    let layout = value_of("--pipeline-model-parallel-layout");
+    assert_eq!(layout.replace('|', "").len(), 6, "{layout}");
+    assert!(layout.starts_with('E') && layout.ends_with('L') && layout.contains('|'));
+
+    let deepspeed = emitted_json(&training_plan_args(
+        model,
+        &[&emit[..], &["deepspeed-config"]].concat(),
+    ));
+    assert_eq!(deepspeed["plan"]["stages"], plan["stages"]);
+    let ds = &deepspeed["deepspeed"];
+    assert_eq!(ds["ds_config"]["train_batch_size"], 32);
+    assert_eq!(ds["ds_config"]["train_micro_batch_size_per_gpu"], 4);
+    assert_eq!(
+        ds["ds_config"]["gradient_accumulation_steps"],
+        plan["config"]["microbatches"]
+    );
+    assert_eq!(ds["ds_config"]["zero_optimization"]["stage"], 1);
+    assert_eq!(ds["pipeline_module"]["num_stages"], 2);
+    assert_eq!(ds["pipeline_module"]["parts"].as_array().unwrap().len(), 3);
+
+    // DeepSpeed's pipeline engine takes ZeRO 0 or 1; Megatron has no ZeRO-3 with a pipeline.
+    for (engine, said) in [
+        ("deepspeed-config", "ZeRO stage 0 or 1"),
+        ("megatron-args", "ZeRO-3"),
+    ] {
+        let args = training_plan_args(model, &["--zero", "3", "--emit", engine]);
+        let (code, _, err) = pipecut(&args);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(said) && !err.trim().contains('\n'), "{err}");
+    }
+}
+
+/// Module names from the model reach DeepSpeed's layer list only as JSON strings, whatever
+/// they hold, and the Megatron line quotes its words for the shell.
+#[test]
+fn hostile_module_names_in_engine_settings_stay_data() {
+    use protobuf::Message;
+    let hostile = "tf\"'; import os; os.system(\"touch PWNED\") #";
+    let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let mut model = onnx_protobuf::ModelProto::parse_from_bytes(&bytes).unwrap();
+    for node in &mut model.graph.as_mut().unwrap().node {
+        node.name = node.name.replace("/transformer/", &format!("/{hostile}/"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostile.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    let path = path.to_str().unwrap();
+
+    let both = emitted_json(&training_plan_args(path, &["--emit", "deepspeed-config"]));
+    let layers = both["deepspeed"]["pipeline_module"]["layers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(layers[1], format!("{hostile}.h.0"));
+
+    let mut text_args = training_plan_args(path, &["--emit", "megatron-args"]);
+    text_args.retain(|a| *a != "--json");
+    let (code, out, err) = pipecut(&text_args);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .skip_while(|l| !l.starts_with("Megatron-LM arguments"))
+        .nth(1)
+        .unwrap();
+    assert!(
+        line.contains("--pipeline-model-parallel-layout '"),
+        "{line}"
+    );
+    // The Megatron line names no module: the layout is one letter per layer.
+    assert!(!line.contains("PWNED"), "{line}");
+}

@@ -15,15 +15,15 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
+use crate::cost::measured::percentiles;
+use crate::cost::{Catalog, Cluster};
+use crate::graph::NodeId;
+use crate::partition::{CostSettings, PartitionConfig, Planner, StageCount, StageId};
+use crate::plan::MeasuredSelection;
+use crate::runtime::paired::run_paired_rounds;
+use crate::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::measured::percentiles;
-use pipecut::cost::{Catalog, Cluster};
-use pipecut::graph::NodeId;
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, StageCount, StageId};
-use pipecut::plan::MeasuredSelection;
-use pipecut::runtime::paired::run_paired_rounds;
-use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 use serde::Serialize;
 
 use super::other_load::{LoadProbe, BUSY_CORES};
@@ -186,7 +186,7 @@ pub fn run(args: BenchPlansArgs) -> anyhow::Result<ExitCode> {
 /// optimum where that is another, then each baseline that could make the stages; and what the
 /// selection measured.
 fn candidates(
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
     model_path: &std::path::Path,
     cluster: &Cluster,
     (stages, microbatches): (usize, usize),

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cost::calibrate::{calibrated_profile, measure_cpu, Sizes};
 use clap::Args;
-use pipecut::cost::calibrate::{calibrated_profile, measure_cpu, Sizes};
 
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
@@ -50,7 +50,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let noisy: Vec<&str> = measurements
         .iter()
-        .filter(|m| m.spread > pipecut::cost::measured::NOISY_SPREAD)
+        .filter(|m| m.spread > crate::cost::measured::NOISY_SPREAD)
         .map(|m| m.label.as_str())
         .collect();
     if !noisy.is_empty() {
@@ -65,8 +65,8 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     let json = serde_json::to_string_pretty(&spec)? + "\n";
     super::write_atomically(&args.out, json.as_bytes(), &[])?;
     let e = &spec.efficiency;
-    println!(
-        "wrote {} ({}): efficiency matmul {:.2}, conv {:.2}, elementwise {:.2}, reduction {:.2}, data movement {:.2}",
+    super::print_stdout(&format!(
+        "wrote {} ({}): efficiency matmul {:.2}, conv {:.2}, elementwise {:.2}, reduction {:.2}, data movement {:.2}\n",
         args.out.display(),
         spec.name,
         e.matmul.value,
@@ -74,6 +74,6 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
         e.elementwise.value,
         e.reduction.value,
         e.data_movement.value
-    );
+    ))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::cost::hardware::COST_MODELS_ENV;
+use crate::cost::Catalog;
 use clap::Args;
-use pipecut::cost::hardware::COST_MODELS_ENV;
-use pipecut::cost::Catalog;
 use serde::Serialize;
 
 use super::print_stdout;
@@ -87,7 +87,7 @@ struct Entry {
 /// `pipecut catalog`: every device and link profile this command line would use.
 pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
     let catalog = args.catalog.catalog(&[])?;
-    let hash = |json: Vec<u8>| pipecut::cost::measured::content_sha256(&json);
+    let hash = |json: Vec<u8>| crate::cost::measured::content_sha256(&json);
     let mut entries = Vec::new();
     for d in catalog.devices() {
         let fp16 = d.peak_flops_per_sec.fp16.value;

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::onnx::Model;
+use crate::plan::Plan;
 use anyhow::Context;
 use clap::Args;
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::onnx::Model;
-use pipecut::plan::Plan;
 
 use super::measured::MeasuredArgs;
 use super::print_stdout;
@@ -37,7 +37,7 @@ pub struct CheckArgs {
 
 /// Reads a plan file.
 pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
-    let text = pipecut::io::read_text_bounded(path, pipecut::io::MAX_JSON_BYTES, "plan")?;
+    let text = crate::io::read_text_bounded(path, crate::io::MAX_JSON_BYTES, "plan")?;
     Plan::from_json(&text).with_context(|| format!("'{}'", path.display()))
 }
 
@@ -100,8 +100,8 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         "{}: valid plan for {} — {} on {}, every stage within memory, figures recomputed (bottleneck {:.3} ms)\n",
         args.plan.display(),
         args.model.display(),
-        pipecut::onnx::inspect::count_of(report.nodes, "node"),
-        pipecut::onnx::inspect::count_of(report.stages, "stage"),
+        crate::onnx::inspect::count_of(report.nodes, "node"),
+        crate::onnx::inspect::count_of(report.stages, "stage"),
         report.bottleneck_secs * 1e3
     ))?;
     Ok(ExitCode::SUCCESS)
@@ -141,8 +141,8 @@ fn rewrite(args: &CheckArgs, plan: &Plan, model: &Model) -> anyhow::Result<ExitC
         format!(
             "wrote {}: every figure recomputed from the node assignment ({} on {}, bottleneck {:.3} ms); status hand_edited: not proven optimal, within {:.2}% of the lower bound\n",
             out.display(),
-            pipecut::onnx::inspect::count_of(report.nodes, "node"),
-            pipecut::onnx::inspect::count_of(report.stages, "stage"),
+            crate::onnx::inspect::count_of(report.nodes, "node"),
+            crate::onnx::inspect::count_of(report.stages, "stage"),
             report.bottleneck_secs * 1e3,
             rewritten.summary.gap * 100.0
         )

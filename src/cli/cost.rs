@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::cost::{Catalog, CostModel, Mode, NodeCost, UnknownOpCost};
+use crate::onnx::inspect::{count_of, human_bytes};
 use clap::{Args, ValueEnum};
-use pipecut::cost::{Catalog, CostModel, Mode, NodeCost, UnknownOpCost};
-use pipecut::onnx::inspect::{count_of, human_bytes};
 use serde::Serialize;
 
 use super::ModelArgs;
@@ -100,7 +100,7 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
     let device = catalog.device(&name)?;
     let mut model = args.model.load_bound(super::Weights::NotRead)?;
     if let Some(dtype) = args.dtype {
-        let precision: pipecut::cost::Precision = dtype.into();
+        let precision: crate::cost::Precision = dtype.into();
         model.graph.override_float_dtype(precision.dtype());
     }
     let dims: std::collections::BTreeMap<String, u64> = args.model.dims()?;
@@ -142,7 +142,7 @@ pub fn run(args: CostArgs) -> anyhow::Result<ExitCode> {
 /// cost is a guess are named on stderr, so `--json` stays clean.
 fn slowest_first(
     cost_model: &CostModel<'_>,
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
 ) -> anyhow::Result<Vec<NodeCost>> {
     let mut nodes: Vec<NodeCost> = cost_model
         .node_costs(graph)?

@@ -22,7 +22,7 @@ pub struct DevicesArgs {
 #[derive(Debug, Serialize)]
 struct PtxasReport {
     arch: u32,
-    kernels: Vec<pipecut::runtime::cuda::KernelResources>,
+    kernels: Vec<crate::runtime::cuda::KernelResources>,
 }
 
 #[derive(Debug, Serialize)]
@@ -38,7 +38,7 @@ struct Report {
     /// Why the kernels could not be compiled.
     kernels_problem: Option<String>,
     /// Each GPU with the kernels compiled for its architecture and loaded on it.
-    devices: Vec<pipecut::runtime::cuda::DeviceReport>,
+    devices: Vec<crate::runtime::cuda::DeviceReport>,
     /// Why cuBLAS cannot be used (a run needs it), when it cannot.
     cublas_problem: Option<String>,
     /// Registers and spills per kernel for each `--ptxas` architecture.
@@ -47,7 +47,7 @@ struct Report {
 }
 
 pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
-    use pipecut::runtime::cuda;
+    use crate::runtime::cuda;
     let (gpus, gpu_problem) = match cuda::device_count() {
         Ok(n) => (Some(n), None),
         Err(why) => (None, Some(why)),
@@ -73,7 +73,7 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<ExitCode> {
                     kernels: cuda::kernel_resources(arch)?,
                 })
             })
-            .collect::<Result<_, pipecut::Error>>()?,
+            .collect::<Result<_, crate::Error>>()?,
     };
     if args.json {
         print_stdout(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;

@@ -5,8 +5,8 @@
 //! training; recomputation and idle time are not counted as useful), over the simulated step,
 //! against the tensor-core peak of every GPU the step occupies at the model's weight dtype.
 
-use pipecut::cost::{Cluster, CostModel, DeviceId, Mode, UnknownOpCost};
-use pipecut::graph::{DType, Graph};
+use crate::cost::{Cluster, CostModel, DeviceId, Mode, UnknownOpCost};
+use crate::graph::{DType, Graph};
 
 /// The sequence dim among bound dims: the first whose name says so (`seq`, `sequence`,
 /// `seq_len`, `sequence_length`).
@@ -54,7 +54,7 @@ pub(crate) struct StepWork<'a> {
     pub sequence: Option<(&'a str, u64)>,
     pub step_secs: f64,
     /// The forward FLOPs of one micro-batch where the solve counted them already
-    /// ([`pipecut::partition::PartitionProblem::forward_flops`]); `None` costs the graph again.
+    /// ([`crate::partition::PartitionProblem::forward_flops`]); `None` costs the graph again.
     pub forward_flops: Option<f64>,
     pub cluster: &'a Cluster,
     /// Every device the step occupies.
@@ -103,7 +103,7 @@ pub(crate) fn efficiency_line(work: &StepWork) -> anyhow::Result<String> {
         "throughput {} samples/s{tokens}; MFU {percent:.decimals$}% (model FLOPs / (step × peak {} of {}))\n",
         grouped(samples_per_sec),
         dtype_name(dtype),
-        pipecut::onnx::inspect::count_of(work.devices.len(), device_word(work)),
+        crate::onnx::inspect::count_of(work.devices.len(), device_word(work)),
     ))
 }
 

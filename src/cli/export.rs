@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::onnx::export::shard::shard_stages_each;
+use crate::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
+use crate::onnx::inspect::human_bytes;
 use anyhow::Context;
 use clap::Args;
-use pipecut::onnx::export::shard::shard_stages_each;
-use pipecut::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
-use pipecut::onnx::inspect::human_bytes;
 
 use super::{print_stdout, ModelArgs};
 
@@ -34,7 +34,7 @@ pub struct ExportArgs {
 /// Refuses an export file name that is one of the inputs (the plan saved as `manifest.json` in
 /// the output directory, say). Other checks wait for the export, which creates the directory.
 fn refuse_replacing(path: &std::path::Path, inputs: &[&std::path::Path]) -> anyhow::Result<()> {
-    if let Some(input) = inputs.iter().find(|i| pipecut::io::same_file(path, i)) {
+    if let Some(input) = inputs.iter().find(|i| crate::io::same_file(path, i)) {
         anyhow::bail!(
             "refusing to export into '{}': it would replace the input '{}'",
             path.display(),
@@ -68,11 +68,11 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let degree = tp.degree as usize;
     let for_ranks = if degree > 1 {
         let mut model = loaded.clone();
-        let mut bindings = pipecut::onnx::shape::DimBindings::new();
+        let mut bindings = crate::onnx::shape::DimBindings::new();
         for (name, value) in &plan.model.dims {
             bindings = bindings.bind(name, *value);
         }
-        pipecut::onnx::shape::ShapeInference::new(bindings)
+        crate::onnx::shape::ShapeInference::new(bindings)
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", model_path.display()))?;
         Some(model.graph)
@@ -88,18 +88,18 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     for stage in 0..stages.len() {
         let stage_file = args
             .out_dir
-            .join(pipecut::onnx::export::stage_file_name(stage));
+            .join(crate::onnx::export::stage_file_name(stage));
         refuse_replacing(&stage_file, &inputs)?;
     }
     refuse_replacing(
-        &args.out_dir.join(pipecut::onnx::export::MANIFEST_FILE),
+        &args.out_dir.join(crate::onnx::export::MANIFEST_FILE),
         &inputs,
     )?;
     if degree > 1 {
         for stage in 0..stages.len() {
             for rank in 0..degree {
                 refuse_replacing(&args.out_dir.join(rank_file_name(stage, rank)), &inputs)?;
-                let data = pipecut::onnx::export::shard::rank_data_name(stage, rank as u64);
+                let data = crate::onnx::export::shard::rank_data_name(stage, rank as u64);
                 refuse_replacing(&args.out_dir.join(data), &inputs)?;
             }
         }
@@ -123,14 +123,14 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
 /// stage files (whose external data they share); gives the lines that list them.
 fn write_ranks(
     model_path: &std::path::Path,
-    graph: &pipecut::graph::Graph,
-    stages: &[Vec<pipecut::graph::NodeId>],
-    tp: pipecut::partition::tensor_parallel::TensorParallelism,
+    graph: &crate::graph::Graph,
+    stages: &[Vec<crate::graph::NodeId>],
+    tp: crate::partition::tensor_parallel::TensorParallelism,
     out_dir: &std::path::Path,
 ) -> anyhow::Result<String> {
     let degree = tp.degree;
     // Weights in external data are read a rank's slice at a time, never whole.
-    let weights = pipecut::runtime::Weights::load_embedded(model_path, graph)
+    let weights = crate::runtime::Weights::load_embedded(model_path, graph)
         .with_context(|| format!("cannot read the weights of '{}'", model_path.display()))?;
     // Each rank is written as soon as it is made: one rank's slices in memory at a time.
     let mut sizes: Vec<Vec<u64>> = vec![Vec::new(); stages.len()];
@@ -143,13 +143,10 @@ fn write_ranks(
         true,
         |stage, rank, bytes, data| {
             if let Some(data) = data {
-                pipecut::onnx::export::write_atomically(
-                    &out_dir.join(&data.location),
-                    &data.bytes,
-                )?;
+                crate::onnx::export::write_atomically(&out_dir.join(&data.location), &data.bytes)?;
             }
             let name = rank_file_name(stage, rank as usize);
-            pipecut::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;
+            crate::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;
             sizes[stage].push(bytes.len() as u64);
             Ok(())
         },
@@ -193,7 +190,7 @@ fn write_ranks(
 fn table(manifest: &Manifest, out_dir: &std::path::Path) -> String {
     let mut text = format!(
         "{} of {} written to {}\n\n",
-        pipecut::onnx::inspect::count_of(manifest.stages.len(), "stage"),
+        crate::onnx::inspect::count_of(manifest.stages.len(), "stage"),
         manifest.model.file_name,
         out_dir.display()
     );

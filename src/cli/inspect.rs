@@ -3,10 +3,10 @@
 use std::collections::BTreeSet;
 use std::process::ExitCode;
 
+use crate::graph::Dim;
+use crate::onnx::inspect::ModelSummary;
 use anyhow::Context;
 use clap::Args;
-use pipecut::graph::Dim;
-use pipecut::onnx::inspect::ModelSummary;
 
 use super::ModelArgs;
 

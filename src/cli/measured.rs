@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::cost::measured::{content_sha256, NodeTimes};
+use crate::graph::Graph;
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::measured::{content_sha256, NodeTimes};
-use pipecut::graph::Graph;
 
 use super::escape_controls;
 
@@ -32,7 +32,7 @@ impl MeasuredArgs {
     ) -> anyhow::Result<Vec<NodeTimes>> {
         let mut applied = Vec::new();
         for path in &self.node_times {
-            let bytes = pipecut::io::read_bounded(path, pipecut::io::MAX_JSON_BYTES, "node times")?;
+            let bytes = crate::io::read_bounded(path, crate::io::MAX_JSON_BYTES, "node times")?;
             let origin = path.display().to_string();
             let text = String::from_utf8(bytes.clone())
                 .map_err(|_| anyhow::anyhow!("'{origin}' is not UTF-8 text"))?;
@@ -80,7 +80,7 @@ impl MeasuredArgs {
 }
 
 /// The distinct device names of a cluster, in order.
-pub fn device_names(cluster: &pipecut::cost::Cluster) -> Vec<&str> {
+pub fn device_names(cluster: &crate::cost::Cluster) -> Vec<&str> {
     let mut names: Vec<&str> = Vec::new();
     for node in cluster.nodes() {
         for device in &node.devices {
@@ -93,7 +93,7 @@ pub fn device_names(cluster: &pipecut::cost::Cluster) -> Vec<&str> {
 }
 
 /// The device names a plan's stages use (its profile hashes name them).
-pub fn plan_devices(plan: &pipecut::plan::Plan) -> Vec<&str> {
+pub fn plan_devices(plan: &crate::plan::Plan) -> Vec<&str> {
     plan.cost_model
         .keys()
         .filter_map(|k| k.strip_prefix("device:"))

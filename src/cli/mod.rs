@@ -25,10 +25,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::onnx::Model;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::onnx::Model;
 
 /// Automatic pipeline-parallel partitioning of ONNX models.
 #[derive(Debug, Parser)]
@@ -165,7 +165,7 @@ impl ModelArgs {
             let (name, file) = arg
                 .split_once('=')
                 .with_context(|| format!("--value '{arg}' is not NAME=FILE.npy"))?;
-            let array = pipecut::runtime::read_npy(Path::new(file))
+            let array = crate::runtime::read_npy(Path::new(file))
                 .with_context(|| format!("--value {name}"))?;
             values.insert(name.to_string(), array.tensor.to_const_value());
         }
@@ -206,7 +206,7 @@ impl ModelArgs {
 /// Costing would stop at the first such dim it meets, so a model with three unbound dims took
 /// three runs to learn them.
 pub(crate) fn require_bound_dims(
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
     bindings: &DimBindings,
     chosen: Option<&str>,
 ) -> anyhow::Result<()> {
@@ -218,7 +218,7 @@ pub(crate) fn require_bound_dims(
             continue;
         }
         for dim in tensor.shape.as_deref().unwrap_or(&[]) {
-            let pipecut::graph::Dim::Sym(sym) = dim else {
+            let crate::graph::Dim::Sym(sym) = dim else {
                 continue;
             };
             for name in sym.symbols() {
@@ -263,12 +263,12 @@ pub enum DtypeArg {
     Fp32,
 }
 
-impl From<DtypeArg> for pipecut::cost::Precision {
-    fn from(d: DtypeArg) -> pipecut::cost::Precision {
+impl From<DtypeArg> for crate::cost::Precision {
+    fn from(d: DtypeArg) -> crate::cost::Precision {
         match d {
-            DtypeArg::Bf16 => pipecut::cost::Precision::Bf16,
-            DtypeArg::Fp16 => pipecut::cost::Precision::Fp16,
-            DtypeArg::Fp32 => pipecut::cost::Precision::Fp32,
+            DtypeArg::Bf16 => crate::cost::Precision::Bf16,
+            DtypeArg::Fp16 => crate::cost::Precision::Fp16,
+            DtypeArg::Fp32 => crate::cost::Precision::Fp32,
         }
     }
 }
@@ -297,7 +297,7 @@ pub(crate) enum Weights {
 /// knows, op versions whose additions it does not apply) as `warning:` lines, and warning about
 /// (or, when `weights` are read, refusing) absent external data.
 pub(crate) fn load_model(path: &Path, weights: Weights) -> anyhow::Result<Model> {
-    let model = pipecut::onnx::load_model(path)
+    let model = crate::onnx::load_model(path)
         .with_context(|| format!("cannot load '{}'", path.display()))?;
     for warning in &model.warnings {
         eprintln!(
@@ -351,7 +351,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Schema => {
-            print_stdout(&pipecut::plan::Plan::json_schema())?;
+            print_stdout(&crate::plan::Plan::json_schema())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Export(args) => export::run(args),
@@ -363,7 +363,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Refuses a model whose graph is not the one `plan` was made for (the error names the plan's
 /// file), and notes on stderr when only the weights differ, which the plan allows.
 pub(crate) fn match_plan_model(
-    plan: &pipecut::plan::Plan,
+    plan: &crate::plan::Plan,
     model: &Model,
     plan_path: &Path,
 ) -> anyhow::Result<()> {
@@ -447,10 +447,38 @@ pub(crate) fn shorten_name(name: &str, width: usize) -> String {
     short
 }
 
+thread_local! {
+    /// Where [`print_stdout`] writes instead of stdout while [`run_captured`] runs a command on
+    /// this thread: the Python package returns a command's report rather than printing it into
+    /// the interpreter's stdout.
+    static CAPTURED: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs a command as [`run`] does, and returns what it would have printed on stdout with its
+/// result. Commands print only through [`print_stdout`], so nothing else reaches stdout; notes
+/// and progress still go to stderr.
+pub fn run_captured(cli: Cli) -> (anyhow::Result<ExitCode>, String) {
+    CAPTURED.with(|captured| *captured.borrow_mut() = Some(String::new()));
+    let result = run(cli);
+    let printed = CAPTURED.with(|captured| captured.borrow_mut().take());
+    (result, printed.unwrap_or_default())
+}
+
 /// Writes to stdout, control characters escaped ([`escape_controls`]); a closed pipe
-/// (`pipecut inspect m.onnx | head`) is not an error.
+/// (`pipecut inspect m.onnx | head`) is not an error. Under [`run_captured`] the text is kept
+/// verbatim instead.
 pub(crate) fn print_stdout(text: &str) -> std::io::Result<()> {
     use std::io::Write;
+    let kept = CAPTURED.with(|captured| match captured.borrow_mut().as_mut() {
+        Some(buffer) => {
+            buffer.push_str(text);
+            true
+        }
+        None => false,
+    });
+    if kept {
+        return Ok(());
+    }
     let text = escape_controls(text);
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -482,7 +510,7 @@ pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// [`escape_controls`] for an error message, and cut in the middle past [`MAX_MESSAGE_CHARS`].
-pub(crate) fn terminal_safe(text: &str) -> String {
+pub fn terminal_safe(text: &str) -> String {
     let escaped = escape_controls(text);
     let count = escaped.chars().count();
     if count <= MAX_MESSAGE_CHARS {
@@ -502,12 +530,12 @@ pub(crate) fn terminal_safe(text: &str) -> String {
 const MAX_MESSAGE_CHARS: usize = 2000;
 
 /// Refuses an output path before any work or write: an input, a directory, a device, a
-/// missing directory (`pipecut::io::check_output`).
+/// missing directory (`crate::io::check_output`).
 pub(crate) fn check_output(
     path: &std::path::Path,
     inputs: &[&std::path::Path],
 ) -> anyhow::Result<()> {
-    Ok(pipecut::io::check_output(path, inputs)?)
+    Ok(crate::io::check_output(path, inputs)?)
 }
 
 /// Writes `bytes` to `path` atomically, after the same checks as [`check_output`]: an interrupted
@@ -530,15 +558,48 @@ pub(crate) fn write_atomically_with(
     check_output(path, inputs)?;
     let mode = inputs
         .first()
-        .map(|source| pipecut::io::OutputMode::like(source))
+        .map(|source| crate::io::OutputMode::like(source))
         .unwrap_or_default();
     // Temporaries that a killed pipecut left beside this output go now.
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        pipecut::io::remove_stale_temporaries(dir);
+        crate::io::remove_stale_temporaries(dir);
     } else {
-        pipecut::io::remove_stale_temporaries(std::path::Path::new("."));
+        crate::io::remove_stale_temporaries(std::path::Path::new("."));
     }
-    Ok(pipecut::io::write_atomically_with(path, mode, write)?)
+    Ok(crate::io::write_atomically_with(path, mode, write)?)
+}
+
+/// The error chain on one line ("cannot load x.onnx: ...: ..."), each cause once: a library
+/// error whose message already quotes its OS error is not followed by that error again.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// 1 when the library says the model does not fit or a plan is invalid, 2 for everything else.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let library = err
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<crate::Error>());
+    match library {
+        Some(
+            crate::Error::Infeasible(_)
+            | crate::Error::InvalidPlan(_)
+            | crate::Error::NotAPartition(_)
+            | crate::Error::NonConvexStages { .. },
+        ) => 1,
+        _ => 2,
+    }
 }
 
 #[cfg(test)]

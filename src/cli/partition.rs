@@ -5,16 +5,17 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-use clap::{Args, ValueEnum};
-use pipecut::cost::{Catalog, Cluster, LinkChoice, Schedule};
-use pipecut::onnx::inspect::{count_of, human_bytes};
-use pipecut::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
-use pipecut::partition::{
+use crate::cost::{Catalog, Cluster, LinkChoice, Schedule};
+use crate::onnx::inspect::{count_of, human_bytes};
+use crate::partition::torch_split::{torch_split, TorchSplitOutcome, DEFAULT_SPLIT_TOLERANCE};
+use crate::partition::{
     CostSettings, CutConstraints, HeuristicReason, PartitionConfig, Planner, SolveStatus,
     SolverChoice, SolverKind, StageCount,
 };
-use pipecut::plan::{Plan, PlanContext, PlanOptions};
+use crate::plan::engines;
+use crate::plan::{Plan, PlanContext, PlanOptions};
+use anyhow::Context;
+use clap::{Args, ValueEnum};
 
 use super::cost::{ModeArg, UnknownOpArg};
 use super::{print_stdout, write_atomically, ModelArgs};
@@ -189,7 +190,7 @@ pub struct PartitionArgs {
     /// forward; or recompute only attention's score tensors (selective). (`plan-cluster` also
     /// searches ZeRO stages over its replicas.)
     #[arg(long, default_value = "none", value_name = "none|selective|full")]
-    recompute: pipecut::cost::Recompute,
+    recompute: crate::cost::Recompute,
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
@@ -241,7 +242,7 @@ pub struct PartitionArgs {
     /// names the baselines table reports (`/model/layers.3`, `prologue`). The default picks
     /// the numbered blocks, as Megatron-DeepSpeed's `type:transformer` picks its transformer
     /// layers.
-    #[arg(long, value_name = "REGEX", default_value = pipecut::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = parse_layer_type)]
+    #[arg(long, value_name = "REGEX", default_value = crate::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = parse_layer_type)]
     baseline_layer_type: String,
     /// Write the plan JSON here.
     #[arg(long)]
@@ -254,7 +255,9 @@ pub struct PartitionArgs {
     record_solve_time: bool,
     /// Also print the plan in another tool's terms. torch-split-spec: the `split_spec` of
     /// torch.distributed.pipelining and DeepSpeed's layer `parts`, with the stage boundaries
-    /// moved to module boundaries (with --json: `{"plan": …, "torch_split": …}`).
+    /// moved to module boundaries; megatron-args, deepspeed-config: those engines' settings
+    /// for a training plan (with --json: `{"plan": …, "torch_split" | "megatron" |
+    /// "deepspeed": …}`).
     #[arg(long, value_enum)]
     emit: Option<EmitArg>,
     /// How much moving the stage boundaries to module boundaries may raise the bottleneck, as a
@@ -268,6 +271,91 @@ pub struct PartitionArgs {
 pub enum EmitArg {
     /// torch.distributed.pipelining `split_spec` and DeepSpeed `parts`.
     TorchSplitSpec,
+    /// Megatron-LM's arguments: parallel sizes, batch, recomputation, distributed optimizer,
+    /// and the stages as `--pipeline-model-parallel-layout` (training plans).
+    MegatronArgs,
+    /// DeepSpeed's `ds_config` and its `PipelineModule`'s `parts` (training plans).
+    DeepspeedConfig,
+}
+
+/// What `--emit` adds: the plan in another tool's terms, as JSON (under `key` beside the plan
+/// with --json) and as text for the table.
+pub(super) struct Emitted {
+    key: &'static str,
+    value: serde_json::Value,
+    text: String,
+}
+
+/// Builds what `--emit` asks for, from the plan and the solution it was made from.
+pub(super) fn emitted(
+    emit: Option<EmitArg>,
+    plan: &Plan,
+    solution: &crate::partition::Solution,
+    tolerance: f64,
+) -> anyhow::Result<Option<Emitted>> {
+    let Some(emit) = emit else {
+        return Ok(None);
+    };
+    let split = torch_split(&solution.problem, &solution.stage_of, tolerance)?;
+    let placed = match &split {
+        TorchSplitOutcome::Split(split) => Some(split),
+        TorchSplitOutcome::NoModuleBoundaries { .. } => None,
+    };
+    Ok(Some(match emit {
+        EmitArg::TorchSplitSpec => Emitted {
+            key: "torch_split",
+            value: serde_json::to_value(&split)?,
+            text: torch_split_text(&split),
+        },
+        EmitArg::MegatronArgs => {
+            let value = engines::megatron_args(plan, placed)?;
+            let words: Vec<String> = value["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str())
+                .map(shell_word)
+                .collect();
+            let notes: Vec<&str> = value["notes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str())
+                .collect();
+            let mut text = format!(
+                "\nMegatron-LM arguments (world size {}):\n{}\n",
+                value["world_size"],
+                words.join(" ")
+            );
+            for note in notes {
+                text.push_str(&format!("note: {note}\n"));
+            }
+            Emitted {
+                key: "megatron",
+                value,
+                text,
+            }
+        }
+        EmitArg::DeepspeedConfig => {
+            let value = engines::deepspeed_config(plan, placed)?;
+            let text = format!("\nDeepSpeed:\n{}\n", serde_json::to_string_pretty(&value)?);
+            Emitted {
+                key: "deepspeed",
+                value,
+                text,
+            }
+        }
+    }))
+}
+
+/// One shell word: as it is when it holds only characters no shell interprets, else in single
+/// quotes (a `'` inside closed, escaped and reopened), so pasting the line runs no code.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=,:+".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_string();
+    }
+    format!("'{}'", text.replace('\'', "'\\''"))
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
@@ -285,7 +373,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     let loading = std::time::Instant::now();
     let mut model = args.model.load_bound(super::Weights::NotRead)?;
     let load_secs = loading.elapsed().as_secs_f64();
-    let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
+    let dtype_override = args.dtype.map(crate::cost::Precision::from);
     if let Some(precision) = dtype_override {
         model.graph.override_float_dtype(precision.dtype());
     }
@@ -337,23 +425,9 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             })?,
         }
     }
-    let split = match args.emit {
-        Some(EmitArg::TorchSplitSpec) => Some(torch_split(
-            &solution.problem,
-            &solution.stage_of,
-            args.split_tolerance,
-        )?),
-        None => None,
-    };
+    let emitted = emitted(args.emit, &plan, &solution, args.split_tolerance)?;
     if let Some(json) = &json {
-        match &split {
-            Some(split) => {
-                let plan_value: serde_json::Value = serde_json::from_str(json)?;
-                let both = serde_json::json!({ "plan": plan_value, "torch_split": split });
-                print_stdout(&format!("{}\n", serde_json::to_string_pretty(&both)?))?;
-            }
-            None => print_stdout(json)?,
-        }
+        print_json(json, emitted.as_ref())?;
     } else {
         print_text(
             &args,
@@ -362,7 +436,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
             &model.graph,
             &cluster,
             load_secs,
-            split.as_ref(),
+            emitted.as_ref(),
         )?;
     }
     // The process ends here and the OS takes the memory back at once; freeing a large model's
@@ -378,8 +452,8 @@ fn partition_config(args: &PartitionArgs, nodes: usize, load_secs: f64) -> Parti
         stages: args.stages,
         devices: Vec::new(),
         settings: CostSettings {
-            mode: pipecut::cost::Mode::from(args.mode)
-                .with_memory_techniques(args.recompute, pipecut::cost::ZeroSharding::NONE),
+            mode: crate::cost::Mode::from(args.mode)
+                .with_memory_techniques(args.recompute, crate::cost::ZeroSharding::NONE),
             schedule: args.schedule,
             microbatches: args.microbatches,
             memory_headroom: args.memory_headroom,
@@ -402,10 +476,10 @@ fn partition_config(args: &PartitionArgs, nodes: usize, load_secs: f64) -> Parti
 
 /// Runs the planner, its progress on stderr.
 fn solve(
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
     cluster: &Cluster,
     config: PartitionConfig,
-) -> Result<pipecut::partition::Solution, pipecut::Error> {
+) -> Result<crate::partition::Solution, crate::Error> {
     let display = super::progress::Display::start(&format!(
         "partitioning {} over {}",
         count_of(graph.node_count(), "node"),
@@ -425,11 +499,11 @@ fn solve(
 fn print_text(
     args: &PartitionArgs,
     plan: &Plan,
-    solution: &pipecut::partition::Solution,
-    graph: &pipecut::graph::Graph,
+    solution: &crate::partition::Solution,
+    graph: &crate::graph::Graph,
     cluster: &Cluster,
     load_secs: f64,
-    split: Option<&TorchSplitOutcome>,
+    emitted: Option<&Emitted>,
 ) -> anyhow::Result<()> {
     print_stdout(&table(plan, Some(solution.solve_secs)))?;
     print_stdout(&format!(
@@ -451,7 +525,7 @@ fn print_text(
             devices: plan
                 .stages
                 .iter()
-                .map(|s| pipecut::cost::DeviceId(s.device.id))
+                .map(|s| crate::cost::DeviceId(s.device.id))
                 .collect(),
         },
     )?)?;
@@ -461,8 +535,8 @@ fn print_text(
     if let Some(selection) = &plan.summary.measured_selection {
         print_stdout(&super::select::selection_text(selection))?;
     }
-    if let Some(split) = split {
-        print_stdout(&torch_split_text(split))?;
+    if let Some(emitted) = emitted {
+        print_stdout(&emitted.text)?;
     }
     if let Some(out) = &args.out {
         print_stdout(&format!("wrote {}\n", out.display()))?;
@@ -493,7 +567,7 @@ fn solve_share(limit: std::time::Duration, nodes: usize, load_secs: f64) -> std:
 }
 
 /// What the MILP did, in one line.
-fn milp_line(report: &pipecut::partition::MilpReport) -> String {
+fn milp_line(report: &crate::partition::MilpReport) -> String {
     let graph = if report.coarsened {
         format!("a coarsened graph of {} super-nodes", report.nodes)
     } else {
@@ -502,7 +576,7 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
     let outcome = match (&report.error, report.started, report.proven, report.stopped) {
         _ if report.too_large => format!(
             "not built: the model is too large for the MILP (more than {} node × boundary cells)",
-            pipecut::partition::milp::MAX_MODEL_CELLS
+            crate::partition::milp::MAX_MODEL_CELLS
         ),
         (Some(error), _, _, _) => format!("the solver failed ({error})"),
         (None, false, _, _) => "never started: the time limit left no room after coarsening".into(),
@@ -520,6 +594,27 @@ fn milp_line(report: &pipecut::partition::MilpReport) -> String {
 }
 
 /// The split points for PyTorch and DeepSpeed, or why there are none.
+/// Prints the plan JSON, or with `--emit` `{"plan": …, KEY: …}` (`torch_split`, `megatron`,
+/// `deepspeed`).
+pub(super) fn print_json(json: &str, emitted: Option<&Emitted>) -> anyhow::Result<()> {
+    match emitted {
+        Some(emitted) => {
+            let plan_value: serde_json::Value = serde_json::from_str(json)?;
+            let mut both = serde_json::Map::new();
+            both.insert("plan".to_string(), plan_value);
+            both.insert(emitted.key.to_string(), emitted.value.clone());
+            print_stdout(&format!("{}\n", serde_json::to_string_pretty(&both)?))?;
+        }
+        None => print_stdout(json)?,
+    }
+    Ok(())
+}
+
+/// The text of `emitted` for the table.
+pub(super) fn emitted_text(emitted: &Emitted) -> &str {
+    &emitted.text
+}
+
 fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
     use std::fmt::Write;
     let split = match outcome {
@@ -568,7 +663,7 @@ fn torch_split_text(outcome: &TorchSplitOutcome) -> String {
 
 /// A `--baseline-layer-type` that compiles as a regex.
 pub(super) fn parse_layer_type(text: &str) -> Result<String, String> {
-    pipecut::partition::baselines::check_layer_type(text).map(|()| text.to_string())
+    crate::partition::baselines::check_layer_type(text).map(|()| text.to_string())
 }
 
 /// How much faster the plan is than a baseline (its bottleneck over the plan's), with a tie
@@ -617,8 +712,8 @@ fn heading(out: &mut String, plan: &Plan) {
             ),
         },
         match c.mode {
-            pipecut::cost::Mode::Inference => "inference",
-            pipecut::cost::Mode::Training { .. } => "training",
+            crate::cost::Mode::Inference => "inference",
+            crate::cost::Mode::Training { .. } => "training",
         },
         count_of(c.microbatches as usize, "micro-batch"),
         c.schedule

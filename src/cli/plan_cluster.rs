@@ -7,18 +7,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cost::{Recompute, Schedule};
+use crate::onnx::inspect::human_bytes;
+use crate::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
+use crate::partition::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
+use crate::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
+use crate::plan::{Plan, PlanContext, PlanOptions};
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::{Recompute, Schedule};
-use pipecut::onnx::inspect::human_bytes;
-use pipecut::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
-use pipecut::partition::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
-use pipecut::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
-use pipecut::plan::{Plan, PlanContext, PlanOptions};
 
 use super::cost::{ModeArg, UnknownOpArg};
-use super::partition::{parse_duration, parse_schedule, ClusterArgs};
+use super::partition::{parse_duration, parse_schedule, ClusterArgs, EmitArg};
 use super::{print_stdout, write_atomically, ModelArgs};
+use crate::partition::torch_split::DEFAULT_SPLIT_TOLERANCE;
 
 #[derive(Debug, Args)]
 pub struct PlanClusterArgs {
@@ -87,7 +88,7 @@ pub struct PlanClusterArgs {
     time_limit: Duration,
     /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given for the chosen
     /// configuration's baselines, as `pipecut partition --baseline-layer-type` takes it.
-    #[arg(long, value_name = "REGEX", default_value = pipecut::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = super::partition::parse_layer_type)]
+    #[arg(long, value_name = "REGEX", default_value = crate::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = super::partition::parse_layer_type)]
     baseline_layer_type: String,
     /// Stop the chosen configuration's searches after this many units of their own work
     /// instead of at the time limit (see `pipecut partition --work-budget`).
@@ -99,6 +100,15 @@ pub struct PlanClusterArgs {
     /// Print the plan JSON instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also give the chosen plan in another tool's terms, as `partition --emit` does
+    /// (torch-split-spec: torch.distributed.pipelining's `split_spec` and DeepSpeed's `parts`;
+    /// megatron-args; deepspeed-config; with --json: `{"plan": …, KEY: …}`).
+    #[arg(long, value_enum)]
+    emit: Option<EmitArg>,
+    /// How much moving the stage boundaries to module boundaries may raise the bottleneck, as a
+    /// fraction (0.05 = 5 %).
+    #[arg(long, default_value_t = DEFAULT_SPLIT_TOLERANCE, value_name = "FRACTION", requires = "emit")]
+    split_tolerance: f64,
 }
 
 pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
@@ -114,7 +124,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     // The search binds the batch dim per candidate; every other dim must be bound here.
     super::require_bound_dims(&model.graph, &bindings, Some(&args.batch_dim))
         .with_context(|| format!("'{}'", path.display()))?;
-    let dtype_override = args.dtype.map(pipecut::cost::Precision::from);
+    let dtype_override = args.dtype.map(crate::cost::Precision::from);
     request.dtype_override = dtype_override.map(|p| p.dtype());
     let dims: BTreeMap<String, u64> = bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
     let applied = args.measured.apply(
@@ -127,7 +137,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
 
     let display = super::progress::Display::start(&format!(
         "searching configurations of {}",
-        pipecut::onnx::inspect::count_of(cluster.device_count(), "device")
+        crate::onnx::inspect::count_of(cluster.device_count(), "device")
     ));
     let searched = search(&model.graph, &cluster, &request);
     display.finish();
@@ -161,10 +171,14 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = &args.out {
         write_atomically(out, json.as_bytes(), &[&args.model.model])?;
     }
+    let emitted = super::partition::emitted(args.emit, &plan, &solution, args.split_tolerance)?;
     if args.json {
-        print_stdout(&json)?;
+        super::partition::print_json(&json, emitted.as_ref())?;
     } else {
         print_stdout(&table(&plan, &outcome))?;
+        if let Some(emitted) = &emitted {
+            print_stdout(super::partition::emitted_text(emitted))?;
+        }
         // The whole step, over every replica: D × m micro-batches of b samples on D × K GPUs.
         let best = &outcome.best;
         print_stdout(&super::efficiency::efficiency_line(
@@ -192,7 +206,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
 /// dim the search chooses); the precision is added by the caller.
 fn search_request(
     args: &PlanClusterArgs,
-    bindings: &pipecut::onnx::shape::DimBindings,
+    bindings: &crate::onnx::shape::DimBindings,
 ) -> anyhow::Result<SearchRequest> {
     if bindings.iter().any(|(name, _)| name == args.batch_dim) {
         anyhow::bail!(
@@ -245,7 +259,7 @@ fn search_request(
 /// `--microbatch-sizes` leaves out.
 fn keep_measured_batch_size(
     args: &PlanClusterArgs,
-    applied: &[pipecut::cost::NodeTimes],
+    applied: &[crate::cost::NodeTimes],
     request: &mut SearchRequest,
 ) -> anyhow::Result<()> {
     let Some(times) = applied.first() else {
@@ -282,9 +296,9 @@ fn keep_measured_batch_size(
 fn chosen_partition(
     args: &PlanClusterArgs,
     outcome: &SearchOutcome,
-    cluster: &pipecut::cost::Cluster,
+    cluster: &crate::cost::Cluster,
     request: &SearchRequest,
-) -> Result<pipecut::partition::Solution, pipecut::Error> {
+) -> Result<crate::partition::Solution, crate::Error> {
     let best = outcome.best.key;
     Planner::new(&outcome.graph, cluster)
         .with_tensor_parallel(
@@ -308,7 +322,7 @@ fn chosen_partition(
             work_budget: args.work_budget,
             // The search keeps each block that splits at the chosen degree on one stage (what
             // it costs split is what the export splits); the plan keeps the stages it costed.
-            cut_constraints: pipecut::partition::CutConstraints::tensor_parallel(
+            cut_constraints: crate::partition::CutConstraints::tensor_parallel(
                 best.tensor_parallel.degree,
             ),
             baseline_layer_type: args.baseline_layer_type.clone(),
@@ -373,8 +387,8 @@ fn heading(out: &mut String, plan: &Plan, outcome: &SearchOutcome) {
         plan.cluster.description,
         outcome_devices(plan),
         plan.parallelism.as_ref().map_or(0, |p| p.global_batch),
-        pipecut::onnx::inspect::count_of(k.stages, "stage"),
-        pipecut::onnx::inspect::count_of(k.data_parallel, "replica"),
+        crate::onnx::inspect::count_of(k.stages, "stage"),
+        crate::onnx::inspect::count_of(k.data_parallel, "replica"),
         match tensor_name(k.tensor_parallel).as_str() {
             "-" => String::new(),
             name => format!(" × tensor-parallel {name}"),

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::cost::measured::{MeasuredModel, NodeTimes};
+use crate::runtime::profile::{profile, ProfileRuns, ProfileSubject};
+use crate::runtime::{check_inputs, cuda::CudaExecutor, seeded_inputs, CpuExecutor, Weights};
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::measured::{MeasuredModel, NodeTimes};
-use pipecut::runtime::profile::{profile, ProfileRuns, ProfileSubject};
-use pipecut::runtime::{check_inputs, cuda::CudaExecutor, seeded_inputs, CpuExecutor, Weights};
 
 use super::ModelArgs;
 
@@ -130,8 +130,8 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
     };
     super::write_atomically(&args.out, times.to_json().as_bytes(), &[&args.model.model])?;
     let m = &times.measured_with;
-    println!(
-        "wrote {}: {} nodes on {} ({}), {:.3} ms per run (median of {}), spread {:.1}%{}",
+    super::print_stdout(&format!(
+        "wrote {}: {} nodes on {} ({}), {:.3} ms per run (median of {}), spread {:.1}%{}\n",
         args.out.display(),
         times.nodes.len(),
         times.device,
@@ -144,7 +144,7 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<ExitCode> {
         } else {
             ""
         }
-    );
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -154,7 +154,7 @@ fn from_onnxruntime(
     model: MeasuredModel,
 ) -> anyhow::Result<NodeTimes> {
     let text =
-        pipecut::io::read_text_bounded(trace, pipecut::io::MAX_JSON_BYTES, "onnxruntime profile")?;
+        crate::io::read_text_bounded(trace, crate::io::MAX_JSON_BYTES, "onnxruntime profile")?;
     let mut times = NodeTimes::from_onnxruntime_trace(&text, &trace.display().to_string(), device)?;
     // The trace does not say which model or dims it ran; the user says it by naming the model.
     times.model = model;

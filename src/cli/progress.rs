@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pipecut::partition::{Progress, SolverKind};
+use crate::partition::{Progress, SolverKind};
 
 /// Plain lines come at most this often (and the first after this long): a solve that finishes
 /// within a second prints nothing, a ten-second one about ten lines.
@@ -98,7 +98,7 @@ pub(crate) fn describe(progress: &Progress) -> String {
         SolverKind::Milp => "MILP",
         SolverKind::IdealSearch => "ideal search",
     };
-    let stages = pipecut::onnx::inspect::count_of(progress.stages, "stage");
+    let stages = crate::onnx::inspect::count_of(progress.stages, "stage");
     let best = format!("best {:.3} ms", progress.best_secs * 1e3);
     match (progress.bound_secs, progress.gap()) {
         (Some(bound), Some(gap)) => format!(

@@ -5,16 +5,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use clap::Args;
-use pipecut::graph::NodeId;
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::plan::Plan;
-use pipecut::runtime::{
+use crate::graph::NodeId;
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::plan::Plan;
+use crate::runtime::{
     check_inputs, cuda::CudaExecutor, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
     Executor, Tensors, Weights,
 };
-use pipecut::schedule::{simulate, StageTimes};
+use crate::schedule::{simulate, StageTimes};
+use anyhow::{bail, Context};
+use clap::Args;
 use serde::Serialize;
 
 use super::run_files::{read_inputs, write_outputs};
@@ -64,25 +64,25 @@ pub struct RunArgs {
 /// for the run's dims, in memory), loaded.
 fn load_ranks(
     model_path: &std::path::Path,
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
     weights: &Weights,
     stages: &[Vec<NodeId>],
     dims: &BTreeMap<String, u64>,
-    tp: pipecut::partition::tensor_parallel::TensorParallelism,
-) -> anyhow::Result<pipecut::runtime::tensor_parallel::LoadedRanks> {
+    tp: crate::partition::tensor_parallel::TensorParallelism,
+) -> anyhow::Result<crate::runtime::tensor_parallel::LoadedRanks> {
     let sharded =
-        pipecut::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
+        crate::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
             .with_context(|| {
-            format!(
-                "cannot split '{}' for tensor parallelism",
-                model_path.display()
-            )
-        })?;
+                format!(
+                    "cannot split '{}' for tensor parallelism",
+                    model_path.display()
+                )
+            })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
     }
-    Ok(pipecut::runtime::tensor_parallel::LoadedRanks::load(
+    Ok(crate::runtime::tensor_parallel::LoadedRanks::load(
         &sharded.ranks,
         model_dir(model_path),
         &bindings,
@@ -93,15 +93,15 @@ fn load_ranks(
 /// sharding rewrite as [`load_ranks`] makes every one, and loaded alone.
 fn load_rank(
     model_path: &std::path::Path,
-    graph: &pipecut::graph::Graph,
+    graph: &crate::graph::Graph,
     weights: &Weights,
     stages: &[Vec<NodeId>],
     dims: &BTreeMap<String, u64>,
-    tp: pipecut::partition::tensor_parallel::TensorParallelism,
-    place: pipecut::runtime::distributed::Place,
-) -> anyhow::Result<pipecut::runtime::tensor_parallel::LoadedRanks> {
+    tp: crate::partition::tensor_parallel::TensorParallelism,
+    place: crate::runtime::distributed::Place,
+) -> anyhow::Result<crate::runtime::tensor_parallel::LoadedRanks> {
     let mut mine = None;
-    pipecut::onnx::export::shard::shard_stages_each(
+    crate::onnx::export::shard::shard_stages_each(
         model_path,
         graph,
         weights,
@@ -126,7 +126,7 @@ fn load_rank(
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
     }
-    Ok(pipecut::runtime::tensor_parallel::LoadedRanks::load(
+    Ok(crate::runtime::tensor_parallel::LoadedRanks::load(
         &[vec![mine]],
         model_dir(model_path),
         &bindings,
@@ -143,13 +143,13 @@ fn model_dir(model_path: &std::path::Path) -> &std::path::Path {
 
 /// Runs the plan's stages each as tensor-parallel ranks on threads.
 fn run_tensor_parallel(
-    graph: &pipecut::graph::Graph,
-    ranks: &pipecut::runtime::tensor_parallel::LoadedRanks,
-    specs: &[pipecut::runtime::StageSpec],
+    graph: &crate::graph::Graph,
+    ranks: &crate::runtime::tensor_parallel::LoadedRanks,
+    specs: &[crate::runtime::StageSpec],
     inputs: &Tensors,
     microbatches: usize,
-) -> anyhow::Result<pipecut::runtime::PipelineReport> {
-    use pipecut::runtime::tensor_parallel::TensorParallelExecutor;
+) -> anyhow::Result<crate::runtime::PipelineReport> {
+    use crate::runtime::tensor_parallel::TensorParallelExecutor;
     let executor = TensorParallelExecutor::new(graph, ranks);
     let mut prepared = specs
         .iter()
@@ -168,17 +168,14 @@ fn run_tensor_parallel(
 /// groups), its collectives staged through the host; gives the report and, per stage, the ops
 /// that ran on the host summed over its ranks.
 fn run_tensor_parallel_cuda(
-    graph: &pipecut::graph::Graph,
-    ranks: &pipecut::runtime::tensor_parallel::LoadedRanks,
-    specs: &[pipecut::runtime::StageSpec],
+    graph: &crate::graph::Graph,
+    ranks: &crate::runtime::tensor_parallel::LoadedRanks,
+    specs: &[crate::runtime::StageSpec],
     inputs: &Tensors,
     microbatches: usize,
-) -> anyhow::Result<(
-    pipecut::runtime::PipelineReport,
-    Vec<BTreeMap<String, usize>>,
-)> {
-    use pipecut::runtime::tensor_parallel::{whole_rank_spec, RankGroupExecutor};
-    let gpus = pipecut::runtime::cuda::device_count().map_err(pipecut::Error::Cuda)?;
+) -> anyhow::Result<(crate::runtime::PipelineReport, Vec<BTreeMap<String, usize>>)> {
+    use crate::runtime::tensor_parallel::{whole_rank_spec, RankGroupExecutor};
+    let gpus = crate::runtime::cuda::device_count().map_err(crate::Error::Cuda)?;
     let mut groups = Vec::new();
     for (k, stage) in ranks.stages().into_iter().enumerate() {
         let t = stage.len();
@@ -231,7 +228,7 @@ struct StageRow {
 
 /// What running every stage in this process gave.
 struct RanHere {
-    report: pipecut::runtime::PipelineReport,
+    report: crate::runtime::PipelineReport,
     /// Per stage, the ops that ran on the host (empty on the CPU backend).
     host_ops: Vec<BTreeMap<String, usize>>,
     /// Per stage, what executed it here (`CPU`, `GPU n`, `t GPU ranks`).
@@ -312,7 +309,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 fn checked_model(
     args: &RunArgs,
     plan: &Plan,
-) -> anyhow::Result<(pipecut::onnx::Model, BTreeMap<String, u64>)> {
+) -> anyhow::Result<(crate::onnx::Model, BTreeMap<String, u64>)> {
     // The plan is checked against the model typed as the plan was costed: same file, every node
     // once, convex stages, figures as recorded.
     let mut model = typed_model(args, plan, &plan.model.dims)?;
@@ -349,7 +346,7 @@ fn typed_model(
     args: &RunArgs,
     plan: &Plan,
     bindings: &BTreeMap<String, u64>,
-) -> anyhow::Result<pipecut::onnx::Model> {
+) -> anyhow::Result<crate::onnx::Model> {
     let mut model = super::load_model(&args.model, super::Weights::Read)?;
     // Refuse another model before binding the plan's dims, which it may not even have.
     plan.model_match(model.digests())
@@ -381,12 +378,12 @@ fn step_microbatches(args: &RunArgs, plan: &Plan) -> anyhow::Result<usize> {
     }
     // The run ends with a simulation of the same step, which has this cap: refuse before
     // allocating inputs for micro-batches that could not be compared with it.
-    pipecut::schedule::check_microbatches(microbatches as u64)?;
+    crate::schedule::check_microbatches(microbatches as u64)?;
     Ok(microbatches)
 }
 
 /// Each stage's nodes, found by the names the plan lists.
-fn stage_nodes(plan: &Plan, graph: &pipecut::graph::Graph) -> anyhow::Result<Vec<Vec<NodeId>>> {
+fn stage_nodes(plan: &Plan, graph: &crate::graph::Graph) -> anyhow::Result<Vec<Vec<NodeId>>> {
     let by_name: HashMap<&str, NodeId> =
         graph.nodes().map(|(id, n)| (n.name.as_str(), id)).collect();
     plan.stages
@@ -409,12 +406,12 @@ fn stage_nodes(plan: &Plan, graph: &pipecut::graph::Graph) -> anyhow::Result<Vec
 struct StagedRun<'a> {
     args: &'a RunArgs,
     plan: &'a Plan,
-    graph: &'a pipecut::graph::Graph,
+    graph: &'a crate::graph::Graph,
     dims: &'a BTreeMap<String, u64>,
     weights: &'a Weights,
     stages: &'a [Vec<NodeId>],
-    specs: &'a [pipecut::runtime::StageSpec],
-    tensor_parallel: Option<pipecut::partition::tensor_parallel::TensorParallelism>,
+    specs: &'a [crate::runtime::StageSpec],
+    tensor_parallel: Option<crate::partition::tensor_parallel::TensorParallelism>,
     microbatches: usize,
 }
 
@@ -592,8 +589,8 @@ fn table(r: &Report) -> String {
             Backend::Cpu => "the CPU reference runtime",
             Backend::Cuda => "the CUDA runtime",
         },
-        pipecut::onnx::inspect::count_of(r.stages.len(), "stage"),
-        pipecut::onnx::inspect::count_of(r.microbatches, "micro-batch"),
+        crate::onnx::inspect::count_of(r.stages.len(), "stage"),
+        crate::onnx::inspect::count_of(r.microbatches, "micro-batch"),
         if r.random_inputs {
             " of seeded random inputs"
         } else {

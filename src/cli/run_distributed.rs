@@ -1,7 +1,7 @@
 //! `pipecut run PLAN MODEL --distributed`: this process is one rank of a job that a launcher
 //! (`torchrun`, `mpirun`, `srun`) started; it runs its stage of its replica (its TP rank's shard
 //! of it, on a tensor-parallel plan) and talks to the others over MPI or TCP
-//! (`pipecut::runtime::distributed`). The collector (last stage of replica 0) writes the
+//! (`crate::runtime::distributed`). The collector (last stage of replica 0) writes the
 //! outputs; every rank prints its own figures.
 
 use std::net::SocketAddr;
@@ -10,18 +10,18 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use clap::Args;
-use pipecut::plan::Plan;
-use pipecut::runtime::cpu::split_microbatches;
-use pipecut::runtime::distributed::{
+use crate::plan::Plan;
+use crate::runtime::cpu::split_microbatches;
+use crate::runtime::distributed::{
     collectives::{SharedTransport, TransportGroup},
     metrics, run_rank,
     tcp::TcpTransport,
     Launch, Place, RankFigures, RankJob, RankLayout, SharedFigures, Transport,
 };
-use pipecut::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExecutor};
-use pipecut::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
+use crate::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExecutor};
+use crate::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
+use anyhow::{bail, Context};
+use clap::Args;
 use serde::Serialize;
 
 use super::{print_stdout, Backend};
@@ -94,13 +94,13 @@ pub struct RankSetup<'a> {
     pub launch: Launch,
     /// The model file this rank loaded: the whole model, or its stage's exported file.
     pub model_file: &'a Path,
-    pub graph: &'a pipecut::graph::Graph,
+    pub graph: &'a crate::graph::Graph,
     pub weights: &'a Weights,
     /// This rank's stage.
     pub spec: &'a StageSpec,
     /// On a tensor-parallel plan, this rank's shard of its stage (graph and weights), which it
     /// runs in place of the stage of `graph`.
-    pub shard: Option<(&'a pipecut::graph::Graph, &'a Weights)>,
+    pub shard: Option<(&'a crate::graph::Graph, &'a Weights)>,
     /// Tensors this rank passes on from what it receives without reading them (an exported
     /// stage file holds only what its own nodes read; empty for the whole model).
     pub relay: Vec<String>,
@@ -283,11 +283,10 @@ fn run_on_gpu(
     rank: &Rank<'_>,
     make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
 ) -> anyhow::Result<Ran> {
-    let gpus = pipecut::runtime::cuda::device_count().map_err(pipecut::Error::Cuda)?;
+    let gpus = crate::runtime::cuda::device_count().map_err(crate::Error::Cuda)?;
     let gpu = rank.launch.local_rank % gpus;
     let setup = rank.setup;
-    let executor =
-        pipecut::runtime::cuda::CudaExecutor::on_device(setup.graph, setup.weights, gpu)?;
+    let executor = crate::runtime::cuda::CudaExecutor::on_device(setup.graph, setup.weights, gpu)?;
     let transport = || connect(rank.args, rank.launch, Some(gpu));
     rank.run(&executor, transport, make_inputs, Some(gpu))
 }
@@ -330,7 +329,7 @@ fn publish(
     if let Some(path) = &args.metrics_file {
         let path = rank_path(path, launch.rank);
         // Checked like every output: never one of the job's own files (the plan, the model).
-        pipecut::io::check_output(&path, inputs)?;
+        crate::io::check_output(&path, inputs)?;
         metrics::publish_to_file(path, Arc::clone(figures));
     }
     Ok(())
@@ -389,7 +388,7 @@ fn nccl_transport(
     gpu: usize,
     timeout: Duration,
 ) -> anyhow::Result<Box<dyn Transport>> {
-    use pipecut::runtime::distributed::nccl_transport::NcclTransport;
+    use crate::runtime::distributed::nccl_transport::NcclTransport;
     Ok(Box::new(NcclTransport::join(
         launch.rank,
         launch.world,
@@ -411,7 +410,7 @@ fn nccl_transport(
 
 #[cfg(feature = "mpi")]
 fn mpi_transport(launch: &Launch) -> anyhow::Result<Box<dyn Transport>> {
-    let transport = pipecut::runtime::distributed::mpi_transport::MpiTransport::init()?;
+    let transport = crate::runtime::distributed::mpi_transport::MpiTransport::init()?;
     if transport.rank() != launch.rank || transport.world() != launch.world {
         bail!(
             "MPI numbers this process rank {} of {}, but {} said rank {} of {}",

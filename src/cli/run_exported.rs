@@ -10,11 +10,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::onnx::export::{Manifest, TensorSource};
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::plan::Plan;
+use crate::runtime::{check_inputs, seeded_inputs, stage_specs, Tensors, Weights};
 use anyhow::{bail, Context};
-use pipecut::onnx::export::{Manifest, TensorSource};
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::plan::Plan;
-use pipecut::runtime::{check_inputs, seeded_inputs, stage_specs, Tensors, Weights};
 
 use super::RunArgs;
 
@@ -37,7 +37,7 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
     if microbatches == 0 {
         bail!("--microbatches must be at least 1");
     }
-    pipecut::schedule::check_microbatches(microbatches as u64)?;
+    crate::schedule::check_microbatches(microbatches as u64)?;
     if super::super::run_distributed::tensor_parallel_degree(plan) > 1 {
         bail!(
             "--distributed runs a tensor-parallel plan's ranks from the model file, not yet \
@@ -155,7 +155,7 @@ fn load_stage(
     file: &Path,
     plan: &Plan,
     overrides: &[String],
-) -> anyhow::Result<pipecut::onnx::Model> {
+) -> anyhow::Result<crate::onnx::Model> {
     let mut dims = plan.model.dims.clone();
     let mut parsed = DimBindings::new();
     for arg in overrides {

@@ -6,14 +6,11 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::runtime::{encode_npy, read_npy, Tensors};
 use anyhow::{bail, Context};
-use pipecut::runtime::{encode_npy, read_npy, Tensors};
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
-pub(crate) fn read_inputs(
-    args: &[String],
-    graph: &pipecut::graph::Graph,
-) -> anyhow::Result<Tensors> {
+pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyhow::Result<Tensors> {
     let mut inputs = Tensors::new();
     for arg in args {
         let (name, file) = arg
@@ -72,7 +69,7 @@ fn file_stem(name: &str) -> String {
 }
 
 /// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
-/// (`pipecut::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
+/// (`crate::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
 /// a link planted in `dir` is never followed. The run's inputs are never overwritten.
 pub(crate) fn write_outputs(
     dir: &Path,
@@ -80,10 +77,10 @@ pub(crate) fn write_outputs(
     inputs: &[&Path],
 ) -> anyhow::Result<BTreeMap<String, String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
-    pipecut::io::remove_stale_temporaries(dir);
+    crate::io::remove_stale_temporaries(dir);
     let mode = inputs
         .first()
-        .map(|model| pipecut::io::OutputMode::like(model))
+        .map(|model| crate::io::OutputMode::like(model))
         .unwrap_or_default();
     let mut staged = Vec::with_capacity(outputs.len());
     let mut files = BTreeMap::new();
@@ -96,8 +93,8 @@ pub(crate) fn write_outputs(
             stem = format!("{}_{n}", file_stem(name));
         }
         let path = dir.join(format!("{stem}.npy"));
-        pipecut::io::check_output(&path, inputs)?;
-        let mut file = pipecut::io::Staged::new(&path, mode)?;
+        crate::io::check_output(&path, inputs)?;
+        let mut file = crate::io::Staged::new(&path, mode)?;
         file.file()
             .write_all(&encode_npy(tensor))
             .with_context(|| format!("cannot write '{}'", path.display()))?;

@@ -18,16 +18,16 @@
 
 use std::path::Path;
 
+use crate::cost::measured::percentiles;
+use crate::cost::{Cluster, Mode};
+use crate::graph::{Graph, NodeId};
+use crate::partition::rivals::{rivals, RivalWindow};
+use crate::partition::{HeuristicReason, PartitionProblem, Solution, SolveStatus, StageId};
+use crate::plan::{MeasuredSelection, MovedNode, Runoff, SelectionCandidate};
+use crate::runtime::paired::{run_paired_rounds, PairedRuns};
+use crate::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 use anyhow::Context;
 use clap::Args;
-use pipecut::cost::measured::percentiles;
-use pipecut::cost::{Cluster, Mode};
-use pipecut::graph::{Graph, NodeId};
-use pipecut::partition::rivals::{rivals, RivalWindow};
-use pipecut::partition::{HeuristicReason, PartitionProblem, Solution, SolveStatus, StageId};
-use pipecut::plan::{MeasuredSelection, MovedNode, Runoff, SelectionCandidate};
-use pipecut::runtime::paired::{run_paired_rounds, PairedRuns};
-use pipecut::runtime::{seeded_inputs, stage_specs, CpuExecutor, Executor, Weights};
 
 /// Rivals predicted slower than the optimum by more than this are not run. The profile's
 /// ratios between two plans were off by up to 8.5% on magika (a rival predicted 2–6% slower
@@ -227,8 +227,8 @@ fn range(ratios: &[f64]) -> [f64; 2] {
 struct Prepared<'g> {
     graph: &'g Graph,
     weights: Weights,
-    specs: Vec<Vec<pipecut::runtime::StageSpec>>,
-    inputs: pipecut::runtime::Tensors,
+    specs: Vec<Vec<crate::runtime::StageSpec>>,
+    inputs: crate::runtime::Tensors,
     microbatches: usize,
 }
 

@@ -5,11 +5,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
+use crate::partition::tensor_parallel::TensorParallelism;
+use crate::plan::plan_dot;
+use crate::schedule::timeline_svg;
 use anyhow::{bail, Context};
 use clap::Args;
-use pipecut::partition::tensor_parallel::TensorParallelism;
-use pipecut::plan::plan_dot;
-use pipecut::schedule::timeline_svg;
 
 use super::check::{load_for_plan, read_plan};
 use super::{print_stdout, write_atomically};
@@ -125,14 +125,14 @@ fn check_picture_names(args: &ShowArgs) -> anyhow::Result<()> {
 }
 
 /// The simulated schedule as SVG: one row per stage, named with its GPU.
-fn timeline(plan: &pipecut::plan::Plan, simulation: &pipecut::schedule::Simulation) -> String {
+fn timeline(plan: &crate::plan::Plan, simulation: &crate::schedule::Simulation) -> String {
     // The picture adds the step time and the bubble to the title.
     let title = format!(
         "{} on {}: {}, {}",
         plan.model.file_name,
         plan.cluster.description,
-        pipecut::onnx::inspect::count_of(plan.stages.len(), "stage"),
-        pipecut::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
+        crate::onnx::inspect::count_of(plan.stages.len(), "stage"),
+        crate::onnx::inspect::count_of(plan.config.microbatches as usize, "micro-batch"),
     );
     let rows: Vec<String> = plan
         .stages
@@ -148,13 +148,13 @@ fn timeline(plan: &pipecut::plan::Plan, simulation: &pipecut::schedule::Simulati
 }
 
 /// The tensor-parallel layout of a plan that has one: degree, sequence parallelism.
-fn tensor_parallel(plan: &pipecut::plan::Plan) -> Option<TensorParallelism> {
+fn tensor_parallel(plan: &crate::plan::Plan) -> Option<TensorParallelism> {
     let tp = plan.parallelism.as_ref()?.tensor_parallel;
     (!tp.is_none()).then_some(tp)
 }
 
 /// One line per stage under tensor parallelism: the group of GPUs it runs on.
-fn tensor_parallel_line(plan: &pipecut::plan::Plan) -> Option<String> {
+fn tensor_parallel_line(plan: &crate::plan::Plan) -> Option<String> {
     let tp = tensor_parallel(plan)?;
     let sequence = match tp.sequence_parallel {
         true => ", with sequence parallelism",

@@ -14,6 +14,7 @@
 //! [`Plan::check`] recomputes a plan's figures with the partition phase's own evaluation.
 
 mod dot;
+pub mod engines;
 mod identity;
 mod rederive;
 mod selection;

@@ -1,0 +1,21 @@
+"""Shared by the package's tests: where the repository's fixtures are, and the rule that a
+test may skip only where CI does not promise what it needs."""
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GPT2_TINY = ROOT / "fixtures" / "models" / "gpt2_tiny.onnx"
+
+
+def need(module: str, why: str):
+    """Imports ``module``, or skips the test saying why; under CI (CI=true, where `.ci/run`
+    installs everything) a missing module fails the test instead."""
+    try:
+        return __import__(module)
+    except ImportError as err:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} is missing under CI ({why}): {err}")
+        pytest.skip(f"needs {module} ({why}): {err}")
