@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 success; 1 the request is understood but has no answer — the model does not fit
 //! the devices, or a plan is invalid for its model; 2 bad input (unreadable or malformed files,
-//! bad arguments, unsupported models). clap's own usage errors also exit with 2.
+//! bad arguments, unsupported models); 3 the memory decision is not finished — no plan was found
+//! that fits, but the time limit or work budget ran out before "does not fit" was proven. clap's
+//! own usage errors also exit with 2.
 
 use std::process::ExitCode;
 
@@ -54,7 +56,8 @@ fn one_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// 1 when the library says the model does not fit or a plan is invalid, 2 for everything else.
+/// 1 when the library says the model does not fit or a plan is invalid, 3 when it could not
+/// decide whether the model fits in time, 2 for everything else.
 fn exit_code(err: &anyhow::Error) -> u8 {
     let library = err
         .chain()
@@ -66,6 +69,7 @@ fn exit_code(err: &anyhow::Error) -> u8 {
             | pipecut::Error::NotAPartition(_)
             | pipecut::Error::NonConvexStages { .. },
         ) => 1,
+        Some(pipecut::Error::MemoryUndecided(_)) => 3,
         _ => 2,
     }
 }

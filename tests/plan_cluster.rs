@@ -553,6 +553,17 @@ fn every_block_the_plan_costs_split_is_split_in_the_export() {
         assert!(shards.iter().all(|s| s.get("whole_blocks").is_none()));
         let (code, _, err) = pipecut(&["check", plan_arg, model]);
         assert_eq!(code, 0, "{err}");
+        // The constraint switched off by hand: the plan would promise splits no GPU runs.
+        let mut unconstrained = plan.clone();
+        unconstrained["config"]["cut_constraints"]["tensor_parallel_blocks"] = 0.into();
+        let edited = dir.path().join("unconstrained.json");
+        std::fs::write(&edited, unconstrained.to_string()).unwrap();
+        let (code, _, err) = pipecut(&["check", edited.to_str().unwrap(), model]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("config.cut_constraints.tensor_parallel_blocks is 0 but the stages are split 2 ways"),
+            "{err}"
+        );
 
         let out_dir = dir.path().join("stages");
         let (code, _, err) = pipecut(&[
