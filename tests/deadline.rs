@@ -89,3 +89,41 @@ fn a_limit_spent_on_the_costs_still_keeps_the_cut_constraints() {
         None
     );
 }
+
+/// `plan-cluster`'s final partition starts from the plan its search costed (issue 38): with no
+/// time left that plan stands, rather than a fresh solve past the limit or a balanced split
+/// that the search's figures do not describe.
+#[test]
+fn a_start_plan_stands_when_the_limit_is_spent() {
+    use pipecut::onnx::shape::{DimBindings, ShapeInference};
+    let mut model = pipecut::onnx::load_model(common::fixture("gpt2_tiny")).unwrap();
+    ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+        .run(&mut model.graph)
+        .unwrap();
+    let cluster = Cluster::parse("1x4xL4", &Catalog::builtin()).unwrap();
+    let planner = Planner::new(&model.graph, &cluster)
+        .with_stages(StageCount::Fixed(4))
+        .with_solver(SolverChoice::Dp);
+    let spent = planner
+        .clone()
+        .with_time_limit(Duration::from_micros(1))
+        .solve()
+        .unwrap();
+    let timed = planner
+        .clone()
+        .with_work_budget(Some(1_000_000))
+        .solve()
+        .unwrap();
+    // The DP's plan differs from the balanced split a spent limit gives without a start.
+    assert_ne!(spent.stage_of, timed.stage_of);
+    let started = planner
+        .with_start(timed.stage_of.clone())
+        .with_time_limit(Duration::from_micros(1))
+        .solve()
+        .unwrap();
+    assert_eq!(started.stage_of, timed.stage_of);
+    assert_eq!(
+        started.evaluation.bottleneck_secs,
+        timed.evaluation.bottleneck_secs
+    );
+}

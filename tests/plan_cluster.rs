@@ -264,12 +264,18 @@ fn memory_techniques_make_tight_training_fit_and_check_audits_them() {
         let a = args(extra);
         pipecut(&a.iter().map(String::as_str).collect::<Vec<_>>())
     };
+    // Without the techniques no configuration's DP finds a plan; the exact solver then proves
+    // that none fits (74 s on the loaded 2-core VM) or, within the default 10 s, says the
+    // decision is not finished (exit 3): never a plan, never "does not fit" unproven.
     let (code, _, err) = run(&["--recompute", "none", "--zero", "0"]);
-    assert_eq!(code, 1, "{err}");
-    assert!(
-        err.contains("no configuration of 4 devices holds the model"),
-        "{err}"
-    );
+    match code {
+        1 => assert!(
+            err.contains("no configuration of 4 devices holds the model"),
+            "{err}"
+        ),
+        3 => assert!(err.contains("the memory decision is not finished"), "{err}"),
+        _ => panic!("exit {code}: {err}"),
+    }
     let (code, stdout, err) = run(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("recompute"), "{stdout}");

@@ -82,7 +82,8 @@ pub struct PlanClusterArgs {
     /// Try every pipeline depth, not only 1–16, powers of two and divisors of the layer count.
     #[arg(long)]
     all_stage_counts: bool,
-    /// Time budget for the search and for the chosen configuration's partition (e.g. 10s).
+    /// Time budget for the whole command (e.g. 10s), counted from its start: loading, the
+    /// search, then the chosen configuration's partition in what the search left.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
     /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given for the chosen

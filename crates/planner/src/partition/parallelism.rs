@@ -878,8 +878,8 @@ impl Ranking {
             };
             let plan = match fit {
                 super::milp::MemoryFit::Fits(plan) => plan,
-                super::milp::MemoryFit::TooSmall { .. } => continue,
-                super::milp::MemoryFit::Undecided { .. } => {
+                proof if proof.proves_nothing_fits() => continue,
+                _ => {
                     undecided += 1;
                     continue;
                 }
