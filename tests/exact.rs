@@ -97,10 +97,10 @@ fn a_convex_plan_that_fits_is_found_where_no_contiguous_cut_does() {
 }
 
 /// Issue 38's false "does not fit": at issue 17's memory-tight point a plan fits (`check`
-/// accepts it), yet `plan-cluster` said "no configuration of 4 devices holds the model" (exit
-/// 1) because only the DP's contiguous cuts were tried; and `partition` under a work budget,
-/// where the exact memory search cannot run, said "does not fit" without deciding. Now
-/// `plan-cluster` decides exactly and plans it, and an undecided answer exits 3 saying so.
+/// accepts it), yet `plan-cluster` said "no configuration of 4 devices holds the model" with
+/// exit code 1, having tried only the DP's contiguous cuts; and `partition` under a work
+/// budget, where the exact memory search cannot run, said "does not fit" without deciding.
+/// Now `plan-cluster` decides exactly and plans it, and an undecided answer exits 3 saying so.
 #[test]
 fn a_tight_point_is_planned_or_left_undecided_never_refused() {
     let dir = tempfile::tempdir().unwrap();

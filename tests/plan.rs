@@ -746,7 +746,10 @@ fn check_refuses_a_relabelled_optimum_and_a_switched_off_constraint() {
         let mut with_solver = args.to_vec();
         with_solver.extend(["--solver", solver]);
         let text = partition_to(&path, model, &with_solver);
-        (path, serde_json::from_str::<serde_json::Value>(&text).unwrap())
+        (
+            path,
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        )
     };
     let check = |plan: &serde_json::Value, file: &str| {
         let path = dir.path().join(file);
@@ -781,7 +784,10 @@ fn check_refuses_a_relabelled_optimum_and_a_switched_off_constraint() {
         ("meets_bound", "the bound re-derived is"),
         ("meets_lp_relaxation", "the LP relaxation re-derived is"),
         ("chain", "the graph is not a chain"),
-        ("search", "a search from the plan finds one with a smaller bottleneck"),
+        (
+            "search",
+            "a search from the plan finds one with a smaller bottleneck",
+        ),
     ];
     for (method, why) in named {
         forged["summary"]["proof"] = serde_json::json!({

@@ -680,7 +680,7 @@ impl OrderSolution {
         let starts = (0..problem.stage_count())
             .filter_map(|s| stage_of.iter().position(|&x| x.index() == s))
             .collect();
-        evaluation.fits().then(|| OrderSolution {
+        evaluation.fits().then_some(OrderSolution {
             starts,
             stage_of,
             bottleneck_secs: evaluation.bottleneck_secs,

@@ -43,11 +43,11 @@ use serde::{Deserialize, Serialize};
 pub use baselines::Baseline;
 pub use constraints::CutConstraints;
 pub use milp::{MilpReport, MilpStop};
-pub use proof::{OptimalityProof, ProofMethod};
 pub use problem::{
     CostSettings, Evaluation, PartitionProblem, Positions, StageDevice, StageFigures, StageId,
     MAX_TOTAL_SECS,
 };
+pub use proof::{OptimalityProof, ProofMethod};
 
 use crate::schedule::{simulate, PipelineSchedule, StageFiguresSecs, StageTimes};
 use crate::Error;

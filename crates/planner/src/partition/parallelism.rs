@@ -885,10 +885,9 @@ impl Ranking {
                 }
             };
             let evaluation = problem.evaluate(&plan);
-            pipelines.solved.insert(
-                pipeline_entry(&problem, key),
-                Some((plan, evaluation)),
-            );
+            pipelines
+                .solved
+                .insert(pipeline_entry(&problem, key), Some((plan, evaluation)));
             let joined = (&t.blocks, joined);
             if let Evaluated::Costed(config) =
                 evaluate_with(&t.graph, joined, cluster, request, (key, None), pipelines)?

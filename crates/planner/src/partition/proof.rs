@@ -77,7 +77,10 @@ pub(crate) fn proof_of(
         .max(proved.average_work_secs);
     let method = if meets(bottleneck, combinatorial) {
         ProofMethod::MeetsBound
-    } else if proved.lp_relaxation_secs.is_some_and(|lp| meets(bottleneck, lp)) {
+    } else if proved
+        .lp_relaxation_secs
+        .is_some_and(|lp| meets(bottleneck, lp))
+    {
         ProofMethod::MeetsLpRelaxation
     } else if is_chain(problem) {
         ProofMethod::Chain

@@ -1406,9 +1406,7 @@ impl Plan {
     /// two stages, stages that are not convex and ordered, a stage over its memory.
     pub fn rewrite(&self, model: Digests, graph: &Graph, catalog: &Catalog) -> Result<Plan, Error> {
         let rederived = self.rederive(model, graph, catalog)?;
-        if self.mismatches(&rederived.plan).is_empty()
-            && self.check_claims(&rederived).is_ok()
-        {
+        if self.mismatches(&rederived.plan).is_empty() && self.check_claims(&rederived).is_ok() {
             return Ok(self.clone());
         }
         let mut plan = rederived.plan.clone();
@@ -1441,7 +1439,11 @@ fn check_rederivable_bounds(bounds: &LowerBounds, problem: &PartitionProblem) ->
         crate::partition::bounds::granularity_bound_secs(problem, deadline, None)
     };
     let recomputed = [
-        ("average_work_secs", Some(bounds.average_work_secs), Some(average)),
+        (
+            "average_work_secs",
+            Some(bounds.average_work_secs),
+            Some(average),
+        ),
         (
             "granularity_secs",
             bounds.granularity_secs,
