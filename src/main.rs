@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 success; 1 the request is understood but has no answer — the model does not fit
 //! the devices, or a plan is invalid for its model; 2 bad input (unreadable or malformed files,
-//! bad arguments, unsupported models). clap's own usage errors also exit with 2.
+//! bad arguments, unsupported models); 3 the memory decision is not finished — no plan was found
+//! that fits, but the time limit or work budget ran out before "does not fit" was proven. clap's
+//! own usage errors also exit with 2.
 
 use std::process::ExitCode;
 

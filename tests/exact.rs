@@ -95,3 +95,87 @@ fn a_convex_plan_that_fits_is_found_where_no_contiguous_cut_does() {
         "{stderr}"
     );
 }
+
+/// Issue 38's false "does not fit": at issue 17's memory-tight point a plan fits (`check`
+/// accepts it), yet `plan-cluster` said "no configuration of 4 devices holds the model" with
+/// exit code 1, having tried only the DP's contiguous cuts; and `partition` under a work
+/// budget, where the exact memory search cannot run, said "does not fit" without deciding.
+/// Now `plan-cluster` decides exactly and plans it, and an undecided answer exits 3 saying so.
+#[test]
+fn a_tight_point_is_planned_or_left_undecided_never_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let model = common::fixture("gpt2_tiny");
+    let headroom = "0.9998099207938139";
+    let pipecut = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let model_arg = model.to_str().unwrap();
+    let plan_arg = plan.to_str().unwrap();
+    let (code, stderr) = pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "1x4xH100-SXM",
+        "--mode",
+        "training",
+        "--dim",
+        "seq=64",
+        "--global-batch",
+        "64",
+        "--microbatch-sizes",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "4",
+        "--dp",
+        "1",
+        "--recompute",
+        "none",
+        "--schedule",
+        "1f1b",
+        "--memory-headroom",
+        headroom,
+        "--time-limit",
+        "60s",
+        "--out",
+        plan_arg,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = pipecut(&["check", plan_arg, model_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+
+    let (code, stderr) = pipecut(&[
+        "partition",
+        model_arg,
+        "--cluster",
+        "1x4xH100-SXM",
+        "--mode",
+        "training",
+        "--stages",
+        "4",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+        "--work-budget",
+        "100000",
+        "--memory-headroom",
+        headroom,
+    ]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the memory decision is not finished"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not fit:"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

@@ -723,3 +723,102 @@ fn cut_constraints_are_kept_recorded_and_checked() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// The audit's forged claims (issue 38): a heuristic plan relabelled "optimal" with its bound and
+/// gap edited to match, under every proof a forger could name, and an optimal plan whose cut
+/// constraint was switched off. Each is refused naming what fails; the honest plans pass.
+#[test]
+fn check_refuses_a_relabelled_optimum_and_a_switched_off_constraint() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let args = [
+        "--cluster",
+        "1x4xH100-SXM",
+        "--stages",
+        "4",
+        "--dim",
+        "batch=8",
+        "--dim",
+        "seq=64",
+    ];
+    let solve = |solver: &str| {
+        let path = dir.path().join(format!("{solver}.json"));
+        let mut with_solver = args.to_vec();
+        with_solver.extend(["--solver", solver]);
+        let text = partition_to(&path, model, &with_solver);
+        (
+            path,
+            serde_json::from_str::<serde_json::Value>(&text).unwrap(),
+        )
+    };
+    let check = |plan: &serde_json::Value, file: &str| {
+        let path = dir.path().join(file);
+        std::fs::write(&path, serde_json::to_string_pretty(plan).unwrap()).unwrap();
+        let (code, _, stderr) = pipecut(&["check", path.to_str().unwrap(), model]);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (code, stderr)
+    };
+    let (dp_path, heuristic) = solve("dp");
+    let (auto_path, optimal) = solve("auto");
+    assert_eq!(heuristic["summary"]["status"]["kind"], "heuristic");
+    assert_eq!(optimal["summary"]["status"]["kind"], "optimal");
+    let faster = optimal["summary"]["bottleneck_secs"].as_f64().unwrap();
+    assert!(faster < heuristic["summary"]["bottleneck_secs"].as_f64().unwrap());
+    assert!(heuristic["summary"].get("proof").is_none());
+    let proof = optimal["summary"]["proof"].clone();
+    for honest in [&dp_path, &auto_path] {
+        let (code, _, err) = pipecut(&["check", honest.to_str().unwrap(), model]);
+        assert_eq!(code, 0, "{err}");
+    }
+
+    // Relabelled: status optimal, the bound raised to the bottleneck and the gap zeroed.
+    let mut forged = heuristic.clone();
+    let summary = &mut forged["summary"];
+    summary["status"] = serde_json::json!({"kind": "optimal"});
+    summary["lower_bound_secs"] = summary["bottleneck_secs"].clone();
+    summary["gap"] = serde_json::json!(0.0);
+    let (code, err) = check(&forged, "forged.json");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("records no proof (summary.proof)"), "{err}");
+    let named = [
+        ("meets_bound", "the bound re-derived is"),
+        ("meets_lp_relaxation", "the LP relaxation re-derived is"),
+        ("chain", "the graph is not a chain"),
+        (
+            "search",
+            "a search from the plan finds one with a smaller bottleneck",
+        ),
+    ];
+    for (method, why) in named {
+        forged["summary"]["proof"] = serde_json::json!({
+            "method": method,
+            "positions": proof["positions"],
+        });
+        let (code, err) = check(&forged, &format!("forged_{method}.json"));
+        assert_eq!(code, 1, "{method}: {err}");
+        assert!(err.contains("the status says optimal"), "{method}: {err}");
+        assert!(err.contains(why), "{method}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+
+    // Switched off: the MatMul-with-bias constraint the optimum was proven under. The proof was
+    // about the constrained problem; with its size edited to match, the search finds the
+    // unconstrained optimum faster than the plan.
+    let mut unconstrained = optimal.clone();
+    unconstrained["config"]["cut_constraints"]["bias_with_matmul"] = serde_json::json!(false);
+    let (code, err) = check(&unconstrained, "switched_off.json");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("a cut constraint was changed"), "{err}");
+    let nodes = optimal["model"]["nodes"].clone();
+    unconstrained["summary"]["proof"]["positions"] = nodes;
+    let (code, err) = check(&unconstrained, "switched_off_resized.json");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("smaller bottleneck"), "{err}");
+
+    // A proof beside a status that is not optimal claims nothing it may keep.
+    let mut stray = heuristic.clone();
+    stray["summary"]["proof"] = proof;
+    let (code, err) = check(&stray, "stray_proof.json");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("summary.proof"), "{err}");
+}

@@ -30,9 +30,17 @@ use crate::onnx::Model;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+/// The exit codes, as the help states them (src/main.rs sets them): a macro, so that `concat!`
+/// can append them to a command's own help.
+macro_rules! exit_codes {
+    () => {
+        "Exit codes: 0 success; 1 no answer: the model does not fit (proven) or a plan is invalid; 2 bad input; 3 the memory decision is not finished: no plan that fits was found, and the time limit or work budget ran out before \"does not fit\" was proven (a longer --time-limit may decide it)."
+    };
+}
+
 /// Automatic pipeline-parallel partitioning of ONNX models.
 #[derive(Debug, Parser)]
-#[command(name = "pipecut", version, about, long_about = None)]
+#[command(name = "pipecut", version, about, long_about = None, after_help = exit_codes!())]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +83,7 @@ enum Command {
     BenchPlans(bench_plans::BenchPlansArgs),
     /// Cut a model into pipeline stages for a cluster: print the stage table, write the plan.
     #[command(
-        after_help = "Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json"
+        after_help = concat!("Examples:\n  pipecut partition fixtures/models/gpt2_tiny.onnx --cluster 1x4xL4 --dim batch=8 --dim seq=64 --out plan.json\n  pipecut partition model.onnx --devices A100-80GB,A100-80GB,L4,L4 --stages 4 --mode training --microbatches 16\n  pipecut partition model.onnx --cluster 2x8xH100-SXM --stages auto --schedule gpipe --time-limit 30s --json\n\n", exit_codes!())
     )]
     Partition(partition::PartitionArgs),
     /// Validate a plan against its model: every node once, convex ordered stages, memory, figures.
@@ -92,7 +100,7 @@ enum Command {
     /// micro-batching, schedule and placement; print the best configurations and write the
     /// chosen plan.
     #[command(
-        after_help = "Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --time-limit 60s\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 192x8xA100-80GB --global-batch 1536 --dim seq=2048 --mode training --tp 8 --pp 16 --dp 12 --microbatch-sizes 1 --recompute full --zero 0\n\nThe search tries tensor-parallel degrees inside a node (--tp; --sequence-parallel also splits the normalizations), and in training activation recomputation (--recompute) and ZeRO stages 0-3 (--zero). --tp, --pp and --dp together evaluate one configuration of your choosing."
+        after_help = concat!("Examples:\n  pipecut plan-cluster fixtures/models/gpt2_tiny.onnx --cluster 2x4xA100-80GB --global-batch 64 --dim seq=64\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 16x8xH100-SXM --global-batch 64 --dim seq=2048 --time-limit 10s --out plan.json\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 128x8xH100-SXM --global-batch 1536 --dim seq=2048 --mode training --time-limit 60s\n  pipecut plan-cluster fixtures/models/gpt3_175b/model.onnx --cluster 192x8xA100-80GB --global-batch 1536 --dim seq=2048 --mode training --tp 8 --pp 16 --dp 12 --microbatch-sizes 1 --recompute full --zero 0\n\nThe search tries tensor-parallel degrees inside a node (--tp; --sequence-parallel also splits the normalizations), and in training activation recomputation (--recompute) and ZeRO stages 0-3 (--zero). --tp, --pp and --dp together evaluate one configuration of your choosing.\n\n", exit_codes!())
     )]
     PlanCluster(plan_cluster::PlanClusterArgs),
     /// Show a plan: its table and simulated step, the schedule timeline, the graph by stage.
@@ -586,7 +594,8 @@ pub fn one_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// 1 when the library says the model does not fit or a plan is invalid, 2 for everything else.
+/// 1 when the library says the model does not fit or a plan is invalid, 3 when it could not
+/// decide whether the model fits in time, 2 for everything else.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     let library = err
         .chain()
@@ -598,6 +607,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             | crate::Error::NotAPartition(_)
             | crate::Error::NonConvexStages { .. },
         ) => 1,
+        Some(crate::Error::MemoryUndecided(_)) => 3,
         _ => 2,
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cost::{Recompute, Schedule};
 use crate::onnx::inspect::human_bytes;
@@ -83,7 +83,8 @@ pub struct PlanClusterArgs {
     /// Try every pipeline depth, not only 1–16, powers of two and divisors of the layer count.
     #[arg(long)]
     all_stage_counts: bool,
-    /// Time budget for the search and for the chosen configuration's partition (e.g. 10s).
+    /// Time budget for the whole command (e.g. 10s), counted from its start: loading, the
+    /// search, then the chosen configuration's partition in what the search left.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
     /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given for the chosen
@@ -112,6 +113,8 @@ pub struct PlanClusterArgs {
 }
 
 pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
+    // --time-limit covers the whole command from here: loading, the search, the final partition.
+    let started = Instant::now();
     let path = &args.model.model;
     if let Some(out) = &args.out {
         super::check_output(out, &[path])?;
@@ -139,12 +142,13 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         "searching configurations of {}",
         crate::onnx::inspect::count_of(cluster.device_count(), "device")
     ));
+    request.time_limit = args.time_limit.saturating_sub(started.elapsed());
     let searched = search(&model.graph, &cluster, &request);
     display.finish();
     let outcome = searched.with_context(|| format!("'{}'", path.display()))?;
 
     let best = outcome.best.key;
-    let solution = chosen_partition(&args, &outcome, &cluster, &request)
+    let solution = chosen_partition(&args, &outcome, &cluster, &request, started)
         .with_context(|| format!("'{}'", path.display()))?;
     let mut dims: BTreeMap<String, u64> =
         bindings.iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -292,15 +296,21 @@ fn keep_measured_batch_size(
 }
 
 /// The chosen configuration's partition of replica 0's devices, with its proof and baselines,
-/// for the plan.
+/// for the plan, in what is left of the time limit counted from `started`: it starts from the
+/// search's own partition, which stands when no time is left for the DP.
 fn chosen_partition(
     args: &PlanClusterArgs,
     outcome: &SearchOutcome,
     cluster: &crate::cost::Cluster,
     request: &SearchRequest,
+    started: Instant,
 ) -> Result<crate::partition::Solution, crate::Error> {
     let best = outcome.best.key;
-    Planner::new(&outcome.graph, cluster)
+    let mut planner = Planner::new(&outcome.graph, cluster);
+    if let Some(plan) = &outcome.best_plan {
+        planner = planner.with_start(plan.clone());
+    }
+    planner
         .with_tensor_parallel(
             TensorParallelBlocks::find(&outcome.graph),
             best.tensor_parallel,
@@ -318,7 +328,7 @@ fn chosen_partition(
             // The DP: the search costed every configuration with its partition, so the plan's
             // stages are the ones its step, all-reduce and throughput figures describe.
             solver: SolverChoice::Dp,
-            time_limit: args.time_limit,
+            time_limit: args.time_limit.saturating_sub(started.elapsed()),
             work_budget: args.work_budget,
             // The search keeps each block that splits at the chosen degree on one stage (what
             // it costs split is what the export splits); the plan keeps the stages it costed.

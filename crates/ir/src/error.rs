@@ -227,6 +227,11 @@ pub enum Error {
     #[error("the model does not fit: {0}")]
     Infeasible(String),
 
+    /// Whether any assignment fits the devices' memory was not decided before the time limit
+    /// (or work budget): not "does not fit", which is proven. The message says what is known.
+    #[error("the memory decision is not finished: {0}")]
+    MemoryUndecided(String),
+
     /// A plan file that is not a valid plan for this model and cluster.
     #[error("invalid plan: {0}")]
     InvalidPlan(String),

@@ -670,6 +670,27 @@ pub fn balanced_split_at(
     })
 }
 
+impl OrderSolution {
+    /// A plan made elsewhere (`plan-cluster`'s search), as a start for the Planner: it stands
+    /// when the time left allows no DP, and the DP's replaces it only when better. `None` when
+    /// it does not fit. It proves nothing about the order (`complete` is false).
+    pub(crate) fn given(problem: &PartitionProblem, stage_of: Vec<StageId>) -> Option<Self> {
+        problem.check_assignment(&stage_of).ok()?;
+        let evaluation = problem.evaluate(&stage_of);
+        let starts = (0..problem.stage_count())
+            .filter_map(|s| stage_of.iter().position(|&x| x.index() == s))
+            .collect();
+        evaluation.fits().then_some(OrderSolution {
+            starts,
+            stage_of,
+            bottleneck_secs: evaluation.bottleneck_secs,
+            order_lower_bound_secs: 0.0,
+            evaluation,
+            complete: false,
+        })
+    }
+}
+
 /// Solves the problem exactly over its topological order. `None` when no contiguous partition
 /// into the problem's stages fits memory (or there are fewer nodes than stages).
 pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {

@@ -1120,6 +1120,28 @@ pub enum MemoryFit {
     },
 }
 
+impl MemoryFit {
+    /// Whether it proves that nothing fits: the exact answer, or an unfinished search whose
+    /// proven factor already exceeds 1 (the root LP of a far-too-small cluster proves that).
+    pub fn proves_nothing_fits(&self) -> bool {
+        match self {
+            MemoryFit::Fits(_) => false,
+            MemoryFit::TooSmall { .. } => true,
+            MemoryFit::Undecided { at_least, .. } => {
+                at_least.is_some_and(|scale| scale > 1.0 + RELATIVE_TOLERANCE)
+            }
+        }
+    }
+
+    /// The same answer with a fitting plan mapped by `f` (expanded from a quotient, say).
+    pub fn map_plan(self, f: impl FnOnce(Vec<StageId>) -> Vec<StageId>) -> MemoryFit {
+        match self {
+            MemoryFit::Fits(plan) => MemoryFit::Fits(f(plan)),
+            other => other,
+        }
+    }
+}
+
 /// Exact feasibility over **all** convex, ordered partitions, for when the DP (contiguous cuts
 /// of one order) finds no plan within memory: minimises the largest stage memory as a fraction
 /// of its capacity (no time rows, no stage windows: no bottleneck is known), started from an
@@ -1236,37 +1258,70 @@ fn memory_milp(problem: &PartitionProblem, deadline: Instant) -> MemoryFit {
     }
 }
 
-/// [`fit_memory`] for the Planner: a plan that fits, or the end of the "does not fit" message
-/// saying what the exact solver proved (the smallest memory that would fit, or that it could
-/// not decide in time).
+/// Why [`fit_or_explain`] has no plan: each with the end of the message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum NoFit {
+    /// The exact solver proved that no convex partition fits.
+    Proven(String),
+    /// It did not decide before the deadline or the work limit (or it failed).
+    Undecided(String),
+}
+
+/// [`fit_memory`] for the Planner: a plan that fits, or the end of the message saying what the
+/// exact solver proved (the smallest memory that would fit) or that it did not decide.
 pub(crate) fn fit_or_explain(
     problem: &PartitionProblem,
     deadline: Instant,
     work_limit: Option<u64>,
-) -> Result<Vec<StageId>, String> {
+) -> Result<Vec<StageId>, NoFit> {
     let stage = &problem.stages()[0];
     let needs = |scale: f64| {
         pipecut_ir::onnx::inspect::human_bytes((stage.capacity_bytes as f64 * scale).ceil() as u64)
     };
+    // Every weight is held by some stage: more of them than all stages may hold together is
+    // a proof without a search (GPT-3-175B on two L4s kept the solver busy to the limit).
+    let weights: u64 = problem.params().iter().map(|p| p.footprint_bytes).sum();
+    let capacity: u64 = problem.stages().iter().map(|s| s.capacity_bytes).sum();
+    if weights > capacity {
+        return Err(NoFit::Proven(format!(
+            "; no convex partition fits either: the weights need {} against {} on all {} stages together",
+            pipecut_ir::onnx::inspect::human_bytes(weights),
+            pipecut_ir::onnx::inspect::human_bytes(capacity),
+            problem.stage_count()
+        )));
+    }
     match fit_memory(problem, deadline, work_limit) {
         MemoryFit::Fits(plan) => Ok(plan),
-        MemoryFit::TooSmall { scale } => Err(format!(
+        MemoryFit::TooSmall { scale } => Err(NoFit::Proven(format!(
             "; no convex partition fits either (proven by the exact solver): the smallest memory that fits is {:.6}× each stage's usable memory, {} on stage 0 ({}) against {}",
             scale,
             needs(scale),
             stage.device_name,
             pipecut_ir::onnx::inspect::human_bytes(stage.capacity_bytes),
-        )),
-        MemoryFit::Undecided { at_least, reason } => Err(format!(
-            "; no contiguous cut fits and the exact solver did not decide whether another convex partition does ({reason}){}",
+        ))),
+        MemoryFit::Undecided {
+            at_least: Some(scale),
+            ..
+        } if scale > 1.0 + RELATIVE_TOLERANCE => Err(NoFit::Proven(format!(
+            "; no convex partition fits either (proven by the exact solver's bound, its search unfinished): any plan needs at least {scale:.6}× each stage's usable memory, {} on stage 0 ({}) against {}",
+            needs(scale),
+            stage.device_name,
+            pipecut_ir::onnx::inspect::human_bytes(stage.capacity_bytes),
+        ))),
+        MemoryFit::Undecided { at_least, reason } => Err(NoFit::Undecided(format!(
+            "no contiguous cut of the order fits {} stages, and the exact solver did not decide whether another convex partition does ({reason}){}; {}",
+            problem.stage_count(),
             at_least
-                .filter(|&scale| scale > 1.0)
                 .map(|scale| format!(
-                    "; it needs at least {:.6}× each stage's usable memory",
+                    "; its bound so far, {:.6}× each stage's usable memory, does not rule a plan out",
                     scale
                 ))
                 .unwrap_or_default(),
-        )),
+            match work_limit {
+                Some(_) => "without --work-budget it decides by the clock",
+                None => "a longer --time-limit may decide it",
+            }
+        ))),
     }
 }
 

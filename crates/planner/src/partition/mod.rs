@@ -28,6 +28,7 @@ pub mod names;
 pub mod neighbours;
 pub mod parallelism;
 pub mod problem;
+pub mod proof;
 mod reach;
 pub mod rivals;
 pub mod tensor_parallel;
@@ -46,6 +47,7 @@ pub use problem::{
     CostSettings, Evaluation, PartitionProblem, Positions, StageDevice, StageFigures, StageId,
     MAX_TOTAL_SECS,
 };
+pub use proof::{OptimalityProof, ProofMethod};
 
 use crate::schedule::{simulate, PipelineSchedule, StageFiguresSecs, StageTimes};
 use crate::Error;
@@ -388,6 +390,8 @@ pub struct Solution {
     pub lower_bound_secs: f64,
     /// Each bound proved, and so which one gives `lower_bound_secs`.
     pub bounds: LowerBounds,
+    /// What proves the plan optimal, when the status says it is (proof.rs).
+    pub proof: Option<OptimalityProof>,
     /// Which solver found it.
     pub solver: SolverKind,
     /// Wall-clock time spent solving (not part of the plan's bytes unless asked for).
@@ -515,6 +519,8 @@ pub struct Planner<'a> {
     )>,
     progress: Option<ProgressSink>,
     started: Instant,
+    /// A plan of the model's positions to start from ([`Self::with_start`]).
+    start: Option<Vec<StageId>>,
 }
 
 impl<'a> Planner<'a> {
@@ -529,7 +535,31 @@ impl<'a> Planner<'a> {
             tensor_parallel: None,
             progress: None,
             started: Instant::now(),
+            start: None,
         }
+    }
+
+    /// Starts from `stage_of` (a stage for every position of the problem's order, as
+    /// `plan-cluster`'s search partitioned the chosen configuration) instead of a balanced
+    /// split: the DP's plan replaces it only when better, and it stands when the time limit
+    /// leaves no room for the DP, so that a short limit still gives the plan the search costed.
+    pub fn with_start(mut self, stage_of: Vec<StageId>) -> Self {
+        self.start = Some(stage_of);
+        self
+    }
+
+    /// The start of [`Self::with_start`] on `problem`, or its groups' (`grouped`).
+    fn start_on(
+        &self,
+        problem: &PartitionProblem,
+        grouped: Option<&coarsen::Coarsened>,
+    ) -> Option<dp::OrderSolution> {
+        let start = self.start.as_ref()?;
+        let start = match grouped {
+            Some(grouped) => grouped.restrict(start)?,
+            None => start.clone(),
+        };
+        dp::OrderSolution::given(problem, start)
     }
 
     /// Calls `report` with where the solve stands after each DP and each slice of the MILP's
@@ -780,13 +810,17 @@ impl<'a> Planner<'a> {
                 .cut_constraints
                 .stage_starts(self.graph, &fine)?
             else {
+                let start = self.start_on(&fine, None);
                 return Ok(Solution {
                     baselines,
                     baseline_layers,
-                    ..self.solve_problem(fine, deadline, None)?
+                    ..self.solve_problem(fine, deadline, start)?
                 });
             };
-            if let Some(split) = dp::balanced_split_at(&fine, Some(&may_start)) {
+            let split = self
+                .start_on(&fine, None)
+                .or_else(|| dp::balanced_split_at(&fine, Some(&may_start)));
+            if let Some(split) = split {
                 // Nothing more begins: the deadline is now for the phases after the split.
                 let now = Instant::now().min(deadline);
                 return Ok(Solution {
@@ -797,19 +831,21 @@ impl<'a> Planner<'a> {
             }
         }
         let Some(grouped) = self.config.cut_constraints.apply(self.graph, &fine)? else {
+            let start = self.start_on(&fine, None);
             return Ok(Solution {
                 baselines,
                 baseline_layers,
-                ..self.solve_problem(fine, deadline, None)?
+                ..self.solve_problem(fine, deadline, start)?
             });
         };
+        let start = self.start_on(&grouped.problem, Some(&grouped));
         // Solved on the groups the constraints join, then expanded: the quotient evaluates any
         // assignment exactly as the model does, so the figures, bound and status carry over.
         let coarsen::Coarsened {
             problem: groups,
             group_of,
         } = grouped;
-        let mut solution = self.solve_problem(groups, deadline, None)?;
+        let mut solution = self.solve_problem(groups, deadline, start)?;
         let stage_of: Vec<StageId> = group_of
             .iter()
             .map(|&g| solution.stage_of[g as usize])
@@ -902,13 +938,20 @@ impl<'a> Planner<'a> {
             false => problem.evaluate(&stage_of),
         };
         let mut lower_bound_secs = proved.secs;
+        let mut proof = None;
         if status == SolveStatus::Optimal {
             lower_bound_secs = evaluation.bottleneck_secs;
+            proof = Some(proof::proof_of(
+                &problem,
+                evaluation.bottleneck_secs,
+                &proved.bounds,
+            ));
         }
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),
             bounds: proved.bounds,
+            proof,
             stage_of,
             evaluation,
             solver,
@@ -963,9 +1006,13 @@ impl<'a> Planner<'a> {
             // No contiguous cut of the order fits: the exact solver decides over every convex
             // partition before "does not fit".
             None => {
-                let fitting = milp::fit_or_explain(problem, deadline, budget).map_err(|why| {
-                    Error::Infeasible(explain_infeasible(problem, self.cluster) + &why)
-                })?;
+                let fitting =
+                    milp::fit_or_explain(problem, deadline, budget).map_err(|why| match why {
+                        milp::NoFit::Proven(why) => {
+                            Error::Infeasible(explain_infeasible(problem, self.cluster) + &why)
+                        }
+                        milp::NoFit::Undecided(why) => Error::MemoryUndecided(why),
+                    })?;
                 (fitting, None)
             }
         };

@@ -272,6 +272,9 @@ pub struct Configuration {
 pub struct SearchOutcome {
     /// The best configuration.
     pub best: Configuration,
+    /// Its partition as the search costed it (a stage for every position of replica 0's
+    /// problem), when the search kept it: the final partition starts from it.
+    pub best_plan: Option<Vec<StageId>>,
     /// The graph typed with the best micro-batch size.
     pub graph: Graph,
     /// Devices of every replica, `[replica][stage]`; replica 0 is the plan's stages.
@@ -544,6 +547,7 @@ pub fn search(
         infeasible,
         unresolved,
         cannot_beat,
+        best_plan,
         ..
     } = ranking;
     let Some(best) = ranked.first().cloned() else {
@@ -573,6 +577,7 @@ pub fn search(
             .graph,
         replicas: k.replicas(),
         best,
+        best_plan,
         ranked,
         candidates: total_candidates,
         solved,
@@ -742,6 +747,10 @@ struct Ranking {
     cannot_beat: usize,
     /// Whether every candidate was solved or ruled out before the time limit.
     complete: bool,
+    /// Configurations no contiguous cut of the DP's order fits: not proven not to fit.
+    dp_rejected: Vec<ConfigurationKey>,
+    /// The best configuration's partition, as it was costed.
+    best_plan: Option<Vec<StageId>>,
 }
 
 impl Ranking {
@@ -762,6 +771,8 @@ impl Ranking {
             unresolved: 0,
             cannot_beat: 0,
             complete: true,
+            dp_rejected: Vec::new(),
+            best_plan: None,
         };
         let mut out_of_memory = MemoryMemo::default();
         let mut pipelines = SolvedPipelines::default();
@@ -809,11 +820,91 @@ impl Ranking {
                 Evaluated::DoesNotFit => {
                     ranking.solved += 1;
                     ranking.infeasible += 1;
+                    ranking.dp_rejected.push(key);
                     out_of_memory.record(&key, request.mode, kinds);
                 }
             }
         }
+        if ranking.ranked.is_empty() {
+            ranking.decide_memory(cluster, request, space, started, &mut pipelines)?;
+        }
+        if let Some(best) = ranking.ranked.first() {
+            let t = &space.typed[&best.key.microbatch_size];
+            let problem = pipeline_problem(&t.graph, &t.blocks, cluster, request, best.key)?;
+            ranking.best_plan = pipelines
+                .solved
+                .remove(&pipeline_entry(&problem, best.key))
+                .flatten()
+                .map(|(stage_of, _)| stage_of);
+        }
         Ok(ranking)
+    }
+
+    /// When no configuration's DP found a plan that fits: the exact solver (milp.rs's
+    /// [`super::milp::fit_memory`]) over every convex partition of each configuration the DP
+    /// rejected, in the search's order, until one fits or the time limit. Before it, "no
+    /// configuration holds the model" was said of configurations only one topological order
+    /// had been tried for. Errs with [`Error::MemoryUndecided`] when some configuration is
+    /// left undecided and none fits.
+    fn decide_memory(
+        &mut self,
+        cluster: &Cluster,
+        request: &SearchRequest,
+        space: &Space,
+        started: Instant,
+        pipelines: &mut SolvedPipelines,
+    ) -> Result<(), Error> {
+        let deadline = started + request.time_limit;
+        let mut undecided = 0;
+        for (at, &key) in self.dp_rejected.iter().enumerate() {
+            if Instant::now() >= deadline {
+                undecided += self.dp_rejected.len() - at;
+                break;
+            }
+            let t = &space.typed[&key.microbatch_size];
+            let joined = t
+                .joined
+                .get(&key.tensor_parallel.degree)
+                .and_then(Option::as_ref);
+            let problem = pipeline_problem(&t.graph, &t.blocks, cluster, request, key)?;
+            let fit = match joined {
+                None => super::milp::fit_memory(&problem, deadline, None),
+                Some(groups) if groups.len() < problem.stage_count() => continue,
+                Some(groups) => {
+                    let grouped = groups.quotient(&problem)?;
+                    super::milp::fit_memory(&grouped.problem, deadline, None)
+                        .map_plan(|plan| grouped.expand(&plan))
+                }
+            };
+            let plan = match fit {
+                super::milp::MemoryFit::Fits(plan) => plan,
+                proof if proof.proves_nothing_fits() => continue,
+                _ => {
+                    undecided += 1;
+                    continue;
+                }
+            };
+            let evaluation = problem.evaluate(&plan);
+            pipelines
+                .solved
+                .insert(pipeline_entry(&problem, key), Some((plan, evaluation)));
+            let joined = (&t.blocks, joined);
+            if let Evaluated::Costed(config) =
+                evaluate_with(&t.graph, joined, cluster, request, (key, None), pipelines)?
+            {
+                self.infeasible -= 1;
+                let at = self.ranked.partition_point(|c| better(c, &config));
+                self.ranked.insert(at, config);
+                self.ranked.truncate(request.top.max(1));
+            }
+        }
+        if self.ranked.is_empty() && undecided > 0 {
+            return Err(Error::MemoryUndecided(format!(
+                "no configuration's contiguous cuts fit, and the exact solver did not decide within the time limit of {:.1} s whether {undecided} of them fit with other convex partitions; a longer --time-limit may decide it",
+                request.time_limit.as_secs_f64()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -1565,9 +1656,12 @@ impl Technique {
 
 #[derive(Default)]
 struct SolvedPipelines {
-    solved:
-        BTreeMap<(u64, Technique, TensorParallelism, Vec<StageSignature>), Option<SolvedPipeline>>,
+    solved: BTreeMap<PipelineEntry, Option<SolvedPipeline>>,
 }
+
+/// What makes two configurations' pipelines the same problem: micro-batch size, technique,
+/// tensor-parallel layout and every stage as the DP sees it.
+type PipelineEntry = (u64, Technique, TensorParallelism, Vec<StageSignature>);
 
 impl SolvedPipelines {
     fn signature(problem: &PartitionProblem) -> Vec<StageSignature> {
@@ -1614,25 +1708,8 @@ fn evaluate_with(
         )));
     }
     let replicas = key.replicas();
-    let mut problem = PartitionProblem::new(
-        graph,
-        cluster,
-        &schedule.chunk_devices(&replicas[0]),
-        settings(key.mode(request.mode), request, schedule, m),
-    )?;
-    blocks.shard_on(
-        graph,
-        &mut problem,
-        cluster,
-        key.tensor_parallel,
-        replicas[0][0],
-    );
-    let entry = cache.solved.entry((
-        key.microbatch_size,
-        Technique::of(&key),
-        key.tensor_parallel,
-        SolvedPipelines::signature(&problem),
-    ));
+    let problem = pipeline_problem(graph, blocks, cluster, request, key)?;
+    let entry = cache.solved.entry(pipeline_entry(&problem, key));
     if let (std::collections::btree_map::Entry::Vacant(_), Some(best)) = (&entry, to_beat) {
         // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
         // under that over m: when no partition has one, the DP need not run.
@@ -1675,6 +1752,43 @@ fn evaluate_with(
         peak_memory_bytes,
         capacity_bytes,
     }))
+}
+
+/// The partition problem of `key`'s first replica: its stages on their devices, each
+/// tensor-parallel block costed split.
+fn pipeline_problem(
+    graph: &Graph,
+    blocks: &TensorParallelBlocks,
+    cluster: &Cluster,
+    request: &SearchRequest,
+    key: ConfigurationKey,
+) -> Result<PartitionProblem, Error> {
+    let replicas = key.replicas();
+    let schedule = key.schedule;
+    let mut problem = PartitionProblem::new(
+        graph,
+        cluster,
+        &schedule.chunk_devices(&replicas[0]),
+        settings(key.mode(request.mode), request, schedule, key.microbatches),
+    )?;
+    blocks.shard_on(
+        graph,
+        &mut problem,
+        cluster,
+        key.tensor_parallel,
+        replicas[0][0],
+    );
+    Ok(problem)
+}
+
+/// The key under which [`SolvedPipelines`] keeps the partition of `problem`, made for `key`.
+fn pipeline_entry(problem: &PartitionProblem, key: ConfigurationKey) -> PipelineEntry {
+    (
+        key.microbatch_size,
+        Technique::of(&key),
+        key.tensor_parallel,
+        SolvedPipelines::signature(problem),
+    )
 }
 
 /// The (peak, capacity) bytes of the pipeline device whose memory is fullest, of `devices`:

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
 use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::{
-    Baseline, CostSettings, CutConstraints, Evaluation, LowerBounds, PartitionProblem, Solution,
-    SolveStatus, SolverKind, StageCount, StageId,
+    Baseline, CostSettings, CutConstraints, Evaluation, LowerBounds, OptimalityProof,
+    PartitionProblem, Solution, SolveStatus, SolverKind, StageCount, StageId,
 };
 use crate::schedule::{simulate, Simulation, StageFiguresSecs, StageTimes};
 use crate::Error;
@@ -57,7 +57,7 @@ use pipecut_ir::onnx::Digests;
 /// [`selection`], and keeps
 /// tensor-parallel blocks whole through a cut constraint) and refuses
 /// newer ones.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -417,6 +417,10 @@ pub struct PlanSummary {
     /// before it was recorded and in hand-edited ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bounds: Option<LowerBounds>,
+    /// What proves an optimal status, which `check` proves again (absent with any other status,
+    /// and in plans from before version 9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<OptimalityProof>,
     /// Solver wall-clock time, only when asked for (it varies between runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub solve_secs: Option<f64>,
@@ -634,6 +638,10 @@ impl Plan {
                 bottleneck_secs: bottleneck,
                 lower_bound_secs: solution.lower_bound_secs,
                 bounds: Some(solution.bounds),
+                // A rival chosen by running (select.rs) is not the optimum its proof was about.
+                proof: solution
+                    .proof
+                    .filter(|_| solution.status == SolveStatus::Optimal),
                 gap: solution.gap(),
                 status: solution.status,
                 solver: solution.solver,
@@ -1026,14 +1034,23 @@ impl Plan {
         }
         // The status and bound are claims over the partitions the constraints allow: audited
         // on the problem the solvers saw.
-        let claims_problem = match constraints.apply(graph, &problem).map_err(in_plan)? {
-            Some(grouped) => grouped.problem,
-            None => problem,
+        let nodes = assignment.len();
+        let (problem, assignment) = match constraints.apply(graph, &problem).map_err(in_plan)? {
+            Some(grouped) => match grouped.restrict(&assignment) {
+                Some(groups_assignment) => (grouped.problem, groups_assignment),
+                None => {
+                    return Err(Error::InvalidPlan(
+                        "a stage boundary splits nodes that config.cut_constraints join".into(),
+                    ))
+                }
+            },
+            None => (problem, assignment),
         };
         Ok(Rederived {
             plan,
-            problem: claims_problem,
-            nodes: assignment.len(),
+            problem,
+            assignment,
+            nodes,
         })
     }
 
@@ -1079,6 +1096,18 @@ impl Plan {
     /// Refuses a parallelism section that does not match the stages, the cluster and the mode,
     /// or a mode that shards ZeRO state over replicas the plan does not have.
     fn check_parallelism_section(&self, cluster: &Cluster) -> Result<(), Error> {
+        let degree = self
+            .parallelism
+            .as_ref()
+            .map_or(1, |p| p.tensor_parallel.degree);
+        let kept_whole = self.config.cut_constraints.tensor_parallel_blocks;
+        if degree >= 2 && kept_whole != degree {
+            // The costs charge a split block 1/t of its time and the export splits only blocks
+            // a stage holds whole: without the constraint the plan promises what no GPU runs.
+            return Err(Error::InvalidPlan(format!(
+                "config.cut_constraints.tensor_parallel_blocks is {kept_whole} but the stages are split {degree} ways: each block split {degree} ways must stay on one stage"
+            )));
+        }
         match (&self.parallelism, self.config.mode) {
             (Some(parallelism), mode) => check_parallelism(
                 parallelism,
@@ -1224,7 +1253,8 @@ impl Plan {
     /// Whether the status and lower bound the plan records are claims its own figures support:
     /// a bound no plan found beats, "optimal" only at a bottleneck equal to that bound, a time
     /// limit's gap equal to the summary's.
-    fn check_claims(&self, problem: &PartitionProblem) -> Result<(), Error> {
+    fn check_claims(&self, rederived: &Rederived) -> Result<(), Error> {
+        let problem = &rederived.problem;
         let bad = |detail: String| Err(Error::InvalidPlan(detail));
         let summary = &self.summary;
         let bottleneck = summary.bottleneck_secs;
@@ -1285,6 +1315,7 @@ impl Plan {
                     ));
                 }
             }
+            check_rederivable_bounds(bounds, problem)?;
             let mut strongest = bounds.strongest().1;
             // A rival chosen by running keeps the proof that the cost model's optimum (its
             // first candidate, whose prediction check re-derived) is optimal: its bound.
@@ -1297,6 +1328,7 @@ impl Plan {
                 ));
             }
         }
+        self.check_proof(rederived)?;
         match summary.status {
             SolveStatus::Optimal if above(bottleneck, bound) => bad(format!(
                 "the status says optimal but the plan's bottleneck {bottleneck} s is above its lower bound {bound} s (gap {:.4}%): nothing it records proves it optimal; `pipecut check --rewrite` records it as hand-edited",
@@ -1307,6 +1339,31 @@ impl Plan {
                 summary.gap
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// Proves an optimal status again by the proof the plan records (partition/proof.rs), and
+    /// refuses a proof recorded with any other status or missing from a plan that has the field.
+    fn check_proof(&self, rederived: &Rederived) -> Result<(), Error> {
+        let summary = &self.summary;
+        let refuse = |why: &str| {
+            Err(Error::InvalidPlan(format!(
+                "the status says optimal but {why}; `pipecut check --rewrite` records it as hand-edited"
+            )))
+        };
+        match (summary.status, summary.proof) {
+            (SolveStatus::Optimal, None) if self.schema_version >= 9 => {
+                refuse("the plan records no proof (summary.proof)")
+            }
+            (SolveStatus::Optimal, proof) => {
+                crate::partition::proof::reprove(&rederived.problem, &rederived.assignment, proof)
+                    .or_else(|why| refuse(&why))
+            }
+            (status, Some(_)) => Err(Error::InvalidPlan(format!(
+                "summary.proof proves an optimum but the status is {}",
+                status.describe(summary.gap)
+            ))),
+            (_, None) => Ok(()),
         }
     }
 
@@ -1333,7 +1390,7 @@ impl Plan {
                 "{first}{more}; `pipecut check --rewrite` recomputes every figure from the node assignment"
             )));
         }
-        self.check_claims(&rederived.problem)?;
+        self.check_claims(&rederived)?;
         Ok(CheckReport {
             stages: self.stages.len(),
             nodes: rederived.nodes,
@@ -1350,15 +1407,14 @@ impl Plan {
     /// two stages, stages that are not convex and ordered, a stage over its memory.
     pub fn rewrite(&self, model: Digests, graph: &Graph, catalog: &Catalog) -> Result<Plan, Error> {
         let rederived = self.rederive(model, graph, catalog)?;
-        if self.mismatches(&rederived.plan).is_empty()
-            && self.check_claims(&rederived.problem).is_ok()
-        {
+        if self.mismatches(&rederived.plan).is_empty() && self.check_claims(&rederived).is_ok() {
             return Ok(self.clone());
         }
-        let mut plan = rederived.plan;
+        let mut plan = rederived.plan.clone();
         plan.summary.status = SolveStatus::HandEdited;
+        plan.summary.proof = None;
         plan.summary.solve_secs = None;
-        if plan.check_claims(&rederived.problem).is_err() {
+        if plan.check_claims(&rederived).is_err() {
             let average = rederived.problem.lower_bound_secs();
             plan.summary.lower_bound_secs = average.min(plan.summary.bottleneck_secs);
             plan.summary.bounds = Some(LowerBounds {
@@ -1372,6 +1428,41 @@ impl Plan {
     }
 }
 
+/// Refuses recorded average-work and granularity bounds above the ones re-derived on `problem`
+/// (the model under the plan's cut constraints): a constraint switched off after the solve
+/// lowers them. The granularity bound is re-derived to its end, so a solve that stopped it
+/// early recorded at most as much.
+fn check_rederivable_bounds(bounds: &LowerBounds, problem: &PartitionProblem) -> Result<(), Error> {
+    let above = |a: f64, b: f64| a > b * (1.0 + 1e-9);
+    let average = problem.lower_bound_secs();
+    let granularity = || {
+        let deadline = std::time::Instant::now() + crate::partition::proof::REPROVE_LIMIT;
+        crate::partition::bounds::granularity_bound_secs(problem, deadline, None)
+    };
+    let recomputed = [
+        (
+            "average_work_secs",
+            Some(bounds.average_work_secs),
+            Some(average),
+        ),
+        (
+            "granularity_secs",
+            bounds.granularity_secs,
+            bounds.granularity_secs.and_then(|_| granularity()),
+        ),
+    ];
+    for (field, recorded, rederived) in recomputed {
+        if let (Some(recorded), Some(rederived)) = (recorded, rederived) {
+            if above(recorded, rederived) {
+                return Err(Error::InvalidPlan(format!(
+                    "summary bounds.{field} {recorded} s is above the {rederived} s re-derived from the model under config.cut_constraints (was a constraint changed after the solve?)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A plan part as a JSON value, to compare with its re-derived self.
 fn json<T: Serialize>(value: &T) -> serde_json::Value {
     serde_json::to_value(value).expect("plans serialize")
@@ -1383,6 +1474,8 @@ struct Rederived {
     /// The problem the plan's claims are about: the model's, or its quotient under the plan's
     /// cut constraints.
     problem: PartitionProblem,
+    /// The plan's assignment of `problem`'s positions.
+    assignment: Vec<StageId>,
     nodes: usize,
 }
 
