@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Args;
 use pipecut::graph::NodeId;
-use pipecut::onnx::shape::{DimBindings, ShapeInference};
+use pipecut::onnx::shape::DimBindings;
 use pipecut::plan::Plan;
 use pipecut::runtime::{
     check_inputs, cuda::CudaExecutor, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
@@ -17,7 +17,7 @@ use pipecut::runtime::{
 use pipecut::schedule::{simulate, StageTimes};
 use serde::Serialize;
 
-use super::run_files::{read_inputs, write_outputs};
+use super::run_files::{feed_plan_values, read_inputs, write_outputs};
 use super::{print_stdout, Backend};
 
 #[path = "run_exported.rs"]
@@ -265,11 +265,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let random_inputs = args.inputs.is_empty();
     let make_inputs = || -> anyhow::Result<Tensors> {
-        let inputs = if random_inputs {
+        let mut inputs = if random_inputs {
             seeded_inputs(graph, microbatches, args.seed)?
         } else {
             read_inputs(&args.inputs, graph)?
         };
+        feed_plan_values(&plan, graph, &mut inputs, &args.inputs, microbatches)?;
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)
     };
@@ -354,11 +355,7 @@ fn typed_model(
     // Refuse another model before binding the plan's dims, which it may not even have.
     plan.model_match(model.digests())
         .with_context(|| format!("'{}'", args.plan.display()))?;
-    let mut b = DimBindings::new();
-    for (name, value) in bindings {
-        b = b.bind(name, *value);
-    }
-    ShapeInference::new(b)
+    super::check::plan_inference(plan, bindings, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", args.model.display()))?;
     Ok(model)

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use pipecut::runtime::{encode_npy, read_npy, Tensors};
+use pipecut::runtime::{encode_npy, read_npy, HostTensor, TensorData, Tensors};
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
 pub(crate) fn read_inputs(
@@ -50,6 +50,71 @@ pub(crate) fn read_inputs(
         }
     }
     Ok(inputs)
+}
+
+/// Gives the inputs the plan has sample values for (`partition --value`) those values, one
+/// copy per micro-batch along axis 0 as every input holds its micro-batches. A value read from
+/// an `--input` file (`read`) must be that, since the plan holds for it only; `inputs` made up
+/// at random are replaced.
+pub(crate) fn feed_plan_values(
+    plan: &pipecut::plan::Plan,
+    graph: &pipecut::graph::Graph,
+    inputs: &mut Tensors,
+    read: &[String],
+    microbatches: usize,
+) -> anyhow::Result<()> {
+    for (name, value) in &plan.model.values {
+        // A stage file has the input only if its nodes read it.
+        let Some(id) = graph
+            .tensor_id(name)
+            .filter(|id| graph.inputs().contains(id))
+        else {
+            continue;
+        };
+        let dtype = graph.tensor(id).dtype.or(value.element_type());
+        let tensor = value_tensor(name, value, dtype, microbatches)?;
+        let from_file = read
+            .iter()
+            .any(|arg| arg.split_once('=').is_some_and(|(n, _)| n == name));
+        if from_file && inputs.get(name).map(|t| &**t) != Some(&tensor) {
+            bail!(
+                "input '{name}' is not the sample value the plan was made with (sha256 {}…, once per micro-batch): the plan holds for that value only; leave --input {name} out to use it",
+                &value.sha256[..12.min(value.sha256.len())]
+            );
+        }
+        inputs.insert(name.clone(), Arc::new(tensor));
+    }
+    Ok(())
+}
+
+/// A plan's sample value as the runtime holds an input of `dtype`, repeated for `microbatches`.
+fn value_tensor(
+    name: &str,
+    value: &pipecut::plan::PlanValue,
+    dtype: Option<pipecut::graph::DType>,
+    microbatches: usize,
+) -> anyhow::Result<HostTensor> {
+    use pipecut::plan::ValueData;
+    let shape: Vec<usize> = value.shape.iter().map(|&d| d as usize).collect();
+    let data = match &value.data {
+        ValueData::Ints(v) => TensorData::I64(v.clone()),
+        ValueData::Floats(v) => TensorData::F32(v.iter().map(|&x| x as f32).collect()),
+        ValueData::Strings(v) => TensorData::String(v.clone()),
+    };
+    let bad = |detail: String| anyhow::anyhow!("the plan's sample value for '{name}': {detail}");
+    let mut tensor = HostTensor::new(shape, data).map_err(bad)?;
+    if let Some(dtype) = dtype.filter(|&d| d != pipecut::graph::DType::String) {
+        tensor = tensor.cast(dtype).map_err(bad)?;
+    }
+    if microbatches == 1 {
+        return Ok(tensor);
+    }
+    if tensor.shape().is_empty() {
+        bail!(
+            "input '{name}' is a scalar sample value, which has no axis to repeat for {microbatches} micro-batches: run with --microbatches 1"
+        );
+    }
+    HostTensor::concat_axis0(&vec![tensor; microbatches]).map_err(bad)
 }
 
 /// A file name for a tensor name: characters outside `[A-Za-z0-9_.-]` become `_`.
