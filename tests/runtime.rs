@@ -819,3 +819,95 @@ fn string_tensors_cross_stages_micro_batches_and_export() {
         Some(pipecut::graph::DType::String)
     );
 }
+
+/// The venv's Python with onnx, numpy and onnxruntime, or `None` (said as a skip).
+fn venv_python(what: &str) -> Option<PathBuf> {
+    let python = common::root().join(".venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    common::skip(
+        common::Need::Venv,
+        format!(
+            "{what}: {} is absent (bash fixtures/pyenv.sh)",
+            python.display()
+        ),
+    );
+    None
+}
+
+/// Runs a Python `script` in `dir` with the venv; it writes the model and its reference files.
+fn python_in(python: &Path, dir: &Path, script: &str) {
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 36: DeepLabV3's atrous branches dilate a 3×3 Conv by up to 36 over an 8×8 map, so
+/// that most taps read only padding. onnxruntime runs it; `pipecut run` panicked in the kernel.
+#[test]
+fn a_conv_dilated_past_its_input_runs_as_onnxruntime_does() {
+    let Some(python) = venv_python("the dilated Conv against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T, numpy_helper as nh\n\
+         rng = np.random.default_rng(0)\n\
+         w = nh.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), 'w')\n\
+         nodes = [h.make_node('Conv', ['x', 'w'], ['c'], name='atrous', kernel_shape=[3, 3],\n\
+                              dilations=[36, 36], pads=[36, 36, 36, 36]),\n\
+                  h.make_node('Relu', ['c'], ['y'], name='relu')]\n\
+         g = h.make_graph(nodes, 'aspp', [h.make_tensor_value_info('x', T.FLOAT, [2, 8, 8, 8])],\n\
+                          [h.make_tensor_value_info('y', T.FLOAT, None)], initializer=[w])\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 17)]); m.ir_version = 8\n\
+         onnx.save(m, 'atrous.onnx')\n\
+         x = rng.standard_normal((2, 8, 8, 8)).astype(np.float32); np.save('x.npy', x)\n\
+         s = ort.InferenceSession('atrous.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("atrous.onnx");
+    let model = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut actual = Tensors::new();
+    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
+    actual.insert("y".to_string(), Arc::new(got));
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    let expected = BTreeMap::from([("y".to_string(), want)]);
+    assert_matches("y", &actual, &expected, ATOL, RTOL);
+}
