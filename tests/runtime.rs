@@ -911,3 +911,87 @@ fn a_conv_dilated_past_its_input_runs_as_onnxruntime_does() {
     let expected = BTreeMap::from([("y".to_string(), want)]);
     assert_matches("y", &actual, &expected, ATOL, RTOL);
 }
+
+/// Issue 36: every ONNX tensor dtype goes in and out of `pipecut run` as `.npy` files as numpy
+/// and ml_dtypes save them (uint64, float16/64, bfloat16, the four float8 formats, int4/uint4,
+/// int16, uint32, strings), over a stage boundary, and every output keeps its declared dtype
+/// (uint8 and int8 were written as int64) with onnxruntime's values: `fixtures/dtype_cases.py`.
+/// A pickled object array is refused in one line.
+#[test]
+fn every_onnx_dtype_goes_in_and_out_of_run_as_npy() {
+    let Some(python) = venv_python("the .npy dtypes against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = common::root().join("fixtures/dtype_cases.py");
+    let script = script.to_str().unwrap();
+    let cases_dir = dir.path().to_str().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        &format!("import runpy, sys; sys.argv = ['x', 'gen', {cases_dir:?}]; runpy.run_path({script:?}, run_name='__main__')"),
+    );
+    let cases: Vec<String> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cases.json")).unwrap())
+            .unwrap();
+    assert!(cases.len() >= 13, "{cases:?}");
+    for case in &cases {
+        let model = dir.path().join(format!("{case}.onnx"));
+        let model = model.to_str().unwrap();
+        let plan = dir.path().join(format!("{case}.json"));
+        let stages = if case == "string" { "1" } else { "2" };
+        let (code, _, err) = pipecut(&[
+            "partition",
+            model,
+            "--cluster",
+            "1x2xL4",
+            "--stages",
+            stages,
+            "--microbatches",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{case}: {err}");
+        let input = format!("x={}", dir.path().join(format!("{case}_x.npy")).display());
+        let out_dir = dir.path().join(format!("out_{case}"));
+        let (code, _, err) = pipecut(&[
+            "run",
+            plan.to_str().unwrap(),
+            model,
+            "--input",
+            &input,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{case}: {err}");
+    }
+    let out = std::process::Command::new(&python)
+        .args([script, "check", cases_dir])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("\"failures\": []"), "{report}");
+
+    let pickled = format!("x={}", dir.path().join("string_pickle.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        dir.path().join("string.json").to_str().unwrap(),
+        dir.path().join("string.onnx").to_str().unwrap(),
+        "--input",
+        &pickled,
+        "--output-dir",
+        dir.path().join("out_pickle").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("pickles are not read") && err.contains("np.array(values, dtype=str)"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

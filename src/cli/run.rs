@@ -535,7 +535,12 @@ impl StagedRun<'_> {
             plan.config.schedule.into(),
             self.microbatches,
         )?;
-        let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(args))?;
+        let outputs = write_outputs(
+            &args.output_dir,
+            &report.outputs,
+            self.graph,
+            &run_inputs(args),
+        )?;
         Ok(Report {
             model: args.model.display().to_string(),
             backend: args.backend,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use pipecut::runtime::{encode_npy, read_npy, HostTensor, TensorData, Tensors};
+use pipecut::runtime::{encode_npy_as, read_npy_as, HostTensor, TensorData, Tensors};
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
 pub(crate) fn read_inputs(
@@ -33,8 +33,9 @@ pub(crate) fn read_inputs(
                 names.join(", ")
             );
         };
-        let array = read_npy(Path::new(file))?;
-        if let Some(want) = graph.tensor(id).dtype {
+        let declared = graph.tensor(id).dtype;
+        let array = read_npy_as(Path::new(file), declared)?;
+        if let Some(want) = declared {
             if array.stored != want {
                 bail!(
                     "input '{name}' must be {want}, but '{file}' holds {}",
@@ -136,12 +137,15 @@ fn file_stem(name: &str) -> String {
     }
 }
 
-/// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
+/// Writes every output as `<name>.npy` in `dir`, of the dtype `graph` declares for it (a uint8
+/// output as `|u1`, not the int64 the runtime computes it in; see
+/// [`pipecut::runtime::encode_npy_as`]): all to exclusive temporary files first
 /// (`pipecut::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
 /// a link planted in `dir` is never followed. The run's inputs are never overwritten.
 pub(crate) fn write_outputs(
     dir: &Path,
     outputs: &Tensors,
+    graph: &pipecut::graph::Graph,
     inputs: &[&Path],
 ) -> anyhow::Result<BTreeMap<String, String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
@@ -163,8 +167,14 @@ pub(crate) fn write_outputs(
         let path = dir.join(format!("{stem}.npy"));
         pipecut::io::check_output(&path, inputs)?;
         let mut file = pipecut::io::Staged::new(&path, mode)?;
+        let declared = graph
+            .tensor_id(name)
+            .and_then(|id| graph.tensor(id).dtype)
+            .unwrap_or(tensor.dtype());
+        let bytes =
+            encode_npy_as(tensor, declared).map_err(|e| anyhow::anyhow!("output '{name}': {e}"))?;
         file.file()
-            .write_all(&encode_npy(tensor))
+            .write_all(&bytes)
             .with_context(|| format!("cannot write '{}'", path.display()))?;
         files.insert(name.clone(), path.display().to_string());
         staged.push(file);
