@@ -995,3 +995,67 @@ fn every_onnx_dtype_goes_in_and_out_of_run_as_npy() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// Issue 36: STFT of a real `[batch, length]` signal (onnx-asr's feature extractors), which
+/// onnxruntime and `onnx.checker` accept where the spec asks for `[batch, length, 1]`: typed,
+/// planned over two stages and run as onnxruntime runs it.
+#[test]
+fn an_stft_of_a_two_dimensional_signal_runs_as_onnxruntime_does() {
+    let Some(python) = venv_python("the 2-D STFT against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T\n\
+         nodes = [h.make_node('HannWindow', ['size'], ['window'], name='hann'),\n\
+                  h.make_node('STFT', ['x', 'step', 'window'], ['spec'], name='stft'),\n\
+                  h.make_node('ReduceSumSquare', ['spec', 'axes'], ['y'], keepdims=0, name='power')]\n\
+         inits = [h.make_tensor('size', T.INT64, [], [16]), h.make_tensor('step', T.INT64, [], [4]),\n\
+                  h.make_tensor('axes', T.INT64, [1], [-1])]\n\
+         g = h.make_graph(nodes, 'features', [h.make_tensor_value_info('x', T.FLOAT, [2, 64])],\n\
+                          [h.make_tensor_value_info('y', T.FLOAT, ['b', 'f', 'k'])], initializer=inits)\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 18)]); m.ir_version = 8\n\
+         onnx.checker.check_model(m); onnx.save(m, 'stft.onnx')\n\
+         x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)\n\
+         np.save('x.npy', x)\n\
+         s = ort.InferenceSession('stft.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("stft.onnx");
+    let model = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    assert_eq!(got.shape(), &[2, 13, 9], "{:?}", got.shape());
+    let actual = Tensors::from([("y".to_string(), Arc::new(got))]);
+    let expected = BTreeMap::from([("y".to_string(), want)]);
+    assert_matches("y", &actual, &expected, ATOL, RTOL);
+}
