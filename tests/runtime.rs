@@ -1059,3 +1059,80 @@ fn an_stft_of_a_two_dimensional_signal_runs_as_onnxruntime_does() {
     let expected = BTreeMap::from([("y".to_string(), want)]);
     assert_matches("y", &actual, &expected, ATOL, RTOL);
 }
+
+/// Issue 36: shape inputs computed from constants alone are folded, as TorchScript's detection
+/// exports compute Resize sizes and Pad pads (Constant → ReduceMin → Mul → Floor → Cast →
+/// Concat); the model is typed, planned and run as onnxruntime runs it.
+#[test]
+fn shape_inputs_computed_from_constants_are_folded() {
+    let Some(python) = venv_python("the folded shape subgraph against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T\n\
+         scales = h.make_tensor('scales', T.FLOAT, [2, 2], [1.5, 2.5, 3.5, 0.75])\n\
+         nodes = [h.make_node('Constant', [], ['c'], value=scales, name='c'),\n\
+                  h.make_node('ReduceMin', ['c'], ['m'], axes=[1], keepdims=0, name='rmin'),\n\
+                  h.make_node('ReduceMax', ['m'], ['top'], keepdims=1, name='rmax'),\n\
+                  h.make_node('Mul', ['top', 'k'], ['mk'], name='mul'),\n\
+                  h.make_node('Floor', ['mk'], ['f'], name='floor'),\n\
+                  h.make_node('Cast', ['f'], ['side'], to=T.INT64, name='cast'),\n\
+                  h.make_node('Concat', ['nc', 'side', 'side'], ['sizes'], axis=0, name='cat'),\n\
+                  h.make_node('Resize', ['x', '', '', 'sizes'], ['y'], mode='nearest', name='resize'),\n\
+                  h.make_node('Concat', ['zeros', 'side', 'side'], ['pads'], axis=0, name='cat2'),\n\
+                  h.make_node('Pad', ['y', 'pads'], ['z'], name='pad')]\n\
+         inits = [h.make_tensor('k', T.FLOAT, [], [4.0]), h.make_tensor('nc', T.INT64, [2], [1, 3]),\n\
+                  h.make_tensor('zeros', T.INT64, [6], [0] * 6)]\n\
+         g = h.make_graph(nodes, 'fold', [h.make_tensor_value_info('x', T.FLOAT, [1, 3, 4, 4])],\n\
+                          [h.make_tensor_value_info('z', T.FLOAT, None)], initializer=inits)\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 13)]); m.ir_version = 7\n\
+         onnx.save(m, 'fold.onnx')\n\
+         x = np.random.default_rng(2).standard_normal((1, 3, 4, 4)).astype(np.float32)\n\
+         np.save('x.npy', x)\n\
+         s = ort.InferenceSession('fold.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("fold.onnx");
+    let model = model.to_str().unwrap();
+    let (code, out, err) = pipecut(&["inspect", model, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let z = &report["outputs"][0];
+    // min over rows: [1.5, 0.75], max 1.5, × 4 = 6: sizes [1, 3, 6, 6], then 6 more on each side.
+    assert_eq!(z["shape"], serde_json::json!([1, 3, 12, 12]), "{out}");
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_npy(&out_dir.join("z.npy")).unwrap().tensor;
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    let actual = Tensors::from([("z".to_string(), Arc::new(got))]);
+    let expected = BTreeMap::from([("z".to_string(), want)]);
+    assert_matches("z", &actual, &expected, ATOL, RTOL);
+}
