@@ -912,6 +912,15 @@ fn a_plan_made_with_a_sample_value_is_checked_exported_and_run_without_it() {
     let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), model]);
     assert_ne!(code, 0);
     assert!(err.contains("the value was edited"), "{err}");
+    let renamed = text.replacen("\"r\": {", "\"q\": {", 1);
+    assert_ne!(renamed, text);
+    std::fs::write(&edited_path, renamed).unwrap();
+    let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), model]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("the plan records a sample value for 'q', which is not an input"),
+        "{err}"
+    );
 
     // The outputs are onnxruntime's, micro-batch by micro-batch.
     let python = common::root().join(".venv/bin/python");

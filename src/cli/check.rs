@@ -62,6 +62,7 @@ pub(crate) fn type_for_plan(
     path: &Path,
     measured: &MeasuredArgs,
 ) -> anyhow::Result<Model> {
+    require_value_inputs(plan, &model.graph, path)?;
     plan_inference(plan, &plan.model.dims, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", path.display()))?;
@@ -103,6 +104,27 @@ pub(crate) fn plan_inference(
         .map(|(name, value)| (name.clone(), value.const_value()))
         .collect();
     ShapeInference::new(bindings).with_input_values(values)
+}
+
+/// Refuses a plan that records a sample value for a tensor that is not an input of the whole
+/// model (an edited plan: stage files, which have fewer inputs, skip the values they lack).
+pub(crate) fn require_value_inputs(
+    plan: &Plan,
+    graph: &pipecut::graph::Graph,
+    model: &Path,
+) -> anyhow::Result<()> {
+    for name in plan.model.values.keys() {
+        let is_input = graph
+            .tensor_id(name)
+            .is_some_and(|id| graph.inputs().contains(&id));
+        if !is_input {
+            anyhow::bail!(
+                "the plan records a sample value for '{name}', which is not an input of '{}'",
+                model.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refuses sample values given again on the command line (`--value`) that are not the ones

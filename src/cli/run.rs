@@ -355,6 +355,7 @@ fn typed_model(
     // Refuse another model before binding the plan's dims, which it may not even have.
     plan.model_match(model.digests())
         .with_context(|| format!("'{}'", args.plan.display()))?;
+    super::check::require_value_inputs(plan, &model.graph, &args.model)?;
     super::check::plan_inference(plan, bindings, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", args.model.display()))?;
