@@ -486,3 +486,80 @@ fn loop_output_shape(body: onnx_protobuf::GraphProto) -> Vec<u64> {
     let y = model.graph.tensor_id("y").unwrap();
     model.graph.concrete_shape(y).unwrap()
 }
+
+/// Issue 36: an If whose branches give an output of different ranks (silero-vad's `op15`
+/// export, whose branches agree only once its dims are bound) no longer fails inference: the
+/// output is a tensor of unknown rank. `inspect` types the model; a command that needs every
+/// size names the tensor, in one line.
+#[test]
+fn an_if_whose_branches_differ_in_rank_gives_a_tensor_of_unknown_rank() {
+    use built::*;
+    const F32: i32 = 1;
+    const BOOL: i32 = 9;
+    let mut total = node("inner_sum", "ReduceSum", "", &["x"], &["sum"]);
+    total.attribute = vec![onnx_protobuf::AttributeProto {
+        name: "keepdims".into(),
+        i: 0,
+        type_: onnx_protobuf::attribute_proto::AttributeType::INT.into(),
+        ..Default::default()
+    }];
+    let then = onnx_protobuf::GraphProto {
+        name: "scalar".into(),
+        node: vec![total],
+        output: vec![value_info("sum", F32, &[])],
+        ..Default::default()
+    };
+    let other = onnx_protobuf::GraphProto {
+        name: "matrix".into(),
+        node: vec![node("inner_neg", "Neg", "", &["x"], &["neg"])],
+        output: vec![value_info("neg", F32, &["batch", "8"])],
+        ..Default::default()
+    };
+    let mut if_node = node("choose", "If", "", &["cond"], &["y"]);
+    if_node.attribute = vec![
+        graph_attr("then_branch", then),
+        graph_attr("else_branch", other),
+    ];
+    let graph = onnx_protobuf::GraphProto {
+        name: "g".into(),
+        node: vec![node("scale", "Sigmoid", "", &["input"], &["x"]), if_node],
+        input: vec![
+            value_info("input", F32, &["batch", "8"]),
+            value_info("cond", BOOL, &[]),
+        ],
+        output: vec![value_info("y", F32, &[]), value_info("x", F32, &[])],
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("if_ranks.onnx");
+    std::fs::write(&path, model(graph, &[("", 17)])).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let model_arg = path.to_str().unwrap();
+    let (code, out, err) = run(&["inspect", model_arg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        !format!("{out}{err}").contains("different ranks"),
+        "{out}{err}"
+    );
+    let (code, _, err) = run(&[
+        "partition",
+        model_arg,
+        "--dim",
+        "batch=2",
+        "--cluster",
+        "1x1xL4",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("the shape of tensor 'y' is not known"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

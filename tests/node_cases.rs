@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use pipecut::onnx::shape::{DimBindings, ShapeInference};
-use pipecut::runtime::{read_npy, CpuExecutor, HostTensor, Tensors, Weights};
+use pipecut::runtime::{read_npy_as, CpuExecutor, HostTensor, Tensors, Weights};
 use serde_json::Value;
 
 const ATOL: f32 = 1e-4;
@@ -28,35 +28,12 @@ const RTOL: f32 = 1e-4;
 
 /// Cases of the tested ops that fail today, with the reason. Each must fail.
 const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("test_dequantizelinear_e4m3fn", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_float16", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_float16_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_zero_point", FLOAT8),
-    ("test_dequantizelinear_e4m3fn_zero_point_at_opset23", FLOAT8),
-    ("test_dequantizelinear_e5m2", FLOAT8),
-    ("test_dequantizelinear_e5m2_at_opset23", FLOAT8),
-    ("test_dequantizelinear_float4e2m1", FLOAT8),
-    ("test_dequantizelinear_float4e2m1_at_opset23", FLOAT8),
     ("test_qlinearmatmul_2D_int8_float16", WRAPS),
     ("test_qlinearmatmul_2D_int8_float32", WRAPS),
     ("test_qlinearmatmul_3D_int8_float16", WRAPS),
     ("test_qlinearmatmul_3D_int8_float32", WRAPS),
-    ("test_quantizelinear_e4m3fn", FLOAT8),
-    ("test_quantizelinear_e4m3fn_at_opset23", FLOAT8),
-    ("test_quantizelinear_e5m2", FLOAT8),
-    ("test_quantizelinear_e5m2_at_opset23", FLOAT8),
-    ("test_quantizelinear_float4e2m1", FLOAT8),
-    ("test_quantizelinear_float4e2m1_at_opset23", FLOAT8),
-    ("test_bitshift_left_uint64", UINT64),
-    ("test_bitshift_right_uint64", UINT64),
-    ("test_bitwise_and_ui64_bcast_3v1d", UINT64),
-    ("test_bitwise_or_ui64_bcast_3v1d", UINT64),
-    ("test_bitwise_xor_ui64_bcast_3v1d", UINT64),
 ];
 
-const UINT64: &str = "uint64 data: the runtime keeps integers in int64 and has no uint64 storage";
-const FLOAT8: &str = "float8 / float4 data: neither the .npy reader nor the runtime has the type";
 const WRAPS: &str = "the onnx reference wraps int8 overflow where the spec and onnxruntime 1.23.2 \
                      saturate; the kernel saturates and equals onnxruntime";
 
@@ -106,14 +83,18 @@ fn run_case(case_dir: &Path) -> Result<(), String> {
         &std::fs::read_to_string(case_dir.join("manifest.json")).map_err(|e| e.to_string())?,
     )
     .map_err(|e| e.to_string())?;
-    let read = |section: &str| -> Result<BTreeMap<String, HostTensor>, String> {
+    // ml_dtypes saves float8, float4 and int4 as raw bytes: read as the model declares them.
+    let read = |section: &str,
+                graph: &pipecut::graph::Graph|
+     -> Result<BTreeMap<String, HostTensor>, String> {
         manifest[section]
             .as_object()
             .unwrap()
             .iter()
             .map(|(name, file)| {
                 let path = case_dir.join(file.as_str().unwrap());
-                let array = read_npy(&path).map_err(|e| format!("reference: {e}"))?;
+                let declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
+                let array = read_npy_as(&path, declared).map_err(|e| format!("reference: {e}"))?;
                 Ok((name.clone(), array.tensor))
             })
             .collect()
@@ -127,8 +108,8 @@ fn run_case(case_dir: &Path) -> Result<(), String> {
     ShapeInference::new(bindings)
         .run(&mut model.graph)
         .map_err(|e| format!("shape: {e}"))?;
-    let expected = read("outputs")?;
     let graph = &model.graph;
+    let expected = read("outputs", graph)?;
     for &id in graph.outputs() {
         let name = &graph.tensor(id).name;
         let want = &expected[name];
@@ -143,7 +124,7 @@ fn run_case(case_dir: &Path) -> Result<(), String> {
         }
     }
     let weights = Weights::load(&model_path, graph).map_err(|e| format!("weights: {e}"))?;
-    let inputs: Tensors = read("inputs")?
+    let inputs: Tensors = read("inputs", graph)?
         .into_iter()
         .map(|(k, v)| (k, Arc::new(v)))
         .collect();

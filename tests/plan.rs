@@ -822,3 +822,263 @@ fn check_refuses_a_relabelled_optimum_and_a_switched_off_constraint() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("summary.proof"), "{err}");
 }
+
+/// A float32 graph input `[batch, 6]`, its first dim symbolic.
+fn batch_by_six(name: &str) -> onnx_protobuf::ValueInfoProto {
+    use onnx_protobuf::tensor_shape_proto::{dimension::Value as DimValue, Dimension};
+    let mut input = common::tensor_value_info(name, 1, &[0, 6]);
+    if let Some(onnx_protobuf::type_proto::Value::TensorType(t)) =
+        input.type_.as_mut().and_then(|t| t.value.as_mut())
+    {
+        t.shape.as_mut().unwrap().dim[0] = Dimension {
+            value: Some(DimValue::DimParam("batch".into())),
+            ..Default::default()
+        };
+    }
+    input
+}
+
+/// Writes an opset-18 model of `ops` (op type, inputs, output; the last output is the model's
+/// `y`) over `inputs` to `dir/name`.
+fn write_model(
+    dir: &Path,
+    name: &str,
+    ops: &[(&str, &[&str], &str)],
+    inputs: Vec<onnx_protobuf::ValueInfoProto>,
+) -> String {
+    use onnx_protobuf::{Message, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+    let node = |&(op, inputs, output): &(&str, &[&str], &str)| NodeProto {
+        name: format!("{op}_{output}"),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    let graph = onnx_protobuf::GraphProto {
+        name: name.into(),
+        node: ops.iter().map(node).collect(),
+        input: inputs,
+        output: vec![ValueInfoProto {
+            name: "y".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            version: 18,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    };
+    let path = dir.join(name);
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A model whose Reshape target is a graph input `r`: `x [batch, 6]` → Relu → Reshape(·, r) →
+/// Neg → Sigmoid.
+fn reshape_by_input_model(dir: &Path) -> String {
+    let ops: [(&str, &[&str], &str); 4] = [
+        ("Relu", &["x"], "a"),
+        ("Reshape", &["a", "r"], "b"),
+        ("Neg", &["b"], "c"),
+        ("Sigmoid", &["c"], "y"),
+    ];
+    let r = common::tensor_value_info("r", 7, &[2]);
+    write_model(
+        dir,
+        "reshape_by_input.onnx",
+        &ops,
+        vec![batch_by_six("x"), r],
+    )
+}
+
+fn write_npy(path: &Path, tensor: pipecut::runtime::HostTensor) -> String {
+    std::fs::write(path, pipecut::runtime::encode_npy(&tensor)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Issue 36: a plan made with `--value` records the value, and `check`, `export` and `run` use
+/// it without being told again; a value given again must be the plan's, in one line.
+#[test]
+fn a_plan_made_with_a_sample_value_is_checked_exported_and_run_without_it() {
+    use pipecut::runtime::{HostTensor, TensorData};
+    let dir = tempfile::tempdir().unwrap();
+    let model = reshape_by_input_model(dir.path());
+    let model = model.as_str();
+    let r = write_npy(
+        &dir.path().join("r.npy"),
+        HostTensor::new(vec![2], TensorData::I64(vec![4, 3])).unwrap(),
+    );
+    let other_r = write_npy(
+        &dir.path().join("r2.npy"),
+        HostTensor::new(vec![2], TensorData::I64(vec![3, 4])).unwrap(),
+    );
+    let x: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) / 7.0).collect();
+    let x = write_npy(
+        &dir.path().join("x.npy"),
+        HostTensor::new(vec![4, 6], TensorData::F32(x)).unwrap(),
+    );
+    let plan_path = dir.path().join("plan.json");
+    let value_arg = format!("r={r}");
+    let text = partition_to(
+        &plan_path,
+        model,
+        &[
+            "--dim",
+            "batch=2",
+            "--value",
+            &value_arg,
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+            "--cluster",
+            "1x2xH100-SXM",
+        ],
+    );
+    let plan = Plan::from_json(&text).unwrap();
+    let recorded = &plan.model.values["r"];
+    assert_eq!(recorded.data, pipecut::plan::ValueData::Ints(vec![4, 3]));
+    assert_eq!(recorded.sha256, recorded.digest());
+    let plan_arg = plan_path.to_str().unwrap();
+
+    let (code, out, err) = pipecut(&["check", plan_arg, model]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("valid plan"), "{out}");
+    let stages = dir.path().join("stages");
+    let stages_arg = stages.to_str().unwrap();
+    let (code, _, err) = pipecut(&["export", plan_arg, model, "--out-dir", stages_arg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stages.join("stage_1.onnx").exists());
+    let out_dir = dir.path().join("out");
+    let input_arg = format!("x={x}");
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan_arg,
+        model,
+        "--input",
+        &input_arg,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let y = pipecut::runtime::read_npy(&out_dir.join("y.npy")).unwrap();
+    assert_eq!(y.tensor.shape(), &[8, 3], "two micro-batches of [4, 3]");
+
+    // A value given again must be the plan's, and said in one line.
+    let other_arg = format!("r={other_r}");
+    let (code, _, err) = pipecut(&[
+        "export",
+        plan_arg,
+        model,
+        "--out-dir",
+        stages_arg,
+        "--value",
+        &other_arg,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--value r is not the value the plan was made with"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan_arg,
+        model,
+        "--input",
+        &input_arg,
+        "--input",
+        &other_arg,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("input 'r' is not the sample value the plan was made with"),
+        "{err}"
+    );
+
+    // A hand-edited value no longer matches its digest.
+    let edited = text.replacen("          4,\n", "          5,\n", 1);
+    assert_ne!(edited, text);
+    let edited_path = dir.path().join("edited.json");
+    std::fs::write(&edited_path, edited).unwrap();
+    let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), model]);
+    assert_ne!(code, 0);
+    assert!(err.contains("the value was edited"), "{err}");
+    let renamed = text.replacen("\"r\": {", "\"q\": {", 1);
+    assert_ne!(renamed, text);
+    std::fs::write(&edited_path, renamed).unwrap();
+    let (code, _, err) = pipecut(&["check", edited_path.to_str().unwrap(), model]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("the plan records a sample value for 'q', which is not an input"),
+        "{err}"
+    );
+
+    // The outputs are onnxruntime's, micro-batch by micro-batch.
+    let python = common::root().join(".venv/bin/python");
+    if !python.exists() {
+        common::skip(
+            common::Need::Venv,
+            "comparing with onnxruntime: .venv/bin/python is absent (bash fixtures/pyenv.sh)",
+        );
+        return;
+    }
+    let script = "import sys, numpy as np, onnxruntime as ort\n\
+        m, x, r, y = sys.argv[1:]\n\
+        s = ort.InferenceSession(m, providers=['CPUExecutionProvider'])\n\
+        x, r = np.load(x), np.load(r)\n\
+        ref = np.concatenate([s.run(None, {'x': x[i:i + 2], 'r': r})[0] for i in (0, 2)])\n\
+        got = np.load(y)\n\
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.shape)\n\
+        assert np.allclose(got, ref, atol=1e-6), (got, ref)\n";
+    let status = Command::new(&python)
+        .args(["-c", script, model, &x, &r])
+        .arg(out_dir.join("y.npy"))
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "pipecut's outputs differ from onnxruntime's"
+    );
+}
+
+/// Issue 36: `export` types a model whose shapes need sizes at the plan's dims without `--dim`
+/// (a Squeeze without axes squeezes only dims known to be 1), and says so.
+#[test]
+fn export_uses_the_plans_dims_where_the_model_needs_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops: [(&str, &[&str], &str); 3] = [
+        ("Relu", &["x"], "a"),
+        ("Squeeze", &["a"], "b"),
+        ("Neg", &["b"], "y"),
+    ];
+    let model = write_model(dir.path(), "squeeze.onnx", &ops, vec![batch_by_six("x")]);
+    let plan = dir.path().join("plan.json");
+    partition_to(
+        &plan,
+        &model,
+        &["--dim", "batch=1", "--stages", "2", "--cluster", "1x2xL4"],
+    );
+    let stages = dir.path().join("stages");
+    let (code, _, err) = pipecut(&[
+        "export",
+        plan.to_str().unwrap(),
+        &model,
+        "--out-dir",
+        stages.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("note: the stage files are typed at the plan's dims (batch=1)")
+            && err.contains("Squeeze without axes needs concrete dims"),
+        "{err}"
+    );
+    assert!(stages.join("stage_1.onnx").exists());
+}

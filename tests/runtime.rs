@@ -819,3 +819,320 @@ fn string_tensors_cross_stages_micro_batches_and_export() {
         Some(pipecut::graph::DType::String)
     );
 }
+
+/// The venv's Python with onnx, numpy and onnxruntime, or `None` (said as a skip).
+fn venv_python(what: &str) -> Option<PathBuf> {
+    let python = common::root().join(".venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    common::skip(
+        common::Need::Venv,
+        format!(
+            "{what}: {} is absent (bash fixtures/pyenv.sh)",
+            python.display()
+        ),
+    );
+    None
+}
+
+/// Runs a Python `script` in `dir` with the venv; it writes the model and its reference files.
+fn python_in(python: &Path, dir: &Path, script: &str) {
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 36: DeepLabV3's atrous branches dilate a 3×3 Conv by up to 36 over an 8×8 map, so
+/// that most taps read only padding. onnxruntime runs it; `pipecut run` panicked in the kernel.
+#[test]
+fn a_conv_dilated_past_its_input_runs_as_onnxruntime_does() {
+    let Some(python) = venv_python("the dilated Conv against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T, numpy_helper as nh\n\
+         rng = np.random.default_rng(0)\n\
+         w = nh.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32), 'w')\n\
+         nodes = [h.make_node('Conv', ['x', 'w'], ['c'], name='atrous', kernel_shape=[3, 3],\n\
+                              dilations=[36, 36], pads=[36, 36, 36, 36]),\n\
+                  h.make_node('Relu', ['c'], ['y'], name='relu')]\n\
+         g = h.make_graph(nodes, 'aspp', [h.make_tensor_value_info('x', T.FLOAT, [2, 8, 8, 8])],\n\
+                          [h.make_tensor_value_info('y', T.FLOAT, None)], initializer=[w])\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 17)]); m.ir_version = 8\n\
+         onnx.save(m, 'atrous.onnx')\n\
+         x = rng.standard_normal((2, 8, 8, 8)).astype(np.float32); np.save('x.npy', x)\n\
+         s = ort.InferenceSession('atrous.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("atrous.onnx");
+    let model = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut actual = Tensors::new();
+    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
+    actual.insert("y".to_string(), Arc::new(got));
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    let expected = BTreeMap::from([("y".to_string(), want)]);
+    assert_matches("y", &actual, &expected, ATOL, RTOL);
+}
+
+/// Issue 36: every ONNX tensor dtype goes in and out of `pipecut run` as `.npy` files as numpy
+/// and ml_dtypes save them (uint64, float16/64, bfloat16, the four float8 formats, int4/uint4,
+/// int16, uint32, strings), over a stage boundary, and every output keeps its declared dtype
+/// (uint8 and int8 were written as int64) with onnxruntime's values: `fixtures/dtype_cases.py`.
+/// A pickled object array is refused in one line.
+#[test]
+fn every_onnx_dtype_goes_in_and_out_of_run_as_npy() {
+    let Some(python) = venv_python("the .npy dtypes against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = common::root().join("fixtures/dtype_cases.py");
+    let script = script.to_str().unwrap();
+    let cases_dir = dir.path().to_str().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        &format!("import runpy, sys; sys.argv = ['x', 'gen', {cases_dir:?}]; runpy.run_path({script:?}, run_name='__main__')"),
+    );
+    let cases: Vec<String> =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("cases.json")).unwrap())
+            .unwrap();
+    assert!(cases.len() >= 13, "{cases:?}");
+    for case in &cases {
+        let model = dir.path().join(format!("{case}.onnx"));
+        let model = model.to_str().unwrap();
+        let plan = dir.path().join(format!("{case}.json"));
+        let stages = if case == "string" { "1" } else { "2" };
+        let (code, _, err) = pipecut(&[
+            "partition",
+            model,
+            "--cluster",
+            "1x2xL4",
+            "--stages",
+            stages,
+            "--microbatches",
+            "1",
+            "--out",
+            plan.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{case}: {err}");
+        let input = format!("x={}", dir.path().join(format!("{case}_x.npy")).display());
+        let out_dir = dir.path().join(format!("out_{case}"));
+        let (code, _, err) = pipecut(&[
+            "run",
+            plan.to_str().unwrap(),
+            model,
+            "--input",
+            &input,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{case}: {err}");
+    }
+    let out = std::process::Command::new(&python)
+        .args([script, "check", cases_dir])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains("\"failures\": []"), "{report}");
+
+    let pickled = format!("x={}", dir.path().join("string_pickle.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        dir.path().join("string.json").to_str().unwrap(),
+        dir.path().join("string.onnx").to_str().unwrap(),
+        "--input",
+        &pickled,
+        "--output-dir",
+        dir.path().join("out_pickle").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("pickles are not read") && err.contains("np.array(values, dtype=str)"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Issue 36: STFT of a real `[batch, length]` signal (onnx-asr's feature extractors), which
+/// onnxruntime and `onnx.checker` accept where the spec asks for `[batch, length, 1]`: typed,
+/// planned over two stages and run as onnxruntime runs it.
+#[test]
+fn an_stft_of_a_two_dimensional_signal_runs_as_onnxruntime_does() {
+    let Some(python) = venv_python("the 2-D STFT against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T\n\
+         nodes = [h.make_node('HannWindow', ['size'], ['window'], name='hann'),\n\
+                  h.make_node('STFT', ['x', 'step', 'window'], ['spec'], name='stft'),\n\
+                  h.make_node('ReduceSumSquare', ['spec', 'axes'], ['y'], keepdims=0, name='power')]\n\
+         inits = [h.make_tensor('size', T.INT64, [], [16]), h.make_tensor('step', T.INT64, [], [4]),\n\
+                  h.make_tensor('axes', T.INT64, [1], [-1])]\n\
+         g = h.make_graph(nodes, 'features', [h.make_tensor_value_info('x', T.FLOAT, [2, 64])],\n\
+                          [h.make_tensor_value_info('y', T.FLOAT, ['b', 'f', 'k'])], initializer=inits)\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 18)]); m.ir_version = 8\n\
+         onnx.checker.check_model(m); onnx.save(m, 'stft.onnx')\n\
+         x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)\n\
+         np.save('x.npy', x)\n\
+         s = ort.InferenceSession('stft.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("stft.onnx");
+    let model = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    assert_eq!(got.shape(), &[2, 13, 9], "{:?}", got.shape());
+    let actual = Tensors::from([("y".to_string(), Arc::new(got))]);
+    let expected = BTreeMap::from([("y".to_string(), want)]);
+    assert_matches("y", &actual, &expected, ATOL, RTOL);
+}
+
+/// Issue 36: shape inputs computed from constants alone are folded, as TorchScript's detection
+/// exports compute Resize sizes and Pad pads (Constant → ReduceMin → Mul → Floor → Cast →
+/// Concat); the model is typed, planned and run as onnxruntime runs it.
+#[test]
+fn shape_inputs_computed_from_constants_are_folded() {
+    let Some(python) = venv_python("the folded shape subgraph against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T\n\
+         scales = h.make_tensor('scales', T.FLOAT, [2, 2], [1.5, 2.5, 3.5, 0.75])\n\
+         nodes = [h.make_node('Constant', [], ['c'], value=scales, name='c'),\n\
+                  h.make_node('ReduceMin', ['c'], ['m'], axes=[1], keepdims=0, name='rmin'),\n\
+                  h.make_node('ReduceMax', ['m'], ['top'], keepdims=1, name='rmax'),\n\
+                  h.make_node('Mul', ['top', 'k'], ['mk'], name='mul'),\n\
+                  h.make_node('Floor', ['mk'], ['f'], name='floor'),\n\
+                  h.make_node('Cast', ['f'], ['side'], to=T.INT64, name='cast'),\n\
+                  h.make_node('Concat', ['nc', 'side', 'side'], ['sizes'], axis=0, name='cat'),\n\
+                  h.make_node('Resize', ['x', '', '', 'sizes'], ['y'], mode='nearest', name='resize'),\n\
+                  h.make_node('Concat', ['zeros', 'side', 'side'], ['pads'], axis=0, name='cat2'),\n\
+                  h.make_node('Pad', ['y', 'pads'], ['z'], name='pad')]\n\
+         inits = [h.make_tensor('k', T.FLOAT, [], [4.0]), h.make_tensor('nc', T.INT64, [2], [1, 3]),\n\
+                  h.make_tensor('zeros', T.INT64, [6], [0] * 6)]\n\
+         g = h.make_graph(nodes, 'fold', [h.make_tensor_value_info('x', T.FLOAT, [1, 3, 4, 4])],\n\
+                          [h.make_tensor_value_info('z', T.FLOAT, None)], initializer=inits)\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 13)]); m.ir_version = 7\n\
+         onnx.save(m, 'fold.onnx')\n\
+         x = np.random.default_rng(2).standard_normal((1, 3, 4, 4)).astype(np.float32)\n\
+         np.save('x.npy', x)\n\
+         s = ort.InferenceSession('fold.onnx', providers=['CPUExecutionProvider'])\n\
+         np.save('want.npy', s.run(None, {'x': x})[0])\n",
+    );
+    let model = dir.path().join("fold.onnx");
+    let model = model.to_str().unwrap();
+    let (code, out, err) = pipecut(&["inspect", model, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let z = &report["outputs"][0];
+    // min over rows: [1.5, 0.75], max 1.5, × 4 = 6: sizes [1, 3, 6, 6], then 6 more on each side.
+    assert_eq!(z["shape"], serde_json::json!([1, 3, 12, 12]), "{out}");
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.path().join("out");
+    let input = format!("x={}", dir.path().join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_npy(&out_dir.join("z.npy")).unwrap().tensor;
+    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
+    let actual = Tensors::from([("z".to_string(), Arc::new(got))]);
+    let expected = BTreeMap::from([("z".to_string(), want)]);
+    assert_matches("z", &actual, &expected, ATOL, RTOL);
+}

@@ -1,13 +1,14 @@
 //! `pipecut check plan.json MODEL`: is this plan valid for this model?
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::onnx::shape::{DimBindings, ShapeInference};
-use crate::onnx::Model;
-use crate::plan::Plan;
 use anyhow::Context;
 use clap::Args;
+use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::onnx::Model;
+use crate::plan::{Plan, PlanValue};
 
 use super::measured::MeasuredArgs;
 use super::print_stdout;
@@ -61,11 +62,8 @@ pub(crate) fn type_for_plan(
     path: &Path,
     measured: &MeasuredArgs,
 ) -> anyhow::Result<Model> {
-    let mut bindings = DimBindings::new();
-    for (name, value) in &plan.model.dims {
-        bindings = bindings.bind(name, *value);
-    }
-    ShapeInference::new(bindings)
+    require_value_inputs(plan, &model.graph, path)?;
+    plan_inference(plan, &plan.model.dims, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", path.display()))?;
     if let Some(precision) = plan.config.dtype_override {
@@ -79,6 +77,78 @@ pub(crate) fn type_for_plan(
         &devices,
     )?;
     Ok(model)
+}
+
+/// Shape inference as the plan was made: `dims` bound (the plan's, or a run's overrides of
+/// them) and the plan's sample values given to those of their inputs that `graph` has (a stage
+/// file has only those its nodes read).
+pub(crate) fn plan_inference(
+    plan: &Plan,
+    dims: &BTreeMap<String, u64>,
+    graph: &crate::graph::Graph,
+) -> ShapeInference {
+    let mut bindings = DimBindings::new();
+    for (name, value) in dims {
+        bindings = bindings.bind(name, *value);
+    }
+    let is_input = |name: &str| {
+        graph
+            .tensor_id(name)
+            .is_some_and(|id| graph.inputs().contains(&id))
+    };
+    let values = plan
+        .model
+        .values
+        .iter()
+        .filter(|(name, _)| is_input(name))
+        .map(|(name, value)| (name.clone(), value.const_value()))
+        .collect();
+    ShapeInference::new(bindings).with_input_values(values)
+}
+
+/// Refuses a plan that records a sample value for a tensor that is not an input of the whole
+/// model (an edited plan: stage files, which have fewer inputs, skip the values they lack).
+pub(crate) fn require_value_inputs(
+    plan: &Plan,
+    graph: &crate::graph::Graph,
+    model: &Path,
+) -> anyhow::Result<()> {
+    for name in plan.model.values.keys() {
+        let is_input = graph
+            .tensor_id(name)
+            .is_some_and(|id| graph.inputs().contains(&id));
+        if !is_input {
+            anyhow::bail!(
+                "the plan records a sample value for '{name}', which is not an input of '{}'",
+                model.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses sample values given again on the command line (`--value`) that are not the ones
+/// the plan was made with, or that it was made without: the plan holds for its own only.
+pub(crate) fn agree_with_plan_values(
+    plan: &Plan,
+    given: &BTreeMap<String, PlanValue>,
+) -> anyhow::Result<()> {
+    for (name, value) in given {
+        let Some(recorded) = plan.model.values.get(name) else {
+            anyhow::bail!(
+                "--value {name}: the plan was made without a sample value for '{name}'; make a new plan with `pipecut partition --value {name}=FILE.npy`"
+            );
+        };
+        let same = recorded.shape == value.shape && recorded.const_value() == value.const_value();
+        if !same {
+            anyhow::bail!(
+                "--value {name} is not the value the plan was made with (sha256 {}…, given {}…): the plan holds for its own value only; leave --value out, or make a new plan with this one",
+                &recorded.sha256[..12.min(recorded.sha256.len())],
+                &value.sha256[..12]
+            );
+        }
+    }
+    Ok(())
 }
 
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {

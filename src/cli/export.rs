@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
+use clap::Args;
 use crate::onnx::export::shard::shard_stages_each;
 use crate::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
 use crate::onnx::inspect::human_bytes;
-use anyhow::Context;
-use clap::Args;
 
 use super::{print_stdout, ModelArgs};
 
@@ -16,7 +16,8 @@ pub struct ExportArgs {
     /// The plan JSON written by `pipecut partition`.
     plan: PathBuf,
     /// The model the plan was made for, and `--dim` bindings: boundary tensors the model does
-    /// not declare carry a bound dim's size instead of its symbol.
+    /// not declare carry a bound dim's size instead of its symbol. The plan's own dims are
+    /// used where the model's shapes need sizes, and its sample values (`--value`) always.
     #[command(flatten)]
     model: ModelArgs,
     /// Directory for stage_<k>.onnx and manifest.json (created if missing).
@@ -68,18 +69,14 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let degree = tp.degree as usize;
     let for_ranks = if degree > 1 {
         let mut model = loaded.clone();
-        let mut bindings = crate::onnx::shape::DimBindings::new();
-        for (name, value) in &plan.model.dims {
-            bindings = bindings.bind(name, *value);
-        }
-        crate::onnx::shape::ShapeInference::new(bindings)
+        super::check::plan_inference(&plan, &plan.model.dims, &model.graph)
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", model_path.display()))?;
         Some(model.graph)
     } else {
         None
     };
-    let model = args.model.type_loaded(loaded)?;
+    let model = typed_for_stages(&args, &plan, loaded)?;
     let stages = plan
         .stage_nodes(model.digests(), &model.graph)
         .with_context(|| format!("'{}'", args.plan.display()))?;
@@ -119,6 +116,39 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The model typed for the stage files, with the plan's sample values (a `--value` given again
+/// must be the plan's). Its own symbolic dims are kept where shapes can be inferred with them
+/// (and `--dim`), so that the stage files take any batch; a model whose shapes need sizes (a
+/// `Range` or a `Reshape` on data-dependent dims) is typed at the plan's dims, `--dim` laid
+/// over them, as the plan was costed.
+fn typed_for_stages(
+    args: &ExportArgs,
+    plan: &crate::plan::Plan,
+    loaded: crate::onnx::Model,
+) -> anyhow::Result<crate::onnx::Model> {
+    super::check::agree_with_plan_values(plan, &args.model.sample_values()?)?;
+    let given = args.model.dims()?;
+    let mut symbolic = loaded.clone();
+    let symbolic_inference = super::check::plan_inference(plan, &given, &symbolic.graph);
+    let unbound = match symbolic_inference.run(&mut symbolic.graph) {
+        Ok(_) => return Ok(symbolic),
+        Err(e) => e,
+    };
+    let mut dims = plan.model.dims.clone();
+    dims.extend(given);
+    let mut model = loaded;
+    super::check::plan_inference(plan, &dims, &model.graph)
+        .run(&mut model.graph)
+        .with_context(|| format!("'{}'", args.model.model.display()))?;
+    let bound: Vec<String> = dims.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    eprintln!(
+        "note: the stage files are typed at the plan's dims ({}): without them, {}",
+        bound.join(", "),
+        super::escape_controls(&unbound.to_string())
+    );
+    Ok(model)
+}
+
 /// Writes `stage_<k>.rank_<r>.onnx` for every stage and tensor-parallel rank, beside the
 /// stage files (whose external data they share); gives the lines that list them.
 fn write_ranks(
@@ -143,7 +173,10 @@ fn write_ranks(
         true,
         |stage, rank, bytes, data| {
             if let Some(data) = data {
-                crate::onnx::export::write_atomically(&out_dir.join(&data.location), &data.bytes)?;
+                crate::onnx::export::write_atomically(
+                    &out_dir.join(&data.location),
+                    &data.bytes,
+                )?;
             }
             let name = rank_file_name(stage, rank as usize);
             crate::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;

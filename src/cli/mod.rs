@@ -29,6 +29,7 @@ use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::onnx::Model;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use crate::plan::PlanValue;
 
 /// The exit codes, as the help states them (src/main.rs sets them): a macro, so that `concat!`
 /// can append them to a command's own help.
@@ -93,7 +94,7 @@ enum Command {
     Check(check::CheckArgs),
     /// Write one ONNX file per stage of a plan, and manifest.json routing the tensors between them.
     #[command(
-        after_help = "Tensors that cross a stage boundary keep the model's symbolic dims unless --dim binds them.\nSee docs/export.md for the files and the manifest.\n\nExamples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
+        after_help = "Tensors that cross a stage boundary keep the model's symbolic dims unless --dim binds them (or the model needs the plan's dims to be typed).\nSee docs/export.md for the files and the manifest.\n\nExamples:\n  pipecut export plan.json fixtures/models/gpt2_tiny.onnx --out-dir stages/\n  pipecut export plan.json model.onnx --out-dir stages/ --dim batch=8 --json"
     )]
     Export(export::ExportArgs),
     /// Use a whole cluster: choose pipeline depth, tensor- and data-parallel degrees,
@@ -166,8 +167,8 @@ impl ModelArgs {
             .collect())
     }
 
-    /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
-    fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
+    /// The `--value` sample inputs, read, as a plan records them.
+    fn sample_values(&self) -> anyhow::Result<BTreeMap<String, PlanValue>> {
         let mut values = BTreeMap::new();
         for arg in &self.values {
             let (name, file) = arg
@@ -175,8 +176,22 @@ impl ModelArgs {
                 .with_context(|| format!("--value '{arg}' is not NAME=FILE.npy"))?;
             let array = crate::runtime::read_npy(Path::new(file))
                 .with_context(|| format!("--value {name}"))?;
-            values.insert(name.to_string(), array.tensor.to_const_value());
+            let shape: Vec<u64> = array.tensor.shape().iter().map(|&d| d as u64).collect();
+            let value = PlanValue::new(name, array.stored, &shape, &array.tensor.to_const_value())?;
+            if values.insert(name.to_string(), value).is_some() {
+                anyhow::bail!("--value {name} is given twice");
+            }
         }
+        Ok(values)
+    }
+
+    /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
+    fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
+        let values = self
+            .sample_values()?
+            .into_iter()
+            .map(|(name, value)| (name, value.const_value()))
+            .collect();
         Ok(ShapeInference::new(self.bindings()?).with_input_values(values))
     }
 

@@ -378,6 +378,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         model.graph.override_float_dtype(precision.dtype());
     }
     let dims: BTreeMap<String, u64> = args.model.dims()?;
+    let values = args.model.sample_values()?;
     args.measured.apply(
         &mut model.graph,
         &model.graph_sha256,
@@ -413,7 +414,8 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         PlanOptions {
             record_solve_time: args.record_solve_time,
         },
-    );
+    )
+    .with_values(values);
     plan.summary.measured_selection = selection;
     // The text is made whole only to be printed; a file gets it as it is made.
     let json = args.json.then(|| plan.to_json());

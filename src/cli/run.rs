@@ -5,19 +5,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::{bail, Context};
+use clap::Args;
 use crate::graph::NodeId;
-use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::onnx::shape::DimBindings;
 use crate::plan::Plan;
 use crate::runtime::{
     check_inputs, cuda::CudaExecutor, run_pipeline, seeded_inputs, stage_specs, CpuExecutor,
     Executor, Tensors, Weights,
 };
 use crate::schedule::{simulate, StageTimes};
-use anyhow::{bail, Context};
-use clap::Args;
 use serde::Serialize;
 
-use super::run_files::{read_inputs, write_outputs};
+use super::run_files::{feed_plan_values, read_inputs, write_outputs};
 use super::{print_stdout, Backend};
 
 #[path = "run_exported.rs"]
@@ -73,11 +73,11 @@ fn load_ranks(
     let sharded =
         crate::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
             .with_context(|| {
-                format!(
-                    "cannot split '{}' for tensor parallelism",
-                    model_path.display()
-                )
-            })?;
+            format!(
+                "cannot split '{}' for tensor parallelism",
+                model_path.display()
+            )
+        })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
@@ -173,7 +173,10 @@ fn run_tensor_parallel_cuda(
     specs: &[crate::runtime::StageSpec],
     inputs: &Tensors,
     microbatches: usize,
-) -> anyhow::Result<(crate::runtime::PipelineReport, Vec<BTreeMap<String, usize>>)> {
+) -> anyhow::Result<(
+    crate::runtime::PipelineReport,
+    Vec<BTreeMap<String, usize>>,
+)> {
     use crate::runtime::tensor_parallel::{whole_rank_spec, RankGroupExecutor};
     let gpus = crate::runtime::cuda::device_count().map_err(crate::Error::Cuda)?;
     let mut groups = Vec::new();
@@ -262,11 +265,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let random_inputs = args.inputs.is_empty();
     let make_inputs = || -> anyhow::Result<Tensors> {
-        let inputs = if random_inputs {
+        let mut inputs = if random_inputs {
             seeded_inputs(graph, microbatches, args.seed)?
         } else {
             read_inputs(&args.inputs, graph)?
         };
+        feed_plan_values(&plan, graph, &mut inputs, &args.inputs, microbatches)?;
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)
     };
@@ -351,11 +355,8 @@ fn typed_model(
     // Refuse another model before binding the plan's dims, which it may not even have.
     plan.model_match(model.digests())
         .with_context(|| format!("'{}'", args.plan.display()))?;
-    let mut b = DimBindings::new();
-    for (name, value) in bindings {
-        b = b.bind(name, *value);
-    }
-    ShapeInference::new(b)
+    super::check::require_value_inputs(plan, &model.graph, &args.model)?;
+    super::check::plan_inference(plan, bindings, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", args.model.display()))?;
     Ok(model)
@@ -535,7 +536,12 @@ impl StagedRun<'_> {
             plan.config.schedule.into(),
             self.microbatches,
         )?;
-        let outputs = write_outputs(&args.output_dir, &report.outputs, &run_inputs(args))?;
+        let outputs = write_outputs(
+            &args.output_dir,
+            &report.outputs,
+            self.graph,
+            &run_inputs(args),
+        )?;
         Ok(Report {
             model: args.model.display().to_string(),
             backend: args.backend,

@@ -263,9 +263,12 @@ impl Rank<'_> {
             metrics::write_file(&rank_path(path, place.rank), &last)?;
         }
         let outputs = match outcome? {
-            Some(outputs) => {
-                super::run_files::write_outputs(setup.output_dir, &outputs, &setup.protected)?
-            }
+            Some(outputs) => super::run_files::write_outputs(
+                setup.output_dir,
+                &outputs,
+                setup.graph,
+                &setup.protected,
+            )?,
             None => Default::default(),
         };
         Ok(Ran {

@@ -10,11 +10,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::{bail, Context};
 use crate::onnx::export::{Manifest, TensorSource};
-use crate::onnx::shape::{DimBindings, ShapeInference};
+use crate::onnx::shape::DimBindings;
 use crate::plan::Plan;
 use crate::runtime::{check_inputs, seeded_inputs, stage_specs, Tensors, Weights};
-use anyhow::{bail, Context};
 
 use super::RunArgs;
 
@@ -66,11 +66,18 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
 
     let random_inputs = args.inputs.is_empty();
     let make_inputs = || -> anyhow::Result<Tensors> {
-        let inputs = if random_inputs {
+        let mut inputs = if random_inputs {
             seeded_inputs(graph, microbatches, args.seed)?
         } else {
             super::super::run_files::read_inputs(&args.inputs, graph)?
         };
+        super::super::run_files::feed_plan_values(
+            plan,
+            graph,
+            &mut inputs,
+            &args.inputs,
+            microbatches,
+        )?;
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)
     };
@@ -165,11 +172,7 @@ fn load_stage(
         dims.insert(name.to_string(), value);
     }
     let mut model = super::super::load_model(file, super::super::Weights::Read)?;
-    let mut bindings = DimBindings::new();
-    for (name, value) in &dims {
-        bindings = bindings.bind(name, *value);
-    }
-    ShapeInference::new(bindings)
+    super::super::check::plan_inference(plan, &dims, &model.graph)
         .run(&mut model.graph)
         .with_context(|| format!("'{}'", file.display()))?;
     Ok(model)

@@ -6,11 +6,14 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::runtime::{encode_npy, read_npy, Tensors};
 use anyhow::{bail, Context};
+use crate::runtime::{encode_npy_as, read_npy_as, HostTensor, TensorData, Tensors};
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
-pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyhow::Result<Tensors> {
+pub(crate) fn read_inputs(
+    args: &[String],
+    graph: &crate::graph::Graph,
+) -> anyhow::Result<Tensors> {
     let mut inputs = Tensors::new();
     for arg in args {
         let (name, file) = arg
@@ -30,8 +33,9 @@ pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyho
                 names.join(", ")
             );
         };
-        let array = read_npy(Path::new(file))?;
-        if let Some(want) = graph.tensor(id).dtype {
+        let declared = graph.tensor(id).dtype;
+        let array = read_npy_as(Path::new(file), declared)?;
+        if let Some(want) = declared {
             if array.stored != want {
                 bail!(
                     "input '{name}' must be {want}, but '{file}' holds {}",
@@ -47,6 +51,71 @@ pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyho
         }
     }
     Ok(inputs)
+}
+
+/// Gives the inputs the plan has sample values for (`partition --value`) those values, one
+/// copy per micro-batch along axis 0 as every input holds its micro-batches. A value read from
+/// an `--input` file (`read`) must be that, since the plan holds for it only; `inputs` made up
+/// at random are replaced.
+pub(crate) fn feed_plan_values(
+    plan: &crate::plan::Plan,
+    graph: &crate::graph::Graph,
+    inputs: &mut Tensors,
+    read: &[String],
+    microbatches: usize,
+) -> anyhow::Result<()> {
+    for (name, value) in &plan.model.values {
+        // A stage file has the input only if its nodes read it.
+        let Some(id) = graph
+            .tensor_id(name)
+            .filter(|id| graph.inputs().contains(id))
+        else {
+            continue;
+        };
+        let dtype = graph.tensor(id).dtype.or(value.element_type());
+        let tensor = value_tensor(name, value, dtype, microbatches)?;
+        let from_file = read
+            .iter()
+            .any(|arg| arg.split_once('=').is_some_and(|(n, _)| n == name));
+        if from_file && inputs.get(name).map(|t| &**t) != Some(&tensor) {
+            bail!(
+                "input '{name}' is not the sample value the plan was made with (sha256 {}…, once per micro-batch): the plan holds for that value only; leave --input {name} out to use it",
+                &value.sha256[..12.min(value.sha256.len())]
+            );
+        }
+        inputs.insert(name.clone(), Arc::new(tensor));
+    }
+    Ok(())
+}
+
+/// A plan's sample value as the runtime holds an input of `dtype`, repeated for `microbatches`.
+fn value_tensor(
+    name: &str,
+    value: &crate::plan::PlanValue,
+    dtype: Option<crate::graph::DType>,
+    microbatches: usize,
+) -> anyhow::Result<HostTensor> {
+    use crate::plan::ValueData;
+    let shape: Vec<usize> = value.shape.iter().map(|&d| d as usize).collect();
+    let data = match &value.data {
+        ValueData::Ints(v) => TensorData::I64(v.clone()),
+        ValueData::Floats(v) => TensorData::F32(v.iter().map(|&x| x as f32).collect()),
+        ValueData::Strings(v) => TensorData::String(v.clone()),
+    };
+    let bad = |detail: String| anyhow::anyhow!("the plan's sample value for '{name}': {detail}");
+    let mut tensor = HostTensor::new(shape, data).map_err(bad)?;
+    if let Some(dtype) = dtype.filter(|&d| d != crate::graph::DType::String) {
+        tensor = tensor.cast(dtype).map_err(bad)?;
+    }
+    if microbatches == 1 {
+        return Ok(tensor);
+    }
+    if tensor.shape().is_empty() {
+        bail!(
+            "input '{name}' is a scalar sample value, which has no axis to repeat for {microbatches} micro-batches: run with --microbatches 1"
+        );
+    }
+    HostTensor::concat_axis0(&vec![tensor; microbatches]).map_err(bad)
 }
 
 /// A file name for a tensor name: characters outside `[A-Za-z0-9_.-]` become `_`.
@@ -68,12 +137,15 @@ fn file_stem(name: &str) -> String {
     }
 }
 
-/// Writes every output as `<name>.npy` in `dir`: all to exclusive temporary files first
+/// Writes every output as `<name>.npy` in `dir`, of the dtype `graph` declares for it (a uint8
+/// output as `|u1`, not the int64 the runtime computes it in; see
+/// [`crate::runtime::encode_npy_as`]): all to exclusive temporary files first
 /// (`crate::io::Staged`), then renamed, so that a failure leaves no partial set of outputs and
 /// a link planted in `dir` is never followed. The run's inputs are never overwritten.
 pub(crate) fn write_outputs(
     dir: &Path,
     outputs: &Tensors,
+    graph: &crate::graph::Graph,
     inputs: &[&Path],
 ) -> anyhow::Result<BTreeMap<String, String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
@@ -95,8 +167,14 @@ pub(crate) fn write_outputs(
         let path = dir.join(format!("{stem}.npy"));
         crate::io::check_output(&path, inputs)?;
         let mut file = crate::io::Staged::new(&path, mode)?;
+        let declared = graph
+            .tensor_id(name)
+            .and_then(|id| graph.tensor(id).dtype)
+            .unwrap_or(tensor.dtype());
+        let bytes =
+            encode_npy_as(tensor, declared).map_err(|e| anyhow::anyhow!("output '{name}': {e}"))?;
         file.file()
-            .write_all(&encode_npy(tensor))
+            .write_all(&bytes)
             .with_context(|| format!("cannot write '{}'", path.display()))?;
         files.insert(name.clone(), path.display().to_string());
         staged.push(file);

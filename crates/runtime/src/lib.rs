@@ -49,7 +49,9 @@ pub use cpu::{
 };
 pub(crate) use kernels::sgemm;
 pub use kernels::supported_ops;
-pub use npy::{encode_npy, parse_npy, read_npy, NpyArray};
+pub use npy::{
+    encode_npy, encode_npy_as, parse_npy, parse_npy_as, read_npy, read_npy_as, NpyArray,
+};
 pub use tensor::{runtime_dtype, HostTensor, TensorData};
 pub use value::{Value, Values};
 pub use weights::Weights;
@@ -293,7 +295,11 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
                 }
             }
         };
-        let t = HostTensor::new(shape, data).map_err(Error::RunInput)?;
+        let mut t = HostTensor::new(shape, data).map_err(Error::RunInput)?;
+        if narrow::is_narrow_float(dtype) {
+            // Values the input's format holds, as a file of that type would give.
+            t = t.cast(dtype).map_err(Error::RunInput)?;
+        }
         out.insert(name, Arc::new(t));
     }
     Ok(out)

@@ -215,6 +215,93 @@ pub fn wrap_4bit(x: i64, signed: bool) -> i64 {
     }
 }
 
+/// The value one byte holds in a one-byte float format as `ml_dtypes` stores it (float8, float4
+/// E2M1 in the low four bits, float8 E8M0), `None` for any other dtype: the `.npy` files
+/// ml_dtypes writes hold these bytes.
+pub fn byte_to_float(dtype: DType, byte: u8) -> Option<f32> {
+    if dtype == DType::F8E8M0 {
+        return Some(match byte {
+            0xff => f32::NAN,
+            e => 2f32.powi(i32::from(e) - 127),
+        });
+    }
+    let format = MiniFloat::of(dtype)?;
+    let width = if dtype == DType::F4E2M1 { 4 } else { 8 };
+    let bits = u32::from(byte) & ((1 << width) - 1);
+    let exponent_bits = width - 1 - format.mantissa_bits;
+    let sign_bit = 1 << (width - 1);
+    let magnitude_bits = bits & (sign_bit - 1);
+    let exponent = (magnitude_bits >> format.mantissa_bits) as i32;
+    let mantissa = f64::from(magnitude_bits & ((1 << format.mantissa_bits) - 1));
+    let top_exponent = (1 << exponent_bits) - 1;
+    let nan = match dtype {
+        DType::F8E4M3FN => magnitude_bits == 0x7f,
+        DType::F8E5M2 => exponent == top_exponent && mantissa != 0.0,
+        DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => bits == 0x80,
+        _ => false,
+    };
+    if nan {
+        return Some(f32::NAN);
+    }
+    let fraction = mantissa / f64::from(1u32 << format.mantissa_bits);
+    let magnitude = match exponent {
+        0 => fraction * 2f64.powi(1 - format.bias),
+        e if e == top_exponent && format.has_infinity => f64::INFINITY,
+        e => (1.0 + fraction) * 2f64.powi(e - format.bias),
+    };
+    let negative = bits & sign_bit != 0;
+    Some(if negative { -magnitude } else { magnitude } as f32)
+}
+
+/// Encodes values of a one-byte float format as `ml_dtypes` stores them; the inverse of
+/// [`byte_to_float`]. Values come from tensors of the format, so they are its own; any other is
+/// rounded to it first, without saturating (an infinity stays one where the format has it).
+pub(crate) struct ByteEncoder {
+    dtype: DType,
+    by_bits: std::collections::HashMap<u32, u8>,
+    nan: u8,
+}
+
+impl ByteEncoder {
+    /// The encoder of `dtype`, `None` when it is not a one-byte float format.
+    pub(crate) fn new(dtype: DType) -> Option<ByteEncoder> {
+        let patterns = if dtype == DType::F4E2M1 { 16 } else { 256 };
+        let mut by_bits = std::collections::HashMap::new();
+        let mut nan = None;
+        for byte in 0..patterns {
+            let byte = byte as u8;
+            let value = byte_to_float(dtype, byte)?;
+            if value.is_nan() {
+                nan.get_or_insert(byte);
+            } else {
+                // FNUZ's 0x80 is NaN, so each value has one pattern; the first wins otherwise.
+                by_bits.entry(value.to_bits()).or_insert(byte);
+            }
+        }
+        Some(ByteEncoder {
+            dtype,
+            by_bits,
+            nan: nan.unwrap_or(0x08),
+        })
+    }
+
+    /// The byte of `x` rounded to the format.
+    pub(crate) fn encode(&self, x: f32) -> u8 {
+        if let Some(&byte) = self.by_bits.get(&x.to_bits()) {
+            return byte;
+        }
+        let rounded = round_float(self.dtype, x, false);
+        if rounded.is_nan() {
+            return self.nan;
+        }
+        let zero = || self.by_bits.get(&0.0f32.to_bits()).copied().unwrap_or(0);
+        self.by_bits
+            .get(&rounded.to_bits())
+            .copied()
+            .unwrap_or_else(zero)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,5 +459,35 @@ mod tests {
         assert_eq!(round_e8m0(3.1, true, E8M0Rounding::Nearest), 4.0);
         assert_eq!(E8M0Rounding::parse("nearest"), Ok(E8M0Rounding::Nearest));
         assert!(E8M0Rounding::parse("sideways").is_err());
+    }
+
+    #[test]
+    fn every_byte_of_a_one_byte_float_decodes_and_encodes_back() {
+        for dtype in [
+            DType::F8E4M3FN,
+            DType::F8E4M3FNUZ,
+            DType::F8E5M2,
+            DType::F8E5M2FNUZ,
+            DType::F4E2M1,
+            DType::F8E8M0,
+        ] {
+            let encoder = ByteEncoder::new(dtype).unwrap();
+            let patterns = if dtype == DType::F4E2M1 { 16 } else { 256 };
+            for byte in 0..patterns {
+                let value = byte_to_float(dtype, byte as u8).unwrap();
+                if value.is_nan() {
+                    assert!(byte_to_float(dtype, encoder.encode(value))
+                        .unwrap()
+                        .is_nan());
+                    continue;
+                }
+                assert_eq!(encoder.encode(value), byte as u8, "{dtype:?} {value}");
+            }
+        }
+        // As ml_dtypes stores them (np.array([448, -0.0]).astype(float8_e4m3fn).view(uint8)).
+        assert_eq!(byte_to_float(DType::F8E4M3FN, 126), Some(448.0));
+        assert_eq!(byte_to_float(DType::F4E2M1, 15), Some(-6.0));
+        assert_eq!(byte_to_float(DType::F8E8M0, 127), Some(1.0));
+        assert_eq!(byte_to_float(DType::F8E5M2, 0x7c), Some(f32::INFINITY));
     }
 }

@@ -36,12 +36,28 @@ const MAX_NPY_BYTES: u64 = 16 << 30;
 
 /// Reads a `.npy` file.
 pub fn read_npy(path: &Path) -> Result<NpyArray, Error> {
+    read_npy_as(path, None)
+}
+
+/// Reads a `.npy` file for a tensor `declared` to hold that type: raw bytes that name no type
+/// (`<V1`, `<V2`, as `ml_dtypes` writes float8, float4, int4 and bfloat16 arrays) are read as
+/// `declared`.
+pub fn read_npy_as(path: &Path, declared: Option<DType>) -> Result<NpyArray, Error> {
     let bytes = pipecut_ir::io::read_bounded(path, MAX_NPY_BYTES, ".npy input")?;
-    parse_npy(&bytes, &path.display().to_string())
+    parse_npy_as(&bytes, &path.display().to_string(), declared)
 }
 
 /// Decodes `.npy` bytes; `origin` names them in errors.
 pub fn parse_npy(bytes: &[u8], origin: &str) -> Result<NpyArray, Error> {
+    parse_npy_as(bytes, origin, None)
+}
+
+/// [`parse_npy`] for a tensor declared `declared` (see [`read_npy_as`]).
+pub fn parse_npy_as(
+    bytes: &[u8],
+    origin: &str,
+    declared: Option<DType>,
+) -> Result<NpyArray, Error> {
     let fail = |detail: String| Error::Npy {
         origin: origin.to_string(),
         detail,
@@ -83,12 +99,7 @@ pub fn parse_npy(bytes: &[u8], origin: &str) -> Result<NpyArray, Error> {
             "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
         ));
     }
-    let (stored, size) = descr_dtype(&header.descr).ok_or_else(|| {
-        fail(format!(
-            "dtype '{}' is not supported (little-endian float16/32/64, int8/16/32/64, uint8/16/32, bool and unicode strings are)",
-            header.descr
-        ))
-    })?;
+    let (stored, size) = element_format(&header.descr, declared).map_err(fail)?;
     let elements = checked_numel(&header.shape)
         .ok_or_else(|| fail(format!("shape {:?} overflows", header.shape)))?;
     let data = &bytes[header_end..];
@@ -108,16 +119,33 @@ pub fn parse_npy(bytes: &[u8], origin: &str) -> Result<NpyArray, Error> {
             }
         )));
     }
-    let values = decode(&header.descr, data).ok_or_else(|| fail("invalid data".into()))?;
+    let values = decode(stored, size, data).ok_or_else(|| fail("invalid data".into()))?;
     let tensor = HostTensor::new(header.shape, values).map_err(fail)?;
     Ok(NpyArray { stored, tensor })
 }
 
-fn descr_dtype(descr: &str) -> Option<(DType, usize)> {
-    Some(match descr {
+/// The dtype and element size a descr stores. Raw one- and two-byte elements (`<V1`, `<V2`:
+/// NumPy has no name for ml_dtypes' types, so np.save writes them as void) are the `declared`
+/// type when it is one of that size; ml_dtypes names float8 E5M2 `<f1`.
+fn element_format(descr: &str, declared: Option<DType>) -> Result<(DType, usize), String> {
+    let one_byte = |d: DType| {
+        matches!(
+            d,
+            DType::F8E4M3FN
+                | DType::F8E4M3FNUZ
+                | DType::F8E5M2
+                | DType::F8E5M2FNUZ
+                | DType::F8E8M0
+                | DType::F4E2M1
+                | DType::I4
+                | DType::U4
+        )
+    };
+    Ok(match descr {
         "<f4" => (DType::F32, 4),
         "<f8" => (DType::F64, 8),
         "<f2" => (DType::F16, 2),
+        "<f1" => (DType::F8E5M2, 1),
         "<i8" => (DType::I64, 8),
         "<i4" => (DType::I32, 4),
         "<i2" => (DType::I16, 2),
@@ -125,8 +153,40 @@ fn descr_dtype(descr: &str) -> Option<(DType, usize)> {
         "|u1" => (DType::U8, 1),
         "<u2" => (DType::U16, 2),
         "<u4" => (DType::U32, 4),
+        "<u8" => (DType::U64, 8),
         "|b1" => (DType::Bool, 1),
-        _ => (DType::String, unicode_width(descr)?.checked_mul(4)?),
+        "<V1" | "|V1" | "<V2" | "|V2" => {
+            let size = if descr.ends_with('1') { 1 } else { 2 };
+            match declared {
+                Some(d) if size == 1 && one_byte(d) => (d, 1),
+                Some(DType::BF16) if size == 2 => (DType::BF16, 2),
+                _ => {
+                    return Err(format!(
+                        "it holds raw {size}-byte elements ('{descr}', as ml_dtypes writes {}), which are read only where the model declares such a type{}",
+                        if size == 1 {
+                            "float8, float4 and int4 arrays"
+                        } else {
+                            "bfloat16 arrays"
+                        },
+                        declared.map_or(String::new(), |d| format!(", and this tensor is {d}"))
+                    ))
+                }
+            }
+        }
+        "|O" | "<O" | ">O" => {
+            return Err(
+                "it holds Python objects ('|O'), which NumPy saves with pickle, and pickles are not read (loading one can run code): save strings as a unicode array, np.array(values, dtype=str)"
+                    .into(),
+            )
+        }
+        _ => match unicode_width(descr).and_then(|w| w.checked_mul(4)) {
+            Some(size) => (DType::String, size),
+            None => {
+                return Err(format!(
+                    "dtype '{descr}' is not supported (little-endian float16/32/64, int8/16/32/64, uint8/16/32/64, bool, unicode strings, and ml_dtypes' bfloat16, float8, float4 and int4 are)"
+                ))
+            }
+        },
     })
 }
 
@@ -155,7 +215,9 @@ fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
-fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
+/// The elements of `stored`, `size` bytes each, widened as the runtime holds them.
+fn decode(stored: DType, size: usize, data: &[u8]) -> Option<TensorData> {
+    use super::narrow::{byte_to_float, wrap_4bit};
     fn chunks<const N: usize>(data: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
         data.chunks_exact(N).map(|c| {
             let mut a = [0u8; N];
@@ -163,44 +225,61 @@ fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
             a
         })
     }
-    Some(match descr {
-        "<f4" => TensorData::F32(chunks::<4>(data).map(f32::from_le_bytes).collect()),
-        "<f8" => TensorData::F32(
+    Some(match stored {
+        DType::F32 => TensorData::F32(chunks::<4>(data).map(f32::from_le_bytes).collect()),
+        DType::F64 => TensorData::F32(
             chunks::<8>(data)
                 .map(|b| f64::from_le_bytes(b) as f32)
                 .collect(),
         ),
-        "<f2" => TensorData::F32(
+        DType::F16 => TensorData::F32(
             chunks::<2>(data)
                 .map(|b| half::f16::from_le_bytes(b).to_f32())
                 .collect(),
         ),
-        "<i8" => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
-        "<i4" => TensorData::I32(chunks::<4>(data).map(i32::from_le_bytes).collect()),
-        "<i2" => TensorData::I64(
+        DType::BF16 => TensorData::F32(
+            chunks::<2>(data)
+                .map(|b| half::bf16::from_le_bytes(b).to_f32())
+                .collect(),
+        ),
+        DType::I64 => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
+        // The runtime keeps uint64 in int64 storage, bit for bit (docs/conformance.md).
+        DType::U64 => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
+        DType::I32 => TensorData::I32(chunks::<4>(data).map(i32::from_le_bytes).collect()),
+        DType::I16 => TensorData::I64(
             chunks::<2>(data)
                 .map(|b| i16::from_le_bytes(b) as i64)
                 .collect(),
         ),
-        "|i1" => TensorData::I64(data.iter().map(|&b| b as i8 as i64).collect()),
-        "|u1" => TensorData::I64(data.iter().map(|&b| b as i64).collect()),
-        "<u2" => TensorData::I64(
+        DType::I8 => TensorData::I64(data.iter().map(|&b| b as i8 as i64).collect()),
+        DType::U8 => TensorData::I64(data.iter().map(|&b| b as i64).collect()),
+        DType::U16 => TensorData::I64(
             chunks::<2>(data)
                 .map(|b| u16::from_le_bytes(b) as i64)
                 .collect(),
         ),
-        "<u4" => TensorData::I64(
+        DType::U32 => TensorData::I64(
             chunks::<4>(data)
                 .map(|b| u32::from_le_bytes(b) as i64)
                 .collect(),
         ),
-        "|b1" => {
+        DType::I4 | DType::U4 => TensorData::I64(
+            data.iter()
+                .map(|&b| wrap_4bit(i64::from(b & 0x0f), stored == DType::I4))
+                .collect(),
+        ),
+        DType::Bool => {
             if data.iter().any(|&b| b > 1) {
                 return None;
             }
             TensorData::Bool(data.iter().map(|&b| b == 1).collect())
         }
-        _ => TensorData::String(decode_unicode(unicode_width(descr)?, data)?),
+        DType::String => TensorData::String(decode_unicode(size / 4, data)?),
+        one_byte_float => TensorData::F32(
+            data.iter()
+                .map(|&b| byte_to_float(one_byte_float, b))
+                .collect::<Option<_>>()?,
+        ),
     })
 }
 
@@ -284,26 +363,28 @@ fn quoted(text: &str) -> Option<(&str, &str)> {
     Some((&text[1..end], &text[end + 1..]))
 }
 
-/// Encodes a tensor as `.npy` version 1.0 bytes (float32 `<f4`, int64 `<i8`, int32 `<i4`, bool
-/// `|b1`, strings `<U` as wide as the longest); the header is padded so the data starts at a
-/// multiple of 64 bytes, as NumPy does.
+/// Encodes a tensor as `.npy` version 1.0 bytes of its own dtype (float32 `<f4`, int64 `<i8`,
+/// int32 `<i4`, bool `|b1`, strings `<U` as wide as the longest).
 pub fn encode_npy(tensor: &HostTensor) -> Vec<u8> {
-    let string_width = match tensor.data() {
-        TensorData::String(v) => v
-            .iter()
-            .map(|s| s.chars().count())
-            .max()
-            .unwrap_or(0)
-            .max(1),
-        _ => 0,
+    encode_npy_as(tensor, tensor.dtype()).expect("the runtime's own dtypes always encode")
+}
+
+/// Encodes a tensor as `.npy` version 1.0 bytes of the model's `dtype` for it, as NumPy (or,
+/// for its types, `ml_dtypes`) saves such an array: uint8 as `|u1`, float16 as `<f2`, bfloat16
+/// as `<V2`, float8, float4 and int4 as `<V1` (one element a byte; `np.load(f).view(
+/// ml_dtypes.float8_e4m3fn)` reads them; ml_dtypes saves float8 E5M2 as `<f1`, which this
+/// reader takes but `np.load` refuses), uint64 bit for bit from the int64 storage. Values are rounded to narrow
+/// float types and wrapped into narrow integer ones, as a Cast would. The header is padded so
+/// the data starts at a multiple of 64 bytes, as NumPy does.
+pub fn encode_npy_as(tensor: &HostTensor, dtype: DType) -> Result<Vec<u8>, String> {
+    let cast;
+    let tensor = if super::tensor::runtime_dtype(dtype) == tensor.dtype() {
+        tensor
+    } else {
+        cast = tensor.cast(dtype)?;
+        &cast
     };
-    let descr = match tensor.data() {
-        TensorData::F32(_) => "<f4".to_string(),
-        TensorData::I64(_) => "<i8".to_string(),
-        TensorData::I32(_) => "<i4".to_string(),
-        TensorData::Bool(_) => "|b1".to_string(),
-        TensorData::String(_) => format!("<U{string_width}"),
-    };
+    let (descr, body) = element_bytes(tensor, dtype)?;
     let shape = match tensor.shape() {
         [one] => format!("({one},)"),
         dims => format!(
@@ -319,34 +400,78 @@ pub fn encode_npy(tensor: &HostTensor) -> Vec<u8> {
     let unpadded = MAGIC.len() + 4 + header.len() + 1;
     header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
     header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + tensor.len() * 8);
+    let mut out = Vec::with_capacity(10 + header.len() + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[1, 0]);
     // The header of a shape with any plausible rank fits in u16; longer is refused by NumPy too.
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
-    match tensor.data() {
-        TensorData::F32(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::I64(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::I32(v) => v
-            .iter()
-            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        TensorData::Bool(v) => out.extend(v.iter().map(|&b| b as u8)),
-        TensorData::String(v) => {
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// The descr and little-endian element bytes of `tensor` (held as the runtime holds `dtype`).
+fn element_bytes(tensor: &HostTensor, dtype: DType) -> Result<(String, Vec<u8>), String> {
+    fn each<T, const N: usize>(v: &[T], f: impl Fn(&T) -> [u8; N]) -> Vec<u8> {
+        v.iter().flat_map(f).collect()
+    }
+    let descr = |d: &str| d.to_string();
+    Ok(match (tensor.data(), dtype) {
+        (TensorData::F32(v), DType::F32) => (descr("<f4"), each(v, |x| x.to_le_bytes())),
+        (TensorData::F32(v), DType::F64) => {
+            (descr("<f8"), each(v, |&x| f64::from(x).to_le_bytes()))
+        }
+        (TensorData::F32(v), DType::F16) => (
+            descr("<f2"),
+            each(v, |&x| half::f16::from_f32(x).to_le_bytes()),
+        ),
+        (TensorData::F32(v), DType::BF16) => (
+            descr("<V2"),
+            each(v, |&x| half::bf16::from_f32(x).to_le_bytes()),
+        ),
+        (TensorData::F32(v), narrow) => {
+            let encoder = super::narrow::ByteEncoder::new(narrow)
+                .ok_or_else(|| format!("a float tensor cannot be written as {narrow}"))?;
+            (descr("<V1"), v.iter().map(|&x| encoder.encode(x)).collect())
+        }
+        (TensorData::I64(v), DType::I64 | DType::U64) => {
+            let name = if dtype == DType::I64 { "<i8" } else { "<u8" };
+            (descr(name), each(v, |x| x.to_le_bytes()))
+        }
+        (TensorData::I64(v), DType::I16) => (descr("<i2"), each(v, |&x| (x as i16).to_le_bytes())),
+        (TensorData::I64(v), DType::U16) => (descr("<u2"), each(v, |&x| (x as u16).to_le_bytes())),
+        (TensorData::I64(v), DType::U32) => (descr("<u4"), each(v, |&x| (x as u32).to_le_bytes())),
+        (TensorData::I64(v), DType::I8) => (descr("|i1"), each(v, |&x| (x as i8).to_le_bytes())),
+        (TensorData::I64(v), DType::U8) => (descr("|u1"), each(v, |&x| (x as u8).to_le_bytes())),
+        (TensorData::I64(v), DType::I4 | DType::U4) => {
+            (descr("<V1"), v.iter().map(|&x| (x & 0x0f) as u8).collect())
+        }
+        (TensorData::I32(v), DType::I32) => (descr("<i4"), each(v, |x| x.to_le_bytes())),
+        (TensorData::Bool(v), DType::Bool) => (descr("|b1"), v.iter().map(|&b| b as u8).collect()),
+        (TensorData::String(v), DType::String) => {
+            let width = v
+                .iter()
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let mut out = Vec::with_capacity(v.len() * width * 4);
             for text in v {
-                let padding = string_width - text.chars().count();
+                let padding = width - text.chars().count();
                 text.chars()
                     .map(u32::from)
                     .chain(std::iter::repeat_n(0, padding))
                     .for_each(|c| out.extend_from_slice(&c.to_le_bytes()));
             }
+            (format!("<U{width}"), out)
         }
-    }
-    out
+        (_, other) => {
+            return Err(format!(
+                "a {} tensor cannot be written as {other}",
+                tensor.dtype()
+            ))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -465,5 +590,68 @@ mod tests {
             assert!(err.contains(expected), "{err} should mention {expected}");
             assert!(err.contains("case.npy"), "{err}");
         }
+    }
+
+    #[test]
+    fn reads_and_writes_the_types_numpy_and_ml_dtypes_save() {
+        // uint64 above int64's range, bit for bit.
+        let max = npy(
+            "{'descr': '<u8', 'fortran_order': False, 'shape': (1,), }\n",
+            &[0xff; 8],
+        );
+        let a = parse_npy(&max, "t").unwrap();
+        assert_eq!(a.stored, DType::U64);
+        assert!(encode_npy_as(&a.tensor, DType::U64)
+            .unwrap()
+            .ends_with(&[0xff; 8]));
+        // ml_dtypes' raw bytes take the declared type: float8 E4M3FN 448 and -0.5; as int4, -2 and 0.
+        let raw = npy(
+            "{'descr': '<V1', 'fortran_order': False, 'shape': (2,), }\n",
+            &[126, 0xb0],
+        );
+        let a = parse_npy_as(&raw, "t", Some(DType::F8E4M3FN)).unwrap();
+        assert_eq!(a.tensor.data(), &TensorData::F32(vec![448.0, -0.5]));
+        assert!(encode_npy_as(&a.tensor, DType::F8E4M3FN)
+            .unwrap()
+            .ends_with(&[126, 0xb0]));
+        let a = parse_npy_as(&raw, "t", Some(DType::I4)).unwrap();
+        assert_eq!(a.tensor.data(), &TensorData::I64(vec![-2, 0]));
+        let err = parse_npy_as(&raw, "t", Some(DType::F32))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("raw 1-byte elements") && err.contains("this tensor is float32"),
+            "{err}"
+        );
+        // bfloat16 1.0 and float8 E5M2 as ml_dtypes names it.
+        let bf16 = npy(
+            "{'descr': '<V2', 'fortran_order': False, 'shape': (1,), }\n",
+            &[0x80, 0x3f],
+        );
+        let a = parse_npy_as(&bf16, "t", Some(DType::BF16)).unwrap();
+        assert_eq!(a.tensor.data(), &TensorData::F32(vec![1.0]));
+        let e5m2 = npy(
+            "{'descr': '<f1', 'fortran_order': False, 'shape': (1,), }\n",
+            &[0x3c],
+        );
+        assert_eq!(
+            parse_npy(&e5m2, "t").unwrap().tensor.data(),
+            &TensorData::F32(vec![1.0])
+        );
+        // uint8 stays uint8 on the way out.
+        let bytes = encode_npy_as(&HostTensor::i64(vec![2], vec![7, 255]), DType::U8).unwrap();
+        let back = parse_npy(&bytes, "t").unwrap();
+        assert_eq!(back.stored, DType::U8);
+        assert_eq!(back.tensor.data(), &TensorData::I64(vec![7, 255]));
+    }
+
+    #[test]
+    fn a_pickled_object_array_is_refused_not_unpickled() {
+        let pickled = npy(
+            "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }\n",
+            b"\x80\x04",
+        );
+        let err = parse_npy(&pickled, "t").unwrap_err().to_string();
+        assert!(err.contains("pickles are not read"), "{err}");
     }
 }

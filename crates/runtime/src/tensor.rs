@@ -11,12 +11,21 @@ use std::fmt;
 
 use pipecut_ir::graph::{ConstValue, DType, SymInt};
 
-/// The runtime dtype a model dtype computes in (see the module doc): float types as float32,
-/// narrow integers as int64.
+/// The runtime dtype a model dtype computes in (see the module doc): float types as float32
+/// (float16, bfloat16, float8 and float4 values kept exactly), narrow integers as int64
+/// (uint64 bit for bit).
 pub fn runtime_dtype(dtype: DType) -> DType {
     match dtype {
-        DType::F16 | DType::BF16 | DType::F64 => DType::F32,
-        DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 | DType::U64 => DType::I64,
+        DType::F64 => DType::F32,
+        narrow if super::narrow::is_narrow_float(narrow) => DType::F32,
+        DType::I8
+        | DType::I16
+        | DType::U8
+        | DType::U16
+        | DType::U32
+        | DType::U64
+        | DType::I4
+        | DType::U4 => DType::I64,
         other => other,
     }
 }
@@ -342,6 +351,11 @@ impl HostTensor {
             DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
                 TensorData::I64(self.to_i64_vec())
             }
+            // Kept in int64 storage bit for bit: a float above i64::MAX keeps its bits.
+            DType::U64 => TensorData::I64(match &self.data {
+                TensorData::F32(v) => v.iter().map(|&x| x as u64 as i64).collect(),
+                _ => self.to_i64_vec(),
+            }),
             DType::I32 => {
                 TensorData::I32(self.to_i64_vec().into_iter().map(|x| x as i32).collect())
             }

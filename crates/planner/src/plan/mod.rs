@@ -20,6 +20,7 @@ mod rederive;
 mod selection;
 mod shards;
 mod stage_nodes;
+mod values;
 
 pub use dot::plan_dot;
 pub use identity::ModelMatch;
@@ -27,6 +28,7 @@ pub use pipecut_ir::onnx::sha256_hex;
 pub use selection::{MeasuredSelection, MovedNode, Runoff, SelectionCandidate};
 pub use shards::{PlanRank, PlanStageShards, WeightSliceEntry, WholeBlock};
 pub use stage_nodes::StageNodes;
+pub use values::{PlanValue, ValueData};
 
 use std::collections::BTreeMap;
 
@@ -55,8 +57,9 @@ use pipecut_ir::onnx::Digests;
 /// schedules, an interleaved plan listing v·K stages whose stage c·K + d is on device d;
 /// version 8 records the plans `--select-by-running` measured and its optional runoff, see
 /// [`selection`], and keeps
-/// tensor-parallel blocks whole through a cut constraint) and refuses
-/// newer ones.
+/// tensor-parallel blocks whole through a cut constraint; version 9 records the sample values
+/// of shape inputs the plan was made with, see [`values`], and what proves an "optimal"
+/// status, `summary.proof`) and refuses newer ones.
 pub const SCHEMA_VERSION: u32 = 9;
 
 /// A pipeline plan.
@@ -191,6 +194,10 @@ pub struct ModelIdentity {
     pub nodes: usize,
     /// Symbolic dims bound for costing (the micro-batch size is the batch dim's value).
     pub dims: BTreeMap<String, u64>,
+    /// The sample values of graph inputs the plan was made with (`--value`), by input name:
+    /// the plan holds for these values only. Absent: none (and in plans before version 9).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, PlanValue>,
 }
 
 /// The cluster a plan is for.
@@ -613,6 +620,7 @@ impl Plan {
                 graph: context.graph.name().to_string(),
                 nodes: context.graph.node_count(),
                 dims: context.dims.clone(),
+                values: BTreeMap::new(),
             },
             cluster: ClusterIdentity {
                 description: context.cluster.description().to_string(),
@@ -668,6 +676,13 @@ impl Plan {
             },
             parallelism: None,
         }
+    }
+
+    /// Records the sample values of shape inputs (`--value`) the partitioned graph was typed
+    /// with: the plan holds for them only, and `check`, `export` and `run` type with them.
+    pub fn with_values(mut self, values: BTreeMap<String, PlanValue>) -> Plan {
+        self.model.values = values;
+        self
     }
 
     /// Adds the data parallelism a cluster search chose; `self` must be the plan of its replica
@@ -802,7 +817,12 @@ impl Plan {
             }
             Some(_) => {}
         }
-        serde_json::from_value(value).map_err(|e| Error::InvalidPlan(e.to_string()))
+        let plan: Plan =
+            serde_json::from_value(value).map_err(|e| Error::InvalidPlan(e.to_string()))?;
+        for (name, value) in &plan.model.values {
+            value.validate(name)?;
+        }
+        Ok(plan)
     }
 
     /// The cost settings the plan was made with.

@@ -999,11 +999,15 @@ fn im2col(
                         dst.fill(0.0);
                         continue;
                     }
-                    let src = &source[iy as usize * row_len..(iy as usize + 1) * row_len];
                     dst[..first].fill(0.0);
                     dst[end..].fill(0.0);
-                    let start = (first as isize + shift) as usize;
-                    dst[first..end].copy_from_slice(&src[start..start + (end - first)]);
+                    // A tap dilated past either edge (DeepLabV3's rate-36 branch on a small
+                    // map) reads nothing: its start would lie outside the row.
+                    if end > first {
+                        let src = &source[iy as usize * row_len..(iy as usize + 1) * row_len];
+                        let start = (first as isize + shift) as usize;
+                        dst[first..end].copy_from_slice(&src[start..start + (end - first)]);
+                    }
                 }
                 r += 1;
             }
@@ -1516,6 +1520,48 @@ mod tests {
             want
         }
 
+        /// Runs the Conv kernel on a made-up input, alone and with a Relu epilogue, and
+        /// compares it with [`Defined::reference`].
+        fn assert_kernel_matches(&self) {
+            let case = self;
+            let [n, c, h, w] = case.nchw;
+            let (cg, [kh, kw]) = (c / case.group, case.kernel);
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let ws: Vec<f32> = (0..case.m * cg * kh * kw)
+                .map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0)
+                .collect();
+            let bias: Vec<f32> = (0..case.m).map(|i| i as f32 / 3.0 - 2.0).collect();
+            let inputs = [
+                f(&[n, c, h, w], &xs),
+                f(&[case.m, cg, kh, kw], &ws),
+                f(&[case.m], &bias),
+            ];
+            let want = case.reference(&xs, &ws, &bias);
+            let [oh, ow] = case.output_hw();
+            let out = run(
+                "Conv",
+                case.attributes(),
+                &[&inputs[0], &inputs[1], &inputs[2]],
+            );
+            assert_close(&out[0], &[n, case.m, oh, ow], &want);
+            let node = super::super::test_util::node("Conv", case.attributes());
+            let ctx = super::super::Ctx {
+                node: &node,
+                opset: 17,
+                output_dtypes: &[],
+            };
+            let refs = [Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2])];
+            let epilogue = super::Epilogue {
+                relu: true,
+                ..Default::default()
+            };
+            let relu = super::conv_then(&ctx, &refs, &epilogue).unwrap();
+            let want_relu: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
+            assert_close(&relu[0], &[n, case.m, oh, ow], &want_relu);
+        }
+
         /// Whether the kernel runs it through the tap rows (what the test means to cover).
         fn takes_tap_rows(&self) -> bool {
             let [n, c, h, w] = self.nchw;
@@ -1581,42 +1627,34 @@ mod tests {
         ];
         for case in &cases {
             assert!(case.takes_tap_rows(), "{:?}", case.nchw);
-            let [n, c, h, w] = case.nchw;
-            let (cg, [kh, kw]) = (c / case.group, case.kernel);
-            let xs: Vec<f32> = (0..n * c * h * w)
-                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-                .collect();
-            let ws: Vec<f32> = (0..case.m * cg * kh * kw)
-                .map(|i| ((i * 11 % 13) as f32 - 6.0) / 5.0)
-                .collect();
-            let bias: Vec<f32> = (0..case.m).map(|i| i as f32 / 3.0 - 2.0).collect();
-            let inputs = [
-                f(&[n, c, h, w], &xs),
-                f(&[case.m, cg, kh, kw], &ws),
-                f(&[case.m], &bias),
-            ];
-            let want = case.reference(&xs, &ws, &bias);
-            let [oh, ow] = case.output_hw();
-            let out = run(
-                "Conv",
-                case.attributes(),
-                &[&inputs[0], &inputs[1], &inputs[2]],
-            );
-            assert_close(&out[0], &[n, case.m, oh, ow], &want);
-            let node = super::super::test_util::node("Conv", case.attributes());
-            let ctx = super::super::Ctx {
-                node: &node,
-                opset: 17,
-                output_dtypes: &[],
+            case.assert_kernel_matches();
+        }
+    }
+
+    /// A dilated window wider than the input (DeepLabV3's atrous branches at rates 12 to 36 on
+    /// a small map): most taps fall in the padding, and onnxruntime runs it. The kernel used to
+    /// index before a row's start ("range start index 18446744073709551615").
+    #[test]
+    fn dilations_wider_than_the_input_read_only_the_padding() {
+        let cases = [
+            ([1, 3, 3, 3], 1, [18, 18], [1, 1], [18, 18, 18, 18]),
+            ([2, 8, 8, 8], 1, [36, 36], [1, 1], [36, 36, 36, 36]),
+            ([1, 3, 6, 6], 1, [9, 3], [2, 2], [9, 3, 9, 3]),
+            ([1, 4, 4, 4], 4, [12, 12], [1, 1], [12, 12, 12, 12]),
+            ([1, 3, 9, 9], 1, [4, 4], [1, 1], [8, 0, 0, 8]),
+            ([1, 4, 33, 40], 1, [40, 48], [1, 1], [40, 48, 40, 48]),
+        ];
+        for (nchw, group, dilations, strides, pads) in cases {
+            let case = Defined {
+                nchw,
+                m: 4,
+                group,
+                kernel: [3, 3],
+                strides,
+                dilations,
+                pads,
             };
-            let refs = [Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2])];
-            let epilogue = super::Epilogue {
-                relu: true,
-                ..Default::default()
-            };
-            let relu = super::conv_then(&ctx, &refs, &epilogue).unwrap();
-            let want_relu: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
-            assert_close(&relu[0], &[n, case.m, oh, ow], &want_relu);
+            case.assert_kernel_matches();
         }
     }
 

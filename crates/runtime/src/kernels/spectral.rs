@@ -182,8 +182,9 @@ pub(crate) struct StftFrames {
     pub(crate) bins: usize,
 }
 
-/// The frames of an STFT of a signal of `shape` `[batch, length, 1 or 2]`, from its inputs
-/// `frame_step`, the window's length and `frame_length`.
+/// The frames of an STFT of a signal of `shape` `[batch, length, 1 or 2]` (or a real
+/// `[batch, length]`, as onnxruntime accepts), from its inputs `frame_step`, the window's
+/// length and `frame_length`.
 pub(crate) fn stft_frames(
     ctx: &Ctx,
     shape: &[usize],
@@ -191,10 +192,14 @@ pub(crate) fn stft_frames(
     window_len: Option<usize>,
     frame_length: Option<i64>,
 ) -> Result<StftFrames, String> {
-    let [batch, samples, parts] = *shape else {
-        return Err(format!(
-            "the signal {shape:?} is not [batch, length, 1 or 2]"
-        ));
+    let [batch, samples, parts] = match *shape {
+        [batch, samples] => [batch, samples, 1],
+        [batch, samples, parts] => [batch, samples, parts],
+        _ => {
+            return Err(format!(
+                "the signal {shape:?} is not [batch, length, 1 or 2] (nor a real [batch, length])"
+            ))
+        }
     };
     let step = step
         .and_then(|s| usize::try_from(s).ok())

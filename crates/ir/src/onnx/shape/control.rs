@@ -152,7 +152,10 @@ fn scalar(value: Option<&ConstValue>) -> Option<i64> {
 }
 
 /// Two types a node output may have (the branches of an If): equal kinds and dtypes; dims
-/// they disagree on depend on the run.
+/// they disagree on depend on the run. Branches of different ranks (silero-vad's `op15`
+/// export, whose branches agree only once its dims are bound) give a tensor of unknown rank:
+/// `inspect` lists what follows it as not inferred, and the commands that need sizes say which
+/// tensor has none, instead of the If failing the whole model.
 fn merge(ctx: &OpCtx, output: usize, a: &Inferred, b: &Inferred) -> Result<Inferred, String> {
     if a.kind != b.kind || a.dtype != b.dtype {
         return Err(format!(
@@ -161,9 +164,6 @@ fn merge(ctx: &OpCtx, output: usize, a: &Inferred, b: &Inferred) -> Result<Infer
         ));
     }
     let shape = merge_shapes(ctx, output, a.known_shape(), b.known_shape());
-    if a.kind.is_tensor() && shape.is_none() {
-        return Err(format!("the branches give output {output} different ranks"));
-    }
     Ok(Inferred::of_kind(a.kind, a.dtype, shape))
 }
 

@@ -71,12 +71,14 @@ fn dft(ctx: &OpCtx) -> RuleResult {
 }
 
 /// STFT: `[batch, frames, bins, 2]`, `frames = 1 + (length − frame_length) / frame_step`, the
-/// frame length from input 3, else the window's length.
+/// frame length from input 3, else the window's length. The signal is `[batch, length, 1 or 2]`
+/// by the spec, or a real `[batch, length]`, which onnxruntime and `onnx.checker` accept and
+/// onnx-asr's feature extractors write (docs/conformance.md).
 fn stft(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
-    if x.len() != 3 {
+    if x.len() != 3 && x.len() != 2 {
         return Err(format!(
-            "the signal {} is not [batch, length, 1 or 2]",
+            "the signal {} is not [batch, length, 1 or 2] (nor a real [batch, length])",
             format_shape(x)
         ));
     }

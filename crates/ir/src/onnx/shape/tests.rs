@@ -537,6 +537,7 @@ fn signal_and_spatial_rules_follow_the_spec_formulas() {
     let mut b = builder(&[
         ("cols", DType::F32, vec![k(1), k(10), k(12)]),
         ("sig", DType::F32, vec![k(2), k(16), k(1)]),
+        ("flat_sig", DType::F32, vec![k(2), k(16)]),
         ("pooled", DType::F32, vec![k(1), k(3), k(2), k(2)]),
         ("idx", DType::I64, vec![k(1), k(3), k(2), k(2)]),
         ("theta", DType::F32, vec![k(2), k(2), k(3)]),
@@ -562,6 +563,14 @@ fn signal_and_spatial_rules_follow_the_spec_formulas() {
         &["frames"],
     ))
     .unwrap();
+    // A real signal without its trailing 1, as onnxruntime accepts and onnx-asr writes.
+    b.node(NodeSpec::new(
+        "flat_stft",
+        "STFT",
+        &["flat_sig", "step", "", "frame"],
+        &["flat_frames"],
+    ))
+    .unwrap();
     b.node(
         NodeSpec::new("unpool", "MaxUnpool", &["pooled", "idx"], &["unpooled"])
             .attr("kernel_shape", Attribute::Ints(vec![2, 2]))
@@ -581,7 +590,7 @@ fn signal_and_spatial_rules_follow_the_spec_formulas() {
             .attr("dtype", Attribute::Int(11)),
     )
     .unwrap();
-    for out in ["img", "spec", "frames", "unpooled", "g", "n"] {
+    for out in ["img", "spec", "frames", "flat_frames", "unpooled", "g", "n"] {
         b.output(out);
     }
     let g = infer(b, DimBindings::new()).unwrap();
@@ -589,6 +598,7 @@ fn signal_and_spatial_rules_follow_the_spec_formulas() {
     // Opset 17: axis 1, the 16 samples; one-sided keeps 16/2 + 1 bins.
     assert_eq!(shape_of(&g, "spec"), "[2, 9, 2]");
     assert_eq!(shape_of(&g, "frames"), "[2, 3, 5, 2]");
+    assert_eq!(shape_of(&g, "flat_frames"), "[2, 3, 5, 2]");
     assert_eq!(shape_of(&g, "unpooled"), "[1, 3, 4, 4]");
     assert_eq!(shape_of(&g, "g"), "[2, 6, 7, 2]");
     assert_eq!(shape_of(&g, "n"), "[3, 4]");
