@@ -11,10 +11,11 @@ process (without the GIL while they work)::
 
 ``pipecut.torch`` plans a ``torch.nn.Module`` and applies the plan with torch.distributed.
 Failures raise ``pipecut.Error`` subclasses: ``NoAnswer`` (the model does not fit, the plan is
-invalid), ``BadInput`` (files, arguments, models), ``InternalError`` (a bug).
+invalid), ``Undecided`` (the limit ran out before "fits" or "does not fit" was settled),
+``BadInput`` (files, arguments, models), ``InternalError`` (a bug).
 """
 
-from ._native import BadInput, Error, InternalError, NoAnswer
+from ._native import BadInput, Error, InternalError, NoAnswer, Undecided
 from ._native import version as _version
 from ._plan import (
     CheckReport,
@@ -43,6 +44,7 @@ __all__ = [
     "Plan",
     "Stage",
     "TensorParallel",
+    "Undecided",
     "check",
     "command",
     "export",

@@ -8,6 +8,10 @@ class Error(Exception):
 class NoAnswer(Error):
     """The model does not fit the devices, or a plan is invalid for its model (exit code 1)."""
 
+class Undecided(Error):
+    """No fitting plan found before the time limit or work budget ran out, and "does not fit"
+    not proven either (exit code 3)."""
+
 class BadInput(Error):
     """Unreadable or malformed files, bad arguments, unsupported models (exit code 2)."""
 

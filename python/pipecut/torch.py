@@ -351,6 +351,11 @@ def apply(
     if mesh is None:
         shape = tuple(tplan.mesh[d] for d in MESH_DIMS)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=MESH_DIMS)
+    if tplan.sequence_parallel:
+        raise ValueError(
+            "the plan uses sequence parallelism, which pipecut.torch does not apply yet: "
+            "plan without --sequence-parallel"
+        )
     if tplan.mesh["tp"] > 1:
         if tplan.mesh["pp"] > 1:
             raise ValueError(

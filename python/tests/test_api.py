@@ -110,6 +110,7 @@ def test_errors_are_exceptions_naming_the_problem(tmp_path):
 def test_every_error_is_a_pipecut_error():
     assert issubclass(pipecut.NoAnswer, pipecut.Error)
     assert issubclass(pipecut.BadInput, pipecut.Error)
+    assert issubclass(pipecut.Undecided, pipecut.Error)
     assert issubclass(pipecut.InternalError, pipecut.Error)
 
 

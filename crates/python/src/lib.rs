@@ -34,6 +34,13 @@ create_exception!(
 );
 create_exception!(
     _native,
+    Undecided,
+    Error,
+    "No plan that fits was found, and the time limit or work budget ran out before \"does not \
+     fit\" was proven (the command's exit code 3): a longer time_limit may decide it."
+);
+create_exception!(
+    _native,
     BadInput,
     Error,
     "Unreadable or malformed files, bad arguments, unsupported models (the command's exit code 2)."
@@ -92,14 +99,15 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
-/// Runs `pipecut ARGS...` and returns what it printed; raises `NoAnswer`, `BadInput` or
-/// `InternalError` when it fails. The GIL is released while it runs.
+/// Runs `pipecut ARGS...` and returns what it printed; raises `NoAnswer`, `Undecided`,
+/// `BadInput` or `InternalError` when it fails. The GIL is released while it runs.
 #[pyfunction]
 fn command(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
     match py.detach(move || run_command(args)) {
         Outcome::Printed(text) => Ok(text),
         Outcome::Usage(message) => Err(BadInput::new_err(message)),
         Outcome::Failed(1, message) => Err(NoAnswer::new_err(message)),
+        Outcome::Failed(3, message) => Err(Undecided::new_err(message)),
         Outcome::Failed(_, message) => Err(BadInput::new_err(message)),
         Outcome::Panicked(message) => Err(InternalError::new_err(format!(
             "pipecut panicked (a bug; please report it): {message}"
@@ -120,6 +128,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("Error", py.get_type::<Error>())?;
     m.add("NoAnswer", py.get_type::<NoAnswer>())?;
+    m.add("Undecided", py.get_type::<Undecided>())?;
     m.add("BadInput", py.get_type::<BadInput>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     Ok(())
