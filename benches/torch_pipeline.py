@@ -10,8 +10,8 @@ costs every node (`pipecut cost --device cpu --mode training`), which predicts e
 stage times. Each round then trains a few steps with each split in turn (so drift in the
 machine's load touches all three alike) and keeps each split's median step. Last, each
 layer's forward and backward is timed alone on one thread, giving the measured stage shares.
-Prints one JSON document: per split, the blocks of each stage, predicted and measured stage
-shares, the measured step, and the measured and predicted speedups of pipecut's split.
+Prints one JSON document: per split, where stage 1 begins, predicted and measured stage shares,
+the predicted and measured steps, and the measured and predicted speedups of pipecut's split.
 """
 
 import argparse
@@ -128,9 +128,14 @@ def measured_layer_secs(model, rounds=5):
 
 
 def shares(layer_secs, cut):
+    """Each stage's share of the work, and the 1F1B step it predicts: with two stages whose
+    forward and backward take t0 and t1 per micro-batch, the step is (m - 1) * max(t0, t1) +
+    t0 + t1 (the first micro-batch's pass through both, then one slowest stage per further
+    micro-batch)."""
     stages = [sum(layer_secs[:cut]), sum(layer_secs[cut:])]
     total = sum(stages)
-    return [s / total for s in stages], max(stages)
+    step = (MICROBATCHES - 1) * max(stages) + total
+    return [s / total for s in stages], step
 
 
 def train_steps(model, cut, ids, labels, steps):
@@ -192,21 +197,19 @@ def main():
 def report(cuts, steps, predicted, measured):
     rows = {}
     for name, cut in cuts.items():
-        predicted_shares, predicted_bottleneck = shares(predicted, cut)
+        predicted_shares, predicted_step = shares(predicted, cut)
         measured_shares, _ = shares(measured, cut)
         rows[name] = {
             "stage_1_begins_at_layer": cut,
             "predicted_stage_shares": [round(s, 3) for s in predicted_shares],
             "measured_stage_shares": [round(s, 3) for s in measured_shares],
-            "predicted_bottleneck_secs": predicted_bottleneck,
+            "predicted_step_secs": predicted_step,
             "measured_step_secs": statistics.median(steps[name]),
         }
     ours = rows["pipecut"]
     for name, row in rows.items():
         row["measured_speedup_of_pipecut"] = row["measured_step_secs"] / ours["measured_step_secs"]
-        row["predicted_speedup_of_pipecut"] = (
-            row["predicted_bottleneck_secs"] / ours["predicted_bottleneck_secs"]
-        )
+        row["predicted_speedup_of_pipecut"] = row["predicted_step_secs"] / ours["predicted_step_secs"]
     print(json.dumps({"model": {"vocab": VOCAB, "width": WIDTH, "blocks": BLOCKS, "seq": SEQ,
                                 "microbatch": MICROBATCH, "microbatches": MICROBATCHES},
                       "splits": rows}, indent=1))
