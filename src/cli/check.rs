@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
-use clap::Args;
 use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::onnx::Model;
 use crate::plan::{Plan, PlanValue};
+use anyhow::Context;
+use clap::Args;
 
 use super::measured::MeasuredArgs;
 use super::print_stdout;

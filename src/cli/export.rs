@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use clap::Args;
 use crate::onnx::export::shard::shard_stages_each;
 use crate::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
 use crate::onnx::inspect::human_bytes;
+use anyhow::Context;
+use clap::Args;
 
 use super::{print_stdout, ModelArgs};
 
@@ -173,10 +173,7 @@ fn write_ranks(
         true,
         |stage, rank, bytes, data| {
             if let Some(data) = data {
-                crate::onnx::export::write_atomically(
-                    &out_dir.join(&data.location),
-                    &data.bytes,
-                )?;
+                crate::onnx::export::write_atomically(&out_dir.join(&data.location), &data.bytes)?;
             }
             let name = rank_file_name(stage, rank as usize);
             crate::onnx::export::write_atomically(&out_dir.join(name), &bytes)?;

@@ -27,9 +27,9 @@ use std::process::ExitCode;
 
 use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::onnx::Model;
+use crate::plan::PlanValue;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use crate::plan::PlanValue;
 
 /// The exit codes, as the help states them (src/main.rs sets them): a macro, so that `concat!`
 /// can append them to a command's own help.

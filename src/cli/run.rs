@@ -5,8 +5,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use clap::Args;
 use crate::graph::NodeId;
 use crate::onnx::shape::DimBindings;
 use crate::plan::Plan;
@@ -15,6 +13,8 @@ use crate::runtime::{
     Executor, Tensors, Weights,
 };
 use crate::schedule::{simulate, StageTimes};
+use anyhow::{bail, Context};
+use clap::Args;
 use serde::Serialize;
 
 use super::run_files::{feed_plan_values, read_inputs, write_outputs};
@@ -73,11 +73,11 @@ fn load_ranks(
     let sharded =
         crate::onnx::export::shard::shard_stages(model_path, graph, weights, stages, tp, false)
             .with_context(|| {
-            format!(
-                "cannot split '{}' for tensor parallelism",
-                model_path.display()
-            )
-        })?;
+                format!(
+                    "cannot split '{}' for tensor parallelism",
+                    model_path.display()
+                )
+            })?;
     let mut bindings = DimBindings::new();
     for (name, value) in dims {
         bindings = bindings.bind(name, *value);
@@ -173,10 +173,7 @@ fn run_tensor_parallel_cuda(
     specs: &[crate::runtime::StageSpec],
     inputs: &Tensors,
     microbatches: usize,
-) -> anyhow::Result<(
-    crate::runtime::PipelineReport,
-    Vec<BTreeMap<String, usize>>,
-)> {
+) -> anyhow::Result<(crate::runtime::PipelineReport, Vec<BTreeMap<String, usize>>)> {
     use crate::runtime::tensor_parallel::{whole_rank_spec, RankGroupExecutor};
     let gpus = crate::runtime::cuda::device_count().map_err(crate::Error::Cuda)?;
     let mut groups = Vec::new();

@@ -10,11 +10,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
 use crate::onnx::export::{Manifest, TensorSource};
 use crate::onnx::shape::DimBindings;
 use crate::plan::Plan;
 use crate::runtime::{check_inputs, seeded_inputs, stage_specs, Tensors, Weights};
+use anyhow::{bail, Context};
 
 use super::RunArgs;
 

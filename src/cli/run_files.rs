@@ -6,14 +6,11 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
 use crate::runtime::{encode_npy_as, read_npy_as, HostTensor, TensorData, Tensors};
+use anyhow::{bail, Context};
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
-pub(crate) fn read_inputs(
-    args: &[String],
-    graph: &crate::graph::Graph,
-) -> anyhow::Result<Tensors> {
+pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyhow::Result<Tensors> {
     let mut inputs = Tensors::new();
     for arg in args {
         let (name, file) = arg
