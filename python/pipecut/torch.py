@@ -337,7 +337,9 @@ def apply(
     pipeline's trace); ``loss_fn(output, target)`` the loss of one micro-batch.
 
     Returns this rank's stage module (its parameters are what its optimizer steps) and a
-    :class:`Step` that runs one training step's forward and backward.
+    :class:`Step` that runs one training step's forward and backward. The model is consumed:
+    its parameters become the stage's (sharded, wrapped), and torch's ``pipeline()`` leaves its
+    split points in the module it traces, so apply a plan once per model.
     """
     import torch
     import torch.distributed as dist
