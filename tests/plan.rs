@@ -723,3 +723,26 @@ fn cut_constraints_are_kept_recorded_and_checked() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// A plan whose figures are not all finite is refused before it is written: JSON would say
+/// `null`, which `check` refuses.
+#[test]
+fn a_plan_with_a_non_finite_figure_is_refused_before_writing() {
+    let text =
+        std::fs::read_to_string(common::root().join("tests/malformed/plans/valid.json")).unwrap();
+    let mut plan = pipecut::plan::Plan::from_json(&text).unwrap();
+    plan.ensure_finite().unwrap();
+    plan.stages[1].compute_secs = f64::INFINITY;
+    let err = plan.ensure_finite().unwrap_err().to_string();
+    assert!(
+        err.contains("stages[1].compute_secs came out as inf"),
+        "{err}"
+    );
+    plan.stages[1].compute_secs = 0.0;
+    plan.summary.bottleneck_secs = f64::NAN;
+    let err = plan.ensure_finite().unwrap_err().to_string();
+    assert!(
+        err.contains("summary.bottleneck_secs came out as NaN"),
+        "{err}"
+    );
+}

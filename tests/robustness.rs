@@ -423,3 +423,164 @@ fn a_bad_plan_exits_the_same_from_check_export_run_and_show() {
     }
     assert!(differing.is_empty(), "{}", differing.join("\n"));
 }
+
+/// Large inputs made on disk, each through the command that reads it under the 4 GiB cap: over
+/// the JSON limit they are refused by size (saying how to raise it), under it they are counted
+/// before anything is built from them. A 200 MB plan or a 192 MB cluster file aborted the
+/// process, as did a cluster file of millions of devices (a profile cloned per device before the
+/// count was checked) and a 520 MB `.npy` of bytes (widened to 4 GB of i64 infallibly).
+#[test]
+fn large_json_and_binary_inputs_fail_in_one_line_under_the_cap() {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = |name: &str| scratch.path().join(name).display().to_string();
+    let sparse = |name: &str, len: u64, head: &[u8]| {
+        let file = std::fs::File::create(path(name)).unwrap();
+        std::io::Write::write_all(&mut &file, head).unwrap();
+        file.set_len(len).unwrap();
+    };
+    sparse("plan200.json", 200 << 20, b"{");
+    sparse("cluster192.json", 192 << 20, b"{");
+    let devices = vec!["\"H100-SXM\""; 5_000_000].join(",");
+    std::fs::write(
+        path("cluster5m.json"),
+        format!("{{\"nodes\": [{{\"devices\": [{devices}]}}]}}"),
+    )
+    .unwrap();
+    // A .npy of 520 MB of bytes (zeros: the file is sparse).
+    let header = "{'descr': '|u1', 'fortran_order': False, 'shape': (545259520,), }";
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let padded = format!("{header:<117}\n");
+    npy.extend((padded.len() as u16).to_le_bytes());
+    npy.extend(padded.as_bytes());
+    sparse("bytes.npy", npy.len() as u64 + 545_259_520, &npy);
+    let plan = "tests/malformed/plans/valid.json".to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["check".into(), path("plan200.json"), PLAN_MODEL.into()],
+            "larger than 64 MiB, the most pipecut reads for a plan (set PIPECUT_MAX_JSON_MIB",
+        ),
+        (
+            vec![
+                "partition".into(),
+                PLAN_MODEL.into(),
+                "--cluster-file".into(),
+                path("cluster192.json"),
+                "--out".into(),
+                path("out.json"),
+            ],
+            "larger than 64 MiB, the most pipecut reads for a cluster file",
+        ),
+        (
+            vec![
+                "partition".into(),
+                PLAN_MODEL.into(),
+                "--cluster-file".into(),
+                path("cluster5m.json"),
+                "--out".into(),
+                path("out.json"),
+            ],
+            "5000000 devices is more than pipecut plans for (16384)",
+        ),
+        (
+            vec![
+                "run".into(),
+                plan,
+                PLAN_MODEL.into(),
+                "--input".into(),
+                format!("input={}", path("bytes.npy")),
+            ],
+            "cannot allocate",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stdout, stderr) = pipecut_capped(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!std::path::Path::new(&path("out.json")).exists());
+    }
+}
+
+/// Figures from profiles stay finite and unique: node times of 1e308 s (which made a plan full of
+/// `null` figures that `check` refused), a node listed twice, and device profiles with a
+/// denormal, zero or negative bandwidth are refused at load, naming the entry, in one line.
+#[test]
+fn profiles_with_huge_duplicate_or_denormal_figures_are_refused_naming_the_entry() {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = |name: &str| scratch.path().join(name).display().to_string();
+    let node = |secs: &str| {
+        format!(
+            r#"{{"name": "/layers/layers.0/Gemm", "op": "Gemm", "secs": {secs},
+                "p10_secs": {secs}, "p90_secs": {secs}, "output_bytes": 4096}}"#
+        )
+    };
+    let times = |nodes: &[String]| {
+        format!(
+            r#"{{"schema": "pipecut-node-times-v1", "device": "H100-SXM",
+                "measured_with": {{"backend": "pipecut-cpu", "threads": 2, "warmup": 3,
+                  "repeats": 15, "statistic": "median", "total_secs": 0.001,
+                  "total_spread": 0.1, "noisy": false}},
+                "model": {{"graph_sha256": "", "dims": {{}}}},
+                "nodes": [{}]}}"#,
+            nodes.join(",")
+        )
+    };
+    std::fs::write(path("huge.json"), times(&[node("1e308")])).unwrap();
+    std::fs::write(path("twice.json"), times(&[node("1e-5"), node("2e-5")])).unwrap();
+    let device: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::root().join("cost-models/devices/cpu.json")).unwrap(),
+    )
+    .unwrap();
+    for (name, bandwidth) in [("denormal", 5e-324), ("zero", 0.0), ("negative", -1.0)] {
+        let mut edited = device.clone();
+        edited["name"] = format!("Edited-{name}").into();
+        edited["aliases"] = serde_json::json!([]);
+        edited["memory_bandwidth_bytes_per_sec"]["value"] = bandwidth.into();
+        std::fs::write(path(&format!("{name}.json")), edited.to_string()).unwrap();
+    }
+    let partition = |flag: &str, file: &str| -> Vec<String> {
+        [
+            "partition",
+            PLAN_MODEL,
+            "--dim",
+            "batch=8",
+            "--cluster",
+            "1x2xH100-SXM",
+            flag,
+            &path(file),
+            "--out",
+            &path("plan.json"),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let cases = [
+        (
+            partition("--profile", "huge.json"),
+            "the node times sum beyond 1e12 s (at node '/layers/layers.0/Gemm', 1e308 s)",
+        ),
+        (
+            partition("--profile", "twice.json"),
+            "node '/layers/layers.0/Gemm' is listed twice",
+        ),
+        (
+            partition("--device-profile", "denormal.json"),
+            "memory_bandwidth_bytes_per_sec is 5e-324, outside",
+        ),
+        (
+            partition("--device-profile", "zero.json"),
+            "memory_bandwidth_bytes_per_sec is 0e0, outside",
+        ),
+        (
+            partition("--device-profile", "negative.json"),
+            "memory_bandwidth_bytes_per_sec is -1e0, outside",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stdout, stderr) = pipecut(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!std::path::Path::new(&path("plan.json")).exists());
+    }
+}

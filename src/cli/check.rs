@@ -37,7 +37,7 @@ pub struct CheckArgs {
 
 /// Reads a plan file.
 pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
-    let text = pipecut::io::read_text_bounded(path, pipecut::io::MAX_JSON_BYTES, "plan")?;
+    let text = pipecut::io::read_json_text(path, "plan")?;
     Plan::from_json(&text).with_context(|| format!("'{}'", path.display()))
 }
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use pipecut::onnx::export::shard::shard_stages_each;
-use pipecut::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
+use pipecut::onnx::export::{export_stages_checked, rank_file_name, Manifest, TensorSource};
 use pipecut::onnx::inspect::human_bytes;
 
 use super::{print_stdout, ModelArgs};
@@ -104,8 +104,16 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
-        .with_context(|| format!("cannot export '{}'", model_path.display()))?;
+    // Held until every file is written: a second export into this folder is refused.
+    let _lock = pipecut::onnx::export::lock_out_dir(&args.out_dir)?;
+    let manifest = export_stages_checked(
+        model_path,
+        model.digests().sha256,
+        &model.graph,
+        &stages,
+        &args.out_dir,
+    )
+    .with_context(|| format!("cannot export '{}'", model_path.display()))?;
     let ranks = match &for_ranks {
         Some(graph) => write_ranks(model_path, graph, &stages, tp, &args.out_dir)?,
         None => String::new(),

@@ -108,7 +108,7 @@ pub fn parse_npy(bytes: &[u8], origin: &str) -> Result<NpyArray, Error> {
             }
         )));
     }
-    let values = decode(&header.descr, data).ok_or_else(|| fail("invalid data".into()))?;
+    let values = decode(&header.descr, data).map_err(fail)?;
     let tensor = HostTensor::new(header.shape, values).map_err(fail)?;
     Ok(NpyArray { stored, tensor })
 }
@@ -155,7 +155,9 @@ fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
-fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
+/// The values of `data` as `descr` stores them. Every buffer is allocated fallibly: `|u1` widens
+/// to i64, 8 times the file, and a large file under a tight address space must be an error.
+fn decode(descr: &str, data: &[u8]) -> Result<TensorData, String> {
     fn chunks<const N: usize>(data: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
         data.chunks_exact(N).map(|c| {
             let mut a = [0u8; N];
@@ -163,44 +165,56 @@ fn decode(descr: &str, data: &[u8]) -> Option<TensorData> {
             a
         })
     }
-    Some(match descr {
-        "<f4" => TensorData::F32(chunks::<4>(data).map(f32::from_le_bytes).collect()),
-        "<f8" => TensorData::F32(
-            chunks::<8>(data)
-                .map(|b| f64::from_le_bytes(b) as f32)
-                .collect(),
-        ),
-        "<f2" => TensorData::F32(
-            chunks::<2>(data)
-                .map(|b| half::f16::from_le_bytes(b).to_f32())
-                .collect(),
-        ),
-        "<i8" => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
-        "<i4" => TensorData::I32(chunks::<4>(data).map(i32::from_le_bytes).collect()),
-        "<i2" => TensorData::I64(
-            chunks::<2>(data)
-                .map(|b| i16::from_le_bytes(b) as i64)
-                .collect(),
-        ),
-        "|i1" => TensorData::I64(data.iter().map(|&b| b as i8 as i64).collect()),
-        "|u1" => TensorData::I64(data.iter().map(|&b| b as i64).collect()),
-        "<u2" => TensorData::I64(
-            chunks::<2>(data)
-                .map(|b| u16::from_le_bytes(b) as i64)
-                .collect(),
-        ),
-        "<u4" => TensorData::I64(
-            chunks::<4>(data)
-                .map(|b| u32::from_le_bytes(b) as i64)
-                .collect(),
-        ),
+    use crate::tensor::try_collect;
+    Ok(match descr {
+        "<f4" => TensorData::F32(try_collect(
+            data.len() / 4,
+            chunks::<4>(data).map(f32::from_le_bytes),
+        )?),
+        "<f8" => TensorData::F32(try_collect(
+            data.len() / 8,
+            chunks::<8>(data).map(|b| f64::from_le_bytes(b) as f32),
+        )?),
+        "<f2" => TensorData::F32(try_collect(
+            data.len() / 2,
+            chunks::<2>(data).map(|b| half::f16::from_le_bytes(b).to_f32()),
+        )?),
+        "<i8" => TensorData::I64(try_collect(
+            data.len() / 8,
+            chunks::<8>(data).map(i64::from_le_bytes),
+        )?),
+        "<i4" => TensorData::I32(try_collect(
+            data.len() / 4,
+            chunks::<4>(data).map(i32::from_le_bytes),
+        )?),
+        "<i2" => TensorData::I64(try_collect(
+            data.len() / 2,
+            chunks::<2>(data).map(|b| i16::from_le_bytes(b) as i64),
+        )?),
+        "|i1" => TensorData::I64(try_collect(
+            data.len(),
+            data.iter().map(|&b| b as i8 as i64),
+        )?),
+        "|u1" => TensorData::I64(try_collect(data.len(), data.iter().map(|&b| b as i64))?),
+        "<u2" => TensorData::I64(try_collect(
+            data.len() / 2,
+            chunks::<2>(data).map(|b| u16::from_le_bytes(b) as i64),
+        )?),
+        "<u4" => TensorData::I64(try_collect(
+            data.len() / 4,
+            chunks::<4>(data).map(|b| u32::from_le_bytes(b) as i64),
+        )?),
         "|b1" => {
             if data.iter().any(|&b| b > 1) {
-                return None;
+                return Err("invalid data: a bool that is neither 0 nor 1".into());
             }
-            TensorData::Bool(data.iter().map(|&b| b == 1).collect())
+            TensorData::Bool(try_collect(data.len(), data.iter().map(|&b| b == 1))?)
         }
-        _ => TensorData::String(decode_unicode(unicode_width(descr)?, data)?),
+        _ => TensorData::String(
+            unicode_width(descr)
+                .and_then(|width| decode_unicode(width, data))
+                .ok_or("invalid data")?,
+        ),
     })
 }
 
