@@ -584,3 +584,100 @@ fn profiles_with_huge_duplicate_or_denormal_figures_are_refused_naming_the_entry
         assert!(!std::path::Path::new(&path("plan.json")).exists());
     }
 }
+
+/// `x + ConstantOfShape([1, 2^27])` of a `[1, 1]` input: 512 MiB of f32 output per micro-batch.
+fn wide_output_model() -> Vec<u8> {
+    use onnx_protobuf::tensor_proto::DataType;
+    use onnx_protobuf::type_proto::{Tensor, Value};
+    use onnx_protobuf::{
+        GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str, dims: &[i64]| {
+        let mut shape = TensorShapeProto::new();
+        for &size in dims {
+            let mut dim = onnx_protobuf::tensor_shape_proto::Dimension::new();
+            dim.set_dim_value(size);
+            shape.dim.push(dim);
+        }
+        let mut tensor = Tensor::new();
+        tensor.elem_type = DataType::FLOAT as i32;
+        tensor.shape = Some(shape).into();
+        let mut info = ValueInfoProto::new();
+        info.name = name.into();
+        info.type_ = Some(TypeProto {
+            value: Some(Value::TensorType(tensor)),
+            ..Default::default()
+        })
+        .into();
+        info
+    };
+    let mut shape = TensorProto::new();
+    shape.name = "shape".into();
+    shape.data_type = DataType::INT64 as i32;
+    shape.dims = vec![2];
+    shape.int64_data = vec![1, 1 << 27];
+    let node = |name: &str, op: &str, inputs: [&str; 2], output: &str| {
+        let mut node = NodeProto::new();
+        node.name = name.into();
+        node.op_type = op.into();
+        node.input = inputs
+            .iter()
+            .filter(|i| !i.is_empty())
+            .map(|i| i.to_string())
+            .collect();
+        node.output = vec![output.into()];
+        node
+    };
+    let mut graph = GraphProto::new();
+    graph.name = "wide".into();
+    graph.input.push(value_info("x", &[1, 1]));
+    graph.output.push(value_info("y", &[1, 1 << 27]));
+    graph.initializer.push(shape);
+    graph
+        .node
+        .push(node("fill", "ConstantOfShape", ["shape", ""], "c"));
+    graph.node.push(node("add", "Add", ["x", "c"], "y"));
+    let mut opset = OperatorSetIdProto::new();
+    opset.version = 17;
+    let mut model = ModelProto::new();
+    model.ir_version = 8;
+    model.opset_import.push(opset);
+    model.graph = Some(graph).into();
+    model.write_to_bytes().unwrap()
+}
+
+/// Joining four micro-batches of 512 MiB of output each under the 4 GiB cap is an error naming
+/// the output: the join cloned every piece infallibly first, and aborted.
+#[test]
+fn joining_2_gib_of_output_under_the_cap_is_an_error_not_an_abort() {
+    let scratch = tempfile::tempdir().unwrap();
+    let model = scratch.path().join("wide.onnx");
+    std::fs::write(&model, wide_output_model()).unwrap();
+    let model = model.display().to_string();
+    let plan = scratch.path().join("plan.json");
+    let args: Vec<String> = ["partition", &model, "--cluster", "1x1xH100-SXM", "--out"]
+        .into_iter()
+        .map(str::to_string)
+        .chain([plan.display().to_string()])
+        .collect();
+    let (code, _, stderr) = pipecut(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let outputs = scratch.path().join("outputs");
+    let args: Vec<String> = vec![
+        "run".into(),
+        plan.display().to_string(),
+        model,
+        "--microbatches".into(),
+        "4".into(),
+        "--output-dir".into(),
+        outputs.display().to_string(),
+    ];
+    let (code, stdout, stderr) = pipecut_capped(&args);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("cannot join output 'y' across micro-batches: cannot allocate"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
