@@ -299,6 +299,7 @@ pub fn plan_json(model_bytes: &[u8], config_json: &str) -> Result<String> {
             record_solve_time: request.record_solve_time,
         },
     );
+    plan.ensure_finite()?;
     Ok(plan.to_json())
 }
 

@@ -461,3 +461,158 @@ fn bound_dims_make_the_boundaries_concrete() {
         assert_eq!(summary["ok"], true, "{summary}");
     }
 }
+
+/// A second export into a folder that an export holds is refused at once, in one line, and
+/// writes nothing there: two concurrent exports into one folder both exited 0, each with a
+/// manifest naming the other's files.
+#[test]
+fn an_export_into_a_folder_another_export_holds_is_refused() {
+    let dir = out_dir("locked");
+    let plan = gpt2_plan(dir.path());
+    let out = dir.path().join("stages");
+    // This test process stands for the first export: it holds the folder's lock.
+    let lock = pipecut::onnx::export::lock_out_dir(&out).unwrap();
+    let export = |out: &Path| {
+        pipecut(&[
+            "export",
+            plan.to_str().unwrap(),
+            "fixtures/models/gpt2_tiny.onnx",
+            "--out-dir",
+            out.to_str().unwrap(),
+        ])
+    };
+    let (code, _, err) = export(&out);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("another pipecut export is writing into it"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let written: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(written, [pipecut::onnx::export::LOCK_FILE], "{written:?}");
+    drop(lock);
+    let (code, _, err) = export(&out);
+    assert_eq!(
+        code, 0,
+        "once the first export is done the folder is free: {err}"
+    );
+}
+
+/// A chain of `layers` MatMuls of `width` × `width` f32 weights, embedded in the protobuf.
+fn matmul_chain(layers: usize, width: usize) -> Vec<u8> {
+    use onnx_protobuf::tensor_proto::DataType;
+    use onnx_protobuf::type_proto::{Tensor, Value};
+    use onnx_protobuf::{
+        GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str| {
+        let mut shape = TensorShapeProto::new();
+        for size in [1, width as i64] {
+            let mut dim = onnx_protobuf::tensor_shape_proto::Dimension::new();
+            dim.set_dim_value(size);
+            shape.dim.push(dim);
+        }
+        let mut tensor = Tensor::new();
+        tensor.elem_type = DataType::FLOAT as i32;
+        tensor.shape = Some(shape).into();
+        let mut info = ValueInfoProto::new();
+        info.name = name.into();
+        info.type_ = Some(TypeProto {
+            value: Some(Value::TensorType(tensor)),
+            ..Default::default()
+        })
+        .into();
+        info
+    };
+    let mut graph = GraphProto::new();
+    graph.name = "chain".into();
+    graph.input.push(value_info("x"));
+    let mut input = "x".to_string();
+    for layer in 0..layers {
+        let mut weight = TensorProto::new();
+        weight.name = format!("w{layer}");
+        weight.data_type = DataType::FLOAT as i32;
+        weight.dims = vec![width as i64, width as i64];
+        weight.raw_data = vec![0x3c; width * width * 4];
+        graph.initializer.push(weight);
+        let mut node = NodeProto::new();
+        node.name = format!("matmul{layer}");
+        node.op_type = "MatMul".into();
+        node.input = vec![input.clone(), format!("w{layer}")];
+        input = format!("h{layer}");
+        node.output = vec![input.clone()];
+        graph.node.push(node);
+    }
+    graph.output.push(value_info(&input));
+    let mut opset = OperatorSetIdProto::new();
+    opset.version = 17;
+    let mut model = ModelProto::new();
+    model.ir_version = 8;
+    model.opset_import.push(opset);
+    model.graph = Some(graph).into();
+    model.write_to_bytes().unwrap()
+}
+
+/// A model truncated while `export` reads it is an error naming the change, never a signal:
+/// the model was mapped, and the first page past the new end killed the export with SIGBUS
+/// (8 of 8 tries). The truncation comes at several moments of the export; each run must end
+/// with an exit code (0 if the export had read everything before), and at least one must see
+/// the truncation.
+#[cfg(unix)]
+#[test]
+fn a_model_truncated_during_export_is_an_error_not_a_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = out_dir("truncated");
+    let bytes = matmul_chain(4, 2048);
+    let model = dir.path().join("chain.onnx");
+    std::fs::write(&model, &bytes).unwrap();
+    let plan = dir.path().join("plan.json");
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model.to_str().unwrap(),
+        "--cluster",
+        "1x2xH100-SXM",
+        "--stages",
+        "2",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut saw_truncation = false;
+    for delay_ms in [0u64, 100, 300, 800, 1500] {
+        std::fs::write(&model, &bytes).unwrap();
+        let out = dir.path().join(format!("out{delay_ms}"));
+        let child = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+            .args(["export", plan.to_str().unwrap(), model.to_str().unwrap()])
+            .arg("--out-dir")
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&model)
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        let result = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(
+            result.status.signal(),
+            None,
+            "truncated after {delay_ms} ms: killed by a signal\n{err}"
+        );
+        if !result.status.success() {
+            saw_truncation = true;
+            assert!(!err.contains("panicked"), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+    }
+    assert!(saw_truncation, "no export saw its model truncated");
+}

@@ -163,8 +163,17 @@ fn hostile_requests_from_c_fail_without_aborting_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("hostile");
     compile_c(&cc, &common::root().join("tests/c/hostile.c"), &exe).unwrap();
+    // 5 million devices, 55 MB: under the JSON limit, so the count must refuse it.
+    let cluster = dir.path().join("cluster.json");
+    let devices = vec!["\"H100-SXM\""; 5_000_000].join(",");
+    std::fs::write(
+        &cluster,
+        format!("{{\"nodes\": [{{\"devices\": [{devices}]}}]}}"),
+    )
+    .unwrap();
     let out = Command::new(&exe)
         .arg(common::fixture("mlp"))
+        .arg(&cluster)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -175,7 +184,7 @@ fn hostile_requests_from_c_fail_without_aborting_the_host() {
         "status {:?} (a signal is an abort of the host)\n{stdout}\n{stderr}",
         out.status
     );
-    assert_eq!(stdout.lines().count(), 5, "{stdout}");
+    assert_eq!(stdout.lines().count(), 6, "{stdout}");
 }
 
 #[test]

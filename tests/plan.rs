@@ -1082,3 +1082,26 @@ fn export_uses_the_plans_dims_where_the_model_needs_them() {
     );
     assert!(stages.join("stage_1.onnx").exists());
 }
+
+/// A plan whose figures are not all finite is refused before it is written: JSON would say
+/// `null`, which `check` refuses.
+#[test]
+fn a_plan_with_a_non_finite_figure_is_refused_before_writing() {
+    let text =
+        std::fs::read_to_string(common::root().join("tests/malformed/plans/valid.json")).unwrap();
+    let mut plan = pipecut::plan::Plan::from_json(&text).unwrap();
+    plan.ensure_finite().unwrap();
+    plan.stages[1].compute_secs = f64::INFINITY;
+    let err = plan.ensure_finite().unwrap_err().to_string();
+    assert!(
+        err.contains("stages[1].compute_secs came out as inf"),
+        "{err}"
+    );
+    plan.stages[1].compute_secs = 0.0;
+    plan.summary.bottleneck_secs = f64::NAN;
+    let err = plan.ensure_finite().unwrap_err().to_string();
+    assert!(
+        err.contains("summary.bottleneck_secs came out as NaN"),
+        "{err}"
+    );
+}

@@ -423,3 +423,261 @@ fn a_bad_plan_exits_the_same_from_check_export_run_and_show() {
     }
     assert!(differing.is_empty(), "{}", differing.join("\n"));
 }
+
+/// Large inputs made on disk, each through the command that reads it under the 4 GiB cap: over
+/// the JSON limit they are refused by size (saying how to raise it), under it they are counted
+/// before anything is built from them. A 200 MB plan or a 192 MB cluster file aborted the
+/// process, as did a cluster file of millions of devices (a profile cloned per device before the
+/// count was checked) and a 520 MB `.npy` of bytes (widened to 4 GB of i64 infallibly).
+#[test]
+fn large_json_and_binary_inputs_fail_in_one_line_under_the_cap() {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = |name: &str| scratch.path().join(name).display().to_string();
+    let sparse = |name: &str, len: u64, head: &[u8]| {
+        let file = std::fs::File::create(path(name)).unwrap();
+        std::io::Write::write_all(&mut &file, head).unwrap();
+        file.set_len(len).unwrap();
+    };
+    sparse("plan200.json", 200 << 20, b"{");
+    sparse("cluster192.json", 192 << 20, b"{");
+    let devices = vec!["\"H100-SXM\""; 5_000_000].join(",");
+    std::fs::write(
+        path("cluster5m.json"),
+        format!("{{\"nodes\": [{{\"devices\": [{devices}]}}]}}"),
+    )
+    .unwrap();
+    // A .npy of 520 MB of bytes (zeros: the file is sparse).
+    let header = "{'descr': '|u1', 'fortran_order': False, 'shape': (545259520,), }";
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let padded = format!("{header:<117}\n");
+    npy.extend((padded.len() as u16).to_le_bytes());
+    npy.extend(padded.as_bytes());
+    sparse("bytes.npy", npy.len() as u64 + 545_259_520, &npy);
+    let plan = "tests/malformed/plans/valid.json".to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["check".into(), path("plan200.json"), PLAN_MODEL.into()],
+            "larger than 64 MiB, the most pipecut reads for a plan (set PIPECUT_MAX_JSON_MIB",
+        ),
+        (
+            vec![
+                "partition".into(),
+                PLAN_MODEL.into(),
+                "--cluster-file".into(),
+                path("cluster192.json"),
+                "--out".into(),
+                path("out.json"),
+            ],
+            "larger than 64 MiB, the most pipecut reads for a cluster file",
+        ),
+        (
+            vec![
+                "partition".into(),
+                PLAN_MODEL.into(),
+                "--cluster-file".into(),
+                path("cluster5m.json"),
+                "--out".into(),
+                path("out.json"),
+            ],
+            "5000000 devices is more than pipecut plans for (16384)",
+        ),
+        (
+            vec![
+                "run".into(),
+                plan,
+                PLAN_MODEL.into(),
+                "--input".into(),
+                format!("input={}", path("bytes.npy")),
+            ],
+            "cannot allocate",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stdout, stderr) = pipecut_capped(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!std::path::Path::new(&path("out.json")).exists());
+    }
+}
+
+/// Figures from profiles stay finite and unique: node times of 1e308 s (which made a plan full of
+/// `null` figures that `check` refused), a node listed twice, and device profiles with a
+/// denormal, zero or negative bandwidth are refused at load, naming the entry, in one line.
+#[test]
+fn profiles_with_huge_duplicate_or_denormal_figures_are_refused_naming_the_entry() {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = |name: &str| scratch.path().join(name).display().to_string();
+    let node = |secs: &str| {
+        format!(
+            r#"{{"name": "/layers/layers.0/Gemm", "op": "Gemm", "secs": {secs},
+                "p10_secs": {secs}, "p90_secs": {secs}, "output_bytes": 4096}}"#
+        )
+    };
+    let times = |nodes: &[String]| {
+        format!(
+            r#"{{"schema": "pipecut-node-times-v1", "device": "H100-SXM",
+                "measured_with": {{"backend": "pipecut-cpu", "threads": 2, "warmup": 3,
+                  "repeats": 15, "statistic": "median", "total_secs": 0.001,
+                  "total_spread": 0.1, "noisy": false}},
+                "model": {{"graph_sha256": "", "dims": {{}}}},
+                "nodes": [{}]}}"#,
+            nodes.join(",")
+        )
+    };
+    std::fs::write(path("huge.json"), times(&[node("1e308")])).unwrap();
+    std::fs::write(path("twice.json"), times(&[node("1e-5"), node("2e-5")])).unwrap();
+    let device: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::root().join("cost-models/devices/cpu.json")).unwrap(),
+    )
+    .unwrap();
+    for (name, bandwidth) in [("denormal", 5e-324), ("zero", 0.0), ("negative", -1.0)] {
+        let mut edited = device.clone();
+        edited["name"] = format!("Edited-{name}").into();
+        edited["aliases"] = serde_json::json!([]);
+        edited["memory_bandwidth_bytes_per_sec"]["value"] = bandwidth.into();
+        std::fs::write(path(&format!("{name}.json")), edited.to_string()).unwrap();
+    }
+    let partition = |flag: &str, file: &str| -> Vec<String> {
+        [
+            "partition",
+            PLAN_MODEL,
+            "--dim",
+            "batch=8",
+            "--cluster",
+            "1x2xH100-SXM",
+            flag,
+            &path(file),
+            "--out",
+            &path("plan.json"),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let cases = [
+        (
+            partition("--profile", "huge.json"),
+            "the node times sum beyond 1e12 s (at node '/layers/layers.0/Gemm', 1e308 s)",
+        ),
+        (
+            partition("--profile", "twice.json"),
+            "node '/layers/layers.0/Gemm' is listed twice",
+        ),
+        (
+            partition("--device-profile", "denormal.json"),
+            "memory_bandwidth_bytes_per_sec is 5e-324, outside",
+        ),
+        (
+            partition("--device-profile", "zero.json"),
+            "memory_bandwidth_bytes_per_sec is 0e0, outside",
+        ),
+        (
+            partition("--device-profile", "negative.json"),
+            "memory_bandwidth_bytes_per_sec is -1e0, outside",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, stdout, stderr) = pipecut(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!std::path::Path::new(&path("plan.json")).exists());
+    }
+}
+
+/// `x + ConstantOfShape([1, 2^27])` of a `[1, 1]` input: 512 MiB of f32 output per micro-batch.
+fn wide_output_model() -> Vec<u8> {
+    use onnx_protobuf::tensor_proto::DataType;
+    use onnx_protobuf::type_proto::{Tensor, Value};
+    use onnx_protobuf::{
+        GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let value_info = |name: &str, dims: &[i64]| {
+        let mut shape = TensorShapeProto::new();
+        for &size in dims {
+            let mut dim = onnx_protobuf::tensor_shape_proto::Dimension::new();
+            dim.set_dim_value(size);
+            shape.dim.push(dim);
+        }
+        let mut tensor = Tensor::new();
+        tensor.elem_type = DataType::FLOAT as i32;
+        tensor.shape = Some(shape).into();
+        let mut info = ValueInfoProto::new();
+        info.name = name.into();
+        info.type_ = Some(TypeProto {
+            value: Some(Value::TensorType(tensor)),
+            ..Default::default()
+        })
+        .into();
+        info
+    };
+    let mut shape = TensorProto::new();
+    shape.name = "shape".into();
+    shape.data_type = DataType::INT64 as i32;
+    shape.dims = vec![2];
+    shape.int64_data = vec![1, 1 << 27];
+    let node = |name: &str, op: &str, inputs: [&str; 2], output: &str| {
+        let mut node = NodeProto::new();
+        node.name = name.into();
+        node.op_type = op.into();
+        node.input = inputs
+            .iter()
+            .filter(|i| !i.is_empty())
+            .map(|i| i.to_string())
+            .collect();
+        node.output = vec![output.into()];
+        node
+    };
+    let mut graph = GraphProto::new();
+    graph.name = "wide".into();
+    graph.input.push(value_info("x", &[1, 1]));
+    graph.output.push(value_info("y", &[1, 1 << 27]));
+    graph.initializer.push(shape);
+    graph
+        .node
+        .push(node("fill", "ConstantOfShape", ["shape", ""], "c"));
+    graph.node.push(node("add", "Add", ["x", "c"], "y"));
+    let mut opset = OperatorSetIdProto::new();
+    opset.version = 17;
+    let mut model = ModelProto::new();
+    model.ir_version = 8;
+    model.opset_import.push(opset);
+    model.graph = Some(graph).into();
+    model.write_to_bytes().unwrap()
+}
+
+/// Joining four micro-batches of 512 MiB of output each under the 4 GiB cap is an error naming
+/// the output: the join cloned every piece infallibly first, and aborted.
+#[test]
+fn joining_2_gib_of_output_under_the_cap_is_an_error_not_an_abort() {
+    let scratch = tempfile::tempdir().unwrap();
+    let model = scratch.path().join("wide.onnx");
+    std::fs::write(&model, wide_output_model()).unwrap();
+    let model = model.display().to_string();
+    let plan = scratch.path().join("plan.json");
+    let args: Vec<String> = ["partition", &model, "--cluster", "1x1xH100-SXM", "--out"]
+        .into_iter()
+        .map(str::to_string)
+        .chain([plan.display().to_string()])
+        .collect();
+    let (code, _, stderr) = pipecut(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let outputs = scratch.path().join("outputs");
+    let args: Vec<String> = vec![
+        "run".into(),
+        plan.display().to_string(),
+        model,
+        "--microbatches".into(),
+        "4".into(),
+        "--output-dir".into(),
+        outputs.display().to_string(),
+    ];
+    let (code, stdout, stderr) = pipecut_capped(&args);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("cannot join output 'y' across micro-batches: cannot allocate"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

@@ -620,6 +620,68 @@ fn the_plan_lists_each_gpus_rank_and_weight_slices_and_check_rederives_them() {
     );
 }
 
+/// A plan edited to a tensor-parallel degree its cluster cannot hold (a group crossing nodes, more
+/// GPUs than the cluster has, `u32::MAX`) is refused in one line by `check`, `export` and `run`:
+/// it panicked in the all-reduce cost of a device beyond the cluster.
+#[test]
+fn a_tensor_parallel_degree_beyond_the_cluster_is_refused_by_check_export_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::fixture("gpt2_tiny");
+    let model_arg = model.to_str().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    pipecut(&[
+        "plan-cluster",
+        model_arg,
+        "--cluster",
+        "2x4xA100-80GB",
+        "--dim",
+        "seq=16",
+        "--global-batch",
+        "4",
+        "--microbatch-sizes",
+        "2",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--out",
+        plan_path.to_str().unwrap(),
+    ]);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan_path).unwrap()).unwrap();
+    for degree in [3u64, 9, u32::MAX as u64] {
+        let mut edited = plan.clone();
+        edited["parallelism"]["tensor_parallel"]["degree"] = degree.into();
+        let edited_path = dir.path().join(format!("tp{degree}.json"));
+        std::fs::write(&edited_path, edited.to_string()).unwrap();
+        let edited_arg = edited_path.to_str().unwrap();
+        let out_dir = dir.path().join(format!("export{degree}"));
+        for args in [
+            vec!["check", edited_arg, model_arg],
+            vec![
+                "export",
+                edited_arg,
+                model_arg,
+                "--out-dir",
+                out_dir.to_str().unwrap(),
+            ],
+            vec!["run", edited_arg, model_arg],
+        ] {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+                .args(&args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("not inside one node") && !stderr.contains("panicked"),
+                "{args:?}: {stderr}"
+            );
+            assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        }
+    }
+}
+
 /// A Gemm MLP as older exporters write it (opset 9, where a Gemm's bias is required): a column
 /// Gemm with its weight untransposed and a row Gemm with `transB = 1` and `beta = 0.5`, whose
 /// bias each rank must leave out and the sum get once, scaled.

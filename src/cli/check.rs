@@ -38,7 +38,7 @@ pub struct CheckArgs {
 
 /// Reads a plan file.
 pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
-    let text = crate::io::read_text_bounded(path, crate::io::MAX_JSON_BYTES, "plan")?;
+    let text = crate::io::read_json_text(path, "plan")?;
     Plan::from_json(&text).with_context(|| format!("'{}'", path.display()))
 }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::onnx::export::shard::shard_stages_each;
-use crate::onnx::export::{export_stages, rank_file_name, Manifest, TensorSource};
+use crate::onnx::export::{export_stages_checked, rank_file_name, Manifest, TensorSource};
 use crate::onnx::inspect::human_bytes;
 use anyhow::Context;
 use clap::Args;
@@ -101,8 +101,16 @@ pub fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let manifest = export_stages(model_path, &model.graph, &stages, &args.out_dir)
-        .with_context(|| format!("cannot export '{}'", model_path.display()))?;
+    // Held until every file is written: a second export into this folder is refused.
+    let _lock = crate::onnx::export::lock_out_dir(&args.out_dir)?;
+    let manifest = export_stages_checked(
+        model_path,
+        model.digests().sha256,
+        &model.graph,
+        &stages,
+        &args.out_dir,
+    )
+    .with_context(|| format!("cannot export '{}'", model_path.display()))?;
     let ranks = match &for_ranks {
         Some(graph) => write_ranks(model_path, graph, &stages, tp, &args.out_dir)?,
         None => String::new(),

@@ -32,10 +32,8 @@ impl MeasuredArgs {
     ) -> anyhow::Result<Vec<NodeTimes>> {
         let mut applied = Vec::new();
         for path in &self.node_times {
-            let bytes = crate::io::read_bounded(path, crate::io::MAX_JSON_BYTES, "node times")?;
+            let text = crate::io::read_json_text(path, "node times")?;
             let origin = path.display().to_string();
-            let text = String::from_utf8(bytes.clone())
-                .map_err(|_| anyhow::anyhow!("'{origin}' is not UTF-8 text"))?;
             let times = NodeTimes::from_json(&text, &origin)?;
             if !devices.is_empty() && !devices.contains(&times.device.as_str()) {
                 anyhow::bail!(
@@ -46,7 +44,7 @@ impl MeasuredArgs {
                 );
             }
             let coverage = times
-                .apply(&content_sha256(&bytes), graph, graph_sha256, dims)
+                .apply(&content_sha256(text.as_bytes()), graph, graph_sha256, dims)
                 .with_context(|| format!("'{}'", escape_controls(&origin)))?;
             let mut note = format!(
                 "note: '{}': {} of {} nodes costed from times measured on {} ({})",

@@ -417,6 +417,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     )
     .with_values(values);
     plan.summary.measured_selection = selection;
+    plan.ensure_finite()?;
     // The text is made whole only to be printed; a file gets it as it is made.
     let json = args.json.then(|| plan.to_json());
     if let Some(out) = &args.out {

@@ -171,6 +171,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     .with_parallelism(&outcome, args.global_batch)
     .with_tensor_parallel_shards(&outcome.graph)
     .with_context(|| format!("'{}'", path.display()))?;
+    plan.ensure_finite()?;
     let json = plan.to_json();
     if let Some(out) = &args.out {
         write_atomically(out, json.as_bytes(), &[&args.model.model])?;

@@ -153,8 +153,7 @@ fn from_onnxruntime(
     device: &str,
     model: MeasuredModel,
 ) -> anyhow::Result<NodeTimes> {
-    let text =
-        crate::io::read_text_bounded(trace, crate::io::MAX_JSON_BYTES, "onnxruntime profile")?;
+    let text = crate::io::read_json_text(trace, "onnxruntime profile")?;
     let mut times = NodeTimes::from_onnxruntime_trace(&text, &trace.display().to_string(), device)?;
     // The trace does not say which model or dims it ran; the user says it by naming the model.
     times.model = model;

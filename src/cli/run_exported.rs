@@ -103,12 +103,13 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
 
 fn read_manifest(dir: &Path) -> anyhow::Result<Manifest> {
     let path = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "'{}' has no readable manifest.json: is it a directory `pipecut export` wrote?",
+    if !path.exists() {
+        anyhow::bail!(
+            "'{}' has no manifest.json: is it a directory `pipecut export` wrote?",
             dir.display()
-        )
-    })?;
+        );
+    }
+    let text = crate::io::read_json_text(&path, "manifest")?;
     Manifest::from_json(&text).with_context(|| format!("'{}'", path.display()))
 }
 

@@ -112,7 +112,7 @@ fn value_tensor(
             "input '{name}' is a scalar sample value, which has no axis to repeat for {microbatches} micro-batches: run with --microbatches 1"
         );
     }
-    HostTensor::concat_axis0(&vec![tensor; microbatches]).map_err(bad)
+    HostTensor::concat_axis0(&vec![&tensor; microbatches]).map_err(bad)
 }
 
 /// A file name for a tensor name: characters outside `[A-Za-z0-9_.-]` become `_`.

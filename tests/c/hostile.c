@@ -2,7 +2,11 @@
  * Hostile requests through the C ABI, as an embedding program would send them (built and run by
  * tests/ffi.rs, on fixtures/models/mlp.onnx).
  *
- *   hostile MODEL.onnx      one line per request on stdout; exit 0 when every one failed cleanly
+ *   hostile MODEL.onnx [CLUSTER.json]
+ *
+ * One line per request on stdout; exit 0 when every one failed cleanly. CLUSTER.json, a cluster
+ * file of millions of devices made by the test, is sent as one more request's "cluster_file"
+ * (it aborted the host: every device's profile was built before the count was checked).
  *
  * The process first caps its own address space at 4 GiB (setrlimit), so that a request which
  * sizes an allocation by a number in it cannot succeed by luck on a large machine: pipecut must
@@ -67,9 +71,28 @@ static unsigned char *read_file(const char *path, size_t *len) {
     return bytes;
 }
 
+/* One request: 0 when it failed with a message containing `expected_error`. */
+static int refused(const unsigned char *model, size_t len, const char *what,
+                   const char *config_json, const char *expected_error) {
+    char *plan = pipecut_plan_json(model, len, config_json);
+    const char *message = pipecut_last_error();
+    if (plan != NULL) {
+        fprintf(stderr, "%s: expected NULL, got a plan:\n%s\n", what, plan);
+        pipecut_string_free(plan);
+        return 1;
+    }
+    if (message == NULL || strstr(message, expected_error) == NULL) {
+        fprintf(stderr, "%s: expected an error containing '%s', got '%s'\n", what,
+                expected_error, message ? message : "(NULL)");
+        return 1;
+    }
+    printf("refused: %s: %s\n", what, message);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s MODEL.onnx\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s MODEL.onnx [CLUSTER.json]\n", argv[0]);
         return 2;
     }
     const struct rlimit cap = {4UL << 30, 4UL << 30};
@@ -86,19 +109,18 @@ int main(int argc, char **argv) {
     int failures = 0;
     for (size_t i = 0; i < sizeof REQUESTS / sizeof REQUESTS[0]; i++) {
         const struct hostile_request *r = &REQUESTS[i];
-        char *plan = pipecut_plan_json(model, len, r->config_json);
-        const char *message = pipecut_last_error();
-        if (plan != NULL) {
-            fprintf(stderr, "%s: expected NULL, got a plan:\n%s\n", r->what, plan);
-            pipecut_string_free(plan);
-            failures += 1;
-        } else if (message == NULL || strstr(message, r->expected_error) == NULL) {
-            fprintf(stderr, "%s: expected an error containing '%s', got '%s'\n", r->what,
-                    r->expected_error, message ? message : "(NULL)");
-            failures += 1;
-        } else {
-            printf("refused: %s: %s\n", r->what, message);
+        failures += refused(model, len, r->what, r->config_json, r->expected_error);
+    }
+    if (argc == 3) {
+        char config[4096];
+        int n = snprintf(config, sizeof config,
+                         "{\"cluster_file\": \"%s\", \"dims\": {\"batch\": 8}}", argv[2]);
+        if (n < 0 || (size_t)n >= sizeof config || strchr(argv[2], '"') != NULL) {
+            fprintf(stderr, "the cluster file's path does not fit a JSON string here\n");
+            return 2;
         }
+        failures += refused(model, len, "a cluster file of millions of devices", config,
+                            "more than pipecut plans for");
     }
     free(model);
     return failures == 0 ? 0 : 1;

@@ -191,11 +191,7 @@ impl Cluster {
 
     /// Reads a cluster JSON file (see the module docs).
     pub fn from_file(path: &Path, catalog: &Catalog) -> Result<Cluster, Error> {
-        let text = pipecut_ir::io::read_text_bounded(
-            path,
-            pipecut_ir::io::MAX_JSON_BYTES,
-            "cluster file",
-        )?;
+        let text = pipecut_ir::io::read_json_text(path, "cluster file")?;
         let spec = path.display().to_string();
         let layout: ClusterLayout = serde_json::from_str(&text).map_err(|e| Error::Cluster {
             spec: spec.clone(),
@@ -210,6 +206,18 @@ impl Cluster {
         catalog: &Catalog,
         description: String,
     ) -> Result<Cluster, Error> {
+        // Counted before any profile is cloned: a 192 MB file of device names asked for 17
+        // million profiles and aborted.
+        let total = layout
+            .nodes
+            .iter()
+            .fold(0usize, |sum, node| sum.saturating_add(node.devices.len()));
+        if total > MAX_DEVICES {
+            return Err(Error::Cluster {
+                spec: description,
+                detail: format!("{total} devices is more than pipecut plans for ({MAX_DEVICES})"),
+            });
+        }
         let mut nodes = Vec::new();
         let mut links = Vec::new();
         for node in &layout.nodes {
@@ -352,15 +360,16 @@ impl Cluster {
             .expect("device id from this cluster")
     }
 
-    fn node_of(&self, id: DeviceId) -> usize {
+    /// The index of the node that holds device `id`, or `None` for an id beyond the cluster.
+    pub fn node_of(&self, id: DeviceId) -> Option<usize> {
         let mut index = id.0 as usize;
         for (n, node) in self.nodes.iter().enumerate() {
             if index < node.devices.len() {
-                return n;
+                return Some(n);
             }
             index -= node.devices.len();
         }
-        panic!("device id {} is not in this cluster", id.0)
+        None
     }
 
     /// Bandwidth (bytes/s) and latency (s) between two devices: nothing on one device; the node's
@@ -369,7 +378,11 @@ impl Cluster {
         if a == b {
             return None;
         }
-        let (na, nb) = (self.node_of(a), self.node_of(b));
+        let node = |id: DeviceId| {
+            self.node_of(id)
+                .unwrap_or_else(|| panic!("device id {} is not in this cluster", id.0))
+        };
+        let (na, nb) = (node(a), node(b));
         let intra = |n: usize| {
             self.nodes[n].intra_node_link.as_ref().map(|l| {
                 (

@@ -158,19 +158,27 @@ impl HardwareSpec {
     }
 
     fn check(&self) -> Result<(), String> {
-        let positive = [
-            (
-                "memory_bandwidth_bytes_per_sec",
-                self.memory_bandwidth_bytes_per_sec.value,
-            ),
-            (
-                "kernel_launch_overhead_secs",
-                self.kernel_launch_overhead_secs.value + f64::MIN_POSITIVE,
-            ),
-        ];
-        for (field, value) in positive {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(format!("{field} must be positive, got {value}"));
+        check_figure(
+            "memory_bandwidth_bytes_per_sec",
+            self.memory_bandwidth_bytes_per_sec.value,
+            RATE_RANGE,
+        )?;
+        check_figure(
+            "kernel_launch_overhead_secs",
+            self.kernel_launch_overhead_secs.value,
+            SECS_RANGE,
+        )?;
+        let peak = &self.peak_flops_per_sec;
+        for (field, value) in [
+            ("fp32", peak.fp32.value),
+            ("tf32", peak.tf32.value),
+            ("fp16", peak.fp16.value),
+            ("bf16", peak.bf16.value),
+            ("fp8", peak.fp8.value),
+            ("int8", peak.int8.value),
+        ] {
+            if let Some(value) = value {
+                check_figure(&format!("peak_flops_per_sec.{field}"), value, RATE_RANGE)?;
             }
         }
         if self.memory_bytes.value == 0 {
@@ -193,6 +201,27 @@ impl HardwareSpec {
             }
         }
         Ok(())
+    }
+}
+
+/// Rates a profile may give (bytes or FLOPs per second): from 10^3, below which any real device's
+/// figure is a unit mistake and times of 2^64 bytes would still be finite (a denormal bandwidth
+/// made every time infinite, and the plan's figures `null`), to 10^21, a million times today's
+/// fastest accelerator.
+const RATE_RANGE: (f64, f64) = (1e3, 1e21);
+
+/// Fixed times a profile may give (launch overhead, link latency): 0 to 1 s, a thousand times
+/// any real launch or hop.
+const SECS_RANGE: (f64, f64) = (0.0, 1.0);
+
+/// Refuses a profile figure outside `(min, max)` (both inclusive), NaN and infinities included.
+fn check_figure(field: &str, value: f64, (min, max): (f64, f64)) -> Result<(), String> {
+    if value >= min && value <= max {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} is {value:e}, outside the {min:e} to {max:e} pipecut accepts"
+        ))
     }
 }
 
@@ -401,18 +430,23 @@ impl Catalog {
             origin: origin.into(),
             detail: e.to_string(),
         })?;
-        let bw = spec.bandwidth_bytes_per_sec_per_direction.value;
-        if spec.schema != "pipecut-link-v1"
-            || !(bw.is_finite() && bw > 0.0)
-            || !(spec.latency_secs.value.is_finite() && spec.latency_secs.value.is_sign_positive())
-        {
-            return Err(Error::Profile {
-                origin: origin.into(),
-                detail:
-                    "not a pipecut-link-v1 profile with positive bandwidth and non-negative latency"
-                        .into(),
-            });
+        let fail = |detail: String| Error::Profile {
+            origin: origin.into(),
+            detail,
+        };
+        if spec.schema != "pipecut-link-v1" {
+            return Err(fail(format!(
+                "schema is '{}', expected 'pipecut-link-v1'",
+                spec.schema
+            )));
         }
+        check_figure(
+            "bandwidth_bytes_per_sec_per_direction",
+            spec.bandwidth_bytes_per_sec_per_direction.value,
+            RATE_RANGE,
+        )
+        .and_then(|()| check_figure("latency_secs", spec.latency_secs.value, SECS_RANGE))
+        .map_err(fail)?;
         let name = spec.name.clone();
         self.origins
             .insert(format!("link:{name}"), origin.to_string());
@@ -422,11 +456,7 @@ impl Catalog {
 
     /// Adds a device or link profile from a JSON file, by its `schema` field.
     pub fn add_file(&mut self, path: &Path) -> Result<String, Error> {
-        let text = pipecut_ir::io::read_text_bounded(
-            path,
-            pipecut_ir::io::MAX_JSON_BYTES,
-            "device or link profile",
-        )?;
+        let text = pipecut_ir::io::read_json_text(path, "device or link profile")?;
         let origin = path.display().to_string();
         if text.contains("pipecut-link-v1") {
             Ok(self.add_link_json(&text, &origin)?.name.clone())

@@ -145,6 +145,40 @@ impl Measurement {
     }
 }
 
+/// The largest whole-model time per micro-batch that measured node times may add up to: 10^12 s
+/// (about 31,700 years). Any real model is many orders of magnitude below it, so a larger total
+/// is a unit mistake or hostile input; and it keeps every figure derived from stage times (steps
+/// of up to 65,536 micro-batches over thousands of stages, throughputs, ratios) finite and
+/// representable in the plan's JSON.
+pub const MAX_TOTAL_SECS: f64 = 1e12;
+
+/// Refuses a node time that is not a finite non-negative number, a node listed twice (which of
+/// its times would the plan use?), and times that sum beyond [`MAX_TOTAL_SECS`]: a profile of
+/// 1e308 s planned to a plan full of `null` figures that `check` then refused.
+fn check_nodes(nodes: &[MeasuredNode]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0.0;
+    for node in nodes {
+        if !(node.secs.is_finite() && node.secs >= 0.0) {
+            return Err(format!(
+                "node '{}' has time {}, not a finite non-negative number of seconds",
+                node.name, node.secs
+            ));
+        }
+        if !seen.insert(node.name.as_str()) {
+            return Err(format!("node '{}' is listed twice", node.name));
+        }
+        total += node.secs;
+        if total > MAX_TOTAL_SECS {
+            return Err(format!(
+                "the node times sum beyond {MAX_TOTAL_SECS:e} s (at node '{}', {:e} s): is the unit wrong?",
+                node.name, node.secs
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl NodeTimes {
     /// Parses and checks a node-times file's text; `origin` names it in errors.
     pub fn from_json(text: &str, origin: &str) -> Result<NodeTimes, Error> {
@@ -159,15 +193,17 @@ impl NodeTimes {
                 times.schema
             )));
         }
-        if let Some(node) = times
-            .nodes
-            .iter()
-            .find(|n| !(n.secs.is_finite() && n.secs >= 0.0))
-        {
-            return Err(bad(format!(
-                "node '{}' has time {}, not a finite non-negative number of seconds",
-                node.name, node.secs
-            )));
+        check_nodes(&times.nodes).map_err(bad)?;
+        let whole = &times.measured_with;
+        for (field, value) in [
+            ("measured_with.total_secs", whole.total_secs),
+            ("measured_with.total_spread", whole.total_spread),
+        ] {
+            if !(value.is_finite() && (0.0..=MAX_TOTAL_SECS).contains(&value)) {
+                return Err(bad(format!(
+                    "{field} is {value:e}, not between 0 and {MAX_TOTAL_SECS:e}"
+                )));
+            }
         }
         Ok(times)
     }
@@ -253,8 +289,10 @@ impl NodeTimes {
             })
             .collect();
         nodes.sort_by_key(|(order, _)| *order);
+        let nodes: Vec<MeasuredNode> = nodes.into_iter().map(|(_, n)| n).collect();
+        check_nodes(&nodes).map_err(bad)?;
         if runs.is_empty() {
-            runs.push(nodes.iter().map(|(_, n)| n.secs).sum());
+            runs.push(nodes.iter().map(|n| n.secs).sum());
         }
         Ok(NodeTimes {
             schema: NODE_TIMES_SCHEMA.into(),
@@ -272,7 +310,7 @@ impl NodeTimes {
                 graph_sha256: String::new(),
                 dims: BTreeMap::new(),
             },
-            nodes: nodes.into_iter().map(|(_, n)| n).collect(),
+            nodes,
         })
     }
 }

@@ -77,7 +77,6 @@ mod stage;
 use std::fs::File;
 use std::path::Path;
 
-use memmap2::Mmap;
 use onnx_protobuf::{Message, ModelProto};
 
 pub use files::{write_atomically, Placement};
@@ -109,22 +108,58 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// [`Error::NotAPartition`], [`Error::NonConvexStages`], [`Error::OutDir`], [`Error::Output`] and [`Error::Write`]
 /// for unwritable output, [`Error::Io`]/[`Error::NotOnnx`] for an unreadable model, and
 /// [`Error::Export`] for a model file that does not match the graph.
+///
+/// Two exports into one folder at once would mix their files: hold [`lock_out_dir`] around
+/// this call (and whatever else writes into `out_dir`), as `pipecut export` does.
 pub fn export_stages(
     model_path: &Path,
     graph: &Graph,
     stages: &[Vec<NodeId>],
     out_dir: &Path,
 ) -> Result<Manifest, Error> {
+    export_from(model_path, None, graph, stages, out_dir)
+}
+
+/// [`export_stages`] from a model file that must still be the one `graph` was loaded from: the
+/// bytes the export reads must have `sha256` (the loaded model's
+/// [`pipecut_ir::onnx::Digests::sha256`]), else nothing is written and the error says the model
+/// changed during the export.
+pub fn export_stages_checked(
+    model_path: &Path,
+    sha256: &str,
+    graph: &Graph,
+    stages: &[Vec<NodeId>],
+    out_dir: &Path,
+) -> Result<Manifest, Error> {
+    export_from(model_path, Some(sha256), graph, stages, out_dir)
+}
+
+fn export_from(
+    model_path: &Path,
+    expected_sha256: Option<&str>,
+    graph: &Graph,
+    stages: &[Vec<NodeId>],
+    out_dir: &Path,
+) -> Result<Manifest, Error> {
     let routes = Routes::new(graph, stages)?;
-    let map = map_model(model_path)?;
-    let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+    // Read, not mapped: a model truncated meanwhile is an error, not a SIGBUS.
+    let bytes = pipecut_ir::io::read_model_bytes(model_path)?;
+    let sha256 = pipecut_ir::onnx::sha256_hex(&bytes);
+    if let Some(expected) = expected_sha256.filter(|&e| e != sha256) {
+        return Err(Error::Export(format!(
+            "'{}' changed while it was exported (sha256 {} when loaded, {} now); export again",
+            model_path.display(),
+            &expected[..expected.len().min(12)],
+            &sha256[..12]
+        )));
+    }
     if bytes.is_empty() {
         return Err(Error::NotOnnx {
             origin: model_path.display().to_string(),
             detail: "the file is empty".into(),
         });
     }
-    let proto = ModelProto::parse_from_bytes(bytes).map_err(|e| Error::NotOnnx {
+    let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
         origin: model_path.display().to_string(),
         detail: format!("protobuf decoding failed: {e}"),
     })?;
@@ -134,13 +169,58 @@ pub fn export_stages(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        sha256: pipecut_ir::onnx::sha256_hex(bytes),
+        sha256,
         graph: graph.name().to_string(),
     };
     files::prepare_out_dir(out_dir)?;
     pipecut_ir::io::remove_stale_temporaries(out_dir);
     let staged = stage_all(model_path, graph, &routes, &index, model, out_dir)?;
     staged.commit(out_dir)
+}
+
+/// Name of the lock file [`lock_out_dir`] keeps in an export folder. It stays after the export
+/// (an empty file): removing it would let a third export lock a new file while a second still
+/// holds the old one.
+pub const LOCK_FILE: &str = ".pipecut-export.lock";
+
+/// An export folder held for one export; dropping it lets the next one in.
+#[derive(Debug)]
+pub struct OutDirLock {
+    _file: File,
+}
+
+/// Creates `out_dir` if missing and takes its export lock without waiting: a second export into
+/// the same folder is refused at once, naming the folder, rather than mixing its files with the
+/// first's (both exited 0, each with a manifest naming the other's files). The lock is an
+/// advisory `flock`-style lock on [`LOCK_FILE`], released when the process ends, however it ends.
+///
+/// # Errors
+/// [`Error::OutDir`] for a folder that cannot be created, or that another export holds.
+pub fn lock_out_dir(out_dir: &Path) -> Result<OutDirLock, Error> {
+    files::prepare_out_dir(out_dir)?;
+    let fail = |detail: String| Error::OutDir {
+        path: out_dir.to_path_buf(),
+        detail,
+    };
+    let path = out_dir.join(LOCK_FILE);
+    // Never follow a link planted at the lock's name, nor open a FIFO there.
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Err(fail(format!("'{LOCK_FILE}' there is not a regular file")));
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| fail(format!("cannot create its lock file {LOCK_FILE}: {e}")))?;
+    match file.try_lock() {
+        Ok(()) => Ok(OutDirLock { _file: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(fail(
+            "another pipecut export is writing into it; wait for it to finish, or export elsewhere"
+                .into(),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(fail(format!("cannot lock {LOCK_FILE}: {e}"))),
+    }
 }
 
 /// Each stage of `stages` as a model file's bytes, built in memory as [`export_stages`] builds
@@ -154,10 +234,7 @@ pub fn stage_models(
     stages: &[Vec<NodeId>],
 ) -> Result<Vec<Vec<u8>>, Error> {
     let routes = Routes::new(graph, stages)?;
-    let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
-        path: model_path.to_path_buf(),
-        source,
-    })?;
+    let bytes = pipecut_ir::io::read_model_bytes(model_path)?;
     let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
         origin: model_path.display().to_string(),
         detail: format!("protobuf decoding failed: {e}"),
@@ -258,21 +335,4 @@ fn stage_all(
         manifest,
         mode,
     })
-}
-
-/// Maps the model file read-only (`None` for an empty file, which mapping refuses).
-fn map_model(path: &Path) -> Result<Option<Mmap>, Error> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = File::open(path).map_err(io)?;
-    if file.metadata().map_err(io)?.len() == 0 {
-        return Ok(None);
-    }
-    // SAFETY: read-only map that lives only for the export, as in `load_model`: a concurrent
-    // truncation makes reads fault as it would for any reader; mapping avoids a second copy of
-    // a large protobuf in memory.
-    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok(Some(map))
 }

@@ -760,10 +760,7 @@ pub fn shard_file(
     tp: TensorParallelism,
 ) -> Result<ShardedModel, Error> {
     let degree = u64::from(tp.degree);
-    let bytes = std::fs::read(model_path).map_err(|source| Error::Io {
-        path: model_path.to_path_buf(),
-        source,
-    })?;
+    let bytes = pipecut_ir::io::read_model_bytes(model_path)?;
     let proto = ModelProto::parse_from_bytes(&bytes).map_err(|e| Error::NotOnnx {
         origin: model_path.display().to_string(),
         detail: format!("protobuf decoding failed: {e}"),

@@ -21,11 +21,90 @@ use std::path::{Path, PathBuf};
 
 use crate::Error;
 
-/// The largest JSON document pipecut reads (plans, clusters, device profiles, calibrations).
-/// The biggest real plan we make (GPT-3-175B shape, 98 stages, 3,962 nodes) is about 1 MB; a plan
-/// for a million-node model stays under 100 MB. Anything larger is not a pipecut document, and
-/// reading it whole would take memory proportional to an attacker's file.
-pub const MAX_JSON_BYTES: u64 = 256 << 20;
+/// The largest JSON document pipecut reads by default (plans, clusters, device profiles,
+/// calibrations, node times, onnxruntime traces). The biggest real plan we make (GPT-3-175B
+/// shape, 98 stages, 3,962 nodes) is about 1 MB; a plan for a million-node model about 40 MB.
+/// Parsed, a document takes up to ~8 times its size (a short JSON string becomes a 24-byte
+/// `String`), and checking a plan as much again: 64 MiB keeps the worst case near 1 GB, well
+/// inside a 4 GiB address space, where 256 MiB aborted. [`MAX_JSON_ENV`] raises it.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Environment variable that sets the JSON limit in MiB, for a user whose legitimate plan or
+/// trace is larger than [`MAX_JSON_BYTES`].
+pub const MAX_JSON_ENV: &str = "PIPECUT_MAX_JSON_MIB";
+
+/// The largest ONNX protobuf pipecut reads: protobuf's own 2 GiB message limit, beyond which an
+/// ONNX model must keep its weights in external data files.
+pub const MAX_MODEL_BYTES: u64 = 2 << 30;
+
+/// The JSON limit in force: [`MAX_JSON_ENV`] when set (a positive number of MiB), else
+/// [`MAX_JSON_BYTES`].
+pub fn max_json_bytes() -> Result<u64, String> {
+    let Some(value) = std::env::var_os(MAX_JSON_ENV) else {
+        return Ok(MAX_JSON_BYTES);
+    };
+    value
+        .to_str()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&mib| mib > 0)
+        .and_then(|mib| mib.checked_mul(1 << 20))
+        .ok_or_else(|| {
+            format!(
+                "{MAX_JSON_ENV}={} is not a positive number of MiB",
+                value.to_string_lossy()
+            )
+        })
+}
+
+/// Reads a JSON document's text (`what` names its role in errors) within [`max_json_bytes`];
+/// a larger file's error says how to raise the limit.
+pub fn read_json_text(path: &Path, what: &str) -> Result<String, Error> {
+    let cap = max_json_bytes().map_err(|detail| Error::Input {
+        what: what.to_string(),
+        path: path.to_path_buf(),
+        detail,
+    })?;
+    let bytes = read_capped(
+        path,
+        cap,
+        what,
+        &format!(" (set {MAX_JSON_ENV} to raise it)"),
+    )?;
+    into_text(bytes, path, what)
+}
+
+/// Reads a whole ONNX model file, within [`MAX_MODEL_BYTES`]. The bytes are read, not mapped:
+/// a map of a file that another process truncates faults (`SIGBUS`) at the first page past the
+/// new end, killing the process, or the program embedding pipecut.
+pub fn read_model_bytes(path: &Path) -> Result<Vec<u8>, Error> {
+    read_bounded(path, MAX_MODEL_BYTES, "model")
+}
+
+/// `len` bytes of `file` from `offset`, read rather than mapped (see [`read_model_bytes`]): a
+/// file shorter than that, truncated meanwhile included, is an error, as is a buffer that
+/// cannot be allocated.
+pub fn read_range(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let len = usize::try_from(len).map_err(std::io::Error::other)?;
+    bytes
+        .try_reserve_exact(len)
+        .map_err(|_| std::io::Error::other(format!("cannot allocate {len} bytes")))?;
+    bytes.resize(len, 0);
+    read_exact_at(file, &mut bytes, offset)?;
+    Ok(bytes)
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn read_exact_at(mut file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::Seek;
+    file.seek(std::io::SeekFrom::Start(offset))?;
+    file.read_exact(buf)
+}
 
 /// Prefix of pipecut's temporary files, followed by the writing process's id: a later run can
 /// then remove the ones a killed process left behind (see [`remove_stale_temporaries`]).
@@ -34,28 +113,48 @@ const TEMP_PREFIX: &str = ".pipecut-tmp-";
 /// Reads a whole regular file of at most `cap` bytes. `what` names the file's role in errors
 /// ("plan", "cluster file").
 pub fn read_bounded(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>, Error> {
+    read_capped(path, cap, what, "")
+}
+
+/// [`read_bounded`], with `hint` after the error of a file over the cap.
+fn read_capped(path: &Path, cap: u64, what: &str, hint: &str) -> Result<Vec<u8>, Error> {
     let fail = |detail: String| Error::Input {
         what: what.to_string(),
         path: path.to_path_buf(),
         detail,
     };
+    let too_large = || {
+        fail(format!(
+            "it is larger than {} MiB, the most pipecut reads for a {what}{hint}",
+            cap >> 20
+        ))
+    };
     let file = open_regular(path).map_err(&fail)?;
+    let len = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+    if len > cap {
+        return Err(too_large());
+    }
+    // Reserved before reading, fallibly: a file near the cap under a tight address space is an
+    // error, never an abort, and the buffer does not double as it grows.
     let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len as usize + 1)
+        .map_err(|_| fail(format!("cannot allocate {len} bytes to read it")))?;
     file.take(cap.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| fail(e.to_string()))?;
     if bytes.len() as u64 > cap {
-        return Err(fail(format!(
-            "it is larger than {} MiB, the most pipecut reads for a {what}",
-            cap >> 20
-        )));
+        return Err(too_large());
     }
     Ok(bytes)
 }
 
 /// [`read_bounded`] as UTF-8 text; a binary file says what it probably is.
 pub fn read_text_bounded(path: &Path, cap: u64, what: &str) -> Result<String, Error> {
-    let bytes = read_bounded(path, cap, what)?;
+    into_text(read_bounded(path, cap, what)?, path, what)
+}
+
+fn into_text(bytes: Vec<u8>, path: &Path, what: &str) -> Result<String, Error> {
     String::from_utf8(bytes).map_err(|_| Error::Input {
         what: what.to_string(),
         path: path.to_path_buf(),

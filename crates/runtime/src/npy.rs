@@ -119,7 +119,7 @@ pub fn parse_npy_as(
             }
         )));
     }
-    let values = decode(stored, size, data).ok_or_else(|| fail("invalid data".into()))?;
+    let values = decode(stored, size, data).map_err(fail)?;
     let tensor = HostTensor::new(header.shape, values).map_err(fail)?;
     Ok(NpyArray { stored, tensor })
 }
@@ -215,73 +215,108 @@ fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
-/// The elements of `stored`, `size` bytes each, widened as the runtime holds them.
-fn decode(stored: DType, size: usize, data: &[u8]) -> Option<TensorData> {
+/// The elements of `stored`, `size` bytes each, widened as the runtime holds them. Every buffer
+/// is allocated fallibly: `|u1` widens to i64, 8 times the file, and a large file under a tight
+/// address space must be an error.
+fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String> {
     use super::narrow::{byte_to_float, wrap_4bit};
-    fn chunks<const N: usize>(data: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    fn chunks<const N: usize>(data: &[u8]) -> impl ExactSizeIterator<Item = [u8; N]> + '_ {
         data.chunks_exact(N).map(|c| {
             let mut a = [0u8; N];
             a.copy_from_slice(c);
             a
         })
     }
-    Some(match stored {
-        DType::F32 => TensorData::F32(chunks::<4>(data).map(f32::from_le_bytes).collect()),
+    Ok(match stored {
+        DType::F32 => TensorData::F32(
+            chunks::<4>(data)
+                .map(f32::from_le_bytes)
+                .try_collect_vec()?,
+        ),
         DType::F64 => TensorData::F32(
             chunks::<8>(data)
                 .map(|b| f64::from_le_bytes(b) as f32)
-                .collect(),
+                .try_collect_vec()?,
         ),
         DType::F16 => TensorData::F32(
             chunks::<2>(data)
                 .map(|b| half::f16::from_le_bytes(b).to_f32())
-                .collect(),
+                .try_collect_vec()?,
         ),
         DType::BF16 => TensorData::F32(
             chunks::<2>(data)
                 .map(|b| half::bf16::from_le_bytes(b).to_f32())
-                .collect(),
+                .try_collect_vec()?,
         ),
-        DType::I64 => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
+        DType::I64 => TensorData::I64(
+            chunks::<8>(data)
+                .map(i64::from_le_bytes)
+                .try_collect_vec()?,
+        ),
         // The runtime keeps uint64 in int64 storage, bit for bit (docs/conformance.md).
-        DType::U64 => TensorData::I64(chunks::<8>(data).map(i64::from_le_bytes).collect()),
-        DType::I32 => TensorData::I32(chunks::<4>(data).map(i32::from_le_bytes).collect()),
+        DType::U64 => TensorData::I64(
+            chunks::<8>(data)
+                .map(i64::from_le_bytes)
+                .try_collect_vec()?,
+        ),
+        DType::I32 => TensorData::I32(
+            chunks::<4>(data)
+                .map(i32::from_le_bytes)
+                .try_collect_vec()?,
+        ),
         DType::I16 => TensorData::I64(
             chunks::<2>(data)
                 .map(|b| i16::from_le_bytes(b) as i64)
-                .collect(),
+                .try_collect_vec()?,
         ),
-        DType::I8 => TensorData::I64(data.iter().map(|&b| b as i8 as i64).collect()),
-        DType::U8 => TensorData::I64(data.iter().map(|&b| b as i64).collect()),
+        DType::I8 => TensorData::I64(data.iter().map(|&b| b as i8 as i64).try_collect_vec()?),
+        DType::U8 => TensorData::I64(data.iter().map(|&b| b as i64).try_collect_vec()?),
         DType::U16 => TensorData::I64(
             chunks::<2>(data)
                 .map(|b| u16::from_le_bytes(b) as i64)
-                .collect(),
+                .try_collect_vec()?,
         ),
         DType::U32 => TensorData::I64(
             chunks::<4>(data)
                 .map(|b| u32::from_le_bytes(b) as i64)
-                .collect(),
+                .try_collect_vec()?,
         ),
         DType::I4 | DType::U4 => TensorData::I64(
             data.iter()
                 .map(|&b| wrap_4bit(i64::from(b & 0x0f), stored == DType::I4))
-                .collect(),
+                .try_collect_vec()?,
         ),
         DType::Bool => {
             if data.iter().any(|&b| b > 1) {
-                return None;
+                return Err("invalid data: a bool that is neither 0 nor 1".into());
             }
-            TensorData::Bool(data.iter().map(|&b| b == 1).collect())
+            TensorData::Bool(data.iter().map(|&b| b == 1).try_collect_vec()?)
         }
-        DType::String => TensorData::String(decode_unicode(size / 4, data)?),
-        one_byte_float => TensorData::F32(
-            data.iter()
-                .map(|&b| byte_to_float(one_byte_float, b))
-                .collect::<Option<_>>()?,
-        ),
+        DType::String => TensorData::String(decode_unicode(size / 4, data).ok_or("invalid data")?),
+        one_byte_float => {
+            if data
+                .iter()
+                .any(|&b| byte_to_float(one_byte_float, b).is_none())
+            {
+                return Err("invalid data".into());
+            }
+            TensorData::F32(
+                data.iter()
+                    .map(|&b| byte_to_float(one_byte_float, b).unwrap_or(f32::NAN))
+                    .try_collect_vec()?,
+            )
+        }
     })
 }
+
+/// `collect()` into a vector whose allocation may fail with an error instead of an abort.
+trait TryCollectVec: ExactSizeIterator + Sized {
+    fn try_collect_vec(self) -> Result<Vec<Self::Item>, String> {
+        crate::tensor::try_collect(self.len(), self)
+    }
+}
+
+impl<I: ExactSizeIterator> TryCollectVec for I {}
 
 struct Header {
     descr: String,

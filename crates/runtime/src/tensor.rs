@@ -407,7 +407,7 @@ impl HostTensor {
     }
 
     /// Joins tensors of one dtype along axis 0 (micro-batch outputs back into a batch).
-    pub fn concat_axis0(parts: &[HostTensor]) -> Result<HostTensor, String> {
+    pub fn concat_axis0(parts: &[&HostTensor]) -> Result<HostTensor, String> {
         let first = parts.first().ok_or("nothing to concatenate")?;
         if first.rank() == 0 {
             return Err("a scalar has no axis 0 to join along".into());
@@ -430,7 +430,7 @@ impl HostTensor {
         shape[0] = rows;
         macro_rules! join {
             ($variant:ident) => {{
-                let mut out = try_with_capacity(parts.iter().map(HostTensor::len).sum())?;
+                let mut out = try_with_capacity(parts.iter().map(|p| p.len()).sum())?;
                 for p in parts {
                     if let TensorData::$variant(v) = &p.data {
                         out.extend_from_slice(v);
@@ -466,7 +466,7 @@ mod tests {
         let a = t.slice_axis0(0, 1).unwrap();
         let b = t.slice_axis0(1, 2).unwrap();
         assert_eq!(b.to_i64_vec(), vec![3, 4, 5, 6]);
-        assert_eq!(HostTensor::concat_axis0(&[a, b]).unwrap(), t);
+        assert_eq!(HostTensor::concat_axis0(&[&a, &b]).unwrap(), t);
         assert!(t.slice_axis0(2, 2).is_err());
     }
 

@@ -12,7 +12,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use onnx_protobuf::{Message, ModelProto, TensorProto};
 
 use super::tensor::{HostTensor, TensorData};
@@ -32,28 +31,14 @@ impl Weights {
     /// Reads every parameter of `graph` from the model file it was loaded from (`model_path`)
     /// and its external-data files.
     pub fn load(model_path: &Path, graph: &Graph) -> Result<Weights, Error> {
-        let io = |source| Error::Io {
-            path: model_path.to_path_buf(),
-            source,
-        };
-        let file = File::open(model_path).map_err(io)?;
-        // SAFETY: read-only map used only during this call; see `onnx::load_model`.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Weights::from_model_bytes(&map, graph)
+        Weights::from_model_bytes(&pipecut_ir::io::read_model_bytes(model_path)?, graph)
     }
 
     /// Reads the parameters of `graph` stored inside the model file (`model_path`), leaving out
     /// those in external data: for a rewrite that reads only parts of those
     /// ([`pipecut_ir::onnx::export::rank_data`]).
     pub fn load_embedded(model_path: &Path, graph: &Graph) -> Result<Weights, Error> {
-        let io = |source| Error::Io {
-            path: model_path.to_path_buf(),
-            source,
-        };
-        let file = File::open(model_path).map_err(io)?;
-        // SAFETY: as in `load`.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Weights::decode(&map, graph, false)
+        Weights::decode(&pipecut_ir::io::read_model_bytes(model_path)?, graph, false)
     }
 
     /// Reads every parameter of `graph` from the model's protobuf bytes.
@@ -84,7 +69,7 @@ impl Weights {
                 sources.insert(out, literal);
             }
         }
-        let mut mapped = MappedFiles::default();
+        let mut external_reads = ExternalReads::default();
         let mut by_tensor = HashMap::new();
         for (id, tensor) in graph.parameters() {
             let Some(param) = tensor.param() else {
@@ -105,8 +90,8 @@ impl Weights {
                     offset,
                     length,
                 } => {
-                    let raw = mapped.slice(&tensor.name, path, *offset, *length)?;
-                    decode_raw(proto, raw)
+                    let raw = external_reads.slice(&tensor.name, path, *offset, *length)?;
+                    decode_raw(proto, &raw)
                 }
                 Storage::Embedded => decode_inline(proto),
                 Storage::Declared => Err(format!(
@@ -238,42 +223,48 @@ fn constant_tensor(node: &onnx_protobuf::NodeProto) -> Option<TensorProto> {
     Some(t)
 }
 
+/// The external-data files a load reads, each opened once. Slices are read, not mapped: a
+/// weight file truncated during the load is an error naming it, never a `SIGBUS`.
 #[derive(Default)]
-struct MappedFiles {
-    maps: HashMap<PathBuf, Mmap>,
+struct ExternalReads {
+    files: HashMap<PathBuf, File>,
 }
 
-impl MappedFiles {
+impl ExternalReads {
     fn slice(
         &mut self,
         tensor: &str,
         path: &Path,
         offset: u64,
         length: u64,
-    ) -> Result<&[u8], Error> {
+    ) -> Result<Vec<u8>, Error> {
         let fail = |detail: String| Error::ExternalData {
             tensor: tensor.to_string(),
             location: path.display().to_string(),
             detail,
         };
-        if !self.maps.contains_key(path) {
+        if !self.files.contains_key(path) {
             let file = File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
-            // SAFETY: read-only map of a weight file for the life of the load; a concurrent
-            // truncation would fault the reader, as with any reader of a file being replaced.
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| fail(format!("cannot map: {e}")))?;
-            self.maps.insert(path.to_path_buf(), map);
+            self.files.insert(path.to_path_buf(), file);
         }
-        let map = &self.maps[path];
+        let file = &self.files[path];
         let end = offset
             .checked_add(length)
             .ok_or_else(|| fail("offset + length overflows".into()))?;
-        if end > map.len() as u64 {
+        let file_len = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot read: {e}")))?
+            .len();
+        if end > file_len {
             return Err(fail(format!(
-                "needs bytes {offset}..{end} but the file has {} bytes",
-                map.len()
+                "needs bytes {offset}..{end} but the file has {file_len} bytes"
             )));
         }
-        Ok(&map[offset as usize..end as usize])
+        pipecut_ir::io::read_range(file, offset, length).map_err(|e| {
+            fail(format!(
+                "cannot read bytes {offset}..{end} (was the file changed meanwhile?): {e}"
+            ))
+        })
     }
 }
 
@@ -448,7 +439,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.bin");
         std::fs::write(&path, [0u8; 16]).unwrap();
-        let mut files = MappedFiles::default();
+        let mut files = ExternalReads::default();
         assert_eq!(files.slice("w", &path, 8, 8).unwrap().len(), 8);
         let err = files.slice("w", &path, 12, 8).unwrap_err().to_string();
         assert!(err.contains("needs bytes 12..20"), "{err}");

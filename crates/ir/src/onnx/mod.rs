@@ -14,10 +14,7 @@ mod scopes;
 pub mod shape;
 pub mod tensor;
 
-use std::fs::File;
 use std::path::Path;
-
-use memmap2::Mmap;
 
 use crate::Error;
 
@@ -26,25 +23,22 @@ pub use model::{Digests, MissingExternalData, Model};
 pub use opset::{NEWEST_KNOWN_OPSET, SUPPORTED_DEFAULT_OPSETS};
 
 /// Loads an ONNX model from a file; external data is resolved against the file's directory.
+/// The file is read whole, not mapped (see [`crate::io::read_model_bytes`]): a model truncated
+/// while it loads is an error, never a `SIGBUS`.
 pub fn load_model(path: impl AsRef<Path>) -> Result<Model, Error> {
     let path = path.as_ref();
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    // Only a regular file: a directory would fail to map with "No such device", a FIFO with no
-    // writer would block forever, and a pipe cannot be mapped at all.
-    let file: File = crate::io::open_regular(path).map_err(|detail| Error::Input {
-        what: "model".into(),
-        path: path.to_path_buf(),
-        detail: if detail.contains("not a regular file") {
-            format!("{detail}; save the model to a file first")
-        } else {
-            detail
-        },
+    // Only a regular file: a directory cannot be read whole, a FIFO with no writer would block
+    // forever.
+    let bytes = crate::io::read_model_bytes(path).map_err(|e| match e {
+        Error::Input { what, path, detail } if detail.contains("not a regular file") => {
+            Error::Input {
+                what,
+                path,
+                detail: format!("{detail}; save the model to a file first"),
+            }
+        }
+        e => e,
     })?;
-    let len = file.metadata().map_err(io)?.len();
-    let origin = path.display().to_string();
     let base_dir = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")
@@ -53,14 +47,7 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model, Error> {
         }
         .to_path_buf()
     });
-    if len == 0 {
-        return load::decode_model(&[], &origin, base_dir);
-    }
-    // SAFETY: the map is read-only and lives only for this call. If another process truncates
-    // the file meanwhile, reads fault, as they would for any reader of a file being replaced;
-    // mapping avoids holding a second copy of a multi-gigabyte protobuf in memory.
-    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    load::decode_model(&map, &origin, base_dir)
+    load::decode_model(&bytes, &path.display().to_string(), base_dir)
 }
 
 /// Loads an ONNX model from bytes (for embedding). External data, if the model has any, is

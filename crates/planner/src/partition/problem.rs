@@ -27,12 +27,7 @@ use pipecut_cost::model::{per_node_on_threads, tensor_bytes};
 use pipecut_cost::{Cluster, CostModel, Mode, UnknownOpCost};
 use pipecut_ir::graph::{Graph, NodeId, TensorOrigin};
 
-/// The largest whole-model time per micro-batch that measured node times may add up to: 10^12 s
-/// (about 31,700 years). Any real model is many orders of magnitude below it, so a larger total
-/// is a unit mistake or hostile input; and it keeps every figure derived from stage times (steps
-/// of up to [`crate::schedule::MAX_MICROBATCHES`] micro-batches over thousands of stages,
-/// throughputs, ratios) finite and representable in the plan's JSON.
-pub const MAX_TOTAL_SECS: f64 = 1e12;
+pub use pipecut_cost::measured::MAX_TOTAL_SECS;
 
 /// Identifies a pipeline stage: its position in the pipeline, 0-based.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -556,9 +556,11 @@ fn check_parallelism(
                 ));
             }
             let group = p.tensor_parallel.degree.max(1);
-            if device as usize + group as usize > cluster.device_count() {
+            let last = DeviceId(device.saturating_add(group - 1));
+            if cluster.node_of(last) != cluster.node_of(DeviceId(device)) {
                 return bad(format!(
-                    "replica {r} puts stage {s} on the {group} devices from {device}, the cluster has {}",
+                    "replica {r} puts stage {s} on the {group} devices from {device}, which are not \
+                     inside one node of the cluster ({} devices; a tensor-parallel group sits in one node)",
                     cluster.device_count()
                 ));
             }
@@ -759,6 +761,51 @@ impl Plan {
         text
     }
 
+    /// Refuses a plan with a figure that is not a finite number: JSON would write it as `null`,
+    /// which `check` then refuses. Called before any plan is written or returned, so that an
+    /// input the loaders let through yields an error, never such a plan.
+    pub fn ensure_finite(&self) -> Result<(), Error> {
+        let summary = &self.summary;
+        let mut figures: Vec<(String, f64)> = vec![
+            ("summary.bottleneck_secs".into(), summary.bottleneck_secs),
+            ("summary.lower_bound_secs".into(), summary.lower_bound_secs),
+            ("summary.gap".into(), summary.gap),
+            (
+                "summary.microbatches_per_sec".into(),
+                summary.microbatches_per_sec,
+            ),
+        ];
+        for stage in &self.stages {
+            let at = |field: &str| format!("stages[{}].{field}", stage.stage);
+            figures.extend([
+                (at("compute_secs"), stage.compute_secs),
+                (at("receive_secs"), stage.receive_secs),
+                (at("gradient_receive_secs"), stage.gradient_receive_secs),
+                (at("stage_secs"), stage.stage_secs),
+            ]);
+            for received in &stage.received {
+                figures.push((at("received.transfer_secs"), received.transfer_secs));
+            }
+        }
+        if let Some(p) = &self.parallelism {
+            figures.extend([
+                ("parallelism.pipeline_secs".into(), p.pipeline_secs),
+                ("parallelism.step_secs".into(), p.step_secs),
+                ("parallelism.samples_per_sec".into(), p.samples_per_sec),
+                ("parallelism.bubble_fraction".into(), p.bubble_fraction),
+            ]);
+            for (s, secs) in p.allreduce_secs.iter().enumerate() {
+                figures.push((format!("parallelism.allreduce_secs[{s}]"), *secs));
+            }
+        }
+        match figures.into_iter().find(|(_, value)| !value.is_finite()) {
+            Some((field, value)) => Err(Error::InvalidPlan(format!(
+                "the plan's {field} came out as {value}: refusing to write it (are the node times or device profiles in the right units?)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// [`Self::to_json`]'s bytes, written to `out` as they are made: a million-node plan is
     /// 46 MB, which then never exists whole in memory.
     pub fn write_json(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
@@ -784,9 +831,24 @@ impl Plan {
     pub fn from_json(text: &str) -> Result<Plan, Error> {
         // Read the version first, so that a future plan is refused for its version, not for
         // the fields this build does not know.
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| Error::InvalidPlan(format!("not JSON: {e}")))?;
-        match value.get("schema_version").and_then(|v| v.as_u64()) {
+        // Only the fields the version rules need, every other value skipped: a `Value` of the
+        // whole document took several times the memory of the plan it then became.
+        #[derive(serde::Deserialize)]
+        struct Head {
+            schema_version: Option<serde_json::Value>,
+            parallelism: Option<serde::de::IgnoredAny>,
+            model: Option<HeadModel>,
+        }
+        #[derive(serde::Deserialize)]
+        struct HeadModel {
+            graph_sha256: Option<serde::de::IgnoredAny>,
+            weights_sha256: Option<serde::de::IgnoredAny>,
+        }
+        let head: Head = serde_json::from_str(text).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => Error::InvalidPlan(e.to_string()),
+            _ => Error::InvalidPlan(format!("not JSON: {e}")),
+        })?;
+        match head.schema_version.as_ref().and_then(|v| v.as_u64()) {
             None => {
                 return Err(Error::InvalidPlan(
                     "no schema_version: this is not a pipecut plan".into(),
@@ -800,15 +862,19 @@ impl Plan {
             Some(0) => {
                 return Err(Error::InvalidPlan("schema_version 0 does not exist".into()));
             }
-            Some(1) if value.get("parallelism").is_some() => {
+            Some(1) if head.parallelism.is_some() => {
                 return Err(Error::InvalidPlan(
                     "a schema_version 1 plan has no parallelism section (it came with version 2)"
                         .into(),
                 ));
             }
             Some(version) if version >= 3 => {
-                for field in ["graph_sha256", "weights_sha256"] {
-                    if value["model"].get(field).is_none() {
+                let model = head.model.as_ref();
+                for (field, present) in [
+                    ("graph_sha256", model.is_some_and(|m| m.graph_sha256.is_some())),
+                    ("weights_sha256", model.is_some_and(|m| m.weights_sha256.is_some())),
+                ] {
+                    if !present {
                         return Err(Error::InvalidPlan(format!(
                             "a schema_version {version} plan names its model by model.{field}, which this one lacks"
                         )));
@@ -818,7 +884,7 @@ impl Plan {
             Some(_) => {}
         }
         let plan: Plan =
-            serde_json::from_value(value).map_err(|e| Error::InvalidPlan(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| Error::InvalidPlan(e.to_string()))?;
         for (name, value) in &plan.model.values {
             value.validate(name)?;
         }
@@ -883,6 +949,8 @@ impl Plan {
         cluster: &Cluster,
     ) -> Result<(PartitionProblem, Vec<StageId>), Error> {
         let devices = self.stage_devices(cluster)?;
+        // Before sharding: the tensor-parallel groups must be devices of the cluster.
+        self.check_parallelism_section(cluster)?;
         let mut problem = PartitionProblem::new(graph, cluster, &devices, self.settings())?;
         let tensor_parallel = self.parallelism.as_ref().map(|p| p.tensor_parallel);
         if let (Some(tp), Some(&first)) = (tensor_parallel, devices.first()) {
@@ -1029,7 +1097,6 @@ impl Plan {
                 "{broken}; drop the tensor from config.cut_constraints to allow that cut"
             )));
         }
-        self.check_parallelism_section(&cluster)?;
         let eval = problem.evaluate(&assignment);
         for (s, actual) in eval.stages.iter().enumerate() {
             if !actual.fits() {

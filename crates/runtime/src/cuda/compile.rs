@@ -87,9 +87,16 @@ pub fn supported_archs() -> Result<Vec<u32>, Error> {
     Ok(archs)
 }
 
+/// The integrated (Jetson and Drive) GPUs' architectures: Tegra X1 (5.3), X2 (6.2), Xavier
+/// (7.2), Orin (8.7), Thor (10.1, 11.0 from CUDA 13). Their SASS is built for those chips; a
+/// discrete GPU of the same major version (sm_89, sm_103) gets the discrete family's CUBIN.
+const INTEGRATED_ARCHS: [u32; 6] = [53, 62, 72, 87, 101, 110];
+
 /// Which image to make for a device of compute capability `arch` (major · 10 + minor) with an
 /// NVRTC that knows `supported`: its own CUBIN, else a CUBIN of the same major version no newer
-/// than it (binary compatible), else PTX for the newest known one when the GPU is newer.
+/// than it (binary compatible) and not an integrated GPU's ([`INTEGRATED_ARCHS`]: sm_103 got
+/// Jetson Thor's sm_101 rather than sm_100), else PTX for the newest known one when the GPU is
+/// newer.
 pub fn image_for(arch: u32, supported: &[u32]) -> Result<ImageKind, String> {
     if supported.contains(&arch) {
         return Ok(ImageKind::Cubin(arch));
@@ -97,7 +104,7 @@ pub fn image_for(arch: u32, supported: &[u32]) -> Result<ImageKind, String> {
     if let Some(&same_major) = supported
         .iter()
         .rev()
-        .find(|&&a| a / 10 == arch / 10 && a <= arch)
+        .find(|&&a| a / 10 == arch / 10 && a <= arch && !INTEGRATED_ARCHS.contains(&a))
     {
         return Ok(ImageKind::Cubin(same_major));
     }
@@ -346,5 +353,18 @@ mod tests {
         // A GPU newer than this NVRTC knows gets PTX its (newer) driver can JIT.
         assert_eq!(image_for(130, &known), Ok(ImageKind::Ptx(120)));
         assert!(image_for(35, &known).unwrap_err().contains("sm_35"));
+    }
+
+    /// A discrete GPU never gets an integrated GPU's SASS of the same major version: B300
+    /// (sm_103) runs B200's sm_100, not Jetson Thor's sm_101; an sm_89 without its own CUBIN
+    /// runs sm_86, not Orin's sm_87. The integrated GPUs keep their own.
+    #[test]
+    fn discrete_gpus_skip_integrated_gpus_cubins() {
+        let known = [75, 80, 86, 87, 90, 100, 101, 120];
+        assert_eq!(image_for(103, &known), Ok(ImageKind::Cubin(100)));
+        assert_eq!(image_for(89, &known), Ok(ImageKind::Cubin(86)));
+        assert_eq!(image_for(101, &known), Ok(ImageKind::Cubin(101)));
+        assert_eq!(image_for(87, &known), Ok(ImageKind::Cubin(87)));
+        assert_eq!(image_for(121, &known), Ok(ImageKind::Cubin(120)));
     }
 }

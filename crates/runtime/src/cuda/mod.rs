@@ -567,9 +567,38 @@ impl<'a> CudaExecutor<'a> {
     }
 }
 
-/// Ops whose device kernels call cuBLAS.
-fn runs_gemm(op_type: &str) -> bool {
-    matches!(op_type, "MatMul" | "Gemm" | "Conv" | "ConvTranspose")
+/// The ops whose device kernels call cuBLAS (`Gpu::gemm`, `gemm_views`, `conv_gemm_views`):
+/// `ops.rs` (MatMul, Gemm), `window_ops.rs` (Conv, ConvTranspose), `attention.rs` and
+/// `ms_attention.rs` (Attention in both domains), `recurrent.rs` (RNN, GRU, LSTM), `nbits.rs`
+/// (MatMulNBits), `layout_ops.rs` (AffineGrid). Fused steps multiply only where a MatMul was.
+/// `every_kernel_calling_cublas_is_in_the_gate` checks the list against those sources.
+const CUBLAS_OPS: [&str; 10] = [
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "ConvTranspose",
+    "Attention",
+    "RNN",
+    "GRU",
+    "LSTM",
+    "MatMulNBits",
+    "AffineGrid",
+];
+
+/// Whether `node` may call cuBLAS: its own kernel does, or a node in one of its subgraphs (an
+/// `If` branch, a `Loop` or `Scan` body), at any depth. The stage's cuBLAS set-up (workspace,
+/// TF32, warm-up) hangs on this: gated on four op names, Attention, the RNNs, MatMulNBits and
+/// products inside control flow ran without them.
+fn calls_cublas(node: &pipecut_ir::graph::Node) -> bool {
+    use pipecut_ir::graph::Attribute;
+    let in_body =
+        |body: &pipecut_ir::graph::Subgraph| body.body.nodes().any(|(_, n)| calls_cublas(n));
+    CUBLAS_OPS.contains(&node.op_type.as_str())
+        || node.attributes.values().any(|a| match a {
+            Attribute::Graph(body) => in_body(body),
+            Attribute::Graphs(bodies) => bodies.iter().any(in_body),
+            _ => false,
+        })
 }
 
 /// A workspace of our own for the stage's cuBLAS handle, as NVIDIA recommends for Hopper
@@ -672,10 +701,7 @@ impl Executor for CudaExecutor<'_> {
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| {
             Self::stage_error(spec.index, format!("cannot create a cuBLAS handle: {e:?}"))
         })?;
-        let multiplies = spec
-            .nodes
-            .iter()
-            .any(|&n| runs_gemm(&graph.node(n).op_type));
+        let multiplies = spec.nodes.iter().any(|&n| calls_cublas(graph.node(n)));
         let blas_workspace = if multiplies {
             let workspace = give_cublas_a_workspace(&stream, &blas)
                 .map_err(|e| Self::stage_error(spec.index, format!("cuBLAS workspace: {e}")))?;
@@ -1185,6 +1211,102 @@ mod tests {
     impl<T: Sync> Probe<T> {
         #[allow(dead_code)]
         const IS_SYNC: bool = true;
+    }
+
+    /// The CUDA sources that multiply through cuBLAS, and the ops they serve, all in
+    /// [`CUBLAS_OPS`]; a file here that stops calling `gemm` fails, so the list is kept honest.
+    #[test]
+    fn every_kernel_calling_cublas_is_in_the_gate() {
+        let sources = [
+            ("ops.rs", include_str!("ops.rs"), &["MatMul", "Gemm"][..]),
+            (
+                "window_ops.rs",
+                include_str!("window_ops.rs"),
+                &["Conv", "ConvTranspose"],
+            ),
+            ("attention.rs", include_str!("attention.rs"), &["Attention"]),
+            (
+                "ms_attention.rs",
+                include_str!("ms_attention.rs"),
+                &["Attention"],
+            ),
+            (
+                "recurrent.rs",
+                include_str!("recurrent.rs"),
+                &["RNN", "GRU", "LSTM"],
+            ),
+            ("nbits.rs", include_str!("nbits.rs"), &["MatMulNBits"]),
+            (
+                "layout_ops.rs",
+                include_str!("layout_ops.rs"),
+                &["AffineGrid"],
+            ),
+            ("fuse.rs", include_str!("fuse.rs"), &["MatMul"]),
+        ];
+        for (file, text, ops) in sources {
+            assert!(
+                text.contains("gemm"),
+                "{file} no longer calls cuBLAS: update the gate"
+            );
+            for op in ops {
+                assert!(CUBLAS_OPS.contains(op), "{op} ({file}) calls cuBLAS");
+            }
+        }
+    }
+
+    /// The gate looks into subgraphs at any depth and knows the products beyond MatMul, Gemm
+    /// and Conv.
+    #[test]
+    fn cublas_set_up_follows_attention_rnns_nbits_and_control_flow_bodies() {
+        use pipecut_ir::graph::{Attribute, Graph, NodeSpec, Subgraph};
+        let node = |op: &str, attributes: Vec<(&str, Attribute)>| {
+            let mut node = crate::kernels::test_util::node(op, attributes);
+            node.domain = String::new();
+            node
+        };
+        for op in [
+            "Attention",
+            "LSTM",
+            "GRU",
+            "RNN",
+            "MatMulNBits",
+            "MatMul",
+            "Conv",
+        ] {
+            assert!(calls_cublas(&node(op, vec![])), "{op}");
+        }
+        assert!(!calls_cublas(&node("Relu", vec![])));
+        let body = |op: &str| {
+            let mut b = Graph::builder("body");
+            b.input("a", None, None).unwrap();
+            b.input("b", None, None).unwrap();
+            b.node(NodeSpec::new("inner", op, &["a", "b"], &["c"]))
+                .unwrap();
+            b.output("c");
+            Subgraph {
+                name: "body".into(),
+                node_count: 1,
+                outputs: Vec::new(),
+                body: Arc::new(b.build_subgraph().unwrap()),
+                formal_inputs: 0,
+            }
+        };
+        let branch = |op: &str| {
+            node(
+                "If",
+                vec![
+                    ("then_branch", Attribute::Graph(body(op))),
+                    ("else_branch", Attribute::Graph(body("Add"))),
+                ],
+            )
+        };
+        assert!(calls_cublas(&branch("MatMul")));
+        assert!(!calls_cublas(&branch("Mul")));
+        let nested = node(
+            "Loop",
+            vec![("body", Attribute::Graphs(vec![body("Gemm")]))],
+        );
+        assert!(calls_cublas(&nested));
     }
 
     #[test]

@@ -189,23 +189,8 @@ fn softmax(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let rank = shape.len().max(1);
     let legacy = ctx.opset < 13;
     let axis = normalize_axis(ctx.int("axis", if legacy { 1 } else { -1 }), rank)?;
-    let (outer, n, inner) = if legacy {
-        // Before opset 13 the input is coerced to 2-D at `axis`.
-        (
-            shape[..axis].iter().product::<usize>(),
-            shape[axis..].iter().product::<usize>(),
-            1,
-        )
-    } else {
-        (
-            shape[..axis].iter().product::<usize>(),
-            shape.get(axis).copied().unwrap_or(1),
-            shape[axis.min(shape.len())..]
-                .iter()
-                .skip(1)
-                .product::<usize>(),
-        )
-    };
+    // Before opset 13 the input is coerced to 2-D at `axis`.
+    let (outer, n, inner) = super::indexing::fibres(shape, axis, legacy);
     let log = ctx.node.op_type == "LogSoftmax";
     let mut out = v.to_vec();
     if inner == 1 {
@@ -249,6 +234,23 @@ fn softmax_row(row: &mut [f32], log: bool) {
 mod tests {
     use super::super::test_util::{assert_close, f, run, run_opset};
     use pipecut_ir::graph::Attribute;
+
+    /// An empty tensor whose other dims multiply past `usize` (`[4, 2^62, 0]`) has no rows to
+    /// normalise: Softmax panicked on the product of the dims before the axis.
+    #[test]
+    fn softmax_family_of_an_empty_tensor_with_a_huge_dim_is_empty() {
+        let shape = [4, 1usize << 62, 0];
+        let x = f(&shape, &[]);
+        for op in ["Softmax", "LogSoftmax", "Hardmax"] {
+            for opset in [11, 17] {
+                for axis in [-1, 0, 1, 2] {
+                    let out = run_opset(op, opset, vec![("axis", Attribute::Int(axis))], &[&x]);
+                    assert_eq!(out[0].shape(), shape, "{op} opset {opset} axis {axis}");
+                    assert!(out[0].as_f32().unwrap().is_empty());
+                }
+            }
+        }
+    }
 
     #[test]
     fn softmax_over_last_axis_and_legacy_coercion() {

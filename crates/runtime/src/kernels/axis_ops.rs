@@ -17,21 +17,6 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["LpPool"], super::pool_nd::pool_nd);
 }
 
-/// `(outer, axis length, inner)` of the fibres the op maps; before opset 13 Hardmax flattens
-/// everything from `axis` on into one fibre.
-fn fibres(x: &HostTensor, axis: usize, flatten_tail: bool) -> (usize, usize, usize) {
-    let outer: usize = x.shape()[..axis].iter().product();
-    if flatten_tail {
-        (outer, x.shape()[axis..].iter().product(), 1)
-    } else {
-        (
-            outer,
-            x.shape()[axis],
-            x.shape()[axis + 1..].iter().product(),
-        )
-    }
-}
-
 /// Applies `f` to every fibre (gathered into a contiguous buffer) and scatters the result back.
 fn map_fibres(
     values: &[f32],
@@ -59,19 +44,23 @@ fn hardmax(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let legacy = ctx.opset < 13;
     let axis = normalize_axis(ctx.int("axis", if legacy { 1 } else { -1 }), x.rank())?;
-    let out = map_fibres(x.as_f32()?, fibres(x, axis, legacy), |fibre| {
-        let first_max = fibre
-            .iter()
-            .enumerate()
-            .fold(None, |best: Option<(usize, f32)>, (k, &v)| match best {
-                Some((_, b)) if v <= b => best,
-                _ => Some((k, v)),
-            })
-            .map(|(k, _)| k);
-        for (k, v) in fibre.iter_mut().enumerate() {
-            *v = if Some(k) == first_max { 1.0 } else { 0.0 };
-        }
-    });
+    let out = map_fibres(
+        x.as_f32()?,
+        super::indexing::fibres(x.shape(), axis, legacy),
+        |fibre| {
+            let first_max = fibre
+                .iter()
+                .enumerate()
+                .fold(None, |best: Option<(usize, f32)>, (k, &v)| match best {
+                    Some((_, b)) if v <= b => best,
+                    _ => Some((k, v)),
+                })
+                .map(|(k, _)| k);
+            for (k, v) in fibre.iter_mut().enumerate() {
+                *v = if Some(k) == first_max { 1.0 } else { 0.0 };
+            }
+        },
+    );
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
 
@@ -82,18 +71,22 @@ fn lp_normalization(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     if p != 1 && p != 2 {
         return Err(format!("p must be 1 or 2, got {p}"));
     }
-    let out = map_fibres(x.as_f32()?, fibres(x, axis, false), |fibre| {
-        let norm = if p == 1 {
-            fibre.iter().map(|v| v.abs() as f64).sum::<f64>()
-        } else {
-            fibre
-                .iter()
-                .map(|&v| (v as f64).powi(2))
-                .sum::<f64>()
-                .sqrt()
-        } as f32;
-        fibre.iter_mut().for_each(|v| *v /= norm);
-    });
+    let out = map_fibres(
+        x.as_f32()?,
+        super::indexing::fibres(x.shape(), axis, false),
+        |fibre| {
+            let norm = if p == 1 {
+                fibre.iter().map(|v| v.abs() as f64).sum::<f64>()
+            } else {
+                fibre
+                    .iter()
+                    .map(|&v| (v as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            } as f32;
+            fibre.iter_mut().for_each(|v| *v /= norm);
+        },
+    );
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])
 }
 

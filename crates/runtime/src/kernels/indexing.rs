@@ -18,6 +18,26 @@ pub(crate) fn checked_size(shape: &[usize]) -> Result<usize, String> {
         .ok_or_else(|| format!("shape {shape:?} holds more than {MAX_ELEMENTS} elements"))
 }
 
+/// `(outer, axis length, inner)` of the fibres along `axis` of `shape`, or with
+/// `flatten_tail` (the pre-opset-13 Softmax, Hardmax) of everything from `axis` on as one fibre.
+/// A shape with a zero dim has no fibres, `(0, 0, 0)`, however large its other dims: their
+/// product (`[4, 2^62, 0]`) would overflow, and there is nothing to map.
+pub(crate) fn fibres(shape: &[usize], axis: usize, flatten_tail: bool) -> (usize, usize, usize) {
+    if shape.contains(&0) {
+        return (0, 0, 0);
+    }
+    // A shape without zeros is a tensor that exists: its products fit.
+    let outer = shape[..axis].iter().product();
+    match flatten_tail {
+        true => (outer, shape[axis..].iter().product(), 1),
+        false => (
+            outer,
+            shape.get(axis).copied().unwrap_or(1),
+            shape[axis.min(shape.len())..].iter().skip(1).product(),
+        ),
+    }
+}
+
 /// Resolves a possibly negative axis against `rank`.
 pub(crate) fn normalize_axis(axis: i64, rank: usize) -> Result<usize, String> {
     let r = rank as i64;
