@@ -160,6 +160,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let report = plan
         .check(model.digests(), &model.graph, &args.profiles.catalog(&[])?)
         .with_context(|| format!("'{}'", args.plan.display()))?;
+    if let Some(note) = &report.note {
+        eprintln!("note: {}", super::escape_controls(note));
+    }
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["valid"] = serde_json::Value::Bool(true);

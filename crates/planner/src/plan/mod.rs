@@ -452,6 +452,10 @@ pub struct CheckReport {
     pub nodes: usize,
     /// The recomputed bottleneck.
     pub bottleneck_secs: f64,
+    /// Said of a claim check could neither prove again nor refute within its limit (an optimal
+    /// status whose search did not finish again and found no faster plan).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// sha256 of every device and link profile the cluster uses, by name.
@@ -1340,7 +1344,9 @@ impl Plan {
     /// Whether the status and lower bound the plan records are claims its own figures support:
     /// a bound no plan found beats, "optimal" only at a bottleneck equal to that bound, a time
     /// limit's gap equal to the summary's.
-    fn check_claims(&self, rederived: &Rederived) -> Result<(), Error> {
+    /// `Ok(Some(note))`: every claim holds but the optimal status was neither proven again nor
+    /// refuted within the limit (see [`Self::check_proof`]).
+    fn check_claims(&self, rederived: &Rederived) -> Result<Option<String>, Error> {
         let problem = &rederived.problem;
         let bad = |detail: String| Err(Error::InvalidPlan(detail));
         let summary = &self.summary;
@@ -1415,8 +1421,8 @@ impl Plan {
                 ));
             }
         }
-        self.check_proof(rederived)?;
-        match summary.status {
+        let note = self.check_proof(rederived)?;
+        let verdict = match summary.status {
             SolveStatus::Optimal if above(bottleneck, bound) => bad(format!(
                 "the status says optimal but the plan's bottleneck {bottleneck} s is above its lower bound {bound} s (gap {:.4}%): nothing it records proves it optimal; `pipecut check --rewrite` records it as hand-edited",
                 summary.gap * 100.0
@@ -1425,13 +1431,16 @@ impl Plan {
                 "the status records a gap of {gap} but the summary's is {}",
                 summary.gap
             )),
-            _ => Ok(()),
-        }
+            _ => Ok(None),
+        };
+        verdict.map(|_: Option<String>| note)
     }
 
     /// Proves an optimal status again by the proof the plan records (partition/proof.rs), and
     /// refuses a proof recorded with any other status or missing from a plan that has the field.
-    fn check_proof(&self, rederived: &Rederived) -> Result<(), Error> {
+    /// The search gets as long as the solve had (`config.time_limit_secs`), at most
+    /// `REPROVE_LIMIT`.
+    fn check_proof(&self, rederived: &Rederived) -> Result<Option<String>, Error> {
         let summary = &self.summary;
         let refuse = |why: &str| {
             Err(Error::InvalidPlan(format!(
@@ -1443,14 +1452,22 @@ impl Plan {
                 refuse("the plan records no proof (summary.proof)")
             }
             (SolveStatus::Optimal, proof) => {
-                crate::partition::proof::reprove(&rederived.problem, &rederived.assignment, proof)
-                    .or_else(|why| refuse(&why))
+                let limit = std::time::Duration::from_secs_f64(
+                    self.config.time_limit_secs.clamp(1.0, 86_400.0),
+                );
+                crate::partition::proof::reprove(
+                    &rederived.problem,
+                    &rederived.assignment,
+                    proof,
+                    limit,
+                )
+                .or_else(|why| refuse(&why))
             }
             (status, Some(_)) => Err(Error::InvalidPlan(format!(
                 "summary.proof proves an optimum but the status is {}",
                 status.describe(summary.gap)
             ))),
-            (_, None) => Ok(()),
+            (_, None) => Ok(None),
         }
     }
 
@@ -1477,11 +1494,12 @@ impl Plan {
                 "{first}{more}; `pipecut check --rewrite` recomputes every figure from the node assignment"
             )));
         }
-        self.check_claims(&rederived)?;
+        let note = self.check_claims(&rederived)?;
         Ok(CheckReport {
             stages: self.stages.len(),
             nodes: rederived.nodes,
             bottleneck_secs: rederived.plan.summary.bottleneck_secs,
+            note,
         })
     }
 
