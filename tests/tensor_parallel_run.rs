@@ -652,6 +652,8 @@ fn a_tensor_parallel_degree_beyond_the_cluster_is_refused_by_check_export_and_ru
     for degree in [3u64, 9, u32::MAX as u64] {
         let mut edited = plan.clone();
         edited["parallelism"]["tensor_parallel"]["degree"] = degree.into();
+        // The blocks' cut constraint edited alike, else check refuses the mismatch first.
+        edited["config"]["cut_constraints"]["tensor_parallel_blocks"] = degree.into();
         let edited_path = dir.path().join(format!("tp{degree}.json"));
         std::fs::write(&edited_path, edited.to_string()).unwrap();
         let edited_arg = edited_path.to_str().unwrap();
