@@ -599,24 +599,7 @@ fn every_block_the_plan_costs_split_is_split_in_the_export() {
 /// `partition --emit` does: one boundary per cut, at a numbered block, and the same plan.
 #[test]
 fn plan_cluster_emits_the_chosen_pipelines_torch_split() {
-    let args = [
-        "plan-cluster",
-        "fixtures/models/gpt2_tiny.onnx",
-        "--cluster",
-        "1x4xL4",
-        "--dim",
-        "seq=64",
-        "--global-batch",
-        "32",
-        "--mode",
-        "training",
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--tp",
-        "1",
-    ];
+    let args = training_plan_args("fixtures/models/gpt2_tiny.onnx", &[]);
     let (code, plain, err) = pipecut(&[&args[..], &["--json"]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, both, err) =
@@ -658,14 +641,14 @@ fn training_plan_args<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         "1",
         "--microbatch-sizes",
         "4",
-        "--json",
     ];
     args.extend_from_slice(extra);
     args
 }
 
+/// Runs `args` with `--json` and parses what it prints.
 fn emitted_json(args: &[&str]) -> serde_json::Value {
-    let (code, out, err) = pipecut(args);
+    let (code, out, err) = pipecut(&[args, &["--json"]].concat());
     assert_eq!(code, 0, "{err}");
     serde_json::from_str(&out).unwrap()
 }
@@ -756,8 +739,7 @@ fn hostile_module_names_in_engine_settings_stay_data() {
         .unwrap();
     assert_eq!(layers[1], format!("{hostile}.h.0"));
 
-    let mut text_args = training_plan_args(path, &["--emit", "megatron-args"]);
-    text_args.retain(|a| *a != "--json");
+    let text_args = training_plan_args(path, &["--emit", "megatron-args"]);
     let (code, out, err) = pipecut(&text_args);
     assert_eq!(code, 0, "{err}");
     let line = out
