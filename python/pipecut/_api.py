@@ -41,18 +41,19 @@ def flags(**options: Any) -> List[str]:
     for key, value in options.items():
         if value is None or value is False:
             continue
+        # `--flag=value`, one word: a value that starts with `--` stays the flag's value and
+        # can never be read as another flag (`cluster="--out=x"` must not name an output).
         if key in _PAIR_FLAGS:
             for name, item in dict(value).items():
-                out += [_PAIR_FLAGS[key], f"{name}={_text(item)}"]
+                out.append(f"{_PAIR_FLAGS[key]}={name}={_text(item)}")
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
         elif isinstance(value, (list, tuple)):
-            for item in value:
-                out += [flag, _text(item)]
+            out += [f"{flag}={_text(item)}" for item in value]
         else:
-            out += [flag, _text(value)]
+            out.append(f"{flag}={_text(value)}")
     return out
 
 

@@ -107,6 +107,13 @@ def test_errors_are_exceptions_naming_the_problem(tmp_path):
         assert "\n" not in str(err)
 
 
+def test_a_value_that_looks_like_a_flag_stays_a_value(tmp_path):
+    target = tmp_path / "written.json"
+    with pytest.raises(pipecut.BadInput):
+        pipecut.partition(GPT2_TINY, cluster=f"--out={target}", dims=DIMS)
+    assert not target.exists()
+
+
 def test_every_error_is_a_pipecut_error():
     assert issubclass(pipecut.NoAnswer, pipecut.Error)
     assert issubclass(pipecut.BadInput, pipecut.Error)
