@@ -421,7 +421,10 @@ fn the_type_baselines_regex_is_recorded_checked_and_validated() {
     let (code, stdout, stderr) = pipecut(&args("(unclosed"));
     assert_eq!(code, 2, "{stdout}");
     let first = stderr.lines().next().unwrap_or_default();
-    assert!(first.ends_with("not a regex (unclosed group)"), "{stderr}");
+    assert!(
+        first.ends_with("not a regex (found open group without closing ')')"),
+        "{stderr}"
+    );
 
     // plan-cluster gives the chosen configuration's baselines the same regex.
     let clustered = dir.path().join("cluster.json");
@@ -448,5 +451,8 @@ fn the_type_baselines_regex_is_recorded_checked_and_validated() {
     assert_eq!(plan.config.baseline_layer_type, r"H\.[01]$");
     let (code, _, stderr) = pipecut(&cluster_args("(unclosed"));
     assert_eq!(code, 2);
-    assert!(stderr.contains("not a regex (unclosed group)"), "{stderr}");
+    assert!(
+        stderr.contains("not a regex (found open group without closing ')')"),
+        "{stderr}"
+    );
 }

@@ -558,7 +558,7 @@ fn errors_are_returned_as_null_with_a_message_never_a_panic() {
             request(
                 r#"{"devices": "L4,L4", "dims": {"batch": 4}, "baseline_layer_type": "(unclosed"}"#,
             ),
-            "baseline_layer_type: not a regex (unclosed group)",
+            "baseline_layer_type: not a regex (found open group without closing ')')",
         ),
         (
             "bad headroom",

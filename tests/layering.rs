@@ -80,3 +80,29 @@ fn the_planner_compiles_no_kernel_codec_blas_or_gpu_binding() {
         "{runtime:?}"
     );
 }
+
+/// What an embedder who only plans need not compile (docs/benchmarks.md, "Builds"): the full
+/// regex engine (DeepSpeed's `type:` baseline matches layer names with `regex-lite`), the plan's
+/// JSON Schema generator (feature `schema`), the temporary-file crate of atomic outputs (feature
+/// `output` of pipecut-ir), and `half` with the `zerocopy` it requires.
+const NOT_FOR_PLANNING: &[&str] = &[
+    "regex",
+    "regex-automata",
+    "schemars",
+    "tempfile",
+    "half",
+    "zerocopy",
+];
+
+#[test]
+fn the_planner_compiles_only_what_planning_needs() {
+    assert_none("pipecut-planner", NOT_FOR_PLANNING);
+    // The check can fail: the command turns the features on.
+    let command = normal_dependencies("pipecut");
+    assert!(
+        ["schemars", "tempfile", "regex"]
+            .iter()
+            .all(|name| command.contains(*name)),
+        "{command:?}"
+    );
+}

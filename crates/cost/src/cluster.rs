@@ -47,7 +47,8 @@ pub struct Cluster {
 
 /// A cluster's layout as device and link names: the cluster file format, and how plans record
 /// the cluster they were made for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClusterLayout {
     /// Machines, each with its devices (profile names) and optionally its link name.
@@ -58,7 +59,8 @@ pub struct ClusterLayout {
 }
 
 /// One machine of a [`ClusterLayout`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeLayout {
     /// Device profile names.

@@ -29,7 +29,8 @@ pub const NODE_TIMES_SCHEMA: &str = "pipecut-node-times-v1";
 pub const NOISY_SPREAD: f64 = 0.25;
 
 /// Measured times of one model's nodes on one device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeTimes {
     /// Always [`NODE_TIMES_SCHEMA`].
@@ -45,7 +46,8 @@ pub struct NodeTimes {
 }
 
 /// How the times were taken.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Measurement {
     /// `pipecut-cpu`, `onnxruntime:CPUExecutionProvider`, …
@@ -67,7 +69,8 @@ pub struct Measurement {
 }
 
 /// Which model, at which dims.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredModel {
     /// sha256 of the graph without initializer bytes (as plans record it); empty when unknown
@@ -78,7 +81,8 @@ pub struct MeasuredModel {
 }
 
 /// One node's measurement.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredNode {
     /// The node's name in the model.

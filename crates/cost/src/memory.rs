@@ -12,19 +12,9 @@ use pipecut_ir::graph::{Graph, TensorId};
 
 /// Pipeline schedules whose activation memory the model knows.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    Default,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
     /// All forwards, then all backwards (Huang et al. 2019): every micro-batch's activations

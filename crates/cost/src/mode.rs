@@ -6,7 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 /// Inference or training, with the training-only parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum Mode {
     /// Forward passes only.
@@ -82,19 +83,9 @@ impl Mode {
 /// score tensors (the s × s products, their scaling, masking and softmax), the largest
 /// activations for the least compute, and recomputes them before the backward.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Default,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// Keep every activation of every micro-batch in flight.
@@ -150,19 +141,8 @@ impl std::str::FromStr for Recompute {
 /// replace the gradient all-reduce by a reduce-scatter and an all-gather of the same volume;
 /// stage 3 also all-gathers the weights before the forward and again before the backward,
 /// 1.5 times the all-reduce's volume (the paper's 3Ψ against 2Ψ).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ZeroSharding {
     /// 0 (none), 1, 2 or 3.

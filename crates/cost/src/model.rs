@@ -9,9 +9,8 @@ use crate::Error;
 use pipecut_ir::graph::{Attribute, Graph, Node, NodeId, Subgraph};
 
 /// What to do with an op the cost model has no rule for.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownOpCost {
     /// Refuse, naming the op (the default: a silent guess would skew the plan).
@@ -51,9 +50,8 @@ pub struct NodeCost {
 
 /// The precision a model is costed at when `--dtype` overrides the file's (see
 /// [`pipecut_ir::graph::Graph::override_float_dtype`]).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
     /// bfloat16.

@@ -38,7 +38,7 @@ pub const DEFAULT_LAYER_TYPE: &str = r"\.[0-9]+$";
 /// Checks a `type:REGEX` layer pattern before any solve: `Err` says why it is not a regex, in
 /// one line.
 pub fn check_layer_type(pattern: &str) -> Result<(), String> {
-    regex::Regex::new(pattern).map(|_| ()).map_err(|e| {
+    regex_lite::Regex::new(pattern).map(|_| ()).map_err(|e| {
         let text = e.to_string();
         let why = text.lines().last().unwrap_or_default();
         format!("not a regex ({})", why.trim_start_matches("error: "))
@@ -46,7 +46,8 @@ pub fn check_layer_type(pattern: &str) -> Result<(), String> {
 }
 
 /// The peers' methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Baseline {
     /// DeepSpeed `PipelineModule(partition_method="uniform")`: equal numbers of layers per
@@ -166,7 +167,7 @@ fn layer_param_elements(problem: &PartitionProblem, layer: &Layer) -> u64 {
 fn type_weights(layers: &[Layer], layer_type: &str) -> Result<Vec<f64>, String> {
     let lowered = layer_type.to_lowercase();
     let pattern = lowered.split(':').next().unwrap_or_default();
-    let regex = regex::RegexBuilder::new(pattern)
+    let regex = regex_lite::RegexBuilder::new(pattern)
         .case_insensitive(true)
         .build()
         .map_err(|e| format!("'{layer_type}' is not a regex: {e}"))?;

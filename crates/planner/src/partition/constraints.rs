@@ -21,7 +21,8 @@ use crate::Error;
 use pipecut_ir::graph::{Graph, NodeId};
 
 /// Which tensors a plan may not cut.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CutConstraints {
     /// Tensors whose producer and consumers share a stage (`--forbid-cut NAME`).

@@ -91,9 +91,8 @@ pub struct MilpRun {
 /// What stopped a MILP before it finished its search, each a different use of the clock: the
 /// status and the CLI say which, so that a search that ended with seconds left is never
 /// reported as stopped at the time limit.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MilpStop {
     /// It searched until the time limit.

@@ -79,7 +79,8 @@ impl std::str::FromStr for StageCount {
 }
 
 /// Whether a solution is proven optimal, and if not, what happened instead.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SolveStatus {
     /// No convex, ordered partition has a smaller bottleneck.
@@ -108,9 +109,8 @@ pub enum SolveStatus {
 }
 
 /// Why a [`SolveStatus::Heuristic`] plan is not proven optimal.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum HeuristicReason {
     /// Only the DP ran (`--solver dp`): optimal among contiguous partitions of one topological
@@ -208,7 +208,8 @@ impl SolveStatus {
 }
 
 /// The solver that produced a solution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SolverKind {
     /// The dynamic program over a topological order.
@@ -308,7 +309,8 @@ pub struct BaselineResult {
 
 /// The lower bounds a solve proved, each on its own: the plan's lower bound is the largest (or
 /// the bottleneck itself when proven optimal), and these say which proof gave it.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LowerBounds {
     /// The average work per stage, or the slowest node ([`PartitionProblem::lower_bound_secs`]).
@@ -861,6 +863,17 @@ impl<'a> Planner<'a> {
         })
     }
 
+    /// Whether the MILP runs after the DP (and the ideal search): always when chosen, never
+    /// for `--solver dp`, and for `auto` when the DP is not exact and no work budget is set.
+    fn runs_milp(&self, dp_exact: bool) -> bool {
+        match self.config.solver {
+            SolverChoice::Dp => false,
+            SolverChoice::Milp => true,
+            // The MILP has no work count: under a budget the ideal search is the last word.
+            SolverChoice::Auto => !dp_exact && self.config.work_budget.is_none(),
+        }
+    }
+
     /// The DP, then (as configured) the MILP from the DP's plan until `deadline`, on `problem`.
     /// `split`, when given, is the balanced split to start from (one that keeps the cut
     /// constraints, made when the time left could not cover their groups).
@@ -870,7 +883,6 @@ impl<'a> Planner<'a> {
         deadline: Instant,
         split: Option<dp::OrderSolution>,
     ) -> Result<Solution, Error> {
-        let budget = self.config.work_budget;
         let dp_plan = self.dp_phase(&problem, deadline, split)?;
         let mut proved = self.prove_bounds(&problem, &dp_plan, deadline);
         let k = problem.stage_count();
@@ -885,12 +897,7 @@ impl<'a> Planner<'a> {
         // A chain has one topological order, so a DP that finished saw every convex partition.
         let dp_exact = at_bound || (dp_plan.complete && is_chain(&problem));
         let search = self.config.solver == SolverChoice::Auto && !dp_exact;
-        let run_milp = match self.config.solver {
-            SolverChoice::Dp => false,
-            SolverChoice::Milp => true,
-            // The MILP has no work count: under a budget the ideal search is the last word.
-            SolverChoice::Auto => !dp_exact && budget.is_none(),
-        };
+        let run_milp = self.runs_milp(dp_exact);
         let searched = (search && Instant::now() < deadline)
             .then(|| self.search_ideals(&problem, &dp_plan.incumbent, deadline));
         // Without the time of two more DPs left (the MILP's refinement needs one, and coarsening
@@ -937,16 +944,14 @@ impl<'a> Planner<'a> {
             true => dp_plan.evaluation,
             false => problem.evaluate(&stage_of),
         };
-        let mut lower_bound_secs = proved.secs;
-        let mut proof = None;
-        if status == SolveStatus::Optimal {
-            lower_bound_secs = evaluation.bottleneck_secs;
-            proof = Some(proof::proof_of(
-                &problem,
-                evaluation.bottleneck_secs,
-                &proved.bounds,
-            ));
-        }
+        let (lower_bound_secs, proof) = match status == SolveStatus::Optimal {
+            true => {
+                let bottleneck = evaluation.bottleneck_secs;
+                let proof = proof::proof_of(&problem, bottleneck, &proved.bounds);
+                (bottleneck, Some(proof))
+            }
+            false => (proved.secs, None),
+        };
         Ok(Solution {
             status,
             lower_bound_secs: lower_bound_secs.min(evaluation.bottleneck_secs),

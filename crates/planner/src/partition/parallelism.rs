@@ -47,19 +47,8 @@ use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
 /// Where replica r's stage s runs: the tensor-parallel group of that index (one device when
 /// the group has one), whose devices are consecutive inside a node.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Placement {
     /// Device `r·K + s`: a replica's stages are neighbours in the device order.
@@ -161,19 +150,8 @@ impl SearchRequest {
 }
 
 /// One way to use the cluster: the decision variables.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ConfigurationKey {
     /// Pipeline stages K.
     pub stages: usize,

@@ -22,7 +22,8 @@ use super::{bounds, ideal_search, is_chain, milp, LowerBounds};
 pub const REPROVE_LIMIT: Duration = Duration::from_secs(60);
 
 /// The proof of an optimal plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct OptimalityProof {
     /// Which argument proves it.
@@ -33,7 +34,8 @@ pub struct OptimalityProof {
 }
 
 /// Which argument proves a plan optimal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ProofMethod {
     /// The bottleneck meets the average-work or the granularity bound (bounds.rs).

@@ -503,19 +503,8 @@ pub(crate) fn attention_score_nodes(graph: &Graph) -> Vec<NodeId> {
 
 /// A tensor-parallel layout of a stage: the degree t and whether the rest of the model is
 /// split along the sequence.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TensorParallelism {
     /// GPUs of a group, inside one node.
     pub degree: u32,

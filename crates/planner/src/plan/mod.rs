@@ -63,7 +63,8 @@ use pipecut_ir::onnx::Digests;
 pub const SCHEMA_VERSION: u32 = 9;
 
 /// A pipeline plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Format version, [`SCHEMA_VERSION`] when written by this build.
@@ -90,7 +91,8 @@ pub struct Plan {
 
 /// How the cluster is used around the pipeline: D replicas of the K stages, each replica fed
 /// `global_batch / D` samples per step in micro-batches of `dims[batch]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanParallelism {
     /// Samples per step over all replicas.
@@ -135,7 +137,8 @@ fn is_zero(stage: &u8) -> bool {
 }
 
 /// One configuration the search ranked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanAlternative {
     /// Pipeline stages K.
@@ -170,7 +173,8 @@ pub struct PlanAlternative {
 }
 
 /// Which model a plan is for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ModelIdentity {
     /// File name of the model (without directory, so plans do not depend on where it lies).
@@ -201,7 +205,8 @@ pub struct ModelIdentity {
 }
 
 /// The cluster a plan is for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ClusterIdentity {
     /// As the user gave it (`1x4xH100-SXM`, a device list, or a file name).
@@ -211,7 +216,8 @@ pub struct ClusterIdentity {
 }
 
 /// The request that produced a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanConfig {
     /// `"auto"` or the number asked for.
@@ -251,7 +257,8 @@ pub struct PlanConfig {
 }
 
 /// Measured node times a plan was costed with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredTimesUse {
     /// The device whose stages used them.
@@ -276,7 +283,8 @@ fn default_layer_type() -> String {
 }
 
 /// A device of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanDevice {
     /// Index in the cluster's node-major device order.
@@ -286,7 +294,8 @@ pub struct PlanDevice {
 }
 
 /// A tensor crossing into a stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReceivedTensor {
     /// Tensor name.
@@ -302,7 +311,8 @@ pub struct ReceivedTensor {
 }
 
 /// A tensor leaving a stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SentTensor {
     /// Tensor name.
@@ -314,7 +324,8 @@ pub struct SentTensor {
 }
 
 /// One stage of a plan. Times are per micro-batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanStage {
     /// Position in the pipeline.
@@ -358,7 +369,8 @@ pub struct PlanStage {
 }
 
 /// A baseline's result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanBaseline {
     /// Which method.
@@ -378,7 +390,8 @@ pub struct PlanBaseline {
 }
 
 /// A stage count tried by `--stages auto`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanCandidate {
     /// Stages.
@@ -392,7 +405,8 @@ pub struct PlanCandidate {
 }
 
 /// The result and its proof.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanSummary {
     /// The slowest stage's time per micro-batch.
@@ -824,6 +838,9 @@ impl Plan {
 
     /// The JSON Schema (draft 2020-12) of the plan document, generated from these types so that
     /// it cannot drift from what [`Plan::to_json`] writes; `docs/plan.schema.json` holds a copy.
+    /// Behind the feature `schema`, which the command turns on: an embedder that only plans
+    /// compiles no schema generator.
+    #[cfg(feature = "schema")]
     pub fn json_schema() -> String {
         let schema = schemars::schema_for!(Plan);
         let mut text = serde_json::to_string_pretty(&schema).expect("schemas serialize");

@@ -11,7 +11,8 @@ use crate::partition::{HeuristicReason, PartitionProblem, SolveStatus, StageId};
 use crate::Error;
 
 /// The candidates run and the one chosen.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MeasuredSelection {
     /// Counted paired rounds (after one warm-up round).
@@ -31,7 +32,8 @@ pub struct MeasuredSelection {
 
 /// A second set of paired rounds between the candidate the first rounds chose and the one
 /// measured fastest against it; the challenger replaces it only by a clear win.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Runoff {
     /// Counted paired rounds (after one warm-up round).
@@ -48,7 +50,8 @@ pub struct Runoff {
 }
 
 /// One plan that was run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SelectionCandidate {
     /// How it came about, e.g. `cost model's optimum`, `boundary 0 moved earlier across 2
@@ -72,7 +75,8 @@ pub struct SelectionCandidate {
 }
 
 /// A node on another stage in a candidate than in the plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MovedNode {
     /// Its name.

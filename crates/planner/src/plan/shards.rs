@@ -14,7 +14,8 @@ use crate::Error;
 use pipecut_ir::graph::{Graph, NodeId, TensorId};
 
 /// One stage of a tensor-parallel plan, split over its group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanStageShards {
     /// The stage.
@@ -30,7 +31,8 @@ pub struct PlanStageShards {
 }
 
 /// A block left whole on every rank.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WholeBlock {
     /// Its row linear.
@@ -40,7 +42,8 @@ pub struct WholeBlock {
 }
 
 /// One tensor-parallel rank of a stage.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanRank {
     /// Rank in the group, 0-based.
@@ -52,7 +55,8 @@ pub struct PlanRank {
 }
 
 /// A slice of a weight.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct WeightSliceEntry {
     /// The weight (initializer) name.

@@ -160,6 +160,7 @@ impl<'de> Deserialize<'de> for StageNodes {
     }
 }
 
+#[cfg(feature = "schema")]
 impl schemars::JsonSchema for StageNodes {
     fn schema_name() -> Cow<'static, str> {
         <Vec<String>>::schema_name()

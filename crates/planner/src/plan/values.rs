@@ -17,7 +17,8 @@ use crate::Error;
 use pipecut_ir::graph::{ConstValue, DType, SymInt, MAX_TRACKED_ELEMENTS};
 
 /// One graph input's sample value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PlanValue {
     /// Element type, numpy style (`int64`, `float32`, `string`, ...), as the file held it.
@@ -32,7 +33,8 @@ pub struct PlanValue {
 }
 
 /// The elements of a [`PlanValue`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum ValueData {
     /// Integer and boolean elements.
