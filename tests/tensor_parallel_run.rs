@@ -931,3 +931,47 @@ print("ok" if checked >= 8 else f"only {checked} column slices compared")
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
+
+/// The export reads a rank's slices from the model's data file by positioned reads, not a
+/// memory map: a data file truncated while the export runs is a one-line error, where a map
+/// took the process down with SIGBUS.
+#[test]
+fn a_data_file_truncated_during_an_export_is_an_error_not_a_signal() {
+    use pipecut::graph::Storage;
+    use pipecut::onnx::export::rank_data::{Cut, ExternalWeights};
+    use pipecut::partition::tensor_shard::AxisSplit;
+    let dir = tempfile::tempdir().unwrap();
+    let model = with_external_weights(dir.path());
+    let graph = pipecut::onnx::load_model(&model).unwrap().graph;
+    let mut external: Vec<_> = graph
+        .parameters()
+        .filter_map(|(id, t)| match t.param().map(|p| &p.storage) {
+            Some(Storage::External { offset, .. }) => Some((*offset, id)),
+            _ => None,
+        })
+        .collect();
+    external.sort();
+    let (first, last) = (external[0].1, external[external.len() - 1].1);
+    let whole = Cut {
+        split: AxisSplit { axis: 0, groups: 1 },
+        size: None,
+        degree: 1,
+        rank: 0,
+        zero_row: false,
+    };
+    let mut weights = ExternalWeights::default();
+    let sliced = weights.slice(&graph, first, whole, "first", None).unwrap();
+    assert!(sliced.is_some_and(|proto| !proto.raw_data.is_empty()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("model.data"))
+        .unwrap()
+        .set_len(1024)
+        .unwrap();
+    let err = weights
+        .slice(&graph, last, whole, "last", None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shorter than its reference"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}

@@ -1,6 +1,7 @@
 //! The weight slices of a rank whose model keeps its weights as external data: read straight
-//! from the model's data file (memory-mapped, so only the pages of the rank's rows and columns
-//! are read, never the whole file) and written as the rank's own external data
+//! from the model's data file, run by run (positioned reads of only the rank's rows and columns,
+//! never the whole file; not a memory map, so a file truncated while the export runs is an
+//! error rather than a SIGBUS) and written as the rank's own external data
 //! (`stage_<k>.rank_<r>.data` beside its file), so that a rank of a model over protobuf's 2 GB
 //! limit is still one valid ONNX file with its data beside it.
 //!
@@ -11,7 +12,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use onnx_protobuf::tensor_proto::DataLocation;
 use onnx_protobuf::{StringStringEntryProto, TensorProto};
 
@@ -62,10 +62,10 @@ impl RankData {
     }
 }
 
-/// The external weights of one model, mapped on first use.
+/// The external weights of one model: its data files, opened on first use.
 #[derive(Default)]
 pub struct ExternalWeights {
-    maps: HashMap<PathBuf, Mmap>,
+    files: HashMap<PathBuf, File>,
 }
 
 /// How to cut a weight: along `split.axis`, seen as `size` entries (zeros past the weight's own,
@@ -90,7 +90,7 @@ impl ExternalWeights {
     /// (or inline when `data` is `None`); `None` when the weight is not stored externally.
     ///
     /// # Errors
-    /// [`Error::Export`] when the data file cannot be mapped or does not hold the weight.
+    /// [`Error::Export`] when the data file cannot be read or does not hold the weight.
     pub fn slice(
         &mut self,
         graph: &Graph,
@@ -121,16 +121,21 @@ impl ExternalWeights {
                 "{length} bytes stored for {elements} elements of {element_bytes} bytes"
             )));
         }
-        let map = self.map(path)?;
-        let whole = map
-            .get(*offset as usize..(*offset + *length) as usize)
-            .ok_or_else(|| {
-                fail(format!(
-                    "'{}' is shorter than its reference",
-                    path.display()
-                ))
-            })?;
-        let (raw, dims) = cut_bytes(whole, &shape, element_bytes as usize, cut).map_err(fail)?;
+        let file = self.open(path)?;
+        let short = || format!("'{}' is shorter than its reference", path.display());
+        let stored = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if stored < offset.saturating_add(*length) {
+            return Err(fail(short()));
+        }
+        // A file truncated since that check fails its read here, in one line.
+        let mut read = |from: u64, len: u64, out: &mut Vec<u8>| {
+            let bytes = pipecut_ir::io::read_range(file, offset + from, len)
+                .map_err(|e| format!("{}: {}", short(), pipecut_ir::io::os_reason(&e)))?;
+            out.extend_from_slice(&bytes);
+            Ok(())
+        };
+        let (raw, dims) =
+            cut_bytes(&mut read, &shape, element_bytes as usize, cut).map_err(fail)?;
         let mut proto = TensorProto::new();
         proto.name = name.into();
         proto.dims = dims.iter().map(|&d| d as i64).collect();
@@ -142,26 +147,25 @@ impl ExternalWeights {
         Ok(Some(proto))
     }
 
-    fn map(&mut self, path: &Path) -> Result<&Mmap, Error> {
-        if !self.maps.contains_key(path) {
-            let io = |source| Error::Io {
+    fn open(&mut self, path: &Path) -> Result<&File, Error> {
+        if !self.files.contains_key(path) {
+            let file = File::open(path).map_err(|source| Error::Io {
                 path: path.to_path_buf(),
                 source,
-            };
-            let file = File::open(path).map_err(io)?;
-            // SAFETY: a read-only map, read while the export runs; the file is the model's own
-            // data, which the export does not write (see `runtime::Weights::load`).
-            let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-            self.maps.insert(path.to_path_buf(), map);
+            })?;
+            self.files.insert(path.to_path_buf(), file);
         }
-        Ok(&self.maps[path])
+        Ok(&self.files[path])
     }
 }
 
-/// The bytes of `cut` of a row-major tensor `whole` of `shape` (elements of `element_bytes`),
-/// and the slice's dims. Each run of the slice is copied once: only its pages are read.
+/// Appends the `len` stored bytes at byte `from` of a weight to the buffer, or says why not.
+type ReadRun<'a> = dyn FnMut(u64, u64, &mut Vec<u8>) -> Result<(), String> + 'a;
+
+/// The bytes of `cut` of a row-major tensor of `shape` (elements of `element_bytes`) whose
+/// stored bytes `read` gives, and the slice's dims. Each run of the slice is read once.
 fn cut_bytes(
-    whole: &[u8],
+    read: &mut ReadRun,
     shape: &[u64],
     element_bytes: usize,
     cut: Cut,
@@ -184,9 +188,9 @@ fn cut_bytes(
         for r in &ranges {
             let stored_end = r.end.min(have);
             if r.start < stored_end {
-                let from = ((o * have + r.start) as usize) * inner;
-                let to = ((o * have + stored_end) as usize) * inner;
-                out.extend_from_slice(&whole[from..to]);
+                let from = (o * have + r.start) * inner as u64;
+                let to = (o * have + stored_end) * inner as u64;
+                read(from, to - from, &mut out)?;
             }
             // Entries past the weight's own (padding) are zeros.
             let padded = (r.end - r.start.max(stored_end)) as usize * inner;
@@ -207,6 +211,20 @@ fn cut_bytes(
 mod tests {
     use super::*;
 
+    /// [`cut_bytes`] over bytes in memory.
+    fn cut_of(
+        whole: &[u8],
+        shape: &[u64],
+        bytes: usize,
+        cut: Cut,
+    ) -> Result<(Vec<u8>, Vec<u64>), String> {
+        let mut read = |from: u64, len: u64, out: &mut Vec<u8>| {
+            out.extend_from_slice(&whole[from as usize..(from + len) as usize]);
+            Ok(())
+        };
+        cut_bytes(&mut read, shape, bytes, cut)
+    }
+
     #[test]
     fn a_cut_copies_the_ranks_runs_pads_with_zeros_and_appends_the_zero_row() {
         // 3 × 2 of one-byte elements: rows 0..3, padded to 4 rows, split 2 ways by rows.
@@ -219,11 +237,11 @@ mod tests {
             zero_row,
         };
         assert_eq!(
-            cut_bytes(&whole, &[3, 2], 1, cut(0, false)).unwrap(),
+            cut_of(&whole, &[3, 2], 1, cut(0, false)).unwrap(),
             (vec![1, 2, 3, 4], vec![2, 2])
         );
         assert_eq!(
-            cut_bytes(&whole, &[3, 2], 1, cut(1, true)).unwrap(),
+            cut_of(&whole, &[3, 2], 1, cut(1, true)).unwrap(),
             (vec![5, 6, 0, 0, 0, 0], vec![3, 2])
         );
         // Columns of two-byte elements: rank 1 of 2 keeps column 1 of each row.
@@ -235,10 +253,10 @@ mod tests {
             zero_row: false,
         };
         assert_eq!(
-            cut_bytes(&[1, 1, 2, 2, 3, 3, 4, 4], &[2, 2], 2, columns).unwrap(),
+            cut_of(&[1, 1, 2, 2, 3, 3, 4, 4], &[2, 2], 2, columns).unwrap(),
             (vec![2, 2, 4, 4], vec![2, 1])
         );
-        assert!(cut_bytes(
+        assert!(cut_of(
             &whole,
             &[3, 2],
             1,
