@@ -336,6 +336,17 @@ fn convolve(
     let [kh, kw] = win.kernel;
     let rows = cg * kh * kw;
     let cols = oh * ow;
+    if rows == 0 {
+        // No input channel or an empty kernel: each output is its channel's bias (or 0), with
+        // no product to tile (the tiles would be empty).
+        let mut out = try_zeros_f32(&[n, m, cols])?;
+        if let Some(bias) = bias {
+            for (p, plane) in out.chunks_mut(cols.max(1)).enumerate() {
+                plane.fill(bias[p % m]);
+            }
+        }
+        return Ok(out);
+    }
     if cg == 1 && mg == 1 {
         return depthwise(xv, wv, bias, [n, c], [h, wd], win, [oh, ow]);
     }

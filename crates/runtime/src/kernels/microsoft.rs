@@ -85,10 +85,18 @@ fn skip_layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let eps = ctx.float("epsilon", 1e-12) as f64;
     let values = sum.as_f32()?;
-    let rows = values.len() / hidden.max(1);
+    // One row per index of the leading dims, also where rows hold nothing (hidden = 0).
+    let rows: usize = x.shape()[..x.rank() - 1].iter().product();
+    if values.len() != rows * hidden {
+        return Err(format!(
+            "the sum has {} values for {rows} rows of {hidden}",
+            values.len()
+        ));
+    }
     let mut out = Vec::with_capacity(values.len());
     let (mut means, mut inv_stds) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    for row in values.chunks(hidden.max(1)) {
+    for r in 0..rows {
+        let row = &values[r * hidden..(r + 1) * hidden];
         let n = row.len() as f64;
         let mean = if simplified {
             0.0

@@ -262,4 +262,81 @@ mod tests {
         assert!(lookup("ai.onnx", "Add").is_some());
         assert!(lookup("", "NoSuchOp").is_none());
     }
+
+    /// Zero-size inputs given to every kernel in every arity from one to four, as float and as
+    /// int64, with no attribute: a kernel answers or refuses within 5 s, and never panics. The
+    /// shapes are what a model's shapes can make (issue 37: Conv over no channel, LayerNorm and
+    /// SkipLayerNorm over rows of nothing panicked).
+    #[test]
+    fn no_kernel_panics_or_loops_on_zero_size_inputs() {
+        use crate::tensor::HostTensor;
+        // A dim of a million beside a zero: nothing to hold, but a kernel that loops over the
+        // outer dims or sizes its outputs by them must still answer at once.
+        const LARGE: usize = 1 << 20;
+        let shapes: [&[usize]; 6] = [&[0], &[3, 0], &[0, 4], &[2, 0, 3], &[LARGE, 0], &[0, LARGE]];
+        let mut ops: Vec<_> = table().kernels.iter().map(|(k, v)| (*k, *v)).collect();
+        ops.sort_by_key(|(key, _)| *key);
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let mut findings = Vec::new();
+        for ((domain, op), kernel) in ops {
+            let (sender, receiver) = std::sync::mpsc::channel();
+            let shapes = shapes.to_vec();
+            std::thread::spawn(move || {
+                for shape in shapes {
+                    for arity in 1..=4 {
+                        for float in [true, false] {
+                            let tensor = match float {
+                                true => HostTensor::f32(shape.to_vec(), Vec::new()),
+                                false => HostTensor::i64(shape.to_vec(), Vec::new()),
+                            };
+                            let inputs: Vec<Option<&HostTensor>> = vec![Some(&tensor); arity];
+                            let mut node = test_util::node(op, Vec::new());
+                            node.domain = domain.to_string();
+                            let ctx = Ctx {
+                                node: &node,
+                                opset: 21,
+                                output_dtypes: &[],
+                            };
+                            let call =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    kernel(&ctx, &inputs)
+                                }));
+                            if let Err(payload) = call {
+                                let why = payload
+                                    .downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| {
+                                        payload.downcast_ref::<&str>().map(|s| s.to_string())
+                                    })
+                                    .unwrap_or_default();
+                                let _ = sender.send(Some(format!(
+                                    "{domain}:{op} panics on {arity} x {shape:?} ({}): {why}",
+                                    if float { "f32" } else { "i64" }
+                                )));
+                            }
+                        }
+                    }
+                }
+                let _ = sender.send(None);
+            });
+            loop {
+                match receiver.recv_timeout(std::time::Duration::from_secs(5)) {
+                    Ok(Some(finding)) => findings.push(finding),
+                    Ok(None) => break,
+                    Err(_) => {
+                        findings.push(format!("{domain}:{op} runs for more than 5 s"));
+                        break;
+                    }
+                }
+            }
+        }
+        std::panic::set_hook(hook);
+        assert!(
+            findings.is_empty(),
+            "{} findings:\n{}",
+            findings.len(),
+            findings.join("\n")
+        );
+    }
 }

@@ -134,7 +134,10 @@ fn layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut means = Vec::with_capacity(outer);
     let mut inv_stds = Vec::with_capacity(outer);
     let beta = beta.unwrap_or_else(|| vec![0.0; gamma.len()]);
-    for row in xv.chunks(inner.max(1)).take(outer) {
+    // Row by row over `outer`, not by chunks of the data: rows of no element still have their
+    // statistics (a [3, 0] input has three).
+    for r in 0..outer {
+        let row = &xv[r * inner..(r + 1) * inner];
         let (mean, var) = moments(row);
         let inv_std = 1.0 / (var + eps).sqrt();
         let (mean_f32, inv_std_f32) = (mean as f32, inv_std as f32);
