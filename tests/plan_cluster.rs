@@ -599,8 +599,9 @@ fn every_block_the_plan_costs_split_is_split_in_the_export() {
 /// `partition --emit` does: one boundary per cut, at a numbered block, and the same plan.
 #[test]
 fn plan_cluster_emits_the_chosen_pipelines_torch_split() {
+    // The torch split spec counts memory as torch keeps it: the plain plan asks for the same.
     let args = training_plan_args("fixtures/models/gpt2_tiny.onnx", &[]);
-    let (code, plain, err) = pipecut(&[&args[..], &["--json"]].concat());
+    let (code, plain, err) = pipecut(&[&args[..], &["--json", "--memory-model", "torch"]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, both, err) =
         pipecut(&[&args[..], &["--json", "--emit", "torch-split-spec"]].concat());
@@ -658,7 +659,16 @@ fn emitted_json(args: &[&str]) -> serde_json::Value {
 #[test]
 fn engines_get_their_settings_for_the_plan_and_refuse_what_they_cannot_run() {
     let model = "fixtures/models/gpt2_tiny.onnx";
-    let emit = ["--zero", "1", "--recompute", "full", "--emit"];
+    // One memory model for both engines, so that their plans are the same plan.
+    let emit = [
+        "--zero",
+        "1",
+        "--recompute",
+        "full",
+        "--memory-model",
+        "megatron",
+        "--emit",
+    ];
     let megatron = emitted_json(&training_plan_args(
         model,
         &[&emit[..], &["megatron-args"]].concat(),
@@ -753,4 +763,101 @@ fn hostile_module_names_in_engine_settings_stay_data() {
     );
     // The Megatron line names no module: the layout is one letter per layer.
     assert!(!line.contains("PWNED"), "{line}");
+}
+
+/// `--memory-model`, or by default the engine `--emit` names, counts activations as that engine
+/// keeps them: torch (SDPA, no scores) below Megatron (fused softmax, dropout masks) below the
+/// ONNX graph's every intermediate. The plan records it and `check` re-derives with it.
+#[test]
+fn the_memory_model_follows_the_engine_and_check_rederives_with_it() {
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let activations = |plan: &serde_json::Value| -> u64 {
+        plan["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["activation_bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let onnx = emitted_json(&training_plan_args(model, &[]));
+    assert!(
+        onnx["config"]["mode"].get("memory_model").is_none(),
+        "{}",
+        onnx["config"]
+    );
+    let torch = emitted_json(&training_plan_args(model, &["--emit", "torch-split-spec"]));
+    let torch = &torch["plan"];
+    assert_eq!(torch["config"]["mode"]["memory_model"], "torch");
+    let megatron = emitted_json(&training_plan_args(model, &["--emit", "megatron-args"]));
+    let megatron = &megatron["plan"];
+    assert_eq!(megatron["config"]["mode"]["memory_model"], "megatron");
+    assert!(
+        activations(torch) < activations(megatron) && activations(megatron) < activations(&onnx),
+        "torch {}, megatron {}, onnx {}",
+        activations(torch),
+        activations(megatron),
+        activations(&onnx)
+    );
+    // Asked for, it wins over the --emit target's.
+    let asked = emitted_json(&training_plan_args(
+        model,
+        &["--memory-model", "onnx", "--emit", "megatron-args"],
+    ));
+    assert_eq!(asked["plan"]["stages"], onnx["stages"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let plan_path = dir.path().join("plan.json");
+    let plan_arg = plan_path.to_str().unwrap();
+    std::fs::write(&plan_path, megatron.to_string()).unwrap();
+    let (code, _, err) = pipecut(&["check", plan_arg, model]);
+    assert_eq!(code, 0, "{err}");
+    // The same plan said to be counted as torch keeps it: its figures are not torch's.
+    let edited = megatron.to_string().replace(
+        "\"memory_model\":\"megatron\"",
+        "\"memory_model\":\"torch\"",
+    );
+    assert_ne!(edited, megatron.to_string());
+    std::fs::write(&plan_path, edited).unwrap();
+    let (code, _, err) = pipecut(&["check", plan_arg, model]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("activation_bytes"), "{err}");
+
+    let (code, _, err) = pipecut(&training_plan_args(model, &["--memory-model", "jax"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown memory model 'jax'"), "{err}");
+    for command in ["plan-cluster", "partition"] {
+        let mut args = vec![command, model, "--cluster", "1x4xL4", "--dim", "seq=64"];
+        args.extend(match command {
+            "plan-cluster" => ["--global-batch", "32"],
+            _ => ["--dim", "batch=4"],
+        });
+        args.extend(["--memory-model", "torch"]);
+        let (code, out, err) = pipecut(&args);
+        assert_ne!(code, 0, "{command}: {out}");
+        assert!(
+            err.contains("--memory-model applies to training") && err.lines().count() == 1,
+            "{command}: {err}"
+        );
+    }
+    // partition takes it too and records it.
+    let (code, out, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x4xL4",
+        "--dim",
+        "seq=64",
+        "--dim",
+        "batch=4",
+        "--stages",
+        "2",
+        "--mode",
+        "training",
+        "--memory-model",
+        "megatron",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["config"]["mode"]["memory_model"], "megatron");
 }

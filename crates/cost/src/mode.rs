@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kept::MemoryModel;
+
 /// Inference or training, with the training-only parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "mode", rename_all = "snake_case")]
@@ -28,6 +30,10 @@ pub enum Mode {
         /// group. Absent in older plans: none.
         #[serde(default, skip_serializing_if = "ZeroSharding::is_none")]
         zero: ZeroSharding,
+        /// Which engine's way of keeping activations the memory is counted by. Absent in older
+        /// plans, and written only when not `onnx`: every exported intermediate.
+        #[serde(default, skip_serializing_if = "MemoryModel::is_onnx")]
+        memory_model: MemoryModel,
     },
 }
 
@@ -39,6 +45,7 @@ impl Mode {
             optimizer_bytes_per_param: 12.0,
             recompute: Recompute::None,
             zero: ZeroSharding::NONE,
+            memory_model: MemoryModel::Onnx,
         }
     }
 
@@ -62,13 +69,44 @@ impl Mode {
             Mode::Training {
                 backward_factor,
                 optimizer_bytes_per_param,
+                memory_model,
                 ..
             } => Mode::Training {
                 backward_factor,
                 optimizer_bytes_per_param,
                 recompute,
                 zero,
+                memory_model,
             },
+        }
+    }
+
+    /// This mode counting activations as `memory_model`'s engine keeps them (training only).
+    pub fn with_memory_model(self, memory_model: MemoryModel) -> Mode {
+        match self {
+            Mode::Inference => Mode::Inference,
+            Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                recompute,
+                zero,
+                ..
+            } => Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                recompute,
+                zero,
+                memory_model,
+            },
+        }
+    }
+
+    /// The memory model activations are counted by: the training one, `onnx` in inference
+    /// (a forward alone keeps nothing for a backward; every output is counted as before).
+    pub fn memory_model(self) -> MemoryModel {
+        match self {
+            Mode::Inference => MemoryModel::Onnx,
+            Mode::Training { memory_model, .. } => memory_model,
         }
     }
 }
