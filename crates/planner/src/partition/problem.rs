@@ -357,6 +357,15 @@ impl PartitionProblem {
             position_of_index[id.index()] = p as u32;
         }
 
+        // Weights held as a stage of this pipeline holds them (ZeRO-3 keeps them gathered).
+        let footprint_mode = match settings.mode {
+            Mode::Training {
+                recompute, zero, ..
+            } => settings
+                .mode
+                .with_memory_techniques(recompute, zero.held_in_pipeline(devices.len())),
+            Mode::Inference => Mode::Inference,
+        };
         // The first device kind is costed on the other cores while this thread reads the names
         // and tensors: two linear passes over a million nodes side by side.
         let first_model = CostModel::new(cluster.device(devices[0]))
@@ -368,7 +377,7 @@ impl PartitionProblem {
                     first_model.node_time_and_flops(graph, id)
                 })
             });
-            let tensors = TensorTables::new(graph, &order, &position_of_index, settings.mode);
+            let tensors = TensorTables::new(graph, &order, &position_of_index, footprint_mode);
             match costing.join() {
                 Ok(timed) => (timed, tensors),
                 Err(panic) => std::panic::resume_unwind(panic),
