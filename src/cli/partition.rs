@@ -191,6 +191,13 @@ pub struct PartitionArgs {
     /// searches ZeRO stages over its replicas.)
     #[arg(long, default_value = "none", value_name = "none|selective|full")]
     recompute: crate::cost::Recompute,
+    /// In training, whose way of keeping activations the memory follows: torch (eager autograd,
+    /// attention through SDPA), megatron (its fused kernels, dropout 0.1) or onnx (every
+    /// intermediate of the graph, as pipecut's own runtime keeps them). Default: the --emit
+    /// target's engine (torch-split-spec and deepspeed-config: torch; megatron-args:
+    /// megatron), else onnx. The plan records it; `check` re-derives with it.
+    #[arg(long, value_name = "torch|megatron|onnx")]
+    memory_model: Option<crate::cost::MemoryModel>,
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
@@ -278,6 +285,32 @@ pub enum EmitArg {
     DeepspeedConfig,
 }
 
+/// The memory model of `--memory-model`, or the one of the engine `--emit` targets: torch's
+/// for torch.distributed and DeepSpeed (which run torch modules), Megatron's for its
+/// arguments, and with no target the ONNX graph's, which pipecut's own runtime executes.
+pub(super) fn memory_model(
+    asked: Option<crate::cost::MemoryModel>,
+    emit: Option<EmitArg>,
+) -> crate::cost::MemoryModel {
+    use crate::cost::MemoryModel;
+    asked.unwrap_or(match emit {
+        Some(EmitArg::TorchSplitSpec | EmitArg::DeepspeedConfig) => MemoryModel::Torch,
+        Some(EmitArg::MegatronArgs) => MemoryModel::Megatron,
+        None => MemoryModel::Onnx,
+    })
+}
+
+/// `--memory-model` counts what a backward keeps: refused in inference, like `--recompute`.
+pub(super) fn refuse_memory_model_in_inference(
+    asked: Option<crate::cost::MemoryModel>,
+    mode: super::cost::ModeArg,
+) -> anyhow::Result<()> {
+    if asked.is_some() && matches!(mode, super::cost::ModeArg::Inference) {
+        anyhow::bail!("--memory-model applies to training (add --mode training): inference keeps no activations for a backward");
+    }
+    Ok(())
+}
+
 /// What `--emit` adds: the plan in another tool's terms, as JSON (under `key` beside the plan
 /// with --json) and as text for the table.
 pub(super) struct Emitted {
@@ -362,6 +395,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
     if !args.recompute.is_none() && matches!(args.mode, super::cost::ModeArg::Inference) {
         anyhow::bail!("--recompute applies to training (add --mode training): inference keeps no activations for a backward");
     }
+    refuse_memory_model_in_inference(args.memory_model, args.mode)?;
     if let Some(out) = &args.out {
         super::check_output(out, &[&args.model.model])?;
     }
@@ -456,7 +490,8 @@ fn partition_config(args: &PartitionArgs, nodes: usize, load_secs: f64) -> Parti
         devices: Vec::new(),
         settings: CostSettings {
             mode: crate::cost::Mode::from(args.mode)
-                .with_memory_techniques(args.recompute, crate::cost::ZeroSharding::NONE),
+                .with_memory_techniques(args.recompute, crate::cost::ZeroSharding::NONE)
+                .with_memory_model(memory_model(args.memory_model, args.emit)),
             schedule: args.schedule,
             microbatches: args.microbatches,
             memory_headroom: args.memory_headroom,
@@ -702,7 +737,7 @@ fn heading(out: &mut String, plan: &Plan) {
     let c = &plan.config;
     let _ = writeln!(
         out,
-        "{} ({}) on {}: {}, {} mode, {}, {} schedule",
+        "{} ({}) on {}: {}, {}, {}, {} schedule",
         plan.model.file_name,
         count_of(plan.model.nodes, "node"),
         plan.cluster.description,
@@ -715,8 +750,11 @@ fn heading(out: &mut String, plan: &Plan) {
             ),
         },
         match c.mode {
-            crate::cost::Mode::Inference => "inference",
-            crate::cost::Mode::Training { .. } => "training",
+            crate::cost::Mode::Inference => "inference mode".to_string(),
+            // Which engine's activations the memory counts: the figures depend on it.
+            crate::cost::Mode::Training { memory_model, .. } => {
+                format!("training mode, {} memory model", memory_model.name())
+            }
         },
         count_of(c.microbatches as usize, "micro-batch"),
         c.schedule

@@ -59,6 +59,10 @@ pub struct PlanClusterArgs {
     /// Activation recomputation choices to search, in training (default: none,full).
     #[arg(long, value_delimiter = ',', value_name = "none|selective|full")]
     recompute: Vec<Recompute>,
+    /// In training, whose way of keeping activations the memory follows (torch, megatron or
+    /// onnx; default: the --emit target's engine, else onnx), as `partition --memory-model`.
+    #[arg(long, value_name = "torch|megatron|onnx")]
+    memory_model: Option<crate::cost::MemoryModel>,
     /// ZeRO stages to search, in training with several replicas (default: 0,1,2,3).
     #[arg(long, value_delimiter = ',', value_name = "0|1|2|3")]
     zero: Vec<u8>,
@@ -220,7 +224,10 @@ fn search_request(
             args.batch_dim
         );
     }
-    let mut request = SearchRequest::new(args.global_batch, args.mode.into());
+    super::partition::refuse_memory_model_in_inference(args.memory_model, args.mode)?;
+    let mode = crate::cost::Mode::from(args.mode)
+        .with_memory_model(super::partition::memory_model(args.memory_model, args.emit));
+    let mut request = SearchRequest::new(args.global_batch, mode);
     request.batch_dim = args.batch_dim.clone();
     request.bindings = bindings.clone();
     if !args.schedule.is_empty() {

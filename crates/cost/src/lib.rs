@@ -9,6 +9,7 @@
 //! - [`ops`]: FLOPs and bytes per operator, one rule per op family;
 //! - [`mode`]: inference or training, and training's recomputation and ZeRO sharding;
 //! - [`model`]: the roofline that turns work into time, and the per-node cost table;
+//! - [`kept`]: the activations a training engine keeps of a micro-batch (torch, Megatron, ONNX);
 //! - [`memory`]: parameters, optimizer state and in-flight activations of a stage;
 //! - [`order`]: the order each device runs a pipeline schedule's work in (what memory holds);
 //! - [`measured`]: measured node times (`pipecut profile`) in place of the roofline.
@@ -20,6 +21,7 @@
 
 pub mod cluster;
 pub mod hardware;
+pub mod kept;
 pub mod measured;
 pub mod memory;
 pub mod mode;
@@ -30,6 +32,7 @@ pub(crate) mod prefetch;
 
 pub use cluster::{Cluster, ClusterLayout, DeviceId, LinkChoice, NodeLayout, MAX_DEVICES};
 pub use hardware::{Catalog, HardwareSpec, LinkSpec, OpClass};
+pub use kept::MemoryModel;
 pub use measured::{Coverage, NodeTimes};
 pub use memory::{Schedule, StageMemory};
 pub use mode::{Mode, Recompute, ZeroSharding};

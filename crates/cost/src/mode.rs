@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kept::MemoryModel;
+
 /// Inference or training, with the training-only parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -29,6 +31,10 @@ pub enum Mode {
         /// group. Absent in older plans: none.
         #[serde(default, skip_serializing_if = "ZeroSharding::is_none")]
         zero: ZeroSharding,
+        /// Which engine's way of keeping activations the memory is counted by. Absent in older
+        /// plans, and written only when not `onnx`: every exported intermediate.
+        #[serde(default, skip_serializing_if = "MemoryModel::is_onnx")]
+        memory_model: MemoryModel,
     },
 }
 
@@ -40,6 +46,7 @@ impl Mode {
             optimizer_bytes_per_param: 12.0,
             recompute: Recompute::None,
             zero: ZeroSharding::NONE,
+            memory_model: MemoryModel::Onnx,
         }
     }
 
@@ -63,13 +70,44 @@ impl Mode {
             Mode::Training {
                 backward_factor,
                 optimizer_bytes_per_param,
+                memory_model,
                 ..
             } => Mode::Training {
                 backward_factor,
                 optimizer_bytes_per_param,
                 recompute,
                 zero,
+                memory_model,
             },
+        }
+    }
+
+    /// This mode counting activations as `memory_model`'s engine keeps them (training only).
+    pub fn with_memory_model(self, memory_model: MemoryModel) -> Mode {
+        match self {
+            Mode::Inference => Mode::Inference,
+            Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                recompute,
+                zero,
+                ..
+            } => Mode::Training {
+                backward_factor,
+                optimizer_bytes_per_param,
+                recompute,
+                zero,
+                memory_model,
+            },
+        }
+    }
+
+    /// The memory model activations are counted by: the training one, `onnx` in inference
+    /// (a forward alone keeps nothing for a backward; every output is counted as before).
+    pub fn memory_model(self) -> MemoryModel {
+        match self {
+            Mode::Inference => MemoryModel::Onnx,
+            Mode::Training { memory_model, .. } => memory_model,
         }
     }
 }
@@ -175,6 +213,20 @@ impl ZeroSharding {
         }
     }
 
+    /// The sharding whose [`Self::held_bytes`] a stage of a pipeline of `stages` holds.
+    /// ZeRO-3 gathers a layer's weights before its forward and its backward; a pipeline stage
+    /// runs m of each per step, and gathering them each time (FSDP2's default inside
+    /// torch.distributed.pipelining) would move 2m times the weights where the step is charged
+    /// 1.5 all-reduces. What the step is charged is what keeping the weights gathered for the
+    /// whole step costs (torchtitan's pipeline + FSDP2 sets `reshard_after_forward=False`):
+    /// whole weights, gradients and optimizer state sharded, ZeRO-2's footprint.
+    pub fn held_in_pipeline(self, stages: usize) -> ZeroSharding {
+        match self.stage {
+            3 if stages > 1 => ZeroSharding { stage: 2, ..self },
+            _ => self,
+        }
+    }
+
     /// Bytes one replica holds of a weight of `weight` bytes, its gradient of as many, and
     /// `optimizer` bytes of optimizer state.
     pub fn held_bytes(self, weight: u64, optimizer: u64) -> u64 {
@@ -206,6 +258,16 @@ mod tests {
         assert!((gb(held(1)) - 31.4).abs() < 0.05, "{}", gb(held(1)));
         assert!((gb(held(2)) - 16.6).abs() < 0.05, "{}", gb(held(2)));
         assert!((gb(held(3)) - 1.9).abs() < 0.05, "{}", gb(held(3)));
+        // Inside a pipeline ZeRO-3 keeps the weights gathered: ZeRO-2's footprint.
+        let zero3 = ZeroSharding {
+            stage: 3,
+            group: 64,
+        };
+        assert_eq!(
+            zero3.held_in_pipeline(8).held_bytes(weight, optimizer),
+            held(2)
+        );
+        assert_eq!(zero3.held_in_pipeline(1), zero3);
         // One replica shards nothing.
         let alone = ZeroSharding { stage: 3, group: 1 };
         assert_eq!(alone.held_bytes(weight, optimizer), held(0));

@@ -1047,6 +1047,7 @@ mod tests {
                 optimizer_bytes_per_param: 3000.0,
                 recompute: Default::default(),
                 zero: Default::default(),
+                memory_model: Default::default(),
             },
             ..CostSettings::default()
         };

@@ -357,6 +357,15 @@ impl PartitionProblem {
             position_of_index[id.index()] = p as u32;
         }
 
+        // Weights held as a stage of this pipeline holds them (ZeRO-3 keeps them gathered).
+        let footprint_mode = match settings.mode {
+            Mode::Training {
+                recompute, zero, ..
+            } => settings
+                .mode
+                .with_memory_techniques(recompute, zero.held_in_pipeline(devices.len())),
+            Mode::Inference => Mode::Inference,
+        };
         // The first device kind is costed on the other cores while this thread reads the names
         // and tensors: two linear passes over a million nodes side by side.
         let first_model = CostModel::new(cluster.device(devices[0]))
@@ -368,7 +377,7 @@ impl PartitionProblem {
                     first_model.node_time_and_flops(graph, id)
                 })
             });
-            let tensors = TensorTables::new(graph, &order, &position_of_index, settings.mode);
+            let tensors = TensorTables::new(graph, &order, &position_of_index, footprint_mode);
             match costing.join() {
                 Ok(timed) => (timed, tensors),
                 Err(panic) => std::panic::resume_unwind(panic),
@@ -391,15 +400,34 @@ impl PartitionProblem {
             forward_flops,
             stages,
         } = StageTables::new(graph, &order, cluster, devices, &settings, first_timed)?;
-        if let Mode::Training {
-            recompute: pipecut_cost::Recompute::Selective,
-            ..
-        } = settings.mode
-        {
+        let memory_model = settings.mode.memory_model();
+        let selective = matches!(
+            settings.mode,
+            Mode::Training {
+                recompute: pipecut_cost::Recompute::Selective,
+                ..
+            }
+        );
+        let scores: std::collections::BTreeSet<NodeId> = if selective || !memory_model.is_onnx() {
+            super::tensor_parallel::attention_score_nodes(graph)
+                .into_iter()
+                .collect()
+        } else {
+            Default::default()
+        };
+        if !memory_model.is_onnx() {
+            // The engine keeps less than every output: its charges replace the outputs'.
+            activation_bytes.iter_mut().for_each(|bytes| *bytes = 0);
+            for (id, bytes) in pipecut_cost::kept::engine_kept_bytes(graph, memory_model, &scores)?
+            {
+                activation_bytes[position_of_index[id.index()] as usize] += bytes;
+            }
+        }
+        if selective {
             // Attention's score tensors are not kept; the backward runs their nodes' forward
             // again (a node's time is its forward times 1 + the backward factor).
             let rerun = 1.0 + 1.0 / (1.0 + settings.mode.backward_time_factor());
-            for id in super::tensor_parallel::attention_score_nodes(graph) {
+            for &id in &scores {
                 let p = position_of_index[id.index()] as usize;
                 activation_bytes[p] = 0;
                 for secs in &mut node_secs {

@@ -719,6 +719,7 @@ impl TensorParallelBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pipecut_cost::{MemoryModel, Recompute};
     use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
     fn typed(name: &str) -> Graph {
@@ -755,6 +756,132 @@ mod tests {
                 .set_len(total)
                 .unwrap();
         }
+    }
+
+    /// The 175B shape's problem at s = 2048, b = 1 on one GPU of a tensor-parallel group, and
+    /// the positions of layer 40's nodes.
+    fn gpt3_problem(
+        graph: &Graph,
+        mode: Mode,
+        tp: TensorParallelism,
+    ) -> (PartitionProblem, Vec<usize>) {
+        let cluster =
+            pipecut_cost::Cluster::parse("1x8xH100-SXM", &pipecut_cost::Catalog::builtin())
+                .unwrap();
+        let settings = crate::partition::CostSettings {
+            mode,
+            ..Default::default()
+        };
+        let mut problem =
+            PartitionProblem::new(graph, &cluster, &[pipecut_cost::DeviceId(0)], settings).unwrap();
+        TensorParallelBlocks::find(graph).shard_on(
+            graph,
+            &mut problem,
+            &cluster,
+            tp,
+            pipecut_cost::DeviceId(0),
+        );
+        let layer = (0..problem.order.len())
+            .filter(|&p| {
+                graph
+                    .node(problem.order[p])
+                    .name
+                    .starts_with("/transformer/h.40/")
+            })
+            .collect();
+        (problem, layer)
+    }
+
+    #[test]
+    fn megatron_memory_model_agrees_with_korthikanti_on_the_175b_layers() {
+        write_placeholder_weights();
+        let path = format!(
+            "{}/../../fixtures/models/gpt3_175b/model.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 1).bind("seq", 2048))
+            .run(&mut model.graph)
+            .unwrap();
+        let graph = model.graph;
+        // Korthikanti et al. 2022, § 4.1 and Table 2, in bytes per layer (16-bit).
+        let (s, b, h, a) = (2048.0, 1.0, 12288.0, 96.0);
+        let sbh = s * b * h;
+        let formula = |t: f64, sequence_parallel: bool, recompute: Recompute| {
+            let scores = 5.0 * a * s / h;
+            match (recompute, sequence_parallel) {
+                (Recompute::None, false) => sbh * (10.0 + 24.0 / t + scores / t),
+                (Recompute::None, true) => sbh * (34.0 + scores) / t,
+                (Recompute::Selective, false) => sbh * (10.0 + 24.0 / t),
+                (Recompute::Selective, true) => sbh * 34.0 / t,
+                (Recompute::Full, _) => unreachable!("compared on the stage's inputs below"),
+            }
+        };
+        let mode = |recompute, memory_model| {
+            Mode::training()
+                .with_memory_techniques(recompute, pipecut_cost::ZeroSharding::NONE)
+                .with_memory_model(memory_model)
+        };
+        for (degree, sequence_parallel) in [(1, false), (8, false), (8, true)] {
+            let tp = TensorParallelism {
+                degree,
+                sequence_parallel,
+            };
+            let t = f64::from(degree);
+            for recompute in [Recompute::None, Recompute::Selective] {
+                let (problem, layer) =
+                    gpt3_problem(&graph, mode(recompute, MemoryModel::Megatron), tp);
+                let charged: u64 = layer.iter().map(|&p| problem.activation_bytes[p]).sum();
+                let charged = charged as f64;
+                let expected = formula(t, sequence_parallel, recompute);
+                eprintln!(
+                    "megatron t={degree} sp={sequence_parallel} {recompute:?}: {:.2} sbh, formula {:.2} sbh",
+                    charged / sbh,
+                    expected / sbh
+                );
+                assert!(
+                    (charged / expected - 1.0).abs() < 0.10,
+                    "t={degree} sp={sequence_parallel} {recompute:?}: {charged} against {expected}"
+                );
+            }
+            // Full recomputation keeps, per micro-batch in flight, what crosses into a stage:
+            // for a stage that starts at layer 40, the residual stream 2sbh (and the causal
+            // mask, s² bytes). pipecut splits it over the group as the p2p send does, so only
+            // sequence parallelism's layout (or t = 1) is Korthikanti's 2sbh/t.
+            if degree == 1 || sequence_parallel {
+                let (problem, layer) =
+                    gpt3_problem(&graph, mode(Recompute::Full, MemoryModel::Megatron), tp);
+                let start = layer[0] as u32;
+                let checkpoint: u64 = problem
+                    .flows
+                    .iter()
+                    .filter(|f| f.producer < start && f.consumers.iter().any(|&c| c >= start))
+                    .map(|f| f.bytes)
+                    .sum();
+                let expected = 2.0 * sbh / t;
+                eprintln!(
+                    "full t={degree}: {:.3} sbh per micro-batch",
+                    checkpoint as f64 / sbh
+                );
+                assert!((checkpoint as f64 / expected - 1.0).abs() < 0.10);
+            }
+        }
+        // Torch with SDPA keeps no scores: about selective's figure without recomputation
+        // (36 sbh: Q, K, V and the attention output kept, no dropout). The ONNX graph as
+        // exported keeps every intermediate, far above both.
+        let tp = TensorParallelism::default();
+        let sum = |model| {
+            let (problem, layer) = gpt3_problem(&graph, mode(Recompute::None, model), tp);
+            layer
+                .iter()
+                .map(|&p| problem.activation_bytes[p])
+                .sum::<u64>() as f64
+                / sbh
+        };
+        let (torch, onnx) = (sum(MemoryModel::Torch), sum(MemoryModel::Onnx));
+        eprintln!("torch {torch:.2} sbh, onnx {onnx:.2} sbh");
+        assert!((torch / 34.0 - 1.0).abs() < 0.10, "{torch}");
+        assert!(onnx > 1.5 * (34.0 + 5.0 * a * s / h), "{onnx}");
     }
 
     fn kinds(blocks: &TensorParallelBlocks) -> Vec<BlockKind> {

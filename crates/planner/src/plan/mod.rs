@@ -59,8 +59,9 @@ use pipecut_ir::onnx::Digests;
 /// [`selection`], and keeps
 /// tensor-parallel blocks whole through a cut constraint; version 9 records the sample values
 /// of shape inputs the plan was made with, see [`values`], and what proves an "optimal"
-/// status, `summary.proof`) and refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 9;
+/// status, `summary.proof`); version 10 records the memory model activations were counted by
+/// (`config.mode.memory_model`, see [`pipecut_cost::MemoryModel`]) and refuses newer ones.
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
