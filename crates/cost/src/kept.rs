@@ -22,19 +22,9 @@ use pipecut_ir::graph::{Graph, NodeId, TensorId, TensorOrigin};
 
 /// Which engine's way of keeping activations the memory model follows.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Default,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum MemoryModel {
     /// The ONNX graph as exported, run by pipecut's own runtime: every node output of a
