@@ -404,9 +404,10 @@ fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyho
     // A link carries one message per micro-batch at most ahead of its receiver, but the
     // collector takes the other replicas' outputs only after its own micro-batches.
     let replica_share = layout.microbatches_of(0, setup.microbatches).len();
-    let max_queued = match place.rank == layout.collector() {
-        true => replica_share + QUEUE_SLACK,
-        false => QUEUE_SLACK,
+    let max_queued = if place.rank == layout.collector() {
+        replica_share + QUEUE_SLACK
+    } else {
+        QUEUE_SLACK
     };
     Ok(TcpJob {
         key,

@@ -19,7 +19,8 @@ pub struct Launch {
     pub world: usize,
     /// Rank among the processes of this machine (0 where the launcher does not say).
     pub local_rank: usize,
-    /// Where rank 0 listens for the others (`MASTER_ADDR` and [`rendezvous_port`]), when set.
+    /// Where rank 0 listens for the others (`MASTER_ADDR`, and `MASTER_PORT` or the port
+    /// after it under torchrun, or `PIPECUT_RENDEZVOUS_PORT`), when set.
     pub master: Option<String>,
     /// Whether an MPI launcher started the job (so the MPI transport can be used).
     pub by_mpi: bool,

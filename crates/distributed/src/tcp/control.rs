@@ -107,7 +107,7 @@ fn beat(shared: &Shared) -> Duration {
 
 impl Control {
     /// Rank 0: a reader thread per rank's connection and a thread that pings them.
-    pub(super) fn hub(links: Vec<(usize, TcpStream)>, shared: &Arc<Shared>) -> Control {
+    pub(super) fn hub(links: super::rendezvous::Links, shared: &Arc<Shared>) -> Control {
         let mut writers: Vec<Option<TcpStream>> = (0..shared.world).map(|_| None).collect();
         let mut readers = Vec::new();
         for (rank, stream) in links {
