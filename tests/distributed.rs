@@ -63,7 +63,19 @@ fn start_ranks_with(
     args: &[String],
     env: &[(String, String)],
 ) -> Vec<(usize, Child)> {
-    let port = free_port().to_string();
+    start_ranks_at(free_port(), world, ranks, args, env)
+}
+
+/// [`start_ranks_with`] meeting at the rendezvous port `port` (so that a job's ranks can be
+/// started apart).
+fn start_ranks_at(
+    port: u16,
+    world: usize,
+    ranks: &[usize],
+    args: &[String],
+    env: &[(String, String)],
+) -> Vec<(usize, Child)> {
+    let port = port.to_string();
     ranks
         .iter()
         .map(|&rank| {
@@ -995,4 +1007,486 @@ fn a_gpu_rank_whose_nccl_never_delivers_ends_the_job_after_the_timeout() {
         "{}",
         stderr(sender)
     );
+}
+
+// ---- Issue 37: an authenticated, bounded transport, and jobs that fail as one. ----
+
+/// A two-stage gpt2_tiny job (plan and model) and the run arguments of `microbatches` with
+/// `timeout` and outputs into `out`.
+fn small_job(dir: &Path, microbatches: usize, timeout: &str, out: &Path) -> Vec<String> {
+    let mut args = two_stage_job(dir, microbatches, timeout);
+    let at = args.iter().position(|a| a == "--output-dir").unwrap();
+    args[at + 1] = out.to_str().unwrap().into();
+    args
+}
+
+/// The TCP ports process `pid` listens on: its sockets' inodes (`/proc/PID/fd`) matched in
+/// `/proc/net/tcp` (state 0A is LISTEN).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let inodes: Vec<String> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let listening =
+                f.get(3) == Some(&"0A") && inodes.iter().any(|i| Some(&i.as_str()) == f.get(9));
+            let port = f.get(1)?.rsplit(':').next()?;
+            listening
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Waits (up to 30 s) until process `pid` listens on a TCP port, and gives it.
+fn wait_listening(pid: u32) -> u16 {
+    let began = Instant::now();
+    loop {
+        if let Some(&port) = listening_ports(pid).first() {
+            return port;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "rank {pid} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A figure of `/proc/PID/status` (`VmRSS` in kB, `Threads`).
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {status}"))
+}
+
+/// Watches process `pid`'s resident memory for 2 s: it must stay within 32 MiB of `before_kb`
+/// (the first transport zeroing a 1.5 GiB buffer from a header grew a debug build by 87 MiB
+/// within those 2 s on the loaded 2-core VM, and a release build faster).
+fn assert_holds_nothing_more(pid: u32, before_kb: u64, what: &str) {
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(100));
+        let grown = proc_status(pid, "VmRSS").saturating_sub(before_kb);
+        assert!(grown < 32 << 10, "{what} made rank 1 hold {grown} kB more");
+    }
+}
+
+/// Connects to `port`, writes `bytes` (ignoring a peer that closes), and keeps the connection.
+fn connect_and_send(port: u16, bytes: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _ = stream.write_all(bytes);
+    stream
+}
+
+/// What the transport's first version took as a pipecut rank's hello: magic and a rank.
+fn old_hello(rank: u32) -> Vec<u8> {
+    let mut hello = b"PCUT".to_vec();
+    hello.extend_from_slice(&rank.to_le_bytes());
+    hello
+}
+
+/// A frame header: tag and a length.
+fn frame_header(tag: u32, len: u64) -> Vec<u8> {
+    let mut header = tag.to_le_bytes().to_vec();
+    header.extend_from_slice(&len.to_le_bytes());
+    header
+}
+
+/// A 2 stages × 2 replicas gpt2_tiny job: its arguments (with `timeout`, outputs into `out`)
+/// and the one-process run's outputs.
+fn four_rank_job(dir: &Path, timeout: &str, out: &Path) -> (Vec<String>, PathBuf) {
+    let plan = two_by_two_plan(dir, "gpt2_tiny");
+    let step = step_microbatches(&plan);
+    let files = [
+        plan.to_str().unwrap().to_string(),
+        common::fixture("gpt2_tiny").to_str().unwrap().to_string(),
+    ];
+    let single = one_process_run(&files, step, &dir.join("single"));
+    let mut args = files.to_vec();
+    args.extend([
+        "--microbatches".into(),
+        step.to_string(),
+        "--peer-timeout".into(),
+        timeout.into(),
+    ]);
+    args.extend(["--output-dir".into(), out.to_str().unwrap().into()]);
+    (args, single)
+}
+
+/// Starts ranks 0 and 1 of a four-rank job at `port`: rank 1 has registered (it listens) and
+/// waits for ranks 2 and 3; gives the ranks and rank 1's listener.
+fn half_a_job(port: u16, args: &[String], env: &[(String, String)]) -> (Vec<(usize, Child)>, u16) {
+    let ranks = start_ranks_at(port, 4, &[0, 1], args, env);
+    let listener = wait_listening(ranks[1].1.id());
+    (ranks, listener)
+}
+
+#[test]
+fn strangers_at_a_ranks_listener_are_dropped_unread_and_cost_no_memory_or_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (args, single) = four_rank_job(dir.path(), "30s", &dir.path().join("multi"));
+    let port = free_port();
+    let (mut ranks, listener) = half_a_job(port, &args, &[]);
+    let pid = ranks[1].1.id();
+    let (threads, rss_kb) = (proc_status(pid, "Threads"), proc_status(pid, "VmRSS"));
+    // Forged tensors "from rank 0", a header claiming 1.5 GiB, a frame from rank 7 of 4.
+    let mut forged = old_hello(0);
+    forged.extend(frame_header(0, 64));
+    forged.extend([0xAB; 64]);
+    let mut strangers = vec![
+        connect_and_send(listener, &forged),
+        connect_and_send(listener, &[old_hello(0), frame_header(0, 3 << 29)].concat()),
+        connect_and_send(
+            listener,
+            &[old_hello(7), frame_header(0, 4), vec![1; 4]].concat(),
+        ),
+    ];
+    // Idle connections, which said nothing.
+    strangers.extend((0..40).map(|_| connect_and_send(listener, &[])));
+    assert_holds_nothing_more(pid, rss_kb, "a stranger's header");
+    let grown = proc_status(pid, "Threads").saturating_sub(threads);
+    assert!(
+        grown <= 12,
+        "43 strangers took {grown} threads (at most world + 8)"
+    );
+    ranks.extend(start_ranks_at(port, 4, &[2, 3], &args, &[]));
+    let ended = wait_all(ranks, Duration::from_secs(120));
+    for (rank, out) in &ended {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    assert_same_outputs(&single, &dir.path().join("multi"), "with strangers about");
+    drop(strangers);
+}
+
+#[test]
+fn a_stranger_at_the_rendezvous_cannot_take_a_ranks_place_or_learn_the_table() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let args = small_job(dir.path(), 8, "30s", &dir.path().join("multi"));
+    let single = one_process_run(&args[..2], 8, &dir.path().join("single"));
+    let port = free_port();
+    let mut ranks = start_ranks_at(port, 2, &[0], &args, &[]);
+    wait_listening(ranks[0].1.id());
+    // Registers first as rank 1 of 2, in the first version's words, and listens for a table.
+    let mut registration = old_hello(1);
+    registration.extend(2u32.to_le_bytes());
+    registration.extend(4242u16.to_le_bytes());
+    let mut stranger = connect_and_send(port, &registration);
+    stranger
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let heard = std::thread::spawn(move || {
+        let mut heard = Vec::new();
+        let _ = stranger.read_to_end(&mut heard);
+        heard
+    });
+    ranks.extend(start_ranks_at(port, 2, &[1], &args, &[]));
+    let ended = wait_all(ranks, Duration::from_secs(120));
+    for (rank, out) in &ended {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    assert_same_outputs(&single, &dir.path().join("multi"), "with a squatter");
+    let heard = String::from_utf8_lossy(&heard.join().unwrap()).into_owned();
+    assert!(
+        !heard.contains("127.0.0.1:"),
+        "the stranger got the table: {heard:?}"
+    );
+}
+
+/// The key of the job `args` runs (its plan and model files) with `secret`.
+fn job_key(args: &[String], secret: &str) -> pipecut::runtime::distributed::auth::JobKey {
+    use pipecut::runtime::distributed::auth::{sha256, JobKey};
+    let digest = |path: &String| sha256(&std::fs::read(path).unwrap());
+    JobKey::new(secret.into(), digest(&args[0]), digest(&args[1]), "test").unwrap()
+}
+
+#[test]
+fn a_process_holding_the_secret_is_still_bounded_by_the_plan_and_the_world() {
+    use pipecut::runtime::distributed::auth::{handshake, Role};
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (args, _) = four_rank_job(dir.path(), "30s", &dir.path().join("out"));
+    let secret = "a secret only this job's ranks hold";
+    let env = [("PIPECUT_JOB_SECRET".to_string(), secret.to_string())];
+    let key = job_key(&args, secret);
+    let port = free_port();
+    let (mut ranks, listener) = half_a_job(port, &args, &env);
+    let pid = ranks[1].1.id();
+    let rss_kb = proc_status(pid, "VmRSS");
+    let dial = |rank: usize| {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", listener)).unwrap();
+        let timeout = Duration::from_secs(10);
+        handshake(&mut stream, &key, Role::Dialer, rank, 4, timeout).unwrap();
+        stream
+    };
+    // Rank 7 of 4 proves the secret, but no such rank exists: closed unread.
+    let mut unknown = dial(7);
+    unknown
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        unknown.read(&mut [0u8; 1]).unwrap(),
+        0,
+        "rank 7's link stays open"
+    );
+    // "Rank 0" announces 1.5 GiB: refused from the header, nothing allocated.
+    let mut huge = dial(0);
+    huge.write_all(&frame_header(0, 3 << 29)).unwrap();
+    assert_holds_nothing_more(pid, rss_kb, "rank 0's header");
+    ranks.extend(start_ranks_at(port, 4, &[2, 3], &args, &env));
+    let ended = wait_all(ranks, Duration::from_secs(120));
+    for (rank, out) in &ended {
+        assert!(!out.status.success(), "rank {rank} ended well");
+    }
+    let message = stderr(&ended[1].1);
+    assert!(
+        message
+            .contains("rank 0 (stage 0 of replica 0) sent a message of 1610612736 bytes, over the"),
+        "{message}"
+    );
+    assert!(message.contains("bytes the plan lets cross"), "{message}");
+}
+
+#[test]
+fn ranks_of_another_plan_or_another_secret_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = small_job(dir.path(), 2, "3s", &dir.path().join("out"));
+    // The same plan written again with other spacing: another file, another digest.
+    let plan: Value = serde_json::from_slice(&std::fs::read(&args[0]).unwrap()).unwrap();
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, serde_json::to_vec(&plan).unwrap()).unwrap();
+    let mut other_args = args.clone();
+    other_args[0] = other.to_str().unwrap().into();
+    let port = free_port();
+    let mut ranks = start_ranks_at(port, 2, &[0], &args, &[]);
+    ranks.extend(start_ranks_at(port, 2, &[1], &other_args, &[]));
+    let ended = wait_all(ranks, Duration::from_secs(60));
+    let hex = |path: &String| {
+        pipecut::runtime::distributed::auth::hex(&pipecut::runtime::distributed::auth::sha256(
+            &std::fs::read(path).unwrap(),
+        ))
+    };
+    let (mine, theirs) = (hex(&args[0]), hex(&other_args[0]));
+    for (rank, out) in &ended {
+        let message = stderr(out);
+        assert!(!out.status.success(), "rank {rank} ran another plan's job");
+        assert_eq!(message.trim().lines().count(), 1, "{message}");
+        let (here, there) = if *rank == 0 {
+            (&mine, &theirs)
+        } else {
+            (&theirs, &mine)
+        };
+        assert!(
+            message.contains(&format!("plan sha256 {there} there, {here} here")),
+            "rank {rank}: {message}"
+        );
+    }
+
+    let secret = |s: &str| [("PIPECUT_JOB_SECRET".to_string(), s.to_string())];
+    let port = free_port();
+    let mut ranks = start_ranks_at(port, 2, &[0], &args, &secret("the job's own secret, long"));
+    ranks.extend(start_ranks_at(
+        port,
+        2,
+        &[1],
+        &args,
+        &secret("some other secret, as long"),
+    ));
+    let ended = wait_all(ranks, Duration::from_secs(60));
+    let message = stderr(&ended[1].1);
+    assert!(
+        message.contains("is not rank 0 of this job: it does not hold the job's secret"),
+        "{message}"
+    );
+    let message = stderr(&ended[0].1);
+    assert!(message.contains("rank(s) 1 never joined"), "{message}");
+}
+
+/// Waits for every rank of `ranks`, which must all fail within `limit` of `since`; gives
+/// their error lines.
+fn all_fail_within(ranks: Vec<(usize, Child)>, since: Instant, limit: Duration) -> Vec<String> {
+    let ended = wait_all(ranks, limit + Duration::from_secs(60));
+    assert!(
+        since.elapsed() < limit,
+        "the job took {:?} to end",
+        since.elapsed()
+    );
+    ended
+        .iter()
+        .map(|(rank, out)| {
+            let message = stderr(out);
+            assert!(!out.status.success(), "rank {rank} ended well");
+            assert!(
+                String::from_utf8_lossy(&out.stdout).is_empty(),
+                "rank {rank} said it ran"
+            );
+            assert_eq!(message.trim().lines().count(), 1, "rank {rank}: {message}");
+            message
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_ends_every_rank_within_seconds_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = two_by_two_plan(dir.path(), "gpt2_tiny");
+    let model = common::fixture("gpt2_tiny");
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+        "--microbatches".into(),
+        "2000".into(),
+        "--peer-timeout".into(),
+        "120s".into(),
+        "--output-dir".into(),
+        dir.path().join("out").to_str().unwrap().into(),
+    ];
+    let mut ranks = start_ranks(4, &[0, 1, 2, 3], &args);
+    std::thread::sleep(Duration::from_secs(3));
+    // Rank 2 is stage 0 of replica 1: ranks 0 and 1 never talk to it before the end.
+    let (_, victim) = &mut ranks[2];
+    assert!(
+        victim.try_wait().unwrap().is_none(),
+        "the job ended before the kill"
+    );
+    victim.kill().unwrap();
+    let began = Instant::now();
+    let _ = victim.wait();
+    let survivors: Vec<_> = ranks.into_iter().filter(|(r, _)| *r != 2).collect();
+    for message in all_fail_within(survivors, began, Duration::from_secs(10)) {
+        assert!(
+            message.contains("rank 2 (stage 0 of replica 1)"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_stopped_rank_ends_the_others_within_the_peer_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = small_job(dir.path(), 4096, "3s", &dir.path().join("out"));
+    // Rank 1 stopped: rank 0 sends into a receiver that takes nothing (its socket buffers
+    // fill, then a send blocks); rank 0 stopped: rank 1 waits for a sender.
+    for (victim, survivor) in [(1, 0), (0, 1)] {
+        let mut ranks = start_ranks(2, &[0, 1], &args);
+        std::thread::sleep(Duration::from_millis(1500));
+        let pid = ranks[victim].1.id().to_string();
+        assert!(
+            ranks[victim].1.try_wait().unwrap().is_none(),
+            "the job ended before the stop"
+        );
+        run_ok(Command::new("kill").args(["-STOP", &pid]));
+        let began = Instant::now();
+        let (_, mut stopped) = ranks.remove(victim);
+        // The peer timeout, then a beat of rank 0's pings and the time to exit.
+        let said = all_fail_within(ranks, began, Duration::from_secs(3 + 4));
+        let _ = stopped.kill();
+        let _ = stopped.wait();
+        let name = [
+            "rank 0 (stage 0 of replica 0)",
+            "rank 1 (stage 1 of replica 0)",
+        ][victim];
+        assert!(said[0].contains(name), "rank {survivor}: {}", said[0]);
+    }
+}
+
+#[test]
+fn a_rank_failing_before_its_first_message_ends_the_others_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = small_job(dir.path(), 8, "120s", &dir.path().join("out"));
+    // Only stage 0 reads the inputs: rank 0 joins, then fails on a missing file.
+    args.extend(["--input".into(), "input_ids=/nonexistent/ids.npy".into()]);
+    let began = Instant::now();
+    let ranks = start_ranks(2, &[0, 1], &args);
+    let said = all_fail_within(ranks, began, Duration::from_secs(30));
+    assert!(said[0].contains("/nonexistent/ids.npy"), "{}", said[0]);
+    assert!(
+        said[1].contains("the job failed at rank 0 (stage 0 of replica 0)")
+            && said[1].contains("/nonexistent/ids.npy"),
+        "{}",
+        said[1]
+    );
+}
+
+#[test]
+fn a_collector_that_cannot_write_the_outputs_fails_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    // The output directory is a file: only the collector finds out, at the very end.
+    let blocked = dir.path().join("a-file");
+    std::fs::write(&blocked, b"").unwrap();
+    let args = small_job(dir.path(), 8, "30s", &blocked);
+    let began = Instant::now();
+    let said = all_fail_within(
+        start_ranks(2, &[0, 1], &args),
+        began,
+        Duration::from_secs(60),
+    );
+    assert!(
+        said[0].contains("the job failed at rank 1 (stage 1 of replica 0)")
+            && said[0].contains("a-file"),
+        "{}",
+        said[0]
+    );
+}
+
+/// torchrun from the torch environment of `TORCHRUN` or /work/torchenv, if there is one.
+fn torchrun() -> Option<PathBuf> {
+    let path = std::env::var_os("TORCHRUN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/work/torchenv/bin/torchrun"));
+    if path.is_file() {
+        return Some(path);
+    }
+    eprintln!("skipped: no torchrun at {} (set TORCHRUN)", path.display());
+    None
+}
+
+#[test]
+fn the_documented_torchrun_command_runs_the_job_with_either_rendezvous() {
+    let Some(torchrun) = torchrun() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let args = small_job(dir.path(), 8, "60s", &dir.path().join("unused"));
+    let single = one_process_run(&args[..2], 8, &dir.path().join("single"));
+    let static_port = free_port().to_string();
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let rendezvous: [&[&str]; 2] = [
+        &["--master-addr", "127.0.0.1", "--master-port", &static_port],
+        &["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint],
+    ];
+    for (i, how) in rendezvous.into_iter().enumerate() {
+        let out = dir.path().join(format!("torchrun-{i}"));
+        let mut command = Command::new(&torchrun);
+        command
+            .args(["--nnodes", "1", "--nproc-per-node", "2"])
+            .args(how)
+            .arg("--no-python")
+            .arg(env!("CARGO_BIN_EXE_pipecut"))
+            .arg("run")
+            .args(&args[..args.len() - 2])
+            .args(["--distributed", "--output-dir", out.to_str().unwrap()]);
+        run_ok(&mut command);
+        assert_same_outputs(&single, &out, &format!("torchrun {how:?}"));
+    }
 }

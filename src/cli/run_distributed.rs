@@ -13,9 +13,11 @@ use std::time::Duration;
 use crate::plan::Plan;
 use crate::runtime::cpu::split_microbatches;
 use crate::runtime::distributed::{
+    abort_job,
+    auth::{self, JobKey},
     collectives::{SharedTransport, TransportGroup},
     metrics, run_rank,
-    tcp::TcpTransport,
+    tcp::{TcpJob, TcpTransport},
     Launch, Place, RankFigures, RankJob, RankLayout, SharedFigures, Transport,
 };
 use crate::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExecutor};
@@ -104,6 +106,12 @@ pub struct RankSetup<'a> {
     /// Tensors this rank passes on from what it receives without reading them (an exported
     /// stage file holds only what its own nodes read; empty for the whole model).
     pub relay: Vec<String>,
+    /// The plan file, whose digest every rank of the job must share.
+    pub plan_file: &'a Path,
+    /// sha256 (hex) of the model every rank of the job must run.
+    pub model_sha256: &'a str,
+    /// The run's dims (the plan's, with `--dim` over them).
+    pub dims: std::collections::BTreeMap<String, u64>,
     pub microbatches: usize,
     pub output_dir: &'a Path,
     pub protected: Vec<&'a Path>,
@@ -164,7 +172,8 @@ pub fn run(
         launch,
         figures: &figures,
     };
-    let transport = || connect(args, launch, None);
+    let tcp = tcp_job(&setup, args, place)?;
+    let transport = || connect(args, launch, None, tcp);
     let ran = match (setup.backend, setup.shard) {
         (Backend::Cpu, None) => {
             let executor = CpuExecutor::new(setup.graph, setup.weights);
@@ -240,37 +249,61 @@ impl Rank<'_> {
         let (args, setup, launch, figures) = (self.args, self.setup, self.launch, self.figures);
         let layout = layout(setup.plan);
         let place = layout.place(launch.rank);
-        let stage = executor.prepare(setup.spec)?;
-        let inputs = if place.stage == 0 {
-            split_microbatches(&make_inputs()?, setup.microbatches)?
-        } else {
-            Vec::new()
-        };
+        // Joined first, so that a rank failing to prepare its stage ends the job at once.
         let mut transport = SharedTransport::new(transport()?);
+        let prepared = executor
+            .prepare(setup.spec)
+            .map_err(anyhow::Error::from)
+            .and_then(|stage| {
+                let inputs = match place.stage {
+                    0 => split_microbatches(&make_inputs()?, setup.microbatches)?,
+                    _ => Vec::new(),
+                };
+                Ok((stage, inputs))
+            });
+        let (stage, inputs) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                let cause = crate::Error::Distributed(super::one_line(&e));
+                return Err(abort_job(&mut transport, &layout, cause).into());
+            }
+        };
         let job = RankJob {
             layout,
             microbatches: setup.microbatches,
             peer_timeout: args.peer_timeout,
             relay: setup.relay.clone(),
         };
+        // The collector writes the outputs before any rank is acknowledged.
+        let mut outputs = Default::default();
+        let mut deliver = |joined: Tensors| {
+            outputs = super::run_files::write_outputs(
+                setup.output_dir,
+                &joined,
+                setup.graph,
+                &setup.protected,
+            )
+            .map_err(|e| crate::Error::Distributed(super::one_line(&e)))?;
+            Ok(())
+        };
         // The shard's collectives meet the other ranks of its stage group over the transport.
         let group = TransportGroup::new(transport.clone(), &layout, place, args.peer_timeout);
         let outcome = as_member(std::rc::Rc::new(group), || {
-            run_rank(executor, &stage, &mut transport, &job, &inputs, figures)
+            run_rank(
+                executor,
+                &stage,
+                &mut transport,
+                &job,
+                &inputs,
+                figures,
+                &mut deliver,
+            )
         });
         if let Some(path) = &args.metrics_file {
             let last = figures.lock().unwrap_or_else(|p| p.into_inner()).clone();
             metrics::write_file(&rank_path(path, place.rank), &last)?;
         }
-        let outputs = match outcome? {
-            Some(outputs) => super::run_files::write_outputs(
-                setup.output_dir,
-                &outputs,
-                setup.graph,
-                &setup.protected,
-            )?,
-            None => Default::default(),
-        };
+        outcome?;
         Ok(Ran {
             transport: transport.name(),
             gpu,
@@ -290,7 +323,9 @@ fn run_on_gpu(
     let gpu = rank.launch.local_rank % gpus;
     let setup = rank.setup;
     let executor = crate::runtime::cuda::CudaExecutor::on_device(setup.graph, setup.weights, gpu)?;
-    let transport = || connect(rank.args, rank.launch, Some(gpu));
+    let place = layout(setup.plan).place(rank.launch.rank);
+    let tcp = tcp_job(setup, rank.args, place)?;
+    let transport = || connect(rank.args, rank.launch, Some(gpu), tcp);
     rank.run(&executor, transport, make_inputs, Some(gpu))
 }
 
@@ -343,11 +378,92 @@ fn rank_path(path: &Path, rank: usize) -> PathBuf {
     PathBuf::from(path.to_string_lossy().replace("{rank}", &rank.to_string()))
 }
 
+/// What the TCP transport (also NCCL's control channel) enforces for this rank: the job's
+/// key (secret and digests), the longest message the plan lets cross and the queue bound.
+fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyhow::Result<TcpJob> {
+    let plan_bytes = std::fs::read(setup.plan_file)
+        .with_context(|| format!("cannot read '{}'", setup.plan_file.display()))?;
+    let model =
+        digest_from_hex(setup.model_sha256).context("the model's sha256 is not 64 hex digits")?;
+    let rendezvous = setup.launch.master.clone().unwrap_or_default();
+    let plan = setup.plan;
+    let graph = plan
+        .model
+        .graph_sha256
+        .as_deref()
+        .unwrap_or(&plan.model.sha256);
+    let key = JobKey::from_vars(
+        |name| std::env::var(name).ok(),
+        auth::sha256(&plan_bytes),
+        model,
+        graph,
+        &rendezvous,
+        setup.launch.world,
+    )?;
+    let layout = layout(setup.plan);
+    // A link carries one message per micro-batch at most ahead of its receiver, but the
+    // collector takes the other replicas' outputs only after its own micro-batches.
+    let replica_share = layout.microbatches_of(0, setup.microbatches).len();
+    let max_queued = if place.rank == layout.collector() {
+        replica_share + QUEUE_SLACK
+    } else {
+        QUEUE_SLACK
+    };
+    Ok(TcpJob {
+        key,
+        max_message: max_message(setup.plan, &setup.dims),
+        max_queued,
+        peer_timeout: args.peer_timeout,
+    })
+}
+
+/// Messages a link may hold beyond what the schedule sends ahead: the end-of-job report and
+/// a collective's exchange or two.
+const QUEUE_SLACK: usize = 8;
+
+/// The longest message the plan lets cross at the run's dims: anything a rank sends is a
+/// tensor one of its stage's nodes made or one it received, so at most a stage's activations
+/// plus what it receives per micro-batch, scaled where `--dim` grew a dim beyond the plan's
+/// (a product of ratios, an over-estimate for tensors that grow in fewer dims), doubled for the
+/// `.npy` framing and with a MiB for headers and names.
+fn max_message(plan: &Plan, dims: &std::collections::BTreeMap<String, u64>) -> u64 {
+    let largest = plan
+        .stages
+        .iter()
+        .map(|s| s.activation_bytes.saturating_add(s.received_bytes))
+        .max()
+        .unwrap_or(0);
+    let scale = plan
+        .model
+        .dims
+        .iter()
+        .fold(1u64, |scale, (name, &planned)| {
+            let run = dims.get(name).copied().unwrap_or(planned);
+            scale.saturating_mul(run.div_ceil(planned.max(1)).max(1))
+        });
+    largest
+        .saturating_mul(scale)
+        .saturating_mul(2)
+        .saturating_add(1 << 20)
+}
+
+fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {
+    let mut digest = [0u8; 32];
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(digest)
+}
+
 /// Joins the job over the transport asked for; `gpu` is the rank's GPU on `--backend cuda`.
 fn connect(
     args: &DistributedArgs,
     launch: &Launch,
     gpu: Option<usize>,
+    tcp: TcpJob,
 ) -> anyhow::Result<Box<dyn Transport>> {
     let kind = match args.transport {
         TransportKind::Auto if gpu.is_some() => TransportKind::Nccl,
@@ -374,13 +490,13 @@ fn connect(
         let Some(gpu) = gpu else {
             bail!("--transport nccl moves tensors between GPUs: it needs --backend cuda");
         };
-        return nccl_transport(launch, master, gpu, args.peer_timeout);
+        return nccl_transport(launch, master, gpu, tcp);
     }
     Ok(Box::new(TcpTransport::join(
         launch.rank,
         launch.world,
         master,
-        args.peer_timeout,
+        tcp,
     )?))
 }
 
@@ -389,7 +505,7 @@ fn nccl_transport(
     launch: &Launch,
     master: &str,
     gpu: usize,
-    timeout: Duration,
+    tcp: TcpJob,
 ) -> anyhow::Result<Box<dyn Transport>> {
     use crate::runtime::distributed::nccl_transport::NcclTransport;
     Ok(Box::new(NcclTransport::join(
@@ -397,7 +513,7 @@ fn nccl_transport(
         launch.world,
         master,
         gpu,
-        timeout,
+        tcp,
     )?))
 }
 
@@ -406,7 +522,7 @@ fn nccl_transport(
     _launch: &Launch,
     _master: &str,
     _gpu: usize,
-    _timeout: Duration,
+    _tcp: TcpJob,
 ) -> anyhow::Result<Box<dyn Transport>> {
     bail!("this pipecut was built without CUDA support: rebuild with `cargo build --features cuda`")
 }

@@ -93,6 +93,10 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         spec: &spec,
         shard: None,
         relay,
+        plan_file: &args.plan,
+        // The model the stages were cut from: ranks of one export agree on it.
+        model_sha256: &manifest.model.sha256,
+        dims: run_dims(plan, &args.dims)?,
         microbatches,
         output_dir: &args.output_dir,
         protected,
@@ -159,11 +163,11 @@ fn stage_file(manifest: &Manifest, stage: usize, dir: &Path) -> anyhow::Result<P
 }
 
 /// The stage file, typed at the plan's dims with `--dim` overrides laid over them.
-fn load_stage(
-    file: &Path,
+/// The plan's dims with the `--dim` overrides laid over them.
+fn run_dims(
     plan: &Plan,
     overrides: &[String],
-) -> anyhow::Result<crate::onnx::Model> {
+) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
     let mut dims = plan.model.dims.clone();
     let mut parsed = DimBindings::new();
     for arg in overrides {
@@ -172,6 +176,15 @@ fn load_stage(
     for (name, value) in parsed.iter() {
         dims.insert(name.to_string(), value);
     }
+    Ok(dims)
+}
+
+fn load_stage(
+    file: &Path,
+    plan: &Plan,
+    overrides: &[String],
+) -> anyhow::Result<crate::onnx::Model> {
+    let dims = run_dims(plan, overrides)?;
     let mut model = super::super::load_model(file, super::super::Weights::Read)?;
     super::super::check::plan_inference(plan, &dims, &model.graph)
         .run(&mut model.graph)

@@ -66,8 +66,12 @@ impl Transport for SharedTransport {
         self.0.borrow_mut().waiting(from)
     }
 
-    fn abort(&mut self, code: i32) {
-        self.0.borrow_mut().abort(code);
+    fn abort(&mut self, cause: &str) {
+        self.0.borrow_mut().abort(cause);
+    }
+
+    fn finished(&mut self) {
+        self.0.borrow_mut().finished();
     }
 }
 
@@ -76,8 +80,8 @@ pub struct TransportGroup {
     transport: SharedTransport,
     /// The job ranks of the group, in TP rank order.
     members: Vec<usize>,
-    /// How errors name each member ("rank 3 (TP rank 1 of stage 1 of replica 0)").
-    names: Vec<String>,
+    /// The job's layout, which names ranks in errors.
+    layout: RankLayout,
     /// This process's TP rank (its index in `members`).
     me: usize,
     /// Collectives completed, numbering the next one's messages.
@@ -97,7 +101,7 @@ impl TransportGroup {
         let members = layout.group_of(place);
         TransportGroup {
             transport,
-            names: members.iter().map(|&r| layout.describe(r)).collect(),
+            layout: *layout,
             members,
             me: place.tp_rank,
             done: Cell::new(0),
@@ -110,7 +114,7 @@ impl TransportGroup {
     fn swap(&self, tp_rank: usize, tag: u32, bytes: &[u8]) -> Result<Vec<u8>, String> {
         let mut transport = self.transport.clone();
         let peer = self.members[tp_rank];
-        let lost = |e: TransportError| format!("{} {e}", self.names[tp_rank]);
+        let lost = |e: TransportError| super::peer_failed(&self.layout, peer, &e);
         let own = self.members[self.me];
         if own < peer {
             transport.send(peer, tag, bytes).map_err(lost)?;
@@ -148,7 +152,7 @@ impl Collectives for TransportGroup {
                 continue;
             }
             let received = self.swap(tp_rank, tag, &bytes)?;
-            let name = &self.names[tp_rank];
+            let name = &self.layout.describe(self.members[tp_rank]);
             let tensors = wire::decode(&received, name).map_err(|e| e.to_string())?;
             let part = tensors
                 .get("x")

@@ -19,7 +19,8 @@ pub struct Launch {
     pub world: usize,
     /// Rank among the processes of this machine (0 where the launcher does not say).
     pub local_rank: usize,
-    /// Where rank 0 listens for the others (`MASTER_ADDR:MASTER_PORT`), when set.
+    /// Where rank 0 listens for the others (`MASTER_ADDR`, and `MASTER_PORT` or the port
+    /// after it under torchrun, or `PIPECUT_RENDEZVOUS_PORT`), when set.
     pub master: Option<String>,
     /// Whether an MPI launcher started the job (so the MPI transport can be used).
     pub by_mpi: bool,
@@ -91,8 +92,8 @@ impl Launch {
                     family.rank, family.world
                 )));
             }
-            let master = match (var("MASTER_ADDR"), var("MASTER_PORT")) {
-                (Some(addr), Some(port)) => Some(join_host_port(&addr, &port)),
+            let master = match (var("MASTER_ADDR"), rendezvous_port(&var)?) {
+                (Some(addr), Some(port)) => Some(join_host_port(&addr, &port.to_string())),
                 _ => None,
             };
             return Ok(Launch {
@@ -110,6 +111,37 @@ impl Launch {
                 .into(),
         ))
     }
+}
+
+/// The variable that names the port of pipecut's rendezvous outright.
+pub const RENDEZVOUS_PORT_VAR: &str = "PIPECUT_RENDEZVOUS_PORT";
+
+/// The port rank 0's rendezvous listens on: `PIPECUT_RENDEZVOUS_PORT` where set; else
+/// `MASTER_PORT`, or the port after it under torchrun, whose agent already serves its own
+/// store on `MASTER_PORT` (it says so with `TORCHELASTIC_USE_AGENT_STORE=True`, with the
+/// static and the c10d rendezvous alike).
+fn rendezvous_port(var: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>, Error> {
+    let port = |name: &str, text: &str| -> Result<u16, Error> {
+        text.trim()
+            .parse()
+            .map_err(|_| Error::Distributed(format!("{name}={text:?} is not a port number")))
+    };
+    if let Some(text) = var(RENDEZVOUS_PORT_VAR) {
+        return port(RENDEZVOUS_PORT_VAR, &text).map(Some);
+    }
+    let Some(text) = var("MASTER_PORT") else {
+        return Ok(None);
+    };
+    let master = port("MASTER_PORT", &text)?;
+    if var("TORCHELASTIC_USE_AGENT_STORE").as_deref() != Some("True") {
+        return Ok(Some(master));
+    }
+    master.checked_add(1).map(Some).ok_or_else(|| {
+        Error::Distributed(format!(
+            "MASTER_PORT={master}: torchrun's store holds it and no port follows it for \
+             pipecut's rendezvous; set {RENDEZVOUS_PORT_VAR}"
+        ))
+    })
 }
 
 /// `host:port`, with an IPv6 literal bracketed.
@@ -178,6 +210,32 @@ mod tests {
             ("MASTER_PORT", "7"),
         ]);
         assert_eq!(l.unwrap().master.as_deref(), Some("[::1]:7"));
+    }
+
+    #[test]
+    fn under_torchrun_the_rendezvous_takes_the_port_after_its_store() {
+        let torchrun = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ];
+        assert_eq!(
+            launch(&torchrun).unwrap().master.as_deref(),
+            Some("node0:29501")
+        );
+        let chosen = [&torchrun[..], &[(RENDEZVOUS_PORT_VAR, "4000")]].concat();
+        assert_eq!(
+            launch(&chosen).unwrap().master.as_deref(),
+            Some("node0:4000")
+        );
+        let bad = [&torchrun[..3], &[("MASTER_PORT", "http")]].concat();
+        let err = launch(&bad[..]).unwrap_err().to_string();
+        assert!(
+            err.contains("MASTER_PORT=\"http\" is not a port number"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //! and the outputs are bit-for-bit the same. Stage 0 of a replica splits the inputs; stage k
 //! receives micro-batch i from stage k − 1 (tag i), runs it and sends it on; the last stage of
 //! every replica sends its outputs to the *collector* (the last stage of replica 0), which
-//! joins them in micro-batch order. At the end every rank reports to the collector and waits
-//! for its acknowledgement, so a rank that failed anywhere ends every rank with an error.
+//! joins them in micro-batch order and hands them to its caller to write. At the end every rank
+//! reports to the collector and waits for its acknowledgement, which the collector sends only
+//! once the outputs are written; a rank that fails tells the job through its transport
+//! ([`Transport::abort`]), so every rank ends with an error naming the first cause.
 //!
 //! With tensor parallelism every rank of a stage group receives the same micro-batch from the
 //! rank of the same TP rank in the group before it, runs its shard of the stage (its
@@ -27,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod collectives;
 pub mod launch;
 pub mod metrics;
@@ -176,8 +179,10 @@ pub struct RankJob {
 }
 
 /// Runs this rank's stage for its replica's micro-batches. `inputs` are the step's
-/// micro-batches (read only on stage 0; others pass an empty list). Returns the joined outputs
-/// on the collector, `None` elsewhere. `figures` is updated as the rank goes.
+/// micro-batches (read only on stage 0; others pass an empty list). On the collector `deliver`
+/// gets the joined outputs (to write them) before any rank is acknowledged, so no rank ends
+/// well unless they were written. `figures` is updated as the rank goes. A failure here is
+/// reported to the whole job ([`abort_job`]); a success says so ([`Transport::finished`]).
 pub fn run_rank<E: Executor>(
     executor: &E,
     stage: &E::Stage,
@@ -185,7 +190,8 @@ pub fn run_rank<E: Executor>(
     job: &RankJob,
     inputs: &[Tensors],
     figures: &SharedFigures,
-) -> Result<Option<Tensors>, Error> {
+    deliver: &mut dyn FnMut(Tensors) -> Result<(), Error>,
+) -> Result<(), Error> {
     let mut rank = RankLoop {
         job,
         place: job.layout.place(transport.rank()),
@@ -193,11 +199,25 @@ pub fn run_rank<E: Executor>(
         figures,
         start: Instant::now(),
     };
-    let outcome = rank.run(executor, stage, inputs);
-    if outcome.is_err() {
-        rank.transport.abort(1);
+    match rank.run(executor, stage, inputs, deliver) {
+        Ok(()) => {
+            rank.transport.finished();
+            Ok(())
+        }
+        Err(e) => Err(abort_job(rank.transport, &job.layout, e)),
     }
-    outcome
+}
+
+/// Tells every rank of the job that this one failed with `error` (its message, without the
+/// rank's own name when it starts with it, which the others add), and gives the error back.
+pub fn abort_job(transport: &mut dyn Transport, layout: &RankLayout, error: Error) -> Error {
+    let me = format!("{}: ", layout.describe(transport.rank()));
+    let text = match &error {
+        Error::Distributed(text) => text.clone(),
+        other => other.to_string(),
+    };
+    transport.abort(text.strip_prefix(&me).unwrap_or(&text));
+    error
 }
 
 struct RankLoop<'a> {
@@ -214,7 +234,8 @@ impl RankLoop<'_> {
         executor: &E,
         stage: &E::Stage,
         inputs: &[Tensors],
-    ) -> Result<Option<Tensors>, Error> {
+        deliver: &mut dyn FnMut(Tensors) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let layout = self.job.layout;
         let mine = layout.microbatches_of(self.place.replica, self.job.microbatches);
         self.update(|f| {
@@ -260,18 +281,23 @@ impl RankLoop<'_> {
             }
             self.update(|f| f.microbatches_done += 1);
         }
-        self.finish(outputs)
+        self.finish(outputs, deliver)
     }
 
     /// The end of the job: the collector gathers the other replicas' outputs and every rank's
-    /// report, then acknowledges; everyone else reports and waits for the acknowledgement.
-    fn finish(&mut self, mut outputs: Vec<Tensors>) -> Result<Option<Tensors>, Error> {
+    /// report, delivers the outputs, then acknowledges; everyone else reports and waits for the
+    /// acknowledgement.
+    fn finish(
+        &mut self,
+        mut outputs: Vec<Tensors>,
+        deliver: &mut dyn FnMut(Tensors) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let layout = self.job.layout;
         let collector = layout.collector();
         if self.place.rank != collector {
             self.send_bytes(collector, DONE, &[])?;
             self.receive_bytes(collector, ACK)?;
-            return Ok(None);
+            return Ok(());
         }
         for replica in 1..layout.replicas {
             let from = layout.rank_of(replica, layout.stages - 1, 0);
@@ -282,11 +308,11 @@ impl RankLoop<'_> {
         for rank in (0..layout.world()).filter(|&r| r != collector) {
             self.receive_bytes(rank, DONE)?;
         }
-        let joined = join_microbatches(&outputs)?;
+        deliver(join_microbatches(&outputs)?)?;
         for rank in (0..layout.world()).filter(|&r| r != collector) {
             self.send_bytes(rank, ACK, &[])?;
         }
-        Ok(Some(joined))
+        Ok(())
     }
 
     /// Adds the tensors to relay from `received` to `sent`.
@@ -345,13 +371,13 @@ impl RankLoop<'_> {
         Ok(bytes)
     }
 
-    /// "rank 3 (stage 1 of replica 1): rank 2 (stage 0 of replica 1) closed its connection …"
+    /// "rank 3 (stage 1 of replica 1): rank 2 (stage 0 of replica 1) closed its connection …".
     fn lost(&self, peer: usize, e: &TransportError) -> Error {
-        let layout = self.job.layout;
+        let layout = &self.job.layout;
         Error::Distributed(format!(
-            "{}: {} {e}",
+            "{}: {}",
             layout.describe(self.place.rank),
-            layout.describe(peer)
+            peer_failed(layout, peer, e)
         ))
     }
 
@@ -359,6 +385,18 @@ impl RankLoop<'_> {
         let mut figures = self.figures.lock().unwrap_or_else(|p| p.into_inner());
         change(&mut figures);
         figures.wall_secs = self.start.elapsed().as_secs_f64();
+    }
+}
+
+/// What happened with `peer`, naming the rank at fault: "rank 2 (stage 0 of replica 1) closed
+/// its connection (…)", or where the job failed elsewhere first, that rank and its cause.
+pub fn peer_failed(layout: &RankLayout, peer: usize, e: &TransportError) -> String {
+    match e {
+        TransportError::Aborted { rank, cause } => {
+            format!("the job failed at {}: {cause}", layout.describe(*rank))
+        }
+        TransportError::Lost { rank, detail } => format!("{} {detail}", layout.describe(*rank)),
+        e => format!("{} {e}", layout.describe(peer)),
     }
 }
 

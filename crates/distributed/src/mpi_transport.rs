@@ -104,8 +104,9 @@ impl Transport for MpiTransport {
         usize::from(self.peer(from).immediate_probe().is_some())
     }
 
-    fn abort(&mut self, code: i32) {
-        // Ends every rank of the job: MPI_Abort does not return.
-        self.world.abort(code)
+    fn abort(&mut self, cause: &str) {
+        // MPI_Abort ends every rank of the job and does not return: say why first.
+        eprintln!("error: {cause}");
+        self.world.abort(1)
     }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys;
 
-use super::tcp::TcpTransport;
+use super::tcp::{TcpJob, TcpTransport};
 use super::transport::{Transport, TransportError};
 use crate::Error;
 
@@ -61,10 +61,11 @@ impl NcclTransport {
         world: usize,
         master: &str,
         ordinal: usize,
-        timeout: Duration,
+        job: TcpJob,
     ) -> Result<NcclTransport, Error> {
         nccl_present()?;
-        let mut control = TcpTransport::join(rank, world, master, timeout)?;
+        let timeout = job.peer_timeout;
+        let mut control = TcpTransport::join(rank, world, master, job)?;
         let context = CudaContext::new(ordinal).map_err(|e| {
             Error::Distributed(format!("rank {rank}: cannot open GPU {ordinal}: {e}"))
         })?;
@@ -414,10 +415,11 @@ impl Transport for NcclTransport {
         }
         let length = usize::try_from(length)
             .ok()
-            .filter(|&n| n as u64 <= super::tcp::MAX_MESSAGE_BYTES)
+            .filter(|&n| n as u64 <= self.control.max_message())
             .ok_or_else(|| {
                 TransportError::Failed(format!(
-                    "announced a message of {length} bytes, over the limit"
+                    "announced a message of {length} bytes, over the {} bytes the plan lets cross",
+                    self.control.max_message()
                 ))
             })?;
         let deadline = Instant::now() + timeout;
@@ -448,5 +450,13 @@ impl Transport for NcclTransport {
 
     fn waiting(&mut self, from: usize) -> usize {
         self.control.waiting(from)
+    }
+
+    fn abort(&mut self, cause: &str) {
+        self.control.abort(cause);
+    }
+
+    fn finished(&mut self) {
+        self.control.finished();
     }
 }

@@ -20,6 +20,22 @@ pub enum TransportError {
         /// The tag that came.
         got: u32,
     },
+    /// The receiver took nothing sent to it for this long (stopped or wedged).
+    Stalled(Duration),
+    /// The job failed: `rank` reported `cause` (its own error line).
+    Aborted {
+        /// The rank that failed first.
+        rank: usize,
+        /// What it said.
+        cause: String,
+    },
+    /// The job failed: rank `rank` was lost (`detail` says how, as a predicate).
+    Lost {
+        /// The rank that was lost first.
+        rank: usize,
+        /// How it was seen to end.
+        detail: String,
+    },
     /// Anything else the transport reports.
     Failed(String),
 }
@@ -32,6 +48,11 @@ impl std::fmt::Display for TransportError {
             TransportError::WrongTag { expected, got } => {
                 write!(f, "sent message {got} where {expected} was expected")
             }
+            TransportError::Stalled(t) => {
+                write!(f, "took nothing sent to it for {:.0} s", t.as_secs_f64())
+            }
+            TransportError::Aborted { rank, cause } => write!(f, "rank {rank} failed: {cause}"),
+            TransportError::Lost { rank, detail } => write!(f, "rank {rank} {detail}"),
             TransportError::Failed(detail) => f.write_str(detail),
         }
     }
@@ -59,7 +80,12 @@ pub trait Transport {
     /// the transport cannot count them all).
     fn waiting(&mut self, from: usize) -> usize;
 
-    /// Ends the whole job after this rank failed, where the transport can (MPI_Abort); by
-    /// default nothing: peers see this process's connections close when it exits.
-    fn abort(&mut self, _code: i32) {}
+    /// Ends the whole job after this rank failed with `cause` (its one-line error): TCP tells
+    /// every rank through rank 0, MPI calls MPI_Abort; by default nothing, and peers see this
+    /// process's connections close when it exits.
+    fn abort(&mut self, _cause: &str) {}
+
+    /// Says this rank ended well (after the collector's acknowledgement), so that its
+    /// connections closing next is not taken for a failure.
+    fn finished(&mut self) {}
 }
