@@ -58,6 +58,48 @@ TYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)"
          "tensor(bool)": np.bool_, "tensor(float16)": np.float16}
 
 
+def signal_models(folder):
+    """LSTM and GRU layers (sequence 50, batch 8, 64 features in, 128 hidden), an STFT of a
+    16,000-sample signal in 512-point Hann frames every 160 samples, and a DFT of 100 frames of
+    512 samples: the model files, each with no dim to bind."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+
+    def save(name, nodes, inputs, outputs, initializers, opset=17):
+        graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                                  ir_version=8)
+        path = os.path.join(folder, f"{name}.onnx")
+        onnx.save(model, path)
+        return path
+
+    def weight(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    floats = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    paths = []
+    for op, gates in (("LSTM", 4), ("GRU", 3)):
+        paths.append(save(
+            f"{op.lower()}_h128",
+            [helper.make_node(op, ["x", "w", "r", "b"], ["y"], hidden_size=128)],
+            [floats("x", [50, 8, 64])], [floats("y", [50, 1, 8, 128])],
+            [weight("w", [1, gates * 128, 64]), weight("r", [1, gates * 128, 128]),
+             weight("b", [1, 2 * gates * 128])]))
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(512) / 512)).astype(np.float32)
+    paths.append(save(
+        "stft_512",
+        [helper.make_node("STFT", ["x", "step", "window"], ["y"], onesided=1)],
+        [floats("x", [1, 16000, 1])], [floats("y", [1, 97, 257, 2])],
+        [numpy_helper.from_array(np.array(160, np.int64), "step"),
+         numpy_helper.from_array(window, "window")]))
+    paths.append(save(
+        "dft_512",
+        [helper.make_node("DFT", ["x"], ["y"], axis=2, onesided=1)],
+        [floats("x", [1, 100, 512, 1])], [floats("y", [1, 100, 257, 2])], []))
+    return paths
+
+
 def pipecut_secs(path, dims, binary):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "times.json")
@@ -181,7 +223,9 @@ def main():
               "| pipecut / onnxruntime |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
     only = args[1:]
-    for path, dims in MODELS:
+    generated = tempfile.TemporaryDirectory()
+    models = MODELS + [(path, {}) for path in signal_models(generated.name)]
+    for path, dims in models:
         if only and not any(o in path for o in only):
             continue
         if not os.path.exists(os.path.join(ROOT, path)):

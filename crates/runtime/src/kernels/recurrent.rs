@@ -3,7 +3,8 @@
 //! bidirectional), `layout`, the activation lists with their alphas and betas, `clip`,
 //! `sequence_lens`, initial states, LSTM's peepholes and `input_forget`, GRU's
 //! `linear_before_reset`. Gate order in `W`, `R`, `B` is the spec's: LSTM `i o f c`, GRU
-//! `z r h`. Computed in f64 per step, stored as f32.
+//! `z r h`. Computed in f32 as onnxruntime does: the input products of every step as one
+//! matrix product, the recurrent products of each step as one for the whole batch.
 
 use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use crate::tensor::HostTensor;
@@ -66,7 +67,17 @@ enum ActivationKind {
 }
 
 impl Activation {
-    fn apply(self, x: f64) -> f64 {
+    /// In f32, the logistic and tanh through `fast_math` (as onnxruntime's MLAS approximates
+    /// them); the others, rare in exported models, in f64.
+    fn apply(self, x: f32) -> f32 {
+        match self.kind {
+            ActivationKind::Sigmoid => super::fast_math::sigmoid(x),
+            ActivationKind::Tanh => super::fast_math::tanh(x),
+            _ => self.apply_f64(f64::from(x)) as f32,
+        }
+    }
+
+    fn apply_f64(self, x: f64) -> f64 {
         let (a, b) = (self.alpha, self.beta);
         match self.kind {
             ActivationKind::Relu => x.max(0.0),
@@ -225,37 +236,30 @@ fn recurrent(ctx: &Ctx, inputs: &[Option<&HostTensor>], cell: Cell) -> KernelRes
     let acts = activations(ctx, cell, directions)?;
     // An optional input given as an empty tensor counts as absent.
     let given = |i: usize| optional(inputs, i).filter(|t| !t.is_empty());
-    let clip = f64::from(ctx.float("clip", 0.0));
+    let clip = ctx.float("clip", 0.0);
     let clip = (clip > 0.0).then_some(clip);
     let lens = sequence_lens(given(4), &dims)?;
-    let initial_h = initial_state(given(5), &dims)?;
-    let initial_c = if cell == Cell::Lstm {
-        initial_state(given(6), &dims)?
-    } else {
-        Vec::new()
+    let mut state_h = initial_state(given(5), &dims)?;
+    let mut state_c = match cell {
+        Cell::Lstm => initial_state(given(6), &dims)?,
+        _ => Vec::new(),
     };
-    let (w, r) = (f64s(w), f64s(r));
-    let bias = given(3).map(f64s);
-    let peepholes = if cell == Cell::Lstm {
-        given(7).map(f64s)
-    } else {
-        None
-    };
-    let x = f64s(x);
-    let mut y = vec![0.0f64; seq * directions * batch * hidden];
-    let mut y_h = vec![0.0f64; directions * batch * hidden];
-    let mut y_c = vec![0.0f64; directions * batch * hidden];
+    let (w, r) = (w.to_f32_vec(), r.to_f32_vec());
+    let bias = given(3).map(HostTensor::to_f32_vec);
+    let peepholes = given(7)
+        .filter(|_| cell == Cell::Lstm)
+        .map(HostTensor::to_f32_vec);
+    let x = x.to_f32_vec();
+    let mut y = vec![0.0f32; seq * directions * batch * hidden];
+    let (gh, state) = (gates * hidden, batch * hidden);
+    let per = cell.default_activations().len();
     for d in 0..directions {
-        let reverse = direction == "reverse" || d == 1;
-        let per = cell.default_activations().len();
         let layer = Layer {
             cell,
             dims: &dims,
-            w: &w[d * gates * hidden * input_size..(d + 1) * gates * hidden * input_size],
-            r: &r[d * gates * hidden * hidden..(d + 1) * gates * hidden * hidden],
-            bias: bias
-                .as_ref()
-                .map(|b| &b[d * 2 * gates * hidden..(d + 1) * 2 * gates * hidden]),
+            w: &w[d * gh * input_size..(d + 1) * gh * input_size],
+            r: &r[d * gh * hidden..(d + 1) * gh * hidden],
+            bias: bias.as_ref().map(|b| &b[d * 2 * gh..(d + 1) * 2 * gh]),
             peepholes: peepholes
                 .as_ref()
                 .map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
@@ -264,37 +268,19 @@ fn recurrent(ctx: &Ctx, inputs: &[Option<&HostTensor>], cell: Cell) -> KernelRes
             input_forget: ctx.int("input_forget", 0) != 0,
             linear_before_reset: ctx.int("linear_before_reset", 0) != 0,
         };
-        for (b, &len) in lens.iter().enumerate() {
-            let range = d * batch * hidden + b * hidden..d * batch * hidden + (b + 1) * hidden;
-            let mut h = initial_h[range.clone()].to_vec();
-            let mut c = if cell == Cell::Lstm {
-                initial_c[range.clone()].to_vec()
-            } else {
-                Vec::new()
-            };
-            let sequence = Sequence {
-                direction: d,
-                batch_index: b,
-                len,
-                reverse,
-            };
-            layer.run(&x, sequence, (&mut h, &mut c), &mut y);
-            y_h[range.clone()].copy_from_slice(&h);
-            if cell == Cell::Lstm {
-                y_c[range].copy_from_slice(&c);
-            }
-        }
+        let reverse = direction == "reverse" || d == 1;
+        let h = &mut state_h[d * state..(d + 1) * state];
+        let c = match cell {
+            Cell::Lstm => &mut state_c[d * state..(d + 1) * state],
+            _ => &mut [][..],
+        };
+        layer.run(&x, (d, reverse, &lens), (h, c), &mut y);
     }
-    let mut outputs = vec![reorder_y(&y, &dims), state_output(&y_h, &dims)];
+    let mut outputs = vec![reorder_y(&y, &dims), state_output(&state_h, &dims)];
     if cell == Cell::Lstm {
-        outputs.push(state_output(&y_c, &dims));
+        outputs.push(state_output(&state_c, &dims));
     }
     Ok(outputs)
-}
-
-/// A tensor's values in f64, in which the layers compute.
-fn f64s(t: &HostTensor) -> Vec<f64> {
-    t.to_f32_vec().into_iter().map(f64::from).collect()
 }
 
 /// Each sequence's length (`sequence_lens`, capped at the sequence's; all of it when absent).
@@ -320,7 +306,7 @@ fn sequence_lens(lens: Option<&HostTensor>, dims: &Dims) -> Result<Vec<usize>, S
 
 /// An initial state (`initial_h` or `initial_c`) as `[directions, batch, hidden]` (zeros when
 /// absent), from `[batch, directions, hidden]` under layout 1.
-fn initial_state(state: Option<&HostTensor>, dims: &Dims) -> Result<Vec<f64>, String> {
+fn initial_state(state: Option<&HostTensor>, dims: &Dims) -> Result<Vec<f32>, String> {
     let Dims {
         batch,
         hidden,
@@ -332,16 +318,15 @@ fn initial_state(state: Option<&HostTensor>, dims: &Dims) -> Result<Vec<f64>, St
         None => Ok(vec![0.0; directions * batch * hidden]),
         Some(t) if t.len() == directions * batch * hidden => {
             let v = t.to_f32_vec();
+            if !batch_first {
+                return Ok(v);
+            }
             let mut out = vec![0.0; v.len()];
             for d in 0..directions {
                 for b in 0..batch {
-                    for h in 0..hidden {
-                        let from = match batch_first {
-                            false => (d * batch + b) * hidden + h,
-                            true => (b * directions + d) * hidden + h,
-                        };
-                        out[(d * batch + b) * hidden + h] = f64::from(v[from]);
-                    }
+                    let from = (b * directions + d) * hidden;
+                    let to = (d * batch + b) * hidden;
+                    out[to..to + hidden].copy_from_slice(&v[from..from + hidden]);
                 }
             }
             Ok(out)
@@ -352,7 +337,7 @@ fn initial_state(state: Option<&HostTensor>, dims: &Dims) -> Result<Vec<f64>, St
 
 /// A final state (`Y_h` or `Y_c`) from the internal `[directions, batch, hidden]` to the
 /// layout's order.
-fn state_output(v: &[f64], dims: &Dims) -> HostTensor {
+fn state_output(v: &[f32], dims: &Dims) -> HostTensor {
     let Dims {
         batch,
         hidden,
@@ -360,27 +345,21 @@ fn state_output(v: &[f64], dims: &Dims) -> HostTensor {
         batch_first,
         ..
     } = *dims;
-    let (shape, data) = if batch_first {
-        let mut out = vec![0.0f32; v.len()];
-        for d in 0..directions {
-            for b in 0..batch {
-                for h in 0..hidden {
-                    out[(b * directions + d) * hidden + h] = v[(d * batch + b) * hidden + h] as f32;
-                }
-            }
+    if !batch_first {
+        return HostTensor::f32(vec![directions, batch, hidden], v.to_vec());
+    }
+    let mut out = vec![0.0f32; v.len()];
+    for d in 0..directions {
+        for b in 0..batch {
+            let (from, to) = ((d * batch + b) * hidden, (b * directions + d) * hidden);
+            out[to..to + hidden].copy_from_slice(&v[from..from + hidden]);
         }
-        (vec![batch, directions, hidden], out)
-    } else {
-        (
-            vec![directions, batch, hidden],
-            v.iter().map(|&x| x as f32).collect(),
-        )
-    };
-    HostTensor::f32(shape, data)
+    }
+    HostTensor::f32(vec![batch, directions, hidden], out)
 }
 
 /// `Y` from the internal `[seq, directions, batch, hidden]` to the layout's order.
-fn reorder_y(y: &[f64], dims: &Dims) -> HostTensor {
+fn reorder_y(y: &[f32], dims: &Dims) -> HostTensor {
     let Dims {
         seq,
         batch,
@@ -390,19 +369,15 @@ fn reorder_y(y: &[f64], dims: &Dims) -> HostTensor {
         ..
     } = *dims;
     if !batch_first {
-        return HostTensor::f32(
-            vec![seq, directions, batch, hidden],
-            y.iter().map(|&v| v as f32).collect(),
-        );
+        return HostTensor::f32(vec![seq, directions, batch, hidden], y.to_vec());
     }
     let mut out = vec![0.0f32; y.len()];
     for t in 0..seq {
         for d in 0..directions {
             for b in 0..batch {
-                for h in 0..hidden {
-                    out[((b * seq + t) * directions + d) * hidden + h] =
-                        y[((t * directions + d) * batch + b) * hidden + h] as f32;
-                }
+                let from = ((t * directions + d) * batch + b) * hidden;
+                let to = ((b * seq + t) * directions + d) * hidden;
+                out[to..to + hidden].copy_from_slice(&y[from..from + hidden]);
             }
         }
     }
@@ -414,38 +389,49 @@ struct Layer<'a> {
     cell: Cell,
     dims: &'a Dims,
     /// `[gates · hidden, input]`.
-    w: &'a [f64],
+    w: &'a [f32],
     /// `[gates · hidden, hidden]`.
-    r: &'a [f64],
+    r: &'a [f32],
     /// `[2 · gates · hidden]`: `Wb` then `Rb`.
-    bias: Option<&'a [f64]>,
+    bias: Option<&'a [f32]>,
     /// LSTM `[3 · hidden]`: `Pi`, `Po`, `Pf`.
-    peepholes: Option<&'a [f64]>,
+    peepholes: Option<&'a [f32]>,
     acts: &'a [Activation],
-    clip: Option<f64>,
+    clip: Option<f32>,
     input_forget: bool,
     linear_before_reset: bool,
 }
 
-/// Which sequence of the batch a layer runs, in which direction, and for how many steps.
-#[derive(Debug, Clone, Copy)]
-struct Sequence {
-    direction: usize,
-    batch_index: usize,
-    len: usize,
-    reverse: bool,
+/// `out = rows · weights[first..first + n]ᵀ (+ bias[first..first + n])`: `rows` is m × k, and
+/// `weights` holds rows of k (the layout of `W` and `R`).
+fn project(
+    rows: &[f32],
+    [m, k]: [usize; 2],
+    weights: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let n = out.len() / m.max(1);
+    super::sgemm(m, k, n, 1.0, rows, (k, 1), weights, (1, k), 0.0, out);
+    if let Some(bias) = bias {
+        for row in out.chunks_mut(n.max(1)) {
+            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+    }
 }
 
 impl Layer<'_> {
-    /// Runs `sequence` from the state `(h, c)` over `x` (all of `X`, `[seq, batch, input]` or
-    /// `[batch, seq, input]`), writing each step's `h` into `y` (`[seq, directions, batch,
-    /// hidden]`); leaves the final state in `(h, c)`.
+    /// Runs every sequence of the batch in direction `d` (`reverse` from each sequence's own
+    /// last step) from the state `(h, c)` (`[batch, hidden]` each) over `x` (all of `X`), writing
+    /// each step's `h` into `y` (`[seq, directions, batch, hidden]`); leaves the final state in
+    /// `(h, c)`. The input products of every step are one matrix product up front, and each
+    /// step's recurrent products one for the whole batch, as onnxruntime computes them.
     fn run(
         &self,
-        x: &[f64],
-        sequence: Sequence,
-        (h, c): (&mut Vec<f64>, &mut Vec<f64>),
-        y: &mut [f64],
+        x: &[f32],
+        (d, reverse, lens): (usize, bool, &[usize]),
+        (h, c): (&mut [f32], &mut [f32]),
+        y: &mut [f32],
     ) {
         let Dims {
             seq,
@@ -455,117 +441,130 @@ impl Layer<'_> {
             directions,
             batch_first,
         } = *self.dims;
-        let Sequence {
-            direction: d,
-            batch_index: b,
-            len,
-            reverse,
-        } = sequence;
-        let steps: Vec<usize> = if reverse {
-            (0..len).rev().collect()
-        } else {
-            (0..len).collect()
+        let gh = self.cell.gates() * hidden;
+        let (wb, rb) = match self.bias {
+            Some(b) => (Some(&b[..gh]), Some(&b[gh..])),
+            None => (None, None),
         };
-        for t in steps {
-            let at = match batch_first {
-                false => (t * batch + b) * input,
-                true => (b * seq + t) * input,
+        // Rows in X's own order: (t, b) is row t·batch + b, or b·seq + t under layout 1.
+        let mut xw = vec![0.0f32; seq * batch * gh];
+        project(x, [seq * batch, input], self.w, wb, &mut xw);
+        let row = |t: usize, b: usize| {
+            if batch_first {
+                b * seq + t
+            } else {
+                t * batch + b
+            }
+        };
+        // The GRU's candidate reads `R_h·(r ⊙ h)` unless `linear_before_reset`: a second product.
+        let split_candidate = self.cell == Cell::Gru && !self.linear_before_reset;
+        let first_rows = if split_candidate { 2 * hidden } else { gh };
+        let mut rh = vec![0.0f32; batch * gh];
+        let mut products = vec![0.0f32; batch * first_rows];
+        let mut gated = vec![0.0f32; batch * hidden];
+        for s in 0..seq {
+            // The step of sequence b at s (from its own last step in reverse), None once done.
+            let step_of = |b: usize| {
+                let len = lens[b];
+                (s < len).then(|| if reverse { len - 1 - s } else { s })
             };
-            self.step(&x[at..at + input], h, c);
-            let out = ((t * directions + d) * batch + b) * hidden;
-            y[out..out + hidden].copy_from_slice(h);
+            project(
+                h,
+                [batch, hidden],
+                self.r,
+                rb.map(|b| &b[..first_rows]),
+                &mut products,
+            );
+            for b in 0..batch {
+                rh[b * gh..b * gh + first_rows]
+                    .copy_from_slice(&products[b * first_rows..(b + 1) * first_rows]);
+            }
+            if split_candidate {
+                for b in 0..batch {
+                    let at = step_of(b).map_or(0, |t| row(t, b) * gh + hidden);
+                    for j in 0..hidden {
+                        let reset = self.act(0, xw[at + j] + rh[b * gh + hidden + j]);
+                        gated[b * hidden + j] = reset * h[b * hidden + j];
+                    }
+                }
+                let rb_h = self.bias.map(|b| &b[gh + 2 * hidden..]);
+                let r_h = &self.r[2 * hidden * hidden..];
+                project(
+                    &gated,
+                    [batch, hidden],
+                    r_h,
+                    rb_h,
+                    &mut products[..batch * hidden],
+                );
+                for b in 0..batch {
+                    rh[b * gh + 2 * hidden..(b + 1) * gh]
+                        .copy_from_slice(&products[b * hidden..(b + 1) * hidden]);
+                }
+            }
+            for b in 0..batch {
+                let Some(t) = step_of(b) else { continue };
+                let at = row(t, b) * gh;
+                let state = b * hidden..(b + 1) * hidden;
+                let c_b = if c.is_empty() {
+                    &mut [][..]
+                } else {
+                    &mut c[state.clone()]
+                };
+                self.step(
+                    &xw[at..at + gh],
+                    &rh[b * gh..(b + 1) * gh],
+                    &mut h[state.clone()],
+                    c_b,
+                );
+                let out = ((t * directions + d) * batch + b) * hidden;
+                y[out..out + hidden].copy_from_slice(&h[state]);
+            }
         }
     }
 
-    /// `W_g·x + Wb_g` and `R_g·h + Rb_g` for gate `g`, unit `j`.
-    fn gate(&self, g: usize, j: usize, x: &[f64], h: &[f64]) -> (f64, f64) {
-        let (input, hidden, gates) = (self.dims.input, self.dims.hidden, self.cell.gates());
-        let row = g * hidden + j;
-        let wx: f64 = self.w[row * input..(row + 1) * input]
-            .iter()
-            .zip(x)
-            .map(|(a, b)| a * b)
-            .sum();
-        let rh: f64 = self.r[row * hidden..(row + 1) * hidden]
-            .iter()
-            .zip(h)
-            .map(|(a, b)| a * b)
-            .sum();
-        let (wb, rb) = self
-            .bias
-            .map_or((0.0, 0.0), |b| (b[row], b[gates * hidden + row]));
-        (wx + wb, rh + rb)
+    fn act(&self, i: usize, v: f32) -> f32 {
+        let v = self.clip.map_or(v, |c| v.clamp(-c, c));
+        self.acts[i].apply(v)
     }
 
-    fn clip(&self, v: f64) -> f64 {
-        self.clip.map_or(v, |c| v.clamp(-c, c))
-    }
-
-    /// Advances `h` (and LSTM's `c`) by one input `x`.
-    fn step(&self, x: &[f64], h: &mut Vec<f64>, c: &mut Vec<f64>) {
+    /// Advances one sequence's `h` (and LSTM's `c`) from its input products `xw` (`W·x + Wb`)
+    /// and recurrent products `rh` (`R·h + Rb`, the GRU candidate's as the cell needs it).
+    fn step(&self, xw: &[f32], rh: &[f32], h: &mut [f32], c: &mut [f32]) {
         let hidden = self.dims.hidden;
-        let act = |i: usize, v: f64| self.acts[i].apply(self.clip(v));
         match self.cell {
             Cell::Rnn => {
-                let next: Vec<f64> = (0..hidden)
-                    .map(|j| {
-                        let (wx, rh) = self.gate(0, j, x, h);
-                        act(0, wx + rh)
-                    })
-                    .collect();
-                *h = next;
+                for j in 0..hidden {
+                    h[j] = self.act(0, xw[j] + rh[j]);
+                }
             }
             Cell::Gru => {
-                let z: Vec<f64> = (0..hidden)
-                    .map(|j| {
-                        let (wx, rh) = self.gate(0, j, x, h);
-                        act(0, wx + rh)
-                    })
-                    .collect();
-                let reset: Vec<f64> = (0..hidden)
-                    .map(|j| {
-                        let (wx, rh) = self.gate(1, j, x, h);
-                        act(0, wx + rh)
-                    })
-                    .collect();
-                let gated: Vec<f64> = h.iter().zip(&reset).map(|(a, b)| a * b).collect();
-                let next: Vec<f64> = (0..hidden)
-                    .map(|j| {
-                        let candidate = if self.linear_before_reset {
-                            let (wx, rh) = self.gate(2, j, x, h);
-                            act(1, wx + reset[j] * rh)
-                        } else {
-                            let (wx, rh) = self.gate(2, j, x, &gated);
-                            act(1, wx + rh)
-                        };
-                        (1.0 - z[j]) * candidate + z[j] * h[j]
-                    })
-                    .collect();
-                *h = next;
+                for j in 0..hidden {
+                    let z = self.act(0, xw[j] + rh[j]);
+                    let reset = self.act(0, xw[hidden + j] + rh[hidden + j]);
+                    let recurrent = rh[2 * hidden + j];
+                    let candidate = match self.linear_before_reset {
+                        true => self.act(1, xw[2 * hidden + j] + reset * recurrent),
+                        // `rh` holds R_h·(r ⊙ h) + Rb_h already.
+                        false => self.act(1, xw[2 * hidden + j] + recurrent),
+                    };
+                    h[j] = (1.0 - z) * candidate + z * h[j];
+                }
             }
             Cell::Lstm => {
                 let peep = |k: usize, j: usize| self.peepholes.map_or(0.0, |p| p[k * hidden + j]);
-                let mut next_h = vec![0.0; hidden];
-                let mut next_c = vec![0.0; hidden];
                 for j in 0..hidden {
                     // Gate rows: i = 0, o = 1, f = 2, c = 3; peepholes i, o, f.
-                    let pre = |g: usize| {
-                        let (wx, rh) = self.gate(g, j, x, h);
-                        wx + rh
+                    let pre = |g: usize| xw[g * hidden + j] + rh[g * hidden + j];
+                    let i = self.act(0, pre(0) + peep(0, j) * c[j]);
+                    let f = match self.input_forget {
+                        true => 1.0 - i,
+                        false => self.act(0, pre(2) + peep(2, j) * c[j]),
                     };
-                    let i = act(0, pre(0) + peep(0, j) * c[j]);
-                    let f = if self.input_forget {
-                        1.0 - i
-                    } else {
-                        act(0, pre(2) + peep(2, j) * c[j])
-                    };
-                    let candidate = act(1, pre(3));
-                    next_c[j] = f * c[j] + i * candidate;
-                    let o = act(0, pre(1) + peep(1, j) * next_c[j]);
-                    next_h[j] = o * act(2, next_c[j]);
+                    let candidate = self.act(1, pre(3));
+                    c[j] = f * c[j] + i * candidate;
+                    let o = self.act(0, pre(1) + peep(1, j) * c[j]);
+                    h[j] = o * self.act(2, c[j]);
                 }
-                *h = next_h;
-                *c = next_c;
             }
         }
     }
