@@ -198,6 +198,30 @@ unsafe fn zip_avx2<A: Copy, B: Copy, O>(
     zip_portable(dst, a, a_step, b, b_step, f);
 }
 
+/// Replaces each element by `f(x)`: the loop of [`map`] in place (the recurrent layers'
+/// activations), compiled a second time for AVX2 and picked at run time.
+pub(crate) fn map_in_place(values: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { map_in_place_avx2(values, f) };
+    }
+    map_in_place_portable(values, f)
+}
+
+#[inline(always)]
+fn map_in_place_portable(values: &mut [f32], f: impl Fn(f32) -> f32) {
+    for v in values.iter_mut() {
+        *v = f(*v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn map_in_place_avx2(values: &mut [f32], f: impl Fn(f32) -> f32) {
+    map_in_place_portable(values, f);
+}
+
 /// The largest element (NaN elements are skipped; `−inf` for an empty slice), in eight
 /// independent lanes so that the loop vectorises.
 pub(crate) fn max(v: &[f32]) -> f32 {

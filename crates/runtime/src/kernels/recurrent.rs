@@ -77,6 +77,18 @@ impl Activation {
         }
     }
 
+    /// [`Activation::apply`] on each element: one loop per kind, which the compiler vectorises
+    /// (for AVX2 too, where the CPU has it, for the logistic and tanh).
+    fn apply_slice(self, values: &mut [f32]) {
+        match self.kind {
+            ActivationKind::Sigmoid => {
+                super::fast_math::map_in_place(values, super::fast_math::sigmoid)
+            }
+            ActivationKind::Tanh => super::fast_math::map_in_place(values, super::fast_math::tanh),
+            _ => values.iter_mut().for_each(|v| *v = self.apply(*v)),
+        }
+    }
+
     fn apply_f64(self, x: f64) -> f64 {
         let (a, b) = (self.alpha, self.beta);
         match self.kind {
@@ -402,17 +414,17 @@ struct Layer<'a> {
     linear_before_reset: bool,
 }
 
-/// `out = rows · weights[first..first + n]ᵀ (+ bias[first..first + n])`: `rows` is m × k, and
-/// `weights` holds rows of k (the layout of `W` and `R`).
+/// `out = rows · B (+ bias)`: `rows` is m × k, `B` the k × n matrix that `weights` holds with
+/// `strides` (row, column), n the width of `out`.
 fn project(
     rows: &[f32],
     [m, k]: [usize; 2],
-    weights: &[f32],
+    (weights, strides): (&[f32], (usize, usize)),
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let n = out.len() / m.max(1);
-    super::sgemm(m, k, n, 1.0, rows, (k, 1), weights, (1, k), 0.0, out);
+    super::sgemm(m, k, n, 1.0, rows, (k, 1), weights, strides, 0.0, out);
     if let Some(bias) = bias {
         for row in out.chunks_mut(n.max(1)) {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
@@ -448,7 +460,16 @@ impl Layer<'_> {
         };
         // Rows in X's own order: (t, b) is row t·batch + b, or b·seq + t under layout 1.
         let mut xw = vec![0.0f32; seq * batch * gh];
-        project(x, [seq * batch, input], self.w, wb, &mut xw);
+        project(x, [seq * batch, input], (self.w, (1, input)), wb, &mut xw);
+        // `R` transposed once, `[hidden, gates · hidden]`: each step's product then reads it row
+        // by row, where reading `R`'s own rows as columns made the product pack all of `R` at
+        // every step (two thirds of an LSTM's time).
+        let mut r_t = vec![0.0f32; hidden * gh];
+        for (n, weights) in self.r.chunks_exact(hidden.max(1)).enumerate() {
+            for (k, &v) in weights.iter().enumerate() {
+                r_t[k * gh + n] = v;
+            }
+        }
         let row = |t: usize, b: usize| {
             if batch_first {
                 b * seq + t
@@ -462,33 +483,39 @@ impl Layer<'_> {
         let mut rh = vec![0.0f32; batch * gh];
         let mut products = vec![0.0f32; batch * first_rows];
         let mut gated = vec![0.0f32; batch * hidden];
+        let mut pre = vec![0.0f32; gh];
         for s in 0..seq {
             // The step of sequence b at s (from its own last step in reverse), None once done.
             let step_of = |b: usize| {
                 let len = lens[b];
                 (s < len).then(|| if reverse { len - 1 - s } else { s })
             };
-            project(
-                h,
-                [batch, hidden],
-                self.r,
-                rb.map(|b| &b[..first_rows]),
-                &mut products,
-            );
-            for b in 0..batch {
-                rh[b * gh..b * gh + first_rows]
-                    .copy_from_slice(&products[b * first_rows..(b + 1) * first_rows]);
+            let rb_first = rb.map(|b| &b[..first_rows]);
+            if split_candidate {
+                project(h, [batch, hidden], (&r_t, (gh, 1)), rb_first, &mut products);
+                for b in 0..batch {
+                    rh[b * gh..b * gh + first_rows]
+                        .copy_from_slice(&products[b * first_rows..(b + 1) * first_rows]);
+                }
+            } else {
+                project(h, [batch, hidden], (&r_t, (gh, 1)), rb_first, &mut rh);
             }
             if split_candidate {
                 for b in 0..batch {
                     let at = step_of(b).map_or(0, |t| row(t, b) * gh + hidden);
-                    for j in 0..hidden {
-                        let reset = self.act(0, xw[at + j] + rh[b * gh + hidden + j]);
-                        gated[b * hidden + j] = reset * h[b * hidden + j];
+                    let reset = &mut pre[..hidden];
+                    let recurrent = &rh[b * gh + hidden..b * gh + 2 * hidden];
+                    for ((r, x), rh) in reset.iter_mut().zip(&xw[at..at + hidden]).zip(recurrent) {
+                        *r = x + rh;
+                    }
+                    self.activate(0, reset);
+                    let state = &h[b * hidden..(b + 1) * hidden];
+                    for ((g, r), h) in gated[b * hidden..].iter_mut().zip(&*reset).zip(state) {
+                        *g = r * h;
                     }
                 }
                 let rb_h = self.bias.map(|b| &b[gh + 2 * hidden..]);
-                let r_h = &self.r[2 * hidden * hidden..];
+                let r_h = (&r_t[2 * hidden..], (gh, 1));
                 project(
                     &gated,
                     [batch, hidden],
@@ -510,62 +537,90 @@ impl Layer<'_> {
                 } else {
                     &mut c[state.clone()]
                 };
-                self.step(
-                    &xw[at..at + gh],
-                    &rh[b * gh..(b + 1) * gh],
-                    &mut h[state.clone()],
-                    c_b,
-                );
+                let products = (&xw[at..at + gh], &rh[b * gh..(b + 1) * gh]);
+                self.step(products, &mut pre, &mut h[state.clone()], c_b);
                 let out = ((t * directions + d) * batch + b) * hidden;
                 y[out..out + hidden].copy_from_slice(&h[state]);
             }
         }
     }
 
-    fn act(&self, i: usize, v: f32) -> f32 {
-        let v = self.clip.map_or(v, |c| v.clamp(-c, c));
-        self.acts[i].apply(v)
+    /// Clips (when `clip` is set) and applies activation `i` to each value.
+    fn activate(&self, i: usize, values: &mut [f32]) {
+        if let Some(c) = self.clip {
+            values.iter_mut().for_each(|v| *v = v.clamp(-c, c));
+        }
+        self.acts[i].apply_slice(values);
     }
 
     /// Advances one sequence's `h` (and LSTM's `c`) from its input products `xw` (`W·x + Wb`)
-    /// and recurrent products `rh` (`R·h + Rb`, the GRU candidate's as the cell needs it).
-    fn step(&self, xw: &[f32], rh: &[f32], h: &mut [f32], c: &mut [f32]) {
+    /// and recurrent products `rh` (`R·h + Rb`, the GRU candidate's as the cell needs it);
+    /// `pre` (gates · hidden) holds the gates. Gate by gate over the whole hidden vector, so
+    /// each activation is one vectorised loop.
+    fn step(&self, (xw, rh): (&[f32], &[f32]), pre: &mut [f32], h: &mut [f32], c: &mut [f32]) {
         let hidden = self.dims.hidden;
+        for ((p, x), r) in pre.iter_mut().zip(xw).zip(rh) {
+            *p = x + r;
+        }
         match self.cell {
             Cell::Rnn => {
-                for j in 0..hidden {
-                    h[j] = self.act(0, xw[j] + rh[j]);
-                }
+                self.activate(0, pre);
+                h.copy_from_slice(pre);
             }
             Cell::Gru => {
+                let (z, rest) = pre.split_at_mut(hidden);
+                let (reset, candidate) = rest.split_at_mut(hidden);
+                self.activate(0, z);
+                self.activate(0, reset);
                 for j in 0..hidden {
-                    let z = self.act(0, xw[j] + rh[j]);
-                    let reset = self.act(0, xw[hidden + j] + rh[hidden + j]);
-                    let recurrent = rh[2 * hidden + j];
-                    let candidate = match self.linear_before_reset {
-                        true => self.act(1, xw[2 * hidden + j] + reset * recurrent),
+                    candidate[j] = match self.linear_before_reset {
+                        true => xw[2 * hidden + j] + reset[j] * rh[2 * hidden + j],
                         // `rh` holds R_h·(r ⊙ h) + Rb_h already.
-                        false => self.act(1, xw[2 * hidden + j] + recurrent),
+                        false => candidate[j],
                     };
-                    h[j] = (1.0 - z) * candidate + z * h[j];
                 }
-            }
-            Cell::Lstm => {
-                let peep = |k: usize, j: usize| self.peepholes.map_or(0.0, |p| p[k * hidden + j]);
+                self.activate(1, candidate);
                 for j in 0..hidden {
-                    // Gate rows: i = 0, o = 1, f = 2, c = 3; peepholes i, o, f.
-                    let pre = |g: usize| xw[g * hidden + j] + rh[g * hidden + j];
-                    let i = self.act(0, pre(0) + peep(0, j) * c[j]);
-                    let f = match self.input_forget {
-                        true => 1.0 - i,
-                        false => self.act(0, pre(2) + peep(2, j) * c[j]),
-                    };
-                    let candidate = self.act(1, pre(3));
-                    c[j] = f * c[j] + i * candidate;
-                    let o = self.act(0, pre(1) + peep(1, j) * c[j]);
-                    h[j] = o * self.act(2, c[j]);
+                    h[j] = (1.0 - z[j]) * candidate[j] + z[j] * h[j];
                 }
             }
+            Cell::Lstm => self.lstm_step(pre, h, c),
+        }
+    }
+
+    /// The LSTM's gates from their pre-activations in `pre` (rows i, o, f, c; peepholes i, o,
+    /// f), into `h` and `c`.
+    fn lstm_step(&self, pre: &mut [f32], h: &mut [f32], c: &mut [f32]) {
+        let hidden = self.dims.hidden;
+        let (i, rest) = pre.split_at_mut(hidden);
+        let (o, rest) = rest.split_at_mut(hidden);
+        let (f, candidate) = rest.split_at_mut(hidden);
+        if let Some(p) = self.peepholes {
+            for j in 0..hidden {
+                i[j] += p[j] * c[j];
+                f[j] += p[2 * hidden + j] * c[j];
+            }
+        }
+        self.activate(0, i);
+        match self.input_forget {
+            true => f.iter_mut().zip(&*i).for_each(|(f, i)| *f = 1.0 - i),
+            false => self.activate(0, f),
+        }
+        self.activate(1, candidate);
+        for j in 0..hidden {
+            c[j] = f[j] * c[j] + i[j] * candidate[j];
+        }
+        if let Some(p) = self.peepholes {
+            for j in 0..hidden {
+                o[j] += p[hidden + j] * c[j];
+            }
+        }
+        self.activate(0, o);
+        // h = o ⊙ act₂(c), act₂(c) in the input gate's row, which is spent.
+        i.copy_from_slice(c);
+        self.activate(2, i);
+        for j in 0..hidden {
+            h[j] = o[j] * i[j];
         }
     }
 }
