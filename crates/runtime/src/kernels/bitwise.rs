@@ -94,6 +94,7 @@ mod tests {
             node: &n,
             opset: 18,
             output_dtypes: &dtypes,
+            input_dtypes: &[],
         };
         let x = i(&[2], &[0, 5]);
         let out = lookup("", "BitwiseNot").unwrap()(&ctx, &[Some(&x)]).unwrap();
@@ -106,6 +107,7 @@ mod tests {
             node: &n,
             opset: 11,
             output_dtypes: &dtypes,
+            input_dtypes: &[],
         };
         let shifts = i(&[2], &[1, 8]);
         let out =
