@@ -222,7 +222,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
         ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
-        ("", "Attention") => onnx_attention,
+        ("", "Attention") | ("ai.onnx.preview", "FlexAttention") => onnx_attention,
         ("", "LinearAttention") => linear_attention,
         ("", "CausalConvWithState") => causal_conv_with_state,
         // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.

@@ -27,6 +27,47 @@ use crate::tensor::HostTensor;
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Attention"], attention);
     t.add(&["RotaryEmbedding"], rotary_embedding);
+    t.add_in("ai.onnx.preview", &["FlexAttention"], flex_attention);
+}
+
+/// FlexAttention (ai.onnx.preview opset 1, after `onnx/reference/ops/aionnx_preview/
+/// op_flex_attention.py`): 4-D Q, K, V, scaled scores (1/√E unless `scale` is given), a softmax
+/// over keys and the product with V, KV heads grouped as Attention groups them. The
+/// `score_mod` and `prob_mod` subgraphs are not run: a node with one is refused.
+fn flex_attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    for name in ["score_mod", "prob_mod"] {
+        if ctx.node.attributes.contains_key(name) {
+            return Err(format!(
+                "FlexAttention's '{name}' subgraph is not run by the CPU runtime"
+            ));
+        }
+    }
+    for (i, what) in [(0, "Q"), (1, "K"), (2, "V")] {
+        if input(inputs, i)?.rank() != 4 {
+            return Err(format!("FlexAttention needs a 4-D {what}"));
+        }
+    }
+    let q = Heads::read(input(inputs, 0)?, 0, "Q")?;
+    let k = Heads::read(input(inputs, 1)?, 0, "K")?;
+    let v = Heads::read(input(inputs, 2)?, 0, "V")?;
+    let scoring = Scoring {
+        scale: match ctx.attr("scale") {
+            Some(_) => ctx.float("scale", 1.0),
+            None => 1.0 / (q.size as f32).sqrt(),
+        },
+        softcap: 0.0,
+        causal: false,
+        offsets: Vec::new(),
+        window: (-1, -1),
+        mode: 0,
+        mask: None,
+        nonpad: None,
+    };
+    let (y, _) = attend(&q, &k, &v, &scoring)?;
+    Ok(vec![HostTensor::f32(
+        vec![q.batch, q.heads, q.seq, v.size],
+        y,
+    )])
 }
 
 fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -373,18 +414,10 @@ fn merge_heads(y: &[f32], q: &Heads, v_size: usize) -> HostTensor {
     HostTensor::f32(vec![q.batch, q.seq, q.heads * v_size], flat)
 }
 
-fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let q_tensor = input(inputs, 0)?;
-    let q = Heads::read(q_tensor, ctx.int("q_num_heads", 0), "Q")?;
-    let kv_heads = ctx.int("kv_num_heads", 0);
-    let past = |i: usize| {
-        optional(inputs, i)
-            .map(|t| Heads::read(t, kv_heads, "past cache"))
-            .transpose()
-    };
-    let k = Heads::read(input(inputs, 1)?, kv_heads, "K")?.after(past(4)?)?;
-    let v = Heads::read(input(inputs, 2)?, kv_heads, "V")?.after(past(5)?)?;
-    let past_len = optional(inputs, 4).map_or(0, |t| t.shape().get(2).copied().unwrap_or(0));
+/// Scores every query against every key as `scoring` says, softmaxes them and weighs V:
+/// `y [batch, q_heads, q_seq, v_size]` and the scores `qk_matmul_output_mode` reports
+/// `[batch, q_heads, q_seq, total]`. Grouped-query attention reads KV head `h / group`.
+fn attend(q: &Heads, k: &Heads, v: &Heads, scoring: &Scoring) -> Result<(Vec<f32>, Vec<f32>), String> {
     if q.size != k.size || q.batch != k.batch || k.batch != v.batch || k.seq != v.seq {
         return Err("Q, K and V disagree on batch, sequence or head size".into());
     }
@@ -395,27 +428,6 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         ));
     }
     let group = q.heads / k.heads;
-    let nonpad = optional(inputs, 6).map(|t| t.to_i64_vec());
-    let offsets = match (&nonpad, past_len) {
-        (Some(lengths), 0) => lengths.iter().map(|&n| n - q.seq as i64).collect(),
-        _ => vec![past_len as i64; q.batch],
-    };
-    let scoring = Scoring {
-        scale: match ctx.attr("scale") {
-            Some(_) => ctx.float("scale", 1.0),
-            None => 1.0 / (q.size as f32).sqrt(),
-        },
-        softcap: ctx.float("softcap", 0.0),
-        causal: ctx.int("is_causal", 0) != 0,
-        offsets,
-        window: (
-            ctx.int("left_window_size", -1),
-            ctx.int("right_window_size", -1),
-        ),
-        mode: ctx.int("qk_matmul_output_mode", 0),
-        mask: optional(inputs, 3).map(Mask::new).transpose()?,
-        nonpad,
-    };
     let total = k.seq;
     let mut qk_out = vec![0.0f32; q.batch * q.heads * q.seq * total];
     let mut y = vec![0.0f32; q.batch * q.heads * q.seq * v.size];
@@ -446,6 +458,44 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
         }
     }
+    Ok((y, qk_out))
+}
+
+fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let q_tensor = input(inputs, 0)?;
+    let q = Heads::read(q_tensor, ctx.int("q_num_heads", 0), "Q")?;
+    let kv_heads = ctx.int("kv_num_heads", 0);
+    let past = |i: usize| {
+        optional(inputs, i)
+            .map(|t| Heads::read(t, kv_heads, "past cache"))
+            .transpose()
+    };
+    let k = Heads::read(input(inputs, 1)?, kv_heads, "K")?.after(past(4)?)?;
+    let v = Heads::read(input(inputs, 2)?, kv_heads, "V")?.after(past(5)?)?;
+    let past_len = optional(inputs, 4).map_or(0, |t| t.shape().get(2).copied().unwrap_or(0));
+    let nonpad = optional(inputs, 6).map(|t| t.to_i64_vec());
+    let offsets = match (&nonpad, past_len) {
+        (Some(lengths), 0) => lengths.iter().map(|&n| n - q.seq as i64).collect(),
+        _ => vec![past_len as i64; q.batch],
+    };
+    let scoring = Scoring {
+        scale: match ctx.attr("scale") {
+            Some(_) => ctx.float("scale", 1.0),
+            None => 1.0 / (q.size as f32).sqrt(),
+        },
+        softcap: ctx.float("softcap", 0.0),
+        causal: ctx.int("is_causal", 0) != 0,
+        offsets,
+        window: (
+            ctx.int("left_window_size", -1),
+            ctx.int("right_window_size", -1),
+        ),
+        mode: ctx.int("qk_matmul_output_mode", 0),
+        mask: optional(inputs, 3).map(Mask::new).transpose()?,
+        nonpad,
+    };
+    let (y, qk_out) = attend(&q, &k, &v, &scoring)?;
+    let total = k.seq;
     let y = if q_tensor.rank() == 3 {
         merge_heads(&y, &q, v.size)
     } else {
