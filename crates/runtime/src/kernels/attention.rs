@@ -417,7 +417,12 @@ fn merge_heads(y: &[f32], q: &Heads, v_size: usize) -> HostTensor {
 /// Scores every query against every key as `scoring` says, softmaxes them and weighs V:
 /// `y [batch, q_heads, q_seq, v_size]` and the scores `qk_matmul_output_mode` reports
 /// `[batch, q_heads, q_seq, total]`. Grouped-query attention reads KV head `h / group`.
-fn attend(q: &Heads, k: &Heads, v: &Heads, scoring: &Scoring) -> Result<(Vec<f32>, Vec<f32>), String> {
+fn attend(
+    q: &Heads,
+    k: &Heads,
+    v: &Heads,
+    scoring: &Scoring,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
     if q.size != k.size || q.batch != k.batch || k.batch != v.batch || k.seq != v.seq {
         return Err("Q, K and V disagree on batch, sequence or head size".into());
     }
