@@ -149,7 +149,17 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                 "Mul" => f32_op!(|x: f32, y: f32| x * y),
                 "Div" => f32_op!(|x: f32, y: f32| x / y),
                 "Pow" => f32_op!(pow),
-                "Mod" | "FMod" => f32_op!(|x: f32, y: f32| x % y),
+                "FMod" => f32_op!(|x: f32, y: f32| x % y),
+                // fmod = 0 on floats (onnx 1.23's reference: numpy's mod) takes the divisor's
+                // sign, as on integers.
+                "Mod" => f32_op!(|x: f32, y: f32| {
+                    let r = x % y;
+                    if r != 0.0 && (r < 0.0) != (y < 0.0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                }),
                 // NaN propagates, as onnxruntime does.
                 "Max" => f32_op!(|x: f32, y: f32| {
                     if x.is_nan() || y.is_nan() {
