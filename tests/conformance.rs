@@ -1,6 +1,8 @@
 //! Conformance test: the ONNX backend node cases of the pinned onnx package (the per-operator
-//! cases `onnx.backend.test.case.node.collect_testcases(None)` generates; onnx 1.19.1 has 1,615)
-//! through every phase pipecut has, against a committed list of expected failures.
+//! cases `onnx.backend.test.case.node.collect_testcases(None)` generates; onnx 1.23.2 has 1,884)
+//! through every phase pipecut has, against a committed list of expected failures; and the same
+//! cases through the command line as a user runs them (`onnx_node_cases_through_the_cli`, at the
+//! end), against a floor on the pass rate. docs/conformance.md has both figures.
 //!
 //! `fixtures/conformance.py` (run here with the project venv when `target/conformance/` is
 //! missing or stale) writes each case's model, with the declared output shapes erased, and its
@@ -689,11 +691,12 @@ fn onnx_node_cases_match_the_expected_failures() {
     );
 }
 
-// ---- The same cases through the command line, as a user runs them ----
+// ---- The same cases through the command line, as a user runs them (docs/conformance.md,
+// "Through the command line") ----
 
 /// The share of the cases (with data) that must pass through the CLI; the measured figure is
 /// in docs/conformance.md. Below it, the harness fails and lists the failures.
-const CLI_FLOOR_PERCENT: f64 = 90.0;
+const CLI_FLOOR_PERCENT: f64 = 95.5;
 
 /// Serializes the cache check of the two tests, which may otherwise both write it at once.
 static CACHE: Mutex<()> = Mutex::new(());
