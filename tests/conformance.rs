@@ -733,8 +733,8 @@ fn pipecut_cli(args: &[String]) -> Result<String, String> {
 
 /// The flags a user gives `inspect`, `partition` and `run` for a case: `--dim` for the inputs'
 /// symbolic dims (and the sizes left to data), `--value` for the inputs that decide shapes, and
-/// `--input` for every input. `Err` when a value has no form `run` takes (a sequence, an
-/// absent optional).
+/// `--input` for every input (a sequence as a directory of `0.npy`, `1.npy`, … made in `work`).
+/// `Err` when a value has no form `run` takes (an absent optional).
 #[derive(Default)]
 struct CliFlags {
     shape: Vec<String>,
@@ -743,7 +743,7 @@ struct CliFlags {
     output_dtypes: BTreeMap<String, DType>,
 }
 
-fn cli_flags(dir: &Path, case: &Value) -> Result<CliFlags, Outcome> {
+fn cli_flags(dir: &Path, case: &Value, work: &Path) -> Result<CliFlags, Outcome> {
     let bytes = std::fs::read(dir.join("model.onnx")).map_err(|e| fail("load", e))?;
     let model = pipecut::onnx::load_model_from_bytes(&bytes, None);
     // A model the library cannot load gets no flags: `inspect` then says why.
@@ -773,15 +773,14 @@ fn cli_flags(dir: &Path, case: &Value) -> Result<CliFlags, Outcome> {
     let mut inputs = Vec::new();
     for entry in case["inputs"].as_array().unwrap() {
         let name = entry["name"].as_str().unwrap();
-        let Some(file) = user_file(dir, entry) else {
-            let what = if entry["absent"].as_bool() == Some(true) {
-                "an absent optional"
-            } else {
-                "a sequence"
-            };
+        let file = match entry["sequence"].as_array() {
+            Some(elements) => sequence_dir(dir, elements, &work.join("inputs").join(name)),
+            None => user_file(dir, entry),
+        };
+        let Some(file) = file else {
             return Err(fail(
                 "run",
-                format!("input '{name}' is {what}, which `run --input` cannot give"),
+                format!("input '{name}' is an absent optional, which `run --input` cannot give"),
             ));
         };
         if values.contains_key(name) {
@@ -796,10 +795,20 @@ fn cli_flags(dir: &Path, case: &Value) -> Result<CliFlags, Outcome> {
     })
 }
 
+/// A sequence input as a user passes it: a directory of `0.npy`, `1.npy`, … (copies of the
+/// cache's element files).
+fn sequence_dir(dir: &Path, elements: &[Value], to: &Path) -> Option<PathBuf> {
+    std::fs::create_dir_all(to).ok()?;
+    for (j, element) in elements.iter().enumerate() {
+        std::fs::copy(user_file(dir, element)?, to.join(format!("{j}.npy"))).ok()?;
+    }
+    Some(to.to_path_buf())
+}
+
 /// One case through `inspect`, `partition --out` and `run --input`, the outputs read back from
 /// the files `run` wrote and compared with the reference as the library test compares them.
 fn cli_case(dir: &Path, case: &Value, work: &Path) -> Outcome {
-    let flags = match cli_flags(dir, case) {
+    let flags = match cli_flags(dir, case, work) {
         Ok(f) => f,
         Err(outcome) => return outcome,
     };
@@ -860,18 +869,33 @@ fn compare_cli_outputs(
     );
     for entry in case["outputs"].as_array().unwrap() {
         let name = entry["name"].as_str().unwrap();
-        let Reference::Tensor(want) = reference_value(dir, entry)? else {
-            return Err(format!(
-                "output '{name}' is no tensor, which `run` cannot write"
-            ));
+        let listed = report["outputs"][name].as_str().map(Path::new);
+        let read = |file: &Path| -> Result<HostTensor, String> {
+            let got = read_npy_as(file, dtypes.get(name).copied()).map_err(|e| e.to_string())?;
+            got.tensor.cast(runtime_dtype(got.tensor.dtype()))
         };
-        let file = report["outputs"][name]
-            .as_str()
-            .ok_or_else(|| format!("run wrote no file for output '{name}'"))?;
-        let got =
-            read_npy_as(Path::new(file), dtypes.get(name).copied()).map_err(|e| e.to_string())?;
-        let got = got.tensor.cast(runtime_dtype(got.tensor.dtype()))?;
-        compare(name, &got, &want, rtol, atol)?;
+        match (reference_value(dir, entry)?, listed) {
+            (Reference::Absent, None) => {}
+            (Reference::Absent, Some(file)) => {
+                return Err(format!("output '{name}' is absent, but run wrote {file:?}"))
+            }
+            (_, None) => return Err(format!("run wrote no file for output '{name}'")),
+            (Reference::Tensor(want), Some(file)) => {
+                compare(name, &read(file)?, &want, rtol, atol)?
+            }
+            (Reference::Sequence(want), Some(folder)) => {
+                if folder.join(format!("{}.npy", want.len())).exists() {
+                    return Err(format!(
+                        "output '{name}' has more than {} elements",
+                        want.len()
+                    ));
+                }
+                for (j, want) in want.iter().enumerate() {
+                    let got = read(&folder.join(format!("{j}.npy")))?;
+                    compare(&format!("{name}[{j}]"), &got, want, rtol, atol)?;
+                }
+            }
+        }
     }
     Ok(())
 }
