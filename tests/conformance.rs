@@ -696,7 +696,7 @@ fn onnx_node_cases_match_the_expected_failures() {
 
 /// The share of the cases (with data) that must pass through the CLI; the measured figure is
 /// in docs/conformance.md. Below it, the harness fails and lists the failures.
-const CLI_FLOOR_PERCENT: f64 = 95.5;
+const CLI_FLOOR_PERCENT: f64 = 97.5;
 
 /// Serializes the cache check of the two tests, which may otherwise both write it at once.
 static CACHE: Mutex<()> = Mutex::new(());

@@ -426,7 +426,7 @@ fn attend(
     if q.size != k.size || q.batch != k.batch || k.batch != v.batch || k.seq != v.seq {
         return Err("Q, K and V disagree on batch, sequence or head size".into());
     }
-    if k.heads == 0 || q.heads % k.heads != 0 || k.heads != v.heads {
+    if k.heads == 0 || !q.heads.is_multiple_of(k.heads) || k.heads != v.heads {
         return Err(format!(
             "{} query heads do not group over {} KV heads",
             q.heads, k.heads

@@ -58,7 +58,7 @@ fn heads(ctx: &Ctx, query: [usize; 3], value: [usize; 3]) -> Result<Heads, Strin
         ));
     }
     let (q, kv) = (q as usize, kv as usize);
-    if query[2] % q != 0 || value[2] % kv != 0 {
+    if !query[2].is_multiple_of(q) || !value[2].is_multiple_of(kv) {
         return Err("the query or value width does not split into its heads".into());
     }
     Ok(Heads {
@@ -105,8 +105,9 @@ fn linear_attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         }
         None => vec![0.0; b * h.kv * state_len],
     };
+    // An absent or zero scale is 1/√d_k.
     let scale = match ctx.float("scale", 0.0) {
-        s if s == 0.0 => 1.0 / (h.d_k as f32).sqrt(),
+        0.0 => 1.0 / (h.d_k as f32).sqrt(),
         s => s,
     };
     let (q, k, v) = (query.to_f32_vec(), key.to_f32_vec(), value.to_f32_vec());
