@@ -1,4 +1,4 @@
-//! `pipecut run` of a model that takes or gives sequences or optionals: the staged runner's
+//! `pipecut run` of a model that takes or gives sequences: the staged runner's
 //! stages exchange tensors only, so such a model runs whole, in this process, on the CPU
 //! runtime (`CpuExecutor::run_model_values`), under a one-stage plan and one micro-batch. A
 //! sequence input is a directory of `0.npy`, `1.npy`, … and a sequence output is written the
@@ -12,17 +12,19 @@ use anyhow::{bail, Context};
 use super::{step_microbatches, table, Report, RunArgs, StageRow};
 use crate::cli::run_files::{feed_plan_values, read_input_values, write_output_values};
 use crate::cli::{print_stdout, Backend};
-use crate::graph::Graph;
+use crate::graph::{Graph, ValueKind};
 use crate::plan::Plan;
 use crate::runtime::{CpuExecutor, Tensors, Value, Weights};
 
-/// Whether the model's graph inputs or outputs include a sequence or an optional.
+/// Whether the model's graph inputs or outputs include a sequence (or an optional one), which
+/// the staged runner cannot carry; an optional tensor it carries as a tensor.
 pub(super) fn takes_or_gives_values(graph: &Graph) -> bool {
-    graph
-        .inputs()
-        .iter()
-        .chain(graph.outputs())
-        .any(|&id| !graph.tensor(id).kind.is_tensor())
+    graph.inputs().iter().chain(graph.outputs()).any(|&id| {
+        matches!(
+            graph.tensor(id).kind,
+            ValueKind::Sequence | ValueKind::OptionalSequence
+        )
+    })
 }
 
 /// Runs the whole model on the `--input` values and writes its outputs, with the report
@@ -36,14 +38,14 @@ pub(super) fn run(
     let one_stage = plan.stages.len() == 1 && step_microbatches(args, plan)? == 1;
     if !one_stage || args.backend != Backend::Cpu || args.distributed.distributed {
         bail!(
-            "the model takes or gives sequences or optionals, which run whole on the CPU backend \
-             only: partition with --stages 1 and run with --microbatches 1"
+            "the model takes or gives sequences, which run whole on the CPU backend only: \
+             partition with --stages 1 and run with --microbatches 1"
         );
     }
     if args.inputs.is_empty() {
         bail!(
-            "the model takes or gives sequences or optionals: give every input with --input \
-             (a sequence as a directory of 0.npy, 1.npy, …)"
+            "the model takes or gives sequences: give every input with --input (a sequence as \
+             a directory of 0.npy, 1.npy, …)"
         );
     }
     let mut inputs = read_input_values(&args.inputs, graph)?;
