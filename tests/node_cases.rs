@@ -26,16 +26,10 @@ use serde_json::Value;
 const ATOL: f32 = 1e-4;
 const RTOL: f32 = 1e-4;
 
-/// Cases of the tested ops that fail today, with the reason. Each must fail.
-const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("test_qlinearmatmul_2D_int8_float16", WRAPS),
-    ("test_qlinearmatmul_2D_int8_float32", WRAPS),
-    ("test_qlinearmatmul_3D_int8_float16", WRAPS),
-    ("test_qlinearmatmul_3D_int8_float32", WRAPS),
-];
-
-const WRAPS: &str = "the onnx reference wraps int8 overflow where the spec and onnxruntime 1.23.2 \
-                     saturate; the kernel saturates and equals onnxruntime";
+/// Cases of the tested ops that fail today, with the reason. Each must fail. (onnx 1.19.1's
+/// QLinearMatMul int8 references wrapped where the spec saturates; 1.23.2's saturate, and none
+/// fails.)
+const EXPECTED_FAILURES: &[(&str, &str)] = &[];
 
 fn python() -> Option<PathBuf> {
     let python = common::root().join(".venv/bin/python");

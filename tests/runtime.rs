@@ -1136,3 +1136,107 @@ fn shape_inputs_computed_from_constants_are_folded() {
     let expected = BTreeMap::from([("z".to_string(), want)]);
     assert_matches("z", &actual, &expected, ATOL, RTOL);
 }
+
+/// Issue 36: a model that takes and gives sequences runs through `pipecut run` whole, a
+/// sequence input as a directory of `0.npy`, `1.npy`, … and a sequence output written the same
+/// way, equal to onnxruntime's; a file where a sequence belongs, and a plan run in several
+/// micro-batches, are refused in one line without writing outputs.
+#[test]
+fn sequences_go_in_and_out_of_run_as_directories_of_npy_files() {
+    let Some(python) = venv_python("sequence inputs and outputs against onnxruntime") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    python_in(
+        &python,
+        dir.path(),
+        "import os, numpy as np, onnx, onnxruntime as ort\n\
+         from onnx import helper as h, TensorProto as T\n\
+         seq = h.make_tensor_sequence_value_info\n\
+         nodes = [h.make_node('SequenceInsert', ['s', 'x'], ['t']),\n\
+                  h.make_node('ConcatFromSequence', ['t'], ['y'], axis=0)]\n\
+         g = h.make_graph(nodes, 'seq', [seq('s', T.FLOAT, [2, 3]),\n\
+                          h.make_tensor_value_info('x', T.FLOAT, [2, 3])],\n\
+                          [seq('t', T.FLOAT, None), h.make_tensor_value_info('y', T.FLOAT, None)])\n\
+         m = h.make_model(g, opset_imports=[h.make_opsetid('', 17)]); m.ir_version = 8\n\
+         onnx.save(m, 'seq.onnx')\n\
+         rng = np.random.default_rng(0)\n\
+         s = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]\n\
+         x = rng.standard_normal((2, 3)).astype(np.float32)\n\
+         os.mkdir('s'); [np.save(f's/{i}.npy', e) for i, e in enumerate(s)]; np.save('x.npy', x)\n\
+         t, y = ort.InferenceSession('seq.onnx', providers=['CPUExecutionProvider']).run(None, {'s': s, 'x': x})\n\
+         [np.save(f'want_t{i}.npy', e) for i, e in enumerate(t)]; np.save('want_y.npy', y)\n",
+    );
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (model, plan) = (path("seq.onnx"), path("plan.json"));
+    let (code, _, err) = pipecut(&[
+        "partition",
+        &model,
+        "--cluster",
+        "1x1xL4",
+        "--stages",
+        "1",
+        "--microbatches",
+        "1",
+        // The sequence's length is not known at plan time: the concatenation's rows are bound.
+        "--dim",
+        "y.0=6",
+        "--out",
+        &plan,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (s, x, out) = (
+        format!("s={}", path("s")),
+        format!("x={}", path("x.npy")),
+        path("out"),
+    );
+    let (code, _, err) = pipecut(&[
+        "run",
+        &plan,
+        &model,
+        "--input",
+        &s,
+        "--input",
+        &x,
+        "--output-dir",
+        &out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let read = |file: PathBuf| read_npy(&file).unwrap().tensor;
+    let out = dir.path().join("out");
+    for i in 0..3 {
+        let want = read(dir.path().join(format!("want_t{i}.npy")));
+        assert_eq!(read(out.join("t").join(format!("{i}.npy"))), want, "t[{i}]");
+    }
+    assert!(!out.join("t").join("3.npy").exists());
+    assert_eq!(read(out.join("y.npy")), read(dir.path().join("want_y.npy")));
+
+    let refusals = [
+        (
+            format!("s={}", path("x.npy")),
+            "1",
+            "is a sequence: give a directory",
+        ),
+        (s.clone(), "2", "run whole on the CPU backend only"),
+    ];
+    for (sequence, microbatches, says) in refusals {
+        let fresh = path("refused");
+        let (code, _, err) = pipecut(&[
+            "run",
+            &plan,
+            &model,
+            "--input",
+            &sequence,
+            "--input",
+            &x,
+            "--microbatches",
+            microbatches,
+            "--output-dir",
+            &fresh,
+        ]);
+        assert_ne!(code, 0, "{sequence} {microbatches}");
+        assert!(err.contains(says), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(!dir.path().join("refused").exists());
+    }
+}

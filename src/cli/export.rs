@@ -134,7 +134,7 @@ fn typed_for_stages(
     plan: &crate::plan::Plan,
     loaded: crate::onnx::Model,
 ) -> anyhow::Result<crate::onnx::Model> {
-    super::check::agree_with_plan_values(plan, &args.model.sample_values()?)?;
+    super::check::agree_with_plan_values(plan, &args.model.sample_values(&loaded.graph)?)?;
     let given = args.model.dims()?;
     let mut symbolic = loaded.clone();
     let symbolic_inference = super::check::plan_inference(plan, &given, &symbolic.graph);

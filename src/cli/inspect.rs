@@ -36,7 +36,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     // Lenient: report every node that cannot be inferred rather than stopping at the first.
     let report = args
         .model
-        .shape_inference()?
+        .shape_inference(&model.graph)?
         .lenient(true)
         .run(&mut model.graph)
         .with_context(|| format!("cannot infer shapes of '{}'", path.display()))?;

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::graph::Graph;
 use crate::onnx::shape::{DimBindings, ShapeInference};
 use crate::onnx::Model;
 use crate::plan::PlanValue;
@@ -167,14 +168,17 @@ impl ModelArgs {
             .collect())
     }
 
-    /// The `--value` sample inputs, read, as a plan records them.
-    fn sample_values(&self) -> anyhow::Result<BTreeMap<String, PlanValue>> {
+    /// The `--value` sample inputs, read, as a plan records them. A file of raw bytes that name
+    /// no type (ml_dtypes' bfloat16, float8 and 4-bit arrays) is read as `graph` declares the
+    /// input, as `run --input` reads it.
+    fn sample_values(&self, graph: &Graph) -> anyhow::Result<BTreeMap<String, PlanValue>> {
         let mut values = BTreeMap::new();
         for arg in &self.values {
             let (name, file) = arg
                 .split_once('=')
                 .with_context(|| format!("--value '{arg}' is not NAME=FILE.npy"))?;
-            let array = crate::runtime::read_npy(Path::new(file))
+            let declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
+            let array = crate::runtime::read_npy_as(Path::new(file), declared)
                 .with_context(|| format!("--value {name}"))?;
             let shape: Vec<u64> = array.tensor.shape().iter().map(|&d| d as u64).collect();
             let value = PlanValue::new(name, array.stored, &shape, &array.tensor.to_const_value())?;
@@ -186,9 +190,9 @@ impl ModelArgs {
     }
 
     /// Shape inference with the `--dim` bindings and the `--value` sample inputs.
-    fn shape_inference(&self) -> anyhow::Result<ShapeInference> {
+    fn shape_inference(&self, graph: &Graph) -> anyhow::Result<ShapeInference> {
         let values = self
-            .sample_values()?
+            .sample_values(graph)?
             .into_iter()
             .map(|(name, value)| (name, value.const_value()))
             .collect();
@@ -203,7 +207,7 @@ impl ModelArgs {
 
     /// Infers every shape of a model already loaded from this file, with these bindings.
     fn type_loaded(&self, mut model: Model) -> anyhow::Result<Model> {
-        self.shape_inference()?
+        self.shape_inference(&model.graph)?
             .run(&mut model.graph)
             .with_context(|| format!("'{}'", self.model.display()))?;
         Ok(model)

@@ -412,7 +412,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<ExitCode> {
         model.graph.override_float_dtype(precision.dtype());
     }
     let dims: BTreeMap<String, u64> = args.model.dims()?;
-    let values = args.model.sample_values()?;
+    let values = args.model.sample_values(&model.graph)?;
     args.measured.apply(
         &mut model.graph,
         &model.graph_sha256,

@@ -22,6 +22,8 @@ use super::{print_stdout, Backend};
 
 #[path = "run_exported.rs"]
 mod exported;
+#[path = "run_values.rs"]
+mod values;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -33,7 +35,9 @@ pub struct RunArgs {
     /// micro-batch; inputs hold `--microbatches` of them along axis 0.
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
-    /// A model input from a .npy file (repeatable). Without any, seeded random inputs are used.
+    /// A model input from a .npy file (repeatable); a sequence input from a directory of
+    /// `0.npy`, `1.npy`, … (such a model runs whole: one stage, one micro-batch). Without any,
+    /// seeded random inputs are used.
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
     /// Micro-batches streamed through the pipeline (default: the plan's).
@@ -258,6 +262,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let (model, dims) = checked_model(&args, &plan)?;
     let graph = &model.graph;
+    if values::takes_or_gives_values(graph) {
+        return values::run(&args, &plan, graph, &dims);
+    }
     let microbatches = step_microbatches(&args, &plan)?;
 
     let random_inputs = args.inputs.is_empty();

@@ -3,51 +3,123 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::runtime::{encode_npy_as, read_npy_as, HostTensor, TensorData, Tensors};
+use crate::graph::{DType, TensorId, ValueKind};
+use crate::runtime::{encode_npy_as, read_npy_as, HostTensor, TensorData, Tensors, Value, Values};
 use anyhow::{bail, Context};
+
+/// The most elements a sequence input directory may hold (`0.npy` … ): far above any sequence
+/// a model takes, and it bounds the files one `--input` opens.
+const MAX_SEQUENCE_FILES: usize = 1 << 16;
 
 /// Reads `NAME=FILE.npy` arguments; the file's stored dtype must be the model's.
 pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyhow::Result<Tensors> {
     let mut inputs = Tensors::new();
     for arg in args {
-        let (name, file) = arg
-            .split_once('=')
-            .with_context(|| format!("--input '{arg}' is not NAME=FILE.npy"))?;
-        let id = graph
-            .tensor_id(name)
-            .filter(|id| graph.inputs().contains(id));
-        let Some(id) = id else {
-            let names: Vec<&str> = graph
-                .inputs()
-                .iter()
-                .map(|&i| graph.tensor(i).name.as_str())
-                .collect();
-            bail!(
-                "the model has no input '{name}' (its inputs: {})",
-                names.join(", ")
-            );
-        };
-        let declared = graph.tensor(id).dtype;
-        let array = read_npy_as(Path::new(file), declared)?;
-        if let Some(want) = declared {
-            if array.stored != want {
-                bail!(
-                    "input '{name}' must be {want}, but '{file}' holds {}",
-                    array.stored
-                );
-            }
-        }
-        if inputs
-            .insert(name.to_string(), Arc::new(array.tensor))
-            .is_some()
-        {
+        let (name, file) = split_input(arg)?;
+        let id = input_id(name, graph)?;
+        let tensor = read_tensor(name, Path::new(file), graph.tensor(id).dtype)?;
+        if inputs.insert(name.to_string(), Arc::new(tensor)).is_some() {
             bail!("input '{name}' is given twice");
         }
     }
     Ok(inputs)
+}
+
+/// Reads `--input` arguments as values of the kinds the model declares: a tensor from
+/// `NAME=FILE.npy`; a sequence from `NAME=DIR`, its elements `DIR/0.npy`, `DIR/1.npy`, … in
+/// order (an empty directory is an empty sequence); an optional input from what it holds.
+pub(crate) fn read_input_values(
+    args: &[String],
+    graph: &crate::graph::Graph,
+) -> anyhow::Result<Values> {
+    let mut inputs = Values::new();
+    for arg in args {
+        let (name, file) = split_input(arg)?;
+        let id = input_id(name, graph)?;
+        let (kind, dtype) = (graph.tensor(id).kind, graph.tensor(id).dtype);
+        let value = match kind {
+            ValueKind::Sequence | ValueKind::OptionalSequence => {
+                Value::Sequence(read_sequence(name, Path::new(file), dtype)?)
+            }
+            ValueKind::Tensor | ValueKind::OptionalTensor => {
+                Value::Tensor(Arc::new(read_tensor(name, Path::new(file), dtype)?))
+            }
+        };
+        let value = if kind.is_tensor() || kind == ValueKind::Sequence {
+            value
+        } else {
+            Value::Optional(Some(Box::new(value)))
+        };
+        if inputs.insert(name.to_string(), value).is_some() {
+            bail!("input '{name}' is given twice");
+        }
+    }
+    Ok(inputs)
+}
+
+fn split_input(arg: &str) -> anyhow::Result<(&str, &str)> {
+    arg.split_once('=')
+        .with_context(|| format!("--input '{arg}' is not NAME=FILE.npy"))
+}
+
+/// The graph input `name`, or an error listing the inputs there are.
+fn input_id(name: &str, graph: &crate::graph::Graph) -> anyhow::Result<TensorId> {
+    let id = graph
+        .tensor_id(name)
+        .filter(|id| graph.inputs().contains(id));
+    let Some(id) = id else {
+        let names: Vec<&str> = graph
+            .inputs()
+            .iter()
+            .map(|&i| graph.tensor(i).name.as_str())
+            .collect();
+        bail!(
+            "the model has no input '{name}' (its inputs: {})",
+            names.join(", ")
+        );
+    };
+    Ok(id)
+}
+
+/// One `.npy` file for input `name`, whose stored dtype must be the `declared` one.
+fn read_tensor(name: &str, file: &Path, declared: Option<DType>) -> anyhow::Result<HostTensor> {
+    let array = read_npy_as(file, declared)?;
+    if let Some(want) = declared {
+        if array.stored != want {
+            bail!(
+                "input '{name}' must be {want}, but '{}' holds {}",
+                file.display(),
+                array.stored
+            );
+        }
+    }
+    Ok(array.tensor)
+}
+
+/// A sequence input: `dir/0.npy`, `dir/1.npy`, … up to the first index with no file.
+fn read_sequence(
+    name: &str,
+    dir: &Path,
+    element: Option<DType>,
+) -> anyhow::Result<Vec<Arc<HostTensor>>> {
+    if !dir.is_dir() {
+        bail!(
+            "input '{name}' is a sequence: give a directory of 0.npy, 1.npy, …, not '{}'",
+            dir.display()
+        );
+    }
+    let mut elements = Vec::new();
+    while dir.join(format!("{}.npy", elements.len())).is_file() {
+        if elements.len() == MAX_SEQUENCE_FILES {
+            bail!("input '{name}' holds more than {MAX_SEQUENCE_FILES} elements");
+        }
+        let file = dir.join(format!("{}.npy", elements.len()));
+        elements.push(Arc::new(read_tensor(name, &file, element)?));
+    }
+    Ok(elements)
 }
 
 /// Gives the inputs the plan has sample values for (`partition --value`) those values, one
@@ -145,6 +217,22 @@ pub(crate) fn write_outputs(
     graph: &crate::graph::Graph,
     inputs: &[&Path],
 ) -> anyhow::Result<BTreeMap<String, String>> {
+    let values: Values = outputs
+        .iter()
+        .map(|(name, t)| (name.clone(), Value::Tensor(Arc::clone(t))))
+        .collect();
+    write_output_values(dir, &values, graph, inputs)
+}
+
+/// [`write_outputs`] for outputs of any kind: a sequence as a directory `<name>/` of `0.npy`,
+/// `1.npy`, … (what `--input` reads back), an optional as what it holds, an absent one not at
+/// all (nor listed).
+pub(crate) fn write_output_values(
+    dir: &Path,
+    outputs: &Values,
+    graph: &crate::graph::Graph,
+    inputs: &[&Path],
+) -> anyhow::Result<BTreeMap<String, String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create '{}'", dir.display()))?;
     crate::io::remove_stale_temporaries(dir);
     let mode = inputs
@@ -154,27 +242,51 @@ pub(crate) fn write_outputs(
     let mut staged = Vec::with_capacity(outputs.len());
     let mut files = BTreeMap::new();
     let mut used = std::collections::HashSet::new();
-    for (name, tensor) in outputs {
+    for (name, value) in outputs {
+        let mut value = value;
+        while let Value::Optional(inner) = value {
+            match inner {
+                Some(inner) => value = inner,
+                None => break,
+            }
+        }
         let mut stem = file_stem(name);
         let mut n = 1;
         while !used.insert(stem.clone()) {
             n += 1;
             stem = format!("{}_{n}", file_stem(name));
         }
-        let path = dir.join(format!("{stem}.npy"));
-        crate::io::check_output(&path, inputs)?;
-        let mut file = crate::io::Staged::new(&path, mode)?;
-        let declared = graph
-            .tensor_id(name)
-            .and_then(|id| graph.tensor(id).dtype)
-            .unwrap_or(tensor.dtype());
-        let bytes =
-            encode_npy_as(tensor, declared).map_err(|e| anyhow::anyhow!("output '{name}': {e}"))?;
-        file.file()
-            .write_all(&bytes)
-            .with_context(|| format!("cannot write '{}'", path.display()))?;
-        files.insert(name.clone(), path.display().to_string());
-        staged.push(file);
+        let declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
+        let (listed, elements): (PathBuf, Vec<(PathBuf, &HostTensor)>) = match value {
+            Value::Optional(_) => continue,
+            Value::Tensor(t) => {
+                let path = dir.join(format!("{stem}.npy"));
+                (path.clone(), vec![(path, &**t)])
+            }
+            Value::Sequence(items) => {
+                let folder = dir.join(&stem);
+                crate::io::check_output(&folder, inputs)?;
+                std::fs::create_dir_all(&folder)
+                    .with_context(|| format!("cannot create '{}'", folder.display()))?;
+                let items = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (folder.join(format!("{i}.npy")), &**t))
+                    .collect();
+                (folder, items)
+            }
+        };
+        for (path, tensor) in elements {
+            crate::io::check_output(&path, inputs)?;
+            let mut file = crate::io::Staged::new(&path, mode)?;
+            let bytes = encode_npy_as(tensor, declared.unwrap_or(tensor.dtype()))
+                .map_err(|e| anyhow::anyhow!("output '{name}': {e}"))?;
+            file.file()
+                .write_all(&bytes)
+                .with_context(|| format!("cannot write '{}'", path.display()))?;
+            staged.push(file);
+        }
+        files.insert(name.clone(), listed.display().to_string());
     }
     for file in staged {
         file.commit()?;

@@ -138,7 +138,7 @@ impl HardwareSpec {
             DType::F16 => p.fp16.value,
             DType::BF16 => p.bf16.value,
             DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => p.fp8.value,
-            DType::I8 | DType::U8 | DType::I4 | DType::U4 => p.int8.value,
+            DType::I8 | DType::U8 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => p.int8.value,
             _ => None,
         };
         rate.or(p.fp32.value).unwrap_or(f64::MIN_POSITIVE)

@@ -222,7 +222,9 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
         ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
-        ("", "Attention") => onnx_attention,
+        ("", "Attention") | ("ai.onnx.preview", "FlexAttention") => onnx_attention,
+        ("", "LinearAttention") => linear_attention,
+        ("", "CausalConvWithState") => causal_conv_with_state,
         // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.
         (
             "",
@@ -258,6 +260,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "Where"
             | "Cast"
             | "CastLike"
+            | "BitCast"
             | "Not"
             | "And"
             | "Or"
@@ -284,7 +287,7 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "Softplus" | "Softsign" | "Sin" | "Cos" | "Tan" | "Asin" | "Acos" | "Atan" | "Sinh"
             | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Swish",
         ) => pointwise::<4>,
-        ("", "Gelu" | "Mish")
+        ("", "Gelu" | "Mish" | "SwiGLU")
         | ("com.microsoft", "FastGelu" | "BiasGelu" | "Gelu" | "QuickGelu" | "BiasAdd") => {
             pointwise::<8>
         }
@@ -296,8 +299,8 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "",
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
             | "ReduceL2" | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax"
-            | "ArgMin" | "CumSum" | "TopK" | "NonZero" | "Compress" | "NonMaxSuppression"
-            | "Unique",
+            | "ArgMin" | "CumSum" | "CumProd" | "TopK" | "NonZero" | "Compress"
+            | "NonMaxSuppression" | "Unique",
         ) => reduction::<1>,
         (
             "",
@@ -584,6 +587,33 @@ fn onnx_attention(ctx: &CostCtx) -> Result<OpWork, String> {
         flops,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Matmul,
+    ))
+}
+
+/// LinearAttention (opset 27): per time step and query head, the `d_k × d_v` state is decayed,
+/// corrected (delta rules: a read and a rank-1 update), updated with `k vᵀ` and read by `q`:
+/// about 8 operations per state element and step, i.e. `8 · (query elements) · d_v`.
+fn linear_attention(ctx: &CostCtx) -> Result<OpWork, String> {
+    let value = ctx.shape(2)?;
+    let kv_heads = ctx.int_attr("kv_num_heads", 1).max(1) as f64;
+    let d_v = value.last().copied().unwrap_or(1) as f64 / kv_heads;
+    let flops = 8.0 * elements(ctx.shape(0)?) * d_v;
+    Ok(ctx.work(
+        flops,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
+    ))
+}
+
+/// CausalConvWithState (opset 27): a depthwise 1-D convolution, `2k` operations per output
+/// element for a kernel of `k` taps (plus the activation).
+fn causal_conv_with_state(ctx: &CostCtx) -> Result<OpWork, String> {
+    let taps = ctx.shape(1)?.last().copied().unwrap_or(1) as f64;
+    let flops = (2.0 * taps + 4.0) * elements(ctx.shape(0)?);
+    Ok(ctx.work(
+        flops,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Elementwise,
     ))
 }
 

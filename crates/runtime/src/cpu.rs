@@ -145,6 +145,7 @@ impl<'a> CpuExecutor<'a> {
                 node,
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
+                input_dtypes: &step.input_dtypes,
             };
             let began = Instant::now();
             let results = self

@@ -196,22 +196,36 @@ pub fn round_e8m0(x: f32, saturate: bool, rounding: E8M0Rounding) -> f32 {
     2f32.powi(exponent as i32 - 127)
 }
 
-/// A float cast to int4 (`signed`) or uint4: truncated towards zero, wrapped modulo 16; NaN
-/// and infinities give 0.
-pub fn float_to_4bit(x: f32, signed: bool) -> i64 {
+/// A float cast to a `bits`-wide integer (int4/uint4, int2/uint2; `signed` or not): truncated
+/// towards zero, wrapped modulo 2^bits as [`wrap_int`] does (ml_dtypes' rule, the reference's);
+/// NaN and infinities give 0.
+pub fn float_to_narrow_int(x: f32, bits: u32, signed: bool) -> i64 {
     if !x.is_finite() {
         return 0;
     }
-    wrap_4bit(x.trunc().rem_euclid(16.0) as i64, signed)
+    let modulus = (1i64 << bits) as f32;
+    wrap_int(x.trunc().rem_euclid(modulus) as i64, bits, signed)
 }
 
-/// An integer cast to int4 (`signed`) or uint4: wrapped modulo 16.
-pub fn wrap_4bit(x: i64, signed: bool) -> i64 {
-    let low = x.rem_euclid(16);
-    if signed && low >= 8 {
-        low - 16
+/// An integer cast to a `bits`-wide integer type (`signed` or not): wrapped modulo 2^bits.
+pub fn wrap_int(x: i64, bits: u32, signed: bool) -> i64 {
+    let modulus = 1i64 << bits;
+    let low = x.rem_euclid(modulus);
+    if signed && low >= modulus / 2 {
+        low - modulus
     } else {
         low
+    }
+}
+
+/// The width and signedness of the sub-byte integer types, `None` for any other.
+pub fn narrow_int(dtype: DType) -> Option<(u32, bool)> {
+    match dtype {
+        DType::I4 => Some((4, true)),
+        DType::U4 => Some((4, false)),
+        DType::I2 => Some((2, true)),
+        DType::U2 => Some((2, false)),
+        _ => None,
     }
 }
 
@@ -432,11 +446,22 @@ mod tests {
         // same modulo 16, and -2.5 → 14.
         let int4: Vec<i64> = [-9.7, 8.5, 15.5, 300.0, f32::NAN]
             .into_iter()
-            .map(|x| float_to_4bit(x, true))
+            .map(|x| float_to_narrow_int(x, 4, true))
             .collect();
         assert_eq!(int4, vec![7, -8, -1, -4, 0]);
-        assert_eq!(float_to_4bit(-2.5, false), 14);
-        assert_eq!(wrap_4bit(-9, false), 7);
+        assert_eq!(float_to_narrow_int(-2.5, 4, false), 14);
+        assert_eq!(wrap_int(-9, 4, false), 7);
+        // ml_dtypes: [-9.7, 8.5, 15.5, 300, -2.5, 3] as int2 → [-1, 0, -1, 0, -2, -1]; as uint2
+        // [3, 0, 3, 0, 2, 3].
+        let int2 = |signed| -> Vec<i64> {
+            [-9.7, 8.5, 15.5, 300.0, -2.5, 3.0]
+                .into_iter()
+                .map(|x| float_to_narrow_int(x, 2, signed))
+                .collect()
+        };
+        assert_eq!(int2(true), vec![-1, 0, -1, 0, -2, -1]);
+        assert_eq!(int2(false), vec![3, 0, 3, 0, 2, 3]);
+        assert_eq!(wrap_int(5, 2, true), 1);
         assert_eq!(round_float(DType::BF16, 0.8191054, true), 0.8203125);
     }
 

@@ -139,6 +139,8 @@ fn element_format(descr: &str, declared: Option<DType>) -> Result<(DType, usize)
                 | DType::F4E2M1
                 | DType::I4
                 | DType::U4
+                | DType::I2
+                | DType::U2
         )
     };
     Ok(match descr {
@@ -219,7 +221,7 @@ fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
 /// is allocated fallibly: `|u1` widens to i64, 8 times the file, and a large file under a tight
 /// address space must be an error.
 fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String> {
-    use super::narrow::{byte_to_float, wrap_4bit};
+    use super::narrow::{byte_to_float, narrow_int, wrap_int};
     fn chunks<const N: usize>(data: &[u8]) -> impl ExactSizeIterator<Item = [u8; N]> + '_ {
         data.chunks_exact(N).map(|c| {
             let mut a = [0u8; N];
@@ -281,11 +283,15 @@ fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String>
                 .map(|b| u32::from_le_bytes(b) as i64)
                 .try_collect_vec()?,
         ),
-        DType::I4 | DType::U4 => TensorData::I64(
-            data.iter()
-                .map(|&b| wrap_4bit(i64::from(b & 0x0f), stored == DType::I4))
-                .try_collect_vec()?,
-        ),
+        DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+            let (bits, signed) = narrow_int(stored).expect("a narrow integer type");
+            let mask = (1u8 << bits) - 1;
+            TensorData::I64(
+                data.iter()
+                    .map(|&b| wrap_int(i64::from(b & mask), bits, signed))
+                    .try_collect_vec()?,
+            )
+        }
         DType::Bool => {
             if data.iter().any(|&b| b > 1) {
                 return Err("invalid data: a bool that is neither 0 nor 1".into());
@@ -480,6 +486,9 @@ fn element_bytes(tensor: &HostTensor, dtype: DType) -> Result<(String, Vec<u8>),
         (TensorData::I64(v), DType::U8) => (descr("|u1"), each(v, |&x| (x as u8).to_le_bytes())),
         (TensorData::I64(v), DType::I4 | DType::U4) => {
             (descr("<V1"), v.iter().map(|&x| (x & 0x0f) as u8).collect())
+        }
+        (TensorData::I64(v), DType::I2 | DType::U2) => {
+            (descr("<V1"), v.iter().map(|&x| (x & 0x03) as u8).collect())
         }
         (TensorData::I32(v), DType::I32) => (descr("<i4"), each(v, |x| x.to_le_bytes())),
         (TensorData::Bool(v), DType::Bool) => (descr("|b1"), v.iter().map(|&b| b as u8).collect()),

@@ -18,6 +18,8 @@ pub(crate) struct Step<K = Kernel> {
     pub opset: i64,
     /// The inferred element type of each output slot (see [`crate::kernels::Ctx::output_dtypes`]).
     pub output_dtypes: Vec<Option<DType>>,
+    /// The inferred element type of each input slot (see [`crate::kernels::Ctx::input_dtypes`]).
+    pub input_dtypes: Vec<Option<DType>>,
     /// Tensors whose last reader in the stage is this node (and that the stage does not send).
     pub frees: Vec<TensorId>,
 }
@@ -65,6 +67,11 @@ pub(crate) fn plan_steps_with<K>(
                 opset: graph.opset(&node.domain).unwrap_or(0),
                 output_dtypes: node
                     .outputs
+                    .iter()
+                    .map(|slot| slot.and_then(|id| graph.tensor(id).dtype))
+                    .collect(),
+                input_dtypes: node
+                    .inputs
                     .iter()
                     .map(|slot| slot.and_then(|id| graph.tensor(id).dtype))
                     .collect(),

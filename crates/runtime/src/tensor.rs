@@ -25,7 +25,9 @@ pub fn runtime_dtype(dtype: DType) -> DType {
         | DType::U32
         | DType::U64
         | DType::I4
-        | DType::U4 => DType::I64,
+        | DType::U4
+        | DType::I2
+        | DType::U2 => DType::I64,
         other => other,
     }
 }
@@ -328,7 +330,9 @@ impl HostTensor {
     /// rounds each value to one the format holds (kept as f32), int4/uint4 wrap (kept as i64);
     /// see [`super::narrow`].
     pub fn cast_saturating(&self, dtype: DType, saturate: bool) -> Result<HostTensor, String> {
-        use super::narrow::{float_to_4bit, is_narrow_float, round_float, wrap_4bit};
+        use super::narrow::{
+            float_to_narrow_int, is_narrow_float, narrow_int, round_float, wrap_int,
+        };
         let data = match dtype {
             DType::F32 | DType::F64 => TensorData::F32(self.to_f32_vec()),
             narrow if is_narrow_float(narrow) => TensorData::F32(
@@ -337,14 +341,17 @@ impl HostTensor {
                     .map(|x| round_float(narrow, x, saturate))
                     .collect(),
             ),
-            DType::I4 | DType::U4 => {
-                let signed = dtype == DType::I4;
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
+                let (bits, signed) = narrow_int(dtype).expect("a narrow integer type");
                 TensorData::I64(match &self.data {
-                    TensorData::F32(v) => v.iter().map(|&x| float_to_4bit(x, signed)).collect(),
+                    TensorData::F32(v) => v
+                        .iter()
+                        .map(|&x| float_to_narrow_int(x, bits, signed))
+                        .collect(),
                     _ => self
                         .to_i64_vec()
                         .into_iter()
-                        .map(|x| wrap_4bit(x, signed))
+                        .map(|x| wrap_int(x, bits, signed))
                         .collect(),
                 })
             }

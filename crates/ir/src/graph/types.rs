@@ -31,6 +31,9 @@ pub enum DType {
     F8E5M2FNUZ,
     U4,
     I4,
+    /// 2-bit integers (opset 25), packed four to a byte.
+    U2,
+    I2,
     F4E2M1,
     /// OCP MX scale format: an 8-bit power of two (no sign, no mantissa), opset 24.
     F8E8M0,
@@ -65,6 +68,8 @@ impl DType {
             22 => I4,
             23 => F4E2M1,
             24 => F8E8M0,
+            25 => U2,
+            26 => I2,
             _ => return None,
         })
     }
@@ -97,6 +102,8 @@ impl DType {
             I4 => 22,
             F4E2M1 => 23,
             F8E8M0 => 24,
+            U2 => 25,
+            I2 => 26,
         }
     }
 
@@ -105,6 +112,7 @@ impl DType {
     pub fn size_bits(self) -> u64 {
         use DType::*;
         match self {
+            U2 | I2 => 2,
             U4 | I4 | F4E2M1 => 4,
             Bool | I8 | U8 | F8E4M3FN | F8E4M3FNUZ | F8E5M2 | F8E5M2FNUZ | F8E8M0 => 8,
             F16 | BF16 | I16 | U16 => 16,
@@ -157,6 +165,8 @@ impl DType {
             F8E5M2FNUZ => "float8e5m2fnuz",
             U4 => "uint4",
             I4 => "int4",
+            U2 => "uint2",
+            I2 => "int2",
             F4E2M1 => "float4e2m1",
             F8E8M0 => "float8e8m0",
         }

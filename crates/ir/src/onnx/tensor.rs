@@ -321,10 +321,12 @@ fn check_inline_size(
         + proto.double_data.len()
         + proto.uint64_data.len()
         + proto.string_data.len();
-    // Complex numbers store two floats per element; sub-byte types pack two per int32 slot.
+    // Complex numbers store two floats per element; 4-bit types pack two per int32 slot, 2-bit
+    // types four.
     let expected = match dtype {
         DType::Complex64 | DType::Complex128 => elements.saturating_mul(2),
         DType::I4 | DType::U4 | DType::F4E2M1 => elements.div_ceil(2),
+        DType::I2 | DType::U2 => elements.div_ceil(4),
         _ => elements,
     };
     if typed == 0 && elements > 0 {

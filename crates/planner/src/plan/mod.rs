@@ -905,10 +905,11 @@ impl Plan {
             }
             Some(_) => {}
         }
-        let plan: Plan =
+        let mut plan: Plan =
             serde_json::from_str(text).map_err(|e| Error::InvalidPlan(e.to_string()))?;
-        for (name, value) in &plan.model.values {
+        for (name, value) in &mut plan.model.values {
             value.validate(name)?;
+            value.type_empty_data();
         }
         Ok(plan)
     }

@@ -107,6 +107,22 @@ impl PlanValue {
             .find(|d| d.name() == self.dtype)
     }
 
+    /// Gives an empty value the element kind of its dtype: JSON's `[]` parses as integers
+    /// whatever the dtype, and an empty float or string value read back as integers types its
+    /// consumers otherwise than the plan was costed (an empty Split input) and is not the
+    /// `--input` file `run` compares it with (an empty string tensor).
+    pub fn type_empty_data(&mut self) {
+        let empty = match &self.data {
+            ValueData::Ints(v) => v.is_empty(),
+            _ => false,
+        };
+        match self.element_type() {
+            Some(DType::String) if empty => self.data = ValueData::Strings(Vec::new()),
+            Some(d) if empty && d.is_float() => self.data = ValueData::Floats(Vec::new()),
+            _ => {}
+        }
+    }
+
     /// The value as shape inference takes it.
     pub fn const_value(&self) -> ConstValue {
         match &self.data {
@@ -181,6 +197,23 @@ mod tests {
         back.validate("r").unwrap();
         assert_eq!(back.const_value(), value.const_value());
         assert_eq!(back.element_type(), Some(DType::I64));
+    }
+
+    #[test]
+    fn an_empty_value_keeps_its_kind_through_json() {
+        for (dtype, value) in [
+            (DType::F32, ConstValue::Floats(Vec::new())),
+            (DType::String, ConstValue::Strings(Vec::new())),
+            (DType::I64, ConstValue::Ints(Vec::new())),
+        ] {
+            let recorded = PlanValue::new("e", dtype, &[0], &value).unwrap();
+            let text = serde_json::to_string(&recorded).unwrap();
+            let mut back: PlanValue = serde_json::from_str(&text).unwrap();
+            back.validate("e").unwrap();
+            back.type_empty_data();
+            assert_eq!(back.const_value(), value, "{dtype}");
+            assert_eq!(back, recorded, "{dtype}");
+        }
     }
 
     #[test]

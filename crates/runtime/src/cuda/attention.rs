@@ -1,12 +1,13 @@
-//! Attention (opsets 23 and 24) and RotaryEmbedding (opset 23) on the device, with the
+//! Attention (opsets 23 to 25) and RotaryEmbedding (opset 23) on the device, with the
 //! semantics of the CPU kernels in `kernels/attention.rs`.
 //!
 //! Attention is two strided-batched cuBLAS GEMMs around one row kernel. Grouped-query heads need
 //! no copy: the query heads sharing a KV head are consecutive, so Q `[batch, q_heads, seq, d]`
 //! is `[batch · kv_heads]` matrices of `group · seq` rows, each multiplied by its KV head's Kᵀ
 //! (scores, scaled through the GEMM's alpha) and then its V. Between them
-//! `attention_softmax_f32` adds the masks (`attn_mask`, causal, `nonpad_kv_seqlen`), applies the
-//! soft cap and the softmax in place, and writes the `qk_matmul_output_mode` output when asked.
+//! `attention_softmax_f32` applies the soft cap, adds the masks (`attn_mask`, causal, the sliding
+//! window, `nonpad_kv_seqlen`) and the softmax in place (a fully masked row gives zeros), and
+//! writes the `qk_matmul_output_mode` output when asked.
 //! The past KV caches are joined to the new keys and values along the sequence (the present
 //! outputs). A 3-D `[batch, seq, heads · d]` operand is split into heads with one strided copy,
 //! and the 3-D output joined back the same way.
@@ -157,6 +158,8 @@ pub(super) struct RowOptions {
     pub(super) mode: i32,
     pub(super) want_qk: bool,
     pub(super) past_len: usize,
+    /// `left_window_size`, `right_window_size` (opset 25); −1 leaves a side open.
+    pub(super) window: (i64, i64),
 }
 
 /// [Attention](https://onnx.ai/onnx/operators/onnx__Attention.html), opsets 23–24: outputs Y,
@@ -219,6 +222,10 @@ pub(super) fn attention(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
         mode: ctx.int("qk_matmul_output_mode", 0) as i32,
         want_qk: ctx.node.outputs.get(3).is_some_and(|o| o.is_some()),
         past_len,
+        window: (
+            ctx.int("left_window_size", -1),
+            ctx.int("right_window_size", -1),
+        ),
     };
     let scale = match ctx.attr("scale") {
         Some(_) => ctx.float("scale", 1.0),
@@ -316,7 +323,9 @@ pub(super) fn scores(
         .arg(&flags[2])
         .arg(&options.softcap)
         .arg(&options.mode)
-        .arg(&want_qk);
+        .arg(&want_qk)
+        .arg(&options.window.0)
+        .arg(&options.window.1);
     // SAFETY: argument types match `attention_softmax_f32`; the mask offsets stay inside it
     // (its broadcast strides and `j < mask_cols`), the lengths hold a float per batch row, and
     // the stand-ins are read or written only under flags that are 0.

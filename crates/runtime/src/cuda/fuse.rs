@@ -218,6 +218,7 @@ fn assemble<K>(
             })),
             opset,
             output_dtypes: Vec::new(),
+            input_dtypes: Vec::new(),
             frees,
         });
     }

@@ -778,31 +778,46 @@ extern "C" __global__ void attention_softmax_f32(
     float* scores, float* qk, const float* mask, const float* lengths, long long rows,
     long long cols, long long q_heads, long long q_seq, long long past_len, long long mask_b,
     long long mask_h, long long mask_i, long long mask_cols, int has_mask, int causal,
-    int has_lengths, float softcap, int mode, int want_qk) {
+    int has_lengths, float softcap, int mode, int want_qk, long long left_window,
+    long long right_window) {
     extern __shared__ float scratch[];
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long i = row % q_seq, h = (row / q_seq) % q_heads, b = row / (q_seq * q_heads);
         float* s = scores + row * cols;
         float* out = qk + row * cols;
         const float* mask_row = mask + b * mask_b + h * mask_h + i * mask_i;
-        float m = -PC_INFINITY;
+        // Query i's absolute position: after the past cache, or (an external cache, no past)
+        // nonpad_kv_seqlen[b] - q_seq.
+        long long offset = has_lengths && past_len == 0 ? (long long)lengths[b] - q_seq : past_len;
+        float m = -PC_INFINITY, open = -PC_INFINITY;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
             float x = s[j];
-            if (want_qk && mode == 0) out[j] = x;
+            if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
+            if (want_qk && (mode == 0 || mode == 1)) out[j] = x;
+            long long distance = i + offset - j;
+            bool hidden = (causal && distance < 0) || (left_window >= 0 && distance > left_window) ||
+                          (right_window >= 0 && -distance > right_window) ||
+                          (has_lengths && (float)j >= lengths[b]);
             float bias = 0.0f;
             if (has_mask) bias = j < mask_cols ? mask_row[j] : -PC_INFINITY;
-            if (causal && j > i + past_len) bias = -PC_INFINITY;
-            if (has_lengths && (float)j >= lengths[b]) bias = -PC_INFINITY;
+            if (hidden) bias = -PC_INFINITY;
+            open = fmaxf(open, bias);
             x += bias;
-            if (softcap > 0.0f) {
-                if (want_qk && mode == 1) out[j] = x;
-                x = softcap * tanhf(x / softcap);
-            }
-            if (want_qk && ((mode == 1 && softcap <= 0.0f) || mode == 2)) out[j] = x;
+            if (want_qk && mode == 2) out[j] = x;
             s[j] = x;
             m = fmaxf(m, x);
         }
         m = block_reduce(m, COMBINE_MAX, scratch);
+        open = block_reduce(open, COMBINE_MAX, scratch);
+        // A row whose bias masks every key (or whose scores are all -inf) gives zeros, as the
+        // reference's fully-masked-row guard does.
+        if (open == -PC_INFINITY || m == -PC_INFINITY) {
+            for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
+                s[j] = 0.0f;
+                if (want_qk && mode == 3) out[j] = 0.0f;
+            }
+            continue;
+        }
         float sum = 0.0f;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) sum += expf(s[j] - m);
         sum = block_reduce(sum, COMBINE_SUM, scratch);

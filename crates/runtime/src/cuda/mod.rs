@@ -902,6 +902,7 @@ impl CudaExecutor<'_> {
                 node,
                 opset: step.opset,
                 output_dtypes: &step.output_dtypes,
+                input_dtypes: &step.input_dtypes,
             };
             let began = std::time::Instant::now();
             let device_start = host_times::mark(&stage.stream);

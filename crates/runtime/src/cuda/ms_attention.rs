@@ -184,6 +184,7 @@ pub(super) fn attention(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResul
         mode: 0,
         want_qk: false,
         past_len: 0,
+        window: (-1, -1),
     };
     let scale = ctx.float("scale", 1.0 / (q_head as f32).sqrt());
     let (probabilities, _) = scores(gpu, (&q, &k), scale, mask, None, &options)?;

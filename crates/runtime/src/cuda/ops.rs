@@ -375,7 +375,13 @@ fn depth_space(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
             return Err(format!("{h}×{w} does not divide into blocks of {b}"));
         }
         let out = vec![n, c * b * b, h / b, w / b];
-        (vec![n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4], out)
+        // CRD (opset 25) keeps the input channel outermost, DCR the block offset.
+        let perm = if ctx.string("mode", "DCR") == "CRD" {
+            [0, 1, 3, 5, 2, 4]
+        } else {
+            [0, 3, 5, 1, 2, 4]
+        };
+        (vec![n, c, h / b, b, w / b, b], perm, out)
     };
     let strides = contiguous_strides(&view);
     let moved_shape: Vec<usize> = perm.iter().map(|&p| view[p]).collect();
@@ -800,6 +806,10 @@ fn lp_normalization(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
     };
     let axis = normalize_axis(ctx.int("axis", -1), x.shape.len())?;
     let norm = reduce_axes(gpu, &x, &[axis], code, true)?;
+    // A zero fibre stays zero, as the CPU kernel keeps it: its norm is raised to the least
+    // normal float (every nonzero norm of normal floats is above it), so 0/0 becomes 0.
+    let least = DeviceTensor::new(vec![], gpu.upload(&[f32::MIN_POSITIVE])?);
+    let norm = elementwise::binary(gpu, &norm, &least, 5)?;
     one(elementwise::binary(gpu, &x, &norm, 3)?)
 }
 

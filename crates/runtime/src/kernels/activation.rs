@@ -1,7 +1,7 @@
 //! Activations and softmax.
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (Relu, Sigmoid, Tanh, LeakyRelu, Elu, Selu, Celu, Swish, ThresholdedRelu, Shrink,
-//! HardSigmoid, HardSwish, Softplus, Softsign, Mish, Gelu (opset 20), Clip (attributes before
+//! SwiGLU (opset 28), HardSigmoid, HardSwish, Softplus, Softsign, Mish, Gelu (opset 20), Clip (attributes before
 //! opset 11, inputs after), PRelu, Softmax and LogSoftmax (2-D coercion before opset 13, one axis
 //! after)), opsets 7 to 23.
 
@@ -32,9 +32,31 @@ pub(super) fn register(t: &mut KernelTable) {
         ],
         pointwise,
     );
+    t.add(&["SwiGLU"], swiglu);
     t.add(&["Clip"], clip);
     t.add(&["PRelu"], prelu);
     t.add(&["Softmax", "LogSoftmax"], softmax);
+}
+
+/// SwiGLU (opset 28, <https://onnx.ai/onnx/operators/onnx__SwiGLU.html>): Swish_alpha(A) · B
+/// with Swish_alpha(a) = a · sigmoid(alpha · a); A and B of one shape (no broadcasting).
+fn swiglu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let (gate, linear) = (input(inputs, 0)?, input(inputs, 1)?);
+    if gate.shape() != linear.shape() {
+        return Err(format!(
+            "SwiGLU needs A and B of one shape, not {:?} and {:?}",
+            gate.shape(),
+            linear.shape()
+        ));
+    }
+    let alpha = ctx.float("alpha", 1.0);
+    let out = gate
+        .as_f32()?
+        .iter()
+        .zip(linear.as_f32()?)
+        .map(|(&a, &b)| a * fast_math::sigmoid(alpha * a) * b)
+        .collect();
+    Ok(vec![HostTensor::f32(gate.shape().to_vec(), out)])
 }
 
 fn pointwise(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {

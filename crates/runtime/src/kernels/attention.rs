@@ -1,15 +1,18 @@
 //! The standard attention op of ai.onnx:
-//! [Attention](https://onnx.ai/onnx/operators/onnx__Attention.html), opsets 23 and 24.
+//! [Attention](https://onnx.ai/onnx/operators/onnx__Attention.html), opsets 23 to 25.
 //!
-//! Q·Kᵀ·scale (scale 1/√head_size unless given), plus the mask (`attn_mask`, additive floats or
-//! booleans where false masks; shorter than the total sequence it is padded with masked
-//! positions), the causal mask (query i sees keys j ≤ i + past length), and the padding mask of
-//! `nonpad_kv_seqlen` (opset 24); then the soft cap `c·tanh(x/c)`, the softmax over keys, and
-//! the product with V. Grouped-query attention repeats each KV head for `q_heads / kv_heads`
+//! Q·Kᵀ·scale (scale 1/√head_size unless given), the soft cap `c·tanh(x/c)`, plus the mask
+//! (`attn_mask`, additive floats or booleans where false masks; shorter than the total sequence
+//! it is padded with masked positions), the causal mask (query i sees keys j ≤ i + past
+//! length), and the padding mask of `nonpad_kv_seqlen` (opset 24); then the softmax over keys,
+//! and the product with V. Grouped-query attention repeats each KV head for `q_heads / kv_heads`
 //! consecutive query heads. `qk_matmul_output_mode` picks what the fourth output holds: 0 the
-//! scaled Q·Kᵀ, 1 with the masks added, 2 after the soft cap, 3 after the softmax.
+//! scaled Q·Kᵀ, 1 after the soft cap, 2 with the bias added too, 3 after the softmax.
 //!
-//! A fully masked row gives NaN, as the softmax of all −∞ does in the ONNX reference.
+//! As the reference of onnx 1.23 computes it (for every opset): the soft cap comes before the
+//! bias, a fully masked row gives zeros, and opset 25's sliding window (`left_window_size`,
+//! `right_window_size`) and an external cache's causal offset (`nonpad_kv_seqlen − q_len`)
+//! apply.
 //!
 //! [RotaryEmbedding](https://onnx.ai/onnx/operators/onnx__RotaryEmbedding.html), opset 23:
 //! rotates the first `rotary_embedding_dim` (default: all) elements of every head by the cos/sin
@@ -24,6 +27,47 @@ use crate::tensor::HostTensor;
 pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Attention"], attention);
     t.add(&["RotaryEmbedding"], rotary_embedding);
+    t.add_in("ai.onnx.preview", &["FlexAttention"], flex_attention);
+}
+
+/// FlexAttention (ai.onnx.preview opset 1, after `onnx/reference/ops/aionnx_preview/
+/// op_flex_attention.py`): 4-D Q, K, V, scaled scores (1/√E unless `scale` is given), a softmax
+/// over keys and the product with V, KV heads grouped as Attention groups them. The
+/// `score_mod` and `prob_mod` subgraphs are not run: a node with one is refused.
+fn flex_attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    for name in ["score_mod", "prob_mod"] {
+        if ctx.node.attributes.contains_key(name) {
+            return Err(format!(
+                "FlexAttention's '{name}' subgraph is not run by the CPU runtime"
+            ));
+        }
+    }
+    for (i, what) in [(0, "Q"), (1, "K"), (2, "V")] {
+        if input(inputs, i)?.rank() != 4 {
+            return Err(format!("FlexAttention needs a 4-D {what}"));
+        }
+    }
+    let q = Heads::read(input(inputs, 0)?, 0, "Q")?;
+    let k = Heads::read(input(inputs, 1)?, 0, "K")?;
+    let v = Heads::read(input(inputs, 2)?, 0, "V")?;
+    let scoring = Scoring {
+        scale: match ctx.attr("scale") {
+            Some(_) => ctx.float("scale", 1.0),
+            None => 1.0 / (q.size as f32).sqrt(),
+        },
+        softcap: 0.0,
+        causal: false,
+        offsets: Vec::new(),
+        window: (-1, -1),
+        mode: 0,
+        mask: None,
+        nonpad: None,
+    };
+    let (y, _) = attend(&q, &k, &v, &scoring)?;
+    Ok(vec![HostTensor::f32(
+        vec![q.batch, q.heads, q.seq, v.size],
+        y,
+    )])
 }
 
 fn rotary_embedding(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -278,14 +322,19 @@ impl Mask {
     }
 }
 
-/// How a score is made from a query's and a key's dot product (scale, mask, causality, padding,
-/// softcap), and which stage of it `qk_matmul_output_mode` reports.
+/// How a score is made from a query's and a key's dot product (scale, softcap, then the bias of
+/// the mask, causality, the sliding window and padding), and which stage of it
+/// `qk_matmul_output_mode` reports.
 struct Scoring {
     scale: f32,
     softcap: f32,
     causal: bool,
-    /// Keys the past cache holds before the new ones (causality counts from there).
-    past_len: usize,
+    /// The absolute position of query 0 per batch row: the past cache's length, or without one
+    /// `nonpad_kv_seqlen[b] − q_len` (an external cache), else 0. Causality and the window
+    /// count from there; a negative offset masks whole rows, as the reference does.
+    offsets: Vec<i64>,
+    /// `left_window_size`, `right_window_size` (opset 25): −1 leaves that side open.
+    window: (i64, i64),
     mode: i64,
     mask: Option<Mask>,
     /// `nonpad_kv_seqlen`: keys at or past a batch's length are masked.
@@ -293,33 +342,60 @@ struct Scoring {
 }
 
 impl Scoring {
-    /// The score of key `j` for query `i` of head `h` of batch `b`, before the softmax; `qk`
-    /// receives the stage of it the mode reports (modes 0 to 2).
-    fn score(&self, dot: f32, [b, h, i, j]: [usize; 4], qk: &mut f32) -> f32 {
+    /// The additive bias of key `j` for query `i` of head `h` of batch `b`: 0 or −∞ from
+    /// causality, the window and padding, plus the mask's value.
+    fn bias(&self, [b, h, i, j]: [usize; 4]) -> f32 {
+        let position = i as i64 + self.offsets.get(b).copied().unwrap_or(0);
+        let distance = position - j as i64;
+        let (left, right) = self.window;
+        let hidden = (self.causal && distance < 0)
+            || (left >= 0 && distance > left)
+            || (right >= 0 && -distance > right)
+            || self
+                .nonpad
+                .as_ref()
+                .is_some_and(|n| n.get(b).is_some_and(|&n| j as i64 >= n));
+        if hidden {
+            return f32::NEG_INFINITY;
+        }
+        self.mask.as_ref().map_or(0.0, |m| m.at([b, h, i, j]))
+    }
+
+    /// The score of key `j` for query `i` of head `h` of batch `b` before the softmax, and its
+    /// bias; `qk` receives the stage the mode reports (0 and 1: after the softcap, the raw
+    /// product without one; 2: with the bias).
+    fn score(&self, dot: f32, at: [usize; 4], qk: &mut f32) -> (f32, f32) {
         let mut score = dot * self.scale;
-        if self.mode == 0 {
-            *qk = score;
-        }
-        let mut bias = self.mask.as_ref().map_or(0.0, |m| m.at([b, h, i, j]));
-        if self.causal && j > i + self.past_len {
-            bias = f32::NEG_INFINITY;
-        }
-        if let Some(lengths) = &self.nonpad {
-            if lengths.get(b).is_some_and(|&n| j as i64 >= n) {
-                bias = f32::NEG_INFINITY;
-            }
-        }
-        score += bias;
         if self.softcap > 0.0 {
-            if self.mode == 1 {
-                *qk = score;
-            }
             score = self.softcap * (score / self.softcap).tanh();
         }
-        if self.mode == 1 && self.softcap <= 0.0 || self.mode == 2 {
+        if self.mode == 0 || self.mode == 1 {
             *qk = score;
         }
-        score
+        let bias = self.bias(at);
+        score += bias;
+        if self.mode == 2 {
+            *qk = score;
+        }
+        (score, bias)
+    }
+}
+
+/// The softmax of one row as the reference computes it: a row whose bias masks every key, or
+/// whose scores are all −∞, gives zeros (not NaN).
+fn guarded_softmax(scores: &mut [f32], all_masked: bool) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if all_masked || max == f32::NEG_INFINITY {
+        scores.iter_mut().for_each(|p| *p = 0.0);
+        return;
+    }
+    let mut sum = 0.0f32;
+    for score in scores.iter_mut() {
+        *score = (*score - max).exp();
+        sum += *score;
+    }
+    for score in scores.iter_mut() {
+        *score /= sum;
     }
 }
 
@@ -338,40 +414,25 @@ fn merge_heads(y: &[f32], q: &Heads, v_size: usize) -> HostTensor {
     HostTensor::f32(vec![q.batch, q.seq, q.heads * v_size], flat)
 }
 
-fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let q_tensor = input(inputs, 0)?;
-    let q = Heads::read(q_tensor, ctx.int("q_num_heads", 0), "Q")?;
-    let kv_heads = ctx.int("kv_num_heads", 0);
-    let past = |i: usize| {
-        optional(inputs, i)
-            .map(|t| Heads::read(t, kv_heads, "past cache"))
-            .transpose()
-    };
-    let k = Heads::read(input(inputs, 1)?, kv_heads, "K")?.after(past(4)?)?;
-    let v = Heads::read(input(inputs, 2)?, kv_heads, "V")?.after(past(5)?)?;
-    let past_len = optional(inputs, 4).map_or(0, |t| t.shape().get(2).copied().unwrap_or(0));
+/// Scores every query against every key as `scoring` says, softmaxes them and weighs V:
+/// `y [batch, q_heads, q_seq, v_size]` and the scores `qk_matmul_output_mode` reports
+/// `[batch, q_heads, q_seq, total]`. Grouped-query attention reads KV head `h / group`.
+fn attend(
+    q: &Heads,
+    k: &Heads,
+    v: &Heads,
+    scoring: &Scoring,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
     if q.size != k.size || q.batch != k.batch || k.batch != v.batch || k.seq != v.seq {
         return Err("Q, K and V disagree on batch, sequence or head size".into());
     }
-    if k.heads == 0 || q.heads % k.heads != 0 || k.heads != v.heads {
+    if k.heads == 0 || !q.heads.is_multiple_of(k.heads) || k.heads != v.heads {
         return Err(format!(
             "{} query heads do not group over {} KV heads",
             q.heads, k.heads
         ));
     }
     let group = q.heads / k.heads;
-    let scoring = Scoring {
-        scale: match ctx.attr("scale") {
-            Some(_) => ctx.float("scale", 1.0),
-            None => 1.0 / (q.size as f32).sqrt(),
-        },
-        softcap: ctx.float("softcap", 0.0),
-        causal: ctx.int("is_causal", 0) != 0,
-        past_len,
-        mode: ctx.int("qk_matmul_output_mode", 0),
-        mask: optional(inputs, 3).map(Mask::new).transpose()?,
-        nonpad: optional(inputs, 6).map(|t| t.to_i64_vec()),
-    };
     let total = k.seq;
     let mut qk_out = vec![0.0f32; q.batch * q.heads * q.seq * total];
     let mut y = vec![0.0f32; q.batch * q.heads * q.seq * v.size];
@@ -382,19 +443,14 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             for i in 0..q.seq {
                 let query = q.row(b, h, i);
                 let out_row = ((b * q.heads + h) * q.seq + i) * total;
+                let mut all_masked = true;
                 for (j, score) in scores.iter_mut().enumerate() {
                     let dot: f32 = query.iter().zip(k.row(b, kv, j)).map(|(a, c)| a * c).sum();
-                    *score = scoring.score(dot, [b, h, i, j], &mut qk_out[out_row + j]);
+                    let bias;
+                    (*score, bias) = scoring.score(dot, [b, h, i, j], &mut qk_out[out_row + j]);
+                    all_masked &= bias == f32::NEG_INFINITY;
                 }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for score in scores.iter_mut() {
-                    *score = (*score - max).exp();
-                    sum += *score;
-                }
-                for score in scores.iter_mut() {
-                    *score /= sum;
-                }
+                guarded_softmax(&mut scores, all_masked);
                 if scoring.mode == 3 {
                     qk_out[out_row..out_row + total].copy_from_slice(&scores);
                 }
@@ -407,6 +463,44 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             }
         }
     }
+    Ok((y, qk_out))
+}
+
+fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let q_tensor = input(inputs, 0)?;
+    let q = Heads::read(q_tensor, ctx.int("q_num_heads", 0), "Q")?;
+    let kv_heads = ctx.int("kv_num_heads", 0);
+    let past = |i: usize| {
+        optional(inputs, i)
+            .map(|t| Heads::read(t, kv_heads, "past cache"))
+            .transpose()
+    };
+    let k = Heads::read(input(inputs, 1)?, kv_heads, "K")?.after(past(4)?)?;
+    let v = Heads::read(input(inputs, 2)?, kv_heads, "V")?.after(past(5)?)?;
+    let past_len = optional(inputs, 4).map_or(0, |t| t.shape().get(2).copied().unwrap_or(0));
+    let nonpad = optional(inputs, 6).map(|t| t.to_i64_vec());
+    let offsets = match (&nonpad, past_len) {
+        (Some(lengths), 0) => lengths.iter().map(|&n| n - q.seq as i64).collect(),
+        _ => vec![past_len as i64; q.batch],
+    };
+    let scoring = Scoring {
+        scale: match ctx.attr("scale") {
+            Some(_) => ctx.float("scale", 1.0),
+            None => 1.0 / (q.size as f32).sqrt(),
+        },
+        softcap: ctx.float("softcap", 0.0),
+        causal: ctx.int("is_causal", 0) != 0,
+        offsets,
+        window: (
+            ctx.int("left_window_size", -1),
+            ctx.int("right_window_size", -1),
+        ),
+        mode: ctx.int("qk_matmul_output_mode", 0),
+        mask: optional(inputs, 3).map(Mask::new).transpose()?,
+        nonpad,
+    };
+    let (y, qk_out) = attend(&q, &k, &v, &scoring)?;
+    let total = k.seq;
     let y = if q_tensor.rank() == 3 {
         merge_heads(&y, &q, v.size)
     } else {

@@ -84,7 +84,12 @@ fn lp_normalization(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                     .sum::<f64>()
                     .sqrt()
             } as f32;
-            fibre.iter_mut().for_each(|v| *v /= norm);
+            // A zero fibre stays zero (onnx 1.23's reference), not 0/0.
+            if norm == 0.0 {
+                fibre.iter_mut().for_each(|v| *v = 0.0);
+            } else {
+                fibre.iter_mut().for_each(|v| *v /= norm);
+            }
         },
     );
     Ok(vec![HostTensor::f32(x.shape().to_vec(), out)])

@@ -47,11 +47,15 @@ fn binary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let dtype = ctx.output_dtypes.first().copied().flatten();
     let bits = match dtype {
-        Some(DType::U8) => 8,
-        Some(DType::U16) => 16,
-        Some(DType::U32) => 32,
+        Some(DType::U8 | DType::I8) => 8,
+        Some(DType::U16 | DType::I16) => 16,
+        Some(DType::U32 | DType::I32) => 32,
         _ => 64,
     };
+    let signed = matches!(
+        dtype,
+        Some(DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    );
     let op = ctx.node.op_type.as_str();
     let left = ctx.string("direction", "") == "LEFT";
     if op == "BitShift" && !left && ctx.string("direction", "") != "RIGHT" {
@@ -62,9 +66,18 @@ fn binary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         "BitwiseAnd" => x & y,
         "BitwiseOr" => x | y,
         "BitwiseXor" => x ^ y,
-        // Shifting by the width or more clears every bit (onnxruntime's CPU kernel).
-        _ if !(0..bits).contains(&y) => 0,
+        // A shift by a negative count or by the width or more clears every bit, except that a
+        // right shift of a negative signed value keeps its sign bits (onnx 1.23's reference).
+        _ if !(0..bits).contains(&y) => {
+            if signed && !left && x < 0 {
+                -1
+            } else {
+                0
+            }
+        }
         _ if left => wrap(((x as u64) << y) as i64, dtype),
+        // Signed values shift arithmetically (they are sign-extended in int64).
+        _ if signed => x >> y,
         _ => ((x as u64) >> y) as i64,
     })?;
     Ok(vec![output_tensor(shape, values, a)])
@@ -94,6 +107,7 @@ mod tests {
             node: &n,
             opset: 18,
             output_dtypes: &dtypes,
+            input_dtypes: &[],
         };
         let x = i(&[2], &[0, 5]);
         let out = lookup("", "BitwiseNot").unwrap()(&ctx, &[Some(&x)]).unwrap();
@@ -106,6 +120,7 @@ mod tests {
             node: &n,
             opset: 11,
             output_dtypes: &dtypes,
+            input_dtypes: &[],
         };
         let shifts = i(&[2], &[1, 8]);
         let out =

@@ -17,6 +17,9 @@ pub(crate) struct Ctx<'a> {
     /// runtime widens narrow integers to int64 (see [`crate::tensor`]), so a kernel that must
     /// saturate to uint8 or int8 (QuantizeLinear, QLinearMatMul) learns the range here.
     pub output_dtypes: &'a [Option<DType>],
+    /// The element types shape inference gave the node's inputs, which the runtime may hold
+    /// wider (BitCast reinterprets the declared type's bits).
+    pub input_dtypes: &'a [Option<DType>],
 }
 
 /// A kernel's result: one tensor per output, in order (optional trailing outputs may be absent).

@@ -1326,6 +1326,7 @@ mod tests {
             node: &node,
             opset: 17,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let x = f(&[1, 1, 3, 3], &[1.0; 9]);
         let w = f(&[1, 1, 2, 2], &[1.0; 4]);
@@ -1562,6 +1563,7 @@ mod tests {
                 node: &node,
                 opset: 17,
                 output_dtypes: &[],
+                input_dtypes: &[],
             };
             let refs = [Some(&inputs[0]), Some(&inputs[1]), Some(&inputs[2])];
             let epilogue = super::Epilogue {

@@ -62,6 +62,7 @@ pub(super) fn register(t: &mut KernelTable) {
     // Dropout at inference is the identity (its optional mask output is all true).
     t.add(&["Identity", "Dropout"], identity);
     t.add(&["Cast"], cast);
+    t.add(&["BitCast"], bit_cast);
     t.add(&["CastLike"], cast_like);
 }
 
@@ -148,7 +149,17 @@ fn binary_arith(op: &str, a: &HostTensor, b: &HostTensor) -> Result<HostTensor, 
                 "Mul" => f32_op!(|x: f32, y: f32| x * y),
                 "Div" => f32_op!(|x: f32, y: f32| x / y),
                 "Pow" => f32_op!(pow),
-                "Mod" | "FMod" => f32_op!(|x: f32, y: f32| x % y),
+                "FMod" => f32_op!(|x: f32, y: f32| x % y),
+                // fmod = 0 on floats (onnx 1.23's reference: numpy's mod) takes the divisor's
+                // sign, as on integers.
+                "Mod" => f32_op!(|x: f32, y: f32| {
+                    let r = x % y;
+                    if r != 0.0 && (r < 0.0) != (y < 0.0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                }),
                 // NaN propagates, as onnxruntime does.
                 "Max" => f32_op!(|x: f32, y: f32| {
                     if x.is_nan() || y.is_nan() {
@@ -452,6 +463,92 @@ fn cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     Ok(vec![x.cast_saturating(to, saturate)?])
 }
 
+/// BitCast (opset 26, <https://onnx.ai/onnx/operators/onnx__BitCast.html>): each element's bits,
+/// in the type the graph declares for the input (the runtime holds float16 and float64 as f32,
+/// narrow integers as int64), read as `to`. float64 bits survive only where the value fits f32.
+fn bit_cast(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let code = ctx.int("to", 0) as i32;
+    let to = DType::from_onnx(code).ok_or_else(|| format!("unknown target type {code}"))?;
+    let x = input(inputs, 0)?;
+    let from = ctx
+        .input_dtypes
+        .first()
+        .copied()
+        .flatten()
+        .unwrap_or(x.dtype());
+    let bits = element_bits(x, from)?;
+    let data = from_bits(&bits, to)?;
+    Ok(vec![HostTensor::with_data(x.shape().to_vec(), data)])
+}
+
+/// The bits of each element as `dtype` stores it, in the low bits of a u64.
+fn element_bits(x: &HostTensor, dtype: DType) -> Result<Vec<u64>, String> {
+    let floats = || x.to_f32_vec().into_iter();
+    Ok(match dtype {
+        DType::F32 => floats().map(|v| u64::from(v.to_bits())).collect(),
+        DType::F16 => floats()
+            .map(|v| u64::from(half::f16::from_f32(v).to_bits()))
+            .collect(),
+        DType::BF16 => floats()
+            .map(|v| u64::from(half::bf16::from_f32(v).to_bits()))
+            .collect(),
+        DType::F64 => floats().map(|v| f64::from(v).to_bits()).collect(),
+        DType::Bool
+        | DType::I8
+        | DType::U8
+        | DType::I16
+        | DType::U16
+        | DType::I32
+        | DType::U32
+        | DType::I64
+        | DType::U64 => {
+            let mask = u64::MAX >> (64 - dtype.size_bits());
+            x.to_i64_vec()
+                .into_iter()
+                .map(|v| v as u64 & mask)
+                .collect()
+        }
+        other => {
+            return Err(format!(
+                "BitCast from {other} is not supported by the CPU runtime"
+            ))
+        }
+    })
+}
+
+/// Elements of `dtype` from their bits, as the runtime holds that type.
+fn from_bits(bits: &[u64], dtype: DType) -> Result<TensorData, String> {
+    let width = dtype.size_bits() as u32;
+    let signed = |b: u64| ((b << (64 - width)) as i64) >> (64 - width);
+    Ok(match dtype {
+        DType::F32 => TensorData::F32(bits.iter().map(|&b| f32::from_bits(b as u32)).collect()),
+        DType::F16 => TensorData::F32(
+            bits.iter()
+                .map(|&b| half::f16::from_bits(b as u16).to_f32())
+                .collect(),
+        ),
+        DType::BF16 => TensorData::F32(
+            bits.iter()
+                .map(|&b| half::bf16::from_bits(b as u16).to_f32())
+                .collect(),
+        ),
+        DType::F64 => TensorData::F32(bits.iter().map(|&b| f64::from_bits(b) as f32).collect()),
+        DType::Bool => TensorData::Bool(bits.iter().map(|&b| b != 0).collect()),
+        DType::I32 => TensorData::I32(bits.iter().map(|&b| signed(b) as i32).collect()),
+        DType::I8 | DType::I16 | DType::I64 => {
+            TensorData::I64(bits.iter().map(|&b| signed(b)).collect())
+        }
+        DType::U8 | DType::U16 | DType::U32 | DType::U64 => {
+            TensorData::I64(bits.iter().map(|&b| b as i64).collect())
+        }
+        other => {
+            return Err(format!(
+                "BitCast to {other} is not supported by the CPU runtime"
+            ))
+        }
+    })
+}
+
 /// CastLike casts to the declared type of its second input, which the graph knows even where
 /// the runtime keeps it wider (a float8 tensor held as f32): the node's declared output type.
 fn cast_like(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
@@ -490,6 +587,7 @@ mod tests {
             node: &node,
             opset: 17,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let (a, b) = (i(&[1], &[1]), i(&[1], &[0]));
         assert!(super::arithmetic(&ctx, &[Some(&a), Some(&b)])

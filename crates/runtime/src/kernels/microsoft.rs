@@ -173,6 +173,7 @@ mod tests {
             node: &n,
             opset: 1,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let inputs: Vec<_> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("com.microsoft", op).expect("registered")(&ctx, &inputs).expect("runs")
@@ -203,6 +204,7 @@ mod tests {
             node: &n,
             opset: 1,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let err = lookup("com.microsoft", "SkipLayerNormalization").unwrap()(
             &ctx,

@@ -570,6 +570,7 @@ mod tests {
             node: &node,
             opset: 5,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
         super::super::lookup(DOMAIN, op).expect("registered")(&ctx, &inputs)

@@ -93,6 +93,7 @@ mod resize;
 pub(crate) use resize::resize_plan;
 mod scatter;
 mod select;
+mod state_space;
 mod topk;
 
 use std::sync::OnceLock;
@@ -132,6 +133,7 @@ fn table() -> &'static KernelTable {
         crop::register(&mut t);
         resize::register(&mut t);
         recurrent::register(&mut t);
+        state_space::register(&mut t);
         rearrange::register(&mut t);
         channel_norm::register(&mut t);
         einsum::register(&mut t);
@@ -226,6 +228,7 @@ pub(crate) mod test_util {
             node: &node,
             opset,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")

@@ -2,7 +2,7 @@
 //!
 //! Specs: <https://onnx.ai/onnx/operators/> (Reshape, Transpose, Concat, Split, Slice, Gather,
 //! GatherElements, Expand, Unsqueeze, Squeeze, Flatten, Shape, Size, Range, ConstantOfShape,
-//! Tile, Pad (constant mode), Resize (nearest and linear), Trilu, CumSum), opsets 7
+//! Tile, Pad (constant mode), Resize (nearest and linear), Trilu, CumSum, CumProd), opsets 7
 //! to 23. Axes, splits and slice bounds come from inputs where the opset has them and from
 //! attributes before.
 
@@ -28,6 +28,7 @@ pub(super) fn register(t: &mut KernelTable) {
     t.add(&["Pad"], pad);
     t.add(&["Trilu"], trilu);
     t.add(&["CumSum"], cumsum);
+    t.add(&["CumProd"], cumprod);
 }
 
 fn dims_from(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
@@ -731,39 +732,67 @@ fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 }
 
 fn cumsum(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    cumulative(ctx, inputs, "CumSum", 0.0, |acc, x| acc + x)
+}
+
+/// CumProd (opset 26): CumSum's axis, `exclusive` and `reverse`, with products.
+fn cumprod(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    cumulative(ctx, inputs, "CumProd", 1.0, |acc, x| acc * x)
+}
+
+/// A running `combine` along the axis the second input names, starting from `identity`
+/// (which an `exclusive` scan writes first), in f64 so that integer inputs stay exact below
+/// 2^53.
+fn cumulative(
+    ctx: &Ctx,
+    inputs: &[Option<&HostTensor>],
+    op: &str,
+    identity: f64,
+    combine: fn(f64, f64) -> f64,
+) -> KernelResult {
     let x = input(inputs, 0)?;
     let axis_value = input(inputs, 1)?
         .to_i64_vec()
         .first()
         .copied()
-        .ok_or("CumSum needs an axis")?;
+        .ok_or_else(|| format!("{op} needs an axis"))?;
     let axis = normalize_axis(axis_value, x.rank())?;
     let exclusive = ctx.int("exclusive", 0) != 0;
     let reverse = ctx.int("reverse", 0) != 0;
     let n = x.shape()[axis];
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let outer: usize = x.shape()[..axis].iter().product();
-    let v = x.to_f32_vec();
-    let mut out = vec![0.0f32; v.len()];
+    let v: Vec<f64> = if x.dtype().is_float() {
+        x.to_f32_vec().into_iter().map(f64::from).collect()
+    } else {
+        x.to_i64_vec().into_iter().map(|a| a as f64).collect()
+    };
+    let mut out = vec![0.0f64; v.len()];
     for o in 0..outer {
         for i in 0..inner {
-            let mut acc = 0.0f64;
+            let mut acc = identity;
             for step in 0..n {
                 let k = if reverse { n - 1 - step } else { step };
                 let at = (o * n + k) * inner + i;
                 if exclusive {
-                    out[at] = acc as f32;
-                    acc += v[at] as f64;
+                    out[at] = acc;
+                    acc = combine(acc, v[at]);
                 } else {
-                    acc += v[at] as f64;
-                    out[at] = acc as f32;
+                    acc = combine(acc, v[at]);
+                    out[at] = acc;
                 }
             }
         }
     }
-    HostTensor::f32(x.shape().to_vec(), out)
-        .cast(x.dtype())
-        .map(|t| vec![t])
+    let out = if x.dtype().is_float() {
+        HostTensor::f32(x.shape().to_vec(), out.iter().map(|&a| a as f32).collect())
+    } else {
+        HostTensor::with_data(
+            x.shape().to_vec(),
+            TensorData::I64(out.iter().map(|&a| a as i64).collect()),
+        )
+    };
+    out.cast(x.dtype()).map(|t| vec![t])
 }
 
 #[cfg(test)]
@@ -889,6 +918,7 @@ mod tests {
             node: &node,
             opset: 17,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let huge = i(&[4], &[0, i64::MAX, 0, i64::MAX]);
         let wide = f(&[1, 8], &[0.0; 8]);

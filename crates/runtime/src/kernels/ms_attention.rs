@@ -427,6 +427,7 @@ mod tests {
             node: &n,
             opset: 1,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let out =
             lookup("com.microsoft", "Attention").unwrap()(&ctx, &[Some(&x), Some(&w)]).unwrap();
@@ -442,6 +443,7 @@ mod tests {
             node: &n,
             opset: 1,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let out =
             lookup("com.microsoft", "Attention").unwrap()(&ctx, &[Some(&x), Some(&w)]).unwrap();

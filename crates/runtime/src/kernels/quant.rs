@@ -140,6 +140,8 @@ fn int_range(dtype: DType) -> Result<(i64, i64), String> {
     Ok(match dtype {
         DType::U4 => (0, 15),
         DType::I4 => (-8, 7),
+        DType::U2 => (0, 3),
+        DType::I2 => (-2, 1),
         DType::U8 => (0, u8::MAX as i64),
         DType::I8 => (i8::MIN as i64, i8::MAX as i64),
         DType::U16 => (0, u16::MAX as i64),
@@ -571,6 +573,7 @@ mod tests {
             node: &n,
             opset: 19,
             output_dtypes: &dtypes,
+            input_dtypes: &[],
         };
         let inputs: Vec<_> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("", op).unwrap()(&ctx, &inputs)

@@ -69,10 +69,21 @@ fn space_to_depth(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     }
     let (ho, wo) = (h / b, w / b);
     let out_shape = vec![n, c * b * b, ho, wo];
+    // DCR (the default) puts the block offset outermost in the output channel, CRD (opset 25)
+    // the input channel.
+    let crd = match ctx.string("mode", "DCR").as_str() {
+        "DCR" => false,
+        "CRD" => true,
+        other => return Err(format!("unknown mode '{other}' (DCR or CRD)")),
+    };
     let mut offsets = Vec::with_capacity(checked_size(&out_shape)?);
     for ni in 0..n {
         for channel in 0..c * b * b {
-            let (block, ci) = (channel / c, channel % c);
+            let (block, ci) = if crd {
+                (channel % (b * b), channel / (b * b))
+            } else {
+                (channel / c, channel % c)
+            };
             let (i, j) = (block / b, block % b);
             for y in 0..ho {
                 for xo in 0..wo {

@@ -38,10 +38,14 @@ fn reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         let mut numeric = inputs.to_vec();
         numeric[0] = Some(&as_numbers);
         let reduced = reduce(ctx, &numeric)?;
-        return reduced
+        // `> 0`: the max of an empty set (−∞) is false (any), the min (+∞) true (all).
+        return Ok(reduced
             .into_iter()
-            .map(|t| t.cast(pipecut_ir::graph::DType::Bool))
-            .collect();
+            .map(|t| {
+                let truth = t.to_f32_vec().iter().map(|&v| v > 0.0).collect();
+                HostTensor::with_data(t.shape().to_vec(), TensorData::Bool(truth))
+            })
+            .collect());
     }
     let rank = x.rank();
     let axes: Vec<i64> = match optional(inputs, 1) {

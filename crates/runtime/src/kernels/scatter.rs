@@ -361,6 +361,7 @@ mod tests {
             node: &n,
             opset: 18,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let (idx, upd) = (i(&[1], &[4]), f(&[1], &[0.0]));
         let err = lookup("", "ScatterElements").unwrap()(&ctx, &[Some(&x), Some(&idx), Some(&upd)])

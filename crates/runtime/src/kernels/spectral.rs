@@ -363,6 +363,7 @@ mod tests {
             node: &node,
             opset: 17,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let back = super::dft(&ctx, &[Some(&spectrum[0])]).unwrap();
         assert_close(

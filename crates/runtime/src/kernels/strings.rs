@@ -296,6 +296,7 @@ mod tests {
             node: &node,
             opset: 20,
             output_dtypes: &[],
+            input_dtypes: &[],
         };
         let err = regex_full_match(&ctx, &[Some(&x)]).unwrap_err();
         assert!(err.contains("not a valid regular expression"), "{err}");

@@ -18,6 +18,23 @@ use crate::graph::{format_shape, Dim, Shape};
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["Attention"], attention);
     r.add("", &["RotaryEmbedding"], rotary_embedding);
+    r.add("ai.onnx.preview", &["FlexAttention"], flex_attention);
+}
+
+/// FlexAttention (ai.onnx.preview opset 1,
+/// <https://onnx.ai/onnx/operators/onnx_aionnxpreview_FlexAttention.html>): 4-D Q
+/// `[B, Hq, L, E]`, K `[B, Hkv, S, E]`, V `[B, Hkv, S, Ev]`; Y `[B, Hq, L, Ev]` of V's dtype.
+/// The `score_mod`/`prob_mod` subgraphs map the scores elementwise and change no shape.
+fn flex_attention(ctx: &OpCtx) -> RuleResult {
+    let (q, k, v) = (ctx.shape(0)?, ctx.shape(1)?, ctx.shape(2)?);
+    if q.len() != 4 || k.len() != 4 || v.len() != 4 {
+        return Err("FlexAttention needs 4-D Q, K and V".into());
+    }
+    if q[3] != k[3] {
+        return Err(format!("Q's head size {} differs from K's {}", q[3], k[3]));
+    }
+    let y = vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()];
+    Ok(vec![Inferred::new(ctx.dtype(2)?, y)])
 }
 
 fn rotary_embedding(ctx: &OpCtx) -> RuleResult {

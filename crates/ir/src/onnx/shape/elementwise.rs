@@ -49,6 +49,9 @@ pub(super) fn register(r: &mut Registry) {
             "Hardmax",
             "LRN",
             "CumSum",
+            "CumProd",
+            // SwiGLU (opset 28): A and B of one shape, the output A's.
+            "SwiGLU",
             "BitwiseNot",
             "MeanVarianceNormalization",
             "Trilu",
@@ -77,6 +80,7 @@ pub(super) fn register(r: &mut Registry) {
     r.add("", &["IsNaN", "IsInf"], to_bool);
     r.add("", &["Cast"], cast);
     r.add("", &["CastLike"], cast_like);
+    r.add("", &["BitCast"], bit_cast);
     r.add(
         "",
         &[
@@ -236,6 +240,27 @@ fn cast(ctx: &OpCtx) -> RuleResult {
     Ok(vec![
         Inferred::new(to, input.shape.clone()).with_value(convert_value(input.value, to))
     ])
+}
+
+/// BitCast (opset 26, <https://onnx.ai/onnx/operators/onnx__BitCast.html>): the input's bits
+/// read as `to`, which must be exactly as wide (and neither a string).
+fn bit_cast(ctx: &OpCtx) -> RuleResult {
+    let to = ctx.int_attr("to")?.ok_or("attribute 'to' is missing")?;
+    let to =
+        DType::from_onnx(to as i32).ok_or_else(|| format!("'to' names unknown data type {to}"))?;
+    let input = ctx.input(0)?;
+    let from = ctx.dtype(0)?;
+    if from == DType::String || to == DType::String {
+        return Err("BitCast does not take or give strings".into());
+    }
+    if from.size_bits() != to.size_bits() {
+        return Err(format!(
+            "BitCast from {from} ({} bits) to {to} ({} bits): the widths must be equal",
+            from.size_bits(),
+            to.size_bits()
+        ));
+    }
+    Ok(vec![Inferred::new(to, input.shape.clone())])
 }
 
 fn cast_like(ctx: &OpCtx) -> RuleResult {

@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 use super::registry::Registry;
 use super::{
     attention, collective, control, crop, data_dependent, elementwise, linalg, loss, microsoft, ml,
-    movement, nn, quant, random, recurrent, reduce, sequence, signal, spatial, strings,
+    movement, nn, quant, random, recurrent, reduce, sequence, signal, spatial, state_space,
+    strings,
 };
 
 /// Every family's rules, registered on first use.
@@ -34,6 +35,7 @@ pub(super) fn registry() -> &'static Registry {
         data_dependent::register(&mut r);
         spatial::register(&mut r);
         random::register(&mut r);
+        state_space::register(&mut r);
         r
     })
 }

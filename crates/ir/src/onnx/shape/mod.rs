@@ -32,6 +32,7 @@ mod registry;
 mod sequence;
 mod signal;
 mod spatial;
+mod state_space;
 pub mod strings;
 
 use std::collections::{BTreeMap, BTreeSet};
