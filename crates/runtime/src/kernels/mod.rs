@@ -300,6 +300,7 @@ mod tests {
                                 node: &node,
                                 opset: 21,
                                 output_dtypes: &[],
+                                input_dtypes: &[],
                             };
                             let call =
                                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
