@@ -342,14 +342,38 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "StringConcat" | "StringSplit" | "StringNormalizer" | "RegexFullMatch"
             | "TfIdfVectorizer",
         ) => movement,
-        ("ai.onnx.ml", "LabelEncoder" | "ArrayFeatureExtractor") => movement,
+        // Lookups and reshuffles of the ai.onnx.ml domain, and the Tokenizer of skl2onnx's
+        // text pipelines: bytes moved, no arithmetic to speak of.
+        (
+            "ai.onnx.ml",
+            "LabelEncoder"
+            | "ArrayFeatureExtractor"
+            | "CategoryMapper"
+            | "CastMap"
+            | "DictVectorizer"
+            | "FeatureVectorizer"
+            | "OneHotEncoder"
+            | "ZipMap",
+        )
+        | ("com.microsoft", "Tokenizer") => movement,
         // pipecut's tensor-parallel collectives, in rank files: their device side is a copy;
         // the link time of a group's collectives is the tensor-parallel cost of the stage
         // (`partition::tensor_parallel`), not of a node.
         ("ai.pipecut", "AllReduce" | "AllGather" | "ReduceScatter") => movement,
         ("", "ImageDecoder") => image_decoder,
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
-        ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
+        ("ai.onnx.ml", "Imputer") => pointwise::<1>,
+        // Scaler: a subtraction and a product per element.
+        ("ai.onnx.ml", "Scaler") => pointwise::<2>,
+        // Normalizer: a norm over each row (square, add) and a division per element.
+        ("ai.onnx.ml", "Normalizer") => reduction::<3>,
+        ("ai.onnx.ml", "TreeEnsemble" | "TreeEnsembleClassifier" | "TreeEnsembleRegressor") => {
+            tree_ensemble
+        }
+        (
+            "ai.onnx.ml",
+            "LinearClassifier" | "LinearRegressor" | "SVMClassifier" | "SVMRegressor",
+        ) => linear_model,
         ("", "Det") => det,
         // Sequences and optionals (<https://onnx.ai/onnx/operators/onnx__SequenceInsert.html>):
         // the ops that copy tensors into or out of a sequence move those bytes; the others
@@ -632,6 +656,25 @@ fn tree_ensemble(ctx: &CostCtx) -> Result<OpWork, String> {
         rows * nodes,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Reduction,
+    ))
+}
+
+/// LinearClassifier/Regressor and SVMClassifier/Regressor: a multiply-add per row for every
+/// coefficient and every support-vector element (one kernel product each); the kernel's own
+/// few operations per product and the post-transform are left out.
+/// (<https://onnx.ai/onnx/operators/onnx_aionnxml_SVMClassifier.html>).
+fn linear_model(ctx: &CostCtx) -> Result<OpWork, String> {
+    let x = ctx.shape(0)?;
+    let rows = if x.len() == 2 { x[0] } else { 1 } as f64;
+    let count = |name: &str| match ctx.node.attributes.get(name) {
+        Some(Attribute::Floats(v)) => v.len() as f64,
+        _ => 0.0,
+    };
+    let weights = count("coefficients") + count("support_vectors");
+    Ok(ctx.work(
+        2.0 * rows * weights,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
     ))
 }
 

@@ -349,7 +349,12 @@ fn value_info(
     })?;
     let mut tensor_type = type_proto::Tensor::new();
     tensor_type.elem_type = dtype.onnx_code();
-    if let Some(shape) = &tensor.shape {
+    // A map's shape counts its entries; its values are scalars.
+    let map_key = match tensor.kind {
+        ValueKind::Map { key } | ValueKind::MapSequence { key } => Some(key),
+        _ => None,
+    };
+    if let Some(shape) = tensor.shape.as_ref().filter(|_| map_key.is_none()) {
         let mut shape_proto = TensorShapeProto::new();
         for dim in shape {
             let mut d = Dimension::new();
@@ -363,10 +368,17 @@ fn value_info(
     }
     let mut ty = TypeProto::new();
     ty.value = Some(type_proto::Value::TensorType(tensor_type));
+    if let Some(key) = map_key {
+        let mut map = type_proto::Map::new();
+        map.key_type = key.onnx_code();
+        map.value_type = Some(ty).into();
+        ty = TypeProto::new();
+        ty.value = Some(type_proto::Value::MapType(map));
+    }
     // A sequence or optional crossing a boundary: its elements' type, wrapped.
     if matches!(
         tensor.kind,
-        ValueKind::Sequence | ValueKind::OptionalSequence
+        ValueKind::Sequence | ValueKind::OptionalSequence | ValueKind::MapSequence { .. }
     ) {
         let mut sequence = type_proto::Sequence::new();
         sequence.elem_type = Some(ty).into();

@@ -57,6 +57,8 @@ mod matmul;
 pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
+mod ml_predictors;
+mod ml_transforms;
 #[cfg(feature = "cuda")]
 pub(crate) use ml::{float_labels, Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
@@ -137,6 +139,8 @@ fn table() -> &'static KernelTable {
         einsum::register(&mut t);
         strings::register(&mut t);
         ml::register(&mut t);
+        ml_predictors::register(&mut t);
+        ml_transforms::register(&mut t);
         select::register(&mut t);
         detection::register(&mut t);
         constant::register(&mut t);
@@ -155,20 +159,18 @@ pub(crate) fn lookup(domain: &str, op: &str) -> Option<Kernel> {
     table().kernels.get(&(domain, op)).copied()
 }
 
-/// The kernel on values for an op, if the CPU runtime has one (sequences, optionals and control
-/// flow, in the default domain only).
+/// The kernel on values for an op, if the CPU runtime has one (sequences, optionals, control
+/// flow, and ZipMap's sequence of maps).
 pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
     static TABLE: OnceLock<values::ValueKernelTable> = OnceLock::new();
-    if !(domain.is_empty() || domain == "ai.onnx") {
-        return None;
-    }
     let table = TABLE.get_or_init(|| {
         let mut t = values::ValueKernelTable::default();
         sequence::register(&mut t);
         control::register(&mut t);
+        ml_transforms::register_values(&mut t);
         t
     });
-    table.get(op)
+    table.get(domain, op)
 }
 
 /// Every op with a CPU kernel, as `domain:op` (`:Add` for the default domain), sorted.
