@@ -189,3 +189,33 @@ fn every_converted_model_runs_as_onnxruntime_does() {
         }
     }
 }
+
+#[test]
+fn a_model_whose_input_is_a_map_plans_and_its_run_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_path("dict_vectorizer");
+    let (code, out, err) = pipecut(&["inspect", &model]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("X "))
+        .unwrap();
+    assert!(line.contains("(map from string)"), "{line}");
+    let plan = partition(dir.path(), "dict_vectorizer", &[]);
+    let out_dir = dir.path().join("out");
+    let (code, _, err) = pipecut(&[
+        "run",
+        &plan,
+        &model,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("input 'X' is a map from string"), "{err}");
+    assert!(
+        !out_dir.exists(),
+        "a refused run wrote {}",
+        out_dir.display()
+    );
+}

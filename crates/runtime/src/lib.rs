@@ -199,6 +199,13 @@ pub fn expected_input_shapes(
         .iter()
         .map(|&id| {
             let tensor = graph.tensor(id);
+            // A map (DictVectorizer's input, say) or sequence has no .npy form.
+            if !tensor.kind.is_tensor() {
+                return Err(Error::RunInput(format!(
+                    "input '{}' is a {}: pipecut runs models whose inputs are tensors",
+                    tensor.name, tensor.kind
+                )));
+            }
             let mut shape: Vec<usize> = graph
                 .concrete_shape(id)?
                 .into_iter()
