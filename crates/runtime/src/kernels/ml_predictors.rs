@@ -37,6 +37,11 @@ fn rows_of(x: &HostTensor) -> Result<(usize, usize, Vec<f32>), String> {
     }
 }
 
+/// Each row of `rows` rows of `features` values (empty rows when there are no features).
+fn each_row(values: &[f32], rows: usize, features: usize) -> impl Iterator<Item = &[f32]> {
+    (0..rows).map(move |r| values.get(r * features..(r + 1) * features).unwrap_or(&[]))
+}
+
 fn floats(ctx: &Ctx, name: &str) -> Vec<f32> {
     match ctx.attr(name) {
         Some(Attribute::Floats(v)) => v.clone(),
@@ -315,7 +320,7 @@ fn svm_regressor(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let one_class = ctx.int("one_class", 0) != 0;
     let post = PostTransform::of(ctx)?;
     let mut out = Vec::with_capacity(rows);
-    for row in values.chunks_exact(features.max(1)).take(rows) {
+    for row in each_row(&values, rows, features) {
         let mut s = if supports > 0 {
             vectors
                 .chunks_exact(features.max(1))
@@ -360,7 +365,7 @@ fn svm_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let all_positive = coefficients.iter().all(|&c| c >= 0.0);
     let mut scores = Vec::new();
     let mut classes = Vec::with_capacity(rows);
-    for row in values.chunks_exact(features.max(1)).take(rows) {
+    for row in each_row(&values, rows, features) {
         let (class, mut row_scores) = if svm.vectors == 0 {
             let weights: Vec<f32> = coefficients
                 .chunks(features.max(1))
@@ -644,9 +649,8 @@ impl LegacyForest {
             rows.checked_mul(targets).ok_or("the output is too large")?,
             start,
         )?;
-        for (row, scores) in values
-            .chunks_exact(features.max(1))
-            .zip(out.chunks_exact_mut(targets.max(1)))
+        for (row, scores) in
+            each_row(values, rows, features).zip(out.chunks_exact_mut(targets.max(1)))
         {
             for &root in &self.roots {
                 for &(target, weight) in &self.leaf_weights[self.leaf(root, row)?] {
@@ -752,4 +756,134 @@ fn tree_ensemble_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Kernel
         labels.pick(&classes)?,
         HostTensor::f32(vec![rows, width], scores),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, run_in};
+    use super::*;
+
+    fn run(op: &str, attributes: Vec<(&str, Attribute)>, x: &HostTensor) -> Vec<HostTensor> {
+        run_in(DOMAIN, op, attributes, &[x]).unwrap()
+    }
+
+    fn x() -> HostTensor {
+        f(&[2, 2], &[1.0, 2.0, -3.0, 0.5])
+    }
+
+    fn text(s: &str) -> Attribute {
+        Attribute::String(s.into())
+    }
+
+    /// Expected values: onnx's ReferenceEvaluator (onnx 1.23) on the same attributes.
+    #[test]
+    fn svm_regressor_kernels_match_the_reference() {
+        let attrs = |kernel: &str| {
+            vec![
+                ("coefficients", Attribute::Floats(vec![0.5, -1.0])),
+                ("kernel_params", Attribute::Floats(vec![0.5, 1.0, 2.0])),
+                ("kernel_type", text(kernel)),
+                ("n_supports", Attribute::Int(2)),
+                ("rho", Attribute::Floats(vec![0.25])),
+                (
+                    "support_vectors",
+                    Attribute::Floats(vec![1.0, 0.0, 0.0, 1.0]),
+                ),
+            ]
+        };
+        assert_close(
+            &run("SVMRegressor", attrs("POLY"), &x())[0],
+            &[2, 1],
+            &[-2.625, -1.1875],
+        );
+        let sigmoid = &run("SVMRegressor", attrs("SIGMOID"), &x())[0];
+        assert_close(sigmoid, &[2, 1], &[-0.261_453_5, -0.829_342_25]);
+    }
+
+    #[test]
+    fn a_one_row_linear_classifier_scores_both_classes() {
+        let out = run(
+            "LinearClassifier",
+            vec![
+                ("coefficients", Attribute::Floats(vec![1.0, -1.0])),
+                ("intercepts", Attribute::Floats(vec![0.5])),
+                ("classlabels_ints", Attribute::Ints(vec![0, 1])),
+                ("post_transform", text("LOGISTIC")),
+            ],
+            &x(),
+        );
+        assert_eq!(out[0].to_i64_vec(), vec![0, 0]);
+        let scores = [0.622_459_35, 0.377_540_68, 0.952_574_13, 0.047_425_87];
+        assert_close(&out[1], &[2, 2], &scores);
+    }
+
+    #[test]
+    fn legacy_trees_aggregate_by_min_and_send_nan_where_told() {
+        // Two stumps on feature 0 (x <= 0: leaf 1, else leaf 2); the first sends NaN to its
+        // true branch, the second (tracks_true 0) to its false one.
+        let attrs = vec![
+            ("nodes_treeids", Attribute::Ints(vec![0, 0, 0, 1, 1, 1])),
+            ("nodes_nodeids", Attribute::Ints(vec![0, 1, 2, 0, 1, 2])),
+            ("nodes_featureids", Attribute::Ints(vec![0; 6])),
+            ("nodes_values", Attribute::Floats(vec![0.0; 6])),
+            (
+                "nodes_modes",
+                Attribute::Strings(
+                    ["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LEQ", "LEAF", "LEAF"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+            ),
+            ("nodes_truenodeids", Attribute::Ints(vec![1, 0, 0, 1, 0, 0])),
+            (
+                "nodes_falsenodeids",
+                Attribute::Ints(vec![2, 0, 0, 2, 0, 0]),
+            ),
+            (
+                "nodes_missing_value_tracks_true",
+                Attribute::Ints(vec![1, 0, 0, 0, 0, 0]),
+            ),
+            ("target_treeids", Attribute::Ints(vec![0, 0, 1, 1])),
+            ("target_nodeids", Attribute::Ints(vec![1, 2, 1, 2])),
+            ("target_ids", Attribute::Ints(vec![0; 4])),
+            (
+                "target_weights",
+                Attribute::Floats(vec![1.0, 2.0, 3.0, -4.0]),
+            ),
+            ("aggregate_function", text("MIN")),
+        ];
+        let x = f(&[2, 1], &[-1.0, f32::NAN]);
+        // Row 0: leaves 1.0 and 3.0; row 1: tree 0's true leaf 1.0, tree 1's false leaf -4.0.
+        assert_close(
+            &run("TreeEnsembleRegressor", attrs, &x)[0],
+            &[2, 1],
+            &[1.0, -4.0],
+        );
+    }
+
+    #[test]
+    fn bad_attributes_are_errors_not_panics() {
+        let err = run_in(
+            DOMAIN,
+            "LinearRegressor",
+            vec![("coefficients", Attribute::Floats(vec![1.0, 2.0, 3.0]))],
+            &[&x()],
+        )
+        .unwrap_err();
+        assert!(err.contains("do not make rows of 2 features"), "{err}");
+        let err = run_in(
+            DOMAIN,
+            "SVMClassifier",
+            vec![
+                ("classlabels_ints", Attribute::Ints(vec![0, 1, 2])),
+                ("vectors_per_class", Attribute::Ints(vec![1, 1, 1])),
+                ("coefficients", Attribute::Floats(vec![1.0; 5])),
+                ("rho", Attribute::Floats(vec![0.0; 3])),
+                ("support_vectors", Attribute::Floats(vec![0.0; 6])),
+            ],
+            &[&x()],
+        )
+        .unwrap_err();
+        assert!(err.contains("5 coefficients for 3 classes"), "{err}");
+    }
 }

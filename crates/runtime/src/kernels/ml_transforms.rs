@@ -385,3 +385,101 @@ impl Splitter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{assert_close, f, i, run_in};
+    use super::*;
+
+    fn texts(shape: &[usize], values: &[&str]) -> HostTensor {
+        let values = values.iter().map(|s| s.to_string()).collect();
+        HostTensor::new(shape.to_vec(), TensorData::String(values)).unwrap()
+    }
+
+    fn words(values: &[&str]) -> Attribute {
+        Attribute::Strings(values.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Expected values: onnx's ReferenceEvaluator (onnx 1.23).
+    #[test]
+    fn normalizer_divides_rows_by_their_norm() {
+        let x = f(&[2, 2], &[1.0, 2.0, -3.0, 0.5]);
+        let norm = |name: &str| {
+            let attrs = vec![("norm", Attribute::String(name.into()))];
+            run_in(DOMAIN, "Normalizer", attrs, &[&x])
+                .unwrap()
+                .remove(0)
+        };
+        let l1 = [0.333_333_34, 0.666_666_7, -0.857_142_87, 0.142_857_15];
+        assert_close(&norm("L1"), &[2, 2], &l1);
+        assert_close(&norm("MAX"), &[2, 2], &[0.5, 1.0, -1.0, 0.166_666_67]);
+    }
+
+    #[test]
+    fn imputer_replaces_ints_per_column() {
+        let attrs = vec![
+            ("imputed_value_int64s", Attribute::Ints(vec![7, 8])),
+            ("replaced_value_int64", Attribute::Int(-1)),
+        ];
+        let out = run_in(DOMAIN, "Imputer", attrs, &[&i(&[2, 2], &[-1, 2, 3, -1])]).unwrap();
+        assert_eq!(out[0].to_i64_vec(), vec![7, 2, 3, 8]);
+    }
+
+    #[test]
+    fn category_mapper_maps_both_ways_with_defaults() {
+        let attrs = || {
+            vec![
+                ("cats_int64s", Attribute::Ints(vec![1, 2])),
+                ("cats_strings", words(&["a", "b"])),
+            ]
+        };
+        let out = run_in(
+            DOMAIN,
+            "CategoryMapper",
+            attrs(),
+            &[&texts(&[3], &["b", "z", "a"])],
+        );
+        assert_eq!(out.unwrap()[0].to_i64_vec(), vec![2, -1, 1]);
+        let out = run_in(DOMAIN, "CategoryMapper", attrs(), &[&i(&[2], &[1, 5])]).unwrap();
+        assert_eq!(out[0].as_strings().unwrap(), ["a", "_Unused"]);
+    }
+
+    #[test]
+    fn one_hot_encoder_refuses_unknown_categories_without_zeros() {
+        let attrs = |zeros| {
+            vec![
+                ("cats_strings", words(&["x", "y"])),
+                ("zeros", Attribute::Int(zeros)),
+            ]
+        };
+        let x = texts(&[2], &["y", "q"]);
+        let out = run_in(DOMAIN, "OneHotEncoder", attrs(1), &[&x]).unwrap();
+        assert_close(&out[0], &[2, 2], &[0.0, 1.0, 0.0, 0.0]);
+        let err = run_in(DOMAIN, "OneHotEncoder", attrs(0), &[&x]).unwrap_err();
+        assert!(err.contains("is not one of the categories"), "{err}");
+    }
+
+    #[test]
+    fn feature_vectorizer_pads_and_cuts_each_input() {
+        let attrs = vec![("inputdimensions", Attribute::Ints(vec![3, 1]))];
+        let a = f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let b = i(&[2, 2], &[5, 6, 7, 8]);
+        let out = run_in(DOMAIN, "FeatureVectorizer", attrs, &[&a, &b]).unwrap();
+        assert_close(&out[0], &[2, 4], &[1.0, 2.0, 0.0, 5.0, 3.0, 4.0, 0.0, 7.0]);
+    }
+
+    #[test]
+    fn tokenizer_splits_at_separators_marks_and_pads() {
+        let attrs = vec![
+            ("separators", words(&[" "])),
+            ("mark", Attribute::Int(1)),
+            ("mincharnum", Attribute::Int(2)),
+            ("pad_value", Attribute::String("#".into())),
+        ];
+        let x = texts(&[2], &["ab c de", "fgh"]);
+        let out = run_in("com.microsoft", "Tokenizer", attrs, &[&x]).unwrap();
+        assert_eq!(out[0].shape(), [2, 4]);
+        let expected = ["\u{2}", "ab", "de", "\u{3}", "\u{2}", "fgh", "\u{3}", "#"];
+        assert_eq!(out[0].as_strings().unwrap(), expected);
+    }
+}

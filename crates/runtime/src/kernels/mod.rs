@@ -233,6 +233,23 @@ pub(crate) mod test_util {
         lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
     }
 
+    /// Runs the registered kernel of `op` in `domain` (opset 5), its error as it is.
+    pub fn run_in(
+        domain: &str,
+        op: &str,
+        attributes: Vec<(&str, Attribute)>,
+        inputs: &[&HostTensor],
+    ) -> Result<Vec<HostTensor>, String> {
+        let node = node(op, attributes);
+        let ctx = Ctx {
+            node: &node,
+            opset: 5,
+            output_dtypes: &[],
+        };
+        let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        lookup(domain, op).expect("kernel registered")(&ctx, &inputs)
+    }
+
     pub fn f(shape: &[usize], data: &[f32]) -> HostTensor {
         HostTensor::f32(shape.to_vec(), data.to_vec())
     }
