@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::pipecut_cli as pipecut;
 use pipecut::runtime::{read_npy, TensorData};
 
 /// Every converted model, with the dims its plan binds (the batch of 8 rows, and for the text
@@ -33,19 +34,6 @@ const MODELS: &[(&str, &[&str])] = &[
 
 /// onnxruntime's float outputs agree with pipecut's to this (f32 sums in another order).
 const TOLERANCE: f32 = 1e-4;
-
-fn pipecut(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
-        .args(args)
-        .current_dir(common::root())
-        .output()
-        .expect("pipecut runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn fixture_dir(name: &str) -> PathBuf {
     common::root().join("fixtures/sklearn").join(name)

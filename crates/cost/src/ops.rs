@@ -214,14 +214,26 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "Dropout" | "Constant",
         ) => metadata,
         ("", "MatMul" | "MatMulInteger" | "QLinearMatMul")
-        | ("com.microsoft", "FusedMatMul" | "MatMulNBits") => matmul,
-        ("", "Gemm") => gemm,
+        | (
+            "com.microsoft",
+            "FusedMatMul" | "MatMulNBits" | "DynamicQuantizeMatMul" | "MatMulIntegerToFloat",
+        ) => matmul,
+        // QGemm's A is input 0 as Gemm's is; its input 2 is a zero point, not a bias, so the
+        // bias's M·N additions are counted even when absent (a rounding error beside 2·M·N·K).
+        ("", "Gemm") | ("com.microsoft", "QGemm") => gemm,
         ("", "Einsum") => einsum,
-        ("", "RNN" | "GRU" | "LSTM") => recurrent,
+        ("", "RNN" | "GRU" | "LSTM") | ("com.microsoft", "DynamicQuantizeLSTM") => recurrent,
         ("", "Conv" | "ConvInteger") => conv,
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
-        ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
+        ("com.microsoft", "Attention" | "MultiHeadAttention" | "QAttention") => attention,
+        // onnxruntime's QOperator ops: the float op's work on the quantized operands, plus a
+        // requantization (a multiply and a round) per output element.
+        ("com.microsoft", "QLinearAdd" | "QLinearMul" | "QLinearLeakyRelu") => pointwise::<3>,
+        ("com.microsoft", "QLinearSigmoid") => pointwise::<6>,
+        ("com.microsoft", "QLinearSoftmax") => reduction::<6>,
+        ("com.microsoft", "QLinearGlobalAveragePool" | "QLinearAveragePool") => pool,
+        ("com.microsoft", "QLinearConcat") => movement,
         ("", "Attention") => onnx_attention,
         // Pointwise maths, by rough cost per element: 1 for arithmetic, more for transcendentals.
         (
@@ -573,7 +585,7 @@ fn attention(ctx: &CostCtx) -> Result<OpWork, String> {
     }
     let (b, s, h) = (x[0] as f64, x[1] as f64, x[2] as f64);
     let projection = match ctx.node.op_type.as_str() {
-        "Attention" => 2.0 * b * s * elements(ctx.shape(1)?),
+        "Attention" | "QAttention" => 2.0 * b * s * elements(ctx.shape(1)?),
         _ => 0.0,
     };
     let attention = 4.0 * b * s * s * h;
@@ -626,12 +638,14 @@ fn recurrent(ctx: &CostCtx) -> Result<OpWork, String> {
         [b, a, i] => (*a as f64, *b as f64, *i as f64),
         _ => return Err("X must be 3-D".into()),
     };
-    let (directions, gate_rows) = match w {
-        [d, g, _] => (*d as f64, *g as f64),
+    // DynamicQuantizeLSTM keeps W transposed: [directions, input, gates · hidden].
+    let (directions, gate_rows) = match (w, ctx.node.op_type.as_str()) {
+        ([d, _, g], "DynamicQuantizeLSTM") => (*d as f64, *g as f64),
+        ([d, g, _], _) => (*d as f64, *g as f64),
         _ => return Err("W must be 3-D".into()),
     };
     let gates = match ctx.node.op_type.as_str() {
-        "LSTM" => 4.0,
+        "LSTM" | "DynamicQuantizeLSTM" => 4.0,
         "GRU" => 3.0,
         _ => 1.0,
     };

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use super::registry::Registry;
 use super::{
     attention, collective, control, crop, data_dependent, elementwise, linalg, loss, microsoft, ml,
-    movement, nn, quant, random, recurrent, reduce, sequence, signal, spatial, strings,
+    movement, ms_quant, nn, quant, random, recurrent, reduce, sequence, signal, spatial, strings,
 };
 
 /// Every family's rules, registered on first use.
@@ -24,6 +24,7 @@ pub(super) fn registry() -> &'static Registry {
         microsoft::register(&mut r);
         collective::register(&mut r);
         quant::register(&mut r);
+        ms_quant::register(&mut r);
         attention::register(&mut r);
         loss::register(&mut r);
         signal::register(&mut r);

@@ -23,6 +23,7 @@ mod loss;
 mod microsoft;
 mod ml;
 mod movement;
+mod ms_quant;
 mod nn;
 mod quant;
 mod random;
