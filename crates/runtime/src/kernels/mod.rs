@@ -59,6 +59,7 @@ mod microsoft;
 mod ml;
 mod ml_predictors;
 mod ml_transforms;
+mod ms_quant;
 #[cfg(feature = "cuda")]
 pub(crate) use ml::{float_labels, Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
@@ -141,6 +142,7 @@ fn table() -> &'static KernelTable {
         ml::register(&mut t);
         ml_predictors::register(&mut t);
         ml_transforms::register(&mut t);
+        ms_quant::register(&mut t);
         select::register(&mut t);
         detection::register(&mut t);
         constant::register(&mut t);
