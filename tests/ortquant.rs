@@ -53,14 +53,18 @@ fn dims_of(name: &str) -> &'static [&'static str] {
     MODELS.iter().find(|(n, _)| *n == name).unwrap().1
 }
 
-fn partition(dir: &Path, name: &str) -> PathBuf {
-    let plan = dir.join(format!("{name}.plan.json"));
+/// `pipecut partition` on `devices` (one stage per device), one micro-batch.
+fn partition(dir: &Path, name: &str, devices: &str) -> PathBuf {
+    let plan = dir.join(format!("{name}.{devices}.plan.json"));
     let model = model_path(name);
+    let stages = devices.split(',').count().to_string();
     let mut args = vec![
         "partition",
         &model,
         "--devices",
-        "A100-80GB",
+        devices,
+        "--stages",
+        &stages,
         "--microbatches",
         "1",
     ];
@@ -84,7 +88,7 @@ fn every_quantized_model_inspects_partitions_and_exports() {
             out.contains("shape inference: every tensor typed"),
             "{name}: {out}"
         );
-        let plan = partition(dir.path(), name);
+        let plan = partition(dir.path(), name, "A100-80GB");
         let out_dir = dir.path().join(format!("{name}.export"));
         let args = [
             "export",
@@ -99,32 +103,52 @@ fn every_quantized_model_inspects_partitions_and_exports() {
     }
 }
 
+/// Runs the plan of `name` on `devices` and compares its output with onnxruntime's.
+fn run_and_compare(dir: &Path, name: &str, devices: &str, tolerance: f32) {
+    let plan = partition(dir, name, devices);
+    let fixture = common::root().join("fixtures/ortquant").join(name);
+    let input = format!("x={}", fixture.join("x.npy").display());
+    let out_dir = dir.join(format!("{name}.{devices}.out"));
+    let model = model_path(name);
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan.to_str().unwrap(),
+        &model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{name} on {devices}: run failed: {err}");
+    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
+    let want = read_npy(&fixture.join("y.npy")).unwrap().tensor;
+    assert_eq!(got.shape(), want.shape(), "{name}");
+    let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        let slack = tolerance * (1.0 + b.abs());
+        assert!(
+            (a - b).abs() <= slack,
+            "{name} on {devices} [{i}]: {a} vs {b}"
+        );
+    }
+}
+
 #[test]
 fn quantized_models_run_as_onnxruntime_does() {
     let dir = tempfile::tempdir().unwrap();
     for &(name, tolerance) in RUNS {
-        let plan = partition(dir.path(), name);
-        let fixture = common::root().join("fixtures/ortquant").join(name);
-        let input = format!("x={}", fixture.join("x.npy").display());
-        let out_dir = dir.path().join(format!("{name}.out"));
-        let model = model_path(name);
-        let (code, _, err) = pipecut(&[
-            "run",
-            plan.to_str().unwrap(),
-            &model,
-            "--input",
-            &input,
-            "--output-dir",
-            out_dir.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{name}: run failed: {err}");
-        let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
-        let want = read_npy(&fixture.join("y.npy")).unwrap().tensor;
-        assert_eq!(got.shape(), want.shape(), "{name}");
-        let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            let slack = tolerance * (1.0 + b.abs());
-            assert!((a - b).abs() <= slack, "{name}[{i}]: {a} vs {b}");
-        }
+        run_and_compare(dir.path(), name, "A100-80GB", tolerance);
+    }
+}
+
+#[test]
+fn quantized_models_cut_in_two_stages_run_as_onnxruntime_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "cnn_static_qoperator",
+        "mlp_static_qoperator",
+        "attn_dynamic",
+    ] {
+        run_and_compare(dir.path(), name, "A100-80GB,A100-80GB", 1e-4);
     }
 }
