@@ -179,7 +179,7 @@ fn affine(
     weights: &[f32],
     intercepts: &[f32],
 ) -> Result<(usize, Vec<f32>), String> {
-    if features == 0 || weights.len() % features != 0 {
+    if features == 0 || !weights.len().is_multiple_of(features) {
         return Err(format!(
             "{} coefficients do not make rows of {features} features",
             weights.len()

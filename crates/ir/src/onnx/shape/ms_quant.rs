@@ -68,7 +68,7 @@ fn qattention(ctx: &OpCtx) -> RuleResult {
     };
     let bias = ctx.shape(2)?;
     let hidden = match bias.as_slice() {
-        [Dim::Known(n)] if n % 3 == 0 => Dim::Known(n / 3),
+        [Dim::Known(n)] if n.is_multiple_of(3) => Dim::Known(n / 3),
         [other] => return Err(format!("the bias has {other} values, not 3 · hidden")),
         _ => return Err("the bias must be 1-D".into()),
     };
