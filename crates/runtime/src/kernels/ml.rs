@@ -325,7 +325,7 @@ pub(crate) struct Forest {
     pub(crate) roots: Vec<Branch>,
 }
 
-fn float_list(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
+pub(super) fn float_list(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
     match ctx.attr(name) {
         Some(Attribute::Tensor(t)) => t
             .value

@@ -42,6 +42,17 @@ fn each_row(values: &[f32], rows: usize, features: usize) -> impl Iterator<Item 
     (0..rows).map(move |r| values.get(r * features..(r + 1) * features).unwrap_or(&[]))
 }
 
+/// A tree attribute of floats, or its ml-opset-3 `<name>_as_tensor` form (what converters write
+/// for double-precision models), as f32; empty when neither is given.
+fn tree_floats(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
+    let as_tensor = format!("{name}_as_tensor");
+    match (ctx.attr(name), ctx.attr(&as_tensor)) {
+        (Some(_), _) => super::ml::float_list(ctx, name),
+        (None, Some(_)) => super::ml::float_list(ctx, &as_tensor),
+        (None, None) => Ok(Vec::new()),
+    }
+}
+
 fn floats(ctx: &Ctx, name: &str) -> Vec<f32> {
     match ctx.attr(name) {
         Some(Attribute::Floats(v)) => v.clone(),
@@ -541,7 +552,7 @@ impl LegacyForest {
             .into_iter()
             .map(|f| usize::try_from(f).map_err(|_| format!("nodes_featureids holds {f}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let thresholds = floats(ctx, "nodes_values");
+        let thresholds = tree_floats(ctx, "nodes_values")?;
         if modes.len() != count || features.len() != count || thresholds.len() != count {
             return Err(format!(
                 "the nodes_* attributes do not all have {count} entries"
@@ -553,7 +564,7 @@ impl LegacyForest {
             ints(&format!("{prefix}_nodeids"))?,
             ints(&format!("{prefix}_ids"))?,
         );
-        let weights = floats(ctx, &format!("{prefix}_weights"));
+        let weights = tree_floats(ctx, &format!("{prefix}_weights"))?;
         for (((tree, node), target), weight) in leaf_trees
             .iter()
             .zip(&leaf_nodes)
@@ -705,7 +716,7 @@ fn tree_ensemble_regressor(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelR
         features,
         targets,
         &aggregate,
-        &floats(ctx, "base_values"),
+        &tree_floats(ctx, "base_values")?,
     )?;
     let post = PostTransform::of(ctx)?;
     out.chunks_exact_mut(targets.max(1))
@@ -728,7 +739,7 @@ fn tree_ensemble_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> Kernel
         features,
         width,
         "SUM",
-        &floats(ctx, "base_values"),
+        &tree_floats(ctx, "base_values")?,
     )?;
     let class_ids = ctx.ints("class_ids").unwrap_or_default();
     // One class id for every leaf weight: the trees score that class alone.
@@ -859,6 +870,35 @@ mod tests {
             &[2, 1],
             &[1.0, -4.0],
         );
+    }
+
+    #[test]
+    fn legacy_trees_read_the_as_tensor_attributes_of_ml_opset_3() {
+        let tensor = |values: Vec<f64>| {
+            Attribute::Tensor(pipecut_ir::graph::TensorLiteral {
+                dtype: pipecut_ir::graph::DType::F64,
+                dims: vec![values.len() as u64],
+                value: Some(pipecut_ir::graph::ConstValue::Floats(values)),
+            })
+        };
+        let modes = ["BRANCH_LEQ", "LEAF", "LEAF"].map(String::from).to_vec();
+        let attrs = vec![
+            ("nodes_treeids", Attribute::Ints(vec![0, 0, 0])),
+            ("nodes_nodeids", Attribute::Ints(vec![0, 1, 2])),
+            ("nodes_featureids", Attribute::Ints(vec![1, 0, 0])),
+            ("nodes_values_as_tensor", tensor(vec![1.0, 0.0, 0.0])),
+            ("nodes_modes", Attribute::Strings(modes)),
+            ("nodes_truenodeids", Attribute::Ints(vec![1, 0, 0])),
+            ("nodes_falsenodeids", Attribute::Ints(vec![2, 0, 0])),
+            ("target_treeids", Attribute::Ints(vec![0, 0])),
+            ("target_nodeids", Attribute::Ints(vec![1, 2])),
+            ("target_ids", Attribute::Ints(vec![0, 0])),
+            ("target_weights_as_tensor", tensor(vec![-2.0, 3.0])),
+            ("base_values_as_tensor", tensor(vec![0.5])),
+        ];
+        // x[1] = 2 > 1 goes false (3), x[1] = 0.5 goes true (-2); plus the base 0.5.
+        let out = run("TreeEnsembleRegressor", attrs, &x());
+        assert_close(&out[0], &[2, 1], &[3.5, -1.5]);
     }
 
     #[test]
