@@ -28,6 +28,7 @@ const MODELS: &[(&str, &[&str])] = &[
     ("scaler_logreg", &["X.0=8"]),
     ("svc", &["X.0=8"]),
     ("svc_linear_binary", &["X.0=8"]),
+    ("svc_probability", &["X.0=8"]),
     ("svr", &["X.0=8"]),
     ("tfidf", &["X.0=4", "normalized.0=4", "tokenized.1=6"]),
 ];

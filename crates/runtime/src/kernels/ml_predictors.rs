@@ -353,14 +353,13 @@ fn svm_regressor(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 /// <https://onnx.ai/onnx/operators/onnx_aionnxml_SVMClassifier.html>. A linear SVM (no
 /// support vectors) scores each class; a kernel SVM scores each pair of classes one against
 /// one (libsvm's layout: `vectors_per_class`, coefficients `[C-1, vectors]`, one `rho` per pair)
-/// and the label is the class with most votes; two classes give the scores `(-s, s)`.
-/// Probabilities (`prob_a`, `prob_b`, scikit-learn's deprecated `probability=True`) are refused.
+/// and the label is the class with most votes; two classes give the scores `(-s, s)`. With
+/// `prob_a`/`prob_b` (scikit-learn's `probability=True`) the scores are libsvm's class
+/// probabilities and the label the likeliest class, as in onnxruntime.
 fn svm_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let (rows, features, values) = rows_of(input(inputs, 0)?)?;
     let labels = Labels::of(ctx)?;
-    if !floats(ctx, "prob_a").is_empty() {
-        return Err("SVM probabilities (prob_a, prob_b) are not supported".into());
-    }
+    let sigmoids = (floats(ctx, "prob_a"), floats(ctx, "prob_b"));
     let per_class: Vec<usize> = ctx
         .ints("vectors_per_class")
         .unwrap_or_default()
@@ -377,7 +376,7 @@ fn svm_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let mut scores = Vec::new();
     let mut classes = Vec::with_capacity(rows);
     for row in each_row(&values, rows, features) {
-        let (class, mut row_scores) = if svm.vectors == 0 {
+        let (class, row_scores) = if svm.vectors == 0 {
             let weights: Vec<f32> = coefficients
                 .chunks(features.max(1))
                 .map(|w| kernel.eval(row, w) + rho.first().copied().unwrap_or(0.0))
@@ -389,6 +388,12 @@ fn svm_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .map(|sv| kernel.eval(row, sv))
                 .collect();
             svm.vote(&kernels, all_positive)
+        };
+        let (class, mut row_scores) = if sigmoids.0.is_empty() || svm.vectors == 0 {
+            (class, row_scores)
+        } else {
+            let probabilities = coupled_probabilities(&row_scores, &sigmoids, labels.len())?;
+            (argmax(&probabilities), probabilities)
         };
         if row_scores.len() == 1 {
             row_scores = vec![-row_scores[0], row_scores[0]];
@@ -402,6 +407,72 @@ fn svm_classifier(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         labels.pick(&classes)?,
         HostTensor::f32(vec![rows, width], scores),
     ])
+}
+
+/// libsvm's class probabilities from the pair scores: each pair's Platt sigmoid
+/// `1 / (1 + exp(s·A + B))`, clamped to [1e-7, 1 − 1e-7], coupled by Wu, Lin and Weng's second
+/// method (`multiclass_probability` in libsvm's svm.cpp, which onnxruntime follows).
+fn coupled_probabilities(
+    pair_scores: &[f32],
+    (prob_a, prob_b): &(Vec<f32>, Vec<f32>),
+    classes: usize,
+) -> Result<Vec<f32>, String> {
+    let pairs = classes * classes.saturating_sub(1) / 2;
+    if pair_scores.len() != pairs || prob_a.len() < pairs || prob_b.len() < pairs {
+        return Err(format!(
+            "{} prob_a and {} prob_b for {pairs} pairs of classes",
+            prob_a.len(),
+            prob_b.len()
+        ));
+    }
+    let mut r = vec![0.0_f64; classes * classes];
+    let mut pair = 0;
+    for i in 0..classes {
+        for j in i + 1..classes {
+            let z = f64::from(pair_scores[pair] * prob_a[pair] + prob_b[pair]);
+            let p = (1.0 / (1.0 + z.exp())).clamp(1e-7, 1.0 - 1e-7);
+            r[i * classes + j] = p;
+            r[j * classes + i] = 1.0 - p;
+            pair += 1;
+        }
+    }
+    Ok(couple(&r, classes).into_iter().map(|p| p as f32).collect())
+}
+
+/// libsvm's `multiclass_probability`: `p` minimising `Σ (r_ji p_i − r_ij p_j)²` on the simplex,
+/// by its fixed-point iteration (at most max(100, k) sweeps, to a tolerance of 0.005 / k).
+fn couple(r: &[f64], k: usize) -> Vec<f64> {
+    let mut q = vec![0.0_f64; k * k];
+    for t in 0..k {
+        for j in 0..k {
+            if j != t {
+                q[t * k + t] += r[j * k + t] * r[j * k + t];
+                q[t * k + j] = -r[j * k + t] * r[t * k + j];
+            }
+        }
+    }
+    let mut p = vec![1.0 / k as f64; k];
+    let mut qp = vec![0.0_f64; k];
+    for _ in 0..k.max(100) {
+        for t in 0..k {
+            qp[t] = (0..k).map(|j| q[t * k + j] * p[j]).sum();
+        }
+        let mut pqp: f64 = (0..k).map(|t| p[t] * qp[t]).sum();
+        if qp.iter().all(|&v| (v - pqp).abs() < 0.005 / k as f64) {
+            break;
+        }
+        for t in 0..k {
+            let diff = (-qp[t] + pqp) / q[t * k + t];
+            p[t] += diff;
+            pqp =
+                (pqp + diff * (diff * q[t * k + t] + 2.0 * qp[t])) / ((1.0 + diff) * (1.0 + diff));
+            for j in 0..k {
+                qp[j] = (qp[j] + diff * q[t * k + j]) / (1.0 + diff);
+                p[j] /= 1.0 + diff;
+            }
+        }
+    }
+    p
 }
 
 /// A kernel SVM's one-against-one layout (libsvm's): the support vectors of each class in
