@@ -1,11 +1,11 @@
 //! CPU kernels of the `com.microsoft` ops onnxruntime's quantizer writes (the shape rules'
 //! `shape/ms_quant.rs` lists them). Each dequantizes its operands (`(q − zero) · scale`), runs
 //! the float op's own kernel, and quantizes the result the way QuantizeLinear does; the integer
-//! matrix products (DynamicQuantizeMatMul, MatMulIntegerToFloat) accumulate in integers first,
-//! as onnxruntime does. onnxruntime computes some of these with integer arithmetic or lookup
-//! tables, so a quantized output may differ from it by one step where a value falls on a
-//! rounding boundary; DynamicQuantizeLSTM and QAttention run in float on dequantized weights,
-//! where onnxruntime also quantizes the activations (see tests/ortquant.rs for the measured
+//! matrix products (DynamicQuantizeMatMul, MatMulIntegerToFloat, DynamicQuantizeLSTM's two)
+//! quantize their float operand and accumulate in integers, as onnxruntime does. onnxruntime
+//! computes some of these with integer arithmetic or lookup tables, so a quantized output may
+//! differ from it by one step where a value falls on a rounding boundary; QAttention runs in
+//! float on the dequantized input and weights (see tests/ortquant.rs for the measured
 //! differences).
 
 use super::context::{input, optional, Ctx, KernelResult, KernelTable};
@@ -269,40 +269,224 @@ fn matmul_integer_to_float(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelR
     )
 }
 
-/// DynamicQuantizeLSTM: LSTM's inputs with W `[D, I, 4H]` and R `[D, H, 4H]` int8 (transposed
-/// from LSTM's) and their scales and zero points (inputs 8–11, per direction or per column):
-/// the weights dequantized and transposed, then the LSTM kernel.
+/// DynamicQuantizeLSTM (`X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale,
+/// W_zero_point, R_scale, R_zero_point`; W `[D, I, 4H]` and R `[D, H, 4H]` int8, scales per
+/// direction or per column): LSTM (gates i, o, f, c; sigmoid, tanh, tanh) whose two matrix
+/// products quantize their float operand as onnxruntime does — X for the whole sequence, H
+/// at every step, to uint8 with DynamicQuantizeLinear's range — and accumulate in integers.
 fn dynamic_quantize_lstm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let weight = |at: usize, scale_at: usize| -> Result<HostTensor, String> {
-        let q = input(inputs, at)?;
-        let [directions, rows, columns] = *q.shape() else {
-            return Err(format!("weight {at} must be 3-D, not {:?}", q.shape()));
+    let x = input(inputs, 0)?;
+    let [steps, batch, features] = *x.shape() else {
+        return Err(format!(
+            "X must be [seq, batch, input], not {:?}",
+            x.shape()
+        ));
+    };
+    if optional(inputs, 4).is_some() || optional(inputs, 7).is_some() {
+        return Err("sequence_lens and peepholes (P) are not supported".into());
+    }
+    let hidden = usize::try_from(ctx.int("hidden_size", 0))
+        .ok()
+        .filter(|&h| h > 0)
+        .ok_or("hidden_size is required")?;
+    let directions = match ctx.string("direction", "forward").as_str() {
+        "forward" | "reverse" => 1,
+        "bidirectional" => 2,
+        other => return Err(format!("direction '{other}' is not an ONNX one")),
+    };
+    let x_values = x.to_f32_vec();
+    let mut y = vec![0.0_f32; steps * directions * batch * hidden];
+    let mut last = [vec![], vec![]];
+    for d in 0..directions {
+        let weights =
+            |at: usize, rows: usize| QuantizedWeights::of(inputs, at, d, rows, 4 * hidden);
+        let (w, r) = (weights(1, features)?, weights(2, hidden)?);
+        let bias = lstm_bias(optional(inputs, 3), d, hidden)?;
+        let state = |at: usize| -> Vec<f32> {
+            optional(inputs, at).map_or_else(
+                || vec![0.0; batch * hidden],
+                |t| {
+                    t.to_f32_vec()
+                        .into_iter()
+                        .skip(d * batch * hidden)
+                        .take(batch * hidden)
+                        .collect()
+                },
+            )
         };
-        let scale = input(inputs, scale_at)?;
-        let zero = optional(inputs, scale_at + 1);
-        let axis = if scale.len() == directions && directions > 1 {
-            0
-        } else {
-            2
-        };
-        let axis = if scale.len() == 1 { 0 } else { axis };
-        let float = dequantize(q, scale, zero, axis)?.to_f32_vec();
-        let mut transposed = vec![0.0_f32; float.len()];
-        for d in 0..directions {
-            for r in 0..rows {
-                for c in 0..columns {
-                    let from = (d * rows + r) * columns + c;
-                    transposed[(d * columns + c) * rows + r] = float[from];
+        let (mut h, mut c) = (state(5), state(6));
+        let projected = w.product(ctx, &x_values, steps * batch, Quantize::Whole)?;
+        let reverse = d == 1 || ctx.string("direction", "forward") == "reverse";
+        for step in 0..steps {
+            let t = if reverse { steps - 1 - step } else { step };
+            let recurrent = r.product(ctx, &h, batch, Quantize::EachRow)?;
+            for b in 0..batch {
+                let gate = |g: usize, k: usize| {
+                    let col = g * hidden + k;
+                    projected[(t * batch + b) * 4 * hidden + col]
+                        + recurrent[b * 4 * hidden + col]
+                        + bias[col]
+                };
+                for k in 0..hidden {
+                    let (i, o, f, g) = (
+                        sigmoid(gate(0, k)),
+                        sigmoid(gate(1, k)),
+                        sigmoid(gate(2, k)),
+                        gate(3, k).tanh(),
+                    );
+                    let cell = f * c[b * hidden + k] + i * g;
+                    c[b * hidden + k] = cell;
+                    h[b * hidden + k] = o * cell.tanh();
                 }
             }
+            let at = ((t * directions + d) * batch) * hidden;
+            y[at..at + batch * hidden].copy_from_slice(&h);
         }
-        Ok(HostTensor::f32(vec![directions, columns, rows], transposed))
+        last[0].extend(h);
+        last[1].extend(c);
+    }
+    let [y_h, y_c] = last;
+    let state_shape = vec![directions, batch, hidden];
+    Ok(vec![
+        HostTensor::f32(vec![steps, directions, batch, hidden], y),
+        HostTensor::f32(state_shape.clone(), y_h),
+        HostTensor::f32(state_shape, y_c),
+    ])
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `Wb + Rb` of direction `d` (`B` is `[D, 8H]`), zeros without B.
+fn lstm_bias(bias: Option<&HostTensor>, d: usize, hidden: usize) -> Result<Vec<f32>, String> {
+    let Some(bias) = bias else {
+        return Ok(vec![0.0; 4 * hidden]);
     };
-    let (w, r) = (weight(1, 8)?, weight(2, 10)?);
-    let mut lstm_inputs: Vec<Option<&HostTensor>> = inputs.iter().take(8).copied().collect();
-    lstm_inputs[1] = Some(&w);
-    lstm_inputs[2] = Some(&r);
-    float_op(ctx, "LSTM", 14, &lstm_inputs)
+    let values = bias.to_f32_vec();
+    let row = values
+        .get(d * 8 * hidden..(d + 1) * 8 * hidden)
+        .ok_or_else(|| {
+            format!(
+                "B has {} values, not 8 · hidden per direction",
+                values.len()
+            )
+        })?;
+    Ok((0..4 * hidden)
+        .map(|k| row[k] + row[4 * hidden + k])
+        .collect())
+}
+
+/// One direction's int8 weights `[rows, columns]` with their scales and zero points (per
+/// tensor, per direction, or per column).
+struct QuantizedWeights {
+    values: Vec<i64>,
+    rows: usize,
+    columns: usize,
+    scales: Vec<f32>,
+    zeros: Vec<i64>,
+}
+
+impl QuantizedWeights {
+    fn of(
+        inputs: &[Option<&HostTensor>],
+        at: usize,
+        direction: usize,
+        rows: usize,
+        columns: usize,
+    ) -> Result<QuantizedWeights, String> {
+        let all = input(inputs, at)?.to_i64_vec();
+        let values: Vec<i64> = all
+            .iter()
+            .copied()
+            .skip(direction * rows * columns)
+            .take(rows * columns)
+            .collect();
+        if values.len() != rows * columns {
+            return Err(format!(
+                "weight {at} is not [directions, {rows}, {columns}]"
+            ));
+        }
+        // Scales and zero points: inputs 8, 9 for W (input 1), 10, 11 for R (input 2).
+        let param_at = 8 + 2 * (at - 1);
+        // One value per tensor, per direction, or per column of each direction.
+        let per = |list: Vec<f32>| -> Result<Vec<f32>, String> {
+            if list.len() == 1 {
+                return Ok(list);
+            }
+            if let Some(columns) = list.get(direction * columns..(direction + 1) * columns) {
+                return Ok(columns.to_vec());
+            }
+            list.get(direction)
+                .map(|&v| vec![v])
+                .ok_or_else(|| format!("{} scales or zero points for weight {at}", list.len()))
+        };
+        let scales = per(input(inputs, param_at)?.to_f32_vec())?;
+        let zeros = match optional(inputs, param_at + 1) {
+            Some(z) => per(z.to_f32_vec())?,
+            None => vec![0.0],
+        };
+        Ok(QuantizedWeights {
+            values,
+            rows,
+            columns,
+            scales,
+            zeros: zeros.into_iter().map(|z| z as i64).collect(),
+        })
+    }
+
+    /// `a · W` for `a` of `count` rows, `a` quantized as DynamicQuantizeLinear does, with one
+    /// range for all of it or one per row.
+    fn product(
+        &self,
+        ctx: &Ctx,
+        a: &[f32],
+        count: usize,
+        how: Quantize,
+    ) -> Result<Vec<f32>, String> {
+        let chunks: Vec<&[f32]> = match how {
+            Quantize::Whole => vec![a],
+            Quantize::EachRow => a.chunks(self.rows.max(1)).collect(),
+        };
+        let mut quantized = Vec::with_capacity(count);
+        for chunk in chunks {
+            let tensor = HostTensor::f32(vec![chunk.len()], chunk.to_vec());
+            let parts = float_op(ctx, "DynamicQuantizeLinear", 11, &[Some(&tensor)])?;
+            let [q, scale, zero] = parts.as_slice() else {
+                return Err("DynamicQuantizeLinear gave no scale".into());
+            };
+            let (scale, zero) = (scale.to_f32_vec()[0], zero.to_i64_vec()[0]);
+            for row in q.to_i64_vec().chunks(self.rows.max(1)) {
+                quantized.push((row.iter().map(|v| v - zero).collect::<Vec<i64>>(), scale));
+            }
+        }
+        let pick = |list: &[f32], c: usize| if list.len() == 1 { list[0] } else { list[c] };
+        let mut out = vec![0.0_f32; count * self.columns];
+        for (r, (row, a_scale)) in quantized.iter().enumerate().take(count) {
+            for c in 0..self.columns {
+                let zero = if self.zeros.len() == 1 {
+                    self.zeros[0]
+                } else {
+                    self.zeros[c]
+                };
+                let acc: i64 = row
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &q)| q * (self.values[k * self.columns + c] - zero))
+                    .sum();
+                out[r * self.columns + c] = acc as f32 * a_scale * pick(&self.scales, c);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// How DynamicQuantizeLSTM quantizes a matrix product's float operand (measured against
+/// onnxruntime: X with one range for the whole sequence, H with one range per batch row).
+#[derive(Debug, Clone, Copy)]
+enum Quantize {
+    Whole,
+    EachRow,
 }
 
 /// QAttention: `input, weight, bias, input_scale, weight_scale, mask_index, input_zero_point,
