@@ -47,6 +47,9 @@ pub(crate) fn read_input_values(
             ValueKind::Tensor | ValueKind::OptionalTensor => {
                 Value::Tensor(Arc::new(read_tensor(name, Path::new(file), dtype)?))
             }
+            ValueKind::Map { .. } | ValueKind::MapSequence { .. } => bail!(
+                "input '{name}' is a {kind}, which `run` cannot read from files (it takes                  tensors as .npy and sequences of them as folders)"
+            ),
         };
         let value = if kind.is_tensor() || kind == ValueKind::Sequence {
             value
@@ -256,12 +259,19 @@ pub(crate) fn write_output_values(
             n += 1;
             stem = format!("{}_{n}", file_stem(name));
         }
-        let declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
+        let mut declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
         let (listed, elements): (PathBuf, Vec<(PathBuf, &HostTensor)>) = match value {
             Value::Optional(_) => continue,
             Value::Tensor(t) => {
                 let path = dir.join(format!("{stem}.npy"));
                 (path.clone(), vec![(path, &**t)])
+            }
+            // A sequence of maps (ZipMap's) is written as its values, one row per map in the
+            // order of its keys, as the staged runner writes it.
+            Value::MapSequence { values, .. } => {
+                declared = None;
+                let path = dir.join(format!("{stem}.npy"));
+                (path.clone(), vec![(path, &**values)])
             }
             Value::Sequence(items) => {
                 let folder = dir.join(&stem);

@@ -301,3 +301,17 @@ pub fn tensor_value_info(
         ..Default::default()
     }
 }
+
+/// Runs the built `pipecut` binary in the repository root: (exit code, stdout, stderr).
+pub fn pipecut_cli(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("pipecut runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -214,14 +214,26 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             | "Dropout" | "Constant",
         ) => metadata,
         ("", "MatMul" | "MatMulInteger" | "QLinearMatMul")
-        | ("com.microsoft", "FusedMatMul" | "MatMulNBits") => matmul,
-        ("", "Gemm") => gemm,
+        | (
+            "com.microsoft",
+            "FusedMatMul" | "MatMulNBits" | "DynamicQuantizeMatMul" | "MatMulIntegerToFloat",
+        ) => matmul,
+        // QGemm's A is input 0 as Gemm's is; its input 2 is a zero point, not a bias, so the
+        // bias's M·N additions are counted even when absent (a rounding error beside 2·M·N·K).
+        ("", "Gemm") | ("com.microsoft", "QGemm") => gemm,
         ("", "Einsum") => einsum,
-        ("", "RNN" | "GRU" | "LSTM") => recurrent,
+        ("", "RNN" | "GRU" | "LSTM") | ("com.microsoft", "DynamicQuantizeLSTM") => recurrent,
         ("", "Conv" | "ConvInteger") => conv,
         ("", "QLinearConv") => qlinear_conv,
         ("", "ConvTranspose") => conv_transpose,
-        ("com.microsoft", "Attention" | "MultiHeadAttention") => attention,
+        ("com.microsoft", "Attention" | "MultiHeadAttention" | "QAttention") => attention,
+        // onnxruntime's QOperator ops: the float op's work on the quantized operands, plus a
+        // requantization (a multiply and a round) per output element.
+        ("com.microsoft", "QLinearAdd" | "QLinearMul" | "QLinearLeakyRelu") => pointwise::<3>,
+        ("com.microsoft", "QLinearSigmoid") => pointwise::<6>,
+        ("com.microsoft", "QLinearSoftmax") => reduction::<6>,
+        ("com.microsoft", "QLinearGlobalAveragePool" | "QLinearAveragePool") => pool,
+        ("com.microsoft", "QLinearConcat") => movement,
         ("", "Attention") | ("ai.onnx.preview", "FlexAttention") => onnx_attention,
         ("", "LinearAttention") => linear_attention,
         ("", "CausalConvWithState") => causal_conv_with_state,
@@ -345,14 +357,38 @@ pub(crate) fn rule_for(domain: &str, op: &str) -> Option<CostRule> {
             "StringConcat" | "StringSplit" | "StringNormalizer" | "RegexFullMatch"
             | "TfIdfVectorizer",
         ) => movement,
-        ("ai.onnx.ml", "LabelEncoder" | "ArrayFeatureExtractor") => movement,
+        // Lookups and reshuffles of the ai.onnx.ml domain, and the Tokenizer of skl2onnx's
+        // text pipelines: bytes moved, no arithmetic to speak of.
+        (
+            "ai.onnx.ml",
+            "LabelEncoder"
+            | "ArrayFeatureExtractor"
+            | "CategoryMapper"
+            | "CastMap"
+            | "DictVectorizer"
+            | "FeatureVectorizer"
+            | "OneHotEncoder"
+            | "ZipMap",
+        )
+        | ("com.microsoft", "Tokenizer") => movement,
         // pipecut's tensor-parallel collectives, in rank files: their device side is a copy;
         // the link time of a group's collectives is the tensor-parallel cost of the stage
         // (`partition::tensor_parallel`), not of a node.
         ("ai.pipecut", "AllReduce" | "AllGather" | "ReduceScatter") => movement,
         ("", "ImageDecoder") => image_decoder,
         ("ai.onnx.ml", "Binarizer") => pointwise::<1>,
-        ("ai.onnx.ml", "TreeEnsemble") => tree_ensemble,
+        ("ai.onnx.ml", "Imputer") => pointwise::<1>,
+        // Scaler: a subtraction and a product per element.
+        ("ai.onnx.ml", "Scaler") => pointwise::<2>,
+        // Normalizer: a norm over each row (square, add) and a division per element.
+        ("ai.onnx.ml", "Normalizer") => reduction::<3>,
+        ("ai.onnx.ml", "TreeEnsemble" | "TreeEnsembleClassifier" | "TreeEnsembleRegressor") => {
+            tree_ensemble
+        }
+        (
+            "ai.onnx.ml",
+            "LinearClassifier" | "LinearRegressor" | "SVMClassifier" | "SVMRegressor",
+        ) => linear_model,
         ("", "Det") => det,
         // Sequences and optionals (<https://onnx.ai/onnx/operators/onnx__SequenceInsert.html>):
         // the ops that copy tensors into or out of a sequence move those bytes; the others
@@ -552,7 +588,7 @@ fn attention(ctx: &CostCtx) -> Result<OpWork, String> {
     }
     let (b, s, h) = (x[0] as f64, x[1] as f64, x[2] as f64);
     let projection = match ctx.node.op_type.as_str() {
-        "Attention" => 2.0 * b * s * elements(ctx.shape(1)?),
+        "Attention" | "QAttention" => 2.0 * b * s * elements(ctx.shape(1)?),
         _ => 0.0,
     };
     let attention = 4.0 * b * s * s * h;
@@ -632,12 +668,14 @@ fn recurrent(ctx: &CostCtx) -> Result<OpWork, String> {
         [b, a, i] => (*a as f64, *b as f64, *i as f64),
         _ => return Err("X must be 3-D".into()),
     };
-    let (directions, gate_rows) = match w {
-        [d, g, _] => (*d as f64, *g as f64),
+    // DynamicQuantizeLSTM keeps W transposed: [directions, input, gates · hidden].
+    let (directions, gate_rows) = match (w, ctx.node.op_type.as_str()) {
+        ([d, _, g], "DynamicQuantizeLSTM") => (*d as f64, *g as f64),
+        ([d, g, _], _) => (*d as f64, *g as f64),
         _ => return Err("W must be 3-D".into()),
     };
     let gates = match ctx.node.op_type.as_str() {
-        "LSTM" => 4.0,
+        "LSTM" | "DynamicQuantizeLSTM" => 4.0,
         "GRU" => 3.0,
         _ => 1.0,
     };
@@ -662,6 +700,25 @@ fn tree_ensemble(ctx: &CostCtx) -> Result<OpWork, String> {
         rows * nodes,
         ctx.input_bytes() + ctx.output_bytes(),
         OpClass::Reduction,
+    ))
+}
+
+/// LinearClassifier/Regressor and SVMClassifier/Regressor: a multiply-add per row for every
+/// coefficient and every support-vector element (one kernel product each); the kernel's own
+/// few operations per product and the post-transform are left out.
+/// (<https://onnx.ai/onnx/operators/onnx_aionnxml_SVMClassifier.html>).
+fn linear_model(ctx: &CostCtx) -> Result<OpWork, String> {
+    let x = ctx.shape(0)?;
+    let rows = if x.len() == 2 { x[0] } else { 1 } as f64;
+    let count = |name: &str| match ctx.node.attributes.get(name) {
+        Some(Attribute::Floats(v)) => v.len() as f64,
+        _ => 0.0,
+    };
+    let weights = count("coefficients") + count("support_vectors");
+    Ok(ctx.work(
+        2.0 * rows * weights,
+        ctx.input_bytes() + ctx.output_bytes(),
+        OpClass::Matmul,
     ))
 }
 

@@ -349,7 +349,12 @@ fn value_info(
     })?;
     let mut tensor_type = type_proto::Tensor::new();
     tensor_type.elem_type = dtype.onnx_code();
-    if let Some(shape) = &tensor.shape {
+    // A map's shape counts its entries; its values are scalars.
+    let map_key = match tensor.kind {
+        ValueKind::Map { key } | ValueKind::MapSequence { key } => Some(key),
+        _ => None,
+    };
+    if let Some(shape) = tensor.shape.as_ref().filter(|_| map_key.is_none()) {
         let mut shape_proto = TensorShapeProto::new();
         for dim in shape {
             let mut d = Dimension::new();
@@ -363,10 +368,17 @@ fn value_info(
     }
     let mut ty = TypeProto::new();
     ty.value = Some(type_proto::Value::TensorType(tensor_type));
+    if let Some(key) = map_key {
+        let mut map = type_proto::Map::new();
+        map.key_type = key.onnx_code();
+        map.value_type = Some(ty).into();
+        ty = TypeProto::new();
+        ty.value = Some(type_proto::Value::MapType(map));
+    }
     // A sequence or optional crossing a boundary: its elements' type, wrapped.
     if matches!(
         tensor.kind,
-        ValueKind::Sequence | ValueKind::OptionalSequence
+        ValueKind::Sequence | ValueKind::OptionalSequence | ValueKind::MapSequence { .. }
     ) {
         let mut sequence = type_proto::Sequence::new();
         sequence.elem_type = Some(ty).into();
@@ -409,7 +421,7 @@ fn note_external(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipecut_ir::graph::{DType, NodeSpec};
+    use pipecut_ir::graph::{Attribute, DType, NodeSpec};
     use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
     #[test]
@@ -446,5 +458,42 @@ mod tests {
                 Some(dimension::Value::DimValue(3))
             ]
         );
+    }
+
+    #[test]
+    fn zipmaps_sequence_of_maps_crossing_a_boundary_is_declared_with_its_map_type() {
+        let mut b = Graph::builder("zip");
+        b.opset("", 17).opset("ai.onnx.ml", 1);
+        b.input(
+            "scores",
+            Some(DType::F32),
+            Some(vec![Dim::Known(4), Dim::Known(2)]),
+        )
+        .unwrap();
+        let mut zip = NodeSpec::new("zip", "ZipMap", &["scores"], &["maps"]).attr(
+            "classlabels_strings",
+            Attribute::Strings(vec!["a".into(), "b".into()]),
+        );
+        zip.domain = "ai.onnx.ml".into();
+        b.node(zip).unwrap();
+        b.output("maps");
+        let mut graph = b.build().unwrap();
+        ShapeInference::new(DimBindings::new())
+            .run(&mut graph)
+            .unwrap();
+        let maps = graph.tensor_id("maps").unwrap();
+        let info = value_info(&graph, maps, None).unwrap();
+        let Some(type_proto::Value::SequenceType(sequence)) = &info.type_.value else {
+            panic!("not a sequence type: {info:?}");
+        };
+        let Some(type_proto::Value::MapType(map)) = &sequence.elem_type.value else {
+            panic!("not a sequence of maps: {sequence:?}");
+        };
+        assert_eq!(map.key_type, DType::String.onnx_code());
+        let Some(type_proto::Value::TensorType(value)) = &map.value_type.value else {
+            panic!("the map's values are not tensors: {map:?}");
+        };
+        assert_eq!(value.elem_type, DType::F32.onnx_code());
+        assert!(value.shape.is_none(), "a map value is a scalar: {value:?}");
     }
 }

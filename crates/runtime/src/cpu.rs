@@ -355,6 +355,11 @@ impl CpuExecutor<'_> {
                 })?;
                 match value {
                     Value::Tensor(t) => Ok((name, t)),
+                    // A model output that is a sequence of maps (ZipMap's) leaves as its maps'
+                    // values, one row per map in the order of its keys (ZipMap's labels).
+                    Value::MapSequence { values, .. } if graph.outputs().contains(&id) => {
+                        Ok((name, values))
+                    }
                     other => Err(Error::RunInput(format!(
                         "'{name}' is a {}: stages exchange tensors only (run a model with \
                          sequences or optionals whole, on the CPU)",

@@ -199,6 +199,18 @@ pub fn expected_input_shapes(
         .iter()
         .map(|&id| {
             let tensor = graph.tensor(id);
+            // A map (DictVectorizer's input, say) has no .npy form; optional tensors and
+            // sequences have theirs (`run --input`).
+            if matches!(
+                tensor.kind,
+                pipecut_ir::graph::ValueKind::Map { .. }
+                    | pipecut_ir::graph::ValueKind::MapSequence { .. }
+            ) {
+                return Err(Error::RunInput(format!(
+                    "input '{}' is a {}: `run` takes tensors and sequences of them, not maps",
+                    tensor.name, tensor.kind
+                )));
+            }
             let mut shape: Vec<usize> = graph
                 .concrete_shape(id)?
                 .into_iter()

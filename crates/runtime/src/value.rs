@@ -16,6 +16,14 @@ pub enum Value {
     Sequence(Vec<Arc<HostTensor>>),
     /// An optional: a tensor or sequence, or nothing.
     Optional(Option<Box<Value>>),
+    /// A sequence of maps that share their keys (ZipMap's output): `keys` is `[C]`, and row
+    /// `i` of `values` (`[N, C]`) holds map `i`'s values in the keys' order.
+    MapSequence {
+        /// The keys of every map, `[C]` int64 or strings.
+        keys: Arc<HostTensor>,
+        /// One row per map.
+        values: Arc<HostTensor>,
+    },
 }
 
 /// Values by name (the graph inputs and outputs of [`super::CpuExecutor::run_model_values`]).
@@ -29,6 +37,7 @@ impl Value {
             Value::Tensor(t) => tensor(t),
             Value::Sequence(items) => items.iter().map(|t| tensor(t)).sum(),
             Value::Optional(inner) => inner.as_deref().map_or(0, Value::byte_len),
+            Value::MapSequence { keys, values } => tensor(keys) + tensor(values),
         }
     }
 
@@ -39,6 +48,7 @@ impl Value {
             Value::Sequence(_) => ValueKind::Sequence,
             Value::Optional(Some(inner)) => inner.kind().optional(),
             Value::Optional(None) => ValueKind::OptionalTensor,
+            Value::MapSequence { keys, .. } => ValueKind::MapSequence { key: keys.dtype() },
         }
     }
 

@@ -1,6 +1,9 @@
-//! What a value flowing along an edge is. ONNX values are tensors, sequences of tensors, or
-//! optionals holding either; pipecut plans, exports and runs tensors on every backend, and
-//! runs sequences and optionals on the CPU reference runtime only.
+//! What a value flowing along an edge is. ONNX values are tensors, sequences of tensors,
+//! optionals holding either, and the `ai.onnx.ml` domain's maps (DictVectorizer's and CastMap's
+//! input) and sequences of maps (ZipMap's output); pipecut plans, exports and runs tensors on
+//! every backend, and runs the others on the CPU reference runtime only.
+
+use crate::graph::DType;
 
 use std::fmt;
 
@@ -17,6 +20,17 @@ pub enum ValueKind {
     OptionalTensor,
     /// A sequence or nothing.
     OptionalSequence,
+    /// A map from `key` (int64 or string) to the value's dtype; its shape is `[entries]`.
+    Map {
+        /// The keys' dtype.
+        key: DType,
+    },
+    /// A sequence of maps from `key` to the value's dtype (ZipMap's output, one map per row);
+    /// its shape is `[entries]`, the entries of every map.
+    MapSequence {
+        /// The keys' dtype.
+        key: DType,
+    },
 }
 
 impl ValueKind {
@@ -25,6 +39,8 @@ impl ValueKind {
         match self {
             ValueKind::Tensor | ValueKind::OptionalTensor => ValueKind::OptionalTensor,
             ValueKind::Sequence | ValueKind::OptionalSequence => ValueKind::OptionalSequence,
+            // ONNX has optional maps in no operator; a map stays a map.
+            map @ (ValueKind::Map { .. } | ValueKind::MapSequence { .. }) => map,
         }
     }
 
@@ -33,6 +49,7 @@ impl ValueKind {
         match self {
             ValueKind::Tensor | ValueKind::OptionalTensor => ValueKind::Tensor,
             ValueKind::Sequence | ValueKind::OptionalSequence => ValueKind::Sequence,
+            map @ (ValueKind::Map { .. } | ValueKind::MapSequence { .. }) => map,
         }
     }
 
@@ -44,11 +61,13 @@ impl ValueKind {
 
 impl fmt::Display for ValueKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ValueKind::Tensor => "tensor",
-            ValueKind::Sequence => "sequence",
-            ValueKind::OptionalTensor => "optional tensor",
-            ValueKind::OptionalSequence => "optional sequence",
-        })
+        match self {
+            ValueKind::Tensor => f.write_str("tensor"),
+            ValueKind::Sequence => f.write_str("sequence"),
+            ValueKind::OptionalTensor => f.write_str("optional tensor"),
+            ValueKind::OptionalSequence => f.write_str("optional sequence"),
+            ValueKind::Map { key } => write!(f, "map from {key}"),
+            ValueKind::MapSequence { key } => write!(f, "sequence of maps from {key}"),
+        }
     }
 }

@@ -16,8 +16,12 @@ pub struct TensorSummary {
     pub name: String,
     /// Element type, if known.
     pub dtype: Option<String>,
-    /// Shape, if known; symbolic dims as strings.
+    /// Shape, if known; symbolic dims as strings. For a sequence or optional, its elements'
+    /// shape; for a map or sequence of maps, `[entries]`.
     pub shape: Option<Vec<Dim>>,
+    /// What the value is when it is not a tensor (`sequence`, `sequence of maps from int64`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// Parameter totals for one element type.
@@ -114,6 +118,7 @@ impl ModelSummary {
                         name: t.name.clone(),
                         dtype: t.dtype.map(|d| d.to_string()),
                         shape: t.shape.clone(),
+                        kind: (!t.kind.is_tensor()).then(|| t.kind.to_string()),
                     }
                 })
                 .collect()
@@ -186,7 +191,10 @@ fn tensor_line(f: &mut fmt::Formatter<'_>, t: &TensorSummary) -> fmt::Result {
         .shape
         .as_deref()
         .map_or("(unknown shape)".to_string(), format_shape);
-    writeln!(f, "  {:<40} {:<8} {}", t.name, dtype, shape)
+    match &t.kind {
+        Some(kind) => writeln!(f, "  {:<40} {:<8} {} ({kind})", t.name, dtype, shape),
+        None => writeln!(f, "  {:<40} {:<8} {}", t.name, dtype, shape),
+    }
 }
 
 impl fmt::Display for ModelSummary {

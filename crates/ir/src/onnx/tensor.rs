@@ -424,8 +424,9 @@ fn floats(values: impl Iterator<Item = f64>) -> Option<ConstValue> {
     Some(ConstValue::Floats(values.collect()))
 }
 
-/// Kind, element type and element shape of a `TypeProto`: a tensor, a sequence of tensors, or an
-/// optional of either (maps and sparse tensors decode as an untyped tensor, as before).
+/// Kind, element type and element shape of a `TypeProto`: a tensor, a sequence of tensors, an
+/// optional of either, a map or a sequence of maps (the map's value dtype; the number of entries
+/// is not typed); sparse tensors decode as an untyped tensor, as before.
 pub(crate) fn decode_value_type(
     tensor: &str,
     ty: &TypeProto,
@@ -438,8 +439,19 @@ pub(crate) fn decode_value_type(
     };
     match &ty.value {
         Some(type_proto::Value::SequenceType(seq)) => {
-            let (_, dtype, shape) = element(&seq.elem_type)?;
-            Ok((ValueKind::Sequence, dtype, shape))
+            let (kind, dtype, shape) = element(&seq.elem_type)?;
+            match kind {
+                ValueKind::Map { key } => Ok((ValueKind::MapSequence { key }, dtype, None)),
+                _ => Ok((ValueKind::Sequence, dtype, shape)),
+            }
+        }
+        Some(type_proto::Value::MapType(map)) => {
+            let key = DType::from_onnx(map.key_type).ok_or_else(|| Error::InvalidDim {
+                tensor: tensor.to_string(),
+                detail: format!("its map key type {} is not an ONNX type", map.key_type),
+            })?;
+            let (_, dtype, _) = element(&map.value_type)?;
+            Ok((ValueKind::Map { key }, dtype, None))
         }
         Some(type_proto::Value::OptionalType(opt)) => {
             let (kind, dtype, shape) = element(&opt.elem_type)?;

@@ -325,7 +325,7 @@ pub(crate) struct Forest {
     pub(crate) roots: Vec<Branch>,
 }
 
-fn float_list(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
+pub(super) fn float_list(ctx: &Ctx, name: &str) -> Result<Vec<f32>, String> {
     match ctx.attr(name) {
         Some(Attribute::Tensor(t)) => t
             .value
@@ -556,7 +556,7 @@ fn post_transform(kind: i64, scores: &mut [f32]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{assert_close, f, i, node};
+    use super::super::test_util::{assert_close, f, i};
     use super::*;
     use pipecut_ir::graph::TensorLiteral;
 
@@ -565,15 +565,7 @@ mod tests {
         attributes: Vec<(&str, Attribute)>,
         inputs: &[&HostTensor],
     ) -> Result<Vec<HostTensor>, String> {
-        let node = node(op, attributes);
-        let ctx = Ctx {
-            node: &node,
-            opset: 5,
-            output_dtypes: &[],
-            input_dtypes: &[],
-        };
-        let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        super::super::lookup(DOMAIN, op).expect("registered")(&ctx, &inputs)
+        super::super::test_util::run_in(DOMAIN, op, attributes, inputs)
     }
 
     fn tensor(dtype: DType, value: ConstValue) -> Attribute {

@@ -57,6 +57,9 @@ mod matmul;
 pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
+mod ml_predictors;
+mod ml_transforms;
+mod ms_quant;
 #[cfg(feature = "cuda")]
 pub(crate) use ml::{float_labels, Branch as TreeBranch, Forest, Test as TreeTest};
 mod movement;
@@ -139,6 +142,9 @@ fn table() -> &'static KernelTable {
         einsum::register(&mut t);
         strings::register(&mut t);
         ml::register(&mut t);
+        ml_predictors::register(&mut t);
+        ml_transforms::register(&mut t);
+        ms_quant::register(&mut t);
         select::register(&mut t);
         detection::register(&mut t);
         constant::register(&mut t);
@@ -157,20 +163,18 @@ pub(crate) fn lookup(domain: &str, op: &str) -> Option<Kernel> {
     table().kernels.get(&(domain, op)).copied()
 }
 
-/// The kernel on values for an op, if the CPU runtime has one (sequences, optionals and control
-/// flow, in the default domain only).
+/// The kernel on values for an op, if the CPU runtime has one (sequences, optionals, control
+/// flow, and ZipMap's sequence of maps).
 pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
     static TABLE: OnceLock<values::ValueKernelTable> = OnceLock::new();
-    if !(domain.is_empty() || domain == "ai.onnx") {
-        return None;
-    }
     let table = TABLE.get_or_init(|| {
         let mut t = values::ValueKernelTable::default();
         sequence::register(&mut t);
         control::register(&mut t);
+        ml_transforms::register_values(&mut t);
         t
     });
-    table.get(op)
+    table.get(domain, op)
 }
 
 /// Every op with a CPU kernel, as `domain:op` (`:Add` for the default domain), sorted.
@@ -232,6 +236,24 @@ pub(crate) mod test_util {
         };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
         lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
+    }
+
+    /// Runs the registered kernel of `op` in `domain` (opset 5), its error as it is.
+    pub fn run_in(
+        domain: &str,
+        op: &str,
+        attributes: Vec<(&str, Attribute)>,
+        inputs: &[&HostTensor],
+    ) -> Result<Vec<HostTensor>, String> {
+        let node = node(op, attributes);
+        let ctx = Ctx {
+            node: &node,
+            opset: 5,
+            output_dtypes: &[],
+            input_dtypes: &[],
+        };
+        let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        lookup(domain, op).expect("kernel registered")(&ctx, &inputs)
     }
 
     pub fn f(shape: &[usize], data: &[f32]) -> HostTensor {

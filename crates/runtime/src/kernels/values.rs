@@ -24,21 +24,27 @@ pub(crate) type ValueKernel = fn(&ValueCtx, &[Option<&Value>]) -> Result<Vec<Val
 /// Kernels on values by (domain, op type); `""` is the default domain.
 #[derive(Default)]
 pub(crate) struct ValueKernelTable {
-    kernels: HashMap<&'static str, ValueKernel>,
+    kernels: HashMap<(&'static str, &'static str), ValueKernel>,
 }
 
 impl ValueKernelTable {
     /// Registers `kernel` for each of `ops` in the default domain.
     pub fn add(&mut self, ops: &[&'static str], kernel: ValueKernel) {
+        self.add_in("", ops, kernel);
+    }
+
+    /// Registers `kernel` for each of `ops` in `domain`.
+    pub fn add_in(&mut self, domain: &'static str, ops: &[&'static str], kernel: ValueKernel) {
         for op in ops {
-            let previous = self.kernels.insert(op, kernel);
+            let previous = self.kernels.insert((domain, op), kernel);
             debug_assert!(previous.is_none(), "value kernel for {op} registered twice");
         }
     }
 
-    /// The kernel registered for `op`.
-    pub fn get(&self, op: &str) -> Option<ValueKernel> {
-        self.kernels.get(op).copied()
+    /// The kernel registered for `op` in `domain` (`""` or `ai.onnx` for the default).
+    pub fn get(&self, domain: &str, op: &str) -> Option<ValueKernel> {
+        let domain = if domain == "ai.onnx" { "" } else { domain };
+        self.kernels.get(&(domain, op)).copied()
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 use super::registry::Registry;
 use super::{
     attention, collective, control, crop, data_dependent, elementwise, linalg, loss, microsoft, ml,
-    movement, nn, quant, random, recurrent, reduce, sequence, signal, spatial, state_space,
-    strings,
+    movement, ms_quant, nn, quant, random, recurrent, reduce, sequence, signal, spatial,
+    state_space, strings,
 };
 
 /// Every family's rules, registered on first use.
@@ -25,6 +25,7 @@ pub(super) fn registry() -> &'static Registry {
         microsoft::register(&mut r);
         collective::register(&mut r);
         quant::register(&mut r);
+        ms_quant::register(&mut r);
         attention::register(&mut r);
         loss::register(&mut r);
         signal::register(&mut r);

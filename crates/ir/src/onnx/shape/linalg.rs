@@ -79,7 +79,12 @@ fn matmul_integer(ctx: &OpCtx) -> RuleResult {
 
 /// Gemm: `Y = alpha·op(A)·op(B) + beta·C` with 2-D A and B; C broadcasts to `[M, N]`.
 fn gemm(ctx: &OpCtx) -> RuleResult {
-    let (a, b) = (ctx.shape(0)?, ctx.shape(1)?);
+    let shape = gemm_shape(ctx, ctx.shape(0)?, ctx.shape(1)?)?;
+    Ok(vec![Inferred::new(ctx.dtype(0)?, shape)])
+}
+
+/// `[M, N]` of Gemm's `A` and `B` under `transA` / `transB` (QGemm's operands too).
+pub(super) fn gemm_shape(ctx: &OpCtx, a: &Shape, b: &Shape) -> Result<Shape, String> {
     if a.len() != 2 || b.len() != 2 {
         return Err(format!(
             "Gemm needs 2-D operands, got {} and {}",
@@ -100,10 +105,7 @@ fn gemm(ctx: &OpCtx) -> RuleResult {
         (&b[0], &b[1])
     };
     check_same(ka, kb, "inner dimensions differ")?;
-    Ok(vec![Inferred::new(
-        ctx.dtype(0)?,
-        vec![m.clone(), n.clone()],
-    )])
+    Ok(vec![m.clone(), n.clone()])
 }
 
 /// Splits an einsum term into its letters and whether (and where) it has an ellipsis.

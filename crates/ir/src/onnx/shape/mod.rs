@@ -23,6 +23,7 @@ mod loss;
 mod microsoft;
 mod ml;
 mod movement;
+mod ms_quant;
 mod nn;
 mod quant;
 mod random;
@@ -389,7 +390,9 @@ fn infer_node(graph: &Graph, node_id: crate::graph::NodeId) -> Result<Vec<Inferr
         .flatten()
         .map(|&t| graph.tensor(t))
         .find(|t| !t.kind.is_tensor());
-    if let Some(input) = value_input.filter(|_| !sequence::takes_values(domain, &node.op_type)) {
+    if let Some(input) = value_input.filter(|_| {
+        !sequence::takes_values(domain, &node.op_type) && !ml::takes_maps(domain, &node.op_type)
+    }) {
         return Err(Error::ShapeInference {
             node: node.name.clone(),
             op: node.op_type.clone(),

@@ -280,7 +280,7 @@ fn conv_transpose(ctx: &OpCtx) -> RuleResult {
 
 /// MaxPool / AveragePool / LpPool over the trailing spatial axes; MaxPool's optional second
 /// output is int64 indices of the same shape.
-fn pool(ctx: &OpCtx) -> RuleResult {
+pub(super) fn pool(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
     let win = window(ctx, kernel_from(ctx, None)?)?;
     if x.len() != win.kernel.len() + 2 {
@@ -301,7 +301,7 @@ fn pool(ctx: &OpCtx) -> RuleResult {
     ])
 }
 
-fn global_pool(ctx: &OpCtx) -> RuleResult {
+pub(super) fn global_pool(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
     if x.len() < 2 {
         return Err(format!("input {} needs a channel axis", format_shape(x)));

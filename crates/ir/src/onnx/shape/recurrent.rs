@@ -9,6 +9,9 @@ use crate::graph::Dim;
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["RNN", "GRU", "LSTM"], recurrent);
+    // onnxruntime's quantize_dynamic writes every LSTM as this, with int8 weights (`[D, I,
+    // 4H]`, transposed) and their scales: the same outputs.
+    r.add("com.microsoft", &["DynamicQuantizeLSTM"], recurrent);
 }
 
 fn recurrent(ctx: &OpCtx) -> RuleResult {
@@ -30,7 +33,7 @@ fn recurrent(ctx: &OpCtx) -> RuleResult {
     let hidden = match ctx.int_attr("hidden_size")? {
         Some(h) if h > 0 => Dim::Known(h as u64),
         Some(h) => return Err(format!("hidden_size is {h}")),
-        // R is [directions, gates · hidden, hidden].
+        // R is [directions, gates · hidden, hidden] (DynamicQuantizeLSTM requires hidden_size).
         None => ctx
             .shape(2)?
             .get(2)
@@ -49,7 +52,11 @@ fn recurrent(ctx: &OpCtx) -> RuleResult {
     } else {
         vec![dirs, batch, hidden]
     };
-    let states = if ctx.node.op_type == "LSTM" { 2 } else { 1 };
+    let states = if ctx.node.op_type.ends_with("LSTM") {
+        2
+    } else {
+        1
+    };
     let mut out = vec![Inferred::new(dtype, y)];
     for _ in 0..states {
         out.push(Inferred::new(dtype, state.clone()));

@@ -1,0 +1,210 @@
+//! scikit-learn models as skl2onnx 1.20 converts them (fixtures/sklearn, written by its
+//! generate.py with onnxruntime's outputs beside each model), through every phase of the CLI:
+//! `inspect`, `partition --out`, `export`, and `run --input X=x.npy`, whose outputs must match
+//! onnxruntime's. The classes cover every `ai.onnx.ml` op skl2onnx emits for them and the
+//! `com.microsoft` Tokenizer of TfidfVectorizer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::pipecut_cli as pipecut;
+use pipecut::runtime::{read_npy, TensorData};
+
+/// Every converted model, with the dims its plan binds (the batch of 8 rows, and for the text
+/// model the sizes that depend on its 4 texts).
+const MODELS: &[(&str, &[&str])] = &[
+    ("forest_regressor", &["X.0=8"]),
+    ("gb_regressor", &["X.0=8"]),
+    ("gradient_boosting", &["X.0=8"]),
+    ("gradient_boosting_binary", &["X.0=8"]),
+    ("imputer", &["X.0=8"]),
+    ("linear_regression", &["X.0=8"]),
+    ("logreg", &["X.0=8"]),
+    ("logreg_strings", &["X.0=8"]),
+    ("normalizer_binarizer", &["X.0=8"]),
+    ("one_hot", &["X.0=8"]),
+    ("random_forest", &["X.0=8"]),
+    ("scaler_logreg", &["X.0=8"]),
+    ("svc", &["X.0=8"]),
+    ("svc_linear_binary", &["X.0=8"]),
+    ("svc_probability", &["X.0=8"]),
+    ("svr", &["X.0=8"]),
+    ("tfidf", &["X.0=4", "normalized.0=4", "tokenized.1=6"]),
+];
+
+/// onnxruntime's float outputs agree with pipecut's to this (f32 sums in another order).
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture_dir(name: &str) -> PathBuf {
+    common::root().join("fixtures/sklearn").join(name)
+}
+
+fn model_path(name: &str) -> String {
+    fixture_dir(name)
+        .join("model.onnx")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `pipecut partition` of the model on one GPU, one micro-batch, the plan in `dir`.
+fn partition(dir: &Path, name: &str, dims: &[&str]) -> String {
+    let plan = dir.join(format!("{name}.plan.json"));
+    let model = model_path(name);
+    let mut args = vec![
+        "partition",
+        &model,
+        "--devices",
+        "A100-80GB",
+        "--microbatches",
+        "1",
+    ];
+    for d in dims {
+        args.extend(["--dim", d]);
+    }
+    let plan_arg = plan.to_str().unwrap();
+    args.extend(["--out", plan_arg]);
+    let (code, _, err) = pipecut(&args);
+    assert_eq!(code, 0, "{name}: partition failed: {err}");
+    assert!(plan.exists(), "{name}: no plan written");
+    plan_arg.to_string()
+}
+
+#[test]
+fn every_converted_model_inspects_with_every_tensor_typed() {
+    for (name, _) in MODELS {
+        let model = model_path(name);
+        let (code, out, err) = pipecut(&["inspect", &model]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert!(
+            out.contains("shape inference: every tensor typed"),
+            "{name}: {out}"
+        );
+    }
+}
+
+#[test]
+fn zipmap_outputs_show_as_sequences_of_maps() {
+    let (code, out, err) = pipecut(&["inspect", &model_path("logreg_strings")]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("output_probability"))
+        .unwrap();
+    assert!(line.contains("(sequence of maps from string)"), "{line}");
+    assert!(line.contains("[3]"), "{line}");
+}
+
+#[test]
+fn every_converted_model_partitions_and_exports_one_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dims) in MODELS {
+        let plan = partition(dir.path(), name, dims);
+        let out_dir = dir.path().join(format!("{name}.export"));
+        let model = model_path(name);
+        let (code, _, err) = pipecut(&[
+            "export",
+            &plan,
+            &model,
+            "--out-dir",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: export failed: {err}");
+        assert!(
+            out_dir.join("stage_0.onnx").exists(),
+            "{name}: no stage file"
+        );
+    }
+}
+
+/// The `.npy` files generate.py wrote from onnxruntime, but x.npy (the input).
+fn expected_outputs(name: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture_dir(name))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "npy") && !p.ends_with("x.npy"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn assert_same(name: &str, file: &Path, got: &TensorData, want: &TensorData) {
+    match (got, want) {
+        (TensorData::F32(g), TensorData::F32(w)) => {
+            assert_eq!(g.len(), w.len(), "{name} {}", file.display());
+            for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                let slack = TOLERANCE * (1.0 + b.abs());
+                assert!(
+                    (a - b).abs() <= slack,
+                    "{name} {}[{i}]: {a} vs {b}",
+                    file.display()
+                );
+            }
+        }
+        _ => assert_eq!(got, want, "{name} {}", file.display()),
+    }
+}
+
+#[test]
+fn every_converted_model_runs_as_onnxruntime_does() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dims) in MODELS {
+        let plan = partition(dir.path(), name, dims);
+        let out_dir = dir.path().join(format!("{name}.out"));
+        let input = format!("X={}", fixture_dir(name).join("x.npy").display());
+        let model = model_path(name);
+        let (code, _, err) = pipecut(&[
+            "run",
+            &plan,
+            &model,
+            "--input",
+            &input,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{name}: run failed: {err}");
+        for want_file in expected_outputs(name) {
+            let file_name = want_file.file_name().unwrap();
+            let got = read_npy(&out_dir.join(file_name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let want = read_npy(&want_file).unwrap();
+            assert_eq!(
+                got.tensor.shape(),
+                want.tensor.shape(),
+                "{name} {}",
+                want_file.display()
+            );
+            assert_same(name, &want_file, got.tensor.data(), want.tensor.data());
+        }
+    }
+}
+
+#[test]
+fn a_model_whose_input_is_a_map_plans_and_its_run_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_path("dict_vectorizer");
+    let (code, out, err) = pipecut(&["inspect", &model]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("X "))
+        .unwrap();
+    assert!(line.contains("(map from string)"), "{line}");
+    let plan = partition(dir.path(), "dict_vectorizer", &[]);
+    let out_dir = dir.path().join("out");
+    let (code, _, err) = pipecut(&[
+        "run",
+        &plan,
+        &model,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("input 'X' is a map from string"), "{err}");
+    assert!(
+        !out_dir.exists(),
+        "a refused run wrote {}",
+        out_dir.display()
+    );
+}
