@@ -97,7 +97,13 @@ def write_dft(out, name, shape, opset, axis, length=None, launches=None, **attrs
         if length is not None:
             inputs.append("length")
     node = helper.make_node("DFT", inputs, ["Y"], **attrs)
-    save(out, name, node, x, constants, [("", opset)])
+    # Y's shape given, not inferred: onnx 1.23's inference leaves it out when `axis` is an
+    # input, and its checker then refuses the model.
+    n = length if length is not None else shape[axis]
+    y_shape = list(shape)
+    y_shape[axis] = n // 2 + 1 if attrs.get("onesided") else n
+    y_shape[-1] = 2
+    save(out, name, node, x, constants, [("", opset)], y_shape=y_shape)
 
 
 def write_stft(out, name, shape, step, window=None, frame_length=None, onesided=1):
