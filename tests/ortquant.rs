@@ -67,24 +67,7 @@ fn dims_of(name: &str) -> &'static [&'static str] {
 /// `pipecut partition` on `devices` (one stage per device), one micro-batch.
 fn partition(dir: &Path, name: &str, devices: &str) -> PathBuf {
     let plan = dir.join(format!("{name}.{devices}.plan.json"));
-    let model = model_path(name);
-    let stages = devices.split(',').count().to_string();
-    let mut args = vec![
-        "partition",
-        &model,
-        "--devices",
-        devices,
-        "--stages",
-        &stages,
-        "--microbatches",
-        "1",
-    ];
-    for d in dims_of(name) {
-        args.extend(["--dim", d]);
-    }
-    args.extend(["--out", plan.to_str().unwrap()]);
-    let (code, _, err) = pipecut(&args);
-    assert_eq!(code, 0, "{name}: partition failed: {err}");
+    common::partition_on_devices(&model_path(name), devices, dims_of(name), &plan);
     plan
 }
 

@@ -849,6 +849,47 @@ fn python_in(python: &Path, dir: &Path, script: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+/// Plans `model` (in `dir`, beside its input `x.npy` and onnxruntime's output `want.npy`) in 2
+/// stages on two L4s and runs it through the CLI; its output `name` must match onnxruntime's.
+/// Returns that output's shape.
+fn two_stage_run_matches_onnxruntime(dir: &Path, model: &str, name: &str) -> Vec<usize> {
+    let plan = dir.join("plan.json");
+    let plan = plan.to_str().unwrap();
+    let (code, _, err) = pipecut(&[
+        "partition",
+        model,
+        "--cluster",
+        "1x2xL4",
+        "--stages",
+        "2",
+        "--microbatches",
+        "1",
+        "--out",
+        plan,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out_dir = dir.join("out");
+    let input = format!("x={}", dir.join("x.npy").display());
+    let (code, _, err) = pipecut(&[
+        "run",
+        plan,
+        model,
+        "--input",
+        &input,
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let got = read_npy(&out_dir.join(format!("{name}.npy")))
+        .unwrap()
+        .tensor;
+    let shape = got.shape().to_vec();
+    let want = read_npy(&dir.join("want.npy")).unwrap().tensor;
+    let actual = Tensors::from([(name.to_string(), Arc::new(got))]);
+    let expected = BTreeMap::from([(name.to_string(), want)]);
+    assert_matches(name, &actual, &expected, ATOL, RTOL);
+    shape
+}
 
 /// Issue 36: DeepLabV3's atrous branches dilate a 3×3 Conv by up to 36 over an 8×8 map, so
 /// that most taps read only padding. onnxruntime runs it; `pipecut run` panicked in the kernel.
@@ -878,38 +919,7 @@ fn a_conv_dilated_past_its_input_runs_as_onnxruntime_does() {
     );
     let model = dir.path().join("atrous.onnx");
     let model = model.to_str().unwrap();
-    let plan = dir.path().join("plan.json");
-    let (code, _, err) = pipecut(&[
-        "partition",
-        model,
-        "--cluster",
-        "1x2xL4",
-        "--stages",
-        "2",
-        "--microbatches",
-        "1",
-        "--out",
-        plan.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let out_dir = dir.path().join("out");
-    let input = format!("x={}", dir.path().join("x.npy").display());
-    let (code, _, err) = pipecut(&[
-        "run",
-        plan.to_str().unwrap(),
-        model,
-        "--input",
-        &input,
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let mut actual = Tensors::new();
-    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
-    actual.insert("y".to_string(), Arc::new(got));
-    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
-    let expected = BTreeMap::from([("y".to_string(), want)]);
-    assert_matches("y", &actual, &expected, ATOL, RTOL);
+    two_stage_run_matches_onnxruntime(dir.path(), model, "y");
 }
 
 /// Issue 36: every ONNX tensor dtype goes in and out of `pipecut run` as `.npy` files as numpy
@@ -1026,38 +1036,8 @@ fn an_stft_of_a_two_dimensional_signal_runs_as_onnxruntime_does() {
     );
     let model = dir.path().join("stft.onnx");
     let model = model.to_str().unwrap();
-    let plan = dir.path().join("plan.json");
-    let (code, _, err) = pipecut(&[
-        "partition",
-        model,
-        "--cluster",
-        "1x2xL4",
-        "--stages",
-        "2",
-        "--microbatches",
-        "1",
-        "--out",
-        plan.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let out_dir = dir.path().join("out");
-    let input = format!("x={}", dir.path().join("x.npy").display());
-    let (code, _, err) = pipecut(&[
-        "run",
-        plan.to_str().unwrap(),
-        model,
-        "--input",
-        &input,
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
-    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
-    assert_eq!(got.shape(), &[2, 13, 9], "{:?}", got.shape());
-    let actual = Tensors::from([("y".to_string(), Arc::new(got))]);
-    let expected = BTreeMap::from([("y".to_string(), want)]);
-    assert_matches("y", &actual, &expected, ATOL, RTOL);
+    let shape = two_stage_run_matches_onnxruntime(dir.path(), model, "y");
+    assert_eq!(shape, [2, 13, 9], "{shape:?}");
 }
 
 /// Issue 36: shape inputs computed from constants alone are folded, as TorchScript's detection
@@ -1104,37 +1084,7 @@ fn shape_inputs_computed_from_constants_are_folded() {
     let z = &report["outputs"][0];
     // min over rows: [1.5, 0.75], max 1.5, × 4 = 6: sizes [1, 3, 6, 6], then 6 more on each side.
     assert_eq!(z["shape"], serde_json::json!([1, 3, 12, 12]), "{out}");
-    let plan = dir.path().join("plan.json");
-    let (code, _, err) = pipecut(&[
-        "partition",
-        model,
-        "--cluster",
-        "1x2xL4",
-        "--stages",
-        "2",
-        "--microbatches",
-        "1",
-        "--out",
-        plan.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let out_dir = dir.path().join("out");
-    let input = format!("x={}", dir.path().join("x.npy").display());
-    let (code, _, err) = pipecut(&[
-        "run",
-        plan.to_str().unwrap(),
-        model,
-        "--input",
-        &input,
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let got = read_npy(&out_dir.join("z.npy")).unwrap().tensor;
-    let want = read_npy(&dir.path().join("want.npy")).unwrap().tensor;
-    let actual = Tensors::from([("z".to_string(), Arc::new(got))]);
-    let expected = BTreeMap::from([("z".to_string(), want)]);
-    assert_matches("z", &actual, &expected, ATOL, RTOL);
+    two_stage_run_matches_onnxruntime(dir.path(), model, "z");
 }
 
 /// Issue 36: a model that takes and gives sequences runs through `pipecut run` whole, a

@@ -51,24 +51,8 @@ fn model_path(name: &str) -> String {
 /// `pipecut partition` of the model on one GPU, one micro-batch, the plan in `dir`.
 fn partition(dir: &Path, name: &str, dims: &[&str]) -> String {
     let plan = dir.join(format!("{name}.plan.json"));
-    let model = model_path(name);
-    let mut args = vec![
-        "partition",
-        &model,
-        "--devices",
-        "A100-80GB",
-        "--microbatches",
-        "1",
-    ];
-    for d in dims {
-        args.extend(["--dim", d]);
-    }
-    let plan_arg = plan.to_str().unwrap();
-    args.extend(["--out", plan_arg]);
-    let (code, _, err) = pipecut(&args);
-    assert_eq!(code, 0, "{name}: partition failed: {err}");
-    assert!(plan.exists(), "{name}: no plan written");
-    plan_arg.to_string()
+    common::partition_on_devices(&model_path(name), "A100-80GB", dims, &plan);
+    plan.to_str().unwrap().to_string()
 }
 
 #[test]

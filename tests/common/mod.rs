@@ -315,3 +315,25 @@ pub fn pipecut_cli(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `pipecut partition MODEL --devices DEVICES` with one stage per device, one micro-batch and
+/// `--dim` for each of `dims`, into `plan`; asserts it succeeds and wrote the plan.
+pub fn partition_on_devices(model: &str, devices: &str, dims: &[&str], plan: &Path) {
+    let stages = devices.split(',').count().to_string();
+    let mut args = vec![
+        "partition",
+        model,
+        "--devices",
+        devices,
+        "--stages",
+        &stages,
+    ];
+    args.extend(["--microbatches", "1"]);
+    for d in dims {
+        args.extend(["--dim", d]);
+    }
+    args.extend(["--out", plan.to_str().unwrap()]);
+    let (code, _, err) = pipecut_cli(&args);
+    assert_eq!(code, 0, "{model}: partition failed: {err}");
+    assert!(plan.exists(), "{model}: no plan written");
+}

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::context::{input, Ctx, KernelResult, KernelTable};
+use super::ml_predictors::PostTransform;
 use crate::tensor::runtime_dtype;
 use crate::tensor::{try_collect, HostTensor, TensorData};
 use pipecut_ir::graph::{Attribute, ConstValue, DType};
@@ -482,7 +483,7 @@ impl Forest {
 /// <https://onnx.ai/onnx/operators/onnx_aionnxml_TreeEnsemble.html>: every row walks every
 /// tree to a leaf; the leaves' weights are aggregated per target (`aggregate_function`: 0
 /// average, 1 sum, 2 min, 3 max), then `post_transform` (0 none, 1 softmax, 2 logistic, 3
-/// softmax with zeros kept) applies per row.
+/// softmax with zeros kept, 4 probit: the predictors' [`PostTransform`]) applies per row.
 fn tree_ensemble(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let [rows, width] = *x.shape() else {
@@ -490,6 +491,7 @@ fn tree_ensemble(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let targets = usize::try_from(ctx.int("n_targets", 0)).map_err(|_| "n_targets is negative")?;
     let forest = Forest::new(ctx)?;
+    let transform = PostTransform::of_code(ctx.int("post_transform", 0))?;
     let aggregate = ctx.int("aggregate_function", 1);
     let start = match aggregate {
         0 | 1 => 0.0,
@@ -518,40 +520,10 @@ fn tree_ensemble(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 _ => score.max(weight),
             };
         }
-        post_transform(ctx.int("post_transform", 0), scores)?;
+        transform.apply(scores);
     }
     let out = HostTensor::f32(vec![rows, targets], out);
     Ok(vec![out])
-}
-
-fn post_transform(kind: i64, scores: &mut [f32]) -> Result<(), String> {
-    let softmax = |scores: &mut [f32], keep_zeros: bool| {
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = if keep_zeros && *s == 0.0 {
-                0.0
-            } else {
-                (*s - max).exp()
-            };
-            sum += *s;
-        }
-        scores.iter_mut().for_each(|s| *s /= sum);
-    };
-    match kind {
-        0 => {}
-        1 => softmax(scores, false),
-        2 => scores
-            .iter_mut()
-            .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp())),
-        3 => softmax(scores, true),
-        other => {
-            return Err(format!(
-                "post_transform {other} is not supported (0 to 3 are)"
-            ))
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -60,9 +60,10 @@ fn floats(ctx: &Ctx, name: &str) -> Vec<f32> {
     }
 }
 
-/// A classifier's or regressor's `post_transform`, applied to one row of scores.
+/// A classifier's or regressor's `post_transform`, applied to one row of scores (TreeEnsemble's
+/// too, which names it by code).
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum PostTransform {
+pub(super) enum PostTransform {
     None,
     Softmax,
     Logistic,
@@ -82,7 +83,23 @@ impl PostTransform {
         })
     }
 
-    fn apply(self, scores: &mut [f32]) {
+    /// The transform of ml opset 5's TreeEnsemble, which gives it as a code (0 to 4).
+    pub(super) fn of_code(code: i64) -> Result<PostTransform, String> {
+        Ok(match code {
+            0 => PostTransform::None,
+            1 => PostTransform::Softmax,
+            2 => PostTransform::Logistic,
+            3 => PostTransform::SoftmaxZero,
+            4 => PostTransform::Probit,
+            other => {
+                return Err(format!(
+                    "post_transform {other} is not an ONNX one (0 to 4 are)"
+                ))
+            }
+        })
+    }
+
+    pub(super) fn apply(self, scores: &mut [f32]) {
         let softmax = |scores: &mut [f32], keep_zeros: bool| {
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0;
