@@ -1449,15 +1449,22 @@ fn a_collector_that_cannot_write_the_outputs_fails_every_rank() {
     );
 }
 
-/// torchrun from the torch environment of `TORCHRUN` or /work/torchenv, if there is one.
+/// torchrun from `TORCHRUN`, else from the repository's `.venv-python` (which `.ci/run` makes
+/// before `cargo test`); a recorded skip where there is none, which CI refuses.
 fn torchrun() -> Option<PathBuf> {
     let path = std::env::var_os("TORCHRUN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/torchenv/bin/torchrun"));
+        .unwrap_or_else(|| common::root().join(".venv-python/bin/torchrun"));
     if path.is_file() {
         return Some(path);
     }
-    eprintln!("skipped: no torchrun at {} (set TORCHRUN)", path.display());
+    common::skip(
+        common::Need::Torch,
+        format!(
+            "no torchrun at {} (set TORCHRUN, or make .venv-python as .ci/run does)",
+            path.display()
+        ),
+    );
     None
 }
 

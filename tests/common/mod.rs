@@ -31,6 +31,8 @@ pub enum Need {
     Gpu,
     /// Another operating system: the check is written for one that CI does not run.
     Platform,
+    /// torch's `torchrun` (`.venv-python`, which `.ci/run` makes from python/requirements-test.txt).
+    Torch,
 }
 
 impl Need {
@@ -44,6 +46,7 @@ impl Need {
             Need::Toolchain => "toolchain",
             Need::Gpu => "gpu",
             Need::Platform => "platform",
+            Need::Torch => "torch",
         }
     }
 }
