@@ -19,8 +19,10 @@ How each part of the plan reaches torch (docs/python.md has the table):
 * pipeline stages: ``torch.distributed.pipelining.pipeline(module, mb_args, split_spec)`` with a
   ``SplitPoint.BEGINNING`` at each boundary pipecut moved to a module boundary;
 * tensor parallelism: ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` for
-  the ``nn.Linear``/``nn.Embedding`` whose weights the plan's shard layout splits on their output
-  or input axis;
+  the ``nn.Linear``/``nn.Embedding`` (and Hugging Face ``Conv1D``) whose weights the plan's shard
+  layout splits on their output or input axis; inside a traced pipeline stage, which calls aten
+  ops rather than its modules, the same parameters become ``DTensor``s with the same placements
+  and the stage's ops that meet them run under DTensor's rules;
 * ZeRO-3: FSDP2 ``fully_shard``; ZeRO-1 and 2: ``fully_shard(reshard_after_forward=False)``
   (weights stay gathered from forward to backward; gradients and optimizer state are sharded,
   which is ZeRO-2; torch has no ZeRO-1 that composes with its pipelines, so ZeRO-1 plans get
@@ -28,7 +30,9 @@ How each part of the plan reaches torch (docs/python.md has the table):
   after each step, as DDP does;
 * recomputation: ``checkpoint_wrapper`` around each numbered block (full) or each block's
   attention (selective); inside a pipeline stage, around the stage's forward;
-* schedule: ``ScheduleGPipe`` or ``Schedule1F1B`` with the plan's micro-batch count.
+* schedule: ``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` (the plan's
+  chunks per rank, stage i on pipeline rank i mod pp) or, for zero-bubble,
+  ``ScheduleInterleavedZeroBubble`` over one stage per rank, with the plan's micro-batch count.
 """
 
 from __future__ import annotations
@@ -42,9 +46,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import _api
 from ._plan import Plan
 
-# The schedules apply() builds, by the plan's name for them. Interleaved and zero-bubble
-# schedules put several stages on a rank; plan() searches only these two by default.
-SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+# The schedules apply() builds, by the plan's name for them. An interleaved plan's stages are
+# model chunks, stage i on pipeline rank i mod pp, as torch's interleaved schedule places them.
+# Zero-bubble (ZB-H1, one stage per rank) runs as torch's ZB1P over one stage per rank: the
+# backward split into input and weight gradients, weight gradients filling the bubble.
+# plan() searches GPipe and 1F1B unless told otherwise.
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+}
 
 # Keys of the mesh, outermost first: ranks of one pipeline stage's tensor-parallel group are
 # adjacent, as the plan's groups are consecutive GPUs of a node.
@@ -64,6 +76,7 @@ class TorchPlan:
     recompute: str
     checkpoint_modules: List[str]
     schedule: str
+    chunks: int
     microbatches: int
     microbatch_size: int
     global_batch: int
@@ -144,7 +157,7 @@ def _plan_here(
         _export(model, example_inputs, path, dynamo)
         if cluster is not None:
             options["cluster"] = cluster
-        weight_modules = _weight_modules(path)
+        weight_modules = _weight_modules(path, model)
         text = _api.command(
             "plan-cluster", path, "--mode", "training", "--global-batch", str(global_batch),
             "--batch-dim", "batch", "--json", "--emit", "torch-split-spec",
@@ -178,18 +191,29 @@ def _export(model: Any, example_inputs: Tuple[Any, ...], path: str, dynamo: bool
         model.train(was_training)
 
 
-def _weight_modules(onnx_path: str) -> Dict[str, str]:
-    """``{initializer: module}`` for each initializer an exported node reads, by the module
-    scope the dynamo exporter records on the node (``pkg.torch.onnx.name_scopes``: the module
-    path, then the op). The exporter's optimizer folds a linear layer's transposed weight into a
-    new initializer (``val_237``), so a weight's name alone does not always name its module."""
+@dataclass
+class WeightOwner:
+    """The module an exported initializer belongs to, and whether the exporter stored it
+    transposed (``None``: not a 2-D weight of that module, so no axis is mapped through it)."""
+
+    module: str
+    transposed: Optional[bool]
+
+
+def _weight_modules(onnx_path: str, model: Any) -> Dict[str, WeightOwner]:
+    """``{initializer: WeightOwner}`` for each initializer an exported node reads, by the
+    module scope the dynamo exporter records on the node (``pkg.torch.onnx.name_scopes``: the
+    module path, then the op). The exporter's optimizer folds a linear layer's transposed weight
+    into a new initializer (``val_237``), so neither a weight's name nor its shape (a square
+    weight reads the same both ways) says its orientation: its values, compared with the
+    module's weight, do."""
     import ast
 
     import onnx
 
-    graph = onnx.load(onnx_path, load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    owners: Dict[str, str] = {}
+    graph = onnx.load(onnx_path).graph
+    initializers = {t.name: t for t in graph.initializer}
+    owners: Dict[str, WeightOwner] = {}
     for node in graph.node:
         scopes = next(
             (p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None
@@ -200,23 +224,43 @@ def _weight_modules(onnx_path: str) -> Dict[str, str]:
         if len(path) < 2:
             continue
         for name in node.input:
-            if name in initializers:
-                owners.setdefault(name, path[-2])
+            if name in initializers and name not in owners:
+                orientation = _orientation(initializers[name], _submodule(model, path[-2]))
+                owners[name] = WeightOwner(path[-2], orientation)
     return owners
 
 
+def _orientation(initializer: Any, module: Any) -> Optional[bool]:
+    """False where the initializer holds the module's 2-D weight as it is, True where it holds
+    its transpose, None otherwise."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    weight = getattr(module, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return None
+    value = numpy_helper.to_array(initializer)
+    mine = weight.detach().cpu().numpy()
+    if value.shape == mine.shape and np.array_equal(value, mine):
+        return False
+    if value.shape == mine.T.shape and np.array_equal(value, mine.T):
+        return True
+    return None
+
+
 def _torch_plan(
-    plan: Plan, split: Dict[str, Any], model: Any, weight_modules: Dict[str, str]
+    plan: Plan, split: Dict[str, Any], model: Any, weight_modules: Dict[str, WeightOwner]
 ) -> TorchPlan:
     par = plan.parallelism
     if par is None:
         raise ValueError("the plan has no parallelism section: it was not made by plan-cluster")
     if plan.schedule not in SCHEDULE_CLASSES:
         raise ValueError(
-            f"the plan's schedule '{plan.schedule}' puts several stages on a rank; "
+            f"the plan's schedule '{plan.schedule}' has no torch.distributed.pipelining class; "
             f"pipecut.torch applies {sorted(SCHEDULE_CLASSES)} (pass schedule=...)"
         )
     stages = len(plan.stages)
+    chunks = _chunks(plan)
     boundaries = split.get("boundaries", []) if split.get("outcome") == "split" else []
     if stages > 1 and len(boundaries) != stages - 1:
         raise ValueError(
@@ -226,7 +270,7 @@ def _torch_plan(
     tp = par.tensor_parallel.degree
     family = split.get("family")
     return TorchPlan(
-        mesh={"pp": stages, "dp": par.data_parallel, "tp": tp},
+        mesh={"pp": stages // chunks, "dp": par.data_parallel, "tp": tp},
         split_spec={b["module"]: "BEGINNING" for b in boundaries},
         tensor_parallel=(
             _tensor_parallel_styles(par.raw.get("shards", []), model, weight_modules)
@@ -239,6 +283,7 @@ def _torch_plan(
         recompute=plan.recompute,
         checkpoint_modules=_checkpointed(plan.recompute, family, split, model),
         schedule=SCHEDULE_CLASSES[plan.schedule],
+        chunks=chunks,
         microbatches=plan.microbatches,
         microbatch_size=par.microbatch_size,
         global_batch=par.global_batch,
@@ -247,6 +292,14 @@ def _torch_plan(
         predicted_stage_secs=[s.stage_secs for s in plan.stages],
         plan=plan,
     )
+
+
+def _chunks(plan: Plan) -> int:
+    """Model chunks per pipeline rank: the interleaved schedule's v, else 1."""
+    schedule = plan.raw.get("config", {}).get("schedule")
+    if isinstance(schedule, dict) and "interleaved" in schedule:
+        return int(schedule["interleaved"].get("chunks", 2))
+    return 1
 
 
 def _data_parallel_wrapper(replicas: int, zero_stage: int) -> str:
@@ -260,44 +313,56 @@ def _data_parallel_wrapper(replicas: int, zero_stage: int) -> str:
 
 
 def _tensor_parallel_styles(
-    shards: List[Dict[str, Any]], model: Any, weight_modules: Dict[str, str]
+    shards: List[Dict[str, Any]], model: Any, weight_modules: Dict[str, WeightOwner]
 ) -> Dict[str, str]:
     """``{module: "colwise" | "rowwise"}`` from the weights rank 0 holds a slice of.
 
     Each sliced initializer names its module (``_weight_modules``); the axis it is cut along,
-    read on the module's own weight (the exported initializer may be its transpose), says how:
-    an ``nn.Linear`` weight is ``[out, in]`` (axis 0 column-wise, axis 1 row-wise), an
-    ``nn.Embedding`` weight ``[vocab, dim]`` (axis 0 row-wise, i.e. vocabulary-parallel).
+    read on the module's own weight (the exported initializer may be its transpose, which
+    ``_weight_modules`` found by comparing values), says how: an ``nn.Linear`` weight is
+    ``[out, in]`` (axis 0 column-wise, axis 1 row-wise), Hugging Face's ``Conv1D`` weight
+    ``[in, out]`` (axis 1 column-wise), an ``nn.Embedding`` weight ``[vocab, dim]`` (axis 0
+    row-wise, i.e. vocabulary-parallel).
     """
-    import torch
-
     styles: Dict[str, str] = {}
     for stage in shards:
         for weight in stage["ranks"][0]["weights"]:
-            owner = weight_modules.get(weight["name"], weight["name"].rpartition(".")[0])
+            found = weight_modules.get(weight["name"])
+            owner = found.module if found else weight["name"].rpartition(".")[0]
             module = _submodule(model, owner) if owner else None
-            if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                found = type(module).__name__ if module is not None else "no module"
+            kind = _layer_kind(module)
+            if kind is None:
+                what = type(module).__name__ if module is not None else "no module"
                 raise ValueError(
                     f"the plan splits weight '{weight['name']}' of {owner or 'no module'} "
-                    f"({found}): parallelize_module splits only nn.Linear and nn.Embedding"
+                    f"({what}): pipecut.torch splits only nn.Linear, nn.Embedding and "
+                    "Hugging Face's Conv1D"
                 )
-            axis = _module_axis(module.weight.shape, weight["shape"], weight["axis"], weight["name"])
-            if isinstance(module, torch.nn.Linear):
-                styles[owner] = "colwise" if axis == 0 else "rowwise"
-            else:
-                styles[owner] = "rowwise" if axis == 0 else "colwise"
+            if len(weight["shape"]) == 1:
+                continue  # a bias follows its weight's split
+            if found is None or found.transposed is None:
+                raise ValueError(
+                    f"the plan splits exported weight '{weight['name']}', which holds neither "
+                    f"{owner}'s weight nor its transpose: its axis cannot be mapped to the module"
+                )
+            axis = 1 - weight["axis"] if found.transposed else weight["axis"]
+            column_axis = {"linear": 0, "conv1d": 1, "embedding": 1}[kind]
+            styles[owner] = "colwise" if axis == column_axis else "rowwise"
     return styles
 
 
-def _module_axis(module_shape: Any, onnx_shape: List[int], axis: int, name: str) -> int:
-    """The plan's split axis of an exported weight, as an axis of the module's weight."""
-    shape = list(module_shape)
-    if shape == list(onnx_shape):
-        return axis
-    if len(shape) == 2 and shape == list(reversed(onnx_shape)):
-        return 1 - axis
-    raise ValueError(f"weight '{name}' has shape {onnx_shape}, its module's weight {shape}")
+def _layer_kind(module: Any) -> Optional[str]:
+    """``linear``, ``conv1d`` (Hugging Face's ``Conv1D``: ``x @ weight + bias``, the weight
+    ``[in, out]``), ``embedding``, or None for a layer pipecut.torch does not split."""
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        return "linear"
+    if isinstance(module, torch.nn.Embedding):
+        return "embedding"
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and module.weight.dim() == 2:
+        return "conv1d"
+    return None
 
 
 def _submodule(model: Any, name: str) -> Any:
@@ -358,12 +423,7 @@ def apply(
             "the plan uses sequence parallelism, which pipecut.torch does not apply yet: "
             "plan without --sequence-parallel"
         )
-    if tplan.mesh["tp"] > 1:
-        if tplan.mesh["pp"] > 1:
-            raise ValueError(
-                "pipecut.torch applies tensor parallelism without a pipeline only: "
-                "torch's traced pipeline stages do not call their nn.Linear modules"
-            )
+    if tplan.mesh["tp"] > 1 and tplan.mesh["pp"] == 1:
         _parallelize(tplan, model, mesh["tp"])
     if tplan.mesh["pp"] > 1:
         return _pipelined(tplan, model, example_microbatch, loss_fn, mesh)
@@ -372,28 +432,194 @@ def apply(
     return model, Step(tplan, None, model, loss_fn, mesh)
 
 
-def _parallelize(tplan: TorchPlan, model: Any, tp_mesh: Any) -> None:
-    import torch
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+# How each layer's parameters are split for its style: (the weight's sharded dim, the bias's:
+# a dim, or None where every rank holds the whole bias). Linear weights are [out, in],
+# Hugging Face's Conv1D weights [in, out], embeddings [vocab, dim].
+SHARD_DIMS = {
+    ("linear", "colwise"): (0, 0),
+    ("linear", "rowwise"): (1, None),
+    ("conv1d", "colwise"): (1, 0),
+    ("conv1d", "rowwise"): (0, None),
+    ("embedding", "rowwise"): (0, None),
+    ("embedding", "colwise"): (1, None),
+}
 
+
+def _parameter_placements(tplan: TorchPlan, model: Any) -> Dict[str, Any]:
+    """``{parameter name: Placement}`` on the tensor-parallel mesh for every parameter of a
+    split layer, from the plan's styles."""
+    return {
+        f"{name}.{param}": placement
+        for name, style in tplan.tensor_parallel.items()
+        for param, placement in _layer_placements(model.get_submodule(name), style).items()
+    }
+
+
+def _layer_placements(layer: Any, style: str) -> Dict[str, Any]:
+    """``{"weight": Placement, "bias": Placement}`` of one split layer (``SHARD_DIMS``)."""
+    weight_dim, bias_dim = SHARD_DIMS[(_layer_kind(layer), style)]
+    placements = {"weight": _placement(weight_dim)}
+    if getattr(layer, "bias", None) is not None:
+        placements["bias"] = _placement(bias_dim)
+    return placements
+
+
+def _placement(dim: Optional[int]) -> Any:
+    """``Shard(dim)``, or ``Replicate()`` for None (``SHARD_DIMS``)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return Replicate() if dim is None else Shard(dim)
+
+
+def _parallelize(tplan: TorchPlan, model: Any, tp_mesh: Any) -> None:
+    """Tensor parallelism on the whole module, as torchtitan applies it: ``parallelize_module``
+    with torch's styles (``_styles`` extends them to Hugging Face's ``Conv1D``)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    colwise, rowwise = _styles()
     styles = {}
     for name, style in tplan.tensor_parallel.items():
         # A column-wise layer whose output is not read by a row-wise one (a vocabulary-parallel
         # head) gives its output whole, as the plan's export gathers it.
         rowwise_next = any(s == "rowwise" and _same_block(name, n) for n, s in tplan.tensor_parallel.items())
         if style == "colwise":
-            styles[name] = ColwiseParallel() if rowwise_next else ColwiseParallel(output_layouts=Replicate())
-        elif isinstance(model.get_submodule(name), torch.nn.Embedding):
+            styles[name] = colwise() if rowwise_next else colwise(output_layouts=Replicate())
+        elif _layer_kind(model.get_submodule(name)) == "embedding":
             # Vocabulary-parallel: every rank reads all the token ids.
-            styles[name] = RowwiseParallel(input_layouts=Replicate())
+            styles[name] = rowwise(input_layouts=Replicate())
         else:
-            styles[name] = RowwiseParallel()
+            styles[name] = rowwise()
     parallelize_module(model, tp_mesh, styles)
+
+
+def _styles() -> Tuple[Any, Any]:
+    """torch's ``ColwiseParallel`` and ``RowwiseParallel``, extended to Hugging Face's ``Conv1D``
+    (GPT-2's layers: ``x @ weight + bias`` with the weight ``[in, out]``, so its column-wise
+    split is on dim 1). Inputs and outputs are laid out as for ``nn.Linear``."""
+    from functools import partial
+
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    def conv1d_apply(style: Any, kind: str, module: Any, mesh: Any) -> Any:
+        def partition(_name: str, layer: Any, mesh: Any) -> None:
+            for name, placement in _layer_placements(layer, kind).items():
+                param = getattr(layer, name)
+                sharded = distribute_tensor(param, mesh, [placement])
+                layer.register_parameter(name, nn.Parameter(sharded, param.requires_grad))
+
+        return distribute_module(
+            module, mesh, partition,
+            partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+            partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+        )
+
+    class Colwise(ColwiseParallel):
+        def _apply(self, module: Any, device_mesh: Any) -> Any:
+            if _layer_kind(module) != "conv1d":
+                return super()._apply(module, device_mesh)
+            return conv1d_apply(self, "colwise", module, device_mesh)
+
+    class Rowwise(RowwiseParallel):
+        def _apply(self, module: Any, device_mesh: Any) -> Any:
+            if _layer_kind(module) != "conv1d":
+                return super()._apply(module, device_mesh)
+            self.desired_input_layouts = (Shard(-1),)
+            return conv1d_apply(self, "rowwise", module, device_mesh)
+
+    return Colwise, Rowwise
+
+
+def _shard_traced_stage(stage_module: Any, placements: Dict[str, Any], tp_mesh: Any) -> None:
+    """Tensor parallelism inside a traced pipeline stage. ``pipeline()``'s stages call aten ops
+    on their parameters rather than their ``nn.Linear`` modules, so ``parallelize_module`` has
+    nothing to hook. Instead the split parameters become ``DTensor``s with the plan's placements,
+    and every op of the stage's graphs that meets a ``DTensor`` runs under DTensor's rules
+    (``_on_tensor_parallel_values``), which insert the collectives the placements call for.
+    Values are handed back as plain tensors as soon as they are whole again, so the rest of
+    the stage (attention, norms) runs on plain tensors, and the stage's outputs are whole."""
+    from torch import nn
+    from torch.distributed.tensor import distribute_tensor
+
+    for name, param in list(stage_module.named_parameters()):
+        placement = placements.get(name)
+        if placement is None:
+            continue
+        parent, _, leaf = name.rpartition(".")
+        holder = stage_module.get_submodule(parent) if parent else stage_module
+        sharded = distribute_tensor(param.detach(), tp_mesh, [placement])
+        setattr(holder, leaf, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    for module in stage_module.modules():
+        graph = getattr(module, "graph", None)
+        if graph is None:
+            continue
+        for node in list(graph.nodes):
+            if node.op != "call_function":
+                continue
+            if _is_unused_assertion(node):
+                # aten._assert_tensor_metadata has no DTensor rule; it checks what the trace saw.
+                graph.erase_node(node)
+            else:
+                node.target = _on_tensor_parallel_values(node.target, tp_mesh)
+        if hasattr(module, "recompile"):
+            module.recompile()
+    stage_module.register_forward_hook(_whole_outputs)
+
+
+def _is_unused_assertion(node: Any) -> bool:
+    return not node.users and "_assert_" in getattr(node.target, "__name__", str(node.target))
+
+
+def _on_tensor_parallel_values(target: Any, tp_mesh: Any) -> Any:
+    """``target`` as it runs in a tensor-parallel stage: untouched where no argument is a
+    ``DTensor``; otherwise every plain tensor argument enters as replicated (autograd-aware:
+    its gradient is reduced over the group, Megatron's "f") and each result that is whole again
+    leaves as a plain tensor (a partial sum is reduced first, Megatron's "g")."""
+    import torch
+    import torch.utils._pytree as pytree
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if not any(isinstance(a, DTensor) for a in flat):
+            return target(*args, **kwargs)
+        flat = [
+            DTensor.from_local(a, tp_mesh, [Replicate()], run_check=False)
+            if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+            else a
+            for a in flat
+        ]
+        args, kwargs = pytree.tree_unflatten(flat, spec)
+        return pytree.tree_map(_settled, target(*args, **kwargs))
+
+    call.__name__ = "tensor_parallel_" + getattr(target, "__name__", "op").replace(".", "_")
+    return call
+
+
+def _settled(value: Any) -> Any:
+    """A DTensor result as later ops take it: a partial sum reduced (an embedding split by
+    vocabulary must be reduced at once: its mask does not survive further ops), a whole value
+    as a plain tensor, a value still split kept as a DTensor."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(value, DTensor):
+        return value
+    if any(p.is_partial() for p in value.placements):
+        value = value.redistribute(placements=[Replicate()] * len(value.placements))
+    if all(p.is_replicate() for p in value.placements):
+        return value.to_local()
+    return value
+
+
+def _whole_outputs(_module: Any, _args: Any, outputs: Any) -> Any:
+    """A stage's outputs whole on every rank of its group: what the next stage and the loss
+    read (a vocabulary-parallel head's logits are gathered here)."""
+    import torch.utils._pytree as pytree
+    from torch.distributed.tensor import DTensor
+
+    return pytree.tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, outputs)
 
 
 def _same_block(a: str, b: str) -> bool:
@@ -417,23 +643,40 @@ def _wrap_data_parallel(tplan: TorchPlan, module: Any, mesh: Any) -> None:
 
 
 def _pipelined(tplan: TorchPlan, model: Any, example: Tuple[Any, ...], loss_fn: Any, mesh: Any):
+    """This rank's pipeline stages (one, or ``chunks`` of an interleaved plan: stages r,
+    r + pp, …), each sharded, recomputed and wrapped as the plan says, and their schedule."""
     import torch
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     _refuse_tied_parameters(model)
     split_spec = {name: SplitPoint.BEGINNING for name in tplan.split_spec}
+    placements = _parameter_placements(tplan, model) if tplan.mesh["tp"] > 1 else {}
     pipe = pipeline(model, mb_args=tuple(example), split_spec=split_spec)
-    pp_rank = mesh["pp"].get_local_rank()
-    stage_module = pipe.get_stage_module(pp_rank)
+    pp_rank, pp = mesh["pp"].get_local_rank(), tplan.mesh["pp"]
+    modules, stages = [], []
+    for index in range(pp_rank, pp * tplan.chunks, pp):
+        module = _prepared_stage(tplan, pipe.get_stage_module(index), placements, mesh)
+        stage = pipe.build_stage(index, torch.device("cpu"), group=mesh["pp"].get_group())
+        if module is not stage.submod:
+            stage.submod = module
+        modules.append(module)
+        stages.append(stage)
+    if tplan.chunks == 1:
+        return modules[0], Step(tplan, stages[0], modules[0], loss_fn, mesh)
+    held = torch.nn.ModuleList(modules)
+    return held, Step(tplan, stages, held, loss_fn, mesh)
+
+
+def _prepared_stage(tplan: TorchPlan, module: Any, placements: Dict[str, Any], mesh: Any) -> Any:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if placements:
+        _shard_traced_stage(module, placements, mesh["tp"])
     if tplan.recompute != "none":
         # A traced stage does not call its blocks as modules: its whole forward is recomputed.
-        stage_module = checkpoint_wrapper(stage_module)
-    _wrap_data_parallel(tplan, stage_module, mesh)
-    stage = pipe.build_stage(pp_rank, torch.device("cpu"), group=mesh["pp"].get_group())
-    if stage_module is not stage.submod:
-        stage.submod = stage_module
-    return stage_module, Step(tplan, stage, stage_module, loss_fn, mesh)
+        module = checkpoint_wrapper(module)
+    _wrap_data_parallel(tplan, module, mesh)
+    return module
 
 
 def _refuse_tied_parameters(model: Any) -> None:
@@ -471,6 +714,8 @@ class Step:
         self.schedule = None
         if stage is not None:
             cls = getattr(schedules, tplan.schedule)
+            if issubclass(cls, schedules.PipelineScheduleMulti) and not isinstance(stage, list):
+                stage = [stage]  # a multi-stage schedule over this rank's one stage
             self.schedule = cls(stage, n_microbatches=tplan.microbatches, loss_fn=loss_fn)
 
     @property

@@ -19,18 +19,24 @@ from conftest import need
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-CASES = [
-    # model, pp, dp, tp, zero, recompute
-    ("gpt2", 2, 1, 1, 0, "none"),
-    ("gpt2", 2, 1, 1, 0, "full"),
-    ("gpt2", 2, 2, 1, 0, "none"),
-    ("gpt2", 2, 2, 1, 3, "none"),
-    ("llama", 2, 1, 1, 0, "selective"),
-    ("llama", 2, 2, 1, 3, "full"),
-    ("llama", 1, 1, 2, 0, "none"),
-    ("llama", 1, 1, 2, 0, "full"),
-    ("llama", 1, 2, 2, 3, "none"),
-]
+# Each layout of the issue (pp 2, tp 2, pp 2 × dp 2, pp 2 × tp 2) plain, with recomputation
+# (full on GPT-2, selective on Llama), and with ZeRO-3. The planner shards nothing over one
+# replica, so a layout without data parallelism takes ZeRO-3 with dp 2 beside it (pp 2 × tp 2
+# becomes an 8-process job).
+LAYOUTS = [(2, 1, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2)]
+RECOMPUTE = {"gpt2": "full", "llama": "selective"}
+CASES = sorted(
+    {
+        case
+        for model in ("gpt2", "llama")
+        for pp, dp, tp in LAYOUTS
+        for case in (
+            (model, pp, dp, tp, 0, "none"),
+            (model, pp, dp, tp, 0, RECOMPUTE[model]),
+            (model, pp, max(dp, 2), tp, 3, "none"),
+        )
+    }
+)
 
 
 def case_id(case):
@@ -66,6 +72,8 @@ def test_training_equals_one_process(case, tmp_path):
     if tp > 1:
         styles = set(result["tensor_parallel"].values())
         assert styles == {"colwise", "rowwise"}, result["tensor_parallel"]
+        # Every rank holds a slice of each split weight it has, not the whole weight.
+        assert result["sharded_weights"] == result["split_weights"] > 0, result
     if recompute != "none":
         assert result["checkpointed_modules"] > 0
         assert result["forwards_per_microbatch"] == 2.0, result
@@ -73,16 +81,59 @@ def test_training_equals_one_process(case, tmp_path):
         assert result["checkpointed_modules"] == 0
 
 
-def test_a_pipeline_with_tensor_parallelism_is_refused_by_name(tmp_path):
+# The schedules beyond GPipe and 1F1B. Interleaved runs on a stack of blocks: cut into four
+# chunks, the Hugging Face traces send their position embeddings or mask from the first stage to
+# every later one, which torch's pipelines refuse ("only supports adjacent-stage communication").
+SCHEDULE_CASES = [
+    # model, schedule, tp, recompute, torch's class
+    ("blocks", "interleaved:2", 1, "none", "ScheduleInterleaved1F1B"),
+    ("blocks", "interleaved:2", 2, "full", "ScheduleInterleaved1F1B"),
+    ("gpt2", "zero-bubble", 1, "none", "ScheduleInterleavedZeroBubble"),
+    ("llama", "zero-bubble", 2, "selective", "ScheduleInterleavedZeroBubble"),
+]
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES, ids=[f"{c[0]}-{c[1]}-tp{c[2]}-{c[3]}" for c in SCHEDULE_CASES])
+def test_each_schedule_trains_as_one_process(case, tmp_path):
+    need("torch", "pipecut.torch trains with torch.distributed")
+    need("transformers", "the GPT-2 and Llama models come from Hugging Face configs")
+    need("onnxscript", "torch.onnx's dynamo exporter")
+    model, schedule, tp, recompute, torch_class = case
+    out = tmp_path / "result.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={2 * tp}", str(HERE / "train_equal.py"), "--model", model,
+        "--pp", "2", "--tp", str(tp), "--recompute", recompute, "--schedule", schedule,
+        "--out", str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    print(model, schedule, json.dumps(result))
+    chunks = 2 if schedule.startswith("interleaved") else 1
+    assert result["schedule"] == torch_class and result["chunks"] == chunks
+    assert len(result["split_spec"]) == 2 * chunks - 1
+    assert result["loss_rel_diff"] <= 1e-5, result
+    assert result["param_rel_diff"] <= 1e-3, result
+    assert result["params_compared"] == result["model_params"] * tp
+    assert result["sharded_weights"] == result["split_weights"]
+    assert (result["split_weights"] > 0) == (tp > 1)
+    if recompute != "none":
+        assert result["forwards_per_microbatch"] == 2.0, result
+
+
+def test_sequence_parallelism_is_refused_by_name(tmp_path):
     need("torch", "pipecut.torch trains with torch.distributed")
     need("transformers", "the Llama model comes from a Hugging Face config")
     need("onnxscript", "torch.onnx's dynamo exporter")
     out = tmp_path / "result.json"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-        str(HERE / "train_equal.py"), "--model", "llama", "--pp", "2", "--tp", "2",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        str(HERE / "train_equal.py"), "--model", "llama", "--tp", "2", "--sequence-parallel",
         "--out", str(out),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode != 0
-    assert "tensor parallelism without a pipeline only" in done.stderr
+    assert "the plan uses sequence parallelism" in done.stderr
+    assert not out.exists()

@@ -13,6 +13,7 @@ import argparse
 import copy
 import json
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,35 @@ class CausalLM(torch.nn.Module):
         return self.model(input_ids=input_ids).logits
 
 
+class Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class BlockStack(torch.nn.Module):
+    """Blocks that read only the previous block's output: no skip connection crosses a stage,
+    which torch's multi-stage schedules require (the Hugging Face models pass their position
+    embeddings or mask from the first stage to every stage)."""
+
+    def __init__(self, width: int = 32, blocks: int = 8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, width)
+        self.layers = torch.nn.ModuleList(Block(width) for _ in range(blocks))
+        self.head = torch.nn.Linear(width, VOCAB)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 def loss_fn(logits, target):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
 
@@ -86,6 +116,28 @@ def count_recomputed_forwards(stage):
     return calls
 
 
+def model_name(name):
+    """A stage parameter's name in the model: without the wrappers' names, and without the
+    chunk index of an interleaved rank's list of stages."""
+    name = name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
+    return re.sub(r"^[0-9]+\.", "", name)
+
+
+def split_weights(stage, styles):
+    """How many weights of the plan's split layers this rank holds, and how many of them it
+    holds only a slice of on the tensor-parallel mesh dimension (a DTensor sharded there)."""
+    split = sharded = 0
+    for name, p in stage.named_parameters():
+        name = model_name(name)
+        if not name.endswith(".weight") or name[: -len(".weight")] not in styles:
+            continue
+        split += 1
+        names = getattr(getattr(p, "device_mesh", None), "mesh_dim_names", None) or ()
+        if "tp" in names and p.placements[names.index("tp")].is_shard():
+            sharded += 1
+    return split, sharded
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt2")
@@ -94,6 +146,8 @@ def main():
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--zero", type=int, default=0)
     ap.add_argument("--recompute", default="none")
+    ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--schedule", action="append", help="schedules to search (default: pt.plan's)")
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--microbatch-size", type=int, default=2)
     ap.add_argument("--out", required=True)
@@ -102,7 +156,7 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = CausalLM(args.model)
+    model = BlockStack() if args.model == "blocks" else CausalLM(args.model)
     ids = torch.randint(0, VOCAB, (args.global_batch, SEQ))
     labels = torch.randint(0, VOCAB, (args.global_batch, SEQ))
     mb = args.microbatch_size
@@ -110,7 +164,8 @@ def main():
     tplan = pt.plan(
         model, (ids[:mb],), global_batch=args.global_batch, cluster="1x8xL4",
         pp=args.pp, dp=args.dp, tp=args.tp, zero=[args.zero], recompute=[args.recompute],
-        microbatch_sizes=[mb],
+        microbatch_sizes=[mb], sequence_parallel=args.sequence_parallel,
+        **({"schedule": args.schedule} if args.schedule else {}),
     )
 
     ref_losses, ref_params = reference(model, ids, labels, tplan.microbatches)
@@ -136,7 +191,7 @@ def main():
     worst_param = 0.0
     compared = 0
     for name, p in stage.named_parameters():
-        name = name.replace("_checkpoint_wrapped_module.", "").replace("_fsdp_wrapped_module.", "")
+        name = model_name(name)
         full = p.full_tensor() if hasattr(p, "full_tensor") else p
         ref = ref_params.get(name)
         if ref is None:
@@ -144,19 +199,21 @@ def main():
         scale = ref.detach().abs().max().item() or 1.0
         worst_param = max(worst_param, (full.detach() - ref.detach()).abs().max().item() / scale)
         compared += 1
-    worst = torch.tensor([worst_param, float(compared)])
+    split, sharded = split_weights(stage, tplan.tensor_parallel)
+    worst = torch.tensor([worst_param, float(compared), float(split), float(sharded)])
     dist.all_reduce(worst[:1], op=dist.ReduceOp.MAX)
     dist.all_reduce(worst[1:], op=dist.ReduceOp.SUM)
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(got, ref_losses))
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({
-                "mesh": tplan.mesh, "schedule": tplan.schedule, "microbatches": tplan.microbatches,
+                "mesh": tplan.mesh, "schedule": tplan.schedule, "chunks": tplan.chunks, "microbatches": tplan.microbatches,
                 "split_spec": tplan.split_spec, "tensor_parallel": tplan.tensor_parallel,
                 "data_parallel": tplan.data_parallel, "recompute": tplan.recompute,
                 "losses": got, "reference_losses": ref_losses, "loss_rel_diff": loss_diff,
                 "param_rel_diff": worst[0].item(), "params_compared": int(worst[1].item()),
                 "model_params": len(ref_params),
+                "split_weights": int(worst[2].item()), "sharded_weights": int(worst[3].item()),
                 "checkpointed_modules": len(calls),
                 "forwards_per_microbatch": (
                     sum(calls) / (len(calls) * STEPS * tplan.microbatches) if calls else 0
