@@ -41,7 +41,10 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:  # torch is imported where it is used: `import pipecut` does not need it
+    import torch
 
 from . import _api
 from ._plan import Plan
@@ -406,7 +409,6 @@ def apply(
     its parameters become the stage's (sharded, wrapped), and torch's ``pipeline()`` leaves its
     split points in the module it traces, so apply a plan once per model.
     """
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 

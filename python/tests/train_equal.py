@@ -12,7 +12,6 @@ largest parameter difference (relative to each tensor's scale) over every rank's
 import argparse
 import copy
 import json
-import os
 import re
 
 import torch
