@@ -1,5 +1,6 @@
-//! scikit-learn models as skl2onnx 1.20 converts them (fixtures/sklearn, written by its
-//! generate.py with onnxruntime's outputs beside each model), through every phase of the CLI:
+//! scikit-learn models as skl2onnx 1.20 converts them (fixtures/sklearn), and XGBoost and
+//! LightGBM models as onnxmltools 1.16 converts them (fixtures/onnxmltools), each written by
+//! its generate.py with onnxruntime's outputs beside each model, through every phase of the CLI:
 //! `inspect`, `partition --out`, `export`, and `run --input X=x.npy`, whose outputs must match
 //! onnxruntime's. The classes cover every `ai.onnx.ml` op skl2onnx emits for them and the
 //! `com.microsoft` Tokenizer of TfidfVectorizer.
@@ -17,6 +18,9 @@ const MODELS: &[(&str, &[&str])] = &[
     ("forest_regressor", &["X.0=8"]),
     ("gb_regressor", &["X.0=8"]),
     ("gradient_boosting", &["X.0=8"]),
+    ("lgbm_binary", &["X.0=8"]),
+    ("lgbm_multiclass", &["X.0=8"]),
+    ("lgbm_regressor", &["X.0=8"]),
     ("gradient_boosting_binary", &["X.0=8"]),
     ("imputer", &["X.0=8"]),
     ("linear_regression", &["X.0=8"]),
@@ -31,13 +35,23 @@ const MODELS: &[(&str, &[&str])] = &[
     ("svc_probability", &["X.0=8"]),
     ("svr", &["X.0=8"]),
     ("tfidf", &["X.0=4", "normalized.0=4", "tokenized.1=6"]),
+    ("xgb_binary", &["X.0=8"]),
+    ("xgb_multiclass", &["X.0=8"]),
+    ("xgb_regressor", &["X.0=8"]),
 ];
 
 /// onnxruntime's float outputs agree with pipecut's to this (f32 sums in another order).
 const TOLERANCE: f32 = 1e-4;
 
+/// The fixture's folder: fixtures/sklearn (skl2onnx's) or fixtures/onnxmltools.
 fn fixture_dir(name: &str) -> PathBuf {
-    common::root().join("fixtures/sklearn").join(name)
+    let fixtures = common::root().join("fixtures");
+    let onnxmltools = fixtures.join("onnxmltools").join(name);
+    if onnxmltools.exists() {
+        onnxmltools
+    } else {
+        fixtures.join("sklearn").join(name)
+    }
 }
 
 fn model_path(name: &str) -> String {
