@@ -125,7 +125,7 @@ fn parse_keys(
         ),
         other => bail!("input '{name}' is a map from {other}: map keys are int64 or strings"),
     };
-    Ok(HostTensor::new(vec![entries.len()], data).map_err(anyhow::Error::msg)?)
+    HostTensor::new(vec![entries.len()], data).map_err(anyhow::Error::msg)
 }
 
 /// The values as a `[K]` tensor in the runtime's type for `value` (a double as a float, as the
@@ -161,7 +161,7 @@ fn parse_values(
             bail!("input '{name}' maps to {other}: map values are float, double, int64 or strings")
         }
     };
-    Ok(HostTensor::new(vec![entries.len()], data).map_err(anyhow::Error::msg)?)
+    HostTensor::new(vec![entries.len()], data).map_err(anyhow::Error::msg)
 }
 
 /// A map as the JSON object `read_map` reads back: keys in ascending order.

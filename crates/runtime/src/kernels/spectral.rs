@@ -101,7 +101,7 @@ fn inverse_real_lines(
                 *bin = Complex::new(x[at] as f64, im);
             }
             line[0].im = 0.0;
-            if length % 2 == 0 {
+            if length.is_multiple_of(2) {
                 line[half].im = 0.0;
             }
             for k in 1..length.div_ceil(2) {
