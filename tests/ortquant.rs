@@ -1,5 +1,6 @@
 //! Models quantized by onnxruntime's own quantizer (fixtures/ortquant, written by its
-//! generate.py with onnxruntime's outputs): `quantize_dynamic` (DynamicQuantizeLSTM, QAttention,
+//! generate.py with onnxruntime's outputs): `quantize_dynamic` (DynamicQuantizeLSTM forward,
+//! reverse and bidirectional, QAttention with and without a past state,
 //! MatMulInteger / ConvInteger, and DynamicQuantizeMatMul and MatMulIntegerToFloat as
 //! onnxruntime's optimizer saves them)
 //! and `quantize_static` in the QOperator (QGemm, QLinearAdd, QLinearConcat, ...) and QDQ
@@ -15,10 +16,13 @@ use pipecut::runtime::read_npy;
 /// Every quantized model, with the dims its plan binds (x.npy's).
 const MODELS: &[(&str, &[&str])] = &[
     ("attn_dynamic", &["batch=2", "seq=4"]),
+    ("attn_past_dynamic", &["batch=2", "seq=2", "past=3"]),
     ("cnn_dynamic", &["batch=2"]),
     ("cnn_static_qdq", &["batch=2"]),
     ("cnn_static_qoperator", &["batch=2"]),
     ("lstm_dynamic", &["batch=2", "seq=5"]),
+    ("lstm_bidirectional_dynamic", &["batch=3", "seq=4"]),
+    ("lstm_reverse_dynamic", &["batch=3", "seq=4"]),
     ("mlp_dynamic", &["batch=2"]),
     ("mlp_dynamic_optimized", &["batch=2"]),
     ("mlp_static_qdq", &["batch=2"]),
@@ -31,23 +35,27 @@ const MODELS: &[(&str, &[&str])] = &[
 ];
 
 /// Every model runs on the CPU runtime; how far its output may be from onnxruntime's, relative
-/// to `1 + |expected|`. The QOperator and QDQ models match exactly (measured: 0), the others to
-/// float rounding (measured: ≤ 4.8e-6). ops_static_qdq is left out: AveragePool's float sums
-/// differ from onnxruntime's in the last bit (≤ 4.8e-7), which moves 4 of 128 values across a
-/// QuantizeLinear rounding boundary, and the Mul and Softmax after it turn that one step into
-/// 0.063 on 2 of the 128 outputs (measured tensor by tensor, docs/conformance.md).
+/// to `1 + |expected|`. The QOperator and QDQ models must match exactly; the others match to
+/// float rounding (measured: ≤ 4.8e-6). ops_static_qdq matches since AveragePool sums its
+/// window in the order onnxruntime's MLAS does (before, its last bit moved 4 of 128 values
+/// across a QuantizeLinear boundary, and Mul and Softmax made that 0.063 on 2 outputs); its
+/// reference is onnxruntime running the QDQ graph as written (fixtures/ortquant/generate.py).
 const RUNS: &[(&str, f32)] = &[
     ("attn_dynamic", 1e-4),
+    ("attn_past_dynamic", 1e-4),
     ("cnn_dynamic", 1e-4),
-    ("cnn_static_qdq", 1e-4),
-    ("cnn_static_qoperator", 1e-4),
+    ("cnn_static_qdq", 0.0),
+    ("cnn_static_qoperator", 0.0),
     ("lstm_dynamic", 1e-4),
+    ("lstm_bidirectional_dynamic", 1e-4),
+    ("lstm_reverse_dynamic", 1e-4),
     ("mlp_dynamic", 1e-4),
     ("mlp_dynamic_optimized", 1e-4),
-    ("mlp_static_qdq", 1e-4),
-    ("mlp_static_qoperator", 1e-4),
+    ("mlp_static_qdq", 0.0),
+    ("mlp_static_qoperator", 0.0),
     ("ops_dynamic", 1e-4),
-    ("ops_static_qoperator", 1e-4),
+    ("ops_static_qdq", 0.0),
+    ("ops_static_qoperator", 0.0),
     ("shared_dynamic", 1e-4),
     ("shared_dynamic_optimized", 1e-4),
 ];
@@ -97,33 +105,46 @@ fn every_quantized_model_inspects_partitions_and_exports() {
     }
 }
 
-/// Runs the plan of `name` on `devices` and compares its output with onnxruntime's.
+/// The inputs (x, and the past state of a model that continues one) and outputs (y, and the
+/// present state) generate.py wrote for `name`.
+const INPUTS: [&str; 2] = ["x", "past"];
+const OUTPUTS: [&str; 2] = ["y", "present"];
+
+/// Runs the plan of `name` on `devices` and compares its outputs with onnxruntime's.
 fn run_and_compare(dir: &Path, name: &str, devices: &str, tolerance: f32) {
     let plan = partition(dir, name, devices);
     let fixture = common::root().join("fixtures/ortquant").join(name);
-    let input = format!("x={}", fixture.join("x.npy").display());
     let out_dir = dir.join(format!("{name}.{devices}.out"));
     let model = model_path(name);
-    let (code, _, err) = pipecut(&[
-        "run",
-        plan.to_str().unwrap(),
-        &model,
-        "--input",
-        &input,
-        "--output-dir",
-        out_dir.to_str().unwrap(),
-    ]);
+    let mut args = vec!["run".to_string(), plan.display().to_string(), model];
+    for input in INPUTS {
+        let file = fixture.join(format!("{input}.npy"));
+        if file.exists() {
+            args.extend(["--input".to_string(), format!("{input}={}", file.display())]);
+        }
+    }
+    args.extend(["--output-dir".to_string(), out_dir.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _, err) = pipecut(&args);
     assert_eq!(code, 0, "{name} on {devices}: run failed: {err}");
-    let got = read_npy(&out_dir.join("y.npy")).unwrap().tensor;
-    let want = read_npy(&fixture.join("y.npy")).unwrap().tensor;
-    assert_eq!(got.shape(), want.shape(), "{name}");
-    let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        let slack = tolerance * (1.0 + b.abs());
-        assert!(
-            (a - b).abs() <= slack,
-            "{name} on {devices} [{i}]: {a} vs {b}"
-        );
+    for output in OUTPUTS {
+        let want_file = fixture.join(format!("{output}.npy"));
+        if !want_file.exists() {
+            continue;
+        }
+        let got = read_npy(&out_dir.join(format!("{output}.npy")))
+            .unwrap()
+            .tensor;
+        let want = read_npy(&want_file).unwrap().tensor;
+        assert_eq!(got.shape(), want.shape(), "{name} {output}");
+        let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let slack = tolerance * (1.0 + b.abs());
+            assert!(
+                (a - b).abs() <= slack,
+                "{name} on {devices} {output}[{i}]: {a} vs {b}"
+            );
+        }
     }
 }
 

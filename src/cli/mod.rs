@@ -18,6 +18,7 @@ mod progress;
 mod run;
 mod run_distributed;
 mod run_files;
+mod run_maps;
 mod select;
 mod show;
 

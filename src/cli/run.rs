@@ -36,8 +36,11 @@ pub struct RunArgs {
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
     /// A model input from a .npy file (repeatable); a sequence input from a directory of
-    /// `0.npy`, `1.npy`, … (such a model runs whole: one stage, one micro-batch). Without any,
-    /// seeded random inputs are used.
+    /// `0.npy`, `1.npy`, …; a map input (ai.onnx.ml's DictVectorizer, CastMap) from a .json
+    /// file holding one object, e.g. `{"a": 1.5, "b": 2}` (int64 keys as decimal strings; a
+    /// key given twice, a key or value of the wrong type, a file over 64 MiB or over 2^20
+    /// entries is refused). A model with sequence or map inputs runs whole: one stage, one
+    /// micro-batch. Without any, seeded random inputs are used.
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
     /// Micro-batches streamed through the pipeline (default: the plan's).

@@ -30,7 +30,8 @@ pub(crate) fn read_inputs(args: &[String], graph: &crate::graph::Graph) -> anyho
 
 /// Reads `--input` arguments as values of the kinds the model declares: a tensor from
 /// `NAME=FILE.npy`; a sequence from `NAME=DIR`, its elements `DIR/0.npy`, `DIR/1.npy`, … in
-/// order (an empty directory is an empty sequence); an optional input from what it holds.
+/// order (an empty directory is an empty sequence); a map from `NAME=FILE.json`, one JSON
+/// object (`run_maps.rs`); an optional input from what it holds.
 pub(crate) fn read_input_values(
     args: &[String],
     graph: &crate::graph::Graph,
@@ -47,11 +48,19 @@ pub(crate) fn read_input_values(
             ValueKind::Tensor | ValueKind::OptionalTensor => {
                 Value::Tensor(Arc::new(read_tensor(name, Path::new(file), dtype)?))
             }
-            ValueKind::Map { .. } | ValueKind::MapSequence { .. } => bail!(
-                "input '{name}' is a {kind}, which `run` cannot read from files (it takes                  tensors as .npy and sequences of them as folders)"
+            ValueKind::Map { key } => {
+                let value = dtype.with_context(|| format!("input '{name}' has no value type"))?;
+                super::run_maps::read_map(name, Path::new(file), key, value)?
+            }
+            ValueKind::MapSequence { .. } => bail!(
+                "input '{name}' is a {kind}, which `run` cannot read from files (it takes tensors as .npy, sequences of them as folders and maps as .json objects)"
             ),
         };
-        let value = if kind.is_tensor() || kind == ValueKind::Sequence {
+        let optional = matches!(
+            kind,
+            ValueKind::OptionalTensor | ValueKind::OptionalSequence
+        );
+        let value = if !optional {
             value
         } else {
             Value::Optional(Some(Box::new(value)))
@@ -228,8 +237,8 @@ pub(crate) fn write_outputs(
 }
 
 /// [`write_outputs`] for outputs of any kind: a sequence as a directory `<name>/` of `0.npy`,
-/// `1.npy`, … (what `--input` reads back), an optional as what it holds, an absent one not at
-/// all (nor listed).
+/// `1.npy`, … and a map as `<name>.json` (what `--input` reads back), an optional as what it
+/// holds, an absent one not at all (nor listed).
 pub(crate) fn write_output_values(
     dir: &Path,
     outputs: &Values,
@@ -262,6 +271,17 @@ pub(crate) fn write_output_values(
         let mut declared = graph.tensor_id(name).and_then(|id| graph.tensor(id).dtype);
         let (listed, elements): (PathBuf, Vec<(PathBuf, &HostTensor)>) = match value {
             Value::Optional(_) => continue,
+            Value::Map { keys, values } => {
+                let path = dir.join(format!("{stem}.json"));
+                crate::io::check_output(&path, inputs)?;
+                let mut file = crate::io::Staged::new(&path, mode)?;
+                file.file()
+                    .write_all(&super::run_maps::map_json(keys, values)?)
+                    .with_context(|| format!("cannot write '{}'", path.display()))?;
+                staged.push(file);
+                files.insert(name.clone(), path.display().to_string());
+                continue;
+            }
             Value::Tensor(t) => {
                 let path = dir.join(format!("{stem}.npy"));
                 (path.clone(), vec![(path, &**t)])

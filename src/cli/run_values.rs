@@ -1,8 +1,8 @@
-//! `pipecut run` of a model that takes or gives sequences: the staged runner's
+//! `pipecut run` of a model that takes or gives sequences, or takes maps: the staged runner's
 //! stages exchange tensors only, so such a model runs whole, in this process, on the CPU
 //! runtime (`CpuExecutor::run_model_values`), under a one-stage plan and one micro-batch. A
 //! sequence input is a directory of `0.npy`, `1.npy`, … and a sequence output is written the
-//! same way (`run_files.rs`).
+//! same way (`run_files.rs`); a map is a JSON object (`run_maps.rs`).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -16,15 +16,23 @@ use crate::graph::{Graph, ValueKind};
 use crate::plan::Plan;
 use crate::runtime::{CpuExecutor, Tensors, Value, Weights};
 
-/// Whether the model's graph inputs or outputs include a sequence (or an optional one), which
-/// the staged runner cannot carry; an optional tensor it carries as a tensor.
+/// Whether the model's graph inputs or outputs include a sequence (or an optional one), or its
+/// inputs a map, which the staged runner cannot carry; an optional tensor it carries as a
+/// tensor, and a sequence of maps (ZipMap's) output as its values.
 pub(super) fn takes_or_gives_values(graph: &Graph) -> bool {
-    graph.inputs().iter().chain(graph.outputs()).any(|&id| {
-        matches!(
-            graph.tensor(id).kind,
-            ValueKind::Sequence | ValueKind::OptionalSequence
-        )
-    })
+    let kind = |id: &crate::graph::TensorId| graph.tensor(*id).kind;
+    let sequence = |k: ValueKind| matches!(k, ValueKind::Sequence | ValueKind::OptionalSequence);
+    let map = |k: ValueKind| matches!(k, ValueKind::Map { .. });
+    graph
+        .inputs()
+        .iter()
+        .map(kind)
+        .any(|k| sequence(k) || map(k) || matches!(k, ValueKind::MapSequence { .. }))
+        || graph
+            .outputs()
+            .iter()
+            .map(kind)
+            .any(|k| sequence(k) || map(k))
 }
 
 /// Runs the whole model on the `--input` values and writes its outputs, with the report
@@ -38,14 +46,14 @@ pub(super) fn run(
     let one_stage = plan.stages.len() == 1 && step_microbatches(args, plan)? == 1;
     if !one_stage || args.backend != Backend::Cpu || args.distributed.distributed {
         bail!(
-            "the model takes or gives sequences, which run whole on the CPU backend only: \
-             partition with --stages 1 and run with --microbatches 1"
+            "the model takes or gives sequences or maps, which run whole on the CPU backend \
+             only: partition with --stages 1 and run with --microbatches 1"
         );
     }
     if args.inputs.is_empty() {
         bail!(
-            "the model takes or gives sequences: give every input with --input (a sequence as \
-             a directory of 0.npy, 1.npy, …)"
+            "the model takes or gives sequences or maps: give every input with --input (a \
+             sequence as a directory of 0.npy, 1.npy, …, a map as a .json object)"
         );
     }
     let mut inputs = read_input_values(&args.inputs, graph)?;

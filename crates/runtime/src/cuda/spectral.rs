@@ -79,9 +79,13 @@ pub(super) fn dft(gpu: &Gpu, ctx: &Ctx, args: &[Option<Value>]) -> OpResult {
         return Ok(None);
     };
     // A bad node (axis, length, shape) is left to the CPU kernel, which says what is wrong.
+    // So is a one-sided inverse (a real signal out), which the device kernel does not make.
     let Ok(lines) = dft_lines(ctx, &x.shape, length, axis) else {
         return Ok(None);
     };
+    if lines.real_inverse {
+        return Ok(None);
+    }
     let sizes = (lines.length, lines.kept);
     let out = transform_lines(gpu, &x.data, lines.layout, sizes, lines.inverse)?;
     one(DeviceTensor::new(lines.out_shape, out))

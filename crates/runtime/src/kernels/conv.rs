@@ -1169,44 +1169,18 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         };
         return Ok(vec![HostTensor::f32(shape, out)]);
     }
+    let order = SumOrder::of(&win, [h, w]);
     let mut out = Vec::with_capacity(n * c * oh * ow);
     for plane in xv.chunks(h * w).take(n * c) {
         for y in 0..oh {
             for xo in 0..ow {
-                let mut acc = if max { f32::NEG_INFINITY } else { 0.0 };
-                let mut count = 0usize;
-                for i in 0..kernel[0] {
-                    let iy =
-                        (y * win.stride[0] + i * win.dilation[0]) as isize - win.pad[0][0] as isize;
-                    for j in 0..kernel[1] {
-                        let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
-                            - win.pad[1][0] as isize;
-                        let inside = iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize;
-                        if inside {
-                            let v = plane[iy as usize * w + ix as usize];
-                            if max {
-                                acc = acc.max(v);
-                            } else {
-                                acc += v;
-                            }
-                            count += 1;
-                        } else if include_pad
-                            && iy < (h + win.pad[0][1]) as isize
-                            && ix < (w + win.pad[1][1]) as isize
-                        {
-                            // Padding counts in the divisor, but not the part of a ceil-mode
-                            // window that hangs past the end padding.
-                            count += 1;
-                        }
-                    }
-                }
-                out.push(if max {
-                    acc
-                } else if count == 0 {
-                    0.0
+                let (sum, count) = window_sum(plane, [h, w], &win, [y, xo], order);
+                let count = if include_pad {
+                    padded_count(&win, [h, w], [y, xo])
                 } else {
-                    acc / count as f32
-                });
+                    count
+                };
+                out.push(if count == 0 { 0.0 } else { sum / count as f32 });
             }
         }
     }
@@ -1216,6 +1190,108 @@ fn pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         vec![n, c, oh, ow]
     };
     Ok(vec![HostTensor::f32(shape, out)])
+}
+
+/// The order in which onnxruntime's MLAS (`mlas/lib/pooling.cpp`) sums an average pool's
+/// window. The float result's last bit depends on it, and in a quantized model the
+/// requantization after the pool can turn that bit into a whole step, so the CPU runtime sums
+/// as onnxruntime does (issue 36: `fixtures/ortquant/ops_static_qdq`).
+#[derive(Clone, Copy, PartialEq)]
+enum SumOrder {
+    /// The window is the whole plane (stride 1, no padding): four running sums over
+    /// consecutive elements (lane k takes every element at k mod 4), added as
+    /// `(s0 + s2) + (s1 + s3)`, then the leftover elements one by one (`MlasPoolGlobalKernel`).
+    Lanes,
+    /// Each column of the window summed down its rows, then the columns summed left to right
+    /// (`MlasPool2DVectorKernel`: horizontal stride ≤ 2, kernel ≤ 32, a row that fits its
+    /// buffer).
+    ColumnsFirst,
+    /// Row by row, left to right (`MlasPool2DKernel`, and windows with dilation, which MLAS
+    /// does not take).
+    RowMajor,
+}
+
+impl SumOrder {
+    /// MLAS's choice for `win` over `[h, w]` planes.
+    fn of(win: &Window, [h, w]: [usize; 2]) -> SumOrder {
+        /// MLAS's reduction buffer (2,048 floats) less the 3 it over-reads.
+        const ROW_BUFFER: usize = 2048 - 3;
+        let no_pad = win.pad.iter().flatten().all(|&p| p == 0);
+        if win.dilation != [1, 1] {
+            SumOrder::RowMajor
+        } else if win.kernel == [h, w] && win.stride == [1, 1] && no_pad {
+            SumOrder::Lanes
+        } else if win.stride[1] <= 2
+            && win.kernel.iter().all(|&k| k <= 32)
+            && w + win.pad[1][0] + win.pad[1][1] <= ROW_BUFFER
+        {
+            SumOrder::ColumnsFirst
+        } else {
+            SumOrder::RowMajor
+        }
+    }
+}
+
+/// The sum of output `[y, x]`'s window over the real (unpadded) elements of `plane`, in
+/// `order`, and how many elements it took.
+fn window_sum(
+    plane: &[f32],
+    [h, w]: [usize; 2],
+    win: &Window,
+    [y, x]: [usize; 2],
+    order: SumOrder,
+) -> (f32, usize) {
+    let taps = |axis: usize, at: usize, size: usize| {
+        (0..win.kernel[axis]).filter_map(move |i| {
+            (at * win.stride[axis] + i * win.dilation[axis])
+                .checked_sub(win.pad[axis][0])
+                .filter(|&p| p < size)
+        })
+    };
+    let (rows, columns) = (taps(0, y, h), taps(1, x, w));
+    let count = rows.clone().count() * columns.clone().count();
+    let sum = match order {
+        SumOrder::Lanes => lane_sum(plane),
+        SumOrder::ColumnsFirst => columns
+            .map(|j| {
+                rows.clone()
+                    .map(|i| plane[i * w + j])
+                    .reduce(|a, b| a + b)
+                    .unwrap_or(0.0)
+            })
+            .fold(0.0, |a, b| a + b),
+        SumOrder::RowMajor => rows
+            .flat_map(|i| columns.clone().map(move |j| plane[i * w + j]))
+            .fold(0.0, |a, b| a + b),
+    };
+    (sum, count)
+}
+
+/// [`SumOrder::Lanes`] over all of `values`.
+fn lane_sum(values: &[f32]) -> f32 {
+    let mut lanes = [0f32; 4];
+    let whole = values.len() / 4 * 4;
+    for chunk in values[..whole].chunks_exact(4) {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    let reduced = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    values[whole..].iter().fold(reduced, |a, &b| a + b)
+}
+
+/// The divisor of `count_include_pad`: the window's taps inside the input or its padding (not
+/// the part of a ceil-mode window that hangs past the end padding).
+fn padded_count(win: &Window, [h, w]: [usize; 2], [y, x]: [usize; 2]) -> usize {
+    let within = |axis: usize, at: usize, size: usize| {
+        (0..win.kernel[axis])
+            .filter(|&i| {
+                at * win.stride[axis] + i * win.dilation[axis]
+                    < size + win.pad[axis][0] + win.pad[axis][1]
+            })
+            .count()
+    };
+    within(0, y, h) * within(1, x, w)
 }
 
 /// Max pooling through [`PhasePlanes`]: each plane is padded with −inf and split into its
@@ -1297,7 +1373,8 @@ fn global_pool(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             if max {
                 plane.iter().copied().fold(f32::NEG_INFINITY, f32::max)
             } else {
-                plane.iter().sum::<f32>() / spatial as f32
+                // Summed as onnxruntime's MLAS sums a global pool (see `SumOrder::Lanes`).
+                lane_sum(plane) / spatial as f32
             }
         })
         .collect();

@@ -57,6 +57,7 @@ mod matmul;
 pub(crate) use matmul::sgemm;
 mod microsoft;
 mod ml;
+mod ml_maps;
 mod ml_predictors;
 mod ml_transforms;
 mod ms_quant;
@@ -164,7 +165,7 @@ pub(crate) fn lookup(domain: &str, op: &str) -> Option<Kernel> {
 }
 
 /// The kernel on values for an op, if the CPU runtime has one (sequences, optionals, control
-/// flow, and ZipMap's sequence of maps).
+/// flow, ZipMap's sequence of maps, and the ops that read maps).
 pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
     static TABLE: OnceLock<values::ValueKernelTable> = OnceLock::new();
     let table = TABLE.get_or_init(|| {
@@ -172,6 +173,7 @@ pub(crate) fn lookup_value(domain: &str, op: &str) -> Option<ValueKernel> {
         sequence::register(&mut t);
         control::register(&mut t);
         ml_transforms::register_values(&mut t);
+        ml_maps::register_values(&mut t);
         t
     });
     table.get(domain, op)

@@ -8,9 +8,10 @@
 //! `qkv_hidden_sizes` (default three equal thirds), `unidirectional` (causal), `scale` (default
 //! `1/√head_size`), `mask_filter_value` (default -10000, added to masked scores as onnxruntime's
 //! CPU kernel does). Masks: 1-D `[B]` (valid lengths from the left), 2-D `[B, S]` and 3-D
-//! `[B, S, S]` (0 masks, anything else keeps). Outputs: `output [B, S, V]` and `present
-//! [2, B, N, S, head_size]` (K and V). A `past` state (incremental decoding) is refused by
-//! name: the runtime runs whole sequences.
+//! `[B, S, T]` (0 masks, anything else keeps), over the `T = P + S` keys of a `past [2, B, N,
+//! P, head_size]` state (incremental decoding: its K and V come before the new ones, and a
+//! causal query `i` sees keys up to `P + i`). Outputs: `output [B, S, V]` and `present [2, B,
+//! N, T, head_size]` (K and V, the past's first).
 
 use super::context::{input, optional, Ctx, KernelResult, KernelTable};
 use super::matmul::sgemm;
@@ -116,23 +117,26 @@ enum Mask {
 }
 
 impl Mask {
-    fn masked(&self, b: usize, i: usize, j: usize, s: usize) -> bool {
+    /// Whether query `i` of `s` may not see key `j` of `t` in batch `b`.
+    fn masked(&self, b: usize, i: usize, j: usize, [s, t]: [usize; 2]) -> bool {
         match self {
             Mask::None => false,
             Mask::Lengths(ends) => j as i64 >= ends[b],
-            Mask::Keep2d(m) => m[b * s + j] == 0.0,
-            Mask::Keep3d(m) => m[(b * s + i) * s + j] == 0.0,
+            Mask::Keep2d(m) => m[b * t + j] == 0.0,
+            Mask::Keep3d(m) => m[(b * s + i) * t + j] == 0.0,
         }
     }
 
-    /// `mask_index` in one of its supported forms.
+    /// `mask_index` in one of its supported forms, over the `total` keys.
     fn of(mask: Option<&HostTensor>, sizes: &Sizes) -> Result<Mask, String> {
-        let Sizes { batch, seq, .. } = *sizes;
+        let Sizes {
+            batch, seq, total, ..
+        } = *sizes;
         Ok(match mask {
             None => Mask::None,
             Some(m) if m.shape() == [batch] => Mask::Lengths(m.to_i64_vec()),
-            Some(m) if m.shape() == [batch, seq] => Mask::Keep2d(m.to_f32_vec()),
-            Some(m) if m.shape() == [batch, seq, seq] => Mask::Keep3d(m.to_f32_vec()),
+            Some(m) if m.shape() == [batch, total] => Mask::Keep2d(m.to_f32_vec()),
+            Some(m) if m.shape() == [batch, seq, total] => Mask::Keep3d(m.to_f32_vec()),
             Some(m) => {
                 return Err(format!(
                     "mask_index {:?} is not a supported form",
@@ -158,10 +162,18 @@ struct Sizes {
     /// Features per head of Q and K, and of V.
     head: usize,
     v_head: usize,
+    /// Positions of the past state (0 without one), and the keys a query scores: past + seq.
+    past: usize,
+    total: usize,
 }
 
 impl Sizes {
-    fn of(ctx: &Ctx, x: &HostTensor, w: &HostTensor) -> Result<Sizes, String> {
+    fn of(
+        ctx: &Ctx,
+        x: &HostTensor,
+        w: &HostTensor,
+        past: Option<&HostTensor>,
+    ) -> Result<Sizes, String> {
         let (&[batch, seq, hidden_in], &[w_rows, w_cols]) = (x.shape(), w.shape()) else {
             return Err(format!(
                 "input {:?} / weights {:?} should be [B, S, H_in] / [H_in, Q + K + V]",
@@ -198,6 +210,16 @@ impl Sizes {
                 "{heads} heads do not divide hidden sizes {sizes:?}"
             ));
         }
+        let (head, v_head) = (q_size / heads, v_size / heads);
+        let past = match past.map(HostTensor::shape) {
+            None => 0,
+            Some(&[2, b, n, p, d]) if b == batch && n == heads && d == head && d == v_head => p,
+            Some(shape) => {
+                return Err(format!(
+                    "past {shape:?} is not [2, {batch}, {heads}, past, {head}] (K and V of equal head sizes)"
+                ))
+            }
+        };
         Ok(Sizes {
             batch,
             seq,
@@ -206,8 +228,10 @@ impl Sizes {
             heads,
             q_size,
             v_size,
-            head: q_size / heads,
-            v_head: v_size / heads,
+            head,
+            v_head,
+            past,
+            total: past + seq,
         })
     }
 }
@@ -226,15 +250,17 @@ struct Scoring {
 }
 
 impl Scoring {
-    /// The score of query `i` for key `j` of head `n` of batch `b`, from their dot product.
-    fn score(&self, dot: f32, (b, n, i, j): (usize, usize, usize, usize), seq: usize) -> f32 {
+    /// The score of query `i` for key `j` of head `n` of batch `b`, from their dot product;
+    /// `sizes` gives the queries, the keys and the past positions before the queries.
+    fn score(&self, dot: f32, (b, n, i, j): (usize, usize, usize, usize), sizes: &Sizes) -> f32 {
+        let (seq, total) = (sizes.seq, sizes.total);
         let mut value = dot * self.scale;
         if let Some((bias, [bb, bn])) = &self.bias {
             let (bb, bn) = (*bb, *bn);
             let (bi, ni) = (if bb == 1 { 0 } else { b }, if bn == 1 { 0 } else { n });
-            value += bias[((bi * bn + ni) * seq + i) * seq + j];
+            value += bias[((bi * bn + ni) * seq + i) * total + j];
         }
-        if self.mask.masked(b, i, j, seq) || (self.causal && j > i) {
+        if self.mask.masked(b, i, j, [seq, total]) || (self.causal && j > sizes.past + i) {
             value += self.filter;
         }
         value
@@ -242,11 +268,8 @@ impl Scoring {
 }
 
 fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
-    let (x, w) = (input(inputs, 0)?, input(inputs, 1)?);
-    if optional(inputs, 4).is_some() {
-        return Err("a past state (incremental decoding) is not supported".into());
-    }
-    let sizes = Sizes::of(ctx, x, w)?;
+    let (x, w, past) = (input(inputs, 0)?, input(inputs, 1)?, optional(inputs, 4));
+    let sizes = Sizes::of(ctx, x, w, past)?;
     let qkv = project(x, w, optional(inputs, 2), &sizes)?;
     let scoring = Scoring {
         mask: Mask::of(optional(inputs, 3), &sizes)?,
@@ -255,8 +278,9 @@ fn attention(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         scale: ctx.float("scale", 1.0 / (sizes.head as f32).sqrt()),
         filter: ctx.float("mask_filter_value", -10000.0),
     };
-    let out = attend(&qkv, &sizes, &scoring);
-    let present = present(ctx, &qkv, &sizes)?;
+    let keys_values = KeysValues::of(&qkv, past, &sizes)?;
+    let out = attend(&qkv, &keys_values, &sizes, &scoring);
+    let present = present(ctx, keys_values, &sizes)?;
     let Sizes {
         batch, seq, v_size, ..
     } = sizes;
@@ -308,17 +332,21 @@ fn project(
     Ok(qkv)
 }
 
-/// `attention_bias [B|1, N|1, S, S]` with its leading dims, when given.
+/// `attention_bias [B|1, N|1, S, T]` with its leading dims, when given.
 fn attention_bias(
     bias: Option<&HostTensor>,
     sizes: &Sizes,
 ) -> Result<Option<AttentionBias>, String> {
     let Sizes {
-        batch, seq, heads, ..
+        batch,
+        seq,
+        heads,
+        total,
+        ..
     } = *sizes;
     bias.map(|b| match *b.shape() {
         [bb, bn, bs, bt]
-            if (bb == 1 || bb == batch) && (bn == 1 || bn == heads) && bs == seq && bt == seq =>
+            if (bb == 1 || bb == batch) && (bn == 1 || bn == heads) && bs == seq && bt == total =>
         {
             Ok((b.to_f32_vec(), [bb, bn]))
         }
@@ -327,45 +355,96 @@ fn attention_bias(
     .transpose()
 }
 
-/// Scaled dot-product attention of every head over the projected rows, heads merged:
+/// Each head's keys and values over all `T` positions, the past's first: `[B, N, T, head]`
+/// and `[B, N, T, v_head]`.
+struct KeysValues {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl KeysValues {
+    fn of(qkv: &[f32], past: Option<&HostTensor>, sizes: &Sizes) -> Result<KeysValues, String> {
+        let Sizes {
+            batch,
+            seq,
+            w_cols,
+            heads,
+            q_size,
+            head,
+            v_head,
+            past: past_len,
+            total,
+            ..
+        } = *sizes;
+        let past = past.map(HostTensor::as_f32).transpose()?;
+        let mut keys = vec![0.0f32; batch * heads * total * head];
+        let mut values = vec![0.0f32; batch * heads * total * v_head];
+        let half = batch * heads * past_len * head;
+        for b in 0..batch {
+            for n in 0..heads {
+                let bn = b * heads + n;
+                if let Some(past) = past {
+                    let (from, to) = (bn * past_len * head, bn * total * head);
+                    let len = past_len * head;
+                    keys[to..to + len].copy_from_slice(&past[from..from + len]);
+                    values[to..to + len].copy_from_slice(&past[half + from..half + from + len]);
+                }
+                for s in 0..seq {
+                    let row = &qkv[(b * seq + s) * w_cols..][..w_cols];
+                    let slot = bn * total + past_len + s;
+                    keys[slot * head..][..head].copy_from_slice(&row[q_size + n * head..][..head]);
+                    values[slot * v_head..][..v_head]
+                        .copy_from_slice(&row[2 * q_size + n * v_head..][..v_head]);
+                }
+            }
+        }
+        Ok(KeysValues { keys, values })
+    }
+}
+
+/// Scaled dot-product attention of every head's queries over its keys, heads merged:
 /// `[B, S, V]`.
-fn attend(qkv: &[f32], sizes: &Sizes, scoring: &Scoring) -> Vec<f32> {
+fn attend(qkv: &[f32], kv: &KeysValues, sizes: &Sizes, scoring: &Scoring) -> Vec<f32> {
     let Sizes {
         batch,
         seq,
         w_cols,
         heads,
-        q_size,
         v_size,
         head,
         v_head,
+        total,
         ..
     } = *sizes;
-    let at = |b: usize, s: usize, col: usize| qkv[(b * seq + s) * w_cols + col];
     let mut out = vec![0.0f32; batch * seq * v_size];
-    let mut scores = vec![0.0f32; seq];
+    let mut scores = vec![0.0f32; total];
     for b in 0..batch {
         for n in 0..heads {
+            let keys = &kv.keys[(b * heads + n) * total * head..][..total * head];
+            let values = &kv.values[(b * heads + n) * total * v_head..][..total * v_head];
             for i in 0..seq {
+                let query = &qkv[(b * seq + i) * w_cols + n * head..][..head];
                 for (j, score) in scores.iter_mut().enumerate() {
-                    let dot: f32 = (0..head)
-                        .map(|d| at(b, i, n * head + d) * at(b, j, q_size + n * head + d))
+                    let dot: f32 = query
+                        .iter()
+                        .zip(&keys[j * head..][..head])
+                        .map(|(q, k)| q * k)
                         .sum();
-                    *score = scoring.score(dot, (b, n, i, j), seq);
+                    *score = scoring.score(dot, (b, n, i, j), sizes);
                 }
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut total = 0.0f32;
+                let mut sum = 0.0f32;
                 scores.iter_mut().for_each(|s| {
                     *s = (*s - max).exp();
-                    total += *s;
+                    sum += *s;
                 });
                 for d in 0..v_head {
                     let value: f32 = scores
                         .iter()
                         .enumerate()
-                        .map(|(j, p)| p * at(b, j, 2 * q_size + n * v_head + d))
+                        .map(|(j, p)| p * values[j * v_head + d])
                         .sum();
-                    out[(b * seq + i) * v_size + n * v_head + d] = value / total;
+                    out[(b * seq + i) * v_size + n * v_head + d] = value / sum;
                 }
             }
         }
@@ -373,41 +452,30 @@ fn attend(qkv: &[f32], sizes: &Sizes, scoring: &Scoring) -> Vec<f32> {
     out
 }
 
-/// `present [2, B, N, S, head_size]`: each head's K and V (zeros when their head sizes differ
-/// and the node does not ask for it).
-fn present(ctx: &Ctx, qkv: &[f32], sizes: &Sizes) -> Result<HostTensor, String> {
+/// `present [2, B, N, T, head_size]`: each head's keys and values (zeros when their head sizes
+/// differ and the node does not ask for it).
+fn present(ctx: &Ctx, kv: KeysValues, sizes: &Sizes) -> Result<HostTensor, String> {
     let Sizes {
         batch,
-        seq,
-        w_cols,
         heads,
-        q_size,
         head,
         v_head,
+        total,
         ..
     } = *sizes;
-    let at = |b: usize, s: usize, col: usize| qkv[(b * seq + s) * w_cols + col];
-    let mut present = vec![0.0f32; 2 * batch * heads * seq * head.max(v_head)];
+    let shape = vec![2, batch, heads, total, head];
     if head == v_head {
-        let per = batch * heads * seq * head;
-        for b in 0..batch {
-            for n in 0..heads {
-                for s in 0..seq {
-                    for d in 0..head {
-                        let slot = ((b * heads + n) * seq + s) * head + d;
-                        present[slot] = at(b, s, q_size + n * head + d);
-                        present[per + slot] = at(b, s, 2 * q_size + n * head + d);
-                    }
-                }
-            }
-        }
-        present.truncate(2 * per);
-    } else if matches!(ctx.node.outputs.get(1), Some(Some(_))) {
+        let mut present = kv.keys;
+        present.extend(kv.values);
+        return Ok(HostTensor::f32(shape, present));
+    }
+    if matches!(ctx.node.outputs.get(1), Some(Some(_))) {
         return Err("present needs equal K and V head sizes".into());
     }
-    let present_shape = vec![2, batch, heads, seq, head];
-    present.resize(present_shape.iter().product(), 0.0);
-    Ok(HostTensor::f32(present_shape, present))
+    Ok(HostTensor::f32(
+        shape.clone(),
+        vec![0.0; shape.iter().product()],
+    ))
 }
 
 #[cfg(test)]

@@ -276,6 +276,10 @@ fn matmul_integer_to_float(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelR
 /// direction or per column): LSTM (gates i, o, f, c; sigmoid, tanh, tanh) whose two matrix
 /// products quantize their float operand as onnxruntime does — X for the whole sequence, H
 /// at every step, to uint8 with DynamicQuantizeLinear's range — and accumulate in integers.
+/// onnxruntime quantizes a step's H in one range per chunk of batch rows, a chunk per thread
+/// of its pool (`uni_directional_lstm.cc`: `batch_parallel_`), so its output depends on its
+/// thread count; pipecut takes one range for the whole batch, as onnxruntime on one thread.
+/// A reverse direction (and the second of `bidirectional`) runs the steps last to first.
 fn dynamic_quantize_lstm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let [steps, batch, features] = *x.shape() else {
@@ -317,11 +321,11 @@ fn dynamic_quantize_lstm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
             )
         };
         let (mut h, mut c) = (state(5), state(6));
-        let projected = w.product(ctx, &x_values, steps * batch, Quantize::Whole)?;
+        let projected = w.product(ctx, &x_values, steps * batch)?;
         let reverse = d == 1 || ctx.string("direction", "forward") == "reverse";
         for step in 0..steps {
             let t = if reverse { steps - 1 - step } else { step };
-            let recurrent = r.product(ctx, &h, batch, Quantize::EachRow)?;
+            let recurrent = r.product(ctx, &h, batch)?;
             for b in 0..batch {
                 let gate = |g: usize, k: usize| {
                     let col = g * hidden + k;
@@ -437,34 +441,19 @@ impl QuantizedWeights {
         })
     }
 
-    /// `a · W` for `a` of `count` rows, `a` quantized as DynamicQuantizeLinear does, with one
-    /// range for all of it or one per row.
-    fn product(
-        &self,
-        ctx: &Ctx,
-        a: &[f32],
-        count: usize,
-        how: Quantize,
-    ) -> Result<Vec<f32>, String> {
-        let chunks: Vec<&[f32]> = match how {
-            Quantize::Whole => vec![a],
-            Quantize::EachRow => a.chunks(self.rows.max(1)).collect(),
+    /// `a · W` for `a` of `count` rows, `a` quantized as DynamicQuantizeLinear does, in one
+    /// range for all of it.
+    fn product(&self, ctx: &Ctx, a: &[f32], count: usize) -> Result<Vec<f32>, String> {
+        let tensor = HostTensor::f32(vec![a.len()], a.to_vec());
+        let parts = float_op(ctx, "DynamicQuantizeLinear", 11, &[Some(&tensor)])?;
+        let [q, scale, zero] = parts.as_slice() else {
+            return Err("DynamicQuantizeLinear gave no scale".into());
         };
-        let mut quantized = Vec::with_capacity(count);
-        for chunk in chunks {
-            let tensor = HostTensor::f32(vec![chunk.len()], chunk.to_vec());
-            let parts = float_op(ctx, "DynamicQuantizeLinear", 11, &[Some(&tensor)])?;
-            let [q, scale, zero] = parts.as_slice() else {
-                return Err("DynamicQuantizeLinear gave no scale".into());
-            };
-            let (scale, zero) = (scale.to_f32_vec()[0], zero.to_i64_vec()[0]);
-            for row in q.to_i64_vec().chunks(self.rows.max(1)) {
-                quantized.push((row.iter().map(|v| v - zero).collect::<Vec<i64>>(), scale));
-            }
-        }
+        let (a_scale, zero) = (scale.to_f32_vec()[0], zero.to_i64_vec()[0]);
+        let quantized: Vec<i64> = q.to_i64_vec().iter().map(|v| v - zero).collect();
         let pick = |list: &[f32], c: usize| if list.len() == 1 { list[0] } else { list[c] };
         let mut out = vec![0.0_f32; count * self.columns];
-        for (r, (row, a_scale)) in quantized.iter().enumerate().take(count) {
+        for (r, row) in quantized.chunks(self.rows.max(1)).enumerate().take(count) {
             for c in 0..self.columns {
                 let zero = if self.zeros.len() == 1 {
                     self.zeros[0]
@@ -481,14 +470,6 @@ impl QuantizedWeights {
         }
         Ok(out)
     }
-}
-
-/// How DynamicQuantizeLSTM quantizes a matrix product's float operand (measured against
-/// onnxruntime: X with one range for the whole sequence, H with one range per batch row).
-#[derive(Debug, Clone, Copy)]
-enum Quantize {
-    Whole,
-    EachRow,
 }
 
 /// QAttention: `input, weight, bias, input_scale, weight_scale, mask_index, input_zero_point,

@@ -78,6 +78,44 @@ fn transform_lines(
     Ok(out)
 }
 
+/// numpy's `irfft` of every line of `x` (`[outer, n, inner, parts]`): bins `0..=length/2` (cut
+/// or zero-padded) complete a Hermitian spectrum (the imaginary parts of bin 0 and, for an even
+/// length, bin `length/2` ignored, as pocketfft ignores them), whose inverse transform with the
+/// `1/length` factor is real: `[outer, length, inner, 1]`.
+fn inverse_real_lines(
+    x: &[f32],
+    [outer, n, inner, parts]: [usize; 4],
+    length: usize,
+) -> Result<Vec<f32>, String> {
+    let mut out = vec![0f32; checked_size(&[outer, length, inner])?];
+    let fft = FftPlanner::<f64>::new().plan_fft_inverse(length);
+    let mut line = vec![Complex::default(); length];
+    let mut scratch = vec![Complex::default(); fft.get_inplace_scratch_len()];
+    let half = length / 2;
+    for o in 0..outer {
+        for i in 0..inner {
+            line.fill(Complex::default());
+            for (k, bin) in line.iter_mut().enumerate().take(n.min(half + 1)) {
+                let at = ((o * n + k) * inner + i) * parts;
+                let im = if parts == 2 { x[at + 1] as f64 } else { 0.0 };
+                *bin = Complex::new(x[at] as f64, im);
+            }
+            line[0].im = 0.0;
+            if length.is_multiple_of(2) {
+                line[half].im = 0.0;
+            }
+            for k in 1..length.div_ceil(2) {
+                line[length - k] = line[k].conj();
+            }
+            fft.process_with_scratch(&mut line, &mut scratch);
+            for (j, sample) in line.iter().enumerate() {
+                out[(o * length + j) * inner + i] = (sample.re / length as f64) as f32;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// What a DFT node does to its input: the lines it transforms and the bins it keeps.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DftLines {
@@ -86,9 +124,14 @@ pub(crate) struct DftLines {
     pub(crate) layout: [usize; 4],
     /// The transform's length (`dft_length`, default n): the line cut or zero-padded to it.
     pub(crate) length: usize,
-    /// The bins kept: `length`, or `length/2 + 1` when `onesided`.
+    /// The bins kept: `length`, or `length/2 + 1` when `onesided`; the samples of a real
+    /// inverse (`length`).
     pub(crate) kept: usize,
     pub(crate) inverse: bool,
+    /// An inverse of a one-sided spectrum (numpy's `irfft`, the reference of onnx 1.23): the
+    /// line's first `length/2 + 1` bins stand for the whole Hermitian spectrum, and the output
+    /// is the real signal, `[..., length, ..., 1]`.
+    pub(crate) real_inverse: bool,
     pub(crate) out_shape: Vec<usize>,
 }
 
@@ -114,14 +157,20 @@ pub(crate) fn dft_lines(
         return Err("the transformed axis cannot be the last (real/imaginary) one".into());
     }
     let n = shape[axis];
+    let (onesided, inverse) = (ctx.int("onesided", 0) != 0, ctx.int("inverse", 0) != 0);
+    let real_inverse = onesided && inverse;
     let length = match dft_length {
         Some(l) => usize::try_from(l)
             .ok()
             .filter(|&l| l > 0)
             .ok_or(format!("dft_length {l} is not positive"))?,
+        None if real_inverse => 2 * n.saturating_sub(1),
         None => n,
     };
-    let kept = if ctx.int("onesided", 0) != 0 {
+    if length == 0 {
+        return Err(format!("a one-sided inverse of {n} bins needs dft_length"));
+    }
+    let kept = if onesided && !inverse {
         length / 2 + 1
     } else {
         length
@@ -130,12 +179,13 @@ pub(crate) fn dft_lines(
     let inner: usize = shape[axis + 1..shape.len() - 1].iter().product();
     let mut out_shape = shape.to_vec();
     out_shape[axis] = kept;
-    *out_shape.last_mut().expect("the input has an axis") = 2;
+    *out_shape.last_mut().expect("the input has an axis") = if real_inverse { 1 } else { 2 };
     Ok(DftLines {
         layout: [outer, n, inner, parts],
         length,
         kept,
-        inverse: ctx.int("inverse", 0) != 0,
+        inverse,
+        real_inverse,
         out_shape,
     })
 }
@@ -145,6 +195,10 @@ pub(crate) fn dft_lines(
 fn dft(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let x = input(inputs, 0)?;
     let lines = dft_lines(ctx, x.shape(), scalar_int(inputs, 1), scalar_int(inputs, 2))?;
+    if lines.real_inverse {
+        let out = inverse_real_lines(&x.to_f32_vec(), lines.layout, lines.length)?;
+        return Ok(vec![HostTensor::f32(lines.out_shape, out)]);
+    }
     let out = transform_lines(
         &x.to_f32_vec(),
         lines.layout,

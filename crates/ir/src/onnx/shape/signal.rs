@@ -41,8 +41,10 @@ fn bins(length: Dim, onesided: bool, ctx: &OpCtx, axis: usize) -> Dim {
 }
 
 /// DFT: the input with the last axis 2 (complex) and the transformed axis `dft_length` long
-/// (default: unchanged), `dft_length/2 + 1` when `onesided`. The axis is an attribute (default
-/// 1) before opset 20 and input 2 (default −2) from it.
+/// (default: unchanged), `dft_length/2 + 1` when `onesided`. An `inverse` and `onesided` DFT
+/// is numpy's `irfft` (the reference of onnx 1.23): `length/2 + 1` bins in, a real signal of
+/// `dft_length` samples out (default `2·(bins − 1)`), last axis 1. The axis is an attribute
+/// (default 1) before opset 20 and input 2 (default −2) from it.
 fn dft(ctx: &OpCtx) -> RuleResult {
     let x = ctx.shape(0)?;
     if !matches!(x.last().and_then(Dim::known), Some(1 | 2)) || x.len() < 2 {
@@ -63,9 +65,20 @@ fn dft(ctx: &OpCtx) -> RuleResult {
     if axis == x.len() - 1 {
         return Err("the transformed axis cannot be the last one".into());
     }
-    let length = scalar_dim(ctx, 1, axis)?.unwrap_or_else(|| x[axis].clone());
+    let onesided = ctx.int_attr_or("onesided", 0)? != 0;
+    let inverse = ctx.int_attr_or("inverse", 0)? != 0;
     let mut out = x.clone();
-    out[axis] = bins(length, ctx.int_attr_or("onesided", 0)? != 0, ctx, axis);
+    if inverse && onesided {
+        out[axis] = match (scalar_dim(ctx, 1, axis)?, x[axis].known()) {
+            (Some(length), _) => length,
+            (None, Some(bins)) => Dim::Known(2 * bins.saturating_sub(1)),
+            (None, None) => ctx.data_dependent_dim(0, axis),
+        };
+        *out.last_mut().unwrap() = Dim::Known(1);
+        return Ok(vec![Inferred::new(ctx.dtype(0)?, out)]);
+    }
+    let length = scalar_dim(ctx, 1, axis)?.unwrap_or_else(|| x[axis].clone());
+    out[axis] = bins(length, onesided, ctx, axis);
     *out.last_mut().unwrap() = Dim::Known(2);
     Ok(vec![Inferred::new(ctx.dtype(0)?, out)])
 }
