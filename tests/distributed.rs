@@ -437,6 +437,8 @@ fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
         .unwrap();
     let message = stderr(&out);
     assert!(message.contains("--distributed"), "{message}");
+    // Rank 0 fails before it joins: it waits for the others (the peer timeout at most) to
+    // tell them, and none comes.
     let wrong = wait_all(
         start_ranks(
             4,
@@ -444,6 +446,8 @@ fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
             &[
                 plan.to_str().unwrap().into(),
                 export.to_str().unwrap().into(),
+                "--peer-timeout".into(),
+                "3s".into(),
             ],
         ),
         Duration::from_secs(60),

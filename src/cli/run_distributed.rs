@@ -445,6 +445,11 @@ pub fn report_failures_before_joining(
     let Ok(launch) = Launch::from_env() else {
         return outcome;
     };
+    // A job whose size does not fit the plan: every rank finds that out for itself, and
+    // there is no rendezvous of the plan's ranks to tell.
+    if launch.world != layout(plan).world() || launch.rank >= launch.world {
+        return outcome;
+    }
     let by_mpi = args.transport == TransportKind::Mpi
         || (args.transport == TransportKind::Auto && cfg!(feature = "mpi") && launch.by_mpi);
     let (Some(master), false, false) = (&launch.master, joining.get(), by_mpi) else {
