@@ -289,7 +289,7 @@ mod tests {
     }
 
     /// Zero-size inputs given to every kernel in every arity from one to four, as float and as
-    /// int64, with no attribute: a kernel answers or refuses within 5 s, and never panics. The
+    /// int64, with no attribute: a kernel answers or refuses within 20 s, and never panics. The
     /// shapes are what a model's shapes can make (issue 37: Conv over no channel, LayerNorm and
     /// SkipLayerNorm over rows of nothing panicked).
     #[test]
@@ -310,13 +310,7 @@ mod tests {
             &[HUGE, 0],
             &[0, HUGE],
         ];
-        let only = std::env::var("SWEEP_OP").ok();
-        let mut ops: Vec<_> = table()
-            .kernels
-            .iter()
-            .map(|(k, v)| (*k, *v))
-            .filter(|((_, op), _)| only.as_deref().is_none_or(|o| o == *op))
-            .collect();
+        let mut ops: Vec<_> = table().kernels.iter().map(|(k, v)| (*k, *v)).collect();
         ops.sort_by_key(|(key, _)| *key);
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
@@ -364,11 +358,13 @@ mod tests {
                 let _ = sender.send(None);
             });
             loop {
-                match receiver.recv_timeout(std::time::Duration::from_secs(5)) {
+                // A loop over a 2^40 dim never ends; a million rows of nothing take seconds in
+                // a debug build on a loaded machine.
+                match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
                     Ok(Some(finding)) => findings.push(finding),
                     Ok(None) => break,
                     Err(_) => {
-                        findings.push(format!("{domain}:{op} runs for more than 5 s"));
+                        findings.push(format!("{domain}:{op} runs for more than 20 s"));
                         break;
                     }
                 }
