@@ -1511,7 +1511,14 @@ fn with_a_file_per_weight(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
     let mut model = ModelProto::parse_from_bytes(&bytes).unwrap();
-    for (i, init) in model.graph.as_mut().unwrap().initializer.iter_mut().enumerate() {
+    for (i, init) in model
+        .graph
+        .as_mut()
+        .unwrap()
+        .initializer
+        .iter_mut()
+        .enumerate()
+    {
         if init.raw_data.len() < 1024 {
             continue;
         }
@@ -1548,7 +1555,11 @@ fn weight_files_only_of_stage(model: &Path, plan: &Path, stage: usize) -> Vec<St
     let proto = ModelProto::parse_from_bytes(&std::fs::read(model).unwrap()).unwrap();
     let graph = proto.graph.as_ref().unwrap();
     let mut files = Vec::new();
-    for init in graph.initializer.iter().filter(|i| !i.external_data.is_empty()) {
+    for init in graph
+        .initializer
+        .iter()
+        .filter(|i| !i.external_data.is_empty())
+    {
         let stages: std::collections::BTreeSet<usize> = graph
             .node
             .iter()
@@ -1559,7 +1570,10 @@ fn weight_files_only_of_stage(model: &Path, plan: &Path, stage: usize) -> Vec<St
             files.push(init.external_data[0].value.clone());
         }
     }
-    assert!(!files.is_empty(), "stage {stage} reads no weight of its own");
+    assert!(
+        !files.is_empty(),
+        "stage {stage} reads no weight of its own"
+    );
     files
 }
 
@@ -1618,7 +1632,11 @@ fn each_rank_reads_only_its_own_stages_weights() {
     for (rank, out) in &ended {
         assert!(out.status.success(), "rank {rank}: {}", stderr(out));
     }
-    assert_same_outputs(&single, &dir.path().join("out"), "ranks with half the weights");
+    assert_same_outputs(
+        &single,
+        &dir.path().join("out"),
+        "ranks with half the weights",
+    );
 }
 
 #[test]
@@ -1632,11 +1650,7 @@ fn a_rank_failing_while_it_loads_ends_every_rank_at_once_naming_it() {
         std::fs::remove_file(dir.path().join(copy).join(lost)).unwrap();
         let began = Instant::now();
         // Well within the 120 s peer timeout: the others hear of it as soon as it fails.
-        let said = all_fail_within(
-            start_two_ranks_apart(&args),
-            began,
-            Duration::from_secs(20),
-        );
+        let said = all_fail_within(start_two_ranks_apart(&args), began, Duration::from_secs(20));
         assert!(said[failing].contains(lost.as_str()), "{}", said[failing]);
         let other = &said[1 - failing];
         assert!(
@@ -1669,7 +1683,11 @@ fn a_rank_whose_exported_stage_file_was_changed_is_refused_and_ends_the_job() {
     std::fs::write(&stage_1, model.write_to_bytes().unwrap()).unwrap();
     args[1] = export.to_str().unwrap().into();
     let began = Instant::now();
-    let said = all_fail_within(start_ranks(2, &[0, 1], &args), began, Duration::from_secs(20));
+    let said = all_fail_within(
+        start_ranks(2, &[0, 1], &args),
+        began,
+        Duration::from_secs(20),
+    );
     assert!(
         said[1].contains("stage_1.onnx' is not the file that was exported"),
         "{}",

@@ -278,12 +278,12 @@ fn run_plan(
     if args.model.is_dir() {
         return exported::run(args, plan, joining);
     }
-    let (model, dims) = checked_model(args, &plan)?;
+    let (model, dims) = checked_model(args, plan)?;
     let graph = &model.graph;
     if values::takes_or_gives_values(graph) {
-        return values::run(&args, &plan, graph, &dims);
+        return values::run(args, plan, graph, &dims);
     }
-    let microbatches = step_microbatches(&args, &plan)?;
+    let microbatches = step_microbatches(args, plan)?;
 
     let random_inputs = args.inputs.is_empty();
     let make_inputs = || -> anyhow::Result<Tensors> {
@@ -292,18 +292,18 @@ fn run_plan(
         } else {
             read_inputs(&args.inputs, graph)?
         };
-        feed_plan_values(&plan, graph, &mut inputs, &args.inputs, microbatches)?;
+        feed_plan_values(plan, graph, &mut inputs, &args.inputs, microbatches)?;
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)
     };
 
-    let stages = stage_nodes(&plan, graph)?;
+    let stages = stage_nodes(plan, graph)?;
     let weights = load_weights(args, plan, graph, &stages, microbatches)
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
     let staged = StagedRun {
-        args: &args,
-        plan: &plan,
+        args,
+        plan,
         graph,
         model_sha256: &model.sha256,
         dims: &dims,

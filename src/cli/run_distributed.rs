@@ -407,7 +407,12 @@ fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyho
 }
 
 /// The job's key: its secret, and the digests of the plan file and of `model`.
-fn job_key(plan: &Plan, plan_file: &Path, model: [u8; 32], launch: &Launch) -> anyhow::Result<JobKey> {
+fn job_key(
+    plan: &Plan,
+    plan_file: &Path,
+    model: [u8; 32],
+    launch: &Launch,
+) -> anyhow::Result<JobKey> {
     let plan_bytes = std::fs::read(plan_file)
         .with_context(|| format!("cannot read '{}'", plan_file.display()))?;
     let rendezvous = launch.master.clone().unwrap_or_default();

@@ -54,7 +54,11 @@ impl Weights {
     /// ([`pipecut_ir::onnx::export::rank_data`]).
     pub fn load_embedded(model_path: &Path, graph: &Graph) -> Result<Weights, Error> {
         let embedded = |id| !matches!(graph.tensor(id).param(), Some(p) if matches!(p.storage, Storage::External { .. }));
-        Weights::decode(&pipecut_ir::io::read_model_bytes(model_path)?, graph, &embedded)
+        Weights::decode(
+            &pipecut_ir::io::read_model_bytes(model_path)?,
+            graph,
+            &embedded,
+        )
     }
 
     /// Reads every parameter of `graph` from the model's protobuf bytes.

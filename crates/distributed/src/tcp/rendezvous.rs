@@ -60,9 +60,7 @@ pub(super) fn host_rendezvous(
                     return Err(Error::Distributed(format!("rank 0 at {master}: {detail}")))
                 }
                 // Not a rank of this job: ignored.
-                Err(Refusal::Stranger(_) | Refusal::Unheard(_) | Refusal::JobFailed(_)) => {
-                    continue
-                }
+                Err(Refusal::Stranger(_) | Refusal::Unheard(_) | Refusal::JobFailed(_)) => continue,
             };
             let from = stream.peer_addr().map_err(io_error)?;
             if peer.rank == 0 || peer.rank >= world || peers[peer.rank].is_some() {
