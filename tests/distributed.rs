@@ -437,6 +437,8 @@ fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
         .unwrap();
     let message = stderr(&out);
     assert!(message.contains("--distributed"), "{message}");
+    // Rank 0 fails before it joins: it waits for the others (the peer timeout at most) to
+    // tell them, and none comes.
     let wrong = wait_all(
         start_ranks(
             4,
@@ -444,6 +446,8 @@ fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
             &[
                 plan.to_str().unwrap().into(),
                 export.to_str().unwrap().into(),
+                "--peer-timeout".into(),
+                "3s".into(),
             ],
         ),
         Duration::from_secs(60),
@@ -1496,4 +1500,203 @@ fn the_documented_torchrun_command_runs_the_job_with_either_rendezvous() {
         run_ok(&mut command);
         assert_same_outputs(&single, &out, &format!("torchrun {how:?}"));
     }
+}
+
+/// gpt2_tiny copied into `dir` with each initializer of 1 KiB or more in a file of its own
+/// (`<name>.bin`, as `onnx.save_model(..., all_tensors_to_one_file=False)` writes them); gives
+/// the model's path.
+fn with_a_file_per_weight(dir: &Path) -> PathBuf {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::{Message, ModelProto, StringStringEntryProto};
+    std::fs::create_dir_all(dir).unwrap();
+    let bytes = std::fs::read(common::fixture("gpt2_tiny")).unwrap();
+    let mut model = ModelProto::parse_from_bytes(&bytes).unwrap();
+    for (i, init) in model
+        .graph
+        .as_mut()
+        .unwrap()
+        .initializer
+        .iter_mut()
+        .enumerate()
+    {
+        if init.raw_data.len() < 1024 {
+            continue;
+        }
+        let file = format!("w{i}.bin");
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+            ..Default::default()
+        };
+        init.external_data = vec![
+            entry("location", file.clone()),
+            entry("length", init.raw_data.len().to_string()),
+        ];
+        std::fs::write(dir.join(file), std::mem::take(&mut init.raw_data)).unwrap();
+        init.data_location = DataLocation::EXTERNAL.into();
+    }
+    let path = dir.join("model.onnx");
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path
+}
+
+/// The external weight files of `model` that only stage `stage` of `plan` reads.
+fn weight_files_only_of_stage(model: &Path, plan: &Path, stage: usize) -> Vec<String> {
+    use onnx_protobuf::{Message, ModelProto};
+    let plan: Value = serde_json::from_slice(&std::fs::read(plan).unwrap()).unwrap();
+    let stage_of = |node: &str| {
+        plan["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|s| s["nodes"].as_array().unwrap().iter().any(|n| n == node))
+            .unwrap()
+    };
+    let proto = ModelProto::parse_from_bytes(&std::fs::read(model).unwrap()).unwrap();
+    let graph = proto.graph.as_ref().unwrap();
+    let mut files = Vec::new();
+    for init in graph
+        .initializer
+        .iter()
+        .filter(|i| !i.external_data.is_empty())
+    {
+        let stages: std::collections::BTreeSet<usize> = graph
+            .node
+            .iter()
+            .filter(|n| n.input.contains(&init.name))
+            .map(|n| stage_of(&n.name))
+            .collect();
+        if stages == std::collections::BTreeSet::from([stage]) {
+            files.push(init.external_data[0].value.clone());
+        }
+    }
+    assert!(
+        !files.is_empty(),
+        "stage {stage} reads no weight of its own"
+    );
+    files
+}
+
+/// A two-stage gpt2_tiny job whose weights are a file each, copied into `dir/a` and `dir/b`:
+/// the plan, and each copy's arguments for `pipecut run` (outputs into `dir/out`).
+fn job_with_weight_files(dir: &Path, timeout: &str) -> (PathBuf, [Vec<String>; 2]) {
+    let a = with_a_file_per_weight(&dir.join("a"));
+    with_a_file_per_weight(&dir.join("b"));
+    let plan = dir.join("plan.json");
+    run_ok(
+        pipecut()
+            .args(["partition", a.to_str().unwrap(), "--devices", "cpu,cpu"])
+            .args(["--dim", "batch=2"])
+            .args(dims_without_batch("gpt2_tiny"))
+            .arg("--out")
+            .arg(&plan),
+    );
+    let args = |copy: &str| -> Vec<String> {
+        vec![
+            plan.to_str().unwrap().into(),
+            dir.join(copy).join("model.onnx").to_str().unwrap().into(),
+            "--microbatches".into(),
+            "4".into(),
+            "--peer-timeout".into(),
+            timeout.into(),
+            "--output-dir".into(),
+            dir.join("out").to_str().unwrap().into(),
+        ]
+    };
+    let both = [args("a"), args("b")];
+    (plan, both)
+}
+
+/// Starts rank 0 of a two-rank job with `args[0]` and rank 1 with `args[1]`.
+fn start_two_ranks_apart(args: &[Vec<String>; 2]) -> Vec<(usize, Child)> {
+    let port = free_port();
+    let mut ranks = start_ranks_at(port, 2, &[0], &args[0], &[]);
+    ranks.extend(start_ranks_at(port, 2, &[1], &args[1], &[]));
+    ranks
+}
+
+#[test]
+fn each_rank_reads_only_its_own_stages_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, args) = job_with_weight_files(dir.path(), "60s");
+    let single = one_process_run(&args[0][..2], 4, &dir.path().join("single"));
+    // Rank 0's copy lacks stage 1's own weights, rank 1's copy stage 0's: each machine holds
+    // only what its stage reads.
+    for (copy, other_stage) in [("a", 1), ("b", 0)] {
+        let model = dir.path().join(copy).join("model.onnx");
+        for file in weight_files_only_of_stage(&model, &plan, other_stage) {
+            std::fs::remove_file(dir.path().join(copy).join(file)).unwrap();
+        }
+    }
+    let ended = wait_all(start_two_ranks_apart(&args), Duration::from_secs(120));
+    for (rank, out) in &ended {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    assert_same_outputs(
+        &single,
+        &dir.path().join("out"),
+        "ranks with half the weights",
+    );
+}
+
+#[test]
+fn a_rank_failing_while_it_loads_ends_every_rank_at_once_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, args) = job_with_weight_files(dir.path(), "120s");
+    for (failing, copy) in [(1, "b"), (0, "a")] {
+        let model = dir.path().join(copy).join("model.onnx");
+        let lost = &weight_files_only_of_stage(&model, &plan, failing)[0];
+        let held = std::fs::read(dir.path().join(copy).join(lost)).unwrap();
+        std::fs::remove_file(dir.path().join(copy).join(lost)).unwrap();
+        let began = Instant::now();
+        // Well within the 120 s peer timeout: the others hear of it as soon as it fails.
+        let said = all_fail_within(start_two_ranks_apart(&args), began, Duration::from_secs(20));
+        assert!(said[failing].contains(lost.as_str()), "{}", said[failing]);
+        let other = &said[1 - failing];
+        assert!(
+            other.contains(&format!("rank {failing} failed before it joined the job"))
+                && other.contains(lost.as_str()),
+            "rank {}: {other}",
+            1 - failing
+        );
+        std::fs::write(dir.path().join(copy).join(lost), held).unwrap();
+    }
+}
+
+#[test]
+fn a_rank_whose_exported_stage_file_was_changed_is_refused_and_ends_the_job() {
+    use onnx_protobuf::{Message, ModelProto};
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = two_stage_job(dir.path(), 4, "120s");
+    let export = dir.path().join("stages");
+    run_ok(
+        pipecut()
+            .arg("export")
+            .args(&args[..2])
+            .arg("--out-dir")
+            .arg(&export),
+    );
+    // Still a valid stage model, with the exported graph and weights: only its bytes differ.
+    let stage_1 = export.join("stage_1.onnx");
+    let mut model = ModelProto::parse_from_bytes(&std::fs::read(&stage_1).unwrap()).unwrap();
+    model.doc_string = "edited after the export".into();
+    std::fs::write(&stage_1, model.write_to_bytes().unwrap()).unwrap();
+    args[1] = export.to_str().unwrap().into();
+    let began = Instant::now();
+    let said = all_fail_within(
+        start_ranks(2, &[0, 1], &args),
+        began,
+        Duration::from_secs(20),
+    );
+    assert!(
+        said[1].contains("stage_1.onnx' is not the file that was exported"),
+        "{}",
+        said[1]
+    );
+    assert!(
+        said[0].contains("rank 1 failed before it joined the job")
+            && said[0].contains("not the file that was exported"),
+        "{}",
+        said[0]
+    );
 }

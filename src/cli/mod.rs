@@ -319,6 +319,9 @@ pub(crate) enum Weights {
     NotRead,
     /// Export and run: absent external data is an error.
     Read,
+    /// A rank of a distributed job, which reads only its stage's weights: absent external
+    /// data is the concern of that read, and only where its stage needs it.
+    OneStage,
 }
 
 /// Loads a model, printing on stderr what the loader had to assume (an opset newer than pipecut
@@ -334,11 +337,15 @@ pub(crate) fn load_model(path: &Path, weights: Weights) -> anyhow::Result<Model>
             escape_controls(warning)
         );
     }
-    if weights == Weights::Read {
-        model
-            .require_external_data()
-            .with_context(|| format!("cannot load '{}'", path.display()))?;
-        return Ok(model);
+    match weights {
+        Weights::Read => {
+            model
+                .require_external_data()
+                .with_context(|| format!("cannot load '{}'", path.display()))?;
+            return Ok(model);
+        }
+        Weights::OneStage => return Ok(model),
+        Weights::NotRead => {}
     }
     let mut warned = std::collections::BTreeSet::new();
     for missing in &model.missing_external_data {

@@ -260,15 +260,33 @@ struct Report {
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plan = super::check::read_plan(&args.plan)?;
-    if args.model.is_dir() {
-        return exported::run(&args, &plan);
+    if !args.distributed.distributed {
+        return run_plan(&args, &plan, &std::cell::Cell::new(false));
     }
-    let (model, dims) = checked_model(&args, &plan)?;
+    super::run_distributed::report_failures_before_joining(
+        &args.distributed,
+        &plan,
+        &args.plan,
+        |joining| run_plan(&args, &plan, joining),
+    )
+}
+
+/// Runs `plan` (a rank of it, with `--distributed`: `joining` is set once the rank starts to
+/// join the job).
+fn run_plan(
+    args: &RunArgs,
+    plan: &Plan,
+    joining: &std::cell::Cell<bool>,
+) -> anyhow::Result<ExitCode> {
+    if args.model.is_dir() {
+        return exported::run(args, plan, joining);
+    }
+    let (model, dims) = checked_model(args, plan)?;
     let graph = &model.graph;
     if values::takes_or_gives_values(graph) {
-        return values::run(&args, &plan, graph, &dims);
+        return values::run(args, plan, graph, &dims);
     }
-    let microbatches = step_microbatches(&args, &plan)?;
+    let microbatches = step_microbatches(args, plan)?;
 
     let random_inputs = args.inputs.is_empty();
     let make_inputs = || -> anyhow::Result<Tensors> {
@@ -277,18 +295,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         } else {
             read_inputs(&args.inputs, graph)?
         };
-        feed_plan_values(&plan, graph, &mut inputs, &args.inputs, microbatches)?;
+        feed_plan_values(plan, graph, &mut inputs, &args.inputs, microbatches)?;
         check_inputs(graph, &inputs, microbatches)?;
         Ok(inputs)
     };
 
-    let stages = stage_nodes(&plan, graph)?;
-    let weights = Weights::load(&args.model, graph)
+    let stages = stage_nodes(plan, graph)?;
+    let weights = load_weights(args, plan, graph, &stages, microbatches)
         .with_context(|| format!("cannot read the weights of '{}'", args.model.display()))?;
     let specs = stage_specs(graph, &stages)?;
     let staged = StagedRun {
-        args: &args,
-        plan: &plan,
+        args,
+        plan,
         graph,
         model_sha256: &model.sha256,
         dims: &dims,
@@ -303,7 +321,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         microbatches,
     };
     if args.distributed.distributed {
-        return staged.run_as_rank(make_inputs);
+        return staged.run_as_rank(make_inputs, joining);
     }
     let inputs = make_inputs()?;
     let ran = staged.run_here(&inputs)?;
@@ -314,6 +332,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         print_stdout(&table(&summary))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether this process reads only one stage's weights: a rank of a distributed job without
+/// tensor parallelism (whose ranks cut their shards from the whole model).
+fn reads_one_stage(args: &RunArgs, plan: &Plan) -> bool {
+    args.distributed.distributed && super::run_distributed::tensor_parallel_degree(plan) == 1
+}
+
+/// The weights this process runs: a rank reading one stage ([`reads_one_stage`]) reads only
+/// what its stage's nodes read, so another stage's weight file may be absent or damaged.
+fn load_weights(
+    args: &RunArgs,
+    plan: &Plan,
+    graph: &crate::graph::Graph,
+    stages: &[Vec<NodeId>],
+    microbatches: usize,
+) -> anyhow::Result<Weights> {
+    if !reads_one_stage(args, plan) {
+        return Ok(Weights::load(&args.model, graph)?);
+    }
+    let (_, place) = super::run_distributed::place_in_job(plan, microbatches)?;
+    Ok(Weights::load_for_nodes(
+        &args.model,
+        graph,
+        &stages[place.stage],
+    )?)
 }
 
 /// The model checked against the plan, typed with the dims the run uses (the plan's, with
@@ -359,7 +403,12 @@ fn typed_model(
     plan: &Plan,
     bindings: &BTreeMap<String, u64>,
 ) -> anyhow::Result<crate::onnx::Model> {
-    let mut model = super::load_model(&args.model, super::Weights::Read)?;
+    let read = if reads_one_stage(args, plan) {
+        super::Weights::OneStage
+    } else {
+        super::Weights::Read
+    };
+    let mut model = super::load_model(&args.model, read)?;
     // Refuse another model before binding the plan's dims, which it may not even have.
     plan.model_match(model.digests())
         .with_context(|| format!("'{}'", args.plan.display()))?;
@@ -432,6 +481,7 @@ impl StagedRun<'_> {
     fn run_as_rank(
         &self,
         make_inputs: impl FnOnce() -> anyhow::Result<Tensors>,
+        joining: &std::cell::Cell<bool>,
     ) -> anyhow::Result<ExitCode> {
         let args = self.args;
         let (launch, place) = super::run_distributed::place_in_job(self.plan, self.microbatches)?;
@@ -464,6 +514,7 @@ impl StagedRun<'_> {
             output_dir: &args.output_dir,
             protected: run_inputs(args),
             json: args.json,
+            joining,
         };
         super::run_distributed::run(&args.distributed, setup, make_inputs)
     }

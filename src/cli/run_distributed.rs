@@ -4,6 +4,7 @@
 //! (`crate::runtime::distributed`). The collector (last stage of replica 0) writes the
 //! outputs; every rank prints its own figures.
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -116,6 +117,9 @@ pub struct RankSetup<'a> {
     pub output_dir: &'a Path,
     pub protected: Vec<&'a Path>,
     pub json: bool,
+    /// Set once this rank starts to join the job: a failure before that is reported by
+    /// [`report_failures_before_joining`].
+    pub joining: &'a Cell<bool>,
 }
 
 /// Who this process is in the job its launcher started, checked against the plan's layout
@@ -250,6 +254,7 @@ impl Rank<'_> {
         let layout = layout(setup.plan);
         let place = layout.place(launch.rank);
         // Joined first, so that a rank failing to prepare its stage ends the job at once.
+        setup.joining.set(true);
         let mut transport = SharedTransport::new(transport()?);
         let prepared = executor
             .prepare(setup.spec)
@@ -381,25 +386,9 @@ fn rank_path(path: &Path, rank: usize) -> PathBuf {
 /// What the TCP transport (also NCCL's control channel) enforces for this rank: the job's
 /// key (secret and digests), the longest message the plan lets cross and the queue bound.
 fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyhow::Result<TcpJob> {
-    let plan_bytes = std::fs::read(setup.plan_file)
-        .with_context(|| format!("cannot read '{}'", setup.plan_file.display()))?;
     let model =
         digest_from_hex(setup.model_sha256).context("the model's sha256 is not 64 hex digits")?;
-    let rendezvous = setup.launch.master.clone().unwrap_or_default();
-    let plan = setup.plan;
-    let graph = plan
-        .model
-        .graph_sha256
-        .as_deref()
-        .unwrap_or(&plan.model.sha256);
-    let key = JobKey::from_vars(
-        |name| std::env::var(name).ok(),
-        auth::sha256(&plan_bytes),
-        model,
-        graph,
-        &rendezvous,
-        setup.launch.world,
-    )?;
+    let key = job_key(setup.plan, setup.plan_file, model, &setup.launch)?;
     let layout = layout(setup.plan);
     // A link carries one message per micro-batch at most ahead of its receiver, but the
     // collector takes the other replicas' outputs only after its own micro-batches.
@@ -415,6 +404,74 @@ fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyho
         max_queued,
         peer_timeout: args.peer_timeout,
     })
+}
+
+/// The job's key: its secret, and the digests of the plan file and of `model`.
+fn job_key(
+    plan: &Plan,
+    plan_file: &Path,
+    model: [u8; 32],
+    launch: &Launch,
+) -> anyhow::Result<JobKey> {
+    let plan_bytes = std::fs::read(plan_file)
+        .with_context(|| format!("cannot read '{}'", plan_file.display()))?;
+    let rendezvous = launch.master.clone().unwrap_or_default();
+    let graph = plan
+        .model
+        .graph_sha256
+        .as_deref()
+        .unwrap_or(&plan.model.sha256);
+    Ok(JobKey::from_vars(
+        |name| std::env::var(name).ok(),
+        auth::sha256(&plan_bytes),
+        model,
+        graph,
+        &rendezvous,
+        launch.world,
+    )?)
+}
+
+/// Runs this process's rank (`rank`, given a flag it sets once it starts to join the job).
+/// A failure before it joined (loading the model or its stage's weights, a bad option) is
+/// still told to the job over the TCP rendezvous ([`TcpTransport::report_failure`]), so that
+/// every rank ends at once naming it, not after the peer timeout as "never joined". Under MPI
+/// the launcher ends the job when a rank exits with an error.
+pub fn report_failures_before_joining(
+    args: &DistributedArgs,
+    plan: &Plan,
+    plan_file: &Path,
+    rank: impl FnOnce(&Cell<bool>) -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    let joining = Cell::new(false);
+    let outcome = rank(&joining);
+    let Err(error) = &outcome else {
+        return outcome;
+    };
+    let Ok(launch) = Launch::from_env() else {
+        return outcome;
+    };
+    // A job whose size does not fit the plan: every rank finds that out for itself, and
+    // there is no rendezvous of the plan's ranks to tell.
+    if launch.world != layout(plan).world() || launch.rank >= launch.world {
+        return outcome;
+    }
+    let by_mpi = args.transport == TransportKind::Mpi
+        || (args.transport == TransportKind::Auto && cfg!(feature = "mpi") && launch.by_mpi);
+    let (Some(master), false, false) = (&launch.master, joining.get(), by_mpi) else {
+        return outcome;
+    };
+    // The model's digest is not compared with a failed rank's: it may not have one.
+    if let Ok(key) = job_key(plan, plan_file, [0; 32], &launch) {
+        let job = TcpJob {
+            key,
+            max_message: 0,
+            max_queued: 0,
+            peer_timeout: args.peer_timeout,
+        };
+        let cause = super::one_line(error);
+        let _ = TcpTransport::report_failure(launch.rank, launch.world, master, job, &cause);
+    }
+    outcome
 }
 
 /// Messages a link may hold beyond what the schedule sends ahead: the end-of-job report and

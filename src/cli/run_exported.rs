@@ -19,7 +19,11 @@ use anyhow::{bail, Context};
 use super::RunArgs;
 
 /// Runs this process's rank from the export directory `args.model`.
-pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
+pub(super) fn run(
+    args: &RunArgs,
+    plan: &Plan,
+    joining: &std::cell::Cell<bool>,
+) -> anyhow::Result<ExitCode> {
     let dir = &args.model;
     if !args.distributed.distributed {
         bail!(
@@ -28,7 +32,7 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
-    let manifest = read_manifest(dir)?;
+    let (manifest, manifest_sha256) = read_manifest(dir)?;
     check_manifest(&manifest, plan, dir)?;
     let replicas = super::super::run_distributed::replicas(plan);
     let microbatches = args
@@ -49,6 +53,7 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
 
     let file = stage_file(&manifest, stage, dir)?;
     let model = load_stage(&file, plan, &args.dims)?;
+    check_stage_file(&manifest, stage, &file, &model.sha256)?;
     let graph = &model.graph;
     let weights = Weights::load(&file, graph)
         .with_context(|| format!("cannot read the weights of '{}'", file.display()))?;
@@ -94,18 +99,21 @@ pub(super) fn run(args: &RunArgs, plan: &Plan) -> anyhow::Result<ExitCode> {
         shard: None,
         relay,
         plan_file: &args.plan,
-        // The model the stages were cut from: ranks of one export agree on it.
-        model_sha256: &manifest.model.sha256,
+        // The manifest: it names the model the stages were cut from and each stage file's
+        // digest, so ranks that agree on it run one export, each having hashed only its file.
+        model_sha256: &manifest_sha256,
         dims: run_dims(plan, &args.dims)?,
         microbatches,
         output_dir: &args.output_dir,
         protected,
         json: args.json,
+        joining,
     };
     super::super::run_distributed::run(&args.distributed, setup, make_inputs)
 }
 
-fn read_manifest(dir: &Path) -> anyhow::Result<Manifest> {
+/// The export's manifest and the sha256 (hex) of its bytes.
+fn read_manifest(dir: &Path) -> anyhow::Result<(Manifest, String)> {
     let path = dir.join("manifest.json");
     if !path.exists() {
         anyhow::bail!(
@@ -114,7 +122,29 @@ fn read_manifest(dir: &Path) -> anyhow::Result<Manifest> {
         );
     }
     let text = crate::io::read_json_text(&path, "manifest")?;
-    Manifest::from_json(&text).with_context(|| format!("'{}'", path.display()))
+    let manifest = Manifest::from_json(&text).with_context(|| format!("'{}'", path.display()))?;
+    Ok((manifest, crate::onnx::sha256_hex(text.as_bytes())))
+}
+
+/// The stage file is the one exported: its sha256 (`sha256`, computed as it loaded) is the
+/// manifest's.
+fn check_stage_file(
+    manifest: &Manifest,
+    stage: usize,
+    file: &Path,
+    sha256: &str,
+) -> anyhow::Result<()> {
+    match &manifest.stages[stage].sha256 {
+        Some(exported) if exported == sha256 => Ok(()),
+        Some(exported) => bail!(
+            "'{}' is not the file that was exported (sha256 {sha256}, the manifest says              {exported}): export this plan again",
+            file.display()
+        ),
+        None => bail!(
+            "the manifest of '{}' records no digest of stage {stage}'s file (an older pipecut              wrote it): export this plan again",
+            file.parent().map_or(file, |d| d).display()
+        ),
+    }
 }
 
 /// The export was cut from the plan's model file along the plan's stages.

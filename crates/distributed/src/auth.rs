@@ -3,7 +3,8 @@
 //! end reads a frame, then the two ends compare the digests of the plan and the model they run.
 //!
 //! ```text
-//! hello = b"PCUT", u8 version, u8 role (0 dialer, 1 listener), u32 rank, u32 world, [u8; 32] nonce
+//! hello = b"PCUT", u8 version, u8 role (0 dialer, 1 listener; + 2 from a rank that failed
+//!         before it could join), u32 rank, u32 world, [u8; 32] nonce
 //! proof = HMAC-SHA256(secret, b"pipecut-tcp-v1" || own hello || peer's hello)
 //! then, once both proofs checked: [u8; 32] plan sha256, [u8; 32] model sha256
 //! ```
@@ -13,7 +14,9 @@
 //! the role byte makes a proof made as listener worthless as a dialer's (a process cannot hand a
 //! rank's own challenge back to it, or relay one rank's challenge to another without sitting on
 //! the path of a connection). The digests cross only after both proofs, so a process without the
-//! secret learns nothing of the job.
+//! secret learns nothing of the job. A rank that failed before it could join (and comes to the
+//! rendezvous only to say why, or as rank 0 only to tell the others) has no model to compare:
+//! the model digests are not checked on its connections, the plan's are.
 //!
 //! HMAC comes from RustCrypto's `hmac` crate over the workspace's `sha2`: a hand-made
 //! `sha256(key || message)` is open to length extension, and `hmac`'s `verify_slice` compares
@@ -49,6 +52,9 @@ pub struct JobKey {
     pub model: [u8; 32],
     /// Where the secret came from, for errors (`PIPECUT_JOB_SECRET`, `derived`).
     pub origin: String,
+    /// Whether this is the key of a rank that failed before it could join: its model
+    /// digest means nothing ([`JobKey::failed_before_joining`]).
+    failed: bool,
 }
 
 impl std::fmt::Debug for JobKey {
@@ -82,7 +88,15 @@ impl JobKey {
             plan,
             model,
             origin: origin.to_string(),
+            failed: false,
         })
+    }
+
+    /// This key, for a rank that failed before it could join and meets the job only to say
+    /// so: it says so in its hellos, and no model digest is compared on its connections.
+    pub fn failed_before_joining(mut self) -> JobKey {
+        self.failed = true;
+        self
     }
 
     /// The key from `PIPECUT_JOB_SECRET` or the file `PIPECUT_JOB_SECRET_FILE` names (`var`
@@ -147,6 +161,8 @@ pub struct Peer {
     pub rank: usize,
     /// The world size it was started with.
     pub world: usize,
+    /// Whether it failed before it could join ([`JobKey::failed_before_joining`]).
+    pub failed: bool,
 }
 
 /// Why a handshake failed.
@@ -160,14 +176,17 @@ pub enum Refusal {
     Stranger(String),
     /// An authenticated rank of this job that runs another plan or model, or another world.
     Mismatch(String),
+    /// Rank 0 says the job failed before it started (a rank failed while it loaded).
+    JobFailed(String),
 }
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::Unheard(detail) | Refusal::Stranger(detail) | Refusal::Mismatch(detail) => {
-                f.write_str(detail)
-            }
+            Refusal::Unheard(detail)
+            | Refusal::Stranger(detail)
+            | Refusal::Mismatch(detail)
+            | Refusal::JobFailed(detail) => f.write_str(detail),
         }
     }
 }
@@ -187,7 +206,7 @@ pub fn handshake(
     stream
         .set_read_timeout(Some(timeout.max(Duration::from_millis(1))))
         .map_err(|e| io("cannot time the handshake", e))?;
-    let own = hello(role, rank, world).map_err(stranger)?;
+    let own = hello(role, key.failed, rank, world).map_err(stranger)?;
     stream
         .write_all(&own)
         .map_err(|e| io("sending the hello", e))?;
@@ -221,19 +240,24 @@ pub fn handshake(
     stream
         .read_exact(&mut their_digests)
         .map_err(|e| stranger(format!("no digests came: {e}")))?;
-    compare(key, &their_digests, peer, world)?;
+    // A failed rank has no model to compare.
+    let models_known = !peer.failed && !key.failed;
+    compare(key, &their_digests, peer, world, models_known)?;
     stream
         .set_read_timeout(None)
         .map_err(|e| io("cannot clear the handshake's timeout", e))?;
     Ok(peer)
 }
 
-fn hello(role: Role, rank: usize, world: usize) -> Result<Vec<u8>, String> {
+/// The role byte's flag of a rank that failed before it could join.
+const FAILED: u8 = 2;
+
+fn hello(role: Role, failed: bool, rank: usize, world: usize) -> Result<Vec<u8>, String> {
     let mut nonce = [0u8; 32];
     getrandom::fill(&mut nonce).map_err(|e| format!("no random nonce: {e}"))?;
     let mut hello = MAGIC.to_vec();
     hello.push(VERSION);
-    hello.push(role as u8);
+    hello.push(role as u8 | if failed { FAILED } else { 0 });
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(world as u32).to_le_bytes());
     hello.extend_from_slice(&nonce);
@@ -250,17 +274,24 @@ fn check_hello(theirs: &[u8; HELLO_BYTES], own: &[u8], role: Role) -> Result<Pee
         Role::Dialer => Role::Listener,
         Role::Listener => Role::Dialer,
     } as u8;
-    if theirs[5] != expected || theirs[14..] == own[14..] {
+    if theirs[5] & !FAILED != expected || theirs[14..] == own[14..] {
         return Err("its hello is not an answer to ours".into());
     }
     let word = |at: usize| u32::from_le_bytes(theirs[at..at + 4].try_into().expect("4 bytes"));
     Ok(Peer {
         rank: word(6) as usize,
         world: word(10) as usize,
+        failed: theirs[5] & FAILED != 0,
     })
 }
 
-fn compare(key: &JobKey, theirs: &[u8; 64], peer: Peer, world: usize) -> Result<(), Refusal> {
+fn compare(
+    key: &JobKey,
+    theirs: &[u8; 64],
+    peer: Peer,
+    world: usize,
+    models_known: bool,
+) -> Result<(), Refusal> {
     let (plan, model) = theirs.split_at(32);
     let mut differ = Vec::new();
     if plan != key.plan {
@@ -270,7 +301,7 @@ fn compare(key: &JobKey, theirs: &[u8; 64], peer: Peer, world: usize) -> Result<
             hex(&key.plan)
         ));
     }
-    if model != key.model {
+    if models_known && model != key.model {
         differ.push(format!(
             "model sha256 {} there, {} here",
             hex(model),
@@ -331,8 +362,13 @@ mod tests {
     #[test]
     fn ranks_with_one_secret_meet_and_learn_each_others_rank() {
         let (l, d) = meet(key("a secret of the job", 1), key("a secret of the job", 1));
-        assert_eq!(l.unwrap(), Peer { rank: 1, world: 2 });
-        assert_eq!(d.unwrap(), Peer { rank: 0, world: 2 });
+        let peer = |rank| Peer {
+            rank,
+            world: 2,
+            failed: false,
+        };
+        assert_eq!(l.unwrap(), peer(1));
+        assert_eq!(d.unwrap(), peer(0));
     }
 
     #[test]

@@ -308,6 +308,7 @@ fn stage_all(
         figures.push(StageFigures {
             constant_nodes: built.constant_nodes,
             file_bytes: built.bytes.len() as u64,
+            sha256: pipecut_ir::onnx::sha256_hex(&built.bytes),
         });
         locations.extend(built.external_locations);
     }

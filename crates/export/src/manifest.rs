@@ -151,6 +151,12 @@ pub struct ManifestStage {
     pub parameter_bytes: u64,
     /// Size of the stage file (external data not included).
     pub file_bytes: u64,
+    /// sha256 of the stage file (external data not included): a rank that loads the stage
+    /// checks its file against it, and ranks compare the manifest's digest, so a job's ranks
+    /// agree on every stage's file while each hashes only its own. Absent from manifests
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// First node in topological order.
     pub first_node: String,
     /// Last node in topological order.
@@ -165,6 +171,7 @@ pub struct ManifestStage {
 pub(crate) struct StageFigures {
     pub constant_nodes: usize,
     pub file_bytes: u64,
+    pub sha256: String,
 }
 
 impl Manifest {
@@ -194,6 +201,7 @@ impl Manifest {
                     .map(|p| p.bytes)
                     .sum(),
                 file_bytes: figures.file_bytes,
+                sha256: Some(figures.sha256.clone()),
                 first_node: node_name(graph, stage.nodes.first()),
                 last_node: node_name(graph, stage.nodes.last()),
                 inputs: stage

@@ -34,21 +34,44 @@ impl Weights {
         Weights::from_model_bytes(&pipecut_ir::io::read_model_bytes(model_path)?, graph)
     }
 
+    /// Reads only the parameters of `graph` that `nodes` read (one stage's): a rank of a
+    /// distributed job touches no byte of another stage's external data, so a weight file it
+    /// does not need may be absent, truncated or elsewhere.
+    pub fn load_for_nodes(
+        model_path: &Path,
+        graph: &Graph,
+        nodes: &[pipecut_ir::graph::NodeId],
+    ) -> Result<Weights, Error> {
+        let nodes: std::collections::HashSet<_> = nodes.iter().copied().collect();
+        let bytes = pipecut_ir::io::read_model_bytes(model_path)?;
+        Weights::decode(&bytes, graph, &|id| {
+            graph.tensor(id).consumers.iter().any(|n| nodes.contains(n))
+        })
+    }
+
     /// Reads the parameters of `graph` stored inside the model file (`model_path`), leaving out
     /// those in external data: for a rewrite that reads only parts of those
     /// ([`pipecut_ir::onnx::export::rank_data`]).
     pub fn load_embedded(model_path: &Path, graph: &Graph) -> Result<Weights, Error> {
-        Weights::decode(&pipecut_ir::io::read_model_bytes(model_path)?, graph, false)
+        let embedded = |id| !matches!(graph.tensor(id).param(), Some(p) if matches!(p.storage, Storage::External { .. }));
+        Weights::decode(
+            &pipecut_ir::io::read_model_bytes(model_path)?,
+            graph,
+            &embedded,
+        )
     }
 
     /// Reads every parameter of `graph` from the model's protobuf bytes.
     pub fn from_model_bytes(bytes: &[u8], graph: &Graph) -> Result<Weights, Error> {
-        Weights::decode(bytes, graph, true)
+        Weights::decode(bytes, graph, &|_| true)
     }
 
-    /// The parameters of `graph` from the model's bytes, those in external data only if
-    /// `external`.
-    fn decode(bytes: &[u8], graph: &Graph, external: bool) -> Result<Weights, Error> {
+    /// The parameters of `graph` that `wanted` picks, from the model's bytes.
+    fn decode(
+        bytes: &[u8],
+        graph: &Graph,
+        wanted: &dyn Fn(TensorId) -> bool,
+    ) -> Result<Weights, Error> {
         let proto = ModelProto::parse_from_bytes(bytes).map_err(|e| Error::NotOnnx {
             origin: "<weights>".into(),
             detail: format!("protobuf decoding failed: {e}"),
@@ -75,7 +98,7 @@ impl Weights {
             let Some(param) = tensor.param() else {
                 continue;
             };
-            if !external && matches!(param.storage, Storage::External { .. }) {
+            if !wanted(id) {
                 continue;
             }
             let proto = sources.get(tensor.name.as_str()).ok_or_else(|| {

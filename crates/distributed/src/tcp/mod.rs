@@ -31,7 +31,7 @@ use super::auth::{handshake, JobKey, Refusal, Role};
 use super::transport::{Transport, TransportError};
 use crate::Error;
 use control::{Control, Failure};
-use rendezvous::{host_rendezvous, register};
+use rendezvous::{failed_before_joining, host_rendezvous, register};
 
 /// How long a connecting process has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -175,7 +175,8 @@ impl TcpTransport {
                 Error::Distributed(format!("rank 0 cannot listen at {master}: {e}"))
             })?;
             let own = listen(master_addr.ip(), Arc::clone(&shared))?;
-            let (peers, links) = host_rendezvous(&rendezvous, &shared, own, deadline, master)?;
+            let (peers, links) =
+                host_rendezvous(&rendezvous, &shared, own, deadline, master, None)?;
             (peers, Control::hub(links, &shared))
         } else {
             let (stream, peers) = register(master_addr, &shared, deadline, master)?;
@@ -187,6 +188,42 @@ impl TcpTransport {
             shared,
             control,
         })
+    }
+
+    /// Tells the job that this rank failed before it could join (while it loaded its stage,
+    /// say), so that every rank ends now naming `cause`, not after the peer timeout as "never
+    /// joined": rank 0 opens the rendezvous only to send each rank that registers the failure
+    /// (until all have come, at most the peer timeout); any other rank proves itself to rank 0
+    /// and hands it the cause. `job`'s model digest is not used: a failed rank may have none.
+    pub fn report_failure(
+        rank: usize,
+        world: usize,
+        master: &str,
+        job: TcpJob,
+        cause: &str,
+    ) -> Result<(), Error> {
+        let deadline = Instant::now() + job.peer_timeout;
+        let master_addr = resolve(master)?;
+        let job = TcpJob {
+            key: job.key.failed_before_joining(),
+            ..job
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            rank,
+            world,
+            job,
+        });
+        if rank != 0 {
+            return rendezvous::report(master_addr, &shared, deadline, master, cause);
+        }
+        let rendezvous = TcpListener::bind(master_addr)
+            .map_err(|e| Error::Distributed(format!("rank 0 cannot listen at {master}: {e}")))?;
+        let failure = Some(failed_before_joining(0, cause));
+        // Always an error (the failure): what matters is that the ranks that came were told.
+        let _ = host_rendezvous(&rendezvous, &shared, master_addr, deadline, master, failure);
+        Ok(())
     }
 
     /// The longest message this job lets cross.
@@ -470,7 +507,11 @@ fn read_peer(mut stream: TcpStream, shared: &Shared) {
     ) else {
         return;
     };
-    if peer.rank >= world || peer.rank == rank || !shared.lock().linked.insert(peer.rank) {
+    if peer.failed
+        || peer.rank >= world
+        || peer.rank == rank
+        || !shared.lock().linked.insert(peer.rank)
+    {
         return;
     }
     let ended = loop {

@@ -85,8 +85,9 @@ fn skip_layer_norm(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     };
     let eps = ctx.float("epsilon", 1e-12) as f64;
     let values = sum.as_f32()?;
-    // One row per index of the leading dims, also where rows hold nothing (hidden = 0).
-    let rows: usize = x.shape()[..x.rank() - 1].iter().product();
+    // One row per index of the leading dims, also where rows hold nothing (hidden = 0): each
+    // has its statistics, so their count is bounded as an output's.
+    let rows = super::indexing::checked_size(&x.shape()[..x.rank() - 1])?;
     if values.len() != rows * hidden {
         return Err(format!(
             "the sum has {} values for {rows} rows of {hidden}",

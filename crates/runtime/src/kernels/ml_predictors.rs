@@ -29,7 +29,12 @@ pub(super) fn register(t: &mut KernelTable) {
 fn rows_of(x: &HostTensor) -> Result<(usize, usize, Vec<f32>), String> {
     match *x.shape() {
         [features] => Ok((1, features, x.to_f32_vec())),
-        [rows, features] => Ok((rows, features, x.to_f32_vec())),
+        [rows, features] => {
+            // Every row gets an answer, even a row of no features: `[2^40, 0]` would ask for
+            // terabytes of them.
+            super::indexing::checked_size(&[rows])?;
+            Ok((rows, features, x.to_f32_vec()))
+        }
         _ => Err(format!(
             "the input must be [N, F] or [F], not {:?}",
             x.shape()

@@ -189,8 +189,16 @@ fn arg_reduce(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let keep = ctx.int("keepdims", 1) != 0;
     let last = ctx.int("select_last_index", 0) != 0;
     let max = ctx.node.op_type == "ArgMax";
-    let v = x.to_f32_vec();
     let n = x.shape()[axis];
+    if n == 0 {
+        // No index to give, however many fibres the other dims make (`[0, 2^40]` would ask
+        // for 8 TB of answers).
+        return Err(format!(
+            "{} over axis {axis}, which has length 0, has no index to give",
+            ctx.node.op_type
+        ));
+    }
+    let v = x.to_f32_vec();
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let outer: usize = x.shape()[..axis].iter().product();
     let mut out = Vec::with_capacity(outer * inner);

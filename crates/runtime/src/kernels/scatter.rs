@@ -85,7 +85,15 @@ pub(crate) fn gather_nd_rows(
     let strides = strides_of(ds);
     let mut shape = index_outer.to_vec();
     shape.extend_from_slice(&ds[batch_dims + tuple_len..]);
-    checked_size(&shape)?;
+    if checked_size(&shape)? == 0 {
+        // Nothing to gather: no row starts either, however many empty tuples the indices'
+        // other dims make (`[2^40, 0]` would ask for 8 TB of them).
+        return Ok(IndexRows {
+            shape,
+            starts: Vec::new(),
+            len,
+        });
+    }
     let flat_indices = indices.to_i64_vec();
     let mut starts = Vec::with_capacity(batches * tuples_per_batch);
     for batch in 0..batches {
