@@ -720,6 +720,27 @@ fn engines_get_their_settings_for_the_plan_and_refuse_what_they_cannot_run() {
     assert_eq!(ds["pipeline_module"]["num_stages"], 2);
     assert_eq!(ds["pipeline_module"]["parts"].as_array().unwrap().len(), 3);
 
+    // Interleaved: Megatron's pipeline size is the K devices, not the plan's v·K stages,
+    // whose chunks the layout lists.
+    let interleaved = emitted_json(&training_plan_args(
+        model,
+        &["--schedule", "interleaved:2", "--emit", "megatron-args"],
+    ));
+    let megatron = &interleaved["megatron"];
+    let args: Vec<&str> = megatron["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--pipeline-model-parallel-size")
+        .unwrap();
+    assert_eq!(args[at + 1], "2", "{args:?}");
+    assert_eq!(megatron["world_size"], 4);
+    assert_eq!(interleaved["plan"]["stages"].as_array().unwrap().len(), 4);
+
     // DeepSpeed's pipeline engine takes ZeRO 0 or 1; Megatron has no ZeRO-3 with a pipeline:
     // a plan made for pipecut's own runtime (`--engine pipecut`) is refused by the emitter.
     for (engine, said) in [

@@ -22,7 +22,10 @@ use crate::Error;
 
 /// The parallel configuration a plan chose, read once for both engines.
 struct Configuration {
+    /// The plan's stages: v·K under an interleaved schedule of v chunks per device.
     stages: usize,
+    /// Pipeline devices K (Megatron's pipeline-model-parallel size).
+    pipeline: usize,
     data_parallel: usize,
     tensor_parallel: u32,
     sequence_parallel: bool,
@@ -57,6 +60,7 @@ impl Configuration {
         };
         Configuration {
             stages: plan.stages.len(),
+            pipeline: plan.stages.len() / plan.config.schedule.chunks().max(1),
             data_parallel,
             tensor_parallel: tp.degree.max(1),
             sequence_parallel: tp.sequence_parallel,
@@ -73,7 +77,7 @@ impl Configuration {
     /// ([`Engine::refuses`], the rules the search keeps to under `--engine`).
     fn refuse_unless_run_by(&self, engine: Engine, plan: &Plan) -> Result<(), Error> {
         let key = ConfigurationKey {
-            stages: self.stages / self.schedule.chunks().max(1),
+            stages: self.pipeline,
             data_parallel: self.data_parallel,
             microbatch_size: self.microbatch_size,
             microbatches: self.microbatches,
@@ -93,7 +97,7 @@ impl Configuration {
     }
 
     fn world_size(&self) -> usize {
-        self.stages * self.data_parallel * self.tensor_parallel as usize
+        self.pipeline * self.data_parallel * self.tensor_parallel as usize
     }
 }
 
@@ -115,7 +119,10 @@ pub fn megatron_args(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value, E
         "--tensor-model-parallel-size",
         Some(c.tensor_parallel.to_string()),
     );
-    arg("--pipeline-model-parallel-size", Some(c.stages.to_string()));
+    arg(
+        "--pipeline-model-parallel-size",
+        Some(c.pipeline.to_string()),
+    );
     arg("--micro-batch-size", Some(c.microbatch_size.to_string()));
     arg("--global-batch-size", Some(c.global_batch.to_string()));
     if c.sequence_parallel {
