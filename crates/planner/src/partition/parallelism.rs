@@ -1793,21 +1793,19 @@ fn evaluate_with(
     }
     let replicas = key.replicas();
     let problem = pipeline_problem(graph, blocks, cluster, request, key)?;
-    let entry = cache.solved.entry(pipeline_entry(&problem, key));
-    if let (std::collections::btree_map::Entry::Vacant(_), Some(best)) = (&entry, to_beat) {
-        // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
-        // under that over m: when no partition has one, the DP need not run.
-        let bound = request.global_batch as f64 / best / m as f64;
-        match fits_keeping_blocks(&problem, joined, bound) {
-            Some(true) => {}
-            Some(false) => return Ok(Evaluated::CannotBeat),
-            None => {
-                entry.or_insert(None);
-                return Ok(Evaluated::DoesNotFit);
+    // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
+    // under that over m: when no partition has one, the DP need not run.
+    let bound = to_beat.map(|best| request.global_batch as f64 / best / m as f64);
+    let solved = match cache.solved.entry(pipeline_entry(&problem, key)) {
+        std::collections::btree_map::Entry::Occupied(known) => known.get().clone(),
+        std::collections::btree_map::Entry::Vacant(slot) => {
+            match solve_keeping_blocks(&problem, joined, bound) {
+                dp::Within::Slower => return Ok(Evaluated::CannotBeat),
+                dp::Within::DoesNotFit => slot.insert(None).clone(),
+                dp::Within::Solved(solved) => slot.insert(Some(solved)).clone(),
             }
         }
-    }
-    let solved = entry.or_insert_with(|| solve_keeping_blocks(&problem, joined));
+    };
     let Some((stage_of, evaluation)) = solved.clone() else {
         return Ok(Evaluated::DoesNotFit);
     };
@@ -1897,36 +1895,38 @@ fn fullest_device(evaluation: &Evaluation, devices: usize) -> (u64, u64) {
 
 /// The DP's partition of `problem` and its figures, each group of `joined` (the split blocks
 /// of a tensor-parallel layout) on one stage: solved on the quotient whose nodes are the
-/// groups, which evaluates any assignment as the model does, then expanded. `None` when no
-/// partition fits memory, or when there are fewer groups than stages.
+/// groups, which evaluates any assignment as the model does, then expanded. With a `bound`,
+/// only when some partition has every stage time at most it ([`dp::solve_within`]);
+/// `DoesNotFit` also when there are fewer groups than stages.
 fn solve_keeping_blocks(
     problem: &PartitionProblem,
     joined: Option<&JoinedGroups>,
-) -> Option<SolvedPipeline> {
+    bound: Option<f64>,
+) -> dp::Within<SolvedPipeline> {
+    let solve = |problem: &PartitionProblem| match bound {
+        Some(bound) => dp::solve_within(problem, bound),
+        None => dp::solve(problem).map_or(dp::Within::DoesNotFit, dp::Within::Solved),
+    };
     let stage_of = match joined {
-        None => dp::solve(problem)?.stage_of,
-        Some(groups) if groups.len() < problem.stage_count() => return None,
+        None => match solve(problem) {
+            dp::Within::Solved(solution) => solution.stage_of,
+            dp::Within::Slower => return dp::Within::Slower,
+            dp::Within::DoesNotFit => return dp::Within::DoesNotFit,
+        },
+        Some(groups) if groups.len() < problem.stage_count() => return dp::Within::DoesNotFit,
         Some(groups) => {
-            let grouped = groups.quotient(problem).ok()?;
-            grouped.expand(&dp::solve(&grouped.problem)?.stage_of)
+            let Ok(grouped) = groups.quotient(problem) else {
+                return dp::Within::DoesNotFit;
+            };
+            match solve(&grouped.problem) {
+                dp::Within::Solved(solution) => grouped.expand(&solution.stage_of),
+                dp::Within::Slower => return dp::Within::Slower,
+                dp::Within::DoesNotFit => return dp::Within::DoesNotFit,
+            }
         }
     };
     let evaluation = problem.evaluate(&stage_of);
-    Some((stage_of, evaluation))
-}
-
-/// Whether some partition of `problem` keeping each group of `joined` on one stage has every
-/// stage time at most `bound` ([`dp::fits_within`]); `None` when none fits memory.
-fn fits_keeping_blocks(
-    problem: &PartitionProblem,
-    joined: Option<&JoinedGroups>,
-    bound: f64,
-) -> Option<bool> {
-    match joined {
-        None => dp::fits_within(problem, bound),
-        Some(groups) if groups.len() < problem.stage_count() => None,
-        Some(groups) => dp::fits_within(&groups.quotient(problem).ok()?.problem, bound),
-    }
+    dp::Within::Solved((stage_of, evaluation))
 }
 
 /// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient
