@@ -603,9 +603,10 @@ fn every_block_the_plan_costs_split_is_split_in_the_export() {
 /// `partition --emit` does: one boundary per cut, at a numbered block, and the same plan.
 #[test]
 fn plan_cluster_emits_the_chosen_pipelines_torch_split() {
-    // The torch split spec counts memory as torch keeps it: the plain plan asks for the same.
+    // The torch split spec plans for torch (its configurations, memory as torch keeps it):
+    // the plain plan asks for the same engine, whose memory model follows it.
     let args = training_plan_args("fixtures/models/gpt2_tiny.onnx", &[]);
-    let (code, plain, err) = pipecut(&[&args[..], &["--json", "--memory-model", "torch"]].concat());
+    let (code, plain, err) = pipecut(&[&args[..], &["--json", "--engine", "torch"]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, both, err) =
         pipecut(&[&args[..], &["--json", "--emit", "torch-split-spec"]].concat());
@@ -719,12 +720,37 @@ fn engines_get_their_settings_for_the_plan_and_refuse_what_they_cannot_run() {
     assert_eq!(ds["pipeline_module"]["num_stages"], 2);
     assert_eq!(ds["pipeline_module"]["parts"].as_array().unwrap().len(), 3);
 
-    // DeepSpeed's pipeline engine takes ZeRO 0 or 1; Megatron has no ZeRO-3 with a pipeline.
+    // Interleaved: Megatron's pipeline size is the K devices, not the plan's v·K stages,
+    // whose chunks the layout lists.
+    let interleaved = emitted_json(&training_plan_args(
+        model,
+        &["--schedule", "interleaved:2", "--emit", "megatron-args"],
+    ));
+    let megatron = &interleaved["megatron"];
+    let args: Vec<&str> = megatron["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--pipeline-model-parallel-size")
+        .unwrap();
+    assert_eq!(args[at + 1], "2", "{args:?}");
+    assert_eq!(megatron["world_size"], 4);
+    assert_eq!(interleaved["plan"]["stages"].as_array().unwrap().len(), 4);
+
+    // DeepSpeed's pipeline engine takes ZeRO 0 or 1; Megatron has no ZeRO-3 with a pipeline:
+    // a plan made for pipecut's own runtime (`--engine pipecut`) is refused by the emitter.
     for (engine, said) in [
         ("deepspeed-config", "ZeRO stage 0 or 1"),
         ("megatron-args", "ZeRO-3"),
     ] {
-        let args = training_plan_args(model, &["--zero", "3", "--emit", engine]);
+        let args = training_plan_args(
+            model,
+            &["--zero", "3", "--engine", "pipecut", "--emit", engine],
+        );
         let (code, _, err) = pipecut(&args);
         assert_eq!(code, 1, "{err}");
         assert!(err.contains(said) && !err.trim().contains('\n'), "{err}");
@@ -887,4 +913,115 @@ fn zero3_inside_a_pipeline_holds_its_weights_gathered() {
     assert_eq!(param_bytes("2", "3"), param_bytes("2", "2"));
     let (alone3, alone2) = (param_bytes("1", "3"), param_bytes("1", "2"));
     assert!(alone3[0] < alone2[0], "{alone3:?} {alone2:?}");
+}
+
+/// The plan made with `--out` in `dir` from `args` (which it checks with `check`).
+fn checked_plan(dir: &std::path::Path, name: &str, args: &[&str]) -> serde_json::Value {
+    let out = dir.join(name);
+    let out_arg = out.to_str().unwrap().to_string();
+    let (code, _, err) = pipecut(&[args, &["--out", &out_arg]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = pipecut(&["check", &out_arg, args[1]]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+/// The search keeps to the configurations of the engine the plan is for (`--engine`, by default
+/// the `--emit` target's): the plan records it, every alternative listed is one it runs, and
+/// `check` refuses a plan relabelled for an engine that cannot run its configuration.
+#[test]
+fn the_search_keeps_to_what_the_target_engine_runs() {
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let dir = tempfile::tempdir().unwrap();
+    let wide = [
+        "--zero",
+        "0,1,2,3",
+        "--schedule",
+        "gpipe",
+        "--schedule",
+        "1f1b",
+        "--schedule",
+        "zero-bubble",
+    ];
+    // Megatron by default under --emit megatron-args: 1F1B, no ZeRO-2 or 3 in a pipeline.
+    let megatron = checked_plan(
+        dir.path(),
+        "megatron.json",
+        &training_plan_args(model, &[&wide[..], &["--emit", "megatron-args"]].concat()),
+    );
+    let p = &megatron["parallelism"];
+    assert_eq!(p["engine"], "megatron");
+    assert_eq!(megatron["config"]["mode"]["memory_model"], "megatron");
+    for alternative in p["alternatives"].as_array().unwrap() {
+        assert_eq!(alternative["schedule"], "1f1b", "{alternative}");
+        assert!(
+            alternative["zero_stage"].as_u64().unwrap_or(0) <= 1,
+            "{alternative}"
+        );
+    }
+    // pipecut's own runtime runs all of them, and with ZeRO-2 forced the plan is one Megatron
+    // cannot run: relabelled for Megatron, `check` refuses it in one line.
+    let zero2 = checked_plan(
+        dir.path(),
+        "zero2.json",
+        &training_plan_args(model, &["--zero", "2"]),
+    );
+    assert!(
+        zero2["parallelism"].get("engine").is_none(),
+        "pipecut's is not written"
+    );
+    let mut relabelled = zero2.clone();
+    relabelled["parallelism"]["engine"] = "megatron".into();
+    let edited = dir.path().join("relabelled.json");
+    std::fs::write(&edited, serde_json::to_string(&relabelled).unwrap()).unwrap();
+    let (code, _, err) = pipecut(&["check", edited.to_str().unwrap(), model]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("parallelism.engine is megatron") && err.contains("ZeRO-2"),
+        "{err}"
+    );
+    assert!(!err.trim().contains('\n'), "{err}");
+    // Asked for nothing the engine runs: one line naming the engine and why, exit 2.
+    let (code, _, err) = pipecut(&training_plan_args(
+        model,
+        &["--zero", "2", "--engine", "deepspeed"],
+    ));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("deepspeed runs none") && err.contains("ZeRO stage 0 or 1"),
+        "{err}"
+    );
+    let (code, _, err) = pipecut(&training_plan_args(model, &["--engine", "jax"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown engine 'jax'"), "{err}");
+}
+
+/// The search stops at its work budget (configurations costed), not the clock: the same budget
+/// gives the same plan on every run, and the plan and table say which limit stopped it.
+#[test]
+fn the_search_stops_at_its_work_budget_and_says_so() {
+    let model = "fixtures/models/gpt2_tiny.onnx";
+    let dir = tempfile::tempdir().unwrap();
+    let complete = checked_plan(dir.path(), "complete.json", &training_plan_args(model, &[]));
+    assert!(complete["parallelism"].get("stopped_by").is_none());
+    let short = training_plan_args(model, &["--search-budget", "1"]);
+    let first = checked_plan(dir.path(), "first.json", &short);
+    let second = checked_plan(dir.path(), "second.json", &short);
+    assert_eq!(first["parallelism"]["stopped_by"], "work_budget");
+    assert_eq!(
+        first["parallelism"]["alternatives"],
+        second["parallelism"]["alternatives"]
+    );
+    assert_eq!(first["stages"], second["stages"]);
+    assert_eq!(first["parallelism"]["solved"], 1);
+    let (code, table, err) = pipecut(&short);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        table.contains("the work budget stopped the search"),
+        "{table}"
+    );
+    assert!(table.contains("1 of the work budget's 1 spent"), "{table}");
+    let (code, table, err) = pipecut(&training_plan_args(model, &[]));
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("the search is complete"), "{table}");
 }

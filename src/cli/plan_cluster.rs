@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::cost::{Recompute, Schedule};
 use crate::onnx::inspect::human_bytes;
+use crate::partition::engine::Engine;
 use crate::partition::parallelism::{search, Placement, SearchOutcome, SearchRequest};
 use crate::partition::tensor_parallel::{TensorParallelBlocks, TensorParallelism};
 use crate::partition::{CostSettings, PartitionConfig, Planner, SolverChoice, StageCount};
@@ -87,18 +88,32 @@ pub struct PlanClusterArgs {
     /// Try every pipeline depth, not only 1–16, powers of two and divisors of the layer count.
     #[arg(long)]
     all_stage_counts: bool,
-    /// Time budget for the whole command (e.g. 10s), counted from its start: loading, the
-    /// search, then the chosen configuration's partition in what the search left.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// Wall-clock guard for the whole command (e.g. 10s), counted from its start: loading, the
+    /// search, then the chosen configuration's partition in what the search left. The search
+    /// itself stops first at its work budget (--search-budget), which gives the same answer on
+    /// a loaded machine as on an idle one.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
     time_limit: Duration,
+    /// Configurations the search may cost (a DP run or feasibility sweep each) before it stops
+    /// with its best so far; the plan says which limit stopped it, if one did.
+    #[arg(long, value_name = "CONFIGURATIONS", default_value_t = crate::partition::parallelism::DEFAULT_SEARCH_BUDGET)]
+    search_budget: u64,
+    /// The engine that will run the plan: only the configurations it runs are searched
+    /// (pipecut: every one; torch: pipelining with DDP or FSDP2 and tensor parallelism;
+    /// megatron: 1F1B or interleaved, distributed optimizer; deepspeed: its pipeline engine
+    /// with ZeRO 0 or 1, no tensor parallelism). Default: the --emit target's engine, else
+    /// pipecut. The plan records it and `check` verifies the configuration against it.
+    #[arg(long, value_name = "pipecut|torch|megatron|deepspeed")]
+    engine: Option<crate::partition::engine::Engine>,
     /// The regex DeepSpeed's `partition_method="type:REGEX"` baseline is given for the chosen
     /// configuration's baselines, as `pipecut partition --baseline-layer-type` takes it.
     #[arg(long, value_name = "REGEX", default_value = crate::partition::baselines::DEFAULT_LAYER_TYPE, value_parser = super::partition::parse_layer_type)]
     baseline_layer_type: String,
-    /// Stop the chosen configuration's searches after this many units of their own work
-    /// instead of at the time limit (see `pipecut partition --work-budget`).
-    #[arg(long, value_name = "UNITS")]
-    work_budget: Option<u64>,
+    /// Stop the chosen configuration's own searches (its partition's bounds) after this many
+    /// units of their own work (see `pipecut partition --work-budget`); the time limit stays
+    /// their guard.
+    #[arg(long, value_name = "UNITS", default_value_t = FINAL_WORK_BUDGET)]
+    work_budget: u64,
     /// Write the chosen configuration's plan JSON (with its replicas) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -115,6 +130,10 @@ pub struct PlanClusterArgs {
     #[arg(long, default_value_t = DEFAULT_SPLIT_TOLERANCE, value_name = "FRACTION", requires = "emit")]
     split_tolerance: f64,
 }
+
+/// The chosen configuration's partition's default work budget: `partition --work-budget`'s
+/// units, enough for the granularity bound of GPT-3-175B's stages.
+const FINAL_WORK_BUDGET: u64 = 1_000_000;
 
 pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     // --time-limit covers the whole command from here: loading, the search, the final partition.
@@ -172,7 +191,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
         },
         PlanOptions::default(),
     )
-    .with_parallelism(&outcome, args.global_batch)
+    .with_parallelism(&outcome, args.global_batch, request.engine)
     .with_tensor_parallel_shards(&outcome.graph)
     .with_context(|| format!("'{}'", path.display()))?;
     plan.ensure_finite()?;
@@ -184,7 +203,7 @@ pub fn run(args: PlanClusterArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         super::partition::print_json(&json, emitted.as_ref())?;
     } else {
-        print_stdout(&table(&plan, &outcome))?;
+        print_stdout(&table(&plan, &outcome, args.search_budget))?;
         if let Some(emitted) = &emitted {
             print_stdout(super::partition::emitted_text(emitted))?;
         }
@@ -225,9 +244,12 @@ fn search_request(
         );
     }
     super::partition::refuse_memory_model_in_inference(args.memory_model, args.mode)?;
+    let engine = engine(args.engine, args.emit);
     let mode = crate::cost::Mode::from(args.mode)
-        .with_memory_model(super::partition::memory_model(args.memory_model, args.emit));
+        .with_memory_model(args.memory_model.unwrap_or(engine_memory_model(engine)));
     let mut request = SearchRequest::new(args.global_batch, mode);
+    request.engine = engine;
+    request.work_budget = Some(args.search_budget);
     request.batch_dim = args.batch_dim.clone();
     request.bindings = bindings.clone();
     if !args.schedule.is_empty() {
@@ -264,6 +286,29 @@ fn search_request(
         request.zero_stages.dedup();
     }
     Ok(request)
+}
+
+/// The engine of `--engine`, or the one `--emit` targets (torch for torch-split-spec), else
+/// pipecut's own runtime.
+fn engine(asked: Option<Engine>, emit: Option<EmitArg>) -> Engine {
+    asked.unwrap_or(match emit {
+        Some(EmitArg::TorchSplitSpec) => Engine::Torch,
+        Some(EmitArg::MegatronArgs) => Engine::Megatron,
+        Some(EmitArg::DeepspeedConfig) => Engine::Deepspeed,
+        None => Engine::Pipecut,
+    })
+}
+
+/// How the engine keeps activations, `--memory-model`'s default: torch's for torch and
+/// DeepSpeed (which runs torch modules), Megatron's for Megatron, the ONNX graph's for
+/// pipecut's own runtime.
+fn engine_memory_model(engine: Engine) -> crate::cost::MemoryModel {
+    use crate::cost::MemoryModel;
+    match engine {
+        Engine::Torch | Engine::Deepspeed => MemoryModel::Torch,
+        Engine::Megatron => MemoryModel::Megatron,
+        Engine::Pipecut => MemoryModel::Onnx,
+    }
 }
 
 /// Node times hold at the micro-batch size they were measured at: with `--profile`
@@ -314,7 +359,8 @@ fn chosen_partition(
     started: Instant,
 ) -> Result<crate::partition::Solution, crate::Error> {
     let best = outcome.best.key;
-    let mut planner = Planner::new(&outcome.graph, cluster);
+    let left = args.time_limit.saturating_sub(started.elapsed());
+    let mut planner = Planner::new(&outcome.graph, cluster).with_time_guard(left);
     if let Some(plan) = &outcome.best_plan {
         planner = planner.with_start(plan.clone());
     }
@@ -336,8 +382,11 @@ fn chosen_partition(
             // The DP: the search costed every configuration with its partition, so the plan's
             // stages are the ones its step, all-reduce and throughput figures describe.
             solver: SolverChoice::Dp,
-            time_limit: args.time_limit.saturating_sub(started.elapsed()),
-            work_budget: args.work_budget,
+            time_limit: left,
+            // A count, as the search's: the partition's bounds stop by their own work, not
+            // at a share of the clock (the LP relaxation, which has no count, does not run),
+            // and the time limit stays the guard.
+            work_budget: Some(args.work_budget),
             // The search keeps each block that splits at the chosen degree on one stage (what
             // it costs split is what the export splits); the plan keeps the stages it costed.
             cut_constraints: crate::partition::CutConstraints::tensor_parallel(
@@ -384,12 +433,12 @@ fn tensor_name(tp: TensorParallelism) -> String {
 
 /// The chosen configuration, every configuration ranked, how the step and the search went,
 /// then the chosen pipeline's own table.
-fn table(plan: &Plan, outcome: &SearchOutcome) -> String {
+fn table(plan: &Plan, outcome: &SearchOutcome, budget: u64) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     heading(&mut out, plan, outcome);
     ranked_rows(&mut out, outcome);
-    search_lines(&mut out, outcome);
+    search_lines(&mut out, outcome, budget);
     let _ = writeln!(out, "\nthe chosen pipeline (replica 0):");
     out.push_str(&super::partition::table(plan, None));
     out
@@ -465,7 +514,7 @@ fn ranked_rows(out: &mut String, outcome: &SearchOutcome) {
 }
 
 /// The chosen step's make-up, and what the search did.
-fn search_lines(out: &mut String, outcome: &SearchOutcome) {
+fn search_lines(out: &mut String, outcome: &SearchOutcome, budget: u64) {
     let best = &outcome.best;
     let reduce = best.allreduce_secs.iter().copied().fold(0.0, f64::max);
     let _ = writeln!(
@@ -476,16 +525,25 @@ fn search_lines(out: &mut String, outcome: &SearchOutcome) {
         (best.step_secs - best.pipeline_secs) * 1e3,
         reduce * 1e3
     );
-    if !outcome.complete {
-        let _ = writeln!(
-            out,
-            "the time limit stopped the search with {} configurations left whose bound beats the choice: these are the best found so far",
-            outcome.unresolved
-        );
+    match outcome.stopped_by {
+        Some(limit) => {
+            let _ = writeln!(
+                out,
+                "the {} stopped the search with {} configurations left whose bound beats the choice: these are the best found so far",
+                limit.name(),
+                outcome.unresolved
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "the search is complete: no configuration of the space beats the choice"
+            );
+        }
     }
     let _ = writeln!(
         out,
-        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out ({} of them by a DP feasibility sweep), {} ruled out by memory, {} infeasible; {:.2} s",
+        "searched {} configurations: {} solved, {} costed with an equivalent placement, {} bounded out ({} of them by a DP feasibility sweep), {} ruled out by memory, {} infeasible; {} of the work budget's {} spent; {:.2} s",
         outcome.candidates,
         outcome.solved,
         outcome.twinned,
@@ -497,6 +555,8 @@ fn search_lines(out: &mut String, outcome: &SearchOutcome) {
         outcome.cannot_beat,
         outcome.pruned_by_memory,
         outcome.infeasible,
+        outcome.work_done,
+        budget,
         outcome.search_secs
     );
 }

@@ -697,19 +697,35 @@ pub fn solve(problem: &PartitionProblem) -> Option<OrderSolution> {
     solve_until(problem, None)
 }
 
-/// Whether some partition of the order (as the DP partitions: contiguous segments, each
-/// within its stage's memory) has every stage time at most `bound`, `None` when none fits
-/// memory at all: one or two sweeps of the DP's bisection, which a search uses to rule a
-/// problem out without solving it.
-pub(crate) fn fits_within(problem: &PartitionProblem, bound: f64) -> Option<bool> {
+/// What [`solve_within`] found (`T`: the plan, [`OrderSolution`] here).
+pub(crate) enum Within<T = OrderSolution> {
+    /// No contiguous partition fits memory.
+    DoesNotFit,
+    /// Some fit, but none has every stage time at most the bound.
+    Slower,
+    /// [`solve`]'s plan: some partition is within the bound.
+    Solved(T),
+}
+
+/// [`solve`] when some partition of the order (as the DP partitions: contiguous segments, each
+/// within its stage's memory) has every stage time at most `bound`: one or two sweeps of the
+/// DP's bisection rule a problem out for a search without solving it, on the tables the solve
+/// then reuses.
+pub(crate) fn solve_within(problem: &PartitionProblem, bound: f64) -> Within {
     if problem.node_count() < problem.stage_count() {
-        return None;
+        return Within::DoesNotFit;
     }
     let tables = Tables::new(problem);
-    if feasible(problem, &tables, bound) {
-        return Some(true);
+    if !feasible(problem, &tables, bound) {
+        return match feasible(problem, &tables, f64::INFINITY) {
+            true => Within::Slower,
+            false => Within::DoesNotFit,
+        };
     }
-    feasible(problem, &tables, f64::INFINITY).then_some(false)
+    match solve_on(problem, &tables, None) {
+        Some(solution) => Within::Solved(solution),
+        None => Within::DoesNotFit,
+    }
 }
 
 /// [`solve`], whose bisection stops at `deadline` (when given) with the best feasible bound
@@ -722,8 +738,17 @@ pub fn solve_until(problem: &PartitionProblem, deadline: Option<Instant>) -> Opt
     if n < k {
         return None;
     }
-    let tables = Tables::new(problem);
-    if !feasible(problem, &tables, f64::INFINITY) {
+    solve_on(problem, &Tables::new(problem), deadline)
+}
+
+/// [`solve_until`] on the problem's tables.
+fn solve_on(
+    problem: &PartitionProblem,
+    tables: &Tables,
+    deadline: Option<Instant>,
+) -> Option<OrderSolution> {
+    let (n, k) = (problem.node_count(), problem.stage_count());
+    if !feasible(problem, tables, f64::INFINITY) {
         return None;
     }
     // Any segment's time is below its stage's whole-order compute plus the largest receives.
@@ -736,7 +761,7 @@ pub fn solve_until(problem: &PartitionProblem, deadline: Option<Instant>) -> Opt
     }
     high = high.max(f64::MIN_POSITIVE) * (1.0 + 4.0 * RELATIVE_TOLERANCE);
     let mut low = problem.lower_bound_secs() * (1.0 - RELATIVE_TOLERANCE);
-    if feasible(problem, &tables, low) {
+    if feasible(problem, tables, low) {
         // Only possible when every time is zero.
         high = low.max(0.0);
         low = 0.0;
@@ -753,7 +778,7 @@ pub fn solve_until(problem: &PartitionProblem, deadline: Option<Instant>) -> Opt
             break;
         }
         let probe = floor * (1.0 + step);
-        if feasible(problem, &tables, probe) {
+        if feasible(problem, tables, probe) {
             high = probe;
             break;
         }
@@ -766,13 +791,13 @@ pub fn solve_until(problem: &PartitionProblem, deadline: Option<Instant>) -> Opt
             break;
         }
         let mid = 0.5 * (low + high);
-        if feasible(problem, &tables, mid) {
+        if feasible(problem, tables, mid) {
             high = mid;
         } else {
             low = mid;
         }
     }
-    let starts = fewest_bytes(problem, &tables, high)?;
+    let starts = fewest_bytes(problem, tables, high)?;
     let stage_of = problem.contiguous_assignment(&starts);
     let evaluation = problem.evaluate(&stage_of);
     let bottleneck_secs = evaluation.bottleneck_secs;

@@ -21,6 +21,7 @@ pub mod bounds;
 pub mod coarsen;
 pub mod constraints;
 pub mod dp;
+pub mod engine;
 pub mod ideal_search;
 pub mod layers;
 pub mod milp;
@@ -523,6 +524,9 @@ pub struct Planner<'a> {
     started: Instant,
     /// A plan of the model's positions to start from ([`Self::with_start`]).
     start: Option<Vec<StageId>>,
+    /// Under a work budget, the wall-clock guard that still stops the solve
+    /// ([`Self::with_time_guard`]); `None`: the clock stops nothing.
+    guard: Option<Duration>,
 }
 
 impl<'a> Planner<'a> {
@@ -538,7 +542,16 @@ impl<'a> Planner<'a> {
             progress: None,
             started: Instant::now(),
             start: None,
+            guard: None,
         }
+    }
+
+    /// Under a work budget, keep `limit` (from the solve's start) as an outer guard, as
+    /// `plan-cluster` does so that its whole command obeys `--time-limit`: each search still
+    /// stops by its own count, and the clock only where the count would run past `limit`.
+    pub fn with_time_guard(mut self, limit: Duration) -> Self {
+        self.guard = Some(limit);
+        self
     }
 
     /// Starts from `stage_of` (a stage for every position of the problem's order, as
@@ -716,9 +729,9 @@ impl<'a> Planner<'a> {
 
     fn solve_from(&self, started: Instant) -> Result<Solution, Error> {
         // Under a work budget the clock stops nothing: every search ends by its own count.
-        let deadline = match self.config.work_budget {
-            Some(_) => started + UNLIMITED,
-            None => started + self.config.time_limit,
+        let deadline = match (self.config.work_budget, self.guard) {
+            (Some(_), guard) => started + guard.unwrap_or(UNLIMITED),
+            (None, _) => started + self.config.time_limit,
         };
         self.config
             .settings
@@ -803,7 +816,7 @@ impl<'a> Planner<'a> {
         // at any size"). With less time left than the costs took they are not begun: the order
         // is split into stages of equal compute where no joined pair is cut, and that plan
         // stands (`dp_stopped`). Pinned cuts need the groups' own check, so they always run.
-        let short_of_time = self.config.work_budget.is_none()
+        let short_of_time = (self.config.work_budget.is_none() || self.guard.is_some())
             && self.config.cut_constraints.pin.is_empty()
             && deadline.saturating_duration_since(Instant::now()) < costs_took;
         if short_of_time {

@@ -34,6 +34,35 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use super::engine::Engine;
+
+/// `plan-cluster`'s default work budget, in configurations costed (DP runs and feasibility
+/// sweeps). GPT-3-175B on 1,024 H100 at batch 1,536 needs 367 for a complete search
+/// (docs/benchmarks.md); the budget leaves room for a space twice that size while keeping a
+/// model of that size within about 10 s of one core's time.
+pub const DEFAULT_SEARCH_BUDGET: u64 = 800;
+
+/// What stopped a search before it was complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SearchLimit {
+    /// The work budget (configurations costed) was spent.
+    WorkBudget,
+    /// The wall-clock time limit passed.
+    TimeLimit,
+}
+
+impl SearchLimit {
+    /// The limit in words, for messages and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchLimit::WorkBudget => "work budget",
+            SearchLimit::TimeLimit => "time limit",
+        }
+    }
+}
+
 use serde::{Deserialize, Serialize};
 
 use super::constraints::JoinedGroups;
@@ -103,8 +132,16 @@ pub struct SearchRequest {
     /// Try every pipeline depth up to the device count, not only the usual ones (see
     /// [`stage_counts`]).
     pub all_stage_counts: bool,
-    /// Wall-clock budget; the search returns its best so far when it runs out.
+    /// Wall-clock budget, the outer guard; the search returns its best so far when it runs
+    /// out.
     pub time_limit: std::time::Duration,
+    /// Configurations the search may cost (a DP run or feasibility sweep each, see
+    /// [`DEFAULT_SEARCH_BUDGET`]); the search returns its best so far when they are spent.
+    /// A count, not a clock: the same request gives the same answer on a loaded machine as on
+    /// an idle one. `None`: only the time limit stops it.
+    pub work_budget: Option<u64>,
+    /// The engine the plan is for: only the configurations it runs are searched.
+    pub engine: Engine,
     /// Recomputation choices tried in training (default: none and full).
     pub recompute: Vec<Recompute>,
     /// ZeRO stages tried in training with D > 1 (default: 0–3).
@@ -138,6 +175,8 @@ impl SearchRequest {
             top: 5,
             all_stage_counts: false,
             time_limit: std::time::Duration::from_secs(10),
+            work_budget: None,
+            engine: Engine::Pipecut,
             recompute: vec![Recompute::None, Recompute::Full],
             zero_stages: vec![0, 1, 2, 3],
             dtype_override: None,
@@ -279,6 +318,10 @@ pub struct SearchOutcome {
     /// Configurations the time limit left unsolved whose bound still beat the best found:
     /// what a complete search would have had to solve more (zero when complete).
     pub unresolved: usize,
+    /// What stopped the search before it was complete; `None` when it is.
+    pub stopped_by: Option<SearchLimit>,
+    /// Configurations costed (the work budget's unit).
+    pub work_done: u64,
     /// Wall time of the search.
     pub search_secs: f64,
 }
@@ -515,10 +558,26 @@ pub fn search(
         // Every configuration was skipped for its micro-batch count: say so, not "infeasible".
         check_microbatches(fewest)?;
     }
+    if let (true, 0, Some(reason)) = (
+        space.candidates.is_empty(),
+        space.pruned_by_memory,
+        space.engine_refused,
+    ) {
+        return bad(format!(
+            "{} runs none of the configurations asked for: it {reason}",
+            request.engine
+        ));
+    }
     let total_candidates = space.candidates.len() + space.pruned_by_memory + space.twinned;
     order_for_solving(&mut space.candidates);
     let ranking = Ranking::solve(cluster, request, &space, started)?;
     let complete = space.complete && ranking.complete;
+    let stopped_by = match (space.complete, ranking.stopped_by) {
+        (_, Some(limit)) => Some(limit),
+        (false, None) => Some(SearchLimit::TimeLimit),
+        (true, None) => None,
+    };
+    let work_done = ranking.work_done;
     let Ranking {
         ranked,
         solved,
@@ -529,11 +588,23 @@ pub fn search(
         ..
     } = ranking;
     let Some(best) = ranked.first().cloned() else {
-        if !complete {
+        if let Some(limit) = stopped_by {
+            let (what, option) = match limit {
+                SearchLimit::WorkBudget => (
+                    format!(
+                        "work budget of {} configurations",
+                        request.work_budget.unwrap_or(0)
+                    ),
+                    "--search-budget",
+                ),
+                SearchLimit::TimeLimit => (
+                    format!("time limit of {:.1} s", request.time_limit.as_secs_f64()),
+                    "--time-limit",
+                ),
+            };
             return Err(Error::PartitionConfig(format!(
-                "the search found no configuration that fits memory within its time limit of \
-                 {:.1} s ({solved} solved, {infeasible} did not fit): raise the time limit",
-                request.time_limit.as_secs_f64()
+                "the search found no configuration that fits memory within its {what} ({solved} \
+                 solved, {infeasible} did not fit): raise {option}"
             )));
         }
         return Err(Error::Infeasible(format!(
@@ -565,6 +636,8 @@ pub fn search(
         unresolved,
         twinned: space.twinned,
         cannot_beat,
+        stopped_by,
+        work_done,
         search_secs: started.elapsed().as_secs_f64(),
     })
 }
@@ -606,6 +679,8 @@ struct Space {
     fewest_over_limit: Option<u64>,
     /// Whether every micro-batch size was typed before the time limit.
     complete: bool,
+    /// Why the target engine refused a configuration, the first such reason.
+    engine_refused: Option<&'static str>,
 }
 
 impl Space {
@@ -629,6 +704,7 @@ impl Space {
             twinned: 0,
             fewest_over_limit: None,
             complete: true,
+            engine_refused: None,
         };
         for &b in sizes {
             // Typing the graph is the costly part of this loop: the time limit covers it too.
@@ -677,6 +753,7 @@ impl Space {
                             request,
                             max_capacity,
                             (&mut space.candidates, &mut space.twinned),
+                            &mut space.engine_refused,
                         );
                     }
                 }
@@ -725,6 +802,10 @@ struct Ranking {
     cannot_beat: usize,
     /// Whether every candidate was solved or ruled out before the time limit.
     complete: bool,
+    /// The limit that stopped it, when one did.
+    stopped_by: Option<SearchLimit>,
+    /// Configurations costed.
+    work_done: u64,
     /// Configurations no contiguous cut of the DP's order fits: not proven not to fit.
     dp_rejected: Vec<ConfigurationKey>,
     /// The best configuration's partition, as it was costed.
@@ -749,11 +830,14 @@ impl Ranking {
             unresolved: 0,
             cannot_beat: 0,
             complete: true,
+            stopped_by: None,
+            work_done: 0,
             dp_rejected: Vec::new(),
             best_plan: None,
         };
         let mut out_of_memory = MemoryMemo::default();
         let mut pipelines = SolvedPipelines::default();
+        let mut longest = std::time::Duration::ZERO;
         for (at, &(bound, key)) in candidates.iter().enumerate() {
             let best = ranking.ranked.first().map(|best| best.samples_per_sec);
             // It cannot beat the best: once every candidate is solved or skipped so, the best
@@ -762,8 +846,20 @@ impl Ranking {
             if best.is_some_and(|best| bound <= best) {
                 continue;
             }
-            if started.elapsed() >= request.time_limit {
+            // The clock is checked between configurations: the next one, and after the search
+            // the chosen configuration's own partition (costs and DP, about one configuration's
+            // work), must fit in what is left, so the longest configuration so far is kept
+            // twice in reserve.
+            let limit = match request.work_budget {
+                Some(budget) if ranking.work_done >= budget => Some(SearchLimit::WorkBudget),
+                _ if started.elapsed() + 2 * longest >= request.time_limit => {
+                    Some(SearchLimit::TimeLimit)
+                }
+                _ => None,
+            };
+            if let Some(limit) = limit {
                 ranking.complete = false;
+                ranking.stopped_by = Some(limit);
                 let best = best.unwrap_or(0.0);
                 ranking.unresolved = candidates[at..].iter().filter(|c| c.0 > best).count();
                 break;
@@ -778,14 +874,18 @@ impl Ranking {
                 .joined
                 .get(&key.tensor_parallel.degree)
                 .and_then(Option::as_ref);
-            match evaluate_with(
+            ranking.work_done += 1;
+            let costing = Instant::now();
+            let evaluated = evaluate_with(
                 &t.graph,
                 (&t.blocks, joined),
                 cluster,
                 request,
                 (key, best),
                 &mut pipelines,
-            )? {
+            )?;
+            longest = longest.max(costing.elapsed());
+            match evaluated {
                 Evaluated::CannotBeat => ranking.cannot_beat += 1,
                 Evaluated::Costed(config) => {
                     ranking.solved += 1;
@@ -954,6 +1054,7 @@ impl Shapes {
         request: &SearchRequest,
         max_capacity: u64,
         (candidates, twinned): (&mut Vec<(f64, ConfigurationKey)>, &mut usize),
+        refused: &mut Option<&'static str>,
     ) -> usize {
         let training = matches!(request.mode, Mode::Training { .. });
         let d = self.data_parallel;
@@ -997,6 +1098,11 @@ impl Shapes {
                     continue;
                 }
                 let probe = key(schedule, placements(k, d)[0]);
+                // Only what the target engine runs is searched.
+                if let Some(reason) = request.engine.refuses(&probe, training) {
+                    refused.get_or_insert(reason);
+                    continue;
+                }
                 if bounds.peak_lower_bound(&probe, probe.mode(request.mode)) > max_capacity {
                     pruned += placements(k, d).len();
                     continue;
@@ -1687,21 +1793,19 @@ fn evaluate_with(
     }
     let replicas = key.replicas();
     let problem = pipeline_problem(graph, blocks, cluster, request, key)?;
-    let entry = cache.solved.entry(pipeline_entry(&problem, key));
-    if let (std::collections::btree_map::Entry::Vacant(_), Some(best)) = (&entry, to_beat) {
-        // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
-        // under that over m: when no partition has one, the DP need not run.
-        let bound = request.global_batch as f64 / best / m as f64;
-        match fits_keeping_blocks(&problem, joined, bound) {
-            Some(true) => {}
-            Some(false) => return Ok(Evaluated::CannotBeat),
-            None => {
-                entry.or_insert(None);
-                return Ok(Evaluated::DoesNotFit);
+    // Beating `best` samples/s needs a step under global batch / best, so a slowest stage
+    // under that over m: when no partition has one, the DP need not run.
+    let bound = to_beat.map(|best| request.global_batch as f64 / best / m as f64);
+    let solved = match cache.solved.entry(pipeline_entry(&problem, key)) {
+        std::collections::btree_map::Entry::Occupied(known) => known.get().clone(),
+        std::collections::btree_map::Entry::Vacant(slot) => {
+            match solve_keeping_blocks(&problem, joined, bound) {
+                dp::Within::Slower => return Ok(Evaluated::CannotBeat),
+                dp::Within::DoesNotFit => slot.insert(None).clone(),
+                dp::Within::Solved(solved) => slot.insert(Some(solved)).clone(),
             }
         }
-    }
-    let solved = entry.or_insert_with(|| solve_keeping_blocks(&problem, joined));
+    };
     let Some((stage_of, evaluation)) = solved.clone() else {
         return Ok(Evaluated::DoesNotFit);
     };
@@ -1791,36 +1895,38 @@ fn fullest_device(evaluation: &Evaluation, devices: usize) -> (u64, u64) {
 
 /// The DP's partition of `problem` and its figures, each group of `joined` (the split blocks
 /// of a tensor-parallel layout) on one stage: solved on the quotient whose nodes are the
-/// groups, which evaluates any assignment as the model does, then expanded. `None` when no
-/// partition fits memory, or when there are fewer groups than stages.
+/// groups, which evaluates any assignment as the model does, then expanded. With a `bound`,
+/// only when some partition has every stage time at most it ([`dp::solve_within`]);
+/// `DoesNotFit` also when there are fewer groups than stages.
 fn solve_keeping_blocks(
     problem: &PartitionProblem,
     joined: Option<&JoinedGroups>,
-) -> Option<SolvedPipeline> {
+    bound: Option<f64>,
+) -> dp::Within<SolvedPipeline> {
+    let solve = |problem: &PartitionProblem| match bound {
+        Some(bound) => dp::solve_within(problem, bound),
+        None => dp::solve(problem).map_or(dp::Within::DoesNotFit, dp::Within::Solved),
+    };
     let stage_of = match joined {
-        None => dp::solve(problem)?.stage_of,
-        Some(groups) if groups.len() < problem.stage_count() => return None,
+        None => match solve(problem) {
+            dp::Within::Solved(solution) => solution.stage_of,
+            dp::Within::Slower => return dp::Within::Slower,
+            dp::Within::DoesNotFit => return dp::Within::DoesNotFit,
+        },
+        Some(groups) if groups.len() < problem.stage_count() => return dp::Within::DoesNotFit,
         Some(groups) => {
-            let grouped = groups.quotient(problem).ok()?;
-            grouped.expand(&dp::solve(&grouped.problem)?.stage_of)
+            let Ok(grouped) = groups.quotient(problem) else {
+                return dp::Within::DoesNotFit;
+            };
+            match solve(&grouped.problem) {
+                dp::Within::Solved(solution) => grouped.expand(&solution.stage_of),
+                dp::Within::Slower => return dp::Within::Slower,
+                dp::Within::DoesNotFit => return dp::Within::DoesNotFit,
+            }
         }
     };
     let evaluation = problem.evaluate(&stage_of);
-    Some((stage_of, evaluation))
-}
-
-/// Whether some partition of `problem` keeping each group of `joined` on one stage has every
-/// stage time at most `bound` ([`dp::fits_within`]); `None` when none fits memory.
-fn fits_keeping_blocks(
-    problem: &PartitionProblem,
-    joined: Option<&JoinedGroups>,
-    bound: f64,
-) -> Option<bool> {
-    match joined {
-        None => dp::fits_within(problem, bound),
-        Some(groups) if groups.len() < problem.stage_count() => None,
-        Some(groups) => dp::fits_within(&groups.quotient(problem).ok()?.problem, bound),
-    }
+    dp::Within::Solved((stage_of, evaluation))
 }
 
 /// A data-parallel step's figures: the pipeline's simulated step, then each stage's gradient

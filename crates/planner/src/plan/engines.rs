@@ -5,24 +5,27 @@
 //! configuration the engine cannot run is refused with the reason, rather than translated into
 //! something the engine runs differently from the plan:
 //!
-//! * Megatron-LM runs its pipeline with 1F1B or the interleaved schedule; its distributed
-//!   optimizer shards optimizer state and gradients over the data-parallel group (ZeRO-1/2);
-//!   its FSDP2 path ("not currently working with Pipeline Parallel", `--use-torch-fsdp2`'s
-//!   help in `megatron/training/arguments.py`) is ZeRO-3 without a pipeline.
-//! * DeepSpeed's pipeline engine (`PipelineModule`) takes ZeRO stage 0 or 1 only and runs its
-//!   own 1F1B-like schedule; without a pipeline every ZeRO stage applies.
+//! The rules are [`Engine::refuses`]'s (crate::partition::engine), which `plan-cluster
+//! --engine` searches by and `check` verifies; a plan made for another engine (pipecut's own,
+//! by default) is refused here when they rule its configuration out.
 
 use serde_json::{json, Value};
 
 use pipecut_cost::{Mode, Recompute, Schedule};
 
 use super::Plan;
+use crate::partition::engine::Engine;
+use crate::partition::parallelism::{ConfigurationKey, Placement};
+use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::torch_split::TorchSplit;
 use crate::Error;
 
 /// The parallel configuration a plan chose, read once for both engines.
 struct Configuration {
+    /// The plan's stages: v·K under an interleaved schedule of v chunks per device.
     stages: usize,
+    /// Pipeline devices K (Megatron's pipeline-model-parallel size).
+    pipeline: usize,
     data_parallel: usize,
     tensor_parallel: u32,
     sequence_parallel: bool,
@@ -57,6 +60,7 @@ impl Configuration {
         };
         Configuration {
             stages: plan.stages.len(),
+            pipeline: plan.stages.len() / plan.config.schedule.chunks().max(1),
             data_parallel,
             tensor_parallel: tp.degree.max(1),
             sequence_parallel: tp.sequence_parallel,
@@ -69,8 +73,31 @@ impl Configuration {
         }
     }
 
+    /// Refuses the plan when `engine` does not run its configuration as planned
+    /// ([`Engine::refuses`], the rules the search keeps to under `--engine`).
+    fn refuse_unless_run_by(&self, engine: Engine, plan: &Plan) -> Result<(), Error> {
+        let key = ConfigurationKey {
+            stages: self.pipeline,
+            data_parallel: self.data_parallel,
+            microbatch_size: self.microbatch_size,
+            microbatches: self.microbatches,
+            schedule: self.schedule,
+            placement: Placement::PipelineInsideNodes,
+            recompute: self.recompute,
+            zero_stage: self.zero_stage,
+            tensor_parallel: TensorParallelism {
+                degree: self.tensor_parallel,
+                sequence_parallel: self.sequence_parallel,
+            },
+        };
+        match engine.refuses(&key, matches!(plan.config.mode, Mode::Training { .. })) {
+            Some(reason) => Err(refused(engine_name(engine), plan, reason)),
+            None => Ok(()),
+        }
+    }
+
     fn world_size(&self) -> usize {
-        self.stages * self.data_parallel * self.tensor_parallel as usize
+        self.pipeline * self.data_parallel * self.tensor_parallel as usize
     }
 }
 
@@ -82,6 +109,7 @@ impl Configuration {
 pub fn megatron_args(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value, Error> {
     let c = Configuration::of(plan);
     refuse_training_only("Megatron-LM", plan)?;
+    c.refuse_unless_run_by(Engine::Megatron, plan)?;
     let mut args: Vec<String> = Vec::new();
     let mut arg = |name: &str, value: Option<String>| {
         args.push(name.to_string());
@@ -91,30 +119,22 @@ pub fn megatron_args(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value, E
         "--tensor-model-parallel-size",
         Some(c.tensor_parallel.to_string()),
     );
-    arg("--pipeline-model-parallel-size", Some(c.stages.to_string()));
+    arg(
+        "--pipeline-model-parallel-size",
+        Some(c.pipeline.to_string()),
+    );
     arg("--micro-batch-size", Some(c.microbatch_size.to_string()));
     arg("--global-batch-size", Some(c.global_batch.to_string()));
     if c.sequence_parallel {
         arg("--sequence-parallel", None);
     }
-    let mut notes: Vec<&str> = Vec::new();
-    match c.schedule {
-        Schedule::OneFOneB => {}
-        // 1F1B has GPipe's bubble, so the same step time, and keeps fewer micro-batches.
-        Schedule::GPipe => notes.push(
-            "planned with GPipe; Megatron-LM runs 1F1B, with the same step time and less memory",
-        ),
-        Schedule::Interleaved { chunks } => arg(
+    let notes: Vec<&str> = Vec::new();
+    // GPipe and zero-bubble in a pipeline are refused above; one stage has no schedule.
+    if let Schedule::Interleaved { chunks } = c.schedule {
+        arg(
             "--num-virtual-stages-per-pipeline-rank",
             Some(chunks.to_string()),
-        ),
-        Schedule::ZeroBubble => {
-            return Err(refused(
-                "Megatron-LM",
-                plan,
-                "runs 1F1B or the interleaved schedule",
-            ))
-        }
+        );
     }
     match c.recompute {
         Recompute::None => {}
@@ -125,17 +145,11 @@ pub fn megatron_args(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value, E
             arg("--recompute-num-layers", Some("1".into()));
         }
     }
-    match (c.zero_stage, c.stages) {
-        (0, _) => {}
-        (1 | 2, _) => arg("--use-distributed-optimizer", None),
-        (_, 1) => arg("--use-torch-fsdp2", None),
-        _ => {
-            return Err(refused(
-                "Megatron-LM",
-                plan,
-                "runs ZeRO-3 (FSDP2) only without a pipeline",
-            ))
-        }
+    match c.zero_stage {
+        0 => {}
+        1 => arg("--use-distributed-optimizer", None),
+        // ZeRO-2, and ZeRO-3 in a pipeline, are refused above.
+        _ => arg("--use-torch-fsdp2", None),
     }
     if let Some(layout) = split.and_then(|s| pipeline_layout(s, c.stages)) {
         arg("--pipeline-model-parallel-layout", Some(layout));
@@ -171,20 +185,7 @@ fn pipeline_layout(split: &TorchSplit, stages: usize) -> Option<String> {
 pub fn deepspeed_config(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value, Error> {
     let c = Configuration::of(plan);
     refuse_training_only("DeepSpeed", plan)?;
-    if c.tensor_parallel > 1 {
-        return Err(refused(
-            "DeepSpeed",
-            plan,
-            "takes tensor parallelism from Megatron's layers, not from its config (use --emit megatron-args)",
-        ));
-    }
-    if c.stages > 1 && c.zero_stage > 1 {
-        return Err(refused(
-            "DeepSpeed",
-            plan,
-            "runs its pipeline engine with ZeRO stage 0 or 1 only",
-        ));
-    }
+    c.refuse_unless_run_by(Engine::Deepspeed, plan)?;
     let mut ds_config = json!({
         "train_batch_size": c.global_batch,
         "train_micro_batch_size_per_gpu": c.microbatch_size,
@@ -216,6 +217,15 @@ pub fn deepspeed_config(plan: &Plan, split: Option<&TorchSplit>) -> Result<Value
         Value::Null
     };
     Ok(json!({ "ds_config": ds_config, "pipeline_module": pipeline_module }))
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Megatron => "Megatron-LM",
+        Engine::Deepspeed => "DeepSpeed",
+        Engine::Torch => "torch",
+        Engine::Pipecut => "pipecut",
+    }
 }
 
 fn refuse_training_only(engine: &str, plan: &Plan) -> Result<(), Error> {

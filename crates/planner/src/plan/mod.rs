@@ -34,7 +34,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::partition::parallelism::{Placement, SearchOutcome, StepFigures};
+use crate::partition::engine::Engine;
+use crate::partition::parallelism::{Placement, SearchLimit, SearchOutcome, StepFigures};
 use crate::partition::tensor_parallel::TensorParallelism;
 use crate::partition::{
     Baseline, CostSettings, CutConstraints, Evaluation, LowerBounds, OptimalityProof,
@@ -60,8 +61,10 @@ use pipecut_ir::onnx::Digests;
 /// tensor-parallel blocks whole through a cut constraint; version 9 records the sample values
 /// of shape inputs the plan was made with, see [`values`], and what proves an "optimal"
 /// status, `summary.proof`); version 10 records the memory model activations were counted by
-/// (`config.mode.memory_model`, see [`pipecut_cost::MemoryModel`]) and refuses newer ones.
-pub const SCHEMA_VERSION: u32 = 10;
+/// (`config.mode.memory_model`, see [`pipecut_cost::MemoryModel`]) and refuses newer ones;
+/// version 11 records the engine a cluster search planned for (`parallelism.engine`, see
+/// [`Engine`]) and the limit that stopped an incomplete search (`parallelism.stopped_by`).
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,6 +134,14 @@ pub struct PlanParallelism {
     pub candidates: usize,
     /// Configurations solved; the others were bounded out or could not fit.
     pub solved: usize,
+    /// The engine the search planned for, which runs the chosen configuration (absent:
+    /// pipecut's own runtime; version 11).
+    #[serde(default, skip_serializing_if = "Engine::is_pipecut")]
+    pub engine: Engine,
+    /// The limit that stopped the search before it proved its choice best over the space
+    /// (absent: the search was complete, in plans of version 11 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<SearchLimit>,
 }
 
 fn is_zero(stage: &u8) -> bool {
@@ -512,10 +523,10 @@ fn check_parallelism(
     parallelism: &PlanParallelism,
     stages: &[PlanStage],
     cluster: &Cluster,
-    (mode, chunks): (Mode, usize),
+    (mode, schedule): (Mode, Schedule),
 ) -> Result<(), Error> {
     let bad = |detail: String| Err(Error::InvalidPlan(detail));
-    let stages = &stages[..stages.len() / chunks.max(1)];
+    let stages = &stages[..stages.len() / schedule.chunks().max(1)];
     let p = parallelism;
     if let Mode::Training { zero, .. } = mode {
         if zero.stage > 3 {
@@ -597,7 +608,42 @@ fn check_parallelism(
             stages.len()
         ));
     }
-    Ok(())
+    check_engine(p, stages.len(), (mode, schedule))
+}
+
+/// The engine the plan names must run its configuration as planned.
+fn check_engine(
+    p: &PlanParallelism,
+    stages: usize,
+    (mode, schedule): (Mode, Schedule),
+) -> Result<(), Error> {
+    let (recompute, zero_stage) = match mode {
+        Mode::Training {
+            recompute, zero, ..
+        } => (recompute, zero.stage),
+        Mode::Inference => (Recompute::None, 0),
+    };
+    let key = crate::partition::parallelism::ConfigurationKey {
+        stages,
+        data_parallel: p.data_parallel,
+        microbatch_size: p.microbatch_size,
+        microbatches: p.global_batch / (p.data_parallel as u64 * p.microbatch_size).max(1),
+        schedule,
+        placement: p.placement,
+        recompute,
+        zero_stage,
+        tensor_parallel: p.tensor_parallel,
+    };
+    match p
+        .engine
+        .refuses(&key, matches!(mode, Mode::Training { .. }))
+    {
+        Some(reason) => Err(Error::InvalidPlan(format!(
+            "parallelism.engine is {}, which cannot run this configuration as planned: it {reason}",
+            p.engine
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Inputs to [`Plan::from_solution`] that the solution does not carry.
@@ -708,7 +754,12 @@ impl Plan {
 
     /// Adds the data parallelism a cluster search chose; `self` must be the plan of its replica
     /// 0 (the search's best configuration, solved on `outcome.replicas[0]`).
-    pub fn with_parallelism(mut self, outcome: &SearchOutcome, global_batch: u64) -> Plan {
+    pub fn with_parallelism(
+        mut self,
+        outcome: &SearchOutcome,
+        global_batch: u64,
+        engine: Engine,
+    ) -> Plan {
         let best = &outcome.best;
         self.parallelism = Some(PlanParallelism {
             global_batch,
@@ -748,6 +799,8 @@ impl Plan {
                 .collect(),
             candidates: outcome.candidates,
             solved: outcome.solved,
+            engine,
+            stopped_by: outcome.stopped_by,
         });
         self
     }
@@ -1223,7 +1276,7 @@ impl Plan {
                 parallelism,
                 &self.stages,
                 cluster,
-                (mode, self.config.schedule.chunks()),
+                (mode, self.config.schedule),
             ),
             (None, Mode::Training { zero, .. }) if !zero.is_none() => Err(Error::InvalidPlan(format!(
                 "the mode shards ZeRO state over {} replicas, but the plan has no parallelism section",
