@@ -85,6 +85,16 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(rank: usize, world: usize, job: TcpJob) -> Arc<Shared> {
+        Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            rank,
+            world,
+            job,
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -163,13 +173,7 @@ impl TcpTransport {
     ) -> Result<TcpTransport, Error> {
         let deadline = Instant::now() + job.peer_timeout;
         let master_addr = resolve(master)?;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-            rank,
-            world,
-            job,
-        });
+        let shared = Shared::new(rank, world, job);
         let (peers, control) = if rank == 0 {
             let rendezvous = TcpListener::bind(master_addr).map_err(|e| {
                 Error::Distributed(format!("rank 0 cannot listen at {master}: {e}"))
@@ -208,13 +212,7 @@ impl TcpTransport {
             key: job.key.failed_before_joining(),
             ..job
         };
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-            rank,
-            world,
-            job,
-        });
+        let shared = Shared::new(rank, world, job);
         if rank != 0 {
             return rendezvous::report(master_addr, &shared, deadline, master, cause);
         }
