@@ -23,6 +23,9 @@ How each part of the plan reaches torch (docs/python.md has the table):
   layout splits on their output or input axis; inside a traced pipeline stage, which calls aten
   ops rather than its modules, the same parameters become ``DTensor``s with the same placements
   and the stage's ops that meet them run under DTensor's rules;
+* sequence parallelism: on traced stages (one without a pipeline), partial sums are
+  reduce-scattered along the tokens instead of all-reduced, and each numbered block gathers its
+  inputs whole, as the plan's export does;
 * ZeRO-3: FSDP2 ``fully_shard``; ZeRO-1 and 2: ``fully_shard(reshard_after_forward=False)``
   (weights stay gathered from forward to backward; gradients and optimizer state are sharded,
   which is ZeRO-2; torch has no ZeRO-1 that composes with its pipelines, so ZeRO-1 plans get
@@ -84,6 +87,7 @@ class TorchPlan:
     microbatch_size: int
     global_batch: int
     block_family: Optional[str]
+    blocks: List[str]
     predicted_step_secs: float
     predicted_stage_secs: List[float]
     plan: Plan = field(repr=False)
@@ -291,6 +295,7 @@ def _torch_plan(
         microbatch_size=par.microbatch_size,
         global_batch=par.global_batch,
         block_family=family,
+        blocks=_blocks(family, split),
         predicted_step_secs=par.step_secs,
         predicted_stage_secs=[s.stage_secs for s in plan.stages],
         plan=plan,
@@ -375,12 +380,19 @@ def _submodule(model: Any, name: str) -> Any:
         return None
 
 
+def _blocks(family: Optional[str], split: Dict[str, Any]) -> List[str]:
+    """The model's numbered blocks (``transformer.h.0``, …), as torch-split found them."""
+    if not family:
+        return []
+    return [name for name in split.get("layers", []) if name.startswith(family + ".")]
+
+
 def _checkpointed(recompute: str, family: Optional[str], split: Dict[str, Any], model: Any) -> List[str]:
     """The modules to wrap in ``checkpoint_wrapper``: each numbered block (full), or each
     block's attention (selective: Korthikanti et al.'s recomputation of the attention core)."""
     if recompute == "none" or not family:
         return []
-    blocks = [name for name in split.get("layers", []) if name.startswith(family + ".")]
+    blocks = _blocks(family, split)
     if recompute == "full":
         return blocks
     attention = []
@@ -420,15 +432,17 @@ def apply(
     if mesh is None:
         shape = tuple(tplan.mesh[d] for d in MESH_DIMS)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=MESH_DIMS)
-    if tplan.sequence_parallel:
+    if tplan.sequence_parallel and not tplan.blocks:
         raise ValueError(
-            "the plan uses sequence parallelism, which pipecut.torch does not apply yet: "
-            "plan without --sequence-parallel"
+            "the plan uses sequence parallelism, which pipecut.torch applies between numbered "
+            "blocks, and this model has none that torch-split recognises"
         )
-    if tplan.mesh["tp"] > 1 and tplan.mesh["pp"] == 1:
-        _parallelize(tplan, model, mesh["tp"])
-    if tplan.mesh["pp"] > 1:
+    if tplan.mesh["pp"] > 1 or tplan.sequence_parallel:
+        # Sequence parallelism runs on traced stages (one stage without a pipeline), where
+        # the values between blocks can stay split along the sequence.
         return _pipelined(tplan, model, example_microbatch, loss_fn, mesh)
+    if tplan.mesh["tp"] > 1:
+        _parallelize(tplan, model, mesh["tp"])
     _checkpoint_modules(model, tplan.checkpoint_modules)
     _wrap_data_parallel(tplan, model, mesh)
     return model, Step(tplan, None, model, loss_fn, mesh)
@@ -534,14 +548,22 @@ def _styles() -> Tuple[Any, Any]:
     return Colwise, Rowwise
 
 
-def _shard_traced_stage(stage_module: Any, placements: Dict[str, Any], tp_mesh: Any) -> None:
+def _shard_traced_stage(
+    stage_module: Any, placements: Dict[str, Any], tp_mesh: Any, sequence_blocks: List[str]
+) -> None:
     """Tensor parallelism inside a traced pipeline stage. ``pipeline()``'s stages call aten ops
     on their parameters rather than their ``nn.Linear`` modules, so ``parallelize_module`` has
     nothing to hook. Instead the split parameters become ``DTensor``s with the plan's placements,
     and every op of the stage's graphs that meets a ``DTensor`` runs under DTensor's rules
     (``_on_tensor_parallel_values``), which insert the collectives the placements call for.
     Values are handed back as plain tensors as soon as they are whole again, so the rest of
-    the stage (attention, norms) runs on plain tensors, and the stage's outputs are whole."""
+    the stage (attention, norms) runs on plain tensors, and the stage's outputs are whole.
+
+    With sequence parallelism (``sequence_blocks``, the blocks of a plan that has it), a partial
+    sum is reduce-scattered along the sequence (dim 1; dim 0 of a layer that flattened its
+    tokens) instead, so the values between blocks stay split along it, and each block gathers
+    its inputs whole as it starts: the plan's ReduceScatter after each split block and
+    AllGather before each block."""
     from torch import nn
     from torch.distributed.tensor import distribute_tensor
 
@@ -564,9 +586,13 @@ def _shard_traced_stage(stage_module: Any, placements: Dict[str, Any], tp_mesh: 
                 # aten._assert_tensor_metadata has no DTensor rule; it checks what the trace saw.
                 graph.erase_node(node)
             else:
-                node.target = _on_tensor_parallel_values(node.target, tp_mesh)
+                node.target = _on_tensor_parallel_values(node.target, tp_mesh, bool(sequence_blocks))
         if hasattr(module, "recompile"):
             module.recompile()
+    for name in sequence_blocks:
+        block = _submodule(stage_module, name)
+        if block is not None:
+            block.register_forward_pre_hook(_whole_inputs, with_kwargs=True)
     stage_module.register_forward_hook(_whole_outputs)
 
 
@@ -574,7 +600,7 @@ def _is_unused_assertion(node: Any) -> bool:
     return not node.users and "_assert_" in getattr(node.target, "__name__", str(node.target))
 
 
-def _on_tensor_parallel_values(target: Any, tp_mesh: Any) -> Any:
+def _on_tensor_parallel_values(target: Any, tp_mesh: Any, sequence_parallel: bool) -> Any:
     """``target`` as it runs in a tensor-parallel stage: untouched where no argument is a
     ``DTensor``; otherwise every plain tensor argument enters as replicated (autograd-aware:
     its gradient is reduced over the group, Megatron's "f") and each result that is whole again
@@ -594,25 +620,42 @@ def _on_tensor_parallel_values(target: Any, tp_mesh: Any) -> Any:
             for a in flat
         ]
         args, kwargs = pytree.tree_unflatten(flat, spec)
-        return pytree.tree_map(_settled, target(*args, **kwargs))
+        return pytree.tree_map(lambda v: _settled(v, sequence_parallel), target(*args, **kwargs))
 
     call.__name__ = "tensor_parallel_" + getattr(target, "__name__", "op").replace(".", "_")
     return call
 
 
-def _settled(value: Any) -> Any:
+def _settled(value: Any, sequence_parallel: bool) -> Any:
     """A DTensor result as later ops take it: a partial sum reduced (an embedding split by
-    vocabulary must be reduced at once: its mask does not survive further ops), a whole value
-    as a plain tensor, a value still split kept as a DTensor."""
-    from torch.distributed.tensor import DTensor, Replicate
+    vocabulary must be reduced at once: its mask does not survive further ops), whole or, under
+    sequence parallelism, split along the sequence; a whole value as a plain tensor, a value
+    still split kept as a DTensor."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not isinstance(value, DTensor):
         return value
-    if any(p.is_partial() for p in value.placements):
-        value = value.redistribute(placements=[Replicate()] * len(value.placements))
+    partial = [p for p in value.placements if p.is_partial()]
+    if partial:
+        masked = any(type(p).__name__ == "MaskPartial" for p in partial)
+        along = Replicate()
+        if sequence_parallel and not masked and value.dim() >= 2:
+            # [batch, sequence, …] splits along the sequence; a layer that flattened its
+            # tokens to [batch·sequence, …] (Hugging Face's Conv1D) splits along them.
+            along = Shard(1) if value.dim() >= 3 else Shard(0)
+        value = value.redistribute(placements=[along] * len(value.placements))
     if all(p.is_replicate() for p in value.placements):
         return value.to_local()
     return value
+
+
+def _whole_inputs(_module: Any, args: Any, kwargs: Any) -> Any:
+    """A block's inputs gathered whole (sequence parallelism's AllGather before each block)."""
+    import torch.utils._pytree as pytree
+    from torch.distributed.tensor import DTensor
+
+    whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v  # noqa: E731
+    return pytree.tree_map(whole, (args, kwargs))
 
 
 def _whole_outputs(_module: Any, _args: Any, outputs: Any) -> Any:
@@ -654,6 +697,9 @@ def _pipelined(tplan: TorchPlan, model: Any, example: Tuple[Any, ...], loss_fn: 
     split_spec = {name: SplitPoint.BEGINNING for name in tplan.split_spec}
     placements = _parameter_placements(tplan, model) if tplan.mesh["tp"] > 1 else {}
     pipe = pipeline(model, mb_args=tuple(example), split_spec=split_spec)
+    if tplan.mesh["pp"] == 1:
+        module = _prepared_stage(tplan, pipe.get_stage_module(0), placements, mesh)
+        return module, Step(tplan, None, module, loss_fn, mesh)
     pp_rank, pp = mesh["pp"].get_local_rank(), tplan.mesh["pp"]
     modules, stages = [], []
     for index in range(pp_rank, pp * tplan.chunks, pp):
@@ -673,7 +719,8 @@ def _prepared_stage(tplan: TorchPlan, module: Any, placements: Dict[str, Any], m
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     if placements:
-        _shard_traced_stage(module, placements, mesh["tp"])
+        blocks = tplan.blocks if tplan.sequence_parallel else []
+        _shard_traced_stage(module, placements, mesh["tp"], blocks)
     if tplan.recompute != "none":
         # A traced stage does not call its blocks as modules: its whole forward is recomputed.
         module = checkpoint_wrapper(module)

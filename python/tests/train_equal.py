@@ -115,6 +115,29 @@ def count_recomputed_forwards(stage):
     return calls
 
 
+def count_sequence_split_inputs(stage, blocks):
+    """Counts the block calls that receive a value split along its tokens (a DTensor sharded on
+    dim 1, the sequence, or dim 0 where a layer flattened them): what sequence parallelism
+    keeps between blocks. The hook runs before pipecut's,
+    which gathers it whole."""
+    from torch.distributed.tensor import DTensor
+
+    count = [0]
+
+    def hook(_module, args, kwargs):
+        for value in list(args) + list(kwargs.values()):
+            if isinstance(value, DTensor) and any(
+                p.is_shard(0) or p.is_shard(1) for p in value.placements
+            ):
+                count[0] += 1
+                return
+
+    for name, module in stage.named_modules():
+        if model_name(name) in blocks:
+            module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+    return count
+
+
 def model_name(name):
     """A stage parameter's name in the model: without the wrappers' names, and without the
     chunk index of an interleaved rank's list of stages."""
@@ -174,6 +197,7 @@ def main():
     local_ids = tplan.local_batch(ids, step.dp_rank)
     local_labels = tplan.local_batch(labels, step.dp_rank)
     calls = count_recomputed_forwards(stage)
+    split_inputs = count_sequence_split_inputs(stage, set(tplan.blocks))
     got = []
     for _ in range(STEPS):
         opt.zero_grad()
@@ -199,7 +223,9 @@ def main():
         worst_param = max(worst_param, (full.detach() - ref.detach()).abs().max().item() / scale)
         compared += 1
     split, sharded = split_weights(stage, tplan.tensor_parallel)
-    worst = torch.tensor([worst_param, float(compared), float(split), float(sharded)])
+    worst = torch.tensor(
+        [worst_param, float(compared), float(split), float(sharded), float(split_inputs[0])]
+    )
     dist.all_reduce(worst[:1], op=dist.ReduceOp.MAX)
     dist.all_reduce(worst[1:], op=dist.ReduceOp.SUM)
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(got, ref_losses))
@@ -213,6 +239,8 @@ def main():
                 "param_rel_diff": worst[0].item(), "params_compared": int(worst[1].item()),
                 "model_params": len(ref_params),
                 "split_weights": int(worst[2].item()), "sharded_weights": int(worst[3].item()),
+                "sequence_parallel": tplan.sequence_parallel,
+                "sequence_split_block_inputs": int(worst[4].item()),
                 "checkpointed_modules": len(calls),
                 "forwards_per_microbatch": (
                     sum(calls) / (len(calls) * STEPS * tplan.microbatches) if calls else 0
