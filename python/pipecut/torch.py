@@ -651,20 +651,21 @@ def _settled(value: Any, sequence_parallel: bool) -> Any:
 
 def _whole_inputs(_module: Any, args: Any, kwargs: Any) -> Any:
     """A block's inputs gathered whole (sequence parallelism's AllGather before each block)."""
-    import torch.utils._pytree as pytree
-    from torch.distributed.tensor import DTensor
-
-    whole = lambda v: v.full_tensor() if isinstance(v, DTensor) else v  # noqa: E731
-    return pytree.tree_map(whole, (args, kwargs))
+    return _whole((args, kwargs))
 
 
 def _whole_outputs(_module: Any, _args: Any, outputs: Any) -> Any:
     """A stage's outputs whole on every rank of its group: what the next stage and the loss
     read (a vocabulary-parallel head's logits are gathered here)."""
+    return _whole(outputs)
+
+
+def _whole(values: Any) -> Any:
+    """``values`` with every DTensor in them gathered into a plain tensor (autograd-aware)."""
     import torch.utils._pytree as pytree
     from torch.distributed.tensor import DTensor
 
-    return pytree.tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, outputs)
+    return pytree.tree_map(lambda v: v.full_tensor() if isinstance(v, DTensor) else v, values)
 
 
 def _same_block(a: str, b: str) -> bool:
