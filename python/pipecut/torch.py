@@ -164,7 +164,7 @@ def _plan_here(
         _export(model, example_inputs, path, dynamo)
         if cluster is not None:
             options["cluster"] = cluster
-        weight_modules = _weight_modules(path, model)
+        weight_modules = _weight_modules(path)
         text = _api.command(
             "plan-cluster", path, "--mode", "training", "--global-batch", str(global_batch),
             "--batch-dim", "batch", "--json", "--emit", "torch-split-spec",
@@ -200,14 +200,19 @@ def _export(model: Any, example_inputs: Tuple[Any, ...], path: str, dynamo: bool
 
 @dataclass
 class WeightOwner:
-    """The module an exported initializer belongs to, and whether the exporter stored it
-    transposed (``None``: not a 2-D weight of that module, so no axis is mapped through it)."""
+    """The module an exported initializer belongs to, and the initializer itself (its values
+    are compared with the module's weight only for the weights a plan splits)."""
 
     module: str
-    transposed: Optional[bool]
+    initializer: Any = field(repr=False)
+
+    def transposed(self, model: Any) -> Optional[bool]:
+        """Whether the exporter stored the module's weight transposed (``None``: the
+        initializer is neither that 2-D weight nor its transpose)."""
+        return _orientation(self.initializer, _submodule(model, self.module))
 
 
-def _weight_modules(onnx_path: str, model: Any) -> Dict[str, WeightOwner]:
+def _weight_modules(onnx_path: str) -> Dict[str, WeightOwner]:
     """``{initializer: WeightOwner}`` for each initializer an exported node reads, by the
     module scope the dynamo exporter records on the node (``pkg.torch.onnx.name_scopes``: the
     module path, then the op). The exporter's optimizer folds a linear layer's transposed weight
@@ -232,8 +237,7 @@ def _weight_modules(onnx_path: str, model: Any) -> Dict[str, WeightOwner]:
             continue
         for name in node.input:
             if name in initializers and name not in owners:
-                orientation = _orientation(initializers[name], _submodule(model, path[-2]))
-                owners[name] = WeightOwner(path[-2], orientation)
+                owners[name] = WeightOwner(path[-2], initializers[name])
     return owners
 
 
@@ -348,12 +352,13 @@ def _tensor_parallel_styles(
                 )
             if len(weight["shape"]) == 1:
                 continue  # a bias follows its weight's split
-            if found is None or found.transposed is None:
+            transposed = found.transposed(model) if found is not None else None
+            if transposed is None:
                 raise ValueError(
                     f"the plan splits exported weight '{weight['name']}', which holds neither "
                     f"{owner}'s weight nor its transpose: its axis cannot be mapped to the module"
                 )
-            axis = 1 - weight["axis"] if found.transposed else weight["axis"]
+            axis = 1 - weight["axis"] if transposed else weight["axis"]
             column_axis = {"linear": 0, "conv1d": 1, "embedding": 1}[kind]
             styles[owner] = "colwise" if axis == column_axis else "rowwise"
     return styles
