@@ -10,11 +10,12 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
 
+use super::constant_steps::{fold_constant_steps, ConstantSteps};
 use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
 use super::steps::{plan_steps_with, Step};
@@ -47,6 +48,27 @@ fn plan_cpu_steps(graph: &Graph, spec: &StageSpec) -> Result<Vec<Step<CpuKernel>
     })
 }
 
+/// A stage's steps as they run: kernels resolved, Conv chains folded, and the steps that read
+/// only weights run now.
+fn prepare_steps(
+    graph: &Graph,
+    weights: &Weights,
+    spec: &StageSpec,
+) -> Result<(Vec<Step<CpuKernel>>, ConstantSteps), Error> {
+    let steps = plan_cpu_steps(graph, spec)?;
+    let steps = fold_conv_chains(graph, weights, spec, steps, CpuKernel::Folded);
+    Ok(fold_constant_steps(graph, weights, spec, steps))
+}
+
+/// A run's values to start from: the folded constants.
+fn starting_env(constants: &ConstantSteps) -> Env {
+    constants
+        .values
+        .iter()
+        .map(|(id, t)| (*id, Value::Tensor(Arc::clone(t))))
+        .collect()
+}
+
 /// The CPU reference backend over one graph and its weights.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuExecutor<'a> {
@@ -59,6 +81,73 @@ pub struct CpuExecutor<'a> {
 pub struct CpuStage {
     spec: StageSpec,
     steps: Vec<Step<CpuKernel>>,
+    /// What the steps that read only weights made, run once here (`constant_steps`).
+    constants: ConstantSteps,
+    /// Its control-flow nodes' subgraphs, as they are first run.
+    bodies: PreparedBodies,
+}
+
+/// The subgraphs of a stage's control-flow nodes (at any depth), each prepared the first time
+/// it runs and reused by every later run: its weights, and its steps with their Conv folds.
+/// Prepared on every run before, a model that is one `If` around the whole network (silero-vad
+/// picks its branch by sample rate) re-planned all of it per call. First use, not stage
+/// preparation, so a branch that never runs is never planned, and one that cannot run fails
+/// when it is taken, as before.
+#[derive(Debug, Default)]
+struct PreparedBodies(Mutex<HashMap<usize, Arc<PreparedBody>>>);
+
+#[derive(Debug)]
+struct PreparedBody {
+    /// Held so that the address the map is keyed by stays this body's.
+    graph: Arc<Graph>,
+    weights: Weights,
+    steps: Vec<Step<CpuKernel>>,
+    constants: ConstantSteps,
+}
+
+impl PreparedBodies {
+    /// `sub`'s prepared body, preparing it now if this is its first run. `enclosing` runs the
+    /// graph that holds it: the body's weights are found by name in what all the model's
+    /// weights share, and a captured input that is a weight of the enclosing graph is one of the
+    /// body's too, so that the steps reading it fold (silero-vad's LSTM reorders the gates of
+    /// weights its branch captures).
+    fn get_or_prepare(
+        &self,
+        sub: &Subgraph,
+        enclosing: &CpuExecutor,
+    ) -> Result<Arc<PreparedBody>, Error> {
+        let key = Arc::as_ptr(&sub.body) as usize;
+        let mut prepared = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(body) = prepared.get(&key) {
+            return Ok(Arc::clone(body));
+        }
+        let graph = Arc::clone(&sub.body);
+        let mut weights = enclosing.weights.for_subgraph(&graph)?;
+        for &id in graph.inputs().iter().skip(sub.formal_inputs) {
+            let outer = enclosing.graph.tensor_id(&graph.tensor(id).name);
+            if let Some(weight) = outer.and_then(|outer| enclosing.weights.get(outer)) {
+                weights.insert(id, Arc::clone(weight));
+            }
+        }
+        let spec = StageSpec {
+            index: 0,
+            nodes: graph.topological_order().to_vec(),
+            receives: graph.inputs().to_vec(),
+            sends: graph.outputs().to_vec(),
+        };
+        let (steps, constants) = prepare_steps(&graph, &weights, &spec)?;
+        let body = Arc::new(PreparedBody {
+            graph,
+            weights,
+            steps,
+            constants,
+        });
+        prepared.insert(key, Arc::clone(&body));
+        Ok(body)
+    }
 }
 
 impl CpuStage {
@@ -91,7 +180,7 @@ impl<'a> CpuExecutor<'a> {
         let all: Vec<NodeId> = self.graph.topological_order().to_vec();
         let spec = stage_specs(self.graph, &[all])?.remove(0);
         let stage = self.prepare(&spec)?;
-        let mut env = Env::new();
+        let mut env = starting_env(&stage.constants);
         for &id in &stage.spec.receives {
             let name = &self.graph.tensor(id).name;
             if self.graph.tensor(id).param().is_some() {
@@ -104,7 +193,13 @@ impl<'a> CpuExecutor<'a> {
             })?;
             env.insert(id, value.clone());
         }
-        let env = self.execute(&stage.steps, env, &|_| None, &mut |_, _, _| {})?;
+        let env = self.execute(
+            &stage.steps,
+            env,
+            &|_| None,
+            &stage.bodies,
+            &mut |_, _, _| {},
+        )?;
         stage
             .spec
             .sends
@@ -131,6 +226,7 @@ impl<'a> CpuExecutor<'a> {
         steps: &[Step<CpuKernel>],
         mut env: Env,
         outer: &dyn Fn(&str) -> Option<Value>,
+        bodies: &PreparedBodies,
         observe: &mut dyn FnMut(NodeId, f64, u64),
     ) -> Result<Env, Error> {
         for step in steps {
@@ -149,7 +245,7 @@ impl<'a> CpuExecutor<'a> {
             };
             let began = Instant::now();
             let results = self
-                .run_step(step, &ctx, &args, &env, outer)
+                .run_step(step, &ctx, &args, &env, outer, bodies)
                 .map_err(kernel_error)?;
             let secs = began.elapsed().as_secs_f64();
             let output_bytes = results.iter().map(Value::byte_len).sum();
@@ -194,6 +290,7 @@ impl<'a> CpuExecutor<'a> {
         args: &[Option<Value>],
         env: &Env,
         outer: &dyn Fn(&str) -> Option<Value>,
+        bodies: &PreparedBodies,
     ) -> Result<Vec<Value>, String> {
         let node = ctx.node;
         let all_tensors = args.iter().flatten().all(|v| matches!(v, Value::Tensor(_)));
@@ -225,7 +322,7 @@ impl<'a> CpuExecutor<'a> {
                         .or_else(|| outer(name))
                 };
                 let run_body = |sub: &Subgraph, formals: &[Value]| {
-                    self.run_body(sub, formals, &scope)
+                    self.run_body(sub, formals, &scope, bodies)
                         .map_err(|e| format!("in subgraph '{}': {e}", sub.name))
                 };
                 let refs: Vec<Option<&Value>> = args.iter().map(Option::as_ref).collect();
@@ -245,10 +342,8 @@ impl<'a> CpuExecutor<'a> {
         sub: &Subgraph,
         formals: &[Value],
         scope: &dyn Fn(&str) -> Option<Value>,
+        bodies: &PreparedBodies,
     ) -> Result<Vec<Value>, Error> {
-        let body = &*sub.body;
-        let weights = self.weights.for_subgraph(body)?;
-        let executor = CpuExecutor::new(body, &weights);
         if formals.len() != sub.formal_inputs {
             return Err(Error::RunInput(format!(
                 "it declares {} inputs, the node gives it {}",
@@ -256,7 +351,10 @@ impl<'a> CpuExecutor<'a> {
                 formals.len()
             )));
         }
-        let mut env = Env::new();
+        let prepared = bodies.get_or_prepare(sub, self)?;
+        let body = &*prepared.graph;
+        let executor = CpuExecutor::new(body, &prepared.weights);
+        let mut env = starting_env(&prepared.constants);
         for (i, &id) in body.inputs().iter().enumerate() {
             let name = &body.tensor(id).name;
             let value = match formals.get(i) {
@@ -267,15 +365,7 @@ impl<'a> CpuExecutor<'a> {
             };
             env.insert(id, value);
         }
-        let nodes: Vec<NodeId> = body.topological_order().to_vec();
-        let spec = StageSpec {
-            index: 0,
-            nodes,
-            receives: body.inputs().to_vec(),
-            sends: body.outputs().to_vec(),
-        };
-        let steps = plan_cpu_steps(body, &spec)?;
-        let env = executor.execute(&steps, env, scope, &mut |_, _, _| {})?;
+        let env = executor.execute(&prepared.steps, env, scope, bodies, &mut |_, _, _| {})?;
         body.outputs()
             .iter()
             .map(|&id| {
@@ -291,10 +381,12 @@ impl Executor for CpuExecutor<'_> {
     type Stage = CpuStage;
 
     fn prepare(&self, spec: &StageSpec) -> Result<CpuStage, Error> {
-        let steps = plan_cpu_steps(self.graph, spec)?;
+        let (steps, constants) = prepare_steps(self.graph, self.weights, spec)?;
         Ok(CpuStage {
             spec: spec.clone(),
-            steps: fold_conv_chains(self.graph, self.weights, spec, steps, CpuKernel::Folded),
+            steps,
+            constants,
+            bodies: PreparedBodies::default(),
         })
     }
 
@@ -326,7 +418,10 @@ impl CpuExecutor<'_> {
         observe: &mut dyn FnMut(NodeId, f64, u64),
     ) -> Result<Tensors, Error> {
         let graph = self.graph;
-        let mut env = Env::new();
+        let mut env = starting_env(&stage.constants);
+        for &(folded, bytes) in &stage.constants.nodes {
+            observe(folded, 0.0, bytes);
+        }
         for &id in &stage.spec.receives {
             let name = &graph.tensor(id).name;
             if graph.tensor(id).param().is_some() {
@@ -340,7 +435,7 @@ impl CpuExecutor<'_> {
             })?;
             env.insert(id, Value::Tensor(Arc::clone(value)));
         }
-        let env = self.execute(&stage.steps, env, &|_| None, observe)?;
+        let env = self.execute(&stage.steps, env, &|_| None, &stage.bodies, observe)?;
         stage
             .spec
             .sends
@@ -843,6 +938,209 @@ mod tests {
     }
 
     #[test]
+    fn steps_that_read_only_weights_run_once_at_prepare_and_give_the_same_bits() {
+        use pipecut_ir::graph::{Dim, NodeSpec, Param, Storage};
+        let mut b = Graph::builder("constant_steps");
+        b.opset("", 17);
+        let x = Some(vec![Dim::Known(2), Dim::Known(4)]);
+        b.input("x", Some(DType::F32), x).unwrap();
+        let embedded = |bytes| Param {
+            bytes,
+            storage: Storage::Embedded,
+        };
+        let w = b
+            .parameter("w", DType::F32, &[4, 4], embedded(64), None)
+            .unwrap();
+        let s = b
+            .parameter("s", DType::F32, &[1], embedded(4), None)
+            .unwrap();
+        let big = b
+            .parameter("big", DType::I64, &[2], embedded(16), None)
+            .unwrap();
+        for (name, op, inputs, outputs) in [
+            ("t", "Transpose", &["w"][..], &["w_t"][..]),
+            ("n", "Neg", &["w_t"], &["w_neg"]),
+            ("m", "MatMul", &["x", "w_neg"], &["y"]),
+            // 1 MiB from 4 bytes: left to the run, as it would only be held by the stage.
+            ("e", "Expand", &["s", "big"], &["spread"]),
+            ("r", "RandomNormalLike", &["w"], &["draws"]),
+        ] {
+            b.node(NodeSpec::new(name, op, inputs, outputs)).unwrap();
+        }
+        for output in ["y", "spread", "draws"] {
+            b.output(output);
+        }
+        let graph = b.build().unwrap();
+        let mut weights = Weights::default();
+        let w_values = (0..16).map(|i| (i as f32 - 7.5) / 3.0).collect();
+        weights.insert(w, Arc::new(HostTensor::f32(vec![4, 4], w_values)));
+        weights.insert(s, Arc::new(HostTensor::f32(vec![1], vec![0.5])));
+        weights.insert(big, Arc::new(HostTensor::i64(vec![2], vec![512, 512])));
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let spec = stage_specs(&graph, std::slice::from_ref(&order))
+            .unwrap()
+            .remove(0);
+        let folded = executor.prepare(&spec).unwrap();
+        let ops = |steps: &[Step<CpuKernel>]| -> Vec<String> {
+            let op = |s: &Step<CpuKernel>| graph.node(s.node).op_type.clone();
+            steps.iter().map(op).collect()
+        };
+        assert_eq!(ops(&folded.steps), ["MatMul", "Expand", "RandomNormalLike"]);
+        let folded_nodes: Vec<&str> = (folded.constants.nodes.iter())
+            .map(|&(n, _)| graph.node(n).name.as_str())
+            .collect();
+        assert_eq!(folded_nodes, ["t", "n"]);
+        // Only what a remaining step reads is kept: the transpose went into the negation.
+        let kept: Vec<&str> = (folded.constants.values.iter())
+            .map(|(id, _)| graph.tensor(*id).name.as_str())
+            .collect();
+        assert_eq!(kept, ["w_neg"]);
+        let unfolded = CpuStage {
+            steps: plan_cpu_steps(&graph, &spec).unwrap(),
+            spec,
+            constants: ConstantSteps::default(),
+            bodies: PreparedBodies::default(),
+        };
+        let mut inputs = Tensors::new();
+        let x_values = (0..8).map(|i| i as f32 / 4.0).collect();
+        inputs.insert("x".into(), Arc::new(HostTensor::f32(vec![2, 4], x_values)));
+        for _ in 0..2 {
+            let got = executor.run(&folded, &inputs).unwrap();
+            let want = executor.run(&unfolded, &inputs).unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
+    /// A model whose one `If` takes a branch that slices a weight of the enclosing graph, as
+    /// silero-vad's LSTM branch slices the weights it captures.
+    fn if_slicing_a_captured_weight() -> Vec<u8> {
+        use onnx_protobuf::{
+            tensor_proto::DataType, AttributeProto, GraphProto, Message, ModelProto, NodeProto,
+            OperatorSetIdProto, TensorProto, ValueInfoProto,
+        };
+        let node = |op: &str, inputs: &[&str], output: &str| NodeProto {
+            op_type: op.into(),
+            name: output.into(),
+            input: inputs.iter().map(|i| i.to_string()).collect(),
+            output: vec![output.into()],
+            ..Default::default()
+        };
+        let tensor = |name: &str, data_type: DataType, dims: &[i64], values: Vec<u8>| TensorProto {
+            name: name.into(),
+            data_type: data_type as i32,
+            dims: dims.to_vec(),
+            raw_data: values,
+            ..Default::default()
+        };
+        let floats = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let info = |name: &str| ValueInfoProto {
+            name: name.into(),
+            ..Default::default()
+        };
+        let branch = |name: &str, nodes: Vec<NodeProto>, inits: Vec<TensorProto>, out: &str| {
+            AttributeProto {
+                name: name.into(),
+                type_: onnx_protobuf::attribute_proto::AttributeType::GRAPH.into(),
+                g: Some(GraphProto {
+                    name: name.into(),
+                    node: nodes,
+                    initializer: inits,
+                    output: vec![info(out)],
+                    ..Default::default()
+                })
+                .into(),
+                ..Default::default()
+            }
+        };
+        let ends = 4i64.to_le_bytes().to_vec();
+        let then_branch = branch(
+            "then_branch",
+            vec![
+                node("Slice", &["w", "starts", "ends"], "ws"),
+                node("Add", &["x", "ws"], "sum"),
+            ],
+            vec![
+                tensor("starts", DataType::INT64, &[1], 0i64.to_le_bytes().to_vec()),
+                tensor("ends", DataType::INT64, &[1], ends),
+            ],
+            "sum",
+        );
+        let else_branch = branch(
+            "else_branch",
+            vec![node("Identity", &["x"], "same")],
+            vec![],
+            "same",
+        );
+        let mut if_node = node("If", &["cond"], "y");
+        if_node.attribute = vec![then_branch, else_branch];
+        let mut x = info("x");
+        let mut y = info("y");
+        for value in [&mut x, &mut y] {
+            let ty = value.type_.mut_or_insert_default().mut_tensor_type();
+            ty.elem_type = DataType::FLOAT as i32;
+            ty.shape
+                .mut_or_insert_default()
+                .dim
+                .push(Default::default());
+            ty.shape.as_mut().unwrap().dim[0].set_dim_value(4);
+        }
+        let w = floats(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let model = ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                version: 17,
+                ..Default::default()
+            }],
+            graph: Some(GraphProto {
+                name: "captures".into(),
+                node: vec![if_node],
+                initializer: vec![
+                    tensor("w", DataType::FLOAT, &[8], w),
+                    tensor("cond", DataType::BOOL, &[], vec![1]),
+                ],
+                input: vec![x],
+                output: vec![y],
+                ..Default::default()
+            })
+            .into(),
+            ..Default::default()
+        };
+        model.write_to_bytes().unwrap()
+    }
+
+    #[test]
+    fn a_branch_is_prepared_once_and_folds_what_it_reads_of_the_enclosing_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("captures.onnx");
+        std::fs::write(&path, if_slicing_a_captured_weight()).unwrap();
+        let graph = pipecut_ir::onnx::load_model(&path).unwrap().graph;
+        let weights = Weights::load(&path, &graph).unwrap();
+        let executor = CpuExecutor::new(&graph, &weights);
+        let order = graph.topological_order().to_vec();
+        let spec = stage_specs(&graph, std::slice::from_ref(&order))
+            .unwrap()
+            .remove(0);
+        let stage = executor.prepare(&spec).unwrap();
+        let mut inputs = Tensors::new();
+        let x = HostTensor::f32(vec![4], vec![0.5, 0.25, 0.125, 0.0]);
+        inputs.insert("x".into(), Arc::new(x));
+        for _ in 0..3 {
+            let y = executor.run(&stage, &inputs).unwrap().remove("y").unwrap();
+            assert_eq!(y.as_f32().unwrap(), [1.5, 2.25, 3.125, 4.0]);
+        }
+        let bodies = stage.bodies.0.lock().unwrap();
+        // One branch prepared, once, for the three runs; the untaken one never.
+        assert_eq!(bodies.len(), 1);
+        let body = bodies.values().next().unwrap();
+        let ops: Vec<&str> = (body.steps.iter())
+            .map(|s| body.graph.node(s.node).op_type.as_str())
+            .collect();
+        assert_eq!(ops, ["Add"]);
+        assert_eq!(body.constants.nodes.len(), 1);
+    }
+
+    #[test]
     fn an_op_without_a_kernel_is_refused_at_prepare_naming_op_and_node() {
         use pipecut_ir::graph::{DType, Dim, NodeSpec};
         let name = "/head/Hardmax2";
@@ -921,6 +1219,8 @@ mod tests {
             let unfolded = CpuStage {
                 steps: plan_cpu_steps(&self.graph, &spec).unwrap(),
                 spec,
+                constants: ConstantSteps::default(),
+                bodies: PreparedBodies::default(),
             };
             let (name, shape) = input;
             let len = shape.iter().product::<usize>();

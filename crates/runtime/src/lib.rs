@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod calibrate;
+mod constant_steps;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -270,6 +270,15 @@ impl HostTensor {
         }
     }
 
+    /// The elements as f32: borrowed from a float tensor, converted as [`Self::to_f32_vec`]
+    /// from any other. A kernel that only reads its weights copies nothing this way.
+    pub fn f32_cow(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.data {
+            TensorData::F32(v) => std::borrow::Cow::Borrowed(v),
+            _ => std::borrow::Cow::Owned(self.to_f32_vec()),
+        }
+    }
+
     /// Every element as i64 (floats truncated toward zero, as `Cast` does; strings parsed as
     /// integers, else as floats and truncated, text that is no number giving 0).
     pub fn to_i64_vec(&self) -> Vec<i64> {

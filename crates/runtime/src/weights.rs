@@ -157,6 +157,12 @@ impl Weights {
         })
     }
 
+    /// Gives tensor `id` the constant value `value`, as a weight: a subgraph's input that
+    /// stands for a weight of an enclosing graph (`cpu::PreparedBodies`).
+    pub(crate) fn insert(&mut self, id: TensorId, value: Arc<HostTensor>) {
+        self.by_tensor.insert(id, value);
+    }
+
     /// The weight held by a parameter tensor.
     pub fn get(&self, id: TensorId) -> Option<&Arc<HostTensor>> {
         self.by_tensor.get(&id)

@@ -350,6 +350,9 @@ fn convolve(
     if cg == 1 && mg == 1 {
         return depthwise(xv, wv, bias, [n, c], [h, wd], win, [oh, ow]);
     }
+    if (1..=FEW_POSITIONS).contains(&cols) {
+        return conv_few_positions(xv, wv, bias, geometry, win);
+    }
     let pointwise = kh == 1 && kw == 1 && win.stride == [1, 1] && win.pad == [[0, 0], [0, 0]];
     if !pointwise {
         if let Some(planes) = PhasePlanes::fit(geometry, win) {
@@ -416,6 +419,61 @@ fn convolve(
                     &mut o[y0 * ow..],
                     cols,
                 );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Output positions per image up to which a convolution is one dot product per output
+/// ([`conv_few_positions`]).
+const FEW_POSITIONS: usize = 4;
+
+/// A convolution with at most [`FEW_POSITIONS`] output positions per image (a streaming audio
+/// model's chunk: silero-vad's front end and encoder give 1 to 4 frames), one image at a time:
+/// each output is its channel's bias plus the dot product of the channel's weights with the
+/// position's patch (`matmul::row_dots`). gemm packed all the weights on every call for a
+/// product 1 to 4 columns wide, which cost more than the product. Chosen by positions per
+/// image, not by batch, so a micro-batch's outputs are the whole batch's bit for bit.
+fn conv_few_positions(
+    xv: &[f32],
+    wv: &[f32],
+    bias: Option<&[f32]>,
+    geometry: &ConvGeometry,
+    win: &Window,
+) -> Result<Vec<f32>, String> {
+    let ConvGeometry {
+        n,
+        c,
+        hw: [h, wd],
+        groups: [group, cg, mg],
+        out_hw: [oh, ow],
+    } = *geometry;
+    let [kh, kw] = win.kernel;
+    let (rows, cols, m) = (cg * kh * kw, oh * ow, mg * group);
+    let mut out = try_zeros_f32(&[n, m, cols])?;
+    let mut col = vec![0.0f32; rows * cols];
+    let mut patches = vec![0.0f32; cols * rows];
+    let mut product = vec![0.0f32; mg * cols];
+    for b in 0..n {
+        for g in 0..group {
+            let x_group = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
+            im2col(x_group, cg, [h, wd], win, [0, oh], ow, (&mut col, cols));
+            // The column matrix's columns as rows: each position's patch, contiguous.
+            for (p, patch) in patches.chunks_exact_mut(rows).enumerate() {
+                for (r, v) in patch.iter_mut().enumerate() {
+                    *v = col[r * cols + p];
+                }
+            }
+            let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
+            super::matmul::row_dots(wg, &patches, rows, &mut product);
+            for (j, values) in product.chunks_exact(cols).enumerate() {
+                let channel = g * mg + j;
+                let add = bias.map_or(0.0, |bias| bias[channel]);
+                let dst = &mut out[(b * m + channel) * cols..][..cols];
+                for (d, &v) in dst.iter_mut().zip(values) {
+                    *d = v + add;
+                }
             }
         }
     }
@@ -1815,6 +1873,50 @@ mod tests {
         check([2, 3], [1, 2], [1, 0, 2, 1], false);
         check([1, 1], [2, 1], [0, 1, 0, 0], false);
         check([2, 2], [1, 1], [0, 0, 0, 0], true);
+    }
+
+    #[test]
+    fn few_output_positions_match_the_definition_and_each_image_alone_bit_for_bit() {
+        // A 1-D front end's shape in small (a 16-tap filter bank at stride 8 over 40 samples:
+        // 4 frames), and a grouped 3×3 convolution with a 2×2 output.
+        let cases = [
+            Defined {
+                nchw: [4, 1, 1, 40],
+                m: 6,
+                group: 1,
+                kernel: [1, 16],
+                strides: [1, 8],
+                dilations: [1, 1],
+                pads: [0; 4],
+            },
+            Defined {
+                nchw: [3, 4, 4, 4],
+                m: 6,
+                group: 2,
+                kernel: [3, 3],
+                strides: [2, 2],
+                dilations: [1, 1],
+                pads: [1, 1, 0, 0],
+            },
+        ];
+        for case in cases {
+            assert!(case.output_hw().iter().product::<usize>() <= super::FEW_POSITIONS);
+            case.assert_kernel_matches();
+            let [n, c, h, w] = case.nchw;
+            let (cg, [kh, kw]) = (c / case.group, case.kernel);
+            let xs: Vec<f32> = (0..n * c * h * w)
+                .map(|i| (i % 13) as f32 / 3.0 - 2.0)
+                .collect();
+            let ws = f(&[case.m, cg, kh, kw], &vec![0.3; case.m * cg * kh * kw]);
+            let all = run("Conv", case.attributes(), &[&f(&case.nchw, &xs), &ws]);
+            // A micro-batch of one image gives the whole batch's bits for that image.
+            let mut one_by_one = Vec::new();
+            for image in xs.chunks(c * h * w) {
+                let alone = run("Conv", case.attributes(), &[&f(&[1, c, h, w], image), &ws]);
+                one_by_one.extend(alone[0].to_f32_vec());
+            }
+            assert_eq!(all[0].to_f32_vec(), one_by_one);
+        }
     }
 
     #[test]

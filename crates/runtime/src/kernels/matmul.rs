@@ -105,6 +105,23 @@ pub(crate) fn sgemm_rows(
     }
 }
 
+/// `out[i·n + j] = a_i · b_j` for the rows `a_i` of `a` and `b_j` of `b`, each `k` long (`out` is
+/// m × n): one dot product per element. gemm packs a whole operand on every call, which cost a
+/// streaming model (silero-vad: convolutions over one chunk's 1 to 4 positions, an LSTM step of
+/// batch 1 against `R`) more than its arithmetic. Each element is a function of its two rows
+/// alone, so a row's result does not depend on how many rows come with it: a micro-batch gives
+/// the bits the whole batch gives, as the pipelines' tests require. The callers choose this
+/// path on what splitting the batch leaves alone (an LSTM's `R`, a convolution's positions per
+/// image), never on the number of rows.
+pub(crate) fn row_dots(a: &[f32], b: &[f32], k: usize, out: &mut [f32]) {
+    let n = b.len() / k.max(1);
+    for (a_row, out_row) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+        for (v, b_row) in out_row.iter_mut().zip(b.chunks_exact(k.max(1))) {
+            *v = super::fast_math::dot(a_row, b_row);
+        }
+    }
+}
+
 /// How many threads one product may use: `MATMUL_NUM_THREADS` (the variable `pipecut profile
 /// --threads` and the stage benchmarks set, the name matrixmultiply read before), else every
 /// core. Read once: a product in the middle of a run does not change its threading.

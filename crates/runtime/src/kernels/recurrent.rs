@@ -256,12 +256,14 @@ fn recurrent(ctx: &Ctx, inputs: &[Option<&HostTensor>], cell: Cell) -> KernelRes
         Cell::Lstm => initial_state(given(6), &dims)?,
         _ => Vec::new(),
     };
-    let (w, r) = (w.to_f32_vec(), r.to_f32_vec());
-    let bias = given(3).map(HostTensor::to_f32_vec);
+    // Borrowed where they are float already: a one-step LSTM spent a sixth of its time
+    // copying W and R.
+    let (w, r) = (w.f32_cow(), r.f32_cow());
+    let bias = given(3).map(HostTensor::f32_cow);
     let peepholes = given(7)
         .filter(|_| cell == Cell::Lstm)
-        .map(HostTensor::to_f32_vec);
-    let x = x.to_f32_vec();
+        .map(HostTensor::f32_cow);
+    let x = x.f32_cow();
     let mut y = vec![0.0f32; seq * directions * batch * hidden];
     let (gh, state) = (gates * hidden, batch * hidden);
     let per = cell.default_activations().len();
@@ -432,6 +434,28 @@ fn project(
     }
 }
 
+/// `out = h·R[first..first + n]ᵀ + bias` for the rows of `h` (`[m, hidden]`), where `n` is
+/// `out`'s width: each output the dot product of a row of `h` with one of `R`'s rows
+/// (`matmul::row_dots`). Taken as gemm's columns, `R`'s rows made it pack all of `R` at every
+/// step; transposed for gemm, `R` was copied at every run, most of a one-step LSTM's time
+/// (streaming models call one step at a time).
+fn recurrent_product(
+    h: &[f32],
+    (r, hidden): (&[f32], usize),
+    first: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let m = h.len() / hidden.max(1);
+    let n = out.len() / m.max(1);
+    super::matmul::row_dots(h, &r[first * hidden..(first + n) * hidden], hidden, out);
+    if let Some(bias) = bias {
+        for row in out.chunks_mut(n.max(1)) {
+            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+    }
+}
+
 impl Layer<'_> {
     /// Runs every sequence of the batch in direction `d` (`reverse` from each sequence's own
     /// last step) from the state `(h, c)` (`[batch, hidden]` each) over `x` (all of `X`), writing
@@ -461,15 +485,6 @@ impl Layer<'_> {
         // Rows in X's own order: (t, b) is row t·batch + b, or b·seq + t under layout 1.
         let mut xw = vec![0.0f32; seq * batch * gh];
         project(x, [seq * batch, input], (self.w, (1, input)), wb, &mut xw);
-        // `R` transposed once, `[hidden, gates · hidden]`: each step's product then reads it row
-        // by row, where reading `R`'s own rows as columns made the product pack all of `R` at
-        // every step (two thirds of an LSTM's time).
-        let mut r_t = vec![0.0f32; hidden * gh];
-        for (n, weights) in self.r.chunks_exact(hidden.max(1)).enumerate() {
-            for (k, &v) in weights.iter().enumerate() {
-                r_t[k * gh + n] = v;
-            }
-        }
         let row = |t: usize, b: usize| {
             if batch_first {
                 b * seq + t
@@ -492,13 +507,13 @@ impl Layer<'_> {
             };
             let rb_first = rb.map(|b| &b[..first_rows]);
             if split_candidate {
-                project(h, [batch, hidden], (&r_t, (gh, 1)), rb_first, &mut products);
+                recurrent_product(h, (self.r, hidden), 0, rb_first, &mut products);
                 for b in 0..batch {
                     rh[b * gh..b * gh + first_rows]
                         .copy_from_slice(&products[b * first_rows..(b + 1) * first_rows]);
                 }
             } else {
-                project(h, [batch, hidden], (&r_t, (gh, 1)), rb_first, &mut rh);
+                recurrent_product(h, (self.r, hidden), 0, rb_first, &mut rh);
             }
             if split_candidate {
                 for b in 0..batch {
@@ -515,14 +530,8 @@ impl Layer<'_> {
                     }
                 }
                 let rb_h = self.bias.map(|b| &b[gh + 2 * hidden..]);
-                let r_h = (&r_t[2 * hidden..], (gh, 1));
-                project(
-                    &gated,
-                    [batch, hidden],
-                    r_h,
-                    rb_h,
-                    &mut products[..batch * hidden],
-                );
+                let candidate = &mut products[..batch * hidden];
+                recurrent_product(&gated, (self.r, hidden), 2 * hidden, rb_h, candidate);
                 for b in 0..batch {
                     rh[b * gh + 2 * hidden..(b + 1) * gh]
                         .copy_from_slice(&products[b * hidden..(b + 1) * hidden]);
