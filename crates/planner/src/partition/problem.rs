@@ -149,9 +149,8 @@ pub struct PartitionProblem {
     /// Bytes of each node's outputs per micro-batch (its activations).
     pub(crate) activation_bytes: Vec<u64>,
     /// What each node's weight gradient reads per micro-batch, which a zero-bubble stage keeps
-    /// from a micro-batch's B to its W: for a node that reads a weight, its other inputs and
-    /// (as their gradients) its outputs; 0 for the others. A tensor read by several such nodes
-    /// counts at each, which can only overstate.
+    /// from a micro-batch's B to its W ([`node_weight_inputs`]); 0 for nodes that read no
+    /// weight, and everywhere under the other schedules.
     pub(crate) weight_input_bytes: Vec<u64>,
     pub(crate) params: Vec<ParamUse>,
     /// Params each node reads: indices into `params`.
@@ -657,8 +656,8 @@ impl PartitionProblem {
 
     /// Peak bytes of stage `stage` holding weights of `params` bytes, and per micro-batch
     /// `received`, `activations` and `weight_inputs` bytes: the weights plus the most it holds
-    /// at any of its peak moments ([`StageDevice::held`]). Every solver, bound and check costs
-    /// a stage's memory here, so they cannot disagree.
+    /// at any of its peak moments ([`StageDevice::held`]). `evaluate` (and so `check`), the
+    /// DP and the ideal search cost a stage's memory here; the MILP has a row per moment.
     pub fn peak_bytes(
         &self,
         stage: usize,
@@ -915,7 +914,12 @@ fn weight_gradient_inputs(graph: &Graph, order: &[NodeId]) -> Result<Vec<u64>, E
     let mut bytes = vec![0u64; order.len()];
     for (p, &id) in order.iter().enumerate() {
         let node = graph.node(id);
-        let reads_weight = node.inputs.iter().flatten().any(|&t| derived[t.index()]);
+        let reads_weight = node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(&node.captures)
+            .any(|&t| derived[t.index()]);
         if reads_weight && !node.outputs.iter().flatten().all(|&t| derived[t.index()]) {
             bytes[p] = node_weight_inputs(graph, id, &derived, |t, _| tensor_bytes(graph, t))?;
         }
