@@ -1105,3 +1105,168 @@ fn a_plan_with_a_non_finite_figure_is_refused_before_writing() {
         "{err}"
     );
 }
+
+/// mlp.onnx with three more elementwise nodes after each hidden layer's Relu (Sigmoid, Tanh,
+/// Abs, the last keeping the Relu's output name): every hidden tensor is `[batch, 128]` fp32,
+/// and a layer keeps five of them for its backward but its weight gradient reads two.
+fn mlp_with_elementwise_tails(dir: &Path) -> String {
+    edited_mlp(dir, "mlp_tails.onnx", |graph| {
+        let mut nodes = Vec::new();
+        for mut node in std::mem::take(&mut graph.node) {
+            if node.op_type != "Relu" {
+                nodes.push(node);
+                continue;
+            }
+            let out = node.output[0].clone();
+            node.output[0] = format!("{out}_relu");
+            nodes.push(node);
+            let mut prev = format!("{out}_relu");
+            for (i, op) in ["Sigmoid", "Tanh", "Abs"].into_iter().enumerate() {
+                let next = if i == 2 {
+                    out.clone()
+                } else {
+                    format!("{out}_{op}")
+                };
+                nodes.push(onnx_protobuf::NodeProto {
+                    name: format!("{out}/{op}"),
+                    op_type: op.into(),
+                    input: vec![prev],
+                    output: vec![next.clone()],
+                    ..Default::default()
+                });
+                prev = next;
+            }
+        }
+        graph.node = nodes;
+    })
+}
+
+/// Issue 38: under ZB-H1, stage d of K holds K − d micro-batches before their B (all their
+/// activations) and d past B, which keep only their received tensors and what W reads (a
+/// weight node's node-made inputs and its outputs' gradients); just after a B, K − d − 1 and
+/// d + 1. The peaks `partition` prints equal that count by hand on a chain whose every tensor
+/// size is known. At the smallest memory where some cut fits by it, the charge of K whole
+/// micro-batches on every stage (pipecut's before) fits no cut, and `partition` finds the
+/// plan; `check` accepts it and refuses the last stage's peak or weight bytes edited down.
+#[test]
+fn zero_bubble_charges_one_f_one_b_counts_and_weight_inputs_past_b() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = mlp_with_elementwise_tails(dir.path());
+    let batch = 64u64;
+    let hidden = 128 * batch * 4;
+    // The chain in order, each node's output bytes, what its weight gradient reads (layers.0
+    // reads the graph input, free as every graph input is) and its weight elements.
+    let mut chain: Vec<(String, u64, u64, u64)> = Vec::new();
+    for layer in [0, 2, 4, 6] {
+        let fan_in = if layer == 0 { 64 } else { 128 };
+        let reads = if layer == 0 { hidden } else { 2 * hidden };
+        chain.push((format!("layers.{layer}"), hidden, reads, 128 * fan_in + 128));
+        for _ in 0..4 {
+            chain.push((format!("after layers.{layer}"), hidden, 0, 0));
+        }
+    }
+    let head = 10 * batch * 4;
+    chain.push(("head".into(), head, hidden + head, 10 * 128 + 10));
+    chain.push(("softmax".into(), head, 0, 0));
+    let sum = |range: std::ops::Range<usize>, field: fn(&(String, u64, u64, u64)) -> u64| {
+        chain[range].iter().map(field).sum::<u64>()
+    };
+    let args = |headroom: &str| {
+        vec![
+            "--cluster",
+            "1x2xH100-SXM",
+            "--stages",
+            "2",
+            "--dim",
+            "batch=64",
+            "--mode",
+            "training",
+            "--schedule",
+            "zero-bubble",
+            "--microbatches",
+            "8",
+            "--memory-headroom",
+            headroom,
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let partition = |name: &str, headroom: &str| {
+        let path = dir.path().join(name);
+        let args = args(headroom);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let text = partition_to(&path, &model, &args);
+        (path, Plan::from_json(&text).unwrap())
+    };
+    let (_, roomy) = partition("roomy.json", "0.1");
+    // Footprint bytes per weight element (weight, gradient, optimizer state), from the plan.
+    let elements: u64 = chain
+        .iter()
+        .filter(|c| {
+            roomy.stages[0]
+                .nodes
+                .iter()
+                .any(|n| n.contains(&format!("/{}/", c.0)))
+        })
+        .map(|c| c.3)
+        .sum();
+    assert!(elements > 0 && roomy.stages[0].param_bytes % elements == 0);
+    let per_element = roomy.stages[0].param_bytes / elements;
+
+    // Stage 1 from chain position `cut`: (new peaks, old peaks) by hand. K = 2, m = 8: stage
+    // 0 at (2 before B, 0 past) or (1, 1); stage 1 at (1, 1) or (0, 2).
+    let n = chain.len();
+    let by_hand = |cut: usize| {
+        let stage = |range: std::ops::Range<usize>, received: u64, d: u64| {
+            let params = sum(range.clone(), |c| c.3) * per_element;
+            let (a, w) = (sum(range.clone(), |c| c.1), sum(range, |c| c.2));
+            let moment =
+                |before: u64, past: u64| (before + past) * received + before * a + past * w;
+            let new = params + moment(2 - d, d).max(moment(1 - d, d + 1));
+            (new, params + 2 * (a + received), w)
+        };
+        [stage(0..cut, 0, 0), stage(cut..n, chain[cut - 1].1, 1)]
+    };
+    let smallest = |pick: fn(&(u64, u64, u64)) -> u64| {
+        (1..n)
+            .map(|cut| by_hand(cut).iter().map(pick).max().unwrap())
+            .min()
+            .unwrap()
+    };
+    let (new_fit, old_fit) = (smallest(|s| s.0), smallest(|s| s.1));
+    assert!(old_fit > new_fit + 4096, "old {old_fit} new {new_fit}");
+
+    // Squeezed to just above the new charge's smallest fit: the old charge fits no cut there.
+    let memory = roomy.stages[0].device_memory_bytes as f64;
+    let headroom = format!("{:.17}", 1.0 - (new_fit + 1024) as f64 / memory);
+    let (path, plan) = partition("tight.json", &headroom);
+    let capacity = plan.stages[0].capacity_bytes;
+    assert!(capacity >= new_fit && capacity < old_fit, "{capacity}");
+    let cut = plan.stages[0].node_count;
+    let expected = by_hand(cut);
+    for (s, stage) in plan.stages.iter().enumerate() {
+        let (new, old, weight_inputs) = expected[s];
+        assert_eq!(stage.weight_input_bytes, weight_inputs, "stage {s}");
+        assert_eq!(stage.in_flight_microbatches, 2 - s as u64, "stage {s}");
+        assert_eq!(stage.peak_memory_bytes, new, "stage {s}");
+        assert!(new <= capacity, "stage {s}");
+        if s == 1 {
+            assert!(old > capacity, "the old charge would have refused this cut");
+        }
+    }
+    let (code, _, stderr) = pipecut(&["check", path.to_str().unwrap(), &model]);
+    assert_eq!(code, 0, "{stderr}");
+
+    for field in ["peak_memory_bytes", "weight_input_bytes"] {
+        let mut edited: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let value = edited["stages"][1][field].as_u64().unwrap();
+        edited["stages"][1][field] = serde_json::json!(value - 1);
+        let forged = dir.path().join(format!("forged_{field}.json"));
+        std::fs::write(&forged, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+        let (code, _, stderr) = pipecut(&["check", forged.to_str().unwrap(), &model]);
+        assert_eq!(code, 1, "{field}: {stderr}");
+        assert!(stderr.contains(field), "{field}: {stderr}");
+    }
+}

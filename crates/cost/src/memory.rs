@@ -142,10 +142,11 @@ pub fn in_flight_microbatches(
         (Mode::Training { .. }, Schedule::OneFOneB) => {
             (stages.saturating_sub(stage) as u64).clamp(1, m)
         }
-        // Every device keeps K micro-batches between a forward and its deferred W; the paper
-        // counts the later devices' as smaller (W needs only its inputs), pipecut counts them
-        // whole, which can only overstate.
-        (Mode::Training { .. }, Schedule::ZeroBubble) => (stages as u64).clamp(1, m),
+        // Micro-batches whose B is pending, as under 1F1B; those past B keep only what W
+        // reads ([`held_at_peaks`]).
+        (Mode::Training { .. }, Schedule::ZeroBubble) => {
+            (stages.saturating_sub(stage) as u64).clamp(1, m)
+        }
         (Mode::Training { .. }, Schedule::Interleaved { chunks }) => {
             let chunks = chunks.max(1) as usize;
             let devices = (stages / chunks).max(1);
@@ -158,6 +159,69 @@ pub fn in_flight_microbatches(
             )
             .max(1)
         }
+    }
+}
+
+/// How many micro-batches' worth of each per-micro-batch part a stage holds at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Held {
+    /// Micro-batches whose received tensors it keeps.
+    pub received: u64,
+    /// Micro-batches whose activations it keeps.
+    pub activations: u64,
+    /// Micro-batches past their input-gradient pass B whose weight-gradient pass W is
+    /// pending (zero-bubble only): each keeps what W reads, the weight-reading nodes'
+    /// activation inputs and output gradients.
+    pub weight_inputs: u64,
+}
+
+impl Held {
+    /// Bytes held, given one micro-batch's received tensors, activations and W inputs.
+    pub fn bytes(self, received: u64, activations: u64, weight_inputs: u64) -> u64 {
+        self.received
+            .saturating_mul(received)
+            .saturating_add(self.activations.saturating_mul(activations))
+            .saturating_add(self.weight_inputs.saturating_mul(weight_inputs))
+    }
+}
+
+/// The moments at which stage `stage` of `stages` holds the most: its peak is the largest of
+/// their bytes. One moment for every schedule but ZB-H1, whose device d holds at one moment
+/// K − d micro-batches before B and d past B, and at the next K − d − 1 before and d + 1
+/// past ([`crate::order::zero_bubble_held`]); which is more depends on the stage's bytes.
+/// A micro-batch past B keeps its received tensors too (torch's pipeline stage holds a
+/// micro-batch's inputs until its W; under full recomputation W may need them again). Under
+/// full recomputation one micro-batch's activations exist at a time, as for the other
+/// schedules.
+pub fn held_at_peaks(
+    mode: Mode,
+    schedule: Schedule,
+    stage: usize,
+    stages: usize,
+    microbatches: u32,
+) -> Vec<Held> {
+    let recompute = match mode {
+        Mode::Training { recompute, .. } => recompute,
+        Mode::Inference => crate::Recompute::None,
+    };
+    let held = |full: u64, weight_inputs: u64| Held {
+        received: full + weight_inputs,
+        activations: recompute.activation_in_flight(full),
+        weight_inputs,
+    };
+    match (mode, schedule) {
+        (Mode::Training { .. }, Schedule::ZeroBubble) => crate::order::zero_bubble_held(
+            stages.max(1),
+            stage.min(stages.max(1) - 1),
+            microbatches.max(1) as usize,
+        )
+        .into_iter()
+        .map(|(full, pending)| held(full, pending))
+        .collect(),
+        _ => vec![held(
+            in_flight_microbatches(mode, schedule, stage, stages, microbatches),
+            0,
+        )],
     }
 }
 

@@ -147,6 +147,42 @@ fn zero_bubble_order(devices: usize, device: usize, m: usize) -> Vec<(OpKind, us
     order
 }
 
+/// The moments of device `device`'s ZB-H1 order at which it holds the most, as
+/// `(full, weight_pending)`: `full` micro-batches forwarded whose B is pending (all their
+/// activations) and `weight_pending` micro-batches past B whose W is pending (only what W
+/// reads). Every moment of the order is at or below one of them in both counts. For m ≥ K
+/// they are `(K − d, d)`, just after a forward, and `(K − d − 1, d + 1)`, just after a B:
+/// which one is the peak depends on the bytes, so a stage is charged the larger.
+pub fn zero_bubble_held(devices: usize, device: usize, microbatches: usize) -> Vec<(u64, u64)> {
+    // The most pending W at each count of pending B; then, from the most pending B down, the
+    // moments that hold more pending W than every moment with more pending B.
+    let mut most_pending: Vec<u64> = vec![0];
+    let (mut full, mut pending) = (0usize, 0u64);
+    for (kind, _, _) in zero_bubble_order(devices, device, microbatches) {
+        match kind {
+            OpKind::Forward => full += 1,
+            OpKind::Backward => {
+                full -= 1;
+                pending += 1;
+            }
+            OpKind::WeightGradient => pending -= 1,
+        }
+        if most_pending.len() <= full {
+            most_pending.resize(full + 1, 0);
+        }
+        most_pending[full] = most_pending[full].max(pending);
+    }
+    let mut peaks = Vec::new();
+    let mut beaten: Option<u64> = None;
+    for (full, &pending) in most_pending.iter().enumerate().rev() {
+        if beaten.is_none_or(|most| pending > most) {
+            peaks.push((full as u64, pending));
+            beaten = Some(pending);
+        }
+    }
+    peaks
+}
+
 /// Most micro-batches of chunk `chunk` that device `device` holds at once (forward run,
 /// backward not yet) under Megatron's interleaved order with `devices` devices, `chunks`
 /// chunks each and `microbatches` micro-batches: what the memory model charges that chunk.
@@ -193,4 +229,60 @@ fn interleaved_chunk(j: usize, devices: usize, chunks: usize, backward: bool) ->
 
 fn interleaved_microbatch(j: usize, devices: usize, chunks: usize) -> usize {
     (j / (devices * chunks)) * devices + j % devices
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walks every device's ZB-H1 order and records each moment's (pending B, pending W).
+    fn moments(devices: usize, device: usize, m: usize) -> Vec<(u64, u64)> {
+        let (mut full, mut pending) = (0u64, 0u64);
+        let mut seen = Vec::new();
+        for (kind, _, _) in device_order(PipelineSchedule::ZeroBubble, devices, device, m, true) {
+            match kind {
+                OpKind::Forward => full += 1,
+                OpKind::Backward => {
+                    full -= 1;
+                    pending += 1;
+                }
+                OpKind::WeightGradient => pending -= 1,
+            }
+            seen.push((full, pending));
+        }
+        seen
+    }
+
+    #[test]
+    fn zero_bubble_holds_one_f_one_b_counts_of_full_micro_batches_and_d_of_weight_inputs() {
+        for devices in 1..=8 {
+            for m in 1..=3 * devices + 2 {
+                for d in 0..devices {
+                    let seen = moments(devices, d, m);
+                    let peaks = zero_bubble_held(devices, d, m);
+                    // Every moment lies under a peak, and every peak is a moment.
+                    assert!(seen
+                        .iter()
+                        .all(|&(f, w)| peaks.iter().any(|&(g, v)| g >= f && v >= w)));
+                    assert!(peaks.iter().all(|p| seen.contains(p)));
+                    // Pending B never exceeds 1F1B's count, K − d (Qi et al.: ZB-H1 peaks
+                    // as 1F1B does); micro-batches held in either state never exceed K.
+                    let one_f_one_b = (devices - d).min(m) as u64;
+                    assert!(seen
+                        .iter()
+                        .all(|&(f, w)| f <= one_f_one_b && f + w <= devices as u64));
+                    // More micro-batches never hold less (the memory memo relies on it).
+                    let more = zero_bubble_held(devices, d, m + 1);
+                    assert!(peaks
+                        .iter()
+                        .all(|&(f, w)| more.iter().any(|&(g, v)| g >= f && v >= w)));
+                    if m >= devices {
+                        let (k, d) = (devices as u64, d as u64);
+                        let expected = vec![(k - d, d), (k - d - 1, d + 1)];
+                        assert_eq!(peaks, expected, "K={devices} d={d} m={m}");
+                    }
+                }
+            }
+        }
+    }
 }

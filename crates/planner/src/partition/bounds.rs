@@ -484,6 +484,27 @@ pub(crate) mod tests {
         p
     }
 
+    /// [`dag`] in training under ZB-H1 with `microbatches` micro-batches, each node's weight
+    /// gradient reading `weight_inputs` bytes: stages hold micro-batches past B, which makes
+    /// the memory of every stage but the first the larger of two sums.
+    pub(crate) fn zero_bubble_dag(
+        times: &[f64],
+        edges: &[(u32, u32)],
+        stages: usize,
+        microbatches: u32,
+        weight_inputs: &[u64],
+    ) -> PartitionProblem {
+        let settings = CostSettings {
+            mode: pipecut_cost::Mode::training(),
+            schedule: pipecut_cost::Schedule::ZeroBubble,
+            microbatches,
+            ..CostSettings::default()
+        };
+        let mut p = dag_in(times, edges, stages, settings);
+        p.weight_input_bytes = weight_inputs[..times.len()].to_vec();
+        p
+    }
+
     /// The smallest bottleneck over every convex, ordered assignment that fits memory (the
     /// brute-force optimum the exact solvers' tests compare with).
     pub(crate) fn brute_force_fitting_secs(p: &PartitionProblem) -> f64 {

@@ -88,15 +88,13 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
                 .collect()
         })
         .collect();
-    let activation_bytes = (0..groups)
-        .map(|g| {
-            members
-                .of(g)
-                .iter()
-                .map(|&p| problem.activation_bytes[p])
-                .sum()
-        })
-        .collect();
+    let summed = |bytes: &[u64]| -> Vec<u64> {
+        (0..groups)
+            .map(|g| members.of(g).iter().map(|&p| bytes[p]).sum())
+            .collect()
+    };
+    let activation_bytes = summed(&problem.activation_bytes);
+    let weight_input_bytes = summed(&problem.weight_input_bytes);
     let (params, node_params) = quotient_params(problem, &coarse_of, groups);
     Coarsened {
         problem: PartitionProblem {
@@ -106,6 +104,7 @@ pub(crate) fn quotient(problem: &PartitionProblem, group_of: &[u32], order: &[u3
             kind_names: problem.kind_names.clone(),
             node_secs,
             activation_bytes,
+            weight_input_bytes,
             params,
             node_params,
             flows: quotient_flows(problem, &coarse_of),

@@ -242,9 +242,10 @@ impl Fenwick {
 /// that fits, and the row of each stage.
 fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>, Vec<usize>) {
     let n = problem.node_count();
-    let mut activation_prefix = vec![0u64; n + 1];
+    let (mut activation_prefix, mut weight_input_prefix) = (vec![0u64; n + 1], vec![0u64; n + 1]);
     for p in 0..n {
         activation_prefix[p + 1] = activation_prefix[p] + problem.activation_bytes(p);
+        weight_input_prefix[p + 1] = weight_input_prefix[p] + problem.weight_input_bytes(p);
     }
     // Each use of a weight counts for segments starting after its previous use.
     let mut activations_at: Vec<Vec<(usize, u64)>> = vec![Vec::new(); n + 1];
@@ -256,20 +257,23 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
             previous = Some(u);
         }
     }
-    // Stages with the same capacity and in-flight counts share their reach.
+    // Stages with the same capacity and peak moments share their reach; the stage with a key's
+    // first index stands for it.
     let key_of = |s: usize| {
         let stage = &problem.stages()[s];
-        (
-            stage.capacity_bytes,
-            stage.in_flight,
-            problem.activation_in_flight(s),
-        )
+        (stage.capacity_bytes, stage.held.clone())
     };
-    let mut keys: Vec<(u64, u64, u64)> = (0..problem.stage_count()).map(key_of).collect();
+    let mut keys: Vec<(u64, Vec<pipecut_cost::memory::Held>)> =
+        (0..problem.stage_count()).map(key_of).collect();
     keys.sort_unstable();
     keys.dedup();
     let mut by_key = Vec::with_capacity(keys.len());
-    for &(capacity, in_flight, activation_in_flight) in &keys {
+    for (capacity, held) in &keys {
+        let representative = (0..problem.stage_count())
+            .find(|&s| {
+                problem.stages()[s].capacity_bytes == *capacity && problem.stages()[s].held == *held
+            })
+            .expect("every key comes from a stage");
         let mut tree = Fenwick(vec![0; n + 1]);
         let mut reach = vec![0u32; n + 1];
         let mut previous_reach = 0;
@@ -283,12 +287,13 @@ fn memory_reaches(problem: &PartitionProblem, tables: &Tables) -> (Vec<Vec<u32>>
             }
             let base = tree.prefix(i);
             let fits = |j: usize| {
-                let params = tree.prefix(j) - base;
-                let activations = activation_prefix[j] - activation_prefix[i];
-                params
-                    .saturating_add(in_flight.saturating_mul(tables.cross_bytes[i]))
-                    .saturating_add(activation_in_flight.saturating_mul(activations))
-                    <= capacity
+                problem.peak_bytes(
+                    representative,
+                    tree.prefix(j) - base,
+                    tables.cross_bytes[i],
+                    activation_prefix[j] - activation_prefix[i],
+                    weight_input_prefix[j] - weight_input_prefix[i],
+                ) <= *capacity
             };
             let lo = furthest_fitting_end(fits, i, n, previous_reach);
             reach[i] = lo as u32;
@@ -931,6 +936,12 @@ mod tests {
                     microbatches: 4,
                     ..CostSettings::default()
                 },
+                CostSettings {
+                    mode: Mode::training(),
+                    schedule: pipecut_cost::Schedule::ZeroBubble,
+                    microbatches: 4,
+                    ..CostSettings::default()
+                },
             ] {
                 for spec in ["1x2xH100-SXM", "1x3xL4", "A100-80GB,L4,L4"] {
                     let p = if spec.contains(',') {
@@ -960,7 +971,81 @@ mod tests {
                 }
             }
         }
-        assert_eq!(compared, 12, "every case has a feasible partition");
+        assert_eq!(compared, 18, "every case has a feasible partition");
+    }
+
+    /// Under ZB-H1 a stage's memory is the larger of two sums (before and after a B). At every
+    /// capacity where some contiguous partition stops fitting, the DP's furthest-fitting ends
+    /// still find the brute-force optimum, or agree that nothing fits; with weight-gradient
+    /// inputs as the model has them and eight times larger (the moment after B then peaks).
+    #[test]
+    fn equals_brute_force_under_zero_bubble_memory_at_every_binding_capacity() {
+        let path = format!(
+            "{}/../../fixtures/models/mlp.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
+        pipecut_ir::onnx::shape::ShapeInference::new(
+            pipecut_ir::onnx::shape::DimBindings::new().bind("batch", 256),
+        )
+        .run(&mut model.graph)
+        .unwrap();
+        let settings = CostSettings {
+            mode: Mode::training(),
+            schedule: pipecut_cost::Schedule::ZeroBubble,
+            microbatches: 4,
+            ..CostSettings::default()
+        };
+        let p = problem(&model.graph, "1x3xH100-SXM", settings);
+        assert!(p.weight_input_bytes.iter().any(|&b| b > 0));
+        let n = p.node_count();
+        let (mut compared, mut after_b_peaks) = (0, 0);
+        for scale in [1u64, 8] {
+            let mut scaled = p.clone();
+            scaled
+                .weight_input_bytes
+                .iter_mut()
+                .for_each(|b| *b *= scale);
+            let mut capacities = Vec::new();
+            for i in 1..n - 1 {
+                for j in i + 1..n {
+                    let eval = scaled.evaluate(&scaled.contiguous_assignment(&[0, i, j]));
+                    capacities.extend(eval.stages.iter().map(|s| s.peak_memory_bytes));
+                    let last = &eval.stages[2];
+                    let held = |h: usize| {
+                        scaled.stages()[2].held[h].bytes(
+                            last.received_bytes,
+                            last.activation_bytes,
+                            last.weight_input_bytes,
+                        )
+                    };
+                    after_b_peaks += usize::from(held(1) > held(0));
+                }
+            }
+            capacities.sort_unstable();
+            capacities.dedup();
+            for &capacity in &capacities {
+                for at in [capacity - 1, capacity] {
+                    scaled.stages.iter_mut().for_each(|s| s.capacity_bytes = at);
+                    let solved = solve(&scaled).map(|s| {
+                        let eval = scaled.evaluate(&s.stage_of);
+                        assert!(eval.fits());
+                        (eval.bottleneck_secs, eval.cut_bytes)
+                    });
+                    match (solved, brute_force(&scaled)) {
+                        (Some((b, c)), Some((bb, bc))) => {
+                            assert!((b - bb).abs() <= 1e-8 * bb, "at {at}: dp {b} brute {bb}");
+                            assert_eq!(c, bc, "at {at}: tie-break bytes");
+                            compared += 1;
+                        }
+                        (None, None) => {}
+                        other => panic!("at {at}: dp and brute force disagree: {other:?}"),
+                    }
+                }
+            }
+        }
+        assert!(compared > 20, "{compared}");
+        assert!(after_b_peaks > 0, "no partition peaks after a B");
     }
 
     /// The sweeps without windows: every position, every start, O(K · n²).

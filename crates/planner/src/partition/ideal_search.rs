@@ -164,6 +164,7 @@ struct Shape {
     /// The last stage's compute of every node, and of the whole graph.
     total_last_secs: f64,
     total_activation: u64,
+    total_weight_inputs: u64,
     /// Weights read by some node: the last stage holds those not wholly in the prefix.
     total_param_bytes: u64,
     receive_floor: Vec<f64>,
@@ -230,6 +231,7 @@ impl Shape {
             total_fastest: fastest.iter().sum(),
             total_last_secs: (0..n).map(|v| problem.node_secs(k - 1, v)).sum(),
             total_activation: (0..n).map(|v| problem.activation_bytes(v)).sum(),
+            total_weight_inputs: (0..n).map(|v| problem.weight_input_bytes(v)).sum(),
             total_param_bytes: problem
                 .params()
                 .iter()
@@ -336,6 +338,7 @@ struct StageFill {
     received_bytes: u64,
     compute_secs: f64,
     activation_bytes: u64,
+    weight_input_bytes: u64,
     param_bytes: u64,
     nodes: usize,
     /// Positions from here on have their earliest stage after this one.
@@ -365,6 +368,7 @@ struct Search<'a> {
     prefix_fastest: f64,
     prefix_last_secs: f64,
     prefix_activation: u64,
+    prefix_weight_inputs: u64,
     readers_in: Vec<u32>,
     open_messages: usize,
     open_bytes: u64,
@@ -405,6 +409,7 @@ impl<'a> Search<'a> {
             prefix_fastest: 0.0,
             prefix_last_secs: 0.0,
             prefix_activation: 0,
+            prefix_weight_inputs: 0,
             readers_in: vec![0; problem.flows().len()],
             open_messages: 0,
             open_bytes: 0,
@@ -596,6 +601,7 @@ impl<'a> Search<'a> {
             received_bytes: self.open_bytes,
             compute_secs: 0.0,
             activation_bytes: 0,
+            weight_input_bytes: 0,
             param_bytes: 0,
             nodes: 0,
             end: self.region_end[stage],
@@ -678,6 +684,7 @@ impl<'a> Search<'a> {
         let joined = StageFill {
             compute_secs,
             activation_bytes: fill.activation_bytes + self.problem.activation_bytes(v),
+            weight_input_bytes: fill.weight_input_bytes + self.problem.weight_input_bytes(v),
             param_bytes: fill.param_bytes + new_param_bytes,
             nodes: fill.nodes + 1,
             ..*fill
@@ -690,16 +697,14 @@ impl<'a> Search<'a> {
     }
 
     fn fits(&self, stage: usize, fill: &StageFill) -> bool {
-        let device = &self.problem.stages()[stage];
-        let peak = fill
-            .param_bytes
-            .saturating_add(device.in_flight.saturating_mul(fill.received_bytes))
-            .saturating_add(
-                self.problem
-                    .activation_in_flight(stage)
-                    .saturating_mul(fill.activation_bytes),
-            );
-        peak <= device.capacity_bytes
+        let peak = self.problem.peak_bytes(
+            stage,
+            fill.param_bytes,
+            fill.received_bytes,
+            fill.activation_bytes,
+            fill.weight_input_bytes,
+        );
+        peak <= self.problem.stages()[stage].capacity_bytes
     }
 
     fn place(&mut self, v: usize, stage: usize) {
@@ -711,6 +716,7 @@ impl<'a> Search<'a> {
         self.prefix_fastest += shape.fastest[v];
         self.prefix_last_secs += problem.node_secs(problem.stage_count() - 1, v);
         self.prefix_activation += problem.activation_bytes(v);
+        self.prefix_weight_inputs += problem.weight_input_bytes(v);
         for &f in &shape.flows_out[v] {
             self.open_messages += 1;
             self.open_bytes += problem.flows()[f as usize].bytes;
@@ -758,6 +764,7 @@ impl<'a> Search<'a> {
         self.prefix_fastest = saved.prefix_fastest;
         self.prefix_last_secs = saved.prefix_last_secs;
         self.prefix_activation -= problem.activation_bytes(v);
+        self.prefix_weight_inputs -= problem.weight_input_bytes(v);
         for &f in &self.shape.flows_out[v] {
             self.open_messages -= 1;
             self.open_bytes -= problem.flows()[f as usize].bytes;
@@ -825,6 +832,7 @@ impl<'a> Search<'a> {
             received_bytes: self.open_bytes,
             compute_secs,
             activation_bytes: shape.total_activation - self.prefix_activation,
+            weight_input_bytes: shape.total_weight_inputs - self.prefix_weight_inputs,
             param_bytes: shape.total_param_bytes - self.closed_param_bytes,
             nodes: n - self.prefix_nodes,
             end: n,
@@ -921,10 +929,17 @@ mod tests {
             bytes in proptest::collection::vec(0u64..4_000, 21),
             edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 21),
             capacity in 2_000u64..12_000,
+            zero_bubble in proptest::prelude::any::<bool>(),
+            weight_inputs in proptest::collection::vec(0u64..4_000, 7),
+            microbatches in 1u32..6,
         ) {
             proptest::prop_assume!(stages <= n);
             let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
-            let mut p = dag(&times[..n], &edges, stages);
+            let mut p = if zero_bubble {
+                crate::partition::bounds::tests::zero_bubble_dag(&times[..n], &edges, stages, microbatches, &weight_inputs)
+            } else {
+                dag(&times[..n], &edges, stages)
+            };
             p.activation_bytes = activations[..n].to_vec();
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
                 flow.bytes = b;

@@ -296,12 +296,13 @@ fn build(
             let time = model.stage_time(problem, s, time_scale);
             model.constraints.push(time.leq(model.bottleneck));
         }
-        let memory = model.stage_memory(problem, s);
-        model.constraints.push(if memory_only {
-            memory.leq(model.bottleneck)
-        } else {
-            memory.leq(1.0)
-        });
+        for memory in model.stage_memory(problem, s) {
+            model.constraints.push(if memory_only {
+                memory.leq(model.bottleneck)
+            } else {
+                memory.leq(1.0)
+            });
+        }
     }
     model
 }
@@ -528,41 +529,48 @@ impl Model {
         time
     }
 
-    /// Stage `s`'s memory in units of its capacity: the weights it holds, the activations of
-    /// its micro-batches in flight, and the tensors it receives for them.
-    fn stage_memory(&self, problem: &PartitionProblem, s: usize) -> Expression {
+    /// Stage `s`'s memory in units of its capacity, one row per moment at which it holds the
+    /// most ([`PartitionProblem::peak_bytes`]): the weights it holds, and the received tensors,
+    /// activations and weight-gradient inputs of the micro-batches it holds then.
+    fn stage_memory(&self, problem: &PartitionProblem, s: usize) -> Vec<Expression> {
         let k = problem.stage_count();
         let before = &self.before;
         let stage = &problem.stages()[s];
         let capacity = stage.capacity_bytes.max(1) as f64;
-        let in_flight = stage.in_flight as f64;
-        let activation_in_flight = problem.activation_in_flight(s) as f64;
-        let mut memory = Expression::from(0.0);
+        let mut params = Expression::from(0.0);
         for (w, param) in problem.params().iter().enumerate() {
             let footprint = param.footprint_bytes as f64 / capacity;
             match self.held[w][s] {
-                Some(h) => memory.add_mul(footprint, h.expr()),
-                None => memory.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
+                Some(h) => params.add_mul(footprint, h.expr()),
+                None => params.add_mul(footprint, on_stage(&before[param.uses[0] as usize], s, k)),
             }
         }
-        for (v, row) in before.iter().enumerate() {
-            let bytes = problem.activation_bytes(v);
-            if bytes != 0 {
-                memory.add_mul(
-                    activation_in_flight * bytes as f64 / capacity,
-                    on_stage(row, s, k),
-                );
-            }
-        }
-        if s > 0 {
-            for (f, flow) in problem.flows().iter().enumerate() {
-                memory.add_mul(
-                    in_flight * flow.bytes as f64 / capacity,
-                    self.crossing[f][s - 1].expr(),
-                );
-            }
-        }
-        memory
+        stage
+            .held
+            .iter()
+            .map(|held| {
+                let mut memory = params.clone();
+                for (v, row) in before.iter().enumerate() {
+                    let bytes = held.bytes(
+                        0,
+                        problem.activation_bytes(v),
+                        problem.weight_input_bytes(v),
+                    );
+                    if bytes != 0 {
+                        memory.add_mul(bytes as f64 / capacity, on_stage(row, s, k));
+                    }
+                }
+                if s > 0 {
+                    for (f, flow) in problem.flows().iter().enumerate() {
+                        memory.add_mul(
+                            held.received as f64 * flow.bytes as f64 / capacity,
+                            self.crossing[f][s - 1].expr(),
+                        );
+                    }
+                }
+                memory
+            })
+            .collect()
     }
 }
 
@@ -1711,10 +1719,18 @@ mod tests {
             bytes in proptest::collection::vec(0u64..4_000, 21),
             edge_bits in proptest::collection::vec(proptest::prelude::any::<bool>(), 21),
             capacity in 1_000u64..12_000,
+            zero_bubble in proptest::prelude::any::<bool>(),
+            weight_inputs in proptest::collection::vec(0u64..4_000, 7),
+            microbatches in 1u32..6,
         ) {
             proptest::prop_assume!(stages <= n);
             let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
-            let mut p = crate::partition::bounds::tests::dag(&vec![1e-3; n], &edges, stages);
+            let times = vec![1e-3; n];
+            let mut p = if zero_bubble {
+                crate::partition::bounds::tests::zero_bubble_dag(&times, &edges, stages, microbatches, &weight_inputs)
+            } else {
+                crate::partition::bounds::tests::dag(&times, &edges, stages)
+            };
             p.activation_bytes = activations[..n].to_vec();
             for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
                 flow.bytes = b;
@@ -1760,16 +1776,24 @@ mod tests {
             mixed in proptest::prelude::any::<bool>(),
             slowdowns in proptest::collection::vec(1.0f64..4.0, 6),
             capacity in (1u64 << 30)..(4u64 << 30),
+            zero_bubble in proptest::prelude::any::<bool>(),
+            weight_inputs in proptest::collection::vec(0u64..1 << 30, 6),
         ) {
             proptest::prop_assume!(stages <= n);
             let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
             let settings = CostSettings {
                 mode: if training { pipecut_cost::Mode::training() } else { pipecut_cost::Mode::Inference },
                 // The test helper's switch to the mixed cluster.
-                schedule: if mixed { pipecut_cost::Schedule::GPipe } else { pipecut_cost::Schedule::OneFOneB },
+                schedule: match (mixed, training && zero_bubble) {
+                    (true, _) => pipecut_cost::Schedule::GPipe,
+                    (false, true) => pipecut_cost::Schedule::ZeroBubble,
+                    (false, false) => pipecut_cost::Schedule::OneFOneB,
+                },
+                microbatches: 4,
                 ..CostSettings::default()
             };
             let mut p = crate::partition::bounds::tests::dag_in(&times[..n], &edges, stages, settings);
+            p.weight_input_bytes = weight_inputs[..n].to_vec();
             for kind in p.node_secs.iter_mut().skip(1) {
                 for (t, f) in kind.iter_mut().zip(&slowdowns) {
                     *t *= f;

@@ -1718,7 +1718,7 @@ enum Evaluated {
 /// under 1F1B), which is then solved once.
 /// A stage as the DP sees it: device kind, capacity, in-flight count, incoming link (bits of the
 /// bandwidth and latency).
-type StageSignature = (String, u64, u64, u64, u64);
+type StageSignature = (String, u64, Vec<pipecut_cost::memory::Held>, u64, u64);
 
 /// The DP's assignment and its figures.
 type SolvedPipeline = (Vec<StageId>, Evaluation);
@@ -1757,7 +1757,9 @@ impl SolvedPipelines {
                 (
                     s.device_name.clone(),
                     s.capacity_bytes,
-                    s.in_flight,
+                    // The moments it holds the most at, not the in-flight count alone: 1F1B
+                    // and ZB-H1 hold as many micro-batches before B, but ZB-H1 more after it.
+                    s.held.clone(),
                     bandwidth.to_bits(),
                     latency.to_bits(),
                 )

@@ -22,10 +22,12 @@ use serde::Serialize;
 use super::names::{NameId, NameTable, NodeNames};
 use crate::Error;
 use pipecut_cost::cluster::DeviceId;
-use pipecut_cost::memory::{in_flight_microbatches, param_footprint_bytes, Schedule};
+use pipecut_cost::memory::{
+    held_at_peaks, in_flight_microbatches, param_footprint_bytes, Held, Schedule,
+};
 use pipecut_cost::model::{per_node_on_threads, tensor_bytes};
 use pipecut_cost::{Cluster, CostModel, Mode, UnknownOpCost};
-use pipecut_ir::graph::{Graph, NodeId, TensorOrigin};
+use pipecut_ir::graph::{Graph, NodeId, TensorId, TensorOrigin};
 
 pub use pipecut_cost::measured::MAX_TOTAL_SECS;
 
@@ -86,8 +88,11 @@ pub struct StageDevice {
     pub memory_bytes: u64,
     /// Memory the stage may use: the device's, less the headroom.
     pub capacity_bytes: u64,
-    /// Micro-batches whose activations the stage keeps at its peak under the schedule.
+    /// Micro-batches whose activations the stage keeps at its peak under the schedule (under
+    /// ZB-H1, those whose input-gradient pass is pending).
     pub in_flight: u64,
+    /// The moments at which it holds the most ([`held_at_peaks`]): its peak is the largest.
+    pub held: Vec<Held>,
     /// Bandwidth (bytes/s) and latency (s) of the link from the previous stage, if any.
     #[serde(skip)]
     pub link_in: Option<(f64, f64)>,
@@ -143,6 +148,10 @@ pub struct PartitionProblem {
     pub(crate) node_secs: Vec<Vec<f64>>,
     /// Bytes of each node's outputs per micro-batch (its activations).
     pub(crate) activation_bytes: Vec<u64>,
+    /// What each node's weight gradient reads per micro-batch, which a zero-bubble stage keeps
+    /// from a micro-batch's B to its W ([`node_weight_inputs`]); 0 for nodes that read no
+    /// weight, and everywhere under the other schedules.
+    pub(crate) weight_input_bytes: Vec<u64>,
     pub(crate) params: Vec<ParamUse>,
     /// Params each node reads: indices into `params`.
     pub(crate) node_params: Vec<Positions>,
@@ -171,12 +180,15 @@ pub struct StageFigures {
     pub param_bytes: u64,
     /// Activations its nodes make per micro-batch.
     pub activation_bytes: u64,
+    /// What its weight gradients read per micro-batch (kept from B to W under ZB-H1).
+    pub weight_input_bytes: u64,
     /// Bytes it receives per micro-batch.
     pub received_bytes: u64,
     /// Micro-batches in flight at its peak.
     pub in_flight: u64,
-    /// `params + in_flight · received + activation micro-batches · activations` (the
-    /// activation micro-batches are the in-flight count, or one under full recomputation).
+    /// `params + max over the stage's peak moments of (received micro-batches · received +
+    /// activation micro-batches · activations + W-pending micro-batches · weight inputs)`
+    /// ([`PartitionProblem::peak_bytes`]).
     pub peak_memory_bytes: u64,
     /// Memory it may use.
     pub capacity_bytes: u64,
@@ -331,6 +343,13 @@ impl StageTables {
                     devices.len(),
                     settings.microbatches,
                 ),
+                held: held_at_peaks(
+                    settings.mode,
+                    settings.schedule,
+                    k,
+                    devices.len(),
+                    settings.microbatches,
+                ),
                 link_in,
             });
         }
@@ -435,6 +454,11 @@ impl PartitionProblem {
                 }
             }
         }
+        // Only ZB-H1 keeps anything from B to W: other schedules need not size the inputs.
+        let weight_input_bytes = match (settings.mode, settings.schedule) {
+            (Mode::Training { .. }, Schedule::ZeroBubble) => weight_gradient_inputs(graph, &order)?,
+            _ => vec![0; order.len()],
+        };
         let node_names = NodeNames {
             table: std::sync::Arc::new(table),
             names,
@@ -448,6 +472,7 @@ impl PartitionProblem {
             kind_names,
             node_secs,
             activation_bytes,
+            weight_input_bytes,
             params,
             node_params,
             flows,
@@ -481,6 +506,13 @@ impl PartitionProblem {
                 memory_bytes,
                 capacity_bytes: chunk_capacity_bytes(memory_bytes, &self.settings),
                 in_flight: in_flight_microbatches(
+                    self.settings.mode,
+                    self.settings.schedule,
+                    k,
+                    devices.len(),
+                    self.settings.microbatches,
+                ),
+                held: held_at_peaks(
                     self.settings.mode,
                     self.settings.schedule,
                     k,
@@ -622,14 +654,25 @@ impl PartitionProblem {
         self.node_secs[self.stages[stage].kind][position]
     }
 
-    /// Micro-batches whose activations stage `stage` keeps at its peak: its in-flight count,
-    /// or one under full recomputation (it keeps only what it received for the others).
-    pub fn activation_in_flight(&self, stage: usize) -> u64 {
-        let in_flight = self.stages[stage].in_flight;
-        match self.settings.mode {
-            Mode::Training { recompute, .. } => recompute.activation_in_flight(in_flight),
-            Mode::Inference => in_flight,
-        }
+    /// Peak bytes of stage `stage` holding weights of `params` bytes, and per micro-batch
+    /// `received`, `activations` and `weight_inputs` bytes: the weights plus the most it holds
+    /// at any of its peak moments ([`StageDevice::held`]). `evaluate` (and so `check`), the
+    /// DP and the ideal search cost a stage's memory here; the MILP has a row per moment.
+    pub fn peak_bytes(
+        &self,
+        stage: usize,
+        params: u64,
+        received: u64,
+        activations: u64,
+        weight_inputs: u64,
+    ) -> u64 {
+        let most = self.stages[stage]
+            .held
+            .iter()
+            .map(|h| h.bytes(received, activations, weight_inputs))
+            .max()
+            .unwrap_or(0);
+        params.saturating_add(most)
     }
 
     /// Pins cuts: each named tensor must cross a stage boundary between its producer and every
@@ -672,6 +715,13 @@ impl PartitionProblem {
     /// Activation bytes of the node at `position`, per micro-batch.
     pub fn activation_bytes(&self, position: usize) -> u64 {
         self.activation_bytes[position]
+    }
+
+    /// What the weight gradient of the node at `position` reads per micro-batch, kept from a
+    /// micro-batch's B to its W under ZB-H1 (0 under the other schedules, which keep nothing
+    /// apart).
+    pub fn weight_input_bytes(&self, position: usize) -> u64 {
+        self.weight_input_bytes[position]
     }
 
     /// Time to receive `bytes` in `messages` tensors over the link into `stage`.
@@ -770,6 +820,7 @@ impl PartitionProblem {
                 stage_secs: 0.0,
                 param_bytes: 0,
                 activation_bytes: 0,
+                weight_input_bytes: 0,
                 received_bytes: 0,
                 in_flight: s.in_flight,
                 peak_memory_bytes: 0,
@@ -782,6 +833,7 @@ impl PartitionProblem {
             stage.node_count += 1;
             stage.compute_secs += self.node_secs(s.index(), p);
             stage.activation_bytes += self.activation_bytes[p];
+            stage.weight_input_bytes += self.weight_input_bytes[p];
         }
         for param in &self.params {
             let mut holders: Vec<usize> = param
@@ -822,14 +874,17 @@ impl PartitionProblem {
                 stages[s].gradient_receive_secs =
                     self.receive_secs(s + 1, messages[s + 1], stages[s + 1].received_bytes);
             }
-            let activation_in_flight = self.activation_in_flight(s);
+            let peak_memory_bytes = self.peak_bytes(
+                s,
+                stages[s].param_bytes,
+                stages[s].received_bytes,
+                stages[s].activation_bytes,
+                stages[s].weight_input_bytes,
+            );
             let stage = &mut stages[s];
             stage.stage_secs =
                 stage.compute_secs + stage.receive_secs + stage.gradient_receive_secs;
-            stage.peak_memory_bytes = stage
-                .param_bytes
-                .saturating_add(stage.in_flight.saturating_mul(stage.received_bytes))
-                .saturating_add(activation_in_flight.saturating_mul(stage.activation_bytes));
+            stage.peak_memory_bytes = peak_memory_bytes;
         }
         let bottleneck_secs = stages.iter().map(|s| s.stage_secs).fold(0.0, f64::max);
         let cut_bytes = stages.iter().map(|s| s.received_bytes).sum();
@@ -850,6 +905,95 @@ impl PartitionProblem {
         }
         stage_of
     }
+}
+
+/// Per position, what the weight gradient of a node that reads a weight needs once its input
+/// gradient is done ([`node_weight_inputs`]); 0 for the other nodes.
+fn weight_gradient_inputs(graph: &Graph, order: &[NodeId]) -> Result<Vec<u64>, Error> {
+    let derived = weight_derived(graph, order);
+    let mut bytes = vec![0u64; order.len()];
+    for (p, &id) in order.iter().enumerate() {
+        let node = graph.node(id);
+        let reads_weight = node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(&node.captures)
+            .any(|&t| derived[t.index()]);
+        if reads_weight && !node.outputs.iter().flatten().all(|&t| derived[t.index()]) {
+            bytes[p] = node_weight_inputs(graph, id, &derived, |t, _| tensor_bytes(graph, t))?;
+        }
+    }
+    Ok(bytes)
+}
+
+/// Per tensor index, whether it is a weight or made from weights alone (a tied weight's
+/// Transpose, a Cast to the compute type, constants aside): a linear reading it reads a weight,
+/// whose gradient W computes, and W keeps nothing per micro-batch for it.
+pub(crate) fn weight_derived(graph: &Graph, order: &[NodeId]) -> Vec<bool> {
+    let mut derived = vec![
+        false;
+        graph
+            .tensors()
+            .map(|(t, _)| t.index() + 1)
+            .max()
+            .unwrap_or(0)
+    ];
+    for (t, tensor) in graph.tensors() {
+        derived[t.index()] = matches!(tensor.origin, TensorOrigin::Parameter(_));
+    }
+    for &id in order {
+        let node = graph.node(id);
+        let inputs: Vec<_> = node.inputs.iter().flatten().chain(&node.captures).collect();
+        // Constants (made by nodes that read nothing) neither make nor break it.
+        let constant = |t: &TensorId| match graph.tensor(*t).origin {
+            TensorOrigin::Node { node, .. } => graph.node(node).inputs.iter().all(Option::is_none),
+            _ => false,
+        };
+        let from_weights = inputs.iter().any(|t| derived[t.index()])
+            && inputs.iter().all(|t| derived[t.index()] || constant(t));
+        if from_weights {
+            for &t in node.outputs.iter().flatten() {
+                derived[t.index()] = true;
+            }
+        }
+    }
+    derived
+}
+
+/// What the weight gradient of node `id` reads, with `size(tensor, is_output)` the bytes of
+/// each: its inputs made by nodes from activations (dW = f(inputs, dY), as for MatMul, Gemm,
+/// Conv or a norm's scale; weights and what is made from them alone are held anyway, and graph
+/// inputs come from the host, free here as in every other charge) and its outputs' gradients,
+/// each the size of its output. Each input counts once per node; one read by several nodes
+/// counts at each, which can only overstate.
+pub(crate) fn node_weight_inputs(
+    graph: &Graph,
+    id: NodeId,
+    derived: &[bool],
+    size: impl Fn(TensorId, bool) -> Result<u64, Error>,
+) -> Result<u64, Error> {
+    let node = graph.node(id);
+    let mut read: Vec<TensorId> = node
+        .inputs
+        .iter()
+        .flatten()
+        .chain(&node.captures)
+        .copied()
+        .filter(|&t| {
+            !derived[t.index()] && matches!(graph.tensor(t).origin, TensorOrigin::Node { .. })
+        })
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    let mut bytes = 0u64;
+    for t in read {
+        bytes = bytes.saturating_add(size(t, false)?);
+    }
+    for &t in node.outputs.iter().flatten() {
+        bytes = bytes.saturating_add(size(t, true)?);
+    }
+    Ok(bytes)
 }
 
 /// The problem's names and tensors, read from the graph in one pass: each position's name and

@@ -561,6 +561,49 @@ fn launch_secs(
         .collect()
 }
 
+/// One GPU's share of what a split node's weight gradient reads (kept from B to W under
+/// ZB-H1): a tensor that lives split (made by a split node whose output is not summed back)
+/// counts 1/t, any other whole. A split node's partial sums and a sequence-parallel block's
+/// gathered input are whole-sized on every GPU, so they count whole.
+fn shard_weight_inputs(
+    graph: &Graph,
+    problem: &mut PartitionProblem,
+    position: &BTreeMap<NodeId, usize>,
+    (sharded, whole_output): (&[bool], &BTreeSet<usize>),
+    t: u64,
+) {
+    if problem.weight_input_bytes.iter().all(|&b| b == 0) {
+        return;
+    }
+    let lives_split = |p: usize| sharded[p] && !whole_output.contains(&p);
+    let derived = super::problem::weight_derived(graph, &problem.order);
+    for p in (0..problem.order.len()).filter(|&p| sharded[p]) {
+        if problem.weight_input_bytes[p] == 0 {
+            continue;
+        }
+        let share = super::problem::node_weight_inputs(
+            graph,
+            problem.order[p],
+            &derived,
+            |tensor, output| {
+                let bytes = pipecut_cost::model::tensor_bytes(graph, tensor)?;
+                let split = match graph.tensor(tensor).origin {
+                    _ if output => lives_split(p),
+                    TensorOrigin::Node { node, .. } => {
+                        position.get(&node).is_some_and(|&q| lives_split(q))
+                    }
+                    _ => false,
+                };
+                Ok(if split { bytes.div_ceil(t) } else { bytes })
+            },
+        );
+        // Sized once already when the problem was built; whole is the safe side regardless.
+        if let Ok(share) = share {
+            problem.weight_input_bytes[p] = share.min(problem.weight_input_bytes[p]);
+        }
+    }
+}
+
 /// How many all-reduces of a block's output a micro-batch costs: one per forward (Megatron's
 /// `g`), one per backward (`f`), and one per forward run again under recomputation.
 fn block_collectives(mode: Mode) -> f64 {
@@ -654,6 +697,7 @@ impl TensorParallelBlocks {
                 problem.activation_bytes[p] = problem.activation_bytes[p].div_ceil(t);
             }
         }
+        shard_weight_inputs(graph, problem, &position, (&sharded, &whole_output), t);
         for (p, secs) in collectives {
             for kind in &mut problem.node_secs {
                 kind[p] += secs;
@@ -1113,6 +1157,75 @@ mod tests {
         let total: f64 = problem.node_secs[0].iter().sum();
         let before: f64 = whole.node_secs[0].iter().sum();
         assert!((total - before / 2.0).abs() < 1e-12);
+    }
+
+    /// Under ZB-H1 a linear keeps from B to W its activation input and its output's gradient:
+    /// the whole input and half the output of a column linear at t = 2, half the input and the
+    /// whole summed output of a row linear, the whole input and half the logits of the tied
+    /// head (which reads its weight through a Transpose, itself keeping nothing).
+    #[test]
+    fn zero_bubble_weight_inputs_split_as_the_tensors_they_read() {
+        let graph = typed("gpt2_tiny.onnx");
+        let found = TensorParallelBlocks::find(&graph);
+        let cluster =
+            pipecut_cost::Cluster::parse("1x4xA100-80GB", &pipecut_cost::Catalog::builtin())
+                .unwrap();
+        let settings = crate::partition::CostSettings {
+            mode: Mode::training(),
+            schedule: pipecut_cost::Schedule::ZeroBubble,
+            microbatches: 4,
+            ..Default::default()
+        };
+        let whole = PartitionProblem::new(&graph, &cluster, &[pipecut_cost::DeviceId(0)], settings)
+            .unwrap();
+        let mut split = whole.clone();
+        let tp = TensorParallelism {
+            degree: 2,
+            sequence_parallel: false,
+        };
+        found.shard(&graph, &mut split, tp, &|_| 1.0, &[]);
+        let at = |id: NodeId| whole.order.iter().position(|&n| n == id).unwrap();
+        let bytes = |t: TensorId| pipecut_cost::model::tensor_bytes(&graph, t).unwrap();
+        // (input, output) of a linear: its one input that is no weight and its output.
+        let operands = |id: NodeId| {
+            let node = graph.node(id);
+            let input = node.inputs[0].unwrap();
+            (bytes(input), bytes(node.outputs[0].unwrap()))
+        };
+        let mut checked = 0;
+        for block in &found.blocks {
+            for &column in &block.columns {
+                let (x, y) = operands(column);
+                assert_eq!(whole.weight_input_bytes[at(column)], x + y);
+                assert_eq!(split.weight_input_bytes[at(column)], x + y.div_ceil(2));
+                checked += 1;
+            }
+            let (x, y) = operands(block.row);
+            assert_eq!(whole.weight_input_bytes[at(block.row)], x + y);
+            assert_eq!(split.weight_input_bytes[at(block.row)], x.div_ceil(2) + y);
+            checked += 1;
+        }
+        let head = found
+            .vocab
+            .iter()
+            .find(|v| v.role == VocabRole::Head)
+            .expect("gpt2 has a head");
+        let linear = head.nodes[0];
+        let (x, y) = operands(linear);
+        assert_eq!(whole.weight_input_bytes[at(linear)], x + y);
+        assert_eq!(split.weight_input_bytes[at(linear)], x + y.div_ceil(2));
+        for &prepares in &head.nodes[1..] {
+            assert_eq!(whole.weight_input_bytes[at(prepares)], 0);
+        }
+        assert!(
+            head.nodes.len() > 1,
+            "the head reads its weight through a Transpose"
+        );
+        assert_eq!(
+            checked,
+            4 * 6,
+            "four layers of Q, K, V, out and the two MLP linears"
+        );
     }
 
     #[test]

@@ -63,8 +63,10 @@ use pipecut_ir::onnx::Digests;
 /// status, `summary.proof`); version 10 records the memory model activations were counted by
 /// (`config.mode.memory_model`, see [`pipecut_cost::MemoryModel`]) and refuses newer ones;
 /// version 11 records the engine a cluster search planned for (`parallelism.engine`, see
-/// [`Engine`]) and the limit that stopped an incomplete search (`parallelism.stopped_by`).
-pub const SCHEMA_VERSION: u32 = 11;
+/// [`Engine`]) and the limit that stopped an incomplete search (`parallelism.stopped_by`);
+/// version 12 records, under the zero-bubble schedule, what each stage keeps from a
+/// micro-batch's B to its W (`stages[].weight_input_bytes`), which its peak now charges.
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// A pipeline plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,6 +144,10 @@ pub struct PlanParallelism {
     /// (absent: the search was complete, in plans of version 11 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<SearchLimit>,
+}
+
+fn is_zero_bytes(bytes: &u64) -> bool {
+    *bytes == 0
 }
 
 fn is_zero(stage: &u8) -> bool {
@@ -360,11 +366,20 @@ pub struct PlanStage {
     pub param_bytes: u64,
     /// Activations its nodes make per micro-batch.
     pub activation_bytes: u64,
+    /// Under the zero-bubble schedule, what its weight gradients read per micro-batch (the
+    /// weight-reading nodes' other inputs and output gradients), kept from a micro-batch's
+    /// input-gradient pass B to its weight-gradient pass W; absent under other schedules.
+    #[serde(default, skip_serializing_if = "is_zero_bytes")]
+    pub weight_input_bytes: u64,
     /// Bytes received per micro-batch.
     pub received_bytes: u64,
-    /// Micro-batches in flight at the stage's peak under the schedule.
+    /// Micro-batches in flight at the stage's peak under the schedule (under zero-bubble,
+    /// those whose B is pending: K − d on stage d, as under 1F1B).
     pub in_flight_microbatches: u64,
-    /// `params + in_flight · (activations + received)`.
+    /// `params + in_flight · (activations + received)` (one micro-batch's activations under
+    /// full recomputation); under zero-bubble, stage d of K also holds d micro-batches past B
+    /// (their received tensors and weight inputs), or, just after a B, K − d − 1 before and
+    /// d + 1 past: the larger (docs/cost-model.md).
     pub peak_memory_bytes: u64,
     /// Memory the stage may use (device memory less headroom).
     pub capacity_bytes: u64,

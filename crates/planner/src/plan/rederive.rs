@@ -76,6 +76,7 @@ pub(crate) fn transcribe_stages(
             sent,
             param_bytes: figures.param_bytes,
             activation_bytes: figures.activation_bytes,
+            weight_input_bytes: figures.weight_input_bytes,
             received_bytes: figures.received_bytes,
             in_flight_microbatches: figures.in_flight,
             peak_memory_bytes: figures.peak_memory_bytes,

@@ -481,20 +481,22 @@ mod tests {
                         (bubble(one_f_one_b.step_secs) - 3.0 * bubble(zb.step_secs)).abs() < 1e-9
                     );
                 }
-                // Every device holds K micro-batches (forward to W), 1F1B's first-device peak,
-                // as the memory model charges.
+                // Every device holds K micro-batches from forward to W, 1F1B's first-device
+                // peak; of those, device d holds K − d before B (1F1B's count) and the rest
+                // past B, as the memory model charges them.
                 for (device, &peak) in zb.peak_in_flight.iter().enumerate() {
                     assert_eq!(peak, k.min(m));
-                    assert_eq!(
-                        peak as u64,
-                        pipecut_cost::memory::in_flight_microbatches(
-                            Mode::training(),
-                            pipecut_cost::Schedule::ZeroBubble,
-                            device,
-                            k,
-                            m as u32
-                        )
+                    let held = pipecut_cost::memory::held_at_peaks(
+                        Mode::training(),
+                        pipecut_cost::Schedule::ZeroBubble,
+                        device,
+                        k,
+                        m as u32,
                     );
+                    let most = held.iter().map(|h| h.activations + h.weight_inputs).max();
+                    assert_eq!(most, Some(peak as u64));
+                    let before_b = held.iter().map(|h| h.activations).max();
+                    assert_eq!(before_b, Some((k - device).min(m) as u64));
                 }
                 assert_eq!(zb.ops.len(), 3 * k * m);
             }
