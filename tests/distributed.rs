@@ -1700,3 +1700,68 @@ fn a_rank_whose_exported_stage_file_was_changed_is_refused_and_ends_the_job() {
         said[0]
     );
 }
+
+/// A uint8 activation crosses between stages as bytes: a `[2048, 2048]` uint8 input transposed
+/// twice, one Transpose a stage. The ranks' outputs are the one-process run's, and rank 0 sends
+/// about the 4 MiB the tensor holds. The runtime held uint8 as int64, so the message was 32 MiB,
+/// over the 17 MiB bound the plan sets from the declared dtype, and the job failed on it.
+#[test]
+fn a_uint8_activation_crosses_between_ranks_as_bytes() {
+    const UINT8: i32 = 2;
+    const SIDE: i64 = 2048;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("transposes.onnx");
+    let perm: &[i64] = &[1, 0];
+    let bytes = common::onnx_model_bytes(
+        17,
+        vec![common::tensor_value_info("x", UINT8, &[SIDE, SIDE])],
+        vec![common::tensor_value_info("y", UINT8, &[SIDE, SIDE])],
+        vec![
+            common::onnx_node("Transpose", &["x"], "t", Some(("perm", perm))),
+            common::onnx_node("Transpose", &["t"], "y", Some(("perm", perm))),
+        ],
+    );
+    std::fs::write(&model, bytes).unwrap();
+    let plan = dir.path().join("plan.json");
+    run_ok(
+        pipecut()
+            .arg("partition")
+            .arg(&model)
+            .args(["--devices", "cpu,cpu", "--stages", "2", "--out"])
+            .arg(&plan),
+    );
+    let args: Vec<String> = vec![
+        plan.to_str().unwrap().into(),
+        model.to_str().unwrap().into(),
+        "--seed".into(),
+        "7".into(),
+    ];
+    let single = one_process_run(&args, 1, &dir.path().join("single"));
+    let multi = dir.path().join("multi");
+    let mut rank_args = args.clone();
+    rank_args.extend([
+        "--microbatches".into(),
+        "1".into(),
+        "--output-dir".into(),
+        multi.to_str().unwrap().into(),
+        "--json".into(),
+        "--peer-timeout".into(),
+        "60s".into(),
+    ]);
+    let ranks = wait_all(
+        start_ranks(2, &[0, 1], &rank_args),
+        Duration::from_secs(300),
+    );
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    let report: Value = serde_json::from_slice(&ranks[0].1.stdout).unwrap();
+    assert_eq!(report["stage"], 0);
+    let sent = report["bytes_sent"].as_u64().unwrap();
+    let tensor = (SIDE * SIDE) as u64;
+    assert!(
+        (tensor..tensor + 4096).contains(&sent),
+        "rank 0 sent {sent} bytes for a {tensor}-byte tensor"
+    );
+    assert_same_outputs(&single, &multi, "uint8 transposes (2 stages)");
+}

@@ -428,7 +428,8 @@ fn a_bad_plan_exits_the_same_from_check_export_run_and_show() {
 /// the JSON limit they are refused by size (saying how to raise it), under it they are counted
 /// before anything is built from them. A 200 MB plan or a 192 MB cluster file aborted the
 /// process, as did a cluster file of millions of devices (a profile cloned per device before the
-/// count was checked) and a 520 MB `.npy` of bytes (widened to 4 GB of i64 infallibly).
+/// count was checked) and a 520 MB `.npy` of bytes (widened to 4 GB of i64 infallibly; then,
+/// fallibly, "cannot allocate"; held as bytes now, it is read whole and refused for its dtype).
 #[test]
 fn large_json_and_binary_inputs_fail_in_one_line_under_the_cap() {
     let scratch = tempfile::tempdir().unwrap();
@@ -489,7 +490,7 @@ fn large_json_and_binary_inputs_fail_in_one_line_under_the_cap() {
                 "--input".into(),
                 format!("input={}", path("bytes.npy")),
             ],
-            "cannot allocate",
+            "must be float32, but",
         ),
     ];
     for (args, expected) in cases {
@@ -680,4 +681,128 @@ fn joining_2_gib_of_output_under_the_cap_is_an_error_not_an_abort() {
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// A model of one ImageDecoder (opset 20) of a uint8 `[stream_len]` input, its pixels transposed
+/// to `[3, side, side]` as an image model's first layer wants them.
+fn image_decoder_model(stream_len: usize, side: i64) -> Vec<u8> {
+    const UINT8: i32 = 2;
+    common::onnx_model_bytes(
+        20,
+        vec![common::tensor_value_info(
+            "stream",
+            UINT8,
+            &[stream_len as i64],
+        )],
+        vec![common::tensor_value_info("chw", UINT8, &[3, side, side])],
+        vec![
+            common::onnx_node("ImageDecoder", &["stream"], "hwc", None),
+            common::onnx_node("Transpose", &["hwc"], "chw", Some(("perm", &[2, 0, 1]))),
+        ],
+    )
+}
+
+/// Runs the binary with `args`, its output into files, and returns its exit code and its peak
+/// resident memory in bytes (`wait4`'s `ru_maxrss`: this child's alone, whatever other tests
+/// run beside it).
+#[cfg(target_os = "linux")]
+// The child is reaped by `wait4` below, which `Child::wait` cannot do while giving its rusage.
+#[allow(clippy::zombie_processes)]
+fn pipecut_peak_rss(args: &[String], logs: &Path) -> (Option<i32>, u64) {
+    let child = Command::new(env!("CARGO_BIN_EXE_pipecut"))
+        .args(args)
+        .current_dir(common::root())
+        .stdout(std::fs::File::create(logs.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(logs.join("stderr")).unwrap())
+        .spawn()
+        .expect("the pipecut binary runs");
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of that plain C struct, which wait4 fills.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our own unreaped child; the pointers are to live locals.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4 failed");
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    // Linux reports ru_maxrss in KiB.
+    (code, usage.ru_maxrss as u64 * 1024)
+}
+
+/// A 4096 × 4096 RGB PNG through `run --input`: ImageDecoder and Transpose keep one byte per
+/// pixel channel (48 MiB each), where the runtime held them as int64 (384 MiB each) and the run
+/// peaked near 1 GB. The bound, 400 MB, leaves room for the process and the output file's
+/// encoding, and is far below what the widened tensors alone take.
+#[test]
+#[cfg(target_os = "linux")]
+fn image_decoder_keeps_one_byte_per_pixel_channel() {
+    const SIDE: u32 = 4096;
+    const BOUND: u64 = 400 << 20;
+    let scratch = tempfile::tempdir().unwrap();
+    // Blocks of one colour: the PNG is small (the case, a small file of many pixels),
+    // and each channel differs, so the planes' order is checked.
+    let pixel = |x: u32, y: u32| {
+        let (bx, by) = (x / 64, y / 64);
+        [bx as u8, by as u8, (bx * 3 + by * 5) as u8]
+    };
+    let image = image::RgbImage::from_fn(SIDE, SIDE, |x, y| image::Rgb(pixel(x, y)));
+    let mut png = Vec::new();
+    image
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    let stream_len = png.len();
+    let stream =
+        pipecut::runtime::HostTensor::new(vec![stream_len], pipecut::runtime::TensorData::U8(png))
+            .unwrap();
+    let stream_file = scratch.path().join("stream.npy");
+    std::fs::write(&stream_file, pipecut::runtime::encode_npy(&stream)).unwrap();
+    let model = scratch.path().join("decode.onnx");
+    std::fs::write(&model, image_decoder_model(stream_len, SIDE.into())).unwrap();
+    let plan = scratch.path().join("plan.json");
+    let path = |p: &Path| p.display().to_string();
+    let args: Vec<String> = [
+        "partition".into(),
+        path(&model),
+        "--stages=1".into(),
+        "--microbatches=1".into(),
+        "--cluster=1x1xH100-SXM".into(),
+        // The height and width are in the stream, which the plan does not read.
+        format!("--dim=hwc.0={SIDE}"),
+        format!("--dim=hwc.1={SIDE}"),
+        "--out".into(),
+        path(&plan),
+    ]
+    .into();
+    let (code, _, stderr) = pipecut(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let outputs = scratch.path().join("out");
+    let args: Vec<String> = [
+        "run".into(),
+        path(&plan),
+        path(&model),
+        "--microbatches=1".into(),
+        format!("--input=stream={}", path(&stream_file)),
+        "--output-dir".into(),
+        path(&outputs),
+    ]
+    .into();
+    let (code, peak) = pipecut_peak_rss(&args, scratch.path());
+    let stderr = std::fs::read_to_string(scratch.path().join("stderr")).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let chw = pipecut::runtime::read_npy(&outputs.join("chw.npy")).unwrap();
+    assert_eq!(chw.tensor.shape(), &[3, SIDE as usize, SIDE as usize]);
+    let pixels = SIDE as usize * SIDE as usize;
+    let pipecut::runtime::TensorData::U8(planes) = chw.tensor.data() else {
+        panic!("the output is {}, not uint8", chw.tensor.dtype());
+    };
+    for (x, y) in [(0, 0), (17, 4000), (4095, 4095), (250, 251)] {
+        let at = (y * SIDE + x) as usize;
+        let got: Vec<u8> = (0..3).map(|c| planes[c * pixels + at]).collect();
+        assert_eq!(got, pixel(x, y), "pixel ({x}, {y})");
+    }
+    eprintln!("peak resident memory of the run: {} MiB", peak >> 20);
+    assert!(
+        peak < BOUND,
+        "the run peaked at {} MiB, over {} MiB: the pixels are not held as bytes",
+        peak >> 20,
+        BOUND >> 20
+    );
 }

@@ -305,6 +305,59 @@ pub fn tensor_value_info(
     }
 }
 
+/// A node of `op` from `inputs` to `output`, with one ints attribute where `ints` names it
+/// (Transpose's `perm`), for models the tests write themselves.
+pub fn onnx_node(
+    op: &str,
+    inputs: &[&str],
+    output: &str,
+    ints: Option<(&str, &[i64])>,
+) -> onnx_protobuf::NodeProto {
+    use onnx_protobuf::{attribute_proto::AttributeType, AttributeProto};
+    let attribute = ints.map(|(name, values)| AttributeProto {
+        name: name.into(),
+        type_: AttributeType::INTS.into(),
+        ints: values.to_vec(),
+        ..Default::default()
+    });
+    onnx_protobuf::NodeProto {
+        name: format!("{op}_{output}"),
+        op_type: op.into(),
+        input: inputs.iter().map(|i| i.to_string()).collect(),
+        output: vec![output.into()],
+        attribute: attribute.into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+/// The bytes of a model (IR 9, the default domain at `opset`) of `nodes` from `inputs` to
+/// `outputs`.
+pub fn onnx_model_bytes(
+    opset: i64,
+    inputs: Vec<onnx_protobuf::ValueInfoProto>,
+    outputs: Vec<onnx_protobuf::ValueInfoProto>,
+    nodes: Vec<onnx_protobuf::NodeProto>,
+) -> Vec<u8> {
+    use onnx_protobuf::Message;
+    let graph = onnx_protobuf::GraphProto {
+        name: "test".into(),
+        input: inputs,
+        output: outputs,
+        node: nodes,
+        ..Default::default()
+    };
+    let model = onnx_protobuf::ModelProto {
+        ir_version: 9,
+        opset_import: vec![onnx_protobuf::OperatorSetIdProto {
+            version: opset,
+            ..Default::default()
+        }],
+        graph: Some(graph).into(),
+        ..Default::default()
+    };
+    model.write_to_bytes().unwrap()
+}
+
 /// Runs the built `pipecut` binary in the repository root: (exit code, stdout, stderr).
 pub fn pipecut_cli(args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))

@@ -115,6 +115,35 @@ mod tests {
         assert_eq!(received["x"].shape(), &[2, 2]);
     }
 
+    /// A uint8 tensor crosses as its bytes (the plan bounds messages by the declared dtype's
+    /// size), and a header claiming more bytes than the message holds is refused before any
+    /// buffer is made for them.
+    #[test]
+    fn bytes_cross_as_bytes_and_a_lying_header_is_refused() {
+        let pixels = HostTensor::new(vec![1 << 20], TensorData::U8(vec![7; 1 << 20])).unwrap();
+        let mut sent = Tensors::new();
+        sent.insert("pixels".into(), Arc::new(pixels));
+        let bytes = encode(&sent);
+        assert!(bytes.len() < (1 << 20) + 256, "{} bytes", bytes.len());
+        assert_eq!(decode(&bytes, "rank 0").unwrap(), sent);
+        // The .npy header says 2^40 bytes follow; the message holds 1 MiB. The header's text
+        // follows 10 bytes of magic, version and length; six digits more, six spaces of
+        // padding fewer, it keeps its length.
+        let text_at = bytes.len() - (1 << 20) - 128 + 10;
+        let text = std::str::from_utf8(&bytes[text_at..text_at + 118]).unwrap();
+        let lying = text
+            .replace("(1048576,)", "(1099511627776,)")
+            .replacen("      \n", "\n", 1);
+        assert_eq!(lying.len(), text.len(), "{text:?}");
+        let mut forged = bytes.clone();
+        forged[text_at..text_at + 118].copy_from_slice(lying.as_bytes());
+        let err = decode(&forged, "rank 0").unwrap_err().to_string();
+        assert!(
+            err.contains("rank 0") && err.contains("1099511627776"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn truncated_or_padded_messages_are_refused_naming_the_sender() {
         let bytes = encode(&sample());

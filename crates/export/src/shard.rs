@@ -691,13 +691,15 @@ pub fn slice_tensor(
         TensorData::I64(v) => TensorData::I64(pick(v.len()).into_iter().map(|i| v[i]).collect()),
         TensorData::I32(v) => TensorData::I32(pick(v.len()).into_iter().map(|i| v[i]).collect()),
         TensorData::Bool(v) => TensorData::Bool(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::U8(v) => TensorData::U8(pick(v.len()).into_iter().map(|i| v[i]).collect()),
+        TensorData::I8(v) => TensorData::I8(pick(v.len()).into_iter().map(|i| v[i]).collect()),
         TensorData::String(_) => return Err("a string tensor is not sliced".into()),
     };
     HostTensor::new(out_shape, data)
 }
 
 /// `tensor` as an initializer of element type `dtype` (the weight's own: the runtime holds
-/// float32, int64, int32 and bool as they are).
+/// float32, int64, int32, bool, uint8 and int8 as they are).
 fn tensor_proto(
     name: &str,
     tensor: &HostTensor,
@@ -724,6 +726,8 @@ fn tensor_proto(
             TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            TensorData::U8(v) => v.clone(),
+            TensorData::I8(v) => v.iter().map(|&b| b as u8).collect(),
             TensorData::String(_) => {
                 return Err(Error::Export(format!("'{name}' is a string tensor")))
             }
@@ -954,5 +958,17 @@ mod tests {
         let slice = slice_tensor(&whole, AxisSplit { axis: 1, groups: 3 }, 2, 1).unwrap();
         assert_eq!(slice.shape(), [2, 3]);
         assert_eq!(slice.to_f32_vec(), [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+    }
+
+    /// A uint8 weight (held as bytes) is sliced and written as the model's uint8: it was held
+    /// as int64 and refused as "uint8 in the model but int64 in memory".
+    #[test]
+    fn a_uint8_weight_is_sliced_and_written_as_bytes() {
+        let whole = HostTensor::new(vec![2, 2], TensorData::U8(vec![1, 2, 3, 255])).unwrap();
+        let slice = slice_tensor(&whole, AxisSplit { axis: 1, groups: 1 }, 2, 1).unwrap();
+        assert_eq!(slice.data(), &TensorData::U8(vec![2, 255]));
+        let proto = tensor_proto("w", &slice, Some(DType::U8)).unwrap();
+        assert_eq!(proto.raw_data, vec![2, 255]);
+        assert_eq!(proto.data_type, DType::U8.onnx_code());
     }
 }

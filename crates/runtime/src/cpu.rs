@@ -304,7 +304,7 @@ impl<'a> CpuExecutor<'a> {
             }
             &CpuKernel::Tensor(kernel) if all_tensors => {
                 let tensors = tensor_args(args)?;
-                kernel(ctx, &tensors)?
+                kernels::call(kernel, ctx, &tensors)?
                     .into_iter()
                     .map(|t| Value::Tensor(Arc::new(t)))
                     .collect()

@@ -304,6 +304,12 @@ pub fn seeded_inputs(graph: &Graph, microbatches: usize, seed: u64) -> Result<Te
                     DType::I32 => {
                         TensorData::I32(try_collect(n, values.map(|v| v as i32)).map_err(no_room)?)
                     }
+                    DType::U8 => {
+                        TensorData::U8(try_collect(n, values.map(|v| v as u8)).map_err(no_room)?)
+                    }
+                    DType::I8 => {
+                        TensorData::I8(try_collect(n, values.map(|v| v as i8)).map_err(no_room)?)
+                    }
                     _ => TensorData::I64(try_collect(n, values).map_err(no_room)?),
                 }
             }

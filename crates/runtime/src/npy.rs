@@ -217,9 +217,9 @@ fn decode_unicode(width: usize, data: &[u8]) -> Option<Vec<String>> {
         .collect()
 }
 
-/// The elements of `stored`, `size` bytes each, widened as the runtime holds them. Every buffer
-/// is allocated fallibly: `|u1` widens to i64, 8 times the file, and a large file under a tight
-/// address space must be an error.
+/// The elements of `stored`, `size` bytes each, widened as the runtime holds them (`|u1` and
+/// `|i1` stay bytes). Every buffer is allocated fallibly: `<i2` widens to i64, 4 times the file,
+/// and a large file under a tight address space must be an error.
 fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String> {
     use super::narrow::{byte_to_float, narrow_int, wrap_int};
     fn chunks<const N: usize>(data: &[u8]) -> impl ExactSizeIterator<Item = [u8; N]> + '_ {
@@ -271,8 +271,8 @@ fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String>
                 .map(|b| i16::from_le_bytes(b) as i64)
                 .try_collect_vec()?,
         ),
-        DType::I8 => TensorData::I64(data.iter().map(|&b| b as i8 as i64).try_collect_vec()?),
-        DType::U8 => TensorData::I64(data.iter().map(|&b| b as i64).try_collect_vec()?),
+        DType::I8 => TensorData::I8(data.iter().map(|&b| b as i8).try_collect_vec()?),
+        DType::U8 => TensorData::U8(data.iter().copied().try_collect_vec()?),
         DType::U16 => TensorData::I64(
             chunks::<2>(data)
                 .map(|b| u16::from_le_bytes(b) as i64)
@@ -286,11 +286,14 @@ fn decode(stored: DType, size: usize, data: &[u8]) -> Result<TensorData, String>
         DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
             let (bits, signed) = narrow_int(stored).expect("a narrow integer type");
             let mask = (1u8 << bits) - 1;
-            TensorData::I64(
-                data.iter()
-                    .map(|&b| wrap_int(i64::from(b & mask), bits, signed))
-                    .try_collect_vec()?,
-            )
+            let values = data
+                .iter()
+                .map(|&b| wrap_int(i64::from(b & mask), bits, signed));
+            // Wrapped into the type's range: a byte of its signedness holds each exactly.
+            match signed {
+                true => TensorData::I8(values.map(|x| x as i8).try_collect_vec()?),
+                false => TensorData::U8(values.map(|x| x as u8).try_collect_vec()?),
+            }
         }
         DType::Bool => {
             if data.iter().any(|&b| b > 1) {
@@ -482,13 +485,13 @@ fn element_bytes(tensor: &HostTensor, dtype: DType) -> Result<(String, Vec<u8>),
         (TensorData::I64(v), DType::I16) => (descr("<i2"), each(v, |&x| (x as i16).to_le_bytes())),
         (TensorData::I64(v), DType::U16) => (descr("<u2"), each(v, |&x| (x as u16).to_le_bytes())),
         (TensorData::I64(v), DType::U32) => (descr("<u4"), each(v, |&x| (x as u32).to_le_bytes())),
-        (TensorData::I64(v), DType::I8) => (descr("|i1"), each(v, |&x| (x as i8).to_le_bytes())),
-        (TensorData::I64(v), DType::U8) => (descr("|u1"), each(v, |&x| (x as u8).to_le_bytes())),
-        (TensorData::I64(v), DType::I4 | DType::U4) => {
-            (descr("<V1"), v.iter().map(|&x| (x & 0x0f) as u8).collect())
-        }
-        (TensorData::I64(v), DType::I2 | DType::U2) => {
-            (descr("<V1"), v.iter().map(|&x| (x & 0x03) as u8).collect())
+        (TensorData::I8(v), DType::I8) => (descr("|i1"), each(v, |&x| x.to_le_bytes())),
+        (TensorData::U8(v), DType::U8) => (descr("|u1"), v.clone()),
+        (TensorData::I8(_) | TensorData::U8(_), DType::I4 | DType::U4 | DType::I2 | DType::U2) => {
+            let (bits, _) = super::narrow::narrow_int(dtype).expect("a sub-byte integer type");
+            let mask = (1u8 << bits) - 1;
+            let low_bits = tensor.to_i64_vec().into_iter().map(|x| x as u8 & mask);
+            (descr("<V1"), low_bits.collect())
         }
         (TensorData::I32(v), DType::I32) => (descr("<i4"), each(v, |x| x.to_le_bytes())),
         (TensorData::Bool(v), DType::Bool) => (descr("|b1"), v.iter().map(|&b| b as u8).collect()),
@@ -543,6 +546,8 @@ mod tests {
                 vec![3],
                 TensorData::String(vec!["née".into(), "".into(), "a b".into()]),
             ),
+            HostTensor::with_data(vec![3], TensorData::U8(vec![0, 7, 255])),
+            HostTensor::with_data(vec![2], TensorData::I8(vec![-128, 127])),
         ] {
             let bytes = encode_npy(&t);
             let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
@@ -659,7 +664,7 @@ mod tests {
             .unwrap()
             .ends_with(&[126, 0xb0]));
         let a = parse_npy_as(&raw, "t", Some(DType::I4)).unwrap();
-        assert_eq!(a.tensor.data(), &TensorData::I64(vec![-2, 0]));
+        assert_eq!(a.tensor.data(), &TensorData::I8(vec![-2, 0]));
         let err = parse_npy_as(&raw, "t", Some(DType::F32))
             .unwrap_err()
             .to_string();
@@ -686,7 +691,7 @@ mod tests {
         let bytes = encode_npy_as(&HostTensor::i64(vec![2], vec![7, 255]), DType::U8).unwrap();
         let back = parse_npy(&bytes, "t").unwrap();
         assert_eq!(back.stored, DType::U8);
-        assert_eq!(back.tensor.data(), &TensorData::I64(vec![7, 255]));
+        assert_eq!(back.tensor.data(), &TensorData::U8(vec![7, 255]));
     }
 
     #[test]

@@ -3,8 +3,12 @@
 //! Compute is fp32. Weights and inputs stored as fp16, bf16 or fp64 are widened to fp32 when they
 //! are read ([`HostTensor::from_f16`], the `.npy` reader and the weight loader do it), so a model
 //! exported in half precision runs with fp32 arithmetic; int64, int32 and bool carry indices,
-//! shapes and masks exactly. Narrower integer types (int8, uint8, int16, uint16, uint32) widen to
-//! int64, the type ONNX shape arithmetic uses. Strings (the text ops, `ai.onnx.ml` encoders)
+//! shapes and masks exactly. uint8 and int8 (images, quantized tensors) stay one byte per
+//! element, so a decoded image or a quantized activation costs what its data does, and so do
+//! the sub-byte integers (uint4 and uint2 as uint8, int4 and int2 as int8, one value a byte); a
+//! kernel with no byte path sees them widened to int64 (`kernels::call` does it at the kernel's
+//! entry). The other narrow integer types (int16, uint16, uint32) widen to int64, the type ONNX
+//! shape arithmetic uses. Strings (the text ops, `ai.onnx.ml` encoders)
 //! are owned UTF-8 strings, one per element; only the CPU runtime holds them.
 
 use std::fmt;
@@ -12,22 +16,16 @@ use std::fmt;
 use pipecut_ir::graph::{ConstValue, DType, SymInt};
 
 /// The runtime dtype a model dtype computes in (see the module doc): float types as float32
-/// (float16, bfloat16, float8 and float4 values kept exactly), narrow integers as int64
+/// (float16, bfloat16, float8 and float4 values kept exactly), uint8 and int8 as themselves,
+/// the sub-byte integers in a byte of their signedness, the other narrow integers as int64
 /// (uint64 bit for bit).
 pub fn runtime_dtype(dtype: DType) -> DType {
     match dtype {
         DType::F64 => DType::F32,
         narrow if super::narrow::is_narrow_float(narrow) => DType::F32,
-        DType::I8
-        | DType::I16
-        | DType::U8
-        | DType::U16
-        | DType::U32
-        | DType::U64
-        | DType::I4
-        | DType::U4
-        | DType::I2
-        | DType::U2 => DType::I64,
+        DType::I4 | DType::I2 => DType::I8,
+        DType::U4 | DType::U2 => DType::U8,
+        DType::I16 | DType::U16 | DType::U32 | DType::U64 => DType::I64,
         other => other,
     }
 }
@@ -41,6 +39,8 @@ pub enum TensorData {
     I32(Vec<i32>),
     Bool(Vec<bool>),
     String(Vec<String>),
+    U8(Vec<u8>),
+    I8(Vec<i8>),
 }
 
 impl TensorData {
@@ -52,6 +52,8 @@ impl TensorData {
             TensorData::I32(v) => v.len(),
             TensorData::Bool(v) => v.len(),
             TensorData::String(v) => v.len(),
+            TensorData::U8(v) => v.len(),
+            TensorData::I8(v) => v.len(),
         }
     }
 
@@ -68,7 +70,29 @@ impl TensorData {
             TensorData::I32(_) => DType::I32,
             TensorData::Bool(_) => DType::Bool,
             TensorData::String(_) => DType::String,
+            TensorData::U8(_) => DType::U8,
+            TensorData::I8(_) => DType::I8,
         }
+    }
+
+    /// Bytes the elements take (strings: their UTF-8 bytes, not counting each `String`'s own
+    /// header).
+    pub fn byte_size(&self) -> usize {
+        match self {
+            TensorData::F32(v) => std::mem::size_of_val(v.as_slice()),
+            TensorData::I64(v) => std::mem::size_of_val(v.as_slice()),
+            TensorData::I32(v) => std::mem::size_of_val(v.as_slice()),
+            TensorData::Bool(v) => v.len(),
+            TensorData::String(v) => v.iter().map(String::len).sum(),
+            TensorData::U8(v) => v.len(),
+            TensorData::I8(v) => v.len(),
+        }
+    }
+
+    /// Whether the elements are one-byte integers (uint8, int8), which only the kernels that
+    /// take bytes see as such; the rest see them widened ([`HostTensor::widened`]).
+    pub fn is_bytes(&self) -> bool {
+        matches!(self, TensorData::U8(_) | TensorData::I8(_))
     }
 }
 
@@ -267,6 +291,8 @@ impl HostTensor {
                 .iter()
                 .map(|s| s.trim().parse().unwrap_or(f32::NAN))
                 .collect(),
+            TensorData::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| f32::from(x)).collect(),
         }
     }
 
@@ -287,6 +313,8 @@ impl HostTensor {
             TensorData::I64(v) => v.clone(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| i64::from(x)).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| i64::from(x)).collect(),
             TensorData::String(v) => v
                 .iter()
                 .map(|s| {
@@ -315,7 +343,21 @@ impl HostTensor {
             TensorData::I32(v) => v.iter().map(i32::to_string).collect(),
             TensorData::Bool(v) => v.iter().map(bool::to_string).collect(),
             TensorData::String(v) => v.clone(),
+            TensorData::U8(v) => v.iter().map(u8::to_string).collect(),
+            TensorData::I8(v) => v.iter().map(i8::to_string).collect(),
         }
+    }
+
+    /// The tensor as a kernel without a byte path sees it: uint8 and int8 widened to int64
+    /// (exact), anything else borrowed as it is.
+    pub(crate) fn widened(&self) -> Result<std::borrow::Cow<'_, HostTensor>, String> {
+        use std::borrow::Cow;
+        let wide = match &self.data {
+            TensorData::U8(v) => try_collect(v.len(), v.iter().map(|&x| i64::from(x)))?,
+            TensorData::I8(v) => try_collect(v.len(), v.iter().map(|&x| i64::from(x)))?,
+            _ => return Ok(Cow::Borrowed(self)),
+        };
+        Ok(Cow::Owned(HostTensor::i64(self.shape.clone(), wide)))
     }
 
     /// The contents as a plan-time value, for a sample input given to shape inference
@@ -352,7 +394,7 @@ impl HostTensor {
             ),
             DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
                 let (bits, signed) = narrow_int(dtype).expect("a narrow integer type");
-                TensorData::I64(match &self.data {
+                let wrapped: Vec<i64> = match &self.data {
                     TensorData::F32(v) => v
                         .iter()
                         .map(|&x| float_to_narrow_int(x, bits, signed))
@@ -362,11 +404,18 @@ impl HostTensor {
                         .into_iter()
                         .map(|x| wrap_int(x, bits, signed))
                         .collect(),
-                })
+                };
+                // Wrapped into the type's range just above: the byte holds it exactly.
+                match signed {
+                    true => TensorData::I8(wrapped.into_iter().map(|x| x as i8).collect()),
+                    false => TensorData::U8(wrapped.into_iter().map(|x| x as u8).collect()),
+                }
             }
-            DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
-                TensorData::I64(self.to_i64_vec())
-            }
+            // Float to integer truncates toward zero, then wraps to the width as C does
+            // (numpy and onnxruntime agree for values in range; out of range is undefined).
+            DType::U8 => TensorData::U8(self.to_i64_vec().into_iter().map(|x| x as u8).collect()),
+            DType::I8 => TensorData::I8(self.to_i64_vec().into_iter().map(|x| x as i8).collect()),
+            DType::I64 | DType::I16 | DType::U16 | DType::U32 => TensorData::I64(self.to_i64_vec()),
             // Kept in int64 storage bit for bit: a float above i64::MAX keeps its bits.
             DType::U64 => TensorData::I64(match &self.data {
                 TensorData::F32(v) => v.iter().map(|&x| x as u64 as i64).collect(),
@@ -416,6 +465,8 @@ impl HostTensor {
             TensorData::String(v) => {
                 TensorData::String(try_collect(len, v[range].iter().cloned())?)
             }
+            TensorData::U8(v) => TensorData::U8(try_collect(len, v[range].iter().copied())?),
+            TensorData::I8(v) => TensorData::I8(try_collect(len, v[range].iter().copied())?),
         };
         let mut shape = self.shape.clone();
         shape[0] = count;
@@ -461,6 +512,8 @@ impl HostTensor {
             TensorData::I32(_) => join!(I32),
             TensorData::Bool(_) => join!(Bool),
             TensorData::String(_) => join!(String),
+            TensorData::U8(_) => join!(U8),
+            TensorData::I8(_) => join!(I8),
         };
         Ok(HostTensor { shape, data })
     }

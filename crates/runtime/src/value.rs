@@ -139,6 +139,8 @@ fn reordered(tensor: &HostTensor, order: &[usize]) -> HostTensor {
         TensorData::I32(v) => TensorData::I32(pick(v, order)),
         TensorData::Bool(v) => TensorData::Bool(pick(v, order)),
         TensorData::String(v) => TensorData::String(pick(v, order)),
+        TensorData::U8(v) => TensorData::U8(pick(v, order)),
+        TensorData::I8(v) => TensorData::I8(pick(v, order)),
     };
     HostTensor::with_data(vec![order.len()], data)
 }

@@ -354,8 +354,8 @@ fn decode_raw(proto: &TensorProto, raw: &[u8]) -> Result<HostTensor, String> {
         DType::U32 => TensorData::I64(le::<4>(raw).map(|b| u32::from_le_bytes(b) as i64).collect()),
         DType::I16 => TensorData::I64(le::<2>(raw).map(|b| i16::from_le_bytes(b) as i64).collect()),
         DType::U16 => TensorData::I64(le::<2>(raw).map(|b| u16::from_le_bytes(b) as i64).collect()),
-        DType::I8 => TensorData::I64(raw.iter().map(|&b| b as i8 as i64).collect()),
-        DType::U8 => TensorData::I64(raw.iter().map(|&b| b as i64).collect()),
+        DType::I8 => TensorData::I8(raw.iter().map(|&b| b as i8).collect()),
+        DType::U8 => TensorData::U8(raw.to_vec()),
         DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
         _ => unreachable!("sizes above cover exactly these types"),
     };
@@ -387,7 +387,9 @@ fn decode_inline(proto: &TensorProto) -> Result<HostTensor, String> {
         ),
         DType::I64 => TensorData::I64(proto.int64_data.clone()),
         DType::I32 => TensorData::I32(proto.int32_data.clone()),
-        DType::I16 | DType::I8 | DType::U8 | DType::U16 => {
+        DType::I8 => TensorData::I8(proto.int32_data.iter().map(|&v| v as i8).collect()),
+        DType::U8 => TensorData::U8(proto.int32_data.iter().map(|&v| v as u8).collect()),
+        DType::I16 | DType::U16 => {
             TensorData::I64(proto.int32_data.iter().map(|&v| v as i64).collect())
         }
         DType::U32 | DType::U64 => {

@@ -9,15 +9,16 @@
 //! docs/benchmarks.md). Here such a broadcast runs on the device from the small operands:
 //!
 //! - an Expand of a host integer tensor with a large output makes an *integer device tensor*:
-//!   a [`DeviceTensor`] with `int` set to its host dtype (int32 or int64, the host runtime's two
-//!   integer storages), its values held as floats, exact because every value is at most 2²⁴ in
+//!   a [`DeviceTensor`] with `int` set to its host dtype (int32, int64, uint8 or int8, the host
+//!   runtime's integer storages), its values held as floats, exact because every value is at most 2²⁴ in
 //!   magnitude (checked on the host before the upload; a tensor with a larger value stays
 //!   there);
 //! - a comparison reads integer device tensors, and host integer operands uploaded the same way
 //!   when one operand already is one or the output is large, and makes a mask (`masks.rs`);
 //! - a Cast relabels one: to a float format it is that float tensor (a narrow format rounds as a
-//!   float tensor does), to an integer type the same values (the host's casts convert through
-//!   int64, and these values fit every integer storage), to bool a mask;
+//!   float tensor does), to an integer type held as int64 or int32 the same values (the host's
+//!   casts convert through int64, and these values fit those storages), to bool a mask; a Cast
+//!   to uint8 or int8 wraps into a byte, on the host;
 //! - views (Reshape, Identity, …) and Expand keep it; Shape and Size read its shape;
 //! - every other op refuses it (`operands::device` and `operands::device_or_mask` pass only floats and
 //!   masks), so it runs on the host on the exact integers downloaded (`Value::to_host`): an
@@ -30,7 +31,7 @@ use super::operands::{expand_shape, host, one, OpResult};
 use super::value::{DeviceTensor, Value};
 use crate::kernels::broadcast_shapes;
 use crate::narrow::layout;
-use crate::tensor::{HostTensor, TensorData};
+use crate::tensor::HostTensor;
 use pipecut_ir::graph::DType;
 
 /// Largest integer magnitude an f32 holds exactly (and every integer below it).
@@ -59,7 +60,9 @@ pub(super) fn device_integers(args: &[Option<Value>], i: usize) -> Option<Device
 /// Operand `i` when it is an integer tensor on the host.
 fn host_integers(args: &[Option<Value>], i: usize) -> Option<Arc<HostTensor>> {
     match args.get(i)?.as_ref()? {
-        Value::Host(t, _) if matches!(t.data(), TensorData::I32(_) | TensorData::I64(_)) => {
+        Value::Host(t, _)
+            if matches!(t.dtype(), DType::I32 | DType::I64 | DType::U8 | DType::I8) =>
+        {
             Some(Arc::clone(t))
         }
         _ => None,
@@ -90,7 +93,7 @@ fn upload_exact(
         return Ok(Some(copy.clone()));
     }
     let dtype = t.dtype();
-    if !matches!(dtype, DType::I32 | DType::I64) || t.is_empty() {
+    if !matches!(dtype, DType::I32 | DType::I64 | DType::U8 | DType::I8) || t.is_empty() {
         return Ok(None);
     }
     let values = t.to_i64_vec();
@@ -179,8 +182,8 @@ pub(super) enum Cast {
     AsFloats(DeviceTensor),
 }
 
-/// A Cast of the integer device tensor `x` to `to`, or `None` for the host (4-bit integers,
-/// which wrap, strings, float8 E8M0).
+/// A Cast of the integer device tensor `x` to `to`, or `None` for the host (uint8, int8 and
+/// the sub-byte integers, which wrap into their byte storage; strings, float8 E8M0).
 pub(super) fn cast(x: DeviceTensor, to: DType) -> Option<Cast> {
     let floats = DeviceTensor {
         int: None,
@@ -193,12 +196,10 @@ pub(super) fn cast(x: DeviceTensor, to: DType) -> Option<Cast> {
             int: Some(DType::I32),
             ..x
         })),
-        DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::U16 | DType::U32 => {
-            Some(Cast::Done(DeviceTensor {
-                int: Some(DType::I64),
-                ..x
-            }))
-        }
+        DType::I64 | DType::I16 | DType::U16 | DType::U32 => Some(Cast::Done(DeviceTensor {
+            int: Some(DType::I64),
+            ..x
+        })),
         DType::F32 | DType::F64 | DType::Bool => Some(Cast::AsFloats(floats)),
         _ if to != DType::F8E8M0 && layout(to).is_some() => Some(Cast::AsFloats(floats)),
         _ => None,

@@ -1095,7 +1095,9 @@ impl CudaExecutor<'_> {
         // a float op no device op took: its float operands (on the device, or graph inputs and
         // constants on the host) are computed on the CPU.
         let floats = args.iter().flatten().any(Value::is_float);
-        on_host_copies(stage, ctx, args, floats, |refs| kernel(ctx, refs))
+        on_host_copies(stage, ctx, args, floats, |refs| {
+            kernels::call(kernel, ctx, refs)
+        })
     }
 
     /// A Conv with nodes folded in: on the device, or else the CPU's folded kernel on host

@@ -41,7 +41,10 @@ fn as_device_floats(gpu: &Gpu, value: &Value) -> Result<Option<DeviceTensor>, St
     if let TensorData::F32(_) = host.data() {
         return to_device(gpu, value);
     }
-    if !matches!(host.data(), TensorData::I64(_) | TensorData::I32(_)) {
+    if !matches!(
+        host.data(),
+        TensorData::I64(_) | TensorData::I32(_) | TensorData::U8(_) | TensorData::I8(_)
+    ) {
         return Ok(None);
     }
     let ints = host.to_i64_vec();

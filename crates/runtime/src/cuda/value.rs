@@ -20,8 +20,8 @@ pub(crate) struct DeviceTensor {
     pub(super) shape: Vec<usize>,
     pub(super) data: Arc<CudaSlice<f32>>,
     pub(super) mask: bool,
-    /// `Some(I32 or I64)`: integers, which only the ops of `integers.rs`, comparisons and views
-    /// take; every other op reads them on the host.
+    /// `Some(I32, I64, U8 or I8)`: integers, which only the ops of `integers.rs`, comparisons
+    /// and views take; every other op reads them on the host.
     pub(super) int: Option<DType>,
 }
 
@@ -35,7 +35,7 @@ impl DeviceTensor {
         }
     }
 
-    /// An integer tensor of `dtype` (I32 or I64) whose values, exact in f32, are `data`.
+    /// An integer tensor of `dtype` (I32, I64, U8 or I8) whose values, exact in f32, are `data`.
     pub(super) fn integers(shape: Vec<usize>, data: CudaSlice<f32>, dtype: DType) -> Self {
         DeviceTensor {
             int: Some(dtype),
@@ -119,10 +119,13 @@ impl Value {
     }
 }
 
-/// The host form of an integer device tensor's values (downloaded as floats): its dtype's.
+/// The host form of an integer device tensor's values (downloaded as floats): its dtype's, one
+/// byte each for uint8 and int8 (wrapping, as the CPU runtime's integer arithmetic does).
 pub(super) fn to_host_data(values: Vec<f32>, dtype: DType) -> TensorData {
     match dtype {
         DType::I32 => TensorData::I32(values.into_iter().map(|v| v as i32).collect()),
+        DType::U8 => TensorData::U8(values.into_iter().map(|v| v as i64 as u8).collect()),
+        DType::I8 => TensorData::I8(values.into_iter().map(|v| v as i64 as i8).collect()),
         _ => TensorData::I64(values.into_iter().map(|v| v as i64).collect()),
     }
 }
@@ -141,6 +144,15 @@ mod tests {
         assert_eq!(
             to_host_data(values, DType::I64),
             TensorData::I64(vec![-16_777_216, -1, 0, 256, 16_777_216])
+        );
+        let bytes = vec![0.0, 255.0, 256.0, -1.0];
+        assert_eq!(
+            to_host_data(bytes.clone(), DType::U8),
+            TensorData::U8(vec![0, 255, 0, 255])
+        );
+        assert_eq!(
+            to_host_data(bytes, DType::I8),
+            TensorData::I8(vec![0, -1, 0, -1])
         );
     }
 }

@@ -166,7 +166,7 @@ fn clip(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             // max then min, as onnxruntime does, so lo > hi gives hi.
             fast_math::map(v, |x| x.max(lo).min(hi)),
         )]),
-        TensorData::I64(_) | TensorData::I32(_) => {
+        TensorData::I64(_) | TensorData::I32(_) | TensorData::U8(_) | TensorData::I8(_) => {
             let (lo, hi) = (
                 lo.max(i64::MIN as f32) as i64,
                 hi.min(i64::MAX as f32) as i64,

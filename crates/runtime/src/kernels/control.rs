@@ -63,6 +63,8 @@ pub(crate) fn empty_of(dtype: Option<DType>) -> HostTensor {
         Some(DType::I64) => TensorData::I64(Vec::new()),
         Some(DType::I32) => TensorData::I32(Vec::new()),
         Some(DType::Bool) => TensorData::Bool(Vec::new()),
+        Some(DType::U8) => TensorData::U8(Vec::new()),
+        Some(DType::I8) => TensorData::I8(Vec::new()),
         _ => TensorData::F32(Vec::new()),
     };
     HostTensor::with_data(vec![0], data)

@@ -75,6 +75,12 @@ fn center_crop_pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
                 .map(|o| source(o).is_some_and(|i| v[i]))
                 .collect(),
         ),
+        TensorData::U8(v) => {
+            TensorData::U8((0..total).map(|o| source(o).map_or(0, |i| v[i])).collect())
+        }
+        TensorData::I8(v) => {
+            TensorData::I8((0..total).map(|o| source(o).map_or(0, |i| v[i])).collect())
+        }
         // Padding strings are empty, as numbers pad with zero.
         TensorData::String(v) => TensorData::String(
             (0..total)

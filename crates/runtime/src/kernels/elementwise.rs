@@ -342,6 +342,8 @@ fn where_op(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         (TensorData::I32(a), TensorData::I32(b)) => pick!(a, b, I32),
         (TensorData::Bool(a), TensorData::Bool(b)) => pick!(a, b, Bool),
         (TensorData::String(a), TensorData::String(b)) => pick!(a, b, String),
+        (TensorData::U8(a), TensorData::U8(b)) => pick!(a, b, U8),
+        (TensorData::I8(a), TensorData::I8(b)) => pick!(a, b, I8),
         _ => return Err("Where: branches of different types".into()),
     };
     Ok(vec![HostTensor::with_data(shape, data)])
@@ -389,7 +391,7 @@ fn unary(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
             };
             Ok(vec![HostTensor::f32(a.shape().to_vec(), out)])
         }
-        TensorData::I64(_) | TensorData::I32(_) => {
+        TensorData::I64(_) | TensorData::I32(_) | TensorData::U8(_) | TensorData::I8(_) => {
             let v = a.to_i64_vec();
             let out: Vec<i64> = match op {
                 "Neg" => v.iter().map(|x| x.wrapping_neg()).collect(),
@@ -535,10 +537,10 @@ fn from_bits(bits: &[u64], dtype: DType) -> Result<TensorData, String> {
         DType::F64 => TensorData::F32(bits.iter().map(|&b| f64::from_bits(b) as f32).collect()),
         DType::Bool => TensorData::Bool(bits.iter().map(|&b| b != 0).collect()),
         DType::I32 => TensorData::I32(bits.iter().map(|&b| signed(b) as i32).collect()),
-        DType::I8 | DType::I16 | DType::I64 => {
-            TensorData::I64(bits.iter().map(|&b| signed(b)).collect())
-        }
-        DType::U8 | DType::U16 | DType::U32 | DType::U64 => {
+        DType::I8 => TensorData::I8(bits.iter().map(|&b| b as i8).collect()),
+        DType::U8 => TensorData::U8(bits.iter().map(|&b| b as u8).collect()),
+        DType::I16 | DType::I64 => TensorData::I64(bits.iter().map(|&b| signed(b)).collect()),
+        DType::U16 | DType::U32 | DType::U64 => {
             TensorData::I64(bits.iter().map(|&b| b as i64).collect())
         }
         other => {

@@ -4,7 +4,9 @@
 //! with, so a planned size and a decoded one cannot disagree.
 
 use super::context::{input, Ctx, KernelResult, KernelTable};
-use crate::tensor::{try_collect, HostTensor, TensorData};
+use std::borrow::Cow;
+
+use crate::tensor::{HostTensor, TensorData};
 use pipecut_ir::onnx::image_stream::{self, PixelFormat};
 
 pub(super) fn register(t: &mut KernelTable) {
@@ -22,34 +24,35 @@ fn image_decoder(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
     let bytes = stream_bytes(encoded)?;
     let pixel_format = PixelFormat::parse(Some(&ctx.string("pixel_format", "RGB")))?;
     let image = image_stream::decode(&bytes, pixel_format)?;
-    // The runtime holds uint8 as int64 (see `crate::tensor`).
-    let pixels = try_collect(
-        image.pixels.len(),
-        image.pixels.iter().map(|&p| i64::from(p)),
-    )?;
+    // The decoder's buffer becomes the output as it is: one byte per pixel channel.
     Ok(vec![HostTensor::new(
         vec![image.height, image.width, image.channels],
-        TensorData::I64(pixels),
+        TensorData::U8(image.pixels),
     )?])
 }
 
-/// The stream's bytes; the runtime widens uint8 to int64, so each element is checked to be one.
-fn stream_bytes(encoded: &HostTensor) -> Result<Vec<u8>, String> {
-    let TensorData::I64(values) = encoded.data() else {
-        return Err(format!(
-            "the encoded stream should be uint8, found {:?}",
+/// The stream's bytes: a uint8 tensor's own, or an int64 tensor's (a stream computed by ops
+/// without a byte path) with each element checked to be a byte.
+fn stream_bytes(encoded: &HostTensor) -> Result<Cow<'_, [u8]>, String> {
+    match encoded.data() {
+        TensorData::U8(bytes) => Ok(Cow::Borrowed(bytes)),
+        TensorData::I64(values) => values
+            .iter()
+            .map(|&v| {
+                u8::try_from(v).map_err(|_| format!("the encoded stream holds {v}, not a byte"))
+            })
+            .collect(),
+        _ => Err(format!(
+            "the encoded stream should be uint8, found {}",
             encoded.dtype()
-        ));
-    };
-    values
-        .iter()
-        .map(|&v| u8::try_from(v).map_err(|_| format!("the encoded stream holds {v}, not a byte")))
-        .collect()
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{i, run};
+    use super::super::test_util::run;
+    use crate::tensor::TensorData;
     use pipecut_ir::graph::Attribute;
 
     /// A 2 × 3 binary PPM: red, green, blue / white, black, gray.
@@ -57,8 +60,7 @@ mod tests {
         b"P6\n3 2\n255\n\xff\x00\x00\x00\xff\x00\x00\x00\xff\xff\xff\xff\x00\x00\x00\x80\x80\x80";
 
     fn stream(bytes: &[u8]) -> crate::tensor::HostTensor {
-        let values: Vec<i64> = bytes.iter().map(|&b| i64::from(b)).collect();
-        i(&[values.len()], &values)
+        crate::tensor::HostTensor::new(vec![bytes.len()], TensorData::U8(bytes.to_vec())).unwrap()
     }
 
     fn decode(bytes: &[u8], pixel_format: &str) -> crate::tensor::HostTensor {
@@ -75,6 +77,7 @@ mod tests {
     fn rgb_and_bgr_order_the_channels() {
         let rgb = decode(PPM, "RGB");
         assert_eq!(rgb.shape(), &[2, 3, 3]);
+        assert_eq!(rgb.data().byte_size(), 18, "one byte per pixel channel");
         assert_eq!(&rgb.to_i64_vec()[..6], &[255, 0, 0, 0, 255, 0]);
         let bgr = decode(PPM, "BGR");
         assert_eq!(&bgr.to_i64_vec()[..6], &[0, 0, 255, 0, 255, 0]);

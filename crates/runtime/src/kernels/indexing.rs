@@ -290,6 +290,8 @@ pub(crate) fn take_strided(
         TensorData::I32(v) => TensorData::I32(copy(v, base, shape, strides)?),
         TensorData::Bool(v) => TensorData::Bool(copy(v, base, shape, strides)?),
         TensorData::String(v) => TensorData::String(copy(v, base, shape, strides)?),
+        TensorData::U8(v) => TensorData::U8(copy(v, base, shape, strides)?),
+        TensorData::I8(v) => TensorData::I8(copy(v, base, shape, strides)?),
     })
 }
 
@@ -306,6 +308,8 @@ pub(crate) fn take(data: &TensorData, offsets: &[usize]) -> Result<TensorData, S
         TensorData::String(v) => {
             TensorData::String(try_collect(n, offsets.iter().map(|&i| v[i].clone()))?)
         }
+        TensorData::U8(v) => TensorData::U8(try_collect(n, offsets.iter().map(|&i| v[i]))?),
+        TensorData::I8(v) => TensorData::I8(try_collect(n, offsets.iter().map(|&i| v[i]))?),
     })
 }
 

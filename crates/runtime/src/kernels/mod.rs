@@ -102,13 +102,14 @@ mod topk;
 
 use std::sync::OnceLock;
 
-#[cfg(feature = "cuda")]
+use crate::tensor::{runtime_dtype, HostTensor};
 pub(crate) use context::KernelResult;
 use context::KernelTable;
 pub(crate) use context::{Ctx, Kernel};
 pub(crate) use indexing::checked_size;
 #[cfg(feature = "cuda")]
 pub(crate) use indexing::{broadcast_shapes, normalize_axis};
+use pipecut_ir::graph::DType;
 
 fn table() -> &'static KernelTable {
     static TABLE: OnceLock<KernelTable> = OnceLock::new();
@@ -160,8 +161,101 @@ fn table() -> &'static KernelTable {
 
 /// The kernel for an op, if the CPU runtime has one.
 pub(crate) fn lookup(domain: &str, op: &str) -> Option<Kernel> {
-    let domain = if domain == "ai.onnx" { "" } else { domain };
-    table().kernels.get(&(domain, op)).copied()
+    table().kernels.get(&(table_domain(domain), op)).copied()
+}
+
+/// The domain as the table keys it: `""` for the default domain, however a model spells it.
+fn table_domain(domain: &str) -> &str {
+    if domain == "ai.onnx" {
+        ""
+    } else {
+        domain
+    }
+}
+
+/// The ops whose kernels take uint8 and int8 tensors as bytes: the ones that move elements
+/// without reading them (through [`indexing::take`] and its kin), and the ones that read them only
+/// through [`HostTensor::to_f32_vec`] / [`HostTensor::to_i64_vec`] (Cast, the quantized ops).
+/// Every other kernel sees bytes widened to int64 ([`call`]).
+const TAKES_BYTES: &[(&str, &str)] = &[
+    ("", "Reshape"),
+    ("", "Unsqueeze"),
+    ("", "Squeeze"),
+    ("", "Flatten"),
+    ("", "Transpose"),
+    ("", "Concat"),
+    ("", "Split"),
+    ("", "Slice"),
+    ("", "Gather"),
+    ("", "GatherElements"),
+    ("", "GatherND"),
+    ("", "Expand"),
+    ("", "Tile"),
+    ("", "Shape"),
+    ("", "Size"),
+    ("", "Identity"),
+    ("", "Dropout"),
+    ("", "DepthToSpace"),
+    ("", "SpaceToDepth"),
+    ("", "ReverseSequence"),
+    ("", "Where"),
+    ("", "Cast"),
+    ("", "CastLike"),
+    ("", "ImageDecoder"),
+    ("", "QuantizeLinear"),
+    ("", "DequantizeLinear"),
+    ("", "DynamicQuantizeLinear"),
+    ("", "MatMulInteger"),
+    ("", "QLinearMatMul"),
+    ("", "ConvInteger"),
+    ("", "QLinearConv"),
+    ("com.microsoft", "MatMulNBits"),
+    ("com.microsoft", "QLinearAdd"),
+    ("com.microsoft", "QLinearMul"),
+    ("com.microsoft", "QLinearSigmoid"),
+    ("com.microsoft", "QLinearLeakyRelu"),
+    ("com.microsoft", "QLinearSoftmax"),
+    ("com.microsoft", "QLinearGlobalAveragePool"),
+    ("com.microsoft", "QLinearAveragePool"),
+    ("com.microsoft", "QLinearConcat"),
+    ("com.microsoft", "QGemm"),
+    ("com.microsoft", "DynamicQuantizeMatMul"),
+    ("com.microsoft", "MatMulIntegerToFloat"),
+    ("com.microsoft", "QAttention"),
+];
+
+/// Runs `kernel` for `ctx`'s node: a kernel without a byte path ([`TAKES_BYTES`]) gets uint8 and
+/// int8 inputs widened to int64, and an int64 output the graph declares uint8 or int8 is narrowed
+/// back (wrapping, as ONNX integer arithmetic does; int4 and the other sub-byte types likewise
+/// into their byte), so bytes stay bytes across any kernel.
+pub(crate) fn call(kernel: Kernel, ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
+    let domain = table_domain(&ctx.node.domain);
+    let has_bytes = inputs.iter().flatten().any(|t| t.data().is_bytes());
+    let outputs = if has_bytes && !TAKES_BYTES.contains(&(domain, ctx.node.op_type.as_str())) {
+        let wide = inputs
+            .iter()
+            .map(|t| t.map(HostTensor::widened).transpose())
+            .collect::<Result<Vec<_>, String>>()?;
+        let wide: Vec<Option<&HostTensor>> = wide.iter().map(Option::as_deref).collect();
+        kernel(ctx, &wide)?
+    } else {
+        kernel(ctx, inputs)?
+    };
+    outputs
+        .into_iter()
+        .enumerate()
+        .map(
+            |(i, out)| match ctx.output_dtypes.get(i).copied().flatten() {
+                Some(declared)
+                    if out.dtype() == DType::I64
+                        && matches!(runtime_dtype(declared), DType::U8 | DType::I8) =>
+                {
+                    out.cast(declared)
+                }
+                _ => Ok(out),
+            },
+        )
+        .collect()
 }
 
 /// The kernel on values for an op, if the CPU runtime has one (sequences, optionals, control
@@ -237,7 +331,7 @@ pub(crate) mod test_util {
             input_dtypes: &[],
         };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        lookup("", op).expect("kernel registered")(&ctx, &inputs).expect("kernel succeeds")
+        call(lookup("", op).expect("kernel registered"), &ctx, &inputs).expect("kernel succeeds")
     }
 
     /// Runs the registered kernel of `op` in `domain` (opset 5), its error as it is.
@@ -255,7 +349,11 @@ pub(crate) mod test_util {
             input_dtypes: &[],
         };
         let inputs: Vec<Option<&HostTensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        lookup(domain, op).expect("kernel registered")(&ctx, &inputs)
+        call(
+            lookup(domain, op).expect("kernel registered"),
+            &ctx,
+            &inputs,
+        )
     }
 
     pub fn f(shape: &[usize], data: &[f32]) -> HostTensor {
@@ -281,6 +379,7 @@ pub(crate) mod test_util {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::TensorData;
 
     #[test]
     fn every_registered_op_is_listed() {
@@ -290,28 +389,10 @@ mod tests {
         assert!(lookup("", "NoSuchOp").is_none());
     }
 
-    /// Zero-size inputs given to every kernel in every arity from one to four, as float and as
-    /// int64, with no attribute: a kernel answers or refuses within 20 s, and never panics. The
-    /// shapes are what a model's shapes can make (issue 37: Conv over no channel, LayerNorm and
-    /// SkipLayerNorm over rows of nothing panicked).
-    #[test]
-    fn no_kernel_panics_or_loops_on_zero_size_inputs() {
-        use crate::tensor::HostTensor;
-        // A dim of a million beside a zero: nothing to hold, but a kernel that loops over the
-        // outer dims or sizes its outputs by them must still answer at once.
-        const LARGE: usize = 1 << 20;
-        // Beyond any memory: an output sized by this dim must be refused, not allocated.
-        const HUGE: usize = 1 << 40;
-        let shapes: [&[usize]; 8] = [
-            &[0],
-            &[3, 0],
-            &[0, 4],
-            &[2, 0, 3],
-            &[LARGE, 0],
-            &[0, LARGE],
-            &[HUGE, 0],
-            &[0, HUGE],
-        ];
+    /// Runs `probe` on every registered kernel, each in a thread of its own with 20 s to
+    /// finish (a loop over a 2^40 dim never ends; a million rows of nothing take seconds in a
+    /// debug build on a loaded machine), and returns what the probes found, a timeout included.
+    fn sweep(probe: fn(&'static str, &'static str, Kernel) -> Vec<String>) -> Vec<String> {
         let mut ops: Vec<_> = table().kernels.iter().map(|(k, v)| (*k, *v)).collect();
         ops.sort_by_key(|(key, _)| *key);
         let hook = std::panic::take_hook();
@@ -319,60 +400,173 @@ mod tests {
         let mut findings = Vec::new();
         for ((domain, op), kernel) in ops {
             let (sender, receiver) = std::sync::mpsc::channel();
-            let shapes = shapes.to_vec();
             std::thread::spawn(move || {
-                for shape in shapes {
-                    for arity in 1..=4 {
-                        for float in [true, false] {
-                            let tensor = match float {
-                                true => HostTensor::f32(shape.to_vec(), Vec::new()),
-                                false => HostTensor::i64(shape.to_vec(), Vec::new()),
-                            };
-                            let inputs: Vec<Option<&HostTensor>> = vec![Some(&tensor); arity];
-                            let mut node = test_util::node(op, Vec::new());
-                            node.domain = domain.to_string();
-                            let ctx = Ctx {
-                                node: &node,
-                                opset: 21,
-                                output_dtypes: &[],
-                                input_dtypes: &[],
-                            };
-                            let call =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    kernel(&ctx, &inputs)
-                                }));
-                            if let Err(payload) = call {
-                                let why = payload
-                                    .downcast_ref::<String>()
-                                    .cloned()
-                                    .or_else(|| {
-                                        payload.downcast_ref::<&str>().map(|s| s.to_string())
-                                    })
-                                    .unwrap_or_default();
-                                let _ = sender.send(Some(format!(
-                                    "{domain}:{op} panics on {arity} x {shape:?} ({}): {why}",
-                                    if float { "f32" } else { "i64" }
-                                )));
-                            }
-                        }
-                    }
-                }
-                let _ = sender.send(None);
+                let _ = sender.send(probe(domain, op, kernel));
             });
-            loop {
-                // A loop over a 2^40 dim never ends; a million rows of nothing take seconds in
-                // a debug build on a loaded machine.
-                match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
-                    Ok(Some(finding)) => findings.push(finding),
-                    Ok(None) => break,
-                    Err(_) => {
-                        findings.push(format!("{domain}:{op} runs for more than 20 s"));
-                        break;
-                    }
-                }
+            match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
+                Ok(found) => findings.extend(found),
+                Err(_) => findings.push(format!("{domain}:{op} runs for more than 20 s")),
             }
         }
         std::panic::set_hook(hook);
+        findings
+    }
+
+    /// `f`'s result, or its panic's message.
+    fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+            payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        })
+    }
+
+    /// A node of `op` in `domain`, no attribute.
+    fn bare_node(domain: &str, op: &str) -> pipecut_ir::graph::Node {
+        let mut node = test_util::node(op, Vec::new());
+        node.domain = domain.to_string();
+        node
+    }
+
+    /// A kernel without a byte path (Add) computes on int64 and its output, declared uint8,
+    /// comes back as bytes, wrapped as ONNX integer arithmetic wraps; undeclared, it stays int64.
+    #[test]
+    fn declared_bytes_stay_bytes_across_a_kernel_without_a_byte_path() {
+        let node = test_util::node("Add", Vec::new());
+        let a = HostTensor::with_data(vec![2], TensorData::U8(vec![200, 7]));
+        let b = HostTensor::with_data(vec![2], TensorData::U8(vec![100, 1]));
+        let add = lookup("", "Add").unwrap();
+        let run = |declared: &[Option<DType>]| {
+            let ctx = Ctx {
+                node: &node,
+                opset: 17,
+                output_dtypes: declared,
+                input_dtypes: &[],
+            };
+            call(add, &ctx, &[Some(&a), Some(&b)]).unwrap().remove(0)
+        };
+        assert_eq!(run(&[Some(DType::U8)]).data(), &TensorData::U8(vec![44, 8]));
+        assert_eq!(run(&[]).data(), &TensorData::I64(vec![300, 8]));
+    }
+
+    /// Zero-size inputs given to every kernel in every arity from one to four, as float and as
+    /// int64, with no attribute: a kernel answers or refuses within 20 s, and never panics. The
+    /// shapes are what a model's shapes can make (issue 37: Conv over no channel, LayerNorm and
+    /// SkipLayerNorm over rows of nothing panicked).
+    #[test]
+    fn no_kernel_panics_or_loops_on_zero_size_inputs() {
+        fn probe(domain: &'static str, op: &'static str, kernel: Kernel) -> Vec<String> {
+            // A dim of a million beside a zero: nothing to hold, but a kernel that loops over
+            // the outer dims or sizes its outputs by them must still answer at once.
+            const LARGE: usize = 1 << 20;
+            // Beyond any memory: an output sized by this dim must be refused, not allocated.
+            const HUGE: usize = 1 << 40;
+            let shapes: [&[usize]; 8] = [
+                &[0],
+                &[3, 0],
+                &[0, 4],
+                &[2, 0, 3],
+                &[LARGE, 0],
+                &[0, LARGE],
+                &[HUGE, 0],
+                &[0, HUGE],
+            ];
+            let node = bare_node(domain, op);
+            let ctx = Ctx {
+                node: &node,
+                opset: 21,
+                output_dtypes: &[],
+                input_dtypes: &[],
+            };
+            let mut findings = Vec::new();
+            for shape in shapes {
+                for arity in 1..=4 {
+                    for float in [true, false] {
+                        let tensor = match float {
+                            true => HostTensor::f32(shape.to_vec(), Vec::new()),
+                            false => HostTensor::i64(shape.to_vec(), Vec::new()),
+                        };
+                        let inputs: Vec<Option<&HostTensor>> = vec![Some(&tensor); arity];
+                        if let Err(why) = caught(|| kernel(&ctx, &inputs)) {
+                            findings.push(format!(
+                                "{domain}:{op} panics on {arity} x {shape:?} ({}): {why}",
+                                if float { "f32" } else { "i64" }
+                            ));
+                        }
+                    }
+                }
+            }
+            findings
+        }
+        let findings = sweep(probe);
+        assert!(
+            findings.is_empty(),
+            "{} findings:\n{}",
+            findings.len(),
+            findings.join("\n")
+        );
+    }
+
+    /// uint8 and int8 inputs given to every kernel in every arity from one to three, with no
+    /// attribute, through [`call`]: the answer is the one the kernel gives the same values as
+    /// int64 (the same error, or outputs of the same shapes and values), and never a panic. A
+    /// kernel listed in [`TAKES_BYTES`] that mishandled bytes would differ here.
+    #[test]
+    fn bytes_give_every_kernel_the_answer_int64_gives() {
+        fn probe(domain: &'static str, op: &'static str, kernel: Kernel) -> Vec<String> {
+            let node = bare_node(domain, op);
+            let ctx = Ctx {
+                node: &node,
+                opset: 21,
+                output_dtypes: &[],
+                input_dtypes: &[],
+            };
+            let values = |outputs: &[HostTensor]| -> Vec<(Vec<usize>, Vec<u32>)> {
+                let bits = |t: &HostTensor| t.to_f32_vec().iter().map(|v| v.to_bits()).collect();
+                outputs
+                    .iter()
+                    .map(|t| (t.shape().to_vec(), bits(t)))
+                    .collect()
+            };
+            let mut findings = Vec::new();
+            let samples = [
+                HostTensor::with_data(vec![2, 3], TensorData::U8(vec![0, 1, 2, 3, 4, 255])),
+                HostTensor::with_data(vec![2, 3], TensorData::I8(vec![-128, -1, 0, 1, 2, 127])),
+                HostTensor::with_data(vec![3], TensorData::U8(vec![1, 0, 2])),
+            ];
+            for bytes in &samples {
+                let wide = HostTensor::i64(bytes.shape().to_vec(), bytes.to_i64_vec());
+                for arity in 1..=3 {
+                    let as_bytes = vec![Some(bytes); arity];
+                    let as_wide = vec![Some(&wide); arity];
+                    let (Ok(got), Ok(first), Ok(second)) = (
+                        caught(|| call(kernel, &ctx, &as_bytes)),
+                        caught(|| kernel(&ctx, &as_wide)),
+                        caught(|| kernel(&ctx, &as_wide)),
+                    ) else {
+                        findings.push(format!("{domain}:{op} panics on {arity} x {bytes:?}"));
+                        continue;
+                    };
+                    let deterministic = match (&first, &second) {
+                        (Ok(a), Ok(b)) => values(a) == values(b),
+                        (a, b) => a.is_err() == b.is_err(),
+                    };
+                    let same = match (&got, &first) {
+                        (Ok(a), Ok(b)) => values(a) == values(b),
+                        (a, b) => a.is_err() == b.is_err(),
+                    };
+                    if deterministic && !same {
+                        findings.push(format!(
+                            "{domain}:{op} on {arity} x {bytes:?}: {got:?}, as int64 {first:?}"
+                        ));
+                    }
+                }
+            }
+            findings
+        }
+        let findings = sweep(probe);
         assert!(
             findings.is_empty(),
             "{} findings:\n{}",

@@ -121,6 +121,8 @@ pub(super) fn concat_along(parts: &[&HostTensor], axis: usize) -> Result<HostTen
         TensorData::I32(_) => join!(I32),
         TensorData::Bool(_) => join!(Bool),
         TensorData::String(_) => join!(String),
+        TensorData::U8(_) => join!(U8),
+        TensorData::I8(_) => join!(I8),
     };
     Ok(HostTensor::with_data(shape, data))
 }
@@ -542,6 +544,8 @@ fn constant_of_shape(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult 
                     | pipecut_ir::graph::DType::F64 => TensorData::F32(try_filled(n, x as f32)?),
                     pipecut_ir::graph::DType::I32 => TensorData::I32(try_filled(n, x as i32)?),
                     pipecut_ir::graph::DType::Bool => TensorData::Bool(try_filled(n, x != 0.0)?),
+                    pipecut_ir::graph::DType::U8 => TensorData::U8(try_filled(n, x as u8)?),
+                    pipecut_ir::graph::DType::I8 => TensorData::I8(try_filled(n, x as i8)?),
                     _ => TensorData::I64(try_filled(n, x as i64)?),
                 }
             }
@@ -726,6 +730,18 @@ fn trilu(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         TensorData::Bool(v) => {
             TensorData::Bool(v.iter().zip(&keep).map(|(&a, &k)| a && k).collect())
         }
+        TensorData::U8(v) => TensorData::U8(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
+        TensorData::I8(v) => TensorData::I8(
+            v.iter()
+                .zip(&keep)
+                .map(|(&a, &k)| if k { a } else { 0 })
+                .collect(),
+        ),
         TensorData::String(_) => return Err("Trilu does not accept string".into()),
     };
     Ok(vec![HostTensor::with_data(x.shape().to_vec(), zeroed)])

@@ -102,20 +102,23 @@ fn quantize(
     let zero = zero
         .and_then(|z| z.to_i64_vec().first().copied())
         .unwrap_or(0);
-    let (low, high) = match ctx.output_dtypes.first().copied().flatten() {
-        Some(DType::I8) => (-128, 127),
-        Some(DType::U8) | None => (0, 255),
+    let signed = match ctx.output_dtypes.first().copied().flatten() {
+        Some(DType::I8) => true,
+        Some(DType::U8) | None => false,
         Some(other) => return Err(format!("quantized type {other} is not uint8 or int8")),
     };
-    let values: Vec<i64> = x
+    let (low, high) = if signed { (-128, 127) } else { (0, 255) };
+    let values = x
         .to_f32_vec()
-        .iter()
-        .map(|&v| ((v / scale).round_ties_even() as i64 + zero).clamp(low, high))
-        .collect();
-    Ok(vec![HostTensor::new(
-        x.shape().to_vec(),
-        TensorData::I64(values),
-    )?])
+        .into_iter()
+        .map(|v| ((v / scale).round_ties_even() as i64 + zero).clamp(low, high));
+    // Clamped to the type's range just above, so the narrowing casts are exact.
+    let data = if signed {
+        TensorData::I8(values.map(|v| v as i8).collect())
+    } else {
+        TensorData::U8(values.map(|v| v as u8).collect())
+    };
+    Ok(vec![HostTensor::new(x.shape().to_vec(), data)?])
 }
 
 /// The operand at `at`, dequantized with the scale and zero point that follow it.

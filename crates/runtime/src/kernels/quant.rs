@@ -174,10 +174,12 @@ fn quantized_output_type(ctx: &Ctx, zero_point: Option<&HostTensor>) -> Result<D
 
 /// Integer data in the runtime's representation of `dtype`.
 fn int_tensor(shape: Vec<usize>, values: Vec<i64>, dtype: DType) -> HostTensor {
-    let data = if dtype == DType::I32 {
-        TensorData::I32(values.into_iter().map(|v| v as i32).collect())
-    } else {
-        TensorData::I64(values)
+    // Saturated to `dtype`'s range by the caller: the narrowing casts are exact.
+    let data = match crate::tensor::runtime_dtype(dtype) {
+        DType::I32 => TensorData::I32(values.into_iter().map(|v| v as i32).collect()),
+        DType::U8 => TensorData::U8(values.into_iter().map(|v| v as u8).collect()),
+        DType::I8 => TensorData::I8(values.into_iter().map(|v| v as i8).collect()),
+        _ => TensorData::I64(values),
     };
     HostTensor::with_data(shape, data)
 }
@@ -361,9 +363,9 @@ fn dynamic_quantize_linear(_: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelRes
         .map(|&v| ((v / scale).round_ties_even() as i64 + zero_point).clamp(0, 255))
         .collect();
     Ok(vec![
-        HostTensor::i64(x.shape().to_vec(), quantized),
+        int_tensor(x.shape().to_vec(), quantized, DType::U8),
         HostTensor::f32(vec![], vec![scale]),
-        HostTensor::i64(vec![], vec![zero_point]),
+        int_tensor(vec![], vec![zero_point], DType::U8),
     ])
 }
 
@@ -562,8 +564,8 @@ fn qlinear_conv(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{assert_close, f, i, node};
-    use super::super::{lookup, Ctx};
-    use crate::tensor::HostTensor;
+    use super::super::{call, lookup, Ctx};
+    use crate::tensor::{HostTensor, TensorData};
     use pipecut_ir::graph::DType;
 
     fn run_typed(op: &str, out: DType, inputs: &[&HostTensor]) -> Result<Vec<HostTensor>, String> {
@@ -576,7 +578,7 @@ mod tests {
             input_dtypes: &[],
         };
         let inputs: Vec<_> = inputs.iter().map(|t| Some(*t)).collect();
-        lookup("", op).unwrap()(&ctx, &inputs)
+        call(lookup("", op).unwrap(), &ctx, &inputs)
     }
 
     #[test]
@@ -588,14 +590,22 @@ mod tests {
             &[&x, &f(&[], &[1.0]), &i(&[], &[0])],
         )
         .unwrap();
-        assert_eq!(out[0].to_i64_vec(), vec![2, 4, -128, 127]);
+        assert_eq!(out[0].data(), &TensorData::I8(vec![2, 4, -128, 127]));
         let out = run_typed(
             "QuantizeLinear",
             DType::U8,
             &[&x, &f(&[], &[1.0]), &i(&[], &[0])],
         )
         .unwrap();
-        assert_eq!(out[0].to_i64_vec(), vec![2, 4, 0, 255]);
+        assert_eq!(out[0].data(), &TensorData::U8(vec![2, 4, 0, 255]));
+        // Dequantized from the bytes themselves.
+        let back = run_typed(
+            "DequantizeLinear",
+            DType::F32,
+            &[&out[0], &f(&[], &[0.5]), &i(&[], &[0])],
+        )
+        .unwrap();
+        assert_eq!(back[0].as_f32().unwrap(), &[1.0, 2.0, 0.0, 127.5]);
         // float8 E4M3FN: 2.5 and 3.5 are representable; ±300 round to ±288 (spacing 32 in
         // [256, 448]); saturation keeps ±448 for larger values.
         let out = run_typed("QuantizeLinear", DType::F8E4M3FN, &[&x, &f(&[], &[1.0])]).unwrap();

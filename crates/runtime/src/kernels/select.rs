@@ -25,6 +25,8 @@ fn truthy(t: &HostTensor) -> Vec<bool> {
         TensorData::Bool(v) => v.clone(),
         // ONNX's NonZero and Compress take numbers and booleans; an empty string is "zero".
         TensorData::String(v) => v.iter().map(|s| !s.is_empty()).collect(),
+        TensorData::U8(v) => v.iter().map(|&x| x != 0).collect(),
+        TensorData::I8(v) => v.iter().map(|&x| x != 0).collect(),
     }
 }
 
@@ -103,6 +105,8 @@ fn compare_elements(data: &TensorData, a: usize, b: usize) -> Ordering {
         TensorData::I32(v) => v[a].cmp(&v[b]),
         TensorData::Bool(v) => v[a].cmp(&v[b]),
         TensorData::String(v) => v[a].cmp(&v[b]),
+        TensorData::U8(v) => v[a].cmp(&v[b]),
+        TensorData::I8(v) => v[a].cmp(&v[b]),
     }
 }
 

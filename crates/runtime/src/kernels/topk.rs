@@ -73,6 +73,8 @@ fn top_k(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         TensorData::I64(v) => TensorData::I64(picked.iter().map(|&p| v[p]).collect()),
         TensorData::I32(v) => TensorData::I32(picked.iter().map(|&p| v[p]).collect()),
         TensorData::Bool(v) => TensorData::Bool(picked.iter().map(|&p| v[p]).collect()),
+        TensorData::U8(v) => TensorData::U8(picked.iter().map(|&p| v[p]).collect()),
+        TensorData::I8(v) => TensorData::I8(picked.iter().map(|&p| v[p]).collect()),
         TensorData::String(_) => return Err("TopK does not accept string".into()),
     };
     Ok(vec![
