@@ -118,7 +118,7 @@ fn run_if_constant(
         input_dtypes: &step.input_dtypes,
     };
     let refs: Vec<Option<&HostTensor>> = inputs.iter().map(Option::as_deref).collect();
-    let results = kernel(&ctx, &refs).ok()?;
+    let results = super::kernels::call(kernel, &ctx, &refs).ok()?;
     let output_bytes = results.iter().map(byte_len).fold(0u64, u64::saturating_add);
     let wanted = node
         .outputs
