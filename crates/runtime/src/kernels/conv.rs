@@ -430,9 +430,9 @@ fn convolve(
 const FEW_POSITIONS: usize = 4;
 
 /// A convolution with at most [`FEW_POSITIONS`] output positions per image (a streaming audio
-/// model's chunk: silero-vad's front end and encoder give 1 to 4 frames), one image at a time:
+/// model's chunk: silero-vad's front end and encoder give 1 to 4 frames):
 /// each output is its channel's bias plus the dot product of the channel's weights with the
-/// position's patch (`matmul::row_dots`). gemm packed all the weights on every call for a
+/// position's patch (`matmul::row_dots`), the patches of several images in one product. gemm packed all the weights on every call for a
 /// product 1 to 4 columns wide, which cost more than the product. Chosen by positions per
 /// image, not by batch, so a micro-batch's outputs are the whole batch's bit for bit.
 fn conv_few_positions(
@@ -452,32 +452,67 @@ fn conv_few_positions(
     let [kh, kw] = win.kernel;
     let (rows, cols, m) = (cg * kh * kw, oh * ow, mg * group);
     let mut out = try_zeros_f32(&[n, m, cols])?;
-    let mut col = vec![0.0f32; rows * cols];
-    let mut patches = vec![0.0f32; cols * rows];
-    let mut product = vec![0.0f32; mg * cols];
-    for b in 0..n {
-        for g in 0..group {
-            let x_group = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
-            im2col(x_group, cg, [h, wd], win, [0, oh], ow, (&mut col, cols));
-            // The column matrix's columns as rows: each position's patch, contiguous.
-            for (p, patch) in patches.chunks_exact_mut(rows).enumerate() {
-                for (r, v) in patch.iter_mut().enumerate() {
-                    *v = col[r * cols + p];
-                }
+    // Images per product: their patches stay in cache while every channel's weights pass.
+    let images = (IM2COL_TILE_FLOATS / (rows * cols)).clamp(1, n.max(1));
+    let mut patches = vec![0.0f32; images * cols * rows];
+    let mut product = vec![0.0f32; mg * images * cols];
+    for g in 0..group {
+        let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
+        for first in (0..n).step_by(images) {
+            let batch = first..(first + images).min(n);
+            let width = batch.len() * cols;
+            for (k, b) in batch.clone().enumerate() {
+                let x_group = &xv[(b * c + g * cg) * h * wd..(b * c + (g + 1) * cg) * h * wd];
+                let image_patches = &mut patches[k * cols * rows..(k + 1) * cols * rows];
+                fill_patches(x_group, [cg, h, wd], win, [oh, ow], image_patches);
             }
-            let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
-            super::matmul::row_dots(wg, &patches, rows, &mut product);
-            for (j, values) in product.chunks_exact(cols).enumerate() {
-                let channel = g * mg + j;
-                let add = bias.map_or(0.0, |bias| bias[channel]);
-                let dst = &mut out[(b * m + channel) * cols..][..cols];
-                for (d, &v) in dst.iter_mut().zip(values) {
-                    *d = v + add;
+            let product = &mut product[..mg * width];
+            super::matmul::row_dots(wg, &patches[..width * rows], rows, product);
+            for (k, b) in batch.enumerate() {
+                for (j, values) in product.chunks_exact(width).enumerate() {
+                    let channel = g * mg + j;
+                    let add = bias.map_or(0.0, |bias| bias[channel]);
+                    let dst = &mut out[(b * m + channel) * cols..][..cols];
+                    for (d, &v) in dst.iter_mut().zip(&values[k * cols..(k + 1) * cols]) {
+                        *d = v + add;
+                    }
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// Each output position's patch of one image and group, as one contiguous row of `patches`
+/// (channel, tap row, tap column), zero where a tap falls in the padding. Read straight from
+/// the input: im2col's column matrix, made for a wide product, split each input row into its
+/// stride's phases first, most of a one-chunk convolution's time at silero-vad's stride 128.
+fn fill_patches(
+    x: &[f32],
+    [channels, h, w]: [usize; 3],
+    win: &Window,
+    [oh, ow]: [usize; 2],
+    patches: &mut [f32],
+) {
+    let [kh, kw] = win.kernel;
+    let rows = channels * kh * kw;
+    for (p, patch) in patches.chunks_exact_mut(rows).take(oh * ow).enumerate() {
+        let (y, xo) = (p / ow, p % ow);
+        for (tap_row, taps) in patch.chunks_exact_mut(kw).enumerate() {
+            let (channel, i) = (tap_row / kh, tap_row % kh);
+            let iy = (y * win.stride[0] + i * win.dilation[0]).checked_sub(win.pad[0][0]);
+            let Some(iy) = iy.filter(|&iy| iy < h) else {
+                taps.fill(0.0);
+                continue;
+            };
+            let row = &x[(channel * h + iy) * w..(channel * h + iy + 1) * w];
+            let left = xo * win.stride[1];
+            for (j, tap) in taps.iter_mut().enumerate() {
+                let ix = (left + j * win.dilation[1]).checked_sub(win.pad[1][0]);
+                *tap = ix.and_then(|ix| row.get(ix)).copied().unwrap_or(0.0);
+            }
+        }
+    }
 }
 
 /// The size of one im2col tile, in floats (256 KiB): the column matrix of a whole image (14 MiB
@@ -1897,6 +1932,15 @@ mod tests {
                 strides: [2, 2],
                 dilations: [1, 1],
                 pads: [1, 1, 0, 0],
+            },
+            Defined {
+                nchw: [2, 3, 5, 4],
+                m: 4,
+                group: 1,
+                kernel: [3, 3],
+                strides: [2, 1],
+                dilations: [1, 2],
+                pads: [1, 1, 1, 0],
             },
         ];
         for case in cases {

@@ -294,6 +294,66 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     dot_finish(lanes, a, b)
 }
 
+/// `[a0·b0, a0·b1, a1·b0, a1·b1]`, each as [`dot`] computes it (the same bits), four at once:
+/// each row is loaded once for two products, which is what a product of many short rows
+/// (a convolution's patches against its weights) is limited by. The rows are all as long as
+/// `a0`, which none may be shorter than.
+pub(crate) fn dots_2x2(a: [&[f32]; 2], b: [&[f32]; 2]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { dots_2x2_avx2(a, b) };
+    }
+    [
+        dot(a[0], b[0]),
+        dot(a[0], b[1]),
+        dot(a[1], b[0]),
+        dot(a[1], b[1]),
+    ]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dots_2x2_avx2(a: [&[f32]; 2], b: [&[f32]; 2]) -> [f32; 4] {
+    use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps};
+    use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
+    let len = a[0].len();
+    assert!(a[1].len() >= len && b[0].len() >= len && b[1].len() >= len);
+    // sums[2·i + j] holds a_i·b_j's sixteen lanes, as two registers of eight.
+    let mut sums = [[_mm256_setzero_ps(); 2]; 4];
+    for start in (0..len / DOT_LANES).map(|group| group * DOT_LANES) {
+        for half in 0..2 {
+            let at = start + 8 * half;
+            // SAFETY: `at + 8 <= len`, and every row holds at least `len` floats.
+            unsafe {
+                let (a0, a1) = (
+                    _mm256_loadu_ps(a[0].as_ptr().add(at)),
+                    _mm256_loadu_ps(a[1].as_ptr().add(at)),
+                );
+                let (b0, b1) = (
+                    _mm256_loadu_ps(b[0].as_ptr().add(at)),
+                    _mm256_loadu_ps(b[1].as_ptr().add(at)),
+                );
+                sums[0][half] = _mm256_add_ps(sums[0][half], _mm256_mul_ps(a0, b0));
+                sums[1][half] = _mm256_add_ps(sums[1][half], _mm256_mul_ps(a0, b1));
+                sums[2][half] = _mm256_add_ps(sums[2][half], _mm256_mul_ps(a1, b0));
+                sums[3][half] = _mm256_add_ps(sums[3][half], _mm256_mul_ps(a1, b1));
+            }
+        }
+    }
+    let mut out = [0.0f32; 4];
+    for (e, registers) in sums.iter().enumerate() {
+        let mut lanes = [0.0f32; DOT_LANES];
+        // SAFETY: `lanes` holds sixteen floats, the two stores eight each.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), registers[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), registers[1]);
+        }
+        out[e] = dot_finish(lanes, &a[e / 2][..len], &b[e % 2][..len]);
+    }
+    out
+}
+
 /// The largest element (NaN elements are skipped; `−inf` for an empty slice), in eight
 /// independent lanes so that the loop vectorises.
 pub(crate) fn max(v: &[f32]) -> f32 {
@@ -401,6 +461,17 @@ mod tests {
                 (f64::from(got) - exact).abs() <= 1e-6 * scale,
                 "length {len}"
             );
+            if len >= 2 {
+                let (a1, b1) = (&b[1..], &a[1..]);
+                let (a0, b0) = (&a[..len - 1], &b[..len - 1]);
+                let want = [dot(a0, b0), dot(a0, b1), dot(a1, b0), dot(a1, b1)];
+                let got = dots_2x2([a0, a1], [b0, b1]);
+                assert_eq!(
+                    got.map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "length {len}"
+                );
+            }
             // The shorter operand decides the length.
             assert_eq!(dot(&a, &b[..len / 2]), dot(&a[..len / 2], &b[..len / 2]));
         }

@@ -114,10 +114,31 @@ pub(crate) fn sgemm_rows(
 /// path on what splitting the batch leaves alone (an LSTM's `R`, a convolution's positions per
 /// image), never on the number of rows.
 pub(crate) fn row_dots(a: &[f32], b: &[f32], k: usize, out: &mut [f32]) {
-    let n = b.len() / k.max(1);
-    for (a_row, out_row) in a.chunks_exact(k.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
-        for (v, b_row) in out_row.iter_mut().zip(b.chunks_exact(k.max(1))) {
-            *v = super::fast_math::dot(a_row, b_row);
+    use super::fast_math::{dot, dots_2x2};
+    let k = k.max(1);
+    let (m, n) = (a.len() / k, b.len() / k);
+    fn row(matrix: &[f32], i: usize, k: usize) -> &[f32] {
+        &matrix[i * k..(i + 1) * k]
+    }
+    // Two rows of `a` by two of `b` at a time: each row loaded once for two products.
+    for i in (0..m).step_by(2) {
+        for j in (0..n).step_by(2) {
+            if i + 1 < m && j + 1 < n {
+                let [v00, v01, v10, v11] = dots_2x2(
+                    [row(a, i, k), row(a, i + 1, k)],
+                    [row(b, j, k), row(b, j + 1, k)],
+                );
+                out[i * n + j] = v00;
+                out[i * n + j + 1] = v01;
+                out[(i + 1) * n + j] = v10;
+                out[(i + 1) * n + j + 1] = v11;
+                continue;
+            }
+            for ii in i..(i + 2).min(m) {
+                for jj in j..(j + 2).min(n) {
+                    out[ii * n + jj] = dot(row(a, ii, k), row(b, jj, k));
+                }
+            }
         }
     }
 }
