@@ -319,37 +319,31 @@ unsafe fn dots_2x2_avx2(a: [&[f32]; 2], b: [&[f32]; 2]) -> [f32; 4] {
     use std::arch::x86_64::{_mm256_setzero_ps, _mm256_storeu_ps};
     let len = a[0].len();
     assert!(a[1].len() >= len && b[0].len() >= len && b[1].len() >= len);
-    // sums[2·i + j] holds a_i·b_j's sixteen lanes, as two registers of eight.
-    let mut sums = [[_mm256_setzero_ps(); 2]; 4];
+    // sums[half][2·i + j] holds lanes 8·half to 8·half + 7 of a_i·b_j.
+    let mut sums = [[_mm256_setzero_ps(); 4]; 2];
     for start in (0..len / DOT_LANES).map(|group| group * DOT_LANES) {
-        for half in 0..2 {
+        for (half, sums) in sums.iter_mut().enumerate() {
             let at = start + 8 * half;
             // SAFETY: `at + 8 <= len`, and every row holds at least `len` floats.
             unsafe {
-                let (a0, a1) = (
-                    _mm256_loadu_ps(a[0].as_ptr().add(at)),
-                    _mm256_loadu_ps(a[1].as_ptr().add(at)),
-                );
-                let (b0, b1) = (
-                    _mm256_loadu_ps(b[0].as_ptr().add(at)),
-                    _mm256_loadu_ps(b[1].as_ptr().add(at)),
-                );
-                sums[0][half] = _mm256_add_ps(sums[0][half], _mm256_mul_ps(a0, b0));
-                sums[1][half] = _mm256_add_ps(sums[1][half], _mm256_mul_ps(a0, b1));
-                sums[2][half] = _mm256_add_ps(sums[2][half], _mm256_mul_ps(a1, b0));
-                sums[3][half] = _mm256_add_ps(sums[3][half], _mm256_mul_ps(a1, b1));
+                let load = |row: &[f32]| _mm256_loadu_ps(row.as_ptr().add(at));
+                let (a0, a1, b0, b1) = (load(a[0]), load(a[1]), load(b[0]), load(b[1]));
+                sums[0] = _mm256_add_ps(sums[0], _mm256_mul_ps(a0, b0));
+                sums[1] = _mm256_add_ps(sums[1], _mm256_mul_ps(a0, b1));
+                sums[2] = _mm256_add_ps(sums[2], _mm256_mul_ps(a1, b0));
+                sums[3] = _mm256_add_ps(sums[3], _mm256_mul_ps(a1, b1));
             }
         }
     }
     let mut out = [0.0f32; 4];
-    for (e, registers) in sums.iter().enumerate() {
+    for (e, value) in out.iter_mut().enumerate() {
         let mut lanes = [0.0f32; DOT_LANES];
         // SAFETY: `lanes` holds sixteen floats, the two stores eight each.
         unsafe {
-            _mm256_storeu_ps(lanes.as_mut_ptr(), registers[0]);
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), registers[1]);
+            _mm256_storeu_ps(lanes.as_mut_ptr(), sums[0][e]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), sums[1][e]);
         }
-        out[e] = dot_finish(lanes, &a[e / 2][..len], &b[e % 2][..len]);
+        *value = dot_finish(lanes, &a[e / 2][..len], &b[e % 2][..len]);
     }
     out
 }
