@@ -10,6 +10,7 @@ pub mod inspect;
 mod load;
 mod model;
 pub mod opset;
+pub mod proto;
 mod scopes;
 pub mod shape;
 pub mod tensor;
