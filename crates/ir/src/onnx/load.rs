@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::proto::{
-    AttributeProto, AttributeType, GraphProto, Message, ModelProto, NodeProto, SparseTensorProto,
-    TensorProto,
+    length_prefixed_stream, AttributeProto, AttributeType, GraphProto, Message, ModelProto,
+    NodeProto, SparseTensorProto, TensorProto,
 };
 
 use super::model::Model;
@@ -25,6 +25,13 @@ use crate::Error;
 /// imports are not hashed (they live outside the graph; the graph's node list is what is cut).
 pub fn graph_sha256(graph: &GraphProto) -> String {
     graph_sha256_in_place(&mut graph.clone())
+}
+
+/// [`graph_sha256`] and [`weights_sha256`] as loading computes them: the graph's without a
+/// copy of it (see [`graph_sha256_in_place`]).
+pub fn digests_in_place(graph: &mut GraphProto) -> (String, String) {
+    let weights = weights_sha256(graph);
+    (graph_sha256_in_place(graph), weights)
 }
 
 /// [`graph_sha256`] without a copy of the graph: the initializers are set aside for the
@@ -68,10 +75,7 @@ fn shape_only(tensor: &TensorProto) -> TensorProto {
 pub fn weights_sha256(graph: &GraphProto) -> String {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
-    for init in &graph.initializer {
-        hasher.update((init.encoded_len() as u64).to_le_bytes());
-        init.encode_streaming(&mut |bytes| hasher.update(bytes));
-    }
+    length_prefixed_stream(&graph.initializer, &mut |bytes| hasher.update(bytes));
     hex(&hasher.finalize())
 }
 
@@ -127,8 +131,7 @@ pub(super) fn decode_model(
         .map(|n| n.op_type.as_str())
         .collect();
     let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
-    let weights_sha256 = weights_sha256(graph_proto);
-    let graph_sha256 = graph_sha256_in_place(graph_proto);
+    let (graph_sha256, weights_sha256) = digests_in_place(graph_proto);
     let mut external = ExternalFiles::new(base_dir);
     let graph = build_graph(graph_proto, &opsets, &mut external)?;
     Ok(Model {

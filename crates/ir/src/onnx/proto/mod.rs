@@ -15,12 +15,14 @@
 //! field docs are onnx.proto's.
 
 #[cfg(test)]
+mod rust_protobuf_digests;
+#[cfg(test)]
 mod tests;
 mod wire;
 
 pub use wire::DecodeError;
 use wire::{Bytes, DecodeError as E, Kind, Msg, Packed, Reader, Repeated, Single, Str, Writer};
-pub(crate) use wire::Message;
+pub(crate) use wire::{length_prefixed_stream, Message};
 
 /// Declares a message: its fields as `number name: type as Kind`, in the order rust-protobuf
 /// writes them (onnx.proto's declaration order), and its decoding and encoding.
@@ -32,6 +34,7 @@ macro_rules! message {
         pub struct $name {
             $(pub $field: $ty,)*
             unknown_fields: wire::UnknownFields,
+            cached_len: wire::CachedLen,
         }
 
         impl $name {
@@ -68,7 +71,11 @@ macro_rules! message {
                 &mut self.unknown_fields
             }
             fn encoded_len(&self) -> usize {
-                0 $(+ <$kind as Kind<$ty>>::len(&self.$field, $number))* + self.unknown_fields.encoded_len()
+                let len = 0 $(+ <$kind as Kind<$ty>>::len(&self.$field, $number))* + self.unknown_fields.encoded_len();
+                self.cached_len.set(len)
+            }
+            fn cached_len(&self) -> usize {
+                self.cached_len.get()
             }
             fn encode(&self, w: &mut Writer<'_>) {
                 $(<$kind as Kind<$ty>>::encode(&self.$field, $number, w);)*

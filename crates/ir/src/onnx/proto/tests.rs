@@ -7,39 +7,13 @@ use std::path::{Path, PathBuf};
 
 use protobuf::Message as _;
 
+use super::rust_protobuf_digests::old_digests;
 use super::wire::DecodeError;
 use super::{GraphProto, ModelProto};
 use crate::onnx::{graph_sha256, weights_sha256};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The digests as pipecut computed them with rust-protobuf (load.rs before the codec).
-fn old_digests(graph: &onnx_protobuf::GraphProto) -> (String, String) {
-    use sha2::{Digest, Sha256};
-    let hex = |d: &[u8]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let shape_only = |t: &onnx_protobuf::TensorProto| {
-        let mut shape = onnx_protobuf::TensorProto::new();
-        shape.name = t.name.clone();
-        shape.data_type = t.data_type;
-        shape.dims = t.dims.clone();
-        shape
-    };
-    let mut weights = Sha256::new();
-    for init in &graph.initializer {
-        let bytes = init.write_to_bytes().unwrap();
-        weights.update((bytes.len() as u64).to_le_bytes());
-        weights.update(&bytes);
-    }
-    let mut reduced = graph.clone();
-    reduced.initializer = graph.initializer.iter().map(shape_only).collect();
-    for s in &mut reduced.sparse_initializer {
-        s.values = s.values.as_ref().map(shape_only).into();
-        s.indices.clear();
-    }
-    let graph_digest = hex(&Sha256::digest(reduced.write_to_bytes().unwrap()));
-    (graph_digest, hex(&weights.finalize()))
 }
 
 /// What both decoders make of `bytes`: the re-encoded model and its digests, or that both
@@ -62,7 +36,7 @@ fn compare(bytes: &[u8], what: &str) -> Option<bool> {
                 "{what}: the re-encoded models differ"
             );
             if let (Some(old_graph), Some(new_graph)) = (old.graph.as_ref(), new.graph.as_deref()) {
-                let (graph, weights) = old_digests(old_graph);
+                let (graph, weights) = old_digests(&mut old_graph.clone());
                 assert_eq!(graph, graph_sha256(new_graph), "{what}: graph_sha256");
                 assert_eq!(weights, weights_sha256(new_graph), "{what}: weights_sha256");
             }

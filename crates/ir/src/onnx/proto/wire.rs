@@ -100,17 +100,20 @@ impl<'a> Reader<'a> {
 
     pub fn varint(&mut self) -> Result<u64, DecodeError> {
         let mut value = 0u64;
-        for i in 0..10 {
-            let &[b] = self.take(1)? else { unreachable!() };
+        for (i, &b) in self.bytes.iter().take(10).enumerate() {
             if i == 9 && b & 0x7f > 1 {
                 return Err(DecodeError::BadVarint);
             }
             value |= u64::from(b & 0x7f) << (7 * i);
             if b < 0x80 {
+                self.bytes = &self.bytes[i + 1..];
                 return Ok(value);
             }
         }
-        Err(DecodeError::BadVarint)
+        Err(match self.bytes.len() < 10 {
+            true => DecodeError::UnexpectedEnd,
+            false => DecodeError::BadVarint,
+        })
     }
 
     pub fn fixed32(&mut self) -> Result<u32, DecodeError> {
@@ -206,60 +209,57 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Bytes being encoded: into a buffer, or streamed through one into a hash.
+/// Bytes being encoded, handed on in chunks (to a hash, or to a buffer). The chunk lives on the
+/// stack: a heap buffer per digest made the allocator consolidate the freed message at each one.
 pub struct Writer<'a> {
-    buffer: Vec<u8>,
-    drain: Option<&'a mut dyn FnMut(&[u8])>,
+    chunk: [u8; CHUNK],
+    len: usize,
+    drain: &'a mut dyn FnMut(&[u8]),
 }
 
-/// How full the buffer of a streaming writer gets before it is drained.
-const DRAIN_AT: usize = 64 * 1024;
+/// Bytes collected before they are handed on.
+const CHUNK: usize = 8 * 1024;
 
 impl<'a> Writer<'a> {
-    /// A writer that keeps everything (see [`Writer::into_bytes`]).
-    pub fn buffer() -> Self {
-        Writer {
-            buffer: Vec::new(),
-            drain: None,
-        }
-    }
-
-    /// A writer that hands its bytes to `drain` in chunks of up to about 64 KiB.
+    /// A writer that hands its bytes to `drain`, up to 8 KiB at a time.
     pub fn streaming(drain: &'a mut dyn FnMut(&[u8])) -> Self {
         Writer {
-            buffer: Vec::with_capacity(DRAIN_AT),
-            drain: Some(drain),
+            chunk: [0; CHUNK],
+            len: 0,
+            drain,
         }
     }
 
-    pub fn into_bytes(mut self) -> Vec<u8> {
-        std::mem::take(&mut self.buffer)
+    fn flush(&mut self) {
+        if self.len > 0 {
+            (self.drain)(&self.chunk[..self.len]);
+            self.len = 0;
+        }
     }
 
     pub fn put(&mut self, bytes: &[u8]) {
-        if let Some(drain) = self.drain.as_mut() {
-            if self.buffer.len() + bytes.len() > DRAIN_AT {
-                drain(&self.buffer);
-                self.buffer.clear();
-                if bytes.len() > DRAIN_AT {
-                    drain(bytes);
-                    return;
-                }
+        if self.len + bytes.len() > CHUNK {
+            self.flush();
+            if bytes.len() > CHUNK {
+                (self.drain)(bytes);
+                return;
             }
         }
-        self.buffer.extend_from_slice(bytes);
+        self.chunk[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
     }
 
     pub fn varint(&mut self, mut value: u64) {
-        let mut bytes = [0u8; 10];
-        let mut n = 0;
-        while value >= 0x80 {
-            bytes[n] = (value as u8) | 0x80;
-            value >>= 7;
-            n += 1;
+        if self.len + 10 > CHUNK {
+            self.flush();
         }
-        bytes[n] = value as u8;
-        self.put(&bytes[..=n]);
+        while value >= 0x80 {
+            self.chunk[self.len] = (value as u8) | 0x80;
+            value >>= 7;
+            self.len += 1;
+        }
+        self.chunk[self.len] = value as u8;
+        self.len += 1;
     }
 
     pub fn tag(&mut self, number: u32, wire: u8) {
@@ -276,9 +276,7 @@ impl<'a> Writer<'a> {
 
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
-        if let Some(drain) = self.drain.as_mut() {
-            drain(&self.buffer);
-        }
+        self.flush();
     }
 }
 
@@ -295,14 +293,48 @@ pub fn len_delimited_len(number: u32, len: usize) -> usize {
     tag_len(number) + varint_len(len as u64) + len
 }
 
+/// A message's encoded length, kept by [`Message::encoded_len`] for the [`Message::encode`]
+/// that follows (as rust-protobuf caches it), so that nested messages are measured once, not once
+/// per enclosing level. Not part of the message's value: copies and comparisons ignore it.
+#[derive(Default, Debug)]
+pub struct CachedLen(std::cell::Cell<usize>);
+
+impl Clone for CachedLen {
+    fn clone(&self) -> Self {
+        CachedLen::default()
+    }
+}
+
+impl PartialEq for CachedLen {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl CachedLen {
+    pub fn set(&self, len: usize) -> usize {
+        self.0.set(len);
+        len
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.get()
+    }
+}
+
 /// A message of onnx.proto: its fields by number, in the order rust-protobuf writes them.
 pub trait Message: Default {
     /// Reads one occurrence of field `number`; `Ok(false)` when this message has no such field
     /// or it came with another wire type (the caller then keeps it as an unknown field).
     fn merge_field(&mut self, number: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError>;
     fn unknown_fields_mut(&mut self) -> &mut UnknownFields;
-    /// Bytes of the encoding, without an enclosing tag and length.
+    /// Bytes of the encoding, without an enclosing tag and length; kept for [`Message::encode`]
+    /// with the lengths of the nested messages.
     fn encoded_len(&self) -> usize;
+    /// The length the last [`Message::encoded_len`] found.
+    fn cached_len(&self) -> usize;
+    /// Writes the fields; the lengths of nested messages are those [`Message::encoded_len`]
+    /// kept, so it must have been called since the message last changed.
     fn encode(&self, w: &mut Writer<'_>);
 
     /// Decodes a whole message (the top-level one: its nested messages count their depth).
@@ -324,13 +356,14 @@ pub trait Message: Default {
 
     /// Encodes into `drain`, in chunks, without holding the whole encoding.
     fn encode_streaming(&self, drain: &mut dyn FnMut(&[u8])) {
+        self.encoded_len();
         self.encode(&mut Writer::streaming(drain));
     }
 
     fn to_bytes(&self) -> Vec<u8> {
-        let mut w = Writer::buffer();
-        self.encode(&mut w);
-        w.into_bytes()
+        let mut bytes = Vec::with_capacity(self.encoded_len());
+        self.encode(&mut Writer::streaming(&mut |chunk| bytes.extend_from_slice(chunk)));
+        bytes
     }
 }
 
@@ -714,11 +747,21 @@ impl Kind<Vec<Vec<u8>>> for Bytes {
 /// repeated (`Vec<M>`).
 pub struct Msg;
 
-/// Writes `message` as field `number`.
+/// Writes `message` as field `number`, with the length its `encoded_len` kept.
 pub fn encode_message<M: Message>(message: &M, number: u32, w: &mut Writer<'_>) {
     w.tag(number, LEN);
-    w.varint(message.encoded_len() as u64);
+    w.varint(message.cached_len() as u64);
     message.encode(w);
+}
+
+/// Streams each message's encoding into `drain`, each prefixed with its length in bytes as a
+/// little-endian u64.
+pub fn length_prefixed_stream<M: Message>(messages: &[M], drain: &mut dyn FnMut(&[u8])) {
+    let mut w = Writer::streaming(drain);
+    for message in messages {
+        w.put(&(message.encoded_len() as u64).to_le_bytes());
+        message.encode(&mut w);
+    }
 }
 
 pub fn message_len<M: Message>(message: &M, number: u32) -> usize {
