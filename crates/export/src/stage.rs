@@ -416,9 +416,8 @@ fn note_external(
     // The loader's checks read pipecut-ir's own message type. An external tensor holds no bytes,
     // so the round trip through its encoding copies a few names and numbers.
     let bytes = tensor.write_to_bytes().unwrap_or_default();
-    let tensor = pipecut_ir::onnx::proto::TensorProto::decode(&bytes).map_err(|e| {
-        Error::InvalidModel(format!("external tensor '{}': {e}", tensor.name))
-    })?;
+    let tensor = pipecut_ir::onnx::proto::TensorProto::decode(&bytes)
+        .map_err(|e| Error::InvalidModel(format!("external tensor '{}': {e}", tensor.name)))?;
     let Some(reference) = ExternalRef::of(&tensor)? else {
         return Ok(());
     };

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pipecut_ir::onnx::proto::ModelProto;
 use pipecut_ir::onnx::digests_in_place;
+use pipecut_ir::onnx::proto::ModelProto;
 use protobuf::Message as _;
 
 #[path = "../src/onnx/proto/rust_protobuf_digests.rs"]
@@ -87,7 +87,11 @@ fn main() {
     ];
     let paths = match given.is_empty() {
         false => given,
-        true => defaults.iter().map(|p| root.join(p)).filter(|p| p.is_file()).collect(),
+        true => defaults
+            .iter()
+            .map(|p| root.join(p))
+            .filter(|p| p.is_file())
+            .collect(),
     };
     for path in paths {
         compare(&path);

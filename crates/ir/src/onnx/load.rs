@@ -102,8 +102,9 @@ pub(super) fn decode_model(
     let proto = match ModelProto::decode(bytes) {
         Ok(proto) => proto,
         Err(e) => {
-            return Err(sniffed()
-                .unwrap_or_else(|| not_onnx(format!("protobuf decoding failed: {e}"))))
+            return Err(
+                sniffed().unwrap_or_else(|| not_onnx(format!("protobuf decoding failed: {e}")))
+            )
         }
     };
     // Protobuf accepts many byte strings as a message with unknown fields; a real model always

@@ -21,8 +21,8 @@ mod tests;
 mod wire;
 
 pub use wire::DecodeError;
-use wire::{Bytes, DecodeError as E, Kind, Msg, Packed, Reader, Repeated, Single, Str, Writer};
 pub(crate) use wire::{length_prefixed_stream, Message};
+use wire::{Bytes, DecodeError as E, Kind, Msg, Packed, Reader, Repeated, Single, Str, Writer};
 
 /// Declares a message: its fields as `number name: type as Kind`, in the order rust-protobuf
 /// writes them (onnx.proto's declaration order), and its decoding and encoding.
@@ -343,12 +343,18 @@ pub mod tensor_shape_proto {
     struct DimensionValue;
 
     impl Kind<Option<dimension::Value>> for DimensionValue {
-        fn merge(v: &mut Option<dimension::Value>, number: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, E> {
+        fn merge(
+            v: &mut Option<dimension::Value>,
+            number: u32,
+            wire: u8,
+            r: &mut Reader<'_>,
+        ) -> Result<bool, E> {
             let mut size = 0i64;
             let mut name = String::new();
             let read = match number {
-                1 => Single::merge(&mut size, 1, wire, r)?.then(|| dimension::Value::DimValue(size)),
-                _ => Str::merge(&mut name, 2, wire, r)?.then(|| dimension::Value::DimParam(name)),
+                1 => Single::merge(&mut size, 1, wire, r)?
+                    .then_some(dimension::Value::DimValue(size)),
+                _ => Str::merge(&mut name, 2, wire, r)?.then_some(dimension::Value::DimParam(name)),
             };
             let known = read.is_some();
             if known {
@@ -358,7 +364,9 @@ pub mod tensor_shape_proto {
         }
         fn len(v: &Option<dimension::Value>, _: u32) -> usize {
             match v {
-                Some(dimension::Value::DimValue(size)) => wire::tag_len(1) + wire::varint_len(*size as u64),
+                Some(dimension::Value::DimValue(size)) => {
+                    wire::tag_len(1) + wire::varint_len(*size as u64)
+                }
                 Some(dimension::Value::DimParam(name)) => wire::len_delimited_len(2, name.len()),
                 None => 0,
             }
@@ -443,7 +451,12 @@ pub mod type_proto {
 struct TypeValue;
 
 impl Kind<Option<type_proto::Value>> for TypeValue {
-    fn merge(v: &mut Option<type_proto::Value>, number: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, E> {
+    fn merge(
+        v: &mut Option<type_proto::Value>,
+        number: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, E> {
         use type_proto::Value::*;
         let read = match number {
             1 => wire::read_message(wire, r)?.map(TensorType),

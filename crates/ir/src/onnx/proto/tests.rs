@@ -65,9 +65,14 @@ fn has_unknown_fields(model: &ModelProto) -> bool {
     fn graph_has(g: &GraphProto) -> bool {
         g.has_unknown_fields()
             || g.initializer.iter().any(|t| t.has_unknown_fields())
-            || g.input.iter().chain(&g.output).chain(&g.value_info).any(|v| {
-                v.has_unknown_fields() || v.type_.as_ref().is_some_and(|t| t.has_unknown_fields())
-            })
+            || g.input
+                .iter()
+                .chain(&g.output)
+                .chain(&g.value_info)
+                .any(|v| {
+                    v.has_unknown_fields()
+                        || v.type_.as_ref().is_some_and(|t| t.has_unknown_fields())
+                })
             || g.node.iter().any(|n| {
                 n.has_unknown_fields()
                     || n.attribute.iter().any(|a| {
@@ -130,7 +135,9 @@ fn every_fixture_decodes_and_digests_as_with_rust_protobuf() {
 
 /// A deterministic generator for the mutations below.
 fn lcg(state: &mut u64) -> u64 {
-    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     *state >> 33
 }
 
@@ -189,7 +196,10 @@ fn nesting_is_limited_where_rust_protobuf_limited_it() {
         let read = compare(&bytes, &format!("{levels} levels"));
         assert_eq!(read.is_some(), levels <= 100, "{levels} levels");
         if levels > 100 {
-            assert_eq!(ModelProto::decode(&bytes).unwrap_err(), DecodeError::TooDeep);
+            assert_eq!(
+                ModelProto::decode(&bytes).unwrap_err(),
+                DecodeError::TooDeep
+            );
         }
     }
     let err = crate::onnx::load_model_from_bytes(&nested(5_000), None).unwrap_err();
@@ -240,7 +250,12 @@ fn odd_encodings_re_encode_as_rust_protobuf_did() {
         }),
         // Dimensions: a zero size and an empty name are still written (oneof members).
         ("oneof members", {
-            let dims = [field(1, &[0x08, 0x00]), field(1, &field(2, b"")), field(1, &[])].concat();
+            let dims = [
+                field(1, &[0x08, 0x00]),
+                field(1, &field(2, b"")),
+                field(1, &[]),
+            ]
+            .concat();
             let ty = field(1, &field(2, &dims));
             let value = [field(1, b"x"), field(2, &ty)].concat();
             let mut m = vec![0x08, 0x08];
@@ -250,7 +265,9 @@ fn odd_encodings_re_encode_as_rust_protobuf_did() {
         // Negative int32 and enum values.
         ("negative int32", {
             let mut attr = field(1, b"a");
-            attr.extend([0xa0, 0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+            attr.extend([
+                0xa0, 0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ]);
             let mut m = vec![0x08, 0x08];
             m.extend(field(7, &field(1, &field(5, &attr))));
             m

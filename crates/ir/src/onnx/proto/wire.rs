@@ -193,7 +193,11 @@ impl<'a> Reader<'a> {
     }
 
     /// An unknown field's value; `None` for a skipped group.
-    fn unknown_value(&mut self, number: u32, wire: u8) -> Result<Option<UnknownValue>, DecodeError> {
+    fn unknown_value(
+        &mut self,
+        number: u32,
+        wire: u8,
+    ) -> Result<Option<UnknownValue>, DecodeError> {
         Ok(Some(match wire {
             VARINT => UnknownValue::Varint(self.varint()?),
             FIXED64 => UnknownValue::Fixed64(self.fixed64()?),
@@ -204,7 +208,11 @@ impl<'a> Reader<'a> {
                 return Ok(None);
             }
             // A group's end with no start.
-            _ => return Err(DecodeError::BadTag(u64::from(number) << 3 | u64::from(wire))),
+            _ => {
+                return Err(DecodeError::BadTag(
+                    u64::from(number) << 3 | u64::from(wire),
+                ))
+            }
         }))
     }
 }
@@ -326,7 +334,12 @@ impl CachedLen {
 pub trait Message: Default {
     /// Reads one occurrence of field `number`; `Ok(false)` when this message has no such field
     /// or it came with another wire type (the caller then keeps it as an unknown field).
-    fn merge_field(&mut self, number: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError>;
+    fn merge_field(
+        &mut self,
+        number: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError>;
     fn unknown_fields_mut(&mut self) -> &mut UnknownFields;
     /// Bytes of the encoding, without an enclosing tag and length; kept for [`Message::encode`]
     /// with the lengths of the nested messages.
@@ -362,7 +375,9 @@ pub trait Message: Default {
 
     fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(self.encoded_len());
-        self.encode(&mut Writer::streaming(&mut |chunk| bytes.extend_from_slice(chunk)));
+        self.encode(&mut Writer::streaming(&mut |chunk| {
+            bytes.extend_from_slice(chunk)
+        }));
         bytes
     }
 }
@@ -405,12 +420,14 @@ pub struct UnknownValues {
 /// a message with several unknown field numbers.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UnknownFields {
+    // Boxed as rust-protobuf boxes it: one word in every message, which almost never has any.
+    #[allow(clippy::box_collection)]
     fields: Option<Box<HashMap<u32, UnknownValues, BuildHasherDefault<DefaultHasher>>>>,
 }
 
 impl UnknownFields {
     pub fn is_empty(&self) -> bool {
-        self.fields.as_ref().map_or(true, |f| f.is_empty())
+        self.fields.as_ref().is_none_or(|f| f.is_empty())
     }
 
     fn add(&mut self, number: u32, value: UnknownValue) {
@@ -426,10 +443,22 @@ impl UnknownFields {
 
     fn each(&self, mut f: impl FnMut(u32, UnknownRef<'_>)) {
         for (&number, values) in self.fields.iter().flat_map(|f| f.iter()) {
-            values.fixed32.iter().for_each(|&v| f(number, UnknownRef::Fixed32(v)));
-            values.fixed64.iter().for_each(|&v| f(number, UnknownRef::Fixed64(v)));
-            values.varint.iter().for_each(|&v| f(number, UnknownRef::Varint(v)));
-            values.bytes.iter().for_each(|v| f(number, UnknownRef::Bytes(v)));
+            values
+                .fixed32
+                .iter()
+                .for_each(|&v| f(number, UnknownRef::Fixed32(v)));
+            values
+                .fixed64
+                .iter()
+                .for_each(|&v| f(number, UnknownRef::Fixed64(v)));
+            values
+                .varint
+                .iter()
+                .for_each(|&v| f(number, UnknownRef::Varint(v)));
+            values
+                .bytes
+                .iter()
+                .for_each(|v| f(number, UnknownRef::Bytes(v)));
         }
     }
 
@@ -477,7 +506,8 @@ enum UnknownRef<'a> {
 pub trait Kind<T> {
     /// Reads one occurrence of the field (`number` tells a oneof's members apart); `Ok(false)`
     /// when `wire` is not the field's wire type.
-    fn merge(value: &mut T, number: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError>;
+    fn merge(value: &mut T, number: u32, wire: u8, r: &mut Reader<'_>)
+        -> Result<bool, DecodeError>;
     fn len(value: &T, number: u32) -> usize;
     fn encode(value: &T, number: u32, w: &mut Writer<'_>);
 }
@@ -590,7 +620,11 @@ impl<T: Scalar> Kind<T> for Single {
 }
 
 /// Reads a repeated number in either form: one value, or a packed run of them.
-fn merge_numbers<T: Scalar>(values: &mut Vec<T>, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+fn merge_numbers<T: Scalar>(
+    values: &mut Vec<T>,
+    wire: u8,
+    r: &mut Reader<'_>,
+) -> Result<bool, DecodeError> {
     if wire == T::WIRE {
         values.push(T::read(r)?);
         return Ok(true);
@@ -612,7 +646,12 @@ fn merge_numbers<T: Scalar>(values: &mut Vec<T>, wire: u8, r: &mut Reader<'_>) -
 pub struct Repeated;
 
 impl<T: Scalar> Kind<Vec<T>> for Repeated {
-    fn merge(values: &mut Vec<T>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        values: &mut Vec<T>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         merge_numbers(values, wire, r)
     }
     fn len(values: &Vec<T>, number: u32) -> usize {
@@ -634,7 +673,12 @@ fn packed_payload_len<T: Scalar>(values: &[T]) -> usize {
 }
 
 impl<T: Scalar> Kind<Vec<T>> for Packed {
-    fn merge(values: &mut Vec<T>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        values: &mut Vec<T>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         merge_numbers(values, wire, r)
     }
     fn len(values: &Vec<T>, number: u32) -> usize {
@@ -664,7 +708,12 @@ fn read_string(r: &mut Reader<'_>) -> Result<String, DecodeError> {
 }
 
 impl Kind<String> for Str {
-    fn merge(value: &mut String, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        value: &mut String,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         if wire != LEN {
             return Ok(false);
         }
@@ -680,7 +729,12 @@ impl Kind<String> for Str {
 }
 
 impl Kind<Vec<String>> for Str {
-    fn merge(values: &mut Vec<String>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        values: &mut Vec<String>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         if wire != LEN {
             return Ok(false);
         }
@@ -688,10 +742,15 @@ impl Kind<Vec<String>> for Str {
         Ok(true)
     }
     fn len(values: &Vec<String>, number: u32) -> usize {
-        values.iter().map(|v| len_delimited_len(number, v.len())).sum()
+        values
+            .iter()
+            .map(|v| len_delimited_len(number, v.len()))
+            .sum()
     }
     fn encode(values: &Vec<String>, number: u32, w: &mut Writer<'_>) {
-        values.iter().for_each(|v| w.bytes_field(number, v.as_bytes()));
+        values
+            .iter()
+            .for_each(|v| w.bytes_field(number, v.as_bytes()));
     }
 }
 
@@ -712,7 +771,12 @@ fn encode_bytes(value: &[u8], number: u32, w: &mut Writer<'_>) {
 }
 
 impl Kind<Vec<u8>> for Bytes {
-    fn merge(value: &mut Vec<u8>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        value: &mut Vec<u8>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         if wire != LEN {
             return Ok(false);
         }
@@ -728,7 +792,12 @@ impl Kind<Vec<u8>> for Bytes {
 }
 
 impl Kind<Vec<Vec<u8>>> for Bytes {
-    fn merge(values: &mut Vec<Vec<u8>>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        values: &mut Vec<Vec<u8>>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         if wire != LEN {
             return Ok(false);
         }
@@ -736,7 +805,10 @@ impl Kind<Vec<Vec<u8>>> for Bytes {
         Ok(true)
     }
     fn len(values: &Vec<Vec<u8>>, number: u32) -> usize {
-        values.iter().map(|v| len_delimited_len(number, v.len())).sum()
+        values
+            .iter()
+            .map(|v| len_delimited_len(number, v.len()))
+            .sum()
     }
     fn encode(values: &Vec<Vec<u8>>, number: u32, w: &mut Writer<'_>) {
         values.iter().for_each(|v| w.bytes_field(number, v));
@@ -777,7 +849,12 @@ pub fn read_message<M: Message>(wire: u8, r: &mut Reader<'_>) -> Result<Option<M
 }
 
 impl<M: Message> Kind<Option<Box<M>>> for Msg {
-    fn merge(value: &mut Option<Box<M>>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        value: &mut Option<Box<M>>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         let Some(message) = read_message(wire, r)? else {
             return Ok(false);
         };
@@ -785,7 +862,9 @@ impl<M: Message> Kind<Option<Box<M>>> for Msg {
         Ok(true)
     }
     fn len(value: &Option<Box<M>>, number: u32) -> usize {
-        value.as_ref().map_or(0, |m| message_len(m.as_ref(), number))
+        value
+            .as_ref()
+            .map_or(0, |m| message_len(m.as_ref(), number))
     }
     fn encode(value: &Option<Box<M>>, number: u32, w: &mut Writer<'_>) {
         if let Some(m) = value {
@@ -795,7 +874,12 @@ impl<M: Message> Kind<Option<Box<M>>> for Msg {
 }
 
 impl<M: Message> Kind<Vec<M>> for Msg {
-    fn merge(values: &mut Vec<M>, _: u32, wire: u8, r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    fn merge(
+        values: &mut Vec<M>,
+        _: u32,
+        wire: u8,
+        r: &mut Reader<'_>,
+    ) -> Result<bool, DecodeError> {
         let Some(message) = read_message(wire, r)? else {
             return Ok(false);
         };
