@@ -84,7 +84,9 @@ fn the_planner_compiles_no_kernel_codec_blas_or_gpu_binding() {
 /// What an embedder who only plans need not compile (docs/benchmarks.md, "Builds"): the full
 /// regex engine (DeepSpeed's `type:` baseline matches layer names with `regex-lite`), the plan's
 /// JSON Schema generator (feature `schema`), the temporary-file crate of atomic outputs (feature
-/// `output` of pipecut-ir), and `half` with the `zerocopy` it requires.
+/// `output` of pipecut-ir), `half` with the `zerocopy` it requires, and a protobuf runtime
+/// with generated ONNX messages (pipecut-ir decodes ONNX with its own codec, src/onnx/proto; the
+/// export still writes stage files with onnx-protobuf).
 const NOT_FOR_PLANNING: &[&str] = &[
     "regex",
     "regex-automata",
@@ -92,6 +94,9 @@ const NOT_FOR_PLANNING: &[&str] = &[
     "tempfile",
     "half",
     "zerocopy",
+    "protobuf",
+    "protobuf-support",
+    "onnx-protobuf",
 ];
 
 #[test]
@@ -100,7 +105,7 @@ fn the_planner_compiles_only_what_planning_needs() {
     // The check can fail: the command turns the features on.
     let command = normal_dependencies("pipecut");
     assert!(
-        ["schemars", "tempfile", "regex"]
+        ["schemars", "tempfile", "regex", "onnx-protobuf"]
             .iter()
             .all(|name| command.contains(*name)),
         "{command:?}"

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 
+use onnx_protobuf::tensor_proto::DataLocation;
 use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
 use onnx_protobuf::{
     type_proto, GraphProto, Message, ModelProto, NodeProto, StringStringEntryProto, TensorProto,
@@ -409,10 +410,18 @@ fn note_external(
     external: &mut ExternalFiles,
     locations: &mut BTreeMap<String, PathBuf>,
 ) -> Result<(), Error> {
-    let Some(reference) = ExternalRef::of(tensor)? else {
+    if tensor.data_location.enum_value() != Ok(DataLocation::EXTERNAL) {
+        return Ok(());
+    }
+    // The loader's checks read pipecut-ir's own message type. An external tensor holds no bytes,
+    // so the round trip through its encoding copies a few names and numbers.
+    let bytes = tensor.write_to_bytes().unwrap_or_default();
+    let tensor = pipecut_ir::onnx::proto::TensorProto::decode(&bytes)
+        .map_err(|e| Error::InvalidModel(format!("external tensor '{}': {e}", tensor.name)))?;
+    let Some(reference) = ExternalRef::of(&tensor)? else {
         return Ok(());
     };
-    if let Storage::External { path, .. } = decode_tensor(tensor, external)?.storage {
+    if let Storage::External { path, .. } = decode_tensor(&tensor, external)?.storage {
         locations.insert(reference.location, path);
     }
     Ok(())

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use onnx_protobuf::attribute_proto::AttributeType;
-use onnx_protobuf::{
-    AttributeProto, GraphProto, Message, ModelProto, NodeProto, SparseTensorProto, TensorProto,
+use super::proto::{
+    length_prefixed_stream, AttributeProto, AttributeType, GraphProto, Message, ModelProto,
+    NodeProto, SparseTensorProto, TensorProto,
 };
 
 use super::model::Model;
@@ -16,7 +16,8 @@ use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Stora
 use crate::Error;
 
 /// sha256 of what planning depends on: the main `GraphProto` re-encoded as protobuf (fields in
-/// field-number order, repeated fields in file order, since node order is the graph's topological
+/// onnx.proto's declaration order as rust-protobuf 3.4 wrote them, see [`super::proto`];
+/// repeated fields in file order, since node order is the graph's topological
 /// order) with every initializer and sparse initializer reduced to its name, dtype and dims. So
 /// it covers the nodes (op types, domains, names, inputs, outputs, attributes, subgraphs), the
 /// graph inputs, outputs and value infos with their dtypes and shapes, and the initializers'
@@ -24,6 +25,13 @@ use crate::Error;
 /// imports are not hashed (they live outside the graph; the graph's node list is what is cut).
 pub fn graph_sha256(graph: &GraphProto) -> String {
     graph_sha256_in_place(&mut graph.clone())
+}
+
+/// [`graph_sha256`] and [`weights_sha256`] as loading computes them: the graph's without a
+/// copy of it (see [`graph_sha256_in_place`]).
+pub fn digests_in_place(graph: &mut GraphProto) -> (String, String) {
+    let weights = weights_sha256(graph);
+    (graph_sha256_in_place(graph), weights)
 }
 
 /// [`graph_sha256`] without a copy of the graph: the initializers are set aside for the
@@ -38,24 +46,16 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
         .iter()
         .map(|s| {
             let mut shape = s.clone();
-            shape.values = s.values.as_ref().map(shape_only).into();
-            shape.indices.clear();
+            shape.values = s.values.as_deref().map(|v| Box::new(shape_only(v)));
+            shape.indices = None;
             shape
         })
         .collect();
     let mut hasher = Sha256::new();
-    let written = graph.write_to_writer(&mut hasher);
+    graph.encode_streaming(&mut |bytes| hasher.update(bytes));
     graph.initializer = initializers;
     graph.sparse_initializer = sparse;
-    match written {
-        Ok(()) => hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-        // Encoding into memory cannot fail; the digest of no bytes, as before, if it did.
-        Err(_) => sha256_hex(&[]),
-    }
+    hex(&hasher.finalize())
 }
 
 /// An initializer reduced to the facts planning reads: name, dtype, dims.
@@ -75,16 +75,12 @@ fn shape_only(tensor: &TensorProto) -> TensorProto {
 pub fn weights_sha256(graph: &GraphProto) -> String {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
-    for init in &graph.initializer {
-        let bytes = init.write_to_bytes().unwrap_or_default();
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
-    }
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    length_prefixed_stream(&graph.initializer, &mut |bytes| hasher.update(bytes));
+    hex(&hasher.finalize())
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Parses model bytes. `origin` names them in errors; `base_dir` resolves external data.
@@ -103,15 +99,12 @@ pub(super) fn decode_model(
     // A file of another format fails to decode, or decodes as a message of unknown fields; in
     // both cases its first bytes say better than the decoder what the user passed.
     let sniffed = || sniff_other_format(bytes).map(|f| not_onnx(format!("the file is {f}")));
-    let proto = match ModelProto::parse_from_bytes(bytes) {
+    let proto = match ModelProto::decode(bytes) {
         Ok(proto) => proto,
         Err(e) => {
-            return Err(sniffed().unwrap_or_else(|| {
-                not_onnx(format!(
-                    "protobuf decoding failed: {}",
-                    explain_protobuf(&e)
-                ))
-            }))
+            return Err(
+                sniffed().unwrap_or_else(|| not_onnx(format!("protobuf decoding failed: {e}")))
+            )
         }
     };
     // Protobuf accepts many byte strings as a message with unknown fields; a real model always
@@ -139,8 +132,7 @@ pub(super) fn decode_model(
         .map(|n| n.op_type.as_str())
         .collect();
     let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
-    let weights_sha256 = weights_sha256(graph_proto);
-    let graph_sha256 = graph_sha256_in_place(graph_proto);
+    let (graph_sha256, weights_sha256) = digests_in_place(graph_proto);
     let mut external = ExternalFiles::new(base_dir);
     let graph = build_graph(graph_proto, &opsets, &mut external)?;
     Ok(Model {
@@ -182,20 +174,6 @@ fn sniff_other_format(bytes: &[u8]) -> Option<&'static str> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') | Some(b'[') => Some("JSON text, not binary protobuf"),
         _ => None,
-    }
-}
-
-/// rust-protobuf's messages for the failures a corrupt file causes, in words a user can act on.
-fn explain_protobuf(error: &protobuf::Error) -> String {
-    let text = error.to_string();
-    if text.contains("New limit must not be greater than current limit") {
-        "a field's declared length runs past the end of the message that holds it (truncated or corrupt file)".into()
-    } else if text.contains("Unexpected EOF") {
-        "the file ends in the middle of a field (truncated?)".into()
-    } else if text.contains("recursion limit") {
-        "messages are nested more than 100 levels deep".into()
-    } else {
-        text
     }
 }
 
@@ -274,7 +252,7 @@ fn populate(
         if builder.is_defined(&input.name) {
             continue;
         }
-        let (kind, dtype, shape) = decode_value_type(&input.name, &input.type_)?;
+        let (kind, dtype, shape) = decode_value_type(&input.name, input.type_.as_deref())?;
         builder.input(&input.name, dtype, shape)?;
         builder.kind(&input.name, kind);
     }
@@ -300,7 +278,7 @@ fn populate(
     }
     for output in &proto.output {
         builder.output(&output.name);
-        let (kind, _, _) = decode_value_type(&output.name, &output.type_)?;
+        let (kind, _, _) = decode_value_type(&output.name, output.type_.as_deref())?;
         if !kind.is_tensor() {
             builder.kind(&output.name, kind);
         }
@@ -388,7 +366,7 @@ fn constant_literal(node: &NodeProto) -> Result<Option<DecodedTensor>, Error> {
     let mut literal = TensorProto::new();
     match attr.name.as_str() {
         "value" => match attr.t.as_ref() {
-            Some(t) => literal = t.clone(),
+            Some(t) => literal = (**t).clone(),
             None => {
                 return Err(Error::InvalidModel(format!(
                     "Constant node '{}' has an empty 'value'",
@@ -462,7 +440,7 @@ fn node_spec(
     let mut captures = BTreeSet::new();
     for attr in &node.attribute {
         let value = decode_attribute(attr, &name, opsets, external)?;
-        for graph in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+        for graph in attr.g.as_deref().into_iter().chain(&attr.graphs) {
             outer_scope_reads(graph, &mut captures);
         }
         attributes.insert(attr.name.clone(), value);
@@ -494,8 +472,7 @@ fn decode_attribute(
     external: &mut ExternalFiles,
 ) -> Result<Attribute, Error> {
     let mut no_files = ExternalFiles::new(None);
-    let ty = attr.type_.enum_value().unwrap_or(AttributeType::UNDEFINED);
-    Ok(match ty {
+    Ok(match attr.attribute_type() {
         AttributeType::INT => Attribute::Int(attr.i),
         AttributeType::FLOAT => Attribute::Float(attr.f),
         AttributeType::STRING => Attribute::String(utf8(&attr.s)),
@@ -529,7 +506,7 @@ fn decode_attribute(
         }
         AttributeType::TYPE_PROTO => match attr.tp.as_ref() {
             Some(tp) => {
-                let (kind, dtype, shape) = decode_value_type(&attr.name, tp)?;
+                let (kind, dtype, shape) = decode_value_type(&attr.name, Some(tp))?;
                 Attribute::Type(kind, dtype, shape)
             }
             None => Attribute::Other("type"),
@@ -555,7 +532,7 @@ fn load_subgraph(
         .output
         .iter()
         .map(|o| {
-            let (dtype, shape) = decode_type(&o.name, &o.type_)?;
+            let (dtype, shape) = decode_type(&o.name, o.type_.as_deref())?;
             Ok::<_, Error>((o.name.clone(), dtype, shape))
         })
         .collect::<Result<Vec<(String, Option<DType>, _)>, Error>>()?;
@@ -576,7 +553,7 @@ fn count_nodes(graph: &GraphProto) -> usize {
             1 + n
                 .attribute
                 .iter()
-                .flat_map(|a| a.g.as_ref().into_iter().chain(&a.graphs))
+                .flat_map(|a| a.g.as_deref().into_iter().chain(&a.graphs))
                 .map(count_nodes)
                 .sum::<usize>()
         })
@@ -602,7 +579,7 @@ fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut V
         defined.extend(node.output.iter().cloned());
         read.extend(node.input.iter().cloned());
         for attr in &node.attribute {
-            for sub in attr.g.as_ref().into_iter().chain(&attr.graphs) {
+            for sub in attr.g.as_deref().into_iter().chain(&attr.graphs) {
                 collect_names(sub, defined, read);
             }
         }
@@ -613,8 +590,7 @@ fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut V
 /// Hex sha256 of bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]
@@ -627,7 +603,7 @@ mod identity_tests {
             "/../../fixtures/models/mlp.onnx"
         ))
         .expect("fixture");
-        ModelProto::parse_from_bytes(&bytes).expect("decodes")
+        ModelProto::decode(&bytes).expect("decodes")
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod inspect;
 mod load;
 mod model;
 pub mod opset;
+pub mod proto;
 mod scopes;
 pub mod shape;
 pub mod tensor;
@@ -18,7 +19,7 @@ use std::path::Path;
 
 use crate::Error;
 
-pub use load::{graph_sha256, sha256_hex, weights_sha256};
+pub use load::{digests_in_place, graph_sha256, sha256_hex, weights_sha256};
 pub use model::{Digests, MissingExternalData, Model};
 pub use opset::{NEWEST_KNOWN_OPSET, SUPPORTED_DEFAULT_OPSETS};
 

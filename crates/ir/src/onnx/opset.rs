@@ -27,8 +27,7 @@
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
 
-use onnx_protobuf::attribute_proto::AttributeType;
-use onnx_protobuf::NodeProto;
+use super::proto::{AttributeType, NodeProto};
 
 use crate::Error;
 
@@ -95,7 +94,7 @@ pub(crate) fn check_legacy_node(node: &NodeProto, opset: Option<i64>) -> Result<
         "Reshape" if opset < 5 => {
             Some("Reshape takes its shape as an attribute before opset 5, which pipecut does not read; convert the model to opset 5 or later")
         }
-        "Cast" if opset < 6 && attribute("to").is_some_and(|a| a.type_.enum_value() == Ok(AttributeType::STRING)) => {
+        "Cast" if opset < 6 && attribute("to").is_some_and(|a| a.attribute_type() == AttributeType::STRING) => {
             Some("Cast names its target type as a string before opset 6, which pipecut does not read")
         }
         "Tile" if opset < 6 => {
@@ -150,7 +149,7 @@ pub(crate) fn opset_warnings(opset: Option<i64>, op_types: &BTreeSet<&str>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use onnx_protobuf::AttributeProto;
+    use crate::onnx::proto::AttributeProto;
 
     fn node(op: &str, attributes: &[(&str, i64)]) -> NodeProto {
         let mut node = NodeProto::new();

@@ -4,10 +4,8 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use onnx_protobuf::tensor_proto::DataLocation;
-use onnx_protobuf::tensor_shape_proto::dimension;
-use onnx_protobuf::type_proto;
-use onnx_protobuf::{TensorProto, TypeProto};
+use super::proto::tensor_shape_proto::dimension;
+use super::proto::{type_proto, TensorProto, TypeProto, DATA_LOCATION_EXTERNAL};
 
 use super::model::MissingExternalData;
 use crate::graph::{
@@ -167,7 +165,7 @@ impl ExternalRef {
     /// refused: readers disagree on which one counts (the loader took the last, the exporter the
     /// first), and that disagreement let a checked location stand in for an unchecked one.
     pub fn of(proto: &TensorProto) -> Result<Option<ExternalRef>, Error> {
-        if proto.data_location.enum_value() != Ok(DataLocation::EXTERNAL) {
+        if proto.data_location != DATA_LOCATION_EXTERNAL {
             return Ok(None);
         }
         let name = &proto.name;
@@ -426,18 +424,17 @@ fn floats(values: impl Iterator<Item = f64>) -> Option<ConstValue> {
 
 /// Kind, element type and element shape of a `TypeProto`: a tensor, a sequence of tensors, an
 /// optional of either, a map or a sequence of maps (the map's value dtype; the number of entries
-/// is not typed); sparse tensors decode as an untyped tensor, as before.
+/// is not typed); sparse tensors decode as an untyped tensor, as before. No type (`None`) is an
+/// untyped tensor.
 pub(crate) fn decode_value_type(
     tensor: &str,
-    ty: &TypeProto,
+    ty: Option<&TypeProto>,
 ) -> Result<(ValueKind, Option<DType>, Option<Shape>), Error> {
-    let element = |inner: &protobuf::MessageField<TypeProto>| -> Result<_, Error> {
-        match inner.as_ref() {
-            Some(inner) => decode_value_type(tensor, inner),
-            None => Ok((ValueKind::Tensor, None, None)),
-        }
+    let element = |inner: &Option<Box<TypeProto>>| match inner.as_deref() {
+        Some(inner) => decode_value_type(tensor, Some(inner)),
+        None => Ok((ValueKind::Tensor, None, None)),
     };
-    match &ty.value {
+    match ty.and_then(|t| t.value.as_ref()) {
         Some(type_proto::Value::SequenceType(seq)) => {
             let (kind, dtype, shape) = element(&seq.elem_type)?;
             match kind {
@@ -468,9 +465,9 @@ pub(crate) fn decode_value_type(
 /// -1) get the name `<tensor>.<axis>` so that the user can still bind them (`--dim x.0=8`).
 pub(crate) fn decode_type(
     tensor: &str,
-    ty: &TypeProto,
+    ty: Option<&TypeProto>,
 ) -> Result<(Option<DType>, Option<Shape>), Error> {
-    let Some(type_proto::Value::TensorType(tt)) = &ty.value else {
+    let Some(type_proto::Value::TensorType(tt)) = ty.and_then(|t| t.value.as_ref()) else {
         return Ok((None, None));
     };
     let dtype = DType::from_onnx(tt.elem_type);
