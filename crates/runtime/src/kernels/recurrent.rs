@@ -434,24 +434,54 @@ fn project(
     }
 }
 
-/// `out = h·R[first..first + n]ᵀ + bias` for the rows of `h` (`[m, hidden]`), where `n` is
-/// `out`'s width: each output the dot product of a row of `h` with one of `R`'s rows
-/// (`matmul::row_dots`). Taken as gemm's columns, `R`'s rows made it pack all of `R` at every
-/// step; transposed for gemm, `R` was copied at every run, most of a one-step LSTM's time
-/// (streaming models call one step at a time).
-fn recurrent_product(
-    h: &[f32],
-    (r, hidden): (&[f32], usize),
-    first: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let m = h.len() / hidden.max(1);
-    let n = out.len() / m.max(1);
-    super::matmul::row_dots(h, &r[first * hidden..(first + n) * hidden], hidden, out);
-    if let Some(bias) = bias {
-        for row in out.chunks_mut(n.max(1)) {
-            row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+/// `R` (`[gates · hidden, hidden]`, row-major) as each step's product `h·Rᵀ` reads it best.
+/// Chosen by the number of steps, which splitting the batch leaves alone, so a micro-batch's
+/// states are the whole batch's bit for bit.
+enum RecurrentWeights<'a> {
+    /// Transposed once per run, `[hidden, gates · hidden]`, for gemm: a product of the whole
+    /// batch per step reads it row by row (taking `R`'s rows as gemm's columns made it pack all
+    /// of `R` at every step, two thirds of an LSTM's time).
+    Transposed { r_t: Vec<f32>, hidden: usize },
+    /// As it is, for one or two steps: each output the dot product of a state's row with one
+    /// of `R`'s rows (`matmul::row_dots`). A streaming model calls one step at a time, and
+    /// transposing `R` for it was most of its time.
+    Rows { r: &'a [f32], hidden: usize },
+}
+
+impl<'a> RecurrentWeights<'a> {
+    fn for_steps(r: &'a [f32], seq: usize, hidden: usize, gh: usize) -> RecurrentWeights<'a> {
+        if seq <= 2 {
+            return RecurrentWeights::Rows { r, hidden };
+        }
+        let mut r_t = vec![0.0f32; hidden * gh];
+        for (n, weights) in r.chunks_exact(hidden.max(1)).enumerate() {
+            for (k, &v) in weights.iter().enumerate() {
+                r_t[k * gh + n] = v;
+            }
+        }
+        RecurrentWeights::Transposed { r_t, hidden }
+    }
+
+    /// `out = h·R[first..first + n]ᵀ + bias` for the rows of `h` (`[m, hidden]`), where `n` is
+    /// `out`'s width: the products of `R`'s rows from `first` on.
+    fn product(&self, h: &[f32], first: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+        match self {
+            RecurrentWeights::Transposed { r_t, hidden } => {
+                let gh = r_t.len() / (*hidden).max(1);
+                let m = h.len() / (*hidden).max(1);
+                project(h, [m, *hidden], (&r_t[first..], (gh, 1)), bias, out);
+            }
+            RecurrentWeights::Rows { r, hidden } => {
+                let m = h.len() / (*hidden).max(1);
+                let n = out.len() / m.max(1);
+                let rows = &r[first * hidden..(first + n) * hidden];
+                super::matmul::row_dots(h, rows, *hidden, out);
+                if let Some(bias) = bias {
+                    for row in out.chunks_mut(n.max(1)) {
+                        row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+                    }
+                }
+            }
         }
     }
 }
@@ -485,6 +515,7 @@ impl Layer<'_> {
         // Rows in X's own order: (t, b) is row t·batch + b, or b·seq + t under layout 1.
         let mut xw = vec![0.0f32; seq * batch * gh];
         project(x, [seq * batch, input], (self.w, (1, input)), wb, &mut xw);
+        let recurrent_weights = RecurrentWeights::for_steps(self.r, seq, hidden, gh);
         let row = |t: usize, b: usize| {
             if batch_first {
                 b * seq + t
@@ -507,13 +538,13 @@ impl Layer<'_> {
             };
             let rb_first = rb.map(|b| &b[..first_rows]);
             if split_candidate {
-                recurrent_product(h, (self.r, hidden), 0, rb_first, &mut products);
+                recurrent_weights.product(h, 0, rb_first, &mut products);
                 for b in 0..batch {
                     rh[b * gh..b * gh + first_rows]
                         .copy_from_slice(&products[b * first_rows..(b + 1) * first_rows]);
                 }
             } else {
-                recurrent_product(h, (self.r, hidden), 0, rb_first, &mut rh);
+                recurrent_weights.product(h, 0, rb_first, &mut rh);
             }
             if split_candidate {
                 for b in 0..batch {
@@ -531,7 +562,7 @@ impl Layer<'_> {
                 }
                 let rb_h = self.bias.map(|b| &b[gh + 2 * hidden..]);
                 let candidate = &mut products[..batch * hidden];
-                recurrent_product(&gated, (self.r, hidden), 2 * hidden, rb_h, candidate);
+                recurrent_weights.product(&gated, 2 * hidden, rb_h, candidate);
                 for b in 0..batch {
                     rh[b * gh + 2 * hidden..(b + 1) * gh]
                         .copy_from_slice(&products[b * hidden..(b + 1) * hidden]);
