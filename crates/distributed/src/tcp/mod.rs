@@ -649,6 +649,52 @@ mod tests {
     }
 
     #[test]
+    fn a_forged_failure_report_is_ignored_and_a_real_one_arrives_as_one_bounded_line() {
+        // A process with another secret reports rank 1 as failed: rank 0 does not listen to
+        // it, and the job's two real ranks meet.
+        let master = format!("127.0.0.1:{}", free_port());
+        let m = master.clone();
+        let stranger = thread::spawn(move || {
+            let mut other = job(Duration::from_secs(3));
+            let secret = b"another job's secret".to_vec();
+            other.key = JobKey::new(secret, [1; 32], [2; 32], "test").unwrap();
+            TcpTransport::report_failure(1, 2, &m, other, "forged")
+        });
+        let m = master.clone();
+        let rank_1 = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            let mut t = TcpTransport::join(1, 2, &m, job(Duration::from_secs(10))).unwrap();
+            t.send(0, 0, b"real").unwrap();
+            t.finished();
+        });
+        let mut t = TcpTransport::join(0, 2, &master, job(Duration::from_secs(10))).unwrap();
+        assert_eq!(t.recv(1, 0, Duration::from_secs(10)).unwrap(), b"real");
+        rank_1.join().unwrap();
+        assert!(stranger.join().unwrap().is_err());
+
+        // Rank 1's own report, a megabyte with a newline and a terminal escape: one line, cut.
+        let master = format!("127.0.0.1:{}", free_port());
+        let m = master.clone();
+        let reporter = thread::spawn(move || {
+            let cause = format!("bad\n\x1b[2J{}", "x".repeat(1 << 20));
+            TcpTransport::report_failure(1, 2, &m, job(Duration::from_secs(10)), &cause)
+        });
+        let joined = TcpTransport::join(0, 2, &master, job(Duration::from_secs(10)));
+        let err = joined.err().unwrap().to_string();
+        assert!(
+            err.contains("rank 1 failed before it joined the job: bad  [2J"),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1);
+        assert!(
+            err.len() < rendezvous::MAX_CAUSE_BYTES + 200,
+            "{} bytes",
+            err.len()
+        );
+        reporter.join().unwrap().unwrap();
+    }
+
+    #[test]
     fn a_frame_over_the_bound_is_refused_from_its_header() {
         let mut job = job(Duration::from_secs(5));
         job.max_message = 100;

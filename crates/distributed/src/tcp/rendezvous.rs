@@ -131,7 +131,7 @@ fn never_joined(peers: &[Option<SocketAddr>], master: &str) -> Error {
 /// In place of the table's length: the job failed before it started, and a cause follows.
 const FAILED: u32 = u32::MAX;
 /// The longest cause a rank reads: a one-line error, cut where longer.
-const MAX_CAUSE_BYTES: usize = 4096;
+pub(super) const MAX_CAUSE_BYTES: usize = 4096;
 
 /// A cause as it crosses: its length, then its bytes (cut at [`MAX_CAUSE_BYTES`]).
 fn encode_cause(cause: &str) -> Vec<u8> {
