@@ -20,6 +20,7 @@ use super::cpu::CpuKernel;
 use super::kernels::{Ctx, Kernel};
 use super::steps::Step;
 use super::tensor::HostTensor;
+use super::value::Value;
 use super::{StageSpec, Weights};
 use pipecut_ir::graph::{Graph, NodeId, TensorId};
 
@@ -34,7 +35,7 @@ const DRAWS: [&str; 6] = [
 ];
 
 /// How much a folded step's outputs may exceed its inputs, in bytes.
-const GROWTH_ALLOWANCE: u64 = 64 * 1024;
+const GROWTH_ALLOWANCE: usize = 64 * 1024;
 
 /// What folding took out of a stage's steps.
 #[derive(Debug, Default)]
@@ -60,7 +61,9 @@ pub(crate) fn fold_constant_steps(
         let known = |id: &TensorId| made.get(id).or_else(|| weights.get(*id)).cloned();
         match run_if_constant(graph, &step, known) {
             Some(outputs) => {
-                let bytes = outputs.iter().map(|(_, t)| byte_len(t)).sum();
+                let bytes = (outputs.iter())
+                    .map(|(_, t)| Value::Tensor(Arc::clone(t)).byte_len())
+                    .sum();
                 made.extend(outputs);
                 folded.nodes.push((step.node, bytes));
             }
@@ -109,8 +112,7 @@ fn run_if_constant(
             Some(id) => known(id).map(Some),
         })
         .collect::<Option<_>>()?;
-    let input_bytes =
-        (inputs.iter().flatten()).fold(0u64, |sum, t| sum.saturating_add(byte_len(t)));
+    let input_bytes: usize = inputs.iter().flatten().map(|t| t.data().byte_size()).sum();
     let ctx = Ctx {
         node,
         opset: step.opset,
@@ -119,7 +121,7 @@ fn run_if_constant(
     };
     let refs: Vec<Option<&HostTensor>> = inputs.iter().map(Option::as_deref).collect();
     let results = super::kernels::call(kernel, &ctx, &refs).ok()?;
-    let output_bytes = results.iter().map(byte_len).fold(0u64, u64::saturating_add);
+    let output_bytes: usize = results.iter().map(|t| t.data().byte_size()).sum();
     let wanted = node
         .outputs
         .iter()
@@ -135,8 +137,4 @@ fn run_if_constant(
             .filter_map(|(slot, tensor)| slot.map(|id| (id, Arc::new(tensor))))
             .collect(),
     )
-}
-
-fn byte_len(tensor: &HostTensor) -> u64 {
-    (tensor.dtype().bytes_for(tensor.len() as u64)).unwrap_or(u64::MAX)
 }

@@ -427,6 +427,11 @@ fn project(
 ) {
     let n = out.len() / m.max(1);
     super::sgemm(m, k, n, 1.0, rows, (k, 1), weights, strides, 0.0, out);
+    add_to_rows(out, n, bias);
+}
+
+/// `bias` (`n` wide, if given) added to every row of `out`.
+fn add_to_rows(out: &mut [f32], n: usize, bias: Option<&[f32]>) {
     if let Some(bias) = bias {
         for row in out.chunks_mut(n.max(1)) {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
@@ -476,11 +481,7 @@ impl<'a> RecurrentWeights<'a> {
                 let n = out.len() / m.max(1);
                 let rows = &r[first * hidden..(first + n) * hidden];
                 super::matmul::row_dots(h, rows, *hidden, out);
-                if let Some(bias) = bias {
-                    for row in out.chunks_mut(n.max(1)) {
-                        row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
-                    }
-                }
+                add_to_rows(out, n, bias);
             }
         }
     }
