@@ -19,3 +19,16 @@ def need(module: str, why: str):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{module} is missing under CI ({why}): {err}")
         pytest.skip(f"needs {module} ({why}): {err}")
+
+
+# Jobs run a second time because torch's C++ runtime aborted a rank (test_torch_training.py),
+# listed at the end of the run so that a retry is never silent.
+RETRIED = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if RETRIED:
+        terminalreporter.section("jobs retried after torch's runtime aborted a rank")
+        for job, stderr in RETRIED:
+            terminalreporter.write_line(f"[{job}] passed on its second run; the first one's stderr:")
+            terminalreporter.write_line(stderr)

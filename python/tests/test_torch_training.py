@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import need
+from conftest import RETRIED, need
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -39,6 +39,37 @@ CASES = sorted(
 )
 
 
+def train_job(tmp_path, nproc, args):
+    """Runs train_equal.py under torchrun with ``nproc`` processes and returns its result.
+
+    torch's C++ runtime once aborted a rank of a job that passed when run again, 15 times of 15
+    (CI of 2026-12-06, the tp 2 Llama job with selective recomputation: "terminate called
+    without an active exception", SIGABRT). So a job whose rank libstdc++ terminated is run
+    once more, and the first attempt's stderr, with every thread's Python stack
+    (PYTHONFAULTHANDLER), goes to the session's summary. A Python error, a Rust panic or a
+    second abort fails the test.
+    """
+    out = tmp_path / "result.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", str(HERE / "train_equal.py"), *args, "--out", str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    for attempt in (1, 2):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+        if done.returncode == 0 or attempt == 2 or not torch_runtime_aborted(done.stderr):
+            break
+        RETRIED.append((" ".join(args), done.stderr[-8000:]))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def torch_runtime_aborted(stderr):
+    """A rank ended by libstdc++'s std::terminate (SIGABRT), not by our code: a Python error
+    ends a rank with exit code 1, and a Rust panic reaches Python as an exception."""
+    return "terminate called" in stderr and "Signal 6 (SIGABRT)" in stderr and "panicked at" not in stderr
+
+
 def case_id(case):
     model, pp, dp, tp, zero, recompute = case
     return f"{model}-pp{pp}-dp{dp}-tp{tp}-zero{zero}-{recompute}"
@@ -50,17 +81,11 @@ def test_training_equals_one_process(case, tmp_path):
     need("transformers", "the GPT-2 and Llama models come from Hugging Face configs")
     need("onnxscript", "torch.onnx's dynamo exporter")
     model, pp, dp, tp, zero, recompute = case
-    out = tmp_path / "result.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={pp * dp * tp}", str(HERE / "train_equal.py"),
-        "--model", model, "--pp", str(pp), "--dp", str(dp), "--tp", str(tp),
-        "--zero", str(zero), "--recompute", recompute, "--out", str(out),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = train_job(
+        tmp_path, pp * dp * tp,
+        ["--model", model, "--pp", str(pp), "--dp", str(dp), "--tp", str(tp),
+         "--zero", str(zero), "--recompute", recompute],
+    )
     print(case_id(case), json.dumps(result))
     assert result["mesh"] == {"pp": pp, "dp": dp, "tp": tp}
     assert result["loss_rel_diff"] <= 1e-5, result
@@ -101,17 +126,11 @@ def test_each_schedule_trains_as_one_process(case, tmp_path):
     need("transformers", "the GPT-2 and Llama models come from Hugging Face configs")
     need("onnxscript", "torch.onnx's dynamo exporter")
     model, schedule, tp, recompute, torch_class = case
-    out = tmp_path / "result.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={2 * tp}", str(HERE / "train_equal.py"), "--model", model,
-        "--pp", "2", "--tp", str(tp), "--recompute", recompute, "--schedule", schedule,
-        "--out", str(out),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = train_job(
+        tmp_path, 2 * tp,
+        ["--model", model, "--pp", "2", "--tp", str(tp), "--recompute", recompute,
+         "--schedule", schedule],
+    )
     print(model, schedule, json.dumps(result))
     chunks = 2 if schedule.startswith("interleaved") else 1
     assert result["schedule"] == torch_class and result["chunks"] == chunks
@@ -138,17 +157,11 @@ def test_sequence_parallelism_trains_as_one_process(model, pp, recompute, tmp_pa
     need("torch", "pipecut.torch trains with torch.distributed")
     need("transformers", "the GPT-2 and Llama models come from Hugging Face configs")
     need("onnxscript", "torch.onnx's dynamo exporter")
-    out = tmp_path / "result.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={2 * pp}", str(HERE / "train_equal.py"), "--model", model,
-        "--pp", str(pp), "--tp", "2", "--recompute", recompute, "--sequence-parallel",
-        "--out", str(out),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = train_job(
+        tmp_path, 2 * pp,
+        ["--model", model, "--pp", str(pp), "--tp", "2", "--recompute", recompute,
+         "--sequence-parallel"],
+    )
     print(model, "sequence parallel", json.dumps(result))
     assert result["sequence_parallel"] is True
     assert result["sequence_split_block_inputs"] > 0, result
@@ -156,3 +169,16 @@ def test_sequence_parallelism_trains_as_one_process(model, pp, recompute, tmp_pa
     assert result["param_rel_diff"] <= 1e-3, result
     assert result["params_compared"] == result["model_params"] * 2
     assert result["sharded_weights"] == result["split_weights"] > 0
+
+
+def test_only_an_abort_by_torchs_runtime_is_retried():
+    aborted = (
+        "terminate called without an active exception\n"
+        "  exitcode  : -6 (pid: 31417)  (SIGABRT)\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 31417\n"
+    )
+    assert torch_runtime_aborted(aborted)
+    python_error = "SystemExit: rank 0: parameter x is not the model's\n  exitcode  : 1 (pid: 7)\n"
+    assert not torch_runtime_aborted(python_error)
+    assert not torch_runtime_aborted("thread '<unnamed>' panicked at src/lib.rs:1:1\n" + aborted)
+    assert not torch_runtime_aborted("terminate called\n  exitcode  : -11\nSignal 11 (SIGSEGV)\n")
