@@ -81,7 +81,9 @@ class TorchPlan:
     data_parallel: str
     recompute: str
     checkpoint_modules: List[str]
-    schedule: str
+    # The torch.distributed.pipelining class; None without a pipeline (pp 1), where the step
+    # runs the micro-batches itself and no schedule class is built.
+    schedule: Optional[str]
     chunks: int
     microbatches: int
     microbatch_size: int
@@ -293,7 +295,7 @@ def _torch_plan(
         data_parallel=_data_parallel_wrapper(par.data_parallel, plan.zero_stage),
         recompute=plan.recompute,
         checkpoint_modules=_checkpointed(plan.recompute, family, split, model),
-        schedule=SCHEDULE_CLASSES[plan.schedule],
+        schedule=SCHEDULE_CLASSES[plan.schedule] if stages > chunks else None,
         chunks=chunks,
         microbatches=plan.microbatches,
         microbatch_size=par.microbatch_size,

@@ -94,6 +94,8 @@ def test_training_equals_one_process(case, tmp_path):
     assert result["params_compared"] == result["model_params"] * dp * tp
     if pp > 1:
         assert len(result["split_spec"]) == pp - 1
+    else:  # no pipeline: no schedule class is built, and the plan says so
+        assert result["split_spec"] == {} and result["schedule"] is None, result
     if tp > 1:
         styles = set(result["tensor_parallel"].values())
         assert styles == {"colwise", "rowwise"}, result["tensor_parallel"]
