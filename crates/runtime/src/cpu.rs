@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::constant_steps::{fold_constant_steps, ConstantSteps};
 use super::fuse::{fold_conv_chains, FoldedConv};
 use super::kernels::{self, Ctx, Kernel, ValueCtx, ValueKernel};
-use super::steps::{plan_steps_with, Step};
+use super::steps::{plan_steps_with, store_outputs, Step};
 use super::tensor::HostTensor;
 use super::value::{Value, Values};
 use super::{stage_specs, Executor, StageSpec, Tensors, Weights};
@@ -468,24 +468,6 @@ impl CpuExecutor<'_> {
 
 /// A node's arguments as the tensors a tensor kernel takes (an error where one is a sequence
 /// or optional).
-/// Puts a step's results in the slots of its outputs; an output slot the kernel gave nothing
-/// for is an error.
-fn store_outputs(
-    env: &mut Env,
-    output_slots: &[Option<TensorId>],
-    results: Vec<Value>,
-) -> Result<(), String> {
-    let mut results = results.into_iter();
-    for (position, slot) in output_slots.iter().enumerate() {
-        let value = results.next();
-        if let Some(id) = slot {
-            let value = value.ok_or_else(|| format!("the kernel gives no output {position}"))?;
-            env.insert(*id, value);
-        }
-    }
-    Ok(())
-}
-
 fn tensor_args(args: &[Option<Value>]) -> Result<Vec<Option<&HostTensor>>, String> {
     args.iter()
         .map(|a| a.as_ref().map(|v| v.tensor().map(|t| &**t)).transpose())

@@ -80,3 +80,21 @@ pub(crate) fn plan_steps_with<K>(
         })
         .collect()
 }
+
+/// Puts a step's results in the slots of its outputs (the CPU's values or the CUDA backend's);
+/// an output slot the kernel gave nothing for is an error.
+pub(crate) fn store_outputs<V>(
+    env: &mut HashMap<TensorId, V>,
+    output_slots: &[Option<TensorId>],
+    results: Vec<V>,
+) -> Result<(), String> {
+    let mut results = results.into_iter();
+    for (position, slot) in output_slots.iter().enumerate() {
+        let value = results.next();
+        if let Some(id) = slot {
+            let value = value.ok_or_else(|| format!("the kernel gives no output {position}"))?;
+            env.insert(*id, value);
+        }
+    }
+    Ok(())
+}

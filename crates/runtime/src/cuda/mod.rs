@@ -93,7 +93,7 @@ use self::gpu::Gpu;
 use self::operands::to_device;
 use self::value::{DeviceTensor, Value};
 use crate::kernels::{self, Ctx, Kernel};
-use crate::steps::{plan_steps_with, Step};
+use crate::steps::{plan_steps_with, store_outputs, Step};
 use crate::tensor::{HostTensor, TensorData};
 use crate::Error;
 use crate::{Executor, StageSpec, Tensors, Weights};
@@ -383,24 +383,6 @@ impl Frame<'_> {
             })
             .collect()
     }
-}
-
-/// Puts a step's results in the slots of its outputs; an output slot the op gave nothing for is
-/// an error.
-fn store_outputs(
-    env: &mut Env,
-    output_slots: &[Option<TensorId>],
-    results: Vec<Value>,
-) -> Result<(), String> {
-    let mut results = results.into_iter();
-    for (position, slot) in output_slots.iter().enumerate() {
-        let value = results.next();
-        if let Some(id) = slot {
-            let value = value.ok_or_else(|| format!("the op gives no output {position}"))?;
-            env.insert(*id, value);
-        }
-    }
-    Ok(())
 }
 
 /// Runs `kernel` on host copies of `args` (a download for each device tensor) and answers host
