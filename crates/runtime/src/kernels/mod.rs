@@ -175,8 +175,7 @@ fn table_domain(domain: &str) -> &str {
 
 /// The ops whose kernels take uint8 and int8 tensors as bytes: the ones that move elements
 /// without reading them (through [`indexing::take`] and its kin), and the ones that read them only
-/// through [`HostTensor::to_f32_vec`] / [`HostTensor::to_i64_vec`] (Cast, Pad, the quantized
-/// ops: an f32 copy of bytes is half an int64 one).
+/// through [`HostTensor::to_f32_vec`] / [`HostTensor::to_i64_vec`] (Cast, the quantized ops).
 /// Every other kernel sees bytes widened to int64 ([`call`]).
 const TAKES_BYTES: &[(&str, &str)] = &[
     ("", "Reshape"),
