@@ -1765,3 +1765,83 @@ fn a_uint8_activation_crosses_between_ranks_as_bytes() {
     );
     assert_same_outputs(&single, &multi, "uint8 transposes (2 stages)");
 }
+
+/// 16-bit and 8-bit float activations cross between stages within the plan's bound: a
+/// `[1024, 1024]` int16, uint16, float16 or float8 input transposed in stage 0 and summed in
+/// stage 1, so the one large tensor that crosses sets the bound (twice its declared size, plus a
+/// MiB: stage 1 makes one value). The runtime holds int16 and uint16 as int64 and the floats as
+/// f32, and sends them so; the bound counted declared bytes, so rank 1 refused the int16 and
+/// uint16 messages (8,388,753 bytes over a 5,242,884-byte bound) and the float8 one (4,194,449
+/// over 3,145,730), and the job failed (float16, at twice, fit). Now each job, from the model
+/// file or from its export's stage files, gives the one-process outputs, and rank 0 sends what
+/// the runtime holds.
+#[test]
+fn narrow_activations_cross_between_ranks_within_the_bound() {
+    const SIDE: i64 = 1024;
+    // (name, ONNX elem type, bytes an element takes where the runtime holds it)
+    let cases = [
+        ("int16", 5, 8),
+        ("uint16", 4, 8),
+        ("float16", 10, 4),
+        ("float8e4m3fn", 17, 4),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (dtype, elem_type, held) in cases {
+        let model = dir.path().join(format!("{dtype}.onnx"));
+        let perm: &[i64] = &[1, 0];
+        let bytes = common::onnx_model_bytes(
+            19,
+            vec![common::tensor_value_info("x", elem_type, &[SIDE, SIDE])],
+            vec![common::tensor_value_info("y", elem_type, &[1, 1])],
+            vec![
+                common::onnx_node("Transpose", &["x"], "t", Some(("perm", perm))),
+                common::onnx_node("ReduceSum", &["t"], "y", None),
+            ],
+        );
+        std::fs::write(&model, bytes).unwrap();
+        let plan = dir.path().join(format!("{dtype}.json"));
+        run_ok(
+            pipecut()
+                .arg("partition")
+                .arg(&model)
+                .args(["--devices", "cpu,cpu", "--stages", "2", "--out"])
+                .arg(&plan),
+        );
+        let export = dir.path().join(format!("{dtype}-export"));
+        run_ok(
+            pipecut()
+                .arg("export")
+                .args([&plan, &model])
+                .arg("--out-dir")
+                .arg(&export),
+        );
+        let whole = [&plan, &model].map(|p| p.to_str().unwrap().to_string());
+        let single = one_process_run(&whole, 1, &dir.path().join(format!("{dtype}-single")));
+        for (from, file) in [("model", &model), ("export", &export)] {
+            let multi = dir.path().join(format!("{dtype}-{from}"));
+            let what = format!("{dtype} transpose and sum, 2 ranks from the {from}");
+            let sent = two_rank_job(&plan, file, &multi, &what);
+            let tensor = (SIDE * SIDE) as u64 * held;
+            assert!(
+                (tensor..tensor + 4096).contains(&sent),
+                "{what}: rank 0 sent {sent} bytes for a tensor held in {tensor} bytes"
+            );
+            assert_same_outputs(&single, &multi, &what);
+        }
+    }
+}
+
+/// Runs `pipecut run PLAN MODEL` (a model file or an export) as ranks 0 and 1 of a job, with
+/// one micro-batch and the default seed, writing outputs to `out`; gives the bytes rank 0 sent.
+fn two_rank_job(plan: &Path, model: &Path, out: &Path, what: &str) -> u64 {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let mut args = vec![path(plan), path(model), "--output-dir".into(), path(out)];
+    args.extend(["--microbatches", "1", "--json", "--peer-timeout", "60s"].map(String::from));
+    let ranks = wait_all(start_ranks(2, &[0, 1], &args), Duration::from_secs(300));
+    for (rank, out) in &ranks {
+        assert!(out.status.success(), "{what}, rank {rank}: {}", stderr(out));
+    }
+    let report: Value = serde_json::from_slice(&ranks[0].1.stdout).unwrap();
+    assert_eq!(report["stage"], 0, "{what}");
+    report["bytes_sent"].as_u64().unwrap()
+}

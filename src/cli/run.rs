@@ -510,6 +510,9 @@ impl StagedRun<'_> {
             plan_file: &args.plan,
             model_sha256: self.model_sha256,
             dims: self.dims.clone(),
+            wire_widening: super::run_distributed::wire_widening(
+                super::run_distributed::activation_dtypes(self.graph),
+            ),
             microbatches: self.microbatches,
             output_dir: &args.output_dir,
             protected: run_inputs(args),

@@ -113,6 +113,9 @@ pub struct RankSetup<'a> {
     pub model_sha256: &'a str,
     /// The run's dims (the plan's, with `--dim` over them).
     pub dims: std::collections::BTreeMap<String, u64>,
+    /// The most times its declared size a tensor that may cross takes on the wire
+    /// ([`wire_widening`] of the dtypes that may cross).
+    pub wire_widening: u64,
     pub microbatches: usize,
     pub output_dir: &'a Path,
     pub protected: Vec<&'a Path>,
@@ -400,7 +403,7 @@ fn tcp_job(setup: &RankSetup<'_>, args: &DistributedArgs, place: Place) -> anyho
     };
     Ok(TcpJob {
         key,
-        max_message: max_message(setup.plan, &setup.dims),
+        max_message: max_message(setup.plan, &setup.dims, setup.wire_widening),
         max_queued,
         peer_timeout: args.peer_timeout,
     })
@@ -481,9 +484,10 @@ const QUEUE_SLACK: usize = 8;
 /// The longest message the plan lets cross at the run's dims: anything a rank sends is a
 /// tensor one of its stage's nodes made or one it received, so at most a stage's activations
 /// plus what it receives per micro-batch, scaled where `--dim` grew a dim beyond the plan's
-/// (a product of ratios, an over-estimate for tensors that grow in fewer dims), doubled for the
-/// `.npy` framing and with a MiB for headers and names.
-fn max_message(plan: &Plan, dims: &std::collections::BTreeMap<String, u64>) -> u64 {
+/// (a product of ratios, an over-estimate for tensors that grow in fewer dims) and by
+/// `widening` (the plan counts declared bytes, the wire carries held ones: [`wire_widening`]),
+/// doubled for the `.npy` framing and with a MiB for headers and names.
+fn max_message(plan: &Plan, dims: &std::collections::BTreeMap<String, u64>, widening: u64) -> u64 {
     let largest = plan
         .stages
         .iter()
@@ -500,8 +504,39 @@ fn max_message(plan: &Plan, dims: &std::collections::BTreeMap<String, u64>) -> u
         });
     largest
         .saturating_mul(scale)
+        .saturating_mul(widening.max(1))
         .saturating_mul(2)
         .saturating_add(1 << 20)
+}
+
+/// The most times its declared size (what the plan counts) a tensor of one of `dtypes` takes
+/// on the wire, which carries the `.npy` of the tensor the runtime holds: 4 for int16 and
+/// uint16 (held as int64) and float8 (as f32), 2 for float16, 8 for float4, 1 for a model of
+/// f32 and int64 only. One function, [`held_bytes`](crate::runtime::held_bytes), says what the
+/// runtime holds for both, so the bound follows the runtime. Strings count as the plan counts
+/// them.
+pub(crate) fn wire_widening(dtypes: impl IntoIterator<Item = crate::graph::DType>) -> u64 {
+    // Eight elements: a whole number of bytes in every packed type (float4 is half a byte).
+    dtypes
+        .into_iter()
+        .filter(|&dtype| dtype != crate::graph::DType::String)
+        .filter_map(|dtype| {
+            let declared = dtype.bytes_for(8).filter(|&b| b > 0)?;
+            Some(crate::runtime::held_bytes(dtype, 8)?.div_ceil(declared))
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// The dtypes of what may cross between ranks in `graph`: its inputs and what its nodes make
+/// (weights never cross).
+pub(crate) fn activation_dtypes(
+    graph: &crate::graph::Graph,
+) -> impl Iterator<Item = crate::graph::DType> + '_ {
+    graph
+        .tensors()
+        .filter(|(_, t)| !matches!(t.origin, crate::graph::TensorOrigin::Parameter(_)))
+        .filter_map(|(_, t)| t.dtype)
 }
 
 fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {

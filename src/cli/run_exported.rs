@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use super::super::run_distributed::{activation_dtypes, wire_widening};
+use crate::graph::DType;
 use crate::onnx::export::{Manifest, TensorSource};
 use crate::onnx::shape::DimBindings;
 use crate::plan::Plan;
@@ -103,6 +105,8 @@ pub(super) fn run(
         // digest, so ranks that agree on it run one export, each having hashed only its file.
         model_sha256: &manifest_sha256,
         dims: run_dims(plan, &args.dims)?,
+        // A rank also relays tensors its own file does not declare.
+        wire_widening: wire_widening(activation_dtypes(graph).chain(crossing_dtypes(&manifest))),
         microbatches,
         output_dir: &args.output_dir,
         protected,
@@ -244,6 +248,24 @@ fn crossing(manifest: &Manifest, stage: usize) -> BTreeSet<String> {
         .filter(|o| made_by(&o.from, stage))
         .map(|o| o.tensor.clone());
     later_inputs.chain(outputs).collect()
+}
+
+/// The dtypes the manifest gives what crosses between stages: every stage's inputs and outputs.
+fn crossing_dtypes(manifest: &Manifest) -> Vec<DType> {
+    let named = |name: &str| {
+        (0..64)
+            .filter_map(DType::from_onnx)
+            .find(|d| d.name() == name)
+    };
+    manifest
+        .stages
+        .iter()
+        .flat_map(|s| {
+            let inputs = s.inputs.iter().map(|i| &i.tensor);
+            inputs.chain(s.outputs.iter().map(|o| &o.tensor))
+        })
+        .filter_map(|t| named(t.dtype.as_deref()?))
+        .collect()
 }
 
 /// The tensors `stage` passes on without making them: those of `crossing` that its own file

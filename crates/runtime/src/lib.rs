@@ -53,7 +53,7 @@ pub use kernels::supported_ops;
 pub use npy::{
     encode_npy, encode_npy_as, parse_npy, parse_npy_as, read_npy, read_npy_as, NpyArray,
 };
-pub use tensor::{runtime_dtype, HostTensor, TensorData};
+pub use tensor::{held_bytes, runtime_dtype, HostTensor, TensorData};
 pub use value::{Value, Values};
 pub use weights::Weights;
 

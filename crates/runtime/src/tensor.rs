@@ -30,6 +30,13 @@ pub fn runtime_dtype(dtype: DType) -> DType {
     }
 }
 
+/// Bytes `elements` values of model dtype `dtype` take as the runtime holds them (in
+/// [`runtime_dtype`]: an int16 tensor in 8 bytes an element, a float8 one in 4), which is also
+/// what they take on the wire between ranks (a held tensor's `.npy`); `None` on overflow.
+pub fn held_bytes(dtype: DType, elements: u64) -> Option<u64> {
+    runtime_dtype(dtype).bytes_for(elements)
+}
+
 /// The elements of a [`HostTensor`].
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
@@ -522,6 +529,32 @@ impl HostTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What [`held_bytes`] counts (the wire bound between ranks) is what a tensor cast to each
+    /// numeric dtype really holds, so the bound and the runtime cannot disagree.
+    #[test]
+    fn held_bytes_are_what_a_cast_tensor_holds() {
+        let three = HostTensor::f32(vec![3], vec![0.5, -2.0, 7.0]);
+        let mut checked = 0;
+        // Strings hold their UTF-8, whatever their count.
+        let numeric = (0..64)
+            .filter_map(DType::from_onnx)
+            .filter(|&d| d != DType::String);
+        for dtype in numeric {
+            let Ok(cast) = three.cast(dtype) else {
+                continue; // complex numbers: not held
+            };
+            assert_eq!(
+                held_bytes(dtype, 3),
+                Some(cast.data().byte_size() as u64),
+                "{dtype}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} dtypes cast");
+        assert_eq!(held_bytes(DType::I16, 3), Some(24));
+        assert_eq!(held_bytes(DType::F8E4M3FN, 3), Some(12));
+    }
 
     #[test]
     fn new_refuses_a_length_that_does_not_match_the_shape() {

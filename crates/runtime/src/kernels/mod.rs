@@ -198,6 +198,11 @@ const TAKES_BYTES: &[(&str, &str)] = &[
     ("", "DepthToSpace"),
     ("", "SpaceToDepth"),
     ("", "ReverseSequence"),
+    ("", "Trilu"),
+    ("", "CenterCropPad"),
+    ("", "Compress"),
+    ("", "OneHot"),
+    ("", "Pad"),
     ("", "Where"),
     ("", "Cast"),
     ("", "CastLike"),
@@ -428,6 +433,60 @@ mod tests {
         let mut node = test_util::node(op, Vec::new());
         node.domain = domain.to_string();
         node
+    }
+
+    /// The layout ops that move elements without arithmetic (Pad, Trilu, CenterCropPad,
+    /// Compress, OneHot) take uint8 and int8 as bytes: given real arguments and no declared
+    /// output type, each gives bytes (a widened call gives int64, its temporary copies 8 bytes
+    /// an element) holding the values the int64 call gives.
+    #[test]
+    fn layout_ops_keep_bytes_with_the_values_int64_gives() {
+        let i64s = |shape: Vec<usize>, v: &[i64]| HostTensor::i64(shape, v.to_vec());
+        let u8s = HostTensor::with_data(vec![2, 3], TensorData::U8(vec![0, 1, 2, 3, 254, 255]));
+        let i8s = HostTensor::with_data(vec![2, 3], TensorData::I8(vec![-128, -1, 0, 1, 2, 127]));
+        let keep = HostTensor::with_data(vec![3], TensorData::Bool(vec![true, false, true]));
+        for x in [&u8s, &i8s] {
+            let fill = match x.data() {
+                TensorData::U8(_) => HostTensor::with_data(vec![1], TensorData::U8(vec![7])),
+                _ => HostTensor::with_data(vec![1], TensorData::I8(vec![-7])),
+            };
+            let on_off = match x.data() {
+                TensorData::U8(_) => HostTensor::with_data(vec![2], TensorData::U8(vec![0, 255])),
+                _ => HostTensor::with_data(vec![2], TensorData::I8(vec![-128, 127])),
+            };
+            let (pads, sizes) = (i64s(vec![4], &[0, 1, 1, 0]), i64s(vec![2], &[3, 2]));
+            let (indices, depth) = (i64s(vec![3], &[0, 2, 1]), i64s(vec![1], &[3]));
+            let cases: [(&str, Vec<&HostTensor>, usize); 5] = [
+                ("Pad", vec![x, &pads, &fill], 0),
+                ("Trilu", vec![x], 0),
+                ("CenterCropPad", vec![x, &sizes], 0),
+                ("Compress", vec![x, &keep], 0),
+                ("OneHot", vec![&indices, &depth, &on_off], 2),
+            ];
+            for (op, args, bytes_at) in cases {
+                let node = test_util::node(op, Vec::new());
+                let ctx = Ctx {
+                    node: &node,
+                    opset: 21,
+                    output_dtypes: &[],
+                    input_dtypes: &[],
+                };
+                let kernel = lookup("", op).unwrap();
+                let as_given: Vec<Option<&HostTensor>> = args.iter().map(|&t| Some(t)).collect();
+                let got = call(kernel, &ctx, &as_given).unwrap();
+                let wide = args[bytes_at].widened().unwrap();
+                let mut as_wide = as_given.clone();
+                as_wide[bytes_at] = Some(&*wide);
+                let expected = kernel(&ctx, &as_wide).unwrap();
+                assert_eq!(got[0].dtype(), x.dtype(), "{op} on {x:?}");
+                assert_eq!(got[0].shape(), expected[0].shape(), "{op} on {x:?}");
+                assert_eq!(
+                    got[0].to_i64_vec(),
+                    expected[0].to_i64_vec(),
+                    "{op} on {x:?}"
+                );
+            }
+        }
     }
 
     /// A kernel without a byte path (Add) computes on int64 and its output, declared uint8,

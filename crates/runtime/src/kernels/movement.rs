@@ -643,25 +643,34 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
         .collect::<Result<_, _>>()?;
     checked_size(&shape)?;
     let total: usize = shape.iter().product();
-    let src = x.to_f32_vec();
-    let out = if total == 0 {
-        Vec::new()
-    } else {
-        padded_rows(
-            &src,
-            x.shape(),
-            &shape,
-            |d, c| {
-                outside_source(
-                    &mode,
-                    c as i128 - i128::from(begin[d]),
-                    x.shape()[d] as i128,
-                )
-            },
-            value,
-        )?
+    if total == 0 {
+        return HostTensor::f32(shape, Vec::new())
+            .cast(x.dtype())
+            .map(|t| vec![t]);
+    }
+    let source = |d: usize, c: usize| {
+        outside_source(
+            &mode,
+            c as i128 - i128::from(begin[d]),
+            x.shape()[d] as i128,
+        )
     };
-    HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t])
+    // Bytes (an image) are padded as bytes, the fill cast to their type as any value is; the
+    // rest through f32 and back.
+    let fill = HostTensor::f32(Vec::new(), vec![value]).cast(x.dtype())?;
+    let data = match (x.data(), fill.data()) {
+        (TensorData::U8(v), TensorData::U8(f)) => {
+            TensorData::U8(padded_rows(v, x.shape(), &shape, source, f[0])?)
+        }
+        (TensorData::I8(v), TensorData::I8(f)) => {
+            TensorData::I8(padded_rows(v, x.shape(), &shape, source, f[0])?)
+        }
+        _ => {
+            let out = padded_rows(&x.to_f32_vec(), x.shape(), &shape, source, value)?;
+            return HostTensor::f32(shape, out).cast(x.dtype()).map(|t| vec![t]);
+        }
+    };
+    Ok(vec![HostTensor::with_data(shape, data)])
 }
 
 /// The padded tensor of `shape` (not empty), row by row along the last axis: `source(d, c)` is
@@ -669,13 +678,13 @@ fn pad(ctx: &Ctx, inputs: &[Option<&HostTensor>]) -> KernelResult {
 /// sources are worked out once; before, every element divided its flat index by each axis's
 /// stride and matched the mode's name (a reflect pad of faster-whisper's 938 × 576 windows took
 /// longer than its convolutions).
-fn padded_rows(
-    src: &[f32],
+fn padded_rows<T: Copy>(
+    src: &[T],
     in_shape: &[usize],
     shape: &[usize],
     source: impl Fn(usize, usize) -> Option<usize>,
-    value: f32,
-) -> Result<Vec<f32>, String> {
+    value: T,
+) -> Result<Vec<T>, String> {
     let total: usize = shape.iter().product();
     let mut out = crate::tensor::try_with_capacity(total)?;
     let Some((&row_len, outer_shape)) = shape.split_last() else {
