@@ -201,10 +201,11 @@ pub struct PartitionArgs {
     /// Fraction of each device's memory kept free for the runtime.
     #[arg(long, default_value_t = 0.10)]
     memory_headroom: f64,
-    /// Time budget for the whole solve (e.g. 10s, 500ms, 2m, 1h, 1m30s): the MILP stops at it with its best
-    /// plan and gap. Loading the model and inferring its shapes come before and are not counted
-    /// (the table prints their time). A plan stopped by the limit depends on the machine's
-    /// speed; a finished one is the same on every run.
+    /// Time budget for everything after loading (e.g. 10s, 500ms, 2m, 1h, 1m30s): the solve, the
+    /// plan's figures and its output; the MILP stops at it with its best plan and gap. Loading
+    /// the model and inferring its shapes come before and are not counted (the table prints
+    /// their time: seconds for a million-node model). A plan stopped by the limit depends on the
+    /// machine's speed; a finished one is the same on every run.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     time_limit: Duration,
     /// Stop each search after this many units of its own work (ideal-search nodes, bound edge

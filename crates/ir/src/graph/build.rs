@@ -97,14 +97,17 @@ impl GraphBuilder {
         self
     }
 
-    fn intern(&mut self, name: &str) -> TensorId {
-        if let Some(&id) = self.tensor_by_name.get(name) {
+    /// The tensor named `name`, created when first named. Takes a `String` to keep it (a
+    /// node's outputs are new names) or a `&str` to copy it.
+    fn intern(&mut self, name: impl AsRef<str> + Into<String>) -> TensorId {
+        if let Some(&id) = self.tensor_by_name.get(name.as_ref()) {
             return id;
         }
+        let name: String = name.into();
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push((
             Tensor {
-                name: name.to_string(),
+                name: name.clone(),
                 kind: super::ValueKind::Tensor,
                 dtype: None,
                 shape: None,
@@ -114,7 +117,7 @@ impl GraphBuilder {
             },
             None,
         ));
-        self.tensor_by_name.insert(name.to_string(), id);
+        self.tensor_by_name.insert(name, id);
         id
     }
 
@@ -123,7 +126,7 @@ impl GraphBuilder {
     /// tensor on the way to no error).
     fn set_origin(
         &mut self,
-        name: &str,
+        name: impl AsRef<str> + Into<String>,
         origin: TensorOrigin,
         who: impl FnOnce() -> String,
     ) -> Result<TensorId, Error> {
@@ -138,7 +141,7 @@ impl GraphBuilder {
                 }
             };
             return Err(Error::DuplicateProducer {
-                tensor: name.to_string(),
+                tensor: self.tensors[id.index()].0.name.clone(),
                 first,
                 second: who(),
             });
@@ -201,52 +204,62 @@ impl GraphBuilder {
 
     /// Adds a node. Its input tensors may be produced by nodes added later.
     pub fn node(&mut self, spec: NodeSpec) -> Result<NodeId, Error> {
-        if let Some(&existing) = self.node_names.get(&spec.name) {
+        // The spec's strings move into the graph: copying them was an allocation and a free
+        // per name, millions of each for a million-node model.
+        let NodeSpec {
+            name,
+            op_type,
+            domain,
+            inputs,
+            outputs,
+            attributes,
+            captures,
+            module_scope,
+        } = spec;
+        if let Some(&existing) = self.node_names.get(&name) {
             return Err(Error::InvalidGraph(format!(
-                "two nodes are named '{}' (nodes #{} and #{})",
-                spec.name,
+                "two nodes are named '{name}' (nodes #{} and #{})",
                 existing.index(),
                 self.dag.node_count()
             )));
         }
         let node_id = NodeId(self.dag.add_node(Node {
-            name: spec.name.clone(),
-            op_type: spec.op_type,
-            domain: if spec.domain == "ai.onnx" {
+            name: name.clone(),
+            op_type,
+            domain: if domain == "ai.onnx" {
                 String::new()
             } else {
-                spec.domain
+                domain
             },
-            attributes: spec.attributes,
+            attributes,
             inputs: Vec::new(),
             outputs: Vec::new(),
             captures: Vec::new(),
-            module_scope: spec.module_scope,
+            module_scope,
         }));
-        self.node_names.insert(spec.name.clone(), node_id);
-        let inputs: Vec<Option<TensorId>> = spec
-            .inputs
-            .iter()
+        let inputs: Vec<Option<TensorId>> = inputs
+            .into_iter()
             .map(|n| (!n.is_empty()).then(|| self.intern(n)))
             .collect();
-        let captures: Vec<TensorId> = spec.captures.iter().map(|n| self.intern(n)).collect();
-        let mut outputs = Vec::with_capacity(spec.outputs.len());
-        for (index, out) in spec.outputs.iter().enumerate() {
+        let captures: Vec<TensorId> = captures.into_iter().map(|n| self.intern(n)).collect();
+        let mut output_ids = Vec::with_capacity(outputs.len());
+        for (index, out) in outputs.into_iter().enumerate() {
             if out.is_empty() {
-                outputs.push(None);
+                output_ids.push(None);
                 continue;
             }
             let origin = TensorOrigin::Node {
                 node: node_id,
                 output: index,
             };
-            outputs.push(Some(
-                self.set_origin(out, origin, || format!("node '{}'", spec.name))?,
+            output_ids.push(Some(
+                self.set_origin(out, origin, || format!("node '{name}'"))?,
             ));
         }
+        self.node_names.insert(name, node_id);
         let node = &mut self.dag[node_id.0];
         node.inputs = inputs;
-        node.outputs = outputs;
+        node.outputs = output_ids;
         node.captures = captures;
         Ok(node_id)
     }

@@ -124,17 +124,15 @@ pub(super) fn decode_model(
     }
     let opsets = read_opsets(&proto)?;
     let mut proto = proto;
-    let graph_proto = proto.graph.as_mut().expect("checked above");
-    let default_ops: BTreeSet<&str> = graph_proto
-        .node
-        .iter()
-        .filter(|n| n.domain.is_empty() || n.domain == "ai.onnx")
-        .map(|n| n.op_type.as_str())
-        .collect();
-    let warnings = opset_warnings(opsets.get("").copied(), &default_ops);
-    let (graph_sha256, weights_sha256) = digests_in_place(graph_proto);
-    let mut external = ExternalFiles::new(base_dir);
-    let graph = build_graph(graph_proto, &opsets, &mut external)?;
+    let mut graph_proto = proto.graph.take().expect("checked above");
+    let warnings = opset_warnings(opsets.get("").copied(), &default_domain_ops(&graph_proto));
+    let (graph_sha256, weights_sha256) = digests_in_place(&mut graph_proto);
+    let (built, sha256) = beside_file_hash(bytes, || {
+        let mut external = ExternalFiles::new(base_dir);
+        build_graph(&graph_proto, &opsets, &mut external).map(|graph| (graph, external.missing))
+    });
+    drop(graph_proto);
+    let (graph, missing_external_data) = built?;
     Ok(Model {
         graph,
         ir_version: proto.ir_version,
@@ -142,11 +140,49 @@ pub(super) fn decode_model(
             .trim()
             .to_string(),
         file_bytes: bytes.len() as u64,
-        sha256: sha256_hex(bytes),
+        sha256,
         graph_sha256,
         weights_sha256,
         warnings,
-        missing_external_data: external.missing,
+        missing_external_data,
+    })
+}
+
+/// The default domain's op types, for the opset's warnings.
+fn default_domain_ops(graph: &GraphProto) -> BTreeSet<&str> {
+    // Consecutive nodes often share their op; comparing with the last one inserted spares most
+    // of a million-node graph's lookups in the set.
+    let mut ops = BTreeSet::new();
+    let mut last = None;
+    for node in &graph.node {
+        let op = node.op_type.as_str();
+        if last != Some(op) && (node.domain.is_empty() || node.domain == "ai.onnx") {
+            ops.insert(op);
+            last = Some(op);
+        }
+    }
+    ops
+}
+
+/// Runs `build` while another thread hashes the file's bytes; returns what `build` returned
+/// and the file's sha256. On the million-node stack of `benches/scale.sh` hashing the file
+/// took 0.25 s and building the graph 5.3 s (docs/benchmarks.md, "Limits at any size").
+/// Without a thread, the hash comes after. (The protobuf's digests stay on this thread: its messages
+/// cache their lengths in cells, which threads cannot share.)
+fn beside_file_hash<T>(bytes: &[u8], build: impl FnOnce() -> T) -> (T, String) {
+    let hash = || sha256_hex(bytes);
+    std::thread::scope(|scope| {
+        let hashing = std::thread::Builder::new()
+            .name("file-sha256".into())
+            .spawn_scoped(scope, hash);
+        let built = build();
+        let sha256 = match hashing {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => hash(),
+        };
+        (built, sha256)
     })
 }
 

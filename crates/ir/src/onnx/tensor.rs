@@ -52,7 +52,10 @@ impl DecodedTensor {
 pub struct ExternalFiles {
     base_dir: Option<PathBuf>,
     canonical_base: Option<PathBuf>,
-    lengths: HashMap<PathBuf, u64>,
+    /// Each file's length as first looked up, `None` for an absent one: the million-node stack
+    /// of `benches/scale.sh` names one absent file from 390,245 initializers, and asking the
+    /// filesystem again for each was 2% of its load's samples in `perf record`.
+    lengths: HashMap<PathBuf, Option<u64>>,
     /// References whose file does not exist: planning needs only their metadata (dtype and
     /// dims, from the protobuf), so they are collected for the caller to warn about or refuse.
     pub missing: Vec<MissingExternalData>,
@@ -68,6 +71,16 @@ impl ExternalFiles {
             lengths: HashMap::new(),
             missing: Vec::new(),
         }
+    }
+
+    /// Records the reference of `tensor` to the absent file at `path`; returns the path.
+    fn missing(&mut self, tensor: &str, location: &str, path: PathBuf) -> PathBuf {
+        self.missing.push(MissingExternalData {
+            tensor: tensor.to_string(),
+            location: location.to_string(),
+            path: path.clone(),
+        });
+        path
     }
 
     /// Checks that `location` stays inside the model's directory, exists, and is long enough.
@@ -103,18 +116,15 @@ impl ExternalFiles {
         })?;
         let path = base.join(relative);
         let file_len = match self.lengths.get(&path) {
-            Some(&len) => len,
+            Some(&Some(len)) => len,
+            Some(None) => return Ok(self.missing(tensor, location, path)),
             None => {
                 // Absent (no file and no dangling link at the path): recorded, never read. The
                 // checks above already refused a location outside the directory.
                 if let Err(e) = std::fs::symlink_metadata(&path) {
                     if e.kind() == std::io::ErrorKind::NotFound {
-                        self.missing.push(MissingExternalData {
-                            tensor: tensor.to_string(),
-                            location: location.to_string(),
-                            path: path.clone(),
-                        });
-                        return Ok(path);
+                        self.lengths.insert(path.clone(), None);
+                        return Ok(self.missing(tensor, location, path));
                     }
                 }
                 let meta = std::fs::metadata(&path)
@@ -133,7 +143,7 @@ impl ExternalFiles {
                 if !meta.is_file() {
                     return Err(fail(format!("'{}' is not a regular file", path.display())));
                 }
-                self.lengths.insert(path.clone(), meta.len());
+                self.lengths.insert(path.clone(), Some(meta.len()));
                 meta.len()
             }
         };
@@ -527,6 +537,24 @@ fn bf16_to_f64(bits: u16) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file found absent stays absent for the rest of the load (each of a million-node
+    /// model's 390,000 references once asked the filesystem), and every reference to it is
+    /// still recorded for the warning and for `require_external_data`.
+    #[test]
+    fn an_absent_file_is_looked_up_once_and_every_reference_recorded() {
+        let dir = std::env::temp_dir().join(format!("pipecut-absent-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut files = ExternalFiles::new(Some(dir.clone()));
+        let first = files.resolve("w0", "weights.bin", 0, 16).unwrap();
+        // Appearing later does not change the answer: the first lookup stands.
+        std::fs::write(&first, [0u8; 16]).unwrap();
+        let second = files.resolve("w1", "weights.bin", 16, 16).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(first, second);
+        let tensors: Vec<&str> = files.missing.iter().map(|m| m.tensor.as_str()).collect();
+        assert_eq!(tensors, ["w0", "w1"]);
+    }
 
     #[test]
     fn half_precision_bits_convert_as_the_half_crate_does() {
