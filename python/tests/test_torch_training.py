@@ -42,12 +42,11 @@ CASES = sorted(
 def train_job(tmp_path, nproc, args):
     """Runs train_equal.py under torchrun with ``nproc`` processes and returns its result.
 
-    torch's C++ runtime once aborted a rank of a job that passed when run again, 15 times of 15
-    (CI of 2026-12-06, the tp 2 Llama job with selective recomputation: "terminate called
-    without an active exception", SIGABRT). So a job whose rank libstdc++ terminated is run
-    once more, and the first attempt's stderr, with every thread's Python stack
-    (PYTHONFAULTHANDLER), goes to the session's summary. A Python error, a Rust panic or a
-    second abort fails the test.
+    torch 2.15's teardown sometimes aborts a rank of a finished tensor-parallel job ("terminate
+    called without an active exception", SIGABRT; docs/python.md). train_equal.py ends before
+    that teardown; should a rank still be terminated so, the job runs once more, and the first
+    attempt's stderr, with every thread's Python stack (PYTHONFAULTHANDLER), goes to the
+    session's summary. A Python error, a Rust panic or a second abort fails the test.
     """
     out = tmp_path / "result.json"
     command = [

@@ -12,7 +12,9 @@ largest parameter difference (relative to each tensor's scale) over every rank's
 import argparse
 import copy
 import json
+import os
 import re
+import sys
 
 import torch
 import torch.distributed as dist
@@ -251,3 +253,11 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # torch 2.15 on CPU (gloo, DTensor) sometimes aborts in the interpreter's finalisation after
+    # a finished job: "terminate called without an active exception", with no Python frame left
+    # on the main thread, after rank 0 had written the result (CI of 2026-12-06: 3 of 29 jobs;
+    # 1 of 20 here with the same wheels). Every check has run by now, so the job ends here
+    # rather than in that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
