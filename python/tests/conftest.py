@@ -30,5 +30,5 @@ def pytest_terminal_summary(terminalreporter):
     if RETRIED:
         terminalreporter.section("jobs retried after torch's runtime aborted a rank")
         for job, stderr in RETRIED:
-            terminalreporter.write_line(f"[{job}] passed on its second run; the first one's stderr:")
+            terminalreporter.write_line(f"[{job}] was run again (its test says how that ended); the first run's stderr:")
             terminalreporter.write_line(stderr)
