@@ -255,8 +255,8 @@ if __name__ == "__main__":
     main()
     # torch 2.15 on CPU (gloo, DTensor) sometimes aborts in the interpreter's finalisation after
     # a finished job: "terminate called without an active exception", with no Python frame left
-    # on the main thread, after rank 0 had written the result (CI of 2026-12-06: 3 of 29 jobs;
-    # 1 of 20 here with the same wheels). Every check has run by now, so the job ends here
+    # on the main thread, after rank 0 had written the result (one CI run of 2026-12-06: 3 aborts
+    # in 31 job runs; 1 of 20 runs here with the same wheels). Every check has run by now, so the job ends here
     # rather than in that teardown.
     sys.stdout.flush()
     sys.stderr.flush()
