@@ -32,6 +32,22 @@ fn run_ok(command: &mut Command) -> Output {
     out
 }
 
+/// `pipecut export PLAN MODEL --out-dir OUT`, which must succeed.
+fn export_stages(
+    plan: impl AsRef<std::ffi::OsStr>,
+    model: impl AsRef<std::ffi::OsStr>,
+    out: &Path,
+) {
+    run_ok(
+        pipecut()
+            .arg("export")
+            .arg(plan)
+            .arg(model)
+            .arg("--out-dir")
+            .arg(out),
+    );
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -381,13 +397,7 @@ fn ranks_loading_only_their_exported_stage_file_give_the_whole_model_outputs() {
         let step = step_microbatches(&plan);
         let model = common::fixture(name);
         let export = dir.path().join(format!("{name}-{stages}-stages"));
-        run_ok(
-            pipecut()
-                .arg("export")
-                .args([&plan, &model])
-                .arg("--out-dir")
-                .arg(&export),
-        );
+        export_stages(&plan, &model, &export);
         let seed = ["--seed".to_string(), "5".to_string()];
         let whole: Vec<String> = [plan.to_str().unwrap(), model.to_str().unwrap()]
             .map(String::from)
@@ -848,13 +858,7 @@ fn gpu_ranks_over_nccl_give_the_one_process_cuda_outputs_bit_for_bit() {
     // GPU ranks that load only their exported stage file, over NCCL.
     let (mut args, _) = cuda_job(dir.path(), "gpt2_tiny");
     let export = dir.path().join("gpt2_tiny-stages");
-    run_ok(
-        pipecut()
-            .arg("export")
-            .args([&args[0], &args[1]])
-            .arg("--out-dir")
-            .arg(&export),
-    );
+    export_stages(&args[0], &args[1], &export);
     args[1] = export.to_str().unwrap().into();
     let from_export = dir.path().join("gpt2_tiny-nccl-exported");
     args.extend(["--output-dir".into(), from_export.to_str().unwrap().into()]);
@@ -1669,13 +1673,7 @@ fn a_rank_whose_exported_stage_file_was_changed_is_refused_and_ends_the_job() {
     let dir = tempfile::tempdir().unwrap();
     let mut args = two_stage_job(dir.path(), 4, "120s");
     let export = dir.path().join("stages");
-    run_ok(
-        pipecut()
-            .arg("export")
-            .args(&args[..2])
-            .arg("--out-dir")
-            .arg(&export),
-    );
+    export_stages(&args[0], &args[1], &export);
     // Still a valid stage model, with the exported graph and weights: only its bytes differ.
     let stage_1 = export.join("stage_1.onnx");
     let mut model = ModelProto::parse_from_bytes(&std::fs::read(&stage_1).unwrap()).unwrap();
@@ -1808,13 +1806,7 @@ fn narrow_activations_cross_between_ranks_within_the_bound() {
                 .arg(&plan),
         );
         let export = dir.path().join(format!("{dtype}-export"));
-        run_ok(
-            pipecut()
-                .arg("export")
-                .args([&plan, &model])
-                .arg("--out-dir")
-                .arg(&export),
-        );
+        export_stages(&plan, &model, &export);
         let whole = [&plan, &model].map(|p| p.to_str().unwrap().to_string());
         let single = one_process_run(&whole, 1, &dir.path().join(format!("{dtype}-single")));
         for (from, file) in [("model", &model), ("export", &export)] {
