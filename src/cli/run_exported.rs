@@ -252,11 +252,6 @@ fn crossing(manifest: &Manifest, stage: usize) -> BTreeSet<String> {
 
 /// The dtypes the manifest gives what crosses between stages: every stage's inputs and outputs.
 fn crossing_dtypes(manifest: &Manifest) -> Vec<DType> {
-    let named = |name: &str| {
-        (0..64)
-            .filter_map(DType::from_onnx)
-            .find(|d| d.name() == name)
-    };
     manifest
         .stages
         .iter()
@@ -264,7 +259,7 @@ fn crossing_dtypes(manifest: &Manifest) -> Vec<DType> {
             let inputs = s.inputs.iter().map(|i| &i.tensor);
             inputs.chain(s.outputs.iter().map(|o| &o.tensor))
         })
-        .filter_map(|t| named(t.dtype.as_deref()?))
+        .filter_map(|t| DType::from_name(t.dtype.as_deref()?))
         .collect()
 }
 

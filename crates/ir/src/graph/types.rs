@@ -139,6 +139,13 @@ impl DType {
         )
     }
 
+    /// The dtype [`DType::name`] calls `name` (as plans and export manifests write it).
+    pub fn from_name(name: &str) -> Option<DType> {
+        (0..=26)
+            .filter_map(DType::from_onnx)
+            .find(|d| d.name() == name)
+    }
+
     /// The name used in plans and reports, numpy style (`float32`, `int64`, ...).
     pub fn name(self) -> &'static str {
         use DType::*;
@@ -364,6 +371,16 @@ pub fn format_shape(shape: &[Dim]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_dtype_is_found_by_its_name() {
+        let all: Vec<DType> = (0..64).filter_map(DType::from_onnx).collect();
+        assert_eq!(all.len(), 26);
+        for dtype in all {
+            assert_eq!(DType::from_name(dtype.name()), Some(dtype), "{dtype:?}");
+        }
+        assert_eq!(DType::from_name("float"), None);
+    }
 
     #[test]
     fn symbolic_products_divide_back() {

@@ -102,9 +102,7 @@ impl PlanValue {
 
     /// The element type.
     pub fn element_type(&self) -> Option<DType> {
-        (0..=30)
-            .filter_map(DType::from_onnx)
-            .find(|d| d.name() == self.dtype)
+        DType::from_name(&self.dtype)
     }
 
     /// Gives an empty value the element kind of its dtype: JSON's `[]` parses as integers
