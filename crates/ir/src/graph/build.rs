@@ -1,12 +1,13 @@
 //! Building a [`Graph`] by names, the way ONNX describes one: tensors are created when first
 //! mentioned and linked to their producer when the producing node or input is declared.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use petgraph::stable_graph::StableDiGraph;
 
 use super::{
-    validate, Attribute, DType, Graph, Node, NodeId, Param, Shape, Tensor, TensorId, TensorOrigin,
+    validate, Attribute, DType, Graph, NameMap, Node, NodeId, Param, Shape, Tensor, TensorId,
+    TensorOrigin,
 };
 use crate::graph::ConstValue;
 use crate::Error;
@@ -59,8 +60,8 @@ pub struct GraphBuilder {
     dag: StableDiGraph<Node, TensorId>,
     /// Tensors as named so far; `origin` is `None` until a producer is declared.
     tensors: Vec<(Tensor, Option<TensorOrigin>)>,
-    tensor_by_name: HashMap<String, TensorId>,
-    node_names: HashMap<String, NodeId>,
+    tensor_by_name: NameMap<TensorId>,
+    node_names: NameMap<NodeId>,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     opsets: BTreeMap<String, i64>,
@@ -72,8 +73,8 @@ impl GraphBuilder {
             name: name.into(),
             dag: StableDiGraph::new(),
             tensors: Vec::new(),
-            tensor_by_name: HashMap::new(),
-            node_names: HashMap::new(),
+            tensor_by_name: NameMap::default(),
+            node_names: NameMap::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
             opsets: BTreeMap::new(),
@@ -203,18 +204,30 @@ impl GraphBuilder {
     }
 
     /// Adds a node. Its input tensors may be produced by nodes added later.
-    pub fn node(&mut self, spec: NodeSpec) -> Result<NodeId, Error> {
+    pub fn node(&mut self, mut spec: NodeSpec) -> Result<NodeId, Error> {
+        let inputs = std::mem::take(&mut spec.inputs);
+        self.node_reading(spec, inputs)
+    }
+
+    /// [`GraphBuilder::node`] with the input names apart from the spec (whose `inputs` are
+    /// ignored): the loader lends them from the decoded model, since an input names a tensor
+    /// the builder mostly has already, and a copy of the name would only be freed again.
+    pub fn node_reading<S: AsRef<str> + Into<String>>(
+        &mut self,
+        spec: NodeSpec,
+        inputs: impl IntoIterator<Item = S>,
+    ) -> Result<NodeId, Error> {
         // The spec's strings move into the graph: copying them was an allocation and a free
         // per name, millions of each for a million-node model.
         let NodeSpec {
             name,
             op_type,
             domain,
-            inputs,
             outputs,
             attributes,
             captures,
             module_scope,
+            ..
         } = spec;
         if let Some(&existing) = self.node_names.get(&name) {
             return Err(Error::InvalidGraph(format!(
@@ -239,7 +252,7 @@ impl GraphBuilder {
         }));
         let inputs: Vec<Option<TensorId>> = inputs
             .into_iter()
-            .map(|n| (!n.is_empty()).then(|| self.intern(n)))
+            .map(|n| (!n.as_ref().is_empty()).then(|| self.intern(n)))
             .collect();
         let captures: Vec<TensorId> = captures.into_iter().map(|n| self.intern(n)).collect();
         let mut output_ids = Vec::with_capacity(outputs.len());
@@ -329,18 +342,15 @@ impl GraphBuilder {
             }
             resolved.push(tensor);
         }
+        // One buffer for every node's reads: a vector per node was a million allocations.
+        let mut read: Vec<TensorId> = Vec::new();
         for &consumer in &node_ids {
             let node = &dag[consumer.0];
-            let mut read: Vec<TensorId> = node
-                .inputs
-                .iter()
-                .flatten()
-                .chain(&node.captures)
-                .copied()
-                .collect();
+            read.clear();
+            read.extend(node.inputs.iter().flatten().chain(&node.captures));
             read.sort();
             read.dedup();
-            for tensor_id in read {
+            for &tensor_id in &read {
                 let tensor = &mut resolved[tensor_id.index()];
                 tensor.consumers.push(consumer);
                 if let TensorOrigin::Node { node: producer, .. } = tensor.origin {
@@ -393,6 +403,21 @@ mod tests {
         assert_eq!(names, ["relu", "neg"]);
         let y = g.tensor_id("y").unwrap();
         assert_eq!(g.tensor(y).consumers.len(), 1);
+    }
+
+    #[test]
+    fn lent_input_names_build_the_same_node() {
+        let mut b = Graph::builder("lent");
+        b.input("x", Some(DType::F32), Some(vec![])).unwrap();
+        let spec = NodeSpec::new("add", "Add", &["ignored"], &["y"]);
+        b.node_reading(spec, ["x", "", "x"]).unwrap();
+        b.output("y");
+        let g = b.build().unwrap();
+        let (_, add) = g.nodes().next().unwrap();
+        let x = g.tensor_id("x").unwrap();
+        assert_eq!(add.inputs, [Some(x), None, Some(x)]);
+        assert!(g.tensor_id("ignored").is_none());
+        assert_eq!(g.tensor(x).consumers.len(), 1);
     }
 
     #[test]

@@ -245,13 +245,19 @@ impl Tensor {
     }
 }
 
+/// Tensors or nodes by name. foldhash, not the standard SipHash: hashing the names was a tenth
+/// of loading a million-node model (docs/benchmarks.md, "Loading a million nodes, by phase").
+/// Its seed is random per process, as the standard hasher's is (foldhash's minimal resistance
+/// to names chosen to collide).
+pub(crate) type NameMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 /// The dataflow graph of a model.
 #[derive(Debug, Clone)]
 pub struct Graph {
     name: String,
     dag: StableDiGraph<Node, TensorId>,
     tensors: Vec<Tensor>,
-    tensor_by_name: HashMap<String, TensorId>,
+    tensor_by_name: NameMap<TensorId>,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     opsets: BTreeMap<String, i64>,

@@ -34,14 +34,17 @@ pub fn digests_in_place(graph: &mut GraphProto) -> (String, String) {
     (graph_sha256_in_place(graph), weights)
 }
 
-/// [`graph_sha256`] without a copy of the graph: the initializers are set aside for the
-/// encoding and put back, and the encoding streams into the hash (a copy and a buffer of the
+/// [`graph_sha256`] without a copy of the graph: the initializers' data fields are set aside
+/// for the encoding and put back ([`TensorProto::take_data`]), and the encoding streams into the hash (a copy and a buffer of the
 /// whole graph were a fifth of loading a 100k-node model).
 fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
     use sha2::{Digest, Sha256};
-    let initializers = std::mem::take(&mut graph.initializer);
+    let data: Vec<TensorProto> = graph
+        .initializer
+        .iter_mut()
+        .map(TensorProto::take_data)
+        .collect();
     let sparse = std::mem::take(&mut graph.sparse_initializer);
-    graph.initializer = initializers.iter().map(shape_only).collect();
     graph.sparse_initializer = sparse
         .iter()
         .map(|s| {
@@ -53,7 +56,9 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
         .collect();
     let mut hasher = Sha256::new();
     graph.encode_streaming(&mut |bytes| hasher.update(bytes));
-    graph.initializer = initializers;
+    for (initializer, data) in graph.initializer.iter_mut().zip(data) {
+        initializer.restore_data(data);
+    }
     graph.sparse_initializer = sparse;
     hex(&hasher.finalize())
 }
@@ -310,7 +315,7 @@ fn populate(
         }
         check_legacy_node(node, opsets.get("").copied())?;
         let spec = node_spec(node, index, opsets, external, builder)?;
-        builder.node(spec)?;
+        builder.node_reading(spec, node.input.iter().map(String::as_str))?;
     }
     for output in &proto.output {
         builder.output(&output.name);
@@ -485,7 +490,8 @@ fn node_spec(
         name,
         op_type: node.op_type.clone(),
         domain: node.domain.clone(),
-        inputs: node.input.clone(),
+        // Lent to the builder instead (`GraphBuilder::node_reading`).
+        inputs: Vec::new(),
         outputs: node.output.clone(),
         attributes,
         captures: captures.into_iter().collect(),

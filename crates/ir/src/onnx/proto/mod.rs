@@ -290,6 +290,26 @@ message!(
     }
 );
 
+impl TensorProto {
+    /// Moves every field out but the name, dtype and dims (what `graph_sha256` hashes of an
+    /// initializer), which stay; [`TensorProto::restore_data`] puts the rest back. Neither
+    /// allocates: a reduced copy per initializer was two strings and vectors each.
+    pub(crate) fn take_data(&mut self) -> TensorProto {
+        let mut data = std::mem::take(self);
+        self.name = std::mem::take(&mut data.name);
+        self.data_type = data.data_type;
+        self.dims = std::mem::take(&mut data.dims);
+        data
+    }
+
+    /// Undoes [`TensorProto::take_data`].
+    pub(crate) fn restore_data(&mut self, mut data: TensorProto) {
+        data.name = std::mem::take(&mut self.name);
+        data.dims = std::mem::take(&mut self.dims);
+        *self = data;
+    }
+}
+
 message!(
     /// `TensorProto.Segment`.
     Segment {

@@ -297,3 +297,29 @@ fn odd_encodings_re_encode_as_rust_protobuf_did() {
         }
     }
 }
+
+#[test]
+fn a_large_graph_reserves_its_node_list_once() {
+    // Over a mebibyte of nodes, with a name, an initializer and a skipped group among them:
+    // the count ahead steps over every other field, and the list is reserved exactly instead
+    // of doubled into (here 65,536 slots).
+    let nodes = 60_000;
+    let mut graph = Vec::new();
+    for i in 0..nodes {
+        let node = [field(3, format!("node_{i}").as_bytes()), field(4, b"Relu")].concat();
+        graph.extend(field(1, &node));
+        if i == 10 {
+            graph.extend(field(2, b"g"));
+            graph.extend(field(5, &field(8, b"w")));
+            graph.extend([0x9b, 0x06, 0x08, 0x01, 0x9c, 0x06]); // group 99
+        }
+    }
+    assert!(graph.len() > super::wire::RESERVE_AHEAD_BYTES);
+    let decoded = GraphProto::decode(&graph).unwrap();
+    assert_eq!(decoded.node.len(), nodes);
+    assert_eq!(decoded.node.capacity(), nodes);
+    assert_eq!(decoded.node[nodes - 1].name, format!("node_{}", nodes - 1));
+    assert_eq!(decoded.initializer.capacity(), 1);
+    let model = [vec![0x08, 0x08], field(7, &graph)].concat();
+    assert_eq!(compare(&model, "large graph"), Some(false));
+}

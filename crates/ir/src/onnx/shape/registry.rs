@@ -9,10 +9,11 @@ use super::context::{OpCtx, RuleResult};
 /// A shape rule.
 pub(crate) type Rule = fn(&OpCtx) -> RuleResult;
 
-/// Rules by (domain, op type); the default domain is `""`.
+/// Rules by (domain, op type); the default domain is `""`. Hashed with foldhash, as the graph's
+/// names are ([`crate::graph`]): one lookup per node.
 #[derive(Default)]
 pub(crate) struct Registry {
-    rules: HashMap<(&'static str, &'static str), Rule>,
+    rules: HashMap<(&'static str, &'static str), Rule, foldhash::fast::RandomState>,
 }
 
 impl Registry {
