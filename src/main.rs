@@ -30,11 +30,18 @@ fn main() -> ExitCode {
 /// time, more on the convolutional models). The cost: the process keeps its peak heap until
 /// it exits, which a run's own peak already needed. Buffers of 1 GiB and more are still mapped
 /// on their own, so a huge model's one-off tensors do go back.
+///
+/// Small freed blocks go back to the heap at once instead of into glibc's "fastbins" (the
+/// per-thread cache still keeps the last few of each size): a million-node model frees tens of
+/// millions of small strings, and consolidating the fastbins they filled was 6% of loading it
+/// and most of the time to free its decoded protobuf (docs/benchmarks.md, "Loading a million
+/// nodes, by phase").
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it runs before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_MXFAST, 0);
     }
 }
