@@ -33,9 +33,9 @@ fn main() -> ExitCode {
 ///
 /// Small freed blocks go back to the heap at once instead of into glibc's "fastbins" (the
 /// per-thread cache still keeps the last few of each size): a million-node model frees tens of
-/// millions of small strings, and consolidating the fastbins they filled was 6% of loading it
-/// and most of the time to free its decoded protobuf (docs/benchmarks.md, "Loading a million
-/// nodes, by phase").
+/// millions of small strings, and consolidating the fastbins they filled was 6% of the samples
+/// of a partition of it and most of the time to free its decoded protobuf (docs/benchmarks.md,
+/// "Loading a million nodes, by phase").
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets allocator parameters; it runs before any thread starts.
