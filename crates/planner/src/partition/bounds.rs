@@ -484,6 +484,31 @@ pub(crate) mod tests {
         p
     }
 
+    /// `p` with one flow per producer, read by all its successors, of the given sizes.
+    pub(crate) fn with_shared_flows(
+        mut p: PartitionProblem,
+        edges: &[(u32, u32)],
+        bytes: &[u64],
+    ) -> PartitionProblem {
+        let n = p.node_count() as u32;
+        let Some(template) = p.flows.first().cloned() else {
+            return p;
+        };
+        p.flows = (0..n)
+            .filter_map(|u| {
+                let consumers: smallvec::SmallVec<_> =
+                    edges.iter().filter(|e| e.0 == u).map(|e| e.1).collect();
+                (!consumers.is_empty()).then(|| Flow {
+                    producer: u,
+                    consumers,
+                    bytes: bytes[u as usize],
+                    ..template.clone()
+                })
+            })
+            .collect();
+        p
+    }
+
     /// [`dag`] in training under ZB-H1 with `microbatches` micro-batches, each node's weight
     /// gradient reading `weight_inputs` bytes: stages hold micro-batches past B, which makes
     /// the memory of every stage but the first the larger of two sums.

@@ -22,7 +22,14 @@
 //!   stage `s` can hold (bounds.rs's floors), node `v` needs its ancestors' fastest time
 //!   `≤ Σ_{j ≤ s} cap_j` to be on stage `s` and its descendants' `≤ Σ_{j ≥ s} cap_j`; nodes past
 //!   their latest stage must be in the prefix, nodes before their earliest must not;
-//! - *remaining work*: what is not yet placed must fit in the capacities of the stages left;
+//! - *receive floors by minimum cut*: stage `j` receives at least the cheapest open flows over
+//!   the ideals the windows allow at its boundary (cut_floors.rs); the floors narrow the windows,
+//!   which force more, for a few rounds;
+//! - *remaining work*: what is not yet placed must fit in the capacities of the stages left (in
+//!   fastest-kind time, in their own kinds, and for the nodes each window forces by each stage);
+//! - *look-ahead*: while a stage fills, each node left out is followed by the same tests for
+//!   the next stage, with what the stage can still take and what the next stage will surely
+//!   receive (docs/algorithms.md, "The ideal search");
 //! - *failed prefixes*: a prefix `(k, P_k)` from which the walk found nothing at bound `B`
 //!   finds nothing at any bound `≤ B` either; it is remembered with its bound (exactly, as its
 //!   bits between the first position it lacks and the last it holds).
@@ -50,7 +57,7 @@ pub const MAX_NODES: usize = 6_000;
 /// so later failures are simply not remembered (the search stays exact, only slower).
 const MAX_FAILED: usize = 4_000_000;
 
-/// Rounds of windows and forced receive floors (each only narrows the windows; two or three
+/// Rounds of windows and receive floors by minimum cut (each only narrows the windows; two or three
 /// usually settle them).
 const FLOOR_ROUNDS: usize = 4;
 
@@ -160,6 +167,13 @@ struct Shape {
     /// Per stage `s`, an index into `descendants_on_kinds`: the same over stages `s..K`.
     suffix_kinds: Vec<usize>,
     descendants_on_kinds: Vec<Vec<f64>>,
+    /// Per entry of `suffix_kinds`, each node's time at the fastest kind of those stages, and
+    /// the sum over all nodes.
+    suffix_secs: Vec<Vec<f64>>,
+    suffix_total: Vec<f64>,
+    /// Per stage `k < K − 1`, the most a node's time on stages `k + 1..K` (their fastest kind)
+    /// exceeds its time on stage `k`, as a factor.
+    next_suffix_ratio: Vec<f64>,
     total_fastest: f64,
     /// The last stage's compute of every node, and of the whole graph.
     total_last_secs: f64,
@@ -222,7 +236,19 @@ impl Shape {
         let mut ancestor_weights = vec![fastest.clone()];
         ancestor_weights.extend(prefix_weights);
         let mut descendant_weights = vec![fastest.clone()];
-        descendant_weights.extend(suffix_weights);
+        descendant_weights.extend(suffix_weights.iter().cloned());
+        let next_suffix_ratio = (0..k - 1)
+            .map(|s| {
+                let later = &suffix_weights[suffix_kinds[s + 1]];
+                (0..n)
+                    .map(|v| match (later[v], problem.node_secs(s, v)) {
+                        (l, _) if l <= 0.0 => 0.0,
+                        (l, t) if t > 0.0 => l / t,
+                        _ => f64::INFINITY,
+                    })
+                    .fold(0.0, f64::max)
+            })
+            .collect();
         let (mut ancestors_on_kinds, mut descendants_on_kinds) =
             closure_secs(&preds, &ancestor_weights, &descendant_weights);
         let ancestors_secs = ancestors_on_kinds.remove(0);
@@ -252,6 +278,9 @@ impl Shape {
             ancestors_on_kinds,
             suffix_kinds,
             descendants_on_kinds,
+            suffix_total: suffix_weights.iter().map(|w| w.iter().sum()).collect(),
+            suffix_secs: suffix_weights,
+            next_suffix_ratio,
         }
     }
 }
@@ -322,12 +351,13 @@ enum Outcome {
 }
 
 /// The prefix's figures [`Search::leave`] restores by copy.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Saved {
     first_missing: usize,
     last_held: usize,
     prefix_fastest: f64,
     prefix_last_secs: f64,
+    prefix_suffix_secs: smallvec::SmallVec<[f64; 4]>,
 }
 
 /// The stage being filled: what it has so far, and what its prefix `P_k` fixed.
@@ -356,6 +386,17 @@ struct Search<'a> {
     region_end: Vec<usize>,
     /// Fastest-kind compute stages `k..K` can hold within the bound, per `k`.
     capacity_from: Vec<f64>,
+    /// Time stages `k..K` have for compute within the bound after their floors, per `k`.
+    room_from: Vec<f64>,
+    /// Fastest-kind compute each stage can hold within the bound after its floor.
+    capacity: Vec<f64>,
+    /// Per stage `k`, per stage `j`: the fastest-kind time of the nodes past `k`'s region
+    /// (never in a prefix while stage `k` is filled) whose latest stage is `j`.
+    beyond_region_by_latest: Vec<Vec<f64>>,
+    /// Each stage's receive floor at the bound (forward and, in training, gradient).
+    floor: Vec<f64>,
+    /// Per boundary `j`, the least forward receive of stage `j` (cut_floors.rs).
+    boundary_floor: Vec<f64>,
     /// Whether the windows at the bound leave any plan at all.
     windows_feasible: bool,
     // The prefix: every node placed so far (stages up to the one being filled).
@@ -367,15 +408,22 @@ struct Search<'a> {
     prefix_nodes: usize,
     prefix_fastest: f64,
     prefix_last_secs: f64,
+    /// The prefix's time in each of `Shape::suffix_secs`.
+    prefix_suffix_secs: smallvec::SmallVec<[f64; 4]>,
     prefix_activation: u64,
     prefix_weight_inputs: u64,
     readers_in: Vec<u32>,
     open_messages: usize,
     open_bytes: u64,
+    /// The open flows (made in the prefix, some reader outside), and each flow's index in it.
+    open_flows: Vec<u32>,
+    open_slot: Vec<u32>,
     param_readers_in: Vec<u32>,
     closed_param_bytes: u64,
     stage_param_readers: Vec<Vec<u32>>,
     failed: HashMap<Vec<u64>, f64>,
+    /// Scratch for [`Self::may_still_hold_enough`]: whether each position could still join.
+    joinable: Vec<bool>,
     work: u64,
     work_limit: Option<u64>,
     deadline: Instant,
@@ -399,6 +447,11 @@ impl<'a> Search<'a> {
             latest: vec![k - 1; n],
             region_end: vec![n; k],
             capacity_from: vec![0.0; k + 1],
+            room_from: vec![0.0; k + 1],
+            capacity: vec![0.0; k],
+            beyond_region_by_latest: vec![vec![0.0; k]; k],
+            floor: vec![0.0; k],
+            boundary_floor: vec![0.0; k],
             windows_feasible: true,
             in_prefix: vec![false; n],
             bits: vec![0; n.div_ceil(64)],
@@ -408,15 +461,19 @@ impl<'a> Search<'a> {
             prefix_nodes: 0,
             prefix_fastest: 0.0,
             prefix_last_secs: 0.0,
+            prefix_suffix_secs: smallvec::smallvec![0.0; shape.suffix_secs.len()],
             prefix_activation: 0,
             prefix_weight_inputs: 0,
             readers_in: vec![0; problem.flows().len()],
             open_messages: 0,
             open_bytes: 0,
+            open_flows: Vec::new(),
+            open_slot: vec![u32::MAX; problem.flows().len()],
             param_readers_in: vec![0; problem.params().len()],
             closed_param_bytes: 0,
             stage_param_readers: vec![vec![0; problem.params().len()]; k],
             failed: HashMap::new(),
+            joinable: vec![false; n],
             work: 0,
             work_limit,
             deadline,
@@ -427,22 +484,22 @@ impl<'a> Search<'a> {
     }
 
     /// Lowers the bound and recomputes the windows for it: first from the floors of
-    /// bounds.rs, then again from the flows the windows force across each boundary (a flow whose
-    /// producer's latest stage is before `j` and some reader's earliest stage is `j` or later is
-    /// received by stage `j` in every plan within the bound), until the floors stop rising.
+    /// bounds.rs, then again from the least each boundary can cost within the windows (the
+    /// cheapest ideal they allow there, cut_floors.rs), until the floors stop rising.
     fn set_bound(&mut self, bound: f64) {
         self.bound = bound;
+        self.boundary_floor.fill(0.0);
         let mut floor = self.shape.receive_floor.clone();
         for _ in 0..FLOOR_ROUNDS {
             self.set_windows(&floor);
             if !self.windows_feasible {
                 return;
             }
-            let forced = self.forced_receive_secs();
+            let raised = self.cut_receive_floors();
             let mut rose = false;
-            for (f, forced) in floor.iter_mut().zip(forced) {
-                if forced > *f {
-                    *f = forced;
+            for (f, raised) in floor.iter_mut().zip(raised) {
+                if raised > *f {
+                    *f = raised;
                     rose = true;
                 }
             }
@@ -461,6 +518,7 @@ impl<'a> Search<'a> {
             .map(|s| (self.bound - floor[s]).max(0.0) / self.shape.slowdown[s])
             .collect();
         let room: Vec<f64> = (0..k).map(|s| (self.bound - floor[s]).max(0.0)).collect();
+        self.floor = floor.to_vec();
         let (mut before, mut room_before) = (vec![0.0; k], vec![0.0; k]);
         let (mut sum, mut room_sum) = (0.0, 0.0);
         for s in 0..k {
@@ -470,11 +528,12 @@ impl<'a> Search<'a> {
             room_before[s] = room_sum * (1.0 + WINDOW_SLACK);
         }
         self.capacity_from = vec![0.0; k + 1];
-        let mut room_from = vec![0.0; k + 1];
+        self.room_from = vec![0.0; k + 1];
         for s in (0..k).rev() {
             self.capacity_from[s] = self.capacity_from[s + 1] + capacity[s];
-            room_from[s] = room_from[s + 1] + room[s];
+            self.room_from[s] = self.room_from[s + 1] + room[s];
         }
+        let room_from = self.room_from.clone();
         let shape = self.shape;
         self.windows_feasible = true;
         self.region_end = vec![0; k];
@@ -502,36 +561,38 @@ impl<'a> Search<'a> {
         for s in 1..k {
             self.region_end[s] = self.region_end[s].max(self.region_end[s - 1]);
         }
-    }
-
-    /// Per stage, the receive time (and in training the gradient receive) of the flows every
-    /// plan within the windows sends across its boundaries.
-    fn forced_receive_secs(&self) -> Vec<f64> {
-        let k = self.problem.stage_count();
-        let mut messages = vec![0usize; k];
-        let mut bytes = vec![0u64; k];
-        for flow in self.problem.flows() {
-            let made_by = self.latest[flow.producer as usize];
-            let read_from = flow
-                .consumers
-                .iter()
-                .map(|&c| self.earliest[c as usize])
-                .max()
-                .unwrap_or(0);
-            for j in made_by + 1..=read_from {
-                messages[j] += 1;
-                bytes[j] += flow.bytes;
+        self.capacity = capacity;
+        for stage in 0..k {
+            let sums = &mut self.beyond_region_by_latest[stage];
+            sums.fill(0.0);
+            for v in self.region_end[stage]..n {
+                sums[self.latest[v]] += shape.fastest[v];
             }
         }
-        let receive = |j: usize| self.problem.receive_secs(j, messages[j], bytes[j]);
+    }
+
+    /// Per stage, the least receive time (and in training gradient receive) of every plan within
+    /// the windows: at each boundary the cheapest ideal the windows allow (cut_floors.rs).
+    /// Also raises [`Self::boundary_floor`] to the cuts found.
+    fn cut_receive_floors(&mut self) -> Vec<f64> {
+        let k = self.problem.stage_count();
+        let cuts = super::cut_floors::boundary_floors(
+            self.problem,
+            &self.earliest,
+            &self.latest,
+            self.deadline,
+        );
+        for (kept, cut) in self.boundary_floor.iter_mut().zip(&cuts) {
+            *kept = kept.max(*cut);
+        }
         (0..k)
             .map(|j| {
                 let gradient = if self.training() && j + 1 < k {
-                    receive(j + 1)
+                    cuts[j + 1]
                 } else {
                     0.0
                 };
-                receive(j) + gradient
+                cuts[j] + gradient
             })
             .collect()
     }
@@ -584,11 +645,7 @@ impl<'a> Search<'a> {
         let receive_secs = self
             .problem
             .receive_secs(stage, self.open_messages, self.open_bytes);
-        // What is left must fit in this stage after what it receives, and in the stages after.
-        let remaining = self.shape.total_fastest - self.prefix_fastest;
-        let room = (self.bound - receive_secs).max(0.0) / self.shape.slowdown[stage]
-            + self.capacity_from[stage + 1];
-        if remaining > room * (1.0 + WINDOW_SLACK) {
+        if !self.rest_fits(stage, receive_secs) {
             return Outcome::Exhausted;
         }
         let key = self.key(stage);
@@ -649,10 +706,156 @@ impl<'a> Search<'a> {
                 return outcome;
             }
         }
-        if self.latest[v] <= stage {
+        if self.latest[v] <= stage || !self.may_still_hold_enough(&fill, v + 1) {
             return Outcome::Exhausted;
         }
         self.extend(fill, v + 1)
+    }
+
+    /// Whether what is left fits stage `stage` after what it receives, and the stages after it:
+    /// in fastest-kind time against the capacities, in the later stages' own kinds against
+    /// their room, and stage by stage for the nodes each window forces by then.
+    fn rest_fits(&self, stage: usize, receive_secs: f64) -> bool {
+        let room = (self.bound - receive_secs).max(0.0);
+        let capacity = room / self.shape.slowdown[stage];
+        let remaining = self.shape.total_fastest - self.prefix_fastest;
+        remaining <= (capacity + self.capacity_from[stage + 1]) * (1.0 + WINDOW_SLACK)
+            && self.remaining_on_kinds(stage)
+                <= (room + self.room_from[stage + 1]) * (1.0 + WINDOW_SLACK)
+            && self.latest_groups_fit(stage, capacity, stage, self.first_missing, |_| false)
+    }
+
+    /// Whether the stage, deciding positions from `from` on, can still end so that the stages
+    /// after it hold the rest. Two things are known before the stage closes:
+    /// - what it may still add: at most the time of the undecided nodes of its region that
+    ///   could still join (see [`Self::mark_joinable`]), and at most its room left;
+    /// - what the next stage will surely receive: every open flow with a reader that can no
+    ///   longer join. In training this stage receives those flows' gradients too.
+    ///
+    /// Leaving a node out keeps its descendants out, so after a few such choices the stage can
+    /// no longer end well, and the walk stops there instead of enumerating every smaller ideal,
+    /// each rejected only when the next stage begins.
+    fn may_still_hold_enough(&mut self, fill: &StageFill, from: usize) -> bool {
+        let (problem, shape) = (self.problem, self.shape);
+        let (stage, next) = (fill.stage, fill.stage + 1);
+        let next_kinds = shape.suffix_kinds[next];
+        let (joinable_fastest, joinable_on_kinds) = self.mark_joinable(fill, from, next_kinds);
+        let (messages, bytes) = self.surely_open(fill, from);
+        let next_receive = problem.receive_secs(next, messages, bytes);
+        let gradient = if self.training() { next_receive } else { 0.0 };
+        let room = self.bound - fill.receive_secs - fill.compute_secs - gradient;
+        if room < 0.0 {
+            // Already too slow with the gradients it will surely receive.
+            return false;
+        }
+        // The next stage with what it surely receives in place of its floor.
+        let next_gradient_floor = if self.training() && next + 1 < problem.stage_count() {
+            self.boundary_floor[next + 1]
+        } else {
+            0.0
+        };
+        let next_room =
+            (self.bound - self.floor[next].max(next_receive + next_gradient_floor)).max(0.0);
+        let next_capacity = next_room / shape.slowdown[next];
+        // In fastest-kind time, then in the later stages' own kinds (exact where they share
+        // one, as four L4s after four A100s do, where slowed-down fastest time is loose).
+        let may_add = joinable_fastest.min(room / shape.slowdown[stage]);
+        let remaining = shape.total_fastest - self.prefix_fastest;
+        let may_add_on_kinds = joinable_on_kinds.min(room * shape.next_suffix_ratio[stage]);
+        remaining - may_add <= (next_capacity + self.capacity_from[next + 1]) * (1.0 + WINDOW_SLACK)
+            && self.remaining_on_kinds(next) - may_add_on_kinds
+                <= (next_room + self.room_from[next + 1]) * (1.0 + WINDOW_SLACK)
+            && self.latest_groups_fit(next, next_capacity, stage, from, |u| self.joinable[u])
+    }
+
+    /// Marks in `self.joinable` the positions from `from` to the stage's region end that could
+    /// still join it (not placed, in their window, every predecessor placed or itself able to
+    /// join); returns their time on the fastest kind and in `Shape::suffix_secs[kinds]`.
+    fn mark_joinable(&mut self, fill: &StageFill, from: usize, kinds: usize) -> (f64, f64) {
+        let shape = self.shape;
+        let (mut fastest, mut on_kinds) = (0.0, 0.0);
+        for u in from..fill.end {
+            let joinable = !self.in_prefix[u]
+                && self.earliest[u] <= fill.stage
+                && shape.preds[u].iter().all(|&p| {
+                    let p = p as usize;
+                    self.in_prefix[p] || (p >= from && self.joinable[p])
+                });
+            self.joinable[u] = joinable;
+            if joinable {
+                fastest += shape.fastest[u];
+                on_kinds += shape.suffix_secs[kinds][u];
+            }
+        }
+        (fastest, on_kinds)
+    }
+
+    /// The messages and bytes of the open flows that stay open whatever the stage still takes:
+    /// some reader is outside the prefix and cannot join (left out before `from`, past the
+    /// region, or not joinable as [`Self::mark_joinable`] found).
+    fn surely_open(&self, fill: &StageFill, from: usize) -> (usize, u64) {
+        let flows = self.problem.flows();
+        self.open_flows
+            .iter()
+            .map(|&f| &flows[f as usize])
+            .filter(|flow| {
+                flow.consumers.iter().any(|&r| {
+                    let r = r as usize;
+                    !self.in_prefix[r] && (r < from || r >= fill.end || !self.joinable[r])
+                })
+            })
+            .fold((0, 0), |(messages, bytes), flow| {
+                (messages + 1, bytes + flow.bytes)
+            })
+    }
+
+    /// Whether the nodes left for stages `first..K` fit the stages their windows allow: the
+    /// nodes whose latest stage is `j` or earlier all go on stages up to `j`, so for every `j`
+    /// their fastest-kind time must fit in `first_capacity` (stage `first`'s) plus the
+    /// capacities of stages `first + 1..=j`. The nodes left are those outside the prefix at
+    /// positions from `from` on, without the ones `skip` accepts (they may still join the stage
+    /// being filled), and every node past the region `end` of stage `first − 1` or `first`.
+    fn latest_groups_fit(
+        &self,
+        first: usize,
+        first_capacity: f64,
+        region_of: usize,
+        from: usize,
+        skip: impl Fn(usize) -> bool,
+    ) -> bool {
+        let k = self.problem.stage_count();
+        let mut pending: smallvec::SmallVec<[f64; 16]> = self.beyond_region_by_latest[region_of]
+            .iter()
+            .copied()
+            .collect();
+        let end = self.region_end[region_of];
+        for u in self.first_missing.min(from)..end {
+            if !self.in_prefix[u] && (u < from || !skip(u)) {
+                pending[self.latest[u]] += self.shape.fastest[u];
+            }
+        }
+        let (mut need, mut room) = (0.0, 0.0);
+        for j in 0..k {
+            need += pending[j];
+            if j >= first {
+                room += if j == first {
+                    first_capacity
+                } else {
+                    self.capacity[j]
+                };
+                if need > room * (1.0 + WINDOW_SLACK) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The time of the nodes not in the prefix, each at the fastest device kind of stages
+    /// `stage..K`.
+    fn remaining_on_kinds(&self, stage: usize) -> f64 {
+        let kinds = self.shape.suffix_kinds[stage];
+        self.shape.suffix_total[kinds] - self.prefix_suffix_secs[kinds]
     }
 
     /// Whether `v` may join stage `stage` now: within its window, all its predecessors placed,
@@ -714,12 +917,16 @@ impl<'a> Search<'a> {
         self.stage_of[v] = stage as u32;
         self.prefix_nodes += 1;
         self.prefix_fastest += shape.fastest[v];
+        for (sum, secs) in self.prefix_suffix_secs.iter_mut().zip(&shape.suffix_secs) {
+            *sum += secs[v];
+        }
         self.prefix_last_secs += problem.node_secs(problem.stage_count() - 1, v);
         self.prefix_activation += problem.activation_bytes(v);
         self.prefix_weight_inputs += problem.weight_input_bytes(v);
         for &f in &shape.flows_out[v] {
             self.open_messages += 1;
             self.open_bytes += problem.flows()[f as usize].bytes;
+            self.open(f);
         }
         for &f in &shape.flows_in[v] {
             let flow = &problem.flows()[f as usize];
@@ -727,6 +934,7 @@ impl<'a> Search<'a> {
             if self.readers_in[f as usize] as usize == flow.consumers.len() {
                 self.open_messages -= 1;
                 self.open_bytes -= flow.bytes;
+                self.close(f);
             }
         }
         for &p in &problem.node_params[v] {
@@ -743,6 +951,20 @@ impl<'a> Search<'a> {
         self.last_held = self.last_held.max(v);
     }
 
+    fn open(&mut self, flow: u32) {
+        self.open_slot[flow as usize] = self.open_flows.len() as u32;
+        self.open_flows.push(flow);
+    }
+
+    fn close(&mut self, flow: u32) {
+        let slot = self.open_slot[flow as usize] as usize;
+        self.open_flows.swap_remove(slot);
+        if let Some(&moved) = self.open_flows.get(slot) {
+            self.open_slot[moved as usize] = slot as u32;
+        }
+        self.open_slot[flow as usize] = u32::MAX;
+    }
+
     /// What [`Self::leave`] restores as it was rather than by subtraction (times would drift).
     fn saved(&self) -> Saved {
         Saved {
@@ -750,6 +972,7 @@ impl<'a> Search<'a> {
             last_held: self.last_held,
             prefix_fastest: self.prefix_fastest,
             prefix_last_secs: self.prefix_last_secs,
+            prefix_suffix_secs: self.prefix_suffix_secs.clone(),
         }
     }
 
@@ -762,18 +985,21 @@ impl<'a> Search<'a> {
         self.first_missing = saved.first_missing;
         self.last_held = saved.last_held;
         self.prefix_fastest = saved.prefix_fastest;
+        self.prefix_suffix_secs = saved.prefix_suffix_secs;
         self.prefix_last_secs = saved.prefix_last_secs;
         self.prefix_activation -= problem.activation_bytes(v);
         self.prefix_weight_inputs -= problem.weight_input_bytes(v);
         for &f in &self.shape.flows_out[v] {
             self.open_messages -= 1;
             self.open_bytes -= problem.flows()[f as usize].bytes;
+            self.close(f);
         }
         for &f in &self.shape.flows_in[v] {
             let flow = &problem.flows()[f as usize];
             if self.readers_in[f as usize] as usize == flow.consumers.len() {
                 self.open_messages += 1;
                 self.open_bytes += flow.bytes;
+                self.open(f);
             }
             self.readers_in[f as usize] -= 1;
         }
@@ -975,6 +1201,7 @@ mod tests {
             training in proptest::prelude::any::<bool>(),
             mixed in proptest::prelude::any::<bool>(),
             slowdown in proptest::collection::vec(0.5f64..3.0, 8),
+            shared_flows in proptest::prelude::any::<bool>(),
         ) {
             proptest::prop_assume!(stages <= n);
             let edges = crate::partition::bounds::tests::edges_from_bits(n, &edge_bits);
@@ -1001,8 +1228,14 @@ mod tests {
                     }
                 }
             }
-            for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
-                flow.bytes = b;
+            if shared_flows {
+                // One tensor per producer, read by all its successors: one message however
+                // many of them are on later stages.
+                p = crate::partition::bounds::tests::with_shared_flows(p, &edges, &bytes);
+            } else {
+                for (flow, &b) in p.flows.iter_mut().zip(&bytes) {
+                    flow.bytes = b;
+                }
             }
             let start = p.contiguous_assignment(&(0..stages).collect::<Vec<_>>());
             let run = solve(&p, &start, far(), None);

@@ -20,6 +20,7 @@ pub mod baselines;
 pub mod bounds;
 pub mod coarsen;
 pub mod constraints;
+pub(crate) mod cut_floors;
 pub mod dp;
 pub mod engine;
 pub mod ideal_search;
