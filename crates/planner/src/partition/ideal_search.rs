@@ -358,6 +358,18 @@ struct Saved {
     prefix_fastest: f64,
     prefix_last_secs: f64,
     prefix_suffix_secs: smallvec::SmallVec<[f64; 4]>,
+    prefix_by_latest: PerStage,
+}
+
+/// A figure per stage, inline up to 16 stages.
+type PerStage = smallvec::SmallVec<[f64; 16]>;
+
+/// What [`Search::mark_joinable`] found could still join the stage being filled: its time on
+/// the fastest kind, on the later stages' kinds, and on the fastest kind by latest stage.
+struct Joinable {
+    fastest: f64,
+    on_kinds: f64,
+    by_latest: PerStage,
 }
 
 /// The stage being filled: what it has so far, and what its prefix `P_k` fixed.
@@ -390,9 +402,8 @@ struct Search<'a> {
     room_from: Vec<f64>,
     /// Fastest-kind compute each stage can hold within the bound after its floor.
     capacity: Vec<f64>,
-    /// Per stage `k`, per stage `j`: the fastest-kind time of the nodes past `k`'s region
-    /// (never in a prefix while stage `k` is filled) whose latest stage is `j`.
-    beyond_region_by_latest: Vec<Vec<f64>>,
+    /// Per stage `j`, the fastest-kind time of the nodes whose latest stage is `j`.
+    total_by_latest: Vec<f64>,
     /// Each stage's receive floor at the bound (forward and, in training, gradient).
     floor: Vec<f64>,
     /// Per boundary `j`, the least forward receive of stage `j` (cut_floors.rs).
@@ -410,6 +421,9 @@ struct Search<'a> {
     prefix_last_secs: f64,
     /// The prefix's time in each of `Shape::suffix_secs`.
     prefix_suffix_secs: smallvec::SmallVec<[f64; 4]>,
+    /// The prefix's fastest-kind time by latest stage (as the windows were when its nodes were
+    /// placed: a new bound restarts the walk from the empty prefix).
+    prefix_by_latest: PerStage,
     prefix_activation: u64,
     prefix_weight_inputs: u64,
     readers_in: Vec<u32>,
@@ -449,7 +463,7 @@ impl<'a> Search<'a> {
             capacity_from: vec![0.0; k + 1],
             room_from: vec![0.0; k + 1],
             capacity: vec![0.0; k],
-            beyond_region_by_latest: vec![vec![0.0; k]; k],
+            total_by_latest: vec![0.0; k],
             floor: vec![0.0; k],
             boundary_floor: vec![0.0; k],
             windows_feasible: true,
@@ -462,6 +476,7 @@ impl<'a> Search<'a> {
             prefix_fastest: 0.0,
             prefix_last_secs: 0.0,
             prefix_suffix_secs: smallvec::smallvec![0.0; shape.suffix_secs.len()],
+            prefix_by_latest: smallvec::smallvec![0.0; k],
             prefix_activation: 0,
             prefix_weight_inputs: 0,
             readers_in: vec![0; problem.flows().len()],
@@ -562,12 +577,9 @@ impl<'a> Search<'a> {
             self.region_end[s] = self.region_end[s].max(self.region_end[s - 1]);
         }
         self.capacity = capacity;
-        for stage in 0..k {
-            let sums = &mut self.beyond_region_by_latest[stage];
-            sums.fill(0.0);
-            for v in self.region_end[stage]..n {
-                sums[self.latest[v]] += shape.fastest[v];
-            }
+        self.total_by_latest.fill(0.0);
+        for v in 0..n {
+            self.total_by_latest[self.latest[v]] += shape.fastest[v];
         }
     }
 
@@ -722,7 +734,7 @@ impl<'a> Search<'a> {
         remaining <= (capacity + self.capacity_from[stage + 1]) * (1.0 + WINDOW_SLACK)
             && self.remaining_on_kinds(stage)
                 <= (room + self.room_from[stage + 1]) * (1.0 + WINDOW_SLACK)
-            && self.latest_groups_fit(stage, capacity, stage, self.first_missing, |_| false)
+            && self.latest_groups_fit(stage, capacity, &[])
     }
 
     /// Whether the stage, deciding positions from `from` on, can still end so that the stages
@@ -739,7 +751,7 @@ impl<'a> Search<'a> {
         let (problem, shape) = (self.problem, self.shape);
         let (stage, next) = (fill.stage, fill.stage + 1);
         let next_kinds = shape.suffix_kinds[next];
-        let (joinable_fastest, joinable_on_kinds) = self.mark_joinable(fill, from, next_kinds);
+        let joinable = self.mark_joinable(fill, from, next_kinds);
         let (messages, bytes) = self.surely_open(fill, from);
         let next_receive = problem.receive_secs(next, messages, bytes);
         let gradient = if self.training() { next_receive } else { 0.0 };
@@ -759,21 +771,25 @@ impl<'a> Search<'a> {
         let next_capacity = next_room / shape.slowdown[next];
         // In fastest-kind time, then in the later stages' own kinds (exact where they share
         // one, as four L4s after four A100s do, where slowed-down fastest time is loose).
-        let may_add = joinable_fastest.min(room / shape.slowdown[stage]);
+        let may_add = joinable.fastest.min(room / shape.slowdown[stage]);
         let remaining = shape.total_fastest - self.prefix_fastest;
-        let may_add_on_kinds = joinable_on_kinds.min(room * shape.next_suffix_ratio[stage]);
+        let may_add_on_kinds = joinable.on_kinds.min(room * shape.next_suffix_ratio[stage]);
         remaining - may_add <= (next_capacity + self.capacity_from[next + 1]) * (1.0 + WINDOW_SLACK)
             && self.remaining_on_kinds(next) - may_add_on_kinds
                 <= (next_room + self.room_from[next + 1]) * (1.0 + WINDOW_SLACK)
-            && self.latest_groups_fit(next, next_capacity, stage, from, |u| self.joinable[u])
+            && self.latest_groups_fit(next, next_capacity, &joinable.by_latest)
     }
 
     /// Marks in `self.joinable` the positions from `from` to the stage's region end that could
     /// still join it (not placed, in their window, every predecessor placed or itself able to
-    /// join); returns their time on the fastest kind and in `Shape::suffix_secs[kinds]`.
-    fn mark_joinable(&mut self, fill: &StageFill, from: usize, kinds: usize) -> (f64, f64) {
+    /// join), and sums their times (`kinds` indexes `Shape::suffix_secs`).
+    fn mark_joinable(&mut self, fill: &StageFill, from: usize, kinds: usize) -> Joinable {
         let shape = self.shape;
-        let (mut fastest, mut on_kinds) = (0.0, 0.0);
+        let mut sums = Joinable {
+            fastest: 0.0,
+            on_kinds: 0.0,
+            by_latest: smallvec::smallvec![0.0; self.problem.stage_count()],
+        };
         for u in from..fill.end {
             let joinable = !self.in_prefix[u]
                 && self.earliest[u] <= fill.stage
@@ -783,11 +799,12 @@ impl<'a> Search<'a> {
                 });
             self.joinable[u] = joinable;
             if joinable {
-                fastest += shape.fastest[u];
-                on_kinds += shape.suffix_secs[kinds][u];
+                sums.fastest += shape.fastest[u];
+                sums.on_kinds += shape.suffix_secs[kinds][u];
+                sums.by_latest[self.latest[u]] += shape.fastest[u];
             }
         }
-        (fastest, on_kinds)
+        sums
     }
 
     /// The messages and bytes of the open flows that stay open whatever the stage still takes:
@@ -812,31 +829,16 @@ impl<'a> Search<'a> {
     /// Whether the nodes left for stages `first..K` fit the stages their windows allow: the
     /// nodes whose latest stage is `j` or earlier all go on stages up to `j`, so for every `j`
     /// their fastest-kind time must fit in `first_capacity` (stage `first`'s) plus the
-    /// capacities of stages `first + 1..=j`. The nodes left are those outside the prefix at
-    /// positions from `from` on, without the ones `skip` accepts (they may still join the stage
-    /// being filled), and every node past the region `end` of stage `first − 1` or `first`.
-    fn latest_groups_fit(
-        &self,
-        first: usize,
-        first_capacity: f64,
-        region_of: usize,
-        from: usize,
-        skip: impl Fn(usize) -> bool,
-    ) -> bool {
+    /// capacities of stages `first + 1..=j`. The nodes left are those outside the prefix less
+    /// `joinable` (by latest stage: they may still join the stage being filled; empty for none).
+    fn latest_groups_fit(&self, first: usize, first_capacity: f64, joinable: &[f64]) -> bool {
         let k = self.problem.stage_count();
-        let mut pending: smallvec::SmallVec<[f64; 16]> = self.beyond_region_by_latest[region_of]
-            .iter()
-            .copied()
-            .collect();
-        let end = self.region_end[region_of];
-        for u in self.first_missing.min(from)..end {
-            if !self.in_prefix[u] && (u < from || !skip(u)) {
-                pending[self.latest[u]] += self.shape.fastest[u];
-            }
-        }
+        let pending = |j: usize| {
+            self.total_by_latest[j] - self.prefix_by_latest[j] - joinable.get(j).unwrap_or(&0.0)
+        };
         let (mut need, mut room) = (0.0, 0.0);
         for j in 0..k {
-            need += pending[j];
+            need += pending(j);
             if j >= first {
                 room += if j == first {
                     first_capacity
@@ -920,6 +922,7 @@ impl<'a> Search<'a> {
         for (sum, secs) in self.prefix_suffix_secs.iter_mut().zip(&shape.suffix_secs) {
             *sum += secs[v];
         }
+        self.prefix_by_latest[self.latest[v]] += shape.fastest[v];
         self.prefix_last_secs += problem.node_secs(problem.stage_count() - 1, v);
         self.prefix_activation += problem.activation_bytes(v);
         self.prefix_weight_inputs += problem.weight_input_bytes(v);
@@ -973,6 +976,7 @@ impl<'a> Search<'a> {
             prefix_fastest: self.prefix_fastest,
             prefix_last_secs: self.prefix_last_secs,
             prefix_suffix_secs: self.prefix_suffix_secs.clone(),
+            prefix_by_latest: self.prefix_by_latest.clone(),
         }
     }
 
@@ -986,6 +990,7 @@ impl<'a> Search<'a> {
         self.last_held = saved.last_held;
         self.prefix_fastest = saved.prefix_fastest;
         self.prefix_suffix_secs = saved.prefix_suffix_secs;
+        self.prefix_by_latest = saved.prefix_by_latest;
         self.prefix_last_secs = saved.prefix_last_secs;
         self.prefix_activation -= problem.activation_bytes(v);
         self.prefix_weight_inputs -= problem.weight_input_bytes(v);
