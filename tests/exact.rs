@@ -195,21 +195,11 @@ fn the_ideal_search_proves_ppocr_det_on_a_mixed_cluster_at_eight_stages() {
     };
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
-    let pipecut = |args: &[&std::ffi::OsStr]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let (model, plan_arg) = (model.to_str().unwrap(), plan.to_str().unwrap());
     for mode in ["inference", "training"] {
-        let mut args: Vec<&std::ffi::OsStr> = vec!["partition".as_ref(), model.as_os_str()];
-        for arg in [
+        let (code, stdout, stderr) = common::pipecut_cli(&[
+            "partition",
+            model,
             "--dim",
             "p2o.DynamicDimension.0=1",
             "--dim",
@@ -225,15 +215,14 @@ fn the_ideal_search_proves_ppocr_det_on_a_mixed_cluster_at_eight_stages() {
             "--work-budget",
             "3000000",
             "--out",
-        ] {
-            args.push(arg.as_ref());
-        }
-        args.push(plan.as_os_str());
-        let stdout = pipecut(&args);
+            plan_arg,
+        ]);
+        assert_eq!(code, 0, "{mode}: {stderr}");
         assert!(stdout.contains(": proven optimal"), "{mode}: {stdout}");
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
         assert_eq!(json["summary"]["proof"]["method"], "search", "{mode}");
-        pipecut(&["check".as_ref(), plan.as_os_str(), model.as_os_str()]);
+        let (code, _, stderr) = common::pipecut_cli(&["check", plan_arg, model]);
+        assert_eq!(code, 0, "{mode}: {stderr}");
     }
 }
