@@ -136,6 +136,15 @@ pub fn real_models() -> Vec<(String, PathBuf)> {
     present
 }
 
+/// The path of the real model `name` in the fetched cache; `None` (with the skip recorded by
+/// [`real_models`], which says why) when it is absent.
+pub fn real_model(name: &str) -> Option<PathBuf> {
+    real_models()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, path)| path)
+}
+
 /// The reference written by `fixtures/reference_shapes.py` from `onnx.shape_inference`.
 pub struct Reference {
     pub dims: Vec<(String, u64)>,

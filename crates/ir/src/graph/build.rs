@@ -212,7 +212,7 @@ impl GraphBuilder {
     /// [`GraphBuilder::node`] with the input names apart from the spec (whose `inputs` are
     /// ignored): the loader lends them from the decoded model, since an input names a tensor
     /// the builder mostly has already, and a copy of the name would only be freed again.
-    pub fn node_reading<S: AsRef<str> + Into<String>>(
+    pub(crate) fn node_reading<S: AsRef<str> + Into<String>>(
         &mut self,
         spec: NodeSpec,
         inputs: impl IntoIterator<Item = S>,

@@ -34,9 +34,10 @@ pub fn digests_in_place(graph: &mut GraphProto) -> (String, String) {
     (graph_sha256_in_place(graph), weights)
 }
 
-/// [`graph_sha256`] without a copy of the graph: the initializers' data fields are set aside
-/// for the encoding and put back ([`TensorProto::take_data`]), and the encoding streams into the hash (a copy and a buffer of the
-/// whole graph were a fifth of loading a 100k-node model).
+/// [`graph_sha256`] without a copy of the graph: the initializers' data fields (and a sparse
+/// initializer's indices) are set aside for the encoding and put back
+/// ([`TensorProto::take_data`]), and the encoding streams into the hash (a copy and a buffer of
+/// the whole graph were a fifth of loading a 100k-node model).
 fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
     use sha2::{Digest, Sha256};
     let data: Vec<TensorProto> = graph
@@ -44,14 +45,14 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
         .iter_mut()
         .map(TensorProto::take_data)
         .collect();
-    let sparse = std::mem::take(&mut graph.sparse_initializer);
-    graph.sparse_initializer = sparse
-        .iter()
+    let sparse_data: Vec<_> = graph
+        .sparse_initializer
+        .iter_mut()
         .map(|s| {
-            let mut shape = s.clone();
-            shape.values = s.values.as_deref().map(|v| Box::new(shape_only(v)));
-            shape.indices = None;
-            shape
+            (
+                s.values.as_deref_mut().map(TensorProto::take_data),
+                s.indices.take(),
+            )
         })
         .collect();
     let mut hasher = Sha256::new();
@@ -59,17 +60,13 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
     for (initializer, data) in graph.initializer.iter_mut().zip(data) {
         initializer.restore_data(data);
     }
-    graph.sparse_initializer = sparse;
+    for (sparse, (values, indices)) in graph.sparse_initializer.iter_mut().zip(sparse_data) {
+        if let (Some(kept), Some(values)) = (sparse.values.as_deref_mut(), values) {
+            kept.restore_data(values);
+        }
+        sparse.indices = indices;
+    }
     hex(&hasher.finalize())
-}
-
-/// An initializer reduced to the facts planning reads: name, dtype, dims.
-fn shape_only(tensor: &TensorProto) -> TensorProto {
-    let mut shape = TensorProto::new();
-    shape.name = tensor.name.clone();
-    shape.data_type = tensor.data_type;
-    shape.dims = tensor.dims.clone();
-    shape
 }
 
 /// sha256 over the initializers, in file order: each one's `TensorProto` encoding (name, dtype,

@@ -57,8 +57,8 @@ pub const MAX_NODES: usize = 6_000;
 /// so later failures are simply not remembered (the search stays exact, only slower).
 const MAX_FAILED: usize = 4_000_000;
 
-/// Rounds of windows and receive floors by minimum cut (each only narrows the windows; two or three
-/// usually settle them).
+/// Rounds of windows and receive floors by minimum cut (each only narrows the windows; two or
+/// three usually settle them).
 const FLOOR_ROUNDS: usize = 4;
 
 /// Work units between two reads of the clock.
@@ -427,10 +427,10 @@ struct Search<'a> {
     prefix_activation: u64,
     prefix_weight_inputs: u64,
     readers_in: Vec<u32>,
-    open_messages: usize,
-    open_bytes: u64,
-    /// The open flows (made in the prefix, some reader outside), and each flow's index in it.
+    /// The open flows (made in the prefix, some reader outside: each a message), their bytes,
+    /// and each flow's index in the list.
     open_flows: Vec<u32>,
+    open_bytes: u64,
     open_slot: Vec<u32>,
     param_readers_in: Vec<u32>,
     closed_param_bytes: u64,
@@ -480,9 +480,8 @@ impl<'a> Search<'a> {
             prefix_activation: 0,
             prefix_weight_inputs: 0,
             readers_in: vec![0; problem.flows().len()],
-            open_messages: 0,
-            open_bytes: 0,
             open_flows: Vec::new(),
+            open_bytes: 0,
             open_slot: vec![u32::MAX; problem.flows().len()],
             param_readers_in: vec![0; problem.params().len()],
             closed_param_bytes: 0,
@@ -656,7 +655,7 @@ impl<'a> Search<'a> {
         }
         let receive_secs = self
             .problem
-            .receive_secs(stage, self.open_messages, self.open_bytes);
+            .receive_secs(stage, self.open_flows.len(), self.open_bytes);
         if !self.rest_fits(stage, receive_secs) {
             return Outcome::Exhausted;
         }
@@ -725,16 +724,12 @@ impl<'a> Search<'a> {
     }
 
     /// Whether what is left fits stage `stage` after what it receives, and the stages after it:
-    /// in fastest-kind time against the capacities, in the later stages' own kinds against
-    /// their room, and stage by stage for the nodes each window forces by then.
+    /// in the later stages' own kinds against their room, and stage by stage in fastest-kind
+    /// time for the nodes each window forces by then (whose last group is everything left).
     fn rest_fits(&self, stage: usize, receive_secs: f64) -> bool {
         let room = (self.bound - receive_secs).max(0.0);
-        let capacity = room / self.shape.slowdown[stage];
-        let remaining = self.shape.total_fastest - self.prefix_fastest;
-        remaining <= (capacity + self.capacity_from[stage + 1]) * (1.0 + WINDOW_SLACK)
-            && self.remaining_on_kinds(stage)
-                <= (room + self.room_from[stage + 1]) * (1.0 + WINDOW_SLACK)
-            && self.latest_groups_fit(stage, capacity, &[])
+        self.remaining_on_kinds(stage) <= (room + self.room_from[stage + 1]) * (1.0 + WINDOW_SLACK)
+            && self.latest_groups_fit(stage, room / self.shape.slowdown[stage], &[])
     }
 
     /// Whether the stage, deciding positions from `from` on, can still end so that the stages
@@ -927,7 +922,6 @@ impl<'a> Search<'a> {
         self.prefix_activation += problem.activation_bytes(v);
         self.prefix_weight_inputs += problem.weight_input_bytes(v);
         for &f in &shape.flows_out[v] {
-            self.open_messages += 1;
             self.open_bytes += problem.flows()[f as usize].bytes;
             self.open(f);
         }
@@ -935,7 +929,6 @@ impl<'a> Search<'a> {
             let flow = &problem.flows()[f as usize];
             self.readers_in[f as usize] += 1;
             if self.readers_in[f as usize] as usize == flow.consumers.len() {
-                self.open_messages -= 1;
                 self.open_bytes -= flow.bytes;
                 self.close(f);
             }
@@ -995,14 +988,12 @@ impl<'a> Search<'a> {
         self.prefix_activation -= problem.activation_bytes(v);
         self.prefix_weight_inputs -= problem.weight_input_bytes(v);
         for &f in &self.shape.flows_out[v] {
-            self.open_messages -= 1;
             self.open_bytes -= problem.flows()[f as usize].bytes;
             self.close(f);
         }
         for &f in &self.shape.flows_in[v] {
             let flow = &problem.flows()[f as usize];
             if self.readers_in[f as usize] as usize == flow.consumers.len() {
-                self.open_messages += 1;
                 self.open_bytes += flow.bytes;
                 self.open(f);
             }
@@ -1027,7 +1018,7 @@ impl<'a> Search<'a> {
         let stage = fill.stage;
         let gradient_secs = if self.training() {
             self.problem
-                .receive_secs(stage + 1, self.open_messages, self.open_bytes)
+                .receive_secs(stage + 1, self.open_flows.len(), self.open_bytes)
         } else {
             0.0
         };
@@ -1052,7 +1043,7 @@ impl<'a> Search<'a> {
         if self.prefix_nodes == n {
             return Outcome::Exhausted;
         }
-        let receive_secs = problem.receive_secs(stage, self.open_messages, self.open_bytes);
+        let receive_secs = problem.receive_secs(stage, self.open_flows.len(), self.open_bytes);
         let compute_secs = shape.total_last_secs - self.prefix_last_secs;
         if compute_secs + receive_secs > self.bound {
             return Outcome::Exhausted;
