@@ -245,7 +245,7 @@ impl Tensor {
     }
 }
 
-/// Tensors or nodes by name. foldhash, not the standard SipHash: hashing the names was a tenth
+/// Tensors or nodes by name. foldhash, not the standard SipHash: SipHash was 2% of the samples
 /// of loading a million-node model (docs/benchmarks.md, "Loading a million nodes, by phase").
 /// Its seed is random per process, as the standard hasher's is (foldhash's minimal resistance
 /// to names chosen to collide).
