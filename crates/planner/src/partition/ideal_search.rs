@@ -152,6 +152,8 @@ const STACK_BYTES_PER_NODE: usize = 2048;
 /// What the search needs of the graph, computed once.
 struct Shape {
     preds: Vec<Vec<u32>>,
+    /// Each node's distinct successors (the nodes whose `preds` list it).
+    succs: Vec<Vec<u32>>,
     flows_out: Vec<Vec<u32>>,
     flows_in: Vec<Vec<u32>>,
     /// Producers of the pinned tensors each node reads: they must be on an earlier stage.
@@ -210,6 +212,12 @@ impl Shape {
             list.sort_unstable();
             list.dedup();
         }
+        let mut succs = vec![Vec::new(); n];
+        for (v, list) in preds.iter().enumerate() {
+            for &p in list {
+                succs[p as usize].push(v as u32);
+            }
+        }
         let fastest = super::bounds::fastest_secs(problem);
         // The fastest time over the device kinds of each run of stages that starts at the first
         // stage (prefixes) or ends at the last (suffixes), once per distinct set of kinds.
@@ -250,7 +258,7 @@ impl Shape {
             })
             .collect();
         let (mut ancestors_on_kinds, mut descendants_on_kinds) =
-            closure_secs(&preds, &ancestor_weights, &descendant_weights);
+            closure_secs(&preds, &succs, &ancestor_weights, &descendant_weights);
         let ancestors_secs = ancestors_on_kinds.remove(0);
         let descendants_secs = descendants_on_kinds.remove(0);
         Shape {
@@ -267,6 +275,7 @@ impl Shape {
             receive_floor: super::bounds::least_receive_secs(problem),
             slowdown: super::bounds::least_slowdowns(problem, &fastest, &fastest),
             preds,
+            succs,
             flows_out,
             flows_in,
             pinned_producers,
@@ -293,17 +302,12 @@ impl Shape {
 /// O(n²/64 + E·n/64 + n²·w/64) time for `w` weight vectors, O(n²/64) memory.
 fn closure_secs(
     preds: &[Vec<u32>],
+    succs: &[Vec<u32>],
     ancestor_weights: &[Vec<f64>],
     descendant_weights: &[Vec<f64>],
 ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let n = preds.len();
     let words = n.div_ceil(64);
-    let mut succs = vec![Vec::new(); n];
-    for (v, ps) in preds.iter().enumerate() {
-        for &p in ps {
-            succs[p as usize].push(v as u32);
-        }
-    }
     let sum_over = |linked: &[Vec<u32>], forward: bool, weights: &[Vec<f64>]| -> Vec<Vec<f64>> {
         let mut sets = vec![0u64; n * words];
         let positions: Box<dyn Iterator<Item = usize>> = if forward {
@@ -338,7 +342,7 @@ fn closure_secs(
     };
     (
         sum_over(preds, true, ancestor_weights),
-        sum_over(&succs, false, descendant_weights),
+        sum_over(succs, false, descendant_weights),
     )
 }
 
@@ -358,7 +362,9 @@ struct Saved {
     prefix_fastest: f64,
     prefix_last_secs: f64,
     prefix_suffix_secs: smallvec::SmallVec<[f64; 4]>,
-    prefix_by_latest: PerStage,
+    /// The one entry of `prefix_by_latest` that placing a node changes (its latest stage then:
+    /// a bound found deeper moves the windows before the walk comes back), and its value.
+    latest_entry: (usize, f64),
 }
 
 /// A figure per stage, inline up to 16 stages.
@@ -412,6 +418,9 @@ struct Search<'a> {
     windows_feasible: bool,
     // The prefix: every node placed so far (stages up to the one being filled).
     in_prefix: Vec<bool>,
+    /// Per node, how many of its predecessors are in the prefix ([`Self::may_join`] compares
+    /// it with their number instead of reading them all at every position the walk passes).
+    preds_in: Vec<u32>,
     bits: Vec<u64>,
     stage_of: Vec<u32>,
     first_missing: usize,
@@ -435,7 +444,8 @@ struct Search<'a> {
     param_readers_in: Vec<u32>,
     closed_param_bytes: u64,
     stage_param_readers: Vec<Vec<u32>>,
-    failed: HashMap<Vec<u64>, f64>,
+    /// foldhash, not SipHash: hashing the keys was 2% of the search's samples.
+    failed: HashMap<Vec<u64>, f64, foldhash::fast::FixedState>,
     /// Scratch for [`Self::may_still_hold_enough`]: whether each position could still join.
     joinable: Vec<bool>,
     work: u64,
@@ -468,6 +478,7 @@ impl<'a> Search<'a> {
             boundary_floor: vec![0.0; k],
             windows_feasible: true,
             in_prefix: vec![false; n],
+            preds_in: vec![0; n],
             bits: vec![0; n.div_ceil(64)],
             stage_of: vec![0; n],
             first_missing: 0,
@@ -486,7 +497,7 @@ impl<'a> Search<'a> {
             param_readers_in: vec![0; problem.params().len()],
             closed_param_bytes: 0,
             stage_param_readers: vec![vec![0; problem.params().len()]; k],
-            failed: HashMap::new(),
+            failed: HashMap::default(),
             joinable: vec![false; n],
             work: 0,
             work_limit,
@@ -709,7 +720,7 @@ impl<'a> Search<'a> {
             }
             position += 1;
         };
-        let saved = self.saved();
+        let saved = self.saved(v);
         if let Some(joined) = self.join(&fill, v) {
             let outcome = self.extend(joined, v + 1);
             self.leave(v, stage, saved);
@@ -859,9 +870,7 @@ impl<'a> Search<'a> {
     /// and every pinned tensor it reads made on an earlier stage.
     fn may_join(&self, v: usize, stage: usize) -> bool {
         self.earliest[v] <= stage
-            && self.shape.preds[v]
-                .iter()
-                .all(|&p| self.in_prefix[p as usize])
+            && self.preds_in[v] as usize == self.shape.preds[v].len()
             && self.shape.pinned_producers[v]
                 .iter()
                 .all(|&p| (self.stage_of[p as usize] as usize) < stage)
@@ -910,6 +919,9 @@ impl<'a> Search<'a> {
     fn place(&mut self, v: usize, stage: usize) {
         let (problem, shape) = (self.problem, self.shape);
         self.in_prefix[v] = true;
+        for &s in &shape.succs[v] {
+            self.preds_in[s as usize] += 1;
+        }
         self.bits[v / 64] |= 1 << (v % 64);
         self.stage_of[v] = stage as u32;
         self.prefix_nodes += 1;
@@ -962,14 +974,14 @@ impl<'a> Search<'a> {
     }
 
     /// What [`Self::leave`] restores as it was rather than by subtraction (times would drift).
-    fn saved(&self) -> Saved {
+    fn saved(&self, v: usize) -> Saved {
         Saved {
             first_missing: self.first_missing,
             last_held: self.last_held,
             prefix_fastest: self.prefix_fastest,
             prefix_last_secs: self.prefix_last_secs,
             prefix_suffix_secs: self.prefix_suffix_secs.clone(),
-            prefix_by_latest: self.prefix_by_latest.clone(),
+            latest_entry: (self.latest[v], self.prefix_by_latest[self.latest[v]]),
         }
     }
 
@@ -977,13 +989,17 @@ impl<'a> Search<'a> {
     fn leave(&mut self, v: usize, stage: usize, saved: Saved) {
         let problem = self.problem;
         self.in_prefix[v] = false;
+        for &s in &self.shape.succs[v] {
+            self.preds_in[s as usize] -= 1;
+        }
         self.bits[v / 64] &= !(1 << (v % 64));
         self.prefix_nodes -= 1;
         self.first_missing = saved.first_missing;
         self.last_held = saved.last_held;
         self.prefix_fastest = saved.prefix_fastest;
         self.prefix_suffix_secs = saved.prefix_suffix_secs;
-        self.prefix_by_latest = saved.prefix_by_latest;
+        let (latest, sum) = saved.latest_entry;
+        self.prefix_by_latest[latest] = sum;
         self.prefix_last_secs = saved.prefix_last_secs;
         self.prefix_activation -= problem.activation_bytes(v);
         self.prefix_weight_inputs -= problem.weight_input_bytes(v);
