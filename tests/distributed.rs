@@ -56,6 +56,23 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A `MASTER_PORT` for torchrun whose next port is free too: under torchrun rank 0 listens on
+/// the port after it (crates/distributed/src/launch.rs). Both are taken below Linux's
+/// ephemeral range (32768 on), where neither `free_port` nor the local end of a connection made
+/// meanwhile by a test beside this one can land: with `free_port` alone, that next port was
+/// once already in use in a CI run (2026-12-07).
+fn free_port_pair() -> u16 {
+    let start = 20_000 + (std::process::id() % 6_000) as u16 * 2;
+    (0..6_000u16)
+        .map(|i| 20_000 + (start - 20_000 + 2 * i) % 12_000)
+        .find(|&port| {
+            let first = TcpListener::bind(("127.0.0.1", port));
+            let second = TcpListener::bind(("127.0.0.1", port + 1));
+            first.is_ok() && second.is_ok()
+        })
+        .expect("two free consecutive ports between 20000 and 32000")
+}
+
 /// The fixture's dims other than the batch, as `--dim` arguments.
 fn dims_without_batch(name: &str) -> Vec<String> {
     common::fixture_reference(name)
@@ -1484,7 +1501,7 @@ fn the_documented_torchrun_command_runs_the_job_with_either_rendezvous() {
     let dir = tempfile::tempdir().unwrap();
     let args = small_job(dir.path(), 8, "60s", &dir.path().join("unused"));
     let single = one_process_run(&args[..2], 8, &dir.path().join("single"));
-    let static_port = free_port().to_string();
+    let static_port = free_port_pair().to_string();
     let endpoint = format!("127.0.0.1:{}", free_port());
     let rendezvous: [&[&str]; 2] = [
         &["--master-addr", "127.0.0.1", "--master-port", &static_port],
