@@ -62,9 +62,10 @@ fn free_port() -> u16 {
 /// meanwhile by a test beside this one can land: with `free_port` alone, that next port was
 /// once already in use in a CI run (2026-12-07).
 fn free_port_pair() -> u16 {
-    let start = 20_000 + (std::process::id() % 6_000) as u16 * 2;
+    // Each test process starts at its own even port, so that two at once rarely meet.
+    let offset = (std::process::id() % 6_000) as u16 * 2;
     (0..6_000u16)
-        .map(|i| 20_000 + (start - 20_000 + 2 * i) % 12_000)
+        .map(|i| 20_000 + (offset + 2 * i) % 12_000)
         .find(|&port| {
             let first = TcpListener::bind(("127.0.0.1", port));
             let second = TcpListener::bind(("127.0.0.1", port + 1));

@@ -1322,7 +1322,7 @@ const UNLIMITED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// instances of `benches/exact_k8.sh` at 10 s: at 0.7, PP-OCRv4's recogniser on the mixed
 /// cluster in training is proven by the search (it needs about 5 s), and the instances the MILP
 /// proves after the search (PP-OCR's classifier on the mixed cluster, the recogniser on H100s,
-/// both in training) still are, in the 2.5 s left to it (docs/benchmarks.md, "Exactness").
+/// both in training) still are, in the 3 s left to it (docs/benchmarks.md, "Exactness").
 const IDEAL_SEARCH_SHARE: f64 = 0.7;
 
 /// The status of a plan the MILP would have improved on, had the time left let it begin.
