@@ -56,20 +56,23 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A `MASTER_PORT` for torchrun whose next port is free too: under torchrun rank 0 listens on
-/// the port after it (crates/distributed/src/launch.rs). Both are taken below Linux's
-/// ephemeral range (32768 on), where neither `free_port` nor the local end of a connection made
-/// meanwhile by a test beside this one can land: with `free_port` alone, that next port was
-/// once already in use in a CI run (2026-12-07).
-fn free_port_pair() -> u16 {
+/// A `MASTER_PORT` for torchrun whose next port is free too, the next one held by the
+/// listener given: under torchrun rank 0 listens on a port the system picks and publishes it
+/// in the agent's store (crates/distributed/src/launch.rs), where it once took the port after
+/// `MASTER_PORT`, which a CI run (2026-12-07) found already in use. Both are taken below
+/// Linux's ephemeral range (32768 on), where neither `free_port` nor the local end of a
+/// connection made meanwhile by a test beside this one can land, so torchrun's agent finds
+/// `MASTER_PORT` still free.
+fn free_port_and_the_next_held() -> (u16, TcpListener) {
     // Each test process starts at its own even port, so that two at once rarely meet.
     let offset = (std::process::id() % 6_000) as u16 * 2;
     (0..6_000u16)
         .map(|i| 20_000 + (offset + 2 * i) % 12_000)
-        .find(|&port| {
-            let first = TcpListener::bind(("127.0.0.1", port));
-            let second = TcpListener::bind(("127.0.0.1", port + 1));
-            first.is_ok() && second.is_ok()
+        .find_map(|port| {
+            let first = TcpListener::bind(("127.0.0.1", port)).ok()?;
+            let next = TcpListener::bind(("127.0.0.1", port + 1)).ok()?;
+            drop(first);
+            Some((port, next))
         })
         .expect("two free consecutive ports between 20000 and 32000")
 }
@@ -1502,7 +1505,8 @@ fn the_documented_torchrun_command_runs_the_job_with_either_rendezvous() {
     let dir = tempfile::tempdir().unwrap();
     let args = small_job(dir.path(), 8, "60s", &dir.path().join("unused"));
     let single = one_process_run(&args[..2], 8, &dir.path().join("single"));
-    let static_port = free_port_pair().to_string();
+    let (static_port, _next_port_taken) = free_port_and_the_next_held();
+    let static_port = static_port.to_string();
     let endpoint = format!("127.0.0.1:{}", free_port());
     let rendezvous: [&[&str]; 2] = [
         &["--master-addr", "127.0.0.1", "--master-port", &static_port],
@@ -1683,6 +1687,77 @@ fn a_rank_failing_while_it_loads_ends_every_rank_at_once_naming_it() {
         );
         std::fs::write(dir.path().join(copy).join(lost), held).unwrap();
     }
+}
+
+/// A torch `TCPStore` served the way torchrun's agent serves it, in a Python process of the
+/// repository's `.venv-python` (the one torchrun comes from); gives the process and its port.
+fn torch_store() -> Option<(Child, u16)> {
+    let python = torchrun()?.with_file_name("python");
+    let serve = "import sys, torch.distributed as d\n\
+                 s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n\
+                 print(s.port, flush=True)\n\
+                 sys.stdin.read()\n";
+    // It serves until its stdin closes: when the test ends, however it ends.
+    let mut child = Command::new(python)
+        .args(["-c", serve])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python starts");
+    let mut line = String::new();
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let port = line.trim().parse().expect("the store prints its port");
+    Some((child, port))
+}
+
+#[test]
+fn through_torchruns_store_ranks_meet_and_a_rank_failing_while_it_loads_is_named() {
+    let Some((mut store, port)) = torch_store() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, args) = job_with_weight_files(dir.path(), "120s");
+    let agent = |attempt: usize| {
+        vec![
+            (
+                "TORCHELASTIC_USE_AGENT_STORE".to_string(),
+                "True".to_string(),
+            ),
+            ("TORCHELASTIC_RUN_ID".into(), "store-test".into()),
+            ("TORCHELASTIC_RESTART_COUNT".into(), attempt.to_string()),
+        ]
+    };
+    let start = |attempt: usize| {
+        let mut ranks = start_ranks_at(port, 2, &[0], &args[0], &agent(attempt));
+        ranks.extend(start_ranks_at(port, 2, &[1], &args[1], &agent(attempt)));
+        ranks
+    };
+    let single = one_process_run(&args[0][..2], 4, &dir.path().join("single"));
+    let ended = wait_all(start(0), Duration::from_secs(120));
+    for (rank, out) in &ended {
+        assert!(out.status.success(), "rank {rank}: {}", stderr(out));
+    }
+    assert_same_outputs(
+        &single,
+        &dir.path().join("out"),
+        "ranks met through the store",
+    );
+    // Rank 0 fails before it listens for the job: it still publishes where it tells why.
+    let model = dir.path().join("a").join("model.onnx");
+    let lost = &weight_files_only_of_stage(&model, &plan, 0)[0];
+    std::fs::remove_file(dir.path().join("a").join(lost)).unwrap();
+    let began = Instant::now();
+    let said = all_fail_within(start(1), began, Duration::from_secs(20));
+    assert!(
+        said[1].contains("rank 0 failed before it joined the job")
+            && said[1].contains(lost.as_str()),
+        "rank 1: {}",
+        said[1]
+    );
+    drop(store.stdin.take());
+    assert!(store.wait().unwrap().success());
 }
 
 #[test]

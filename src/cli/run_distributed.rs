@@ -19,7 +19,7 @@ use crate::runtime::distributed::{
     collectives::{SharedTransport, TransportGroup},
     metrics, run_rank,
     tcp::{TcpJob, TcpTransport},
-    Launch, Place, RankFigures, RankJob, RankLayout, SharedFigures, Transport,
+    Launch, Place, RankFigures, RankJob, RankLayout, Rendezvous, SharedFigures, Transport,
 };
 use crate::runtime::tensor_parallel::{as_member, whole_rank_spec, RankShardExecutor};
 use crate::runtime::{CpuExecutor, Executor, StageSpec, Tensors, Weights};
@@ -418,7 +418,11 @@ fn job_key(
 ) -> anyhow::Result<JobKey> {
     let plan_bytes = std::fs::read(plan_file)
         .with_context(|| format!("cannot read '{}'", plan_file.display()))?;
-    let rendezvous = launch.master.clone().unwrap_or_default();
+    let rendezvous = launch
+        .rendezvous
+        .as_ref()
+        .map(Rendezvous::name)
+        .unwrap_or_default();
     let graph = plan
         .model
         .graph_sha256
@@ -460,7 +464,7 @@ pub fn report_failures_before_joining(
     }
     let by_mpi = args.transport == TransportKind::Mpi
         || (args.transport == TransportKind::Auto && cfg!(feature = "mpi") && launch.by_mpi);
-    let (Some(master), false, false) = (&launch.master, joining.get(), by_mpi) else {
+    let (Some(rendezvous), false, false) = (&launch.rendezvous, joining.get(), by_mpi) else {
         return outcome;
     };
     // The model's digest is not compared with a failed rank's: it may not have one.
@@ -472,7 +476,7 @@ pub fn report_failures_before_joining(
             peer_timeout: args.peer_timeout,
         };
         let cause = super::one_line(error);
-        let _ = TcpTransport::report_failure(launch.rank, launch.world, master, job, &cause);
+        let _ = TcpTransport::report_failure(launch.rank, launch.world, rendezvous, job, &cause);
     }
     outcome
 }
@@ -566,7 +570,7 @@ fn connect(
     if kind == TransportKind::Mpi {
         return mpi_transport(launch);
     }
-    let Some(master) = &launch.master else {
+    let Some(rendezvous) = &launch.rendezvous else {
         bail!(
             "--transport {} needs MASTER_ADDR and MASTER_PORT (torchrun sets them; under {} \
              export them, e.g. the first node's address and a free port)",
@@ -582,12 +586,12 @@ fn connect(
         let Some(gpu) = gpu else {
             bail!("--transport nccl moves tensors between GPUs: it needs --backend cuda");
         };
-        return nccl_transport(launch, master, gpu, tcp);
+        return nccl_transport(launch, rendezvous, gpu, tcp);
     }
     Ok(Box::new(TcpTransport::join(
         launch.rank,
         launch.world,
-        master,
+        rendezvous,
         tcp,
     )?))
 }
@@ -595,7 +599,7 @@ fn connect(
 #[cfg(feature = "cuda")]
 fn nccl_transport(
     launch: &Launch,
-    master: &str,
+    rendezvous: &Rendezvous,
     gpu: usize,
     tcp: TcpJob,
 ) -> anyhow::Result<Box<dyn Transport>> {
@@ -603,7 +607,7 @@ fn nccl_transport(
     Ok(Box::new(NcclTransport::join(
         launch.rank,
         launch.world,
-        master,
+        rendezvous,
         gpu,
         tcp,
     )?))
@@ -612,7 +616,7 @@ fn nccl_transport(
 #[cfg(not(feature = "cuda"))]
 fn nccl_transport(
     _launch: &Launch,
-    _master: &str,
+    _rendezvous: &Rendezvous,
     _gpu: usize,
     _tcp: TcpJob,
 ) -> anyhow::Result<Box<dyn Transport>> {

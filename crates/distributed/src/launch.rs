@@ -19,9 +19,8 @@ pub struct Launch {
     pub world: usize,
     /// Rank among the processes of this machine (0 where the launcher does not say).
     pub local_rank: usize,
-    /// Where rank 0 listens for the others (`MASTER_ADDR`, and `MASTER_PORT` or the port
-    /// after it under torchrun, or `PIPECUT_RENDEZVOUS_PORT`), when set.
-    pub master: Option<String>,
+    /// Where the ranks meet, when the environment says (`MASTER_ADDR` and `MASTER_PORT`).
+    pub rendezvous: Option<Rendezvous>,
     /// Whether an MPI launcher started the job (so the MPI transport can be used).
     pub by_mpi: bool,
 }
@@ -92,16 +91,13 @@ impl Launch {
                     family.rank, family.world
                 )));
             }
-            let master = match (var("MASTER_ADDR"), rendezvous_port(&var)?) {
-                (Some(addr), Some(port)) => Some(join_host_port(&addr, &port.to_string())),
-                _ => None,
-            };
+            let rendezvous = rendezvous(&var)?;
             return Ok(Launch {
                 launcher: family.launcher,
                 rank,
                 world,
                 local_rank: number(family.local_rank)?.unwrap_or(0),
-                master,
+                rendezvous,
                 by_mpi: family.by_mpi,
             });
         }
@@ -113,39 +109,81 @@ impl Launch {
     }
 }
 
+/// Where the ranks of a job meet: rank 0 listens there, the others register with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Rank 0 listens at this `host:port`, which every rank reads from its environment.
+    At(String),
+    /// Under torchrun, whose agent already serves a key-value store (torch's `TCPStore`) at
+    /// `store`, `MASTER_ADDR:MASTER_PORT`: rank 0 listens on a port of `host` (`MASTER_ADDR`)
+    /// that the system picks, and sets its address under `key` there for the others to read.
+    /// A port chosen in advance (the one after `MASTER_PORT`, say) may already be taken on
+    /// rank 0's node, and nothing would tell the other ranks which one it took instead.
+    TorchrunStore {
+        /// The host rank 0 listens on.
+        host: String,
+        /// The agent's store, `host:port`.
+        store: String,
+        /// The key rank 0 sets: unique to the torchrun run and its restart.
+        key: String,
+    },
+}
+
+impl Rendezvous {
+    /// How errors and the derived job secret name it (the same text on every rank).
+    pub fn name(&self) -> String {
+        match self {
+            Rendezvous::At(address) => address.clone(),
+            Rendezvous::TorchrunStore { store, key, .. } => {
+                format!("torchrun's store at {store} (key {key})")
+            }
+        }
+    }
+}
+
 /// The variable that names the port of pipecut's rendezvous outright.
 pub const RENDEZVOUS_PORT_VAR: &str = "PIPECUT_RENDEZVOUS_PORT";
 
-/// The port rank 0's rendezvous listens on: `PIPECUT_RENDEZVOUS_PORT` where set; else
-/// `MASTER_PORT`, or the port after it under torchrun, whose agent already serves its own
-/// store on `MASTER_PORT` (it says so with `TORCHELASTIC_USE_AGENT_STORE=True`, with the
-/// static and the c10d rendezvous alike).
-fn rendezvous_port(var: &impl Fn(&str) -> Option<String>) -> Result<Option<u16>, Error> {
+/// Where the ranks meet: `MASTER_ADDR` with `PIPECUT_RENDEZVOUS_PORT` where set; else under
+/// torchrun, whose agent serves its own store on `MASTER_PORT` (it says so with
+/// `TORCHELASTIC_USE_AGENT_STORE=True`, with the static and the c10d rendezvous alike), a
+/// port rank 0 publishes in that store; else `MASTER_ADDR:MASTER_PORT`.
+fn rendezvous(var: &impl Fn(&str) -> Option<String>) -> Result<Option<Rendezvous>, Error> {
     let port = |name: &str, text: &str| -> Result<u16, Error> {
         text.trim()
             .parse()
             .map_err(|_| Error::Distributed(format!("{name}={text:?} is not a port number")))
     };
-    if let Some(text) = var(RENDEZVOUS_PORT_VAR) {
-        return port(RENDEZVOUS_PORT_VAR, &text).map(Some);
-    }
-    let Some(text) = var("MASTER_PORT") else {
+    let chosen = var(RENDEZVOUS_PORT_VAR)
+        .map(|text| port(RENDEZVOUS_PORT_VAR, &text))
+        .transpose()?;
+    let master = var("MASTER_PORT")
+        .map(|text| port("MASTER_PORT", &text))
+        .transpose()?;
+    let Some(host) = var("MASTER_ADDR") else {
         return Ok(None);
     };
-    let master = port("MASTER_PORT", &text)?;
-    if var("TORCHELASTIC_USE_AGENT_STORE").as_deref() != Some("True") {
-        return Ok(Some(master));
-    }
-    master.checked_add(1).map(Some).ok_or_else(|| {
-        Error::Distributed(format!(
-            "MASTER_PORT={master}: torchrun's store holds it and no port follows it for \
-             pipecut's rendezvous; set {RENDEZVOUS_PORT_VAR}"
-        ))
+    let by_agent = var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True");
+    Ok(match (chosen, master) {
+        (Some(port), _) => Some(Rendezvous::At(join_host_port(&host, port))),
+        (None, Some(port)) if by_agent => {
+            // The run's id and restart make the key new for every attempt of every run
+            // the store may see.
+            let run = var("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into());
+            let attempt = var("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
+            Some(Rendezvous::TorchrunStore {
+                store: join_host_port(&host, port),
+                key: format!("pipecut/rendezvous/{run}/attempt_{attempt}"),
+                host,
+            })
+        }
+        (None, Some(port)) => Some(Rendezvous::At(join_host_port(&host, port))),
+        (None, None) => None,
     })
 }
 
 /// `host:port`, with an IPv6 literal bracketed.
-fn join_host_port(addr: &str, port: &str) -> String {
+pub(crate) fn join_host_port(addr: &str, port: u16) -> String {
     if addr.contains(':') && !addr.starts_with('[') {
         format!("[{addr}]:{port}")
     } else {
@@ -158,6 +196,10 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    fn at(address: &str) -> Rendezvous {
+        Rendezvous::At(address.into())
+    }
 
     fn launch(vars: &[(&str, &str)]) -> Result<Launch, Error> {
         let map: HashMap<String, String> = vars
@@ -183,7 +225,7 @@ mod tests {
             (l.launcher, l.rank, l.world, l.local_rank),
             ("torchrun", 5, 8, 1)
         );
-        assert_eq!(l.master.as_deref(), Some("10.0.0.1:29500"));
+        assert_eq!(l.rendezvous, Some(at("10.0.0.1:29500")));
         assert!(!l.by_mpi);
     }
 
@@ -194,7 +236,7 @@ mod tests {
             (l.launcher, l.rank, l.world, l.local_rank),
             ("Open MPI", 3, 4, 0)
         );
-        assert!(l.by_mpi && l.master.is_none());
+        assert!(l.by_mpi && l.rendezvous.is_none());
         let l = launch(&[
             ("SLURM_PROCID", "1"),
             ("SLURM_NTASKS", "2"),
@@ -202,34 +244,37 @@ mod tests {
         ]);
         assert_eq!(l.unwrap().launcher, "Slurm");
         let l = launch(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1")]);
-        assert_eq!(l.unwrap().master, None, "no port, no master");
+        assert_eq!(l.unwrap().rendezvous, None, "no port, no rendezvous");
         let l = launch(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
             ("MASTER_ADDR", "::1"),
             ("MASTER_PORT", "7"),
         ]);
-        assert_eq!(l.unwrap().master.as_deref(), Some("[::1]:7"));
+        assert_eq!(l.unwrap().rendezvous, Some(at("[::1]:7")));
     }
 
     #[test]
-    fn under_torchrun_the_rendezvous_takes_the_port_after_its_store() {
+    fn under_torchrun_rank_0_publishes_its_port_in_the_agents_store() {
         let torchrun = [
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
             ("MASTER_ADDR", "node0"),
             ("MASTER_PORT", "29500"),
             ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCHELASTIC_RUN_ID", "job7"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
         ];
         assert_eq!(
-            launch(&torchrun).unwrap().master.as_deref(),
-            Some("node0:29501")
+            launch(&torchrun).unwrap().rendezvous,
+            Some(Rendezvous::TorchrunStore {
+                host: "node0".into(),
+                store: "node0:29500".into(),
+                key: "pipecut/rendezvous/job7/attempt_2".into(),
+            })
         );
         let chosen = [&torchrun[..], &[(RENDEZVOUS_PORT_VAR, "4000")]].concat();
-        assert_eq!(
-            launch(&chosen).unwrap().master.as_deref(),
-            Some("node0:4000")
-        );
+        assert_eq!(launch(&chosen).unwrap().rendezvous, Some(at("node0:4000")));
         let bad = [&torchrun[..3], &[("MASTER_PORT", "http")]].concat();
         let err = launch(&bad[..]).unwrap_err().to_string();
         assert!(

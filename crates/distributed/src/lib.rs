@@ -44,7 +44,7 @@ pub mod wire;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-pub use launch::Launch;
+pub use launch::{Launch, Rendezvous};
 pub use metrics::{RankFigures, SharedFigures};
 pub use transport::{Transport, TransportError};
 

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys;
 
+use super::launch::Rendezvous;
 use super::tcp::{TcpJob, TcpTransport};
 use super::transport::{Transport, TransportError};
 use crate::Error;
@@ -54,18 +55,18 @@ struct Communicator {
 }
 
 impl NcclTransport {
-    /// Joins the job: the TCP rendezvous at `master`, then an NCCL communicator over every
-    /// rank, this one on GPU `ordinal`; waits at most `timeout` for the others.
+    /// Joins the job: the TCP `rendezvous`, then an NCCL communicator over every rank, this
+    /// one on GPU `ordinal`; waits at most `timeout` for the others.
     pub fn join(
         rank: usize,
         world: usize,
-        master: &str,
+        rendezvous: &Rendezvous,
         ordinal: usize,
         job: TcpJob,
     ) -> Result<NcclTransport, Error> {
         nccl_present()?;
         let timeout = job.peer_timeout;
-        let mut control = TcpTransport::join(rank, world, master, job)?;
+        let mut control = TcpTransport::join(rank, world, rendezvous, job)?;
         let context = CudaContext::new(ordinal).map_err(|e| {
             Error::Distributed(format!("rank {rank}: cannot open GPU {ordinal}: {e}"))
         })?;

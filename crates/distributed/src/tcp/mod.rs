@@ -26,12 +26,15 @@ use std::time::{Duration, Instant};
 
 mod control;
 mod rendezvous;
+mod torch_store;
 
 use super::auth::{handshake, JobKey, Refusal, Role};
 use super::transport::{Transport, TransportError};
+use crate::launch::{join_host_port, Rendezvous};
 use crate::Error;
 use control::{Control, Failure};
 use rendezvous::{failed_before_joining, host_rendezvous, register};
+use torch_store::TorchStore;
 
 /// How long a connecting process has to complete the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -163,27 +166,28 @@ pub struct TcpTransport {
 }
 
 impl TcpTransport {
-    /// Joins the job's rendezvous at `master` (`host:port`) as `rank` of `world`, waiting at
-    /// most the job's peer timeout for every rank to join.
+    /// Joins the job's `rendezvous` as `rank` of `world`, waiting at most the job's peer
+    /// timeout for every rank to join.
     pub fn join(
         rank: usize,
         world: usize,
-        master: &str,
+        rendezvous: &Rendezvous,
         job: TcpJob,
     ) -> Result<TcpTransport, Error> {
         let deadline = Instant::now() + job.peer_timeout;
-        let master_addr = resolve(master)?;
+        let name = rendezvous.name();
         let shared = Shared::new(rank, world, job);
         let (peers, control) = if rank == 0 {
-            let rendezvous = TcpListener::bind(master_addr).map_err(|e| {
-                Error::Distributed(format!("rank 0 cannot listen at {master}: {e}"))
-            })?;
-            let own = listen(master_addr.ip(), Arc::clone(&shared))?;
-            let (peers, links) =
-                host_rendezvous(&rendezvous, &shared, own, deadline, master, None)?;
+            let listener = open_rendezvous(rendezvous, deadline)?;
+            let own = listen(
+                listener.local_addr().map_err(io_error)?.ip(),
+                Arc::clone(&shared),
+            )?;
+            let (peers, links) = host_rendezvous(&listener, &shared, own, deadline, &name, None)?;
             (peers, Control::hub(links, &shared))
         } else {
-            let (stream, peers) = register(master_addr, &shared, deadline, master)?;
+            let master_addr = find_rendezvous(rendezvous, deadline)?;
+            let (stream, peers) = register(master_addr, &shared, deadline, &name)?;
             (peers, Control::member(stream, &shared).map_err(io_error)?)
         };
         Ok(TcpTransport {
@@ -202,25 +206,26 @@ impl TcpTransport {
     pub fn report_failure(
         rank: usize,
         world: usize,
-        master: &str,
+        rendezvous: &Rendezvous,
         job: TcpJob,
         cause: &str,
     ) -> Result<(), Error> {
         let deadline = Instant::now() + job.peer_timeout;
-        let master_addr = resolve(master)?;
+        let name = rendezvous.name();
         let job = TcpJob {
             key: job.key.failed_before_joining(),
             ..job
         };
         let shared = Shared::new(rank, world, job);
         if rank != 0 {
-            return rendezvous::report(master_addr, &shared, deadline, master, cause);
+            let master_addr = find_rendezvous(rendezvous, deadline)?;
+            return rendezvous::report(master_addr, &shared, deadline, &name, cause);
         }
-        let rendezvous = TcpListener::bind(master_addr)
-            .map_err(|e| Error::Distributed(format!("rank 0 cannot listen at {master}: {e}")))?;
+        let listener = open_rendezvous(rendezvous, deadline)?;
+        let own = listener.local_addr().map_err(io_error)?;
         let failure = Some(failed_before_joining(0, cause));
         // Always an error (the failure): what matters is that the ranks that came were told.
-        let _ = host_rendezvous(&rendezvous, &shared, master_addr, deadline, master, failure);
+        let _ = host_rendezvous(&listener, &shared, own, deadline, &name, failure);
         Ok(())
     }
 
@@ -432,6 +437,40 @@ fn resolve(address: &str) -> Result<SocketAddr, Error> {
         })
 }
 
+/// Rank 0: listens where the others will look for it (under torchrun, on a port the system
+/// picks, then published in the agent's store).
+fn open_rendezvous(rendezvous: &Rendezvous, deadline: Instant) -> Result<TcpListener, Error> {
+    let (address, published) = match rendezvous {
+        Rendezvous::At(address) => (address.clone(), None),
+        Rendezvous::TorchrunStore { host, store, key } => {
+            (join_host_port(host, 0), Some((store, key)))
+        }
+    };
+    let listener = TcpListener::bind(resolve(&address)?)
+        .map_err(|e| Error::Distributed(format!("rank 0 cannot listen at {address}: {e}")))?;
+    if let Some((store, key)) = published {
+        let own = listener.local_addr().map_err(io_error)?.to_string();
+        TorchStore::connect(store, deadline)?.set(key, own.as_bytes(), deadline)?;
+    }
+    Ok(listener)
+}
+
+/// Any other rank: where rank 0 listens (under torchrun, once rank 0 has published it).
+fn find_rendezvous(rendezvous: &Rendezvous, deadline: Instant) -> Result<SocketAddr, Error> {
+    match rendezvous {
+        Rendezvous::At(address) => resolve(address),
+        Rendezvous::TorchrunStore { store, key, .. } => {
+            let value = TorchStore::connect(store, deadline)?.wait_get(key, deadline)?;
+            let text = String::from_utf8_lossy(&value);
+            text.parse().map_err(|_| {
+                Error::Distributed(format!(
+                    "torchrun's store at {store} holds {key} = {text:?}, not an address"
+                ))
+            })
+        }
+    }
+}
+
 /// Counts a connection's thread while it lives.
 struct Slot(Arc<AtomicUsize>);
 
@@ -574,7 +613,7 @@ mod tests {
 
     #[test]
     fn three_ranks_meet_and_exchange_ordered_messages() {
-        let master = format!("127.0.0.1:{}", free_port());
+        let master = Rendezvous::At(format!("127.0.0.1:{}", free_port()));
         let second = Duration::from_secs(10);
         let handles: Vec<_> = (0..3)
             .map(|rank| {
@@ -607,7 +646,7 @@ mod tests {
 
     #[test]
     fn a_missing_rank_and_a_closed_peer_are_errors_not_hangs() {
-        let master = format!("127.0.0.1:{}", free_port());
+        let master = Rendezvous::At(format!("127.0.0.1:{}", free_port()));
         let err = TcpTransport::join(0, 3, &master, job(Duration::from_millis(300)))
             .err()
             .unwrap();
@@ -639,7 +678,7 @@ mod tests {
     fn pair(
         peer: impl FnOnce(TcpTransport) + Send + 'static,
     ) -> (TcpTransport, thread::JoinHandle<()>) {
-        let master = format!("127.0.0.1:{}", free_port());
+        let master = Rendezvous::At(format!("127.0.0.1:{}", free_port()));
         let m = master.clone();
         let handle = thread::spawn(move || {
             peer(TcpTransport::join(1, 2, &m, job(Duration::from_secs(10))).unwrap());
@@ -652,7 +691,7 @@ mod tests {
     fn a_forged_failure_report_is_ignored_and_a_real_one_arrives_as_one_bounded_line() {
         // A process with another secret reports rank 1 as failed: rank 0 does not listen to
         // it, and the job's two real ranks meet.
-        let master = format!("127.0.0.1:{}", free_port());
+        let master = Rendezvous::At(format!("127.0.0.1:{}", free_port()));
         let m = master.clone();
         let stranger = thread::spawn(move || {
             let mut other = job(Duration::from_secs(3));
@@ -673,7 +712,7 @@ mod tests {
         assert!(stranger.join().unwrap().is_err());
 
         // Rank 1's own report, a megabyte with a newline and a terminal escape: one line, cut.
-        let master = format!("127.0.0.1:{}", free_port());
+        let master = Rendezvous::At(format!("127.0.0.1:{}", free_port()));
         let m = master.clone();
         let reporter = thread::spawn(move || {
             let cause = format!("bad\n\x1b[2J{}", "x".repeat(1 << 20));
