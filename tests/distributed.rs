@@ -48,33 +48,46 @@ fn export_stages(
     );
 }
 
+/// A port for a rank to listen on, free when asked. Taken below Linux's ephemeral range
+/// (32768 on), where neither a port the system picks (`bind` to port 0) nor the local end of
+/// a connection made meanwhile by a test beside this one can land; each test process starts
+/// at its own place and never gives the same port twice, so two at once rarely meet.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1).0
 }
 
 /// A `MASTER_PORT` for torchrun whose next port is free too, the next one held by the
 /// listener given: under torchrun rank 0 listens on a port the system picks and publishes it
 /// in the agent's store (crates/distributed/src/launch.rs), where it once took the port after
-/// `MASTER_PORT`, which a CI run (2026-12-07) found already in use. Both are taken below
-/// Linux's ephemeral range (32768 on), where neither `free_port` nor the local end of a
-/// connection made meanwhile by a test beside this one can land, so torchrun's agent finds
-/// `MASTER_PORT` still free.
+/// `MASTER_PORT`, which a CI run (2026-12-07) found already in use.
 fn free_port_and_the_next_held() -> (u16, TcpListener) {
-    // Each test process starts at its own even port, so that two at once rarely meet.
-    let offset = (std::process::id() % 6_000) as u16 * 2;
-    (0..6_000u16)
-        .map(|i| 20_000 + (offset + 2 * i) % 12_000)
-        .find_map(|port| {
-            let first = TcpListener::bind(("127.0.0.1", port)).ok()?;
-            let next = TcpListener::bind(("127.0.0.1", port + 1)).ok()?;
-            drop(first);
-            Some((port, next))
-        })
-        .expect("two free consecutive ports between 20000 and 32000")
+    let (port, mut held) = free_ports(2);
+    (port, held.pop().expect("the second port"))
+}
+
+/// `count` consecutive ports, free when asked; gives the first, and listeners holding all but
+/// the first (which the caller's process must be able to bind).
+fn free_ports(count: u16) -> (u16, Vec<TcpListener>) {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = std::process::id() % u32::from(SPAN);
+    for _ in 0..SPAN {
+        let next = u32::from(NEXT.fetch_add(count, Ordering::SeqCst));
+        let port = LOW + ((start + next) % u32::from(SPAN - count)) as u16;
+        let held: Option<Vec<TcpListener>> = (port..port + count)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if let Some(mut held) = held {
+            held.remove(0);
+            return (port, held);
+        }
+    }
+    panic!(
+        "{count} free consecutive ports between {LOW} and {}",
+        LOW + SPAN
+    )
 }
 
 /// The fixture's dims other than the batch, as `--dim` arguments.
@@ -607,12 +620,7 @@ fn scrape(port: u16) -> Option<String> {
 
 /// A port whose successor is free too (rank r serves at the base port + its local rank).
 fn two_free_ports() -> u16 {
-    loop {
-        let base = free_port();
-        if base < u16::MAX && TcpListener::bind(("127.0.0.1", base + 1)).is_ok() {
-            return base;
-        }
-    }
+    free_ports(2).0
 }
 
 /// `--metrics-file` is checked like every other output: naming the job's own plan is refused
