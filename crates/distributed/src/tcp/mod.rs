@@ -437,6 +437,18 @@ fn resolve(address: &str) -> Result<SocketAddr, Error> {
         })
 }
 
+/// Connects to `addr`, trying again while nothing listens there yet; after `deadline`, the
+/// last attempt's error.
+fn connect_until(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(stream) => return Ok(stream),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// Rank 0: listens where the others will look for it (under torchrun, on a port the system
 /// picks, then published in the agent's store).
 fn open_rendezvous(rendezvous: &Rendezvous, deadline: Instant) -> Result<TcpListener, Error> {

@@ -397,15 +397,9 @@ fn decode_table(bytes: &[u8], world: usize) -> Option<Vec<SocketAddr>> {
 
 /// Connects to rank 0's rendezvous, retrying while rank 0 is still starting.
 fn connect_until(addr: SocketAddr, deadline: Instant, master: &str) -> Result<TcpStream, Error> {
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
-            Ok(stream) => return Ok(stream),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(Error::Distributed(format!(
-                    "rank 0 never opened the rendezvous at {master}: {e}"
-                )))
-            }
-            Err(_) => thread::sleep(Duration::from_millis(50)),
-        }
-    }
+    super::connect_until(addr, deadline).map_err(|e| {
+        Error::Distributed(format!(
+            "rank 0 never opened the rendezvous at {master}: {e}"
+        ))
+    })
 }

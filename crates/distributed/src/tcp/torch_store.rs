@@ -4,13 +4,12 @@
 //!
 //! The wire format is torch's (`torch/csrc/distributed/c10d/TCPStoreBackend.hpp` and the
 //! libuv server beside it, the default since torch 2.4): a query is one byte, then its
-//! fields; numbers are in the host's byte order (little-endian on every platform torch
-//! ships), a key or value is a `u64` length and its bytes. The store is a peer like any
+//! fields; numbers are in the host's byte order (torch copies them as they lie in memory), a
+//! key or value is a `u64` length and its bytes. The store is a peer like any
 //! other: every read is bounded in length and by the caller's deadline.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::thread;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::Error;
@@ -26,8 +25,6 @@ const MAGIC: u32 = 0x3C85_F7CE;
 const STOP_WAITING: u8 = 0;
 /// The longest value this client reads back: an address.
 const MAX_VALUE: u64 = 1024;
-/// How long one attempt to connect may take.
-const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
 
 /// A validated connection to a torch store.
 pub(super) struct TorchStore {
@@ -48,13 +45,15 @@ impl TorchStore {
                     "cannot resolve torchrun's store address '{address}'"
                 ))
             })?;
-        let stream = connect_until(store, deadline, address)?;
+        let stream = super::connect_until(store, deadline).map_err(|e| {
+            Error::Distributed(format!("cannot reach torchrun's store at {address}: {e}"))
+        })?;
         let mut store = TorchStore {
             stream,
             address: address.to_string(),
         };
         let mut query = vec![VALIDATE];
-        query.extend_from_slice(&MAGIC.to_le_bytes());
+        query.extend_from_slice(&MAGIC.to_ne_bytes());
         store.send(&query, deadline)?;
         Ok(store)
     }
@@ -80,7 +79,7 @@ impl TorchStore {
     /// Waits until `key` is set (at most until `deadline`), then reads it.
     pub(super) fn wait_get(&mut self, key: &str, deadline: Instant) -> Result<Vec<u8>, Error> {
         let mut query = vec![WAIT];
-        query.extend_from_slice(&1u64.to_le_bytes());
+        query.extend_from_slice(&1u64.to_ne_bytes());
         put_bytes(&mut query, key.as_bytes());
         self.send(&query, deadline)?;
         let mut answer = [0u8; 1];
@@ -103,7 +102,7 @@ impl TorchStore {
         self.send(&query, deadline)?;
         let mut length = [0u8; 8];
         self.receive(&mut length, deadline)?;
-        let length = u64::from_le_bytes(length);
+        let length = u64::from_ne_bytes(length);
         if length > MAX_VALUE {
             return Err(self.error(&format!(
                 "{key} holds {length} bytes, more than an address ({MAX_VALUE})"
@@ -155,27 +154,14 @@ impl TorchStore {
 
 /// Appends a key or value as the store frames it.
 fn put_bytes(query: &mut Vec<u8>, bytes: &[u8]) {
-    query.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    query.extend_from_slice(&(bytes.len() as u64).to_ne_bytes());
     query.extend_from_slice(bytes);
-}
-
-fn connect_until(addr: SocketAddr, deadline: Instant, address: &str) -> Result<TcpStream, Error> {
-    loop {
-        match TcpStream::connect_timeout(&addr, CONNECT_ATTEMPT) {
-            Ok(stream) => return Ok(stream),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(Error::Distributed(format!(
-                    "cannot reach torchrun's store at {address}: {e}"
-                )))
-            }
-            Err(_) => thread::sleep(Duration::from_millis(50)),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::net::TcpListener;
+    use std::thread;
 
     use super::*;
 
@@ -210,7 +196,7 @@ mod tests {
         let validate = 5;
         let wait = 1 + 8 + 8 + key.len();
         let get = 1 + 8 + key.len();
-        let mut value = 14u64.to_le_bytes().to_vec();
+        let mut value = 14u64.to_ne_bytes().to_vec();
         value.extend_from_slice(b"127.0.0.1:4242");
         let steps = vec![
             (validate, Vec::new()),
@@ -223,10 +209,10 @@ mod tests {
         drop(store);
         let sent = server.join().unwrap();
         assert_eq!(sent[0], VALIDATE);
-        assert_eq!(sent[1..5], MAGIC.to_le_bytes());
+        assert_eq!(sent[1..5], MAGIC.to_ne_bytes());
         assert_eq!(sent[5], WAIT);
-        assert_eq!(sent[6..14], 1u64.to_le_bytes());
-        assert_eq!(sent[14..22], (key.len() as u64).to_le_bytes());
+        assert_eq!(sent[6..14], 1u64.to_ne_bytes());
+        assert_eq!(sent[14..22], (key.len() as u64).to_ne_bytes());
         assert_eq!(&sent[22..22 + key.len()], key.as_bytes());
         assert_eq!(sent[22 + key.len()], GET);
     }
@@ -236,7 +222,7 @@ mod tests {
         let steps = vec![
             (5, Vec::new()),
             (1 + 8 + 8 + 1, vec![STOP_WAITING]),
-            (1 + 8 + 1, u64::MAX.to_le_bytes().to_vec()),
+            (1 + 8 + 1, u64::MAX.to_ne_bytes().to_vec()),
         ];
         let (address, _server) = fake_store(steps);
         let mut store = TorchStore::connect(&address, soon(5000)).unwrap();
@@ -247,7 +233,7 @@ mod tests {
     #[test]
     fn a_value_that_is_not_an_address_is_one_line_naming_the_store_and_key() {
         let key = "pipecut/rendezvous/none/attempt_0";
-        let mut value = 6u64.to_le_bytes().to_vec();
+        let mut value = 6u64.to_ne_bytes().to_vec();
         value.extend_from_slice(b"\x1b[2Jno");
         let steps = vec![
             (5, Vec::new()),
