@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use petgraph::stable_graph::StableDiGraph;
 
 use super::{
-    validate, Attribute, DType, Graph, NameMap, Node, NodeId, Param, Shape, Tensor, TensorId,
-    TensorOrigin,
+    validate, Attribute, Attributes, DType, Graph, NameMap, Node, NodeId, Param, Shape, Tensor,
+    TensorId, TensorOrigin,
 };
 use crate::graph::ConstValue;
 use crate::Error;
@@ -27,7 +27,7 @@ pub struct NodeSpec {
     /// Output tensor names by position.
     pub outputs: Vec<String>,
     /// Attributes.
-    pub attributes: BTreeMap<String, Attribute>,
+    pub attributes: Attributes,
     /// Outer-scope tensors read by the node's subgraphs.
     pub captures: Vec<String>,
     /// The module scope recorded beside the name (see [`Node::module_scope`]).

@@ -9,6 +9,7 @@
 //! [`NodeId`]s are stable: they stay valid for the life of the graph, because the IR never removes
 //! nodes after [`GraphBuilder::build`].
 
+mod attributes;
 mod build;
 mod kind;
 mod types;
@@ -24,6 +25,7 @@ use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 
+pub use attributes::Attributes;
 pub use build::{GraphBuilder, NodeSpec};
 pub use kind::ValueKind;
 pub use types::{checked_element_count, element_count, format_shape, DType, Dim, Shape, SymDim};
@@ -132,7 +134,7 @@ pub struct Node {
     /// Operator domain; `""` is the default ONNX domain.
     pub domain: String,
     /// Attributes by name.
-    pub attributes: BTreeMap<String, Attribute>,
+    pub attributes: Attributes,
     /// Inputs by position; `None` marks an omitted optional input.
     pub inputs: Vec<Option<TensorId>>,
     /// Outputs by position; `None` marks an omitted optional output.

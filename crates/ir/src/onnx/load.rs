@@ -12,7 +12,9 @@ use super::proto::{
 use super::model::Model;
 use super::opset::{check_legacy_node, opset_warnings};
 use super::tensor::{decode_tensor, decode_type, decode_value_type, DecodedTensor, ExternalFiles};
-use crate::graph::{Attribute, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph};
+use crate::graph::{
+    Attribute, Attributes, DType, Graph, GraphBuilder, NodeSpec, Param, Storage, Subgraph,
+};
 use crate::Error;
 
 /// sha256 of what planning depends on: the main `GraphProto` re-encoded as protobuf (fields in
@@ -474,7 +476,7 @@ fn node_spec(
     builder: &GraphBuilder,
 ) -> Result<NodeSpec, Error> {
     let name = unique_node_name(node, index, builder);
-    let mut attributes = BTreeMap::new();
+    let mut attributes = Attributes::with_capacity(node.attribute.len());
     let mut captures = BTreeSet::new();
     for attr in &node.attribute {
         let value = decode_attribute(attr, &name, opsets, external)?;

@@ -294,7 +294,6 @@ pub(crate) mod test_util {
     use super::*;
     use crate::tensor::HostTensor;
     use pipecut_ir::graph::{Attribute, Node};
-    use std::collections::BTreeMap;
 
     /// A node of `op` with attributes, for kernel unit tests.
     pub fn node(op: &str, attributes: Vec<(&str, Attribute)>) -> Node {
@@ -305,7 +304,7 @@ pub(crate) mod test_util {
             attributes: attributes
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
-                .collect::<BTreeMap<_, _>>(),
+                .collect(),
             inputs: Vec::new(),
             outputs: Vec::new(),
             captures: Vec::new(),

@@ -3,11 +3,11 @@
 //! their output sizes. The CPU kernels (`runtime/kernels/strings.rs`) call the same functions,
 //! so a size folded at plan time from a known input is the size the run produces.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use super::context::{broadcast, Inferred, OpCtx, RuleResult};
 use super::registry::Registry;
-use crate::graph::{Attribute, ConstValue, DType, Dim};
+use crate::graph::{Attribute, Attributes, ConstValue, DType, Dim};
 
 pub(super) fn register(r: &mut Registry) {
     r.add("", &["StringConcat"], string_concat);
@@ -107,10 +107,7 @@ pub fn tfidf_output_size(ngram_indexes: &[i64]) -> Result<usize, String> {
     }
 }
 
-fn string_attr<'a>(
-    attributes: &'a BTreeMap<String, Attribute>,
-    name: &str,
-) -> Result<Option<&'a str>, String> {
+fn string_attr<'a>(attributes: &'a Attributes, name: &str) -> Result<Option<&'a str>, String> {
     match attributes.get(name) {
         None => Ok(None),
         Some(Attribute::String(s)) => Ok(Some(s)),
@@ -120,7 +117,7 @@ fn string_attr<'a>(
     }
 }
 
-fn int_attr(attributes: &BTreeMap<String, Attribute>, name: &str) -> Result<Option<i64>, String> {
+fn int_attr(attributes: &Attributes, name: &str) -> Result<Option<i64>, String> {
     match attributes.get(name) {
         None => Ok(None),
         Some(Attribute::Int(v)) => Ok(Some(*v)),
@@ -142,7 +139,7 @@ pub struct Splitter {
 
 impl Splitter {
     /// Reads StringSplit's `delimiter` and `maxsplit`.
-    pub fn from_attributes(attributes: &BTreeMap<String, Attribute>) -> Result<Splitter, String> {
+    pub fn from_attributes(attributes: &Attributes) -> Result<Splitter, String> {
         let delimiter = string_attr(attributes, "delimiter")?
             .filter(|d| !d.is_empty())
             .map(str::to_string);
@@ -202,7 +199,7 @@ pub struct Normalizer {
 
 impl Normalizer {
     /// Reads StringNormalizer's attributes, refusing values the spec does not allow.
-    pub fn from_attributes(attributes: &BTreeMap<String, Attribute>) -> Result<Normalizer, String> {
+    pub fn from_attributes(attributes: &Attributes) -> Result<Normalizer, String> {
         let case_sensitive = int_attr(attributes, "is_case_sensitive")?.unwrap_or(0) != 0;
         let case_change = match string_attr(attributes, "case_change_action")?.unwrap_or("NONE") {
             "NONE" => CaseChange::None,
@@ -271,7 +268,7 @@ impl Normalizer {
 mod tests {
     use super::*;
 
-    fn attributes(pairs: Vec<(&str, Attribute)>) -> BTreeMap<String, Attribute> {
+    fn attributes(pairs: Vec<(&str, Attribute)>) -> Attributes {
         pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
     }
 
