@@ -1643,9 +1643,17 @@ fn job_with_weight_files(dir: &Path, timeout: &str) -> (PathBuf, [Vec<String>; 2
 
 /// Starts rank 0 of a two-rank job with `args[0]` and rank 1 with `args[1]`.
 fn start_two_ranks_apart(args: &[Vec<String>; 2]) -> Vec<(usize, Child)> {
-    let port = free_port();
-    let mut ranks = start_ranks_at(port, 2, &[0], &args[0], &[]);
-    ranks.extend(start_ranks_at(port, 2, &[1], &args[1], &[]));
+    start_two_ranks_at(free_port(), args, &[])
+}
+
+/// [`start_two_ranks_apart`] with `MASTER_PORT` `port` and `env` set.
+fn start_two_ranks_at(
+    port: u16,
+    args: &[Vec<String>; 2],
+    env: &[(String, String)],
+) -> Vec<(usize, Child)> {
+    let mut ranks = start_ranks_at(port, 2, &[0], &args[0], env);
+    ranks.extend(start_ranks_at(port, 2, &[1], &args[1], env));
     ranks
 }
 
@@ -1737,11 +1745,7 @@ fn through_torchruns_store_ranks_meet_and_a_rank_failing_while_it_loads_is_named
             ("TORCHELASTIC_RESTART_COUNT".into(), attempt.to_string()),
         ]
     };
-    let start = |attempt: usize| {
-        let mut ranks = start_ranks_at(port, 2, &[0], &args[0], &agent(attempt));
-        ranks.extend(start_ranks_at(port, 2, &[1], &args[1], &agent(attempt)));
-        ranks
-    };
+    let start = |attempt: usize| start_two_ranks_at(port, &args, &agent(attempt));
     let single = one_process_run(&args[0][..2], 4, &dir.path().join("single"));
     let ended = wait_all(start(0), Duration::from_secs(120));
     for (rank, out) in &ended {

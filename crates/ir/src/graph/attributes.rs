@@ -3,17 +3,12 @@
 use super::Attribute;
 
 /// A node's attributes by name, in name order, as a sorted vector: a node has a handful, and
-/// a `BTreeMap` allocated a leaf of about a kilobyte for even one (a third of a gigabyte at a
-/// million nodes). The methods are the map's that the planner uses.
+/// a `BTreeMap` allocated a leaf of about a kilobyte for even one (docs/benchmarks.md, the 1M
+/// stack's peak memory). The methods are those of the map that the code uses.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Attributes(Vec<(String, Attribute)>);
 
 impl Attributes {
-    /// No attributes.
-    pub fn new() -> Attributes {
-        Attributes(Vec::new())
-    }
-
     /// No attributes, with room for `count` without growing.
     pub fn with_capacity(count: usize) -> Attributes {
         Attributes(Vec::with_capacity(count))
@@ -45,34 +40,14 @@ impl Attributes {
         }
     }
 
-    /// Removes the attribute named `name`; gives its value.
-    pub fn remove(&mut self, name: &str) -> Option<Attribute> {
-        self.position(name).ok().map(|at| self.0.remove(at).1)
-    }
-
     /// The attributes in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Attribute)> {
-        self.0.iter().map(|(name, value)| (name, value))
-    }
-
-    /// The names in order.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.0.iter().map(|(name, _)| name)
+        self.into_iter()
     }
 
     /// The values in name order.
     pub fn values(&self) -> impl Iterator<Item = &Attribute> {
         self.0.iter().map(|(_, value)| value)
-    }
-
-    /// How many there are.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 
     fn position(&self, name: &str) -> Result<usize, usize> {
@@ -83,17 +58,12 @@ impl Attributes {
 /// As a map collects: in name order, a later value of a name replacing an earlier one.
 impl FromIterator<(String, Attribute)> for Attributes {
     fn from_iter<I: IntoIterator<Item = (String, Attribute)>>(pairs: I) -> Attributes {
-        let mut all: Vec<(String, Attribute)> = pairs.into_iter().collect();
-        // Stable: among equal names the last given ends last, and is the one kept.
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut kept: Vec<(String, Attribute)> = Vec::with_capacity(all.len());
-        for pair in all {
-            match kept.last_mut() {
-                Some(last) if last.0 == pair.0 => *last = pair,
-                _ => kept.push(pair),
-            }
+        let pairs = pairs.into_iter();
+        let mut attributes = Attributes::with_capacity(pairs.size_hint().0);
+        for (name, value) in pairs {
+            attributes.insert(name, value);
         }
-        Attributes(kept)
+        attributes
     }
 }
 
@@ -106,15 +76,6 @@ impl<'a> IntoIterator for &'a Attributes {
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter().map(|(name, value)| (name, value))
-    }
-}
-
-impl IntoIterator for Attributes {
-    type Item = (String, Attribute);
-    type IntoIter = std::vec::IntoIter<(String, Attribute)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
     }
 }
 
@@ -131,8 +92,10 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let names: Vec<&String> = attributes.keys().collect();
-        assert_eq!(names, ["axis", "perm"]);
+        let names = |attributes: &Attributes| -> Vec<String> {
+            attributes.iter().map(|(name, _)| name.clone()).collect()
+        };
+        assert_eq!(names(&attributes), ["axis", "perm"]);
         assert_eq!(attributes.get("axis"), Some(&Attribute::Int(2)));
         assert_eq!(
             attributes.insert("alpha".into(), Attribute::Float(0.5)),
@@ -142,9 +105,7 @@ mod tests {
             attributes.insert("axis".into(), Attribute::Int(1)),
             Some(Attribute::Int(2))
         );
-        let names: Vec<&String> = attributes.iter().map(|(name, _)| name).collect();
-        assert_eq!(names, ["alpha", "axis", "perm"]);
-        assert_eq!(attributes.remove("perm"), Some(Attribute::Ints(vec![1, 0])));
-        assert!(!attributes.contains_key("perm") && attributes.len() == 2);
+        assert_eq!(names(&attributes), ["alpha", "axis", "perm"]);
+        assert!(attributes.contains_key("perm") && !attributes.contains_key("beta"));
     }
 }
