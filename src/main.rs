@@ -13,7 +13,6 @@ use clap::Parser;
 use pipecut::cli;
 
 fn main() -> ExitCode {
-    keep_freed_memory();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,
@@ -24,24 +23,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// Tells glibc's allocator to keep the memory of freed tensors for the next ones. By default a
-/// buffer above 128 KiB is its own `mmap`, returned to the system when freed, so every run of a
-/// model paid a page fault per 4 KiB of each fresh intermediate tensor (9% of bert_tiny's
-/// time, more on the convolutional models). The cost: the process keeps its peak heap until
-/// it exits, which a run's own peak already needed. Buffers of 1 GiB and more are still mapped
-/// on their own, so a huge model's one-off tensors do go back.
-///
-/// Small freed blocks go back to the heap at once instead of into glibc's "fastbins" (the
-/// per-thread cache still keeps the last few of each size): a million-node model frees tens of
-/// millions of small strings, and consolidating the fastbins they filled was 6% of the samples
-/// of a partition of it and most of the time to free its decoded protobuf (docs/benchmarks.md,
-/// "Loading a million nodes, by phase").
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; it runs before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_MXFAST, 0);
-    }
-}
+/// mimalloc, not glibc's allocator: loading a million-node model makes and frees tens of
+/// millions of small strings and lists, and glibc's `malloc`, `free` and the merging of freed
+/// blocks were a third of its samples; mimalloc keeps the freed blocks of each size on their own
+/// pages for the next ones of that size. In alternating runs of `inspect` on that model it
+/// took 0.4 to 0.6 of the time (docs/benchmarks.md, "Limits at any size").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

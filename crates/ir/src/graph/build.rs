@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use petgraph::stable_graph::StableDiGraph;
 
 use super::{
-    validate, Attribute, Attributes, DType, Graph, NameMap, Node, NodeId, Param, Shape, Tensor,
+    validate, Attribute, Attributes, DType, Graph, NameIndex, Node, NodeId, Param, Shape, Tensor,
     TensorId, TensorOrigin,
 };
 use crate::graph::ConstValue;
@@ -60,8 +60,10 @@ pub struct GraphBuilder {
     dag: StableDiGraph<Node, TensorId>,
     /// Tensors as named so far; `origin` is `None` until a producer is declared.
     tensors: Vec<(Tensor, Option<TensorOrigin>)>,
-    tensor_by_name: NameMap<TensorId>,
-    node_names: NameMap<NodeId>,
+    /// Tensors by their name in `tensors`.
+    tensor_by_name: NameIndex,
+    /// Nodes by their name in `dag`.
+    node_names: NameIndex,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     opsets: BTreeMap<String, i64>,
@@ -73,8 +75,8 @@ impl GraphBuilder {
             name: name.into(),
             dag: StableDiGraph::new(),
             tensors: Vec::new(),
-            tensor_by_name: NameMap::default(),
-            node_names: NameMap::default(),
+            tensor_by_name: NameIndex::default(),
+            node_names: NameIndex::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
             opsets: BTreeMap::new(),
@@ -92,23 +94,25 @@ impl GraphBuilder {
     /// of a large model are not rehashed as they grow.
     pub fn reserve(&mut self, nodes: usize, tensors: usize) -> &mut Self {
         self.dag.reserve_nodes(nodes);
-        self.node_names.reserve(nodes);
+        let dag = &self.dag;
+        self.node_names.reserve(nodes, |id| node_name(dag, id));
         self.tensors.reserve(tensors);
-        self.tensor_by_name.reserve(tensors);
+        let named = &self.tensors;
+        self.tensor_by_name
+            .reserve(tensors, |id| tensor_name(named, id));
         self
     }
 
     /// The tensor named `name`, created when first named. Takes a `String` to keep it (a
     /// node's outputs are new names) or a `&str` to copy it.
     fn intern(&mut self, name: impl AsRef<str> + Into<String>) -> TensorId {
-        if let Some(&id) = self.tensor_by_name.get(name.as_ref()) {
+        if let Some(id) = self.tensor_id(name.as_ref()) {
             return id;
         }
-        let name: String = name.into();
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push((
             Tensor {
-                name: name.clone(),
+                name: name.into(),
                 kind: super::ValueKind::Tensor,
                 dtype: None,
                 shape: None,
@@ -118,8 +122,17 @@ impl GraphBuilder {
             },
             None,
         ));
-        self.tensor_by_name.insert(name, id);
+        let named = &self.tensors;
+        self.tensor_by_name
+            .insert_new(id.0, |id| tensor_name(named, id));
         id
+    }
+
+    fn tensor_id(&self, name: &str) -> Option<TensorId> {
+        let named = &self.tensors;
+        self.tensor_by_name
+            .get(name, |id| tensor_name(named, id))
+            .map(TensorId)
     }
 
     /// Records `origin` as the producer of `name`; `who` names it in the error when the tensor
@@ -129,7 +142,7 @@ impl GraphBuilder {
         &mut self,
         name: impl AsRef<str> + Into<String>,
         origin: TensorOrigin,
-        who: impl FnOnce() -> String,
+        who: impl FnOnce(&StableDiGraph<Node, TensorId>) -> String,
     ) -> Result<TensorId, Error> {
         let id = self.intern(name);
         let slot = &mut self.tensors[id.index()].1;
@@ -144,7 +157,7 @@ impl GraphBuilder {
             return Err(Error::DuplicateProducer {
                 tensor: self.tensors[id.index()].0.name.clone(),
                 first,
-                second: who(),
+                second: who(&self.dag),
             });
         }
         *slot = Some(origin);
@@ -164,7 +177,7 @@ impl GraphBuilder {
         dtype: Option<DType>,
         shape: Option<Shape>,
     ) -> Result<TensorId, Error> {
-        let id = self.set_origin(name, TensorOrigin::GraphInput, || "graph input".into())?;
+        let id = self.set_origin(name, TensorOrigin::GraphInput, |_| "graph input".into())?;
         let tensor = &mut self.tensors[id.index()].0;
         tensor.dtype = dtype;
         tensor.shape = shape;
@@ -181,7 +194,7 @@ impl GraphBuilder {
         param: Param,
         value: Option<ConstValue>,
     ) -> Result<TensorId, Error> {
-        let id = self.set_origin(name, TensorOrigin::Parameter(param), || {
+        let id = self.set_origin(name, TensorOrigin::Parameter(param), |_| {
             "initializer".into()
         })?;
         let tensor = &mut self.tensors[id.index()].0;
@@ -193,13 +206,13 @@ impl GraphBuilder {
 
     /// Whether a node with this name has been added.
     pub fn has_node(&self, name: &str) -> bool {
-        self.node_names.contains_key(name)
+        let dag = &self.dag;
+        self.node_names.get(name, |id| node_name(dag, id)).is_some()
     }
 
     /// Whether a tensor with this name has a producer (input, parameter or node) already.
     pub fn is_defined(&self, name: &str) -> bool {
-        self.tensor_by_name
-            .get(name)
+        self.tensor_id(name)
             .is_some_and(|id| self.tensors[id.index()].1.is_some())
     }
 
@@ -229,15 +242,15 @@ impl GraphBuilder {
             module_scope,
             ..
         } = spec;
-        if let Some(&existing) = self.node_names.get(&name) {
+        let dag = &self.dag;
+        if let Some(existing) = self.node_names.get(&name, |id| node_name(dag, id)) {
             return Err(Error::InvalidGraph(format!(
-                "two nodes are named '{name}' (nodes #{} and #{})",
-                existing.index(),
+                "two nodes are named '{name}' (nodes #{existing} and #{})",
                 self.dag.node_count()
             )));
         }
         let node_id = NodeId(self.dag.add_node(Node {
-            name: name.clone(),
+            name,
             op_type,
             domain: if domain == "ai.onnx" {
                 String::new()
@@ -265,11 +278,13 @@ impl GraphBuilder {
                 node: node_id,
                 output: index,
             };
-            output_ids.push(Some(
-                self.set_origin(out, origin, || format!("node '{name}'"))?,
-            ));
+            let who =
+                |dag: &StableDiGraph<Node, TensorId>| format!("node '{}'", dag[node_id.0].name);
+            output_ids.push(Some(self.set_origin(out, origin, who)?));
         }
-        self.node_names.insert(name, node_id);
+        let dag = &self.dag;
+        self.node_names
+            .insert_new(node_id.index() as u32, |id| node_name(dag, id));
         let node = &mut self.dag[node_id.0];
         node.inputs = inputs;
         node.outputs = output_ids;
@@ -318,7 +333,7 @@ impl GraphBuilder {
         } = self;
         let mut resolved = Vec::with_capacity(tensors.len());
         let node_ids: Vec<NodeId> = dag.node_indices().map(NodeId).collect();
-        for (mut tensor, origin) in tensors {
+        for (position, (mut tensor, origin)) in tensors.into_iter().enumerate() {
             match origin {
                 Some(origin) => tensor.origin = origin,
                 None => {
@@ -328,7 +343,7 @@ impl GraphBuilder {
                             .iter()
                             .flatten()
                             .chain(&node.captures)
-                            .any(|t| tensor_by_name.get(&tensor.name) == Some(t))
+                            .any(|t| t.index() == position)
                     });
                     let reader = match reader {
                         Some(id) => format!("node '{}'", dag[id.0].name),
@@ -371,6 +386,16 @@ impl GraphBuilder {
             measured_secs: BTreeMap::new(),
         })
     }
+}
+
+/// The name of node `id` of `dag`, for the builder's node index.
+fn node_name(dag: &StableDiGraph<Node, TensorId>, id: u32) -> &str {
+    &dag[petgraph::stable_graph::NodeIndex::new(id as usize)].name
+}
+
+/// The name of tensor `id`, for the builder's tensor index.
+fn tensor_name(tensors: &[(Tensor, Option<TensorOrigin>)], id: u32) -> &str {
+    &tensors[id as usize].0.name
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 mod attributes;
 mod build;
 mod kind;
+mod names;
 mod types;
 mod validate;
 mod value;
@@ -30,6 +31,8 @@ pub use build::{GraphBuilder, NodeSpec};
 pub use kind::ValueKind;
 pub use types::{checked_element_count, element_count, format_shape, DType, Dim, Shape, SymDim};
 pub use value::{ConstValue, SymInt, MAX_TRACKED_ELEMENTS};
+
+use names::NameIndex;
 
 use crate::Error;
 
@@ -247,19 +250,13 @@ impl Tensor {
     }
 }
 
-/// Tensors or nodes by name. foldhash, not the standard SipHash: SipHash was 2% of the samples
-/// of loading a million-node model (docs/benchmarks.md, "Loading a million nodes, by phase").
-/// Its seed is random per process, as the standard hasher's is (foldhash's minimal resistance
-/// to names chosen to collide).
-pub(crate) type NameMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
-
 /// The dataflow graph of a model.
 #[derive(Debug, Clone)]
 pub struct Graph {
     name: String,
     dag: StableDiGraph<Node, TensorId>,
     tensors: Vec<Tensor>,
-    tensor_by_name: NameMap<TensorId>,
+    tensor_by_name: NameIndex,
     inputs: Vec<TensorId>,
     outputs: Vec<TensorId>,
     opsets: BTreeMap<String, i64>,
@@ -392,7 +389,10 @@ impl Graph {
 
     /// Looks a tensor up by name.
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
-        self.tensor_by_name.get(name).copied()
+        let tensors = &self.tensors;
+        self.tensor_by_name
+            .get(name, |id| tensors[id as usize].name.as_str())
+            .map(TensorId)
     }
 
     /// Graph inputs supplied at run time (parameters excluded), in model order.

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::proto::{
-    length_prefixed_stream, AttributeProto, AttributeType, GraphProto, Message, ModelProto,
-    NodeProto, SparseTensorProto, TensorProto,
+    length_prefixed_stream, AttributeProto, AttributeType, EncodedNode, GraphProto, Message,
+    ModelProto, NodeProto, SparseTensorProto, TensorProto,
 };
 
 use super::model::Model;
@@ -42,6 +42,15 @@ pub fn digests_in_place(graph: &mut GraphProto) -> (String, String) {
 /// the whole graph were a fifth of loading a 100k-node model).
 fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
     use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hash_graph_in_place(graph, &mut hasher);
+    hex(&hasher.finalize())
+}
+
+/// Feeds the graph's encoding, its initializers reduced as [`graph_sha256`] reduces them, to
+/// `hasher`.
+fn hash_graph_in_place(graph: &mut GraphProto, hasher: &mut sha2::Sha256) {
+    use sha2::Digest;
     let data: Vec<TensorProto> = graph
         .initializer
         .iter_mut()
@@ -57,7 +66,6 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
             )
         })
         .collect();
-    let mut hasher = Sha256::new();
     graph.encode_streaming(&mut |bytes| hasher.update(bytes));
     for (initializer, data) in graph.initializer.iter_mut().zip(data) {
         initializer.restore_data(data);
@@ -68,7 +76,6 @@ fn graph_sha256_in_place(graph: &mut GraphProto) -> String {
         }
         sparse.indices = indices;
     }
-    hex(&hasher.finalize())
 }
 
 /// sha256 over the initializers, in file order: each one's `TensorProto` encoding (name, dtype,
@@ -93,39 +100,37 @@ pub(super) fn decode_model(
     origin: &str,
     base_dir: Option<PathBuf>,
 ) -> Result<Model, Error> {
-    let not_onnx = |detail: String| Error::NotOnnx {
-        origin: origin.to_string(),
-        detail,
-    };
     if bytes.is_empty() {
-        return Err(not_onnx("the file is empty".into()));
+        return Err(Error::NotOnnx {
+            origin: origin.to_string(),
+            detail: "the file is empty".into(),
+        });
     }
-    // A file of another format fails to decode, or decodes as a message of unknown fields; in
-    // both cases its first bytes say better than the decoder what the user passed.
-    let sniffed = || sniff_other_format(bytes).map(|f| not_onnx(format!("the file is {f}")));
+    // The usual way: the main graph's nodes decoded one at a time as the graph is built. Any
+    // error, a repeated graph field or a graph of Constant nodes alone takes the whole
+    // decoding below, which says what is wrong in the same words for every file.
+    if let Ok(Some((proto, nodes))) = ModelProto::decode_with_nodes_aside(bytes) {
+        if let Ok(Some(model)) = load_streaming(proto, nodes, bytes, origin, base_dir.clone()) {
+            return Ok(model);
+        }
+    }
+    decode_whole(bytes, origin, base_dir)
+}
+
+/// Loads a model decoded whole, its nodes all at once.
+fn decode_whole(bytes: &[u8], origin: &str, base_dir: Option<PathBuf>) -> Result<Model, Error> {
     let proto = match ModelProto::decode(bytes) {
         Ok(proto) => proto,
         Err(e) => {
             return Err(
-                sniffed().unwrap_or_else(|| not_onnx(format!("protobuf decoding failed: {e}")))
+                sniffed_format(bytes, origin).unwrap_or_else(|| Error::NotOnnx {
+                    origin: origin.to_string(),
+                    detail: format!("protobuf decoding failed: {e}"),
+                }),
             )
         }
     };
-    // Protobuf accepts many byte strings as a message with unknown fields; a real model always
-    // states its IR version and carries a graph.
-    if proto.ir_version <= 0 || proto.graph.is_none() {
-        if let Some(error) = sniffed() {
-            return Err(error);
-        }
-        return Err(not_onnx(format!(
-            "no {} found",
-            if proto.ir_version <= 0 {
-                "IR version"
-            } else {
-                "graph"
-            }
-        )));
-    }
+    check_is_model(&proto, bytes, origin)?;
     let opsets = read_opsets(&proto)?;
     let mut proto = proto;
     let mut graph_proto = proto.graph.take().expect("checked above");
@@ -140,9 +145,7 @@ pub(super) fn decode_model(
     Ok(Model {
         graph,
         ir_version: proto.ir_version,
-        producer: format!("{} {}", proto.producer_name, proto.producer_version)
-            .trim()
-            .to_string(),
+        producer: producer(&proto),
         file_bytes: bytes.len() as u64,
         sha256,
         graph_sha256,
@@ -150,6 +153,116 @@ pub(super) fn decode_model(
         warnings,
         missing_external_data,
     })
+}
+
+/// A file of another format fails to decode, or decodes as a message of unknown fields; in
+/// both cases its first bytes say better than the decoder what the user passed.
+fn sniffed_format(bytes: &[u8], origin: &str) -> Option<Error> {
+    sniff_other_format(bytes).map(|format| Error::NotOnnx {
+        origin: origin.to_string(),
+        detail: format!("the file is {format}"),
+    })
+}
+
+/// Protobuf accepts many byte strings as a message with unknown fields; a real model always
+/// states its IR version and carries a graph.
+fn check_is_model(proto: &ModelProto, bytes: &[u8], origin: &str) -> Result<(), Error> {
+    if proto.ir_version > 0 && proto.graph.is_some() {
+        return Ok(());
+    }
+    if let Some(error) = sniffed_format(bytes, origin) {
+        return Err(error);
+    }
+    let missing = match proto.ir_version <= 0 {
+        true => "IR version",
+        false => "graph",
+    };
+    Err(Error::NotOnnx {
+        origin: origin.to_string(),
+        detail: format!("no {missing} found"),
+    })
+}
+
+fn producer(proto: &ModelProto) -> String {
+    format!("{} {}", proto.producer_name, proto.producer_version)
+        .trim()
+        .to_string()
+}
+
+/// Loads a model whose main graph's nodes are still encoded ([`ModelProto::decode_with_nodes_aside`]):
+/// each is decoded, hashed and built in turn and then dropped, so the decoded nodes never
+/// exist all at once. `None` where the whole decoding must say it: a node that does not decode,
+/// or a graph of Constant nodes alone (which [`populate`] keeps as nodes).
+fn load_streaming(
+    mut proto: ModelProto,
+    nodes: Vec<EncodedNode<'_>>,
+    bytes: &[u8],
+    origin: &str,
+    base_dir: Option<PathBuf>,
+) -> Result<Option<Model>, Error> {
+    use sha2::{Digest, Sha256};
+    check_is_model(&proto, bytes, origin)?;
+    let opsets = read_opsets(&proto)?;
+    let mut graph_proto = proto.graph.take().expect("checked above");
+    // The graph's digest hashes its encoding, whose nodes come first (field 1).
+    let mut graph_hasher = Sha256::new();
+    let (built, sha256) = beside_file_hash(bytes, || {
+        let mut external = ExternalFiles::new(base_dir);
+        let mut hash = |bytes: &[u8]| graph_hasher.update(bytes);
+        build_streaming(&graph_proto, nodes, &opsets, &mut external, &mut hash)
+            .map(|built| built.map(|built| (built, external.missing)))
+    });
+    let Some(((graph, ops), missing_external_data)) = built? else {
+        return Ok(None);
+    };
+    let weights_sha256 = weights_sha256(&graph_proto);
+    hash_graph_in_place(&mut graph_proto, &mut graph_hasher);
+    let ops = ops.iter().map(String::as_str).collect();
+    Ok(Some(Model {
+        graph,
+        ir_version: proto.ir_version,
+        producer: producer(&proto),
+        file_bytes: bytes.len() as u64,
+        sha256,
+        graph_sha256: hex(&graph_hasher.finalize()),
+        weights_sha256,
+        warnings: opset_warnings(opsets.get("").copied(), &ops),
+        missing_external_data,
+    }))
+}
+
+/// The main graph built from `proto` (its nodes aside) and `nodes`, each node's encoding fed
+/// to `hash` on the way; with the default domain's op types, for the opset's warnings.
+fn build_streaming(
+    proto: &GraphProto,
+    nodes: Vec<EncodedNode<'_>>,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+    hash: &mut dyn FnMut(&[u8]),
+) -> Result<Option<(Graph, BTreeSet<String>)>, Error> {
+    let mut builder = Graph::builder(graph_name(proto));
+    declare_values(&mut builder, proto, nodes.len(), opsets, external, &[])?;
+    let mut ops = BTreeSet::new();
+    let mut only_constants = true;
+    let count = nodes.len();
+    for (index, encoded) in nodes.into_iter().enumerate() {
+        let Ok(node) = encoded.decode() else {
+            return Ok(None);
+        };
+        node.encode_as_graph_field(hash);
+        only_constants &= is_default_constant(&node);
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        // Consecutive nodes often share their op: most lookups in the set are spared.
+        if default_domain && ops.last() != Some(&node.op_type) && !ops.contains(&node.op_type) {
+            ops.insert(node.op_type.clone());
+        }
+        add_node(&mut builder, &node, index, false, opsets, external)?;
+    }
+    if only_constants && count > 0 {
+        return Ok(None);
+    }
+    declare_outputs(&mut builder, proto)?;
+    builder.build().map(|graph| Some((graph, ops)))
 }
 
 /// The default domain's op types, for the opset's warnings.
@@ -241,17 +354,19 @@ fn read_opsets(proto: &ModelProto) -> Result<BTreeMap<String, i64>, Error> {
     Ok(opsets)
 }
 
+fn graph_name(proto: &GraphProto) -> String {
+    match proto.name.is_empty() {
+        true => "main".to_string(),
+        false => proto.name.clone(),
+    }
+}
+
 fn build_graph(
     proto: &GraphProto,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
 ) -> Result<Graph, Error> {
-    let name = if proto.name.is_empty() {
-        "main".to_string()
-    } else {
-        proto.name.clone()
-    };
-    let mut builder = Graph::builder(name);
+    let mut builder = Graph::builder(graph_name(proto));
     populate(&mut builder, proto, opsets, external, &[])?;
     builder.build()
 }
@@ -265,14 +380,32 @@ fn populate(
     external: &mut ExternalFiles,
     captures: &[String],
 ) -> Result<(), Error> {
+    declare_values(builder, proto, proto.node.len(), opsets, external, captures)?;
+    // A graph of Constant nodes alone (onnx's `test_constant`) would have no operator left once
+    // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
+    // then, the whole model one stage that produces its constants.
+    let only_constants = proto.node.iter().all(is_default_constant);
+    for (index, node) in proto.node.iter().enumerate() {
+        add_node(builder, node, index, only_constants, opsets, external)?;
+    }
+    declare_outputs(builder, proto)
+}
+
+/// Declares a graph's opsets, initializers and inputs (then `captures`), with room for
+/// `nodes` nodes.
+fn declare_values(
+    builder: &mut GraphBuilder,
+    proto: &GraphProto,
+    nodes: usize,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+    captures: &[String],
+) -> Result<(), Error> {
     for (domain, version) in opsets {
         builder.opset(domain, *version);
     }
     // Each node writes about one tensor; the weights and inputs are the rest.
-    builder.reserve(
-        proto.node.len(),
-        proto.node.len() + proto.initializer.len() + proto.input.len(),
-    );
+    builder.reserve(nodes, nodes + proto.initializer.len() + proto.input.len());
     for init in &proto.initializer {
         let decoded = decode_tensor(init, external)?;
         let param = decoded.param();
@@ -299,23 +432,34 @@ fn populate(
     for name in captures {
         builder.input(name, None, None)?;
     }
-    // A graph of Constant nodes alone (onnx's `test_constant`) would have no operator left once
-    // they become parameters, and an empty graph has nothing to plan or run: they stay nodes
-    // then, the whole model one stage that produces its constants.
-    let only_constants = proto.node.iter().all(is_default_constant);
-    for (index, node) in proto.node.iter().enumerate() {
-        let literal = match only_constants {
-            true => None,
-            false => constant_literal(node)?,
-        };
-        if let Some(literal) = literal {
-            constant_parameter(builder, node, index, literal)?;
-            continue;
-        }
-        check_legacy_node(node, opsets.get("").copied())?;
-        let spec = node_spec(node, index, opsets, external, builder)?;
-        builder.node_reading(spec, node.input.iter().map(String::as_str))?;
+    Ok(())
+}
+
+/// Adds node #`index`: an operator, or (unless `constants_stay_nodes`) a parameter when it is a
+/// default-domain Constant.
+fn add_node(
+    builder: &mut GraphBuilder,
+    node: &NodeProto,
+    index: usize,
+    constants_stay_nodes: bool,
+    opsets: &BTreeMap<String, i64>,
+    external: &mut ExternalFiles,
+) -> Result<(), Error> {
+    let literal = match constants_stay_nodes {
+        true => None,
+        false => constant_literal(node)?,
+    };
+    if let Some(literal) = literal {
+        return constant_parameter(builder, node, index, literal);
     }
+    check_legacy_node(node, opsets.get("").copied())?;
+    let spec = node_spec(node, index, opsets, external, builder)?;
+    builder.node_reading(spec, node.input.iter().map(String::as_str))?;
+    Ok(())
+}
+
+/// Declares a graph's outputs.
+fn declare_outputs(builder: &mut GraphBuilder, proto: &GraphProto) -> Result<(), Error> {
     for output in &proto.output {
         builder.output(&output.name);
         let (kind, _, _) = decode_value_type(&output.name, output.type_.as_deref())?;
@@ -632,6 +776,137 @@ fn collect_names(graph: &GraphProto, defined: &mut HashSet<String>, read: &mut V
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     hex(&Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod streaming_tests {
+    use super::*;
+    use std::path::Path;
+
+    fn onnx_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                onnx_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "onnx") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// What a test compares of two loads: the digests, warnings, and every node and tensor
+    /// as the graph holds them.
+    fn summary(model: &Model) -> String {
+        let graph = &model.graph;
+        let nodes: Vec<_> = graph
+            .nodes()
+            .map(|(id, n)| format!("{id:?} {n:?}"))
+            .collect();
+        let tensors: Vec<_> = graph
+            .tensors()
+            .map(|(id, t)| format!("{id:?} {t:?}"))
+            .collect();
+        format!(
+            "{} {} {} {:?} {:?} {:?} {:?} {nodes:?} {tensors:?}",
+            model.sha256,
+            model.graph_sha256,
+            model.weights_sha256,
+            model.warnings,
+            model.producer,
+            graph.inputs(),
+            graph.outputs()
+        )
+    }
+
+    #[test]
+    fn nodes_decoded_one_at_a_time_load_as_the_whole_decoding_does() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut files = Vec::new();
+        onnx_files(&root.join("fixtures"), &mut files);
+        onnx_files(&root.join("tests"), &mut files);
+        files.sort();
+        let mut streamed = 0;
+        for path in &files {
+            let bytes = std::fs::read(path).unwrap();
+            let origin = path.display().to_string();
+            let dir = path.parent().map(Path::to_path_buf);
+            let whole = decode_whole(&bytes, &origin, dir.clone());
+            let Ok(Some((proto, nodes))) = ModelProto::decode_with_nodes_aside(&bytes) else {
+                assert!(whole.is_err() || bytes.is_empty(), "{origin}: set aside");
+                continue;
+            };
+            match (load_streaming(proto, nodes, &bytes, &origin, dir), whole) {
+                (Ok(Some(streaming)), Ok(whole)) => {
+                    assert_eq!(summary(&streaming), summary(&whole), "{origin}");
+                    streamed += 1;
+                }
+                (Ok(Some(_)), Err(e)) => panic!("{origin}: only the whole decoding fails: {e}"),
+                // The loader falls back to the whole decoding for these.
+                (Ok(None) | Err(_), _) => {}
+            }
+        }
+        println!("{streamed} of {} files streamed", files.len());
+        // 75 with fixtures/real/cache; the rest are the malformed models of tests/.
+        assert!(streamed >= 70, "{streamed} streamed");
+    }
+
+    #[test]
+    fn a_model_with_two_graph_fields_is_decoded_whole_and_the_last_counts() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut bytes = std::fs::read(root.join("fixtures/models/mlp.onnx")).unwrap();
+        let gpt2 = std::fs::read(root.join("fixtures/models/gpt2_tiny.onnx")).unwrap();
+        let graph = ModelProto::decode(&gpt2).unwrap().graph.unwrap().to_bytes();
+        bytes.push(7 << 3 | 2);
+        let mut len = graph.len();
+        while len >= 0x80 {
+            bytes.push(len as u8 | 0x80);
+            len >>= 7;
+        }
+        bytes.push(len as u8);
+        bytes.extend_from_slice(&graph);
+        assert!(matches!(
+            ModelProto::decode_with_nodes_aside(&bytes),
+            Ok(None)
+        ));
+        let loaded = decode_model(&bytes, "m", None).unwrap();
+        assert_eq!(
+            summary(&loaded),
+            summary(&decode_whole(&bytes, "m", None).unwrap())
+        );
+        let gpt2 = decode_model(&gpt2, "g", None).unwrap();
+        assert_eq!(loaded.graph.node_count(), gpt2.graph.node_count());
+        assert_eq!(loaded.graph_sha256, gpt2.graph_sha256);
+    }
+
+    #[test]
+    fn corrupted_models_load_or_fail_as_the_whole_decoding_does() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let bytes = std::fs::read(root.join("fixtures/models/gpt2_tiny.onnx")).unwrap();
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        for round in 0..300 {
+            let mut corrupt = bytes.clone();
+            for _ in 0..=round % 4 {
+                let at = next() % corrupt.len();
+                corrupt[at] = next() as u8;
+            }
+            if round % 5 == 0 {
+                corrupt.truncate(next() % corrupt.len());
+            }
+            let loaded = decode_model(&corrupt, "m", None).map(|m| summary(&m));
+            let whole = decode_whole(&corrupt, "m", None).map(|m| summary(&m));
+            match (loaded, whole) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "round {round}"),
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "round {round}"),
+                (a, b) => panic!("round {round}: {:?} against {:?}", a.err(), b.err()),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Phase 1 of the pipeline: reading ONNX models into the graph IR, and (in [`shape`]) inferring
 //! the dtype and shape of every tensor.
 //!
-//! The model file is memory-mapped and decoded once. Weights stored as external data are never
-//! read: the loader records their file, offset and length and checks only the file's metadata,
-//! so a model with hundreds of gigabytes of weights loads in the time its protobuf takes.
+//! The model file is read whole and decoded once, the main graph's nodes one at a time as the
+//! graph is built (`load.rs`). Weights stored as external data are never read: the loader
+//! records their file, offset and length and checks only the file's metadata, so a model with
+//! hundreds of gigabytes of weights loads in the time its protobuf takes.
 
 pub mod image_stream;
 pub mod inspect;

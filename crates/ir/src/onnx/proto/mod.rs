@@ -104,6 +104,56 @@ message!(
     }
 );
 
+/// A node of the main graph still encoded, as [`ModelProto::decode_with_nodes_aside`] set it
+/// aside.
+pub(crate) struct EncodedNode<'a>(Reader<'a>);
+
+impl EncodedNode<'_> {
+    /// The node, decoded as [`ModelProto::decode`] would have decoded it.
+    pub(crate) fn decode(mut self) -> Result<NodeProto, DecodeError> {
+        <NodeProto as wire::Message>::decode_from(&mut self.0)
+    }
+}
+
+impl NodeProto {
+    /// Streams the node's encoding as a field of its graph (tag, length, fields) into `drain`:
+    /// its part of the graph's encoding, which [`crate::onnx::graph_sha256`] hashes.
+    pub(crate) fn encode_as_graph_field(&self, drain: &mut dyn FnMut(&[u8])) {
+        wire::Message::encoded_len(self);
+        wire::encode_message(self, 1, &mut Writer::streaming(drain));
+    }
+}
+
+impl ModelProto {
+    /// Decodes a model but for its main graph's nodes, which stay encoded, in file order, for
+    /// the loader to decode one at a time while it builds the graph: a million decoded nodes
+    /// held at once took 1.4 GB (docs/benchmarks.md, "Limits at any size"). `None` for a file
+    /// with more than one graph field, where the last one counts ([`ModelProto::decode`] reads
+    /// such a file).
+    pub(crate) fn decode_with_nodes_aside(
+        bytes: &[u8],
+    ) -> Result<Option<(ModelProto, Vec<EncodedNode<'_>>)>, DecodeError> {
+        let mut graphs = 0;
+        let mut nodes = Vec::new();
+        let mut graph = None;
+        let mut model: ModelProto =
+            wire::decode_setting_aside(&mut Reader::new(bytes), 7, &mut |mut r| {
+                graphs += 1;
+                let mut set_aside = |node| {
+                    nodes.push(EncodedNode(node));
+                    Ok(())
+                };
+                graph = Some(wire::decode_setting_aside(&mut r, 1, &mut set_aside)?);
+                Ok(())
+            })?;
+        if graphs > 1 {
+            return Ok(None);
+        }
+        model.graph = graph.map(Box::new);
+        Ok(Some((model, nodes)))
+    }
+}
+
 message!(
     /// An opset import.
     OperatorSetIdProto {

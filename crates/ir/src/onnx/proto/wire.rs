@@ -407,6 +407,33 @@ pub trait Message: Default {
     }
 }
 
+/// Decodes a message from `r` except field `number`: each time that field comes
+/// length-delimited and whole, `aside` gets a reader of its payload, one level deeper, to
+/// decode later (or not). Everything else merges as [`Message::decode_from`] merges it. An
+/// error of `aside` ends the decoding.
+pub fn decode_setting_aside<'a, M: Message>(
+    r: &mut Reader<'a>,
+    number: u32,
+    aside: &mut dyn FnMut(Reader<'a>) -> Result<(), DecodeError>,
+) -> Result<M, DecodeError> {
+    let mut message = M::default();
+    while let Some((field, wire)) = r.tag()? {
+        if field == number && wire == LEN {
+            let Payload::Whole(bytes) = r.payload()? else {
+                return Err(DecodeError::UnexpectedEnd);
+            };
+            aside(r.nested(bytes)?)?;
+            continue;
+        }
+        if !message.merge_field(field, wire, r)? {
+            if let Some(value) = r.unknown_value(field, wire)? {
+                message.unknown_fields_mut().add(field, value);
+            }
+        }
+    }
+    Ok(message)
+}
+
 /// Decodes a nested message's payload one level deeper.
 /// A message the file cuts short is read up to the cut, then refused for it.
 fn nested_message<M: Message>(r: &mut Reader<'_>) -> Result<M, DecodeError> {
