@@ -252,8 +252,7 @@ fn build_streaming(
         node.encode_as_graph_field(hash);
         only_constants &= is_default_constant(&node);
         let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-        // Consecutive nodes often share their op: most lookups in the set are spared.
-        if default_domain && ops.last() != Some(&node.op_type) && !ops.contains(&node.op_type) {
+        if default_domain && !ops.contains(&node.op_type) {
             ops.insert(node.op_type.clone());
         }
         add_node(&mut builder, &node, index, false, opsets, external)?;

@@ -766,10 +766,13 @@ fn solve_on(
     }
     high = high.max(f64::MIN_POSITIVE) * (1.0 + 4.0 * RELATIVE_TOLERANCE);
     let mut low = problem.lower_bound_secs() * (1.0 - RELATIVE_TOLERANCE);
+    // Whether a probe has set `high`: until one does it is the loose bound above.
+    let mut tightened = false;
     if feasible(problem, tables, low) {
         // Only possible when every time is zero.
         high = low.max(0.0);
         low = 0.0;
+        tightened = true;
     }
     // The optimum is usually within a few percent of the lower bound, and probes near it are
     // cheap (narrow windows), so the bracket is first closed from below with growing steps.
@@ -785,6 +788,7 @@ fn solve_on(
         let probe = floor * (1.0 + step);
         if feasible(problem, tables, probe) {
             high = probe;
+            tightened = true;
             break;
         }
         low = probe;
@@ -798,8 +802,18 @@ fn solve_on(
         let mid = 0.5 * (low + high);
         if feasible(problem, tables, mid) {
             high = mid;
+            tightened = true;
         } else {
             low = mid;
+        }
+    }
+    // Stopped before any probe fitted: covering the order within the loose bound would sweep
+    // the whole order for every stage (13 s at a million nodes, far past a 1 s deadline), so
+    // the balanced split stands instead when it fits.
+    if !complete && !tightened {
+        if let Some(mut split) = balanced_split(problem) {
+            split.order_lower_bound_secs = low.min(split.bottleneck_secs);
+            return Some(split);
         }
     }
     let starts = fewest_bytes(problem, tables, high)?;
@@ -908,6 +922,10 @@ mod tests {
         assert!(!split.complete);
         assert_eq!(split.starts, vec![0, 10, 20, 30]);
         p.check_assignment(&split.stage_of).unwrap();
+        // Stopped before any probe fitted, the DP does not cover the order within its loose
+        // first bound (a sweep of the whole order per stage): the balanced split stands.
+        assert_eq!(stopped.starts, split.starts);
+        assert!(stopped.order_lower_bound_secs <= split.bottleneck_secs);
     }
 
     #[test]
