@@ -44,6 +44,18 @@ fn a_limit_spent_on_the_costs_still_returns_a_plan_that_says_what_ran() {
         .iter()
         .all(|b| b.error.as_deref() == Some(BASELINES_SKIPPED)));
 
+    // A limit spent before the solve (zero: the command's loading took it) skips them too: they
+    // took 0.9 s on a million nodes when a zero limit let them run.
+    let none_left = planner
+        .clone()
+        .with_time_limit(Duration::ZERO)
+        .solve()
+        .unwrap();
+    assert!(none_left
+        .baselines
+        .iter()
+        .all(|b| b.error.as_deref() == Some(BASELINES_SKIPPED)));
+
     // The same model with time: the DP finishes, is at least as good, and the baselines run.
     let timed = planner.with_work_budget(Some(1_000_000)).solve().unwrap();
     assert!(timed.evaluation.bottleneck_secs <= spent.evaluation.bottleneck_secs);

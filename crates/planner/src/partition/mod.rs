@@ -807,11 +807,13 @@ impl<'a> Planner<'a> {
         // (the baselines take about half as long again: 1.9 s after 3.4 s on a million nodes),
         // they are skipped rather than delay pipecut's plan. Under a work budget the clock
         // decides nothing (its deadline is never near).
+        // A limit already spent (zero: the command's loading took it) leaves none for them.
         let left = deadline.saturating_duration_since(Instant::now());
-        let (baselines, baseline_layers) = match left >= self.config.time_limit * 3 / 4 {
-            true => evaluate_baselines(&fine, &self.config.baseline_layer_type),
-            false => skipped_baselines(&self.config.baseline_layer_type),
-        };
+        let (baselines, baseline_layers) =
+            match !left.is_zero() && left >= self.config.time_limit * 3 / 4 {
+                true => evaluate_baselines(&fine, &self.config.baseline_layer_type),
+                false => skipped_baselines(&self.config.baseline_layer_type),
+            };
         // The constraints' groups, their quotient and the DP's first sweeps are linear passes
         // that took about as long as the costs on a million nodes (docs/benchmarks.md, "Limits
         // at any size"). With less time left than the costs took they are not begun: the order
