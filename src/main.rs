@@ -13,6 +13,7 @@ use clap::Parser;
 use pipecut::cli;
 
 fn main() -> ExitCode {
+    reserve_address_space_sparingly();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,
@@ -30,3 +31,26 @@ fn main() -> ExitCode {
 /// took 0.4 to 0.6 of the time (docs/benchmarks.md, "Limits at any size").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc reserves its address space in arenas of 1 GiB; under an address-space cap
+/// (`ulimit -v`) each reservation counts whole, and a run that fitted glibc's allocator failed
+/// one 512 MiB tensor early (tests/robustness.rs, `joining_2_gib_of_output_under_the_cap_…`).
+/// Arenas of 64 MiB leave the cap to the model's data.
+fn reserve_address_space_sparingly() {
+    // `mi_option_arena_reserve` in `mi_option_t` of mimalloc 3.3.2 (include/mimalloc.h of
+    // libmimalloc-sys 0.1.49, which Cargo.lock pins), in KiB; another release may number its
+    // options differently, so only that one is told.
+    const MIMALLOC_VERSION: std::ffi::c_int = 30302;
+    const MI_OPTION_ARENA_RESERVE: std::ffi::c_int = 23;
+    extern "C" {
+        fn mi_version() -> std::ffi::c_int;
+        fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+    }
+    // SAFETY: both are plain C calls of the linked mimalloc: a constant read, and a store of one
+    // option that any thread may make.
+    unsafe {
+        if mi_version() == MIMALLOC_VERSION {
+            mi_option_set(MI_OPTION_ARENA_RESERVE, 64 * 1024);
+        }
+    }
+}
