@@ -196,20 +196,23 @@ fn a_partition_limit_spent_while_loading_still_returns_a_checked_plan() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
     let model = common::fixture("gpt2_tiny");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
-        .arg("partition")
-        .arg(&model)
-        .args(["--dim", "batch=2", "--dim", "seq=16", "--cluster", "1x8xL4"])
-        .args(["--stages", "8", "--time-limit", "1ms", "--out"])
-        .arg(&plan)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, stdout, stderr) = common::pipecut_cli(&[
+        "partition",
+        model.to_str().unwrap(),
+        "--dim",
+        "batch=2",
+        "--dim",
+        "seq=16",
+        "--cluster",
+        "1x8xL4",
+        "--stages",
+        "8",
+        "--time-limit",
+        "1ms",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains("the time limit was spent before the DP finished")
             && stdout.contains("within --time-limit (it covers the whole command)"),
@@ -220,15 +223,7 @@ fn a_partition_limit_spent_while_loading_still_returns_a_checked_plan() {
 
 /// Asserts that `pipecut check` accepts the plan for the model.
 fn check_accepts(plan: &std::path::Path, model: &std::path::Path) {
-    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_pipecut"))
-        .arg("check")
-        .arg(plan)
-        .arg(model)
-        .output()
-        .unwrap();
-    assert!(
-        checked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    let (plan, model) = (plan.to_str().unwrap(), model.to_str().unwrap());
+    let (code, _, stderr) = common::pipecut_cli(&["check", plan, model]);
+    assert_eq!(code, 0, "{stderr}");
 }
