@@ -58,8 +58,12 @@ impl NodeSpec {
 pub struct GraphBuilder {
     name: String,
     dag: StableDiGraph<Node, TensorId>,
-    /// Tensors as named so far; `origin` is `None` until a producer is declared.
-    tensors: Vec<(Tensor, Option<TensorOrigin>)>,
+    /// Tensors as named so far, in the order the graph keeps them.
+    tensors: Vec<Tensor>,
+    /// Whether `tensors[i]` has a producer yet (its `origin` is only a placeholder until then).
+    /// Apart from the tensors so that [`GraphBuilder::build`] finishes them in place: moving a
+    /// million tensors into a new vector was a tenth of a million-node model's load.
+    produced: Vec<bool>,
     /// Tensors by their name in `tensors`.
     tensor_by_name: NameIndex,
     /// Nodes by their name in `dag`.
@@ -75,6 +79,7 @@ impl GraphBuilder {
             name: name.into(),
             dag: StableDiGraph::new(),
             tensors: Vec::new(),
+            produced: Vec::new(),
             tensor_by_name: NameIndex::default(),
             node_names: NameIndex::default(),
             inputs: Vec::new(),
@@ -97,6 +102,7 @@ impl GraphBuilder {
         let dag = &self.dag;
         self.node_names.reserve(nodes, |id| node_name(dag, id));
         self.tensors.reserve(tensors);
+        self.produced.reserve(tensors);
         let named = &self.tensors;
         self.tensor_by_name
             .reserve(tensors, |id| tensor_name(named, id));
@@ -110,18 +116,16 @@ impl GraphBuilder {
             return id;
         }
         let id = TensorId(self.tensors.len() as u32);
-        self.tensors.push((
-            Tensor {
-                name: name.into(),
-                kind: super::ValueKind::Tensor,
-                dtype: None,
-                shape: None,
-                origin: TensorOrigin::GraphInput,
-                value: None,
-                consumers: Vec::new(),
-            },
-            None,
-        ));
+        self.tensors.push(Tensor {
+            name: name.into(),
+            kind: super::ValueKind::Tensor,
+            dtype: None,
+            shape: None,
+            origin: TensorOrigin::GraphInput,
+            value: None,
+            consumers: Vec::new(),
+        });
+        self.produced.push(false);
         let named = &self.tensors;
         self.tensor_by_name
             .insert_new(id.0, |id| tensor_name(named, id));
@@ -145,9 +149,8 @@ impl GraphBuilder {
         who: impl FnOnce(&StableDiGraph<Node, TensorId>) -> String,
     ) -> Result<TensorId, Error> {
         let id = self.intern(name);
-        let slot = &mut self.tensors[id.index()].1;
-        if let Some(previous) = slot {
-            let first = match previous {
+        if self.produced[id.index()] {
+            let first = match &self.tensors[id.index()].origin {
                 TensorOrigin::GraphInput => "graph input".to_string(),
                 TensorOrigin::Parameter(_) => "initializer".to_string(),
                 TensorOrigin::Node { node, .. } => {
@@ -155,19 +158,20 @@ impl GraphBuilder {
                 }
             };
             return Err(Error::DuplicateProducer {
-                tensor: self.tensors[id.index()].0.name.clone(),
+                tensor: self.tensors[id.index()].name.clone(),
                 first,
                 second: who(&self.dag),
             });
         }
-        *slot = Some(origin);
+        self.produced[id.index()] = true;
+        self.tensors[id.index()].origin = origin;
         Ok(id)
     }
 
     /// Says what kind of value an input or output is (a sequence, an optional); tensors need not.
     pub fn kind(&mut self, name: &str, kind: super::ValueKind) {
         let id = self.intern(name);
-        self.tensors[id.index()].0.kind = kind;
+        self.tensors[id.index()].kind = kind;
     }
 
     /// Declares a graph input with its type. Dims may be symbolic.
@@ -178,7 +182,7 @@ impl GraphBuilder {
         shape: Option<Shape>,
     ) -> Result<TensorId, Error> {
         let id = self.set_origin(name, TensorOrigin::GraphInput, |_| "graph input".into())?;
-        let tensor = &mut self.tensors[id.index()].0;
+        let tensor = &mut self.tensors[id.index()];
         tensor.dtype = dtype;
         tensor.shape = shape;
         self.inputs.push(id);
@@ -197,7 +201,7 @@ impl GraphBuilder {
         let id = self.set_origin(name, TensorOrigin::Parameter(param), |_| {
             "initializer".into()
         })?;
-        let tensor = &mut self.tensors[id.index()].0;
+        let tensor = &mut self.tensors[id.index()];
         tensor.dtype = Some(dtype);
         tensor.shape = Some(dims.iter().map(|&d| d.into()).collect());
         tensor.value = value;
@@ -213,7 +217,7 @@ impl GraphBuilder {
     /// Whether a tensor with this name has a producer (input, parameter or node) already.
     pub fn is_defined(&self, name: &str) -> bool {
         self.tensor_id(name)
-            .is_some_and(|id| self.tensors[id.index()].1.is_some())
+            .is_some_and(|id| self.produced[id.index()])
     }
 
     /// Adds a node. Its input tensors may be produced by nodes added later.
@@ -302,7 +306,7 @@ impl GraphBuilder {
     /// Sets the declared type of a tensor (e.g. from an ONNX graph output's type).
     pub fn declare_type(&mut self, name: &str, dtype: Option<DType>, shape: Option<Shape>) {
         let id = self.intern(name);
-        let tensor = &mut self.tensors[id.index()].0;
+        let tensor = &mut self.tensors[id.index()];
         tensor.dtype = tensor.dtype.or(dtype);
         if tensor.shape.is_none() {
             tensor.shape = shape;
@@ -324,39 +328,40 @@ impl GraphBuilder {
         let GraphBuilder {
             name,
             mut dag,
-            tensors,
+            mut tensors,
+            produced,
             tensor_by_name,
             inputs,
             outputs,
             opsets,
             ..
         } = self;
-        let mut resolved = Vec::with_capacity(tensors.len());
-        let node_ids: Vec<NodeId> = dag.node_indices().map(NodeId).collect();
-        for (position, (mut tensor, origin)) in tensors.into_iter().enumerate() {
-            match origin {
-                Some(origin) => tensor.origin = origin,
-                None => {
-                    let reader = node_ids.iter().find(|id| {
-                        let node = &dag[id.0];
-                        node.inputs
-                            .iter()
-                            .flatten()
-                            .chain(&node.captures)
-                            .any(|t| t.index() == position)
-                    });
-                    let reader = match reader {
-                        Some(id) => format!("node '{}'", dag[id.0].name),
-                        None => "the graph outputs".to_string(),
-                    };
-                    return Err(Error::MissingProducer {
-                        tensor: tensor.name,
-                        reader,
-                    });
-                }
-            }
-            resolved.push(tensor);
+        if let Some(position) = produced.iter().position(|&produced| !produced) {
+            let reader = dag.node_indices().find(|&id| {
+                let node = &dag[id];
+                node.inputs
+                    .iter()
+                    .flatten()
+                    .chain(&node.captures)
+                    .any(|t| t.index() == position)
+            });
+            let reader = match reader {
+                Some(id) => format!("node '{}'", dag[id].name),
+                None => "the graph outputs".to_string(),
+            };
+            return Err(Error::MissingProducer {
+                tensor: std::mem::take(&mut tensors[position].name),
+                reader,
+            });
         }
+        let node_ids: Vec<NodeId> = dag.node_indices().map(NodeId).collect();
+        // At most one edge per read: reserved, so that a million edges are not moved as the
+        // vector doubles.
+        let reads = node_ids.iter().map(|&id| {
+            let node = &dag[id.0];
+            node.inputs.len() + node.captures.len()
+        });
+        dag.reserve_edges(reads.sum());
         // One buffer for every node's reads: a vector per node was a million allocations.
         let mut read: Vec<TensorId> = Vec::new();
         for &consumer in &node_ids {
@@ -366,7 +371,7 @@ impl GraphBuilder {
             read.sort();
             read.dedup();
             for &tensor_id in &read {
-                let tensor = &mut resolved[tensor_id.index()];
+                let tensor = &mut tensors[tensor_id.index()];
                 tensor.consumers.push(consumer);
                 if let TensorOrigin::Node { node: producer, .. } = tensor.origin {
                     dag.add_edge(producer.0, consumer.0, tensor_id);
@@ -377,7 +382,7 @@ impl GraphBuilder {
         Ok(Graph {
             name,
             dag,
-            tensors: resolved,
+            tensors,
             tensor_by_name,
             inputs,
             outputs,
@@ -394,8 +399,8 @@ fn node_name(dag: &StableDiGraph<Node, TensorId>, id: u32) -> &str {
 }
 
 /// The name of tensor `id`, for the builder's tensor index.
-fn tensor_name(tensors: &[(Tensor, Option<TensorOrigin>)], id: u32) -> &str {
-    &tensors[id as usize].0.name
+fn tensor_name(tensors: &[Tensor], id: u32) -> &str {
+    &tensors[id as usize].name
 }
 
 #[cfg(test)]

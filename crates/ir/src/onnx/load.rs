@@ -78,6 +78,23 @@ fn hash_graph_in_place(graph: &mut GraphProto, hasher: &mut sha2::Sha256) {
     }
 }
 
+/// [`hash_graph_in_place`] for a graph that is not needed afterwards: the initializers' data
+/// are dropped as they are reduced, where keeping them to put back took a vector of every
+/// initializer (a twentieth of loading the million-node stack of `benches/scale.sh`).
+fn hash_graph_consumed(mut graph: GraphProto, hasher: &mut sha2::Sha256) {
+    use sha2::Digest;
+    for initializer in &mut graph.initializer {
+        drop(initializer.take_data());
+    }
+    for sparse in &mut graph.sparse_initializer {
+        if let Some(values) = sparse.values.as_deref_mut() {
+            drop(values.take_data());
+        }
+        sparse.indices = None;
+    }
+    graph.encode_streaming(&mut |bytes| hasher.update(bytes));
+}
+
 /// sha256 over the initializers, in file order: each one's `TensorProto` encoding (name, dtype,
 /// dims, the embedded bytes in whichever data field holds them, and for external data the
 /// reference entries: location, offset, length, checksum), each prefixed with its length in
@@ -203,20 +220,25 @@ fn load_streaming(
     use sha2::{Digest, Sha256};
     check_is_model(&proto, bytes, origin)?;
     let opsets = read_opsets(&proto)?;
-    let mut graph_proto = proto.graph.take().expect("checked above");
+    let graph_proto = proto.graph.take().expect("checked above");
     // The graph's digest hashes its encoding, whose nodes come first (field 1).
     let mut graph_hasher = Sha256::new();
     let (built, sha256) = beside_file_hash(bytes, || {
         let mut external = ExternalFiles::new(base_dir);
-        let mut hash = |bytes: &[u8]| graph_hasher.update(bytes);
-        build_streaming(&graph_proto, nodes, &opsets, &mut external, &mut hash)
-            .map(|built| built.map(|built| (built, external.missing)))
+        build_streaming(
+            &graph_proto,
+            nodes,
+            &opsets,
+            &mut external,
+            &mut graph_hasher,
+        )
+        .map(|built| built.map(|built| (built, external.missing)))
     });
     let Some(((graph, ops), missing_external_data)) = built? else {
         return Ok(None);
     };
     let weights_sha256 = weights_sha256(&graph_proto);
-    hash_graph_in_place(&mut graph_proto, &mut graph_hasher);
+    hash_graph_consumed(*graph_proto, &mut graph_hasher);
     let ops = ops.iter().map(String::as_str).collect();
     Ok(Some(Model {
         graph,
@@ -231,37 +253,131 @@ fn load_streaming(
     }))
 }
 
-/// The main graph built from `proto` (its nodes aside) and `nodes`, each node's encoding fed
-/// to `hash` on the way; with the default domain's op types, for the opset's warnings.
+/// Nodes per message from the decoding thread to the builder: enough that the channel's cost
+/// vanishes, few enough that the decoded nodes in flight stay small.
+const NODES_PER_BATCH: usize = 256;
+
+/// The main graph built from `proto` (its nodes aside) and `nodes`, with the default domain's
+/// op types, for the opset's warnings. Another thread decodes the nodes and feeds each one's
+/// encoding to `hasher` while this one builds the graph: on the million-node stack of
+/// `benches/scale.sh` the decoding and hashing were a fifth of the load.
 fn build_streaming(
     proto: &GraphProto,
     nodes: Vec<EncodedNode<'_>>,
     opsets: &BTreeMap<String, i64>,
     external: &mut ExternalFiles,
-    hash: &mut dyn FnMut(&[u8]),
+    hasher: &mut sha2::Sha256,
 ) -> Result<Option<(Graph, BTreeSet<String>)>, Error> {
     let mut builder = Graph::builder(graph_name(proto));
     declare_values(&mut builder, proto, nodes.len(), opsets, external, &[])?;
-    let mut ops = BTreeSet::new();
-    let mut only_constants = true;
     let count = nodes.len();
-    for (index, encoded) in nodes.into_iter().enumerate() {
-        let Ok(node) = encoded.decode() else {
-            return Ok(None);
+    let (decoded, added) = std::thread::scope(|scope| {
+        let (sender, batches) = std::sync::mpsc::sync_channel(4);
+        let (give_back, built_batches) = std::sync::mpsc::channel();
+        let decoding = std::thread::Builder::new()
+            .name("node-decoding".into())
+            .spawn_scoped(scope, move || {
+                decode_nodes(nodes, hasher, sender, &built_batches)
+            });
+        let Ok(decoding) = decoding else {
+            // No thread to be had: the whole decoding, on this one, says the same.
+            return (None, Ok(0));
         };
-        node.encode_as_graph_field(hash);
-        only_constants &= is_default_constant(&node);
-        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
-        if default_domain && !ops.contains(&node.op_type) {
-            ops.insert(node.op_type.clone());
-        }
-        add_node(&mut builder, &node, index, false, opsets, external)?;
-    }
-    if only_constants && count > 0 {
+        let mut added = 0;
+        let mut add_all = || {
+            for batch in &batches {
+                for node in &batch {
+                    add_node(&mut builder, node, added, false, opsets, external)?;
+                    added += 1;
+                }
+                // The decoding thread frees what it allocated, faster than this one could.
+                let _ = give_back.send(batch);
+            }
+            Ok(())
+        };
+        let built: Result<(), Error> = add_all();
+        // On an error the decoding thread finds the channel closed and stops.
+        drop(batches);
+        drop(give_back);
+        let decoded = decoding
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (decoded, built.map(|()| added))
+    });
+    let added = added?;
+    let Some(DecodedNodes {
+        default_domain_ops,
+        only_constants,
+    }) = decoded
+    else {
+        return Ok(None);
+    };
+    if added < count || (only_constants && count > 0) {
         return Ok(None);
     }
     declare_outputs(&mut builder, proto)?;
-    builder.build().map(|graph| Some((graph, ops)))
+    builder
+        .build()
+        .map(|graph| Some((graph, default_domain_ops)))
+}
+
+/// What the decoding thread learnt of the nodes on the way.
+struct DecodedNodes {
+    default_domain_ops: BTreeSet<String>,
+    /// Every node is a default-domain Constant (see [`load_streaming`]).
+    only_constants: bool,
+}
+
+/// Decodes `nodes` in order, feeds each one's encoding to `hasher` and sends them on in batches,
+/// dropping those `built` gives back. `None` when a node does not decode; it stops early,
+/// without saying so, when the builder hung up (an error the builder reports).
+fn decode_nodes(
+    nodes: Vec<EncodedNode<'_>>,
+    hasher: &mut sha2::Sha256,
+    batches: std::sync::mpsc::SyncSender<Vec<NodeProto>>,
+    built: &std::sync::mpsc::Receiver<Vec<NodeProto>>,
+) -> Option<DecodedNodes> {
+    let learnt = decode_and_send(nodes, hasher, &batches, built);
+    // The builder's loop ends with the channel, and gives back the last batches meanwhile.
+    drop(batches);
+    built.iter().for_each(drop);
+    learnt
+}
+
+fn decode_and_send(
+    nodes: Vec<EncodedNode<'_>>,
+    hasher: &mut sha2::Sha256,
+    batches: &std::sync::mpsc::SyncSender<Vec<NodeProto>>,
+    built: &std::sync::mpsc::Receiver<Vec<NodeProto>>,
+) -> Option<DecodedNodes> {
+    use sha2::Digest;
+    let mut learnt = DecodedNodes {
+        default_domain_ops: BTreeSet::new(),
+        only_constants: true,
+    };
+    let mut batch = Vec::with_capacity(NODES_PER_BATCH);
+    for encoded in nodes {
+        let node = encoded.decode().ok()?;
+        node.encode_as_graph_field(&mut |bytes| hasher.update(bytes));
+        learnt.only_constants &= is_default_constant(&node);
+        let default_domain = node.domain.is_empty() || node.domain == "ai.onnx";
+        if default_domain && !learnt.default_domain_ops.contains(&node.op_type) {
+            learnt.default_domain_ops.insert(node.op_type.clone());
+        }
+        batch.push(node);
+        if batch.len() == NODES_PER_BATCH {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(NODES_PER_BATCH));
+            if batches.send(full).is_err() {
+                return Some(learnt);
+            }
+            built.try_iter().for_each(drop);
+        }
+    }
+    if !batch.is_empty() {
+        // A closed channel here also means the builder stopped, which it reports.
+        let _ = batches.send(batch);
+    }
+    Some(learnt)
 }
 
 /// The default domain's op types, for the opset's warnings.
@@ -875,6 +991,85 @@ mod streaming_tests {
         let gpt2 = decode_model(&gpt2, "g", None).unwrap();
         assert_eq!(loaded.graph.node_count(), gpt2.graph.node_count());
         assert_eq!(loaded.graph_sha256, gpt2.graph_sha256);
+    }
+
+    /// mlp.onnx's input through a chain of `count` Relu nodes, so long that the decoding
+    /// thread fills the channel and waits on the builder.
+    fn relu_chain(count: usize) -> ModelProto {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let bytes = std::fs::read(root.join("fixtures/models/mlp.onnx")).unwrap();
+        let mut model = ModelProto::decode(&bytes).unwrap();
+        let graph = model.graph.as_mut().unwrap();
+        graph.initializer.clear();
+        graph.input.truncate(1);
+        graph.output.truncate(1);
+        graph.value_info.clear();
+        let mut last = graph.input[0].name.clone();
+        graph.node = (0..count)
+            .map(|index| {
+                let out = format!("t{index}");
+                let mut node = NodeProto::default();
+                node.input = vec![std::mem::replace(&mut last, out.clone())];
+                node.output = vec![out];
+                node.name = format!("relu{index}");
+                node.op_type = "Relu".into();
+                node
+            })
+            .collect();
+        graph.output[0].name = last;
+        model
+    }
+
+    /// Loads `bytes` both ways: what `decode_model` returns, streamed where it could be, and
+    /// whether the streaming took it.
+    fn both_ways(bytes: &[u8]) -> (Result<Model, Error>, Result<Model, Error>, bool) {
+        let (proto, nodes) = ModelProto::decode_with_nodes_aside(bytes).unwrap().unwrap();
+        let streamed = matches!(load_streaming(proto, nodes, bytes, "m", None), Ok(Some(_)));
+        (
+            decode_model(bytes, "m", None),
+            decode_whole(bytes, "m", None),
+            streamed,
+        )
+    }
+
+    #[test]
+    fn a_long_chain_streams_through_the_decoding_thread() {
+        let bytes = relu_chain(20 * NODES_PER_BATCH + 7).to_bytes();
+        let (loaded, whole, streamed) = both_ways(&bytes);
+        assert!(streamed);
+        assert_eq!(summary(&loaded.unwrap()), summary(&whole.unwrap()));
+    }
+
+    #[test]
+    fn a_builder_error_early_stops_the_decoding_thread_and_the_whole_decoding_says_it() {
+        let mut model = relu_chain(20 * NODES_PER_BATCH);
+        // Node 1 writes the graph's input: two producers of one tensor.
+        let graph = model.graph.as_mut().unwrap();
+        graph.node[1].output[0] = graph.input[0].name.clone();
+        graph.node[2].input[0] = graph.input[0].name.clone();
+        let (loaded, whole, streamed) = both_ways(&model.to_bytes());
+        assert!(!streamed);
+        let error = loaded.expect_err("two producers").to_string();
+        assert_eq!(error, whole.err().unwrap().to_string());
+        assert!(error.contains("relu1"), "{error}");
+    }
+
+    #[test]
+    fn a_node_that_does_not_decode_late_in_the_graph_is_reported_by_the_whole_decoding() {
+        let mut model = relu_chain(20 * NODES_PER_BATCH);
+        let graph = model.graph.as_mut().unwrap();
+        let last = graph.node.len() - 1;
+        graph.node[last].name = "NOT-UTF-8-NAME".into();
+        let mut bytes = model.to_bytes();
+        let at = bytes
+            .windows(14)
+            .position(|w| w == b"NOT-UTF-8-NAME")
+            .unwrap();
+        bytes[at] = 0xff;
+        let (loaded, whole, streamed) = both_ways(&bytes);
+        assert!(!streamed);
+        let error = loaded.expect_err("not UTF-8").to_string();
+        assert_eq!(error, whole.err().unwrap().to_string());
     }
 
     #[test]
