@@ -398,7 +398,7 @@ fn default_domain_ops(graph: &GraphProto) -> BTreeSet<&str> {
 
 /// Runs `build` while another thread hashes the file's bytes; returns what `build` returned
 /// and the file's sha256. On the million-node stack of `benches/scale.sh` hashing the file
-/// took 0.25 s and building the graph 5.3 s (docs/benchmarks.md, "Limits at any size").
+/// took 0.25 s, against seconds of building the graph (docs/benchmarks.md, "Limits at any size").
 /// Without a thread, the hash comes after. (The protobuf's digests stay on this thread: its messages
 /// cache their lengths in cells, which threads cannot share.)
 fn beside_file_hash<T>(bytes: &[u8], build: impl FnOnce() -> T) -> (T, String) {
