@@ -34,6 +34,11 @@
 //!   finds nothing at any bound `≤ B` either; it is remembered with its bound (exactly, as its
 //!   bits between the first position it lacks and the last it holds).
 //!
+//! **The lattice** (lattice.rs). The walk enumerates a stage's ideals again from every prefix
+//! it reaches. After its first [`FIRST_WALK_UNITS`], a dynamic programme over each stage's
+//! region of ideals decides whether any plan is within a bound in one sweep, memory and pinned
+//! cuts aside; it settles the search, or hands it back to the walk (`Search::run`).
+//!
 //! Every plan found is re-evaluated by [`PartitionProblem::evaluate`]; the search's own sums
 //! decide only what to prune.
 //!
@@ -49,6 +54,8 @@ use std::time::Instant;
 use super::dp::RELATIVE_TOLERANCE;
 use super::problem::{PartitionProblem, StageId};
 
+mod lattice;
+
 /// Largest graph searched: the ancestor and descendant sets take `n²/64` words each (4.5 MB at
 /// this size), and a wider graph has too many ideals for the search to finish in seconds.
 pub const MAX_NODES: usize = 6_000;
@@ -60,6 +67,10 @@ const MAX_FAILED: usize = 4_000_000;
 /// Rounds of windows and receive floors by minimum cut (each only narrows the windows; two or
 /// three usually settle them).
 const FLOOR_ROUNDS: usize = 4;
+
+/// Work units the walk has before the lattice is built (a fifth of a second or so): enough
+/// for most of issue 17's instances, which the walk settles in fewer.
+const FIRST_WALK_UNITS: u64 = 1 << 20;
 
 /// Work units between two reads of the clock.
 const CLOCK_EVERY: u64 = 1 << 12;
@@ -99,6 +110,18 @@ pub fn solve(
     deadline: Instant,
     work_limit: Option<u64>,
 ) -> SearchRun {
+    solve_walking_first(problem, incumbent, deadline, work_limit, FIRST_WALK_UNITS)
+}
+
+/// [`solve`] with the walk's first units before the lattice is built given (0: the lattice
+/// first, as the tests run it).
+fn solve_walking_first(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    work_limit: Option<u64>,
+    first_walk_units: u64,
+) -> SearchRun {
     if problem.node_count() > MAX_NODES || problem.stage_count() < 2 {
         let end = if problem.stage_count() < 2 {
             SearchEnd::Proven
@@ -114,13 +137,7 @@ pub fn solve(
     let shape = Shape::new(problem);
     let run = || {
         let mut search = Search::new(problem, &shape, incumbent, deadline, work_limit);
-        let end = loop {
-            match search.root() {
-                Outcome::Exhausted => break SearchEnd::Proven,
-                Outcome::Stopped(end) => break end,
-                Outcome::Found => continue,
-            }
-        };
+        let end = search.run(first_walk_units);
         SearchRun {
             stage_of: search.best,
             end,
@@ -451,6 +468,9 @@ struct Search<'a> {
     joinable: Vec<bool>,
     work: u64,
     work_limit: Option<u64>,
+    /// Where the walk pauses for the lattice ([`Search::run`]), and whether it did.
+    pause_at: Option<u64>,
+    paused: bool,
     deadline: Instant,
 }
 
@@ -502,6 +522,8 @@ impl<'a> Search<'a> {
             joinable: vec![false; n],
             work: 0,
             work_limit,
+            pause_at: None,
+            paused: false,
             deadline,
         };
         let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
@@ -620,15 +642,115 @@ impl<'a> Search<'a> {
             .collect()
     }
 
+    /// The walk for its first units ([`FIRST_WALK_UNITS`]), the lattice (lattice.rs), then the
+    /// walk to the end: the walk alone settles most instances sooner than the lattice is built,
+    /// and the lattice settles in seconds the ones whose walk would take minutes.
+    fn run(&mut self, first_walk_units: u64) -> SearchEnd {
+        if let Some(end) = self.walk(Some(self.work + first_walk_units)) {
+            return end;
+        }
+        if let Some(end) = self.settle_by_lattice() {
+            return end;
+        }
+        self.walk(None)
+            .expect("a walk without a pause ends with the search")
+    }
+
+    /// Walks from the empty prefix until it finds no plan within the bound, restarting below
+    /// each plan found; `None` when it paused at `pause_at` units.
+    fn walk(&mut self, pause_at: Option<u64>) -> Option<SearchEnd> {
+        self.pause_at = pause_at;
+        let end = loop {
+            match self.root() {
+                Outcome::Exhausted => break SearchEnd::Proven,
+                Outcome::Stopped(end) => break end,
+                Outcome::Found => continue,
+            }
+        };
+        let paused = std::mem::take(&mut self.paused);
+        self.pause_at = None;
+        (!paused).then_some(end)
+    }
+
     fn tick(&mut self) -> Option<SearchEnd> {
         self.work += 1;
         if self.work_limit.is_some_and(|limit| self.work > limit) {
+            return Some(SearchEnd::WorkLimit);
+        }
+        if self.pause_at.is_some_and(|at| self.work >= at) {
+            self.paused = true;
             return Some(SearchEnd::WorkLimit);
         }
         if self.work.is_multiple_of(CLOCK_EVERY) && Instant::now() >= self.deadline {
             return Some(SearchEnd::Deadline);
         }
         None
+    }
+
+    /// Settles the search by the dynamic programme over the regions' ideals (lattice.rs): it
+    /// halves the interval between a bound no plan is within and the search's bound, adopting
+    /// each better plan a sweep finds, until no plan is within the search's bound. `None` hands
+    /// over to the walk: regions too large, or a plan found that does not fit memory or the
+    /// pinned cuts.
+    fn settle_by_lattice(&mut self) -> Option<SearchEnd> {
+        if !self.windows_feasible {
+            return Some(SearchEnd::Proven);
+        }
+        let lattice = match self.build_lattice() {
+            Ok(lattice) => lattice,
+            Err(lattice::NotBuilt::TooLarge) => return None,
+            Err(lattice::NotBuilt::Stopped(end)) => return Some(end),
+        };
+        // No plan is within `none_within` (the lower bound every plan meets, to start). Probes
+        // alternate between the search's bound, which proves the incumbent optimal when no plan
+        // is within it (the walk's plan often is), and the middle of the interval, which finds
+        // a much better plan when there is one.
+        let mut none_within = self.problem.lower_bound_secs() * (1.0 - RELATIVE_TOLERANCE);
+        let mut at_bound = true;
+        loop {
+            let bound = self.bound;
+            let probe = if at_bound || bound - none_within <= bound * RELATIVE_TOLERANCE {
+                bound
+            } else {
+                0.5 * (none_within + bound)
+            };
+            at_bound = !at_bound;
+            let plan = match lattice.sweep(probe, || self.tick()) {
+                Err(end) => return Some(end),
+                Ok(None) if probe == bound => return Some(SearchEnd::Proven),
+                Ok(None) => {
+                    none_within = probe;
+                    continue;
+                }
+                Ok(Some(plan)) => plan,
+            };
+            if !self.adopt(plan) {
+                return None;
+            }
+            if !self.windows_feasible {
+                return Some(SearchEnd::Proven);
+            }
+        }
+    }
+
+    /// Takes `plan` as the incumbent when it is valid, fits and is better, and lowers the bound
+    /// below it; `false` when it is not a plan that fits.
+    fn adopt(&mut self, plan: Vec<StageId>) -> bool {
+        let problem = self.problem;
+        if problem.check_assignment(&plan).is_err() {
+            return false;
+        }
+        let evaluation = problem.evaluate(&plan);
+        if !evaluation.fits() {
+            return false;
+        }
+        if evaluation.bottleneck_secs < problem.evaluate(&self.best).bottleneck_secs {
+            self.best = plan;
+        }
+        let next = (evaluation.bottleneck_secs * (1.0 - RELATIVE_TOLERANCE))
+            .min(self.bound * (1.0 - RELATIVE_TOLERANCE));
+        self.set_bound(next);
+        true
     }
 
     fn root(&mut self) -> Outcome {
@@ -1190,15 +1312,19 @@ mod tests {
                 // No contiguous plan fits: the search needs a fitting start.
                 return Ok(());
             };
-            let run = solve(&p, &start.stage_of, far(), None);
-            proptest::prop_assert_eq!(run.end, SearchEnd::Proven);
-            let found = p.evaluate(&run.stage_of);
-            proptest::prop_assert!(found.fits());
             let optimum = crate::partition::bounds::tests::brute_force_fitting_secs(&p);
-            proptest::prop_assert!(
-                found.bottleneck_secs <= optimum * (1.0 + 2e-9),
-                "found {} optimum {}", found.bottleneck_secs, optimum
-            );
+            // The walk first, and the lattice first (whose plans may not fit: the walk then
+            // takes over).
+            for first_walk_units in [FIRST_WALK_UNITS, 0] {
+                let run = solve_walking_first(&p, &start.stage_of, far(), None, first_walk_units);
+                proptest::prop_assert_eq!(run.end, SearchEnd::Proven);
+                let found = p.evaluate(&run.stage_of);
+                proptest::prop_assert!(found.fits());
+                proptest::prop_assert!(
+                    found.bottleneck_secs <= optimum * (1.0 + 2e-9),
+                    "found {} optimum {}", found.bottleneck_secs, optimum
+                );
+            }
         }
 
         /// On random small DAGs (random times and flows, one device kind or an A100 then L4s
@@ -1259,6 +1385,17 @@ mod tests {
             proptest::prop_assert!(
                 found <= optimum * (1.0 + 2e-9),
                 "found {} optimum {}", found, optimum
+            );
+            // The lattice alone settles it too: memory is not binding here, so it never hands
+            // over to the walk.
+            let shape = Shape::new(&p);
+            let mut search = Search::new(&p, &shape, &start, far(), None);
+            proptest::prop_assert_eq!(search.settle_by_lattice(), Some(SearchEnd::Proven));
+            proptest::prop_assert!(p.check_assignment(&search.best).is_ok());
+            let settled = p.evaluate(&search.best).bottleneck_secs;
+            proptest::prop_assert!(
+                settled <= optimum * (1.0 + 2e-9),
+                "settled {} optimum {}", settled, optimum
             );
         }
     }
