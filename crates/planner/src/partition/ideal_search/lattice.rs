@@ -154,7 +154,7 @@ pub(super) enum NotBuilt {
 }
 
 /// A region being enumerated: the ideal so far and its running figures, and the ideals found.
-struct Walk {
+struct Enumeration {
     free: Vec<usize>,
     inside: Vec<bool>,
     readers_in: Vec<u32>,
@@ -259,7 +259,7 @@ impl Search<'_> {
         let (problem, n) = (self.problem, self.problem.node_count());
         let free = self.free_in(stage);
         let mut forced = vec![0; n.div_ceil(64)];
-        let mut walk = Walk {
+        let mut state = Enumeration {
             successors: self.free_successors(&free),
             free,
             inside: vec![false; n],
@@ -277,17 +277,17 @@ impl Search<'_> {
         };
         for v in (0..n).filter(|&v| self.latest[v] < stage) {
             forced[v / 64] |= 1 << (v % 64);
-            sums = self.include(&mut walk, stage, None, v, sums);
+            sums = self.include(&mut state, stage, None, v, sums);
         }
-        self.enumerate(&mut walk, stage, 0, sums)?;
+        self.enumerate(&mut state, stage, 0, sums)?;
         // Renumbered fewest nodes first, by counting.
-        let sizes: Vec<usize> = walk.keys.iter().map(|key| key_count(key)).collect();
-        let order = counting_order(&sizes, walk.free.len() + 1);
+        let sizes: Vec<usize> = state.keys.iter().map(|key| key_count(key)).collect();
+        let order = counting_order(&sizes, state.free.len() + 1);
         let mut renumbered = vec![0u32; order.len()];
         for (new, &old) in order.iter().enumerate() {
             renumbered[old] = new as u32;
         }
-        let downs: Vec<(u32, u32)> = walk
+        let downs: Vec<(u32, u32)> = state
             .downs
             .iter()
             .map(|&(up, down)| (renumbered[up as usize], renumbered[down as usize]))
@@ -305,9 +305,9 @@ impl Search<'_> {
             .map(|pair| downs[pair].1)
             .collect();
         Ok(Region {
-            keys: order.iter().map(|&id| walk.keys[id]).collect(),
-            figures: order.iter().map(|&id| walk.figures[id]).collect(),
-            free: walk.free,
+            keys: order.iter().map(|&id| state.keys[id]).collect(),
+            figures: order.iter().map(|&id| state.figures[id]).collect(),
+            free: state.free,
             forced,
             below_from,
             below,
@@ -335,7 +335,7 @@ impl Search<'_> {
             .collect()
     }
 
-    /// Enumerates the ideals that decide free nodes `i..` on top of `walk`: each node joins
+    /// Enumerates the ideals that decide free nodes `i..` on top of `state`: each node joins
     /// (when its predecessors are in) or stays out. Nodes that cannot join are passed over in
     /// a loop: after a node is left out, its descendants are, and they are most of a region.
     ///
@@ -345,7 +345,7 @@ impl Search<'_> {
     /// with the same decisions after `i` and in the same order. So the two lists pair in order.
     fn enumerate(
         &mut self,
-        walk: &mut Walk,
+        state: &mut Enumeration,
         stage: usize,
         mut i: usize,
         sums: Sums,
@@ -354,69 +354,70 @@ impl Search<'_> {
             return Err(NotBuilt::Stopped(end));
         }
         let preds = &self.shape.preds;
-        let joinable = |v: usize, walk: &Walk| preds[v].iter().all(|&p| walk.inside[p as usize]);
-        while walk.free.get(i).is_some_and(|&v| !joinable(v, walk)) {
+        let joinable =
+            |v: usize, state: &Enumeration| preds[v].iter().all(|&p| state.inside[p as usize]);
+        while state.free.get(i).is_some_and(|&v| !joinable(v, state)) {
             i += 1;
         }
-        let Some(&v) = walk.free.get(i) else {
-            self.record(walk, stage, sums);
+        let Some(&v) = state.free.get(i) else {
+            self.record(state, stage, sums);
             return Ok(());
         };
-        let joining_from = walk.keys.len();
-        let joined = self.include(walk, stage, Some(i), v, sums);
-        let outcome = self.enumerate(walk, stage, i + 1, joined);
-        self.exclude(walk, i, v);
+        let joining_from = state.keys.len();
+        let joined = self.include(state, stage, Some(i), v, sums);
+        let outcome = self.enumerate(state, stage, i + 1, joined);
+        self.exclude(state, i, v);
         outcome?;
-        let leaving_from = walk.keys.len();
-        self.enumerate(walk, stage, i + 1, sums)?;
-        let after = walk.successors[i];
+        let leaving_from = state.keys.len();
+        self.enumerate(state, stage, i + 1, sums)?;
+        let after = state.successors[i];
         let with_i_maximal = (joining_from..leaving_from)
-            .filter(|&up| walk.keys[up].iter().zip(&after).all(|(k, a)| k & a == 0));
+            .filter(|&up| state.keys[up].iter().zip(&after).all(|(k, a)| k & a == 0));
         let mut down = leaving_from;
         for up in with_i_maximal {
-            walk.downs.push((up as u32, down as u32));
+            state.downs.push((up as u32, down as u32));
             down += 1;
         }
-        debug_assert_eq!(down, walk.keys.len(), "the two branches pair one to one");
+        debug_assert_eq!(down, state.keys.len(), "the two branches pair one to one");
         Ok(())
     }
 
-    fn record(&self, walk: &mut Walk, stage: usize, sums: Sums) {
+    fn record(&self, state: &mut Enumeration, stage: usize, sums: Sums) {
         let problem = self.problem;
-        walk.keys.push(walk.bits);
-        walk.figures.push(Figures {
+        state.keys.push(state.bits);
+        state.figures.push(Figures {
             compute_here: sums.compute_here,
             compute_next: sums.compute_next,
-            receive_here: problem.receive_secs(stage, walk.messages, walk.bytes),
-            receive_next: problem.receive_secs(stage + 1, walk.messages, walk.bytes),
+            receive_here: problem.receive_secs(stage, state.messages, state.bytes),
+            receive_next: problem.receive_secs(stage + 1, state.messages, state.bytes),
         });
     }
 
-    /// Adds `v` (free node `slot`, or a forced one) to the walk's ideal: its flows open, the
+    /// Adds `v` (free node `slot`, or a forced one) to the enumerated ideal: its flows open, the
     /// flows whose last reader it is close (as [`Search::place`] counts them).
     fn include(
         &self,
-        walk: &mut Walk,
+        state: &mut Enumeration,
         stage: usize,
         slot: Option<usize>,
         v: usize,
         sums: Sums,
     ) -> Sums {
         let (problem, shape) = (self.problem, self.shape);
-        walk.inside[v] = true;
+        state.inside[v] = true;
         if let Some(i) = slot {
-            walk.bits[i / 64] |= 1 << (i % 64);
+            state.bits[i / 64] |= 1 << (i % 64);
         }
         for &f in &shape.flows_out[v] {
-            walk.messages += 1;
-            walk.bytes += problem.flows()[f as usize].bytes;
+            state.messages += 1;
+            state.bytes += problem.flows()[f as usize].bytes;
         }
         for &f in &shape.flows_in[v] {
             let flow = &problem.flows()[f as usize];
-            walk.readers_in[f as usize] += 1;
-            if walk.readers_in[f as usize] as usize == flow.consumers.len() {
-                walk.messages -= 1;
-                walk.bytes -= flow.bytes;
+            state.readers_in[f as usize] += 1;
+            if state.readers_in[f as usize] as usize == flow.consumers.len() {
+                state.messages -= 1;
+                state.bytes -= flow.bytes;
             }
         }
         Sums {
@@ -426,21 +427,21 @@ impl Search<'_> {
     }
 
     /// Undoes [`Self::include`] of free node `slot`, `v` (the sums come back by copy).
-    fn exclude(&self, walk: &mut Walk, slot: usize, v: usize) {
+    fn exclude(&self, state: &mut Enumeration, slot: usize, v: usize) {
         let (problem, shape) = (self.problem, self.shape);
-        walk.inside[v] = false;
-        walk.bits[slot / 64] &= !(1 << (slot % 64));
+        state.inside[v] = false;
+        state.bits[slot / 64] &= !(1 << (slot % 64));
         for &f in &shape.flows_out[v] {
-            walk.messages -= 1;
-            walk.bytes -= problem.flows()[f as usize].bytes;
+            state.messages -= 1;
+            state.bytes -= problem.flows()[f as usize].bytes;
         }
         for &f in &shape.flows_in[v] {
             let flow = &problem.flows()[f as usize];
-            if walk.readers_in[f as usize] as usize == flow.consumers.len() {
-                walk.messages += 1;
-                walk.bytes += flow.bytes;
+            if state.readers_in[f as usize] as usize == flow.consumers.len() {
+                state.messages += 1;
+                state.bytes += flow.bytes;
             }
-            walk.readers_in[f as usize] -= 1;
+            state.readers_in[f as usize] -= 1;
         }
     }
 
