@@ -49,6 +49,7 @@
 //! before the search, so graphs above [`MAX_NODES`] are not searched.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::dp::RELATIVE_TOLERANCE;
@@ -110,7 +111,34 @@ pub fn solve(
     deadline: Instant,
     work_limit: Option<u64>,
 ) -> SearchRun {
-    solve_walking_first(problem, incumbent, deadline, work_limit, FIRST_WALK_UNITS)
+    solve_walking_first(
+        problem,
+        incumbent,
+        deadline,
+        work_limit,
+        None,
+        FIRST_WALK_UNITS,
+    )
+}
+
+/// [`solve`] beside a solver that may prove a lower bound meanwhile: `proven_floor` holds it (an
+/// `f64`'s bits, 0 until then). The search ends, proven, at its next look at the clock once its
+/// bound is below that floor. It ends with the plan it would have proven alone: until then it
+/// walks as alone, and after it would only have found nothing.
+pub fn solve_beside(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    proven_floor: &AtomicU64,
+) -> SearchRun {
+    solve_walking_first(
+        problem,
+        incumbent,
+        deadline,
+        None,
+        Some(proven_floor),
+        FIRST_WALK_UNITS,
+    )
 }
 
 /// [`solve`] with the walk's first units before the lattice is built given (0: the lattice
@@ -120,6 +148,7 @@ fn solve_walking_first(
     incumbent: &[StageId],
     deadline: Instant,
     work_limit: Option<u64>,
+    proven_floor: Option<&AtomicU64>,
     first_walk_units: u64,
 ) -> SearchRun {
     if problem.node_count() > MAX_NODES || problem.stage_count() < 2 {
@@ -137,6 +166,7 @@ fn solve_walking_first(
     let shape = Shape::new(problem);
     let run = || {
         let mut search = Search::new(problem, &shape, incumbent, deadline, work_limit);
+        search.proven_floor = proven_floor;
         let end = search.run(first_walk_units);
         SearchRun {
             stage_of: search.best,
@@ -472,6 +502,8 @@ struct Search<'a> {
     pause_at: Option<u64>,
     paused: bool,
     deadline: Instant,
+    /// A lower bound proven by another solver meanwhile ([`solve_beside`]).
+    proven_floor: Option<&'a AtomicU64>,
 }
 
 impl<'a> Search<'a> {
@@ -525,6 +557,7 @@ impl<'a> Search<'a> {
             pause_at: None,
             paused: false,
             deadline,
+            proven_floor: None,
         };
         let incumbent_secs = problem.evaluate(incumbent).bottleneck_secs;
         search.set_bound(incumbent_secs * (1.0 - RELATIVE_TOLERANCE));
@@ -681,10 +714,23 @@ impl<'a> Search<'a> {
             self.paused = true;
             return Some(SearchEnd::WorkLimit);
         }
-        if self.work.is_multiple_of(CLOCK_EVERY) && Instant::now() >= self.deadline {
-            return Some(SearchEnd::Deadline);
+        if self.work.is_multiple_of(CLOCK_EVERY) {
+            if Instant::now() >= self.deadline {
+                return Some(SearchEnd::Deadline);
+            }
+            if self.below_proven_floor() {
+                return Some(SearchEnd::Proven);
+            }
         }
         None
+    }
+
+    /// Whether the bound is below a floor proven meanwhile: no plan is left to find.
+    fn below_proven_floor(&self) -> bool {
+        self.proven_floor.is_some_and(|floor| {
+            let floor = f64::from_bits(floor.load(Ordering::Relaxed));
+            floor > 0.0 && self.bound < floor
+        })
     }
 
     /// Settles the search by the dynamic programme over the regions' ideals (lattice.rs): it
@@ -1276,6 +1322,38 @@ mod tests {
         assert_eq!(a.work, b.work);
     }
 
+    #[test]
+    fn a_floor_proven_beside_the_search_ends_it_with_the_plan_it_proves_alone() {
+        // A binary tree of 22 nodes on 4 stages, from a start worse than the optimum.
+        let n = 22;
+        let times: Vec<f64> = (0..n).map(|v| 1.0 + (v % 7) as f64).collect();
+        let edges: Vec<(u32, u32)> = (1..n).map(|v| ((v - 1) / 2, v)).collect();
+        let p = dag(&times, &edges, 4);
+        let start = p.contiguous_assignment(&[0, 1, 2]);
+        let alone = solve(&p, &start, far(), None);
+        assert_eq!(alone.end, SearchEnd::Proven);
+        let optimum = p.evaluate(&alone.stage_of).bottleneck_secs;
+        assert!(optimum < p.evaluate(&start).bottleneck_secs);
+        // No floor, a floor too low to end anything and the optimum itself: the same plan, and
+        // the optimum as floor ends the search no later than the search alone.
+        for floor in [0.0, optimum * 0.5, optimum] {
+            let proven_floor = AtomicU64::new(f64::to_bits(floor));
+            let beside = solve_beside(&p, &start, far(), &proven_floor);
+            assert_eq!(beside.end, SearchEnd::Proven, "floor {floor}");
+            assert_eq!(beside.stage_of, alone.stage_of, "floor {floor}");
+            assert!(beside.work <= alone.work, "floor {floor}");
+        }
+        // From the optimum, the search alone still has to prove it; with the optimum proven
+        // elsewhere it ends at its first look at the clock.
+        let from_optimum = solve(&p, &alone.stage_of, far(), None);
+        assert!(from_optimum.work > CLOCK_EVERY, "{}", from_optimum.work);
+        let proven_floor = AtomicU64::new(f64::to_bits(optimum));
+        let beside = solve_beside(&p, &alone.stage_of, far(), &proven_floor);
+        assert_eq!(beside.end, SearchEnd::Proven);
+        assert_eq!(beside.stage_of, alone.stage_of);
+        assert_eq!(beside.work, CLOCK_EVERY);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
 
@@ -1316,7 +1394,7 @@ mod tests {
             // The walk first, and the lattice first (whose plans may not fit: the walk then
             // takes over).
             for first_walk_units in [FIRST_WALK_UNITS, 0] {
-                let run = solve_walking_first(&p, &start.stage_of, far(), None, first_walk_units);
+                let run = solve_walking_first(&p, &start.stage_of, far(), None, None, first_walk_units);
                 proptest::prop_assert_eq!(run.end, SearchEnd::Proven);
                 let found = p.evaluate(&run.stage_of);
                 proptest::prop_assert!(found.fits());

@@ -58,7 +58,10 @@
 //! `O(n·K + Σ readers·K)` rows; branch and bound is exponential in the worst case, hence the
 //! deadline and coarsening.
 
+use std::cell::RefCell;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use good_lp::solvers::microlp::microlp;
@@ -654,7 +657,23 @@ struct Pacer {
     slice: Duration,
     overshoot: Duration,
     at_root: bool,
+    /// Ends the search at its next slice when set ([`solve_model_stoppable`]).
+    stop: Option<Arc<AtomicBool>>,
 }
+
+thread_local! {
+    /// The flag that ends this thread's MILP runs at their next slice: set only while
+    /// [`solve_model_stoppable`] runs, on the planner's MILP thread.
+    static STOP: RefCell<Option<Arc<AtomicBool>>> = const { RefCell::new(None) };
+}
+
+/// The longest slice of a run that may be stopped, so that a stop takes effect within about it.
+const STOPPABLE_SLICE: Duration = Duration::from_millis(200);
+
+/// The longest root LP of a run that may be stopped: the root looks at no flag, and the planner
+/// waits for the run's end after stopping it. Roots that need more (bert_tiny at K = 8 on mixed
+/// devices needs more than 9 s) end the run unproven, and the ideal search beside it goes on.
+const STOPPABLE_ROOT: Duration = Duration::from_secs(1);
 
 /// What the pacer keeps back before any overshoot is measured (1.5 times its first estimate):
 /// a search that ends with no more than this left ended at its deadline.
@@ -669,6 +688,7 @@ impl Pacer {
             // 1.5 times this is `UNLOADED_MARGIN`.
             overshoot: Duration::from_millis(20),
             at_root: true,
+            stop: STOP.with(|stop| stop.borrow().clone()),
         }
     }
 
@@ -683,12 +703,22 @@ impl Pacer {
         if left < Duration::from_millis(1) {
             return Err(self.stop_reason());
         }
+        if let Some(stop) = &self.stop {
+            if stop.load(Ordering::Relaxed) {
+                return Err(MilpStop::Deadline);
+            }
+            self.slice = self.slice.min(STOPPABLE_SLICE);
+        }
         let slice = if self.at_root {
             // The root LP must finish inside the first slice for the search to go on (an
             // interrupted root leaves no state to resume), so it gets all that is left: with
             // half, a root that needed 60% of the time ended the search at 50%, seconds early
-            // under load (issue 17), and the planner's wait bounds a root that overruns.
-            left
+            // under load (issue 17), and the planner's wait bounds a root that overruns. A run
+            // that may be stopped gets [`STOPPABLE_ROOT`] at most.
+            match self.stop {
+                Some(_) => left.min(STOPPABLE_ROOT),
+                None => left,
+            }
         } else {
             let slice = self.slice.min(left);
             self.slice = self.slice.saturating_mul(2);
@@ -1443,6 +1473,26 @@ pub fn solve_model(
     solve_model_reporting(problem, incumbent, deadline, refine_reserve, &|_, _| {})
 }
 
+/// [`solve_model_reporting`] that ends at its next time slice, as at its deadline, once `stop`
+/// is set: the planner runs it beside the ideal search and stops it when the search has proven
+/// its plan. Its slices are then at most [`STOPPABLE_SLICE`] long, its root LP's
+/// [`STOPPABLE_ROOT`];
+/// coarsening looks at no flag, so it is meant for models the ideal search takes (at most
+/// [`super::ideal_search::MAX_NODES`] nodes), which coarsen in milliseconds.
+pub(crate) fn solve_model_stoppable(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    refine_reserve: Duration,
+    progress: &dyn Fn(f64, Option<f64>),
+    stop: Arc<AtomicBool>,
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    STOP.with(|slot| *slot.borrow_mut() = Some(stop));
+    let found = solve_model_reporting(problem, incumbent, deadline, refine_reserve, progress);
+    STOP.with(|slot| *slot.borrow_mut() = None);
+    found
+}
+
 /// [`solve_model`], calling `progress(best bottleneck, proven bound)` (seconds, for `problem`)
 /// as the search goes; a coarsened search reports no bound (its bound is not the model's).
 pub(crate) fn solve_model_reporting(
@@ -1653,6 +1703,52 @@ mod tests {
         let free = free_binaries(&problem, plan.bottleneck_secs);
         let all = problem.node_count() * (problem.stage_count() - 1);
         assert!(free * 2 < all, "{free} of {all} binaries left free");
+    }
+
+    #[test]
+    fn a_stoppable_run_takes_short_slices_and_ends_at_the_first_after_its_stop() {
+        let stop = Arc::new(AtomicBool::new(false));
+        STOP.with(|slot| *slot.borrow_mut() = Some(Arc::clone(&stop)));
+        let mut pacer = Pacer::new(Instant::now() + Duration::from_secs(60));
+        STOP.with(|slot| *slot.borrow_mut() = None);
+        // The root gets at most a second: it cannot be resumed, nor stopped.
+        let root = pacer.next_slice().unwrap();
+        assert_eq!(root, STOPPABLE_ROOT);
+        pacer.observe(root, Duration::from_millis(1));
+        for _ in 0..8 {
+            let slice = pacer.next_slice().unwrap();
+            assert!(slice <= STOPPABLE_SLICE, "{slice:?}");
+            pacer.observe(slice, slice);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(pacer.next_slice(), Err(MilpStop::Deadline));
+        // Outside `solve_model_stoppable` a pacer has no flag, and slices double past it.
+        assert!(Pacer::new(Instant::now()).stop.is_none());
+    }
+
+    #[test]
+    fn a_run_stopped_before_it_starts_keeps_its_incumbent_unproven() {
+        let problem = llama(3);
+        let plan = crate::partition::dp::solve(&problem).unwrap();
+        let stop = Arc::new(AtomicBool::new(true));
+        let far = Instant::now() + Duration::from_secs(600);
+        let started = Instant::now();
+        let (stage_of, _, report) = solve_model_stoppable(
+            &problem,
+            &plan.stage_of,
+            far,
+            Duration::ZERO,
+            &|_, _| {},
+            stop,
+        );
+        assert!(!report.proven);
+        assert_eq!(stage_of, plan.stage_of);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{:?}",
+            started.elapsed()
+        );
+        STOP.with(|slot| assert!(slot.borrow().is_none()));
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub mod tensor_shard;
 pub mod torch_split;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -914,45 +916,24 @@ impl<'a> Planner<'a> {
         let dp_exact = at_bound || (dp_plan.complete && is_chain(&problem));
         let search = self.config.solver == SolverChoice::Auto && !dp_exact;
         let run_milp = self.runs_milp(dp_exact);
-        let searched = (search && Instant::now() < deadline)
-            .then(|| self.search_ideals(&problem, &dp_plan.incumbent, deadline));
-        // Without the time of two more DPs left (the MILP's refinement needs one, and coarsening
-        // a model too large to build costs about another), the MILP would only overrun the
-        // limit: its thread, abandoned at the deadline, still coarsens a million nodes while the
-        // plan is written (a 10 s limit overran by 16% so).
-        let milp_has_time = Instant::now() + dp_plan.secs * 2 < deadline;
-        let incumbent = &dp_plan.incumbent;
-        let (stage_of, status, solver, milp) = if let Some((plan, end)) = &searched
-            .as_ref()
-            .filter(|(_, end)| *end == ideal_search::SearchEnd::Proven || !run_milp)
-        {
-            let (status, solver) =
-                ideal_search_outcome(&problem, plan, *end, incumbent, proved.secs);
-            (plan.clone(), status, solver, None)
-        } else if run_milp && !milp_has_time {
-            // The MILP's start stands: the ideal search's plan when it beats the DP's.
-            let (start, solver) = match searched {
-                Some((plan, _)) if dp::better(&problem, &plan, incumbent) => {
-                    (plan, SolverKind::IdealSearch)
-                }
-                Some((plan, _)) => (plan, SolverKind::Dp),
-                None => (incumbent.clone(), SolverKind::Dp),
-            };
-            (start, MILP_NOT_STARTED, solver, None)
-        } else if run_milp {
-            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
-            let (stage_of, status, solver, report) =
-                self.milp_phase(&problem, start, &dp_plan, dp_exact, deadline, &mut proved);
-            (stage_of, status, solver, Some(report))
+        // The search and the MILP at once on the graphs the search takes (the MILP stops
+        // promptly there); one after the other on larger ones, where the search declines at once.
+        let beside = search
+            && run_milp
+            && Instant::now() + dp_plan.secs * 2 < deadline
+            && problem.node_count() <= ideal_search::MAX_NODES;
+        let (stage_of, status, solver, milp) = if beside {
+            self.search_beside_milp(&problem, &dp_plan, dp_exact, deadline, &mut proved)
         } else {
-            let status = if dp_exact {
-                SolveStatus::Optimal
-            } else {
-                SolveStatus::Heuristic {
-                    reason: HeuristicReason::DpOnly,
-                }
-            };
-            (incumbent.clone(), status, SolverKind::Dp, None)
+            self.search_then_milp(
+                &problem,
+                &dp_plan,
+                search,
+                run_milp,
+                dp_exact,
+                deadline,
+                &mut proved,
+            )
         };
         let status = dp_stopped_status(status, solver, dp_plan.complete);
         // The DP's own plan was evaluated already; a million nodes take a tenth of a second.
@@ -987,6 +968,62 @@ impl<'a> Planner<'a> {
             cut_constraints: self.config.cut_constraints.clone(),
             work_budget: self.config.work_budget,
         })
+    }
+
+    /// The ideal search (when `search`) for its share of the time, then the MILP from its plan
+    /// (when `run_milp` and there is time for it): the plan, status and solver to credit, and
+    /// the MILP's report where it ran.
+    #[allow(clippy::too_many_arguments)]
+    fn search_then_milp(
+        &self,
+        problem: &PartitionProblem,
+        dp_plan: &DpPlan,
+        search: bool,
+        run_milp: bool,
+        dp_exact: bool,
+        deadline: Instant,
+        proved: &mut Proved,
+    ) -> (Vec<StageId>, SolveStatus, SolverKind, Option<MilpReport>) {
+        let searched = (search && Instant::now() < deadline)
+            .then(|| self.search_ideals(problem, &dp_plan.incumbent, deadline));
+        // Without the time of two more DPs left (the MILP's refinement needs one, and coarsening
+        // a model too large to build costs about another), the MILP would only overrun the
+        // limit: its thread, abandoned at the deadline, still coarsens a million nodes while the
+        // plan is written (a 10 s limit overran by 16% so).
+        let milp_has_time = Instant::now() + dp_plan.secs * 2 < deadline;
+        let incumbent = &dp_plan.incumbent;
+        if let Some((plan, end)) = &searched
+            .as_ref()
+            .filter(|(_, end)| *end == ideal_search::SearchEnd::Proven || !run_milp)
+        {
+            let (status, solver) =
+                ideal_search_outcome(problem, plan, *end, incumbent, proved.secs);
+            (plan.clone(), status, solver, None)
+        } else if run_milp && !milp_has_time {
+            // The MILP's start stands: the ideal search's plan when it beats the DP's.
+            let (start, solver) = match searched {
+                Some((plan, _)) if dp::better(problem, &plan, incumbent) => {
+                    (plan, SolverKind::IdealSearch)
+                }
+                Some((plan, _)) => (plan, SolverKind::Dp),
+                None => (incumbent.clone(), SolverKind::Dp),
+            };
+            (start, MILP_NOT_STARTED, solver, None)
+        } else if run_milp {
+            let start = searched.map_or(incumbent.clone(), |(plan, _)| plan);
+            let (stage_of, status, solver, report) =
+                self.milp_phase(problem, start, dp_plan, dp_exact, deadline, proved);
+            (stage_of, status, solver, Some(report))
+        } else {
+            let status = if dp_exact {
+                SolveStatus::Optimal
+            } else {
+                SolveStatus::Heuristic {
+                    reason: HeuristicReason::DpOnly,
+                }
+            };
+            (incumbent.clone(), status, SolverKind::Dp, None)
+        }
     }
 
     /// The plan the searches start from: the DP's along the order (or `split`, the balanced
@@ -1100,20 +1137,11 @@ impl<'a> Planner<'a> {
     ) -> (Vec<StageId>, SolveStatus, SolverKind, MilpReport) {
         let (stage_of, bound, report) =
             self.milp_within_deadline(problem, &start, deadline, dp_plan.secs);
-        if let Some(bound) = bound {
-            proved.bounds.branch_and_bound_secs = Some(bound);
-            proved.secs = proved.secs.max(bound);
-        }
-        let bottleneck = problem.evaluate(&stage_of).bottleneck_secs;
-        let meets_bound = bottleneck <= proved.secs * (1.0 + dp::RELATIVE_TOLERANCE);
-        let status = milp_status(
-            &report,
-            meets_bound || dp_exact,
-            relative_gap(bottleneck, proved.secs),
-        );
+        let searched = dp::better(problem, &start, &dp_plan.incumbent);
+        let status = milp_status_of(problem, &stage_of, bound, &report, dp_exact, proved);
         let solver = if report.improved {
             SolverKind::Milp
-        } else if dp::better(problem, &start, &dp_plan.incumbent) {
+        } else if searched {
             SolverKind::IdealSearch
         } else {
             SolverKind::Dp
@@ -1137,19 +1165,37 @@ impl<'a> Planner<'a> {
         deadline: Instant,
         refine_reserve: Duration,
     ) -> (Vec<StageId>, Option<f64>, MilpReport) {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        let thread = self.spawn_milp(problem, incumbent, deadline, refine_reserve, None);
+        wait_for_milp(problem, incumbent, thread, deadline)
+    }
+
+    /// Starts [`Planner::milp_within_deadline`]'s thread, aiming at `deadline` less the grace.
+    /// `beside`, for a run beside the ideal search: the MILP stops at its next slice once
+    /// `beside.stop` is set, and gives `beside.proven_floor` its bound when it has proven its
+    /// plan.
+    fn spawn_milp(
+        &self,
+        problem: &PartitionProblem,
+        incumbent: &[StageId],
+        deadline: Instant,
+        refine_reserve: Duration,
+        beside: Option<&Beside>,
+    ) -> MilpThread {
         let grace = self.config.time_limit / 50;
-        let wait_until = deadline;
         let deadline = deadline.checked_sub(grace).unwrap_or(deadline);
-        let abandoned = std::sync::Arc::new(AtomicBool::new(false));
+        let abandoned = Arc::new(AtomicBool::new(false));
         let (sender, receiver) = std::sync::mpsc::channel();
         let search = {
             let problem = problem.clone();
             let incumbent = incumbent.to_vec();
             let progress = self.progress.clone();
-            let abandoned = std::sync::Arc::clone(&abandoned);
+            let abandoned = Arc::clone(&abandoned);
+            let beside = beside.cloned();
             let started = self.started;
             move || {
+                if beside.as_ref().is_some_and(Beside::stopped_in_head_start) {
+                    return;
+                }
                 let stages = problem.stage_count();
                 // No progress once the Planner has moved on: its caller may be printing the plan.
                 let report = |best_secs: f64, bound_secs: Option<f64>| match &progress {
@@ -1162,54 +1208,96 @@ impl<'a> Planner<'a> {
                     }),
                     _ => {}
                 };
-                let found = milp::solve_model_reporting(
-                    &problem,
-                    &incumbent,
-                    deadline,
-                    refine_reserve,
-                    &report,
-                );
+                let found = match &beside {
+                    Some(beside) => milp::solve_model_stoppable(
+                        &problem,
+                        &incumbent,
+                        deadline,
+                        refine_reserve,
+                        &report,
+                        Arc::clone(&beside.stop),
+                    ),
+                    None => milp::solve_model_reporting(
+                        &problem,
+                        &incumbent,
+                        deadline,
+                        refine_reserve,
+                        &report,
+                    ),
+                };
+                if let (Some(beside), true, Some(bound)) = (&beside, found.2.proven, found.1) {
+                    beside
+                        .proven_floor
+                        .store(bound.to_bits(), Ordering::Relaxed);
+                }
                 // The receiver is gone when the wait ended first: nothing to do then.
                 let _ = sender.send(found);
             }
         };
-        if let Err(error) = std::thread::Builder::new()
+        match std::thread::Builder::new()
             .name("pipecut-milp".into())
             .spawn(search)
         {
-            return (
-                incumbent.to_vec(),
-                None,
-                MilpReport {
-                    nodes: problem.node_count(),
-                    coarsened: false,
-                    proven: false,
-                    stopped: None,
-                    improved: false,
-                    started: false,
-                    error: Some(format!("could not start the MILP's thread: {error}")),
-                    too_large: false,
-                },
-            );
-        }
-        let wait = wait_until.saturating_duration_since(Instant::now());
-        match receiver.recv_timeout(wait) {
-            Ok(found) => found,
-            Err(_) => {
-                abandoned.store(true, Ordering::Relaxed);
-                let report = MilpReport {
-                    nodes: problem.node_count(),
-                    coarsened: false,
-                    proven: false,
-                    stopped: Some(MilpStop::NotAnswered),
-                    improved: false,
-                    started: true,
-                    error: None,
-                    too_large: false,
-                };
-                (incumbent.to_vec(), None, report)
+            Ok(_) => MilpThread::Running {
+                answer: receiver,
+                abandoned,
+            },
+            Err(error) => {
+                MilpThread::NotStarted(format!("could not start the MILP's thread: {error}"))
             }
         }
+    }
+
+    /// The ideal search and the MILP at once, each from the DP's plan, the MILP on a thread of
+    /// its own. On the K = 8 instances of `benches/exact_k8.sh` one of them often proves in a
+    /// second what the other needs most of 10 s for, and one after the other gave the second
+    /// only what the first left. The first proof stops the other: the search's stops the MILP
+    /// at its next time slice, the MILP's stops the search at its next look at the clock. Gives
+    /// the plan, status and solver to credit as [`Planner::search_then_milp`] does, and the
+    /// MILP's report where the search did not prove its plan.
+    fn search_beside_milp(
+        &self,
+        problem: &PartitionProblem,
+        dp_plan: &DpPlan,
+        dp_exact: bool,
+        deadline: Instant,
+        proved: &mut Proved,
+    ) -> (Vec<StageId>, SolveStatus, SolverKind, Option<MilpReport>) {
+        let incumbent = &dp_plan.incumbent;
+        let beside = Beside {
+            stop: Arc::new(AtomicBool::new(false)),
+            proven_floor: Arc::new(AtomicU64::new(0)),
+        };
+        let thread = self.spawn_milp(problem, incumbent, deadline, dp_plan.secs, Some(&beside));
+        // The search ends when the MILP's answer is due, so that its wait costs nothing.
+        let grace = self.config.time_limit / 50;
+        let search_deadline = deadline.checked_sub(grace).unwrap_or(deadline);
+        let run =
+            ideal_search::solve_beside(problem, incumbent, search_deadline, &beside.proven_floor);
+        // Proven by the search alone or by the MILP's bound, the plan is the one the search
+        // proves alone, and the plan says nothing of the MILP: the same bytes whichever
+        // finished first.
+        if run.end == ideal_search::SearchEnd::Proven {
+            beside.stop.store(true, Ordering::Relaxed);
+            if let MilpThread::Running { abandoned, .. } = &thread {
+                abandoned.store(true, Ordering::Relaxed);
+            }
+            // Not waited for: it ends at its next slice, or within its root LP's second.
+            let plan = coarsen::refine(problem, &run.stage_of).unwrap_or(run.stage_of);
+            let (status, solver) =
+                ideal_search_outcome(problem, &plan, run.end, incumbent, proved.secs);
+            return (plan, status, solver, None);
+        }
+        let (found, bound, report) = wait_for_milp(problem, incumbent, thread, deadline);
+        beside.stop.store(true, Ordering::Relaxed);
+        // The search's plan where it beats the MILP's (which started from the DP's, not it).
+        let (stage_of, solver) = match dp::better(problem, &run.stage_of, &found) {
+            true => (run.stage_of, SolverKind::IdealSearch),
+            false if report.improved => (found, SolverKind::Milp),
+            false => (found, SolverKind::Dp),
+        };
+        let status = milp_status_of(problem, &stage_of, bound, &report, dp_exact, proved);
+        (stage_of, status, solver, Some(report))
     }
 
     /// The ideal search (ideal_search.rs) from `incumbent`, for [`IDEAL_SEARCH_SHARE`] of the
@@ -1316,15 +1404,122 @@ impl<'a> Planner<'a> {
     }
 }
 
+/// A MILP thread started by [`Planner::spawn_milp`], or why none started.
+enum MilpThread {
+    Running {
+        answer: std::sync::mpsc::Receiver<(Vec<StageId>, Option<f64>, MilpReport)>,
+        /// Set when the planner stops waiting: the thread then reports no more progress.
+        abandoned: Arc<AtomicBool>,
+    },
+    NotStarted(String),
+}
+
+/// The flags between the ideal search and the MILP run beside it
+/// ([`Planner::search_beside_milp`]).
+#[derive(Clone)]
+struct Beside {
+    /// Set by the planner: the MILP stops at its next slice.
+    stop: Arc<AtomicBool>,
+    /// The MILP's bound (an `f64`'s bits, 0 until then), given when it has proven its plan: the
+    /// search ends once its own bound is below it.
+    proven_floor: Arc<AtomicU64>,
+}
+
+impl Beside {
+    /// Waits out the search's head start ([`MILP_HEAD_START`]): whether the search was proven
+    /// meanwhile, so that the MILP need not start.
+    fn stopped_in_head_start(&self) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < MILP_HEAD_START {
+            if self.stop.load(Ordering::Relaxed) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// How long the ideal search runs alone before the MILP starts beside it: most models are
+/// proven by then (every fixture but llama_tiny at K = 8, in 0.01–0.07 s), and a MILP begun
+/// runs its root LP (up to a second, [`milp`]'s `STOPPABLE_ROOT`) whatever the search does.
+const MILP_HEAD_START: Duration = Duration::from_millis(100);
+
+/// The MILP's answer, waited for until `deadline`: its plan, a bound it proved and its report.
+/// Past the wait (or with no thread) `incumbent` stands, reported as not answered.
+fn wait_for_milp(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    thread: MilpThread,
+    deadline: Instant,
+) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    let report = MilpReport {
+        nodes: problem.node_count(),
+        coarsened: false,
+        proven: false,
+        stopped: None,
+        improved: false,
+        started: true,
+        error: None,
+        too_large: false,
+    };
+    let (answer, abandoned) = match thread {
+        MilpThread::Running { answer, abandoned } => (answer, abandoned),
+        MilpThread::NotStarted(error) => {
+            let report = MilpReport {
+                started: false,
+                error: Some(error),
+                ..report
+            };
+            return (incumbent.to_vec(), None, report);
+        }
+    };
+    let wait = deadline.saturating_duration_since(Instant::now());
+    match answer.recv_timeout(wait) {
+        Ok(found) => found,
+        Err(_) => {
+            abandoned.store(true, Ordering::Relaxed);
+            let report = MilpReport {
+                stopped: Some(MilpStop::NotAnswered),
+                ..report
+            };
+            (incumbent.to_vec(), None, report)
+        }
+    }
+}
+
+/// The status of `stage_of` after the MILP: a bound it proved joins `proved`, and the plan is
+/// optimal where it meets the strongest bound (or the DP was exact).
+fn milp_status_of(
+    problem: &PartitionProblem,
+    stage_of: &[StageId],
+    milp_bound: Option<f64>,
+    report: &MilpReport,
+    dp_exact: bool,
+    proved: &mut Proved,
+) -> SolveStatus {
+    if let Some(bound) = milp_bound {
+        proved.bounds.branch_and_bound_secs = Some(bound);
+        proved.secs = proved.secs.max(bound);
+    }
+    let bottleneck = problem.evaluate(stage_of).bottleneck_secs;
+    let meets_bound = bottleneck <= proved.secs * (1.0 + dp::RELATIVE_TOLERANCE);
+    milp_status(
+        report,
+        meets_bound || dp_exact,
+        relative_gap(bottleneck, proved.secs),
+    )
+}
+
 /// The deadline under a work budget: far enough never to be reached, near enough that
 /// `Instant` arithmetic cannot overflow.
 const UNLIMITED: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// The part of the time left that the ideal search gets before the MILP, measured on the K = 8
-/// instances of `benches/exact_k8.sh` at 10 s: at 0.7, PP-OCRv4's recogniser on the mixed
-/// cluster in training is proven by the search (it needs about 5 s), and the instances the MILP
-/// proves after the search (PP-OCR's classifier on the mixed cluster, the recogniser on H100s,
-/// both in training) still are, in the 3 s left to it (docs/benchmarks.md, "Exactness").
+/// The part of the time left that the ideal search gets before the MILP where they run one
+/// after the other ([`Planner::search_then_milp`]: the MILP had no time to start beside it).
+/// Measured when that was the only way, on the K = 8 instances of `benches/exact_k8.sh` at
+/// 10 s: at 0.7 PP-OCRv4's recogniser on the mixed cluster in training was proven by the search
+/// (about 5 s), and the MILP still proved two instances in the 3 s left to it.
 const IDEAL_SEARCH_SHARE: f64 = 0.7;
 
 /// The status of a plan the MILP would have improved on, had the time left let it begin.
