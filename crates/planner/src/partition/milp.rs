@@ -671,8 +671,9 @@ thread_local! {
 const STOPPABLE_SLICE: Duration = Duration::from_millis(200);
 
 /// The longest root LP of a run that may be stopped: the root looks at no flag, and the planner
-/// waits for the run's end after stopping it. Roots that need more (bert_tiny at K = 8 on mixed
-/// devices needs more than 9 s) end the run unproven, and the ideal search beside it goes on.
+/// does not wait for a stopped run, whose thread would otherwise run on for the whole root.
+/// Roots that need more (bert_tiny at K = 8 on mixed devices needs more than 9 s) end the run
+/// unproven, and the ideal search beside it goes on.
 const STOPPABLE_ROOT: Duration = Duration::from_secs(1);
 
 /// What the pacer keeps back before any overshoot is measured (1.5 times its first estimate):
@@ -1476,9 +1477,9 @@ pub fn solve_model(
 /// [`solve_model_reporting`] that ends at its next time slice, as at its deadline, once `stop`
 /// is set: the planner runs it beside the ideal search and stops it when the search has proven
 /// its plan. Its slices are then at most [`STOPPABLE_SLICE`] long, its root LP's
-/// [`STOPPABLE_ROOT`];
-/// coarsening looks at no flag, so it is meant for models the ideal search takes (at most
-/// [`super::ideal_search::MAX_NODES`] nodes), which coarsen in milliseconds.
+/// [`STOPPABLE_ROOT`]. Coarsening and the lower bound computed first look at no flag, so it is
+/// meant for models the ideal search takes (at most [`super::ideal_search::MAX_NODES`] nodes),
+/// where both take milliseconds on the instance set.
 pub(crate) fn solve_model_stoppable(
     problem: &PartitionProblem,
     incumbent: &[StageId],
@@ -1722,7 +1723,7 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         assert_eq!(pacer.next_slice(), Err(MilpStop::Deadline));
-        // Outside `solve_model_stoppable` a pacer has no flag, and slices double past it.
+        // Outside `solve_model_stoppable` a pacer has no flag.
         assert!(Pacer::new(Instant::now()).stop.is_none());
     }
 

@@ -1181,8 +1181,7 @@ impl<'a> Planner<'a> {
         refine_reserve: Duration,
         beside: Option<&Beside>,
     ) -> MilpThread {
-        let grace = self.config.time_limit / 50;
-        let deadline = deadline.checked_sub(grace).unwrap_or(deadline);
+        let deadline = self.milp_deadline(deadline);
         let abandoned = Arc::new(AtomicBool::new(false));
         let (sender, receiver) = std::sync::mpsc::channel();
         let search = {
@@ -1248,6 +1247,13 @@ impl<'a> Planner<'a> {
         }
     }
 
+    /// What the MILP's thread aims at: `deadline` less a grace of 2% of the limit, so that its
+    /// answer is in before the planner stops waiting at `deadline`.
+    fn milp_deadline(&self, deadline: Instant) -> Instant {
+        let grace = self.config.time_limit / 50;
+        deadline.checked_sub(grace).unwrap_or(deadline)
+    }
+
     /// The ideal search and the MILP at once, each from the DP's plan, the MILP on a thread of
     /// its own. On the K = 8 instances of `benches/exact_k8.sh` one of them often proves in a
     /// second what the other needs most of 10 s for, and one after the other gave the second
@@ -1270,8 +1276,7 @@ impl<'a> Planner<'a> {
         };
         let thread = self.spawn_milp(problem, incumbent, deadline, dp_plan.secs, Some(&beside));
         // The search ends when the MILP's answer is due, so that its wait costs nothing.
-        let grace = self.config.time_limit / 50;
-        let search_deadline = deadline.checked_sub(grace).unwrap_or(deadline);
+        let search_deadline = self.milp_deadline(deadline);
         let run =
             ideal_search::solve_beside(problem, incumbent, search_deadline, &beside.proven_floor);
         // Proven by the search alone or by the MILP's bound, the plan is the one the search
@@ -1441,7 +1446,8 @@ impl Beside {
 }
 
 /// How long the ideal search runs alone before the MILP starts beside it: most models are
-/// proven by then (every fixture but llama_tiny at K = 8, in 0.01–0.07 s), and a MILP begun
+/// proven by then (every fixture but llama_tiny at K = 8: 0.01–0.09 s for the whole command in
+/// `benches/exact_k8.sh`), and a MILP begun
 /// runs its root LP (up to a second, [`milp`]'s `STOPPABLE_ROOT`) whatever the search does.
 const MILP_HEAD_START: Duration = Duration::from_millis(100);
 
