@@ -657,13 +657,14 @@ struct Pacer {
     slice: Duration,
     overshoot: Duration,
     at_root: bool,
-    /// Ends the search at its next slice when set ([`solve_model_stoppable`]).
+    /// Ends the search at its next slice when set ([`stoppable`]).
     stop: Option<Arc<AtomicBool>>,
 }
 
 thread_local! {
     /// The flag that ends this thread's MILP runs at their next slice: set only while
-    /// [`solve_model_stoppable`] runs, on the planner's MILP thread.
+    /// [`solve_model_stoppable`] or [`solve_stoppable`] runs, on a MILP thread of the planner's
+    /// or of `check`'s.
     static STOP: RefCell<Option<Arc<AtomicBool>>> = const { RefCell::new(None) };
 }
 
@@ -1488,8 +1489,27 @@ pub(crate) fn solve_model_stoppable(
     progress: &dyn Fn(f64, Option<f64>),
     stop: Arc<AtomicBool>,
 ) -> (Vec<StageId>, Option<f64>, MilpReport) {
+    stoppable(stop, || {
+        solve_model_reporting(problem, incumbent, deadline, refine_reserve, progress)
+    })
+}
+
+/// [`solve`] that ends at its next time slice once `stop` is set, as
+/// [`solve_model_stoppable`] does: `check` runs it beside the ideal search when it proves a
+/// search's claim again.
+pub(crate) fn solve_stoppable(
+    problem: &PartitionProblem,
+    incumbent: &[StageId],
+    deadline: Instant,
+    stop: Arc<AtomicBool>,
+) -> MilpRun {
+    stoppable(stop, || solve(problem, incumbent, deadline))
+}
+
+/// Runs `run` with `stop` as this thread's [`STOP`] flag, cleared after.
+fn stoppable<T>(stop: Arc<AtomicBool>, run: impl FnOnce() -> T) -> T {
     STOP.with(|slot| *slot.borrow_mut() = Some(stop));
-    let found = solve_model_reporting(problem, incumbent, deadline, refine_reserve, progress);
+    let found = run();
     STOP.with(|slot| *slot.borrow_mut() = None);
     found
 }

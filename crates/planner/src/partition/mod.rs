@@ -1225,9 +1225,7 @@ impl<'a> Planner<'a> {
                     ),
                 };
                 if let (Some(beside), true, Some(bound)) = (&beside, found.2.proven, found.1) {
-                    beside
-                        .proven_floor
-                        .store(bound.to_bits(), Ordering::Relaxed);
+                    beside.prove_floor(bound);
                 }
                 // The receiver is gone when the wait ended first: nothing to do then.
                 let _ = sender.send(found);
@@ -1270,10 +1268,7 @@ impl<'a> Planner<'a> {
         proved: &mut Proved,
     ) -> (Vec<StageId>, SolveStatus, SolverKind, Option<MilpReport>) {
         let incumbent = &dp_plan.incumbent;
-        let beside = Beside {
-            stop: Arc::new(AtomicBool::new(false)),
-            proven_floor: Arc::new(AtomicU64::new(0)),
-        };
+        let beside = Beside::new();
         let thread = self.spawn_milp(problem, incumbent, deadline, dp_plan.secs, Some(&beside));
         // The search ends when the MILP's answer is due, so that its wait costs nothing.
         let search_deadline = self.milp_deadline(deadline);
@@ -1420,7 +1415,7 @@ enum MilpThread {
 }
 
 /// The flags between the ideal search and the MILP run beside it
-/// ([`Planner::search_beside_milp`]).
+/// ([`Planner::search_beside_milp`], and `check` proving a search's claim again in proof.rs).
 #[derive(Clone)]
 struct Beside {
     /// Set by the planner: the MILP stops at its next slice.
@@ -1431,6 +1426,19 @@ struct Beside {
 }
 
 impl Beside {
+    /// Neither stopped nor proven.
+    fn new() -> Beside {
+        Beside {
+            stop: Arc::new(AtomicBool::new(false)),
+            proven_floor: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Gives the search the bound of a plan the other solver proved (see `proven_floor`).
+    fn prove_floor(&self, bound: f64) {
+        self.proven_floor.store(bound.to_bits(), Ordering::Relaxed);
+    }
+
     /// Waits out the search's head start ([`MILP_HEAD_START`]): whether the search was proven
     /// meanwhile, so that the MILP need not start.
     fn stopped_in_head_start(&self) -> bool {

@@ -5,16 +5,19 @@
 //!
 //! Each method is re-derived, never trusted: the bounds are recomputed (bounds.rs, the LP
 //! relaxation of milp.rs), a chain is recognised again and its DP rerun, and a search's proof is
-//! searched again from the plan itself (the ideal search, then the MILP where the graph is too
-//! large for it), which is as cheap as a search can be: the plan is already the incumbent.
+//! searched again from the plan itself (the ideal search and the MILP at once, as the planner
+//! runs them), which is as cheap as a search can be: the plan is already the incumbent.
 
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::dp::{self, RELATIVE_TOLERANCE};
 use super::problem::{PartitionProblem, StageId};
-use super::{bounds, ideal_search, is_chain, milp, LowerBounds};
+use super::{bounds, ideal_search, is_chain, milp, Beside, LowerBounds};
 
 /// How long `check` may search to prove a recorded optimum again before it refuses the claim
 /// as one it cannot verify. A search from the optimum itself only has to exhaust the space
@@ -184,10 +187,13 @@ fn reprove_by(
     }
 }
 
-/// The search's proof again, from `plan` as the incumbent: the ideal search, then the MILP when
-/// the graph is too large for it or it did not finish. A plan either search beats is refuted; one
-/// neither beats nor proves by the deadline stands, with a note: the original solve may have had
-/// a longer limit or a faster machine, and refusing an honest plan for that would be wrong.
+/// The search's proof again, from `plan` as the incumbent: the ideal search and the MILP at
+/// once, as the planner runs them ([`super::Planner::search_beside_milp`]), the first proof
+/// ending the other; one after the other, the MILP got only what the search left, and a claim
+/// the planner proved with the MILP's whole limit could not be proven again. A plan either
+/// search beats is refuted; one neither beats nor proves by the deadline stands, with a note:
+/// the original solve may have had a longer limit or a faster machine, and refusing an honest
+/// plan for that would be wrong.
 fn search_again(problem: &PartitionProblem, plan: &[StageId], deadline: Instant) -> Reproof {
     let bottleneck = problem.evaluate(plan).bottleneck_secs;
     // Both searches return the incumbent or a better plan, each evaluated again here.
@@ -203,18 +209,183 @@ fn search_again(problem: &PartitionProblem, plan: &[StageId], deadline: Instant)
         }
     };
     let started = Instant::now();
-    let run = ideal_search::solve(problem, plan, deadline, None);
+    // The MILP aims a little before the deadline, so that its answer is in by then.
+    let grace = deadline.saturating_duration_since(started) / 50;
+    let milp_deadline = deadline.checked_sub(grace).unwrap_or(deadline);
+    let beside = Beside::new();
+    let answer = spawn_milp(problem, plan, milp_deadline, &beside);
+    let run = ideal_search::solve_beside(problem, plan, milp_deadline, &beside.proven_floor);
+    let verdict = verdict(&run, answer, deadline, unbeaten, started);
+    // Whatever the verdict, a MILP still running has nothing more to say.
+    beside.stop.store(true, Ordering::Relaxed);
+    verdict
+}
+
+/// [`search_again`]'s verdict on the search's `run` and the MILP's `answer`, waited for until
+/// `deadline` unless the search proved the plan; `unbeaten` refutes a plan either finds that
+/// beats the claim.
+fn verdict(
+    run: &ideal_search::SearchRun,
+    answer: Option<Receiver<milp::MilpRun>>,
+    deadline: Instant,
+    unbeaten: impl Fn(&[StageId]) -> Result<(), String>,
+    started: Instant,
+) -> Reproof {
     unbeaten(&run.stage_of)?;
+    // Proven by the search, or by the MILP's bound: the search's plan is then the optimum.
     if run.end == ideal_search::SearchEnd::Proven {
         return Ok(None);
     }
-    let milp = milp::solve(problem, plan, deadline);
-    unbeaten(&milp.stage_of)?;
-    match milp.proven {
+    let wait = deadline.saturating_duration_since(Instant::now());
+    let milp = answer.and_then(|answer| answer.recv_timeout(wait).ok());
+    if let Some(milp) = &milp {
+        unbeaten(&milp.stage_of)?;
+    }
+    match milp.is_some_and(|milp| milp.proven) {
         true => Ok(None),
         false => Ok(Some(format!(
-            "the optimal status was not proven again: neither the ideal search nor the MILP finished within {:.0} s, and neither found a faster plan",
+            "the optimal status was not proven again: neither the ideal search nor the MILP beside it finished within {:.0} s, and neither found a faster plan",
             started.elapsed().as_secs_f64().max(1.0)
         ))),
+    }
+}
+
+/// The MILP from `plan` on a thread of its own, beside the ideal search: it starts after the
+/// search's head start unless the search has proven the plan by then, stops at its next slice
+/// once `beside.stop` is set, and gives `beside` its bound when it proves its plan. `None`
+/// when no thread could be had (the search alone then decides). Its answer is not waited for
+/// once the search has proven the plan.
+fn spawn_milp(
+    problem: &PartitionProblem,
+    plan: &[StageId],
+    deadline: Instant,
+    beside: &Beside,
+) -> Option<Receiver<milp::MilpRun>> {
+    let (sender, answer) = std::sync::mpsc::channel();
+    let (problem, plan, beside) = (problem.clone(), plan.to_vec(), beside.clone());
+    let solve = move || {
+        if beside.stopped_in_head_start() {
+            return;
+        }
+        let run = milp::solve_stoppable(&problem, &plan, deadline, Arc::clone(&beside.stop));
+        if let (true, Some(bound)) = (run.proven, run.bound_secs) {
+            beside.prove_floor(bound);
+        }
+        // The receiver is gone when `check` stopped waiting: nothing to do then.
+        let _ = sender.send(run);
+    };
+    std::thread::Builder::new()
+        .name("pipecut-check-milp".into())
+        .spawn(solve)
+        .ok()
+        .map(|_| answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::problem::CostSettings;
+    use pipecut_cost::{Catalog, Cluster, DeviceId};
+    use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
+
+    /// llama_tiny on an A100 and three L4s, in `stages` stages, with the DP's plan.
+    fn llama(stages: u32) -> (PartitionProblem, Vec<StageId>) {
+        let path = format!(
+            "{}/../../fixtures/models/llama_tiny.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
+        let problem =
+            PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default())
+                .unwrap();
+        let plan = dp::solve(&problem).unwrap().stage_of;
+        (problem, plan)
+    }
+
+    /// The MILP's answer `run`, as its thread would send it.
+    fn answered(run: milp::MilpRun) -> Option<Receiver<milp::MilpRun>> {
+        let (sender, answer) = std::sync::mpsc::channel();
+        sender.send(run).unwrap();
+        Some(answer)
+    }
+
+    fn milp_run(stage_of: &[StageId], proven: bool) -> milp::MilpRun {
+        milp::MilpRun {
+            stage_of: stage_of.to_vec(),
+            proven,
+            bound_secs: None,
+            stopped: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_search_stopped_by_the_clock_leaves_the_verdict_to_the_milp_beside_it() {
+        let (problem, plan) = llama(4);
+        let bottleneck = problem.evaluate(&plan).bottleneck_secs;
+        // Everything but the last node on the first stage: a worse plan than the DP's.
+        let mut worse = vec![StageId(0); plan.len()];
+        *worse.last_mut().unwrap() = StageId(3);
+        assert!(problem.evaluate(&worse).bottleneck_secs > bottleneck * 1.01);
+        let problem = &problem;
+        let unbeaten = |claimed: f64| {
+            move |found: &[StageId]| match meets(claimed, problem.evaluate(found).bottleneck_secs) {
+                true => Ok(()),
+                false => Err("beaten".to_string()),
+            }
+        };
+        let stopped = |stage_of: &[StageId]| ideal_search::SearchRun {
+            stage_of: stage_of.to_vec(),
+            end: ideal_search::SearchEnd::Deadline,
+            work: 0,
+        };
+        let now = Instant::now();
+        let soon = now + Duration::from_secs(5);
+        // The MILP proved the plan the search could not: proven again.
+        let proven = answered(milp_run(&plan, true));
+        assert_eq!(
+            verdict(&stopped(&plan), proven, soon, unbeaten(bottleneck), now),
+            Ok(None)
+        );
+        // The MILP found a better plan than the claim: refuted.
+        let better = answered(milp_run(&plan, false));
+        let claimed = problem.evaluate(&worse).bottleneck_secs;
+        let refuted = verdict(&stopped(&worse), better, soon, unbeaten(claimed), now);
+        assert_eq!(refuted, Err("beaten".to_string()));
+        // Neither proved nor beat it: the claim stands, with a note.
+        let unproven = answered(milp_run(&plan, false));
+        let note = verdict(&stopped(&plan), unproven, soon, unbeaten(bottleneck), now);
+        assert!(note.as_ref().is_ok_and(Option::is_some), "{note:?}");
+        // No MILP thread, or none that answered by the deadline: the same note.
+        let none = verdict(&stopped(&plan), None, soon, unbeaten(bottleneck), now);
+        assert!(none.as_ref().is_ok_and(Option::is_some), "{none:?}");
+        let (_silent, answer) = std::sync::mpsc::channel();
+        let late = verdict(
+            &stopped(&plan),
+            Some(answer),
+            now,
+            unbeaten(bottleneck),
+            now,
+        );
+        assert!(late.as_ref().is_ok_and(Option::is_some), "{late:?}");
+    }
+
+    #[test]
+    fn a_searched_optimum_is_proven_again_and_a_worse_plan_relabelled_is_refuted() {
+        let (problem, plan) = llama(4);
+        let best = ideal_search::solve(&problem, &plan, Instant::now() + REPROVE_LIMIT, None);
+        assert_eq!(best.end, ideal_search::SearchEnd::Proven);
+        let deadline = Instant::now() + REPROVE_LIMIT;
+        assert_eq!(search_again(&problem, &best.stage_of, deadline), Ok(None));
+        let mut worse = vec![StageId(0); plan.len()];
+        *worse.last_mut().unwrap() = StageId(3);
+        let deadline = Instant::now() + REPROVE_LIMIT;
+        let refuted = search_again(&problem, &worse, deadline).unwrap_err();
+        assert!(refuted.contains("smaller bottleneck"), "{refuted}");
     }
 }
