@@ -1696,17 +1696,7 @@ mod tests {
     use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
     fn llama(stages: u32) -> PartitionProblem {
-        let path = format!(
-            "{}/../../fixtures/models/llama_tiny.onnx",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
-        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
-            .run(&mut model.graph)
-            .unwrap();
-        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
-        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
-        PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default()).unwrap()
+        crate::partition::tests::llama_mixed(stages)
     }
 
     #[test]

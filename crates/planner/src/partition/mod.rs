@@ -1815,8 +1815,26 @@ fn devices_needed(problem: &PartitionProblem, cluster: &Cluster) -> Option<usize
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use pipecut_cost::Catalog;
+    use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
+
+    /// llama_tiny (batch 2, seq 16) on an A100 and three L4s, in `stages` stages: a small
+    /// problem the MILP and the ideal search both prove, for their unit tests.
+    pub(crate) fn llama_mixed(stages: u32) -> PartitionProblem {
+        let path = format!(
+            "{}/../../fixtures/models/llama_tiny.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
+        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
+            .run(&mut model.graph)
+            .unwrap();
+        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
+        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
+        PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default()).unwrap()
+    }
 
     fn report(started: bool, proven: bool, timed_out: bool, error: Option<&str>) -> MilpReport {
         MilpReport {

@@ -284,25 +284,10 @@ fn spawn_milp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::problem::CostSettings;
-    use pipecut_cost::{Catalog, Cluster, DeviceId};
-    use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
     /// llama_tiny on an A100 and three L4s, in `stages` stages, with the DP's plan.
     fn llama(stages: u32) -> (PartitionProblem, Vec<StageId>) {
-        let path = format!(
-            "{}/../../fixtures/models/llama_tiny.onnx",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let mut model = pipecut_ir::onnx::load_model(&path).unwrap();
-        ShapeInference::new(DimBindings::new().bind("batch", 2).bind("seq", 16))
-            .run(&mut model.graph)
-            .unwrap();
-        let cluster = Cluster::from_device_list("A100-80GB,L4,L4,L4", &Catalog::builtin()).unwrap();
-        let devices: Vec<DeviceId> = (0..stages).map(DeviceId).collect();
-        let problem =
-            PartitionProblem::new(&model.graph, &cluster, &devices, CostSettings::default())
-                .unwrap();
+        let problem = crate::partition::tests::llama_mixed(stages);
         let plan = dp::solve(&problem).unwrap().stage_of;
         (problem, plan)
     }
