@@ -190,35 +190,48 @@ fn plan_cluster_keeps_the_whole_command_within_its_limit() {
 /// `partition --time-limit` covers the whole command, loading included (issue 38, item 7), so a
 /// limit that loading spends still ends in a plan: the quickest one, a balanced split of one
 /// order, which the output says and `check` accepts. One millisecond is spent by loading and
-/// typing gpt2_tiny on any machine; the test asserts on what ran, not on wall time.
+/// typing gpt2_tiny on any machine; the test asserts on what ran, not on wall time. With 10 s,
+/// the load line says the load was part of the limit.
 #[test]
 fn a_partition_limit_spent_while_loading_still_returns_a_checked_plan() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
     let model = common::fixture("gpt2_tiny");
-    let (code, stdout, stderr) = common::pipecut_cli(&[
-        "partition",
-        model.to_str().unwrap(),
-        "--dim",
-        "batch=2",
-        "--dim",
-        "seq=16",
-        "--cluster",
-        "1x8xL4",
-        "--stages",
-        "8",
-        "--time-limit",
-        "1ms",
-        "--out",
-        plan.to_str().unwrap(),
-    ]);
+    let partition = |limit: &str| {
+        common::pipecut_cli(&[
+            "partition",
+            model.to_str().unwrap(),
+            "--dim",
+            "batch=2",
+            "--dim",
+            "seq=16",
+            "--cluster",
+            "1x8xL4",
+            "--stages",
+            "8",
+            "--time-limit",
+            limit,
+            "--out",
+            plan.to_str().unwrap(),
+        ])
+    };
+    let (code, stdout, stderr) = partition("1ms");
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains("the time limit was spent before the DP finished")
-            && stdout.contains("within --time-limit (it covers the whole command)"),
+            && stdout.contains(
+                " s, past the 0.001 s --time-limit (it covers the whole command): the solve \
+                 began with no time left"
+            ),
         "{stdout}"
     );
     check_accepts(&plan, &model);
+    let (code, stdout, stderr) = partition("10s");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(" s of the 10 s --time-limit (it covers the whole command)\n"),
+        "{stdout}"
+    );
 }
 
 /// Asserts that `pipecut check` accepts the plan for the model.
