@@ -1692,16 +1692,13 @@ fn solve_coarse(
 mod tests {
     use super::*;
     use crate::partition::problem::CostSettings;
+    use crate::partition::tests::llama_mixed;
     use pipecut_cost::{Catalog, Cluster, DeviceId};
     use pipecut_ir::onnx::shape::{DimBindings, ShapeInference};
 
-    fn llama(stages: u32) -> PartitionProblem {
-        crate::partition::tests::llama_mixed(stages)
-    }
-
     #[test]
     fn stage_windows_keep_every_plan_within_the_bound_and_fix_most_binaries() {
-        let problem = llama(4);
+        let problem = llama_mixed(4);
         let plan = crate::partition::dp::solve(&problem).unwrap();
         let windows = stage_windows(&problem, plan.bottleneck_secs);
         for (v, &(earliest, latest)) in windows.iter().enumerate() {
@@ -1719,9 +1716,9 @@ mod tests {
     #[test]
     fn a_stoppable_run_takes_short_slices_and_ends_at_the_first_after_its_stop() {
         let stop = Arc::new(AtomicBool::new(false));
-        STOP.with(|slot| *slot.borrow_mut() = Some(Arc::clone(&stop)));
-        let mut pacer = Pacer::new(Instant::now() + Duration::from_secs(60));
-        STOP.with(|slot| *slot.borrow_mut() = None);
+        let mut pacer = stoppable(Arc::clone(&stop), || {
+            Pacer::new(Instant::now() + Duration::from_secs(60))
+        });
         // The root gets at most a second: it cannot be resumed, nor stopped.
         let root = pacer.next_slice().unwrap();
         assert_eq!(root, STOPPABLE_ROOT);
@@ -1733,13 +1730,13 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         assert_eq!(pacer.next_slice(), Err(MilpStop::Deadline));
-        // Outside `solve_model_stoppable` a pacer has no flag.
+        // Outside `stoppable` a pacer has no flag.
         assert!(Pacer::new(Instant::now()).stop.is_none());
     }
 
     #[test]
     fn a_run_stopped_before_it_starts_keeps_its_incumbent_unproven() {
-        let problem = llama(3);
+        let problem = llama_mixed(3);
         let plan = crate::partition::dp::solve(&problem).unwrap();
         let stop = Arc::new(AtomicBool::new(true));
         let far = Instant::now() + Duration::from_secs(600);
@@ -1781,7 +1778,7 @@ mod tests {
 
     #[test]
     fn the_milp_starts_from_and_never_loses_to_its_incumbent() {
-        let problem = llama(3);
+        let problem = llama_mixed(3);
         let plan = crate::partition::dp::solve(&problem).unwrap();
         let run = solve(
             &problem,

@@ -1137,11 +1137,12 @@ impl<'a> Planner<'a> {
     ) -> (Vec<StageId>, SolveStatus, SolverKind, MilpReport) {
         let (stage_of, bound, report) =
             self.milp_within_deadline(problem, &start, deadline, dp_plan.secs);
-        let searched = dp::better(problem, &start, &dp_plan.incumbent);
         let status = milp_status_of(problem, &stage_of, bound, &report, dp_exact, proved);
+        // Compared only when the MILP did not improve: a million-node plan takes a tenth of a
+        // second to evaluate, and this compares two.
         let solver = if report.improved {
             SolverKind::Milp
-        } else if searched {
+        } else if dp::better(problem, &start, &dp_plan.incumbent) {
             SolverKind::IdealSearch
         } else {
             SolverKind::Dp
@@ -1455,8 +1456,8 @@ impl Beside {
 
 /// How long the ideal search runs alone before the MILP starts beside it: most models are
 /// proven by then (every fixture but llama_tiny at K = 8: 0.01–0.09 s for the whole command in
-/// `benches/exact_k8.sh`), and a MILP begun
-/// runs its root LP (up to a second, [`milp`]'s `STOPPABLE_ROOT`) whatever the search does.
+/// `benches/exact_k8.sh`), and a MILP begun runs its root LP (up to a second, [`milp`]'s
+/// `STOPPABLE_ROOT`) whatever the search does.
 const MILP_HEAD_START: Duration = Duration::from_millis(100);
 
 /// The MILP's answer, waited for until `deadline`: its plan, a bound it proved and its report.
